@@ -1,0 +1,33 @@
+"""Delivery signatures (PROTOCOL.md §3): HMAC-SHA256 over ``"{timestamp}.{body}"``."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+#: How far a delivery's timestamp may be from this machine's clock.
+MAX_SKEW_S = 300
+
+
+def sign(secret: str, timestamp: int, body: str) -> str:
+    """The ``signature`` value a server puts on a delivery."""
+    message = f"{timestamp}.{body}".encode()
+    digest = hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+    return f"v1={digest}"
+
+
+def check(secret: str, timestamp: object, body: str, signature: object, now: float) -> str | None:
+    """Why the signature is not acceptable, or ``None`` when it is.
+
+    The comparison is constant-time; the hex digest compares case-insensitively.
+    """
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        return "timestamp missing or not an integer"
+    if abs(now - timestamp) > MAX_SKEW_S:
+        return f"timestamp is {int(now - timestamp)} s from this machine's clock (limit ±{MAX_SKEW_S} s)"
+    if not isinstance(signature, str) or not signature:
+        return "signature missing"
+    expected = sign(secret, timestamp, body)
+    if not hmac.compare_digest(expected.encode(), signature.strip().lower().encode()):
+        return "signature does not match"
+    return None
