@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 import cattrs
+from cattrs.cols import is_sequence, list_structure_factory
 
 #: A WebSocket message over this many bytes is a protocol violation (§2).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -50,10 +51,23 @@ def _strict(kind: type[Any]) -> Callable[[Any, type[Any]], Any]:
     return hook
 
 
+def _strict_list_factory(kind: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """List hooks that refuse a dict or a string instead of iterating it."""
+    inner = list_structure_factory(kind, conv)
+
+    def hook(value: Any, cls: Any) -> Any:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return inner(value, cls)
+
+    return hook
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter()
     for kind in (str, int, float, bool):
         converter.register_structure_hook(kind, _strict(kind))
+    converter.register_structure_hook_factory(is_sequence, _strict_list_factory)
     return converter
 
 
@@ -63,11 +77,11 @@ converter = _make_converter()
 M = TypeVar("M")
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, path: str = "message") -> str:
     """One readable line for a structuring failure, naming the field."""
     if isinstance(exc, cattrs.BaseValidationError):
         lines = []
-        for line in cattrs.transform_error(exc, path="body"):
+        for line in cattrs.transform_error(exc, path=path):
             # cattrs says "invalid value for type, expected str @ body.text";
             # a reader wants the field first.
             what, _, where = line.rpartition(" @ ")
@@ -77,12 +91,12 @@ def describe_error(exc: BaseException) -> str:
     return str(exc)
 
 
-def structure(data: Any, cls: type[M]) -> M:
+def structure(data: Any, cls: type[M], path: str = "message") -> M:
     """Structure ``data`` as ``cls``, raising :class:`DecodeError` with a field path."""
     try:
         return converter.structure(data, cls)
     except Exception as exc:  # ClassValidationError is an ExceptionGroup: catch plainly
-        raise DecodeError(describe_error(exc)) from exc
+        raise DecodeError(describe_error(exc, path)) from exc
 
 
 # --------------------------------------------------------------------------- server → harness

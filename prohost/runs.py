@@ -99,7 +99,7 @@ def parse_body(body: str) -> AgentRun:
     if data.get("context") is None:
         data = {**data, "context": []}
     try:
-        run = structure(data, AgentRun)
+        run = structure(data, AgentRun, path="body")
     except DecodeError as exc:
         raise BodyError(str(exc)) from None
     if not _RUN_ID.fullmatch(run.run_id):

@@ -24,7 +24,8 @@ def check(secret: str, timestamp: object, body: str, signature: object, now: flo
     if isinstance(timestamp, bool) or not isinstance(timestamp, int):
         return "timestamp missing or not an integer"
     if abs(now - timestamp) > MAX_SKEW_S:
-        return f"timestamp is {int(now - timestamp)} s from this machine's clock (limit ±{MAX_SKEW_S} s)"
+        skew = int(now - timestamp)
+        return f"timestamp is {skew} s from this machine's clock (limit ±{MAX_SKEW_S} s)"
     if not isinstance(signature, str) or not signature:
         return "signature missing"
     expected = sign(secret, timestamp, body)
