@@ -1,0 +1,456 @@
+"""The run ledger (PROTOCOL.md §3, §7) against real sqlite files and real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import suppress
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost import ledger as ledger_module
+from prohost.ledger import (
+    Admission,
+    Ledger,
+    LedgerError,
+    RunState,
+    process_belongs_to_run,
+)
+from prohost.runs import Outcome
+
+CHILD = Path(__file__).with_name("ledger_crash_child.py")
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.sqlite3"
+
+
+@pytest.fixture
+def ledger(path: Path) -> Iterator[Ledger]:
+    opened = Ledger.open(path)
+    yield opened
+    opened.close()
+
+
+def outcome(reply: str = "done") -> str:
+    return Outcome(ok=True, reply=reply).to_json()
+
+
+# -- admission ----------------------------------------------------------------------
+
+
+def test_admission_over_the_life_of_a_run(ledger: Ledger) -> None:
+    body = '{"run_id": "run-1", "text": "héllo ☃"}'
+    assert ledger.admit("run-1", "conv:C1", body, now=10.0) is Admission.NEW
+    # A redelivery never inserts again and never replaces the saved body.
+    assert ledger.admit("run-1", "conv:C1", '{"other": 1}', now=11.0) is Admission.HELD
+    row = ledger.get("run-1")
+    assert row is not None
+    assert (row.state, row.body, row.lane, row.accepted_at) == (
+        RunState.ACCEPTED, body, "conv:C1", 10.0,
+    )
+
+    ledger.mark_started("run-1", now=12.0)
+    ledger.record_pgid("run-1", 777)
+    assert ledger.admit("run-1", "conv:C1", body, now=13.0) is Admission.HELD
+    ledger.mark_finished("run-1", outcome(), now=14.0)
+    assert ledger.admit("run-1", "conv:C1", body, now=15.0) is Admission.HELD
+    ledger.mark_reported("run-1", "posted: 200", now=16.0)
+    assert ledger.admit("run-1", "conv:C1", body, now=17.0) is Admission.REPORTED
+
+    row = ledger.get("run-1")
+    assert row is not None
+    assert row.state is RunState.REPORTED
+    assert (row.started_at, row.pgid, row.reported_at, row.settlement) == (
+        12.0, 777, 16.0, "posted: 200",
+    )
+    assert row.finished_at == 14.0
+    assert row.outcome is not None
+    assert Outcome.from_json(row.outcome) == Outcome(ok=True, reply="done")
+    assert ledger.get("run-unknown") is None
+
+
+def test_a_one_mebibyte_body_is_stored_exactly(ledger: Ledger) -> None:
+    body = '{"text": "' + "é" * (512 * 1024 - 8) + '"}'
+    assert len(body.encode()) > 1024 * 1024 - 32
+    ledger.admit("run-big", "run:run-big", body, now=1.0)
+    row = ledger.get("run-big")
+    assert row is not None and row.body == body
+
+
+async def test_concurrent_admits_from_threads_insert_once(ledger: Ledger) -> None:
+    """The harness calls through trio.to_thread; one lock keeps each call whole."""
+    with trio.fail_after(30):
+        results: list[Admission] = []
+
+        async def admit(run_id: str) -> None:
+            results.append(
+                await trio.to_thread.run_sync(ledger.admit, run_id, "lane", "{}", 1.0)
+            )
+
+        async with trio.open_nursery() as nursery:
+            for index in range(20):
+                nursery.start_soon(admit, "run-same")
+                nursery.start_soon(admit, f"run-{index}")
+
+    assert results.count(Admission.NEW) == 21
+    assert results.count(Admission.HELD) == 19
+    seqs = [row.seq for row in ledger.recover().pending]
+    assert len(seqs) == len(set(seqs)) == 21
+
+
+# -- recovery ------------------------------------------------------------------------
+
+
+def test_recovery_classifies_each_state_in_accept_order(path: Path) -> None:
+    with Ledger.open(path) as ledger:
+        # Accept order deliberately differs from name order and from the clock.
+        for index, run_id in enumerate(["p-z", "i-b", "p-a", "o-c", "r-d", "o-q", "p-m", "i-a"]):
+            ledger.admit(run_id, f"conv:{run_id}", "{}", now=1000.0 - index)
+        ledger.mark_started("i-b", now=1.0)
+        ledger.record_pgid("i-b", 4321)
+        ledger.mark_started("i-a", now=2.0)
+        ledger.mark_started("o-c", now=3.0)
+        ledger.mark_finished("o-c", outcome("c"), now=4.0)
+        # A queued run cancelled before it started still has an outcome to post.
+        ledger.mark_finished("o-q", outcome("q"), now=5.0)
+        ledger.mark_reported("r-d", "dropped: unknown to the server", now=6.0)
+
+    with Ledger.open(path) as ledger:
+        recovery = ledger.recover()
+    assert [row.run_id for row in recovery.pending] == ["p-z", "p-a", "p-m"]
+    assert [row.run_id for row in recovery.interrupted] == ["i-b", "i-a"]
+    assert [row.run_id for row in recovery.outbox] == ["o-c", "o-q"]
+    assert recovery.interrupted[0].pgid == 4321
+    assert recovery.interrupted[1].pgid is None
+    assert [Outcome.from_json(row.outcome or "").reply for row in recovery.outbox] == ["c", "q"]
+    all_rows = recovery.pending + recovery.interrupted + recovery.outbox
+    assert all(row.seq > 0 for row in all_rows)
+    assert sorted(row.seq for row in recovery.pending) == [row.seq for row in recovery.pending]
+
+
+def test_accept_order_stays_monotonic_after_pruning_the_newest(ledger: Ledger) -> None:
+    ledger.admit("run-1", "lane", "{}", now=0.0)
+    ledger.admit("run-2", "lane", "{}", now=0.0)
+    ledger.mark_reported("run-2", "dropped", now=0.0)
+    first = ledger.get("run-1")
+    second = ledger.get("run-2")
+    assert first is not None and second is not None
+    assert ledger.prune(now=10 * 86400) == 1
+    ledger.admit("run-3", "lane", "{}", now=10 * 86400)
+    third = ledger.get("run-3")
+    assert third is not None
+    assert first.seq < second.seq < third.seq
+
+
+def test_every_committed_step_survives_sigkill(path: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert child.stdout.splitlines()[-1] == "uncommitted", child.stdout
+    # The child never closed the ledger: what it committed is still only in the WAL.
+    assert Path(f"{path}-wal").stat().st_size > 0
+
+    with Ledger.open(path) as ledger:
+        recovery = ledger.recover()
+        assert [row.run_id for row in recovery.pending] == ["run-c", "run-d"]
+        assert [row.run_id for row in recovery.interrupted] == ["run-a"]
+        assert recovery.interrupted[0].pgid == 4242
+        assert recovery.interrupted[0].started_at == 110.0
+        assert [row.run_id for row in recovery.outbox] == ["run-b"]
+        assert Outcome.from_json(recovery.outbox[0].outcome or "").reply == "done"
+        reported = ledger.get("run-e")
+        assert reported is not None and reported.state is RunState.REPORTED
+        assert ledger.session_for("conv:0") == "sess-1"
+        assert ledger.get("run-uncommitted") is None
+        assert ledger.admit("run-a", "conv:1", "{}", now=200.0) is Admission.HELD
+
+
+def test_every_step_is_fsynced_in_wal_mode(ledger: Ledger, path: Path) -> None:
+    with sqlite3.connect(path) as other:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # synchronous is per connection, so it is read from the ledger's own: FULL (2)
+    # fsyncs the WAL on every commit, NORMAL (1) would not.
+    assert ledger._conn is not None
+    assert ledger._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert not ledger._conn.in_transaction
+
+
+# -- pruning and sessions ------------------------------------------------------------
+
+
+def test_prune_removes_only_old_reported_rows(ledger: Ledger) -> None:
+    day = 86400.0
+    now = 100 * day
+    ledger.admit("old-reported", "lane", "{}", now=now - 30 * day)
+    ledger.mark_reported("old-reported", "posted: 200", now=now - 8 * day)
+    ledger.admit("new-reported", "lane", "{}", now=now - 30 * day)
+    ledger.mark_reported("new-reported", "posted: 200", now=now - 6 * day)
+    ledger.admit("old-accepted", "lane", "{}", now=now - 30 * day)
+    ledger.admit("old-finished", "lane", "{}", now=now - 30 * day)
+    ledger.mark_finished("old-finished", outcome(), now=now - 30 * day)
+
+    assert ledger.prune(now) == 1
+    assert ledger.get("old-reported") is None
+    for kept in ("new-reported", "old-accepted", "old-finished"):
+        assert ledger.get(kept) is not None, kept
+    assert ledger.prune(now, older_than_s=5 * day) == 1
+    assert ledger.get("new-reported") is None
+    assert ledger.prune(now, older_than_s=0) == 0
+
+
+def test_sessions_save_replace_and_delete_per_lane(path: Path) -> None:
+    with Ledger.open(path) as ledger:
+        assert ledger.session_for("conv:A") is None
+        ledger.save_session("conv:A", "sess-1", now=1.0)
+        ledger.save_session("conv:B", "sess-9", now=1.0)
+        ledger.save_session("conv:A", "sess-2", now=2.0)
+        assert ledger.session_for("conv:A") == "sess-2"
+        assert ledger.session_for("conv:B") == "sess-9"
+    with Ledger.open(path) as ledger:
+        assert ledger.session_for("conv:A") == "sess-2"
+        ledger.save_session("conv:A", None, now=3.0)
+        ledger.save_session("conv:never", None, now=3.0)
+        assert ledger.session_for("conv:A") is None
+        assert ledger.session_for("conv:B") == "sess-9"
+
+
+# -- refusals ------------------------------------------------------------------------
+
+
+def _to_state(ledger: Ledger, run_id: str, state: RunState) -> None:
+    ledger.admit(run_id, "lane", "{}", now=1.0)
+    if state in (RunState.STARTED, RunState.FINISHED):
+        ledger.mark_started(run_id, now=2.0)
+    if state is RunState.FINISHED:
+        ledger.mark_finished(run_id, outcome(), now=3.0)
+    if state is RunState.REPORTED:
+        ledger.mark_reported(run_id, "posted: 200", now=4.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "move"),
+    [
+        (RunState.STARTED, "started"),
+        (RunState.FINISHED, "started"),
+        (RunState.FINISHED, "finished"),
+        (RunState.REPORTED, "started"),
+        (RunState.REPORTED, "finished"),
+        (RunState.REPORTED, "reported"),
+        (RunState.ACCEPTED, "pgid"),
+        (RunState.FINISHED, "pgid"),
+    ],
+)
+def test_moving_a_run_backwards_raises_and_changes_nothing(
+    ledger: Ledger, state: RunState, move: str
+) -> None:
+    _to_state(ledger, "run-1", state)
+    before = ledger.get("run-1")
+    calls = {
+        "started": partial(ledger.mark_started, "run-1", now=9.0),
+        "finished": partial(ledger.mark_finished, "run-1", outcome("late"), now=9.0),
+        "reported": partial(ledger.mark_reported, "run-1", "again", now=9.0),
+        "pgid": partial(ledger.record_pgid, "run-1", 99),
+    }
+    with pytest.raises(LedgerError, match="harness bug"):
+        calls[move]()
+    assert ledger.get("run-1") == before
+    # The failed call left no transaction open: the ledger still works.
+    assert ledger.admit("run-2", "lane", "{}", now=10.0) is Admission.NEW
+
+
+@pytest.mark.parametrize("state", [RunState.ACCEPTED, RunState.STARTED, RunState.FINISHED])
+def test_a_dropped_run_goes_to_reported_from_any_earlier_state(
+    ledger: Ledger, state: RunState
+) -> None:
+    _to_state(ledger, "run-1", state)
+    ledger.mark_reported("run-1", "dropped: unknown to the server", now=5.0)
+    row = ledger.get("run-1")
+    assert row is not None and row.state is RunState.REPORTED
+
+
+def test_unknown_run_ids_raise(ledger: Ledger) -> None:
+    for call in (
+        partial(ledger.mark_started, "nope", now=1.0),
+        partial(ledger.record_pgid, "nope", 5),
+        partial(ledger.mark_finished, "nope", outcome(), now=1.0),
+        partial(ledger.mark_reported, "nope", "x", now=1.0),
+    ):
+        with pytest.raises(LedgerError, match=r"harness bug: run 'nope' is not in the ledger"):
+            call()
+
+
+def test_a_closed_ledger_raises(path: Path) -> None:
+    ledger = Ledger.open(path)
+    ledger.close()
+    ledger.close()
+    with pytest.raises(LedgerError, match="closed"):
+        ledger.admit("run-1", "lane", "{}", now=1.0)
+
+
+def test_a_garbage_file_is_refused_by_name_and_left_alone(path: Path) -> None:
+    garbage = b"this is not a ledger\n" * 300
+    path.write_bytes(garbage)
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "move it aside" in message
+    assert path.read_bytes() == garbage
+
+
+def test_a_newer_schema_is_refused(path: Path) -> None:
+    Ledger.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {ledger_module.SCHEMA_VERSION + 1}")
+    with pytest.raises(LedgerError, match="newer") as caught:
+        Ledger.open(path)
+    assert str(path) in str(caught.value)
+
+
+def test_another_sqlite_database_is_refused(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (text TEXT)")
+    with pytest.raises(LedgerError, match="not a prohost run ledger") as caught:
+        Ledger.open(path)
+    assert str(path) in str(caught.value)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+
+
+def test_a_missing_folder_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "absent" / "ledger.sqlite3"
+    with pytest.raises(LedgerError) as caught:
+        Ledger.open(path)
+    assert str(path) in str(caught.value)
+
+
+# -- the agent process at restart ----------------------------------------------------
+
+
+async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some()
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _env(run_id: str | None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != "PROHOST_RUN_ID"}
+    if run_id is not None:
+        env["PROHOST_RUN_ID"] = run_id
+    return env
+
+
+# Waits for stdin to close, so the test decides when it ends without any sleep.
+WAIT_FOR_STDIN = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+
+async def _belongs(pgid: int, run_id: str) -> bool:
+    return await trio.to_thread.run_sync(process_belongs_to_run, pgid, run_id)
+
+
+async def test_belongs_only_to_a_live_group_carrying_the_run_id() -> None:
+    with trio.fail_after(30):
+        process = await trio.lowlevel.open_process(
+            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-1")
+        )
+        try:
+            assert os.getpgid(process.pid) == process.pid
+            assert await _belongs(process.pid, "run-1")
+            assert not await _belongs(process.pid, "run-2")
+            assert not await _belongs(process.pid, "run-")  # a prefix is not a match
+        finally:
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            await process.wait()
+        assert process.returncode == 0
+        # Reaped: the group is gone, so its number means nothing any more.
+        assert not await _belongs(process.pid, "run-1")
+
+
+async def test_a_recycled_group_without_the_run_id_does_not_belong() -> None:
+    with trio.fail_after(30):
+        process = await trio.lowlevel.open_process(
+            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env(None)
+        )
+        try:
+            assert not await _belongs(process.pid, "run-1")
+        finally:
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            await process.wait()
+
+
+async def test_the_group_still_belongs_after_its_leader_exits() -> None:
+    """An agent's children can outlive it; they carry the run id too and must be killed."""
+    leader_code = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'])\n"
+        "print(child.pid, flush=True)\n"
+    )
+    with trio.fail_after(30):
+        leader = await trio.lowlevel.open_process(
+            [sys.executable, "-c", leader_code],
+            start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_env("run-7"),
+        )
+        pgid = leader.pid
+        try:
+            assert leader.stdout is not None
+            child_pid = int(await _read_line(leader.stdout))
+            await leader.wait()
+            assert os.getpgid(child_pid) == pgid
+            assert await _belongs(pgid, "run-7")
+            assert not await _belongs(pgid, "run-8")
+        finally:
+            # The orphan is not ours to wait for; kill the group so nothing is left.
+            with suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            if leader.stdin is not None:
+                await leader.stdin.aclose()
+            if leader.stdout is not None:
+                await leader.stdout.aclose()
+            await leader.wait()
+
+
+@pytest.mark.skipif(shutil.which("ps") is None, reason="needs ps")
+async def test_the_ps_fallback_reads_environment_and_members() -> None:
+    """The macOS path (ps eww), exercised wherever ps understands it."""
+    with trio.fail_after(30):
+        process = await trio.lowlevel.open_process(
+            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-ps")
+        )
+        try:
+            words = await trio.to_thread.run_sync(ledger_module._ps_environ, process.pid)
+            assert "PROHOST_RUN_ID=run-ps" in words
+            assert "PROHOST_RUN_ID=run-p" not in words
+            members = await trio.to_thread.run_sync(
+                ledger_module._ps_group_members, process.pid
+            )
+            assert members == [process.pid]
+        finally:
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            await process.wait()
+        assert await trio.to_thread.run_sync(ledger_module._ps_environ, process.pid) == set()
