@@ -1,0 +1,408 @@
+"""The ``prohost`` command line.
+
+Parsing is strict and happens before anything else: a bad flag exits 2 with one
+line on stderr, before a socket is opened or a file is touched. The commands'
+implementations are imported only when they run, so ``--help`` and flag errors
+stay fast and never depend on the heavier modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from prohost import __version__
+from prohost.options import (
+    DEFAULT_EXEC,
+    MAX_CONCURRENCY,
+    VALUE_DESCRIPTIONS,
+    OptionError,
+    check_machine,
+    check_url,
+    default_machine_name,
+)
+
+DEFAULT_SERVER_HOST = "127.0.0.1"
+DEFAULT_SERVER_PORT = 8765
+DEFAULT_SEND_SERVER = f"http://{DEFAULT_SERVER_HOST}:{DEFAULT_SERVER_PORT}"
+
+_EXPECTED_ONE = re.compile(r"argument (?P<flags>[^:]+): expected one argument")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line that says what the flag accepts.
+
+    argparse's own "expected one argument" names the flag but not what to give
+    it; ``value_descriptions`` (flag → what it accepts) fills that in, so a
+    forgotten value reads like every other flag error.
+    """
+
+    def __init__(
+        self,
+        *args: object,
+        value_descriptions: Mapping[str, str] | None = None,
+        **kwargs: object,
+    ) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--conc 4` must not silently mean --concurrency
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.value_descriptions = dict(value_descriptions or {})
+
+    def explain(self, message: str) -> str:
+        match = _EXPECTED_ONE.fullmatch(message)
+        if match:
+            for flag in match["flags"].split("/"):
+                if flag in self.value_descriptions:
+                    return f"{flag} needs a value: {self.value_descriptions[flag]}"
+        return message
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(self.explain(message).splitlines())
+        self.exit(2, f"{self.prog}: error: {line}\n")
+
+
+# --- handlers ----------------------------------------------------------------------
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _agent_run(ns: argparse.Namespace) -> int:
+    from prohost.home import CredentialsError, InstanceLock, LockHeld, lock_held_message
+    from prohost.options import options_from_args
+
+    parser: ArgumentParser = ns.parser
+    try:
+        options = options_from_args(ns, os.environ, Path.cwd())
+    except OptionError as exc:
+        parser.error(str(exc))
+    setup_logging(ns.verbose)
+    # Taken here, once, before the harness starts: two harnesses on one home would
+    # both execute every run. The harness must not take it a second time (flock
+    # locks per open file, so it would find itself holding the lock).
+    try:
+        lock = InstanceLock.acquire(options.home)
+    except LockHeld as err:
+        return _fail(parser.prog, lock_held_message(err, options.home))
+    except OSError as exc:
+        return _fail(parser.prog, f"cannot use PROHOST_HOME={options.home}: {exc}")
+    with lock:
+        from prohost.harness import run_agent_command
+
+        try:
+            return run_agent_command(options)
+        except CredentialsError as exc:
+            return _fail(parser.prog, str(exc))
+
+
+def _agent_pair(ns: argparse.Namespace) -> int:
+    import trio
+
+    from prohost.home import prohost_home
+    from prohost.pair import pair_command
+
+    parser: ArgumentParser = ns.parser
+    code = ns.code.strip()
+    try:
+        if not code:
+            raise OptionError(f"--code must be {_PAIR_VALUES['--code']} (got an empty one)")
+        url: str | None = None
+        if ns.url is not None:
+            url = check_url("--url", ns.url)
+        elif os.environ.get("PROHOST_WS_URL", "").strip():
+            url = check_url("$PROHOST_WS_URL", os.environ["PROHOST_WS_URL"])
+        machine = check_machine(ns.machine) if ns.machine is not None else default_machine_name()
+    except OptionError as exc:
+        parser.error(str(exc))
+    setup_logging(ns.verbose)
+    return trio.run(pair_command, code, url, machine, prohost_home(os.environ))
+
+
+def _parse_port(parser: ArgumentParser, raw: str) -> int:
+    digits = raw.strip()
+    if digits.isascii() and digits.isdigit() and len(digits) <= 5 and int(digits) <= 65535:
+        return int(digits)
+    parser.error(f"--port must be {_SERVER_VALUES['--port']} (got {raw!r})")
+
+
+def _server(ns: argparse.Namespace) -> int:
+    import trio
+
+    port = _parse_port(ns.parser, ns.port)
+    setup_logging(ns.verbose)
+    from prohost.server.main import run_server_command
+
+    return trio.run(run_server_command, ns.host, port)
+
+
+def _send(ns: argparse.Namespace) -> int:
+    import trio
+
+    setup_logging(ns.verbose)
+    from prohost.sendcmd import send_command
+
+    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait)
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    setup_logging(ns.verbose)
+    from prohost.demo import main as demo_main
+
+    return demo_main()
+
+
+# --- logging -----------------------------------------------------------------------
+
+_installed_handler: logging.Handler | None = None
+
+
+def setup_logging(verbose: bool) -> None:
+    """Log to stderr: rich on a terminal, plain timestamped lines otherwise.
+
+    ``-v`` turns on debug for prohost's own loggers only: the libraries' debug
+    output (HTTP and WebSocket internals) is noise, and can carry request headers,
+    which is where the token travels.
+    """
+    global _installed_handler
+    root = logging.getLogger()
+    if _installed_handler is not None:
+        # Calling main() twice in one process (tests) must not double every line.
+        root.removeHandler(_installed_handler)
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(stderr=True), show_path=False)
+        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
+    root.addHandler(handler)
+    _installed_handler = handler
+    root.setLevel(logging.INFO)
+    logging.getLogger("prohost").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+# --- the parser tree ---------------------------------------------------------------
+
+_PAIR_VALUES = {
+    "--code": "the pairing code shown in the web app, e.g. ABCD-1234",
+    "--url": VALUE_DESCRIPTIONS["--url"],
+    "--machine": VALUE_DESCRIPTIONS["--machine"],
+}
+_SERVER_VALUES = {
+    "--host": "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0",
+    "--port": "a port number from 0 to 65535 (0 picks a free one)",
+}
+_SEND_VALUES = {
+    "--server": "the reference server's http:// URL, e.g. " + DEFAULT_SEND_SERVER,
+    "--conversation": "a conversation id, e.g. C42",
+}
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log debug details too (default: info)"
+    )
+
+
+def build_parser() -> ArgumentParser:
+    """The whole ``prohost`` argument tree (no side effects; safe to call in tests)."""
+    host = default_machine_name()
+    top = ArgumentParser(
+        prog="prohost",
+        description="Run a chat service's agent requests on this machine with a local "
+        "coding-agent CLI.",
+    )
+    top.add_argument("--version", action="version", version=f"prohost {__version__}")
+    top.set_defaults(handler=None, parser=top)
+    commands = top.add_subparsers(title="commands", metavar="COMMAND", parser_class=ArgumentParser)
+
+    agent = commands.add_parser(
+        "agent", prog="prohost agent", help="run or pair this machine's agent harness",
+        description="Run or pair this machine's agent harness.",
+    )
+    agent.set_defaults(handler=None, parser=agent)
+    agent_commands = agent.add_subparsers(
+        title="commands", metavar="COMMAND", parser_class=ArgumentParser
+    )
+
+    run = agent_commands.add_parser(
+        "run",
+        prog="prohost agent run",
+        value_descriptions=VALUE_DESCRIPTIONS,
+        help="connect to the server and run the agent requests it sends",
+        description="Connect to the server's agent socket, accept agent runs, run the local "
+        "agent CLI on each, and post the replies back. Stop with Ctrl-C: the first one "
+        "finishes the runs in progress, the second stops them.",
+        epilog="Durations are seconds, or a number with s, m or h: 600, 90s, 1.5m, 15m, 2h. "
+        "$PROHOST_HOME (default ~/.prohost) holds the credentials, the run ledger and the "
+        "lock that keeps one agent per home.",
+    )
+    run.add_argument(
+        "--exec", dest="exec_command", metavar="CMD",
+        help="shell command line that runs the agent; the prompt arrives on its stdin "
+        f"(default: {DEFAULT_EXEC!r})",
+    )
+    run.add_argument(
+        "--url", metavar="URL",
+        help="the server's agent WebSocket, ws:// or wss://; results are posted to the "
+        "http(s) address of the same host (default: $PROHOST_WS_URL, else the URL saved by "
+        "`prohost agent pair`, else wss://api.prohost.ai/v1/agent/ws)",
+    )
+    run.add_argument(
+        "--machine", metavar="NAME",
+        help=f"the name this machine is shown under (default: the host name, {host!r})",
+    )
+    run.add_argument(
+        "--workdir", metavar="DIR",
+        help="directory the agent runs in; a relative path is taken from the current "
+        "directory (default: $PROHOST_HOME/workspace)",
+    )
+    run.add_argument(
+        "--timeout", metavar="DURATION",
+        help="limit on each whole run, retries included; 0 means no limit (default: 0)",
+    )
+    run.add_argument(
+        "--idle-timeout", metavar="DURATION",
+        help="stop a run whose agent prints nothing on stdout or stderr for this long; "
+        "0 means never (default: 15m, i.e. 900 seconds)",
+    )
+    run.add_argument(
+        "--concurrency", metavar="N",
+        help=f"how many runs may execute at once, 1 to {MAX_CONCURRENCY}; turns of one "
+        "conversation still run one after another (default: 1)",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true",
+        help="accept and acknowledge runs but run nothing, report nothing and keep no "
+        "ledger; only the log shows what arrived (for checking the connection)",
+    )
+    run.add_argument(
+        "--allow-unverified", action="store_true",
+        help="accept deliveries whose signature is missing, wrong or stale, with a warning "
+        "logged for each (only for development servers)",
+    )
+    _add_verbose(run)
+    run.set_defaults(handler=_agent_run, parser=run)
+
+    pair = agent_commands.add_parser(
+        "pair",
+        prog="prohost agent pair",
+        value_descriptions=_PAIR_VALUES,
+        help="pair this machine with your account using a one-time code",
+        description="Trade a one-time pairing code for this machine's credentials, saved "
+        "in $PROHOST_HOME/credentials.json (mode 0600).",
+    )
+    pair.add_argument(
+        "--code", metavar="CODE", required=True,
+        help="the one-time pairing code shown in the web app, e.g. ABCD-1234 (required)",
+    )
+    pair.add_argument(
+        "--url", metavar="URL",
+        help="the server's agent WebSocket, ws:// or wss://; pairing goes to the http(s) "
+        "address of the same host (default: $PROHOST_WS_URL, else "
+        "wss://api.prohost.ai/v1/agent/ws)",
+    )
+    pair.add_argument(
+        "--machine", metavar="NAME",
+        help=f"the name this machine is shown under (default: the host name, {host!r})",
+    )
+    _add_verbose(pair)
+    pair.set_defaults(handler=_agent_pair, parser=pair)
+
+    server = commands.add_parser(
+        "server",
+        prog="prohost server",
+        value_descriptions=_SERVER_VALUES,
+        help="run the reference server (for development, tests and demos)",
+        description="Run the reference server: it signs and delivers runs to connected "
+        "harnesses and collects their results.",
+    )
+    server.add_argument(
+        "--host", metavar="HOST", default=DEFAULT_SERVER_HOST,
+        help=f"address to listen on (default: {DEFAULT_SERVER_HOST}, this machine only)",
+    )
+    server.add_argument(
+        "--port", metavar="PORT", default=str(DEFAULT_SERVER_PORT),
+        help=f"TCP port to listen on, 0 for any free one (default: {DEFAULT_SERVER_PORT})",
+    )
+    _add_verbose(server)
+    server.set_defaults(handler=_server, parser=server)
+
+    send = commands.add_parser(
+        "send",
+        prog="prohost send",
+        value_descriptions=_SEND_VALUES,
+        help="send a message to the reference server as a new agent run",
+        description="Send TEXT to a reference server, which delivers it to a connected "
+        "harness as an agent run.",
+    )
+    send.add_argument(
+        "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
+        help=f"the reference server's http:// URL (default: {DEFAULT_SEND_SERVER})",
+    )
+    send.add_argument(
+        "--conversation", metavar="C",
+        help="conversation id; turns of one conversation run in order and resume the "
+        "agent's session (default: a new conversation)",
+    )
+    send.add_argument(
+        "--wait", action="store_true",
+        help="wait for the run to finish and print its reply (default: print the run id "
+        "and return at once)",
+    )
+    send.add_argument("text", metavar="TEXT", help="the message for the agent")
+    _add_verbose(send)
+    send.set_defaults(handler=_send, parser=send)
+
+    demo = commands.add_parser(
+        "demo",
+        prog="prohost demo",
+        help="run a local end-to-end demo (reference server, harness and a fake agent)",
+        description="Run a self-contained demo on this machine.",
+    )
+    _add_verbose(demo)
+    demo.set_defaults(handler=_demo, parser=demo)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``prohost`` command; return its exit code (2: bad flags, 130: interrupted)."""
+    try:
+        parser = build_parser()
+        ns, extras = parser.parse_known_args(argv)
+        if extras:
+            # Reported by the subcommand that was given them, not by `prohost`.
+            ns.parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        handler: Handler | None = ns.handler
+        if handler is None:
+            # `prohost` or `prohost agent` alone: show what can follow.
+            ns.parser.print_help(sys.stderr)
+            return 2
+        return handler(ns)
+    except SystemExit as exc:
+        # argparse (and --version/--help) exit this way; callers get a plain int.
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # Ctrl-C outside trio (start-up, imports): the user knows; no traceback.
+        print(file=sys.stderr)
+        return 130

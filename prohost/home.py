@@ -1,0 +1,343 @@
+"""``$PROHOST_HOME``: where credentials, the lock and the agent's workspace live.
+
+Layout (``~/.prohost`` unless ``$PROHOST_HOME`` says otherwise)::
+
+    credentials.json   token, secret and endpoints from `prohost agent pair` (mode 0600)
+    agent.lock         held (flock) by the one harness using this home; holds its pid
+    workspace/         the agent's default working directory
+
+Everything that decides *which* server to talk to is also here
+(:func:`resolve_endpoints`), because the answer depends on the credentials file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+CREDENTIALS_FILE = "credentials.json"
+LOCK_FILE = "agent.lock"
+WORKSPACE_DIR = "workspace"
+DEFAULT_WS_URL = "wss://api.prohost.ai/v1/agent/ws"
+
+_PAIR_HINT = "run `prohost agent pair --code CODE` with a pairing code from the web app"
+
+
+def prohost_home(env: Mapping[str, str], cwd: Path | None = None) -> Path:
+    """``$PROHOST_HOME``, else ``~/.prohost``, as an absolute path.
+
+    A relative ``$PROHOST_HOME`` is taken against ``cwd`` (default: the process's
+    current directory) and fixed here, so that later ``chdir``s (an agent's workdir)
+    can never move the home under a running harness. ``~`` is expanded from the
+    given environment's ``HOME``, so tests can aim it at a temporary directory.
+    """
+    raw = env.get("PROHOST_HOME", "").strip()
+    path = _expand_user(raw, env) if raw else _user_home(env) / ".prohost"
+    if not path.is_absolute():
+        path = (cwd if cwd is not None else Path.cwd()) / path
+    return Path(os.path.normpath(path))
+
+
+def _user_home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME")
+    return Path(home) if home else Path.home()
+
+
+def _expand_user(raw: str, env: Mapping[str, str]) -> Path:
+    if raw == "~":
+        return _user_home(env)
+    if raw.startswith("~/"):
+        return _user_home(env) / raw[2:]
+    return Path(raw)
+
+
+# --- credentials -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Credentials:
+    """What pairing returned. ``token`` and ``secret`` must never reach a log or an agent."""
+
+    token: str = attrs.field(repr=False)
+    secret: str = attrs.field(repr=False)
+    ws_url: str
+    api_url: str | None = None
+    account: str | None = None
+
+
+class CredentialsError(Exception):
+    """The credentials file is missing or unusable; the message says what to do."""
+
+
+_REQUIRED_FIELDS = ("token", "secret", "ws_url")
+_OPTIONAL_FIELDS = ("api_url", "account")
+
+
+def credentials_from_json(data: Any, source: str) -> Credentials:
+    """Check a decoded pairing answer / credentials file; ``source`` names it in errors.
+
+    Raises :class:`ValueError` with a message naming the field that is wrong.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{source} is not a JSON object")
+    values: dict[str, str | None] = {}
+    for name in _REQUIRED_FIELDS:
+        value = data.get(name)
+        if value is None:
+            raise ValueError(f"{source} has no {name!r} field")
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{source} has an empty or non-text {name!r} field")
+        values[name] = value
+    for name in _OPTIONAL_FIELDS:
+        value = data.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{source} has a non-text {name!r} field")
+        # An empty api_url would otherwise win over deriving it from ws_url.
+        values[name] = value or None
+    ws_url = values["ws_url"]
+    assert ws_url is not None
+    try:
+        http_base_from_ws(ws_url)
+    except ValueError as exc:
+        raise ValueError(f"{source} has an unusable 'ws_url': {exc}") from None
+    return Credentials(
+        token=values["token"] or "",
+        secret=values["secret"] or "",
+        ws_url=ws_url,
+        api_url=values["api_url"],
+        account=values["account"],
+    )
+
+
+def credentials_path(home: Path) -> Path:
+    return home / CREDENTIALS_FILE
+
+
+def load_credentials(home: Path) -> Credentials:
+    """Read ``home/credentials.json``; a :class:`CredentialsError` says what is wrong and what
+    to do about it.
+    """
+    path = credentials_path(home)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CredentialsError(
+            f"this machine is not paired yet (no {path}): {_PAIR_HINT}"
+        ) from None
+    except IsADirectoryError:
+        raise CredentialsError(
+            f"{path} is a directory, not a credentials file: remove it, then {_PAIR_HINT}"
+        ) from None
+    except PermissionError:
+        raise CredentialsError(
+            f"cannot read {path}: permission denied; it should belong to you with mode 0600 "
+            f"(chmod 600 {path}), or pair again"
+        ) from None
+    except UnicodeDecodeError:
+        raise CredentialsError(
+            f"{path} is not UTF-8 text; it is damaged: {_PAIR_HINT} to rewrite it"
+        ) from None
+    except OSError as exc:
+        raise CredentialsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CredentialsError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+            f"it is damaged: {_PAIR_HINT} to rewrite it"
+        ) from None
+    try:
+        return credentials_from_json(data, str(path))
+    except ValueError as exc:
+        raise CredentialsError(f"{exc}: {_PAIR_HINT} to rewrite it") from None
+
+
+def save_credentials(home: Path, creds: Credentials) -> Path:
+    """Write ``home/credentials.json`` atomically with mode 0600; return its path.
+
+    The file is created 0600 (never chmod-ed afterwards, so there is no moment when
+    another user could open it), written to a temporary name, fsync'd, renamed over
+    the old file, and the directory fsync'd so the rename survives a crash. A reader
+    sees the old credentials or the new ones, never half of either.
+    """
+    _make_home(home)
+    path = credentials_path(home)
+    data = {k: v for k, v in attrs.asdict(creds).items() if v is not None}
+    payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    tmp = home / f".{CREDENTIALS_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(home)
+    return path
+
+
+def _make_home(home: Path) -> None:
+    # 0700: the home holds the credentials and the ledger (run bodies, replies).
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- endpoints ---------------------------------------------------------------------
+
+
+def http_base_from_ws(url: str) -> str:
+    """``ws://h:p/any/path`` → ``http://h:p``; ``wss://`` → ``https://``.
+
+    Anything that is not a ws/wss URL with a host raises :class:`ValueError`
+    naming what was wrong, because dialing it would fail later and less clearly.
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise ValueError(f"not a port number in {url!r}") from None
+    return f"{scheme}://{parts.netloc}"
+
+
+def resolve_endpoints(flag_or_env_url: str | None, creds: Credentials | None) -> tuple[str, str]:
+    """``(ws_url, api_base)`` per PROTOCOL.md §1.
+
+    An explicit URL (``--url`` or ``$PROHOST_WS_URL``) wins and the API base is
+    derived from it, so pointing at a development server never sends results to
+    the paired production API. Otherwise the credentials' ``ws_url`` and their
+    ``api_url`` (else derived from that ``ws_url``); with no credentials, the
+    built-in default. The API base never ends in ``/`` so paths can be appended.
+    """
+    if flag_or_env_url:
+        ws_url = flag_or_env_url.strip()
+        return ws_url, http_base_from_ws(ws_url)
+    if creds is not None:
+        api = creds.api_url or http_base_from_ws(creds.ws_url)
+        return creds.ws_url, api.rstrip("/")
+    return DEFAULT_WS_URL, http_base_from_ws(DEFAULT_WS_URL)
+
+
+# --- single-instance lock ----------------------------------------------------------
+
+
+class LockHeld(Exception):
+    """Another process holds this home's lock; ``pid`` is its pid when it recorded one."""
+
+    def __init__(self, pid: int | None, path: Path) -> None:
+        super().__init__(f"{path} is held by pid {pid}" if pid else f"{path} is held")
+        self.pid = pid
+        self.path = path
+
+
+class InstanceLock:
+    """One harness per home: two would both execute every run they were sent.
+
+    ``flock`` rather than a pid file: the kernel drops the lock when the holder
+    dies however it dies (``kill -9`` included), so there is never a stale lock to
+    clean up. The pid written into the file is only for the message telling the
+    user who holds it. The lock file is never deleted: unlinking it would let a
+    third process lock a fresh inode while the second still holds the old one.
+    The descriptor is not inherited by child processes (Python's default), so an
+    agent left running cannot keep the home locked.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, home: Path) -> InstanceLock:
+        """Take the lock without waiting; raise :class:`LockHeld` if another process has it."""
+        _make_home(home)
+        path = home / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise LockHeld(holder, path) from None
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path)
+
+    def release(self) -> None:
+        """Give the lock up (idempotent). Process exit releases it too."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # Forget our pid first so nobody is told a dead process holds it.
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> InstanceLock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
+
+
+def lock_held_message(err: LockHeld, home: Path) -> str:
+    """What to tell someone who started a second harness on the same home."""
+    who = f"(pid {err.pid})" if err.pid else "(its pid is not recorded)"
+    stop = f"stop it (kill {err.pid})" if err.pid else f"stop it (`lsof {err.path}` shows it)"
+    return (
+        f"another prohost agent {who} is already running with PROHOST_HOME={home}; "
+        f"two would both execute every run. Either {stop}, or give this one its own home: "
+        f"PROHOST_HOME=/some/other/dir prohost agent run ..."
+    )

@@ -1,0 +1,219 @@
+"""``prohost agent run`` flags, parsed strictly into one frozen :class:`Options`.
+
+Strict because every lenient reading here has a cost that shows up much later and
+far away: ``--concurrency`` with its value forgotten, read as "absent", leaves
+someone believing four runs go at once while one does; ``--timeout -5`` read as
+"no timeout" lets a stuck agent hold a slot forever. So a value that is not
+exactly one of the accepted forms is an :class:`OptionError`, reported before
+anything connects or touches a file.
+
+Nothing here does I/O: :func:`options_from_args` takes the environment and the
+current directory as arguments, so it is a plain function of its inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from prohost.home import WORKSPACE_DIR, http_base_from_ws, prohost_home
+
+MAX_CONCURRENCY = 16
+DEFAULT_EXEC = "claude -p"
+DEFAULT_IDLE_TIMEOUT_S = 900.0
+MAX_MACHINE_LEN = 128
+
+CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
+DURATION_RANGE = (
+    "a duration of 0 or more: seconds, or a number with s, m or h (e.g. 600, 90s, 15m, 2h)"
+)
+
+VALUE_DESCRIPTIONS: dict[str, str] = {
+    "--exec": "a shell command line that starts the agent, e.g. --exec 'claude -p'",
+    "--url": "a ws:// or wss:// URL of the server's agent socket",
+    "--machine": f"a name for this machine, 1 to {MAX_MACHINE_LEN} characters",
+    "--workdir": "a directory for the agent to work in",
+    "--timeout": DURATION_RANGE,
+    "--idle-timeout": DURATION_RANGE,
+    "--concurrency": CONCURRENCY_RANGE,
+}
+"""What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
+
+
+class OptionError(ValueError):
+    """A flag's value is unusable. The message is one line naming the flag and what it accepts."""
+
+
+_DURATION = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<unit>[smh]?)")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_seconds(flag: str, raw: str) -> float:
+    """A duration in seconds from ``600``, ``90s``, ``1.5m``, ``15m`` or ``2h``; 0 is allowed.
+
+    No sign, no exponent, no ``nan``/``inf``: the pattern only admits plain decimal
+    digits, and a result too large to be finite is refused as well.
+    """
+    match = _DURATION.fullmatch(raw.strip())
+    seconds = math.nan
+    if match:
+        seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"]]
+    if not math.isfinite(seconds):
+        raise OptionError(f"{flag} must be {DURATION_RANGE}; got {raw!r}")
+    return seconds
+
+
+def parse_concurrency(raw: str) -> int:
+    """How many runs may execute at once: ASCII digits only, 1 to :data:`MAX_CONCURRENCY`."""
+    digits = raw.strip()
+    # isdigit() alone would admit "²" and "٤"; int() of them would then fail or surprise.
+    if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 2:
+        count = int(digits)
+        if 1 <= count <= MAX_CONCURRENCY:
+            return count
+    raise OptionError(f"--concurrency must be {CONCURRENCY_RANGE} (got {raw!r})")
+
+
+def default_machine_name() -> str:
+    """The host name, which is what the web app shows until the user picks another."""
+    return socket.gethostname() or "prohost-agent"
+
+
+def _check_seconds(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a finite number of seconds >= 0, got {value}")
+
+
+def _check_concurrency(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise ValueError(f"{attribute.name} must be from 1 to {MAX_CONCURRENCY}, got {value}")
+
+
+def _check_absolute(_: object, attribute: attrs.Attribute[Path], value: Path) -> None:
+    if not value.is_absolute():
+        raise ValueError(f"{attribute.name} must be an absolute path, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class Options:
+    """Everything ``prohost agent run`` was asked to do, checked and made absolute.
+
+    The validators are a second line of defence for code that builds Options
+    directly (tests, the daemon installer); the CLI's own checks in
+    :func:`options_from_args` give the user-facing messages.
+    """
+
+    home: Path = attrs.field(validator=_check_absolute)
+    exec_command: str = DEFAULT_EXEC
+    url: str | None = None
+    machine: str = attrs.field(factory=default_machine_name)
+    workdir: Path = attrs.field(
+        default=attrs.Factory(lambda self: self.home / WORKSPACE_DIR, takes_self=True),
+        validator=_check_absolute,
+    )
+    timeout_s: float = attrs.field(default=0.0, validator=_check_seconds)
+    idle_timeout_s: float = attrs.field(default=DEFAULT_IDLE_TIMEOUT_S, validator=_check_seconds)
+    concurrency: int = attrs.field(default=1, validator=_check_concurrency)
+    dry_run: bool = False
+    allow_unverified: bool = False
+
+
+def check_url(flag: str, raw: str) -> str:
+    """A ws/wss URL with a host, else :class:`OptionError` naming ``flag``."""
+    try:
+        http_base_from_ws(raw)
+    except ValueError as exc:
+        raise OptionError(
+            f"{flag} must be a ws:// or wss:// URL with a host, "
+            f"e.g. ws://127.0.0.1:8765/v1/agent/ws ({exc})"
+        ) from None
+    return raw.strip()
+
+
+def check_machine(raw: str) -> str:
+    """A machine name fit for an HTTP header: the server shows it, so it must be one clean line."""
+    name = raw.strip()
+    if not name or len(name) > MAX_MACHINE_LEN or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise OptionError(
+            f"--machine must be a name of 1 to {MAX_MACHINE_LEN} characters "
+            f"without control characters (got {raw!r})"
+        )
+    return name
+
+
+def _expand_path(raw: str, env: Mapping[str, str], cwd: Path) -> Path:
+    # `--workdir=~/code` reaches us unexpanded (the shell only expands a leading ~).
+    if raw == "~" or raw.startswith("~/"):
+        home = env.get("HOME")
+        base = Path(home) if home else Path.home()
+        path = base / raw[2:] if raw != "~" else base
+    else:
+        path = Path(raw)
+    # Absolute now: the agent runs in another directory, and a daemon has no cwd of ours.
+    return Path(os.path.normpath(cwd / path))
+
+
+def options_from_args(ns: argparse.Namespace, env: Mapping[str, str], cwd: Path) -> Options:
+    """Turn parsed ``agent run`` arguments into :class:`Options`, or raise :class:`OptionError`.
+
+    ``ns`` attributes (absent ones take their defaults): ``exec_command``, ``url``,
+    ``machine``, ``workdir``, ``timeout``, ``idle_timeout``, ``concurrency`` (all
+    strings or None), ``dry_run``, ``allow_unverified`` (bools).
+    """
+    home = prohost_home(env, cwd)
+
+    exec_command = getattr(ns, "exec_command", None)
+    if exec_command is None:
+        exec_command = DEFAULT_EXEC
+    elif not exec_command.strip():
+        raise OptionError(
+            "--exec must be a shell command line that starts the agent, "
+            "e.g. --exec 'claude -p' (got an empty one)"
+        )
+
+    url: str | None = None
+    raw_url = getattr(ns, "url", None)
+    if raw_url is not None:
+        url = check_url("--url", raw_url)
+    elif env.get("PROHOST_WS_URL", "").strip():
+        url = check_url("$PROHOST_WS_URL", env["PROHOST_WS_URL"])
+
+    raw_machine = getattr(ns, "machine", None)
+    machine = check_machine(raw_machine) if raw_machine is not None else default_machine_name()
+
+    raw_workdir = getattr(ns, "workdir", None)
+    if raw_workdir is None:
+        workdir = home / WORKSPACE_DIR
+    elif not raw_workdir.strip():
+        raise OptionError("--workdir must be a directory (got an empty path)")
+    else:
+        workdir = _expand_path(raw_workdir, env, cwd)
+
+    raw_timeout = getattr(ns, "timeout", None)
+    timeout_s = 0.0 if raw_timeout is None else parse_seconds("--timeout", raw_timeout)
+    raw_idle = getattr(ns, "idle_timeout", None)
+    idle_timeout_s = (
+        DEFAULT_IDLE_TIMEOUT_S if raw_idle is None else parse_seconds("--idle-timeout", raw_idle)
+    )
+    raw_concurrency = getattr(ns, "concurrency", None)
+    concurrency = 1 if raw_concurrency is None else parse_concurrency(raw_concurrency)
+
+    return Options(
+        home=home,
+        exec_command=exec_command,
+        url=url,
+        machine=machine,
+        workdir=workdir,
+        timeout_s=timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        concurrency=concurrency,
+        dry_run=bool(getattr(ns, "dry_run", False)),
+        allow_unverified=bool(getattr(ns, "allow_unverified", False)),
+    )
