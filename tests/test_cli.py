@@ -1,0 +1,220 @@
+"""The `prohost` command line: the real program for flag errors and help, main() for dispatch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from prohost import __version__, cli
+from prohost.home import InstanceLock, LockHeld
+from prohost.options import Options
+
+DURATION = "a duration of 0 or more: seconds, or a number with s, m or h"
+CONCURRENCY = "a whole number from 1 to 16"
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
+    env["PROHOST_HOME"] = str(tmp_path / "home")
+    return subprocess.run(
+        [sys.executable, "-m", "prohost", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "accepts"),
+    [
+        (["--concurrency"], "--concurrency", CONCURRENCY),
+        (["--concurrency", "--dry-run"], "--concurrency", CONCURRENCY),
+        (["--concurrency", "0"], "--concurrency", CONCURRENCY),
+        (["--concurrency", "17"], "--concurrency", CONCURRENCY),
+        (["--concurrency", "4x"], "--concurrency", CONCURRENCY),
+        (["--concurrency="], "--concurrency", CONCURRENCY),
+        (["--timeout", "-5"], "--timeout", DURATION),
+        (["--timeout", "abc"], "--timeout", DURATION),
+        (["--timeout", "nan"], "--timeout", DURATION),
+        (["--timeout"], "--timeout", DURATION),
+        (["--idle-timeout", "-1"], "--idle-timeout", DURATION),
+        (["--idle-timeout", "--verbose"], "--idle-timeout", DURATION),
+        (["--url", "http://example.com/ws"], "--url", "ws:// or wss://"),
+        (["--exec"], "--exec", "shell command"),
+        (["--machine", ""], "--machine", "1 to 128 characters"),
+    ],
+)
+def test_agent_run_flag_errors(tmp_path: Path, args: list[str], flag: str, accepts: str) -> None:
+    result = run_cli(tmp_path, "agent", "run", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"prohost agent run: error: {flag} ")
+    assert accepts in lines[0]
+    # Refused before anything was touched: not even the home directory exists.
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["agent", "run", "--conc", "4"], "prohost agent run: error: unrecognized arguments"),
+        (["agent", "pair"], "prohost agent pair: error: the following arguments are required"),
+        (["agent", "pair", "--code"], "prohost agent pair: error: --code needs a value"),
+        (["agent", "pair", "--code", "X", "--url", "x"], "prohost agent pair: error: --url must"),
+        (["server", "--port", "70000"], "prohost server: error: --port must be a port number"),
+        (["server", "--port"], "prohost server: error: --port needs a value"),
+        (["nope"], "prohost: error: argument COMMAND: invalid choice"),
+    ],
+)
+def test_other_usage_errors(tmp_path: Path, args: list[str], expected: str) -> None:
+    result = run_cli(tmp_path, *args)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(expected)
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        (
+            ["agent", "run"],
+            [
+                "--exec", "--url", "--machine", "--workdir", "--timeout", "--idle-timeout",
+                "--concurrency", "--dry-run", "--allow-unverified", "--verbose", "-v",
+            ],
+        ),
+        (["agent", "pair"], ["--code", "--url", "--machine", "--verbose"]),
+        (["server"], ["--host", "--port", "--verbose"]),
+        (["send"], ["--server", "--conversation", "--wait", "TEXT", "--verbose"]),
+        (["demo"], ["--verbose"]),
+        (["agent"], ["run", "pair"]),
+        ([], ["agent", "server", "send", "demo", "--version"]),
+    ],
+)
+def test_help_lists_every_flag(tmp_path: Path, command: list[str], flags: list[str]) -> None:
+    result = run_cli(tmp_path, *command, "--help")
+    assert result.returncode == 0
+    assert result.stderr == ""
+    for flag in flags:
+        assert flag in result.stdout, f"{flag} missing from {command} --help"
+    assert not (tmp_path / "home").exists()
+
+
+def test_agent_run_help_states_defaults_and_units(tmp_path: Path) -> None:
+    text = " ".join(run_cli(tmp_path, "agent", "run", "--help").stdout.split())
+    for fact in ("'claude -p'", "900 seconds", "no limit (default: 0)", "1 to 16", "(default: 1)",
+                 "$PROHOST_HOME/workspace", "$PROHOST_WS_URL", "15m", "2h"):
+        assert fact in text, fact
+
+
+def test_version(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "--version")
+    assert result.returncode == 0
+    assert result.stdout == f"prohost {__version__}\n"
+
+
+def test_no_command_shows_help(tmp_path: Path) -> None:
+    for args in ([], ["agent"]):
+        result = run_cli(tmp_path, *args)
+        assert result.returncode == 2
+        assert "usage: prohost" in result.stderr
+
+
+# --- dispatch, in process, with a stand-in harness -----------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private PROHOST_HOME and cwd; undo main()'s logging set-up afterwards."""
+    for key in [k for k in os.environ if k.startswith("PROHOST_")]:
+        monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    monkeypatch.setenv("PROHOST_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    yield home
+    if cli._installed_handler is not None:
+        logging.getLogger().removeHandler(cli._installed_handler)
+        cli._installed_handler = None
+    logging.getLogger("prohost").setLevel(logging.NOTSET)
+
+
+def fake_harness(monkeypatch: pytest.MonkeyPatch, behaviour: Callable[[Options], int]) -> None:
+    module = types.ModuleType("prohost.harness")
+    module.run_agent_command = behaviour  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "prohost.harness", module)
+
+
+def test_agent_run_hands_options_to_the_harness_under_the_lock(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Options] = []
+
+    def run_agent_command(options: Options) -> int:
+        seen.append(options)
+        # The CLI holds the home's lock for the harness's whole life.
+        with pytest.raises(LockHeld):
+            InstanceLock.acquire(options.home)
+        return 7
+
+    fake_harness(monkeypatch, run_agent_command)
+    code = cli.main(
+        ["agent", "run", "--concurrency", "3", "--timeout", "15m", "--workdir", "w",
+         "--exec", "codex", "--machine", "studio", "--dry-run", "--allow-unverified", "-v"]
+    )
+    assert code == 7
+    assert seen == [
+        Options(
+            home=env,
+            exec_command="codex",
+            machine="studio",
+            workdir=tmp_path / "w",
+            timeout_s=900.0,
+            concurrency=3,
+            dry_run=True,
+            allow_unverified=True,
+        )
+    ]
+    assert logging.getLogger("prohost").getEffectiveLevel() == logging.DEBUG
+    InstanceLock.acquire(env).release()  # released once the harness returned
+
+
+def test_second_agent_on_one_home_is_refused(
+    env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run_agent_command(options: Options) -> int:
+        raise AssertionError("the harness must not start while another holds the home")
+
+    fake_harness(monkeypatch, run_agent_command)
+    with InstanceLock.acquire(env):
+        assert cli.main(["agent", "run"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("prohost agent run: error: ")
+    assert f"pid {os.getpid()}" in err
+    assert f"PROHOST_HOME={env}" in err
+
+
+def test_ctrl_c_outside_trio_exits_130(
+    env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run_agent_command(options: Options) -> int:
+        raise KeyboardInterrupt
+
+    fake_harness(monkeypatch, run_agent_command)
+    assert cli.main(["agent", "run"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+    InstanceLock.acquire(env).release()
