@@ -1,0 +1,393 @@
+"""run_agent with real subprocesses: output, bounds, timeouts, group kills, cancellation."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import shlex
+import signal
+import sys
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
+
+AGENTS = Path(__file__).parent / "agents"
+MIB = 1024 * 1024
+
+
+def agent(name: str, *args: str | Path) -> str:
+    """The shell command line that runs a fake agent from tests/agents."""
+    words = [sys.executable, str(AGENTS / name), *map(str, args)]
+    return shlex.join(words)
+
+
+def env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+@pytest.fixture
+def groups() -> ProcessGroups:
+    groups = ProcessGroups()
+    groups.grace_s = 0.2  # the stubborn grandchildren make every stop use all of it
+    return groups
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """Where stubborn.py writes its grandchild's pid; the grandchild dies at teardown."""
+    path = tmp_path / "grandchild.pid"
+    yield path
+    if path.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def grandchild(pidfile: Path) -> int:
+    return int(pidfile.read_text())
+
+
+def _exited(pid: int) -> int | None:
+    """A pidfd that becomes readable when ``pid`` has exited, or None if it is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+async def assert_gone(pidfile: Path) -> None:
+    """The grandchild in ``pidfile`` has exited (or is exiting: it was SIGKILLed).
+
+    Waits on a pidfd rather than polling: the kernel closes a killed process's
+    pipes a moment before it marks it exited, and run_agent returns on the former.
+    A grandchild nobody killed never exits, and the test's fail_after catches it.
+    """
+    fd = _exited(grandchild(pidfile))
+    if fd is None:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    fd = _exited(pid)
+    if fd is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
+    finally:
+        os.close(fd)
+
+
+async def test_reply_on_stdout_and_prompt_on_stdin(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        saved = tmp_path / "prompt.txt"
+        result = await run_agent(
+            agent("reply.py", "--prompt-to", saved, "  hello there\n"),
+            stdin_text="the prompt ✓",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+        )
+    assert result.exit_code == 0
+    assert result.signal is None
+    assert result.timed_out is None
+    assert result.stdout == b"  hello there\n"
+    assert not result.stdout_truncated
+    assert saved.read_text(encoding="utf-8") == "the prompt ✓"
+    assert result.duration_s >= 0
+    assert len(groups) == 0
+
+
+async def test_nonzero_exit_keeps_the_last_stderr_line(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    with trio.fail_after(10):
+        result = await run_agent(
+            agent(
+                "reply.py",
+                "--stderr",
+                "warming up",
+                "--stderr",
+                "boom: bad config",
+                "--stderr",
+                "   ",
+                "--exit",
+                "3",
+                "",
+            ),
+            stdin_text="",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+        )
+    assert result.exit_code == 3
+    assert result.signal is None
+    assert result.last_stderr_line == "boom: bad config"
+
+
+async def test_long_stderr_line_is_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        result = await run_agent(
+            "printf 'x%.0s' $(seq 1 3000) >&2; exit 1",
+            stdin_text="",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+        )
+    assert result.exit_code == 1
+    assert result.last_stderr_line == "x" * 500
+
+
+async def test_killed_by_a_signal(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        result = await run_agent(
+            "kill -KILL $$", stdin_text="", cwd=tmp_path, env=env(), groups=groups
+        )
+    assert result.exit_code is None
+    assert result.signal == signal.SIGKILL
+    assert result.timed_out is None
+
+
+async def test_an_agent_that_never_reads_stdin_gets_through(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    # Far more than a pipe buffer holds, so a blocking write would never finish.
+    with trio.fail_after(10):
+        result = await run_agent(
+            agent("reply.py", "--no-read", "done"),
+            stdin_text="p" * (4 * MIB),
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+        )
+    assert result.exit_code == 0
+    assert result.stdout == b"done"
+
+
+async def test_flood_keeps_memory_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
+    lines: list[int] = []
+    tracemalloc.start()
+    try:
+        with trio.fail_after(15):
+            result = await run_agent(
+                agent("flood.py", "50"),
+                stdin_text="",
+                cwd=tmp_path,
+                env=env(),
+                groups=groups,
+                max_stdout_bytes=MIB,
+                on_stdout_line=lambda line: lines.append(len(line)),
+            )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0
+    assert result.stdout == b"r" * MIB
+    assert result.stdout_truncated
+    assert result.last_stderr_line == "flood done"
+    # stdout was one 50 MiB line: over the line bound, so skipped, not buffered.
+    assert lines == []
+    assert result.overlong_lines == 1
+    # 100 MiB went through; keeping it would need at least 50 MiB.
+    print(f"peak traced memory {peak / MIB:.1f} MiB")
+    assert peak < 24 * MIB, f"peak {peak / MIB:.1f} MiB"
+
+
+async def test_stdout_lines_are_split_and_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
+    seen: list[bytes] = []
+    with trio.fail_after(10):
+        result = await run_agent(
+            agent("lines.py"),
+            stdin_text="",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+            max_stdout_bytes=16,
+            on_stdout_line=seen.append,
+        )
+    assert result.exit_code == 0
+    assert [line[:6] for line in seen] == [b"first", b"second", b"zzzzzz"]
+    assert len(seen[2]) == 5 * MIB  # a 5 MiB line gets through whole
+    assert result.overlong_lines == 1  # the 9 MiB one did not
+    assert result.stdout == b"first\n" + b"y" * 10
+    assert result.stdout_truncated
+
+
+async def test_runs_in_cwd_with_exactly_env(tmp_path: Path, groups: ProcessGroups) -> None:
+    os.environ["PROHOST_TEST_LEAK"] = "must not be inherited"
+    try:
+        with trio.fail_after(10):
+            result = await run_agent(
+                agent("env_dump.py"),
+                stdin_text="",
+                cwd=tmp_path,
+                env={**env(), "ONLY_THIS": "yes"},
+                groups=groups,
+            )
+    finally:
+        del os.environ["PROHOST_TEST_LEAK"]
+    dumped = json.loads(result.stdout)
+    assert dumped["cwd"] == str(tmp_path)
+    assert dumped["env"]["ONLY_THIS"] == "yes"
+    assert "PROHOST_TEST_LEAK" not in dumped["env"]
+
+
+async def test_missing_cwd_raises_oserror(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10), pytest.raises(OSError):
+        await run_agent("true", stdin_text="", cwd=tmp_path / "nope", env=env(), groups=groups)
+    assert len(groups) == 0
+
+
+async def test_group_is_registered_while_it_lives(tmp_path: Path, groups: ProcessGroups) -> None:
+    spawned: list[int] = []
+
+    async def on_spawn(pgid: int) -> None:
+        assert pgid in groups
+        assert os.getpgid(pgid) == pgid  # leader of its own group
+        assert os.getsid(pgid) == pgid  # and of its own session
+        spawned.append(pgid)
+
+    with trio.fail_after(10):
+        await run_agent(
+            "true", stdin_text="", cwd=tmp_path, env=env(), groups=groups, on_spawn=on_spawn
+        )
+    assert len(spawned) == 1
+    assert len(groups) == 0
+
+
+async def test_normal_exit_sweeps_the_group(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    with trio.fail_after(10):
+        result = await run_agent(
+            agent("stubborn.py", pidfile, "--then", "exit"),
+            stdin_text="",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+        )
+        assert result.exit_code == 0
+        assert result.stdout == b"ready\n"
+        await assert_gone(pidfile)
+
+
+async def _stubborn(
+    tmp_path: Path,
+    groups: ProcessGroups,
+    pidfile: Path,
+    then: str,
+    *,
+    deadline: float = math.inf,
+    idle_timeout_s: float = 0.0,
+) -> ProcessResult:
+    return await run_agent(
+        agent("stubborn.py", pidfile, "--then", then),
+        stdin_text="",
+        cwd=tmp_path,
+        env=env(),
+        groups=groups,
+        deadline=deadline,
+        idle_timeout_s=idle_timeout_s,
+    )
+
+
+async def test_idle_timeout_kills_the_group(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    with trio.fail_after(10):
+        result = await _stubborn(tmp_path, groups, pidfile, "sleep", idle_timeout_s=0.5)
+        assert result.timed_out == "idle"
+        assert result.signal == signal.SIGTERM  # the leader went at the first signal
+        assert result.stdout == b"ready\n"
+        await assert_gone(pidfile)
+    assert len(groups) == 0
+
+
+async def test_total_timeout_kills_the_group(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    # It prints all the time, so only the total deadline can stop it.
+    with trio.fail_after(10):
+        deadline = trio.current_time() + 0.5
+        result = await _stubborn(
+            tmp_path, groups, pidfile, "print", deadline=deadline, idle_timeout_s=30
+        )
+        assert result.timed_out == "total"
+        assert result.signal == signal.SIGTERM
+        assert result.stdout.startswith(b"ready\n.")
+        await assert_gone(pidfile)
+
+
+async def test_cancel_kills_the_group_and_reraises(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    ready = trio.Event()
+
+    def on_line(line: bytes) -> None:
+        if line == b"ready":
+            ready.set()
+
+    async def cancel_when_ready(scope: trio.CancelScope) -> None:
+        await ready.wait()
+        assert _alive(grandchild(pidfile))
+        scope.cancel()
+
+    with trio.fail_after(10):
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_ready, scope)
+                try:
+                    await _run_until_cancelled(tmp_path, groups, pidfile, on_line)
+                except trio.Cancelled:
+                    assert len(groups) == 0
+                    raise
+                pytest.fail("run_agent returned instead of re-raising the cancellation")
+        assert scope.cancelled_caught
+        await assert_gone(pidfile)
+
+
+async def _run_until_cancelled(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path, on_line: Callable[[bytes], None]
+) -> None:
+    await run_agent(
+        agent("stubborn.py", pidfile),
+        stdin_text="",
+        cwd=tmp_path,
+        env=env(),
+        groups=groups,
+        on_stdout_line=on_line,
+    )
+
+
+async def test_kill_all_reaches_a_running_group(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    def on_line(line: bytes) -> None:
+        if line == b"ready":
+            groups.kill_all(signal.SIGKILL)
+
+    with trio.fail_after(10):
+        result = await run_agent(
+            agent("stubborn.py", pidfile),
+            stdin_text="",
+            cwd=tmp_path,
+            env=env(),
+            groups=groups,
+            on_stdout_line=on_line,
+        )
+        assert result.signal == signal.SIGKILL
+        assert result.timed_out is None
+        await assert_gone(pidfile)
+    groups.kill_all(signal.SIGKILL)  # nothing left: must not raise
