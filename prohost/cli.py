@@ -77,7 +77,6 @@ def _fail(prog: str, message: str) -> int:
 
 
 def _agent_run(ns: argparse.Namespace) -> int:
-    from prohost.home import CredentialsError, InstanceLock, LockHeld, lock_held_message
     from prohost.options import options_from_args
 
     parser: ArgumentParser = ns.parser
@@ -86,22 +85,12 @@ def _agent_run(ns: argparse.Namespace) -> int:
     except OptionError as exc:
         parser.error(str(exc))
     setup_logging(ns.verbose)
-    # Taken here, once, before the harness starts: two harnesses on one home would
-    # both execute every run. The harness must not take it a second time (flock
-    # locks per open file, so it would find itself holding the lock).
-    try:
-        lock = InstanceLock.acquire(options.home)
-    except LockHeld as err:
-        return _fail(parser.prog, lock_held_message(err, options.home))
-    except OSError as exc:
-        return _fail(parser.prog, f"cannot use PROHOST_HOME={options.home}: {exc}")
-    with lock:
-        from prohost.harness import run_agent_command
+    # The single-instance lock and the credentials are the harness's first steps
+    # (prohost.agent), not ours: flock locks per open file, so taking it here too
+    # would make the harness find its own home locked.
+    from prohost.agent import run_agent_command
 
-        try:
-            return run_agent_command(options)
-        except CredentialsError as exc:
-            return _fail(parser.prog, str(exc))
+    return run_agent_command(options)
 
 
 def _agent_pair(ns: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from prohost import __version__, cli
-from prohost.home import InstanceLock, LockHeld
+from prohost.home import InstanceLock
 from prohost.options import Options
 
 DURATION = "a duration of 0 or more: seconds, or a number with s, m or h"
@@ -153,21 +153,20 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def fake_harness(monkeypatch: pytest.MonkeyPatch, behaviour: Callable[[Options], int]) -> None:
-    module = types.ModuleType("prohost.harness")
+    module = types.ModuleType("prohost.agent")
     module.run_agent_command = behaviour  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prohost.harness", module)
+    monkeypatch.setitem(sys.modules, "prohost.agent", module)
 
 
-def test_agent_run_hands_options_to_the_harness_under_the_lock(
+def test_agent_run_hands_options_to_the_harness(
     env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[Options] = []
 
     def run_agent_command(options: Options) -> int:
         seen.append(options)
-        # The CLI holds the home's lock for the harness's whole life.
-        with pytest.raises(LockHeld):
-            InstanceLock.acquire(options.home)
+        # The harness takes the home's lock itself; the CLI must not hold it already.
+        InstanceLock.acquire(options.home).release()
         return 7
 
     fake_harness(monkeypatch, run_agent_command)
@@ -189,23 +188,33 @@ def test_agent_run_hands_options_to_the_harness_under_the_lock(
         )
     ]
     assert logging.getLogger("prohost").getEffectiveLevel() == logging.DEBUG
-    InstanceLock.acquire(env).release()  # released once the harness returned
 
 
-def test_second_agent_on_one_home_is_refused(
+def test_agent_run_defaults_and_environment(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Options] = []
+
+    def run_agent_command(options: Options) -> int:
+        seen.append(options)
+        return 0
+
+    fake_harness(monkeypatch, run_agent_command)
+    monkeypatch.setenv("PROHOST_WS_URL", "ws://127.0.0.1:9/v1/agent/ws")
+    assert cli.main(["agent", "run"]) == 0
+    assert seen == [Options(home=env, url="ws://127.0.0.1:9/v1/agent/ws", machine=seen[0].machine)]
+    assert logging.getLogger("prohost").getEffectiveLevel() == logging.INFO
+
+
+def test_flag_error_never_reaches_the_harness(
     env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def run_agent_command(options: Options) -> int:
-        raise AssertionError("the harness must not start while another holds the home")
+        raise AssertionError("a bad flag must stop the CLI before the harness")
 
     fake_harness(monkeypatch, run_agent_command)
-    with InstanceLock.acquire(env):
-        assert cli.main(["agent", "run"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert err.startswith("prohost agent run: error: ")
-    assert f"pid {os.getpid()}" in err
-    assert f"PROHOST_HOME={env}" in err
+    assert cli.main(["agent", "run", "--concurrency", "17"]) == 2
+    assert capsys.readouterr().err == (
+        "prohost agent run: error: --concurrency must be a whole number from 1 to 16 (got '17')\n"
+    )
 
 
 def test_ctrl_c_outside_trio_exits_130(
@@ -217,4 +226,3 @@ def test_ctrl_c_outside_trio_exits_130(
     fake_harness(monkeypatch, run_agent_command)
     assert cli.main(["agent", "run"]) == 130
     assert "Traceback" not in capsys.readouterr().err
-    InstanceLock.acquire(env).release()
