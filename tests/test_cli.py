@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from prohost import __version__, cli
-from prohost.home import InstanceLock
+from prohost.home import InstanceLock, load_credentials
 from prohost.options import Options
 
 DURATION = "a duration of 0 or more: seconds, or a number with s, m or h"
@@ -226,3 +227,30 @@ def test_ctrl_c_outside_trio_exits_130(
     fake_harness(monkeypatch, run_agent_command)
     assert cli.main(["agent", "run"]) == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+async def test_agent_pair_end_to_end(tmp_path: Path) -> None:
+    """`prohost agent pair` as a user runs it, against a pairing endpoint on 127.0.0.1."""
+    from test_home import GOOD_ANSWER, pair_app, serving
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
+    env["PROHOST_HOME"] = str(home)
+    seen: list[dict[str, object]] = []
+    with trio.fail_after(60):
+        async with serving(pair_app(200, GOOD_ANSWER, seen)) as url:
+            result = await trio.run_process(
+                [sys.executable, "-m", "prohost", "agent", "pair", "--code", "ABCD-1234",
+                 "--url", url, "--machine", "studio"],
+                env=env,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert result.returncode == 0, result.stderr
+    assert seen[0]["json"] == {"code": "ABCD-1234", "machine": "studio"}
+    assert load_credentials(home).token == GOOD_ANSWER["token"]
+    output = (result.stdout + result.stderr).decode()
+    assert str(home / "credentials.json") in output
+    assert GOOD_ANSWER["token"] not in output
+    assert GOOD_ANSWER["secret"] not in output
