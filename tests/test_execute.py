@@ -1,0 +1,264 @@
+"""execute_plain end to end with real fake agents: every ending becomes an Outcome."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost.agentproc import ProcessGroups
+from prohost.execute import ExecSpec, agent_env, execute_plain
+from prohost.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
+from prohost.runs import AgentRun
+
+AGENTS = Path(__file__).parent / "agents"
+RUN = AgentRun(run_id="run_exec_1", completion_path="/c", text="hello", author="dana")
+
+
+def agent(name: str, *args: str | Path) -> str:
+    return shlex.join([sys.executable, str(AGENTS / name), *map(str, args)])
+
+
+def spec(
+    command: str,
+    workdir: Path,
+    *,
+    timeout_s: float = 0.0,
+    idle_timeout_s: float = 0.0,
+    parallel: bool = False,
+    secrets: tuple[str, ...] = (),
+) -> ExecSpec:
+    return ExecSpec(
+        command=command,
+        workdir=workdir,
+        timeout_s=timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        parallel=parallel,
+        secrets=secrets,
+    )
+
+
+@pytest.fixture
+def groups() -> ProcessGroups:
+    groups = ProcessGroups()
+    groups.grace_s = 0.2
+    return groups
+
+
+def base_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def test_agent_env_marks_the_run_and_drops_secrets() -> None:
+    base = {
+        "PATH": "/bin",
+        "KEEP": "kept",
+        "AUTH": "Bearer tok-123",
+        "HOOK": "x:sec-456:y",
+        "CLAUDECODE": "1",
+        "PROHOST_RUN_ID": "stale",
+    }
+    env = agent_env(base, "run_9", ["tok-123", "sec-456", ""])
+    assert env == {
+        "PATH": "/bin",
+        "KEEP": "kept",
+        "PROHOST_PAIRED_RUN": "1",
+        "PROHOST_RUN_ID": "run_9",
+    }
+    assert base["CLAUDECODE"] == "1"  # the caller's mapping is untouched
+
+
+async def test_reply_is_trimmed_stdout_and_prompt_is_stdin(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    saved = tmp_path / "prompt.txt"
+    exec_spec = spec(
+        agent("reply.py", "--prompt-to", saved, "\n  Fixed: the fixture path.  \n"),
+        tmp_path,
+        timeout_s=600,
+        idle_timeout_s=900,
+        parallel=True,
+    )
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, exec_spec, groups=groups, base_env=base_env())
+    assert outcome.ok
+    assert outcome.reply == "Fixed: the fixture path."
+    assert outcome.duration_ms is not None
+    assert outcome.duration_ms >= 0
+    expected = build_prompt(RUN, PromptContext(timeout_s=600, idle_timeout_s=900, parallel=True))
+    assert saved.read_text(encoding="utf-8") == expected
+
+
+async def test_no_reply_means_reply_none(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        outcome = await execute_plain(
+            RUN, spec(agent("reply.py", "NO_REPLY\n"), tmp_path), groups=groups
+        )
+    assert outcome.ok
+    assert outcome.reply is None
+    assert outcome.completion("r")["reply"] is None
+
+
+async def test_nonzero_exit_reports_the_last_stderr_line(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    command = agent(
+        "reply.py", "--stderr", "loading", "--stderr", "fatal: no auth", "--exit", "2", ""
+    )
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, spec(command, tmp_path), groups=groups)
+    assert not outcome.ok
+    assert outcome.error == "the agent exited with status 2: fatal: no auth"
+    assert outcome.retryable is False
+
+
+async def test_nonzero_exit_without_stderr(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, spec("exit 7", tmp_path), groups=groups)
+    assert outcome.error == "the agent exited with status 7"
+
+
+async def test_killed_by_a_signal_says_which(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, spec("kill -KILL $$", tmp_path), groups=groups)
+    assert outcome.error == "the agent was killed by SIGKILL"
+    assert outcome.retryable is False
+
+
+async def test_flood_reply_is_cut_with_a_marker(tmp_path: Path, groups: ProcessGroups) -> None:
+    with trio.fail_after(15):
+        outcome = await execute_plain(RUN, spec(agent("flood.py", "50"), tmp_path), groups=groups)
+    assert outcome.ok
+    assert outcome.reply is not None
+    assert outcome.reply.startswith("rrrr")
+    assert outcome.reply.endswith("\n\n" + REPLY_CUT_MARKER)
+    assert len(outcome.reply.encode("utf-8")) <= MAX_REPLY_BYTES
+
+
+async def test_env_has_run_markers_and_no_secrets(tmp_path: Path, groups: ProcessGroups) -> None:
+    env = {
+        **base_env(),
+        "KEEP": "kept",
+        "LEAKY": "Bearer tok-123",
+        "CLAUDECODE": "1",
+    }
+    exec_spec = spec(agent("env_dump.py"), tmp_path, secrets=("tok-123", "sec-456"))
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, exec_spec, groups=groups, base_env=env)
+    assert outcome.reply is not None
+    dumped = json.loads(outcome.reply)
+    assert dumped["env"]["PROHOST_PAIRED_RUN"] == "1"
+    assert dumped["env"]["PROHOST_RUN_ID"] == "run_exec_1"
+    assert dumped["env"]["KEEP"] == "kept"
+    assert "LEAKY" not in dumped["env"]
+    assert "CLAUDECODE" not in dumped["env"]
+    assert not any("tok-123" in value for value in dumped["env"].values())
+
+
+async def test_workdir_is_created_and_used(tmp_path: Path, groups: ProcessGroups) -> None:
+    workdir = tmp_path / "new" / "workspace"
+    with trio.fail_after(10):
+        outcome = await execute_plain(
+            RUN, spec(agent("env_dump.py"), workdir), groups=groups, base_env=base_env()
+        )
+    assert outcome.reply is not None
+    assert json.loads(outcome.reply)["cwd"] == str(workdir)
+
+
+async def test_unusable_workdir_is_a_failure_not_an_exception(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, spec("true", in_the_way), groups=groups)
+    assert not outcome.ok
+    assert outcome.error is not None
+    assert outcome.error.startswith(f"could not create the working directory {in_the_way}")
+    assert outcome.retryable is False
+
+
+async def test_spawn_failure_is_a_failure_not_an_exception(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    # The workdir exists but cannot be entered: the spawn itself fails.
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    try:
+        if os.access(locked, os.X_OK):
+            pytest.skip("running as a user that ignores directory permissions")
+        with trio.fail_after(10):
+            outcome = await execute_plain(RUN, spec("true", locked), groups=groups)
+    finally:
+        locked.chmod(0o700)
+    assert not outcome.ok
+    assert outcome.error is not None
+    assert outcome.error.startswith(f"could not start the agent in {locked}")
+    assert len(groups) == 0
+
+
+async def test_total_timeout_message(tmp_path: Path, groups: ProcessGroups) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    command = agent("stubborn.py", pidfile, "--then", "print")
+    try:
+        with trio.fail_after(10):
+            outcome = await execute_plain(
+                RUN, spec(command, tmp_path, timeout_s=0.5, idle_timeout_s=30), groups=groups
+            )
+    finally:
+        _kill(pidfile)
+    assert outcome.error == "the agent ran longer than the 0.5-second limit (--timeout)"
+    assert outcome.retryable is False
+
+
+async def test_idle_timeout_message(tmp_path: Path, groups: ProcessGroups) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    try:
+        with trio.fail_after(10):
+            outcome = await execute_plain(
+                RUN,
+                spec(agent("stubborn.py", pidfile), tmp_path, idle_timeout_s=0.5),
+                groups=groups,
+            )
+    finally:
+        _kill(pidfile)
+    assert outcome.error == "the agent printed nothing for 0.5 seconds (--idle-timeout)"
+    assert outcome.retryable is False
+
+
+async def test_cancellation_propagates_after_the_group_is_gone(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    spawned: list[int] = []
+
+    async def on_spawn(pgid: int) -> None:
+        spawned.append(pgid)
+        raise_cancel.cancel()
+
+    with trio.fail_after(10):
+        with trio.CancelScope() as raise_cancel:
+            # exec: the group is the leader alone, so once it is reaped the
+            # group is provably empty.
+            await execute_plain(
+                RUN, spec("exec sleep 600", tmp_path), groups=groups, on_spawn=on_spawn
+            )
+            pytest.fail("execute_plain returned instead of propagating the cancellation")
+    assert raise_cancel.cancelled_caught
+    assert len(groups) == 0
+    # The leader was reaped inside: its group has no member left to signal.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(spawned[0], 0)
+
+
+def _kill(pidfile: Path) -> None:
+    """Teardown for a grandchild that a broken harness might have left behind."""
+    if pidfile.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
