@@ -181,6 +181,8 @@ def setup_logging(verbose: bool) -> None:
     root.addHandler(handler)
     _installed_handler = handler
     root.setLevel(logging.INFO)
+    # httpx logs every request at INFO; the harness logs what each one meant instead.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("prohost").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 

@@ -77,9 +77,11 @@ async def pair_command(code: str, url: str | None, machine: str, home: Path) -> 
         return _fail(f"pairing request to {endpoint} failed: {reason}")
 
     if not response.is_success:
+        # HTTP/1.1 servers may send no reason phrase; the standard one still helps.
+        phrase = response.reason_phrase or httpx.codes.get_reason_phrase(response.status_code)
         return _fail(
-            f"the server refused the pairing ({response.status_code} "
-            f"{response.reason_phrase}): {_server_error_text(response)}"
+            f"the server refused the pairing ({response.status_code} {phrase}".rstrip()
+            + f"): {_server_error_text(response)}"
         )
     try:
         data = response.json()

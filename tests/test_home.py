@@ -387,7 +387,7 @@ async def test_pair_refused_prints_the_servers_error(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert "403" in err
+    assert "403 Forbidden" in err
     assert "this pairing code has expired" in err
     assert not home.exists()
 
