@@ -267,8 +267,10 @@ class Scheduler(Generic[T]):
                 await self._wake.wait()
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
+        # No draining check needed: drain() empties the queue and submit() refuses
+        # while draining, so there is nothing left to start.
         queue = self._queue
-        while not self._draining and queue.running < self._limit:
+        while queue.running < self._limit:
             ready = queue.pop_ready()
             if ready is None:
                 return
