@@ -163,17 +163,35 @@ async def test_killed_by_a_signal(tmp_path: Path, groups: ProcessGroups) -> None
 async def test_an_agent_that_never_reads_stdin_gets_through(
     tmp_path: Path, groups: ProcessGroups
 ) -> None:
-    # Far more than a pipe buffer holds, so a blocking write would never finish.
+    # Both ways are far more than a pipe buffer holds: a harness that finished
+    # writing the prompt before reading would wait on an agent waiting on it.
     with trio.fail_after(10):
         result = await run_agent(
-            agent("reply.py", "--no-read", "done"),
+            agent("reply.py", "--no-read", "--times", str(MIB), "d"),
             stdin_text="p" * (4 * MIB),
             cwd=tmp_path,
             env=env(),
             groups=groups,
         )
     assert result.exit_code == 0
-    assert result.stdout == b"done"
+    assert result.stdout == b"d" * MIB
+
+
+async def test_output_on_either_stream_resets_the_idle_timer(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    # Each half outlasts the idle limit on one stream alone, never with both.
+    command = (
+        "for i in 1 2 3 4 5 6 7 8; do echo e >&2; sleep 0.05; done; "
+        "for i in 1 2 3 4 5 6 7 8; do echo o; sleep 0.05; done"
+    )
+    with trio.fail_after(10):
+        result = await run_agent(
+            command, stdin_text="", cwd=tmp_path, env=env(), groups=groups, idle_timeout_s=0.3
+        )
+    assert result.timed_out is None
+    assert result.exit_code == 0
+    assert result.stdout == b"o\n" * 8
 
 
 async def test_flood_keeps_memory_bounded(tmp_path: Path, groups: ProcessGroups) -> None:

@@ -262,3 +262,14 @@ def _kill(pidfile: Path) -> None:
     if pidfile.exists():
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+async def test_an_on_spawn_failure_is_the_callers_not_the_agents(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    async def on_spawn(pgid: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    with trio.fail_after(10), pytest.raises(OSError, match="No space left"):
+        await execute_plain(RUN, spec("exec sleep 600", tmp_path), groups=groups, on_spawn=on_spawn)
+    assert len(groups) == 0

@@ -1,6 +1,6 @@
 """A plain agent: reads the prompt, prints a fixed reply, optionally fails.
 
-reply.py [--prompt-to FILE] [--no-read] [--stderr LINE]... [--exit CODE] TEXT
+reply.py [--prompt-to FILE] [--no-read] [--stderr LINE]... [--exit CODE] [--times N] TEXT
 """
 
 import argparse
@@ -12,6 +12,7 @@ parser.add_argument("--prompt-to")
 parser.add_argument("--no-read", action="store_true", help="exit without reading stdin")
 parser.add_argument("--stderr", action="append", default=[])
 parser.add_argument("--exit", type=int, default=0)
+parser.add_argument("--times", type=int, default=1, help="print TEXT this many times")
 args = parser.parse_args()
 
 if not args.no_read:
@@ -21,5 +22,5 @@ if not args.no_read:
             file.write(prompt)
 for line in args.stderr:
     sys.stderr.write(line + "\n")
-sys.stdout.write(args.text)
+sys.stdout.write(args.text * args.times)
 sys.exit(args.exit)
