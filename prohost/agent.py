@@ -1,0 +1,99 @@
+"""``prohost agent run``: load what the harness needs, then supervise it under signals.
+
+Everything that can be wrong before a socket is opened — no credentials, another
+harness on this home, an unreadable ledger — is reported here as one line and exit
+status 1, so a daemon's log says what to fix instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import httpx
+import trio
+
+from prohost.harness import Endpoints, Harness
+from prohost.home import (
+    CredentialsError,
+    InstanceLock,
+    LockHeld,
+    load_credentials,
+    lock_held_message,
+    resolve_endpoints,
+)
+from prohost.ledger import Ledger, LedgerError
+from prohost.options import Options
+
+log = logging.getLogger("prohost.agent")
+
+LEDGER_FILE = "ledger.sqlite3"
+
+
+def run_agent_command(options: Options) -> int:
+    """Run the harness until it drains or is stopped; return the process exit status."""
+    try:
+        creds = load_credentials(options.home)
+        ws_url, api_base = resolve_endpoints(options.url, creds)
+    except (CredentialsError, ValueError) as exc:
+        print(f"prohost: {exc}", file=sys.stderr)
+        return 1
+    endpoints = Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token,
+                          secret=creds.secret)
+    if options.dry_run:
+        # A dry run writes nothing but its log: no lock file, no ledger.
+        return trio.run(supervise, options, endpoints, None)
+    try:
+        lock = InstanceLock.acquire(options.home)
+    except LockHeld as exc:
+        print(lock_held_message(exc, options.home), file=sys.stderr)
+        return 1
+    try:
+        try:
+            ledger = Ledger.open(options.home / LEDGER_FILE)
+        except LedgerError as exc:
+            print(f"prohost: {exc}", file=sys.stderr)
+            return 1
+        try:
+            return trio.run(supervise, options, endpoints, ledger)
+        finally:
+            ledger.close()
+    finally:
+        lock.release()
+
+
+async def supervise(options: Options, endpoints: Endpoints, ledger: Ledger | None) -> int:
+    """The harness under §9's signal rules; returns the exit status.
+
+    First SIGINT/SIGTERM drains, the second stops every agent (exit 130 within
+    5 s), the third kills every agent group and exits at once.
+    """
+    async with httpx.AsyncClient() as client:
+        harness = Harness(options, endpoints, client=client, ledger=ledger)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_obey_signals, signals, harness)
+                code = await harness.run()
+                nursery.cancel_scope.cancel()
+    return code
+
+
+async def _obey_signals(signals: AsyncIterator[int], harness: Harness) -> None:
+    count = 0
+    async for signum in signals:
+        count += 1
+        name = signal.Signals(signum).name
+        if count == 1:
+            log.info("%s: draining (send it again to stop the running agents)", name)
+            harness.drain()
+        elif count == 2:
+            log.warning("%s again: stopping the running agents", name)
+            harness.stop()
+        else:
+            log.error("%s a third time: killing every agent and exiting now", name)
+            harness.groups.kill_all(signal.SIGKILL)
+            logging.shutdown()
+            os._exit(130)

@@ -1,0 +1,560 @@
+"""The supervisor: one nursery holding the link, the scheduler, and every run.
+
+A run's life, and who owns each step::
+
+    delivery ─ intake.classify ─ ledger.admit ─ ack ─ scheduler.submit      (the reader)
+    scheduler ─ _work: started ─ execute ─ finished ─ report ─ reported       (one task)
+
+Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
+stops the agent (the run is still reported — a cancel, a second signal) and
+``life_scope`` stops everything, reporting included (the server said it no longer
+knows the run). The ledger write before each step is what lets a restarted harness
+pick up exactly where this one died (§7).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+import httpx
+import trio
+
+from prohost import AGENT_HEADER_VALUE, __version__, intake
+from prohost.agentproc import ProcessGroups
+from prohost.execute import ExecSpec, execute_plain
+from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
+from prohost.link import CredentialsRejected, Link, Session
+from prohost.options import Options
+from prohost.protocol import (
+    Ack,
+    Cancel,
+    Delivery,
+    Heartbeat,
+    HeartbeatAck,
+    Message,
+    RunBeat,
+    Status,
+)
+from prohost.reporter import Reporter
+from prohost.runs import AgentRun, BodyError, Outcome, parse_body
+from prohost.scheduler import Scheduler
+
+log = logging.getLogger("prohost.harness")
+
+#: `status` is coalesced to at most one per this many seconds (§2).
+STATUS_MIN_INTERVAL_S = 0.25
+#: After a second signal, everything left must be done within this (§9).
+STOP_WINDOW_S = 5.0
+#: Grace between SIGTERM and SIGKILL after a second signal (§9).
+STOP_GRACE_S = 3.0
+#: A ledger step is a local fsync; if it takes longer, the disk is in trouble.
+LEDGER_STEP_TIMEOUT_S = 30.0
+#: Reported rows older than this are pruned (§7), checked this often.
+PRUNE_AGE_S = 7 * 86400.0
+PRUNE_EVERY_S = 86400.0
+
+NOT_STARTED = "the agent is shutting down; the run was not started"
+STOPPED = "the agent was stopped"
+RESTARTED = "the harness restarted before this run finished"
+DEFAULT_CANCEL_REASON = "cancelled by the server"
+
+
+@attrs.define(eq=False)
+class HeldRun:
+    """A run from accept until its report settles; what heartbeats list."""
+
+    run: AgentRun
+    state: str = "queued"  # queued | preparing | running | reporting
+    started_at: float | None = None
+    activity: str | None = None
+    #: Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
+    exec_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: Cancelled to forget the run entirely (``heartbeat_ack.unknown``).
+    life_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    stop_outcome: Outcome | None = None
+    dropped: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def beat(self) -> RunBeat:
+        return RunBeat(
+            run_id=self.run_id,
+            state=self.state,
+            lane=self.run.lane,
+            started_at=self.started_at,
+            activity=self.activity,
+        )
+
+
+@attrs.frozen
+class Endpoints:
+    ws_url: str
+    api_base: str
+    token: str
+    secret: str
+
+
+class Harness:
+    """Accepts, runs and reports; see the module docstring."""
+
+    def __init__(
+        self,
+        options: Options,
+        endpoints: Endpoints,
+        *,
+        client: httpx.AsyncClient,
+        ledger: Ledger | None,
+        env: Mapping[str, str] | None = None,
+        brain: str = "plain",
+    ) -> None:
+        self.options = options
+        self.endpoints = endpoints
+        self.ledger = ledger
+        self.brain = brain
+        self.env = dict(os.environ if env is None else env)
+        self.groups = ProcessGroups()
+        self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
+        self.scheduler: Scheduler[HeldRun] = Scheduler(options.concurrency, self._work)
+        self.link = Link(
+            endpoints.ws_url,
+            [
+                (b"Authorization", f"Bearer {endpoints.token}".encode()),
+                (b"X-Prohost-Machine", options.machine.encode()),
+                (b"X-Prohost-Agent", AGENT_HEADER_VALUE.encode()),
+            ],
+            self,
+            on_change=self._changed,
+        )
+        self.spec = ExecSpec(
+            command=options.exec_command,
+            workdir=options.workdir,
+            timeout_s=options.timeout_s,
+            idle_timeout_s=options.idle_timeout_s,
+            parallel=options.concurrency > 1,
+            secrets=(endpoints.token, endpoints.secret),
+        )
+        self.held: dict[str, HeldRun] = {}
+        self.draining = False
+        self.stopping = False
+        self.exit_code = 0
+        self._dry_seen: set[str] = set()
+        self._heartbeat_seq = 0
+        self._status_wanted = trio.Event()
+        self._held_changed = trio.Event()
+        self._done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self, *, task_status: trio.TaskStatus[Harness] = trio.TASK_STATUS_IGNORED) -> int:
+        """Run until drained, stopped, or the credentials are rejected; return the exit code.
+
+        Reports started once the scheduler is up, the ledger recovered and the link
+        dialling (not necessarily connected). If cancelled from outside, running
+        agents are stopped (their groups killed, shielded and bounded) and the
+        cancel propagates; their ledger rows stay as they were, for the next start.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.scheduler.run)
+                await self._recover(nursery)
+                await nursery.start(self._guard_link)
+                if self.ledger is not None:
+                    nursery.start_soon(self._prune_daily)
+                self._announce()
+                task_status.started(self)
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            # Whatever happened above, no agent outlives the harness.
+            self.groups.kill_all(signal.SIGKILL)
+        return self.exit_code
+
+    def _announce(self) -> None:
+        options = self.options
+        mode = " (dry run: nothing is executed or reported)" if options.dry_run else ""
+        log.info(
+            "prohost %s on %s: up to %d run(s) at once with %r in %s%s",
+            __version__,
+            options.machine,
+            options.concurrency,
+            options.exec_command,
+            options.workdir,
+            mode,
+        )
+        if options.allow_unverified:
+            log.warning(
+                "--allow-unverified: deliveries with a missing or wrong signature are accepted"
+            )
+
+    async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await self.link.run(task_status=task_status)
+        except CredentialsRejected as exc:
+            log.error("%s", exc)
+            self.exit_code = 1
+            self._done.set()
+
+    def drain(self) -> None:
+        """First signal (§9): take no new work, report what has not started, finish the rest."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: finishing %d running run(s); new work is refused", self._running())
+        for _key, held in self.scheduler.drain():
+            self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        self._changed()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._exit_when_idle)
+
+    def stop(self) -> None:
+        """Second signal (§9): stop every agent and report it, all within 5 s."""
+        if self.stopping:
+            return
+        self.drain()
+        self.stopping = True
+        self.exit_code = 130
+        self.groups.grace_s = STOP_GRACE_S
+        log.warning("stopping: every running agent is terminated now")
+        for held in list(self.held.values()):
+            if held.state != "reporting":
+                held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
+                held.exec_scope.cancel()
+        assert self._nursery is not None
+        # Whatever has not reported by then stays in the ledger's outbox.
+        self._nursery.cancel_scope.deadline = trio.current_time() + STOP_WINDOW_S
+
+    async def wait_released(self, run_id: str) -> None:
+        """Return once ``run_id`` is no longer held (reported, dropped, or never held).
+
+        Cancelling it only stops the wait.
+        """
+        while run_id in self.held:
+            await self._held_changed.wait()
+
+    async def _exit_when_idle(self) -> None:
+        await self.scheduler.wait_idle()
+        while self.held:
+            await self._held_changed.wait()
+        log.info("drained: every run has finished and reported")
+        self._done.set()
+
+    # ------------------------------------------------------------------ link handler
+
+    async def on_session(self, session: Session) -> None:
+        """For the life of one connection: status, heartbeat, then both as due.
+
+        Cancelled when the connection drops; nothing to clean up.
+        """
+        await session.send(self._status())
+        await session.send(self._heartbeat())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats, session)
+            nursery.start_soon(self._statuses, session)
+
+    async def _heartbeats(self, session: Session) -> None:
+        while True:
+            await trio.sleep(session.heartbeat_s)
+            await session.send(self._heartbeat())
+
+    async def _statuses(self, session: Session) -> None:
+        last = self._status()
+        while True:
+            await self._status_wanted.wait()
+            self._status_wanted = trio.Event()
+            status = self._status()
+            if status == last:
+                continue
+            await session.send(status)
+            last = status
+            await trio.sleep(STATUS_MIN_INTERVAL_S)
+
+    async def on_message(self, session: Session, message: Message) -> None:
+        """Handle one message; never raises for anything the server sends."""
+        if isinstance(message, Delivery):
+            await self._on_delivery(session, message)
+        elif isinstance(message, Cancel):
+            self.cancel(message.run_id, message.reason or DEFAULT_CANCEL_REASON)
+        elif isinstance(message, HeartbeatAck):
+            for run_id in message.cancel:
+                self.cancel(run_id, DEFAULT_CANCEL_REASON, quiet=True)
+            for run_id in message.unknown:
+                self.forget(run_id)
+        else:
+            log.debug("ignored a %s message from the server", type(message).__name__)
+
+    async def _on_delivery(self, session: Session, delivery: Delivery) -> None:
+        verdict = intake.classify(
+            delivery,
+            secret=self.endpoints.secret,
+            now=time.time(),
+            draining=self.draining,
+            allow_unverified=self.options.allow_unverified,
+        )
+        run = verdict.run
+        if run is None:
+            log.warning("delivery %s refused with %d: %s", delivery.id, verdict.status,
+                        verdict.reason)
+            await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
+            return
+        if verdict.unverified:
+            log.warning("accepted run %s without a valid signature (%s) because of "
+                        "--allow-unverified", run.run_id, verdict.unverified)
+        status, reason = await self._admit(run, verdict.body)
+        await session.send(Ack(id=delivery.id, status=status, reason=reason))
+
+    async def _admit(self, run: AgentRun, body: str) -> tuple[int, str]:
+        if self.options.dry_run:
+            if run.run_id in self._dry_seen:
+                return intake.ACCEPTED, "already accepted"
+            self._dry_seen.add(run.run_id)
+            log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
+            return intake.ACCEPTED, "accepted (dry run)"
+        assert self.ledger is not None
+        try:
+            admission = await trio.to_thread.run_sync(
+                self.ledger.admit, run.run_id, run.lane, body, time.time()
+            )
+        except (LedgerError, OSError) as exc:
+            log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+            return intake.DRAINING, "the agent could not record the run; try again later"
+        if admission is Admission.REPORTED:
+            return intake.IGNORED, "already reported"
+        if admission is Admission.HELD:
+            return intake.ACCEPTED, "already accepted"
+        self._hold(HeldRun(run=run))
+        self.scheduler.submit(run.run_id, run.lane, self.held[run.run_id])
+        log.info("accepted run %s on %s", run.run_id, run.lane)
+        self._changed()
+        return intake.ACCEPTED, "accepted"
+
+    # ------------------------------------------------------------------ cancel
+
+    def cancel(self, run_id: str, reason: str, *, quiet: bool = False) -> None:
+        """Stop a run and report it cancelled (§6). Unknown runs are ignored."""
+        held = self.held.get(run_id)
+        if held is None or held.state == "reporting" or held.stop_outcome is not None:
+            (log.debug if quiet or held is not None else log.info)(
+                "ignored a cancel for run %s: not running here", run_id
+            )
+            return
+        outcome = Outcome.failure(f"cancelled: {reason}")
+        log.info("cancelling run %s: %s", run_id, reason)
+        if self.scheduler.remove(run_id) is not None:
+            self._settle_soon(held, outcome)
+            self._changed()
+            return
+        held.stop_outcome = outcome
+        held.exec_scope.cancel()
+
+    def forget(self, run_id: str) -> None:
+        """The server no longer knows the run: stop it and never report it (§2)."""
+        held = self.held.get(run_id)
+        if held is None:
+            return
+        log.info("run %s is closed on the server; stopping it without a report", run_id)
+        held.dropped = True
+        held.life_scope.cancel()
+        if self.scheduler.remove(run_id) is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._record_dropped, held)
+            self._changed()
+
+    # ------------------------------------------------------------------ one run
+
+    async def _work(self, run_id: str, held: HeldRun) -> None:
+        """The scheduler's work for one run: execute, then settle its report."""
+        self._changed()
+        try:
+            with held.life_scope:
+                outcome = await self._execute(held)
+                await self._settle(held, outcome)
+            if held.dropped:
+                await self._record_dropped(held)
+        finally:
+            self._release(held)
+
+    async def _execute(self, held: HeldRun) -> Outcome:
+        run = held.run
+        assert self.ledger is not None
+        held.state = "preparing"
+        with held.exec_scope:
+            await self._ledger(self.ledger.mark_started, run.run_id, time.time())
+            held.state = "running"
+            held.started_at = time.time()
+            log.info("▶ run %s started on %s", run.run_id, run.lane)
+            ledger = self.ledger
+
+            async def spawned(pgid: int) -> None:
+                # With the group recorded, a restarted harness can find and kill
+                # this agent if this process dies while it runs (§7).
+                await self._ledger(ledger.record_pgid, run.run_id, pgid)
+
+            return await execute_plain(
+                run, self.spec, groups=self.groups, on_spawn=spawned, base_env=self.env
+            )
+        assert held.stop_outcome is not None
+        return held.stop_outcome
+
+    async def _settle(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
+        """Record the outcome (the outbox), post it, record how that went."""
+        run = held.run
+        held.state = "reporting"
+        held.activity = None
+        self._changed()
+        if outcome.ok:
+            log.info("✓ run %s finished", run.run_id)
+        else:
+            log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+        assert self.ledger is not None
+        if not recorded:
+            await self._ledger(self.ledger.mark_finished, run.run_id, outcome.to_json(),
+                               time.time())
+        settlement = await self.reporter.complete(
+            run.run_id, run.completion_path, outcome.completion(run.run_id)
+        )
+        level = logging.INFO if settlement.kind in ("delivered", "already") else logging.WARNING
+        log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
+        await self._ledger(self.ledger.mark_reported, run.run_id,
+                           f"{settlement.kind}: {settlement.detail}", time.time())
+
+    def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
+        """Report a run that will not (or did not, in this process) execute."""
+        assert self._nursery is not None
+        held.state = "reporting"
+        self._nursery.start_soon(self._settle_alone, held, outcome, recorded)
+
+    async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
+        try:
+            with held.life_scope:
+                await self._settle(held, outcome, recorded=recorded)
+            if held.dropped:
+                await self._record_dropped(held)
+        finally:
+            self._release(held)
+
+    async def _record_dropped(self, held: HeldRun) -> None:
+        assert self.ledger is not None
+        await self._ledger(self.ledger.mark_reported, held.run_id,
+                           "dropped: closed on the server", time.time())
+        self._release(held)
+
+    async def _ledger(self, step: Callable[..., object], *args: object) -> None:
+        """One durable ledger step, in a worker thread.
+
+        Shielded and bounded: a step that was begun is finished even when the run
+        is being cancelled, or the ledger would disagree with what was done.
+        """
+        with trio.move_on_after(LEDGER_STEP_TIMEOUT_S, shield=True) as scope:
+            try:
+                await trio.to_thread.run_sync(step, *args)
+            except LedgerError as exc:
+                # A step out of order (say, a drop racing a report that just
+                # settled) must not take the run's task down with it.
+                log.error("ledger: %s", exc)
+        if scope.cancelled_caught:
+            log.error("a ledger write took over %d s; the disk may be failing",
+                      LEDGER_STEP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _hold(self, held: HeldRun) -> None:
+        self.held[held.run_id] = held
+        self._held_changed.set()
+        self._held_changed = trio.Event()
+
+    def _release(self, held: HeldRun) -> None:
+        if self.held.get(held.run_id) is held:
+            del self.held[held.run_id]
+            self._held_changed.set()
+            self._held_changed = trio.Event()
+            self._changed()
+
+    def _running(self) -> int:
+        return self.scheduler.statistics().running
+
+    def _changed(self) -> None:
+        self._status_wanted.set()
+
+    def _status(self) -> Status:
+        stats = self.scheduler.statistics()
+        return Status(
+            version=__version__,
+            machine=self.options.machine,
+            brain=self.brain,
+            concurrency=self.options.concurrency,
+            active=stats.running,
+            queued=stats.queued,
+            draining=self.draining,
+            features=["cancel"],
+        )
+
+    def _heartbeat(self) -> Heartbeat:
+        self._heartbeat_seq += 1
+        return Heartbeat(
+            seq=self._heartbeat_seq, runs=[held.beat() for held in self.held.values()]
+        )
+
+    # ------------------------------------------------------------------ recovery
+
+    async def _recover(self, nursery: trio.Nursery) -> None:
+        """Pick up where a previous process left off (§7)."""
+        if self.ledger is None:
+            return
+        recovery = await trio.to_thread.run_sync(self.ledger.recover)
+        for row in recovery.interrupted:
+            held = self._held_from(row)
+            if held is None:
+                continue
+            self._kill_leftover(row)
+            log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
+            self._hold(held)
+            self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
+        for row in recovery.outbox:
+            held = self._held_from(row)
+            if held is None or row.outcome is None:
+                continue
+            log.info("run %s finished before the restart; reporting it now", row.run_id)
+            self._hold(held)
+            self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+        for row in recovery.pending:
+            held = self._held_from(row)
+            if held is None:
+                continue
+            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
+            self._hold(held)
+            self.scheduler.submit(row.run_id, held.run.lane, held)
+        pruned = await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+        if pruned:
+            log.debug("pruned %d old ledger rows", pruned)
+
+    def _held_from(self, row: LedgerRow) -> HeldRun | None:
+        try:
+            return HeldRun(run=parse_body(row.body))
+        except BodyError as exc:  # accepted by an older version that was less strict
+            log.error("run %s in the ledger cannot be read (%s); skipping it", row.run_id, exc)
+            return None
+
+    def _kill_leftover(self, row: LedgerRow) -> None:
+        if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
+            return
+        log.warning("killing the agent of run %s left from the previous harness (group %d)",
+                    row.run_id, row.pgid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(row.pgid, signal.SIGKILL)
+
+    async def _prune_daily(self) -> None:
+        assert self.ledger is not None
+        while True:
+            await trio.sleep(PRUNE_EVERY_S)
+            await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+

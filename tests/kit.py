@@ -1,0 +1,224 @@
+"""Shared pieces for tests that run a real harness against the real reference server.
+
+Everything is real: the server is hypercorn on 127.0.0.1 port 0, the harness is the
+production :class:`Harness` in this trio run, agents are subprocesses, the ledger is
+a sqlite file in ``tmp_path``. The only stand-in is the agent, and the one here
+(:class:`Gate`) is driven by the test over a socket, so a test can hold runs open,
+see the order they start in, and let them finish one by one, without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from prohost.harness import Endpoints, Harness
+from prohost.home import Credentials, resolve_endpoints, save_credentials
+from prohost.ledger import Ledger
+from prohost.options import Options
+from prohost.protocol import Ack, Message
+from prohost.server import ServerConfig, ServerHandle, ServerState, serve
+from prohost.signature import sign
+
+AGENTS = Path(__file__).parent / "agents"
+
+
+def agent_command(script: str, *args: object) -> str:
+    """A shell command line that runs one of the fake agents in tests/agents."""
+    parts = [sys.executable, str(AGENTS / script), *map(str, args)]
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+@asynccontextmanager
+async def running_server(**config: Any) -> AsyncIterator[ServerHandle]:
+    async with trio.open_nursery() as nursery:
+        handle: ServerHandle = await nursery.start(serve, ServerConfig(**config))
+        try:
+            yield handle
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def pair_home(server: ServerHandle, home: Path, machine: str = "test") -> Credentials:
+    data = server.pair(machine)
+    creds = Credentials(
+        token=data["token"], secret=data["secret"], ws_url=data["ws_url"],
+        api_url=data.get("api_url"), account=data.get("account"),
+    )
+    save_credentials(home, creds)
+    return creds
+
+
+def endpoints_for(creds: Credentials) -> Endpoints:
+    ws_url, api_base = resolve_endpoints(None, creds)
+    return Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token, secret=creds.secret)
+
+
+@attrs.define
+class Running:
+    harness: Harness
+    server: ServerHandle
+    creds: Credentials
+    ledger: Ledger | None
+    scope: trio.CancelScope
+    exit_code: list[int]
+
+
+@asynccontextmanager
+async def running_harness(
+    server: ServerHandle, home: Path, *, connected: bool = True, **option_fields: Any
+) -> AsyncIterator[Running]:
+    """The production harness in this trio run; waits for it to connect by default."""
+    creds = pair_home(server, home)
+    options = Options(home=home, machine="test", **option_fields)
+    ledger = None if options.dry_run else Ledger.open(home / "ledger.sqlite3")
+    exit_code: list[int] = []
+    try:
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger)
+
+            async def run_it(*, task_status: trio.TaskStatus[None]) -> None:
+                exit_code.append(await harness.run(task_status=task_status))
+
+            await nursery.start(run_it)
+            if connected:
+                await server.wait_until(lambda s: s.connected > 0)
+            yield Running(harness, server, creds, ledger, nursery.cancel_scope, exit_code)
+            nursery.cancel_scope.cancel()
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def messages(state: ServerState, kind: type[Message]) -> list[Any]:
+    return [entry.message for entry in state.received if isinstance(entry.message, kind)]
+
+
+def acks(state: ServerState) -> list[Ack]:
+    return messages(state, Ack)
+
+
+async def wait_for_ack(server: ServerHandle, delivery_id: str) -> Ack:
+    def found(state: ServerState) -> bool:
+        return any(ack.id == delivery_id for ack in acks(state))
+
+    await server.wait_until(found)
+    return next(ack for ack in acks(server.state) if ack.id == delivery_id)
+
+
+def delivery_frame(
+    secret: str,
+    body: dict[str, Any] | str | Any,
+    *,
+    delivery_id: str = "dlv_test",
+    event: str = "agent.run",
+    timestamp: int | None = None,
+    signature: str | bool | None = True,
+) -> str:
+    """A hand-made delivery, signed properly unless told otherwise."""
+    text = body if isinstance(body, str) else json.dumps(body)
+    ts = int(time.time()) if timestamp is None else timestamp
+    frame: dict[str, Any] = {"type": "delivery", "id": delivery_id, "event": event,
+                             "timestamp": ts, "body": text if isinstance(body, str | dict)
+                             else body}
+    if signature is True:
+        frame["signature"] = sign(secret, ts, text)
+    elif isinstance(signature, str):
+        frame["signature"] = signature
+    return json.dumps(frame)
+
+
+def run_body(run_id: str, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "run_id": run_id,
+        "conversation_id": None,
+        "completion_path": f"/v1/agent/runs/{run_id}/complete",
+        "text": "hello",
+    }
+    body.update(fields)
+    return body
+
+
+class Gate:
+    """The test's end of tests/agents/gated.py: see who started, let them finish."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.started: list[str] = []
+        self.pids: dict[str, int] = {}
+        self.running = 0
+        self.max_running = 0
+        self._streams: dict[str, trio.SocketStream] = {}
+        self._changed = trio.Event()
+
+    @property
+    def command(self) -> str:
+        return agent_command("gated.py", self.port)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        while b"\n" not in buffer:
+            chunk = await stream.receive_some()
+            if not chunk:
+                return
+            buffer += chunk
+        _, run_id, pid = buffer.split(b"\n", 1)[0].decode().split()
+        self.started.append(run_id)
+        self.pids[run_id] = int(pid)
+        self._streams[run_id] = stream
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self._poke()
+        try:
+            while await stream.receive_some():
+                pass
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            self.running -= 1
+            self._streams.pop(run_id, None)
+            self._poke()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, predicate: Callable[[Gate], bool]) -> None:
+        while not predicate(self):
+            await self._changed.wait()
+
+    async def wait_started(self, *run_ids: str) -> None:
+        await self.wait(lambda gate: all(run_id in gate.started for run_id in run_ids))
+
+    async def release(self, run_id: str, reply: str = "done") -> None:
+        await self._streams[run_id].send_all(f"reply {reply}\n".encode())
+
+    async def fail(self, run_id: str, code: int) -> None:
+        await self._streams[run_id].send_all(f"exit {code}\n".encode())
+
+
+def run_state(server: ServerHandle, run_id: str) -> str:
+    return server.state.runs[run_id].state
+
+
+def finished(*run_ids: str) -> Callable[[ServerState], bool]:
+    return lambda state: all(
+        state.runs[run_id].state in ("completed", "failed") for run_id in run_ids
+    )

@@ -1,0 +1,212 @@
+"""Every ack status of PROTOCOL.md §3, as the server sees it over the real socket."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from prohost.protocol import Pong
+from tests.kit import (
+    Gate,
+    Running,
+    agent_command,
+    delivery_frame,
+    finished,
+    messages,
+    run_body,
+    running_harness,
+    running_server,
+    wait_for_ack,
+)
+
+
+async def send_and_ack(running: Running, frame: str, delivery_id: str) -> tuple[int, str]:
+    await running.server.send_raw(frame)
+    ack = await wait_for_ack(running.server, delivery_id)
+    return ack.status, ack.reason
+
+
+def frame(running: Running, body: Any, delivery_id: str, **kwargs: Any) -> str:
+    return delivery_frame(running.creds.secret, body, delivery_id=delivery_id, **kwargs)
+
+
+@pytest.fixture
+def reply_agent() -> str:
+    return agent_command("reply.py", "ok")
+
+
+async def test_200_then_204_for_the_same_run(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        gate = Gate()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_server() as server, running_harness(
+                server, tmp_path, exec_command=gate.command
+            ) as running:
+                run_id = await server.submit_run("hi", conversation_id="C1")
+                await gate.wait_started(run_id)
+                body = server.run(run_id).body_text
+                # Redelivered while it runs: 200 again, never a second execution.
+                assert await send_and_ack(running, frame(running, body, "again"), "again") == (
+                    200, "already accepted")
+                await gate.release(run_id, "answer")
+                await running.harness.wait_released(run_id)
+                # Redelivered after its report settled: 204.
+                assert await send_and_ack(running, frame(running, body, "late"), "late") == (
+                    204, "already reported")
+                assert gate.started == [run_id]
+                assert server.run(run_id).completion_posts == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_204_for_an_event_other_than_agent_run(tmp_path: Path, reply_agent: str) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent
+        ) as running:
+            status, _ = await send_and_ack(
+                running, frame(running, run_body("r1"), "d1", event="agent.ping"), "d1")
+            assert status == 204
+            assert not running.harness.held
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("{not json", "not JSON"),
+        ('["a list"]', "not a JSON object"),
+        (json.dumps({"completion_path": "/v1/x", "text": ""}), "run_id"),
+        (json.dumps({"run_id": "r1", "text": ""}), "completion_path"),
+        (json.dumps({"run_id": "r1", "completion_path": "/v1/x"}), "text"),
+        (json.dumps({"run_id": 7, "completion_path": "/v1/x", "text": ""}), "run_id"),
+        (json.dumps({"run_id": "r 1", "completion_path": "/v1/x", "text": ""}), "run_id"),
+        (json.dumps({"run_id": "r1", "completion_path": "https://evil.example/x",
+                     "text": ""}), "completion_path"),
+        (json.dumps({"run_id": "r1", "completion_path": "//evil.example/x",
+                     "text": ""}), "completion_path"),
+        (json.dumps({"run_id": "r1", "completion_path": "/v1/%2E%2E/x", "text": ""}),
+         "completion_path"),
+        (json.dumps({"run_id": "r1", "completion_path": "/v1\\x", "text": ""}),
+         "completion_path"),
+        (json.dumps({"run_id": "r1", "completion_path": "/v1/x", "text": 5}), "text"),
+        (json.dumps({"run_id": "r1", "completion_path": "/v1/x", "text": "",
+                     "timeline_path": "/a/../b"}), "timeline_path"),
+    ],
+)
+async def test_400_names_the_field(tmp_path: Path, reply_agent: str, body: str,
+                                   field: str) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent
+        ) as running:
+            status, reason = await send_and_ack(running, frame(running, body, "d1"), "d1")
+            assert status == 400
+            assert field in reason
+            assert not running.harness.held
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"signature": None}, "signature missing"),
+        ({"signature": "v1=" + "0" * 64}, "does not match"),
+        ({"timestamp": int(time.time()) - 301}, "clock"),
+        ({"timestamp": "soon"}, "timestamp"),
+    ],
+)
+async def test_401_for_a_bad_signature(tmp_path: Path, reply_agent: str,
+                                       kwargs: dict[str, Any], words: str) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent
+        ) as running:
+            status, reason = await send_and_ack(
+                running, frame(running, run_body("r1"), "d1", **kwargs), "d1")
+            assert status == 401
+            assert words in reason
+            assert not running.harness.held
+
+
+async def test_allow_unverified_accepts_a_bad_signature(tmp_path: Path, reply_agent: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent, allow_unverified=True
+        ) as running:
+            status, _ = await send_and_ack(
+                running, frame(running, run_body("r1"), "d1", signature="v1=00"), "d1")
+            assert status == 200
+            assert "without a valid signature" in caplog.text
+
+
+async def test_413_beats_every_other_fault(tmp_path: Path, reply_agent: str) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent
+        ) as running:
+            huge = json.dumps(run_body("r1", text="x" * (1024 * 1024)))
+            # Unsigned and over 1 MiB: the size is what the ack names.
+            status, _ = await send_and_ack(
+                running, frame(running, huge, "d1", signature=None), "d1")
+            assert status == 413
+            # Exactly 1 MiB is not "over".
+            padding = 1024 * 1024 - len(json.dumps(run_body("r2", text="")))
+            exact = json.dumps(run_body("r2", text="y" * padding))
+            assert len(exact.encode()) == 1024 * 1024
+            status, _ = await send_and_ack(running, frame(running, exact, "d2"), "d2")
+            assert status == 200
+
+
+async def test_503_while_draining(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        gate = Gate()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_server() as server, running_harness(
+                server, tmp_path, exec_command=gate.command
+            ) as running:
+                busy = await server.submit_run("keep the harness up while it drains")
+                await gate.wait_started(busy)
+                running.harness.drain()
+                status, reason = await send_and_ack(
+                    running, frame(running, run_body("r_new"), "d1", signature=None), "d1")
+                # Draining outranks the bad signature.
+                assert status == 503
+                assert "shutting down" in reason
+                assert "r_new" not in running.harness.held
+                await gate.release(busy)
+                await server.wait_until(finished(busy))
+            nursery.cancel_scope.cancel()
+
+
+async def test_ping_is_answered_with_its_id(tmp_path: Path, reply_agent: str) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=reply_agent
+        ):
+            await server.send_raw(json.dumps({"type": "ping", "id": "p-81"}))
+            await server.wait_until(
+                lambda s: any(p.id == "p-81" for p in messages(s, Pong)))
+
+
+async def test_unknown_types_fields_and_garbage_are_ignored(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=agent_command("reply.py", "still here")
+        ) as running:
+            for junk in ["not json", "[]", '{"type": 5}', '{"no": "type"}',
+                         '{"type": "weather", "sunny": true}',
+                         '{"type": "delivery"}', '{"type": "cancel"}',
+                         '{"type": "heartbeat_ack", "cancel": "r1"}']:
+                await server.send_raw(junk)
+            body = run_body("r_after", shiny_new_field={"x": 1})
+            await server.send_raw(frame(running, body, "d1") [:-1] + ', "extra": 1}')
+            ack = await wait_for_ack(server, "d1")
+            assert ack.status == 200
+            connects = server.state.total_connects
+            assert connects == 1  # nothing above cost the connection

@@ -1,0 +1,29 @@
+"""End to end: the real harness, the real reference server, real agent processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from prohost.protocol import Heartbeat, Status
+from tests.kit import Gate, agent_command, finished, messages, running_harness, running_server
+
+
+async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("reply.py", "fixed it")
+        ):
+            run_id = await server.submit_run("fix the test", conversation_id="C42")
+            await server.wait_until(finished(run_id))
+            record = server.run(run_id)
+            assert record.state == "completed"
+            assert record.completion is not None
+            assert record.completion["ok"] is True
+            assert record.completion["reply"] == "fixed it"
+            assert record.idempotency_keys == [run_id]
+            # The first messages on a connection are status, then heartbeat.
+            first = [entry.message for entry in server.state.received][:2]
+            assert isinstance(first[0], Status) and isinstance(first[1], Heartbeat)
+            assert messages(server.state, Status)[0].machine == "test"
