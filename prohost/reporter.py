@@ -172,7 +172,12 @@ class Reporter:
         with trio.move_on_after(budget_s):
             try:
                 async with self._client.stream(
-                    "POST", url, json=payload, headers=headers, timeout=budget_s
+                    "POST",
+                    url,
+                    json=payload,
+                    headers=headers,
+                    timeout=budget_s,
+                    follow_redirects=False,
                 ) as response:
                     status = response.status_code
                     if 200 <= status < 300 or status in (404, 409):
@@ -236,7 +241,12 @@ class Reporter:
                     # Streamed and never read: the body is of no use, and unread it
                     # costs nothing however large it is.
                     async with self._client.stream(
-                        "POST", url, json=body, headers=headers, timeout=TIMELINE_TIMEOUT_S
+                        "POST",
+                        url,
+                        json=body,
+                        headers=headers,
+                        timeout=TIMELINE_TIMEOUT_S,
+                        follow_redirects=False,
                     ) as response:
                         status = response.status_code
                     if 200 <= status < 300:

@@ -65,11 +65,12 @@ class LaneQueue(Generic[T]):
 
     Invariants (checked by the tests through behaviour, relied on below):
 
-    * every lane that is free and has a live queued entry has exactly one *live*
-      heap entry, recorded in ``_heaped[lane]``, whose sequence number is at most
-      that of the lane's head (less only after the head was removed: see
-      ``pop_ready`` for how such an entry is repaired lazily);
-    * a busy lane has no live heap entry, so its backlog costs the heap nothing;
+    * a lane has at most one heap entry, and ``_heaped`` is exactly the set of
+      lanes that have one (``drain`` clears both together);
+    * every lane that is free and has a live queued entry has a heap entry, keyed
+      by a sequence number at most that of the lane's head (less only after the
+      head was removed: see ``pop_ready`` for how that entry is repaired lazily);
+    * a busy lane has no heap entry, so its backlog costs the heap nothing;
     * ``_by_key`` holds exactly the live queued entries, in accept order (dicts
       keep insertion order, and a key is inserted once, at push).
     """
@@ -82,9 +83,8 @@ class LaneQueue(Generic[T]):
         self._busy: dict[str, str] = {}
         self._running_keys: set[str] = set()
         self._heap: list[tuple[int, str]] = []
-        # lane -> sequence number of its one live heap entry. A heap tuple whose
-        # sequence differs is garbage left by drain() and is skipped.
-        self._heaped: dict[str, int] = {}
+        # Lanes with an entry in _heap: the guard that keeps it to one per lane.
+        self._heaped: set[str] = set()
 
     @property
     def queued(self) -> int:
@@ -123,7 +123,7 @@ class LaneQueue(Generic[T]):
         queue.append(entry)
         self._by_key[key] = entry
         if lane not in self._busy and lane not in self._heaped:
-            self._heaped[lane] = entry.seq
+            self._heaped.add(lane)
             heapq.heappush(self._heap, (entry.seq, lane))
 
     def pop_ready(self) -> tuple[str, str, T] | None:
@@ -135,9 +135,7 @@ class LaneQueue(Generic[T]):
         heap = self._heap
         while heap:
             seq, lane = heapq.heappop(heap)
-            if self._heaped.get(lane) != seq:
-                continue
-            del self._heaped[lane]
+            self._heaped.remove(lane)
             queue = self._live_queue(lane)
             if queue is None:
                 continue
@@ -147,7 +145,7 @@ class LaneQueue(Generic[T]):
                 # younger, so it goes back in at its own place; nothing older than
                 # this entry is left in the heap, so no order was broken by
                 # popping it early.
-                self._heaped[lane] = head.seq
+                self._heaped.add(lane)
                 heapq.heappush(heap, (head.seq, lane))
                 continue
             queue.popleft()
@@ -166,7 +164,7 @@ class LaneQueue(Generic[T]):
         self._running_keys.discard(key)
         queue = self._live_queue(lane)
         if queue is not None:
-            self._heaped[lane] = queue[0].seq
+            self._heaped.add(lane)
             heapq.heappush(self._heap, (queue[0].seq, lane))
 
     def remove(self, key: str) -> T | None:

@@ -264,9 +264,11 @@ async def test_token_echoed_by_the_server_never_reaches_detail_or_log(
 
 async def test_redirect_is_not_followed(autojump_clock: Any) -> None:
     with trio.fail_after(60):
-        app = ScriptedApp((307, {"Location": "http://example.invalid/steal"}, b""))
-        async with reporter_for(app) as (reporter, _):
-            result = await reporter.complete(RUN, PATH, PAYLOAD)
+        app = ScriptedApp((307, {"Location": "/steal"}, b""), (200, {}, b""))
+        # Even a client set to follow redirects must not: the completion path was
+        # validated so that the token goes nowhere else.
+        async with serving(app) as base, httpx.AsyncClient(follow_redirects=True) as client:
+            result = await Reporter(client, base, TOKEN).complete(RUN, PATH, PAYLOAD)
         assert (result.kind, result.status) == ("rejected", 307)
         assert len(app.seen) == 1
 
