@@ -148,6 +148,7 @@ class Harness:
         self._dry_seen: set[str] = set()
         self._heartbeat_seq = 0
         self._status_wanted = trio.Event()
+        self._state_changed = trio.Event()
         self._held_changed = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -331,8 +332,14 @@ class Harness:
             return intake.IGNORED, "already reported"
         if admission is Admission.HELD:
             return intake.ACCEPTED, "already accepted"
-        self._hold(HeldRun(run=run))
-        self.scheduler.submit(run.run_id, run.lane, self.held[run.run_id])
+        held = HeldRun(run=run)
+        self._hold(held)
+        if self.draining:
+            # The first signal came while the ledger was being written: the run
+            # is ours now, so report it as not started rather than lose it.
+            self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            return intake.ACCEPTED, "accepted"
+        self.scheduler.submit(run.run_id, run.lane, held)
         log.info("accepted run %s on %s", run.run_id, run.lane)
         self._changed()
         return intake.ACCEPTED, "accepted"
@@ -484,6 +491,14 @@ class Harness:
 
     def _changed(self) -> None:
         self._status_wanted.set()
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
+        """Return once ``predicate(self)`` holds, re-checked after every change of
+        runs, connection or drain state. Cancelling it only stops the wait."""
+        while not predicate(self):
+            await self._state_changed.wait()
 
     def _status(self) -> Status:
         stats = self.scheduler.statistics()

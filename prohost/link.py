@@ -222,11 +222,16 @@ class Link:
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             ws = await self._dial(nursery)
         self._connects += 1
+        # A server that has gone quiet will not answer a close frame either:
+        # then the socket is simply dropped instead of waiting for it.
+        close_timeout = 0.0
         try:
             with trio.CancelScope() as liveness:
                 self._liveness = liveness
                 self._heard()
-                return await self._read(ws, nursery)
+                reason = await self._read(ws, nursery)
+                close_timeout = CLOSE_TIMEOUT_S
+                return reason
             return (
                 f"nothing heard from the server for {LIVENESS_PERIODS} × "
                 f"{self._heartbeat_s:g} s"
@@ -236,7 +241,8 @@ class Link:
             if self._connected:
                 self._connected = False
                 self._on_change()
-            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+            # Cancelled mid-close, trio-websocket still closes the stream itself.
+            with trio.move_on_after(close_timeout, shield=True):
                 with contextlib.suppress(*_RECOVERABLE):
                     await ws.aclose()
 

@@ -72,6 +72,12 @@ class Running:
     ledger: Ledger | None
     scope: trio.CancelScope
     exit_code: list[int]
+    exited: trio.Event
+
+    async def wait_exit(self) -> int:
+        """The harness's own exit status, once it returns by itself."""
+        await self.exited.wait()
+        return self.exit_code[0]
 
 
 @asynccontextmanager
@@ -83,17 +89,19 @@ async def running_harness(
     options = Options(home=home, machine="test", **option_fields)
     ledger = None if options.dry_run else Ledger.open(home / "ledger.sqlite3")
     exit_code: list[int] = []
+    exited = trio.Event()
     try:
         async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
             harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger)
 
             async def run_it(*, task_status: trio.TaskStatus[None]) -> None:
                 exit_code.append(await harness.run(task_status=task_status))
+                exited.set()
 
             await nursery.start(run_it)
             if connected:
                 await server.wait_until(lambda s: s.connected > 0)
-            yield Running(harness, server, creds, ledger, nursery.cancel_scope, exit_code)
+            yield Running(harness, server, creds, ledger, nursery.cancel_scope, exit_code, exited)
             nursery.cancel_scope.cancel()
     finally:
         if ledger is not None:

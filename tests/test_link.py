@@ -1,0 +1,129 @@
+"""The link's promises (§1–§2): reconnects, liveness, credentials, oversize frames."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost.link import BACKOFF_CAP_S, backoff_delay
+from prohost.protocol import Heartbeat, Status
+from tests.kit import Gate, finished, running_harness, running_server
+
+
+def test_backoff_is_full_jitter_capped_at_30_s() -> None:
+    rng = random.Random(7)
+    for attempt in range(12):
+        ceiling = min(BACKOFF_CAP_S, 0.5 * 2**attempt)
+        delays = [backoff_delay(attempt, rng) for _ in range(200)]
+        assert all(0 <= delay <= ceiling for delay in delays)
+        # Full jitter: the whole range is used, not just the top of it.
+        assert min(delays) < ceiling * 0.1 and max(delays) > ceiling * 0.9
+    assert backoff_delay(10_000, rng) <= BACKOFF_CAP_S
+
+
+async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
+    gate = Gate()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_server() as server, running_harness(
+                server, tmp_path, exec_command=gate.command
+            ):
+                run_id = await server.submit_run("long", conversation_id="C1")
+                await gate.wait_started(run_id)
+                await server.drop_connections()
+                # The run goes on while the harness dials again.
+                await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
+                await gate.release(run_id, "made it")
+                await server.wait_until(finished(run_id))
+                assert server.run(run_id).reply == "made it"
+                assert gate.started == [run_id]
+                # On the new connection, status comes first, then a heartbeat that
+                # still lists the run or not, but never a second execution.
+                second = [entry.message for entry in server.state.received
+                          if entry.connection_id != server.state.received[0].connection_id]
+                assert isinstance(second[0], Status) and isinstance(second[1], Heartbeat)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_server_is_left_after_three_heartbeats(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(300):
+        async with running_server(heartbeat_s=5) as server, running_harness(
+            # Dry run: no ledger, so no worker threads, whose real time would
+            # make the autojump clock leap ahead.
+            server, tmp_path, exec_command="true", dry_run=True
+        ):
+            await server.wait_until(
+                lambda s: any(isinstance(m.message, Heartbeat) for m in s.received))
+            server.state.silent = True
+            went_quiet = trio.current_time()
+            await server.wait_until(lambda s: s.total_connects == 2)
+            waited = trio.current_time() - went_quiet
+            # Three periods of silence, then at most the first backoff (0.5 s).
+            assert 15 <= waited <= 15 + 0.5 + 0.1
+
+
+async def test_heartbeats_keep_coming_every_period(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(300):
+        async with running_server(heartbeat_s=7) as server, running_harness(
+            server, tmp_path, exec_command="true", dry_run=True
+        ):
+            await server.wait_until(lambda s: sum(
+                isinstance(m.message, Heartbeat) for m in s.received) >= 4)
+            beats = [m for m in server.state.received if isinstance(m.message, Heartbeat)]
+            assert [b.message.seq for b in beats] == [1, 2, 3, 4]
+            assert all(b.message.runs == [] for b in beats)
+            gaps = [later.at - earlier.at for earlier, later in zip(beats[1:], beats[2:])]
+            assert all(abs(gap - 7) < 0.5 for gap in gaps)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_rejected_credentials_end_the_harness(
+    tmp_path: Path, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with trio.fail_after(30):
+        async with running_server() as server:
+            server.state.handshake_status = status
+            async with running_harness(
+                server, tmp_path, exec_command="true", connected=False
+            ) as running:
+                assert await running.wait_exit() == 1
+            assert "prohost agent pair" in caplog.text
+            assert sum("rejected" in r.getMessage() for r in caplog.records
+                       if r.levelno >= logging.ERROR) == 1
+
+
+async def test_other_handshake_failures_are_retried(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(300):
+        async with running_server() as server:
+            server.state.handshake_status = 503
+            async with running_harness(
+                server, tmp_path, exec_command="true", connected=False, dry_run=True
+            ) as running:
+                began = trio.current_time()
+                await running.harness.wait_until(lambda h: h.link.statistics().failures >= 5)
+                # Backed off (not spinning), but within the ceilings 0.5 + 1 + 2 + 4 s.
+                assert 0 < trio.current_time() - began <= 7.5
+                server.state.handshake_status = None
+                await server.wait_until(lambda s: s.connected == 1)
+                assert running.exit_code == []
+
+
+async def test_a_message_over_4_mib_closes_the_socket_and_reconnects(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command="true"
+        ):
+            await server.send_raw(json.dumps({"type": "ping", "id": "x" * (4 * 1024 * 1024)}))
+            await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
