@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -82,7 +83,7 @@ async def test_heartbeats_keep_coming_every_period(
             beats = [m for m in server.state.received if isinstance(m.message, Heartbeat)]
             assert [b.message.seq for b in beats] == [1, 2, 3, 4]
             assert all(b.message.runs == [] for b in beats)
-            gaps = [later.at - earlier.at for earlier, later in zip(beats[1:], beats[2:])]
+            gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(beats[1:])]
             assert all(abs(gap - 7) < 0.5 for gap in gaps)
 
 
