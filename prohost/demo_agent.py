@@ -13,9 +13,18 @@ import sys
 import time
 
 
+def _request_of(prompt: str) -> str:
+    """The first line of the request section, wherever the prompt puts it."""
+    lines = prompt.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("The request") and index + 1 < len(lines):
+            return lines[index + 1].strip()
+    return next((line.strip() for line in lines if line.strip()), "")
+
+
 def main() -> int:
     prompt = sys.stdin.read()
-    request = next((line for line in prompt.splitlines() if line.strip()), "").strip()
+    request = _request_of(prompt)
     run_id = os.environ.get("PROHOST_RUN_ID", "?")
     work_s = random.uniform(0.5, 2.5)
     steps = 4

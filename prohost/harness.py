@@ -429,7 +429,8 @@ class Harness:
         settlement = await self.reporter.complete(
             run.run_id, run.completion_path, outcome.completion(run.run_id)
         )
-        level = logging.INFO if settlement.kind in ("delivered", "already") else logging.WARNING
+        # The reporter already said how a normal settlement went.
+        level = logging.DEBUG if settlement.kind in ("delivered", "already") else logging.WARNING
         log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
         await self._ledger(self.ledger.mark_reported, run.run_id,
                            f"{settlement.kind}: {settlement.detail}", time.time())

@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 
 from prohost.protocol import Heartbeat, Status
-from tests.kit import Gate, agent_command, finished, messages, running_harness, running_server
+from tests.kit import agent_command, finished, messages, running_harness, running_server
 
 
 async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:

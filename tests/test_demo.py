@@ -1,0 +1,37 @@
+"""`prohost demo` is the newcomer's first command: it must work, and clean up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import trio
+
+
+def demo_dirs() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("prohost-demo-")}
+
+
+async def test_demo_runs_a_dozen_runs_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = demo_dirs()
+    env = {**os.environ, "COLUMNS": "200", "PROHOST_HOME": str(tmp_path / "untouched")}
+    with trio.fail_after(120):
+        result = await trio.run_process(
+            [sys.executable, "-m", "prohost", "demo"],
+            capture_stdout=True, capture_stderr=True, env=env, check=False,
+        )
+    out = result.stdout.decode()
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "prohost demo results" in out
+    assert out.count("completed") == 12
+    # Progress is shown while it works: every run starts and finishes in the log.
+    assert err.count("started on conv:") == 12
+    assert err.count("finished") >= 12
+    assert demo_dirs() == before
+    assert not (tmp_path / "untouched").exists()
+    leftover = subprocess.run(["pgrep", "-f", "prohost.demo_agent"], capture_output=True)
+    assert leftover.stdout == b""
