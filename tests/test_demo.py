@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,5 +32,6 @@ async def test_demo_runs_a_dozen_runs_and_leaves_nothing_behind(tmp_path: Path) 
     assert err.count("finished") >= 12
     assert demo_dirs() == before
     assert not (tmp_path / "untouched").exists()
-    leftover = subprocess.run(["pgrep", "-f", "prohost.demo_agent"], capture_output=True)
+    leftover = await trio.run_process(["pgrep", "-f", "prohost.demo_agent"],
+                                      capture_stdout=True, check=False)
     assert leftover.stdout == b""
