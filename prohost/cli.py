@@ -277,6 +277,19 @@ def build_parser() -> ArgumentParser:
         "conversation still run one after another (default: 1)",
     )
     run.add_argument(
+        "--brain", metavar="NAME",
+        help="how to drive the agent CLI: claude (stream-json, sessions resumed per "
+        "conversation, tool calls on the timeline), codex (codex exec --json, threads "
+        "resumed), plain (any command; its stdout is the reply), or auto: chosen from the "
+        "program --exec runs (default: auto)",
+    )
+    run.add_argument(
+        "--safe-tools", "--no-skip-permissions", dest="safe_tools", action="store_true",
+        help="keep the agent CLI's permission prompts: do not add the flag that lets "
+        "claude or codex use every tool unattended (a run then stops where a tool "
+        "needs approval)",
+    )
+    run.add_argument(
         "--dry-run", action="store_true",
         help="accept and acknowledge runs but run nothing, report nothing and keep no "
         "ledger; only the log shows what arrived (for checking the connection)",

@@ -1,9 +1,10 @@
-"""One run executed with the plain brain: prompt → environment → spawn → reply → Outcome.
+"""One run executed with a brain: prompt → environment → spawn → reply → Outcome.
 
-The plain brain is any command that reads the prompt on stdin and prints its
-reply on stdout (``claude -p`` without stream-json, a shell script, ``cat``). It
-knows nothing of sessions or tool calls, so everything it needs to say about how
-the run went is in the exit status and the last line it wrote to stderr.
+The brain (:mod:`prohost.brains`) says how to invoke its CLI and how to read what
+it prints; everything else is the same for every CLI and lives here: the prompt,
+the environment (markers in, secrets out), the run's private MCP folder, the one
+retry with a fresh session when a resumed one is rejected (inside the same
+deadline), and turning however the process ended into words for the sender.
 
 Every way a run can end becomes an :class:`Outcome`, never an exception, except
 cancellation: that belongs to the caller, which reports it (§6).
@@ -11,8 +12,10 @@ cancellation: that belongs to the caller, which reports it (§6).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import shutil
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +24,8 @@ import attrs
 import trio
 
 from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.brains.base import Brain, McpError, McpWiring, ToolEvent
+from prohost.brains.plain import PlainBrain
 from prohost.prompt import (
     MAX_REPLY_BYTES,
     PromptContext,
@@ -30,6 +35,8 @@ from prohost.prompt import (
     reply_from_text,
 )
 from prohost.runs import AgentRun, Outcome
+
+log = logging.getLogger("prohost.execute")
 
 #: Set to ``1`` for every agent the harness starts, so instructions the agent reads
 #: from disk can tell a paired run (someone is waiting in a thread) from any other.
@@ -117,6 +124,17 @@ def outcome_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
     return Outcome(ok=True, reply=reply, duration_ms=duration_ms)
 
 
+@attrs.define
+class Progress:
+    """What the runner learns while a run goes on, readable at any moment (also
+    after a cancel: a cancelled run is reported with the session it had)."""
+
+    session_id: str | None = None
+    activity: str | None = None
+    model: str | None = None
+    attempts: int = 0
+
+
 async def execute_plain(
     run: AgentRun,
     spec: ExecSpec,
@@ -125,19 +143,50 @@ async def execute_plain(
     on_spawn: Callable[[int], Awaitable[None]] | None = None,
     base_env: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Run ``run`` with the plain brain and say how it went.
+    """:func:`execute` with the plain brain running ``spec.command``."""
+    return await execute(
+        run, spec, PlainBrain(spec.command), groups=groups, on_spawn=on_spawn,
+        base_env=base_env,
+    )
 
-    ``base_env`` defaults to this process's environment. ``spec.workdir`` is created
-    when missing. Failures (cannot start, non-zero exit, signal, timeouts) come back
-    as ``Outcome.failure(..., retryable=False)``, never as exceptions.
+
+async def execute(
+    run: AgentRun,
+    spec: ExecSpec,
+    brain: Brain,
+    *,
+    groups: ProcessGroups,
+    session_id: str | None = None,
+    progress: Progress | None = None,
+    on_spawn: Callable[[int], Awaitable[None]] | None = None,
+    on_events: Callable[[list[ToolEvent]], None] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    scratch: Path | None = None,
+) -> Outcome:
+    """Run ``run`` with ``brain`` and say how it went.
+
+    ``session_id`` is resumed; a brain that rejects it is retried once with a
+    fresh session, inside the same deadline (``--timeout`` bounds the run, not
+    each attempt). ``scratch`` is a folder private to this run for the brain's
+    MCP configuration, removed afterwards; a run with ``mcp`` whose
+    configuration cannot be prepared fails closed: the agent is never spawned.
+    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
+    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
+    exceptions.
 
     Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
     ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
-    this function; no outcome is produced, since the caller reports the cancel.
+    this function; no outcome is produced, since the caller reports the cancel
+    (``progress`` still says which session the agent had).
     """
+    progress = progress if progress is not None else Progress()
     # The budget starts now, not at spawn: preparing the run is part of it.
     started = trio.current_time()
     deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
+
+    def finished(outcome: Outcome) -> Outcome:
+        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
+
     prompt = build_prompt(
         run,
         PromptContext(
@@ -150,9 +199,82 @@ async def execute_plain(
     try:
         await trio.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return Outcome.failure(
+        return finished(Outcome.failure(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
-        )
+        ))
+    try:
+        wiring = await _wire_mcp(run, brain, scratch)
+    except McpError as exc:
+        return finished(Outcome.failure(
+            f"the run's MCP server could not be prepared, so the agent was not started: {exc}"
+        ))
+    if wiring is not None:
+        env.update(wiring.env)
+    try:
+        outcome = await _attempt(run, spec, brain, prompt, env, wiring, session_id, deadline,
+                                 groups, progress, on_spawn, on_events)
+        if outcome is None:
+            # The session was rejected: the same request in a fresh one.
+            log.info("run %s: the agent does not know session %s; starting a fresh one",
+                     run.run_id, session_id)
+            progress.session_id = None
+            outcome = await _attempt(run, spec, brain, prompt, env, wiring, None, deadline,
+                                     groups, progress, on_spawn, on_events)
+        assert outcome is not None
+        return finished(outcome)
+    finally:
+        if scratch is not None and wiring is not None:
+            with trio.move_on_after(5, shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+
+
+async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None) -> McpWiring | None:
+    if run.mcp is None:
+        return None
+    if scratch is None:
+        raise McpError("no private folder was given for its configuration")
+    try:
+        await trio.to_thread.run_sync(_private_folder, scratch)
+        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch)
+    except OSError as exc:
+        raise McpError(f"could not write its configuration in {scratch}: "
+                       f"{exc.strerror or exc}") from None
+
+
+def _private_folder(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+
+
+async def _attempt(
+    run: AgentRun,
+    spec: ExecSpec,
+    brain: Brain,
+    prompt: str,
+    env: Mapping[str, str],
+    wiring: McpWiring | None,
+    session_id: str | None,
+    deadline: float,
+    groups: ProcessGroups,
+    progress: Progress,
+    on_spawn: Callable[[int], Awaitable[None]] | None,
+    on_events: Callable[[list[ToolEvent]], None] | None,
+) -> Outcome | None:
+    """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh."""
+    turn = brain.new_turn()
+    progress.attempts += 1
+    if session_id is not None:
+        progress.session_id = session_id
+
+    def read_line(line: bytes) -> None:
+        events = turn.feed(line)
+        if turn.session_id is not None:
+            progress.session_id = turn.session_id
+        progress.activity = turn.activity
+        progress.model = turn.model or progress.model
+        if events and on_events is not None:
+            on_events(events)
+
     spawned = False
 
     async def spawned_as(pgid: int) -> None:
@@ -163,7 +285,7 @@ async def execute_plain(
 
     try:
         result = await run_agent(
-            spec.command,
+            brain.command(session_id=session_id, mcp=wiring),
             stdin_text=prompt,
             cwd=spec.workdir,
             env=env,
@@ -172,6 +294,7 @@ async def execute_plain(
             idle_timeout_s=spec.idle_timeout_s,
             max_stdout_bytes=MAX_REPLY_BYTES,
             on_spawn=spawned_as,
+            on_stdout_line=read_line if brain.streams else None,
         )
     except OSError as exc:
         if spawned:
@@ -179,7 +302,23 @@ async def execute_plain(
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full.
         return Outcome.failure(
-            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}",
-            duration_ms=round((trio.current_time() - started) * 1000),
+            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"
         )
-    return outcome_from_result(result, spec)
+    session = turn.session_id or progress.session_id
+    if (
+        session_id is not None
+        and result.timed_out is None
+        and trio.current_time() < deadline
+        and turn.resume_rejected(result)
+    ):
+        return None
+    if result.timed_out is None:
+        outcome = turn.finish(result)
+        if outcome is not None:
+            if outcome.ok:
+                reply = reply_from_text(outcome.reply or "")
+                outcome = attrs.evolve(
+                    outcome, reply=None if reply is None else cap_reply(reply)
+                )
+            return attrs.evolve(outcome, session_id=outcome.session_id or session)
+    return attrs.evolve(outcome_from_result(result, spec), session_id=session)

@@ -27,7 +27,8 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
-from prohost.execute import ExecSpec, execute_plain
+from prohost.brains import brain_for
+from prohost.execute import ExecSpec, Progress, execute
 from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
@@ -44,6 +45,7 @@ from prohost.protocol import (
 from prohost.reporter import Reporter
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import Scheduler
+from prohost.timeline import TimelineBatcher
 
 log = logging.getLogger("prohost.harness")
 
@@ -58,6 +60,8 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: Reported rows older than this are pruned (§7), checked this often.
 PRUNE_AGE_S = 7 * 86400.0
 PRUNE_EVERY_S = 86400.0
+#: `claude --version` and the like answer at once; a hung one must not matter.
+BRAIN_PROBE_TIMEOUT_S = 10.0
 
 NOT_STARTED = "the agent is shutting down; the run was not started"
 STOPPED = "the agent was stopped"
@@ -72,13 +76,13 @@ class HeldRun:
     run: AgentRun
     state: str = "queued"  # queued | preparing | running | reporting
     started_at: float | None = None
-    activity: str | None = None
     #: Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
     exec_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     #: Cancelled to forget the run entirely (``heartbeat_ack.unknown``).
     life_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     stop_outcome: Outcome | None = None
     dropped: bool = False
+    progress: Progress = attrs.field(factory=Progress)
 
     @property
     def run_id(self) -> str:
@@ -90,7 +94,7 @@ class HeldRun:
             state=self.state,
             lane=self.run.lane,
             started_at=self.started_at,
-            activity=self.activity,
+            activity=self.progress.activity if self.state == "running" else None,
         )
 
 
@@ -113,12 +117,13 @@ class Harness:
         client: httpx.AsyncClient,
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
-        brain: str = "plain",
     ) -> None:
         self.options = options
         self.endpoints = endpoints
         self.ledger = ledger
-        self.brain = brain
+        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
+        self.brain_version: str | None = None
+        self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
@@ -171,6 +176,7 @@ class Harness:
                 await nursery.start(self._guard_link)
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
+                nursery.start_soon(self._probe_brain)
                 self._announce()
                 task_status.started(self)
                 await self._done.wait()
@@ -381,42 +387,70 @@ class Harness:
     async def _work(self, run_id: str, held: HeldRun) -> None:
         """The scheduler's work for one run: execute, then settle its report."""
         self._changed()
+        run = held.run
         try:
             with held.life_scope:
-                outcome = await self._execute(held)
+                batcher = None
+                if run.timeline_path is not None and self.brain.streams:
+                    batcher = TimelineBatcher(self.reporter, run.run_id, run.timeline_path)
+                async with trio.open_nursery() as nursery:
+                    if batcher is not None:
+                        await nursery.start(batcher.run)
+                    outcome = await self._execute(held, batcher)
+                    if batcher is not None:
+                        # Every tool row is posted before the completion (§8).
+                        await batcher.close()
+                    nursery.cancel_scope.cancel()
                 await self._settle(held, outcome)
             if held.dropped:
                 await self._record_dropped(held)
         finally:
             self._release(held)
 
-    async def _execute(self, held: HeldRun) -> Outcome:
+    async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
         run = held.run
         assert self.ledger is not None
+        ledger = self.ledger
         held.state = "preparing"
+        outcome: Outcome | None = None
         with held.exec_scope:
-            await self._ledger(self.ledger.mark_started, run.run_id, time.time())
+            await self._ledger(ledger.mark_started, run.run_id, time.time())
+            session = await trio.to_thread.run_sync(ledger.session_for, run.lane)
             held.state = "running"
             held.started_at = time.time()
-            log.info("▶ run %s started on %s", run.run_id, run.lane)
-            ledger = self.ledger
+            self._changed()
+            log.info("▶ run %s started on %s%s", run.run_id, run.lane,
+                     f" (resuming session {session})" if session else "")
 
             async def spawned(pgid: int) -> None:
                 # With the group recorded, a restarted harness can find and kill
                 # this agent if this process dies while it runs (§7).
                 await self._ledger(ledger.record_pgid, run.run_id, pgid)
 
-            return await execute_plain(
-                run, self.spec, groups=self.groups, on_spawn=spawned, base_env=self.env
+            outcome = await execute(
+                run, self.spec, self.brain,
+                groups=self.groups,
+                session_id=session,
+                progress=held.progress,
+                on_spawn=spawned,
+                on_events=batcher.add if batcher is not None else None,
+                base_env=self.env,
+                scratch=self.options.home / "runs" / run.run_id,
             )
-        assert held.stop_outcome is not None
-        return held.stop_outcome
+        if outcome is None:  # the exec scope was cancelled: a cancel or a stop
+            assert held.stop_outcome is not None
+            outcome = attrs.evolve(held.stop_outcome, session_id=held.progress.session_id)
+        if held.progress.model:
+            self.model = held.progress.model
+        # The lane's next turn resumes whatever session this one ended with, failed
+        # or not; a rejected session that was replaced is forgotten here too.
+        await self._ledger(ledger.save_session, run.lane, outcome.session_id, time.time())
+        return outcome
 
     async def _settle(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Record the outcome (the outbox), post it, record how that went."""
         run = held.run
         held.state = "reporting"
-        held.activity = None
         self._changed()
         if outcome.ok:
             log.info("✓ run %s finished", run.run_id)
@@ -506,12 +540,14 @@ class Harness:
         return Status(
             version=__version__,
             machine=self.options.machine,
-            brain=self.brain,
+            brain=self.brain.name,
+            brain_version=self.brain_version,
+            model=self.model,
             concurrency=self.options.concurrency,
             active=stats.running,
             queued=stats.queued,
             draining=self.draining,
-            features=["cancel"],
+            features=["cancel", "timeline"] if self.brain.streams else ["cancel"],
         )
 
     def _heartbeat(self) -> Heartbeat:
@@ -567,6 +603,29 @@ class Harness:
                     row.run_id, row.pgid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(row.pgid, signal.SIGKILL)
+
+    async def _probe_brain(self) -> None:
+        """Ask the agent CLI its version once, for the status message (§5.7)."""
+        command = self.brain.version_command()
+        if command is None:
+            return
+        with trio.move_on_after(BRAIN_PROBE_TIMEOUT_S):
+            try:
+                result = await trio.run_process(
+                    command, shell=True, capture_stdout=True, capture_stderr=True,
+                    check=False, env=self.env, stdin=b"",
+                )
+            except OSError as exc:
+                log.warning("could not ask %s its version: %s", self.brain.name, exc)
+                return
+            lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
+            if result.returncode == 0 and lines:
+                self.brain_version = lines[0].strip()[:80]
+                log.info("agent CLI: %s %s", self.brain.name, self.brain_version)
+                self._changed()
+            else:
+                log.warning("`%s` failed (exit %s): is the agent CLI installed?", command,
+                            result.returncode)
 
     async def _prune_daily(self) -> None:
         assert self.ledger is not None

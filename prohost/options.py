@@ -29,6 +29,7 @@ MAX_CONCURRENCY = 16
 DEFAULT_EXEC = "claude -p"
 DEFAULT_IDLE_TIMEOUT_S = 900.0
 MAX_MACHINE_LEN = 128
+BRAIN_CHOICES = ("auto", "claude", "codex", "plain")
 
 CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
 DURATION_RANGE = (
@@ -43,6 +44,7 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--timeout": DURATION_RANGE,
     "--idle-timeout": DURATION_RANGE,
     "--concurrency": CONCURRENCY_RANGE,
+    "--brain": "one of auto, claude, codex, plain",
 }
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
@@ -123,6 +125,10 @@ class Options:
     concurrency: int = attrs.field(default=1, validator=_check_concurrency)
     dry_run: bool = False
     allow_unverified: bool = False
+    #: How the agent CLI is driven: auto (from the --exec program), claude, codex, plain.
+    brain: str = attrs.field(default="auto", validator=attrs.validators.in_(BRAIN_CHOICES))
+    #: Leave the CLI's permission prompts on (no flag that lets it run unattended).
+    safe_tools: bool = False
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -216,4 +222,15 @@ def options_from_args(ns: argparse.Namespace, env: Mapping[str, str], cwd: Path)
         concurrency=concurrency,
         dry_run=bool(getattr(ns, "dry_run", False)),
         allow_unverified=bool(getattr(ns, "allow_unverified", False)),
+        brain=parse_brain(getattr(ns, "brain", None)),
+        safe_tools=bool(getattr(ns, "safe_tools", False)),
     )
+
+
+def parse_brain(raw: str | None) -> str:
+    """``--brain``: one of :data:`BRAIN_CHOICES` (default ``auto``)."""
+    if raw is None:
+        return "auto"
+    if raw not in BRAIN_CHOICES:
+        raise OptionError(f"--brain must be one of {', '.join(BRAIN_CHOICES)} (got {raw!r})")
+    return raw
