@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.brains.base import Brain, McpError, McpWiring, ToolEvent
+from prohost.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.brains.plain import PlainBrain
 from prohost.prompt import (
     MAX_REPLY_BYTES,
@@ -321,4 +321,8 @@ async def _attempt(
                     outcome, reply=None if reply is None else cap_reply(reply)
                 )
             return attrs.evolve(outcome, session_id=outcome.session_id or session)
-    return attrs.evolve(outcome_from_result(result, spec), session_id=session)
+    outcome = outcome_from_result(result, spec)
+    if result.timed_out is not None and turn.last_error and outcome.error:
+        outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
+                               f"{one_line(turn.last_error, 300)}")
+    return attrs.evolve(outcome, session_id=session)

@@ -91,6 +91,9 @@ class Turn(abc.ABC):
     #: The CLI said its session started (an init event): a later non-zero exit is
     #: then a failure of the work, not a rejected resume.
     started: bool = False
+    #: The last error the CLI reported in its stream (Codex's "Reconnecting…
+    #: waiting for network"): said alongside a timeout, it tells the sender why.
+    last_error: str | None = None
 
     def feed(self, line: bytes) -> list[ToolEvent]:
         """Read one stdout line; return the timeline events it produced."""
