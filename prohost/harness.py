@@ -198,6 +198,12 @@ class Harness:
             options.workdir,
             mode,
         )
+        if self.brain.name == "claude" and not options.safe_tools and _is_root():
+            log.warning(
+                "running as root: Claude Code refuses --dangerously-skip-permissions for "
+                "root, so every run will fail; run the harness as a normal user, or pass "
+                "--safe-tools to keep the CLI's permission prompts"
+            )
         if options.allow_unverified:
             log.warning(
                 "--allow-unverified: deliveries with a missing or wrong signature are accepted"
@@ -633,3 +639,6 @@ class Harness:
             await trio.sleep(PRUNE_EVERY_S)
             await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
 
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0

@@ -82,7 +82,12 @@ class Running:
 
 @asynccontextmanager
 async def running_harness(
-    server: ServerHandle, home: Path, *, connected: bool = True, **option_fields: Any
+    server: ServerHandle,
+    home: Path,
+    *,
+    connected: bool = True,
+    env: dict[str, str] | None = None,
+    **option_fields: Any,
 ) -> AsyncIterator[Running]:
     """The production harness in this trio run; waits for it to connect by default."""
     creds = pair_home(server, home)
@@ -92,7 +97,8 @@ async def running_harness(
     exited = trio.Event()
     try:
         async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
-            harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger)
+            harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger,
+                              env=env)
 
             async def run_it(*, task_status: trio.TaskStatus[None]) -> None:
                 exit_code.append(await harness.run(task_status=task_status))
