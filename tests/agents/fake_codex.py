@@ -1,0 +1,173 @@
+"""A fake ``codex`` CLI speaking ``codex exec --json``'s JSON lines.
+
+The shapes are those of openai/codex ``codex-rs/exec/src/exec_events.rs`` as
+serde prints them: compact, the item's ``id`` before its ``type`` tag, every
+field present (``null`` when unset), including fields prohost does not read.
+
+Behaviour comes from ``FAKE_CODEX_SCENARIO`` (default ``reply``):
+
+- ``reply``: thread.started, turn.started, a reasoning item, an agent_message, turn.completed
+- ``tool``: a command_execution item (started, then completed with exit code 0), then a reply
+- ``failed``: an error event and turn.failed, exit 1
+- ``no_rollout``: with ``exec resume <id>``, codex's resume error on stderr and exit 1
+  before thread.started; otherwise like ``reply``
+- ``huge_line``: a command_execution whose aggregated_output is 5 MiB, then a reply
+- ``noise``: the ``reply`` events with non-JSON lines between them
+- ``errors_forever``: error lines on stderr until killed
+
+``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
+file, the arguments, the prompt and a few variables are written to it as JSON.
+Arguments are checked the way codex's parser would: an unknown flag or a missing
+option value exits 2 with a clap-style message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+THREAD_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+RECORDED_ENV = ("PROHOST_RUN_ID", "PROHOST_PAIRED_RUN", "PROHOST_MCP_TOKEN")
+
+# codex exec's options (cli.rs and the shared options it flattens in).
+WITH_VALUE = {
+    "-c", "--config", "-m", "--model", "-s", "--sandbox", "-C", "--cd", "-p", "--profile",
+    "-o", "--output-last-message", "-i", "--image", "--color", "--output-schema",
+    "--add-dir", "--local-provider",
+}
+SWITCHES = {
+    "--json", "--experimental-json", "--skip-git-repo-check", "--ephemeral",
+    "--dangerously-bypass-approvals-and-sandbox", "--yolo", "--full-auto", "--oss",
+    "--last", "--all",
+}
+
+
+def usage_error(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n\nFor more information, try '--help'.\n")
+    sys.exit(2)
+
+
+def parse(argv: list[str]) -> dict[str, object]:
+    """What clap would make of ``argv``: subcommands, flags, positionals."""
+    if argv[:1] == ["--version"]:
+        print("codex-cli 0.0.0-fake")
+        sys.exit(0)
+    flags: list[str] = []
+    positionals: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "-" or not word.startswith("-"):
+            positionals.append(word)
+        elif word.split("=", 1)[0] in WITH_VALUE:
+            if "=" not in word:
+                index += 1
+                if index >= len(argv):
+                    usage_error(f"a value is required for '{word} <VALUE>' but none was supplied")
+        elif word in SWITCHES:
+            flags.append(word)
+        else:
+            usage_error(f"unexpected argument '{word}' found")
+        index += 1
+    if positionals[:1] in (["exec"], ["e"]):
+        positionals = positionals[1:]
+    resume: str | None = None
+    if positionals[:1] == ["resume"]:
+        if len(positionals) < 2:
+            usage_error("resume needs a SESSION_ID or --last")
+        resume = positionals[1]
+        positionals = positionals[2:]
+    if len(positionals) > 1:
+        usage_error(f"unexpected argument '{positionals[1]}' found")
+    return {"flags": flags, "resume": resume, "prompt_arg": positionals[0] if positionals else None}
+
+
+def emit(event: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def reply_events(thread_id: str, reply: str, *, first_item: int = 0) -> list[dict[str, object]]:
+    return [
+        {"type": "item.completed", "item": {
+            "id": f"item_{first_item}", "type": "reasoning",
+            "text": "**Reading the request**\n\nLooking at what was asked."}},
+        {"type": "item.completed", "item": {
+            "id": f"item_{first_item + 1}", "type": "agent_message", "text": reply}},
+        {"type": "turn.completed", "usage": {
+            "input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 345}},
+    ]
+
+
+def command_item(item_id: str, command: str, output: str, exit_code: int | None,
+                 status: str) -> dict[str, object]:
+    return {"id": item_id, "type": "command_execution", "command": command,
+            "aggregated_output": output, "exit_code": exit_code, "status": status}
+
+
+def main() -> None:
+    args = parse(sys.argv[1:])
+    prompt = sys.stdin.read() if args["prompt_arg"] in (None, "-") else str(args["prompt_arg"])
+    record = os.environ.get("FAKE_CODEX_RECORD")
+    if record:
+        with open(record, "w", encoding="utf-8") as file:
+            json.dump({
+                "argv": sys.argv[1:],
+                "prompt": prompt,
+                "env": {name: os.environ.get(name) for name in RECORDED_ENV},
+            }, file)
+
+    scenario = os.environ.get("FAKE_CODEX_SCENARIO", "reply")
+    reply = os.environ.get("FAKE_CODEX_REPLY", "Fixed: the fixture path was wrong.")
+    resume = args["resume"]
+    thread_id = str(resume) if resume else THREAD_ID
+
+    if scenario == "errors_forever":
+        while True:
+            sys.stderr.write(
+                "2025-10-28T12:00:00.000000Z ERROR codex_core::codex: stream error: "
+                "stream disconnected before completion; retrying\n"
+            )
+            sys.stderr.flush()
+            time.sleep(0.01)
+    if scenario == "no_rollout" and resume:
+        # What codex-cli 0.130 prints for a thread it has no rollout file for.
+        sys.stderr.write(
+            f"Error: thread/resume: thread/resume failed: no rollout found for thread id "
+            f"{resume} (code -32600)\n"
+        )
+        sys.exit(1)
+
+    emit({"type": "thread.started", "thread_id": thread_id})
+    emit({"type": "turn.started"})
+    if scenario == "failed":
+        message = "You've hit your usage limit. Try again later."
+        emit({"type": "error", "message": message})
+        emit({"type": "turn.failed", "error": {"message": message}})
+        sys.exit(1)
+    if scenario == "tool":
+        command = "/bin/bash -lc 'pytest -q'"
+        emit({"type": "item.started",
+              "item": command_item("item_0", command, "", None, "in_progress")})
+        emit({"type": "item.completed",
+              "item": command_item("item_0", command, "3 passed in 0.01s\n", 0, "completed")})
+        events = reply_events(thread_id, reply, first_item=1)
+    elif scenario == "huge_line":
+        command = "/bin/bash -lc 'cat big.log'"
+        emit({"type": "item.started",
+              "item": command_item("item_0", command, "", None, "in_progress")})
+        emit({"type": "item.completed",
+              "item": command_item("item_0", command, "x" * (5 * 1024 * 1024), 0, "completed")})
+        events = reply_events(thread_id, reply, first_item=1)
+    else:
+        events = reply_events(thread_id, reply)
+    for event in events:
+        if scenario == "noise":
+            sys.stdout.write("Reading prompt from stdin...\n\n[1, 2]\n{not json\n")
+        emit(event)
+
+
+if __name__ == "__main__":
+    main()
