@@ -1,0 +1,313 @@
+"""A fake ``claude`` CLI speaking ``--output-format stream-json --verbose``.
+
+It reads the prompt from stdin and prints events shaped like Claude Code 2.1's,
+field for field (including fields prohost does not read), as compact JSON with
+raw UTF-8, one per line, the way the CLI's ``JSON.stringify`` does.
+
+The scenario comes from ``FAKE_CLAUDE_SCENARIO`` or ``--fake-scenario NAME``:
+
+reply           init, an assistant text, a successful result with usage and cost
+tool            init, a Bash tool_use, its tool_result, a text, the result
+is_error        init, the CLI's synthetic "Invalid API key · Please run /login"
+                message and a result with ``is_error: true``; exit 1
+no_session      with ``--resume``: the CLI's "No conversation found with session ID"
+                result (no ``result`` field) and stderr line, exit 1, no init;
+                without ``--resume``: like ``reply``
+rate_limit      like ``reply`` with a ``rate_limit_event`` in the middle
+huge_line       init, one 5 MiB assistant line, then a normal result
+noise           like ``tool`` with non-JSON lines between the events
+errors_forever  error lines on stderr until killed
+
+``FAKE_CLAUDE_REPLY`` replaces the reply text. ``FAKE_CLAUDE_RECORD`` names a
+JSON file that gets one entry per invocation (a list): argv, the prompt, selected
+environment variables and, for ``--mcp-config``, the config's content and mode.
+``--version`` prints a version the way the CLI does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+import uuid
+from typing import Any
+
+MODEL = "claude-sonnet-4-5-20250929"
+VERSION = "2.1.29"
+HUGE_BYTES = 5 * 1024 * 1024
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name value`` or ``--name=value``."""
+    for index, word in enumerate(argv):
+        if word == name and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def record(path: str, argv: list[str], prompt: str) -> None:
+    entry: dict[str, Any] = {
+        "argv": argv,
+        "prompt": prompt,
+        "env": {
+            "PROHOST_RUN_ID": os.environ.get("PROHOST_RUN_ID"),
+            "PROHOST_PAIRED_RUN": os.environ.get("PROHOST_PAIRED_RUN"),
+        },
+        "claudecode_set": "CLAUDECODE" in os.environ,
+    }
+    config = option(argv, "--mcp-config")
+    if config is not None:
+        try:
+            with open(config, encoding="utf-8") as handle:
+                entry["mcp_config"] = json.load(handle)
+            entry["mcp_config_mode"] = stat.S_IMODE(os.stat(config).st_mode)
+        except (OSError, ValueError) as exc:
+            entry["mcp_config_error"] = str(exc)
+    entries: list[Any] = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            entries = json.load(handle)
+    entries.append(entry)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(entries, handle)
+
+
+class Session:
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.id = option(argv, "--resume") or str(uuid.uuid4())
+        self.started = time.monotonic()
+        self.turns = 0
+
+    def init(self) -> None:
+        skip = "--dangerously-skip-permissions" in self.argv
+        servers = []
+        if option(self.argv, "--mcp-config") is not None:
+            servers.append({"name": "prohost", "status": "connected"})
+        emit({
+            "type": "system",
+            "subtype": "init",
+            "cwd": os.getcwd(),
+            "session_id": self.id,
+            "tools": ["Task", "Bash", "Glob", "Grep", "Read", "Edit", "Write", "WebFetch",
+                      "TodoWrite", "WebSearch"],
+            "mcp_servers": servers,
+            "model": MODEL,
+            "permissionMode": "bypassPermissions" if skip else "default",
+            "slash_commands": ["compact", "cost", "context"],
+            "apiKeySource": "none",
+            "claude_code_version": VERSION,
+            "output_style": "default",
+            "agents": ["general-purpose", "Explore", "Plan"],
+            "skills": [],
+            "plugins": [],
+            "uuid": str(uuid.uuid4()),
+        })
+
+    def assistant(self, content: list[dict[str, Any]], **extra: Any) -> None:
+        self.turns += 1
+        emit({
+            "type": "assistant",
+            "message": {
+                "model": extra.pop("model", MODEL),
+                "id": f"msg_01{uuid.uuid4().hex[:22]}",
+                "type": "message",
+                "role": "assistant",
+                "content": content,
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": 4,
+                    "cache_creation_input_tokens": 1520,
+                    "cache_read_input_tokens": 14201,
+                    "cache_creation": {"ephemeral_5m_input_tokens": 1520,
+                                       "ephemeral_1h_input_tokens": 0},
+                    "output_tokens": 12,
+                    "service_tier": "standard",
+                },
+                "context_management": None,
+            },
+            "parent_tool_use_id": None,
+            "session_id": self.id,
+            "uuid": str(uuid.uuid4()),
+            **extra,
+        })
+
+    def tool_result(self, tool_use_id: str, output: str, *, is_error: bool = False) -> None:
+        emit({
+            "type": "user",
+            "message": {
+                "role": "user",
+                "content": [{"tool_use_id": tool_use_id, "type": "tool_result",
+                             "content": output, "is_error": is_error}],
+            },
+            "parent_tool_use_id": None,
+            "session_id": self.id,
+            "uuid": str(uuid.uuid4()),
+            "tool_use_result": {"stdout": output, "stderr": "", "interrupted": False,
+                                "isImage": False},
+        })
+
+    def rate_limit(self) -> None:
+        emit({
+            "type": "rate_limit_event",
+            "rate_limit_info": {
+                "status": "allowed_warning",
+                "resetsAt": int(time.time()) + 3600,
+                "rateLimitType": "five_hour",
+                "utilization": 0.91,
+                "overageStatus": "rejected",
+                "overageDisabledReason": "org_level_disabled",
+                "isUsingOverage": False,
+            },
+            "uuid": str(uuid.uuid4()),
+            "session_id": self.id,
+        })
+
+    def result(self, text: str, *, is_error: bool = False, subtype: str = "success",
+               **extra: Any) -> None:
+        elapsed = round((time.monotonic() - self.started) * 1000)
+        emit({
+            "type": "result",
+            "subtype": subtype,
+            "is_error": is_error,
+            "duration_ms": elapsed,
+            "duration_api_ms": max(0, elapsed - 5),
+            "num_turns": self.turns,
+            "result": text,
+            "session_id": self.id,
+            "total_cost_usd": 0.0342 if not is_error else 0,
+            "usage": {
+                "input_tokens": 150,
+                "cache_creation_input_tokens": 500,
+                "cache_read_input_tokens": 1500,
+                "output_tokens": 75,
+                "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
+                "service_tier": "standard",
+                "cache_creation": {"ephemeral_1h_input_tokens": 0,
+                                   "ephemeral_5m_input_tokens": 500},
+            },
+            "modelUsage": {
+                MODEL: {
+                    "inputTokens": 150,
+                    "outputTokens": 75,
+                    "cacheReadInputTokens": 1500,
+                    "cacheCreationInputTokens": 500,
+                    "webSearchRequests": 0,
+                    "costUSD": 0.0342,
+                    "contextWindow": 200000,
+                    "maxOutputTokens": 64000,
+                },
+            },
+            "permission_denials": [],
+            "uuid": str(uuid.uuid4()),
+            **extra,
+        })
+
+
+def tool_run(session: Session, reply: str, noise: bool = False) -> None:
+    def junk(text: str) -> None:
+        if noise:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    junk("Warning: this is not JSON")
+    session.init()
+    junk("")
+    junk("{not json either")
+    tool_id = "toolu_01" + uuid.uuid4().hex[:22]
+    session.assistant([
+        {"type": "text", "text": "I'll run the tests."},
+        {"type": "tool_use", "id": tool_id, "name": "Bash",
+         "input": {"command": "pytest -q", "description": "Run the test suite"}},
+    ])
+    junk("[1, 2, 3]")
+    session.tool_result(tool_id, "12 passed in 0.31s")
+    junk("\x1b[33mprogress 50%\x1b[0m")
+    session.assistant([{"type": "text", "text": reply}])
+    session.result(reply)
+    junk("trailing noise")
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if "--version" in argv:
+        print(f"{VERSION} (Claude Code)")
+        return 0
+    scenario = option(argv, "--fake-scenario") or os.environ.get("FAKE_CLAUDE_SCENARIO", "reply")
+    prompt = sys.stdin.read()
+    if path := os.environ.get("FAKE_CLAUDE_RECORD"):
+        record(path, argv, prompt)
+    reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
+    session = Session(argv)
+
+    if scenario == "no_session" and option(argv, "--resume") is not None:
+        message = f"No conversation found with session ID: {session.id}"
+        emit({
+            "type": "result",
+            "subtype": "error_during_execution",
+            "duration_ms": 0,
+            "duration_api_ms": 0,
+            "is_error": True,
+            "num_turns": 0,
+            "session_id": session.id,
+            "total_cost_usd": 0,
+            "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0,
+                      "cache_read_input_tokens": 0, "output_tokens": 0,
+                      "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
+                      "service_tier": "standard"},
+            "modelUsage": {},
+            "permission_denials": [],
+            "uuid": str(uuid.uuid4()),
+            "errors": [message],
+        })
+        sys.stderr.write(message + "\n")
+        return 1
+    if scenario in ("reply", "no_session"):
+        session.init()
+        session.assistant([{"type": "text", "text": reply}])
+        session.result(reply)
+    elif scenario == "tool":
+        tool_run(session, reply)
+    elif scenario == "noise":
+        tool_run(session, reply, noise=True)
+    elif scenario == "is_error":
+        text = "Invalid API key · Please run /login"
+        session.init()
+        session.assistant([{"type": "text", "text": text}], model="<synthetic>",
+                          error="authentication_failed")
+        session.result(text, is_error=True)
+        return 1
+    elif scenario == "rate_limit":
+        session.init()
+        session.rate_limit()
+        session.assistant([{"type": "text", "text": reply}])
+        session.result(reply)
+    elif scenario == "huge_line":
+        session.init()
+        session.assistant([{"type": "text", "text": "x" * HUGE_BYTES}])
+        session.result(reply)
+    elif scenario == "errors_forever":
+        count = 0
+        while True:
+            count += 1
+            sys.stderr.write(f"API Error: 529 Overloaded (attempt {count})\n")
+            sys.stderr.flush()
+            time.sleep(0.01)
+    else:
+        sys.stderr.write(f"fake_claude: unknown scenario {scenario!r}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
