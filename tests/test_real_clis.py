@@ -1,0 +1,84 @@
+"""A harness run through the real Claude Code and Codex CLIs, as installed by npm.
+
+This machine has no network and no login, so neither CLI can answer; what is
+checked is what a user would meet on a machine whose login expired: the run is
+reported failed, with the CLI's own reason, in bounded time, and nothing is left
+running. `.ci/run` installs the CLIs into a cache folder and names it in
+``$PROHOST_REAL_CLIS``; without it the tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.kit import finished, running_harness, running_server
+
+CLI_DIR = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")) / "node_modules" / ".bin"
+
+
+def real_cli(name: str) -> Path:
+    path = CLI_DIR / name
+    if not path.exists():
+        pytest.skip(f"the real {name} CLI is not installed in {CLI_DIR} "
+                    "(.ci/run installs it with npm; npm was missing or offline)")
+    return path
+
+
+@pytest.fixture
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """The harness's environment with a HOME of its own: no login of the person
+    running the tests can leak in, and the CLIs write their state here."""
+    home = tmp_path / "user-home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "CODEX"))}
+    env["HOME"] = str(home)
+    return env
+
+
+async def test_claude_without_a_login_is_a_clean_failure(
+    tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    claude = real_cli("claude")
+    with trio.fail_after(120):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=f"{shlex.quote(str(claude))} -p",
+            brain="claude", timeout_s=60, env=isolated_env,
+        ) as running:
+            run_id = await server.submit_run("say hi", conversation_id="C1")
+            await server.wait_until(finished(run_id))
+            record = server.run(run_id)
+            assert record.state == "failed"
+            assert record.completion is not None
+            error = record.completion["error"]
+            # As a normal user: "Not logged in · Please run /login". As root, the
+            # CLI refuses the unattended-permissions flag before it gets that far.
+            assert "log" in error.lower() or "root" in error.lower(), error
+            assert "reply" not in record.completion
+            await running.harness.wait_released(run_id)
+            assert len(running.harness.groups) == 0
+
+
+async def test_codex_without_a_network_is_stopped_and_reported(
+    tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    codex = real_cli("codex")
+    with trio.fail_after(120):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=shlex.quote(str(codex)),
+            brain="codex", timeout_s=20, env=isolated_env,
+        ) as running:
+            run_id = await server.submit_run("say hi", conversation_id="C1")
+            await server.wait_until(finished(run_id))
+            record = server.run(run_id)
+            assert record.state == "failed"
+            assert record.completion is not None
+            error = record.completion["error"]
+            assert "--timeout" in error or "exited" in error, error
+            await running.harness.wait_released(run_id)
+            assert len(running.harness.groups) == 0
