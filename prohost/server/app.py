@@ -1,0 +1,448 @@
+"""The reference server's ASGI app: the harness WebSocket and the HTTP API on one port.
+
+Hand-written on purpose (no web framework): the routes are few, and the server
+must control exact statuses, including the status of a refused WebSocket upgrade
+(the ASGI ``websocket.http.response`` extension, which hypercorn supports).
+
+Routes (PROTOCOL.md §7, §8, §10, §11):
+
+- ``GET  /v1/agent/ws``                     the harness WebSocket (Bearer token)
+- ``POST /v1/agent/pair``                   pairing code → credentials
+- ``POST /v1/agent/runs/<id>/complete``     a run's result (Bearer token)
+- ``POST /v1/agent/runs/<id>/timeline``     a run's tool-call events (Bearer token)
+- ``POST /v1/runs``, ``GET /v1/runs``, ``GET /v1/runs/<id>``, ``DELETE /v1/runs/<id>``
+
+Each WebSocket gets its own nursery (reader, writer, pinger) that ends when the
+socket does; an exception in one connection is logged and ends only that one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs
+
+import trio
+
+from prohost.protocol import DecodeError, decode
+from prohost.server.state import WS_PATH, Connection, RunRecord, ServerState
+
+log = logging.getLogger("prohost.server")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+#: Largest HTTP request body accepted (a reply may be up to 1 MiB plus a marker).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class _Disconnected(Exception):
+    """The HTTP client went away before its request body arrived."""
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
+
+
+class App:
+    """The ASGI application. One instance per server; all state lives in ``state``."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ WebSocket
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        state = self.state
+        token = _bearer(scope)
+        if scope["path"] != WS_PATH:
+            await _reject(scope, send, 404, "no such WebSocket endpoint")
+            return
+        if state.handshake_status is not None:
+            await _reject(scope, send, state.handshake_status, "refused by the server")
+            return
+        if state.harness_for(token) is None:
+            await _reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
+            return
+        assert token is not None
+        await send({"type": "websocket.accept"})
+        conn, outbox = state.add_connection(
+            token,
+            machine=_header(scope, b"x-prohost-machine"),
+            agent=_header(scope, b"x-prohost-agent"),
+            client=_address(scope.get("client")),
+            server=_address(scope.get("server")),
+        )
+        try:
+            with conn.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, conn, outbox, send)
+                    nursery.start_soon(self._pinger, conn)
+                    await self._reader(conn, receive)
+                    nursery.cancel_scope.cancel()
+        except Exception:
+            log.exception("connection %d failed", conn.id)
+        finally:
+            state.remove_connection(conn)
+            conn.outbox.close()
+        if conn.close_code is not None:
+            with trio.move_on_after(2, shield=True), contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": conn.close_code})
+
+    async def _reader(self, conn: Connection, receive: Receive) -> None:
+        while True:
+            event = await receive()
+            if event["type"] == "websocket.disconnect":
+                return
+            if event["type"] != "websocket.receive":
+                continue
+            text = event.get("text")
+            if text is None:
+                data = event.get("bytes") or b""
+                self.state.record_malformed(conn, repr(data[:200]), "binary frame")
+                continue
+            try:
+                message = decode(text)
+            except DecodeError as exc:
+                self.state.record_malformed(conn, text, str(exc))
+                continue
+            try:
+                self.state.on_message(conn, message)
+            except Exception:  # one odd message must not end the connection
+                log.exception("connection %d: handling %r failed", conn.id, message)
+
+    async def _writer(
+        self, conn: Connection, outbox: trio.MemoryReceiveChannel[str], send: Send
+    ) -> None:
+        async with outbox:
+            async for text in outbox:
+                if self.state.silent:
+                    continue
+                await send({"type": "websocket.send", "text": text})
+                self.state.record_sent(conn, text)
+
+    async def _pinger(self, conn: Connection) -> None:
+        while True:
+            await trio.sleep(self.state.heartbeat_s)
+            self.state.ping(conn)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            status, payload, headers = await self._route(scope, receive)
+        except _Disconnected:
+            return
+        except HttpError as exc:
+            status, payload, headers = exc.status, {"error": exc.message}, {}
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            status, payload, headers = 500, {"error": "internal server error"}, {}
+        body = _json_bytes(payload)
+        raw_headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, Any, dict[str, str]]:
+        method = scope["method"]
+        parts = [p for p in scope["path"].split("/") if p]
+
+        def allow(*methods: str) -> None:
+            if method not in methods:
+                raise HttpError(405, f"{method} is not allowed here; use {' or '.join(methods)}")
+
+        if parts == ["v1", "agent", "pair"]:
+            allow("POST")
+            return await self._pair(scope, await _read_json(receive))
+        if len(parts) == 5 and parts[:3] == ["v1", "agent", "runs"]:
+            if parts[4] == "complete":
+                allow("POST")
+                return await self._complete(scope, receive, parts[3])
+            if parts[4] == "timeline":
+                allow("POST")
+                return await self._timeline(scope, receive, parts[3])
+        if parts == ["v1", "runs"]:
+            allow("GET", "POST")
+            if method == "GET":
+                runs = [self.state.run_view(r) for r in self.state.runs.values()]
+                return 200, {"runs": runs}, {}
+            return await self._submit(await _read_json(receive))
+        if len(parts) == 3 and parts[:2] == ["v1", "runs"]:
+            allow("GET", "DELETE")
+            run = self.state.runs.get(parts[2])
+            if run is None:
+                raise HttpError(404, f"no run {parts[2]}")
+            if method == "GET":
+                return 200, self.state.run_view(run), {}
+            return await self._delete(scope, receive, run)
+        raise HttpError(404, f"no route for {scope['path']}")
+
+    async def _pair(self, scope: Scope, data: Any) -> tuple[int, Any, dict[str, str]]:
+        if not isinstance(data, dict):
+            raise HttpError(400, "expected a JSON object {code, machine}")
+        code = data.get("code")
+        machine = data.get("machine")
+        if not isinstance(code, str) or not code:
+            raise HttpError(400, "code is required (a string like ABCD-1234)")
+        if machine is not None and not isinstance(machine, str):
+            raise HttpError(400, "machine must be a string")
+        if not self.state.code_matches(code):
+            raise HttpError(403, "wrong pairing code")
+        harness = self.state.pair(machine or "unnamed")
+        http_url, ws_url = _urls_from_host(scope, self.state)
+        return 200, self.state.credentials(harness, http_url=http_url, ws_url=ws_url), {}
+
+    async def _complete(
+        self, scope: Scope, receive: Receive, run_id: str
+    ) -> tuple[int, Any, dict[str, str]]:
+        raw = await _read_body(receive)
+        state = self.state
+        run = state.runs.get(run_id)
+        if run is not None:
+            run.completion_posts += 1
+            run.idempotency_keys.append(_header(scope, b"idempotency-key"))
+            state.changed()
+        if state.completion_faults:
+            status, headers = state.completion_faults.pop(0)
+            return status, {"error": f"injected fault {status}"}, dict(headers)
+        if state.harness_for(_bearer(scope)) is None:
+            raise HttpError(401, "a paired harness token is required")
+        if run is None or run.state == "closed":
+            raise HttpError(404, f"no open run {run_id}")
+        payload = _parse_json(raw)
+        if not isinstance(payload, dict):
+            raise HttpError(400, "expected a JSON object")
+        if not isinstance(payload.get("ok"), bool):
+            raise HttpError(400, "ok is required (true or false)")
+        if payload.get("run_id", run_id) != run_id:
+            raise HttpError(400, f"run_id {payload.get('run_id')!r} does not match the path")
+        if run.completion is not None:
+            raise HttpError(409, f"run {run_id} is already completed")
+        state.record_completion(run, payload)
+        return 200, {"ok": True}, {}
+
+    async def _timeline(
+        self, scope: Scope, receive: Receive, run_id: str
+    ) -> tuple[int, Any, dict[str, str]]:
+        raw = await _read_body(receive)
+        if self.state.harness_for(_bearer(scope)) is None:
+            raise HttpError(401, "a paired harness token is required")
+        run = self.state.runs.get(run_id)
+        if run is None or run.state == "closed":
+            raise HttpError(404, f"no open run {run_id}")
+        payload = _parse_json(raw)
+        if not isinstance(payload, dict) or not isinstance(payload.get("events"), list):
+            raise HttpError(400, "expected a JSON object with an events list")
+        run.timeline.extend(payload["events"])
+        self.state.changed()
+        return 200, {"ok": True}, {}
+
+    async def _submit(self, data: Any) -> tuple[int, Any, dict[str, str]]:
+        if not isinstance(data, dict):
+            raise HttpError(400, "expected a JSON object {conversation_id, text}")
+        fields = dict(data)
+        text = fields.pop("text", None)
+        conversation_id = fields.pop("conversation_id", None)
+        if not isinstance(text, str):
+            raise HttpError(400, "text is required (a string)")
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise HttpError(400, "conversation_id must be a string or null")
+        try:
+            run = self.state.add_run(text, conversation_id or None, fields)
+        except ValueError as exc:
+            raise HttpError(409 if "exists" in str(exc) else 400, str(exc)) from None
+        return 201, {"run_id": run.run_id}, {}
+
+    async def _delete(
+        self, scope: Scope, receive: Receive, run: RunRecord
+    ) -> tuple[int, Any, dict[str, str]]:
+        raw = await _read_body(receive)
+        reason: Any = None
+        query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+        if "reason" in query:
+            reason = query["reason"][-1]
+        elif raw.strip():
+            data = _parse_json(raw)
+            reason = data.get("reason") if isinstance(data, dict) else None
+        if reason is not None and not isinstance(reason, str):
+            raise HttpError(400, "reason must be a string")
+        if run.state in ("completed", "failed", "closed"):
+            raise HttpError(409, f"run {run.run_id} is already {run.state}")
+        self.state.cancel_run(run, reason or "cancelled by the user")
+        return 200, self.state.run_view(run), {}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise HttpError(400, f"the body is not JSON: {exc}") from None
+
+
+async def _read_json(receive: Receive) -> Any:
+    return _parse_json(await _read_body(receive))
+
+
+async def _reject(scope: Scope, send: Send, status: int, message: str) -> None:
+    """Refuse a WebSocket upgrade with an exact HTTP status."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = _json_bytes({"error": message})
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # the server cannot say which status: ASGI makes this a 403
+        await send({"type": "websocket.close", "code": 1008})
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, list | tuple) and len(value) >= 2:
+        return (str(value[0]), int(value[1]))
+    return None
+
+
+def _urls_from_host(scope: Scope, state: ServerState) -> tuple[str, str]:
+    """The URLs a client that reached us through ``Host`` should use."""
+    host = _header(scope, b"host")
+    if not host:
+        return state.http_url, state.ws_url
+    secure = scope.get("scheme") in ("https", "wss")
+    http_url = f"{'https' if secure else 'http'}://{host}"
+    ws_url = f"{'wss' if secure else 'ws'}://{host}{WS_PATH}"
+    return http_url, ws_url
+
+
+async def run_dispatcher(state: ServerState) -> None:
+    """Deliver due runs, then sleep until the next is due or anything changes."""
+    while True:
+        next_due = state.dispatch(trio.current_time())
+        with trio.move_on_at(next_due):
+            await state.wait_changed()
+
+
+def abort_socket(conn: Connection) -> bool:
+    """Reset the TCP connection under ``conn`` without a WebSocket close frame.
+
+    ASGI gives an app no handle on its socket, so this finds it among the
+    process's open descriptors by its two addresses, sets ``SO_LINGER`` 0 (the
+    final close sends RST) and shuts it down, which the peer sees as a dropped
+    connection. Returns False where descriptors cannot be listed.
+    """
+    if conn.server is None or conn.client is None:
+        return False
+    try:
+        names = os.listdir("/dev/fd")
+    except OSError:
+        return False
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            dup = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (
+                    socket.AF_INET,
+                    socket.AF_INET6,
+                ):
+                    continue
+                if (
+                    _address(sock.getsockname()) != conn.server
+                    or _address(sock.getpeername()) != conn.client
+                ):
+                    continue
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RDWR)
+                return True
+            except OSError:
+                continue
+    return False
