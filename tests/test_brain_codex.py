@@ -442,7 +442,8 @@ def fake_env(tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
 
 
 def recorded(tmp_path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((tmp_path / "record.json").read_text())
+    # The last invocation's entry.
+    data: dict[str, Any] = json.loads((tmp_path / "record.json").read_text())[-1]
     return data
 
 

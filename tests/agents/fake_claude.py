@@ -18,7 +18,8 @@ huge_line       init, one 5 MiB assistant line, then a normal result
 noise           like ``tool`` with non-JSON lines between the events
 errors_forever  error lines on stderr until killed
 
-``FAKE_CLAUDE_REPLY`` replaces the reply text. ``FAKE_CLAUDE_RECORD`` names a
+``FAKE_CLAUDE_REPLY`` replaces the reply text; ``FAKE_CLAUDE_DELAY`` is seconds of
+silence before anything is printed. ``FAKE_CLAUDE_RECORD`` names a
 JSON file that gets one entry per invocation (a list): argv, the prompt, selected
 environment variables and, for ``--mcp-config``, the config's content and mode.
 ``--version`` prints a version the way the CLI does.
@@ -247,6 +248,9 @@ def main() -> int:
     prompt = sys.stdin.read()
     if path := os.environ.get("FAKE_CLAUDE_RECORD"):
         record(path, argv, prompt)
+    # FAKE_CLAUDE_DELAY: seconds of silence before anything is printed, for tests
+    # of how attempts share a run's deadline.
+    time.sleep(float(os.environ.get("FAKE_CLAUDE_DELAY", "0")))
     reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
     session = Session(argv)
 

@@ -16,7 +16,8 @@ Behaviour comes from ``FAKE_CODEX_SCENARIO`` (default ``reply``):
 - ``errors_forever``: error lines on stderr until killed
 
 ``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
-file, the arguments, the prompt and a few variables are written to it as JSON.
+file, the arguments, the prompt and a few variables of every invocation are
+appended to the JSON list in it.
 Arguments are checked the way codex's parser would: an unknown flag or a missing
 option value exits 2 with a clap-style message.
 """
@@ -112,12 +113,18 @@ def main() -> None:
     prompt = sys.stdin.read() if args["prompt_arg"] in (None, "-") else str(args["prompt_arg"])
     record = os.environ.get("FAKE_CODEX_RECORD")
     if record:
+        # One entry per invocation, so a test can see every attempt of a run.
+        entries = []
+        if os.path.exists(record):
+            with open(record, encoding="utf-8") as file:
+                entries = json.load(file)
+        entries.append({
+            "argv": sys.argv[1:],
+            "prompt": prompt,
+            "env": {name: os.environ.get(name) for name in RECORDED_ENV},
+        })
         with open(record, "w", encoding="utf-8") as file:
-            json.dump({
-                "argv": sys.argv[1:],
-                "prompt": prompt,
-                "env": {name: os.environ.get(name) for name in RECORDED_ENV},
-            }, file)
+            json.dump(entries, file)
 
     scenario = os.environ.get("FAKE_CODEX_SCENARIO", "reply")
     reply = os.environ.get("FAKE_CODEX_REPLY", "Fixed: the fixture path was wrong.")
