@@ -238,8 +238,10 @@ class _Watch:
         max_line_bytes: int,
         on_spawn: Callable[[int], Awaitable[None]] | None,
         on_stdout_line: Callable[[bytes], None] | None,
+        on_output: Callable[[float], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.on_output = on_output
         self.pgid = proc.pid
         self.stdin_data = stdin_data
         self.groups = groups
@@ -362,12 +364,17 @@ class _Watch:
                 nursery.start_soon(self._read_stdout)
                 nursery.start_soon(self._read_stderr)
 
+    def _heard(self) -> None:
+        self.last_output = trio.current_time()
+        if self.on_output is not None:
+            self.on_output(self.last_output)
+
     async def _read_stdout(self) -> None:
         stream = self.proc.stdout
         assert stream is not None
         try:
             while chunk := await stream.receive_some(_READ_SIZE):
-                self.last_output = trio.current_time()
+                self._heard()
                 room = self.max_stdout_bytes - len(self.stdout)
                 if len(chunk) > room:
                     self.stdout_truncated = True
@@ -383,7 +390,7 @@ class _Watch:
         assert stream is not None
         try:
             while chunk := await stream.receive_some(_READ_SIZE):
-                self.last_output = trio.current_time()
+                self._heard()
                 self.stderr.feed(chunk)
         finally:
             self.stderr_done.set()
@@ -402,6 +409,7 @@ async def run_agent(
     on_spawn: Callable[[int], Awaitable[None]] | None = None,
     on_stdout_line: Callable[[bytes], None] | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    on_output: Callable[[float], None] | None = None,
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
@@ -415,7 +423,9 @@ async def run_agent(
 
     ``on_spawn`` is awaited with the group id as soon as the process exists;
     ``on_stdout_line`` gets each stdout line without its ``\\n`` (lines over
-    ``max_line_bytes`` are skipped and counted in ``overlong_lines``).
+    ``max_line_bytes`` are skipped and counted in ``overlong_lines``);
+    ``on_output`` gets the trio time of every read from either stream (what the
+    idle timer counts from).
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
@@ -447,6 +457,7 @@ async def run_agent(
             max_line_bytes=max_line_bytes,
             on_spawn=on_spawn,
             on_stdout_line=on_stdout_line,
+            on_output=on_output,
         )
         try:
             return await watch.run()

@@ -133,6 +133,8 @@ class Progress:
     activity: str | None = None
     model: str | None = None
     attempts: int = 0
+    #: trio time of the agent's latest output (the idle timer counts from it).
+    last_output: float | None = None
 
 
 async def execute_plain(
@@ -263,6 +265,7 @@ async def _attempt(
     """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh."""
     turn = brain.new_turn()
     progress.attempts += 1
+    progress.last_output = trio.current_time()
     if session_id is not None:
         progress.session_id = session_id
 
@@ -295,6 +298,7 @@ async def _attempt(
             max_stdout_bytes=MAX_REPLY_BYTES,
             on_spawn=spawned_as,
             on_stdout_line=read_line if brain.streams else None,
+            on_output=lambda at: setattr(progress, "last_output", at),
         )
     except OSError as exc:
         if spawned:

@@ -14,12 +14,14 @@ pick up exactly where this one died (§7).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import attrs
 import httpx
@@ -45,6 +47,15 @@ from prohost.protocol import (
 from prohost.reporter import Reporter
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import Scheduler
+from prohost.snapshot import (
+    REFRESH_S,
+    STATUS_FILE,
+    Connection,
+    FinishedRow,
+    RunRow,
+    Snapshot,
+    write_snapshot,
+)
 from prohost.timeline import TimelineBatcher
 
 log = logging.getLogger("prohost.harness")
@@ -62,6 +73,10 @@ PRUNE_AGE_S = 7 * 86400.0
 PRUNE_EVERY_S = 86400.0
 #: `claude --version` and the like answer at once; a hung one must not matter.
 BRAIN_PROBE_TIMEOUT_S = 10.0
+#: The panel and status file show this many of the latest finished runs.
+FINISHED_KEPT = 5
+#: status.json is rewritten at most this often.
+STATUS_FILE_MIN_INTERVAL_S = 1.0
 
 NOT_STARTED = "the agent is shutting down; the run was not started"
 STOPPED = "the agent was stopped"
@@ -151,6 +166,8 @@ class Harness:
         self.stopping = False
         self.exit_code = 0
         self._dry_seen: set[str] = set()
+        self._finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
+        self._last_heartbeat_at: float | None = None
         self._heartbeat_seq = 0
         self._status_wanted = trio.Event()
         self._state_changed = trio.Event()
@@ -177,6 +194,8 @@ class Harness:
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
                 nursery.start_soon(self._probe_brain)
+                if not self.options.dry_run:
+                    nursery.start_soon(self._keep_status_file)
                 self._announce()
                 task_status.started(self)
                 await self._done.wait()
@@ -462,6 +481,12 @@ class Harness:
             log.info("✓ run %s finished", run.run_id)
         else:
             log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+        self._finished.appendleft(FinishedRow(
+            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+            error=outcome.error,
+            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
+            finished_at=time.time(),
+        ))
         assert self.ledger is not None
         if not recorded:
             await self._ledger(self.ledger.mark_finished, run.run_id, outcome.to_json(),
@@ -541,6 +566,84 @@ class Harness:
         while not predicate(self):
             await self._state_changed.wait()
 
+    def snapshot(self) -> Snapshot:
+        """A frozen picture of this moment, for the panel and ``agent status``."""
+        now = trio.current_time()
+        link = self.link.statistics()
+        connection: Connection
+        if self.stopping:
+            connection = "stopping"
+        elif self.draining:
+            connection = "draining"
+        elif link.connected:
+            connection = "connected"
+        elif link.failures:
+            connection = "reconnecting"
+        else:
+            connection = "connecting"
+        stats = self.scheduler.statistics()
+        rows = []
+        for held in self.held.values():
+            if held.state == "queued":
+                continue
+            started = held.started_at
+            idle_left = None
+            last = held.progress.last_output
+            if held.state == "running" and last is not None and self.options.idle_timeout_s > 0:
+                idle_left = max(0.0, last + self.options.idle_timeout_s - now)
+            rows.append(RunRow(
+                run_id=held.run_id, lane=held.run.lane, conversation=held.run.conversation_id,
+                state=held.state,
+                elapsed_s=None if started is None else max(0.0, time.time() - started),
+                activity=held.beat().activity, idle_left_s=idle_left,
+            ))
+        return Snapshot(
+            taken_at=time.time(),
+            pid=os.getpid(),
+            version=__version__,
+            connection=connection,
+            server=self.endpoints.ws_url,
+            machine=self.options.machine,
+            brain=self.brain.name,
+            brain_version=self.brain_version,
+            model=self.model,
+            slots=stats.limit,
+            slots_used=stats.running,
+            queued=stats.queued,
+            reconnect_in_s=None if link.reconnect_at is None
+            else max(0.0, link.reconnect_at - now),
+            last_error=link.last_error,
+            heartbeat_age_s=None if self._last_heartbeat_at is None or not link.connected
+            else now - self._last_heartbeat_at,
+            runs=tuple(rows),
+            finished=tuple(self._finished),
+        )
+
+    async def _keep_status_file(self) -> None:
+        """Keep ``$PROHOST_HOME/status.json`` current: on every change, at most once a
+        second, and every few seconds regardless (its age says the harness is alive).
+
+        Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
+        plainly that no harness is running.
+        """
+        home = self.options.home
+        try:
+            while True:
+                snapshot = self.snapshot()
+                try:
+                    await trio.to_thread.run_sync(write_snapshot, home, snapshot)
+                except OSError as exc:
+                    log.warning("could not write %s: %s", home / STATUS_FILE, exc)
+                await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
+                # Elapsed times move while runs execute; otherwise only changes matter.
+                with trio.move_on_after(
+                    STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
+                ):
+                    await self._state_changed.wait()
+        finally:
+            with trio.move_on_after(2, shield=True):
+                await trio.to_thread.run_sync(_remove_quietly, home / STATUS_FILE)
+
     def _status(self) -> Status:
         stats = self.scheduler.statistics()
         return Status(
@@ -558,6 +661,7 @@ class Harness:
 
     def _heartbeat(self) -> Heartbeat:
         self._heartbeat_seq += 1
+        self._last_heartbeat_at = trio.current_time()
         return Heartbeat(
             seq=self._heartbeat_seq, runs=[held.beat() for held in self.held.values()]
         )
@@ -638,6 +742,11 @@ class Harness:
         while True:
             await trio.sleep(PRUNE_EVERY_S)
             await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _is_root() -> bool:
