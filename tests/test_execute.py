@@ -188,19 +188,15 @@ async def test_unusable_workdir_is_a_failure_not_an_exception(
 async def test_spawn_failure_is_a_failure_not_an_exception(
     tmp_path: Path, groups: ProcessGroups
 ) -> None:
-    # The workdir exists but cannot be entered: the spawn itself fails.
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o000)
-    try:
-        if os.access(locked, os.X_OK):
-            pytest.skip("running as a user that ignores directory permissions")
-        with trio.fail_after(10):
-            outcome = await execute_plain(RUN, spec("true", locked), groups=groups)
-    finally:
-        locked.chmod(0o700)
+    # An environment too big for exec(2) (E2BIG): the spawn itself fails, whoever
+    # runs the test (a permissions trick would not stop root).
+    huge_env = {**os.environ, "PROHOST_TEST_BALLAST": "x" * (4 * 1024 * 1024)}
+    with trio.fail_after(10):
+        outcome = await execute_plain(RUN, spec("true", tmp_path), groups=groups,
+                                      base_env=huge_env)
     assert not outcome.ok
     assert outcome.error is not None
-    assert outcome.error.startswith(f"could not start the agent in {locked}")
+    assert outcome.error.startswith(f"could not start the agent in {tmp_path}")
     assert len(groups) == 0
 
 

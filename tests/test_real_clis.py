@@ -29,6 +29,17 @@ def real_cli(name: str) -> Path:
     return path
 
 
+# Sync fixtures, so a skip happens before trio starts and keeps its reason.
+@pytest.fixture
+def claude() -> Path:
+    return real_cli("claude")
+
+
+@pytest.fixture
+def codex() -> Path:
+    return real_cli("codex")
+
+
 @pytest.fixture
 def isolated_env(tmp_path: Path) -> dict[str, str]:
     """The harness's environment with a HOME of its own: no login of the person
@@ -42,9 +53,8 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
 
 
 async def test_claude_without_a_login_is_a_clean_failure(
-    tmp_path: Path, isolated_env: dict[str, str]
+    tmp_path: Path, isolated_env: dict[str, str], claude: Path
 ) -> None:
-    claude = real_cli("claude")
     with trio.fail_after(120):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=f"{shlex.quote(str(claude))} -p",
@@ -65,9 +75,8 @@ async def test_claude_without_a_login_is_a_clean_failure(
 
 
 async def test_codex_without_a_network_is_stopped_and_reported(
-    tmp_path: Path, isolated_env: dict[str, str]
+    tmp_path: Path, isolated_env: dict[str, str], codex: Path
 ) -> None:
-    codex = real_cli("codex")
     with trio.fail_after(120):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=shlex.quote(str(codex)),
