@@ -1,0 +1,57 @@
+"""A gated agent (see gated.py) that outlives its harness until something kills it.
+
+    hardy.py PORT
+
+Like gated.py: reads the prompt, says ``start <run id> <pid>`` to 127.0.0.1:PORT,
+then waits for ``reply TEXT`` (prints TEXT, exits 0) or ``exit N``; if the test goes
+away it exits 3. Unlike gated.py:
+
+- it ignores SIGHUP and SIGPIPE, and never touches stdout until told to reply, so
+  its harness dying (pipes closed, session gone) does not end it;
+- before it says ``start`` it waits until the harness's run ledger
+  ($PROHOST_HOME/ledger.sqlite3) has recorded this process group for the run. A
+  test that kills the harness as soon as the agent says ``start`` therefore knows
+  the restarted harness has what it needs to find this agent (PROTOCOL.md §7).
+  It waits at most 30 s, then says ``start`` anyway (the test checks the ledger).
+"""
+
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+prompt = sys.stdin.read()
+run_id = os.environ.get("PROHOST_RUN_ID", "?")
+ledger = Path(os.environ["PROHOST_HOME"]) / "ledger.sqlite3"
+
+
+def recorded_pgid() -> int | None:
+    conn = sqlite3.connect(ledger.as_uri() + "?mode=ro", uri=True, timeout=5)
+    try:
+        row = conn.execute("SELECT pgid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
+give_up = time.monotonic() + 30
+while recorded_pgid() != os.getpgrp() and time.monotonic() < give_up:
+    time.sleep(0.02)
+
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+conn.sendall(f"start {run_id} {os.getpid()}\n".encode())
+reader = conn.makefile("r", encoding="utf-8")
+line = reader.readline().rstrip("\n")
+if line.startswith("reply "):
+    print(line[len("reply ") :])
+    sys.exit(0)
+if line.startswith("exit "):
+    print("the gate told me to fail", file=sys.stderr)
+    sys.exit(int(line[len("exit ") :]))
+sys.exit(3)
