@@ -1,0 +1,132 @@
+"""``prohost agent status`` reading real status files written by ``write_snapshot``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+from rich.console import Console
+
+from prohost.snapshot import STATUS_FILE, Snapshot, write_snapshot
+from prohost.statuscmd import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, status_command
+from tests.test_panel import assert_fits, busy_snapshot
+
+
+def consoles() -> tuple[Console, Console]:
+    return (
+        Console(file=io.StringIO(), width=80, record=True, color_system=None),
+        Console(file=io.StringIO(), width=80, record=True, color_system=None),
+    )
+
+
+def run_status(home: Path, *, as_json: bool = False) -> tuple[int, str, str]:
+    out, err = consoles()
+    code = status_command(home, as_json=as_json, console=out, error_console=err)
+    return code, out.export_text(), err.export_text()
+
+
+def fresh(**changes: object) -> Snapshot:
+    fields: dict[str, object] = {"taken_at": time.time(), "pid": os.getpid(), **changes}
+    return attrs.evolve(busy_snapshot(), **fields)  # type: ignore[arg-type]
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: the pid names no process now
+    return child.pid
+
+
+def test_fresh_snapshot_prints_the_panel_picture(tmp_path: Path) -> None:
+    write_snapshot(tmp_path, fresh())
+    code, out, err = run_status(tmp_path)
+    assert code == EXIT_RUNNING
+    assert out.startswith("● connected · chat.example.com")
+    assert "slots 3/4 · queued 3" in out
+    assert "C42" in out and "ModuleNotFoundError" in out
+    assert err == ""
+    assert_fits(out)
+
+
+def test_json(tmp_path: Path) -> None:
+    snapshot = fresh()
+    write_snapshot(tmp_path, snapshot)
+    code, out, _ = run_status(tmp_path, as_json=True)
+    assert code == EXIT_RUNNING
+    document = json.loads(out)
+    assert document["running"] is True
+    assert document["stale"] is False
+    assert 0 <= document["age_s"] < 5
+    assert document["pid"] == os.getpid()
+    assert [run["run_id"] for run in document["runs"]] == [r.run_id for r in snapshot.runs]
+    # Everything else is the snapshot itself, as the harness wrote it.
+    del document["running"], document["stale"], document["age_s"]
+    assert json.dumps(document, indent=2) == snapshot.to_json()
+
+
+def test_no_file(tmp_path: Path) -> None:
+    code, out, _ = run_status(tmp_path)
+    assert code == EXIT_NOT_RUNNING
+    assert out.strip() == f"No prohost agent is running for {tmp_path}."
+    code, out, _ = run_status(tmp_path, as_json=True)
+    assert code == EXIT_NOT_RUNNING
+    assert json.loads(out) == {"running": False, "age_s": None, "home": str(tmp_path)}
+
+
+def test_stale_snapshot_of_a_dead_process(tmp_path: Path) -> None:
+    pid = dead_pid()
+    write_snapshot(tmp_path, fresh(pid=pid, taken_at=time.time() - 600))
+    code, out, _ = run_status(tmp_path)
+    assert code == EXIT_NOT_RUNNING
+    assert " ".join(out.split()) == (
+        f"No prohost agent is running for {tmp_path} (the last one, pid {pid}, "
+        "stopped without cleaning up 10 minutes ago).")
+    code, out, _ = run_status(tmp_path, as_json=True)
+    assert code == EXIT_NOT_RUNNING
+    document = json.loads(out)
+    assert document["running"] is False and document["pid"] == pid
+    assert document["age_s"] >= 600
+
+
+def test_fresh_snapshot_of_a_dead_process_is_not_running(tmp_path: Path) -> None:
+    # Killed a moment ago: the file is young, but nobody is there to update it.
+    write_snapshot(tmp_path, fresh(pid=dead_pid()))
+    code, out, _ = run_status(tmp_path)
+    assert code == EXIT_NOT_RUNNING
+    assert "stopped without cleaning up" in out
+
+
+def test_stale_snapshot_of_a_live_process_warns_it_may_be_hung(tmp_path: Path) -> None:
+    write_snapshot(tmp_path, fresh(taken_at=time.time() - 95))
+    code, out, _ = run_status(tmp_path)
+    assert code == EXIT_STALE
+    first = " ".join(out.split("\n● ")[0].split())
+    assert first.startswith(f"⚠ pid {os.getpid()} has not updated {tmp_path / STATUS_FILE}")
+    assert "for 1m35s (hung?)" in first or "for 1m36s (hung?)" in first
+    assert "● connected" in out and "C42" in out
+    # Its clocks are shown as they were, not aged by the 95 s it has been silent.
+    assert "3m12s" in out
+    code, out, _ = run_status(tmp_path, as_json=True)
+    assert code == EXIT_STALE
+    document = json.loads(out)
+    assert document["running"] is True and document["stale"] is True
+
+
+def test_corrupt_file(tmp_path: Path) -> None:
+    (tmp_path / STATUS_FILE).write_text("{not json", encoding="utf-8")
+    code, out, err = run_status(tmp_path)
+    assert code == EXIT_NOT_RUNNING
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith("prohost: cannot read the agent status: ")
+    assert str(tmp_path / STATUS_FILE) in line
+
+    (tmp_path / STATUS_FILE).write_text('{"pid": "x"}', encoding="utf-8")
+    code, out, err = run_status(tmp_path, as_json=True)
+    assert code == EXIT_NOT_RUNNING
+    assert out == "" and len(err.splitlines()) == 1
