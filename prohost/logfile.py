@@ -1,0 +1,174 @@
+"""The harness's own log file: ``$PROHOST_HOME/logs/agent.log``, rotated by size.
+
+A harness left running for weeks under a service manager must not fill the disk,
+and its log must be somewhere the user can find without knowing journalctl. So
+it writes the file itself and rotates it at ``max_bytes``, keeping ``backups``
+old ones (``agent.log.1`` is the newest); the service manager's stdout/stderr
+then only catch what escapes logging.
+
+The log holds run ids, conversation names, errors from the agent CLIs: it is
+private (folder 0700, files 0600, rotated ones included). The prohost token and
+secret must never appear in it, even in an exception's text: :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+from collections.abc import Iterable, Mapping
+from io import TextIOWrapper
+from pathlib import Path
+
+LOG_DIR = "logs"
+LOG_FILE = "agent.log"
+
+#: The service sets ``PROHOST_LOG=file`` so the harness logs to :func:`log_path`.
+LOG_ENV = "PROHOST_LOG"
+LOG_TO_FILE = "file"
+
+MASK = "[redacted]"
+
+_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def log_path(home: Path) -> Path:
+    """``home/logs/agent.log``."""
+    return home / LOG_DIR / LOG_FILE
+
+
+def wants_file_logging(env: Mapping[str, str]) -> bool:
+    """Whether the environment asks for :func:`log_to_file` (the daemon's does)."""
+    return env.get(LOG_ENV, "").strip().lower() == LOG_TO_FILE
+
+
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler whose every file, the ones it creates at rollover included,
+    is 0600 from the moment it exists, whatever the umask.
+
+    It writes synchronously in whichever thread logs, the trio thread included: a log
+    line is a small append into the page cache, and a rollover two renames, which is
+    an acceptable pause for a line that is rare next to a run's minutes. Moving it to
+    a thread would lose the ordering and the last lines before a crash.
+    """
+
+    def _open(self) -> TextIOWrapper:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            # An older file (another umask, another version) is narrowed too.
+            os.fchmod(fd, 0o600)
+            # "a": RotatingFileHandler always appends once maxBytes is set.
+            return open(fd, "a", encoding=self.encoding, errors=self.errors)
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def log_to_file(
+    home: Path,
+    *,
+    max_bytes: int = 10 * 1024 * 1024,
+    backups: int = 5,
+    level: int = logging.INFO,
+    logger_name: str = "prohost",
+) -> Path:
+    """Send ``logger_name``'s records at ``level`` and above to ``home/logs/agent.log`` too.
+
+    The file is rotated when a record would take it past ``max_bytes``; at most
+    ``backups`` rotated files are kept. Calling it again replaces the handler it
+    added before (so a second ``main()`` in one process does not double lines).
+    Returns the log's path.
+    """
+    if max_bytes < 1 or backups < 1:
+        # RotatingFileHandler treats 0 as "never rotate": the unbounded file this prevents.
+        raise ValueError(f"max_bytes and backups must be at least 1 (got {max_bytes}, {backups})")
+    # The home first, 0700: mkdir(parents=True) would make missing parents 0755.
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = home / LOG_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    path = log_path(home)
+    handler = PrivateRotatingFileHandler(
+        path,
+        maxBytes=max_bytes,
+        backupCount=backups,
+        encoding="utf-8",
+        # A path or agent output with undecodable bytes must not cost the log line.
+        errors="backslashreplace",
+    )
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.setLevel(level)
+    logger = logging.getLogger(logger_name)
+    for old in [h for h in logger.handlers if isinstance(h, PrivateRotatingFileHandler)]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    return path
+
+
+class RedactingFilter(logging.Filter):
+    """Replaces each secret with :data:`MASK` in a record's message, args, exception and
+    stack text.
+
+    The message is formatted first and the args dropped: a secret can hide inside an
+    arg's repr (a dict, an exception, a URL object), where replacing in the args
+    themselves would miss it. Every handler sees the masked record afterwards, and
+    masking again changes nothing, so the filter may sit on several handlers.
+    """
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        # Longest first, so a secret that contains another is masked whole. Empty ones are
+        # dropped: masking "" would put the mask between every character.
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def mask(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging would print msg and args raw
+            message = f"{record.msg!s} {record.args!r}"
+        record.msg = self.mask(message)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.mask(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.mask(record.stack_info)
+        return True
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+def redact(*secrets: str) -> logging.Filter:
+    """A filter that masks ``secrets`` (the token and the secret) in every record it sees.
+
+    Put it on handlers, not loggers: a logger's filters only see records logged on that
+    very logger, not on its children (``prohost.link`` bypasses a filter on ``prohost``).
+    """
+    return RedactingFilter(secrets)
+
+
+def add_redaction(*secrets: str, logger_names: Iterable[str] = ("", "prohost")) -> logging.Filter:
+    """Put one :func:`redact` filter on every handler of the given loggers (root and
+    ``prohost``: where ``setup_logging`` and :func:`log_to_file` put theirs); return it.
+
+    Call it once the credentials are loaded and the handlers are in place; a handler
+    added later does not get it.
+    """
+    redacting = redact(*secrets)
+    for name in logger_names:
+        for handler in logging.getLogger(name).handlers:
+            if redacting not in handler.filters:
+                handler.addFilter(redacting)
+    return redacting
