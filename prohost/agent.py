@@ -7,6 +7,7 @@ status 1, so a daemon's log says what to fix instead of showing a traceback.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -15,8 +16,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import trio
+from rich.console import Console
 
-from prohost.harness import Endpoints, Harness
+from prohost.harness import Endpoints, Harness, progress_log
 from prohost.home import (
     CredentialsError,
     InstanceLock,
@@ -26,26 +28,37 @@ from prohost.home import (
     resolve_endpoints,
 )
 from prohost.ledger import Ledger, LedgerError
+from prohost.logfile import add_redaction
 from prohost.options import Options
+from prohost.panel import Panel
 
 log = logging.getLogger("prohost.agent")
 
 LEDGER_FILE = "ledger.sqlite3"
 
 
-def run_agent_command(options: Options) -> int:
-    """Run the harness until it drains or is stopped; return the process exit status."""
+def run_agent_command(
+    options: Options, *, console: Console | None = None, live: bool = False
+) -> int:
+    """Run the harness until it drains or is stopped; return the process exit status.
+
+    With a ``console``, the status panel is drawn on it (``live``) or its changes
+    are logged one line each.
+    """
+    main = functools.partial(supervise, console=console, live=live)
     try:
         creds = load_credentials(options.home)
         ws_url, api_base = resolve_endpoints(options.url, creds)
     except (CredentialsError, ValueError) as exc:
         print(f"prohost: {exc}", file=sys.stderr)
         return 1
+    # Every handler is in place by now; from here on neither secret can reach a log.
+    add_redaction(creds.token, creds.secret)
     endpoints = Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token,
                           secret=creds.secret)
     if options.dry_run:
         # A dry run writes nothing but its log: no lock file, no ledger.
-        return trio.run(supervise, options, endpoints, None)
+        return trio.run(main, options, endpoints, None)
     try:
         lock = InstanceLock.acquire(options.home)
     except LockHeld as exc:
@@ -58,14 +71,21 @@ def run_agent_command(options: Options) -> int:
             print(f"prohost: {exc}", file=sys.stderr)
             return 1
         try:
-            return trio.run(supervise, options, endpoints, ledger)
+            return trio.run(main, options, endpoints, ledger)
         finally:
             ledger.close()
     finally:
         lock.release()
 
 
-async def supervise(options: Options, endpoints: Endpoints, ledger: Ledger | None) -> int:
+async def supervise(
+    options: Options,
+    endpoints: Endpoints,
+    ledger: Ledger | None,
+    *,
+    console: Console | None = None,
+    live: bool = False,
+) -> int:
     """The harness under §9's signal rules; returns the exit status.
 
     First SIGINT/SIGTERM drains, the second stops every agent (exit 130 within
@@ -76,6 +96,9 @@ async def supervise(options: Options, endpoints: Endpoints, ledger: Ledger | Non
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_obey_signals, signals, harness)
+                if console is not None:
+                    progress_log.setLevel(logging.WARNING)  # the panel says it instead
+                    await nursery.start(Panel(console, harness.snapshot, live=live).run)
                 code = await harness.run()
                 nursery.cancel_scope.cancel()
     return code

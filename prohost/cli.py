@@ -15,9 +15,12 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from prohost import __version__
+
+if TYPE_CHECKING:
+    from rich.console import Console
 from prohost.options import (
     DEFAULT_EXEC,
     MAX_CONCURRENCY,
@@ -84,13 +87,55 @@ def _agent_run(ns: argparse.Namespace) -> int:
         options = options_from_args(ns, os.environ, Path.cwd())
     except OptionError as exc:
         parser.error(str(exc))
-    setup_logging(ns.verbose)
+    from rich.console import Console
+
+    from prohost.panel import use_panel
+
+    console = Console()
+    live = use_panel(console, ns.no_panel)
+    # With the panel, log lines must go through rich on the panel's console, or
+    # they would tear its frame; they then print above it.
+    setup_logging(ns.verbose, console=console if live else None)
+    from prohost.logfile import log_to_file, wants_file_logging
+
+    if wants_file_logging(os.environ):  # the service unit sets PROHOST_LOG=file
+        log_to_file(options.home, level=logging.DEBUG if ns.verbose else logging.INFO)
+        # The journal / launchd.log then only gets what escapes logging.
+        logging.getLogger("prohost").propagate = False
     # The single-instance lock and the credentials are the harness's first steps
     # (prohost.agent), not ours: flock locks per open file, so taking it here too
     # would make the harness find its own home locked.
     from prohost.agent import run_agent_command
 
-    return run_agent_command(options)
+    return run_agent_command(options, console=console, live=live)
+
+
+def _agent_install_daemon(ns: argparse.Namespace) -> int:
+    from prohost.daemon import install_daemon_command
+    from prohost.options import options_from_args
+
+    parser: ArgumentParser = ns.parser
+    try:
+        options = options_from_args(ns, os.environ, Path.cwd())
+    except OptionError as exc:
+        parser.error(str(exc))
+    setup_logging(ns.verbose)
+    return install_daemon_command(options, print_only=ns.print_only, env=os.environ)
+
+
+def _agent_uninstall_daemon(ns: argparse.Namespace) -> int:
+    from prohost.daemon import uninstall_daemon_command
+    from prohost.home import prohost_home
+
+    setup_logging(ns.verbose)
+    return uninstall_daemon_command(os.environ, prohost_home(os.environ, Path.cwd()))
+
+
+def _agent_status(ns: argparse.Namespace) -> int:
+    from prohost.home import prohost_home
+    from prohost.statuscmd import status_command
+
+    return status_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json)
 
 
 def _agent_pair(ns: argparse.Namespace) -> int:
@@ -143,10 +188,16 @@ def _send(ns: argparse.Namespace) -> int:
 
 
 def _demo(ns: argparse.Namespace) -> int:
-    setup_logging(ns.verbose)
-    from prohost.demo import main as demo_main
+    from rich.console import Console
 
-    return demo_main()
+    from prohost.demo import main as demo_main
+    from prohost.panel import use_panel
+
+    console = Console()
+    # On a terminal the demo draws the live panel; log lines must then go through
+    # its console to print above it.
+    setup_logging(ns.verbose, console=console if use_panel(console, False) else None)
+    return demo_main(console)
 
 
 # --- logging -----------------------------------------------------------------------
@@ -154,8 +205,9 @@ def _demo(ns: argparse.Namespace) -> int:
 _installed_handler: logging.Handler | None = None
 
 
-def setup_logging(verbose: bool) -> None:
-    """Log to stderr: rich on a terminal, plain timestamped lines otherwise.
+def setup_logging(verbose: bool, console: Console | None = None) -> None:
+    """Log to stderr: rich on a terminal, plain timestamped lines otherwise; through
+    ``console`` (the live panel's) when one is given.
 
     ``-v`` turns on debug for prohost's own loggers only: the libraries' debug
     output (HTTP and WebSocket internals) is noise, and can carry request headers,
@@ -167,7 +219,11 @@ def setup_logging(verbose: bool) -> None:
         # Calling main() twice in one process (tests) must not double every line.
         root.removeHandler(_installed_handler)
     handler: logging.Handler
-    if sys.stderr.isatty():
+    if console is not None:
+        from prohost.panel import log_handler
+
+        handler = log_handler(console)
+    elif sys.stderr.isatty():
         from rich.console import Console
         from rich.logging import RichHandler
 
@@ -209,6 +265,73 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_flags(parser: ArgumentParser, host: str) -> None:
+    """The flags of ``agent run``, shared with ``agent install-daemon`` so a service
+    is installed with exactly what ``agent run`` would accept."""
+    parser.add_argument(
+        "--exec", dest="exec_command", metavar="CMD",
+        help="shell command line that runs the agent; the prompt arrives on its stdin "
+        f"(default: {DEFAULT_EXEC!r})",
+    )
+    parser.add_argument(
+        "--url", metavar="URL",
+        help="the server's agent WebSocket, ws:// or wss://; results are posted to the "
+        "http(s) address of the same host (default: $PROHOST_WS_URL, else the URL saved by "
+        "`prohost agent pair`, else wss://api.prohost.ai/v1/agent/ws)",
+    )
+    parser.add_argument(
+        "--machine", metavar="NAME",
+        help=f"the name this machine is shown under (default: the host name, {host!r})",
+    )
+    parser.add_argument(
+        "--workdir", metavar="DIR",
+        help="directory the agent runs in; a relative path is taken from the current "
+        "directory (default: $PROHOST_HOME/workspace)",
+    )
+    parser.add_argument(
+        "--timeout", metavar="DURATION",
+        help="limit on each whole run, retries included; 0 means no limit (default: 0)",
+    )
+    parser.add_argument(
+        "--idle-timeout", metavar="DURATION",
+        help="stop a run whose agent prints nothing on stdout or stderr for this long; "
+        "0 means never (default: 15m, i.e. 900 seconds)",
+    )
+    parser.add_argument(
+        "--concurrency", metavar="N",
+        help=f"how many runs may execute at once, 1 to {MAX_CONCURRENCY}; turns of one "
+        "conversation still run one after another (default: 1)",
+    )
+    parser.add_argument(
+        "--brain", metavar="NAME",
+        help="how to drive the agent CLI: claude (stream-json, sessions resumed per "
+        "conversation, tool calls on the timeline), codex (codex exec --json, threads "
+        "resumed), plain (any command; its stdout is the reply), or auto: chosen from the "
+        "program --exec runs (default: auto)",
+    )
+    parser.add_argument(
+        "--safe-tools", "--no-skip-permissions", dest="safe_tools", action="store_true",
+        help="keep the agent CLI's permission prompts: do not add the flag that lets "
+        "claude or codex use every tool unattended (a run then stops where a tool "
+        "needs approval)",
+    )
+    parser.add_argument(
+        "--no-panel", action="store_true",
+        help="log one plain line per change instead of drawing the live status panel "
+        "(the default when stdout is not a terminal, e.g. under a service manager)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="accept and acknowledge runs but run nothing, report nothing and keep no "
+        "ledger; only the log shows what arrived (for checking the connection)",
+    )
+    parser.add_argument(
+        "--allow-unverified", action="store_true",
+        help="accept deliveries whose signature is missing, wrong or stale, with a warning "
+        "logged for each (only for development servers)",
+    )
+
+
 def build_parser() -> ArgumentParser:
     """The whole ``prohost`` argument tree (no side effects; safe to call in tests)."""
     host = default_machine_name()
@@ -242,63 +365,7 @@ def build_parser() -> ArgumentParser:
         "$PROHOST_HOME (default ~/.prohost) holds the credentials, the run ledger and the "
         "lock that keeps one agent per home.",
     )
-    run.add_argument(
-        "--exec", dest="exec_command", metavar="CMD",
-        help="shell command line that runs the agent; the prompt arrives on its stdin "
-        f"(default: {DEFAULT_EXEC!r})",
-    )
-    run.add_argument(
-        "--url", metavar="URL",
-        help="the server's agent WebSocket, ws:// or wss://; results are posted to the "
-        "http(s) address of the same host (default: $PROHOST_WS_URL, else the URL saved by "
-        "`prohost agent pair`, else wss://api.prohost.ai/v1/agent/ws)",
-    )
-    run.add_argument(
-        "--machine", metavar="NAME",
-        help=f"the name this machine is shown under (default: the host name, {host!r})",
-    )
-    run.add_argument(
-        "--workdir", metavar="DIR",
-        help="directory the agent runs in; a relative path is taken from the current "
-        "directory (default: $PROHOST_HOME/workspace)",
-    )
-    run.add_argument(
-        "--timeout", metavar="DURATION",
-        help="limit on each whole run, retries included; 0 means no limit (default: 0)",
-    )
-    run.add_argument(
-        "--idle-timeout", metavar="DURATION",
-        help="stop a run whose agent prints nothing on stdout or stderr for this long; "
-        "0 means never (default: 15m, i.e. 900 seconds)",
-    )
-    run.add_argument(
-        "--concurrency", metavar="N",
-        help=f"how many runs may execute at once, 1 to {MAX_CONCURRENCY}; turns of one "
-        "conversation still run one after another (default: 1)",
-    )
-    run.add_argument(
-        "--brain", metavar="NAME",
-        help="how to drive the agent CLI: claude (stream-json, sessions resumed per "
-        "conversation, tool calls on the timeline), codex (codex exec --json, threads "
-        "resumed), plain (any command; its stdout is the reply), or auto: chosen from the "
-        "program --exec runs (default: auto)",
-    )
-    run.add_argument(
-        "--safe-tools", "--no-skip-permissions", dest="safe_tools", action="store_true",
-        help="keep the agent CLI's permission prompts: do not add the flag that lets "
-        "claude or codex use every tool unattended (a run then stops where a tool "
-        "needs approval)",
-    )
-    run.add_argument(
-        "--dry-run", action="store_true",
-        help="accept and acknowledge runs but run nothing, report nothing and keep no "
-        "ledger; only the log shows what arrived (for checking the connection)",
-    )
-    run.add_argument(
-        "--allow-unverified", action="store_true",
-        help="accept deliveries whose signature is missing, wrong or stale, with a warning "
-        "logged for each (only for development servers)",
-    )
+    _add_run_flags(run, host)
     _add_verbose(run)
     run.set_defaults(handler=_agent_run, parser=run)
 
@@ -326,6 +393,50 @@ def build_parser() -> ArgumentParser:
     )
     _add_verbose(pair)
     pair.set_defaults(handler=_agent_pair, parser=pair)
+
+    status = agent_commands.add_parser(
+        "status",
+        prog="prohost agent status",
+        help="show what the agent harness on this machine is doing",
+        description="Print what the running `prohost agent run` on this $PROHOST_HOME is "
+        "doing: its connection, the runs in progress and the last finished ones, as its "
+        "panel shows them.",
+        epilog="Exit status: 0 an agent is running; 1 none is running (or its status file "
+        "is unreadable); 3 its process exists but its status has not been updated for 30 s "
+        'or more (it may be hung). With --json, the snapshot is printed with "running" and '
+        '"age_s" added; when no agent is running it is {"running": false, ...}.',
+    )
+    status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
+    status.set_defaults(handler=_agent_status, parser=status)
+
+    install = agent_commands.add_parser(
+        "install-daemon",
+        prog="prohost agent install-daemon",
+        value_descriptions=VALUE_DESCRIPTIONS,
+        help="run `agent run` with these flags as a login service (systemd --user / launchd)",
+        description="Install a systemd user unit (Linux) or a launchd LaunchAgent (macOS) "
+        "that runs `prohost agent run` with exactly these flags, restarts it on failure, "
+        "and gives it time to drain when stopped. Flags are checked now: a bad one fails "
+        "the install, never the service.",
+        epilog="Logs go to $PROHOST_HOME/logs/agent.log, rotated by size.",
+    )
+    _add_run_flags(install, host)
+    install.add_argument(
+        "--print", dest="print_only", action="store_true",
+        help="print the unit or plist instead of installing it (touches nothing)",
+    )
+    _add_verbose(install)
+    install.set_defaults(handler=_agent_install_daemon, parser=install)
+
+    uninstall = agent_commands.add_parser(
+        "uninstall-daemon",
+        prog="prohost agent uninstall-daemon",
+        help="stop this $PROHOST_HOME's service (after a drain) and remove it",
+        description="Stop the service `agent install-daemon` installed for this "
+        "$PROHOST_HOME (it drains first) and remove its unit or plist.",
+    )
+    _add_verbose(uninstall)
+    uninstall.set_defaults(handler=_agent_uninstall_daemon, parser=uninstall)
 
     server = commands.add_parser(
         "server",

@@ -20,10 +20,11 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from prohost.harness import Endpoints, Harness
+from prohost.harness import Endpoints, Harness, progress_log
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.ledger import Ledger
 from prohost.options import Options
+from prohost.panel import Panel, use_panel
 from prohost.server import ServerConfig, ServerHandle, serve
 
 log = logging.getLogger("prohost.demo")
@@ -41,11 +42,11 @@ CONVERSATIONS = {
 DEMO_DEADLINE_S = 50.0
 
 
-def main() -> int:
+def main(console: Console | None = None) -> int:
     """Run the demo; 0 when every run came back, 1 otherwise."""
     # The server's own bookkeeping would drown the harness's progress lines.
     logging.getLogger("prohost.server").setLevel(logging.WARNING)
-    return trio.run(run_demo, Console())
+    return trio.run(run_demo, console or Console())
 
 
 async def run_demo(console: Console) -> int:
@@ -91,15 +92,22 @@ async def run_demo(console: Console) -> int:
                         exited.set()
 
                     nursery.start_soon(run_harness)
-                    await server.wait_until(lambda state: state.connected > 0)
-                    run_ids = await _submit_all(server, console)
-                    await server.wait_until(
-                        lambda state: all(
-                            state.runs[r].state in ("completed", "failed") for r in run_ids
+                    progress_log.setLevel(logging.WARNING)  # the panel says it instead
+                    panel = Panel(console, harness.snapshot, live=use_panel(console, False))
+                    # Its own nursery, so the panel has stopped (its last frame drawn)
+                    # before the results table is printed under it.
+                    async with trio.open_nursery() as panel_nursery:
+                        await panel_nursery.start(panel.run)
+                        await server.wait_until(lambda state: state.connected > 0)
+                        run_ids = await _submit_all(server, console)
+                        await server.wait_until(
+                            lambda state: all(
+                                state.runs[r].state in ("completed", "failed") for r in run_ids
+                            )
                         )
-                    )
-                    harness.drain()
-                    await exited.wait()
+                        harness.drain()
+                        await exited.wait()
+                        panel_nursery.cancel_scope.cancel()
             finally:
                 ledger.close()
             ok = _print_results(server, run_ids, console)

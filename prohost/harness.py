@@ -59,6 +59,9 @@ from prohost.snapshot import (
 from prohost.timeline import TimelineBatcher
 
 log = logging.getLogger("prohost.harness")
+#: A run's progress (accepted, started, finished). The status panel reports the
+#: same changes, so with a panel attached this logger is turned down to warnings.
+progress_log = logging.getLogger("prohost.harness.runs")
 
 #: `status` is coalesced to at most one per this many seconds (§2).
 STATUS_MIN_INTERVAL_S = 0.25
@@ -371,7 +374,7 @@ class Harness:
             self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
             return intake.ACCEPTED, "accepted"
         self.scheduler.submit(run.run_id, run.lane, held)
-        log.info("accepted run %s on %s", run.run_id, run.lane)
+        progress_log.info("accepted run %s on %s", run.run_id, run.lane)
         self._changed()
         return intake.ACCEPTED, "accepted"
 
@@ -444,7 +447,7 @@ class Harness:
             held.state = "running"
             held.started_at = time.time()
             self._changed()
-            log.info("▶ run %s started on %s%s", run.run_id, run.lane,
+            progress_log.info("▶ run %s started on %s%s", run.run_id, run.lane,
                      f" (resuming session {session})" if session else "")
 
             async def spawned(pgid: int) -> None:
@@ -478,9 +481,9 @@ class Harness:
         held.state = "reporting"
         self._changed()
         if outcome.ok:
-            log.info("✓ run %s finished", run.run_id)
+            progress_log.info("✓ run %s finished", run.run_id)
         else:
-            log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
         self._finished.appendleft(FinishedRow(
             run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
             error=outcome.error,

@@ -15,6 +15,7 @@ values to say precisely what was wrong.
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -54,11 +55,13 @@ def _strict(kind: type[Any]) -> Callable[[Any, type[Any]], Any]:
 def _strict_list_factory(kind: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
     """List hooks that refuse a dict or a string instead of iterating it."""
     inner = list_structure_factory(kind, conv)
+    as_tuple = typing.get_origin(kind) is tuple
 
     def hook(value: Any, cls: Any) -> Any:
         if not isinstance(value, list):
             raise TypeError(f"expected a list, got {type(value).__name__}")
-        return inner(value, cls)
+        items = inner(value, cls)
+        return tuple(items) if as_tuple else items
 
     return hook
 

@@ -122,7 +122,7 @@ class Reporter:
             answer = await self._attempt(url, headers, payload, min(REQUEST_TIMEOUT_S, remaining))
             status, what = answer.status, answer.line
             if status is not None and 200 <= status < 300:
-                return self._settle(run_id, "delivered", status, f"{status}", logging.INFO)
+                return self._settle(run_id, "delivered", status, f"{status}", logging.DEBUG)
             if status == 409:
                 return self._settle(
                     run_id, "already", status, "409: already completed", logging.INFO

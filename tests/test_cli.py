@@ -164,7 +164,7 @@ def test_agent_run_hands_options_to_the_harness(
 ) -> None:
     seen: list[Options] = []
 
-    def run_agent_command(options: Options) -> int:
+    def run_agent_command(options: Options, **panel: object) -> int:
         seen.append(options)
         # The harness takes the home's lock itself; the CLI must not hold it already.
         InstanceLock.acquire(options.home).release()
@@ -194,7 +194,7 @@ def test_agent_run_hands_options_to_the_harness(
 def test_agent_run_defaults_and_environment(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Options] = []
 
-    def run_agent_command(options: Options) -> int:
+    def run_agent_command(options: Options, **panel: object) -> int:
         seen.append(options)
         return 0
 
@@ -208,7 +208,7 @@ def test_agent_run_defaults_and_environment(env: Path, monkeypatch: pytest.Monke
 def test_flag_error_never_reaches_the_harness(
     env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def run_agent_command(options: Options) -> int:
+    def run_agent_command(options: Options, **panel: object) -> int:
         raise AssertionError("a bad flag must stop the CLI before the harness")
 
     fake_harness(monkeypatch, run_agent_command)
@@ -221,7 +221,7 @@ def test_flag_error_never_reaches_the_harness(
 def test_ctrl_c_outside_trio_exits_130(
     env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def run_agent_command(options: Options) -> int:
+    def run_agent_command(options: Options, **panel: object) -> int:
         raise KeyboardInterrupt
 
     fake_harness(monkeypatch, run_agent_command)

@@ -27,9 +27,10 @@ async def test_demo_runs_a_dozen_runs_and_leaves_nothing_behind(tmp_path: Path) 
     assert result.returncode == 0, err
     assert "prohost demo results" in out
     assert out.count("completed") == 12
-    # Progress is shown while it works: every run starts and finishes in the log.
-    assert err.count("started on conv:") == 12
-    assert err.count("finished") >= 12
+    # Progress is shown while it works (stdout is not a terminal here, so the
+    # panel degrades to one log line per change).
+    assert "prohost.panel" in err
+    assert "started" in err and "finished in" in err
     assert demo_dirs() == before
     assert not (tmp_path / "untouched").exists()
     leftover = await trio.run_process(["pgrep", "-f", "prohost.demo_agent"],
