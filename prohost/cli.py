@@ -116,7 +116,8 @@ def _agent_install_daemon(ns: argparse.Namespace) -> int:
 
     parser: ArgumentParser = ns.parser
     try:
-        options = options_from_args(ns, os.environ, Path.cwd())
+        # A service cannot be told later that a checkout is missing: refuse it now.
+        options = options_from_args(ns, os.environ, Path.cwd(), require_checkouts=True)
     except OptionError as exc:
         parser.error(str(exc))
     setup_logging(ns.verbose)
@@ -129,6 +130,22 @@ def _agent_uninstall_daemon(ns: argparse.Namespace) -> int:
 
     setup_logging(ns.verbose)
     return uninstall_daemon_command(os.environ, prohost_home(os.environ, Path.cwd()))
+
+
+def _agent_gc(ns: argparse.Namespace) -> int:
+    import trio
+
+    from prohost.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+    from prohost.home import prohost_home
+
+    parser: ArgumentParser = ns.parser
+    try:
+        days = (DEFAULT_OLDER_THAN_DAYS if ns.older_than is None
+                else parse_older_than(ns.older_than))
+    except ValueError as exc:
+        parser.error(str(exc))
+    setup_logging(ns.verbose)
+    return trio.run(gc_command, prohost_home(os.environ, Path.cwd()), days, ns.dry_run, ns.force)
 
 
 def _agent_status(ns: argparse.Namespace) -> int:
@@ -265,6 +282,9 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_GC_VALUES = {"--older-than": "a number of days of 0 or more, e.g. 14 or 0.5"}
+
+
 def _add_run_flags(parser: ArgumentParser, host: str) -> None:
     """The flags of ``agent run``, shared with ``agent install-daemon`` so a service
     is installed with exactly what ``agent run`` would accept."""
@@ -314,6 +334,12 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         help="keep the agent CLI's permission prompts: do not add the flag that lets "
         "claude or codex use every tool unattended (a run then stops where a tool "
         "needs approval)",
+    )
+    parser.add_argument(
+        "--repos", metavar="PATHS",
+        help="comma-separated git checkouts the agent works on; each conversation gets a "
+        "private worktree of each under $PROHOST_HOME/worktrees, kept between its turns, so "
+        "runs in parallel never share a checkout (default: none)",
     )
     parser.add_argument(
         "--no-panel", action="store_true",
@@ -408,6 +434,30 @@ def build_parser() -> ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.set_defaults(handler=_agent_status, parser=status)
+
+    gc_parser = agent_commands.add_parser(
+        "gc",
+        prog="prohost agent gc",
+        value_descriptions=_GC_VALUES,
+        help="remove the private worktrees of conversations that have gone quiet",
+        description="Remove the git worktrees (agent run --repos) of conversations idle for "
+        "longer than --older-than days. One with uncommitted changes or commits on no branch "
+        "is kept and listed, unless --force. A running harness does the same once a day.",
+    )
+    gc_parser.add_argument(
+        "--older-than", metavar="DAYS",
+        help="remove those of conversations idle this many days (default: 14)",
+    )
+    gc_parser.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed, remove nothing"
+    )
+    gc_parser.add_argument(
+        "--force", action="store_true",
+        help="also remove worktrees with uncommitted changes or commits on no branch "
+        "(that work is lost)",
+    )
+    _add_verbose(gc_parser)
+    gc_parser.set_defaults(handler=_agent_gc, parser=gc_parser)
 
     install = agent_commands.add_parser(
         "install-daemon",

@@ -35,6 +35,7 @@ from prohost.prompt import (
     reply_from_text,
 )
 from prohost.runs import AgentRun, Outcome
+from prohost.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
 
 log = logging.getLogger("prohost.execute")
 
@@ -164,6 +165,7 @@ async def execute(
     on_events: Callable[[list[ToolEvent]], None] | None = None,
     base_env: Mapping[str, str] | None = None,
     scratch: Path | None = None,
+    worktrees: WorktreeManager | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -189,15 +191,26 @@ async def execute(
     def finished(outcome: Outcome) -> Outcome:
         return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
 
+    # Inside the budget: preparing checkouts is part of the run.
+    prepared: PreparedCheckouts | None = None
+    if worktrees is not None and worktrees.enabled:
+        prepared = await worktrees.prepare(run.lane)
+        for failure in prepared.failures:
+            log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
+                        failure.reason)
     prompt = build_prompt(
         run,
         PromptContext(
             timeout_s=spec.timeout_s,
             idle_timeout_s=spec.idle_timeout_s,
             parallel=spec.parallel,
+            checkouts=prepared.checkouts if prepared else (),
+            checkout_failures=prepared.failures if prepared else (),
         ),
     )
     env = agent_env(os.environ if base_env is None else base_env, run.run_id, spec.secrets)
+    if prepared is not None and prepared.folder is not None:
+        env[RUN_REPOS_ENV] = str(prepared.folder)
     try:
         await trio.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

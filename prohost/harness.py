@@ -57,6 +57,7 @@ from prohost.snapshot import (
     write_snapshot,
 )
 from prohost.timeline import TimelineBatcher
+from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
 #: A run's progress (accepted, started, finished). The status panel reports the
@@ -74,6 +75,8 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: Reported rows older than this are pruned (§7), checked this often.
 PRUNE_AGE_S = 7 * 86400.0
 PRUNE_EVERY_S = 86400.0
+#: Worktrees of lanes idle this long are collected by the daily pass.
+WORKTREE_IDLE_S = 14 * 86400.0
 #: `claude --version` and the like answer at once; a hung one must not matter.
 BRAIN_PROBE_TIMEOUT_S = 10.0
 #: The panel and status file show this many of the latest finished runs.
@@ -164,6 +167,7 @@ class Harness:
             parallel=options.concurrency > 1,
             secrets=(endpoints.token, endpoints.secret),
         )
+        self.worktrees = WorktreeManager(options.home, options.repos)
         self.held: dict[str, HeldRun] = {}
         self.draining = False
         self.stopping = False
@@ -196,6 +200,8 @@ class Harness:
                 await nursery.start(self._guard_link)
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
+                    if self.worktrees.enabled:
+                        nursery.start_soon(self._collect_worktrees_daily)
                 nursery.start_soon(self._probe_brain)
                 if not self.options.dry_run:
                     nursery.start_soon(self._keep_status_file)
@@ -220,6 +226,17 @@ class Harness:
             options.workdir,
             mode,
         )
+        if options.repos:
+            log.info("each conversation gets its own worktree of: %s",
+                     ", ".join(map(str, options.repos)))
+            for repo in options.repos:
+                if not is_checkout(repo):
+                    log.warning("--repos: %s is not a git checkout right now; runs will be "
+                                "told it is read-only until it is", repo)
+        elif options.concurrency > 1:
+            log.info("no --repos: runs in parallel share every checkout on this machine; "
+                     "name the repositories the agent edits with --repos to give each "
+                     "conversation its own")
         if self.brain.name == "claude" and not options.safe_tools and _is_root():
             log.warning(
                 "running as root: Claude Code refuses --dangerously-skip-permissions for "
@@ -464,6 +481,7 @@ class Harness:
                 on_events=batcher.add if batcher is not None else None,
                 base_env=self.env,
                 scratch=self.options.home / "runs" / run.run_id,
+                worktrees=None if self.options.dry_run else self.worktrees,
             )
         if outcome is None:  # the exec scope was cancelled: a cancel or a stop
             assert held.stop_outcome is not None
@@ -739,6 +757,25 @@ class Harness:
             else:
                 log.warning("`%s` failed (exit %s): is the agent CLI installed?", command,
                             result.returncode)
+
+    async def _collect_worktrees_daily(self) -> None:
+        """Once a day, remove worktrees of lanes idle for 14 days (clean ones only),
+        never a lane with a run in flight. Cancelled: an in-progress removal is
+        finished (shielded inside ``collect_garbage``)."""
+        while True:
+            await trio.sleep(PRUNE_EVERY_S)
+            try:
+                entries = await collect_garbage(
+                    self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
+                    # Live, not a snapshot: GC asks again just before it removes anything.
+                    busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
+                )
+            except OSError as exc:
+                log.warning("could not collect old worktrees: %s", exc)
+                continue
+            for entry in entries:
+                (log.info if entry.action == "removed" else log.debug)(
+                    "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
         assert self.ledger is not None

@@ -45,6 +45,7 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--idle-timeout": DURATION_RANGE,
     "--concurrency": CONCURRENCY_RANGE,
     "--brain": "one of auto, claude, codex, plain",
+    "--repos": "a comma-separated list of git checkouts, e.g. --repos ~/code/app",
 }
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
@@ -129,6 +130,8 @@ class Options:
     brain: str = attrs.field(default="auto", validator=attrs.validators.in_(BRAIN_CHOICES))
     #: Leave the CLI's permission prompts on (no flag that lets it run unattended).
     safe_tools: bool = False
+    #: --repos: absolute checkouts each conversation gets a private worktree of.
+    repos: tuple[Path, ...] = ()
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -166,7 +169,13 @@ def _expand_path(raw: str, env: Mapping[str, str], cwd: Path) -> Path:
     return Path(os.path.normpath(cwd / path))
 
 
-def options_from_args(ns: argparse.Namespace, env: Mapping[str, str], cwd: Path) -> Options:
+def options_from_args(
+    ns: argparse.Namespace,
+    env: Mapping[str, str],
+    cwd: Path,
+    *,
+    require_checkouts: bool = False,
+) -> Options:
     """Turn parsed ``agent run`` arguments into :class:`Options`, or raise :class:`OptionError`.
 
     ``ns`` attributes (absent ones take their defaults): ``exec_command``, ``url``,
@@ -211,6 +220,17 @@ def options_from_args(ns: argparse.Namespace, env: Mapping[str, str], cwd: Path)
     raw_concurrency = getattr(ns, "concurrency", None)
     concurrency = 1 if raw_concurrency is None else parse_concurrency(raw_concurrency)
 
+    repos: tuple[Path, ...] = ()
+    raw_repos = getattr(ns, "repos", None)
+    if raw_repos is not None:
+        from prohost.worktrees import ReposFlagError, parse_repos  # lazy: keeps trio out of --help
+
+        try:
+            repos = parse_repos(raw_repos, env=env, cwd=cwd,
+                                require_checkouts=require_checkouts)
+        except ReposFlagError as exc:
+            raise OptionError(str(exc)) from None
+
     return Options(
         home=home,
         exec_command=exec_command,
@@ -224,6 +244,7 @@ def options_from_args(ns: argparse.Namespace, env: Mapping[str, str], cwd: Path)
         allow_unverified=bool(getattr(ns, "allow_unverified", False)),
         brain=parse_brain(getattr(ns, "brain", None)),
         safe_tools=bool(getattr(ns, "safe_tools", False)),
+        repos=repos,
     )
 
 

@@ -179,17 +179,26 @@ def _isolation_lines(context: PromptContext) -> list[str]:
         ]
     if context.checkouts:
         lines += [
-            "- This conversation has git checkouts of its own. Do all repository",
-            "  work in them and nowhere else:",
-            *(f"    {checkout.name}: {checkout.path}" for checkout in context.checkouts),
+            "- This conversation has git checkouts of its own (all in the folder",
+            "  $PROHOST_RUN_REPOS). Do all repository work in them and nowhere else;",
+            "  each stands in for the original named after it:",
+        ]
+        for checkout in context.checkouts:
+            lines += [f"    {checkout.name}: {checkout.path}",
+                      f"      (instead of {checkout.source})"]
+        lines += [
             "  They are worktrees private to this conversation and they persist",
             "  between its runs, so a branch or an uncommitted change you find in one",
-            "  is your own earlier work here. They stand in for these originals:",
-            *(f"    {checkout.source}" for checkout in context.checkouts),
+            "  is your own earlier work here. Each started on a detached HEAD at the",
+            "  original's commit when the conversation began and is never updated",
+            "  for you: create a branch of your own before committing work that",
+            "  should last. A branch checked out elsewhere (such as the original's)",
+            "  cannot be checked out here.",
             "  Wherever your other instructions name an original as the place to",
             "  work, use its private path above instead.",
-            "  Never switch branches, commit, or edit files in those originals:",
-            "  other runs read them. Do not run `git worktree add` yourself.",
+            "  Never switch branches, commit, or edit files in the originals: other",
+            "  runs read them. Do not run `git worktree add`, `remove`, `move` or",
+            "  `prune` yourself.",
         ]
     if context.checkout_failures:
         lines += [

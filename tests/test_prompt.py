@@ -84,17 +84,23 @@ About this run (from the harness that started you, not from the sender):
 - You have up to 45 minutes for this run; it is stopped after that.
   Plan the work to fit. If it cannot all be done in time, finish the most
   useful part and say plainly what is left.
-- This conversation has git checkouts of its own. Do all repository
-  work in them and nowhere else:
+- This conversation has git checkouts of its own (all in the folder
+  $PROHOST_RUN_REPOS). Do all repository work in them and nowhere else;
+  each stands in for the original named after it:
     app: /home/me/.prohost/worktrees/conv-C42/app
+      (instead of /home/me/code/app)
   They are worktrees private to this conversation and they persist
   between its runs, so a branch or an uncommitted change you find in one
-  is your own earlier work here. They stand in for these originals:
-    /home/me/code/app
+  is your own earlier work here. Each started on a detached HEAD at the
+  original's commit when the conversation began and is never updated
+  for you: create a branch of your own before committing work that
+  should last. A branch checked out elsewhere (such as the original's)
+  cannot be checked out here.
   Wherever your other instructions name an original as the place to
   work, use its private path above instead.
-  Never switch branches, commit, or edit files in those originals:
-  other runs read them. Do not run `git worktree add` yourself.
+  Never switch branches, commit, or edit files in the originals: other
+  runs read them. Do not run `git worktree add`, `remove`, `move` or
+  `prune` yourself.
 - No private checkout could be prepared for:
     /home/me/code/lib (not a git checkout)
   Treat those repositories as read-only for this run: do not switch
