@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from tests.kit import agent_command, finished, running_harness, running_server
 
 
 async def make_repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    (path / "README.md").write_text("hello\n")
+    await trio.Path(path).mkdir(parents=True)
+    await trio.Path(path / "README.md").write_text("hello\n")
     for args in (["init", "-q", "-b", "main"], ["add", "README.md"],
                  ["-c", "user.name=t", "-c", "user.email=t@example.com",
                   "commit", "-q", "-m", "first"]):
@@ -93,6 +94,7 @@ async def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
 async def test_parallel_runs_without_repos_are_warned_about_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="prohost")
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command="true", concurrency=3,
