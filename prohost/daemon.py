@@ -31,13 +31,11 @@ alternative, and it cannot be rotated: the manager holds the file open forever.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
 import plistlib
 import pwd
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -49,6 +47,7 @@ from typing import Any
 
 import attrs
 
+from prohost.files import write_atomically
 from prohost.home import (
     WORKSPACE_DIR,
     CredentialsError,
@@ -525,33 +524,6 @@ def _last_line(data: bytes) -> str:
 # --- writing ------------------------------------------------------------------------
 
 
-def write_atomically(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data`` (mode exactly ``mode``): the manager sees the old file
-    or the new one, never half of one, even across a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _file_mode(spec: ServiceSpec) -> int:
     # 0644 is the usual mode for unit files, but not for one holding an API key:
     # ~/.config and ~/Library are often readable by other local users.
@@ -663,6 +635,7 @@ def install_daemon_command(
         print("nothing was installed.", file=sys.stderr)
         return 1
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, text.encode("utf-8"), _file_mode(spec))
     except OSError as exc:
         _err(f"cannot write {path}: {exc.strerror or exc}")

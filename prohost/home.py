@@ -12,12 +12,10 @@ Everything that decides *which* server to talk to is also here
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import os
-import secrets
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +23,8 @@ from types import TracebackType
 from typing import Any
 
 import attrs
+
+from prohost.files import write_atomically
 
 CREDENTIALS_FILE = "credentials.json"
 LOCK_FILE = "agent.lock"
@@ -166,45 +166,20 @@ def load_credentials(home: Path) -> Credentials:
 def save_credentials(home: Path, creds: Credentials) -> Path:
     """Write ``home/credentials.json`` atomically with mode 0600; return its path.
 
-    The file is created 0600 (never chmod-ed afterwards, so there is no moment when
-    another user could open it), written to a temporary name, fsync'd, renamed over
-    the old file, and the directory fsync'd so the rename survives a crash. A reader
-    sees the old credentials or the new ones, never half of either.
+    See :func:`prohost.files.write_atomically`: a reader sees the old credentials
+    or the new ones, never half of either, and no other user can ever open them.
     """
     _make_home(home)
     path = credentials_path(home)
     data = {k: v for k, v in attrs.asdict(creds).items() if v is not None}
     payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    tmp = home / f".{CREDENTIALS_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(home)
+    write_atomically(path, payload, 0o600)
     return path
 
 
 def _make_home(home: Path) -> None:
     # 0700: the home holds the credentials and the ledger (run bodies, replies).
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- endpoints ---------------------------------------------------------------------

@@ -10,12 +10,12 @@ The same snapshot, as JSON, is what the running harness keeps in
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 import attrs
 
+from prohost.files import write_atomically
 from prohost.protocol import converter, structure
 
 STATUS_FILE = "status.json"
@@ -80,13 +80,8 @@ class Snapshot:
 
 
 def write_snapshot(home: Path, snapshot: Snapshot) -> None:
-    """Replace ``status.json`` atomically (temp file, rename), readable by this user only."""
-    path = home / STATUS_FILE
-    temp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(snapshot.to_json())
-    os.replace(temp, path)
+    """Replace ``status.json`` atomically, readable by this user only."""
+    write_atomically(home / STATUS_FILE, snapshot.to_json().encode("utf-8"), 0o600)
 
 
 def read_snapshot(home: Path) -> Snapshot | None:
