@@ -236,3 +236,18 @@ def finished(*run_ids: str) -> Callable[[ServerState], bool]:
     return lambda state: all(
         state.runs[run_id].state in ("completed", "failed") for run_id in run_ids
     )
+
+
+@asynccontextmanager
+async def gated_harness(
+    tmp_path: Path, **option_fields: Any
+) -> AsyncIterator[tuple[Gate, Running]]:
+    """A reference server and a harness whose agents are the test's :class:`Gate`."""
+    gate = Gate()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gate.serve)
+        async with running_server() as server, running_harness(
+            server, tmp_path, exec_command=gate.command, **option_fields
+        ) as running:
+            yield gate, running
+        nursery.cancel_scope.cancel()

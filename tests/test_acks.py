@@ -12,11 +12,11 @@ import trio
 
 from prohost.protocol import Pong
 from tests.kit import (
-    Gate,
     Running,
     agent_command,
     delivery_frame,
     finished,
+    gated_harness,
     messages,
     run_body,
     running_harness,
@@ -42,26 +42,21 @@ def reply_agent() -> str:
 
 async def test_200_then_204_for_the_same_run(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        gate = Gate()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
-            async with running_server() as server, running_harness(
-                server, tmp_path, exec_command=gate.command
-            ) as running:
-                run_id = await server.submit_run("hi", conversation_id="C1")
-                await gate.wait_started(run_id)
-                body = server.run(run_id).body_text
-                # Redelivered while it runs: 200 again, never a second execution.
-                assert await send_and_ack(running, frame(running, body, "again"), "again") == (
-                    200, "already accepted")
-                await gate.release(run_id, "answer")
-                await running.harness.wait_released(run_id)
-                # Redelivered after its report settled: 204.
-                assert await send_and_ack(running, frame(running, body, "late"), "late") == (
-                    204, "already reported")
-                assert gate.started == [run_id]
-                assert server.run(run_id).completion_posts == 1
-            nursery.cancel_scope.cancel()
+        async with gated_harness(tmp_path) as (gate, running):
+            server = running.server
+            run_id = await server.submit_run("hi", conversation_id="C1")
+            await gate.wait_started(run_id)
+            body = server.run(run_id).body_text
+            # Redelivered while it runs: 200 again, never a second execution.
+            assert await send_and_ack(running, frame(running, body, "again"), "again") == (
+                200, "already accepted")
+            await gate.release(run_id, "answer")
+            await running.harness.wait_released(run_id)
+            # Redelivered after its report settled: 204.
+            assert await send_and_ack(running, frame(running, body, "late"), "late") == (
+                204, "already reported")
+            assert gate.started == [run_id]
+            assert server.run(run_id).completion_posts == 1
 
 
 async def test_204_for_an_event_other_than_agent_run(tmp_path: Path, reply_agent: str) -> None:
@@ -164,24 +159,19 @@ async def test_413_beats_every_other_fault(tmp_path: Path, reply_agent: str) -> 
 
 async def test_503_while_draining(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        gate = Gate()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
-            async with running_server() as server, running_harness(
-                server, tmp_path, exec_command=gate.command
-            ) as running:
-                busy = await server.submit_run("keep the harness up while it drains")
-                await gate.wait_started(busy)
-                running.harness.drain()
-                status, reason = await send_and_ack(
-                    running, frame(running, run_body("r_new"), "d1", signature=None), "d1")
-                # Draining outranks the bad signature.
-                assert status == 503
-                assert "shutting down" in reason
-                assert "r_new" not in running.harness.held
-                await gate.release(busy)
-                await server.wait_until(finished(busy))
-            nursery.cancel_scope.cancel()
+        async with gated_harness(tmp_path) as (gate, running):
+            server = running.server
+            busy = await server.submit_run("keep the harness up while it drains")
+            await gate.wait_started(busy)
+            running.harness.drain()
+            status, reason = await send_and_ack(
+                running, frame(running, run_body("r_new"), "d1", signature=None), "d1")
+            # Draining outranks the bad signature.
+            assert status == 503
+            assert "shutting down" in reason
+            assert "r_new" not in running.harness.held
+            await gate.release(busy)
+            await server.wait_until(finished(busy))
 
 
 async def test_ping_is_answered_with_its_id(tmp_path: Path, reply_agent: str) -> None:

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 import trio.testing
 
-from tests.kit import Gate, Running, finished, running_harness, running_server
-
-
-@asynccontextmanager
-async def gated_harness(tmp_path: Path, concurrency: int) -> AsyncIterator[tuple[Gate, Running]]:
-    gate = Gate()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(gate.serve)
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=gate.command, concurrency=concurrency
-        ) as running:
-            yield gate, running
-        nursery.cancel_scope.cancel()
+from tests.kit import finished, gated_harness
 
 
 async def test_one_lane_runs_in_order_and_never_overlaps(tmp_path: Path) -> None:

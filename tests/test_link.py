@@ -13,7 +13,7 @@ import trio
 
 from prohost.link import BACKOFF_CAP_S, backoff_delay
 from prohost.protocol import Heartbeat, Status
-from tests.kit import Gate, finished, running_harness, running_server
+from tests.kit import finished, gated_harness, running_harness, running_server
 
 
 def test_backoff_is_full_jitter_capped_at_30_s() -> None:
@@ -28,28 +28,22 @@ def test_backoff_is_full_jitter_capped_at_30_s() -> None:
 
 
 async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
-    gate = Gate()
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
-            async with running_server() as server, running_harness(
-                server, tmp_path, exec_command=gate.command
-            ):
-                run_id = await server.submit_run("long", conversation_id="C1")
-                await gate.wait_started(run_id)
-                await server.drop_connections()
-                # The run goes on while the harness dials again.
-                await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
-                await gate.release(run_id, "made it")
-                await server.wait_until(finished(run_id))
-                assert server.run(run_id).reply == "made it"
-                assert gate.started == [run_id]
-                # On the new connection, status comes first, then a heartbeat that
-                # still lists the run or not, but never a second execution.
-                second = [entry.message for entry in server.state.received
-                          if entry.connection_id != server.state.received[0].connection_id]
-                assert isinstance(second[0], Status) and isinstance(second[1], Heartbeat)
-            nursery.cancel_scope.cancel()
+        async with gated_harness(tmp_path) as (gate, running):
+            server = running.server
+            run_id = await server.submit_run("long", conversation_id="C1")
+            await gate.wait_started(run_id)
+            await server.drop_connections()
+            # The run goes on while the harness dials again.
+            await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
+            await gate.release(run_id, "made it")
+            await server.wait_until(finished(run_id))
+            assert server.run(run_id).reply == "made it"
+            assert gate.started == [run_id]
+            # On the new connection, status comes first, then a heartbeat.
+            second = [entry.message for entry in server.state.received
+                      if entry.connection_id != server.state.received[0].connection_id]
+            assert isinstance(second[0], Status) and isinstance(second[1], Heartbeat)
 
 
 async def test_a_silent_server_is_left_after_three_heartbeats(

@@ -6,192 +6,35 @@ in that home. The agents are the test's gated fakes (tests/kit.py ``Gate``).
 Nothing sleeps: the tests wait on server state, the Gate, the harness's log and
 process exits.
 
-The helpers at the top are shared with tests/test_signals.py.
+The subprocess helpers are in tests/process_kit.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
 from prohost.harness import RESTARTED
-from prohost.ledger import Ledger, LedgerRow, RunState
-from prohost.server import ServerHandle
+from prohost.ledger import RunState
 from tests.kit import (
     Gate,
-    acks,
     agent_command,
-    delivery_frame,
     finished,
     pair_home,
     running_server,
-    wait_for_ack,
 )
-
-# ---------------------------------------------------------------------- shared helpers
-
-
-class HarnessProcess:
-    """One ``python -m prohost agent run`` subprocess, and its log lines (its stderr)."""
-
-    def __init__(self, proc: trio.Process) -> None:
-        self.proc = proc
-        self.log: list[str] = []
-        self._changed = trio.Event()
-
-    async def read_log(self) -> None:
-        assert self.proc.stderr is not None
-        pending = b""
-        while chunk := await self.proc.stderr.receive_some():
-            *lines, pending = (pending + chunk).split(b"\n")
-            self.log.extend(line.decode("utf-8", "replace") for line in lines)
-            self._changed.set()
-            self._changed = trio.Event()
-        if pending:
-            self.log.append(pending.decode("utf-8", "replace"))
-
-    async def wait_log(self, text: str) -> None:
-        """Return once a log line containing ``text`` has been written."""
-        while not any(text in line for line in self.log):
-            await self._changed.wait()
-
-    def send_signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    async def kill(self) -> None:
-        """SIGKILL: the harness gets no chance to do anything (§7's ``kill -9``)."""
-        self.proc.send_signal(signal.SIGKILL)
-        assert await self.proc.wait() == -signal.SIGKILL
-
-
-@asynccontextmanager
-async def harness_process(
-    server: ServerHandle, home: Path, command: str, *, concurrency: int = 1
-) -> AsyncIterator[HarnessProcess]:
-    """Start a harness on ``home`` (already paired) and wait until it is connected.
-
-    On the way out a harness still running is killed, and its log is printed (pytest
-    shows it when the test fails).
-    """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(home)
-    connects = server.state.total_connects
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "prohost", "agent", "run", "--exec", command,
-         "--concurrency", str(concurrency), "--machine", "t"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    harness = HarnessProcess(proc)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(harness.read_log)
-
-            async def watch_exit() -> None:
-                await proc.wait()
-                server.state.changed()  # so that the wait below sees it
-
-            nursery.start_soon(watch_exit)
-            try:
-                await server.wait_until(lambda s: proc.returncode is not None
-                                        or (s.total_connects > connects and s.connected > 0))
-                assert proc.returncode is None, f"the harness exited with {proc.returncode}"
-                yield harness
-            finally:
-                with trio.CancelScope(shield=True):
-                    if proc.returncode is None:
-                        proc.kill()
-                    await proc.wait()
-                    nursery.cancel_scope.cancel()
-    finally:
-        print(f"--- log of harness pid {proc.pid} (exit {proc.returncode}) ---",
-              *harness.log, sep="\n")
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, waiting to be reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-async def wait_gone(pid: int, within_s: float = 10.0) -> bool:
-    """Wait (on a pidfd, no polling) until ``pid`` has exited; False if it has not
-    within ``within_s`` (generous: only a process nobody killed takes that long)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        with trio.move_on_after(within_s):
-            await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
-    return not alive(pid)
-
-
-def kill_leftovers(pids: Iterable[int]) -> None:
-    """Test cleanup: SIGKILL every given agent process and its group."""
-    ours = os.getpgrp()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            group = os.getpgid(pid)
-            if group != ours:
-                os.killpg(group, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-async def until(server: ServerHandle, gate: Gate, predicate: Callable[[], bool]) -> None:
-    """Return once ``predicate()`` holds, re-checking whenever the server or the gate
-    changes (for conditions that mix both, such as "reported, or started twice")."""
-    async with trio.open_nursery() as nursery:
-
-        async def on_server() -> None:
-            await server.wait_until(lambda _: predicate())
-            nursery.cancel_scope.cancel()
-
-        async def on_gate() -> None:
-            await gate.wait(lambda _: predicate())
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(on_server)
-        nursery.start_soon(on_gate)
-
-
-def ledger_row(home: Path, run_id: str) -> LedgerRow:
-    with Ledger.open(home / "ledger.sqlite3") as ledger:
-        row = ledger.get(run_id)
-    assert row is not None, f"run {run_id} is not in the ledger"
-    return row
-
-
-async def redeliver(
-    server: ServerHandle, harness: HarnessProcess, run_id: str, delivery_id: str
-) -> int:
-    """Send the run's delivery again, as the server would, and return the ack's status."""
-    secret = next(iter(server.state.harnesses.values())).secret
-    await server.send_raw(delivery_frame(secret, server.run(run_id).body_text,
-                                         delivery_id=delivery_id))
-    await server.wait_until(lambda s: harness.proc.returncode is not None
-                            or any(ack.id == delivery_id for ack in acks(s)))
-    assert harness.proc.returncode is None, f"the harness exited with {harness.proc.returncode}"
-    return (await wait_for_ack(server, delivery_id)).status
-
-
-# ---------------------------------------------------------------------- the tests
+from tests.process_kit import (
+    alive,
+    harness_process,
+    kill_leftovers,
+    ledger_row,
+    redeliver,
+    until,
+    wait_gone,
+)
 
 
 async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queued_runs_resume(

@@ -19,7 +19,7 @@ from prohost.ledger import RunState
 from prohost.protocol import Heartbeat, Pong, Status
 from prohost.server import ServerHandle
 from tests.kit import Gate, agent_command, finished, pair_home, running_server
-from tests.test_restart import (
+from tests.process_kit import (
     HarnessProcess,
     alive,
     harness_process,
