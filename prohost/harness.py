@@ -178,6 +178,7 @@ class Harness:
         self._heartbeat_seq = 0
         self._status_wanted = trio.Event()
         self._state_changed = trio.Event()
+        self._status_written = trio.Event()
         self._held_changed = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -640,6 +641,10 @@ class Harness:
             finished=tuple(self._finished),
         )
 
+    async def next_status_write(self) -> None:
+        """Return after ``status.json`` is next written. Cancelling only stops the wait."""
+        await self._status_written.wait()
+
     async def _keep_status_file(self) -> None:
         """Keep ``$PROHOST_HOME/status.json`` current: on every change, at most once a
         second, and every few seconds regardless (its age says the harness is alive).
@@ -655,6 +660,8 @@ class Harness:
                     await trio.to_thread.run_sync(write_snapshot, home, snapshot)
                 except OSError as exc:
                     log.warning("could not write %s: %s", home / STATUS_FILE, exc)
+                self._status_written.set()
+                self._status_written = trio.Event()
                 await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
                 # Elapsed times move while runs execute; otherwise only changes matter.
                 with trio.move_on_after(

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import attrs
+import trio
 from rich.console import Console
 
 from prohost.snapshot import STATUS_FILE, Snapshot, write_snapshot
@@ -130,3 +131,39 @@ def test_corrupt_file(tmp_path: Path) -> None:
     code, out, err = run_status(tmp_path, as_json=True)
     assert code == EXIT_NOT_RUNNING
     assert out == "" and len(err.splitlines()) == 1
+
+
+async def test_status_of_a_real_running_harness_and_after_it_exits(tmp_path: Path) -> None:
+    from rich.console import Console as RichConsole
+
+    from tests.kit import gated_harness
+
+    home = tmp_path / "home"
+
+    def status_text() -> tuple[int, str]:
+        out = io.StringIO()
+        code = status_command(home, as_json=False,
+                              console=RichConsole(file=out, width=80, color_system=None),
+                              error_console=RichConsole(file=io.StringIO()))
+        return code, out.getvalue()
+
+    with trio.fail_after(60):
+        async with gated_harness(home) as (gate, running):
+            run_id = await running.server.submit_run("work", conversation_id="C42")
+            await gate.wait_started(run_id)
+            # The harness rewrites status.json on every change, at most once a second.
+            await running.harness.wait_until(lambda h: h.held[run_id].state == "running")
+            while True:
+                code, text = status_text()
+                if "C42" in text:
+                    break
+                await running.harness.next_status_write()
+            assert code == 0
+            assert "connected" in text and "running" in text
+            await gate.release(run_id)
+            await running.server.wait_until(lambda s: s.runs[run_id].completion is not None)
+            running.harness.drain()
+            assert await running.wait_exit() == 0
+        code, text = status_text()
+    assert code == 1
+    assert not (home / "status.json").exists()
