@@ -231,14 +231,16 @@ def test_ctrl_c_outside_trio_exits_130(
 
 async def test_agent_pair_end_to_end(tmp_path: Path) -> None:
     """`prohost agent pair` as a user runs it, against a pairing endpoint on 127.0.0.1."""
-    from tests.test_home import GOOD_ANSWER, pair_app, serving
+    from tests.asgi_kit import serving
+    from tests.test_home import GOOD_ANSWER, pair_app, ws_url
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
     env["PROHOST_HOME"] = str(home)
     seen: list[dict[str, object]] = []
     with trio.fail_after(60):
-        async with serving(pair_app(200, GOOD_ANSWER, seen)) as url:
+        async with serving(pair_app(200, GOOD_ANSWER, seen)) as base:
+            url = ws_url(base)
             result = await trio.run_process(
                 [sys.executable, "-m", "prohost", "agent", "pair", "--code", "ABCD-1234",
                  "--url", url, "--machine", "studio"],

@@ -8,16 +8,12 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from prohost import AGENT_HEADER_VALUE
 from prohost.home import (
@@ -34,6 +30,7 @@ from prohost.home import (
     save_credentials,
 )
 from prohost.pair import pair_command
+from tests.asgi_kit import lifespan, read_body, serving
 
 CREDS = Credentials(
     token="tok-SECRET-1",
@@ -294,19 +291,9 @@ def pair_app(status: int, answer: object, seen: list[dict[str, Any]]) -> Asgi:
         send: Callable[[dict[str, Any]], Awaitable[None]],
     ) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await lifespan(receive, send)
+            return
+        body = await read_body(receive)
         seen.append(
             {
                 "method": scope["method"],
@@ -328,19 +315,9 @@ def pair_app(status: int, answer: object, seen: list[dict[str, Any]]) -> Asgi:
     return app
 
 
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:  # hypercorn's ASGI types are exact TypedDicts
-    """Serve ``app`` on 127.0.0.1 port 0; yield the ws:// URL a harness would be given."""
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.errorlog = None  # keep "Running on ..." out of the captured stderr
-    config.graceful_timeout = 1
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stop.wait))
-        http_base = binds[0]
-        yield "ws" + http_base.removeprefix("http") + "/v1/agent/ws"
-        stop.set()
+def ws_url(http_base: str) -> str:
+    """The agent socket URL a harness would be given for a server at ``http_base``."""
+    return "ws" + http_base.removeprefix("http") + "/v1/agent/ws"
 
 
 GOOD_ANSWER = {
@@ -356,7 +333,8 @@ async def test_pair_saves_credentials(tmp_path: Path, capsys: pytest.CaptureFixt
     home = tmp_path / "home"
     seen: list[dict[str, Any]] = []
     with trio.fail_after(30):
-        async with serving(pair_app(200, GOOD_ANSWER, seen)) as url:
+        async with serving(pair_app(200, GOOD_ANSWER, seen)) as base:
+            url = ws_url(base)
             code = await pair_command("ABCD-1234", url, "studio", home)
     assert code == 0
     assert len(seen) == 1
@@ -381,7 +359,8 @@ async def test_pair_refused_prints_the_servers_error(
     home = tmp_path / "home"
     answer = {"error": "this pairing code has expired"}
     with trio.fail_after(30):
-        async with serving(pair_app(403, answer, [])) as url:
+        async with serving(pair_app(403, answer, [])) as base:
+            url = ws_url(base)
             code = await pair_command("ABCD-1234", url, "studio", home)
     assert code == 1
     out, err = capsys.readouterr()
@@ -405,7 +384,8 @@ async def test_pair_refuses_an_incomplete_answer(
 ) -> None:
     home = tmp_path / "home"
     with trio.fail_after(30):
-        async with serving(pair_app(200, answer, [])) as url:
+        async with serving(pair_app(200, answer, [])) as base:
+            url = ws_url(base)
             code = await pair_command("ABCD-1234", url, "studio", home)
     assert code == 1
     _, err = capsys.readouterr()

@@ -17,17 +17,15 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import attrs
 import httpx
-import hypercorn.trio
 import pytest
 import trio
-from hypercorn.config import Config
 
 from prohost.reporter import Reporter, Settlement
+from tests.asgi_kit import lifespan, read_body, serving
 
 TOKEN = "tok_s3cret_do_not_log"
 RUN = "run_01"
@@ -61,19 +59,9 @@ class ScriptedApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await lifespan(receive, send)
+            return
+        body = await read_body(receive)
         self.seen.append(
             Seen(
                 at=trio.current_time(),
@@ -99,24 +87,6 @@ class ScriptedApp:
     @property
     def times(self) -> list[float]:
         return [s.at for s in self.seen]
-
-
-@asynccontextmanager
-async def serving(app: ScriptedApp) -> AsyncIterator[str]:
-    """Serve ``app`` on loopback port 0 until the block ends; yields the base URL."""
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.graceful_timeout = 1.0
-    config.errorlog = None
-    shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            partial(hypercorn.trio.serve, app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
-        )
-        try:
-            yield binds[0]
-        finally:
-            shutdown.set()
 
 
 @asynccontextmanager
