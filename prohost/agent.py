@@ -18,7 +18,7 @@ import httpx
 import trio
 from rich.console import Console
 
-from prohost.harness import Endpoints, Harness, progress_log
+from prohost.harness import Endpoints, Harness
 from prohost.home import (
     CredentialsError,
     InstanceLock,
@@ -31,6 +31,7 @@ from prohost.ledger import Ledger, LedgerError
 from prohost.logfile import add_redaction
 from prohost.options import Options
 from prohost.panel import Panel
+from prohost.runner import progress_log
 
 log = logging.getLogger("prohost.agent")
 

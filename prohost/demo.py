@@ -20,11 +20,12 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from prohost.harness import Endpoints, Harness, progress_log
+from prohost.harness import Endpoints, Harness
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.ledger import Ledger
 from prohost.options import Options
 from prohost.panel import Panel, use_panel
+from prohost.runner import progress_log
 from prohost.server import ServerConfig, ServerHandle, serve
 
 log = logging.getLogger("prohost.demo")

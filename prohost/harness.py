@@ -30,7 +30,7 @@ import trio
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
 from prohost.brains import brain_for
-from prohost.execute import ExecSpec, Progress, execute
+from prohost.execute import ExecSpec
 from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
@@ -41,10 +41,10 @@ from prohost.protocol import (
     Heartbeat,
     HeartbeatAck,
     Message,
-    RunBeat,
     Status,
 )
 from prohost.reporter import Reporter
+from prohost.runner import HeldRun, Runner, progress_log
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import Scheduler
 from prohost.snapshot import (
@@ -56,13 +56,9 @@ from prohost.snapshot import (
     Snapshot,
     write_snapshot,
 )
-from prohost.timeline import TimelineBatcher
 from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
-#: A run's progress (accepted, started, finished). The status panel reports the
-#: same changes, so with a panel attached this logger is turned down to warnings.
-progress_log = logging.getLogger("prohost.harness.runs")
 
 #: `status` is coalesced to at most one per this many seconds (§2).
 STATUS_MIN_INTERVAL_S = 0.25
@@ -70,8 +66,6 @@ STATUS_MIN_INTERVAL_S = 0.25
 STOP_WINDOW_S = 5.0
 #: Grace between SIGTERM and SIGKILL after a second signal (§9).
 STOP_GRACE_S = 3.0
-#: A ledger step is a local fsync; if it takes longer, the disk is in trouble.
-LEDGER_STEP_TIMEOUT_S = 30.0
 #: Reported rows older than this are pruned (§7), checked this often.
 PRUNE_AGE_S = 7 * 86400.0
 PRUNE_EVERY_S = 86400.0
@@ -88,35 +82,6 @@ NOT_STARTED = "the agent is shutting down; the run was not started"
 STOPPED = "the agent was stopped"
 RESTARTED = "the harness restarted before this run finished"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
-
-
-@attrs.define(eq=False)
-class HeldRun:
-    """A run from accept until its report settles; what heartbeats list."""
-
-    run: AgentRun
-    state: str = "queued"  # queued | preparing | running | reporting
-    started_at: float | None = None
-    #: Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
-    exec_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    #: Cancelled to forget the run entirely (``heartbeat_ack.unknown``).
-    life_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    stop_outcome: Outcome | None = None
-    dropped: bool = False
-    progress: Progress = attrs.field(factory=Progress)
-
-    @property
-    def run_id(self) -> str:
-        return self.run.run_id
-
-    def beat(self) -> RunBeat:
-        return RunBeat(
-            run_id=self.run_id,
-            state=self.state,
-            lane=self.run.lane,
-            started_at=self.started_at,
-            activity=self.progress.activity if self.state == "running" else None,
-        )
 
 
 @attrs.frozen
@@ -168,6 +133,18 @@ class Harness:
             secrets=(endpoints.token, endpoints.secret),
         )
         self.worktrees = WorktreeManager(options.home, options.repos)
+        self.runner = None if ledger is None else Runner(
+            spec=self.spec,
+            brain=self.brain,
+            ledger=ledger,
+            reporter=self.reporter,
+            groups=self.groups,
+            env=self.env,
+            worktrees=self.worktrees if self.worktrees.enabled else None,
+            scratch_root=options.home / "runs",
+            on_change=self._changed,
+            on_outcome=self._on_outcome,
+        )
         self.held: dict[str, HeldRun] = {}
         self.draining = False
         self.stopping = False
@@ -197,7 +174,7 @@ class Harness:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self.scheduler.run)
-                await self._recover(nursery)
+                await self._recover()
                 await nursery.start(self._guard_link)
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
@@ -431,96 +408,12 @@ class Harness:
     # ------------------------------------------------------------------ one run
 
     async def _work(self, run_id: str, held: HeldRun) -> None:
-        """The scheduler's work for one run: execute, then settle its report."""
+        """The scheduler's work for one run: the runner executes and reports it."""
         self._changed()
-        run = held.run
         try:
-            with held.life_scope:
-                batcher = None
-                if run.timeline_path is not None and self.brain.streams:
-                    batcher = TimelineBatcher(self.reporter, run.run_id, run.timeline_path)
-                async with trio.open_nursery() as nursery:
-                    if batcher is not None:
-                        await nursery.start(batcher.run)
-                    outcome = await self._execute(held, batcher)
-                    if batcher is not None:
-                        # Every tool row is posted before the completion (§8).
-                        await batcher.close()
-                    nursery.cancel_scope.cancel()
-                await self._settle(held, outcome)
-            if held.dropped:
-                await self._record_dropped(held)
+            await self._runner().run(held)
         finally:
             self._release(held)
-
-    async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
-        run = held.run
-        assert self.ledger is not None
-        ledger = self.ledger
-        held.state = "preparing"
-        outcome: Outcome | None = None
-        with held.exec_scope:
-            await self._ledger(ledger.mark_started, run.run_id, time.time())
-            session = await trio.to_thread.run_sync(ledger.session_for, run.lane)
-            held.state = "running"
-            held.started_at = time.time()
-            self._changed()
-            progress_log.info("▶ run %s started on %s%s", run.run_id, run.lane,
-                     f" (resuming session {session})" if session else "")
-
-            async def spawned(pgid: int) -> None:
-                # With the group recorded, a restarted harness can find and kill
-                # this agent if this process dies while it runs (§7).
-                await self._ledger(ledger.record_pgid, run.run_id, pgid)
-
-            outcome = await execute(
-                run, self.spec, self.brain,
-                groups=self.groups,
-                session_id=session,
-                progress=held.progress,
-                on_spawn=spawned,
-                on_events=batcher.add if batcher is not None else None,
-                base_env=self.env,
-                scratch=self.options.home / "runs" / run.run_id,
-                worktrees=None if self.options.dry_run else self.worktrees,
-            )
-        if outcome is None:  # the exec scope was cancelled: a cancel or a stop
-            assert held.stop_outcome is not None
-            outcome = attrs.evolve(held.stop_outcome, session_id=held.progress.session_id)
-        if held.progress.model:
-            self.model = held.progress.model
-        # The lane's next turn resumes whatever session this one ended with, failed
-        # or not; a rejected session that was replaced is forgotten here too.
-        await self._ledger(ledger.save_session, run.lane, outcome.session_id, time.time())
-        return outcome
-
-    async def _settle(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
-        """Record the outcome (the outbox), post it, record how that went."""
-        run = held.run
-        held.state = "reporting"
-        self._changed()
-        if outcome.ok:
-            progress_log.info("✓ run %s finished", run.run_id)
-        else:
-            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
-        self._finished.appendleft(FinishedRow(
-            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
-            error=outcome.error,
-            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
-            finished_at=time.time(),
-        ))
-        assert self.ledger is not None
-        if not recorded:
-            await self._ledger(self.ledger.mark_finished, run.run_id, outcome.to_json(),
-                               time.time())
-        settlement = await self.reporter.complete(
-            run.run_id, run.completion_path, outcome.completion(run.run_id)
-        )
-        # The reporter already said how a normal settlement went.
-        level = logging.DEBUG if settlement.kind in ("delivered", "already") else logging.WARNING
-        log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
-        await self._ledger(self.ledger.mark_reported, run.run_id,
-                           f"{settlement.kind}: {settlement.detail}", time.time())
 
     def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
@@ -530,35 +423,37 @@ class Harness:
 
     async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
         try:
-            with held.life_scope:
-                await self._settle(held, outcome, recorded=recorded)
-            if held.dropped:
-                await self._record_dropped(held)
+            await self._runner().settle_only(held, outcome, recorded=recorded)
         finally:
             self._release(held)
 
     async def _record_dropped(self, held: HeldRun) -> None:
-        assert self.ledger is not None
-        await self._ledger(self.ledger.mark_reported, held.run_id,
-                           "dropped: closed on the server", time.time())
-        self._release(held)
+        try:
+            await self._runner().record_dropped(held)
+        finally:
+            self._release(held)
 
-    async def _ledger(self, step: Callable[..., object], *args: object) -> None:
-        """One durable ledger step, in a worker thread.
+    def _runner(self) -> Runner:
+        # Only a harness with a ledger executes or reports anything (not a dry run).
+        assert self.runner is not None
+        return self.runner
 
-        Shielded and bounded: a step that was begun is finished even when the run
-        is being cancelled, or the ledger would disagree with what was done.
-        """
-        with trio.move_on_after(LEDGER_STEP_TIMEOUT_S, shield=True) as scope:
-            try:
-                await trio.to_thread.run_sync(step, *args)
-            except LedgerError as exc:
-                # A step out of order (say, a drop racing a report that just
-                # settled) must not take the run's task down with it.
-                log.error("ledger: %s", exc)
-        if scope.cancelled_caught:
-            log.error("a ledger write took over %d s; the disk may be failing",
-                      LEDGER_STEP_TIMEOUT_S)
+    def _on_outcome(self, held: HeldRun, outcome: Outcome) -> None:
+        """A run has its outcome and is about to be reported: books and logs."""
+        run = held.run
+        if outcome.ok:
+            progress_log.info("✓ run %s finished", run.run_id)
+        else:
+            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+        if held.progress.model:
+            self.model = held.progress.model
+        self._finished.appendleft(FinishedRow(
+            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+            error=outcome.error,
+            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
+            finished_at=time.time(),
+        ))
+        self._changed()
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -696,7 +591,7 @@ class Harness:
 
     # ------------------------------------------------------------------ recovery
 
-    async def _recover(self, nursery: trio.Nursery) -> None:
+    async def _recover(self) -> None:
         """Pick up where a previous process left off (§7)."""
         if self.ledger is None:
             return

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from prohost.harness import HeldRun
+from prohost.runner import HeldRun
 from prohost.ledger import Ledger
 from prohost.protocol import RunBeat, Status
 from prohost.runs import parse_body
