@@ -12,9 +12,9 @@ from typing import Any
 
 import trio
 
-from prohost.runner import HeldRun
 from prohost.ledger import Ledger
 from prohost.protocol import RunBeat, Status
+from prohost.runner import HeldRun
 from prohost.runs import parse_body
 from tests.kit import AGENTS, finished, messages, running_harness, running_server
 
