@@ -6,6 +6,7 @@ from pathlib import Path
 
 import trio
 
+from prohost import AGENT_HEADER_VALUE
 from prohost.protocol import Heartbeat, Status
 from tests.kit import agent_command, finished, messages, running_harness, running_server
 
@@ -27,3 +28,7 @@ async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:
             first = [entry.message for entry in server.state.received][:2]
             assert isinstance(first[0], Status) and isinstance(first[1], Heartbeat)
             assert messages(server.state, Status)[0].machine == "test"
+            # The handshake says who is calling (§1).
+            [conn] = server.state.connections.values()
+            assert (conn.machine, conn.agent) == ("test", AGENT_HEADER_VALUE)
+            assert AGENT_HEADER_VALUE.startswith("prohost-python/")
