@@ -31,6 +31,7 @@ from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
+from prohost.heartbeat import Beacon
 from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
@@ -38,7 +39,6 @@ from prohost.protocol import (
     Ack,
     Cancel,
     Delivery,
-    Heartbeat,
     HeartbeatAck,
     Message,
     Status,
@@ -60,8 +60,6 @@ from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
 
-#: `status` is coalesced to at most one per this many seconds (§2).
-STATUS_MIN_INTERVAL_S = 0.25
 #: After a second signal, everything left must be done within this (§9).
 STOP_WINDOW_S = 5.0
 #: Grace between SIGTERM and SIGKILL after a second signal (§9).
@@ -151,9 +149,7 @@ class Harness:
         self.exit_code = 0
         self._dry_seen: set[str] = set()
         self._finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
-        self._last_heartbeat_at: float | None = None
-        self._heartbeat_seq = 0
-        self._status_wanted = trio.Event()
+        self.beacon = Beacon(self._status, lambda: [h.beat() for h in self.held.values()])
         self._state_changed = trio.Event()
         self._status_written = trio.Event()
         self._held_changed = trio.Event()
@@ -281,32 +277,11 @@ class Harness:
     # ------------------------------------------------------------------ link handler
 
     async def on_session(self, session: Session) -> None:
-        """For the life of one connection: status, heartbeat, then both as due.
+        """For the life of one connection: the beacon's status and heartbeats.
 
         Cancelled when the connection drops; nothing to clean up.
         """
-        await session.send(self._status())
-        await session.send(self._heartbeat())
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._heartbeats, session)
-            nursery.start_soon(self._statuses, session)
-
-    async def _heartbeats(self, session: Session) -> None:
-        while True:
-            await trio.sleep(session.heartbeat_s)
-            await session.send(self._heartbeat())
-
-    async def _statuses(self, session: Session) -> None:
-        last = self._status()
-        while True:
-            await self._status_wanted.wait()
-            self._status_wanted = trio.Event()
-            status = self._status()
-            if status == last:
-                continue
-            await session.send(status)
-            last = status
-            await trio.sleep(STATUS_MIN_INTERVAL_S)
+        await self.beacon.serve(session)
 
     async def on_message(self, session: Session, message: Message) -> None:
         """Handle one message; never raises for anything the server sends."""
@@ -473,7 +448,7 @@ class Harness:
         return self.scheduler.statistics().running
 
     def _changed(self) -> None:
-        self._status_wanted.set()
+        self.beacon.poke()
         self._state_changed.set()
         self._state_changed = trio.Event()
 
@@ -530,8 +505,8 @@ class Harness:
             reconnect_in_s=None if link.reconnect_at is None
             else max(0.0, link.reconnect_at - now),
             last_error=link.last_error,
-            heartbeat_age_s=None if self._last_heartbeat_at is None or not link.connected
-            else now - self._last_heartbeat_at,
+            heartbeat_age_s=None if self.beacon.last_heartbeat_at is None or not link.connected
+            else now - self.beacon.last_heartbeat_at,
             runs=tuple(rows),
             finished=tuple(self._finished),
         )
@@ -580,13 +555,6 @@ class Harness:
             queued=stats.queued,
             draining=self.draining,
             features=["cancel", "timeline"] if self.brain.streams else ["cancel"],
-        )
-
-    def _heartbeat(self) -> Heartbeat:
-        self._heartbeat_seq += 1
-        self._last_heartbeat_at = trio.current_time()
-        return Heartbeat(
-            seq=self._heartbeat_seq, runs=[held.beat() for held in self.held.values()]
         )
 
     # ------------------------------------------------------------------ recovery
