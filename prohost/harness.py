@@ -565,22 +565,22 @@ class Harness:
             return
         recovery = await trio.to_thread.run_sync(self.ledger.recover)
         for row in recovery.interrupted:
-            held = self._held_from(row)
+            held = await self._held_from(row)
             if held is None:
                 continue
-            self._kill_leftover(row)
+            await trio.to_thread.run_sync(self._kill_leftover, row)
             log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
             self._hold(held)
             self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
         for row in recovery.outbox:
-            held = self._held_from(row)
+            held = await self._held_from(row)
             if held is None or row.outcome is None:
                 continue
             log.info("run %s finished before the restart; reporting it now", row.run_id)
             self._hold(held)
             self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
         for row in recovery.pending:
-            held = self._held_from(row)
+            held = await self._held_from(row)
             if held is None:
                 continue
             log.info("run %s was accepted before the restart; queueing it again", row.run_id)
@@ -590,14 +590,22 @@ class Harness:
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
 
-    def _held_from(self, row: LedgerRow) -> HeldRun | None:
+    async def _held_from(self, row: LedgerRow) -> HeldRun | None:
         try:
             return HeldRun(run=parse_body(row.body))
         except BodyError as exc:  # accepted by an older version that was less strict
-            log.error("run %s in the ledger cannot be read (%s); skipping it", row.run_id, exc)
+            log.error("run %s in the ledger cannot be read (%s); closing it unreported",
+                      row.run_id, exc)
+            # Closed, so that it is not met again at every start.
+            assert self.ledger is not None
+            await trio.to_thread.run_sync(
+                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time()
+            )
             return None
 
-    def _kill_leftover(self, row: LedgerRow) -> None:
+    @staticmethod
+    def _kill_leftover(row: LedgerRow) -> None:
+        """Blocking (it may read /proc or run ps): call it in a worker thread."""
         if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
             return
         log.warning("killing the agent of run %s left from the previous harness (group %d)",

@@ -7,6 +7,7 @@ from pathlib import Path
 import trio
 
 from prohost import AGENT_HEADER_VALUE
+from prohost.ledger import Ledger
 from prohost.protocol import Heartbeat, Status
 from tests.kit import agent_command, finished, messages, running_harness, running_server
 
@@ -32,3 +33,23 @@ async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:
             [conn] = server.state.connections.values()
             assert (conn.machine, conn.agent) == ("test", AGENT_HEADER_VALUE)
             assert AGENT_HEADER_VALUE.startswith("prohost-python/")
+
+
+async def test_an_unreadable_ledger_row_is_closed_not_met_at_every_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    ledger = Ledger.open(home / "ledger.sqlite3")
+    try:
+        # Accepted by some older, less strict version: not a body this one can run.
+        ledger.admit("run_old", "conv:C1", '{"run_id": "run_old"}', 0.0)
+    finally:
+        ledger.close()
+    with trio.fail_after(30):
+        async with running_server() as server, running_harness(
+            server, home, exec_command=agent_command("reply.py", "ok")
+        ) as running:
+            assert running.ledger is not None
+            row = running.ledger.get("run_old")
+            assert row is not None and row.state == "reported"
+            assert row.settlement is not None and row.settlement.startswith("unreadable")
+            assert "run_old" not in running.harness.held
