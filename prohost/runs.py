@@ -114,19 +114,6 @@ def parse_body(body: str) -> AgentRun:
     return run
 
 
-def peek_run_id(body: str) -> str | None:
-    """The body's ``run_id`` if it has a usable one, without validating the rest."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if isinstance(data, dict):
-        run_id = data.get("run_id")
-        if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id):
-            return run_id
-    return None
-
-
 @attrs.frozen
 class Outcome:
     """What a run ended with: the completion to post, minus the ``run_id``.

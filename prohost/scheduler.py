@@ -103,10 +103,6 @@ class LaneQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._by_key) + len(self._busy)
 
-    def is_busy(self, lane: str) -> bool:
-        """True while an item of ``lane`` is running."""
-        return lane in self._busy
-
     def push(self, key: str, lane: str, item: T) -> None:
         """Queue ``item`` on ``lane``. Accept order is push order. O(log lanes).
 

@@ -30,21 +30,6 @@ EXIT_RUNNING = 0
 EXIT_NOT_RUNNING = 1
 EXIT_STALE = 3
 
-#: Suggested ``--help`` text for the command (the integrator puts it in cli.py).
-HELP = "show what the agent harness on this machine is doing"
-DESCRIPTION = (
-    "Print what the running `prohost agent run` on this $PROHOST_HOME is doing: its "
-    "connection, the runs in progress and the last finished ones, as its panel shows them."
-)
-EPILOG = (
-    "Exit status: 0 an agent is running; 1 none is running (or its status file is "
-    "unreadable); 3 its process exists but its status has not been updated for "
-    f"{int(STALE_AFTER_S)} s or more (it may be hung). With --json, the snapshot is printed "
-    'with "running" and "age_s" (seconds since it was written) added; when no agent is '
-    'running it is {"running": false, ...}.'
-)
-
-
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (it may belong to someone else)."""
     if pid <= 0:
