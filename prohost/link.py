@@ -284,7 +284,11 @@ class Link:
         while True:
             raw = await ws.get_message()
             self._heard()
-            size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "replace"))
+            size = len(raw)
+            # A character is at most 4 UTF-8 bytes: only a long text needs encoding
+            # to know its size, and the reader stays off that work for the rest.
+            if isinstance(raw, str) and 4 * size > protocol.MAX_MESSAGE_BYTES:
+                size = len(raw.encode("utf-8", "replace"))
             if size > protocol.MAX_MESSAGE_BYTES:
                 await ws.aclose(1009, "message over 4 MiB")
                 return f"the server sent a {size}-byte message (limit 4 MiB)"
