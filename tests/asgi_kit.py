@@ -15,19 +15,11 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
+from prohost.server.app import answer_lifespan as lifespan
+
+__all__ = ["lifespan", "read_body", "serving"]
+
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-async def lifespan(receive: Receive, send: Send) -> None:
-    """Answer hypercorn's lifespan startup and shutdown."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -24,18 +24,9 @@ from prohost.protocol import Ack, Heartbeat, Pong, Status
 from prohost.sendcmd import api_base, send_command
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
 from prohost.signature import check
+from tests.kit import running_server
 
 BIG = 8 * 1024 * 1024
-
-
-@asynccontextmanager
-async def running_server(**config: Any) -> AsyncIterator[ServerHandle]:
-    async with trio.open_nursery() as nursery:
-        handle: ServerHandle = await nursery.start(serve, ServerConfig(**config))
-        try:
-            yield handle
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 def auth(creds: dict[str, str], machine: str = "m1") -> list[tuple[bytes, bytes]]:

@@ -75,6 +75,17 @@ def _json_bytes(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
 
 
+async def answer_lifespan(receive: Receive, send: Send) -> None:
+    """Answer the server's lifespan startup and shutdown (nothing to set up)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 class App:
     """The ASGI application. One instance per server; all state lives in ``state``."""
 
@@ -88,16 +99,8 @@ class App:
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await answer_lifespan(receive, send)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     # ------------------------------------------------------------------ WebSocket
 
