@@ -17,11 +17,12 @@ away it exits 3. Unlike gated.py:
 
 import os
 import signal
-import socket
 import sqlite3
 import sys
 import time
 from pathlib import Path
+
+from gate_client import announce, obey
 
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
 signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -44,14 +45,4 @@ give_up = time.monotonic() + 30
 while recorded_pgid() != os.getpgrp() and time.monotonic() < give_up:
     time.sleep(0.02)
 
-conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-conn.sendall(f"start {run_id} {os.getpid()}\n".encode())
-reader = conn.makefile("r", encoding="utf-8")
-line = reader.readline().rstrip("\n")
-if line.startswith("reply "):
-    print(line[len("reply ") :])
-    sys.exit(0)
-if line.startswith("exit "):
-    print("the gate told me to fail", file=sys.stderr)
-    sys.exit(int(line[len("exit ") :]))
-sys.exit(3)
+obey(announce(int(sys.argv[1])))

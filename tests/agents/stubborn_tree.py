@@ -11,10 +11,11 @@ the test says or whether it goes away. The agent itself dies on SIGTERM unless
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+from gate_client import announce
 
 port, pidfile = int(sys.argv[1]), sys.argv[2]
 leader_ignores_term = "--leader-ignores-term" in sys.argv[3:]
@@ -30,10 +31,8 @@ with open(pidfile + ".tmp", "w") as file:
     file.write(f"{os.getpid()} {grandchild.pid}")
 os.replace(pidfile + ".tmp", pidfile)
 
-prompt = sys.stdin.read()
-run_id = os.environ.get("PROHOST_RUN_ID", "?")
-conn = socket.create_connection(("127.0.0.1", port))
-conn.sendall(f"start {run_id} {os.getpid()}\n".encode())
+sys.stdin.read()
+conn = announce(port)
 while conn.recv(4096):
     pass
 time.sleep(600)
