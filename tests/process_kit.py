@@ -15,12 +15,13 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from prohost.ledger import Ledger, LedgerRow
 from prohost.server import ServerHandle
-from tests.kit import Gate, acks, delivery_frame, wait_for_ack
+from tests.kit import Gate, acks, delivery_frame, pair_home, running_server, wait_for_ack
 
 
 class HarnessProcess:
@@ -176,3 +177,21 @@ async def redeliver(
 
 
 # ---------------------------------------------------------------------- the tests
+
+
+@asynccontextmanager
+async def paired_with_gate(
+    home: Path, *, also_kill: Iterable[int] = (), **server_config: Any
+) -> AsyncIterator[tuple[Gate, ServerHandle]]:
+    """A Gate, a reference server, and ``home`` paired with it. On the way out every
+    agent the Gate saw (and ``also_kill``, read then) is killed if still alive."""
+    gate = Gate()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gate.serve)
+        try:
+            async with running_server(**server_config) as server:
+                pair_home(server, home)
+                yield gate, server
+        finally:
+            kill_leftovers([*gate.pids.values(), *also_kill])
+            nursery.cancel_scope.cancel()

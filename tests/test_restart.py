@@ -20,17 +20,14 @@ import trio
 from prohost.harness import RESTARTED
 from prohost.ledger import RunState
 from tests.kit import (
-    Gate,
     agent_command,
     finished,
-    pair_home,
-    running_server,
 )
 from tests.process_kit import (
     alive,
     harness_process,
-    kill_leftovers,
     ledger_row,
+    paired_with_gate,
     redeliver,
     until,
     wait_gone,
@@ -41,165 +38,141 @@ async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queue
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    gate = Gate()
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
+        async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
-            try:
-                async with running_server() as server:
-                    pair_home(server, home)
-                    async with harness_process(server, home, command) as first:
-                        busy = await server.submit_run("long job", conversation_id="A")
-                        await gate.wait_started(busy)
-                        # One slot, and it is taken: these are accepted but never start.
-                        waiting = [await server.submit_run(f"waiting {n}", conversation_id=lane)
-                                   for n, lane in enumerate(("B", "C"))]
-                        await server.wait_until(
-                            lambda s: all(s.runs[r].state == "accepted" for r in waiting))
-                        await first.kill()
-                    await server.wait_until(lambda s: s.connected == 0)
+            async with harness_process(server, home, command) as first:
+                busy = await server.submit_run("long job", conversation_id="A")
+                await gate.wait_started(busy)
+                # One slot, and it is taken: these are accepted but never start.
+                waiting = [await server.submit_run(f"waiting {n}", conversation_id=lane)
+                           for n, lane in enumerate(("B", "C"))]
+                await server.wait_until(
+                    lambda s: all(s.runs[r].state == "accepted" for r in waiting))
+                await first.kill()
+            await server.wait_until(lambda s: s.connected == 0)
 
-                    # The scene the restarted harness finds: an agent left running (it
-                    # outlives its harness), its group in the ledger, two runs never started.
-                    agent_pid = gate.pids[busy]
-                    assert alive(agent_pid)
-                    row = ledger_row(home, busy)
-                    assert row.state is RunState.STARTED
-                    assert row.pgid == os.getpgid(agent_pid)
-                    assert [ledger_row(home, r).state for r in waiting] == [RunState.ACCEPTED] * 2
-                    assert gate.started == [busy]
+            # The scene the restarted harness finds: an agent left running (it
+            # outlives its harness), its group in the ledger, two runs never started.
+            agent_pid = gate.pids[busy]
+            assert alive(agent_pid)
+            row = ledger_row(home, busy)
+            assert row.state is RunState.STARTED
+            assert row.pgid == os.getpgid(agent_pid)
+            assert [ledger_row(home, r).state for r in waiting] == [RunState.ACCEPTED] * 2
+            assert gate.started == [busy]
 
-                    async with harness_process(server, home, command) as second:
-                        assert await wait_gone(agent_pid), "the leftover agent is still alive"
-                        # The accepted runs run now, in the order accepted; `busy` never
-                        # runs again.
-                        for count, run_id in enumerate(waiting, start=2):
-                            await gate.wait(lambda g, count=count: len(g.started) == count)
-                            assert gate.started[-1] == run_id
-                            await gate.release(run_id, f"answer to {run_id}")
-                        await server.wait_until(finished(busy))
-                        assert server.run(busy).completion == {
-                            "run_id": busy, "ok": False, "error": RESTARTED, "retryable": True}
-                        await server.wait_until(finished(*waiting))
-                        assert [server.run(r).reply for r in waiting] == [
-                            f"answer to {r}" for r in waiting]
-                        assert gate.started == [busy, *waiting]  # busy never ran again
+            async with harness_process(server, home, command) as second:
+                assert await wait_gone(agent_pid), "the leftover agent is still alive"
+                # The accepted runs run now, in the order accepted; `busy` never
+                # runs again.
+                for count, run_id in enumerate(waiting, start=2):
+                    await gate.wait(lambda g, count=count: len(g.started) == count)
+                    assert gate.started[-1] == run_id
+                    await gate.release(run_id, f"answer to {run_id}")
+                await server.wait_until(finished(busy))
+                assert server.run(busy).completion == {
+                    "run_id": busy, "ok": False, "error": RESTARTED, "retryable": True}
+                await server.wait_until(finished(*waiting))
+                assert [server.run(r).reply for r in waiting] == [
+                    f"answer to {r}" for r in waiting]
+                assert gate.started == [busy, *waiting]  # busy never ran again
 
-                        second.send_signal(signal.SIGTERM)  # nothing left: drains at once
-                        assert await second.proc.wait() == 0
-                    assert {ledger_row(home, r).state for r in [busy, *waiting]} == {
-                        RunState.REPORTED}
-                    assert server.run(busy).completion_posts == 1
-            finally:
-                kill_leftovers(gate.pids.values())
-                nursery.cancel_scope.cancel()
+                second.send_signal(signal.SIGTERM)  # nothing left: drains at once
+                assert await second.proc.wait() == 0
+            assert {ledger_row(home, r).state for r in [busy, *waiting]} == {
+                RunState.REPORTED}
+            assert server.run(busy).completion_posts == 1
 
 
 async def test_after_a_kill_a_finished_unreported_run_posts_its_saved_outcome(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    gate = Gate()
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
-            try:
-                async with running_server() as server:
-                    pair_home(server, home)
-                    # The server is down for completions: the report keeps being retried.
-                    server.state.completion_faults.extend([(503, {})] * 100)
-                    async with harness_process(server, home, gate.command) as first:
-                        run_id = await server.submit_run("work")
-                        await gate.wait_started(run_id)
-                        await gate.release(run_id, "the saved answer")
-                        # A completion POST is made only after the outcome is in the ledger.
-                        await server.wait_until(lambda s: s.runs[run_id].completion_posts >= 1)
-                        await first.kill()
-                    await server.wait_until(lambda s: s.connected == 0)
+        async with paired_with_gate(home) as (gate, server):
+            # The server is down for completions: the report keeps being retried.
+            server.state.completion_faults.extend([(503, {})] * 100)
+            async with harness_process(server, home, gate.command) as first:
+                run_id = await server.submit_run("work")
+                await gate.wait_started(run_id)
+                await gate.release(run_id, "the saved answer")
+                # A completion POST is made only after the outcome is in the ledger.
+                await server.wait_until(lambda s: s.runs[run_id].completion_posts >= 1)
+                await first.kill()
+            await server.wait_until(lambda s: s.connected == 0)
 
-                    row = ledger_row(home, run_id)
-                    assert row.state is RunState.FINISHED
-                    assert row.outcome is not None and "the saved answer" in row.outcome
-                    assert server.run(run_id).completion is None
-                    posts_before = server.run(run_id).completion_posts
-                    server.state.completion_faults.clear()
+            row = ledger_row(home, run_id)
+            assert row.state is RunState.FINISHED
+            assert row.outcome is not None and "the saved answer" in row.outcome
+            assert server.run(run_id).completion is None
+            posts_before = server.run(run_id).completion_posts
+            server.state.completion_faults.clear()
 
-                    async with harness_process(server, home, gate.command) as second:
-                        await until(server, gate, lambda: finished(run_id)(server.state)
-                                    or len(gate.started) > 1)
-                        assert gate.started == [run_id]  # the agent ran once, before the kill
-                        completion = server.run(run_id).completion
-                        assert completion is not None
-                        assert completion["ok"] is True
-                        assert completion["reply"] == "the saved answer"
-                        assert server.run(run_id).completion_posts == posts_before + 1
-                        second.send_signal(signal.SIGTERM)
-                        assert await second.proc.wait() == 0
-                    assert gate.started == [run_id]
-                    assert ledger_row(home, run_id).state is RunState.REPORTED
-            finally:
-                kill_leftovers(gate.pids.values())
-                nursery.cancel_scope.cancel()
+            async with harness_process(server, home, gate.command) as second:
+                await until(server, gate, lambda: finished(run_id)(server.state)
+                            or len(gate.started) > 1)
+                assert gate.started == [run_id]  # the agent ran once, before the kill
+                completion = server.run(run_id).completion
+                assert completion is not None
+                assert completion["ok"] is True
+                assert completion["reply"] == "the saved answer"
+                assert server.run(run_id).completion_posts == posts_before + 1
+                second.send_signal(signal.SIGTERM)
+                assert await second.proc.wait() == 0
+            assert gate.started == [run_id]
+            assert ledger_row(home, run_id).state is RunState.REPORTED
 
 
 async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    gate = Gate()
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
+        async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
-            try:
-                async with running_server() as server:
-                    pair_home(server, home)
-                    async with harness_process(server, home, command) as first:
-                        done = await server.submit_run("quick", conversation_id="D")
-                        await gate.wait_started(done)
-                        await gate.release(done, "quick answer")
-                        await server.wait_until(finished(done))
-                        interrupted = await server.submit_run("long", conversation_id="A")
-                        # One slot: it frees only once `done` is reported in the ledger.
-                        await gate.wait_started(interrupted)
-                        pending = await server.submit_run("later", conversation_id="B")
-                        await server.wait_until(lambda s: s.runs[pending].state == "accepted")
-                        await first.kill()
-                    await server.wait_until(lambda s: s.connected == 0)
-                    assert ledger_row(home, done).state is RunState.REPORTED
+            async with harness_process(server, home, command) as first:
+                done = await server.submit_run("quick", conversation_id="D")
+                await gate.wait_started(done)
+                await gate.release(done, "quick answer")
+                await server.wait_until(finished(done))
+                interrupted = await server.submit_run("long", conversation_id="A")
+                # One slot: it frees only once `done` is reported in the ledger.
+                await gate.wait_started(interrupted)
+                pending = await server.submit_run("later", conversation_id="B")
+                await server.wait_until(lambda s: s.runs[pending].state == "accepted")
+                await first.kill()
+            await server.wait_until(lambda s: s.connected == 0)
+            assert ledger_row(home, done).state is RunState.REPORTED
 
-                    # Keep the interrupted run's restart report unsettled for now (Retry-After
-                    # keeps the retries from hammering), so it stays `finished` in the ledger.
-                    server.state.completion_faults.extend([(503, {"Retry-After": "1"})] * 100)
-                    async with harness_process(server, home, command) as second:
-                        await server.wait_until(lambda s: s.runs[interrupted].completion_posts > 0)
-                        await gate.wait_started(pending)
+            # Keep the interrupted run's restart report unsettled for now (Retry-After
+            # keeps the retries from hammering), so it stays `finished` in the ledger.
+            server.state.completion_faults.extend([(503, {"Retry-After": "1"})] * 100)
+            async with harness_process(server, home, command) as second:
+                await server.wait_until(lambda s: s.runs[interrupted].completion_posts > 0)
+                await gate.wait_started(pending)
 
-                        assert await redeliver(server, second, interrupted, "dlv_again_1") == 200
-                        assert await redeliver(server, second, pending, "dlv_again_2") == 200
-                        assert await redeliver(server, second, done, "dlv_again_3") == 204
+                assert await redeliver(server, second, interrupted, "dlv_again_1") == 200
+                assert await redeliver(server, second, pending, "dlv_again_2") == 200
+                assert await redeliver(server, second, done, "dlv_again_3") == 204
 
-                        server.state.completion_faults.clear()
-                        await server.wait_until(finished(interrupted))
-                        completion = server.run(interrupted).completion
-                        assert completion is not None and completion["error"] == RESTARTED
-                        await gate.release(pending, "later answer")
-                        await server.wait_until(finished(pending))
-                        # One slot again: this starts only once `pending` is reported.
-                        last = await server.submit_run("last", conversation_id="E")
-                        await gate.wait(lambda g: len(g.started) == 4)
-                        assert gate.started == [done, interrupted, pending, last]
-                        assert await redeliver(server, second, pending, "dlv_again_4") == 204
-                        await gate.release(last)
-                        await server.wait_until(finished(last))
-                        second.send_signal(signal.SIGTERM)
-                        assert await second.proc.wait() == 0
+                server.state.completion_faults.clear()
+                await server.wait_until(finished(interrupted))
+                completion = server.run(interrupted).completion
+                assert completion is not None and completion["error"] == RESTARTED
+                await gate.release(pending, "later answer")
+                await server.wait_until(finished(pending))
+                # One slot again: this starts only once `pending` is reported.
+                last = await server.submit_run("last", conversation_id="E")
+                await gate.wait(lambda g: len(g.started) == 4)
+                assert gate.started == [done, interrupted, pending, last]
+                assert await redeliver(server, second, pending, "dlv_again_4") == 204
+                await gate.release(last)
+                await server.wait_until(finished(last))
+                second.send_signal(signal.SIGTERM)
+                assert await second.proc.wait() == 0
 
-                    assert gate.started == [done, interrupted, pending, last]
-                    assert server.run(pending).reply == "later answer"
-                    assert server.run(done).completion_posts == 1
-                    for run_id in (done, interrupted, pending):
-                        # The server's own delivery was acked once, by the first harness.
-                        assert server.run(run_id).ack_statuses == [200]
-            finally:
-                kill_leftovers(gate.pids.values())
-                nursery.cancel_scope.cancel()
+            assert gate.started == [done, interrupted, pending, last]
+            assert server.run(pending).reply == "later answer"
+            assert server.run(done).completion_posts == 1
+            for run_id in (done, interrupted, pending):
+                # The server's own delivery was acked once, by the first harness.
+                assert server.run(run_id).ack_statuses == [200]

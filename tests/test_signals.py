@@ -18,13 +18,13 @@ from prohost.harness import NOT_STARTED, STOPPED
 from prohost.ledger import RunState
 from prohost.protocol import Heartbeat, Pong, Status
 from prohost.server import ServerHandle
-from tests.kit import Gate, agent_command, finished, pair_home, running_server
+from tests.kit import agent_command, finished
 from tests.process_kit import (
     HarnessProcess,
     alive,
     harness_process,
-    kill_leftovers,
     ledger_row,
+    paired_with_gate,
     wait_gone,
 )
 
@@ -57,134 +57,110 @@ def tree_pids(pidfile: Path) -> list[int]:
 
 async def test_first_signal_drains(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    gate = Gate()
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
-            try:
-                # A short heartbeat period, to see one sent while draining.
-                async with running_server(heartbeat_s=5) as server:
-                    pair_home(server, home)
-                    async with harness_process(server, home, gate.command) as harness:
-                        busy = await server.submit_run("long job", conversation_id="A")
-                        await gate.wait_started(busy)
-                        queued = await server.submit_run("waiting", conversation_id="B")
-                        await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+        # A short heartbeat period, to see one sent while draining.
+        async with paired_with_gate(home, heartbeat_s=5) as (gate, server):
+            async with harness_process(server, home, gate.command) as harness:
+                busy = await server.submit_run("long job", conversation_id="A")
+                await gate.wait_started(busy)
+                queued = await server.submit_run("waiting", conversation_id="B")
+                await server.wait_until(lambda s: s.runs[queued].state == "accepted")
 
-                        drained_at = await first_signal(server, harness, signal.SIGTERM)
+                drained_at = await first_signal(server, harness, signal.SIGTERM)
 
-                        # The queued run is reported at once, while `busy` still runs.
-                        await server.wait_until(finished(queued))
-                        assert server.run(queued).completion == {
-                            "run_id": queued, "ok": False, "error": NOT_STARTED,
-                            "retryable": True}
-                        assert gate.running == 1 and server.run(busy).completion is None
+                # The queued run is reported at once, while `busy` still runs.
+                await server.wait_until(finished(queued))
+                assert server.run(queued).completion == {
+                    "run_id": queued, "ok": False, "error": NOT_STARTED,
+                    "retryable": True}
+                assert gate.running == 1 and server.run(busy).completion is None
 
-                        # New work is refused with 503.
-                        refused = await server.submit_run("too late", conversation_id="C")
-                        await server.wait_until(lambda s: len(s.runs[refused].acks) > 0)
-                        assert server.run(refused).ack_statuses == [503]
+                # New work is refused with 503.
+                refused = await server.submit_run("too late", conversation_id="C")
+                await server.wait_until(lambda s: len(s.runs[refused].acks) > 0)
+                assert server.run(refused).ack_statuses == [503]
 
-                        # The socket stays up: pings are answered, heartbeats go on.
-                        await server.send_raw(json.dumps({"type": "ping", "id": "drain-ping"}))
-                        await server.wait_until(lambda s: any(
-                            isinstance(m, Pong) and m.id == "drain-ping"
-                            for m in s.messages(Pong)))
+                # The socket stays up: pings are answered, heartbeats go on.
+                await server.send_raw(json.dumps({"type": "ping", "id": "drain-ping"}))
+                await server.wait_until(lambda s: any(
+                    isinstance(m, Pong) and m.id == "drain-ping"
+                    for m in s.messages(Pong)))
 
-                        def beats_after_drain(state: object) -> list[Heartbeat]:
-                            return [e.message for e in server.state.received[drained_at:]
-                                    if isinstance(e.message, Heartbeat)]
+                def beats_after_drain(state: object) -> list[Heartbeat]:
+                    return [e.message for e in server.state.received[drained_at:]
+                            if isinstance(e.message, Heartbeat)]
 
-                        await server.wait_until(lambda s: len(beats_after_drain(s)) > 0)
-                        beat = beats_after_drain(server.state)[0]
-                        assert (busy, "running") in [(r.run_id, r.state) for r in beat.runs]
-                        assert server.state.connected == 1
+                await server.wait_until(lambda s: len(beats_after_drain(s)) > 0)
+                beat = beats_after_drain(server.state)[0]
+                assert (busy, "running") in [(r.run_id, r.state) for r in beat.runs]
+                assert server.state.connected == 1
 
-                        # The running run finishes normally, then the harness exits 0.
-                        await gate.release(busy, "finished anyway")
-                        await server.wait_until(finished(busy))
-                        assert server.run(busy).reply == "finished anyway"
-                        assert await harness.proc.wait() == 0
-                    assert gate.started == [busy]
-                    for run_id in (busy, queued):
-                        assert ledger_row(home, run_id).state is RunState.REPORTED
-            finally:
-                kill_leftovers(gate.pids.values())
-                nursery.cancel_scope.cancel()
+                # The running run finishes normally, then the harness exits 0.
+                await gate.release(busy, "finished anyway")
+                await server.wait_until(finished(busy))
+                assert server.run(busy).reply == "finished anyway"
+                assert await harness.proc.wait() == 0
+            assert gate.started == [busy]
+            for run_id in (busy, queued):
+                assert ledger_row(home, run_id).state is RunState.REPORTED
 
 
 async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> None:
     home = tmp_path / "home"
     pidfile = tmp_path / "tree.pids"
-    gate = Gate()
     pids: list[int] = []
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
+        async with paired_with_gate(home, also_kill=pids) as (gate, server):
             command = agent_command("stubborn_tree.py", gate.port, pidfile)
-            try:
-                async with running_server() as server:
-                    pair_home(server, home)
-                    async with harness_process(server, home, command) as harness:
-                        run_id = await server.submit_run("long job")
-                        await gate.wait_started(run_id)
-                        pids = tree_pids(pidfile)
-                        assert all(alive(pid) for pid in pids)
+            async with harness_process(server, home, command) as harness:
+                run_id = await server.submit_run("long job")
+                await gate.wait_started(run_id)
+                pids = tree_pids(pidfile)
+                assert all(alive(pid) for pid in pids)
 
-                        await first_signal(server, harness, signal.SIGTERM)
-                        assert all(alive(pid) for pid in pids)  # draining waits for it
-                        harness.send_signal(signal.SIGTERM)
-                        # §9 says within 5 s; this only bounds a hang.
-                        with trio.fail_after(30):
-                            assert await harness.proc.wait() == 130
+                await first_signal(server, harness, signal.SIGTERM)
+                assert all(alive(pid) for pid in pids)  # draining waits for it
+                harness.send_signal(signal.SIGTERM)
+                # §9 says within 5 s; this only bounds a hang.
+                with trio.fail_after(30):
+                    assert await harness.proc.wait() == 130
 
-                    # Reported before the harness exited, not left for the next start.
-                    assert server.run(run_id).completion == {
-                        "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True}
-                    assert server.run(run_id).completion_posts == 1
-                    assert ledger_row(home, run_id).state is RunState.REPORTED
-                    # The grandchild ignores SIGTERM: only the SIGKILL after the grace ends it.
-                    for pid in pids:
-                        assert await wait_gone(pid), f"agent process {pid} outlived the harness"
-            finally:
-                kill_leftovers([*gate.pids.values(), *pids])
-                nursery.cancel_scope.cancel()
+            # Reported before the harness exited, not left for the next start.
+            assert server.run(run_id).completion == {
+                "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True}
+            assert server.run(run_id).completion_posts == 1
+            assert ledger_row(home, run_id).state is RunState.REPORTED
+            # The grandchild ignores SIGTERM: only the SIGKILL after the grace ends it.
+            for pid in pids:
+                assert await wait_gone(pid), f"agent process {pid} outlived the harness"
 
 
 async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Path) -> None:
     home = tmp_path / "home"
     pidfile = tmp_path / "tree.pids"
-    gate = Gate()
     pids: list[int] = []
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(gate.serve)
+        async with paired_with_gate(home, also_kill=pids) as (gate, server):
             # Nothing in this agent's tree dies of SIGTERM: the second signal's stop
             # would wait out its whole grace before the SIGKILL.
             command = agent_command("stubborn_tree.py", gate.port, pidfile,
                                     "--leader-ignores-term")
-            try:
-                async with running_server() as server:
-                    pair_home(server, home)
-                    async with harness_process(server, home, command) as harness:
-                        run_id = await server.submit_run("long job")
-                        await gate.wait_started(run_id)
-                        pids = tree_pids(pidfile)
+            async with harness_process(server, home, command) as harness:
+                run_id = await server.submit_run("long job")
+                await gate.wait_started(run_id)
+                pids = tree_pids(pidfile)
 
-                        await first_signal(server, harness, signal.SIGINT)
-                        harness.send_signal(signal.SIGTERM)
-                        await harness.wait_log("again: stopping the running agents")
-                        harness.send_signal(signal.SIGINT)
-                        with trio.fail_after(30):
-                            assert await harness.proc.wait() == 130
+                await first_signal(server, harness, signal.SIGINT)
+                harness.send_signal(signal.SIGTERM)
+                await harness.wait_log("again: stopping the running agents")
+                harness.send_signal(signal.SIGINT)
+                with trio.fail_after(30):
+                    assert await harness.proc.wait() == 130
 
-                    # It did not wait for the stop: the run was never reported, and stays
-                    # `started` in the ledger for the next start to report (§7).
-                    assert server.run(run_id).completion_posts == 0
-                    assert ledger_row(home, run_id).state is RunState.STARTED
-                    assert any("a third time" in line for line in harness.log)
-                    for pid in pids:
-                        assert await wait_gone(pid), f"agent process {pid} outlived the harness"
-            finally:
-                kill_leftovers([*gate.pids.values(), *pids])
-                nursery.cancel_scope.cancel()
+            # It did not wait for the stop: the run was never reported, and stays
+            # `started` in the ledger for the next start to report (§7).
+            assert server.run(run_id).completion_posts == 0
+            assert ledger_row(home, run_id).state is RunState.STARTED
+            assert any("a third time" in line for line in harness.log)
+            for pid in pids:
+                assert await wait_gone(pid), f"agent process {pid} outlived the harness"
