@@ -96,8 +96,9 @@ def _limit_phrase(seconds: float) -> str:
     return f"{number}-{unit.removesuffix('s')}"
 
 
-def outcome_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
-    """What a plain agent's ending means for the run (also used by tests and the runner)."""
+def failure_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
+    """How the agent's process ended, in words, when its brain had nothing to say
+    (a timeout, a signal, an exit status). ``duration_ms`` is set by the caller."""
     duration_ms = round(result.duration_s * 1000)
     if result.timed_out == "total":
         limit = _limit_phrase(spec.timeout_s)
@@ -119,10 +120,9 @@ def outcome_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
         if result.last_stderr_line:
             error += f": {result.last_stderr_line}"
         return Outcome.failure(error, duration_ms=duration_ms)
-    reply = reply_from_text(result.stdout.decode("utf-8", errors="replace"))
-    if reply is not None:
-        reply = cap_reply(reply, cut=result.stdout_truncated)
-    return Outcome(ok=True, reply=reply, duration_ms=duration_ms)
+    # Exit 0 and still no outcome: a brain that could not make sense of the output.
+    return Outcome.failure("the agent exited without a reply the harness could read",
+                           duration_ms=duration_ms)
 
 
 @attrs.define
@@ -308,7 +308,9 @@ async def _attempt(
             groups=groups,
             deadline=deadline,
             idle_timeout_s=spec.idle_timeout_s,
-            max_stdout_bytes=MAX_REPLY_BYTES,
+            # A streaming brain reads its reply from the events; keeping a copy
+            # of the raw stream as well would only cost memory.
+            max_stdout_bytes=0 if brain.streams else MAX_REPLY_BYTES,
             on_spawn=spawned_as,
             on_stdout_line=read_line if brain.streams else None,
             on_output=lambda at: setattr(progress, "last_output", at),
@@ -338,7 +340,7 @@ async def _attempt(
                     outcome, reply=None if reply is None else cap_reply(reply)
                 )
             return attrs.evolve(outcome, session_id=outcome.session_id or session)
-    outcome = outcome_from_result(result, spec)
+    outcome = failure_from_result(result, spec)
     if result.timed_out is not None and turn.last_error and outcome.error:
         outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
                                f"{one_line(turn.last_error, 300)}")
