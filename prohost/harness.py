@@ -152,7 +152,6 @@ class Harness:
         self.beacon = Beacon(self._status, lambda: [h.beat() for h in self.held.values()])
         self._state_changed = trio.Event()
         self._status_written = trio.Event()
-        self._held_changed = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -264,13 +263,11 @@ class Harness:
 
         Cancelling it only stops the wait.
         """
-        while run_id in self.held:
-            await self._held_changed.wait()
+        await self.wait_until(lambda harness: run_id not in harness.held)
 
     async def _exit_when_idle(self) -> None:
-        await self.scheduler.wait_idle()
-        while self.held:
-            await self._held_changed.wait()
+        # Held covers every queued, running and reporting run.
+        await self.wait_until(lambda harness: not harness.held)
         log.info("drained: every run has finished and reported")
         self._done.set()
 
@@ -345,7 +342,6 @@ class Harness:
             return intake.ACCEPTED, "accepted"
         self.scheduler.submit(run.run_id, run.lane, held)
         progress_log.info("accepted run %s on %s", run.run_id, run.lane)
-        self._changed()
         return intake.ACCEPTED, "accepted"
 
     # ------------------------------------------------------------------ cancel
@@ -434,14 +430,11 @@ class Harness:
 
     def _hold(self, held: HeldRun) -> None:
         self.held[held.run_id] = held
-        self._held_changed.set()
-        self._held_changed = trio.Event()
+        self._changed()
 
     def _release(self, held: HeldRun) -> None:
         if self.held.get(held.run_id) is held:
             del self.held[held.run_id]
-            self._held_changed.set()
-            self._held_changed = trio.Event()
             self._changed()
 
     def _running(self) -> int:
