@@ -23,7 +23,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
 import trio
@@ -347,8 +347,7 @@ class _Watch:
             self.stopped.set()
 
     async def _feed_stdin(self) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
+        stdin = _pipe(self.proc.stdin, "stdin")
         try:
             if self.stdin_data:
                 await stdin.send_all(self.stdin_data)
@@ -370,8 +369,7 @@ class _Watch:
             self.on_output(self.last_output)
 
     async def _read_stdout(self) -> None:
-        stream = self.proc.stdout
-        assert stream is not None
+        stream = _pipe(self.proc.stdout, "stdout")
         try:
             while chunk := await stream.receive_some(_READ_SIZE):
                 self._heard()
@@ -386,8 +384,7 @@ class _Watch:
             self.stdout_done.set()
 
     async def _read_stderr(self) -> None:
-        stream = self.proc.stderr
-        assert stream is not None
+        stream = _pipe(self.proc.stderr, "stderr")
         try:
             while chunk := await stream.receive_some(_READ_SIZE):
                 self._heard()
@@ -474,3 +471,13 @@ async def run_agent(
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     await stream.aclose()
+
+
+_Stream = TypeVar("_Stream")
+
+
+def _pipe(stream: _Stream | None, name: str) -> _Stream:
+    """The child's ``name`` pipe; every agent is spawned with all three piped."""
+    if stream is None:
+        raise RuntimeError(f"the agent process has no {name} pipe; it must be spawned with PIPE")
+    return stream
