@@ -238,7 +238,9 @@ def test_turn_failed_is_the_failure() -> None:
              line({"type": "turn.failed", "error": {"message": "You've hit your usage limit."}}))
     outcome = turn.finish(ended(1))
     assert outcome is not None and not outcome.ok
-    assert outcome.error == "You've hit your usage limit."
+    assert outcome.error == ("You've hit your usage limit. (Codex usage limit reached;"
+                             " it did not say when it resets)")
+    assert turn.limit is not None and turn.limit.state == "limited"
     assert outcome.session_id == THREAD
 
 
@@ -509,7 +511,8 @@ async def test_end_to_end_turn_failed(tmp_path: Path, groups: ProcessGroups) -> 
     assert not turn.resume_rejected(result)  # the thread was there; the turn failed
     outcome = turn.finish(result)
     assert outcome is not None and not outcome.ok
-    assert outcome.error == "You've hit your usage limit. Try again later."
+    assert outcome.error == ("You've hit your usage limit. Try again later. (Codex usage limit"
+                             " reached; it did not say when it resets)")
     assert outcome.session_id == THREAD
 
 
