@@ -119,6 +119,10 @@ def claude_rate_limit(info: object) -> LimitNotice | None:
     """A notice from Claude Code's ``rate_limit_info`` object, or ``None``."""
     if not isinstance(info, Mapping):
         return None
+    # Only ``status`` says whether this request was refused: ``overageStatus``
+    # "rejected" is the steady state of any account without extra-usage credits
+    # and comes with "allowed" requests (github.com/shabaraba/vibing.nvim/pull/533,
+    # github.com/smithersai/smithers/issues/1342).
     status = info.get("status")
     state: LimitState
     if status == "rejected":

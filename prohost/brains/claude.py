@@ -5,6 +5,11 @@ are the CLI's own (``system``/``init``, ``assistant``, ``user``, ``result``,
 ``rate_limit_event``); everything else it prints is skipped, since new event types
 and fields appear with every release and none of them may break a run.
 
+What the CLI says about its account's usage limit (``rate_limit_event``, the
+synthetic ``rate_limit`` message, a limit-reached result) becomes ``Turn.limit``
+(see :mod:`prohost.limits`); a ``rate_limit_event`` some versions wrote into the
+middle of another line is split out and the cut line mended.
+
 Two behaviours of the real CLI shape this module:
 
 * A failure still ends with a ``result`` event, and only ``is_error`` / the

@@ -19,7 +19,9 @@ JSON object per line::
 
 and, when things go wrong, ``{"type":"error","message":…}`` (also used for
 transient "reconnecting" notices, so it is not fatal by itself) and
-``{"type":"turn.failed","error":{"message":…}}``. The reply is the text of the
+``{"type":"turn.failed","error":{"message":…}}``. At the account's usage limit
+both carry Codex's "You've hit your usage limit. … Try again at …" text, which
+becomes ``Turn.limit`` (see :mod:`prohost.limits`). The reply is the text of the
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 """
