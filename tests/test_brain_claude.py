@@ -667,6 +667,7 @@ def test_the_newer_limit_text_ends_the_run_limited_with_its_reset() -> None:
     assert turn.limit.resets_at == NOON + 7 * 3600  # 20:00 in Paris is 19:00 UTC
     assert outcome.error == (f"{text} (Claude usage limit reached; "
                              "it resets at 2026-02-18 19:00 UTC)")
+    assert turn.ended_by_limit(outcome)
 
 
 def test_the_legacy_limit_result_is_limited_even_when_not_marked_an_error() -> None:
@@ -694,6 +695,24 @@ def test_a_reply_that_quotes_a_limit_message_is_not_a_limit() -> None:
     feed_all(turn, INIT, assistant({"type": "text", "text": reply}), result(reply))
     outcome = turn.finish(process(0))
     assert outcome is not None and outcome.ok and turn.limit is None
+    assert not turn.ended_by_limit(outcome)
+
+
+def test_a_success_despite_a_rejected_event_did_not_end_by_the_limit() -> None:
+    turn = ClaudeTurn()
+    rejected = RATE_LIMIT.replace(b'"status":"allowed"', b'"status":"rejected"')
+    feed_all(turn, INIT, assistant({"type": "text", "text": "done"}), rejected, result("done"))
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok
+    assert turn.limit is not None and turn.limit.state == "limited"  # the next run moves
+    assert not turn.ended_by_limit(outcome)
+
+
+def test_other_failures_did_not_end_by_the_limit() -> None:
+    turn = ClaudeTurn()
+    feed_all(turn, INIT, RATE_LIMIT, result("Something broke", is_error=True))
+    outcome = turn.finish(process(1))
+    assert outcome is not None and not outcome.ok and not turn.ended_by_limit(outcome)
 
 
 def split_around_rate_limit(event_line: bytes, cut: int) -> tuple[bytes, bytes]:
@@ -751,6 +770,7 @@ async def test_end_to_end_a_limited_account_refuses_in_the_real_shape(tmp_path: 
     assert turn.limit is not None and turn.limit.state == "limited"
     assert turn.limit.resets_at == resets
     assert not turn.resume_rejected(result)  # a limit is not a lost session
+    assert turn.ended_by_limit(outcome)
     [entry] = recorded(tmp_path)
     assert entry["config_dir"] == str(tmp_path / "work")
 

@@ -621,6 +621,7 @@ def test_a_transient_error_is_not_a_limit() -> None:
              message("done"), line({"type": "turn.completed", "usage": {}}))
     outcome = turn.finish(ended(0))
     assert outcome is not None and outcome.ok and turn.limit is None
+    assert not turn.ended_by_limit(outcome)
 
 
 @pytest.mark.parametrize("wrap", [
@@ -672,6 +673,7 @@ async def test_end_to_end_a_limited_account_fails_with_its_reset(
     assert "Codex usage limit reached; it resets at" in outcome.error
     assert turn.limit is not None and turn.limit.state == "limited"
     assert turn.limit.resets_at == resets
+    assert turn.ended_by_limit(outcome) and not turn.resume_rejected(result)
     assert recorded(tmp_path)["codex_home"] == str(home)
 
 

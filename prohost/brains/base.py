@@ -119,6 +119,14 @@ class Turn(abc.ABC):
         """Whether this attempt failed because the resumed session is unknown."""
         return False
 
+    def ended_by_limit(self, outcome: Outcome | None) -> bool:
+        """Whether this attempt failed because its account reached its usage limit
+        (``outcome`` is what :meth:`finish` returned): the run may go to another
+        account. A success with a ``limited`` notice (the work got done just before
+        the refusal) did not end by the limit, though the account is limited now."""
+        failed = outcome is None or not outcome.ok
+        return failed and self.limit is not None and self.limit.state == "limited"
+
 
 class Brain(abc.ABC):
     """One agent CLI."""
