@@ -165,7 +165,8 @@ class AccountBook:
         ``limited`` lasts until the notice's reset, or :data:`UNKNOWN_RESET_S` from
         ``now`` when it gave none (a reset already past means nothing is limited).
         ``warning`` and ``ok`` are recorded with their figures and change nothing
-        about choosing except through the use they report.
+        about choosing except through the use they report; they do not lift a
+        limit before its reset.
         """
         self.account(name)
         if notice is None:
@@ -178,6 +179,11 @@ class AccountBook:
                 standing.state, standing.resets_at = "limited", until
                 if notice.used_percent is not None:
                     standing.used_percent = notice.used_percent
+        elif standing.state == "limited":
+            # Limited means until the reset (§12): an "allowed" figure from an
+            # attempt that started before the refusal does not end it early.
+            if notice.used_percent is not None:
+                standing.used_percent = notice.used_percent
         else:
             standing.state = notice.state
             standing.resets_at = notice.resets_at

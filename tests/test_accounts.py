@@ -101,6 +101,14 @@ def test_a_limit_lasts_until_its_reset_then_the_account_is_usable_again() -> Non
     assert accounts.choose(T0 + 600, lane_account="work") == accounts.account("work")
 
 
+def test_a_milder_report_does_not_lift_a_limit_before_its_reset() -> None:
+    accounts = book("work")
+    accounts.report("work", limited(T0 + 600), T0)
+    accounts.report("work", LimitNotice(state="ok", resets_at=T0 + 50, used_percent=64.0), T0 + 1)
+    assert accounts.snapshot(T0 + 1) == [{"name": "work", "state": "limited",
+                                          "resets_at": int(T0 + 600), "used_percent": 64.0}]
+
+
 def test_a_limit_without_a_reset_time_is_left_alone_for_an_hour() -> None:
     accounts = book("work")
     accounts.report("work", limited(None), T0)
