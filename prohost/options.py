@@ -18,7 +18,7 @@ import math
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -29,6 +29,9 @@ MAX_CONCURRENCY = 16
 DEFAULT_EXEC = "claude -p"
 DEFAULT_IDLE_TIMEOUT_S = 900.0
 MAX_MACHINE_LEN = 128
+#: How long a queued run waits for an account's usage limit to reset before it is
+#: reported retryable (seconds; PROTOCOL.md §12's default of 15 minutes).
+DEFAULT_LIMIT_WAIT_S = 900.0
 BRAIN_CHOICES = ("auto", "claude", "codex", "plain")
 
 CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
@@ -46,6 +49,9 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--concurrency": CONCURRENCY_RANGE,
     "--brain": "one of auto, claude, codex, plain",
     "--repos": "a comma-separated list of git checkouts, e.g. --repos ~/code/app",
+    "--account": "NAME=DIR: an account name and the agent's config folder, "
+                 "e.g. --account work=~/.claude-work",
+    "--limit-wait": DURATION_RANGE,
 }
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
@@ -255,3 +261,52 @@ def parse_brain(raw: str | None) -> str:
     if raw not in BRAIN_CHOICES:
         raise OptionError(f"--brain must be one of {', '.join(BRAIN_CHOICES)} (got {raw!r})")
     return raw
+
+
+#: An account name: it appears in status, heartbeats and the panel.
+_ACCOUNT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+ACCOUNT_FORM = "NAME=DIR, e.g. --account work=~/.claude-work"
+
+
+def parse_account(raw: str, env: Mapping[str, str], cwd: Path) -> tuple[str, Path]:
+    """One ``--account NAME=DIR``: the name and the folder, absolute, ``~`` expanded.
+
+    The folder must exist and be a directory: a typo would otherwise send the
+    agent to an empty folder, where it is signed out, and fail every run there.
+    """
+    name, sep, folder = raw.partition("=")
+    name = name.strip()
+    if not sep or not name or not folder.strip():
+        raise OptionError(f"--account must be {ACCOUNT_FORM} (got {raw!r})")
+    if not _ACCOUNT_NAME.fullmatch(name):
+        raise OptionError(
+            f"--account name must be 1 to 32 letters, digits, '_', '.' or '-' (got {name!r})"
+        )
+    path = _expand_path(folder.strip(), env, cwd)
+    if not path.exists():
+        raise OptionError(
+            f"--account {name}: {path} does not exist; log the agent in there first "
+            f"(e.g. CLAUDE_CONFIG_DIR={path} claude) or fix the path"
+        )
+    if not path.is_dir():
+        raise OptionError(f"--account {name}: {path} is not a directory")
+    return name, path
+
+
+def parse_accounts(
+    raws: Sequence[str], env: Mapping[str, str], cwd: Path
+) -> tuple[tuple[str, Path], ...]:
+    """Every ``--account`` flag, in order; a name given twice is an error."""
+    accounts: list[tuple[str, Path]] = []
+    for raw in raws:
+        name, path = parse_account(raw, env, cwd)
+        if any(name == seen for seen, _ in accounts):
+            raise OptionError(f"--account {name} is given twice; account names must be unique")
+        accounts.append((name, path))
+    return tuple(accounts)
+
+
+def parse_limit_wait(raw: str | None) -> float:
+    """``--limit-wait``: how long queued runs wait for a usage limit to reset
+    (default :data:`DEFAULT_LIMIT_WAIT_S`)."""
+    return DEFAULT_LIMIT_WAIT_S if raw is None else parse_seconds("--limit-wait", raw)

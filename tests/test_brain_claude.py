@@ -635,3 +635,169 @@ async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path
     assert second["claudecode_set"] is False
     assert not (tmp_path / "scratch").exists()
     assert timeline == []  # the reply scenario calls no tools
+
+
+# --- usage limits ------------------------------------------------------------------
+
+#: 2026-02-18 12:00 UTC, the moment "resets 8pm" is read against.
+NOON = 1771416000.0
+
+
+def test_an_allowed_warning_is_a_warning_with_its_use() -> None:
+    turn = ClaudeTurn()
+    warning = RATE_LIMIT.replace(b'"status":"allowed"',
+                                 b'"status":"allowed_warning","utilization":0.91')
+    feed_all(turn, INIT, warning, assistant({"type": "text", "text": "hi"}), result("hi"))
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok and outcome.reply == "hi"
+    assert turn.limit is not None and turn.limit.state == "warning"
+    assert turn.limit.used_percent == pytest.approx(91.0)
+    assert turn.limit.resets_at == 1771390800
+
+
+def test_the_newer_limit_text_ends_the_run_limited_with_its_reset() -> None:
+    turn = ClaudeTurn(clock=lambda: NOON)
+    text = "You've hit your limit · resets 8pm (Europe/Paris)"
+    feed_all(turn, INIT,
+             assistant({"type": "text", "text": text}, error="rate_limit"),
+             result(text, is_error=True))
+    outcome = turn.finish(process(1))
+    assert outcome is not None and not outcome.ok
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at == NOON + 7 * 3600  # 20:00 in Paris is 19:00 UTC
+    assert outcome.error == (f"{text} (Claude usage limit reached; "
+                             "it resets at 2026-02-18 19:00 UTC)")
+    assert turn.ended_by_limit(outcome)
+
+
+def test_the_legacy_limit_result_is_limited_even_when_not_marked_an_error() -> None:
+    turn = ClaudeTurn(clock=lambda: NOON)
+    feed_all(turn, INIT, result("Claude AI usage limit reached|1771430400"))
+    turn.finish(process(0))
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at == 1771430400
+
+
+def test_a_limit_text_without_a_readable_time_is_limited_without_one() -> None:
+    turn = ClaudeTurn(clock=lambda: NOON)
+    feed_all(turn, INIT, assistant({"type": "text", "text": "Rate limited."}, error="rate_limit"),
+             result("API Error: Rate limit reached", is_error=True))
+    outcome = turn.finish(process(1))
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at is None
+    assert outcome is not None and outcome.error is not None
+    assert "Claude usage limit reached; it did not say when it resets" in outcome.error
+
+
+def test_a_reply_that_quotes_a_limit_message_is_not_a_limit() -> None:
+    turn = ClaudeTurn(clock=lambda: NOON)
+    reply = "I added handling for \"You've hit your limit · resets 8pm\" to the parser."
+    feed_all(turn, INIT, assistant({"type": "text", "text": reply}), result(reply))
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok and turn.limit is None
+    assert not turn.ended_by_limit(outcome)
+
+
+def test_a_success_despite_a_rejected_event_did_not_end_by_the_limit() -> None:
+    turn = ClaudeTurn()
+    rejected = RATE_LIMIT.replace(b'"status":"allowed"', b'"status":"rejected"')
+    feed_all(turn, INIT, assistant({"type": "text", "text": "done"}), rejected, result("done"))
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok
+    assert turn.limit is not None and turn.limit.state == "limited"  # the next run moves
+    assert not turn.ended_by_limit(outcome)
+
+
+def test_other_failures_did_not_end_by_the_limit() -> None:
+    turn = ClaudeTurn()
+    feed_all(turn, INIT, RATE_LIMIT, result("Something broke", is_error=True))
+    outcome = turn.finish(process(1))
+    assert outcome is not None and not outcome.ok and not turn.ended_by_limit(outcome)
+
+
+def split_around_rate_limit(event_line: bytes, cut: int) -> tuple[bytes, bytes]:
+    """What Claude Code 2.1.74 wrote (anthropics/claude-code#49640): a whole
+    rate_limit_event line inside another event's line, cutting it in two."""
+    return event_line[:cut] + RATE_LIMIT, event_line[cut:]
+
+
+def test_a_rate_limit_event_inside_the_reply_line_loses_neither() -> None:
+    reply = "The build is fixed: the fixture path was wrong and is now relative."
+    whole = assistant({"type": "text", "text": reply})
+    first, second = split_around_rate_limit(whole, whole.index(b"fixture"))
+    turn = ClaudeTurn()
+    feed_all(turn, INIT, first, second)
+    assert turn.last_text == reply
+    assert turn.rate_limit is not None and turn.rate_limit["status"] == "allowed"
+    assert turn.limit is not None and turn.limit.state == "ok"
+    # The result line too (the reply is its text).
+    final = result(reply)
+    first, second = split_around_rate_limit(final, final.index(b"relative"))
+    feed_all(turn, first, second)
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok and outcome.reply == reply
+
+
+def test_a_split_line_whose_rest_never_comes_is_dropped_quietly() -> None:
+    whole = assistant({"type": "text", "text": "partial answer"})
+    first, _ = split_around_rate_limit(whole, whole.index(b"answer"))
+    turn = ClaudeTurn()
+    feed_all(turn, INIT, first, b"garbage that is not the rest", b"{also not",
+             assistant({"type": "text", "text": "next"}), result("next"))
+    assert turn.rate_limit is not None
+    outcome = turn.finish(process(0))
+    assert outcome is not None and outcome.ok and outcome.reply == "next"
+
+
+def account_env(tmp_path: Path, name: str, **files: str) -> dict[str, str]:
+    folder = tmp_path / name
+    folder.mkdir()
+    for file, content in files.items():
+        (folder / file).write_text(content)
+    return fake_env(tmp_path, "reply", CLAUDE_CONFIG_DIR=str(folder))
+
+
+async def test_end_to_end_a_limited_account_refuses_in_the_real_shape(tmp_path: Path) -> None:
+    resets = 1771430400  # 2026-02-18 16:00 UTC: a whole hour, as the CLI gives it
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(tmp_path, "reply",
+                                        env=account_env(tmp_path, "work", limit=str(resets)))
+    assert result.exit_code == 1
+    outcome = turn.finish(result)
+    assert outcome is not None and not outcome.ok
+    assert outcome.error is not None and outcome.error.startswith("You've hit your limit · resets")
+    assert "Claude usage limit reached; it resets at 2026-02-18 16:00 UTC" in outcome.error
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at == resets
+    assert not turn.resume_rejected(result)  # a limit is not a lost session
+    assert turn.ended_by_limit(outcome)
+    [entry] = recorded(tmp_path)
+    assert entry["config_dir"] == str(tmp_path / "work")
+
+
+async def test_end_to_end_the_legacy_limit_text(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(
+            tmp_path, "reply", env=account_env(tmp_path, "old", limit="1771430400 legacy"))
+    outcome = turn.finish(result)
+    assert outcome is not None and outcome.error is not None
+    assert outcome.error.startswith("Claude AI usage limit reached|1771430400")
+    assert turn.limit is not None and turn.limit.resets_at == 1771430400
+
+
+async def test_end_to_end_an_account_near_its_limit_warns_and_still_replies(
+        tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(
+            tmp_path, "reply", env=account_env(tmp_path, "busy", used_percent="41"))
+    outcome = turn.finish(result)
+    assert outcome is not None and outcome.ok and outcome.reply == "Hello from the fake Claude."
+    assert turn.limit is not None and turn.limit.state == "warning"
+    assert turn.limit.used_percent == pytest.approx(41.0)
+
+
+async def test_end_to_end_an_account_without_limit_files_reports_nothing(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(tmp_path, "reply", env=account_env(tmp_path, "free"))
+    outcome = turn.finish(result)
+    assert outcome is not None and outcome.ok and turn.limit is None

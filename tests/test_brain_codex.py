@@ -8,6 +8,7 @@ import os
 import shlex
 import stat
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,7 +239,9 @@ def test_turn_failed_is_the_failure() -> None:
              line({"type": "turn.failed", "error": {"message": "You've hit your usage limit."}}))
     outcome = turn.finish(ended(1))
     assert outcome is not None and not outcome.ok
-    assert outcome.error == "You've hit your usage limit."
+    assert outcome.error == ("You've hit your usage limit. (Codex usage limit reached;"
+                             " it did not say when it resets)")
+    assert turn.limit is not None and turn.limit.state == "limited"
     assert outcome.session_id == THREAD
 
 
@@ -449,12 +452,12 @@ def recorded(tmp_path: Path) -> dict[str, Any]:
 
 async def attempt(brain: CodexBrain, tmp_path: Path, groups: ProcessGroups, scenario: str, *,
                   session_id: str | None = None, mcp: McpWiring | None = None,
-                  deadline: float = float("inf"),
+                  deadline: float = float("inf"), extra_env: dict[str, str] | None = None,
                   ) -> tuple[CodexTurn, ProcessResult, list[ToolEvent]]:
     turn = brain.new_turn()
     assert isinstance(turn, CodexTurn)
     events: list[ToolEvent] = []
-    env = fake_env(tmp_path, scenario, **(dict(mcp.env) if mcp else {}))
+    env = fake_env(tmp_path, scenario, **(dict(mcp.env) if mcp else {}), **(extra_env or {}))
     result = await run_agent(
         brain.command(session_id=session_id, mcp=mcp), stdin_text="Fix the build, please.",
         cwd=tmp_path, env=env, groups=groups, deadline=deadline,
@@ -509,7 +512,8 @@ async def test_end_to_end_turn_failed(tmp_path: Path, groups: ProcessGroups) -> 
     assert not turn.resume_rejected(result)  # the thread was there; the turn failed
     outcome = turn.finish(result)
     assert outcome is not None and not outcome.ok
-    assert outcome.error == "You've hit your usage limit. Try again later."
+    assert outcome.error == ("You've hit your usage limit. Try again later. (Codex usage limit"
+                             " reached; it did not say when it resets)")
     assert outcome.session_id == THREAD
 
 
@@ -590,3 +594,98 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
     assert record["env"] == {"PROHOST_RUN_ID": "run_01", "PROHOST_PAIRED_RUN": "1",
                              MCP_TOKEN_ENV: "tok-x"}
     assert "Fix it" in record["prompt"]
+
+
+# --- usage limits ------------------------------------------------------------------
+
+#: 2026-02-18 12:00 UTC, the moment "Try again at 1:05 PM" is read against.
+NOON = 1771416000.0
+
+
+def test_a_usage_limit_error_marks_the_turn_limited_until_its_time() -> None:
+    turn = CodexTurn(clock=lambda: NOON)
+    said = "You've hit your usage limit. Try again at Feb 18th, 2026 1:05 PM (UTC)."
+    feed_all(turn, STARTED, line({"type": "turn.started"}),
+             line({"type": "error", "message": said}),
+             line({"type": "turn.failed", "error": {"message": said}}))
+    outcome = turn.finish(ended(1))
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at == NOON + 65 * 60
+    assert outcome is not None and not outcome.ok
+    assert outcome.error == f"{said} (Codex usage limit reached; it resets at 2026-02-18 13:05 UTC)"
+
+
+def test_a_transient_error_is_not_a_limit() -> None:
+    turn = CodexTurn(clock=lambda: NOON)
+    feed_all(turn, STARTED, line({"type": "error", "message": "Reconnecting... 1/5"}),
+             message("done"), line({"type": "turn.completed", "usage": {}}))
+    outcome = turn.finish(ended(0))
+    assert outcome is not None and outcome.ok and turn.limit is None
+    assert not turn.ended_by_limit(outcome)
+
+
+@pytest.mark.parametrize("wrap", [
+    # The protocol Event of older `codex exec --json`.
+    lambda body: {"id": "0", "msg": body},
+    # A session rollout line.
+    lambda body: {"timestamp": "2025-11-18T21:55:53.328Z", "type": "event_msg", "payload": body},
+    lambda body: body,
+])
+def test_rate_limit_figures_in_a_token_count_event(wrap: Any) -> None:
+    body = {"type": "token_count", "info": None, "rate_limits": {
+        "primary": {"used_percent": 81.0, "window_minutes": 300, "resets_at": 1771430400},
+        "secondary": {"used_percent": 12.0, "window_minutes": 10080, "resets_at": 1771900000}}}
+    turn = CodexTurn(clock=lambda: NOON)
+    feed_all(turn, STARTED, line(wrap(body)), message("ok"),
+             line({"type": "turn.completed", "usage": {}}))
+    outcome = turn.finish(ended(0))
+    assert outcome is not None and outcome.ok and outcome.reply == "ok"
+    assert turn.limit is not None and turn.limit.state == "warning"
+    assert turn.limit.used_percent == 81.0 and turn.limit.resets_at == 1771430400
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"type":"token_count","rate_limits":"full"}',
+    b'{"id":"0","msg":{"type":"token_count","rate_limits":{"primary":[1]}}}',
+    b'{"type":"event_msg","payload":{"type":"token_count"}}',
+    b'{"type":"error","message":["You\'ve hit your usage limit"]}',
+    b'{"type":"turn.failed","error":"You\'ve hit your usage limit"}',
+])
+def test_odd_limit_shapes_are_not_fatal(raw: bytes) -> None:
+    turn = CodexTurn(clock=lambda: NOON)
+    assert turn.feed(raw) == []
+
+
+async def test_end_to_end_a_limited_account_fails_with_its_reset(
+        tmp_path: Path, groups: ProcessGroups) -> None:
+    home = tmp_path / "personal"
+    home.mkdir()
+    # A whole minute (Codex prints minutes), a little ahead so it is read as coming.
+    resets = (int(time.time()) // 60 + 90) * 60
+    (home / "limit").write_text(f"{resets}\n")
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups, "reply",
+                                        extra_env={"CODEX_HOME": str(home)})
+    assert result.exit_code == 1
+    outcome = turn.finish(result)
+    assert outcome is not None and not outcome.ok and outcome.error is not None
+    assert outcome.error.startswith("You've hit your usage limit. Try again at ")
+    assert "Codex usage limit reached; it resets at" in outcome.error
+    assert turn.limit is not None and turn.limit.state == "limited"
+    assert turn.limit.resets_at == resets
+    assert turn.ended_by_limit(outcome) and not turn.resume_rejected(result)
+    assert recorded(tmp_path)["codex_home"] == str(home)
+
+
+async def test_end_to_end_an_account_near_its_limit_still_replies(
+        tmp_path: Path, groups: ProcessGroups) -> None:
+    home = tmp_path / "work"
+    home.mkdir()
+    (home / "used_percent").write_text("92")
+    with trio.fail_after(20):
+        turn, result, _ = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups, "reply",
+                                        extra_env={"CODEX_HOME": str(home)})
+    outcome = turn.finish(result)
+    assert outcome is not None and outcome.ok
+    assert turn.limit is not None and turn.limit.state == "warning"
+    assert turn.limit.used_percent == 92.0

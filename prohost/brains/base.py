@@ -2,7 +2,8 @@
 
 The runner knows nothing about any particular CLI. For each attempt it asks the
 brain for a command line, feeds every stdout line to a fresh :class:`Turn`, and at
-the end asks the turn what the run came to. Adding a brain means adding a module
+the end asks the turn what the run came to (and, in ``Turn.limit``, what the CLI
+said about its account's usage limit). Adding a brain means adding a module
 here and a line in :func:`prohost.brains.brain_for`; the runner does not change.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import attrs
 
 from prohost.agentproc import ProcessResult
+from prohost.limits import LimitNotice
 from prohost.runs import Mcp, Outcome
 
 ToolState = Literal["calling", "done", "error"]
@@ -94,6 +96,10 @@ class Turn(abc.ABC):
     #: The last error the CLI reported in its stream (Codex's "Reconnecting…
     #: waiting for network"): said alongside a timeout, it tells the sender why.
     last_error: str | None = None
+    #: What the CLI said about its account's usage limit (None: nothing). The
+    #: attempt ended *because of* the limit when ``finish`` gave a failure and
+    #: this is ``limited``; the failure's error then says the limit was reached.
+    limit: LimitNotice | None = None
 
     def feed(self, line: bytes) -> list[ToolEvent]:
         """Read one stdout line; return the timeline events it produced."""
@@ -112,6 +118,14 @@ class Turn(abc.ABC):
     def resume_rejected(self, result: ProcessResult) -> bool:
         """Whether this attempt failed because the resumed session is unknown."""
         return False
+
+    def ended_by_limit(self, outcome: Outcome | None) -> bool:
+        """Whether this attempt failed because its account reached its usage limit
+        (``outcome`` is what :meth:`finish` returned): the run may go to another
+        account. A success with a ``limited`` notice (the work got done just before
+        the refusal) did not end by the limit, though the account is limited now."""
+        failed = outcome is None or not outcome.ok
+        return failed and self.limit is not None and self.limit.state == "limited"
 
 
 class Brain(abc.ABC):

@@ -5,6 +5,11 @@ are the CLI's own (``system``/``init``, ``assistant``, ``user``, ``result``,
 ``rate_limit_event``); everything else it prints is skipped, since new event types
 and fields appear with every release and none of them may break a run.
 
+What the CLI says about its account's usage limit (``rate_limit_event``, the
+synthetic ``rate_limit`` message, a limit-reached result) becomes ``Turn.limit``
+(see :mod:`prohost.limits`); a ``rate_limit_event`` some versions wrote into the
+middle of another line is split out and the cut line mended.
+
 Two behaviours of the real CLI shape this module:
 
 * A failure still ends with a ``result`` event, and only ``is_error`` / the
@@ -24,6 +29,7 @@ import logging
 import shlex
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,13 @@ from prohost.brains.base import (
     one_line,
     split_command,
     write_private,
+)
+from prohost.limits import (
+    LimitNotice,
+    claude_limit_text,
+    claude_rate_limit,
+    merge,
+    recover_events,
 )
 from prohost.runs import Mcp, Outcome
 
@@ -132,7 +145,12 @@ def _activity(name: str, summary: str) -> str:
 class ClaudeTurn(Turn):
     """One attempt's reading of Claude Code's stream-json output."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        #: Reads "resets 8pm" relative to now (epoch seconds); a test passes its own.
+        self._clock = clock
+        #: The head of a line a ``rate_limit_event`` was written into, waiting for
+        #: the rest of that line (see :func:`prohost.limits.recover_events`).
+        self._broken: bytes | None = None
         #: Calls still running: id → (name, summary), oldest first.
         self._open: dict[str, tuple[str, str]] = {}
         #: The main agent's last text (a subagent's text is not the reply).
@@ -147,14 +165,30 @@ class ClaudeTurn(Turn):
 
     def feed(self, line: bytes) -> list[ToolEvent]:
         try:
-            event = decode_json_line(line)
-            if event is None:
-                return []
-            return self._read(event)
+            events: list[ToolEvent] = []
+            for event in self._decode(line):
+                events.extend(self._read(event))
+            return events
         except Exception:
             # A shape nobody foresaw must cost one line of the timeline, not the run.
             log.debug("skipped a Claude Code event that could not be read", exc_info=True)
             return []
+
+    def _decode(self, line: bytes) -> list[dict[str, Any]]:
+        """The events of one stdout line, mending a line another event was written into."""
+        event = decode_json_line(line)
+        broken, self._broken = self._broken, None
+        if event is not None:
+            return [event]
+        if broken is not None:
+            # The rest of the line the previous embedded event cut in two.
+            mended = decode_json_line(broken + line)
+            if mended is not None:
+                return [mended]
+        head, embedded = recover_events(line, decode_json_line)
+        if embedded:
+            self._broken = head
+        return embedded
 
     def _read(self, event: dict[str, Any]) -> list[ToolEvent]:
         session_id = event.get("session_id")
@@ -178,10 +212,19 @@ class ClaudeTurn(Turn):
             info = event.get("rate_limit_info")
             if isinstance(info, dict):
                 self.rate_limit = info
+                self.limit = merge(self.limit, claude_rate_limit(info))
         return []
 
+    def _limit_text(self, text: str, *, anywhere: bool) -> None:
+        """Record a limit-reached text; a reset epoch already known from a
+        ``rate_limit_event`` is exact, so it beats a time read from "resets 8pm"."""
+        notice = claude_limit_text(text, self._clock(), anywhere=anywhere)
+        if notice is not None:
+            self.limit = merge(notice, self.limit) if self.limit else notice
+
     def _assistant(self, event: dict[str, Any]) -> list[ToolEvent]:
-        if event.get("error") == "authentication_failed":
+        error = event.get("error")
+        if error == "authentication_failed":
             self._auth_failed = True
         message = event.get("message")
         if not isinstance(message, dict):
@@ -216,6 +259,14 @@ class ClaudeTurn(Turn):
                 self.activity = _activity(name, summary)
                 events.append(ToolEvent(id=call_id, name=name, state="calling", summary=summary))
         text = "\n".join(part for part in texts if part.strip())
+        if error == "rate_limit":
+            # The CLI's synthetic message for a refused request ("You've hit your
+            # limit · resets 12pm (America/Chicago)", model "<synthetic>",
+            # github.com/anthropics/claude-code/issues/40485).
+            self._limit_text(text, anywhere=True)
+            if self.limit is None or self.limit.state != "limited":
+                self.limit = merge(self.limit, LimitNotice(
+                    state="limited", source="claude rate_limit error"))
         if text and event.get("parent_tool_use_id") is None:
             self.last_text = text
         return events
@@ -268,7 +319,13 @@ class ClaudeTurn(Turn):
         text = event.get("result")
         text = text if isinstance(text, str) else None
         usage = _usage(event)
-        if event.get("is_error") is True or subtype.startswith("error"):
+        failed = event.get("is_error") is True or subtype.startswith("error")
+        if text:
+            # A failed result may say it anywhere; a "successful" one only counts
+            # when the whole text is the CLI's notice (older builds sent
+            # "Claude AI usage limit reached|<epoch>" as the result).
+            self._limit_text(text, anywhere=failed)
+        if failed:
             return Outcome.failure(
                 self._error(event, subtype, text), session_id=self.session_id, usage=usage
             )
@@ -295,9 +352,13 @@ class ClaudeTurn(Turn):
             error = f"{sentence}: {detail}"
         else:
             error = detail
-        resets = self._limit_resets()
-        if resets:
-            error += f" (Claude usage limit reached; it resets at {resets})"
+        limit = self.limit
+        if limit is not None and limit.state == "limited":
+            if limit.resets_at is not None:
+                resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(limit.resets_at))
+                error += f" (Claude usage limit reached; it resets at {resets})"
+            else:
+                error += " (Claude usage limit reached; it did not say when it resets)"
         return one_line(error, _ERROR_CHARS)
 
     def _signed_out(self, event: dict[str, Any], detail: str) -> bool:
@@ -306,16 +367,6 @@ class ClaudeTurn(Turn):
             or event.get("api_error_status") == 401
             or "/login" in detail
         )
-
-    def _limit_resets(self) -> str | None:
-        """When a rejected rate limit resets (UTC), if the CLI said it was rejected."""
-        info = self.rate_limit
-        if not info or info.get("status") != "rejected":
-            return None
-        at = info.get("resetsAt")
-        if not isinstance(at, int | float) or isinstance(at, bool):
-            return None
-        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
 
     def resume_rejected(self, result: ProcessResult) -> bool:
         if result.timed_out is not None or result.exit_code == 0:

@@ -19,7 +19,9 @@ JSON object per line::
 
 and, when things go wrong, ``{"type":"error","message":…}`` (also used for
 transient "reconnecting" notices, so it is not fatal by itself) and
-``{"type":"turn.failed","error":{"message":…}}``. The reply is the text of the
+``{"type":"turn.failed","error":{"message":…}}``. At the account's usage limit
+both carry Codex's "You've hit your usage limit. … Try again at …" text, which
+becomes ``Turn.limit`` (see :mod:`prohost.limits`). The reply is the text of the
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 """
@@ -29,7 +31,9 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,7 @@ from prohost.brains.base import (
     one_line,
     split_command,
 )
+from prohost.limits import codex_limit_text, codex_rate_limits, merge
 from prohost.runs import Mcp, Outcome
 
 log = logging.getLogger(__name__)
@@ -92,7 +97,9 @@ _FAILED_STATUSES = frozenset({"failed", "declined"})
 class CodexTurn(Turn):
     """Reads one ``codex exec --json`` attempt."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        #: Reads "Try again at 2:57 PM" relative to now (epoch s); tests pass their own.
+        self._clock = clock
         self.reply: str | None = None
         self.usage: dict[str, Any] | None = None
         self.turn_failed: str | None = None
@@ -138,11 +145,42 @@ class CodexTurn(Turn):
             error = event.get("error")
             message = error.get("message") if isinstance(error, dict) else None
             self.turn_failed = _text(message) or "the Codex turn failed"
+            self._limit_text(self.turn_failed)
         elif kind == "error":
             message = _text(event.get("message"))
             if message:
                 self.last_error = message
+                self._limit_text(message)
+        else:
+            self._rate_limits(event)
         return []
+
+    def _limit_text(self, message: str) -> None:
+        """Codex's usage-limit error (``UsageLimitReachedError`` in openai/codex
+        ``codex-rs/core/src/error.rs``) arrives as an ``error`` event and again as
+        ``turn.failed``; either one marks the account limited."""
+        notice = codex_limit_text(message, self._clock())
+        if notice is not None:
+            self.limit = merge(self.limit, notice)
+
+    def _rate_limits(self, event: dict[str, Any]) -> None:
+        """Rate-limit figures from a ``token_count`` event, in the shapes Codex has
+        printed them: the protocol ``Event`` of older ``codex exec --json``
+        (``{"id":"0","msg":{"type":"token_count","info":…,"rate_limits":…}}``,
+        ``EventMsg::TokenCount`` in ``codex-rs/protocol/src/protocol.rs``), a session
+        rollout line (``{"type":"event_msg","payload":{"type":"token_count",…}}``)
+        or the bare ``token_count`` object. The current exec JSONL
+        (``exec_events.rs``) carries none, so this is often never reached."""
+        body: Any = event
+        for key in ("msg", "payload"):
+            inner = event.get(key)
+            if isinstance(inner, dict):
+                body = inner
+        if body.get("type") != "token_count":
+            return
+        notice = codex_rate_limits(body.get("rate_limits"), self._clock())
+        if notice is not None:
+            self.limit = merge(self.limit, notice)
 
     def _item(self, kind: str, item: dict[str, Any]) -> list[ToolEvent]:
         item_type = item.get("type")
@@ -180,20 +218,32 @@ class CodexTurn(Turn):
         if self.turn_failed is not None:
             # Codex discards the turn's last message when the turn fails, and so
             # does this: a partial answer is not the reply.
-            return Outcome.failure(self.turn_failed, session_id=self.session_id)
+            return Outcome.failure(self._with_limit(self.turn_failed),
+                                   session_id=self.session_id)
         if self.reply is not None:
             if result.exit_code == 0:
                 return Outcome(ok=True, reply=self.reply, session_id=self.session_id,
                                usage=self.usage)
             return None
         if self.last_error is not None:
-            return Outcome.failure(self.last_error, session_id=self.session_id)
+            return Outcome.failure(self._with_limit(self.last_error),
+                                   session_id=self.session_id)
         if result.exit_code != 0:
             return None
         why = "the Codex CLI ended without a reply (no agent message in its output)"
         if result.overlong_lines:
             why += f"; {result.overlong_lines} over-long output line(s) were skipped"
         return Outcome.failure(why, session_id=self.session_id)
+
+    def _with_limit(self, error: str) -> str:
+        """``error``, saying so when the account's usage limit ended the turn."""
+        limit = self.limit
+        if limit is None or limit.state != "limited":
+            return error
+        if limit.resets_at is None:
+            return f"{error} (Codex usage limit reached; it did not say when it resets)"
+        resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(limit.resets_at))
+        return f"{error} (Codex usage limit reached; it resets at {resets})"
 
     def resume_rejected(self, result: ProcessResult) -> bool:
         if result.exit_code is None or result.exit_code == 0:

@@ -18,6 +18,18 @@ huge_line       init, one 5 MiB assistant line, then a normal result
 noise           like ``tool`` with non-JSON lines between the events
 errors_forever  error lines on stderr until killed
 
+Per account, driven by the config folder in ``CLAUDE_CONFIG_DIR`` (what prohost
+sets for an account), whatever the scenario:
+
+- a file ``limit`` holding a reset epoch makes this account refuse the work the way
+  the CLI does at its usage limit: init, the synthetic ``rate_limit`` assistant
+  message ``You've hit your limit · resets 8pm (UTC)``, a ``rate_limit_event`` with
+  ``"status":"rejected"`` and that ``resetsAt``, a failed result carrying the same
+  text, exit 1. With ``legacy`` after the epoch the text is the older
+  ``Claude AI usage limit reached|<epoch>``.
+- a file ``used_percent`` (a number) adds an ``allowed_warning``
+  ``rate_limit_event`` with that utilization right after init.
+
 ``FAKE_CLAUDE_REPLY`` replaces the reply text; ``FAKE_CLAUDE_DELAY`` is seconds of
 silence before anything is printed. ``FAKE_CLAUDE_RECORD`` names a
 JSON file that gets one entry per invocation (a list): argv, the prompt, selected
@@ -64,6 +76,7 @@ def record(path: str, argv: list[str], prompt: str) -> None:
             "PROHOST_PAIRED_RUN": os.environ.get("PROHOST_PAIRED_RUN"),
         },
         "claudecode_set": "CLAUDECODE" in os.environ,
+        "config_dir": os.environ.get("CLAUDE_CONFIG_DIR"),
     }
     config = option(argv, "--mcp-config")
     if config is not None:
@@ -113,6 +126,10 @@ class Session:
             "plugins": [],
             "uuid": str(uuid.uuid4()),
         })
+        used = account_file("used_percent")
+        if used is not None:
+            self.rate_limit(status="allowed_warning", utilization=float(used) / 100,
+                            rate_limit_type="seven_day")
 
     def assistant(self, content: list[dict[str, Any]], **extra: Any) -> None:
         self.turns += 1
@@ -158,18 +175,23 @@ class Session:
                                 "isImage": False},
         })
 
-    def rate_limit(self) -> None:
+    def rate_limit(self, *, status: str = "allowed_warning", utilization: float | None = 0.91,
+                   resets_at: int | None = None, rate_limit_type: str = "five_hour") -> None:
+        # The shape of github.com/devblazer/dodona/issues/32 and
+        # github.com/anthropics/claude-code/issues/38673 (CLI 2.1.83).
+        info: dict[str, Any] = {
+            "status": status,
+            "resetsAt": resets_at if resets_at is not None else int(time.time()) + 3600,
+            "rateLimitType": rate_limit_type,
+            "overageStatus": "rejected",
+            "overageDisabledReason": "org_level_disabled",
+            "isUsingOverage": False,
+        }
+        if utilization is not None:
+            info["utilization"] = utilization
         emit({
             "type": "rate_limit_event",
-            "rate_limit_info": {
-                "status": "allowed_warning",
-                "resetsAt": int(time.time()) + 3600,
-                "rateLimitType": "five_hour",
-                "utilization": 0.91,
-                "overageStatus": "rejected",
-                "overageDisabledReason": "org_level_disabled",
-                "isUsingOverage": False,
-            },
+            "rate_limit_info": info,
             "uuid": str(uuid.uuid4()),
             "session_id": self.id,
         })
@@ -215,6 +237,49 @@ class Session:
         })
 
 
+def account_file(name: str) -> str | None:
+    """The stripped content of ``name`` in this account's config folder, if there."""
+    folder = os.environ.get("CLAUDE_CONFIG_DIR")
+    if not folder:
+        return None
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def resets_text(epoch: int) -> str:
+    """How the CLI says when a limit resets: ``8pm``, ``8:30pm``, or ``Apr 23 at 4pm``
+    on another day, with the zone in brackets (github.com/anthropics/claude-code
+    issues 22946, 77082 and 51981). The fake always speaks UTC."""
+    moment = time.gmtime(epoch)
+    hour = moment.tm_hour % 12 or 12
+    clock = f"{hour}:{moment.tm_min:02d}" if moment.tm_min else f"{hour}"
+    clock += "am" if moment.tm_hour < 12 else "pm"
+    if time.strftime("%Y-%m-%d", moment) != time.strftime("%Y-%m-%d", time.gmtime()):
+        clock = f"{time.strftime('%b', moment)} {moment.tm_mday} at {clock}"
+    return f"{clock} (UTC)"
+
+
+def limit_reached(session: Session, spec: str) -> int:
+    """This account is at its usage limit: say so the way the CLI does, exit 1."""
+    words = spec.split()
+    epoch = int(words[0])
+    if words[1:] == ["legacy"]:
+        # Claude Code 1.0.x (github.com/anthropics/claude-code/issues/9046).
+        text = f"Claude AI usage limit reached|{epoch}"
+    else:
+        text = f"You've hit your limit · resets {resets_text(epoch)}"
+    session.init()
+    # The synthetic message the CLI makes up for a refused request: model
+    # "<synthetic>", error "rate_limit" (github.com/anthropics/claude-code/issues/40485).
+    session.assistant([{"type": "text", "text": text}], model="<synthetic>", error="rate_limit")
+    session.rate_limit(status="rejected", utilization=None, resets_at=epoch)
+    session.result(text, is_error=True)
+    return 1
+
+
 def tool_run(session: Session, reply: str, noise: bool = False) -> None:
     def junk(text: str) -> None:
         if noise:
@@ -253,6 +318,9 @@ def main() -> int:
     time.sleep(float(os.environ.get("FAKE_CLAUDE_DELAY", "0")))
     reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
     session = Session(argv)
+    limit = account_file("limit")
+    if limit is not None:
+        return limit_reached(session, limit)
 
     if scenario == "no_session" and option(argv, "--resume") is not None:
         message = f"No conversation found with session ID: {session.id}"

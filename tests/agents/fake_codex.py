@@ -15,6 +15,16 @@ Behaviour comes from ``FAKE_CODEX_SCENARIO`` (default ``reply``):
 - ``noise``: the ``reply`` events with non-JSON lines between them
 - ``errors_forever``: error lines on stderr until killed
 
+Per account, driven by the folder in ``CODEX_HOME`` (what prohost sets for an
+account), whatever the scenario:
+
+- a file ``limit`` holding a reset epoch makes this account answer the way codex
+  exec does at its usage limit: thread.started, turn.started, then an ``error`` and a
+  ``turn.failed`` both saying ``You've hit your usage limit. Try again at 8:05 PM.``
+  (the local time; ``Sep 3rd, 2025 4:05 PM`` on another day), exit 1.
+- a file ``used_percent`` (a number) adds a ``token_count`` event with those
+  rate-limit figures before the reply.
+
 ``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
 file, the arguments, the prompt and a few variables of every invocation are
 appended to the JSON list in it.
@@ -108,6 +118,31 @@ def command_item(item_id: str, command: str, output: str, exit_code: int | None,
             "aggregated_output": output, "exit_code": exit_code, "status": status}
 
 
+def account_file(name: str) -> str | None:
+    """The stripped content of ``name`` in this account's ``CODEX_HOME``, if there."""
+    folder = os.environ.get("CODEX_HOME")
+    if not folder:
+        return None
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError:
+        return None
+
+
+def retry_time(epoch: int) -> str:
+    """``format_retry_timestamp`` of openai/codex ``codex-rs/core/src/error.rs``:
+    ``%-I:%M %p`` on the same local day, else ``%b %-d<suffix>, %Y %-I:%M %p``."""
+    moment = time.localtime(epoch)
+    half = "AM" if moment.tm_hour < 12 else "PM"
+    clock = f"{moment.tm_hour % 12 or 12}:{moment.tm_min:02d} {half}"
+    if time.strftime("%Y-%m-%d", moment) == time.strftime("%Y-%m-%d", time.localtime()):
+        return clock
+    day = moment.tm_mday
+    suffix = "th" if 11 <= day <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{time.strftime('%b', moment)} {day}{suffix}, {moment.tm_year} {clock}"
+
+
 def main() -> None:
     args = parse(sys.argv[1:])
     prompt = sys.stdin.read() if args["prompt_arg"] in (None, "-") else str(args["prompt_arg"])
@@ -122,6 +157,7 @@ def main() -> None:
             "argv": sys.argv[1:],
             "prompt": prompt,
             "env": {name: os.environ.get(name) for name in RECORDED_ENV},
+            "codex_home": os.environ.get("CODEX_HOME"),
         })
         with open(record, "w", encoding="utf-8") as file:
             json.dump(entries, file)
@@ -149,6 +185,21 @@ def main() -> None:
 
     emit({"type": "thread.started", "thread_id": thread_id})
     emit({"type": "turn.started"})
+    limit = account_file("limit")
+    if limit is not None:
+        message = f"You've hit your usage limit. Try again at {retry_time(int(limit))}."
+        emit({"type": "error", "message": message})
+        emit({"type": "turn.failed", "error": {"message": message}})
+        sys.exit(1)
+    used = account_file("used_percent")
+    if used is not None:
+        # The protocol Event older `codex exec --json` printed for every model call
+        # (EventMsg::TokenCount / RateLimitSnapshot in codex-rs/protocol/src/protocol.rs).
+        emit({"id": "0", "msg": {"type": "token_count", "info": None, "rate_limits": {
+            "primary": {"used_percent": float(used), "window_minutes": 300,
+                        "resets_at": int(time.time()) + 3600},
+            "secondary": {"used_percent": 12.0, "window_minutes": 10080,
+                          "resets_at": int(time.time()) + 86400 * 5}}}})
     if scenario == "failed":
         message = "You've hit your usage limit. Try again later."
         emit({"type": "error", "message": message})
