@@ -122,10 +122,9 @@ class App:
         if state.handshake_status is not None:
             await _reject(scope, send, state.handshake_status, "refused by the server")
             return
-        if state.harness_for(token) is None:
+        if token is None or state.harness_for(token) is None:
             await _reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
             return
-        assert token is not None
         await send({"type": "websocket.accept"})
         conn, outbox = state.add_connection(
             token,
