@@ -20,7 +20,6 @@ import collections
 import hmac
 import json
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -32,12 +31,10 @@ import trio
 from prohost.protocol import (
     Ack,
     Cancel,
-    Delivery,
     Heartbeat,
     HeartbeatAck,
     Hello,
     Message,
-    Ping,
     Status,
     encode,
 )
@@ -61,8 +58,7 @@ from prohost.server.records import (
     Sent,
     generate_pairing_code,
 )
-from prohost.server.window import DeliveryQueue
-from prohost.signature import sign
+from prohost.server.window import Deliveries, DeliveryQueue
 
 __all__ = [
     "DELIVERY_WINDOW", "OUTBOX_SIZE", "RUN_STATES", "TERMINAL_STATES", "UNACKED_STATES",
@@ -77,12 +73,9 @@ log = logging.getLogger("prohost.server")
 #: or the harness's queue is full), so the run comes back soon, not never.
 BUSY_RETRY_FIRST_S = 0.5
 
-#: States in which a run counts against its harness's load.
-_HELD_STATES = frozenset({"delivered", "accepted"})
-
 
 @attrs.define(eq=False)
-class ServerState:
+class ServerState(Deliveries):
     pairing_code: str
     # ---- knobs tests flip at run time
     heartbeat_s: float = 15.0
@@ -222,18 +215,6 @@ class ServerState:
         self.changed()
         return run
 
-    def _move(self, run: RunRecord, state: str, harness: str | None = None) -> None:
-        """Put ``run`` in ``state`` (and, when given, with ``harness``), keeping the
-        per-state counts and each harness's load."""
-        if run.harness and run.state in _HELD_STATES:
-            self._load.get(run.harness, set()).discard(run.run_id)
-        self.counts[run.state] -= 1
-        run.state = state
-        if harness is not None:
-            run.harness = harness
-        self.counts[state] += 1
-        if run.harness and state in _HELD_STATES:
-            self._load.setdefault(run.harness, set()).add(run.run_id)
 
     def cancel_run(self, run: RunRecord, reason: str | None) -> None:
         """Stop ``run``: never deliver it again, and tell a harness that holds it."""
@@ -441,144 +422,6 @@ class ServerState:
                 cancel.append(run_id)
         conn.send(encode(HeartbeatAck(seq=beat.seq, cancel=cancel, unknown=unknown)))
 
-    # ------------------------------------------------------------------ deliveries
-
-    def ping(self, conn: Connection) -> None:
-        conn.pings_sent += 1
-        conn.send(encode(Ping(id=f"p-{conn.pings_sent}")))
-
-    def dispatch(self, now: float) -> float:
-        """Ping who is due, then fill every connection's delivery window.
-
-        Returns when something next falls due (``inf`` when nothing is scheduled);
-        runs that no connection can take now wait for the next change of state (an
-        ack, a connection). Each run taken from a queue costs O(1) or O(log n).
-        """
-        next_due = math.inf
-        for conn in list(self.connections.values()):
-            if now >= conn.next_ping_at:
-                conn.next_ping_at = now + self.heartbeat_s
-                self.ping(conn)
-            next_due = min(next_due, conn.next_ping_at)
-        for run_id, at in self._queue.due(now):
-            run = self._offered.get(run_id)
-            if run is None or run.due_at != at:
-                continue  # withdrawn or rescheduled since this timer was set
-            # An unacked resend goes at once: it holds a window slot already.
-            if run.state != "delivered" or not self._offer(run_id, now):
-                self._queue.push(run_id, front=run.state == "delivered")
-        for token in self._queue.parked_tokens():
-            # Bounded: a run may be parked again (for another connection of the
-            # same harness, say), and must not be taken twice in one pass.
-            for _ in range(self._queue.parked_count(token)):
-                parked = self._queue.unpark(token) if self._newest_with_room(token) else None
-                if parked is None:
-                    break
-                self._offer(parked, now)
-        while self._any_room():
-            waiting = self._queue.pop()
-            if waiting is None:
-                break
-            if not self._offer(waiting, now):
-                self._queue.push_back_first(waiting)
-                break
-        return min(next_due, self._queue.next_timer())
-
-    def _offer(self, run_id: str, now: float) -> bool:
-        """Send ``run_id`` if a connection can take it, or park it for the harness it
-        must go to. False when there is no connection at all (the run stays first)."""
-        run = self._offered.get(run_id)
-        if run is None or run.due_at is None or run.due_at > now:
-            return True  # withdrawn or rescheduled since it was queued: drop the entry
-        conn = self._pick_connection(run)
-        if conn is None:
-            return False
-        if run_id not in conn.in_flight and len(conn.in_flight) >= self.window:
-            self._queue.park(conn.token, run_id)
-            return True
-        if not self._deliver(run, conn, now):
-            self._queue.push(run_id)
-        return True
-
-    def _any_room(self) -> bool:
-        return any(
-            len(c.in_flight) < self.window and not c.cancel_scope.cancel_called
-            for c in self.connections.values()
-        )
-
-    def _live_of(self, token: str | None) -> list[Connection]:
-        return [
-            c
-            for c in self.connections.values()
-            if c.token == token and not c.cancel_scope.cancel_called
-        ]
-
-    def _newest_with_room(self, token: str) -> Connection | None:
-        mine = self._live_of(token)
-        if mine and len(mine[-1].in_flight) < self.window:
-            return mine[-1]
-        return None
-
-    def _withdraw(self, run: RunRecord) -> None:
-        """Stop offering ``run`` to harnesses (its queue entries are skipped later)."""
-        run.due_at = None
-        self._offered.pop(run.run_id, None)
-        self._leave_window(run)
-
-    def _leave_window(self, run: RunRecord) -> None:
-        if run.connection_id is not None and (conn := self.connections.get(run.connection_id)):
-            conn.in_flight.discard(run.run_id)
-
-    def _pick_connection(self, run: RunRecord) -> Connection | None:
-        """Where a run goes: back to the harness it was last sent to (while unacked);
-        else the harness that holds its conversation; else the least busy one with
-        room. Draining harnesses get work only when no other harness is connected."""
-        live = [c for c in self.connections.values() if not c.cancel_scope.cancel_called]
-        ready = [c for c in live if not c.draining] or live
-        if not ready:
-            return None
-
-        def newest_of(token: str | None) -> Connection | None:
-            mine = [c for c in ready if c.token == token]
-            return mine[-1] if mine else None
-
-        if run.state == "delivered" and (conn := newest_of(run.harness)):
-            return conn
-        if run.conversation_id and (
-            conn := newest_of(self.conversation_owner.get(run.conversation_id))
-        ):
-            return conn
-        with_room = [c for c in ready if len(c.in_flight) < self.window] or ready
-        return min(with_room, key=lambda c: (len(self._load.get(c.token, ())), c.id))
-
-    def _deliver(self, run: RunRecord, conn: Connection, now: float) -> bool:
-        harness = self.harnesses[conn.token]
-        timestamp = int(time.time())
-        delivery = Delivery(
-            id="dlv_" + secrets.token_hex(8),
-            event="agent.run",
-            timestamp=timestamp,
-            signature=sign(harness.secret, timestamp, run.body_text),
-            body=run.body_text,
-        )
-        if not conn.send(encode(delivery)):
-            return False
-        self._leave_window(run)
-        conn.in_flight.add(run.run_id)
-        conn.max_in_flight = max(conn.max_in_flight, len(conn.in_flight))
-        self.deliveries[delivery.id] = run.run_id
-        run.delivery_ids.append(delivery.id)
-        self._move(run, "delivered", conn.token)
-        run.connection_id = conn.id
-        run.due_at = now + self.redeliver_after_s
-        self._queue.schedule(run.run_id, run.due_at)
-        if run.conversation_id:
-            self.conversation_owner[run.conversation_id] = conn.token
-        log.debug(
-            "run %s sent to %s (delivery %d)", run.run_id, conn.machine or "?", run.delivery_count
-        )
-        self.changed()
-        return True
 
     # ------------------------------------------------------------------ views
 
