@@ -82,7 +82,8 @@ def _json_bytes(payload: Any) -> bytes:
 
 
 async def answer_lifespan(receive: Receive, send: Send) -> None:
-    """Answer the server's lifespan startup and shutdown (nothing to set up)."""
+    """Answer the server's lifespan startup and shutdown (nothing to set up).
+    Cancelled: returns at once; there is nothing to undo."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
