@@ -204,6 +204,12 @@ async def test_silent_server_sends_nothing_but_keeps_reading(
                 with trio.move_on_after(30) as quiet:
                     await ws.get_message()
                 assert quiet.cancelled_caught
+                # The server did ping meanwhile (and answered the heartbeat), and
+                # wrote none of it: silence, not idleness.
+                (conn,) = server.state.connections.values()
+                assert conn.pings_sent >= 2
+                written = [json.loads(sent.text)["type"] for sent in server.state.sent]
+                assert written == ["hello"]
                 server.state.silent = False
                 assert json.loads(await ws.get_message())["type"] == "ping"
 
