@@ -50,9 +50,6 @@ class DeliveryQueue:
         self._timers: list[tuple[float, int, str]] = []
         self._order = itertools.count()
 
-    def __len__(self) -> int:
-        return len(self._waiting) + sum(len(q) for q in self._parked.values())
-
     # ---------------------------------------------------------------- waiting
 
     def push(self, run_id: str, *, front: bool = False) -> None:
