@@ -50,7 +50,9 @@ def run_agent_command(
     handlers even earlier, before its imports.
     """
     signals.install()
-    return signals.final_status(_run_agent(options, console=console, live=live))
+    code = _run_agent(options, console=console, live=live)
+    signals.pause_for_tests()
+    return signals.final_status(code)
 
 
 def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
