@@ -83,9 +83,12 @@ async def harness_process(
     concurrency: int = 1,
     connected: bool = True,
     extra_env: Mapping[str, str] | None = None,
+    output: int | None = None,
 ) -> AsyncIterator[HarnessProcess]:
     """Start a harness on ``home`` (already paired) and wait until it is connected
     (with ``connected=False``, hand it over as soon as the process is started).
+    With ``output`` (a file descriptor), its stdout and stderr go there and its log
+    is not read.
 
     On the way out a harness still running is killed, and its log is printed (pytest
     shows it when the test fails).
@@ -99,13 +102,14 @@ async def harness_process(
          "--concurrency", str(concurrency), "--machine", "t"],
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL if output is None else output,
+        stderr=subprocess.PIPE if output is None else output,
     )
     harness = HarnessProcess(proc)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(harness.read_log)
+            if output is None:
+                nursery.start_soon(harness.read_log)
 
             async def watch_exit() -> None:
                 await proc.wait()
