@@ -11,7 +11,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pty
 import signal
+import termios
 from pathlib import Path
 
 import trio
@@ -95,3 +97,46 @@ def test_output_beyond_the_backlog_is_dropped_and_said_once_the_reader_is_back()
         assert b" bytes of output dropped: the terminal was not reading]\n" in received
         out.close()
     os.close(read_end)
+
+
+def stalled_terminal() -> tuple[int, int]:
+    """A pseudo-terminal whose output is suspended, as Ctrl-S (XOFF) does: every
+    write to it blocks until output resumes, which it never does here (a stalled
+    SSH session behaves the same). Returns (master, slave)."""
+    master, slave = pty.openpty()
+    termios.tcflow(slave, termios.TCOOFF)
+    os.set_blocking(slave, False)
+    try:
+        os.write(slave, b"x")
+        raise AssertionError("the terminal's output is not suspended")
+    except BlockingIOError:
+        pass
+    os.set_blocking(slave, True)
+    return master, slave
+
+
+async def test_the_live_panel_on_a_stalled_terminal_never_blocks_acks_or_pongs(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    master, slave = stalled_terminal()
+    try:
+        with trio.fail_after(60):
+            async with paired_with_gate(home) as (gate, server):
+                # On a terminal the harness draws the live panel (rich) and logs through
+                # it; its first frame alone used to block the event loop for good.
+                harness_cm = harness_process(server, home, gate.command, output=slave)
+                async with harness_cm as harness:
+                    run_id = await server.submit_run("work", conversation_id="A")
+                    await gate.wait_started(run_id)
+                    assert server.run(run_id).ack_statuses == [200]
+                    await server.send_raw(json.dumps({"type": "ping", "id": "tty"}))
+                    await server.wait_until(lambda s: any(
+                        isinstance(m, Pong) and m.id == "tty" for m in s.messages(Pong)))
+                    await gate.release(run_id, "answered")
+                    await server.wait_until(finished(run_id))
+                    harness.send_signal(signal.SIGTERM)
+                    assert await harness.proc.wait() == 0
+    finally:
+        os.close(master)
+        os.close(slave)
