@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -32,7 +33,14 @@ from prohost.agentproc import ProcessGroups
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
-from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
+from prohost.ledger import (
+    Admission,
+    Ledger,
+    LedgerError,
+    LedgerRow,
+    RunState,
+    process_belongs_to_run,
+)
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
 from prohost.protocol import (
@@ -78,6 +86,7 @@ STATUS_FILE_MIN_INTERVAL_S = 1.0
 
 NOT_STARTED = "the agent is shutting down; the run was not started"
 STOPPED = "the agent was stopped"
+INTERRUPTED = "the harness lost track of this run before it finished"
 RESTARTED = "the harness restarted before this run finished"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
 
@@ -154,6 +163,14 @@ class Harness:
         self._status_written = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: Until the ledger has been read at start, "nothing held" does not mean idle.
+        self._recovered = False
+        self._link_scope = trio.CancelScope()
+        self._link_closed = trio.Event()
+        #: Runs the end-of-drain sweep already reported once (never twice).
+        self._swept: set[str] = set()
+        #: When a stop's window closes (trio time, seconds); set by stop().
+        self._stop_deadline = math.inf
 
     # ------------------------------------------------------------------ life
 
@@ -161,16 +178,29 @@ class Harness:
         """Run until drained, stopped, or the credentials are rejected; return the exit code.
 
         Reports started once the scheduler is up, the ledger recovered and the link
-        dialling (not necessarily connected). If cancelled from outside, running
-        agents are stopped (their groups killed, shielded and bounded) and the
-        cancel propagates; their ledger rows stay as they were, for the next start.
+        dialling (not necessarily connected). A :meth:`drain` or :meth:`stop` that
+        came before (a signal while the process started) or during the recovery is
+        obeyed: recovered runs are reported as §9 says, and it exits only once they
+        are. Cancelled from outside: running agents are stopped (their groups
+        killed, shielded and bounded) and the cancel propagates; their ledger rows
+        stay as they were, for the next start.
         """
+        if self._done.is_set() or self._nursery is not None:
+            raise RuntimeError("Harness.run() was called twice; make a new Harness")
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.stopping:
+                    nursery.cancel_scope.deadline = self._stop_deadline
+                if self.draining:
+                    nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
                 await self._recover()
                 await nursery.start(self._guard_link)
+                # Only now may a drain end the harness: the recovered runs are held,
+                # and the link is up for _exit_when_idle to close.
+                self._recovered = True
+                self._changed()
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
                     if self.worktrees.enabled:
@@ -183,6 +213,9 @@ class Harness:
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            # No new task may be started in a closed nursery (a late signal).
+            self._nursery = None
+            self._done.set()
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
         return self.exit_code
@@ -222,15 +255,27 @@ class Harness:
             )
 
     async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The link, until cancelled or closed by the end of a drain.
+
+        Cancelled: the connection closes (the link's own shielded, bounded close).
+        """
         try:
-            await self.link.run(task_status=task_status)
+            with self._link_scope:
+                await self.link.run(task_status=task_status)
         except CredentialsRejected as exc:
             log.error("%s", exc)
             self.exit_code = 1
             self._done.set()
+        finally:
+            self._link_closed.set()
 
     def drain(self) -> None:
-        """First signal (§9): take no new work, report what has not started, finish the rest."""
+        """First signal (§9): take no new work, report what has not started, finish the rest.
+
+        Safe at any moment: before :meth:`run` (it is obeyed once run starts),
+        during the restart recovery (recovered runs are then reported, not queued),
+        and after run returned (nothing is left to do).
+        """
         if self.draining:
             return
         self.draining = True
@@ -238,25 +283,30 @@ class Harness:
         for _key, held in self.scheduler.drain():
             self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         self._changed()
-        assert self._nursery is not None
-        self._nursery.start_soon(self._exit_when_idle)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._exit_when_idle)
+        # Otherwise run() starts it, or has returned already.
 
     def stop(self) -> None:
-        """Second signal (§9): stop every agent and report it, all within 5 s."""
+        """Second signal (§9): stop every agent and report it, all within 5 s.
+
+        Safe at any moment, like :meth:`drain`.
+        """
         if self.stopping:
             return
         self.drain()
         self.stopping = True
         self.exit_code = 130
         self.groups.grace_s = STOP_GRACE_S
+        # Whatever has not reported by then stays in the ledger's outbox.
+        self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
             if held.state != "reporting":
                 held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
                 held.exec_scope.cancel()
-        assert self._nursery is not None
-        # Whatever has not reported by then stays in the ledger's outbox.
-        self._nursery.cancel_scope.deadline = trio.current_time() + STOP_WINDOW_S
+        if self._nursery is not None:
+            self._nursery.cancel_scope.deadline = self._stop_deadline
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -266,10 +316,68 @@ class Harness:
         await self.wait_until(lambda harness: run_id not in harness.held)
 
     async def _exit_when_idle(self) -> None:
-        # Held covers every queued, running and reporting run.
-        await self.wait_until(lambda harness: not harness.held)
+        """End the harness once a drain has nothing left: every run reported, or
+        (logged by name) left in the ledger's outbox for the next start.
+
+        Cancelled (a stop's deadline): whatever is unreported stays in the ledger.
+        """
+        # Held covers every queued, running and reporting run; recovery may still
+        # be about to hold the runs of the previous process.
+        await self.wait_until(lambda harness: harness._recovered and not harness.held)
+        if self.ledger is not None:
+            # No delivery can be in the middle of being admitted after this: one
+            # whose ledger write raced the drain would otherwise be left behind.
+            self._link_scope.cancel()
+            await self._link_closed.wait()
+            await self._sweep_ledger()
+            await self.wait_until(lambda harness: not harness.held)
+            if not await self._ledger_settled():
+                self.exit_code = self.exit_code or 1
+                self._done.set()
+                return
         log.info("drained: every run has finished and reported")
         self._done.set()
+
+    async def _unreported(self) -> list[LedgerRow]:
+        if self.ledger is None:
+            return []
+        # A read: abandoning it on a stop's deadline leaves nothing half done.
+        recovery = await trio.to_thread.run_sync(self.ledger.recover, abandon_on_cancel=True)
+        return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
+
+    async def _sweep_ledger(self) -> None:
+        """Report every run the ledger still has unreported and nobody holds, once."""
+        for row in await self._unreported():
+            if row.run_id in self.held or row.run_id in self._swept:
+                continue
+            self._swept.add(row.run_id)
+            held = await self._held_from(row)
+            if held is None:
+                continue
+            log.warning("run %s was still unreported (%s) at the end of the drain; "
+                        "reporting it now", row.run_id, row.state)
+            self._hold(held)
+            if row.state is RunState.FINISHED and row.outcome is not None:
+                self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+            elif row.state is RunState.ACCEPTED:
+                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            else:
+                self._settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+
+    async def _ledger_settled(self) -> bool:
+        """After the sweep: False (logged) if a run is unreported and not even in the
+        outbox; outbox rows left are logged, and are the next start's to report."""
+        settled = True
+        for row in await self._unreported():
+            if row.state is RunState.FINISHED:
+                log.warning("run %s could not be reported now; it stays in the ledger's "
+                            "outbox and the next start reports it", row.run_id)
+            else:
+                log.error("run %s is still %s in the ledger and could not be reported; "
+                          "the next start reports it (is the disk failing?)",
+                          row.run_id, row.state)
+                settled = False
+        return settled
 
     # ------------------------------------------------------------------ link handler
 
@@ -372,8 +480,7 @@ class Harness:
         held.dropped = True
         held.life_scope.cancel()
         if self.scheduler.remove(run_id) is not None:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._record_dropped, held)
+            self._running_nursery().start_soon(self._record_dropped, held)
             self._changed()
 
     # ------------------------------------------------------------------ one run
@@ -388,9 +495,15 @@ class Harness:
 
     def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
-        assert self._nursery is not None
+        nursery = self._running_nursery()
         held.state = "reporting"
-        self._nursery.start_soon(self._settle_alone, held, outcome, recorded)
+        nursery.start_soon(self._settle_alone, held, outcome, recorded)
+
+    def _running_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("the harness is not running (Harness.run() has not started "
+                               "or has returned): no task can be started for a run")
+        return self._nursery
 
     async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
         try:
@@ -406,7 +519,8 @@ class Harness:
 
     def _runner(self) -> Runner:
         # Only a harness with a ledger executes or reports anything (not a dry run).
-        assert self.runner is not None
+        if self.runner is None:
+            raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
         return self.runner
 
     def _on_outcome(self, held: HeldRun, outcome: Outcome) -> None:
@@ -553,7 +667,13 @@ class Harness:
     # ------------------------------------------------------------------ recovery
 
     async def _recover(self) -> None:
-        """Pick up where a previous process left off (§7)."""
+        """Pick up where a previous process left off (§7).
+
+        A drain that comes meanwhile (a signal while the ledger is read) turns the
+        runs accepted before the restart into "not started" reports (§9) instead of
+        queueing them. Cancelled: the runs not held yet stay in the ledger as they
+        were, for the next start.
+        """
         if self.ledger is None:
             return
         recovery = await trio.to_thread.run_sync(self.ledger.recover)
@@ -576,8 +696,13 @@ class Harness:
             held = await self._held_from(row)
             if held is None:
                 continue
-            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
             self._hold(held)
+            if self.draining:
+                log.info("run %s was accepted before the restart; not starting it, the "
+                         "harness is draining", row.run_id)
+                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+                continue
+            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
             self.scheduler.submit(row.run_id, held.run.lane, held)
         pruned = await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
         if pruned:
@@ -590,7 +715,8 @@ class Harness:
             log.error("run %s in the ledger cannot be read (%s); closing it unreported",
                       row.run_id, exc)
             # Closed, so that it is not met again at every start.
-            assert self.ledger is not None
+            if self.ledger is None:
+                return None
             await trio.to_thread.run_sync(
                 self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time()
             )
@@ -649,7 +775,12 @@ class Harness:
                     "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
-        assert self.ledger is not None
+        """Once a day, prune reported rows older than 7 days (§7).
+
+        Cancelled: between prunes, nothing to undo; a prune in progress finishes.
+        """
+        if self.ledger is None:
+            return
         while True:
             await trio.sleep(PRUNE_EVERY_S)
             await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
