@@ -32,8 +32,10 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    since the harness answers 503 at 10,000 queued), and the figure is read once it
    has acked them all and its ``status`` says 16 active and ``--queued`` queued.
 
-Each process is started in its own session with a parent-death signal, and killed
-(with the agents it spawned) on the way out, whatever happens. Each phase has a
+Each process is started in its own session and killed (with the agents it spawned)
+on the way out, whatever happens short of this script being SIGKILLed. (No
+parent-death signal: trio starts processes from a worker thread, and the signal
+would fire when that thread retires.) Each phase has a
 deadline; a phase that fails is reported as not measured and the others still run.
 """
 
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -54,6 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -87,19 +90,16 @@ STOP_GRACE_S = 10.0
 FINAL_POLL_S = 0.01
 #: Seconds between whole-list checks when the harness says nothing (a safety net).
 SAFETY_POLL_S = 2.0
+#: Conversations of the ack-latency probes start with this.
+PROBE_PREFIX = "probe-"
+#: Tries of one ``POST /v1/runs`` that failed in transport.
+SUBMIT_ATTEMPTS = 3
+#: Backlog deliveries the relay lets be unacked at once (a server's delivery window).
+RELAY_WINDOW = 16
 #: Connections of the harness to the relay after which the phase gives up.
 MAX_RECONNECTS = 5
 #: Runs still open at which the completion watcher switches to per-run checks.
 FEW_LEFT = 64
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it if this benchmark dies (even by SIGKILL)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
@@ -209,7 +209,7 @@ async def started(
     with _log_file(home, log_path) as log_file:
         proc = await trio.lowlevel.open_process(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=log_file,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
     child = Child(name, proc, log_path, graceful)
     try:
@@ -387,6 +387,8 @@ class Relay:
         self.sent: dict[str, tuple[str, float, int]] = {}
         #: delivery id → (ack status, seconds from write to ack).
         self.acked: dict[str, tuple[int, float]] = {}
+        #: Deliveries written to the harness and not acked yet.
+        self.in_flight: set[str] = set()
         #: run ids acked 200 at least once.
         self.accepted: set[str] = set()
         self.status: dict[str, Any] = {}
@@ -403,10 +405,11 @@ class Relay:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def wait(self, predicate: Callable[[], bool]) -> None:
+    async def wait(self, predicate: Callable[[], bool], *, check: bool = True) -> None:
         """Return once ``predicate()`` holds, re-checking after every frame."""
         while True:
-            self.check()
+            if check:
+                self.check()
             if predicate():
                 return
             await self._changed.wait()
@@ -439,18 +442,47 @@ class Relay:
                 max_message_size=MAX_MESSAGE_BYTES,
             ) as up, trio.open_nursery() as nursery:
 
-                async def to_harness() -> None:
+                backlog: deque[tuple[str, str, str]] = deque()
+                probes: deque[tuple[str, str, str]] = deque()
+
+                async def from_server() -> None:
+                    # Reads ahead, so that a probe is not stuck behind the backlog in
+                    # this socket; other frames pass at once, deliveries via the queues.
                     try:
                         while True:
                             text = await up.get_message()
-                            if isinstance(text, str):
-                                self._note_from_server(text)
-                            await down.send_message(text)
+                            frame = json.loads(text) if isinstance(text, str) else {}
+                            if frame.get("type") != "delivery":
+                                await down.send_message(text)
+                                continue
+                            body = json.loads(frame["body"])
+                            probe = str(body.get("conversation_id")).startswith(PROBE_PREFIX)
+                            item = (frame["id"], body.get("run_id", ""), str(text))
+                            (probes if probe else backlog).append(item)
+                            self._poke()
                     except trio_websocket.ConnectionClosed as closed:
                         code = closed.reason.code if closed.reason else None
                         self.close_codes.append(code)
                         await down.aclose(code or 1000)
                     nursery.cancel_scope.cancel()
+
+                async def to_harness() -> None:
+                    # The backlog goes out with at most RELAY_WINDOW deliveries unacked;
+                    # a probe goes out once none is, so that it times the harness's ack
+                    # and not a queue of deliveries ahead of it in the socket.
+                    while True:
+                        await self.wait(lambda: (bool(probes) and not self.in_flight) or (
+                            not probes and bool(backlog) and len(self.in_flight) < RELAY_WINDOW
+                        ), check=False)
+                        delivery_id, run_id, text = (probes or backlog).popleft()
+                        # Stamped before the write: time in a full socket buffer counts.
+                        self.sent[delivery_id] = (run_id, time.perf_counter(), len(text))
+                        self.in_flight.add(delivery_id)
+                        try:
+                            await down.send_message(text)
+                        except trio_websocket.ConnectionClosed:
+                            nursery.cancel_scope.cancel()
+                            return
 
                 async def to_server() -> None:
                     try:
@@ -463,6 +495,7 @@ class Relay:
                         await up.aclose((closed.reason.code if closed.reason else None) or 1000)
                     nursery.cancel_scope.cancel()
 
+                nursery.start_soon(from_server)
                 nursery.start_soon(to_harness)
                 nursery.start_soon(to_server)
         except (trio_websocket.HandshakeError, OSError) as exc:
@@ -470,19 +503,14 @@ class Relay:
             log(f"relay: cannot reach the server at {self.upstream}: {exc}")
             await down.aclose(1011)
         finally:
+            self.in_flight.clear()  # a later connection redelivers them anew
             self._poke()
-
-    def _note_from_server(self, text: str) -> None:
-        # Stamped before the write, so time spent in a full socket buffer counts.
-        frame = json.loads(text)
-        if frame.get("type") == "delivery":
-            run_id = json.loads(frame["body"]).get("run_id", "")
-            self.sent[frame["id"]] = (run_id, time.perf_counter(), len(text))
 
     def _note_from_harness(self, text: str, now: float) -> None:
         frame = json.loads(text)
         if frame.get("type") == "ack":
             sent = self.sent.get(frame.get("id", ""))
+            self.in_flight.discard(frame.get("id", ""))
             if sent is not None:
                 self.acked[frame["id"]] = (frame.get("status", 0), now - sent[1])
                 self.last_ack[sent[0]] = frame["id"]
@@ -543,20 +571,32 @@ async def pair(client: httpx.AsyncClient, server: ServerProcess, home: Path, ws_
 async def submit_runs(
     client: httpx.AsyncClient, server: ServerProcess, texts: list[tuple[str, str]]
 ) -> list[str]:
-    """``POST /v1/runs`` for each (conversation, text), 16 at a time; the run ids in order."""
-    run_ids: list[str] = [""] * len(texts)
+    """``POST /v1/runs`` for each (conversation, text), 16 at a time; the run ids in
+    order. Each run's id is named (``run-<conversation>``) so that a POST lost to a
+    closing keep-alive connection can be sent again: a 409 then means it arrived."""
+    run_ids = [f"run-{conversation}" for conversation, _ in texts]
     next_index = 0
+
+    async def post(index: int) -> None:
+        conversation, text = texts[index]
+        payload = {"conversation_id": conversation, "text": text, "run_id": run_ids[index]}
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                answer = await client.post(f"{server.http_url}/v1/runs", json=payload)
+            except httpx.TransportError:
+                if attempt + 1 == SUBMIT_ATTEMPTS:
+                    raise
+                continue
+            if answer.status_code == 409 and attempt > 0:
+                return
+            answer.raise_for_status()
+            return
 
     async def worker() -> None:
         nonlocal next_index
         while next_index < len(texts):
-            index = next_index
             next_index += 1
-            conversation, text = texts[index]
-            answer = await client.post(f"{server.http_url}/v1/runs",
-                                       json={"conversation_id": conversation, "text": text})
-            answer.raise_for_status()
-            run_ids[index] = answer.json()["run_id"]
+            await post(next_index - 1)
 
     async with trio.open_nursery() as nursery:
         for _ in range(CONCURRENCY):
@@ -608,6 +648,19 @@ async def wait_completed(
                 await relay.wait(lambda: relay.status is not seen)  # noqa: B023 (awaited here)
 
 
+def harness_healthy(harness: Child, relay: Relay) -> None:
+    """Raise if the harness has exited, or the server keeps dropping it."""
+    if harness.proc.returncode is not None:
+        raise RuntimeError(f"the harness exited with {harness.proc.returncode}:\n"
+                           + harness.log_tail())
+    if relay.connections > MAX_RECONNECTS:
+        raise RuntimeError(
+            f"the server dropped the harness {len(relay.close_codes)} times (close codes "
+            f"{relay.close_codes[-3:]}): a server that pushes every waiting run at once "
+            "overflows its 1,024-frame outbox and drops the connection (issue 11); use "
+            "fewer --runs / --queued, or a server with a delivery window")
+
+
 def harness_argv(exec_command: str) -> list[str]:
     return [sys.executable, "-m", "prohost", "agent", "run", "--exec", exec_command,
             "--brain", "plain", "--concurrency", str(CONCURRENCY), "--machine", "bench",
@@ -631,39 +684,30 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
                                     [(f"bench-{n}", f"bench run {n}") for n in range(runs)])
         probe_ids: list[str] = []
         probe_times: list[float] = []
+        busy_times: list[float] = []  # of the probes acked while the backlog ran
         backlog_done = trio.Event()
-        while_busy = 0
         began = time.perf_counter()
         async with started("harness", harness_argv("cat"), home) as harness:
             relay.harness_pid = harness.pid
 
-            def check() -> None:
-                if harness.proc.returncode is not None:
-                    raise RuntimeError(f"the harness exited with {harness.proc.returncode}:\n"
-                                       + harness.log_tail())
-                if relay.connections > MAX_RECONNECTS:
-                    raise RuntimeError(
-                        f"the server dropped the harness {len(relay.close_codes)} times (close "
-                        f"codes {relay.close_codes[-3:]}): a server that pushes every waiting "
-                        "run at once overflows its outbox (issue 11); use fewer --runs, or a "
-                        "server with a delivery window")
-
-            relay.check = check
+            relay.check = partial(harness_healthy, harness, relay)
 
             async def watch_exit() -> None:
                 await harness.proc.wait()
                 relay._poke()
 
             async def send_probes(*, task_status: trio.TaskStatus[None]) -> None:
-                nonlocal while_busy
                 task_status.started()
                 wanted = set(run_ids)
-                await relay.wait(lambda: len(relay.accepted & wanted) == runs)
-                result["all_accepted_s"] = time.perf_counter() - began
-                log(f"  all {runs} accepted after {result['all_accepted_s']:.2f} s; "
-                    f"{probes} probes, one at a time…")
+                # Once the first runs are executing; the rest of the backlog is then
+                # still being accepted and run.
+                await relay.wait(lambda: len(relay.accepted & wanted) >= min(runs, CONCURRENCY))
+                result["probes_from_s"] = time.perf_counter() - began
+                log(f"  probing from {result['probes_from_s']:.2f} s: {probes} deliveries, "
+                    "one at a time…")
                 for n in range(probes):
-                    [run_id] = await submit_runs(client, server, [(f"probe-{n}", "probe")])
+                    [run_id] = await submit_runs(client, server,
+                                                 [(f"{PROBE_PREFIX}{n}", "probe")])
                     probe_ids.append(run_id)
                     def acked(run_id: str = run_id) -> bool:
                         return relay.ack_of(run_id) is not None
@@ -673,7 +717,8 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
                     if status != 200:
                         raise RuntimeError(f"probe {run_id} was acked {status}, not 200")
                     probe_times.append(seconds)
-                    while_busy += not backlog_done.is_set()
+                    if not backlog_done.is_set():
+                        busy_times.append(seconds)
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(watch_exit)
@@ -696,15 +741,18 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
     result.update(
         states=states,
         seconds=ended - began,
-        runs_per_s=total / (ended - began),
+        # The backlog alone, though the probes ran alongside: a conservative figure.
+        runs_per_s=runs / (backlog_ended - began),
         backlog_seconds=backlog_ended - began,
-        seconds_from_connect=ended - (relay.connected_at or began),
+        backlog_seconds_from_connect=backlog_ended - (relay.connected_at or began),
         connections=relay.connections,
         close_codes=relay.close_codes,
         cpu_ms_per_run=(cpu_end - (relay.first_cpu or 0.0)) * 1e3 / total,
         cpu_ms_startup=(relay.first_cpu or 0.0) * 1e3,
-        ack_samples=probe_times,
-        acked_while_busy=while_busy,
+        # Under load means while the backlog ran; all of them if none was.
+        ack_samples=busy_times or probe_times,
+        ack_samples_all=probe_times,
+        acked_while_busy=len(busy_times),
         delivery_bytes=round(statistics.fmean(sizes)) if sizes else 600,
     )
     return result
@@ -723,11 +771,15 @@ async def rss_with_queue(tmp: Path, queued: int) -> dict[str, Any]:
         await pair(client, server, home, relay.ws_url)
         # Killed outright at the end: a drain would first report the whole queue.
         async with started("harness", harness_argv("sleep 3600"), home,
-                           graceful=False) as harness:
-            await relay.wait(lambda: relay.status != {} or harness.proc.returncode is not None)
-            if harness.proc.returncode is not None:
-                raise RuntimeError(f"the harness exited with {harness.proc.returncode}:\n"
-                                   + harness.log_tail())
+                           graceful=False) as harness, trio.open_nursery() as inner:
+            relay.check = partial(harness_healthy, harness, relay)
+
+            async def watch_exit() -> None:
+                await harness.proc.wait()
+                relay._poke()
+
+            inner.start_soon(watch_exit)
+            await relay.wait(lambda: relay.status != {})
             idle = memory_kib(harness.pid)
             total = CONCURRENCY + queued
             log(f"  submitting {total} runs of {QUEUED_TEXT_BYTES} B while it is connected…")
@@ -740,6 +792,7 @@ async def rss_with_queue(tmp: Path, queued: int) -> dict[str, Any]:
                              and relay.status.get("queued") == queued)
             memory = memory_kib(harness.pid)
             busy = relay.status.get("active")
+            inner.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
     return {"queued": queued, "active": busy, "rss_kib": memory["VmRSS"],
             "peak_kib": memory["VmHWM"], "idle_rss_kib": idle["VmRSS"]}
@@ -777,6 +830,7 @@ async def timed(what: str, within_s: float, phase: Callable[[], Awaitable[Any]])
     except trio.TooSlowError:
         return {"error": f"{what} did not finish within {within_s:.0f} s"}
     except Exception as exc:  # one phase failing must not hide the others' figures
+        traceback.print_exc()
         while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]
         return {"error": f"{what} failed: {type(exc).__name__}: {exc}"}
@@ -868,11 +922,13 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             print(f"NOT MEASURED {key}: {value['error']}")
     e2e = figures["e2e"]
     if "error" not in e2e:
-        print(f"End to end: {e2e['runs']} runs + {len(e2e['ack_samples'])} probes in "
-              f"{e2e['seconds']:.2f} s from spawn ({e2e['seconds_from_connect']:.2f} s from "
-              f"connect); server states {e2e['states']}; connections {e2e['connections']}; "
-              f"harness start-up CPU {e2e['cpu_ms_startup']:.0f} ms (left out); "
-              f"{e2e['acked_while_busy']} probes acked while the backlog ran")
+        print(f"End to end: {e2e['runs']} runs in {e2e['backlog_seconds']:.2f} s from the "
+              f"harness's spawn ({e2e['backlog_seconds_from_connect']:.2f} s from its "
+              f"connection), {e2e['probes']} probes alongside, all done at "
+              f"{e2e['seconds']:.2f} s; server states {e2e['states']}; connections "
+              f"{e2e['connections']}; harness start-up CPU {e2e['cpu_ms_startup']:.0f} ms "
+              f"(left out); ack figures from the {e2e['acked_while_busy']} probes acked while "
+              "the backlog ran" + ("" if e2e["acked_while_busy"] else " (none: all probes)"))
     rss = figures["rss"]
     if "error" not in rss:
         print(f"RSS: {rss['rss_kib'] / 1024:.1f} MiB with {rss['active']} busy + "
@@ -897,6 +953,22 @@ def summarised(value: Any) -> Any:
     return value
 
 
+async def until_sigterm(args: argparse.Namespace) -> dict[str, Any]:
+    """main_async, cancelled (its processes stopped) on SIGTERM as on Ctrl-C."""
+    result: dict[str, Any] = {}
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def work() -> None:
+                result.update(await main_async(args))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(work)
+            async for _ in signals:
+                raise KeyboardInterrupt("SIGTERM")
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000,
@@ -919,7 +991,7 @@ def main() -> int:
     if args.quick:
         args.runs, args.probes, args.queued, args.floor_samples = 100, 30, 300, 100
         args.phase_s = 10.0
-    figures = trio.run(main_async, args)
+    figures = trio.run(until_sigterm, args)
     rows = ratios(figures)
     if args.json:
         figures["ratios"] = rows
