@@ -2,7 +2,7 @@
 """End-to-end benchmark: a real ``prohost server`` and ``prohost agent run`` against floors.
 
 Usage: .venv/bin/python scripts/bench_e2e.py [--runs N] [--probes N] [--queued N]
-                                             [--quick] [--json]
+                                             [--quick] [--json] [--keep]
 
 Everything is measured in one process run, on 127.0.0.1 only, and every figure is
 printed as a ratio to a floor (or a budget) taken in the same run:
@@ -14,18 +14,24 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    --concurrency 16`` as separate processes, each with its own temporary
    ``$PROHOST_HOME``. ``--runs`` runs, each on its own conversation, are submitted
    over ``POST /v1/runs`` *before* the harness starts; the clock runs from the
-   harness's spawn to the last completion the server records (plus the probes of 4,
-   which run too). Against min(floor a, floor b).
+   harness's spawn to the last of those completions the server records (the probes
+   of 4 run alongside and are not counted: a conservative figure). Against
+   min(floor a, floor b).
 3. The harness's CPU per run: utime+stime from ``/proc/<pid>/stat`` from the moment
-   it connected to the last completion (its start-up is left out), over the runs.
-4. Ack latency: once every run of 2 is accepted, ``--probes`` more runs are submitted
+   it connected to the last completion of runs and probes (its start-up is left
+   out), over runs + probes.
+4. Ack latency: once 16 runs of 2 are accepted, ``--probes`` more runs are submitted
    one at a time while the harness works through the backlog; each delivery is timed
    from the moment it is written to the harness's socket to the moment its ack comes
    back. The server's side of the socket is a small relay in this process (the
    harness dials it; it dials the real server and passes every frame through), so
-   no hook is needed in the server. Against the p99 of a plain trio-websocket echo
-   of a frame of the same size plus the p99 of one durable sqlite insert (WAL,
-   synchronous=FULL: a commit with its fsync) in the same temporary directory.
+   no hook is needed in the server. The relay lets at most 16 backlog deliveries be
+   unacked (a server's delivery window) and sends a probe once none is, so that a
+   probe times the harness's ack and not a queue of deliveries ahead of it. The
+   figures use the probes acked while the backlog still ran (all of them if none
+   was). Against the p99 of a plain trio-websocket echo of a frame of the same size
+   plus the p99 of one durable sqlite insert (WAL, synchronous=FULL: a commit with
+   its fsync) in the same temporary directory.
 5. The harness's RSS (``VmRSS``) with 16 runs busy (``--exec 'sleep 3600'``) and
    ``--queued`` runs queued behind them, bodies of 2 KiB. The runs are submitted
    while the harness is connected (16 + ``--queued`` of them: exactly what fits,
@@ -33,9 +39,9 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    has acked them all and its ``status`` says 16 active and ``--queued`` queued.
 
 Each process is started in its own session and killed (with the agents it spawned)
-on the way out, whatever happens short of this script being SIGKILLed. (No
-parent-death signal: trio starts processes from a worker thread, and the signal
-would fire when that thread retires.) Each phase has a
+on the way out (also on Ctrl-C or SIGTERM), whatever happens short of this script
+being SIGKILLed. (No parent-death signal: trio starts processes from a worker
+thread, and the signal would fire when that thread retires.) Each phase has a
 deadline; a phase that fails is reported as not measured and the others still run.
 """
 
@@ -461,7 +467,7 @@ class Relay:
                             (probes if probe else backlog).append(item)
                             self._poke()
                     except trio_websocket.ConnectionClosed as closed:
-                        code = closed.reason.code if closed.reason else None
+                        code = int(closed.reason.code) if closed.reason else None
                         self.close_codes.append(code)
                         await down.aclose(code or 1000)
                     nursery.cancel_scope.cancel()
@@ -831,7 +837,7 @@ async def timed(what: str, within_s: float, phase: Callable[[], Awaitable[Any]])
         return {"error": f"{what} did not finish within {within_s:.0f} s"}
     except Exception as exc:  # one phase failing must not hide the others' figures
         traceback.print_exc()
-        while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        while isinstance(exc, ExceptionGroup):  # the first cause says it (they agree)
             exc = exc.exceptions[0]
         return {"error": f"{what} failed: {type(exc).__name__}: {exc}"}
 
