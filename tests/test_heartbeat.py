@@ -34,7 +34,9 @@ async def test_status_then_heartbeat_then_both_as_due(
 ) -> None:
     socket = RecordingSocket()
     now = {"active": 0}
-    runs = [RunBeat(run_id="r1", state="running", lane="conv:C")]
+    runs = [RunBeat(run_id="r1", state="running", lane="conv:C", started_at=1.5,
+                    activity="Bash: ls"),
+            RunBeat(run_id="r2", state="queued")]
     beacon = Beacon(lambda: status(now["active"]), lambda: runs)
     session = Session(socket, Hello(heartbeat_s=10), 1)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -65,5 +67,6 @@ async def test_status_then_heartbeat_then_both_as_due(
         assert [m["seq"] for _, m in beats] == [1, 2, 3]
         assert beats[2][0] - beats[1][0] == 10
         assert beats[1][1]["runs"] == [{"run_id": "r1", "state": "running", "lane": "conv:C",
-                                        "started_at": None, "activity": None}]
+                                        "started_at": 1.5, "activity": "Bash: ls"},
+                                       {"run_id": "r2", "state": "queued"}]
         nursery.cancel_scope.cancel()
