@@ -221,7 +221,10 @@ class Link:
             return "handshake took longer than 30 s"
         cause = exc.__cause__ or exc.__context__
         text = str(exc) or type(exc).__name__
-        if isinstance(exc, trio_websocket.HandshakeError) and cause is not None:
+        # trio wraps a TLS failure as BrokenResourceError: the SSLError says what failed.
+        if isinstance(exc, trio_websocket.HandshakeError | trio.BrokenResourceError) and (
+            cause is not None
+        ):
             text = str(cause) or type(cause).__name__
         return text
 
