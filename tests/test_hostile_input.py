@@ -137,7 +137,9 @@ async def test_reproduction_3_a_lone_surrogate_is_400_naming_the_field(
                     f"body.{field} holds a lone surrogate, which is not valid UTF-8")
             else:
                 assert ack.reason.startswith("body is not valid UTF-8: a lone surrogate")
+            # Refused whole: nothing reaches the ledger, so no prompt is ever built.
             assert not running.harness.held
+            assert running.ledger is not None and running.ledger.get("r_sur") is None
             await still_serving(running, "surrogate")
 
 
