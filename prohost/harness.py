@@ -284,7 +284,11 @@ class Harness:
         await self.beacon.serve(session, task_status=task_status)
 
     async def on_message(self, session: Session, message: Message) -> None:
-        """Handle one message; never raises for anything the server sends."""
+        """Handle one message; never raises for anything the server sends.
+
+        Cancelled (the connection dropped): a delivery may be left recorded in the
+        ledger but unacked; its redelivery is answered 200 "already accepted".
+        """
         if isinstance(message, Delivery):
             await self._on_delivery(session, message)
         elif isinstance(message, Cancel):
