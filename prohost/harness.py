@@ -381,19 +381,28 @@ class Harness:
 
     # ------------------------------------------------------------------ link handler
 
-    async def on_session(self, session: Session) -> None:
+    async def on_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """For the life of one connection: the beacon's status and heartbeats.
 
+        Reports started once status and the first heartbeat are out (§1).
         Cancelled when the connection drops; nothing to clean up.
         """
-        await self.beacon.serve(session)
+        await self.beacon.serve(session, task_status=task_status)
 
     async def on_message(self, session: Session, message: Message) -> None:
-        """Handle one message; never raises for anything the server sends."""
+        """Handle one message; never raises for anything the server sends.
+
+        Cancelled (the connection dropped): a delivery may be left recorded in the
+        ledger but unacked; its redelivery is answered 200 "already accepted".
+        """
         if isinstance(message, Delivery):
             await self._on_delivery(session, message)
         elif isinstance(message, Cancel):
-            self.cancel(message.run_id, message.reason or DEFAULT_CANCEL_REASON)
+            # The reason goes into the run's report: make it text that can be sent.
+            reason = intake.clean_text(message.reason) if message.reason else None
+            self.cancel(message.run_id, reason or DEFAULT_CANCEL_REASON)
         elif isinstance(message, HeartbeatAck):
             for run_id in message.cancel:
                 self.cancel(run_id, DEFAULT_CANCEL_REASON, quiet=True)
@@ -412,8 +421,8 @@ class Harness:
         )
         run = verdict.run
         if run is None:
-            log.warning("delivery %s refused with %d: %s", delivery.id, verdict.status,
-                        verdict.reason)
+            log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
+                        verdict.status, verdict.reason)
             await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
             return
         if verdict.unverified:
@@ -429,7 +438,16 @@ class Harness:
             self._dry_seen.add(run.run_id)
             log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
             return intake.ACCEPTED, "accepted (dry run)"
-        assert self.ledger is not None
+        if self.ledger is None:
+            raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
+        if (
+            run.run_id not in self.held
+            and self.scheduler.statistics().queued >= intake.MAX_QUEUED_RUNS
+        ):
+            # A run already held is answered 200 below; only new work is refused.
+            log.warning("refused run %s with 503: %d runs are already queued", run.run_id,
+                        intake.MAX_QUEUED_RUNS)
+            return intake.DRAINING, intake.QUEUE_FULL
         try:
             admission = await trio.to_thread.run_sync(
                 self.ledger.admit, run.run_id, run.lane, body, time.time()
