@@ -29,12 +29,14 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
+from prohost.blocking import StepTimedOut, hurry, run_bounded
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
-from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
+from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
+from prohost.procinfo import process_belongs_to_run
 from prohost.protocol import (
     Ack,
     Cancel,
@@ -44,7 +46,7 @@ from prohost.protocol import (
     Status,
 )
 from prohost.reporter import Reporter
-from prohost.runner import HeldRun, Runner, progress_log
+from prohost.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner, progress_log
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import Scheduler
 from prohost.snapshot import (
@@ -257,6 +259,8 @@ class Harness:
         assert self._nursery is not None
         # Whatever has not reported by then stays in the ledger's outbox.
         self._nursery.cancel_scope.deadline = trio.current_time() + STOP_WINDOW_S
+        # Shielded ledger steps stuck on a hung disk give up by then too.
+        hurry(self._nursery.cancel_scope.deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -323,8 +327,11 @@ class Harness:
             return intake.ACCEPTED, "accepted (dry run)"
         assert self.ledger is not None
         try:
-            admission = await trio.to_thread.run_sync(
-                self.ledger.admit, run.run_id, run.lane, body, time.time()
+            # Abandoning on a hung disk is safe: one transaction under the ledger's
+            # lock (prohost.ledger); the delivery is then refused, and redelivered.
+            admission = await run_bounded(
+                self.ledger.admit, run.run_id, run.lane, body, time.time(),
+                limit_s=LEDGER_STEP_TIMEOUT_S, what=f"recording run {run.run_id} in the ledger",
             )
         except (LedgerError, OSError) as exc:
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
@@ -556,12 +563,20 @@ class Harness:
         """Pick up where a previous process left off (§7)."""
         if self.ledger is None:
             return
-        recovery = await trio.to_thread.run_sync(self.ledger.recover)
+        # Abandoning these on a hung disk is safe: reads and single transactions under
+        # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
+        # read fails the start with the StepTimedOut; restart once the disk answers.
+        recovery = await run_bounded(self.ledger.recover, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                     what="reading the ledger at start")
         for row in recovery.interrupted:
             held = await self._held_from(row)
             if held is None:
                 continue
-            await trio.to_thread.run_sync(self._kill_leftover, row)
+            try:
+                await run_bounded(self._kill_leftover, row, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                  what=f"looking for run {row.run_id}'s leftover agent")
+            except StepTimedOut as exc:
+                log.warning("%s", exc)
             log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
             self._hold(held)
             self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
@@ -579,7 +594,7 @@ class Harness:
             log.info("run %s was accepted before the restart; queueing it again", row.run_id)
             self._hold(held)
             self.scheduler.submit(row.run_id, held.run.lane, held)
-        pruned = await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+        pruned = await self._prune()
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
 
@@ -590,9 +605,11 @@ class Harness:
             log.error("run %s in the ledger cannot be read (%s); closing it unreported",
                       row.run_id, exc)
             # Closed, so that it is not met again at every start.
-            assert self.ledger is not None
-            await trio.to_thread.run_sync(
-                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time()
+            if self.ledger is None:
+                raise RuntimeError("harness bug: a ledger row was read without a ledger") from exc
+            await run_bounded(
+                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
+                limit_s=LEDGER_STEP_TIMEOUT_S, what=f"closing unreadable run {row.run_id}",
             )
             return None
 
@@ -649,10 +666,27 @@ class Harness:
                     "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
-        assert self.ledger is not None
+        """Prune the ledger once a day. Cancelled: a prune in progress is finished,
+        within its bound."""
         while True:
             await trio.sleep(PRUNE_EVERY_S)
-            await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+            await self._prune()
+
+    async def _prune(self) -> int:
+        """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
+
+        A failing or hung disk is logged, not raised: pruning can wait a day.
+        Cancelled: as :func:`prohost.blocking.run_bounded`.
+        """
+        if self.ledger is None:
+            return 0
+        try:
+            # Abandoning is safe: one transaction under the ledger's lock.
+            return await run_bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
+                                     limit_s=LEDGER_STEP_TIMEOUT_S, what="pruning the ledger")
+        except (LedgerError, OSError) as exc:
+            log.warning("could not prune the ledger: %s", exc)
+            return 0
 
 
 def _remove_quietly(path: Path) -> None:
