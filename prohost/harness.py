@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import httpx
@@ -29,7 +30,7 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
-from prohost.blocking import StepTimedOut, hurry, run_bounded
+from prohost.blocking import StepTimedOut
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
@@ -61,6 +62,8 @@ from prohost.snapshot import (
 from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
+
+T = TypeVar("T")
 
 #: After a second signal, everything left must be done within this (§9).
 STOP_WINDOW_S = 5.0
@@ -260,7 +263,8 @@ class Harness:
         # Whatever has not reported by then stays in the ledger's outbox.
         self._nursery.cancel_scope.deadline = trio.current_time() + STOP_WINDOW_S
         # Shielded ledger steps stuck on a hung disk give up by then too.
-        hurry(self._nursery.cancel_scope.deadline)
+        if self.runner is not None:
+            self.runner.bounds.hurry(self._nursery.cancel_scope.deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -329,9 +333,9 @@ class Harness:
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.ledger); the delivery is then refused, and redelivered.
-            admission = await run_bounded(
+            admission = await self._bounded(
                 self.ledger.admit, run.run_id, run.lane, body, time.time(),
-                limit_s=LEDGER_STEP_TIMEOUT_S, what=f"recording run {run.run_id} in the ledger",
+                what=f"recording run {run.run_id} in the ledger",
             )
         except (LedgerError, OSError) as exc:
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
@@ -566,15 +570,14 @@ class Harness:
         # Abandoning these on a hung disk is safe: reads and single transactions under
         # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
         # read fails the start with the StepTimedOut; restart once the disk answers.
-        recovery = await run_bounded(self.ledger.recover, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                     what="reading the ledger at start")
+        recovery = await self._bounded(self.ledger.recover, what="reading the ledger at start")
         for row in recovery.interrupted:
             held = await self._held_from(row)
             if held is None:
                 continue
             try:
-                await run_bounded(self._kill_leftover, row, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                  what=f"looking for run {row.run_id}'s leftover agent")
+                await self._bounded(self._kill_leftover, row,
+                                    what=f"looking for run {row.run_id}'s leftover agent")
             except StepTimedOut as exc:
                 log.warning("%s", exc)
             log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
@@ -607,9 +610,9 @@ class Harness:
             # Closed, so that it is not met again at every start.
             if self.ledger is None:
                 raise RuntimeError("harness bug: a ledger row was read without a ledger") from exc
-            await run_bounded(
+            await self._bounded(
                 self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
-                limit_s=LEDGER_STEP_TIMEOUT_S, what=f"closing unreadable run {row.run_id}",
+                what=f"closing unreadable run {row.run_id}",
             )
             return None
 
@@ -676,17 +679,27 @@ class Harness:
         """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
 
         A failing or hung disk is logged, not raised: pruning can wait a day.
-        Cancelled: as :func:`prohost.blocking.run_bounded`.
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
         """
         if self.ledger is None:
             return 0
         try:
             # Abandoning is safe: one transaction under the ledger's lock.
-            return await run_bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
-                                     limit_s=LEDGER_STEP_TIMEOUT_S, what="pruning the ledger")
+            return await self._bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
+                                       what="pruning the ledger")
         except (LedgerError, OSError) as exc:
             log.warning("could not prune the ledger: %s", exc)
             return 0
+
+    async def _bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
+
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
+        """
+        if self.runner is None:
+            raise RuntimeError(f"harness bug: {what} without a ledger")
+        return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what=what)
 
 
 def _remove_quietly(path: Path) -> None:

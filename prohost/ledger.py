@@ -17,7 +17,7 @@ at the cost of one fsync per step. The file and its ``-wal``/``-shm`` are mode 0
 whatever the umask: they hold run bodies, MCP tokens and conversation text.
 
 :class:`Ledger` is synchronous; the harness calls it through
-:func:`prohost.blocking.run_bounded`, from one worker thread at a time or several,
+:meth:`prohost.blocking.Bounds.run`, from one worker thread at a time or several,
 since every method holds one lock. A call on a hung disk is abandoned after its
 bound. That is safe because every method is a single sqlite transaction under that
 lock: the abandoned thread commits or rolls back on its own whenever the disk

@@ -4,7 +4,7 @@ At restart the ledger only has the process group recorded when a run started;
 :func:`process_belongs_to_run` decides whether that group is still the run's
 agent (and so must be killed) or a number the kernel has since reused. It reads
 ``/proc`` on Linux and runs ``ps`` on macOS: blocking, so call it from a thread
-(the harness does, bounded by :func:`prohost.blocking.run_bounded`).
+(the harness does, bounded by :meth:`prohost.blocking.Bounds.run`).
 """
 
 from __future__ import annotations

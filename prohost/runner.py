@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from prohost.agentproc import ProcessGroups
-from prohost.blocking import StepTimedOut, run_bounded
+from prohost.blocking import Bounds, StepTimedOut
 from prohost.brains import Brain
 from prohost.execute import ExecSpec, Progress, execute
 from prohost.ledger import Ledger, LedgerError
@@ -100,6 +100,8 @@ class Runner:
         self.scratch_root = scratch_root
         self._on_change = on_change
         self._on_outcome = on_outcome
+        #: Every blocking ledger step of this harness; the second signal hurries them.
+        self.bounds = Bounds()
 
     async def run(self, held: HeldRun) -> None:
         """Execute ``held`` and settle its report.
@@ -153,9 +155,9 @@ class Runner:
             await self._ledger(ledger.mark_started, run.run_id, time.time())
             # Abandoning it on a hung disk is safe: a read under the ledger's lock
             # (see prohost.ledger); the run then fails with the StepTimedOut.
-            session = await run_bounded(ledger.session_for, run.lane,
-                                        limit_s=LEDGER_STEP_TIMEOUT_S,
-                                        what="reading the lane's session from the ledger")
+            session = await self.bounds.run(ledger.session_for, run.lane,
+                                            limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what="reading the lane's session from the ledger")
             held.state = "running"
             held.started_at = time.time()
             self._on_change()
@@ -217,8 +219,8 @@ class Runner:
             # Abandoning is safe: each ledger method is one transaction under the
             # ledger's lock, which the abandoned thread completes or rolls back
             # alone (see prohost.ledger and prohost.blocking).
-            await run_bounded(step, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
-                              what=f"the ledger step {name}")
+            await self.bounds.run(step, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                  what=f"the ledger step {name}")
         except LedgerError as exc:
             # A step out of order (say, a drop racing a report that just
             # settled) must not take the run's task down with it.
