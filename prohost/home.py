@@ -118,7 +118,8 @@ def credentials_from_json(data: Any, source: str) -> Credentials:
         # An empty api_url would otherwise win over deriving it from ws_url.
         values[name] = value or None
     ws_url = values["ws_url"]
-    assert ws_url is not None
+    if ws_url is None:  # checked with the required fields above; this narrows the type
+        raise ValueError(f"{source} has no 'ws_url' field")
     try:
         http_base_from_ws(ws_url)
     except ValueError as exc:
