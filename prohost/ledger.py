@@ -111,6 +111,10 @@ _BUSY_TIMEOUT_MS = 5000
 #: abandoned on a hung disk (prohost.blocking); waiting forever would pile up threads.
 LOCK_WAIT_S = 30.0
 
+#: How long :meth:`Ledger.close` waits for the lock (s). By then nothing but a step
+#: abandoned on a hung disk can hold it, and the process is about to exit.
+CLOSE_WAIT_S = 2.0
+
 #: Reported runs keep their body and outcome this long (s): for people reading the
 #: ledger, and for `prohost agent status`.
 KEEP_BODIES_S = 7 * 86400.0
@@ -289,9 +293,10 @@ class Ledger:
         """Close the file. Further calls raise :class:`LedgerError`; closing twice is fine.
 
         When a step abandoned on a hung disk still holds the connection after
-        :data:`LOCK_WAIT_S`, the file is left to the process's exit (logged).
+        :data:`CLOSE_WAIT_S`, the file is left to the process's exit (logged), so a
+        hung disk cannot hold the exit either.
         """
-        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
             log.warning("the run ledger %s is still busy with a step that never finished; "
                         "leaving it open for the process exit to close", self.path)
             return

@@ -71,6 +71,8 @@ def _settled_environ(pid: int) -> set[str]:
             return set()  # gone, or not ours to read
         if environ:
             return environ
+        if _proc_state(pid) in (None, "Z", "X"):
+            return set()  # gone, or a zombie: no environment will ever show
         # Empty but alive: the kernel shows no environment while a process is
         # between the old image and the new one in execve. Unknown, not "not ours".
         if attempt + 1 < ENVIRON_TRIES:
@@ -85,6 +87,16 @@ def _proc_environ(pid: int) -> set[str] | None:
     except OSError:
         return None
     return {item.decode("utf-8", "replace") for item in raw.split(b"\0") if item}
+
+
+def _proc_state(pid: int) -> str | None:
+    """``pid``'s state letter from ``/proc/<pid>/stat`` (Linux); ``None`` when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text("utf-8", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] if fields else None
 
 
 def _proc_group_members(pgid: int) -> list[int]:

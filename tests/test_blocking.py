@@ -124,10 +124,12 @@ def hung_ledger(path: Path, hang: threading.Event) -> HungLedger:
 
 
 def test_a_step_waits_for_an_abandoned_one_only_a_bounded_time(
-    tmp_path: Path, hang: threading.Event, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, hang: threading.Event, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The next step gives up rather than share the connection with the hung one."""
     monkeypatch.setattr(ledger_module, "LOCK_WAIT_S", 0.05)
+    monkeypatch.setattr(ledger_module, "CLOSE_WAIT_S", 0.05)
     ledger = hung_ledger(tmp_path / "ledger.sqlite3", hang)
     ledger.admit("run-1", "lane", "{}", now=1.0)
     hung = threading.Thread(target=ledger.mark_finished, args=("run-1", "{}", 2.0), daemon=True)
@@ -136,6 +138,9 @@ def test_a_step_waits_for_an_abandoned_one_only_a_bounded_time(
         ledger.holding.wait()
         with pytest.raises(LedgerError, match="still busy with an earlier step"):
             ledger.admit("run-2", "lane", "{}", now=3.0)
+        # Nor can it hold the process's exit: close gives up and says so.
+        ledger.close()
+        assert "still busy with a step that never finished" in caplog.text
     finally:
         hang.set()
         hung.join()
