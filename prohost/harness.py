@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import httpx
@@ -30,19 +31,14 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
+from prohost.blocking import StepTimedOut
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
-from prohost.ledger import (
-    Admission,
-    Ledger,
-    LedgerError,
-    LedgerRow,
-    RunState,
-    process_belongs_to_run,
-)
+from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, RunState
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
+from prohost.procinfo import process_belongs_to_run
 from prohost.protocol import (
     Ack,
     Cancel,
@@ -52,7 +48,7 @@ from prohost.protocol import (
     Status,
 )
 from prohost.reporter import Reporter
-from prohost.runner import HeldRun, Runner, progress_log
+from prohost.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner, progress_log
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import Scheduler
 from prohost.snapshot import (
@@ -67,6 +63,8 @@ from prohost.snapshot import (
 from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
+
+T = TypeVar("T")
 
 #: After a second signal, everything left must be done within this (§9).
 STOP_WINDOW_S = 5.0
@@ -306,7 +304,11 @@ class Harness:
                 held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
                 held.exec_scope.cancel()
         if self._nursery is not None:
+            # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
+        # Shielded ledger steps stuck on a hung disk give up by then too.
+        if self.runner is not None:
+            self.runner.bounds.hurry(self._stop_deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -449,8 +451,11 @@ class Harness:
                         intake.MAX_QUEUED_RUNS)
             return intake.DRAINING, intake.QUEUE_FULL
         try:
-            admission = await trio.to_thread.run_sync(
-                self.ledger.admit, run.run_id, run.lane, body, time.time()
+            # Abandoning on a hung disk is safe: one transaction under the ledger's
+            # lock (prohost.ledger); the delivery is then refused, and redelivered.
+            admission = await self._bounded(
+                self.ledger.admit, run.run_id, run.lane, body, time.time(),
+                what=f"recording run {run.run_id} in the ledger",
             )
         except (LedgerError, OSError) as exc:
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
@@ -694,12 +699,19 @@ class Harness:
         """
         if self.ledger is None:
             return
-        recovery = await trio.to_thread.run_sync(self.ledger.recover)
+        # Abandoning these on a hung disk is safe: reads and single transactions under
+        # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
+        # read fails the start with the StepTimedOut; restart once the disk answers.
+        recovery = await self._bounded(self.ledger.recover, what="reading the ledger at start")
         for row in recovery.interrupted:
             held = await self._held_from(row)
             if held is None:
                 continue
-            await trio.to_thread.run_sync(self._kill_leftover, row)
+            try:
+                await self._bounded(self._kill_leftover, row,
+                                    what=f"looking for run {row.run_id}'s leftover agent")
+            except StepTimedOut as exc:
+                log.warning("%s", exc)
             log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
             self._hold(held)
             self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
@@ -722,7 +734,7 @@ class Harness:
                 continue
             log.info("run %s was accepted before the restart; queueing it again", row.run_id)
             self.scheduler.submit(row.run_id, held.run.lane, held)
-        pruned = await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+        pruned = await self._prune()
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
 
@@ -735,8 +747,9 @@ class Harness:
             # Closed, so that it is not met again at every start.
             if self.ledger is None:
                 return None
-            await trio.to_thread.run_sync(
-                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time()
+            await self._bounded(
+                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
+                what=f"closing unreadable run {row.run_id}",
             )
             return None
 
@@ -793,15 +806,40 @@ class Harness:
                     "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
-        """Once a day, prune reported rows older than 7 days (§7).
+        """Once a day, prune the ledger (§7; see :meth:`_prune`).
 
-        Cancelled: between prunes, nothing to undo; a prune in progress finishes.
+        Cancelled: between prunes, nothing to undo; a prune in progress finishes,
+        within its bound.
         """
-        if self.ledger is None:
-            return
         while True:
             await trio.sleep(PRUNE_EVERY_S)
-            await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+            await self._prune()
+
+    async def _prune(self) -> int:
+        """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
+
+        A failing or hung disk is logged, not raised: pruning can wait a day.
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
+        """
+        if self.ledger is None:
+            return 0
+        try:
+            # Abandoning is safe: one transaction under the ledger's lock.
+            return await self._bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
+                                       what="pruning the ledger")
+        except (LedgerError, OSError) as exc:
+            log.warning("could not prune the ledger: %s", exc)
+            return 0
+
+    async def _bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
+
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
+        """
+        if self.runner is None:
+            raise RuntimeError(f"harness bug: {what} without a ledger")
+        return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what=what)
 
 
 def _remove_quietly(path: Path) -> None:

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from prohost.agentproc import ProcessGroups
+from prohost.blocking import Bounds, StepTimedOut
 from prohost.brains import Brain
 from prohost.execute import ExecSpec, Progress, execute
 from prohost.ledger import Ledger, LedgerError
@@ -38,7 +39,8 @@ log = logging.getLogger("prohost.runner")
 #: same changes, so with a panel attached this logger is turned down to warnings.
 progress_log = logging.getLogger("prohost.harness.runs")
 
-#: A ledger step is a local fsync; if it takes longer, the disk is in trouble.
+#: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
+#: disk is in trouble, and the step is abandoned (prohost.blocking).
 LEDGER_STEP_TIMEOUT_S = 30.0
 
 
@@ -102,6 +104,8 @@ class Runner:
         self.scratch_root = scratch_root
         self._on_change = on_change
         self._on_outcome = on_outcome
+        #: Every blocking ledger step of this harness; the second signal hurries them.
+        self.bounds = Bounds()
 
     async def run(self, held: HeldRun) -> None:
         """Execute ``held`` and settle its report.
@@ -153,7 +157,11 @@ class Runner:
         outcome: Outcome | None = None
         with held.exec_scope:
             await self._ledger(ledger.mark_started, run.run_id, time.time())
-            session = await trio.to_thread.run_sync(ledger.session_for, run.lane)
+            # Abandoning it on a hung disk is safe: a read under the ledger's lock
+            # (see prohost.ledger); the run then fails with the StepTimedOut.
+            session = await self.bounds.run(ledger.session_for, run.lane,
+                                            limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what="reading the lane's session from the ledger")
             held.state = "running"
             held.started_at = time.time()
             self._on_change()
@@ -204,16 +212,22 @@ class Runner:
     async def _ledger(self, step: Callable[..., object], *args: object) -> None:
         """One durable ledger step, in a worker thread.
 
-        Shielded and bounded: a step that was begun is finished even when the run
-        is being cancelled, or the ledger would disagree with what was done.
+        Cancelled: not interrupted — a step that was begun is finished even when
+        the run is being cancelled, or the ledger would disagree with what was
+        done — but bounded: after LEDGER_STEP_TIMEOUT_S, or at the second signal's
+        deadline, the step is abandoned and logged, and the run goes on; the next
+        start finds the run wherever the ledger has it and reports it (§7).
         """
-        with trio.move_on_after(LEDGER_STEP_TIMEOUT_S, shield=True) as scope:
-            try:
-                await trio.to_thread.run_sync(step, *args)
-            except LedgerError as exc:
-                # A step out of order (say, a drop racing a report that just
-                # settled) must not take the run's task down with it.
-                log.error("ledger: %s", exc)
-        if scope.cancelled_caught:
-            log.error("a ledger write took over %d s; the disk may be failing",
-                      LEDGER_STEP_TIMEOUT_S)
+        name = getattr(step, "__name__", "step")
+        try:
+            # Abandoning is safe: each ledger method is one transaction under the
+            # ledger's lock, which the abandoned thread completes or rolls back
+            # alone (see prohost.ledger and prohost.blocking).
+            await self.bounds.run(step, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                  what=f"the ledger step {name}")
+        except LedgerError as exc:
+            # A step out of order (say, a drop racing a report that just
+            # settled) must not take the run's task down with it.
+            log.error("ledger: %s", exc)
+        except StepTimedOut as exc:
+            log.error("ledger: %s", exc)
