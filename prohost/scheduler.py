@@ -318,9 +318,9 @@ class Scheduler(Generic[T]):
         # Set whenever something may have become startable; the dispatcher swaps
         # in a fresh one before each pass, so a wake-up is never lost.
         self._wake = trio.Event()
-        # Set (and replaced) whenever a lane stops being busy or held: holding() waits on it.
-        self._lane_freed = trio.Event()
-        self._hold_waiters = 0
+        # lane -> the holding() calls waiting for it, first come first served. A lane
+        # let go is handed to the first of them before any run can take it.
+        self._hold_waiters: dict[str, deque[trio.Event]] = {}
         # Set while idle; replaced by a fresh one when work arrives.
         self._idle = trio.Event()
         self._idle.set()
@@ -400,7 +400,10 @@ class Scheduler(Generic[T]):
                 self._slotted.remove(key)
                 self._limiter.release_on_behalf_of(key)
             self._queue.release(lane)
-            self._freed()
+            if self._hold_waiters and lane in self._hold_waiters:
+                self._queue.hold(lane)  # free this instant, so this cannot fail
+                self._hand_over(lane)
+            self._wake.set()
             self._check_idle()
 
     def release_slot(self, key: str) -> None:
@@ -466,23 +469,49 @@ class Scheduler(Generic[T]):
         """Keep ``lane`` to the caller for the block: waits until nothing runs on it
         (and nobody else holds it), then starts none of its runs until the block
         ends. Its queued runs stay queued and start afterwards, in order; other
-        lanes are unaffected. For work on a lane's files that must not race a turn
+        lanes are unaffected. A waiting holder gets the lane the moment its run
+        ends, before the lane's next queued run (first come, first served among
+        holders). For work on a lane's files that must not race a turn
         (collecting its worktrees).
 
         Cancelled while waiting: nothing is held. On leaving the block, by any
         route, the lane is let go.
         """
-        while not self._queue.hold(lane):
-            self._hold_waiters += 1
+        if not self._queue.hold(lane):
+            granted = trio.Event()
+            waiters = self._hold_waiters.setdefault(lane, deque())
+            waiters.append(granted)
             try:
-                await self._lane_freed.wait()
-            finally:
-                self._hold_waiters -= 1
+                await granted.wait()
+            except BaseException:
+                if granted.is_set():
+                    self._let_go(lane)  # handed over just as the wait was cancelled
+                else:
+                    waiters.remove(granted)
+                    if not waiters:
+                        del self._hold_waiters[lane]
+                raise
         try:
             yield
         finally:
-            self._queue.unhold(lane)
-            self._freed()
+            self._let_go(lane)
+
+    def _let_go(self, lane: str) -> None:
+        # The caller holds ``lane``: the next holding() waiting for it gets it as
+        # it is, else its runs may start again.
+        if lane in self._hold_waiters:
+            self._hand_over(lane)
+            return
+        self._queue.unhold(lane)
+        self._wake.set()
+
+    def _hand_over(self, lane: str) -> None:
+        # ``lane`` is held: pass the hold to the first holding() waiting for it.
+        waiters = self._hold_waiters[lane]
+        granted = waiters.popleft()
+        if not waiters:
+            del self._hold_waiters[lane]
+        granted.set()
 
     def statistics(self) -> SchedulerStatistics:
         """A frozen snapshot: the limiter's figures, lanes reporting, queued, draining."""
@@ -503,14 +532,6 @@ class Scheduler(Generic[T]):
         """
         while len(self._queue) or self._in_channel:
             await self._idle.wait()
-
-    def _freed(self) -> None:
-        # A lane stopped being busy or held: it may start its next run, and a
-        # holding() waiting for it may go on.
-        self._wake.set()
-        if self._hold_waiters:  # rare (a worktree collection): no event per run otherwise
-            self._lane_freed.set()
-            self._lane_freed = trio.Event()
 
     def _check_idle(self) -> None:
         if not len(self._queue) and not self._in_channel:

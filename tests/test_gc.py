@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+from prohost.scheduler import Scheduler
 from prohost.worktrees import (
     LANE_MARKER,
     GcEntry,
@@ -230,3 +234,39 @@ def test_parse_older_than(raw: str, days: float) -> None:
 def test_parse_older_than_refuses(raw: str) -> None:
     with pytest.raises(ValueError, match=r"^--older-than must be a number of days"):
         parse_older_than(raw)
+
+
+async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path) -> None:
+    """The lane is held in the scheduler while its worktrees go (issue 8): a turn
+    submitted meanwhile starts only once they are gone, and prepares them afresh."""
+    with trio.fail_after(20):
+        setup = await lanes(tmp_path, "conv:old")
+        folder = setup.folder("conv:old")
+        manager = WorktreeManager(setup.home, [setup.source])
+        seen: list[tuple[str, bool]] = []
+
+        async def turn(key: str, lane: str) -> None:
+            seen.append((key, folder.exists()))
+            assert (await manager.prepare(lane)).failures == ()
+
+        scheduler: Scheduler[str] = Scheduler(2, turn)
+
+        @asynccontextmanager
+        async def hold_and_submit(lane: str) -> AsyncIterator[None]:
+            async with scheduler.holding(lane):
+                scheduler.submit("turn", lane, lane)
+                await trio.testing.wait_all_tasks_blocked()
+                assert seen == []  # a slot is free, but the lane is held
+                yield
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            entries = await collect_garbage(
+                setup.home, older_than_s=14 * DAY, dry_run=False, force=False,
+                hold=hold_and_submit, now=time.time() + LATER,
+            )
+            assert by_lane(entries) == {"conv:old": "removed"}
+            await scheduler.wait_idle()
+            nursery.cancel_scope.cancel()
+        assert seen == [("turn", False)]  # it started after the folder was gone
+        assert (setup.paths["conv:old"] / ".git").exists()  # and made it again
