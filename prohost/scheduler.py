@@ -130,7 +130,13 @@ class LaneQueue(Generic[T]):
         """
         if key in self:
             raise ValueError(f"{key!r} is already queued or running")
-        entry = _Entry(self._seq, key, lane, item)
+        self.push_entry(_Entry(0, key, lane, item))
+
+    def push_entry(self, entry: _Entry[T]) -> None:
+        """:meth:`push` for an entry made beforehand (its ``seq`` is set here), whose
+        key the caller knows is neither queued nor running."""
+        key, lane = entry.key, entry.lane
+        entry.seq = self._seq
         self._seq += 1
         queue = self._lanes.get(lane)
         if queue is None:
@@ -264,11 +270,6 @@ class SchedulerStatistics:
     held_lanes: int = 0
 
 
-#: A submitted item on its way through the channel: (key, lane, item). A tuple, not
-#: a class: one is made per run, and the scheduler's cost per run is what counts.
-_Submission = tuple[str, str, T]
-
-
 class Scheduler(Generic[T]):
     """Trio driver for a :class:`LaneQueue`: runs ``work(key, item)`` for ready items,
     each in its own task in the nursery of :meth:`run`.
@@ -306,12 +307,12 @@ class Scheduler(Generic[T]):
         # QUEUE_CAP runs are queued (§3, the harness's intake), so a channel of
         # that size always has room; were it ever full, submit raises
         # QueueFullError rather than wait.
-        self._send, self._receive = trio.open_memory_channel[_Submission[T]](queue_cap)
+        self._send, self._receive = trio.open_memory_channel[_Entry[T]](queue_cap)
         # Sent and not yet taken into the LaneQueue, in submit order: still
-        # queued as far as remove, drain and statistics are concerned. A
-        # submission that is no longer here (by identity) was withdrawn: removed
-        # or drained while in the channel.
-        self._in_channel: dict[str, _Submission[T]] = {}
+        # queued as far as remove, drain and statistics are concerned. The entry
+        # that goes through the channel is the one the LaneQueue keeps (one object
+        # per run); marked ``removed`` if withdrawn (removed or drained) on the way.
+        self._in_channel: dict[str, _Entry[T]] = {}
         # Keys whose run holds a slot (the limiter's borrowers).
         self._slotted: set[str] = set()
         self._draining = False
@@ -354,17 +355,16 @@ class Scheduler(Generic[T]):
         # The send side is never closed, so this only ends by cancellation.
         receive_nowait = self._receive.receive_nowait
         in_channel = self._in_channel
-        push = self._queue.push
-        async for submission in self._receive:
+        push_entry = self._queue.push_entry
+        async for entry in self._receive:
             # Everything already waiting goes in one pass, then one dispatch.
             while True:
-                key = submission[0]
-                if in_channel.get(key) is submission:  # else withdrawn meanwhile
-                    del in_channel[key]
+                if not entry.removed:  # else withdrawn on the way
+                    del in_channel[entry.key]
                     # Channel order is submit order, so LaneQueue's accept order is too.
-                    push(key, submission[1], submission[2])
+                    push_entry(entry)
                 try:
-                    submission = receive_nowait()
+                    entry = receive_nowait()
                 except trio.WouldBlock:
                     break
             self._wake.set()
@@ -426,24 +426,25 @@ class Scheduler(Generic[T]):
             raise DrainingError(f"the scheduler is draining; {key!r} was not queued")
         if key in self._in_channel or key in self._queue:
             raise ValueError(f"{key!r} is already queued or running")
-        submission = (key, lane, item)
+        entry = _Entry(0, key, lane, item)
         try:
-            self._send.send_nowait(submission)
+            self._send.send_nowait(entry)
         except trio.WouldBlock:
             raise QueueFullError(
                 f"{key!r} was not queued: {len(self._in_channel)} runs are already "
                 "waiting; the server should deliver it again later"
             ) from None
-        self._in_channel[key] = submission
+        self._in_channel[key] = entry
         if self._idle.is_set():
             self._idle = trio.Event()
 
     def remove(self, key: str) -> T | None:
         """Take a queued item out (a cancelled run). ``None`` if it isn't queued:
         a running item is stopped by its own cancel scope, not here."""
-        submission = self._in_channel.pop(key, None)
-        if submission is not None:
-            item: T | None = submission[2]
+        entry = self._in_channel.pop(key, None)
+        if entry is not None:
+            entry.removed = True
+            item: T | None = entry.item
         else:
             item = self._queue.remove(key)
         if item is not None:
@@ -459,7 +460,9 @@ class Scheduler(Generic[T]):
         self._draining = True
         # Everything in the lanes was submitted before anything still in the channel.
         items = self._queue.drain()
-        items.extend((key, submission[2]) for key, submission in self._in_channel.items())
+        for entry in self._in_channel.values():
+            entry.removed = True
+            items.append((entry.key, entry.item))
         self._in_channel.clear()
         self._check_idle()
         return items
