@@ -130,7 +130,7 @@ class LaneQueue(Generic[T]):
         """
         if key in self:
             raise ValueError(f"{key!r} is already queued or running")
-        self.push_entry(_Entry(0, key, lane, item))
+        self.push_entry(_Entry(0, key, lane, item))  # seq is set there
 
     def push_entry(self, entry: _Entry[T]) -> None:
         """:meth:`push` for an entry made beforehand (its ``seq`` is set here), whose
@@ -157,7 +157,7 @@ class LaneQueue(Generic[T]):
         while heap:
             seq, lane = heapq.heappop(heap)
             self._heaped.remove(lane)
-            if lane in self._held:
+            if self._held and lane in self._held:
                 continue  # unhold() puts it back
             queue = self._live_queue(lane)
             if queue is None:
@@ -185,7 +185,11 @@ class LaneQueue(Generic[T]):
         """
         key = self._busy.pop(lane)
         self._running_keys.discard(key)
-        self._make_ready(lane)
+        # _make_ready, inlined: this runs once per run. A busy lane has no heap entry.
+        queue = self._live_queue(lane)
+        if queue is not None:
+            self._heaped.add(lane)
+            heapq.heappush(self._heap, (queue[0].seq, lane))
 
     def hold(self, lane: str) -> bool:
         """Keep ``lane`` from starting anything until :meth:`unhold`; its queued items
