@@ -408,7 +408,10 @@ class Scheduler(Generic[T]):
                 self._queue.hold(lane)  # free this instant, so this cannot fail
                 self._hand_over(lane)
             self._wake.set()
-            self._check_idle()
+            queue = self._queue
+            # _check_idle, inlined: this runs once per run.
+            if not (queue._by_key or queue._busy or self._in_channel):
+                self._idle.set()
 
     def release_slot(self, key: str) -> None:
         """The agent of the running item ``key`` has ended: give its slot to another
@@ -428,7 +431,9 @@ class Scheduler(Generic[T]):
         """
         if self._draining:
             raise DrainingError(f"the scheduler is draining; {key!r} was not queued")
-        if key in self._in_channel or key in self._queue:
+        queue = self._queue
+        # LaneQueue.__contains__, inlined: this runs once per run, in the reader.
+        if key in self._in_channel or key in queue._by_key or key in queue._running_keys:
             raise ValueError(f"{key!r} is already queued or running")
         entry = _Entry(0, key, lane, item)
         try:
