@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -50,7 +51,7 @@ from prohost.protocol import (
 from prohost.reporter import Reporter
 from prohost.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner, progress_log
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
-from prohost.scheduler import Scheduler
+from prohost.scheduler import QueueFullError, Scheduler
 from prohost.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -83,6 +84,7 @@ FINISHED_KEPT = 5
 STATUS_FILE_MIN_INTERVAL_S = 1.0
 
 NOT_STARTED = "the agent is shutting down; the run was not started"
+QUEUE_FULL = "the agent's queue is full; the run was not started"
 STOPPED = "the agent was stopped"
 INTERRUPTED = "the harness lost track of this run before it finished"
 RESTARTED = "the harness restarted before this run finished"
@@ -471,7 +473,14 @@ class Harness:
             # is ours now, so report it as not started rather than lose it.
             self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
             return intake.ACCEPTED, "accepted"
-        self.scheduler.submit(run.run_id, run.lane, held)
+        try:
+            self.scheduler.submit(run.run_id, run.lane, held)
+        except QueueFullError as exc:
+            # Intake answers 503 before this cap is reached, so this is a safety
+            # net: the run is recorded, so it is reported rather than lost.
+            log.error("%s", exc)
+            self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+            return intake.ACCEPTED, "accepted"
         progress_log.info("accepted run %s on %s", run.run_id, run.lane)
         return intake.ACCEPTED, "accepted"
 
@@ -509,12 +518,23 @@ class Harness:
     # ------------------------------------------------------------------ one run
 
     async def _work(self, run_id: str, held: HeldRun) -> None:
-        """The scheduler's work for one run: the runner executes and reports it."""
+        """The scheduler's work for one run: the runner executes and reports it.
+
+        The run's slot goes back to the scheduler as soon as its outcome is durable;
+        its lane only when this returns, after the report (§4). Cancelled: as
+        :meth:`Runner.run`; the run is let go either way.
+        """
         self._changed()
         try:
-            await self._runner().run(held)
+            await self._runner().run(
+                held, release_slot=functools.partial(self._release_slot, run_id)
+            )
         finally:
             self._release(held)
+
+    def _release_slot(self, run_id: str) -> None:
+        self.scheduler.release_slot(run_id)
+        self._changed()
 
     def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
@@ -575,7 +595,9 @@ class Harness:
             self._changed()
 
     def _running(self) -> int:
-        return self.scheduler.statistics().running
+        # Executing, or done and still being reported: both are waited for.
+        stats = self.scheduler.statistics()
+        return stats.running + stats.reporting
 
     def _changed(self) -> None:
         self.beacon.poke()
@@ -733,7 +755,12 @@ class Harness:
                 self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
                 continue
             log.info("run %s was accepted before the restart; queueing it again", row.run_id)
-            self.scheduler.submit(row.run_id, held.run.lane, held)
+            try:
+                self.scheduler.submit(row.run_id, held.run.lane, held)
+            except QueueFullError:
+                # Only if the ledger held more than the cap (an older version's rows):
+                # the run is reported retryable rather than lost.
+                self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
         pruned = await self._prune()
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
@@ -787,23 +814,32 @@ class Harness:
                             result.returncode)
 
     async def _collect_worktrees_daily(self) -> None:
-        """Once a day, remove worktrees of lanes idle for 14 days (clean ones only),
-        never a lane with a run in flight. Cancelled: an in-progress removal is
-        finished (shielded inside ``collect_garbage``)."""
+        """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
+        is finished (shielded inside ``collect_garbage``)."""
         while True:
             await trio.sleep(PRUNE_EVERY_S)
-            try:
-                entries = await collect_garbage(
-                    self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
-                    # Live, not a snapshot: GC asks again just before it removes anything.
-                    busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
-                )
-            except OSError as exc:
-                log.warning("could not collect old worktrees: %s", exc)
-                continue
-            for entry in entries:
-                (log.info if entry.action == "removed" else log.debug)(
-                    "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+            await self.collect_worktrees()
+
+    async def collect_worktrees(self, *, now: float | None = None) -> None:
+        """Remove worktrees of lanes idle for 14 days (clean ones only), never a lane
+        with a run in flight: a lane is held in the scheduler while its worktrees
+        are removed, so a turn arriving meanwhile starts after, and prepares them
+        afresh. Errors are logged. Cancelled: as :meth:`_collect_worktrees_daily`.
+        """
+        try:
+            entries = await collect_garbage(
+                self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
+                # Live, not a snapshot: GC asks again just before it removes anything.
+                busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
+                hold=self.scheduler.holding,
+                now=now,
+            )
+        except OSError as exc:
+            log.warning("could not collect old worktrees: %s", exc)
+            return
+        for entry in entries:
+            (log.info if entry.action == "removed" else log.debug)(
+                "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
         """Once a day, prune the ledger (§7; see :meth:`_prune`).

@@ -14,12 +14,14 @@ import attrs
 from prohost import signature
 from prohost.protocol import Delivery
 from prohost.runs import AgentRun, BodyError, parse_body
+from prohost.scheduler import QUEUE_CAP
 
 #: A delivery ``body`` over this many UTF-8 bytes is refused with 413.
 MAX_BODY_BYTES = 1024 * 1024
 #: While this many runs wait for a slot, a new run is refused with 503 (§3): a
-#: runaway server cannot fill the machine's memory with queued runs.
-MAX_QUEUED_RUNS = 10_000
+#: runaway server cannot fill the machine's memory with queued runs. The same
+#: number sizes the scheduler's memory channel, so a run acked 200 always fits.
+MAX_QUEUED_RUNS = QUEUE_CAP
 #: The 503 reason for a new run while the queue is full (§3 names it).
 QUEUE_FULL = "queue full"
 #: An ack's reason is cut to this many characters: it is "a short string" (§3), and
