@@ -647,7 +647,7 @@ class Harness:
         stats = self.scheduler.statistics()
         rows = []
         for held in self.held.values():
-            if held.state == "queued":
+            if held.state == "queued" and held.progress.waiting_until is None:
                 continue
             started = held.started_at
             idle_left = None
@@ -680,6 +680,7 @@ class Harness:
             else now - self.beacon.last_heartbeat_at,
             runs=tuple(rows),
             finished=tuple(self._finished),
+            accounts=tuple(self.account_rows()),
         )
 
     async def next_status_write(self) -> None:

@@ -58,7 +58,7 @@ async def test_a_limited_account_hands_every_run_to_the_free_one(tmp_path: Path)
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
             env=claude_env(tmp_path), accounts=accounts,
-        ):
+        ) as running:
             runs = []
             for lane in ("A", "B", "C"):
                 runs.append(await server.submit_run(f"job {lane}", conversation_id=lane))
@@ -77,6 +77,9 @@ async def test_a_limited_account_hands_every_run_to_the_free_one(tmp_path: Path)
                 "work": {"state": "limited", "resets_at": until},
                 "personal": {"state": "ok", "resets_at": None},
             }
+            # The panel and `agent status` (status.json) show the same.
+            shown = {row.name: row.state for row in running.harness.snapshot().accounts}
+            assert shown == {"work": "limited", "personal": "ok"}
 
 
 async def test_a_lane_keeps_its_account_and_its_session_on_each(tmp_path: Path) -> None:
