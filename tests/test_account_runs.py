@@ -15,8 +15,9 @@ from typing import Any
 
 import trio
 
+from prohost import intake
 from prohost.ledger import Ledger
-from prohost.protocol import Heartbeat, Status
+from prohost.protocol import Delivery, Heartbeat, Status
 from prohost.runner import all_limited_reason
 from prohost.runs import parse_body
 from prohost.server import ServerHandle
@@ -236,3 +237,16 @@ async def test_heartbeats_name_the_account_of_a_running_run(tmp_path: Path) -> N
 
             await server.wait_until(lambda s: beat_of(s) is not None)
             assert beat_of(server.state).account == "work"
+
+
+def test_every_account_limited_is_a_503_in_section_3s_order() -> None:
+    """413 still wins; then the 503, before a bad signature (401) or body (400)."""
+    reason = all_limited_reason(1_800_000_000)
+    assert reason == "every account is at its usage limit until 2027-01-15T08:00:00Z"
+    unsigned = Delivery(id="d1", event="agent.run", timestamp=0, body="{not json")
+    verdict = intake.classify(unsigned, secret="s", now=0, draining=False,
+                              allow_unverified=False, unavailable=reason)
+    assert (verdict.status, verdict.reason) == (503, reason)
+    huge = Delivery(id="d2", event="agent.run", body="x" * (intake.MAX_BODY_BYTES + 1))
+    assert intake.classify(huge, secret="s", now=0, draining=False, allow_unverified=False,
+                           unavailable=reason).status == 413
