@@ -267,21 +267,27 @@ async def execute(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
         ))
     try:
-        try:
-            wiring = await _wire_mcp(run, brain, scratch)
-        except McpError as exc:
-            return finished(Outcome.failure(
-                f"the run's MCP server could not be prepared, so the agent was not started: "
-                f"{exc}"
-            ))
-        if wiring is not None:
-            env.update(wiring.env)
         account = accounts.account if accounts is not None else Account(DEFAULT_ACCOUNT)
         tried: set[str] = set()
         while True:
             progress.account = account.name
+            attempt_env = {**env, **account.env(brain.name)}
+            try:
+                # Per account: a brain may build its configuration over the
+                # account's own folder (Codex's CODEX_HOME overlay).
+                wiring = await _wire_mcp(
+                    run, brain, None if scratch is None
+                    else scratch / f"account-{len(tried)}" if tried else scratch,
+                    attempt_env)
+            except McpError as exc:
+                return finished(Outcome.failure(
+                    f"the run's MCP server could not be prepared, so the agent was not "
+                    f"started: {exc}"
+                ))
+            if wiring is not None:
+                attempt_env.update(wiring.env)
             outcome = await _session_attempts(
-                run, spec, brain, prompt, {**env, **account.env(brain.name)}, wiring,
+                run, spec, brain, prompt, attempt_env, wiring,
                 session_id, deadline, groups, progress, on_spawn, on_events)
             if accounts is None:
                 break
@@ -341,14 +347,15 @@ async def _session_attempts(
     return outcome
 
 
-async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None) -> McpWiring | None:
+async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
+                    env: Mapping[str, str]) -> McpWiring | None:
     if run.mcp is None:
         return None
     if scratch is None:
         raise McpError("no private folder was given for its configuration")
     try:
         await trio.to_thread.run_sync(_private_folder, scratch)
-        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch)
+        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch, env)
     except OSError as exc:
         raise McpError(f"could not write its configuration in {scratch}: "
                        f"{exc.strerror or exc}") from None
