@@ -176,8 +176,10 @@ class AccountPlan:
     #: Cancelled: as the caller's own ledger step (shielded, bounded).
     learned: Callable[[Account, LimitNotice | None], Awaitable[None]]
     #: The next usable account not in the given names, with the lane's session
-    #: there, or ``None`` when there is none. Cancelled: nothing to undo.
-    another: Callable[[frozenset[str]], Awaitable[tuple[Account, str | None] | None]]
+    #: there, or ``None`` when there is none; it may wait, until the given trio
+    #: deadline at most, for a limit to reset. Cancelled: nothing to undo.
+    another: Callable[[frozenset[str], float],
+                      Awaitable[tuple[Account, str | None] | None]]
 
 
 async def execute_plain(
@@ -300,7 +302,7 @@ async def execute(
             outcome = attrs.evolve(outcome, retryable=True)
             if trio.current_time() >= deadline:
                 break
-            following = await accounts.another(frozenset(tried))
+            following = await accounts.another(frozenset(tried), deadline)
             if following is None:
                 break
             log.warning("run %s: account %s is at its usage limit (%s); running it again "

@@ -103,7 +103,7 @@ class HeldRun:
 
     def activity(self) -> str | None:
         """What the run is doing, for heartbeats and the panel."""
-        if self.state == "queued" and self.progress.waiting_until is not None:
+        if self.progress.waiting_until is not None:
             return waiting_activity(self.progress.waiting_until)
         return self.progress.activity if self.state == "running" else None
 
@@ -317,8 +317,15 @@ class Runner:
             # this agent if this process dies while it runs (§7).
             await self._ledger(ledger.record_pgid, run.run_id, pgid)
 
-        async def another(tried: frozenset[str]) -> tuple[Account, str | None] | None:
+        async def another(tried: frozenset[str],
+                          deadline: float) -> tuple[Account, str | None] | None:
             following = self.book.choose(self.clock(), exclude=tried)
+            if following is None and self.book.all_limited(self.clock()):
+                # No other account can take it now: wait like a queued run (§12),
+                # within the run's --timeout as well as --limit-wait.
+                with trio.move_on_at(deadline):
+                    waited = await self._wait_for_account(held, None)
+                    following = waited if isinstance(waited, Account) else None
             if following is None:
                 return None
             there = await self.bounds.run(ledger.account_session, run.lane, following.name,

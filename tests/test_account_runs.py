@@ -250,3 +250,39 @@ def test_every_account_limited_is_a_503_in_section_3s_order() -> None:
     huge = Delivery(id="d2", event="agent.run", body="x" * (intake.MAX_BODY_BYTES + 1))
     assert intake.classify(huge, secret="s", now=0, draining=False, allow_unverified=False,
                            unavailable=reason).status == 413
+
+
+async def test_both_accounts_refusing_is_one_retryable_report_then_503s(tmp_path: Path) -> None:
+    """Done when: with both limited (learned from the CLI itself) the run tries each
+    once, waits up to --limit-wait, is reported once, retryable; new work gets 503
+    with the earliest reset."""
+    accounts = folders(tmp_path, "work", "personal")
+    now = int(time.time())
+    limit(accounts[0][1], now + 3600)
+    limit(accounts[1][1], now + 1800)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
+            env=claude_env(tmp_path), accounts=accounts, limit_wait_s=1,
+        ) as running:
+            run_id = await server.submit_run("job", conversation_id="A")
+            await running.harness.wait_until(lambda h: any(
+                held.progress.waiting_until is not None for held in h.held.values()))
+            held = running.harness.held[run_id]
+            assert held.state == "running"
+            assert held.beat().activity is not None
+            assert held.beat().activity.startswith("waiting for an account (resets ")
+            await server.wait_until(finished(run_id))
+            record = server.run(run_id)
+            assert record.completion_posts == 1
+            assert record.completion is not None
+            assert record.completion["ok"] is False
+            assert record.completion["retryable"] is True
+            assert record.completion["account"] == "personal"
+            assert "hit your limit" in record.completion["error"]
+            assert accounts_used(tmp_path) == ["work", "personal"]
+            later = await server.submit_run("more", conversation_id="B")
+            await server.wait_until(lambda s: any(
+                s.deliveries.get(a.id) == later for a in acks(s)))
+            ack = next(a for a in acks(server.state) if server.state.deliveries.get(a.id) == later)
+            assert (ack.status, ack.reason) == (503, all_limited_reason(now + 1800))
