@@ -746,8 +746,9 @@ class Harness:
                                     else max(0.0, reset - time.time()) + 0.01):
                 await runner.book_changed.wait()
                 continue
-            # The reset passed: the book expires it on the next question.
-            self.book.earliest_reset(time.time())
+            # The reset passed: the book expires it on the next question, and the
+            # next time every account is limited, --limit-wait counts afresh.
+            runner.limit_wait_deadline()
             runner.book_changed.set()
             runner.book_changed = trio.Event()
             self._changed()

@@ -272,10 +272,12 @@ class Runner:
         ledger = self.ledger
         outcome: Outcome | None = None
         with held.exec_scope:
-            # A read under the ledger's lock: abandoning it on a hung disk is safe.
-            lane_account = await self.bounds.run(ledger.lane_account, run.lane,
-                                                 limit_s=LEDGER_STEP_TIMEOUT_S,
-                                                 what="reading the lane's account")
+            lane_account = None
+            if len(self.book.accounts) > 1:
+                # A read under the ledger's lock: abandoning it on a hung disk is safe.
+                lane_account = await self.bounds.run(ledger.lane_account, run.lane,
+                                                     limit_s=LEDGER_STEP_TIMEOUT_S,
+                                                     what="reading the lane's account")
             chosen = await self._wait_for_account(held, lane_account)
             if isinstance(chosen, Outcome):
                 outcome = chosen
@@ -394,6 +396,8 @@ class Runner:
                 now = self.clock()
                 account = self.book.choose(now, lane_account=lane_account)
                 if account is not None:
+                    # One is usable: the next time all are limited, the wait starts anew.
+                    self.limit_wait_deadline()
                     return account
                 reset = self.book.earliest_reset(now)
                 deadline = self.limit_wait_deadline()
