@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
+import trio.testing
 
 from prohost import intake
+from prohost.accounts import Account, AccountBook
 from prohost.ledger import Ledger
+from prohost.limits import LimitNotice
 from prohost.protocol import Delivery, Heartbeat, Status
-from prohost.runner import all_limited_reason
+from prohost.runner import Runner, all_limited_reason
 from prohost.runs import parse_body
 from prohost.server import ServerHandle
 from tests.kit import acks, finished, messages, running_harness, running_server
@@ -286,3 +289,27 @@ async def test_both_accounts_refusing_is_one_retryable_report_then_503s(tmp_path
                 s.deliveries.get(a.id) == later for a in acks(s)))
             ack = next(a for a in acks(server.state) if server.state.deliveries.get(a.id) == later)
             assert (ack.status, ack.reason) == (503, all_limited_reason(now + 1800))
+
+
+async def test_limit_wait_counts_afresh_each_time_every_account_is_limited(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """--limit-wait runs from when the last usable account was lost, one clock for
+    every queued run, and starts again after an account was usable in between."""
+    now = [1000.0]
+    book = AccountBook([Account("solo", Path("/accounts/solo"))])
+    runner = Runner(spec=cast(Any, None), brain=cast(Any, None), ledger=cast(Any, None),
+                    reporter=cast(Any, None), groups=cast(Any, None), env={},
+                    worktrees=None, scratch_root=Path("/nowhere"), on_change=lambda: None,
+                    on_outcome=lambda held, outcome: None, book=book, limit_wait_s=60,
+                    clock=lambda: now[0])
+    assert runner.limit_wait_deadline() is None
+    book.report("solo", LimitNotice("limited", resets_at=1100.0), now[0])
+    lost = trio.current_time()
+    assert runner.limit_wait_deadline() == lost + 60
+    await trio.sleep(30)
+    assert runner.limit_wait_deadline() == lost + 60  # the same wait, not a new one
+    now[0] = 1150.0  # the reset passed
+    assert runner.limit_wait_deadline() is None
+    book.report("solo", LimitNotice("limited", resets_at=1300.0), now[0])
+    assert runner.limit_wait_deadline() == trio.current_time() + 60
