@@ -337,10 +337,16 @@ def test_refresh_threads_sees_rich_auto_refresh() -> None:
     live = rich.live.Live(console=recording_console(), auto_refresh=True,
                           refresh_per_second=1)
     live.start()
+    started = refresh_threads()
     try:
-        assert len(refresh_threads()) == 1
+        assert len(started) == 1
     finally:
         live.stop()
+        # rich's stop() only asks the thread to end; wait for it, or the next test
+        # would see it still alive.
+        for thread in started:
+            thread.join(timeout=10)
+    assert refresh_threads() == []
 
 
 @pytest.mark.parametrize("terminal", [False, True])
