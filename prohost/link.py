@@ -200,9 +200,9 @@ class Link:
                 return reason
         except BaseExceptionGroup as group:
             matched, rest = group.split(_RECOVERABLE)
-            if rest is not None:
-                raise rest from None
-            assert matched is not None
+            if rest is not None or matched is None:
+                # (matched is None only with rest set: split() keeps every leaf.)
+                raise group if rest is None else rest from None
             found = leaves(matched)
             # A rejection explains the rest (the reader's error and our cancelled wait).
             found.sort(key=lambda exc: not isinstance(exc, trio_websocket.ConnectionRejected))
