@@ -104,16 +104,24 @@ def pause_for_tests() -> None:
 
 
 def final_status(code: int) -> int:
-    """Block SIGINT/SIGTERM for good and return the exit status to use.
+    """Block, then ignore, SIGINT/SIGTERM for good and return the exit status to use.
 
-    A signal arriving from here on stays pending and dies with the process: it
-    can never kill it by its default action (status −15). One that arrived after
+    A signal arriving from here on is ignored, in every thread: it can never kill
+    the process by its default action (status −15). One that arrived after
     the supervisor finished still counts: a second signal turns a clean drain's 0
     into 130 (§9's "second signal: exit 130").
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     # A handler may not have run yet for a signal that came just before the block.
-    total = len(_received) + len(signal.sigpending() & set(WATCHED))
+    pending = len(signal.sigpending() & set(WATCHED))
+    # The mask is this thread's only: a thread still alive (trio's cached worker
+    # threads) can take the signal, and once the interpreter's finalization has put
+    # the default action back, that kills the process (−15; the soak found it).
+    # Ignored, a signal cannot; setting SIG_IGN also drops the pending ones, which
+    # is why they were counted first. (Finalization leaves SIG_IGN as it is.)
+    for signum in WATCHED:
+        signal.signal(signum, signal.SIG_IGN)
+    total = len(_received) + pending
     if code == 0 and total >= 2:
         return STOPPED_STATUS
     return code
