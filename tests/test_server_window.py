@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from prohost.protocol import Ack
@@ -234,3 +235,30 @@ async def test_ten_thousand_runs_submitted_at_once_are_all_acked_by_one_harness(
     assert state.total_connects == 1
     assert [e.kind for e in state.connection_events] == ["connect", "disconnect"]
     assert 0 < conn.max_in_flight <= DELIVERY_WINDOW
+
+
+async def test_a_connection_whose_writer_is_gone_does_not_hang_dispatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A harness killed with runs waiting: its outbox's reader closes before the
+    connection is removed. Dispatch must let go of it, not offer the same runs to it
+    for ever (the soak saw the server spin at 100% CPU, answering nothing)."""
+    state, clock = model()
+    peer = Peer(state, state.pair("m").token)
+    peer.inbox.close()  # the writer task ended: sends now fail
+    runs = [state.add_run(f"r{n}") for n in range(5)]
+    sends = 0
+    real_send = Connection.send
+
+    def counted_send(conn: Connection, text: str) -> bool:
+        # A hang would be an endless loop of failed sends: fail the test instead.
+        nonlocal sends
+        sends += 1
+        if sends > 100:
+            raise AssertionError("dispatch keeps offering runs to a dead connection")
+        return real_send(conn, text)
+
+    monkeypatch.setattr(Connection, "send", counted_send)
+    state.dispatch(clock.now)
+    assert peer.conn.cancel_scope.cancel_called
+    assert all(state.runs[run.run_id].state == "queued" for run in runs)

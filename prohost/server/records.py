@@ -203,6 +203,10 @@ class Connection:
             self.cancel_scope.cancel()
             return False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # Its writer is gone: the connection is over, even if it is not removed
+            # yet. Ended here, so dispatch stops seeing room on it (else it would
+            # offer the same runs to it forever; the soak found that hang).
+            self.cancel_scope.cancel()
             return False
         return True
 
