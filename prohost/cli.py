@@ -192,7 +192,7 @@ def _server(ns: argparse.Namespace) -> int:
     setup_logging(ns.verbose)
     from prohost.server.main import run_server_command
 
-    return trio.run(run_server_command, ns.host, port)
+    return trio.run(run_server_command, ns.host, port, ns.faults)
 
 
 def _send(ns: argparse.Namespace) -> int:
@@ -495,6 +495,14 @@ def build_parser() -> ArgumentParser:
         help="run the reference server (for development, tests and demos)",
         description="Run the reference server: it signs and delivers runs to connected "
         "harnesses and collects their results.",
+        epilog="Fault hooks (only with --faults; JSON bodies): POST /v1/faults/drop aborts "
+        "every harness socket; POST /v1/faults/storm {\"status\": 503, \"count\": 5, "
+        "\"retry_after\": 2} answers the next COUNT completion POSTs with STATUS (408, 429, "
+        "500, 502, 503 or 504); POST /v1/faults/restart {\"down_s\": 2} closes every socket, "
+        "stops listening for DOWN_S seconds, then listens on the same port again, keeping all "
+        "state; POST /v1/faults/forget {\"count\": 1} or {\"run_id\": ID} answers a valid "
+        "completion 200 and drops it; GET /v1/faults/runs lists per run its state, acks and "
+        "every completion POST with its status and body; GET /v1/faults shows the counters.",
     )
     server.add_argument(
         "--host", metavar="HOST", default=DEFAULT_SERVER_HOST,
@@ -503,6 +511,11 @@ def build_parser() -> ArgumentParser:
     server.add_argument(
         "--port", metavar="PORT", default=str(DEFAULT_SERVER_PORT),
         help=f"TCP port to listen on, 0 for any free one (default: {DEFAULT_SERVER_PORT})",
+    )
+    server.add_argument(
+        "--faults", action="store_true",
+        help="serve the fault hooks under /v1/faults (for soak tests; see below). Without "
+        "this flag those routes do not exist (404)",
     )
     _add_verbose(server)
     server.set_defaults(handler=_server, parser=server)

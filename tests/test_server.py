@@ -1,8 +1,10 @@
 """The reference server (prohost.server) from the harness's side of the wire.
 
 Real hypercorn on 127.0.0.1 port 0, a real trio-websocket client playing the
-harness, httpx for the HTTP API. Timed behaviour (pings, redelivery) runs under
-``autojump_clock``: the test waits on virtual time, never on the wall clock.
+harness, httpx for the HTTP API. Where a timer must pass (pings, redelivery) the
+test runs under ``autojump_clock`` and asserts only what arrives and in which
+order; the exact instants are asserted on the server's model with a clock set by
+hand, in tests/test_server_window.py.
 """
 
 from __future__ import annotations
@@ -175,19 +177,15 @@ async def test_hello_comes_first_then_a_ping_every_heartbeat(
             async with open_websocket_url(
                 creds["ws_url"], extra_headers=auth(creds, "studio")
             ) as ws:
-                start = trio.current_time()
                 hello = json.loads(await ws.get_message())
                 assert hello["type"] == "hello"
                 assert hello["heartbeat_s"] == 7
                 assert hello["features"] == ["cancel", "timeline"]
                 assert abs(hello["server_time"] - time.time()) < 60
-                stamps = []
                 for n in (1, 2, 3):
                     ping = json.loads(await ws.get_message())
                     assert ping == {"type": "ping", "id": f"p-{n}"}
-                    stamps.append(trio.current_time() - start)
                     await send(ws, type="pong", id=ping["id"])
-                assert stamps == pytest.approx([7, 14, 21], abs=0.1)
                 await server.wait_until(lambda s: len(s.messages(Pong)) == 3)
             conn_events = server.state.connection_events
             assert conn_events[0].machine == "studio"
@@ -206,6 +204,12 @@ async def test_silent_server_sends_nothing_but_keeps_reading(
                 with trio.move_on_after(30) as quiet:
                     await ws.get_message()
                 assert quiet.cancelled_caught
+                # The server did ping meanwhile (and answered the heartbeat), and
+                # wrote none of it: silence, not idleness.
+                (conn,) = server.state.connections.values()
+                assert conn.pings_sent >= 2
+                written = [json.loads(sent.text)["type"] for sent in server.state.sent]
+                assert written == ["hello"]
                 server.state.silent = False
                 assert json.loads(await ws.get_message())["type"] == "ping"
 
@@ -263,17 +267,13 @@ async def test_unacked_delivery_is_sent_again_and_on_reconnect_but_not_after_an_
             async with harness(creds) as ws:
                 run_id = await server.submit_run("hi")
                 first = await next_of(ws, "delivery")
-                sent_at = trio.current_time()
                 second = await next_of(ws, "delivery")
-                assert trio.current_time() - sent_at == pytest.approx(10, abs=0.1)
                 assert second["id"] != first["id"]
                 assert body_of(second)["run_id"] == run_id
                 assert second["body"] == first["body"]
-            # The harness went away unacked: a new connection gets it at once.
+            # The harness went away unacked: a new connection gets it again.
             async with harness(creds) as ws:
-                reconnected_at = trio.current_time()
                 third = await next_of(ws, "delivery")
-                assert trio.current_time() - reconnected_at < 1
                 assert body_of(third)["run_id"] == run_id
                 await ack(ws, third)
                 await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
@@ -302,9 +302,7 @@ async def test_ack_503_is_redelivered_later_and_ack_400_fails_the_run(
                 first = await next_of(ws, "delivery")
                 await ack(ws, first, 503)
                 await server.wait_until(lambda s: s.runs[draining].state == "queued")
-                acked_at = trio.current_time()
                 again = await next_of(ws, "delivery")
-                assert trio.current_time() - acked_at == pytest.approx(10, abs=0.1)
                 assert body_of(again)["run_id"] == draining
                 await ack(ws, again)
 

@@ -14,28 +14,18 @@ In-process use::
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import attrs
-import hypercorn.config
-import hypercorn.trio
 import trio
 
-from prohost.protocol import MAX_MESSAGE_BYTES
-from prohost.server.app import App, abort_socket, run_dispatcher
+from prohost.server import faults
+from prohost.server.app import App, run_dispatcher
+from prohost.server.listener import GOING_AWAY, serve_generations
 from prohost.server.state import WS_PATH, RunRecord, ServerState, generate_pairing_code
 
 __all__ = ["ServerConfig", "ServerHandle", "ServerState", "serve"]
-
-#: hypercorn's own messages ("Running on …") stay quiet unless something goes wrong.
-_hypercorn_log = logging.getLogger("prohost.server.hypercorn")
-if _hypercorn_log.level == logging.NOTSET:
-    _hypercorn_log.setLevel(logging.WARNING)
-
-#: WebSocket close code sent to harnesses when the server shuts down (going away).
-GOING_AWAY = 1001
 
 
 @attrs.define
@@ -48,6 +38,8 @@ class ServerConfig:
     redeliver_after_s: float = 10.0
     #: Generated (format ``ABCD-1234``) when None.
     pairing_code: str | None = None
+    #: Serve the soak's fault hooks under ``/v1/faults`` (:mod:`prohost.server.faults`).
+    faults: bool = False
 
 
 @attrs.define(eq=False)
@@ -70,11 +62,13 @@ class ServerHandle:
     async def submit_run(
         self, text: str, conversation_id: str | None = None, **extra_body_fields: Any
     ) -> str:
-        """Queue a run (like ``POST /v1/runs``); returns its run_id."""
+        """Queue a run (like ``POST /v1/runs``); returns its run_id. Cancelled: the
+        run is queued or not, never half."""
         return self.state.add_run(text, conversation_id, extra_body_fields).run_id
 
     async def cancel_run(self, run_id: str, reason: str | None = None) -> None:
-        """Like ``DELETE /v1/runs/<id>``; a finished run is left as it is."""
+        """Like ``DELETE /v1/runs/<id>``; a finished run is left as it is.
+        Cancelled: the cancel happened or not, never half."""
         self.state.cancel_run(self.state.runs[run_id], reason)
 
     def close_run(self, run_id: str) -> None:
@@ -82,40 +76,52 @@ class ServerHandle:
         self.state.close_run(self.state.runs[run_id])
 
     async def send_raw(self, text: str) -> None:
-        """Send one raw text frame to every connected harness."""
+        """Send one raw text frame to every connected harness. Cancelled: nothing
+        more is queued."""
         for conn in list(self.state.connections.values()):
             conn.send(text)
 
     async def drop_connections(self) -> None:
         """Abort every harness socket abruptly (no close frame) and wait until the
-        server has let go of them."""
-        dropped = set()
-        for conn in list(self.state.connections.values()):
-            if not abort_socket(conn):
-                conn.close(GOING_AWAY)
-            conn.cancel_scope.cancel()
-            dropped.add(conn.id)
+        server has let go of them. Cancelled: the sockets are aborted already; the
+        wait for the server to let go stops."""
+        dropped = faults.drop_all(self.state, GOING_AWAY)
         await self.wait_until(lambda state: dropped.isdisjoint(state.connections))
 
+    # ---------------------------------------------------------------- fault hooks
+
+    def storm(self, status: int, count: int = 1, retry_after: float | None = None) -> None:
+        """Answer the next ``count`` completion POSTs with ``status`` (see faults)."""
+        faults.storm(self.state, status, count, retry_after)
+
+    def forget_completions(self, count: int | None = None, run_id: str | None = None) -> None:
+        """Answer the next ``count`` valid completions (or ``run_id``'s next) 200 and
+        drop them, so those runs are never settled."""
+        faults.forget(self.state, count, run_id)
+
+    async def restart_listener(self, down_s: float) -> None:
+        """Close every harness socket, stop listening for ``down_s`` seconds, listen
+        on the same port again (all state kept); returns once it listens again.
+        Cancelled: the restart goes on; only the wait for it stops."""
+        restarts = self.state.faults.restarts
+        faults.request_restart(self.state, down_s)
+        await self.wait_until(
+            lambda state: state.faults.restarts > restarts and state.faults.listening
+        )
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Per run: state, acked, ack statuses, deliveries and every completion POST."""
+        return faults.audit(self.state)
+
     async def wait_until(self, predicate: Callable[[ServerState], bool]) -> None:
-        """Return once ``predicate(state)`` holds, re-checking after every change."""
+        """Return once ``predicate(state)`` holds, re-checking after every change.
+        Cancelled: returns nothing; the state is as it was."""
         while not predicate(self.state):
             await self.state.wait_changed()
 
     def shutdown(self) -> None:
         """Close the harness sockets (1001) and stop serving; ``serve`` then returns."""
         self._stop.set()
-
-
-def _hypercorn_config(config: ServerConfig) -> hypercorn.config.Config:
-    hc = hypercorn.config.Config()
-    host = config.host
-    hc.bind = [f"[{host}]:{config.port}" if ":" in host else f"{host}:{config.port}"]
-    hc.accesslog = None
-    hc.errorlog = _hypercorn_log
-    hc.websocket_max_message_size = MAX_MESSAGE_BYTES
-    hc.graceful_timeout = 2.0
-    return hc
 
 
 def _local_url(bind: str) -> str:
@@ -131,32 +137,26 @@ async def serve(
     """Run the server until cancelled or ``handle.shutdown()``.
 
     ``task_status.started`` gets the :class:`ServerHandle` once the port is bound.
+    Cancelled: the listener and every connection end at once (no close frames).
     """
     state = ServerState(
         pairing_code=config.pairing_code or generate_pairing_code(),
         heartbeat_s=config.heartbeat_s,
         redeliver_after_s=config.redeliver_after_s,
     )
+    state.faults.enabled = config.faults
     stop = trio.Event()
-
-    async def shutdown_trigger() -> None:
-        await stop.wait()
-        state.close_connections(GOING_AWAY)
-
     async with trio.open_nursery() as nursery:
 
-        async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        async def listen(*, task_status: trio.TaskStatus[list[str]]) -> None:
             try:
-                await hypercorn.trio.serve(
-                    cast(Any, App(state)),
-                    _hypercorn_config(config),
-                    shutdown_trigger=shutdown_trigger,
-                    task_status=task_status,
+                await serve_generations(
+                    App(state), state, config.host, config.port, stop, task_status=task_status
                 )
             finally:
                 nursery.cancel_scope.cancel()
 
-        binds: list[str] = await nursery.start(run_hypercorn)
+        binds: list[str] = await nursery.start(listen)
         state.http_url = _local_url(binds[0])
         state.ws_url = "ws" + state.http_url.removeprefix("http") + WS_PATH
         nursery.start_soon(run_dispatcher, state)

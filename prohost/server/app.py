@@ -11,8 +11,10 @@ Routes (PROTOCOL.md §7, §8, §10, §11):
 - ``POST /v1/agent/runs/<id>/complete``     a run's result (Bearer token)
 - ``POST /v1/agent/runs/<id>/timeline``     a run's tool-call events (Bearer token)
 - ``POST /v1/runs``, ``GET /v1/runs``, ``GET /v1/runs/<id>``, ``DELETE /v1/runs/<id>``
+- ``/v1/faults/…``                          the soak's fault hooks, only with ``--faults``
+  (:mod:`prohost.server.faults`)
 
-Each WebSocket gets its own nursery (reader, writer, pinger) that ends when the
+Each WebSocket gets its own nursery (reader, writer; the dispatcher pings) that ends when the
 socket does; an exception in one connection is logged and ends only that one.
 """
 
@@ -21,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
-import struct
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -31,13 +30,20 @@ from urllib.parse import parse_qs
 import trio
 
 from prohost.protocol import DecodeError, decode
-from prohost.server.state import WS_PATH, Connection, RunRecord, ServerState
+from prohost.server import faults
+from prohost.server.faults import FaultError, _address, abort_socket
+from prohost.server.state import WS_PATH, CompletionPost, Connection, RunRecord, ServerState
+
+__all__ = ["App", "abort_socket", "answer_lifespan", "run_dispatcher"]
 
 log = logging.getLogger("prohost.server")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+#: WebSocket close code for a harness the server lets go of (going away).
+GOING_AWAY = 1001
 
 #: Largest HTTP request body accepted (a reply may be up to 1 MiB plus a marker).
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -76,7 +82,8 @@ def _json_bytes(payload: Any) -> bytes:
 
 
 async def answer_lifespan(receive: Receive, send: Send) -> None:
-    """Answer the server's lifespan startup and shutdown (nothing to set up)."""
+    """Answer the server's lifespan startup and shutdown (nothing to set up).
+    Cancelled: returns at once; there is nothing to undo."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -116,10 +123,9 @@ class App:
         if state.handshake_status is not None:
             await _reject(scope, send, state.handshake_status, "refused by the server")
             return
-        if state.harness_for(token) is None:
+        if token is None or state.harness_for(token) is None:
             await _reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
             return
-        assert token is not None
         await send({"type": "websocket.accept"})
         conn, outbox = state.add_connection(
             token,
@@ -132,7 +138,6 @@ class App:
             with conn.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, conn, outbox, send)
-                    nursery.start_soon(self._pinger, conn)
                     await self._reader(conn, receive)
                     nursery.cancel_scope.cancel()
         except Exception:
@@ -175,11 +180,6 @@ class App:
                     continue
                 await send({"type": "websocket.send", "text": text})
                 self.state.record_sent(conn, text)
-
-    async def _pinger(self, conn: Connection) -> None:
-        while True:
-            await trio.sleep(self.state.heartbeat_s)
-            self.state.ping(conn)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -226,6 +226,8 @@ class App:
                 runs = [self.state.run_view(r) for r in self.state.runs.values()]
                 return 200, {"runs": runs}, {}
             return await self._submit(await _read_json(receive))
+        if parts[:2] == ["v1", "faults"] and self.state.faults.enabled:
+            return await self._fault(method, parts[2:], receive)
         if len(parts) == 3 and parts[:2] == ["v1", "runs"]:
             allow("GET", "DELETE")
             run = self.state.runs.get(parts[2])
@@ -235,6 +237,38 @@ class App:
                 return 200, self.state.run_view(run), {}
             return await self._delete(scope, receive, run)
         raise HttpError(404, f"no route for {scope['path']}")
+
+    async def _fault(
+        self, method: str, parts: list[str], receive: Receive
+    ) -> tuple[int, Any, dict[str, str]]:
+        """The soak's hooks (:mod:`prohost.server.faults`); reached only with --faults."""
+        state = self.state
+        if method == "GET" and parts in ([], ["runs"]):
+            if parts:
+                return 200, {"runs": faults.audit(state)}, {}
+            return 200, state.faults.view(len(state.completion_faults)), {}
+        if method != "POST" or len(parts) != 1:
+            raise HttpError(404, "fault hooks: POST drop, storm, restart or forget; GET runs")
+        raw = await _read_body(receive)
+        data = _parse_json(raw) if raw.strip() else {}
+        if not isinstance(data, dict):
+            raise HttpError(400, "expected a JSON object")
+        try:
+            if parts == ["drop"]:
+                return 200, {"dropped": len(faults.drop_all(state, GOING_AWAY))}, {}
+            if parts == ["storm"]:
+                faults.storm(state, data.get("status"), data.get("count", 1),
+                             data.get("retry_after"))
+                return 200, {"storm_left": len(state.completion_faults)}, {}
+            if parts == ["restart"]:
+                faults.request_restart(state, data.get("down_s", 1.0))
+                return 202, {"down_s": state.faults.restart_down_s}, {}
+            if parts == ["forget"]:
+                faults.forget(state, data.get("count"), data.get("run_id"))
+                return 200, state.faults.view(len(state.completion_faults)), {}
+        except FaultError as exc:
+            raise HttpError(400, str(exc)) from None
+        raise HttpError(404, f"no fault hook {parts[0]!r}; use drop, storm, restart or forget")
 
     async def _pair(self, scope: Scope, data: Any) -> tuple[int, Any, dict[str, str]]:
         if not isinstance(data, dict):
@@ -257,13 +291,28 @@ class App:
         raw = await _read_body(receive)
         state = self.state
         run = state.runs.get(run_id)
+        forgotten = False
+        try:
+            status, answer, headers, forgotten = self._judge_completion(scope, run, run_id, raw)
+        except HttpError as exc:
+            status, answer, headers = exc.status, {"error": exc.message}, {}
         if run is not None:
             run.completion_posts += 1
-            run.idempotency_keys.append(_header(scope, b"idempotency-key"))
+            key = _header(scope, b"idempotency-key")
+            run.idempotency_keys.append(key)
+            run.posts.append(CompletionPost(status, _json_or_none(raw), key, forgotten,
+                                            state.clock()))
             state.changed()
+        return status, answer, headers
+
+    def _judge_completion(
+        self, scope: Scope, run: RunRecord | None, run_id: str, raw: bytes
+    ) -> tuple[int, Any, dict[str, str], bool]:
+        """The answer to one completion POST (status, body, headers, forgotten)."""
+        state = self.state
         if state.completion_faults:
             status, headers = state.completion_faults.pop(0)
-            return status, {"error": f"injected fault {status}"}, dict(headers)
+            return status, {"error": f"injected fault {status}"}, dict(headers), False
         if state.harness_for(_bearer(scope)) is None:
             raise HttpError(401, "a paired harness token is required")
         if run is None or run.state == "closed":
@@ -277,8 +326,10 @@ class App:
             raise HttpError(400, f"run_id {payload.get('run_id')!r} does not match the path")
         if run.completion is not None:
             raise HttpError(409, f"run {run_id} is already completed")
+        if state.faults.take_forget(run_id):
+            return 200, {"ok": True}, {}, True
         state.record_completion(run, payload)
-        return 200, {"ok": True}, {}
+        return 200, {"ok": True}, {}, False
 
     async def _timeline(
         self, scope: Scope, receive: Receive, run_id: str
@@ -350,6 +401,13 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 def _parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
@@ -380,12 +438,6 @@ async def _reject(scope: Scope, send: Send, status: int, message: str) -> None:
         await send({"type": "websocket.close", "code": 1008})
 
 
-def _address(value: Any) -> tuple[str, int] | None:
-    if isinstance(value, list | tuple) and len(value) >= 2:
-        return (str(value[0]), int(value[1]))
-    return None
-
-
 def _urls_from_host(scope: Scope, state: ServerState) -> tuple[str, str]:
     """The URLs a client that reached us through ``Host`` should use."""
     host = _header(scope, b"host")
@@ -398,54 +450,9 @@ def _urls_from_host(scope: Scope, state: ServerState) -> tuple[str, str]:
 
 
 async def run_dispatcher(state: ServerState) -> None:
-    """Deliver due runs, then sleep until the next is due or anything changes."""
+    """Ping and deliver what is due, then sleep until the next is due or anything
+    changes. Cancelled: stops between two passes; nothing is half sent."""
     while True:
-        next_due = state.dispatch(trio.current_time())
+        next_due = state.dispatch(state.clock())
         with trio.move_on_at(next_due):
             await state.wait_changed()
-
-
-def abort_socket(conn: Connection) -> bool:
-    """Reset the TCP connection under ``conn`` without a WebSocket close frame.
-
-    ASGI gives an app no handle on its socket, so this finds it among the
-    process's open descriptors by its two addresses, sets ``SO_LINGER`` 0 (the
-    final close sends RST) and shuts it down, which the peer sees as a dropped
-    connection. Returns False where descriptors cannot be listed.
-    """
-    if conn.server is None or conn.client is None:
-        return False
-    try:
-        names = os.listdir("/dev/fd")
-    except OSError:
-        return False
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            dup = os.dup(int(name))
-        except OSError:
-            continue
-        try:
-            sock = socket.socket(fileno=dup)
-        except OSError:
-            os.close(dup)
-            continue
-        with sock:
-            try:
-                if sock.type != socket.SOCK_STREAM or sock.family not in (
-                    socket.AF_INET,
-                    socket.AF_INET6,
-                ):
-                    continue
-                if (
-                    _address(sock.getsockname()) != conn.server
-                    or _address(sock.getpeername()) != conn.client
-                ):
-                    continue
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sock.shutdown(socket.SHUT_RDWR)
-                return True
-            except OSError:
-                continue
-    return False

@@ -11,12 +11,18 @@ from prohost.server import ServerConfig, ServerHandle, serve
 
 
 def _banner(handle: ServerHandle) -> str:
+    faults = (
+        [f"  fault hooks:  {handle.http_url}/v1/faults (see prohost server --help)"]
+        if handle.state.faults.enabled
+        else []
+    )
     return "\n".join(
         [
             "prohost reference server",
             f"  pairing code: {handle.pairing_code}",
             f"  WebSocket:    {handle.ws_url}",
             f"  HTTP:         {handle.http_url}",
+            *faults,
             "Pair a harness with:",
             f"  prohost agent pair --code {handle.pairing_code} --url {handle.ws_url}",
             "Ctrl-C stops the server.",
@@ -30,8 +36,12 @@ def _first_leaf(group: BaseException) -> BaseException:
     return group
 
 
-async def run_server_command(host: str, port: int) -> int:
-    """Serve on ``host:port`` until SIGINT/SIGTERM; a second signal stops at once."""
+async def run_server_command(host: str, port: int, faults: bool = False) -> int:
+    """Serve on ``host:port`` until SIGINT/SIGTERM; a second signal stops at once.
+    ``faults`` serves the soak's fault hooks (:mod:`prohost.server.faults`).
+
+    Cancelled: the server stops at once, without close frames.
+    """
     failure: BaseException | None = None
     handle: ServerHandle | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -39,18 +49,20 @@ async def run_server_command(host: str, port: int) -> int:
             async with trio.open_nursery() as nursery:
 
                 async def serve_then_stop(*, task_status: trio.TaskStatus[ServerHandle]) -> None:
-                    await serve(ServerConfig(host=host, port=port), task_status=task_status)
+                    await serve(
+                        ServerConfig(host=host, port=port, faults=faults), task_status=task_status
+                    )
                     nursery.cancel_scope.cancel()
 
-                handle = await nursery.start(serve_then_stop)
-                assert handle is not None
-                print(_banner(handle), flush=True)
+                started: ServerHandle = await nursery.start(serve_then_stop)
+                handle = started
+                print(_banner(started), flush=True)
                 signals_seen = 0
                 async for _ in signals:
                     signals_seen += 1
                     if signals_seen == 1:
                         print("shutting down…", file=sys.stderr, flush=True)
-                        handle.shutdown()
+                        started.shutdown()
                     else:
                         nursery.cancel_scope.cancel()
         except* OSError as group:

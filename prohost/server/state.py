@@ -3,8 +3,12 @@
 Everything here is synchronous and runs on the server's one trio thread, so no
 lock is needed: the ASGI app (:mod:`prohost.server.app`) decodes a frame or an
 HTTP request and calls one method here, which changes the records and queues any
-answer on the connection's outbox. Timers use trio's clock
-(:func:`trio.current_time`), so tests can run the server under ``autojump_clock``.
+answer on the connection's outbox. Time comes from ``clock`` (trio's clock by
+default), so a test can run the model on a clock it sets by hand.
+
+Deliveries go out through a window per connection (:data:`DELIVERY_WINDOW`
+unacked at most) from the queues in :mod:`prohost.server.window`; every step of
+:meth:`ServerState.dispatch` costs O(1) or O(log n), whatever the number of runs.
 
 The records are kept whole for the server's life, because tests assert on them:
 every message a harness sent, every ack of every run, every completion POST.
@@ -12,14 +16,14 @@ every message a harness sent, every ack of every run, every completion POST.
 
 from __future__ import annotations
 
+import collections
 import hmac
 import json
 import logging
-import math
 import secrets
-import string
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -27,195 +31,67 @@ import trio
 from prohost.protocol import (
     Ack,
     Cancel,
-    Delivery,
     Heartbeat,
     HeartbeatAck,
     Hello,
     Message,
-    Ping,
     Status,
     encode,
 )
-from prohost.signature import sign
+from prohost.server.faults import FaultHooks
+from prohost.server.records import (
+    DELIVERY_WINDOW,
+    FEATURES,
+    OUTBOX_SIZE,
+    RUN_STATES,
+    TERMINAL_STATES,
+    UNACKED_STATES,
+    WS_PATH,
+    AckRecord,
+    CompletionPost,
+    Connection,
+    ConnectionEvent,
+    Harness,
+    Malformed,
+    Received,
+    RunRecord,
+    Sent,
+    generate_pairing_code,
+)
+from prohost.server.window import Deliveries, DeliveryQueue
+
+__all__ = [
+    "DELIVERY_WINDOW", "OUTBOX_SIZE", "RUN_STATES", "TERMINAL_STATES", "UNACKED_STATES",
+    "WS_PATH", "AckRecord", "CompletionPost", "Connection", "Harness", "RunRecord",
+    "ServerState", "generate_pairing_code",
+]
 
 log = logging.getLogger("prohost.server")
 
-WS_PATH = "/v1/agent/ws"
-FEATURES = ("cancel", "timeline")
-
-#: A run's life on the server. ``queued``: waiting to be (re)sent; ``delivered``: sent,
-#: not acked yet; ``accepted``: a harness acked 200 and holds it.
-RUN_STATES = ("queued", "delivered", "accepted", "completed", "failed", "cancelled", "closed")
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "closed"})
-#: States in which a run is still offered to harnesses.
-UNACKED_STATES = frozenset({"queued", "delivered"})
-
-#: Frames waiting for one connection's writer; a harness that lets more pile up
-#: than this is not reading, and its connection is dropped.
-OUTBOX_SIZE = 1024
-
-
-def generate_pairing_code() -> str:
-    """A fresh code in the ``ABCD-1234`` format."""
-    letters = "".join(secrets.choice(string.ascii_uppercase) for _ in range(4))
-    digits = "".join(secrets.choice(string.digits) for _ in range(4))
-    return f"{letters}-{digits}"
-
-
-@attrs.define
-class Harness:
-    """One pairing: the credentials a harness got from ``POST /v1/agent/pair``."""
-
-    token: str
-    secret: str
-    machine: str
-    paired_at: float
-
-
-@attrs.define
-class AckRecord:
-    delivery_id: str
-    connection_id: int
-    status: int
-    reason: str
-    at: float  # trio.current_time()
-
-
-class Received(NamedTuple):
-    """One message a harness sent, in arrival order (``at`` is trio time)."""
-
-    connection_id: int
-    message: Message
-    at: float
-
-
-class Sent(NamedTuple):
-    """One frame the server wrote to a harness (``at`` is trio time)."""
-
-    connection_id: int
-    text: str
-    at: float
-
-
-class Malformed(NamedTuple):
-    """A frame from a harness that did not decode, and why."""
-
-    connection_id: int
-    text: str
-    error: str
-    at: float
-
-
-class ConnectionEvent(NamedTuple):
-    """``connect`` or ``disconnect`` of one connection; ``connected`` counts after it."""
-
-    kind: str
-    connection_id: int
-    machine: str | None
-    connected: int
-    at: float
+#: The first resend after a 503 ack waits this long (seconds); each further 503 in
+#: a row doubles it, up to ``redeliver_after_s``. A 503 means "not now" (draining,
+#: or the harness's queue is full), so the run comes back soon, not never.
+BUSY_RETRY_FIRST_S = 0.5
 
 
 @attrs.define(eq=False)
-class RunRecord:
-    run_id: str
-    conversation_id: str | None
-    body: dict[str, Any]
-    #: The exact JSON text that is signed and sent as the delivery's ``body``.
-    body_text: str
-    created_at: float
-    state: str = "queued"
-    #: Token of the harness the run was last sent to (after a 200 ack: that holds it).
-    harness: str | None = None
-    connection_id: int | None = None
-    #: Token of the harness that acked it 200, if any.
-    accepted_by: str | None = None
-    delivery_ids: list[str] = attrs.field(factory=list)
-    acks: list[AckRecord] = attrs.field(factory=list)
-    #: trio time at which the run is (re)sent; None once no more sends are due.
-    due_at: float | None = 0.0
-    cancel_requested: bool = False
-    cancel_reason: str | None = None
-    completion: dict[str, Any] | None = None
-    completion_posts: int = 0
-    idempotency_keys: list[str | None] = attrs.field(factory=list)
-    timeline: list[Any] = attrs.field(factory=list)
-    error: str | None = None
-    #: The latest entry for this run in a harness heartbeat.
-    last_beat: dict[str, Any] | None = None
-
-    @property
-    def delivery_count(self) -> int:
-        return len(self.delivery_ids)
-
-    @property
-    def ack_statuses(self) -> list[int]:
-        return [ack.status for ack in self.acks]
-
-    @property
-    def reply(self) -> str | None:
-        if self.completion is None:
-            return None
-        reply = self.completion.get("reply")
-        return reply if isinstance(reply, str) else None
-
-    @property
-    def cancel_pending(self) -> bool:
-        """Cancelled while a harness may hold it, and no completion yet."""
-        return self.cancel_requested and self.completion is None and self.state != "closed"
-
-
-@attrs.define(eq=False)
-class Connection:
-    """One accepted harness WebSocket."""
-
-    id: int
-    token: str
-    machine: str | None
-    agent: str | None
-    client: tuple[str, int] | None
-    server: tuple[str, int] | None
-    connected_at: float
-    outbox: trio.MemorySendChannel[str]
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    #: The latest ``status`` message.
-    status: Status | None = None
-    #: Said so in ``status``, or answered a delivery 503: gets no new work while
-    #: another harness can take it.
-    draining: bool = False
-    #: When set, the connection is closed with this WebSocket code (else it just ends).
-    close_code: int | None = None
-    pings_sent: int = 0
-
-    def send(self, text: str) -> bool:
-        """Queue one frame; a harness that stopped reading is dropped."""
-        try:
-            self.outbox.send_nowait(text)
-        except trio.WouldBlock:
-            log.warning("connection %d is not reading; dropping it", self.id)
-            self.cancel_scope.cancel()
-            return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
-        return True
-
-    def close(self, code: int) -> None:
-        self.close_code = code
-        self.cancel_scope.cancel()
-
-
-@attrs.define(eq=False)
-class ServerState:
+class ServerState(Deliveries):
     pairing_code: str
     # ---- knobs tests flip at run time
     heartbeat_s: float = 15.0
     redeliver_after_s: float = 10.0
+    #: Unacked deliveries one connection may have at once.
+    window: int = DELIVERY_WINDOW
     #: Send nothing at all (no hello, pings, acks, deliveries) while still reading.
     silent: bool = False
     #: Reject WebSocket upgrades with this HTTP status.
     handshake_status: int | None = None
     #: Answered to the next completion POSTs, in order, before normal handling.
     completion_faults: list[tuple[int, dict[str, str]]] = attrs.field(factory=list)
+    #: The soak's fault hooks (their routes exist only when ``faults.enabled``).
+    faults: FaultHooks = attrs.field(factory=FaultHooks)
+    #: The server's clock (seconds); trio's unless a test gives its own.
+    clock: Callable[[], float] = trio.current_time
     # ---- where the server listens (set once bound)
     http_url: str = ""
     ws_url: str = ""
@@ -229,12 +105,19 @@ class ServerState:
     malformed: list[Malformed] = attrs.field(factory=list)
     connection_events: list[ConnectionEvent] = attrs.field(factory=list)
     total_connects: int = 0
+    #: How many runs are in each state (kept as runs move, for cheap waits).
+    counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
     #: conversation_id → token of the harness that holds the conversation.
     conversation_owner: dict[str, str] = attrs.field(factory=dict)
     #: delivery id → run_id, for every delivery ever sent.
     deliveries: dict[str, str] = attrs.field(factory=dict)
     #: Runs still offered to harnesses (queued or delivered and unacked), by run_id.
     _offered: dict[str, RunRecord] = attrs.field(factory=dict)
+    #: token → run_ids delivered to or held by that harness (its load).
+    _load: dict[str, set[str]] = attrs.field(factory=dict)
+    #: run_ids with a cancel the harness may still need to hear.
+    _cancelling: set[str] = attrs.field(factory=set)
+    _queue: DeliveryQueue = attrs.field(factory=DeliveryQueue)
     _next_connection_id: int = 1
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
@@ -246,6 +129,7 @@ class ServerState:
         self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
+        """Return at the next change. Cancelled: returns nothing, changes nothing."""
         await self._changed.wait()
 
     @property
@@ -323,10 +207,14 @@ class ServerState:
             created_at=created_at,
         )
         self.runs[run_id] = run
+        self.counts[run.state] += 1
         self._offered[run_id] = run
+        run.due_at = self.clock()
+        self._queue.push(run_id)
         log.info("run %s queued (conversation %s)", run_id, conversation_id)
         self.changed()
         return run
+
 
     def cancel_run(self, run: RunRecord, reason: str | None) -> None:
         """Stop ``run``: never deliver it again, and tell a harness that holds it."""
@@ -334,8 +222,9 @@ class ServerState:
             return
         run.cancel_requested = True
         run.cancel_reason = reason
+        self._cancelling.add(run.run_id)
         if run.state in UNACKED_STATES:
-            run.state = "cancelled"
+            self._move(run, "cancelled")
             self._withdraw(run)
         else:  # accepted: the harness holds it and reports it when stopped
             self._send_cancel(run, run.accepted_by)
@@ -350,7 +239,7 @@ class ServerState:
 
     def close_run(self, run: RunRecord) -> None:
         """Forget ``run``: completions get 404 and heartbeats hear it is unknown."""
-        run.state = "closed"
+        self._move(run, "closed")
         self._withdraw(run)
         self.changed()
 
@@ -358,7 +247,7 @@ class ServerState:
         run.completion = payload
         self._withdraw(run)
         if run.state != "cancelled":
-            run.state = "completed" if payload.get("ok") is True else "failed"
+            self._move(run, "completed" if payload.get("ok") is True else "failed")
         if payload.get("ok") is not True:
             error = payload.get("error")
             run.error = error if isinstance(error, str) else "the run failed"
@@ -379,7 +268,7 @@ class ServerState:
         """Register an accepted socket and queue its ``hello``; unacked deliveries
         meant for this harness become due at once."""
         outbox, inbox = trio.open_memory_channel[str](OUTBOX_SIZE)
-        now = trio.current_time()
+        now = self.clock()
         conn = Connection(
             id=self._next_connection_id,
             token=token,
@@ -389,6 +278,7 @@ class ServerState:
             server=server,
             connected_at=now,
             outbox=outbox,
+            next_ping_at=now + self.heartbeat_s,
         )
         self._next_connection_id += 1
         self.connections[conn.id] = conn
@@ -400,9 +290,11 @@ class ServerState:
                 )
             )
         )
-        for run in self._offered.values():
-            if run.state == "delivered" and run.harness == token:
+        for run_id in list(self._load.get(token, ())):
+            run = self.runs[run_id]
+            if run.state == "delivered":
                 run.due_at = now
+                self._queue.push(run_id, front=True)
         self.connection_events.append(
             ConnectionEvent("connect", conn.id, machine, self.connected, now)
         )
@@ -413,10 +305,13 @@ class ServerState:
     def remove_connection(self, conn: Connection) -> None:
         if self.connections.pop(conn.id, None) is None:
             return
+        # Its unacked deliveries keep their resend timers: the same harness may be
+        # back at once (and gets them then), or they go elsewhere when they fall due.
+        conn.in_flight.clear()
+        if not self._live_of(conn.token):
+            self._queue.release(conn.token)
         self.connection_events.append(
-            ConnectionEvent(
-                "disconnect", conn.id, conn.machine, self.connected, trio.current_time()
-            )
+            ConnectionEvent("disconnect", conn.id, conn.machine, self.connected, self.clock())
         )
         log.info("harness %s disconnected (connection %d)", conn.machine or "?", conn.id)
         self.changed()
@@ -426,11 +321,11 @@ class ServerState:
             conn.close(code)
 
     def record_sent(self, conn: Connection, text: str) -> None:
-        self.sent.append(Sent(conn.id, text, trio.current_time()))
+        self.sent.append(Sent(conn.id, text, self.clock()))
 
     def record_malformed(self, conn: Connection, text: str, error: str) -> None:
         log.warning("connection %d sent a malformed frame: %s", conn.id, error)
-        self.malformed.append(Malformed(conn.id, text, error, trio.current_time()))
+        self.malformed.append(Malformed(conn.id, text, error, self.clock()))
         self.changed()
 
     def messages(
@@ -448,7 +343,7 @@ class ServerState:
 
     def on_message(self, conn: Connection, message: Message) -> None:
         """Record and act on one decoded message from a harness."""
-        self.received.append(Received(conn.id, message, trio.current_time()))
+        self.received.append(Received(conn.id, message, self.clock()))
         if isinstance(message, Ack):
             self._on_ack(conn, message)
         elif isinstance(message, Heartbeat):
@@ -464,12 +359,28 @@ class ServerState:
         if run is None:
             log.info("connection %d acked an unknown delivery %s", conn.id, ack.id)
             return
-        run.acks.append(AckRecord(ack.id, conn.id, ack.status, ack.reason, trio.current_time()))
+        now = self.clock()
+        run.acks.append(AckRecord(ack.id, conn.id, ack.status, ack.reason, now))
+        # Any answer frees the window slot: the harness has read the delivery.
+        conn.in_flight.discard(run.run_id)
+        self._leave_window(run)
         open_ = run.state in UNACKED_STATES
+        if ack.status == 503:
+            conn.draining = True
+            if open_:
+                run.busy_acks += 1
+                delay = min(
+                    self.redeliver_after_s, BUSY_RETRY_FIRST_S * 2 ** (run.busy_acks - 1)
+                )
+                self._move(run, "queued")
+                run.due_at = now + delay
+                self._queue.schedule(run.run_id, run.due_at)
+            return
+        run.busy_acks = 0
         if ack.status == 200:
             if open_:
-                run.state = "accepted"
-                run.harness = run.accepted_by = conn.token
+                self._move(run, "accepted", conn.token)
+                run.accepted_by = conn.token
                 self._withdraw(run)
             elif run.state == "cancelled" and run.cancel_pending:
                 # Cancelled while this delivery was in flight: the harness holds it now.
@@ -477,14 +388,9 @@ class ServerState:
                 self._send_cancel(run, conn.token)
         elif ack.status in (400, 401, 413):
             if open_:
-                run.state = "failed"
+                self._move(run, "failed")
                 run.error = f"the harness rejected the delivery ({ack.status}): {ack.reason}"
                 self._withdraw(run)
-        elif ack.status == 503:
-            conn.draining = True
-            if open_:
-                run.state = "queued"
-                run.due_at = trio.current_time() + self.redeliver_after_s
         else:  # 204, or a status this server does not know: either way, stop
             if ack.status != 204:
                 log.warning("run %s: unexpected ack status %d", run.run_id, ack.status)
@@ -507,103 +413,15 @@ class ServerState:
                 "activity": entry.activity,
                 "machine": conn.machine,
             }
-        cancel = [
-            run.run_id
-            for run in self.runs.values()
-            if run.cancel_pending and (run.accepted_by == conn.token or run.run_id in listed)
-        ]
+        cancel = []
+        for run_id in list(self._cancelling):
+            run = self.runs[run_id]
+            if not run.cancel_pending:
+                self._cancelling.discard(run_id)
+            elif run.accepted_by == conn.token or run_id in listed:
+                cancel.append(run_id)
         conn.send(encode(HeartbeatAck(seq=beat.seq, cancel=cancel, unknown=unknown)))
 
-    # ------------------------------------------------------------------ deliveries
-
-    def ping(self, conn: Connection) -> None:
-        conn.pings_sent += 1
-        conn.send(encode(Ping(id=f"p-{conn.pings_sent}")))
-
-    def dispatch(self, now: float) -> float:
-        """Send every run that is due to a harness that can take it.
-
-        Returns when the next send falls due (``inf`` when nothing is scheduled);
-        a due run that no harness can take waits for the next change of state.
-        """
-        next_due = math.inf
-        busy: dict[str, int] | None = None
-        for run in list(self._offered.values()):
-            assert run.due_at is not None
-            if run.due_at > now:
-                next_due = min(next_due, run.due_at)
-                continue
-            if busy is None:
-                busy = self._busy()
-            conn = self._pick_connection(run, busy)
-            previous = run.harness if run.state == "delivered" else None
-            if conn is None or not self._deliver(run, conn, now):
-                continue
-            if previous:
-                busy[previous] -= 1
-            busy[conn.token] = busy.get(conn.token, 0) + 1
-            next_due = min(next_due, run.due_at)
-        return next_due
-
-    def _busy(self) -> dict[str, int]:
-        """How many runs each harness (by token) has been sent or holds."""
-        busy: dict[str, int] = {}
-        for run in self.runs.values():
-            if run.harness and run.state in ("delivered", "accepted"):
-                busy[run.harness] = busy.get(run.harness, 0) + 1
-        return busy
-
-    def _withdraw(self, run: RunRecord) -> None:
-        """Stop offering ``run`` to harnesses."""
-        run.due_at = None
-        self._offered.pop(run.run_id, None)
-
-    def _pick_connection(self, run: RunRecord, busy: dict[str, int]) -> Connection | None:
-        """Where a run goes: back to the harness it was last sent to (while unacked);
-        else the harness that holds its conversation; else the least busy one.
-        Draining harnesses get work only when no other harness is connected."""
-        live = [c for c in self.connections.values() if not c.cancel_scope.cancel_called]
-        ready = [c for c in live if not c.draining] or live
-        if not ready:
-            return None
-
-        def newest_of(token: str | None) -> Connection | None:
-            mine = [c for c in ready if c.token == token]
-            return mine[-1] if mine else None
-
-        if run.state == "delivered" and (conn := newest_of(run.harness)):
-            return conn
-        if run.conversation_id and (
-            conn := newest_of(self.conversation_owner.get(run.conversation_id))
-        ):
-            return conn
-        return min(ready, key=lambda c: (busy.get(c.token, 0), c.id))
-
-    def _deliver(self, run: RunRecord, conn: Connection, now: float) -> bool:
-        harness = self.harnesses[conn.token]
-        timestamp = int(time.time())
-        delivery = Delivery(
-            id="dlv_" + secrets.token_hex(8),
-            event="agent.run",
-            timestamp=timestamp,
-            signature=sign(harness.secret, timestamp, run.body_text),
-            body=run.body_text,
-        )
-        if not conn.send(encode(delivery)):
-            return False
-        self.deliveries[delivery.id] = run.run_id
-        run.delivery_ids.append(delivery.id)
-        run.state = "delivered"
-        run.harness = conn.token
-        run.connection_id = conn.id
-        run.due_at = now + self.redeliver_after_s
-        if run.conversation_id:
-            self.conversation_owner[run.conversation_id] = conn.token
-        log.info(
-            "run %s sent to %s (delivery %d)", run.run_id, conn.machine or "?", run.delivery_count
-        )
-        self.changed()
-        return True
 
     # ------------------------------------------------------------------ views
 
