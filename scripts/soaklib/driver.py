@@ -9,7 +9,6 @@ whole soak and each finds runs queued, running and reporting.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
@@ -54,6 +53,13 @@ class SoakAborted(Exception):
     """The soak could not go on (the server died, the harness crash-loops)."""
 
 
+def _answered(run: dict[str, Any]) -> bool:
+    """The server no longer offers ``run``: settled, or its last ack was final (a 200,
+    or a 204 for a run the harness had already reported)."""
+    return run["state"] in ("completed", "failed") or run["acked"] or (
+        bool(run["ack_statuses"]) and run["ack_statuses"][-1] != 503)
+
+
 def _base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
     # The soak's modules are importable by the helper processes it starts.
@@ -81,6 +87,7 @@ class Soak:
         self.crashes: list[str] = []
         self.ending = False
         self.timed_out = False
+        self.interrupted = False
         self.submitted = 0
         self.injected: dict[str, int] = {}
         self.t0 = 0.0
@@ -92,6 +99,8 @@ class Soak:
         self._drive_scope = trio.CancelScope()
         self.aborted: str | None = None
         self.left: list[str] = []
+        self._settled_seen = 0
+        self._last_settle = 0.0
         self.outcomes: Counter[str] = Counter()
         self.planned: dict[str, int] = {}
 
@@ -173,6 +182,9 @@ class Soak:
         while True:
             answer = await self.call("GET", "/v1/faults/runs")
             self.audit = {run["run_id"]: run for run in answer.json()["runs"]}
+            if self.settled() != self._settled_seen:
+                self._settled_seen = self.settled()
+                self._last_settle = trio.current_time()
             self._audit_changed.set()
             self._audit_changed = trio.Event()
             await trio.sleep(POLL_S)
@@ -223,7 +235,8 @@ class Soak:
                   expected=sorted(harness.expected) if harness.expected is not None else None)
         if harness.expected is None or code not in harness.expected:
             said = "no exit" if harness.expected is None else sorted(harness.expected)
-            self.crash(f"{harness.name} exited with {code} (the soak expected {said})")
+            self.crash(f"{harness.name} exited with {code} (the soak expected {said}); "
+                       f"see {harness.log_path.name}")
         for line in harness.tracebacks()[:1]:
             self.crash(f"{harness.name}: traceback in its log: {line.strip()[:120]}")
         harness.exited.set()
@@ -306,6 +319,7 @@ class Soak:
         elif kind == "forget":
             await self.call("POST", "/v1/faults/forget", {"count": 1})
         elif kind == "redeliver":
+            await self._connected(self.harness)
             await self._redeliver(fault)
         elif kind == "kill":
             await self._connected(self.harness)
@@ -373,13 +387,29 @@ class Soak:
     # ------------------------------------------------------------------ the whole soak
 
     async def drive(self) -> None:
-        """Submit every run, injecting each fault once ``at_run`` runs have settled;
-        then let everything be acked, drain the harness and stop the server."""
-        faults = collections.deque(self.plan["faults"])
+        """Submit every run while a second task injects each fault once ``at_run``
+        runs have settled (so the harness stays loaded while it is broken); then let
+        everything be acked, drain the harness and stop the server."""
         await self.start_server()
         nursery = self._need_nursery()
         nursery.start_soon(self.poll)
         await self.start_harness()
+        async with trio.open_nursery() as both:
+            both.start_soon(self._submit_all)
+            both.start_soon(self._inject_all)
+        # Every run answered for by a harness (a forgotten completion never settles);
+        # then a last drain reports what it holds and exits 0.
+        await self.until(lambda: len(self.audit) == self.submitted
+                         and all(map(_answered, self.audit.values())))
+        self.note("all_acked")
+        self.ending = True
+        harness = self.harness
+        if harness is not None and not harness.exited.is_set():
+            await self._connected(harness)
+            await self.signals(harness, [])
+        await self._audit_changed.wait()  # one audit after the last report
+
+    async def _submit_all(self) -> None:
         for index, run in enumerate(self.plan["runs"]):
             await self.until(lambda index=index: index - self.settled() < self.backlog)
             answer = await self.call("POST", "/v1/runs", {
@@ -389,26 +419,19 @@ class Soak:
             if answer.status_code not in (201, 409):
                 raise SoakAborted(f"submitting {run['run_id']} failed: {answer.text}")
             self.submitted += 1
-            while faults and faults[0]["at_run"] <= self.settled():
-                await self.inject(faults.popleft())
         self.note("submitted", runs=self.submitted)
-        while faults:
-            # A run that is lost never settles: do not wait for it forever.
-            with trio.move_on_after(LATE_FAULT_WAIT_S):
-                await self.until(lambda: faults[0]["at_run"] <= self.settled())
-            await self.inject(faults.popleft())
-        # Everything acked by a harness (a forgotten completion never settles);
-        # then a last drain reports what it holds and exits 0.
-        await self.until(lambda: len(self.audit) == self.submitted and all(
-            run["acked"] or run["state"] in ("completed", "failed")
-            for run in self.audit.values()))
-        self.note("all_acked")
-        self.ending = True
-        harness = self.harness
-        if harness is not None and not harness.exited.is_set():
-            await self._connected(harness)
-            await self.signals(harness, [])
-        await self._audit_changed.wait()  # one audit after the last report
+
+    async def _inject_all(self) -> None:
+        for fault in self.plan["faults"]:
+            await self.until(lambda fault=fault: fault["at_run"] <= self.settled()
+                             or self._stalled())
+            await self.inject(fault)
+
+    def _stalled(self) -> bool:
+        """Everything is submitted and nothing settled for a while: lost runs never
+        settle, so a fault waiting for them fires anyway."""
+        return (self.submitted == len(self.plan["runs"])
+                and trio.current_time() - self._last_settle > LATE_FAULT_WAIT_S)
 
     async def run(self) -> verdict.Figures:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -416,13 +439,14 @@ class Soak:
         (self.out / "sleeps.json").write_text(json.dumps({
             "sleeps": {run["run_id"]: run["sleep_ms"] for run in self.plan["runs"]},
             "twice": self.plan["twice"]}))
-        self.t0 = trio.current_time()
+        self.t0 = self._last_settle = trio.current_time()
         # A local file written a line at a time: blocking for microseconds is fine here.
         with open(self.out / "timeline.jsonl", "w", encoding="utf-8") as timeline:  # noqa: ASYNC230
             self._timeline = timeline
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(self._obey_signals)
                     self._drive_scope.deadline = trio.current_time() + self.max_seconds
                     with self._drive_scope:
                         try:
@@ -447,8 +471,19 @@ class Soak:
             self.note("end", line=figures.line())
         return figures
 
+    async def _obey_signals(self) -> None:
+        """Ctrl-C or SIGTERM: stop driving and kill what the soak started (then the
+        figures so far are printed). Cancelled: stops listening."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                self.interrupted = True
+                self.abort(f"interrupted by {signal.Signals(signum).name}")
+
     async def _stop_everything(self) -> None:
-        """End of the soak: the harness (if still up) and the server, by signal."""
+        """End of the soak: the harness (if still up) and the server, by signal;
+        after a Ctrl-C they are killed at once instead (by the caller)."""
+        if self.interrupted:
+            return
         with trio.move_on_after(EXIT_WITHIN_S) as scope:
             scope.shield = True
             harness = self.harness

@@ -53,7 +53,7 @@ def _fault(rng: random.Random, kind: str) -> dict[str, Any]:
         status = rng.choice(STORM_STATUSES)
         # Retry-After 0/1 keeps storms short; 408/500/502 use the harness's own backoff.
         retry_after = rng.choice((0, 0, 1)) if status in (429, 503) else None
-        return {"kind": kind, "status": status, "count": rng.randint(1, 4),
+        return {"kind": kind, "status": status, "count": rng.randint(1, 3),
                 "retry_after": retry_after}
     if kind == "recover_term":
         # The SIGTERM lands 0-15 ms after the restarted harness's first line; one in
@@ -101,10 +101,12 @@ def make_plan(
             faults.append(fault)
     twice: list[str] = []
     if self_check:
-        # Break two promises on purpose: the agent starts three runs' work twice, and
-        # the server drops one valid completion after answering it 200.
-        twice = sorted(r["run_id"] for r in rng.sample(run_list[5:], 3))
-        faults.append({"kind": "forget", "at_run": rng.randrange(5, runs)})
+        # Break two promises on purpose: the agent starts the work of one run in
+        # four twice (drains report some runs "not started", which never start),
+        # and the server drops one valid completion after answering it 200, early
+        # enough that completions still follow.
+        twice = sorted(r["run_id"] for r in run_list[::4])
+        faults.append({"kind": "forget", "at_run": rng.randrange(2, runs // 3)})
     faults.sort(key=lambda fault: fault["at_run"])  # stable: same-run faults keep their order
     return {
         "version": 1,

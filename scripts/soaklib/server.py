@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import sys
 import time
@@ -33,8 +34,36 @@ import prohost.server
 from prohost.protocol import Delivery, encode
 from prohost.server.app import App, HttpError, Receive, _parse_json, _read_body
 from prohost.server.main import run_server_command
+from prohost.server.records import Connection
 from prohost.server.state import ServerState
 from prohost.signature import sign
+
+#: Set (to anything) to run the stock server code without the workaround below, to
+#: see whether the server still hangs.
+NO_WORKAROUND_ENV = "SOAK_SERVER_AS_IS"
+
+
+def _let_go_of_broken_connections() -> None:
+    """Work around a server hang (reported to the lead with the soak's findings).
+
+    ``Connection.send`` returns False without ending the connection when the
+    outbox's reading end is already closed (the writer task ended, the connection
+    is not removed yet). ``Deliveries.dispatch`` then keeps finding "room" on that
+    connection, and ``_offer`` puts each run it failed to send back at the end of
+    the waiting queue: the loop never ends, the server spins at 100% CPU and
+    answers nothing more, not even SIGTERM. A kill -9 of a harness with runs
+    waiting is enough. Here a connection whose outbox is gone is ended at once,
+    which is what the server does for one that stopped reading.
+    """
+    send = Connection.send
+
+    def send_or_let_go(self: Connection, text: str) -> bool:
+        sent = send(self, text)
+        if not sent:
+            self.cancel_scope.cancel()
+        return sent
+
+    Connection.send = send_or_let_go  # type: ignore[method-assign]
 
 
 def redeliver(state: ServerState, run_id: Any) -> tuple[int, Any, dict[str, str]]:
@@ -88,6 +117,8 @@ def main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # serve() builds its app from this name; the soak's app is the stock one plus a hook.
     prohost.server.App = SoakApp  # type: ignore[misc]
+    if not os.environ.get(NO_WORKAROUND_ENV):
+        _let_go_of_broken_connections()
     return trio.run(run_server_command, "127.0.0.1", args.port, True)
 
 

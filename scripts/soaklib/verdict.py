@@ -86,6 +86,7 @@ def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: in
         state=audit["state"], acked=audit["acked"], ack_statuses=audit["ack_statuses"],
         deliveries=audit["deliveries"], posts=[post["status"] for post in posts],
         distinct_bodies=len(bodies),
+        forgotten=sum(1 for post in posts if post.get("forgotten")),
         ok=None if completion is None else completion.get("ok"),
         error=None if completion is None else completion.get("error"),
     )
