@@ -18,6 +18,7 @@ import httpx
 import trio
 from rich.console import Console
 
+from prohost import signals
 from prohost.harness import Endpoints, Harness
 from prohost.home import (
     CredentialsError,
@@ -44,8 +45,17 @@ def run_agent_command(
     """Run the harness until it drains or is stopped; return the process exit status.
 
     With a ``console``, the status panel is drawn on it (``live``) or its changes
-    are logged one line each.
+    are logged one line each. From here to the process's exit SIGINT/SIGTERM
+    follow §9 (see :mod:`prohost.signals`); ``python -m prohost`` installed the
+    handlers even earlier, before its imports.
     """
+    signals.install()
+    code = _run_agent(options, console=console, live=live)
+    signals.pause_for_tests()
+    return signals.final_status(code)
+
+
+def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
     main = functools.partial(supervise, console=console, live=live)
     try:
         creds = load_credentials(options.home)
@@ -90,13 +100,17 @@ async def supervise(
     """The harness under §9's signal rules; returns the exit status.
 
     First SIGINT/SIGTERM drains, the second stops every agent (exit 130 within
-    5 s), the third kills every agent group and exits at once.
+    5 s), the third kills every agent group and exits at once. Signals that came
+    before this (while the process started) are obeyed first, in order.
+    Cancelled: the harness's own cancellation rules apply (see :meth:`Harness.run`).
     """
     async with httpx.AsyncClient() as client:
         harness = Harness(options, endpoints, client=client, ledger=ledger)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(*signals.WATCHED) as receiver:
+            # Taken only now: from here on every signal reaches the receiver instead.
+            early = signals.take_pending()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_obey_signals, signals, harness)
+                nursery.start_soon(_obey_signals, receiver, harness, early)
                 if console is not None:
                     progress_log.setLevel(logging.WARNING)  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live).run)
@@ -105,19 +119,31 @@ async def supervise(
     return code
 
 
-async def _obey_signals(signals: AsyncIterator[int], harness: Harness) -> None:
-    count = 0
-    async for signum in signals:
-        count += 1
-        name = signal.Signals(signum).name
-        if count == 1:
-            log.info("%s: draining (send it again to stop the running agents)", name)
-            harness.drain()
-        elif count == 2:
-            log.warning("%s again: stopping the running agents", name)
-            harness.stop()
-        else:
-            log.error("%s a third time: killing every agent and exiting now", name)
-            harness.groups.kill_all(signal.SIGKILL)
-            logging.shutdown()
-            os._exit(130)
+async def _obey_signals(
+    receiver: AsyncIterator[int], harness: Harness, early: list[tuple[int, int]]
+) -> None:
+    """Obey the signals that came before the supervisor, then every later one.
+
+    Cancelled: it only stops listening (the harness has finished by then).
+    """
+    for count, signum in early:
+        _obey(count, signum, harness, early=True)
+    async for signum in receiver:
+        _obey(signals.note(signum), signum, harness, early=False)
+
+
+def _obey(count: int, signum: int, harness: Harness, *, early: bool) -> None:
+    name = signal.Signals(signum).name
+    if early:
+        name += " (received while starting)"
+    if count == 1:
+        log.info("%s: draining (send it again to stop the running agents)", name)
+        harness.drain()
+    elif count == 2:
+        log.warning("%s again: stopping the running agents", name)
+        harness.stop()
+    else:
+        log.error("%s a third time: killing every agent and exiting now", name)
+        harness.groups.kill_all(signal.SIGKILL)
+        logging.shutdown()
+        os._exit(signals.STOPPED_STATUS)

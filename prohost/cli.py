@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from prohost import __version__
 
@@ -90,12 +90,16 @@ def _agent_run(ns: argparse.Namespace) -> int:
     from rich.console import Console
 
     from prohost.panel import use_panel
+    from prohost.termout import nonblocking
 
-    console = Console()
+    # A terminal that stops reading must never stall the event loop (acks, pongs,
+    # heartbeats): the panel and the log lines are written without blocking.
+    console = Console(file=nonblocking(sys.stdout))
     live = use_panel(console, ns.no_panel)
     # With the panel, log lines must go through rich on the panel's console, or
     # they would tear its frame; they then print above it.
-    setup_logging(ns.verbose, console=console if live else None)
+    setup_logging(ns.verbose, console=console if live else None,
+                  stream=nonblocking(sys.stderr))
     from prohost.logfile import log_to_file, wants_file_logging
 
     if wants_file_logging(os.environ):  # the service unit sets PROHOST_LOG=file
@@ -222,9 +226,11 @@ def _demo(ns: argparse.Namespace) -> int:
 _installed_handler: logging.Handler | None = None
 
 
-def setup_logging(verbose: bool, console: Console | None = None) -> None:
-    """Log to stderr: rich on a terminal, plain timestamped lines otherwise; through
-    ``console`` (the live panel's) when one is given.
+def setup_logging(
+    verbose: bool, console: Console | None = None, stream: TextIO | None = None
+) -> None:
+    """Log to ``stream`` (stderr by default): rich on a terminal, plain timestamped
+    lines otherwise; through ``console`` (the live panel's) when one is given.
 
     ``-v`` turns on debug for prohost's own loggers only: the libraries' debug
     output (HTTP and WebSocket internals) is noise, and can carry request headers,
@@ -240,14 +246,14 @@ def setup_logging(verbose: bool, console: Console | None = None) -> None:
         from prohost.panel import log_handler
 
         handler = log_handler(console)
-    elif sys.stderr.isatty():
+    elif (stream or sys.stderr).isatty():
         from rich.console import Console
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=Console(stderr=True), show_path=False)
+        handler = RichHandler(console=Console(file=stream or sys.stderr), show_path=False)
         handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         )

@@ -12,6 +12,7 @@ cancellation: that belongs to the caller, which reports it (§6).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -44,6 +45,10 @@ log = logging.getLogger("prohost.execute")
 PAIRED_RUN_ENV = "PROHOST_PAIRED_RUN"
 RUN_ID_ENV = "PROHOST_RUN_ID"
 
+#: Hex digits of a run id's SHA-256 that name its scratch folder: 128 bits, so
+#: two run ids never meet by chance, and the name is short and plain.
+SCRATCH_NAME_CHARS = 32
+
 #: Claude Code sets this in its own shells. A harness started from one would
 #: pass it on, and the agent would then believe it was nested inside Claude Code.
 _NESTED_CLAUDE_ENV = "CLAUDECODE"
@@ -64,6 +69,19 @@ class ExecSpec:
     """``--concurrency`` above 1: other runs may share the machine."""
     secrets: tuple[str, ...]
     """The token and secret: no environment variable whose value contains one reaches the agent."""
+
+
+def scratch_folder(root: Path, run_id: str) -> Path:
+    """The run's private folder under ``root``: named by a digest of the run id.
+
+    Never the id as it stands: the id comes from the wire, and ``..`` or ``.``
+    would name ``$PROHOST_HOME`` or ``root`` itself, which the run's cleanup then
+    removes (§3: no body field is ever used as a file or folder name). A hex
+    digest cannot hold a separator, a dot, NUL, or run over 255 bytes.
+    """
+    # surrogatepass: a run id is JSON text, which can carry a lone surrogate.
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return root / digest[:SCRATCH_NAME_CHARS]
 
 
 def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> dict[str, str]:
@@ -218,14 +236,15 @@ async def execute(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
         ))
     try:
-        wiring = await _wire_mcp(run, brain, scratch)
-    except McpError as exc:
-        return finished(Outcome.failure(
-            f"the run's MCP server could not be prepared, so the agent was not started: {exc}"
-        ))
-    if wiring is not None:
-        env.update(wiring.env)
-    try:
+        try:
+            wiring = await _wire_mcp(run, brain, scratch)
+        except McpError as exc:
+            return finished(Outcome.failure(
+                f"the run's MCP server could not be prepared, so the agent was not started: "
+                f"{exc}"
+            ))
+        if wiring is not None:
+            env.update(wiring.env)
         outcome = await _attempt(run, spec, brain, prompt, env, wiring, session_id, deadline,
                                  groups, progress, on_spawn, on_events)
         if outcome is None:
@@ -235,10 +254,14 @@ async def execute(
             progress.session_id = None
             outcome = await _attempt(run, spec, brain, prompt, env, wiring, None, deadline,
                                      groups, progress, on_spawn, on_events)
-        assert outcome is not None
+        if outcome is None:
+            raise RuntimeError(f"harness bug: run {run.run_id}'s fresh session was rejected "
+                               "as if it were a resumed one")
         return finished(outcome)
     finally:
-        if scratch is not None and wiring is not None:
+        # Also after a configuration that failed half-way: the folder is this run's
+        # alone (see scratch_folder), so nothing else can be in it.
+        if scratch is not None and run.mcp is not None:
             with trio.move_on_after(5, shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
 

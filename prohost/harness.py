@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
+import math
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import httpx
@@ -29,12 +32,14 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
 from prohost.agentproc import ProcessGroups
+from prohost.blocking import StepTimedOut
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
-from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, process_belongs_to_run
+from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, RunState
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
+from prohost.procinfo import process_belongs_to_run
 from prohost.protocol import (
     Ack,
     Cancel,
@@ -44,9 +49,9 @@ from prohost.protocol import (
     Status,
 )
 from prohost.reporter import Reporter
-from prohost.runner import HeldRun, Runner, progress_log
+from prohost.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner, progress_log
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
-from prohost.scheduler import Scheduler
+from prohost.scheduler import QueueFullError, Scheduler
 from prohost.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -59,6 +64,8 @@ from prohost.snapshot import (
 from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
 
 log = logging.getLogger("prohost.harness")
+
+T = TypeVar("T")
 
 #: After a second signal, everything left must be done within this (§9).
 STOP_WINDOW_S = 5.0
@@ -77,7 +84,9 @@ FINISHED_KEPT = 5
 STATUS_FILE_MIN_INTERVAL_S = 1.0
 
 NOT_STARTED = "the agent is shutting down; the run was not started"
+QUEUE_FULL = "the agent's queue is full; the run was not started"
 STOPPED = "the agent was stopped"
+INTERRUPTED = "the harness lost track of this run before it finished"
 RESTARTED = "the harness restarted before this run finished"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
 
@@ -154,6 +163,14 @@ class Harness:
         self._status_written = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: Until the ledger has been read at start, "nothing held" does not mean idle.
+        self._recovered = False
+        self._link_scope = trio.CancelScope()
+        self._link_closed = trio.Event()
+        #: Runs the end-of-drain sweep already reported once (never twice).
+        self._swept: set[str] = set()
+        #: When a stop's window closes (trio time, seconds); set by stop().
+        self._stop_deadline = math.inf
 
     # ------------------------------------------------------------------ life
 
@@ -161,16 +178,29 @@ class Harness:
         """Run until drained, stopped, or the credentials are rejected; return the exit code.
 
         Reports started once the scheduler is up, the ledger recovered and the link
-        dialling (not necessarily connected). If cancelled from outside, running
-        agents are stopped (their groups killed, shielded and bounded) and the
-        cancel propagates; their ledger rows stay as they were, for the next start.
+        dialling (not necessarily connected). A :meth:`drain` or :meth:`stop` that
+        came before (a signal while the process started) or during the recovery is
+        obeyed: recovered runs are reported as §9 says, and it exits only once they
+        are. Cancelled from outside: running agents are stopped (their groups
+        killed, shielded and bounded) and the cancel propagates; their ledger rows
+        stay as they were, for the next start.
         """
+        if self._done.is_set() or self._nursery is not None:
+            raise RuntimeError("Harness.run() was called twice; make a new Harness")
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.stopping:
+                    nursery.cancel_scope.deadline = self._stop_deadline
+                if self.draining:
+                    nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
                 await self._recover()
                 await nursery.start(self._guard_link)
+                # Only now may a drain end the harness: the recovered runs are held,
+                # and the link is up for _exit_when_idle to close.
+                self._recovered = True
+                self._changed()
                 if self.ledger is not None:
                     nursery.start_soon(self._prune_daily)
                     if self.worktrees.enabled:
@@ -183,6 +213,9 @@ class Harness:
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            # No new task may be started in a closed nursery (a late signal).
+            self._nursery = None
+            self._done.set()
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
         return self.exit_code
@@ -222,15 +255,27 @@ class Harness:
             )
 
     async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The link, until cancelled or closed by the end of a drain.
+
+        Cancelled: the connection closes (the link's own shielded, bounded close).
+        """
         try:
-            await self.link.run(task_status=task_status)
+            with self._link_scope:
+                await self.link.run(task_status=task_status)
         except CredentialsRejected as exc:
             log.error("%s", exc)
             self.exit_code = 1
             self._done.set()
+        finally:
+            self._link_closed.set()
 
     def drain(self) -> None:
-        """First signal (§9): take no new work, report what has not started, finish the rest."""
+        """First signal (§9): take no new work, report what has not started, finish the rest.
+
+        Safe at any moment: before :meth:`run` (it is obeyed once run starts),
+        during the restart recovery (recovered runs are then reported, not queued),
+        and after run returned (nothing is left to do).
+        """
         if self.draining:
             return
         self.draining = True
@@ -238,25 +283,34 @@ class Harness:
         for _key, held in self.scheduler.drain():
             self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         self._changed()
-        assert self._nursery is not None
-        self._nursery.start_soon(self._exit_when_idle)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._exit_when_idle)
+        # Otherwise run() starts it, or has returned already.
 
     def stop(self) -> None:
-        """Second signal (§9): stop every agent and report it, all within 5 s."""
+        """Second signal (§9): stop every agent and report it, all within 5 s.
+
+        Safe at any moment, like :meth:`drain`.
+        """
         if self.stopping:
             return
         self.drain()
         self.stopping = True
         self.exit_code = 130
         self.groups.grace_s = STOP_GRACE_S
+        # Whatever has not reported by then stays in the ledger's outbox.
+        self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
             if held.state != "reporting":
                 held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
                 held.exec_scope.cancel()
-        assert self._nursery is not None
-        # Whatever has not reported by then stays in the ledger's outbox.
-        self._nursery.cancel_scope.deadline = trio.current_time() + STOP_WINDOW_S
+        if self._nursery is not None:
+            # Whatever has not reported by then stays in the ledger's outbox.
+            self._nursery.cancel_scope.deadline = self._stop_deadline
+        # Shielded ledger steps stuck on a hung disk give up by then too.
+        if self.runner is not None:
+            self.runner.bounds.hurry(self._stop_deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -266,26 +320,93 @@ class Harness:
         await self.wait_until(lambda harness: run_id not in harness.held)
 
     async def _exit_when_idle(self) -> None:
-        # Held covers every queued, running and reporting run.
-        await self.wait_until(lambda harness: not harness.held)
+        """End the harness once a drain has nothing left: every run reported, or
+        (logged by name) left in the ledger's outbox for the next start.
+
+        Cancelled (a stop's deadline): whatever is unreported stays in the ledger.
+        """
+        # Held covers every queued, running and reporting run; recovery may still
+        # be about to hold the runs of the previous process.
+        await self.wait_until(lambda harness: harness._recovered and not harness.held)
+        if self.ledger is not None:
+            # No delivery can be in the middle of being admitted after this: one
+            # whose ledger write raced the drain would otherwise be left behind.
+            self._link_scope.cancel()
+            await self._link_closed.wait()
+            await self._sweep_ledger()
+            await self.wait_until(lambda harness: not harness.held)
+            if not await self._ledger_settled():
+                self.exit_code = self.exit_code or 1
+                self._done.set()
+                return
         log.info("drained: every run has finished and reported")
         self._done.set()
 
+    async def _unreported(self) -> list[LedgerRow]:
+        if self.ledger is None:
+            return []
+        # A read: abandoning it on a stop's deadline leaves nothing half done.
+        recovery = await trio.to_thread.run_sync(self.ledger.recover, abandon_on_cancel=True)
+        return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
+
+    async def _sweep_ledger(self) -> None:
+        """Report every run the ledger still has unreported and nobody holds, once."""
+        for row in await self._unreported():
+            if row.run_id in self.held or row.run_id in self._swept:
+                continue
+            self._swept.add(row.run_id)
+            held = await self._held_from(row)
+            if held is None:
+                continue
+            log.warning("run %s was still unreported (%s) at the end of the drain; "
+                        "reporting it now", row.run_id, row.state)
+            self._hold(held)
+            if row.state is RunState.FINISHED and row.outcome is not None:
+                self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+            elif row.state is RunState.ACCEPTED:
+                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            else:
+                self._settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+
+    async def _ledger_settled(self) -> bool:
+        """After the sweep: False (logged) if a run is unreported and not even in the
+        outbox; outbox rows left are logged, and are the next start's to report."""
+        settled = True
+        for row in await self._unreported():
+            if row.state is RunState.FINISHED:
+                log.warning("run %s could not be reported now; it stays in the ledger's "
+                            "outbox and the next start reports it", row.run_id)
+            else:
+                log.error("run %s is still %s in the ledger and could not be reported; "
+                          "the next start reports it (is the disk failing?)",
+                          row.run_id, row.state)
+                settled = False
+        return settled
+
     # ------------------------------------------------------------------ link handler
 
-    async def on_session(self, session: Session) -> None:
+    async def on_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """For the life of one connection: the beacon's status and heartbeats.
 
+        Reports started once status and the first heartbeat are out (§1).
         Cancelled when the connection drops; nothing to clean up.
         """
-        await self.beacon.serve(session)
+        await self.beacon.serve(session, task_status=task_status)
 
     async def on_message(self, session: Session, message: Message) -> None:
-        """Handle one message; never raises for anything the server sends."""
+        """Handle one message; never raises for anything the server sends.
+
+        Cancelled (the connection dropped): a delivery may be left recorded in the
+        ledger but unacked; its redelivery is answered 200 "already accepted".
+        """
         if isinstance(message, Delivery):
             await self._on_delivery(session, message)
         elif isinstance(message, Cancel):
-            self.cancel(message.run_id, message.reason or DEFAULT_CANCEL_REASON)
+            # The reason goes into the run's report: make it text that can be sent.
+            reason = intake.clean_text(message.reason) if message.reason else None
+            self.cancel(message.run_id, reason or DEFAULT_CANCEL_REASON)
         elif isinstance(message, HeartbeatAck):
             for run_id in message.cancel:
                 self.cancel(run_id, DEFAULT_CANCEL_REASON, quiet=True)
@@ -304,8 +425,8 @@ class Harness:
         )
         run = verdict.run
         if run is None:
-            log.warning("delivery %s refused with %d: %s", delivery.id, verdict.status,
-                        verdict.reason)
+            log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
+                        verdict.status, verdict.reason)
             await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
             return
         if verdict.unverified:
@@ -321,10 +442,22 @@ class Harness:
             self._dry_seen.add(run.run_id)
             log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
             return intake.ACCEPTED, "accepted (dry run)"
-        assert self.ledger is not None
+        if self.ledger is None:
+            raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
+        if (
+            run.run_id not in self.held
+            and self.scheduler.statistics().queued >= intake.MAX_QUEUED_RUNS
+        ):
+            # A run already held is answered 200 below; only new work is refused.
+            log.warning("refused run %s with 503: %d runs are already queued", run.run_id,
+                        intake.MAX_QUEUED_RUNS)
+            return intake.DRAINING, intake.QUEUE_FULL
         try:
-            admission = await trio.to_thread.run_sync(
-                self.ledger.admit, run.run_id, run.lane, body, time.time()
+            # Abandoning on a hung disk is safe: one transaction under the ledger's
+            # lock (prohost.ledger); the delivery is then refused, and redelivered.
+            admission = await self._bounded(
+                self.ledger.admit, run.run_id, run.lane, body, time.time(),
+                what=f"recording run {run.run_id} in the ledger",
             )
         except (LedgerError, OSError) as exc:
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
@@ -340,7 +473,14 @@ class Harness:
             # is ours now, so report it as not started rather than lose it.
             self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
             return intake.ACCEPTED, "accepted"
-        self.scheduler.submit(run.run_id, run.lane, held)
+        try:
+            self.scheduler.submit(run.run_id, run.lane, held)
+        except QueueFullError as exc:
+            # Intake answers 503 before this cap is reached, so this is a safety
+            # net: the run is recorded, so it is reported rather than lost.
+            log.error("%s", exc)
+            self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+            return intake.ACCEPTED, "accepted"
         progress_log.info("accepted run %s on %s", run.run_id, run.lane)
         return intake.ACCEPTED, "accepted"
 
@@ -372,25 +512,41 @@ class Harness:
         held.dropped = True
         held.life_scope.cancel()
         if self.scheduler.remove(run_id) is not None:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._record_dropped, held)
+            self._running_nursery().start_soon(self._record_dropped, held)
             self._changed()
 
     # ------------------------------------------------------------------ one run
 
     async def _work(self, run_id: str, held: HeldRun) -> None:
-        """The scheduler's work for one run: the runner executes and reports it."""
+        """The scheduler's work for one run: the runner executes and reports it.
+
+        The run's slot goes back to the scheduler as soon as its outcome is durable;
+        its lane only when this returns, after the report (§4). Cancelled: as
+        :meth:`Runner.run`; the run is let go either way.
+        """
         self._changed()
         try:
-            await self._runner().run(held)
+            await self._runner().run(
+                held, release_slot=functools.partial(self._release_slot, run_id)
+            )
         finally:
             self._release(held)
 
+    def _release_slot(self, run_id: str) -> None:
+        self.scheduler.release_slot(run_id)
+        self._changed()
+
     def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
-        assert self._nursery is not None
+        nursery = self._running_nursery()
         held.state = "reporting"
-        self._nursery.start_soon(self._settle_alone, held, outcome, recorded)
+        nursery.start_soon(self._settle_alone, held, outcome, recorded)
+
+    def _running_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("the harness is not running (Harness.run() has not started "
+                               "or has returned): no task can be started for a run")
+        return self._nursery
 
     async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
         try:
@@ -406,7 +562,8 @@ class Harness:
 
     def _runner(self) -> Runner:
         # Only a harness with a ledger executes or reports anything (not a dry run).
-        assert self.runner is not None
+        if self.runner is None:
+            raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
         return self.runner
 
     def _on_outcome(self, held: HeldRun, outcome: Outcome) -> None:
@@ -438,7 +595,9 @@ class Harness:
             self._changed()
 
     def _running(self) -> int:
-        return self.scheduler.statistics().running
+        # Executing, or done and still being reported: both are waited for.
+        stats = self.scheduler.statistics()
+        return stats.running + stats.reporting
 
     def _changed(self) -> None:
         self.beacon.poke()
@@ -553,15 +712,28 @@ class Harness:
     # ------------------------------------------------------------------ recovery
 
     async def _recover(self) -> None:
-        """Pick up where a previous process left off (§7)."""
+        """Pick up where a previous process left off (§7).
+
+        A drain that comes meanwhile (a signal while the ledger is read) turns the
+        runs accepted before the restart into "not started" reports (§9) instead of
+        queueing them. Cancelled: the runs not held yet stay in the ledger as they
+        were, for the next start.
+        """
         if self.ledger is None:
             return
-        recovery = await trio.to_thread.run_sync(self.ledger.recover)
+        # Abandoning these on a hung disk is safe: reads and single transactions under
+        # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
+        # read fails the start with the StepTimedOut; restart once the disk answers.
+        recovery = await self._bounded(self.ledger.recover, what="reading the ledger at start")
         for row in recovery.interrupted:
             held = await self._held_from(row)
             if held is None:
                 continue
-            await trio.to_thread.run_sync(self._kill_leftover, row)
+            try:
+                await self._bounded(self._kill_leftover, row,
+                                    what=f"looking for run {row.run_id}'s leftover agent")
+            except StepTimedOut as exc:
+                log.warning("%s", exc)
             log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
             self._hold(held)
             self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
@@ -576,10 +748,20 @@ class Harness:
             held = await self._held_from(row)
             if held is None:
                 continue
-            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
             self._hold(held)
-            self.scheduler.submit(row.run_id, held.run.lane, held)
-        pruned = await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+            if self.draining:
+                log.info("run %s was accepted before the restart; not starting it, the "
+                         "harness is draining", row.run_id)
+                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+                continue
+            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
+            try:
+                self.scheduler.submit(row.run_id, held.run.lane, held)
+            except QueueFullError:
+                # Only if the ledger held more than the cap (an older version's rows):
+                # the run is reported retryable rather than lost.
+                self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+        pruned = await self._prune()
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
 
@@ -590,9 +772,11 @@ class Harness:
             log.error("run %s in the ledger cannot be read (%s); closing it unreported",
                       row.run_id, exc)
             # Closed, so that it is not met again at every start.
-            assert self.ledger is not None
-            await trio.to_thread.run_sync(
-                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time()
+            if self.ledger is None:
+                return None
+            await self._bounded(
+                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
+                what=f"closing unreadable run {row.run_id}",
             )
             return None
 
@@ -630,29 +814,68 @@ class Harness:
                             result.returncode)
 
     async def _collect_worktrees_daily(self) -> None:
-        """Once a day, remove worktrees of lanes idle for 14 days (clean ones only),
-        never a lane with a run in flight. Cancelled: an in-progress removal is
-        finished (shielded inside ``collect_garbage``)."""
+        """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
+        is finished (shielded inside ``collect_garbage``)."""
         while True:
             await trio.sleep(PRUNE_EVERY_S)
-            try:
-                entries = await collect_garbage(
-                    self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
-                    # Live, not a snapshot: GC asks again just before it removes anything.
-                    busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
-                )
-            except OSError as exc:
-                log.warning("could not collect old worktrees: %s", exc)
-                continue
-            for entry in entries:
-                (log.info if entry.action == "removed" else log.debug)(
-                    "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+            await self.collect_worktrees()
+
+    async def collect_worktrees(self, *, now: float | None = None) -> None:
+        """Remove worktrees of lanes idle for 14 days (clean ones only), never a lane
+        with a run in flight: a lane is held in the scheduler while its worktrees
+        are removed, so a turn arriving meanwhile starts after, and prepares them
+        afresh. Errors are logged. Cancelled: as :meth:`_collect_worktrees_daily`.
+        """
+        try:
+            entries = await collect_garbage(
+                self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
+                # Live, not a snapshot: GC asks again just before it removes anything.
+                busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
+                hold=self.scheduler.holding,
+                now=now,
+            )
+        except OSError as exc:
+            log.warning("could not collect old worktrees: %s", exc)
+            return
+        for entry in entries:
+            (log.info if entry.action == "removed" else log.debug)(
+                "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
     async def _prune_daily(self) -> None:
-        assert self.ledger is not None
+        """Once a day, prune the ledger (§7; see :meth:`_prune`).
+
+        Cancelled: between prunes, nothing to undo; a prune in progress finishes,
+        within its bound.
+        """
         while True:
             await trio.sleep(PRUNE_EVERY_S)
-            await trio.to_thread.run_sync(self.ledger.prune, time.time(), PRUNE_AGE_S)
+            await self._prune()
+
+    async def _prune(self) -> int:
+        """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
+
+        A failing or hung disk is logged, not raised: pruning can wait a day.
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
+        """
+        if self.ledger is None:
+            return 0
+        try:
+            # Abandoning is safe: one transaction under the ledger's lock.
+            return await self._bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
+                                       what="pruning the ledger")
+        except (LedgerError, OSError) as exc:
+            log.warning("could not prune the ledger: %s", exc)
+            return 0
+
+    async def _bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
+
+        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
+        """
+        if self.runner is None:
+            raise RuntimeError(f"harness bug: {what} without a ledger")
+        return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what=what)
 
 
 def _remove_quietly(path: Path) -> None:

@@ -38,13 +38,18 @@ class Beacon:
         self.last_heartbeat_at = trio.current_time()
         return Heartbeat(seq=self._seq, runs=self._runs())
 
-    async def serve(self, session: Session) -> None:
+    async def serve(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """For the life of one connection: status, heartbeat, then both as due.
 
+        Reports started once the first status and heartbeat are sent, so that the
+        link can hold back everything else until then (§1: they come first).
         Cancelled when the connection drops; there is nothing to clean up.
         """
         await session.send(self._status())
         await session.send(self.heartbeat())
+        task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._heartbeats, session)
             nursery.start_soon(self._statuses, session)

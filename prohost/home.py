@@ -4,7 +4,12 @@ Layout (``~/.prohost`` unless ``$PROHOST_HOME`` says otherwise)::
 
     credentials.json   token, secret and endpoints from `prohost agent pair` (mode 0600)
     agent.lock         held (flock) by the one harness using this home; holds its pid
+    ledger.sqlite3     the run ledger, and its -wal/-shm (mode 0600, prohost.ledger)
+    runs/              per-run scratch folders, e.g. MCP configurations (mode 0700)
     workspace/         the agent's default working directory
+
+The home itself is 0700 whatever the umask, and is narrowed to 0700 (with a
+warning) when it was looser: it holds the credentials and run bodies.
 
 Everything that decides *which* server to talk to is also here
 (:func:`resolve_endpoints`), because the answer depends on the credentials file.
@@ -15,7 +20,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
+import stat
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +36,11 @@ from prohost.files import write_atomically
 CREDENTIALS_FILE = "credentials.json"
 LOCK_FILE = "agent.lock"
 WORKSPACE_DIR = "workspace"
+RUNS_DIR = "runs"
+#: Mode of the home and of runs/ (octal): this user only.
+PRIVATE_DIR_MODE = 0o700
+
+log = logging.getLogger("prohost.home")
 DEFAULT_WS_URL = "wss://api.prohost.ai/v1/agent/ws"
 
 _PAIR_HINT = "run `prohost agent pair --code CODE` with a pairing code from the web app"
@@ -106,7 +118,8 @@ def credentials_from_json(data: Any, source: str) -> Credentials:
         # An empty api_url would otherwise win over deriving it from ws_url.
         values[name] = value or None
     ws_url = values["ws_url"]
-    assert ws_url is not None
+    if ws_url is None:  # checked with the required fields above; this narrows the type
+        raise ValueError(f"{source} has no 'ws_url' field")
     try:
         http_base_from_ws(ws_url)
     except ValueError as exc:
@@ -178,8 +191,26 @@ def save_credentials(home: Path, creds: Credentials) -> Path:
 
 
 def _make_home(home: Path) -> None:
-    # 0700: the home holds the credentials and the ledger (run bodies, replies).
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_home(home)
+
+
+def make_private_home(home: Path) -> None:
+    """Create ``home`` 0700, or narrow it to 0700 when looser.
+
+    0700 whatever the umask: the home holds the credentials and the ledger (run
+    bodies, MCP tokens, replies). A home that other users could read or enter is
+    narrowed with a warning, since it may have been exposed already.
+    """
+    existed = home.is_dir()
+    home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(home.stat().st_mode)
+    if existed and mode & 0o077:
+        log.warning(
+            "PROHOST_HOME %s was open to other users (mode %04o); narrowed it to 0700, "
+            "since it holds the credentials and the run ledger. If other users could "
+            "read it, consider pairing again to replace the credentials", home, mode)
+    if mode != PRIVATE_DIR_MODE:
+        os.chmod(home, PRIVATE_DIR_MODE)  # exactly 0700, whatever the umask
 
 
 # --- endpoints ---------------------------------------------------------------------
@@ -252,8 +283,15 @@ class InstanceLock:
 
     @classmethod
     def acquire(cls, home: Path) -> InstanceLock:
-        """Take the lock without waiting; raise :class:`LockHeld` if another process has it."""
+        """Take the lock without waiting; raise :class:`LockHeld` if another process has it.
+
+        Makes the home private first (:func:`make_private_home`), and its ``runs/``
+        0700 whatever the umask: the per-run folders in it hold MCP configurations.
+        """
         _make_home(home)
+        runs = home / RUNS_DIR
+        runs.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        os.chmod(runs, PRIVATE_DIR_MODE)
         path = home / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -13,18 +13,33 @@ next turn resumes it across restarts.
 
 The ledger is stdlib ``sqlite3`` in WAL mode with ``synchronous=FULL``: in WAL mode
 that fsyncs the log on every commit, which is the durability the protocol asks for
-at the cost of one fsync per step. :class:`Ledger` is synchronous; the harness calls
-it through ``trio.to_thread.run_sync``, one worker thread at a time or several, since
-every method holds one lock.
+at the cost of one fsync per step. The file and its ``-wal``/``-shm`` are mode 0600
+whatever the umask: they hold run bodies, MCP tokens and conversation text.
+
+:class:`Ledger` is synchronous; the harness calls it through
+:meth:`prohost.blocking.Bounds.run`, from one worker thread at a time or several,
+since every method holds one lock. A call on a hung disk is abandoned after its
+bound. That is safe because every method is a single sqlite transaction under that
+lock: the abandoned thread commits or rolls back on its own whenever the disk
+answers, nobody else touches the connection meanwhile (a later call waits for the
+lock at most :data:`LOCK_WAIT_S`, then fails with :class:`LedgerError`), and the
+step's durability is merely unknown — the next start reads the ledger (§7) and
+reports whatever it finds.
+
+Retention (the exactly-once window): a reported run keeps its body and outcome for
+7 days (:data:`KEEP_BODIES_S`); then :meth:`Ledger.prune` empties them, leaving a
+tombstone — run id, state and when it was reported — for 30 days after the report
+(:data:`KEEP_TOMBSTONES_S`). Any redelivery within those 30 days is answered 204 and
+never runs. A redelivery later than that is executed again: the server must not
+redeliver a run it has seen reported for a month.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import sqlite3
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -41,8 +56,9 @@ __all__ = [
     "LedgerRow",
     "Recovery",
     "RunState",
-    "process_belongs_to_run",
 ]
+
+log = logging.getLogger("prohost.ledger")
 
 SCHEMA_VERSION = 1
 """The ``PRAGMA user_version`` this code writes and reads."""
@@ -82,12 +98,33 @@ _MIGRATIONS: list[list[str]] = [
         """,
     ],
 ]
-assert len(_MIGRATIONS) == SCHEMA_VERSION
+if len(_MIGRATIONS) != SCHEMA_VERSION:
+    raise RuntimeError("prohost bug: the ledger's migrations do not match SCHEMA_VERSION")
 
-# How long a write waits for another connection's lock before failing. Only one
-# harness uses a ledger (home.py holds the single-instance lock), so waiting this long
-# means something else has the file open.
+#: How long a write waits for another connection's lock before failing (ms). Only one
+#: harness uses a ledger (home.py holds the single-instance lock), so waiting this long
+#: means something else has the file open.
 _BUSY_TIMEOUT_MS = 5000
+
+#: How long a call waits for the ledger's own lock (s) before it gives up with a
+#: LedgerError. The lock is only held that long by a step whose thread the harness
+#: abandoned on a hung disk (prohost.blocking); waiting forever would pile up threads.
+LOCK_WAIT_S = 30.0
+
+#: How long :meth:`Ledger.close` waits for the lock (s). By then nothing but a step
+#: abandoned on a hung disk can hold it, and the process is about to exit.
+CLOSE_WAIT_S = 2.0
+
+#: Reported runs keep their body and outcome this long (s): for people reading the
+#: ledger, and for `prohost agent status`.
+KEEP_BODIES_S = 7 * 86400.0
+#: Reported runs keep a tombstone (run id, state, when reported) this long (s), so a
+#: late redelivery is still answered 204 and never run twice.
+KEEP_TOMBSTONES_S = 30 * 86400.0
+
+#: Mode of the ledger file and its -wal/-shm (octal): they hold run bodies, MCP tokens
+#: and conversation text.
+FILE_MODE = 0o600
 
 
 class LedgerError(Exception):
@@ -132,7 +169,7 @@ class LedgerRow:
     accepted_at: float
     started_at: float | None
     pgid: int | None
-    """The agent's process group, once spawned (see :func:`process_belongs_to_run`)."""
+    """The agent's process group, once spawned (see :mod:`prohost.procinfo`)."""
     outcome: str | None
     """The outcome to post, as ``prohost.runs.Outcome.to_json`` text, once finished."""
     reported_at: float | None
@@ -215,6 +252,13 @@ class Ledger:
         """
         path = Path(path)
         try:
+            _make_private(path)
+        except OSError as exc:
+            raise LedgerError(
+                f"cannot create the run ledger {path}: {exc.strerror or exc}; check that "
+                "its folder exists and is writable"
+            ) from exc
+        try:
             # isolation_level=None: transactions are begun explicitly below, so the
             # sqlite3 module never opens one behind our back and never leaves one open.
             conn = sqlite3.connect(
@@ -230,17 +274,38 @@ class Ledger:
             ) from exc
         try:
             _prepare(conn, path)
+            # sqlite gives -wal/-shm the database's mode; files left by an older
+            # prohost (or another umask) are narrowed here too.
+            for sidecar in (_sidecar(path, "-wal"), _sidecar(path, "-shm")):
+                with suppress(FileNotFoundError):
+                    os.chmod(sidecar, FILE_MODE)
+        except OSError as exc:
+            conn.close()
+            raise LedgerError(
+                f"cannot make the run ledger {path} private: {exc.strerror or exc}"
+            ) from exc
         except BaseException:
             conn.close()
             raise
         return cls(path, conn)
 
     def close(self) -> None:
-        """Close the file. Further calls raise :class:`LedgerError`; closing twice is fine."""
-        with self._lock:
+        """Close the file. Further calls raise :class:`LedgerError`; closing twice is fine.
+
+        When a step abandoned on a hung disk still holds the connection after
+        :data:`CLOSE_WAIT_S`, the file is left to the process's exit (logged), so a
+        hung disk cannot hold the exit either.
+        """
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
+            log.warning("the run ledger %s is still busy with a step that never finished; "
+                        "leaving it open for the process exit to close", self.path)
+            return
+        try:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> Ledger:
         return self
@@ -333,17 +398,32 @@ class Ledger:
             outbox=[row for row in rows if row.state is RunState.FINISHED],
         )
 
-    def prune(self, now: float, older_than_s: float = 7 * 86400) -> int:
-        """Delete reported runs reported more than ``older_than_s`` before ``now``.
+    def prune(
+        self,
+        now: float,
+        older_than_s: float = KEEP_BODIES_S,
+        forget_after_s: float = KEEP_TOMBSTONES_S,
+    ) -> int:
+        """Empty reported runs older than ``older_than_s``; forget them after ``forget_after_s``.
 
-        Returns how many were deleted. Runs not yet reported are never pruned.
+        Ages are counted back from ``now`` (s since the epoch) to when the run was
+        reported. An emptied run keeps only its tombstone — run id, state and when
+        it was reported; its lane, body, outcome and settlement are gone — so
+        :meth:`admit` still answers :attr:`Admission.REPORTED` for it. Runs not yet
+        reported are never touched. Returns how many rows were emptied or deleted.
         """
+        forget_after_s = max(forget_after_s, older_than_s)
         with self._transaction() as conn:
-            cursor = conn.execute(
+            deleted = conn.execute(
                 "DELETE FROM runs WHERE state = ? AND reported_at < ?",
+                (RunState.REPORTED.value, now - forget_after_s),
+            ).rowcount
+            emptied = conn.execute(
+                "UPDATE runs SET lane = '', body = '', outcome = NULL, settlement = NULL "
+                "WHERE state = ? AND reported_at < ? AND body != ''",
                 (RunState.REPORTED.value, now - older_than_s),
-            )
-            return cursor.rowcount
+            ).rowcount
+            return emptied + deleted
 
     # -- sessions --------------------------------------------------------------------
 
@@ -395,13 +475,23 @@ class Ledger:
 
     @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        # Bounded: the holder may be a thread abandoned on a hung disk. Giving up
+        # here, rather than touching the connection it is using, keeps the file whole.
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            raise LedgerError(
+                f"the run ledger {self.path} is still busy with an earlier step after "
+                f"{LOCK_WAIT_S:g} s (a hung or failing disk?); check the disk, then restart "
+                "prohost"
+            )
+        try:
             if self._conn is None:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
             try:
                 yield self._conn
             except sqlite3.Error as exc:
                 raise LedgerError(f"the run ledger {self.path} failed: {exc}") from exc
+        finally:
+            self._lock.release()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -415,6 +505,20 @@ class Ledger:
             except BaseException:
                 _rollback(conn)
                 raise
+
+
+def _sidecar(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _make_private(path: Path) -> None:
+    """Create ``path`` 0600 before sqlite does (sqlite would use 0644 less the umask, and
+    gives the -wal/-shm the same mode), or narrow an existing one."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # exactly FILE_MODE, whatever the umask
+    finally:
+        os.close(fd)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -472,99 +576,3 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
                 "prohost running with the same PROHOST_HOME?"
             ) from exc
         raise LedgerError(f"{path} is not a usable prohost run ledger ({exc}): {aside}") from exc
-
-
-# -- the agent process at restart -----------------------------------------------------
-
-
-def process_belongs_to_run(pgid: int, run_id: str) -> bool:
-    """Whether process group ``pgid`` is alive and really is run ``run_id``'s agent.
-
-    At restart the ledger only has the group id recorded when the run started; the
-    group may be long gone and its number reused by anything. So the group must be
-    alive and a process in it (the leader first) must have been started with
-    ``PROHOST_RUN_ID=<run_id>`` in its environment, which every agent and its children
-    inherit. The leader may have exited while its children live on, so the other
-    members of the group are checked too. False whenever that cannot be established
-    (another user's process, no ``/proc`` and no ``ps``, an unsupported platform).
-
-    Blocking (reads ``/proc``, or runs ``ps`` on macOS): call it from a thread.
-    """
-    # Zero and negative numbers mean "my own group" or "every process" to killpg, and
-    # 1 is init's: none of them can be an agent's group.
-    if pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        # PermissionError: the group exists but belongs to another user, so it is not
-        # an agent this harness started.
-        return False
-    except OSError:
-        return False
-    needle = f"PROHOST_RUN_ID={run_id}"
-    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
-        return any(needle in _proc_environ(pid) for pid in _proc_group_members(pgid))
-    if sys.platform == "darwin":
-        return any(needle in _ps_environ(pid) for pid in _ps_group_members(pgid))
-    return False
-
-
-def _proc_environ(pid: int) -> set[str]:
-    """The environment ``pid`` was started with (Linux), empty when unreadable."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return set()
-    return {item.decode("utf-8", "replace") for item in raw.split(b"\0") if item}
-
-
-def _proc_group_members(pgid: int) -> list[int]:
-    """The pids in process group ``pgid``, the leader first (Linux)."""
-    members = [pgid]
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == pgid:
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
-        except OSError:
-            continue
-        # The command name (field 2) is in parentheses and may hold spaces or ')',
-        # so the fields are counted from the last ')': state, ppid, pgrp.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid):
-            members.append(int(entry))
-    return members
-
-
-def _ps(arguments: list[str]) -> str:
-    try:
-        result = subprocess.run(
-            ["ps", *arguments], capture_output=True, text=True, errors="replace", timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return result.stdout if result.returncode == 0 else ""
-
-
-def _ps_environ(pid: int) -> set[str]:
-    """Words of ``pid``'s command line and environment, from ``ps eww`` (macOS).
-
-    ``ps`` prints the environment space-separated after the command, so an entry is
-    found as a whole word; a run id has no spaces (§3), so the match is exact.
-    """
-    return set(_ps(["eww", "-o", "command=", "-p", str(pid)]).split())
-
-
-def _ps_group_members(pgid: int) -> list[int]:
-    """The pids in process group ``pgid``, the leader first, from ``ps`` (macOS)."""
-    members = [pgid]
-    for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] == str(pgid) and parts[0] != str(pgid):
-            members.append(int(parts[0]))
-    return members

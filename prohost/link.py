@@ -30,7 +30,7 @@ import trio_websocket
 from wsproto.utilities import LocalProtocolError
 
 from prohost import protocol
-from prohost.protocol import Hello, Message, Ping, Pong, Unknown
+from prohost.protocol import Hello, Message, Ping, Unknown
 
 log = logging.getLogger("prohost.link")
 
@@ -89,8 +89,15 @@ class Session:
 
 
 class LinkHandler(Protocol):
-    async def on_session(self, session: Session) -> None:
-        """Runs for as long as the connection lives; cancelled when it drops."""
+    async def on_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Runs for as long as the connection lives; cancelled when it drops.
+
+        Reports started once the connection's first messages are sent: until then
+        the reader answers nothing (not even a ``ping``), so that ``status`` is
+        always the first message on a connection (§1).
+        """
 
     async def on_message(self, session: Session, message: Message) -> None:
         """Every decoded message except ``hello`` and ``ping``, in arrival order."""
@@ -214,7 +221,10 @@ class Link:
             return "handshake took longer than 30 s"
         cause = exc.__cause__ or exc.__context__
         text = str(exc) or type(exc).__name__
-        if isinstance(exc, trio_websocket.HandshakeError) and cause is not None:
+        # trio wraps a TLS failure as BrokenResourceError: the SSLError says what failed.
+        if isinstance(exc, trio_websocket.HandshakeError | trio.BrokenResourceError) and (
+            cause is not None
+        ):
             text = str(cause) or type(cause).__name__
         return text
 
@@ -259,25 +269,33 @@ class Link:
         port = parts.port or (443 if secure else 80)
         resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         tcp = await trio.open_tcp_stream(host, port)
-        enable_keepalive(tcp.socket)
         stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tcp
-        if secure:
-            stream = trio.SSLStream(
-                tcp, ssl.create_default_context(), server_hostname=host, https_compatible=True
+        try:
+            enable_keepalive(tcp.socket)
+            if secure:
+                stream = trio.SSLStream(
+                    tcp, ssl.create_default_context(), server_hostname=host,
+                    https_compatible=True,
+                )
+                await stream.do_handshake()
+            host_header = host if port in (80, 443) else f"{host}:{port}"
+            return await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                host_header,
+                resource,
+                extra_headers=self._headers,
+                # Drained promptly by _read; a little room keeps trio-websocket's reader
+                # (which answers WebSocket pings) from stalling behind us.
+                message_queue_size=64,
+                max_message_size=protocol.MAX_MESSAGE_BYTES,
             )
-            await stream.do_handshake()
-        host_header = host if port in (80, 443) else f"{host}:{port}"
-        return await trio_websocket.wrap_client_stream(
-            nursery,
-            stream,
-            host_header,
-            resource,
-            extra_headers=self._headers,
-            # Drained promptly by _read; a little room keeps trio-websocket's reader
-            # (which answers WebSocket pings) from stalling behind us.
-            message_queue_size=64,
-            max_message_size=protocol.MAX_MESSAGE_BYTES,
-        )
+        except BaseException:
+            # A failed TLS handshake or upgrade (or the 30 s limit) must close the TCP
+            # connection now, not whenever the garbage collector finds the socket.
+            # aclose_forcefully cancels its own close: bounded, and safe in a cancel.
+            await trio.aclose_forcefully(stream)
+            raise
 
     async def _read(self, ws: trio_websocket.WebSocketConnection, nursery: trio.Nursery) -> str:
         session: Session | None = None
@@ -287,39 +305,77 @@ class Link:
             size = len(raw)
             # A character is at most 4 UTF-8 bytes: only a long text needs encoding
             # to know its size, and the reader stays off that work for the rest.
+            # (What the socket hands over is decoded UTF-8: it holds no lone
+            # surrogate, and "replace" would count one as the 3 bytes it takes.)
             if isinstance(raw, str) and 4 * size > protocol.MAX_MESSAGE_BYTES:
                 size = len(raw.encode("utf-8", "replace"))
             if size > protocol.MAX_MESSAGE_BYTES:
                 await ws.aclose(1009, "message over 4 MiB")
                 return f"the server sent a {size}-byte message (limit 4 MiB)"
             try:
-                message = protocol.decode(raw)
-            except protocol.DecodeError as exc:
-                log.warning("dropped a malformed message from the server: %s", exc)
-                continue
-            if isinstance(message, Hello):
-                self._heartbeat_s = message.heartbeat_period()
-                self._heard()
-                if session is None:
-                    self._attempt = 0
-                    self._connected = True
-                    session = Session(ws, message, self._connects)
-                    log.info("connected to %s", self.url)
-                    self._on_change()
-                    nursery.start_soon(self._handler.on_session, session)
-                else:
-                    session.heartbeat_s = self._heartbeat_s
-                continue
-            if isinstance(message, Ping):
-                await ws.send_message(protocol.encode(Pong(id=message.id)))
-                continue
-            if isinstance(message, Unknown):
-                log.debug("ignored a message of unknown type %r", message.type)
-                continue
+                session = await self._handle(ws, raw, session, nursery)
+            except Exception as exc:
+                if _is_recoverable(exc):
+                    raise  # the connection failed: reconnect
+                # Every input the server can send is handled above on purpose; this
+                # is a bug, and one bug must not take down the harness and its runs.
+                log.exception(
+                    "a message from the server could not be handled (a bug: please "
+                    "report it); the message is dropped and the connection kept"
+                )
+
+    async def _handle(
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        raw: str | bytes,
+        session: Session | None,
+        nursery: trio.Nursery,
+    ) -> Session | None:
+        """Decode one message and act on it; returns the connection's session."""
+        try:
+            message = protocol.decode(raw)
+        except protocol.DecodeError as exc:
+            log.warning("dropped a malformed message from the server: %s", _short(str(exc)))
+            return session
+        if isinstance(message, Hello):
+            self._heartbeat_s = message.heartbeat_period()
+            self._heard()
             if session is None:
-                log.warning("ignored a %s message sent before hello", type(message).TYPE)
-                continue
-            await self._handler.on_message(session, message)
+                self._attempt = 0
+                self._connected = True
+                session = Session(ws, message, self._connects)
+                log.info("connected to %s", self.url)
+                self._on_change()
+                # Waits for status (and the first heartbeat) to go out before any
+                # pong or ack can: status is the first message on a connection (§1).
+                await nursery.start(self._handler.on_session, session)
+            else:
+                session.heartbeat_s = self._heartbeat_s
+            return session
+        if isinstance(message, Ping):
+            await ws.send_message(protocol.encode_pong(message))
+            return session
+        if isinstance(message, Unknown):
+            log.debug("ignored a message of unknown type %r", _short(message.type))
+            return session
+        if session is None:
+            log.warning("ignored a %s message sent before hello", type(message).TYPE)
+            return session
+        await self._handler.on_message(session, message)
+        return session
+
+
+def _is_recoverable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception in it, for a group) means the connection
+    failed, which the link answers by reconnecting."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_RECOVERABLE)[1] is None
+    return isinstance(exc, _RECOVERABLE)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """Wire text for a log line: cut short (a message can be megabytes long)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

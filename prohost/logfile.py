@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from io import TextIOWrapper
 from pathlib import Path
 
+from prohost.home import make_private_home
+
 LOG_DIR = "logs"
 LOG_FILE = "agent.log"
 
@@ -82,8 +84,8 @@ def log_to_file(
     if max_bytes < 1 or backups < 1:
         # RotatingFileHandler treats 0 as "never rotate": the unbounded file this prevents.
         raise ValueError(f"max_bytes and backups must be at least 1 (got {max_bytes}, {backups})")
-    # The home first, 0700: mkdir(parents=True) would make missing parents 0755.
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The home first, 0700 whatever the umask (narrowed with a warning if looser).
+    make_private_home(home)
     folder = home / LOG_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)

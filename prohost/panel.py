@@ -9,7 +9,9 @@ The panel never starts a thread: rich's ``Live`` auto-refresh would, so it runs
 with ``auto_refresh=False`` and a trio task refreshes it. Log lines print above
 the panel only if the logging handler is a ``RichHandler`` on the *same*
 console (see :func:`log_handler`); any other handler writing to the terminal
-tears the frame.
+tears the frame. ``agent run`` gives the panel a console over
+:func:`prohost.termout.nonblocking` stdout, so a terminal that stops reading drops
+frames instead of stalling the event loop.
 """
 
 from __future__ import annotations

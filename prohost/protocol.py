@@ -10,11 +10,20 @@ The ``delivery`` message is deliberately loose: only its ``id`` must be a string
 because a delivery that has an id can always be acked, and the ack's status (400,
 401, 413…) is decided later by :mod:`prohost.intake`, which wants to see the raw
 values to say precisely what was wrong.
+
+Nothing a server sends can make :func:`decode` raise anything but
+:class:`DecodeError`: nesting too deep for the parser, numbers too long for an
+``int`` (Python refuses over 4,300 digits), ``NaN`` and ``Infinity`` all end up
+either as a :class:`DecodeError` or as an :class:`UnreadableNumber` in place of
+the number, which no typed field accepts. And :func:`encode` always returns text
+that is valid UTF-8: a string holding a lone surrogate is sent as its ``\\u``
+escape rather than failing in the socket's UTF-8 encoder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -22,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 import cattrs
 from cattrs.cols import is_sequence, list_structure_factory
+from cattrs.gen import make_dict_unstructure_fn
 
 #: A WebSocket message over this many bytes is a protocol violation (§2).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -32,8 +42,111 @@ HEARTBEAT_MAX_S = 120.0
 HEARTBEAT_DEFAULT_S = 15.0
 
 
+#: Python refuses to turn a longer digit string into an int (``sys.int_info``'s
+#: default string-digits limit), and parsing one takes quadratic time anyway.
+MAX_INT_DIGITS = 4300
+
+
 class DecodeError(ValueError):
     """A message that is not JSON, has no string ``type``, or has a malformed field."""
+
+
+class UnreadableNumber:
+    """Stands in for a JSON number this harness cannot hold: an integer of over
+    4,300 digits, ``NaN``, ``Infinity``, or a float out of range.
+
+    It is no ``int`` or ``float``, so every typed field refuses it (a timestamp that
+    is one is "not an integer": 401), and it cannot be encoded back (a ``ping``
+    whose id holds one is answered with a null id).
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        #: The number as the server wrote it, cut short.
+        self.text = text[:40]
+
+    def __repr__(self) -> str:
+        return f"UnreadableNumber({self.text!r})"
+
+
+def _lenient_int(digits: str) -> int | UnreadableNumber:
+    if len(digits) > MAX_INT_DIGITS + 1:  # + 1 for a minus sign
+        return UnreadableNumber(digits)
+    try:
+        return int(digits)
+    except ValueError:  # a lower PYTHONINTMAXSTRDIGITS than ours
+        return UnreadableNumber(digits)
+
+
+def _lenient_float(text: str) -> float | UnreadableNumber:
+    value = float(text)
+    return value if math.isfinite(value) else UnreadableNumber(text)
+
+
+def _strict_int(digits: str) -> int:
+    value = _lenient_int(digits)
+    if isinstance(value, UnreadableNumber):
+        raise ValueError(f"a number of {len(digits)} digits is too long")
+    return value
+
+
+def _strict_float(text: str) -> float:
+    value = _lenient_float(text)
+    if isinstance(value, UnreadableNumber):
+        raise ValueError(f"the number {value.text} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {key[:40]!r} appears twice in one object")
+            seen.add(key)
+    return result
+
+
+def loads_lenient(text: str | bytes) -> Any:
+    """``json.loads`` for a whole WebSocket message, which never raises anything but
+    ``ValueError``: an unreadable number becomes an :class:`UnreadableNumber`, and
+    nesting too deep for the parser (about 1,000 levels) is a ``ValueError``.
+    Duplicate keys: the last one wins, as everywhere in Python and JavaScript.
+    """
+    try:
+        return json.loads(
+            text,
+            parse_int=_lenient_int,
+            parse_float=_lenient_float,
+            parse_constant=UnreadableNumber,
+        )
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as exc:  # bytes that are not UTF-8
+        raise ValueError(str(exc)) from None
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` for text that must be plain RFC 8259 JSON (a run's body):
+    raises ``ValueError`` for ``NaN``/``Infinity``, numbers Python cannot hold, a key
+    repeated within one object, and nesting too deep for the parser.
+    """
+    try:
+        return json.loads(
+            text,
+            parse_int=_strict_int,
+            parse_float=_strict_float,
+            parse_constant=_no_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _strict(kind: type[Any]) -> Callable[[Any, type[Any]], Any]:
@@ -187,13 +300,23 @@ class Status:
 
 @attrs.frozen
 class RunBeat:
-    """One run the harness holds, as listed in a heartbeat."""
+    """One run the harness holds, as listed in a heartbeat.
+
+    Fields that are ``None`` are left out of the message: a queued run's entry is
+    just ``run_id`` and ``state`` (§2), so that a heartbeat listing a full queue
+    stays far below the 4 MiB message limit.
+    """
 
     run_id: str
     state: str
-    lane: str
+    lane: str | None = None
     started_at: float | None = None
     activity: str | None = None
+
+
+converter.register_unstructure_hook(
+    RunBeat, make_dict_unstructure_fn(RunBeat, converter, _cattrs_omit_if_default=True)
+)
 
 
 @attrs.frozen
@@ -228,8 +351,8 @@ def decode(text: str | bytes) -> Message:
     :class:`Unknown` and unknown fields are dropped.
     """
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = loads_lenient(text)
+    except ValueError as exc:
         raise DecodeError(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise DecodeError(f"not a JSON object but {type(data).__name__}")
@@ -249,4 +372,23 @@ def encode(message: Message) -> str:
         raise TypeError("an Unknown message cannot be sent")
     payload: dict[str, Any] = {"type": type(message).TYPE}
     payload.update(converter.unstructure(message))
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (an ack's id, a pong's id as the server sent it):
+            # ASCII escapes carry it exactly, and a socket can send them.
+            text = json.dumps(payload, separators=(",", ":"))
+    return text
+
+
+def encode_pong(ping: Ping) -> str:
+    """The answer to a ``ping``: its id echoed, whatever it holds, when that can be
+    sent back; a null id when it cannot (an unreadable number in it, or nesting too
+    deep to re-encode). Never raises.
+    """
+    try:
+        return encode(Pong(id=ping.id))
+    except (ValueError, TypeError, RecursionError):
+        return encode(Pong(id=None))

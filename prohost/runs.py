@@ -14,9 +14,13 @@ from typing import Any
 
 import attrs
 
-from prohost.protocol import DecodeError, converter, structure
+from prohost.protocol import DecodeError, converter, loads_strict, structure
 
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: A JSON escape of a UTF-16 surrogate (high or low): ``\\ud800`` … ``\\udfff``.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+#: ``conversation_id`` is at most this many UTF-8 bytes (§3).
+MAX_CONVERSATION_ID_BYTES = 256
 
 
 class BodyError(ValueError):
@@ -85,14 +89,60 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def parse_body(body: str) -> AgentRun:
-    """Validate the raw ``agent.run`` body text. Raises :class:`BodyError`."""
+def _lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (not UTF-8-encodable), if any."""
+    if text.isascii():
+        return None
     try:
-        data = json.loads(body)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _surrogate_field(data: Any) -> str | None:
+    """The path of the first string (or key) in ``data`` holding a lone surrogate.
+
+    Iterative, so that a body nested as deep as the JSON parser allows is walked
+    without recursion of our own.
+    """
+    stack: list[tuple[str, Any]] = [("body", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _lone_surrogate(value) is not None:
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _lone_surrogate(key) is not None:
+                    return f"a key of {path}"
+                stack.append((f"{path}.{key}", item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+    return None
+
+
+def parse_body(body: str) -> AgentRun:
+    """Validate the raw ``agent.run`` body text. Raises :class:`BodyError`.
+
+    Text that cannot be encoded as UTF-8 (a lone surrogate, in the body itself or
+    written as a ``\\ud800`` escape in any string of it) is refused, naming where:
+    it could reach neither the agent, nor the ledger, nor the server intact.
+    """
+    index = _lone_surrogate(body)
+    if index is not None:
+        raise BodyError(f"body is not valid UTF-8: a lone surrogate at character {index}")
+    try:
+        data = loads_strict(body)
     except ValueError as exc:
         raise BodyError(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BodyError("body is not a JSON object")
+    # Only a \\u escape can put a surrogate into a parsed string; most bodies have none.
+    if _SURROGATE_ESCAPE.search(body):
+        where = _surrogate_field(data)
+        if where is not None:
+            raise BodyError(f"{where} holds a lone surrogate, which is not valid UTF-8")
     for name in ("run_id", "completion_path", "text"):
         if name not in data or data[name] is None:
             raise BodyError(f"body.{name} is required")
@@ -104,6 +154,15 @@ def parse_body(body: str) -> AgentRun:
         raise BodyError(str(exc)) from None
     if not _RUN_ID.fullmatch(run.run_id):
         raise BodyError("body.run_id must be 1–128 characters of A-Z a-z 0-9 . _ : -")
+    if run.run_id in (".", ".."):
+        raise BodyError(f"body.run_id must not be {run.run_id!r}")
+    if run.conversation_id is not None and not (
+        1 <= len(run.conversation_id.encode("utf-8")) <= MAX_CONVERSATION_ID_BYTES
+    ):
+        raise BodyError(
+            f"body.conversation_id must be 1–{MAX_CONVERSATION_ID_BYTES} bytes of UTF-8 "
+            f"(it is {len(run.conversation_id.encode('utf-8'))})"
+        )
     problem = path_problem(run.completion_path)
     if problem:
         raise BodyError(f"body.completion_path {problem}")

@@ -36,6 +36,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Literal
 
@@ -663,6 +664,7 @@ async def collect_garbage(
     dry_run: bool,
     force: bool,
     busy: Callable[[str], bool] = lambda lane: False,
+    hold: Callable[[str], AbstractAsyncContextManager[None]] | None = None,
     now: float | None = None,
 ) -> list[GcEntry]:
     """Remove the worktrees of lanes idle for more than ``older_than_s``; one entry per
@@ -672,7 +674,10 @@ async def collect_garbage(
     anything else in the folder that is not ours) or with commits on no branch keeps
     its folder unless ``force``; ``busy(lane)`` true keeps it always. Removal is
     ``git worktree remove``, then ``git worktree prune`` on each source touched.
-    ``dry_run`` removes nothing and reports ``would-remove``.
+    ``dry_run`` removes nothing and reports ``would-remove``. ``hold(lane)``, when
+    given (the harness's scheduler), is entered around the last look and the
+    removal, so no turn of that lane starts while its worktrees go; a turn that
+    arrives meanwhile starts afterwards and prepares them afresh.
 
     Cancelled: the worktree being removed is finished (shielded, bounded by
     :data:`REMOVE_SHIELD_S`); the rest are left for the next collection.
@@ -718,13 +723,17 @@ async def collect_garbage(
         if dry_run:
             entries.append(entry("would-remove", f"would remove {names}{forced}"))
             continue
-        # Looked at again just before acting: a turn may have started meanwhile.
-        lane_now, used_now = await trio.to_thread.run_sync(_idle_since, folder)
-        if (lane_now is not None and busy(lane_now)) or used_now != used:
-            entries.append(entry("kept-busy", "the conversation was used while GC ran"))
-            continue
-        entries.append(await _remove_folder(folder, verdicts, force, bool(others), entry, names,
-                                            forced))
+        async with (
+            hold(lane) if hold is not None and lane is not None else contextlib.nullcontext()
+        ):
+            # Looked at again just before acting: a turn may have started meanwhile.
+            # With the lane held, none can start from here until the removal is done.
+            lane_now, used_now = await trio.to_thread.run_sync(_idle_since, folder)
+            if (lane_now is not None and busy(lane_now)) or used_now != used:
+                entries.append(entry("kept-busy", "the conversation was used while GC ran"))
+                continue
+            entries.append(await _remove_folder(folder, verdicts, force, bool(others), entry,
+                                                names, forced))
     return entries
 
 

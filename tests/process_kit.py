@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ class HarnessProcess:
         self.proc = proc
         self.log: list[str] = []
         self._changed = trio.Event()
+        self._log_closed = trio.Event()
 
     async def read_log(self) -> None:
         assert self.proc.stderr is not None
@@ -42,6 +43,22 @@ class HarnessProcess:
             self._changed = trio.Event()
         if pending:
             self.log.append(pending.decode("utf-8", "replace"))
+        self._log_closed.set()
+
+    async def wait_log_closed(self) -> None:
+        """Return once the harness's stderr is closed (it exited): the log is complete."""
+        await self._log_closed.wait()
+
+    async def wait_first_line(self) -> str:
+        """Return the first line the harness wrote, once it has written one."""
+        while not self.log:
+            await self._changed.wait()
+        return self.log[0]
+
+    def tracebacks(self) -> list[str]:
+        """Lines of the log that show a traceback or a failed assert."""
+        return [line for line in self.log
+                if "Traceback" in line or "AssertionError" in line]
 
     async def wait_log(self, text: str) -> None:
         """Return once a log line containing ``text`` has been written."""
@@ -59,28 +76,40 @@ class HarnessProcess:
 
 @asynccontextmanager
 async def harness_process(
-    server: ServerHandle, home: Path, command: str, *, concurrency: int = 1
+    server: ServerHandle,
+    home: Path,
+    command: str,
+    *,
+    concurrency: int = 1,
+    connected: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    output: int | None = None,
 ) -> AsyncIterator[HarnessProcess]:
-    """Start a harness on ``home`` (already paired) and wait until it is connected.
+    """Start a harness on ``home`` (already paired) and wait until it is connected
+    (with ``connected=False``, hand it over as soon as the process is started).
+    With ``output`` (a file descriptor), its stdout and stderr go there and its log
+    is not read.
 
     On the way out a harness still running is killed, and its log is printed (pytest
     shows it when the test fails).
     """
     env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
     env["PROHOST_HOME"] = str(home)
+    env.update(extra_env or {})
     connects = server.state.total_connects
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "prohost", "agent", "run", "--exec", command,
          "--concurrency", str(concurrency), "--machine", "t"],
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL if output is None else output,
+        stderr=subprocess.PIPE if output is None else output,
     )
     harness = HarnessProcess(proc)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(harness.read_log)
+            if output is None:
+                nursery.start_soon(harness.read_log)
 
             async def watch_exit() -> None:
                 await proc.wait()
@@ -88,9 +117,11 @@ async def harness_process(
 
             nursery.start_soon(watch_exit)
             try:
-                await server.wait_until(lambda s: proc.returncode is not None
-                                        or (s.total_connects > connects and s.connected > 0))
-                assert proc.returncode is None, f"the harness exited with {proc.returncode}"
+                if connected:
+                    await server.wait_until(
+                        lambda s: proc.returncode is not None
+                        or (s.total_connects > connects and s.connected > 0))
+                    assert proc.returncode is None, f"the harness exited with {proc.returncode}"
                 yield harness
             finally:
                 with trio.CancelScope(shield=True):

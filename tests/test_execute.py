@@ -269,3 +269,50 @@ async def test_an_on_spawn_failure_is_the_callers_not_the_agents(
     with trio.fail_after(10), pytest.raises(OSError, match="No space left"):
         await execute_plain(RUN, spec("exec sleep 600", tmp_path), groups=groups, on_spawn=on_spawn)
     assert len(groups) == 0
+
+
+@pytest.mark.parametrize("run_id", ["..", "."])
+async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -> None:
+    """Reproduction 1 of issue 8 at the runner: a run id of ``..`` (or ``.``) with an
+    ``mcp`` field, past intake, must not make its scratch folder ``$PROHOST_HOME``
+    (or ``runs/``), which the run's cleanup removes."""
+    from prohost.execute import scratch_folder
+    from prohost.ledger import RunState
+    from prohost.runner import HeldRun
+    from prohost.runs import Mcp
+    from tests.kit import running_harness, running_server
+
+    home = tmp_path / "home"
+    record = tmp_path / "record.json"
+    env = {**os.environ, "FAKE_CLAUDE_SCENARIO": "reply", "FAKE_CLAUDE_RECORD": str(record)}
+    fake_claude = agent("fake_claude.py")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, home, exec_command=fake_claude, brain="claude", env=env,
+        ) as running:
+            other = scratch_folder(home / "runs", "run_other")
+            other.mkdir(parents=True)
+            (other / "mcp.json").write_text("{}\n")
+            # status.json is rewritten (through a temp file) as it likes; all else stays.
+            before = {path for path in home.rglob("*")
+                      if path.is_file() and "status.json" not in path.name}
+            assert running.ledger is not None and len(before) >= 3  # credentials, ledger, other
+            run = AgentRun(run_id=run_id, completion_path="/v1/agent/runs/dots/complete",
+                           text="hi", mcp=Mcp(url="https://chat.example/mcp", token="tok-9"))
+            running.ledger.admit(run_id, run.lane, "{}", 0.0)
+            assert running.harness.runner is not None
+            await running.harness.runner.run(HeldRun(run=run))
+            row = running.ledger.get(run_id)
+            assert row is not None and row.state is RunState.REPORTED
+            assert json.loads(row.outcome or "{}")["ok"] is True
+            # The agent got its config from a folder of its own under runs/ ...
+            [entry] = json.loads(record.read_text())
+            config = Path(entry["argv"][entry["argv"].index("--mcp-config") + 1])
+            own = scratch_folder(home / "runs", run_id)
+            assert config == own / "mcp.json"
+            assert own.parent == home / "runs" and own.name not in (".", "..")
+            # ... which is gone, and nothing else is.
+            assert not own.exists()
+            after = {path for path in home.rglob("*") if path.is_file()}
+            assert before <= after
+            assert (other / "mcp.json").read_text() == "{}\n"

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+from prohost.scheduler import Scheduler
 from prohost.worktrees import (
     LANE_MARKER,
     GcEntry,
@@ -230,3 +234,80 @@ def test_parse_older_than(raw: str, days: float) -> None:
 def test_parse_older_than_refuses(raw: str) -> None:
     with pytest.raises(ValueError, match=r"^--older-than must be a number of days"):
         parse_older_than(raw)
+
+
+async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path) -> None:
+    """The lane is held in the scheduler while its worktrees go (issue 8): a turn
+    submitted meanwhile starts only once they are gone, and prepares them afresh."""
+    with trio.fail_after(20):
+        setup = await lanes(tmp_path, "conv:old")
+        folder = setup.folder("conv:old")
+        manager = WorktreeManager(setup.home, [setup.source])
+        seen: list[tuple[str, bool]] = []
+
+        async def turn(key: str, lane: str) -> None:
+            seen.append((key, folder.exists()))
+            assert (await manager.prepare(lane)).failures == ()
+
+        scheduler: Scheduler[str] = Scheduler(2, turn)
+
+        @asynccontextmanager
+        async def hold_and_submit(lane: str) -> AsyncIterator[None]:
+            async with scheduler.holding(lane):
+                scheduler.submit("turn", lane, lane)
+                await trio.testing.wait_all_tasks_blocked()
+                assert seen == []  # a slot is free, but the lane is held
+                yield
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            entries = await collect_garbage(
+                setup.home, older_than_s=14 * DAY, dry_run=False, force=False,
+                hold=hold_and_submit, now=time.time() + LATER,
+            )
+            assert by_lane(entries) == {"conv:old": "removed"}
+            await scheduler.wait_idle()
+            nursery.cancel_scope.cancel()
+        assert seen == [("turn", False)]  # it started after the folder was gone
+        assert (setup.paths["conv:old"] / ".git").exists()  # and made it again
+
+
+async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prohost import worktrees
+    from tests.kit import finished, gated_harness
+
+    source = await make_repo(tmp_path / "app")
+    remove_folder = worktrees._remove_folder
+    with trio.fail_after(60):
+        async with gated_harness(tmp_path / "h", concurrency=2, repos=(source,)) as (
+            gate, running,
+        ):
+            server, harness = running.server, running.harness
+            first = await server.submit_run("turn 1", conversation_id="C1")
+            await gate.wait_started(first)
+            await gate.release(first)
+            await server.wait_until(finished(first))
+            await harness.wait_until(lambda h: not h.held)
+            folder = harness.worktrees.lane_folder("conv:C1")
+            assert folder.exists()
+            arrived: list[str] = []
+
+            async def remove_while_a_turn_arrives(*args: object) -> GcEntry:
+                # The collection has looked for the last time; a turn comes in now.
+                arrived.append(await server.submit_run("turn 2", conversation_id="C1"))
+                await server.wait_until(lambda s: s.runs[arrived[0]].state == "accepted")
+                await trio.testing.wait_all_tasks_blocked(0.05)
+                # A slot is free, but the lane is held: the turn has not begun.
+                assert harness.held[arrived[0]].state == "queued"
+                return await remove_folder(*args)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(worktrees, "_remove_folder", remove_while_a_turn_arrives)
+            await harness.collect_worktrees(now=time.time() + LATER)
+            assert arrived
+            await gate.wait_started(arrived[0])
+            await gate.release(arrived[0])
+            await server.wait_until(finished(arrived[0]))
+            # The turn found its checkout made afresh, after the old one was removed.
+            assert (folder / source.name / ".git").exists()

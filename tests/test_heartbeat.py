@@ -10,8 +10,11 @@ import trio
 import trio.testing
 
 from prohost.heartbeat import STATUS_MIN_INTERVAL_S, Beacon
+from prohost.intake import MAX_QUEUED_RUNS
 from prohost.link import Session
-from prohost.protocol import Hello, RunBeat, Status
+from prohost.protocol import Heartbeat, Hello, RunBeat, Status, decode, encode
+from prohost.runner import HeldRun
+from prohost.runs import MAX_CONVERSATION_ID_BYTES, AgentRun
 
 
 class RecordingSocket:
@@ -34,7 +37,9 @@ async def test_status_then_heartbeat_then_both_as_due(
 ) -> None:
     socket = RecordingSocket()
     now = {"active": 0}
-    runs = [RunBeat(run_id="r1", state="running", lane="conv:C")]
+    runs = [RunBeat(run_id="r1", state="running", lane="conv:C", started_at=1.5,
+                    activity="Bash: ls"),
+            RunBeat(run_id="r2", state="queued")]
     beacon = Beacon(lambda: status(now["active"]), lambda: runs)
     session = Session(socket, Hello(heartbeat_s=10), 1)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -65,5 +70,27 @@ async def test_status_then_heartbeat_then_both_as_due(
         assert [m["seq"] for _, m in beats] == [1, 2, 3]
         assert beats[2][0] - beats[1][0] == 10
         assert beats[1][1]["runs"] == [{"run_id": "r1", "state": "running", "lane": "conv:C",
-                                        "started_at": None, "activity": None}]
+                                        "started_at": 1.5, "activity": "Bash: ls"},
+                                       {"run_id": "r2", "state": "queued"}]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_full_queue_makes_a_heartbeat_far_below_4_mib() -> None:
+    # 10,000 queued runs (the §3 cap) on 256-byte conversations: a heartbeat that
+    # carried each one's lane would be over 3 MiB; only run_id and state go out.
+    conversation = "c" * MAX_CONVERSATION_ID_BYTES
+    held = [
+        HeldRun(run=AgentRun(run_id=f"run_{n:06d}", completion_path="/v1/x", text="hi",
+                             conversation_id=conversation))
+        for n in range(MAX_QUEUED_RUNS)
+    ]
+    assert all(h.state == "queued" for h in held)
+    beacon = Beacon(lambda: status(0), lambda: [h.beat() for h in held])
+    text = encode(beacon.heartbeat())
+    assert len(text.encode("utf-8")) < 1024 * 1024
+    runs = json.loads(text)["runs"]
+    assert len(runs) == MAX_QUEUED_RUNS
+    assert runs[0] == {"run_id": "run_000000", "state": "queued"}
+    # The reference server reads it as a heartbeat listing every run.
+    decoded = decode(text)
+    assert isinstance(decoded, Heartbeat) and len(decoded.runs) == MAX_QUEUED_RUNS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import stat
@@ -416,3 +417,72 @@ async def test_pair_connection_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert err.count("\n") == 1
     assert f"cannot connect to http://127.0.0.1:{port}" in err
     assert not home.exists()
+
+
+# --- private files (issue 8, reproduction 6) -----------------------------------------
+
+
+@pytest.fixture
+def umask_022() -> Any:
+    """The common default umask, under which files and folders are world-readable."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_a_loose_home_is_narrowed_with_a_warning_and_its_files_are_private(
+    tmp_path: Path, umask_022: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prohost.ledger import Ledger
+    from prohost.logfile import log_path, log_to_file
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    with InstanceLock.acquire(home):
+        assert mode(home) == 0o700
+        assert "was open to other users (mode 0755); narrowed it to 0700" in caplog.text
+        assert mode(home / "runs") == 0o700
+        with Ledger.open(home / "ledger.sqlite3") as ledger:
+            ledger.admit("run-1", "lane", '{"mcp": {"token": "t"}}', now=1.0)
+            for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "ledger.sqlite3-shm"):
+                assert mode(home / name) == 0o600, name
+        save_credentials(home, CREDS)
+        assert mode(home / "credentials.json") == 0o600
+        logger = logging.getLogger("prohost.test_private")
+        assert log_to_file(home, logger_name=logger.name) == log_path(home)
+        try:
+            logger.warning("a line")
+            assert mode(log_path(home).parent) == 0o700
+            assert mode(log_path(home)) == 0o600
+        finally:
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+                handler.close()
+
+
+def test_an_old_world_readable_ledger_is_narrowed_on_open(
+    tmp_path: Path, umask_022: None
+) -> None:
+    from prohost.ledger import Ledger
+
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        ledger.admit("run-1", "lane", "{}", now=1.0)
+    for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "ledger.sqlite3-shm"):
+        if (tmp_path / name).exists():
+            os.chmod(tmp_path / name, 0o644)
+    with Ledger.open(path) as ledger:
+        ledger.admit("run-2", "lane", "{}", now=2.0)
+        for name in ("ledger.sqlite3", "ledger.sqlite3-wal", "ledger.sqlite3-shm"):
+            assert mode(tmp_path / name) == 0o600, name
+
+
+def test_a_new_home_is_0700_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o277)  # would make an unusable 0500 folder
+    try:
+        InstanceLock.acquire(tmp_path / "home").release()
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "home") == 0o700
+    assert mode(tmp_path / "home" / "runs") == 0o700

@@ -61,12 +61,20 @@ async def test_oldest_accepted_free_lane_goes_first(tmp_path: Path) -> None:
             c1 = await server.submit_run("C1", conversation_id="C")
             await server.wait_until(
                 lambda s: all(s.runs[r].state == "accepted" for r in (a2, b1, c1)))
-            for run_id in (first, a2, b1, c1):
-                await gate.wait_started(run_id)
-                await gate.release(run_id)
+            await gate.release(first)
+            # The slot frees when A1's agent ends, while A's lane is still busy
+            # reporting it: B1 is the oldest run on a free lane.
+            await gate.wait_started(b1)
+            await server.wait_until(finished(first))
+            await running.harness.wait_until(lambda h: first not in h.held)
+            # Now lanes A and C are both free: A2 was accepted before C1.
+            await gate.release(b1)
+            await gate.wait_started(a2)
+            await gate.release(a2)
+            await gate.wait_started(c1)
+            await gate.release(c1)
             await server.wait_until(finished(first, a2, b1, c1))
-            # A2 was accepted before B1 and its lane is free once A1 is done.
-            assert gate.started == [first, a2, b1, c1]
+            assert gate.started == [first, b1, a2, c1]
 
 
 async def test_a_busy_lane_does_not_hold_up_the_lanes_behind_it(tmp_path: Path) -> None:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import suppress
 from functools import partial
 from pathlib import Path
 
@@ -22,7 +19,6 @@ from prohost.ledger import (
     Ledger,
     LedgerError,
     RunState,
-    process_belongs_to_run,
 )
 from prohost.runs import Outcome
 
@@ -145,8 +141,10 @@ def test_accept_order_stays_monotonic_after_pruning_the_newest(ledger: Ledger) -
     first = ledger.get("run-1")
     second = ledger.get("run-2")
     assert first is not None and second is not None
-    assert ledger.prune(now=10 * 86400) == 1
-    ledger.admit("run-3", "lane", "{}", now=10 * 86400)
+    # Past the tombstone window too: the row is deleted, not just emptied.
+    assert ledger.prune(now=31 * 86400) == 1
+    assert ledger.get("run-2") is None
+    ledger.admit("run-3", "lane", "{}", now=31 * 86400)
     third = ledger.get("run-3")
     assert third is not None
     assert first.seq < second.seq < third.seq
@@ -193,10 +191,10 @@ def test_every_step_is_fsynced_in_wal_mode(ledger: Ledger, path: Path) -> None:
 # -- pruning and sessions ------------------------------------------------------------
 
 
-def test_prune_removes_only_old_reported_rows(ledger: Ledger) -> None:
+def test_prune_empties_only_old_reported_rows(ledger: Ledger) -> None:
     day = 86400.0
     now = 100 * day
-    ledger.admit("old-reported", "lane", "{}", now=now - 30 * day)
+    ledger.admit("old-reported", "lane", '{"text": "x"}', now=now - 30 * day)
     ledger.mark_reported("old-reported", "posted: 200", now=now - 8 * day)
     ledger.admit("new-reported", "lane", "{}", now=now - 30 * day)
     ledger.mark_reported("new-reported", "posted: 200", now=now - 6 * day)
@@ -205,12 +203,17 @@ def test_prune_removes_only_old_reported_rows(ledger: Ledger) -> None:
     ledger.mark_finished("old-finished", outcome(), now=now - 30 * day)
 
     assert ledger.prune(now) == 1
-    assert ledger.get("old-reported") is None
+    emptied = ledger.get("old-reported")
+    assert emptied is not None and emptied.body == "" and emptied.settlement is None
     for kept in ("new-reported", "old-accepted", "old-finished"):
-        assert ledger.get(kept) is not None, kept
+        row = ledger.get(kept)
+        assert row is not None and row.body == "{}", kept
     assert ledger.prune(now, older_than_s=5 * day) == 1
-    assert ledger.get("new-reported") is None
-    assert ledger.prune(now, older_than_s=0) == 0
+    assert ledger.get("new-reported") is not None
+    assert ledger.prune(now, older_than_s=5 * day) == 0  # emptied rows are not counted again
+    assert ledger.prune(now, older_than_s=0, forget_after_s=0) == 2
+    assert ledger.get("old-reported") is None and ledger.get("new-reported") is None
+    assert ledger.get("old-accepted") is not None and ledger.get("old-finished") is not None
 
 
 def test_sessions_save_replace_and_delete_per_lane(path: Path) -> None:
@@ -338,119 +341,3 @@ def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     with pytest.raises(LedgerError) as caught:
         Ledger.open(path)
     assert str(path) in str(caught.value)
-
-
-# -- the agent process at restart ----------------------------------------------------
-
-
-async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some()
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _env(run_id: str | None) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != "PROHOST_RUN_ID"}
-    if run_id is not None:
-        env["PROHOST_RUN_ID"] = run_id
-    return env
-
-
-# Waits for stdin to close, so the test decides when it ends without any sleep.
-WAIT_FOR_STDIN = [sys.executable, "-c", "import sys; sys.stdin.read()"]
-
-
-async def _belongs(pgid: int, run_id: str) -> bool:
-    return await trio.to_thread.run_sync(process_belongs_to_run, pgid, run_id)
-
-
-async def test_belongs_only_to_a_live_group_carrying_the_run_id() -> None:
-    with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-1")
-        )
-        try:
-            assert os.getpgid(process.pid) == process.pid
-            assert await _belongs(process.pid, "run-1")
-            assert not await _belongs(process.pid, "run-2")
-            assert not await _belongs(process.pid, "run-")  # a prefix is not a match
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
-        assert process.returncode == 0
-        # Reaped: the group is gone, so its number means nothing any more.
-        assert not await _belongs(process.pid, "run-1")
-
-
-async def test_a_recycled_group_without_the_run_id_does_not_belong() -> None:
-    with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env(None)
-        )
-        try:
-            assert not await _belongs(process.pid, "run-1")
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
-
-
-async def test_the_group_still_belongs_after_its_leader_exits() -> None:
-    """An agent's children can outlive it; they carry the run id too and must be killed."""
-    leader_code = (
-        "import subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'])\n"
-        "print(child.pid, flush=True)\n"
-    )
-    with trio.fail_after(30):
-        leader = await trio.lowlevel.open_process(
-            [sys.executable, "-c", leader_code],
-            start_new_session=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=_env("run-7"),
-        )
-        pgid = leader.pid
-        try:
-            assert leader.stdout is not None
-            child_pid = int(await _read_line(leader.stdout))
-            await leader.wait()
-            assert os.getpgid(child_pid) == pgid
-            assert await _belongs(pgid, "run-7")
-            assert not await _belongs(pgid, "run-8")
-        finally:
-            # The orphan is not ours to wait for; kill the group so nothing is left.
-            with suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            if leader.stdin is not None:
-                await leader.stdin.aclose()
-            if leader.stdout is not None:
-                await leader.stdout.aclose()
-            await leader.wait()
-
-
-@pytest.mark.skipif(shutil.which("ps") is None, reason="needs ps")
-async def test_the_ps_fallback_reads_environment_and_members() -> None:
-    """The macOS path (ps eww), exercised wherever ps understands it."""
-    with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-ps")
-        )
-        try:
-            words = await trio.to_thread.run_sync(ledger_module._ps_environ, process.pid)
-            assert "PROHOST_RUN_ID=run-ps" in words
-            assert "PROHOST_RUN_ID=run-p" not in words
-            members = await trio.to_thread.run_sync(
-                ledger_module._ps_group_members, process.pid
-            )
-            assert members == [process.pid]
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
-        assert await trio.to_thread.run_sync(ledger_module._ps_environ, process.pid) == set()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import rich.live
 import trio
 import trio.testing
 from rich.console import Console
@@ -322,6 +323,24 @@ async def test_a_broken_source_ends_the_panel_not_the_harness(
         caplog.clear()
 
 
+def refresh_threads() -> list[threading.Thread]:
+    """rich's ``Live`` auto-refresh threads alive now (other threads — pytest's, trio's
+    worker cache — do not matter here)."""
+    return [thread for thread in threading.enumerate()
+            if isinstance(thread, rich.live._RefreshThread)]
+
+
+def test_refresh_threads_sees_rich_auto_refresh() -> None:
+    """The check above would notice the thread: a Live with auto_refresh has one."""
+    live = rich.live.Live(console=recording_console(), auto_refresh=True,
+                          refresh_per_second=1)
+    live.start()
+    try:
+        assert len(refresh_threads()) == 1
+    finally:
+        live.stop()
+
+
 @pytest.mark.parametrize("terminal", [False, True])
 async def test_live_panel_starts_and_stops_without_threads(
     autojump_clock: trio.testing.MockClock, terminal: bool
@@ -333,18 +352,17 @@ async def test_live_panel_starts_and_stops_without_threads(
 
     console = recording_console(force_terminal=terminal)
     stdout, stderr = sys.stdout, sys.stderr
-    threads = threading.active_count()
     async with trio.open_nursery() as nursery:
         await nursery.start(Panel(console, source, live=True).run)
-        assert threading.active_count() == threads  # no auto-refresh thread
+        assert refresh_threads() == []  # rich's auto-refresh would have started one
         current = busy_snapshot()
         await trio.sleep(3)
-        assert threading.active_count() == threads
+        assert refresh_threads() == []
         if terminal:
-            assert "C42" in console.export_text(clear=False)  # refreshed while running
+            assert "C42" in console.export_text(clear=False)  # refreshed by the task
         current = busy_snapshot(connection="draining")
         nursery.cancel_scope.cancel()
-    assert threading.active_count() == threads
+    assert refresh_threads() == []
     assert (sys.stdout, sys.stderr) == (stdout, stderr)  # redirection undone
     text = console.export_text()
     # The last frame stays on screen, and it is the state at the moment it stopped.

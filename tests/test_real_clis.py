@@ -18,7 +18,9 @@ import trio
 
 from tests.kit import finished, running_harness, running_server
 
-CLI_DIR = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")) / "node_modules" / ".bin"
+#: Absolute, because the agent runs in the harness's workdir, not here.
+CLI_ROOT = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")).resolve()
+CLI_DIR = CLI_ROOT / "node_modules" / ".bin"
 
 
 def real_cli(name: str) -> Path:

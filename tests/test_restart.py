@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.harness import RESTARTED
+from prohost.harness import NOT_STARTED, RESTARTED
 from prohost.ledger import RunState
 from tests.kit import (
     agent_command,
@@ -176,3 +176,38 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
             for run_id in (done, interrupted, pending):
                 # The server's own delivery was acked once, by the first harness.
                 assert server.run(run_id).ack_statuses == [200]
+
+
+async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    """Issue 8, reproduction 8: SIGTERM as soon as the restarted harness prints its
+    first line, while it recovers the ledger. Whenever it lands, §9 holds: the
+    interrupted run is reported "restarted", the queued one "not started", and the
+    harness exits 0 only after both reports went out. (tests/test_recovery_drain.py
+    pins the drain inside the recovery every time.)"""
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            command = agent_command("hardy.py", gate.port)
+            async with harness_process(server, home, command) as first:
+                busy = await server.submit_run("long job", conversation_id="A")
+                await gate.wait_started(busy)
+                queued = await server.submit_run("waiting", conversation_id="B")
+                await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+                await first.kill()
+            await server.wait_until(lambda s: s.connected == 0)
+
+            async with harness_process(server, home, command, connected=False) as second:
+                await second.wait_first_line()
+                second.send_signal(signal.SIGTERM)
+                assert await second.proc.wait() == 0
+                await second.wait_log_closed()
+            assert second.tracebacks() == []
+            assert server.run(busy).completion == {
+                "run_id": busy, "ok": False, "error": RESTARTED, "retryable": True}
+            assert server.run(queued).completion == {
+                "run_id": queued, "ok": False, "error": NOT_STARTED, "retryable": True}
+            assert gate.started == [busy]  # nothing ran again
+            for run_id in (busy, queued):
+                assert ledger_row(home, run_id).state is RunState.REPORTED

@@ -15,6 +15,7 @@ from prohost.scheduler import (
     MAX_CONCURRENCY,
     DrainingError,
     LaneQueue,
+    QueueFullError,
     Scheduler,
     SchedulerStatistics,
 )
@@ -471,3 +472,123 @@ def test_limit_is_bounded(limit: int) -> None:
 
     with pytest.raises(ValueError, match="limit"):
         Scheduler(limit, work)
+
+
+# ---------------------------------------------------------------------------
+# The channel in, the slot limiter, and holding a lane.
+# ---------------------------------------------------------------------------
+
+
+async def test_items_still_in_the_channel_can_be_removed_and_drained() -> None:
+    with trio.fail_after(5):
+        h = Harness()
+        sched: Scheduler[str] = Scheduler(1, h.work)
+        # Not running yet: everything waits in the channel.
+        for key, lane in [("a1", "A"), ("b1", "B"), ("c1", "C")]:
+            h.submit(sched, key, lane)
+        assert "b1" in sched and sched.statistics().queued == 3
+        with pytest.raises(ValueError, match="already queued"):
+            sched.submit("b1", "B", "B")
+        assert sched.remove("b1") == "B"
+        assert "b1" not in sched
+        h.submit(sched, "b1", "B")  # the same key again, after its removal
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sched.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.started == ["a1"]
+            # c1 is in the lanes now, b1 (submitted again) behind it.
+            assert sched.drain() == [("c1", "C"), ("b1", "B")]
+            await h.finish("a1")
+            await sched.wait_idle()
+            nursery.cancel_scope.cancel()
+        assert h.started == ["a1"]
+
+
+async def test_the_queue_cap_refuses_rather_than_blocks() -> None:
+    h = Harness()
+    sched: Scheduler[str] = Scheduler(1, h.work, queue_cap=2)
+    h.submit(sched, "a1", "A")
+    h.submit(sched, "a2", "A")
+    with pytest.raises(QueueFullError, match="'a3' was not queued"):
+        sched.submit("a3", "A", "A")
+    assert "a3" not in sched and sched.statistics().queued == 2
+
+
+async def test_a_released_slot_starts_another_lane_while_the_lane_stays_busy() -> None:
+    with trio.fail_after(5):
+        released: dict[str, trio.Event] = {}
+        started: list[str] = []
+
+        async def work(key: str, item: str) -> None:
+            started.append(key)
+            await h.gate(key).wait()
+            # The agent is done; the report would take a while.
+            sched.release_slot(key)
+            sched.release_slot(key)  # idempotent
+            await released.setdefault(key, trio.Event()).wait()
+
+        h = Harness()
+        sched: Scheduler[str] = Scheduler(1, work)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sched.run)
+            for key, lane in [("a1", "A"), ("a2", "A"), ("b1", "B")]:
+                sched.submit(key, lane, lane)
+            await trio.testing.wait_all_tasks_blocked()
+            assert started == ["a1"]
+            await h.finish("a1")
+            # a2 is older than b1, but lane A is still busy: b1 gets the slot.
+            assert started == ["a1", "b1"]
+            assert sched.statistics() == SchedulerStatistics(
+                limit=1, running=1, queued=1, draining=False, reporting=1)
+            released.setdefault("a1", trio.Event()).set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert started == ["a1", "b1"]  # lane A is free, but b1 holds the slot
+            await h.finish("b1")
+            assert started == ["a1", "b1", "a2"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_holding_a_lane_waits_for_its_run_and_keeps_the_next_from_starting() -> None:
+    with trio.fail_after(5):
+        async with running_scheduler(2) as (sched, h):
+            h.submit(sched, "a1", "A")
+            await trio.testing.wait_all_tasks_blocked()
+            holding = trio.Event()
+            let_go = trio.Event()
+
+            async def hold() -> None:
+                async with sched.holding("A"):
+                    holding.set()
+                    await let_go.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not holding.is_set()  # a1 runs on A
+                h.submit(sched, "a2", "A")
+                h.submit(sched, "b1", "B")
+                await h.finish("a1")
+                assert holding.is_set()
+                # Held: a2 waits although a slot is free; other lanes go on.
+                assert h.started == ["a1", "b1"]
+                assert sched.statistics().held_lanes == 1
+                let_go.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.started == ["a1", "b1", "a2"]
+            assert sched.statistics().held_lanes == 0
+            await h.finish("a2", "b1")
+            await sched.wait_idle()
+
+
+async def test_a_cancelled_hold_holds_nothing() -> None:
+    with trio.fail_after(5):
+        async with running_scheduler(1) as (sched, h):
+            h.submit(sched, "a1", "A")
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.01):
+                async with sched.holding("A"):
+                    raise AssertionError("a1 is running on A")
+            h.submit(sched, "a2", "A")
+            await h.finish("a1")
+            assert h.started == ["a1", "a2"]
+            await h.finish("a2")

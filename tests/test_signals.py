@@ -18,6 +18,7 @@ from prohost.harness import NOT_STARTED, STOPPED
 from prohost.ledger import RunState
 from prohost.protocol import Heartbeat, Pong, Status
 from prohost.server import ServerHandle
+from prohost.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from tests.kit import agent_command, finished
 from tests.process_kit import (
     HarnessProcess,
@@ -164,3 +165,85 @@ async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Pat
             assert any("a third time" in line for line in harness.log)
             for pid in pids:
                 assert await wait_gone(pid), f"agent process {pid} outlived the harness"
+
+
+# --- signals at the edges of the process (issue 8, reproduction 9) --------------------
+
+EARLY = {EARLY_LINE_ENV: "1"}
+
+
+async def test_a_first_signal_before_the_supervisor_is_up_drains_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            waiting = await server.submit_run("delivered to a draining harness")
+            async with harness_process(server, home, gate.command, connected=False,
+                                       extra_env=EARLY) as harness:
+                # Printed by `python -m prohost` before it imports the harness: the
+                # supervisor, its panel and the ledger are not there yet.
+                assert await harness.wait_first_line() == EARLY_LINE
+                harness.send_signal(signal.SIGTERM)
+                assert await harness.proc.wait() == 0
+                await harness.wait_log_closed()
+            assert harness.tracebacks() == []
+            assert any("SIGTERM (received while starting): draining" in line
+                       for line in harness.log)
+            assert gate.started == []  # it started nothing
+            assert server.run(waiting).completion is None
+
+
+async def test_two_signals_before_the_supervisor_is_up_stop_and_exit_130(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            async with harness_process(server, home, gate.command, connected=False,
+                                       extra_env=EARLY) as harness:
+                assert await harness.wait_first_line() == EARLY_LINE
+                # Two different signals: two of the same one sent back to back could
+                # be merged by the kernel into one.
+                harness.send_signal(signal.SIGTERM)
+                harness.send_signal(signal.SIGINT)
+                assert await harness.proc.wait() == 130
+                await harness.wait_log_closed()
+            assert harness.tracebacks() == []
+            assert gate.started == []
+
+
+async def test_a_second_signal_after_the_drain_finished_exits_130_not_by_the_signal(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            # The process waits at its very end (after the ledger is closed and the
+            # lock released) until a signal comes: the last window, hit every time.
+            async with harness_process(server, home, gate.command,
+                                       extra_env={EXIT_PAUSE_ENV: "30"}) as harness:
+                harness.send_signal(signal.SIGTERM)  # nothing runs: it drains at once
+                await harness.wait_log("drained: every run has finished and reported")
+                await harness.wait_log(EXIT_PAUSE_LINE)
+                harness.send_signal(signal.SIGTERM)
+                # §9: a second signal means 130 — not −15, the default action's status.
+                assert await harness.proc.wait() == 130
+                await harness.wait_log_closed()
+            assert harness.tracebacks() == []
+
+
+async def test_a_drain_without_a_second_signal_still_exits_0_after_the_pause(
+    tmp_path: Path,
+) -> None:
+    """The counterpart of the test above: the pause alone changes nothing."""
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            async with harness_process(server, home, gate.command,
+                                       extra_env={EXIT_PAUSE_ENV: "0.01"}) as harness:
+                harness.send_signal(signal.SIGTERM)
+                assert await harness.proc.wait() == 0
+                await harness.wait_log_closed()
+            assert any(EXIT_PAUSE_LINE in line for line in harness.log)
+            assert harness.tracebacks() == []

@@ -345,6 +345,11 @@ class CodexBrain(Brain):
         ]
         env: dict[str, str] = {}
         if mcp.token:
+            # Only the variable's NAME goes on the command line (argv is readable by
+            # every user through ps). Codex takes a bearer token from the environment
+            # (bearer_token_env_var, env_http_headers) or from its config: `-c` is argv,
+            # and a private CODEX_HOME would lose the user's login. The environment is
+            # the one place only this user can read (tests/test_secrets.py).
             args += ["-c", f"{prefix}.bearer_token_env_var={_toml_string(MCP_TOKEN_ENV)}"]
             env[MCP_TOKEN_ENV] = mcp.token
         return McpWiring(args=tuple(args), env=env)

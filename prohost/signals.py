@@ -1,0 +1,119 @@
+"""SIGINT and SIGTERM for the whole life of ``prohost agent run`` (§9).
+
+trio's signal receiver only exists while the supervisor runs. Before it (imports,
+the lock, the ledger, the panel starting) and after it (closing the ledger, the
+interpreter's exit), Python's default would kill the process with status −15 or
+raise ``KeyboardInterrupt`` in the middle of whatever it was doing. So the
+handlers here are installed first thing and only *remember* each signal; the
+supervisor obeys the remembered ones once it is up (a first drains, a second
+stops), and :func:`final_status` blocks both signals at the very end, so that a
+signal in the last instants still counts (a second one means exit 130) and can
+never kill the process by its default action.
+
+This module must stay cheap to import: ``python -m prohost`` loads it before
+anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from types import FrameType
+
+#: The signals §9 gives a meaning to.
+WATCHED = (signal.SIGINT, signal.SIGTERM)
+#: Set (to anything) by tests: a line is printed on stderr as soon as the handlers
+#: are in place, so a test can send a signal at the earliest moment that counts.
+EARLY_LINE_ENV = "PROHOST_TEST_EARLY_LINE"
+EARLY_LINE = "prohost: signal handlers installed"
+#: Set by tests to a number of seconds: once the supervisor has returned, the process
+#: prints :data:`EXIT_PAUSE_LINE` and waits up to that long for a signal before it
+#: decides its exit status, so a test can hit that last window every time.
+EXIT_PAUSE_ENV = "PROHOST_TEST_PAUSE_AT_EXIT"
+EXIT_PAUSE_LINE = "prohost: the supervisor has returned; exiting"
+#: The exit status of a stop (second signal) or of a third signal (§9).
+STOPPED_STATUS = 130
+
+_received: list[int] = []
+_handed_over = 0
+_installed = False
+
+
+def install() -> None:
+    """Remember SIGINT/SIGTERM from now on instead of dying of them (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    for signum in WATCHED:
+        signal.signal(signum, _remember)
+    _installed = True
+    if os.environ.get(EARLY_LINE_ENV):
+        print(EARLY_LINE, file=sys.stderr, flush=True)
+
+
+def installed() -> bool:
+    return _installed
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    if len(_received) >= 3:
+        # Third signal (§9): at once. Outside the supervisor no agent group is
+        # alive (the supervisor kills every one before it returns).
+        os._exit(STOPPED_STATUS)
+
+
+def take_pending() -> list[tuple[int, int]]:
+    """The signals remembered since the last call, for the supervisor to obey:
+    ``(how many came up to and including this one, signal number)`` each.
+
+    Call it only once trio's receiver is installed: from then on nothing lands here.
+    """
+    global _handed_over
+    pending = [(index + 1, _received[index]) for index in range(_handed_over, len(_received))]
+    _handed_over = len(_received)
+    return pending
+
+
+def note(signum: int) -> int:
+    """Count a signal the supervisor received itself; return how many came so far."""
+    global _handed_over
+    _received.append(signum)
+    _handed_over = len(_received)
+    return len(_received)
+
+
+def pause_for_tests() -> None:
+    """Only under :data:`EXIT_PAUSE_ENV` (tests): wait there for a signal, race-free
+    (the handler's wakeup byte is already in the pipe if it came before ``select``)."""
+    wait_s = os.environ.get(EXIT_PAUSE_ENV)
+    if not wait_s:
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end)
+    try:
+        print(EXIT_PAUSE_LINE, file=sys.stderr, flush=True)
+        select.select([read_end], [], [], float(wait_s))
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def final_status(code: int) -> int:
+    """Block SIGINT/SIGTERM for good and return the exit status to use.
+
+    A signal arriving from here on stays pending and dies with the process: it
+    can never kill it by its default action (status −15). One that arrived after
+    the supervisor finished still counts: a second signal turns a clean drain's 0
+    into 130 (§9's "second signal: exit 130").
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    # A handler may not have run yet for a signal that came just before the block.
+    total = len(_received) + len(signal.sigpending() & set(WATCHED))
+    if code == 0 and total >= 2:
+        return STOPPED_STATUS
+    return code

@@ -1,0 +1,90 @@
+"""scripts/bench_e2e.py's pieces, with tiny numbers: each phase measures what it
+says (through a real ``prohost server`` and ``prohost agent run``) and leaves no
+process behind. No speed is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import trio
+
+from tests.process_kit import alive
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
+
+
+def load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_e2e"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+async def sleepers() -> set[int]:
+    """Live ``sleep 3600`` processes (the RSS phase's agents; others' too)."""
+    found = await trio.run_process(["pgrep", "-f", "^sleep 3600$"], capture_stdout=True,
+                                   check=False)
+    return {int(pid) for pid in found.stdout.split() if alive(int(pid))}
+
+
+async def test_throughput_phase_completes_every_run_and_times_each_probe_ack(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        result = await bench.throughput_and_acks(tmp_path, 4, 3)
+    # Every run and every probe went through the real harness and reached the server.
+    assert result["states"] == {"completed": 7}
+    assert result["connections"] == 1
+    # Each probe's ack was seen by the relay, on the server's side of the socket.
+    assert len(result["ack_samples_all"]) == 3
+    assert all(seconds > 0 for seconds in result["ack_samples_all"])
+    # The figures use the probes acked while the backlog ran, if any was.
+    busy = result["acked_while_busy"]
+    assert result["ack_samples"] == (result["ack_samples_all"][:busy] if busy
+                                     else result["ack_samples_all"])
+    assert result["delivery_bytes"] > 100
+    assert result["runs_per_s"] > 0 and result["cpu_ms_per_run"] > 0
+    assert result["cpu_ms_startup"] > 0  # read from /proc when the harness connected
+
+
+async def test_rss_phase_waits_for_the_full_queue_and_kills_the_busy_agents(
+    tmp_path: Path,
+) -> None:
+    before = await sleepers()
+    with trio.fail_after(60):
+        result = await bench.rss_with_queue(tmp_path, 5)
+    assert result["active"] == bench.CONCURRENCY
+    assert result["queued"] == 5
+    assert result["rss_kib"] >= result["idle_rss_kib"] > 0
+    # The 16 `sleep 3600` agents were killed with the harness.
+    assert await sleepers() <= before
+
+
+async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> None:
+    figures = {
+        "machine": bench.machine(),
+        "settings": {"runs": 4, "probes": 3, "queued": 5, "floor_samples": 8},
+        "spawn_floor": await bench.spawn_floor(8),
+        "post_floor": await bench.post_floor(8, tmp_path),
+        "e2e": {"runs_per_s": 10.0, "cpu_ms_per_run": 3.0, "ack_samples": [0.004, 0.006]},
+        "echo": await bench.echo_round_trips(3, 600),
+        "insert": await trio.to_thread.run_sync(bench.durable_inserts, 3, 600,
+                                                tmp_path / "insert.sqlite3"),
+        "rss": {"rss_kib": 40 * 1024, "queued": 5},
+    }
+    assert figures["spawn_floor"] > 0 and figures["post_floor"] > 0
+    rows = bench.ratios(figures)
+    assert [row["figure"] for row in rows] == [
+        "end-to-end runs/s", "harness CPU per run", "ack p50", "ack p99",
+        "RSS, 16 busy + 5 queued",
+    ]
+    assert rows[1]["ratio"] == 3.0 / bench.TARGET_CPU_MS and rows[1]["met"] is False
+    assert rows[4]["met"] is True
