@@ -24,27 +24,16 @@ import httpx
 import trio
 
 from soaklib import verdict
+from soaklib.faults import EXIT_WITHIN_S, FIRST_LINE_WITHIN_S, Faults
 from soaklib.plan import fault_counts
 from soaklib.procs import Child, kill_marked, marked_processes, start_child
 
 HERE = Path(__file__).resolve().parent
 #: The soak polls the server's audit this often (seconds); it paces submissions.
 POLL_S = 0.25
-#: How long a harness may take to obey a first or second signal (seconds): a drain
-#: waits for running agents (at most a few seconds here) and for their reports,
-#: which a storm may hold back for a few backoff rounds.
-EXIT_WITHIN_S = 90.0
-#: How long to wait for a restarted harness's first line (seconds).
-FIRST_LINE_WITHIN_S = 60.0
-#: Before a kill -9 meant to leave runs running and queued, wait this long at most
-#: for the harness to hold both (seconds).
-BUSY_WITHIN_S = 5.0
 #: After the last run is submitted, a fault still waits this long (seconds) for its
 #: ``at_run`` runs to settle, then fires anyway (lost runs never settle).
 LATE_FAULT_WAIT_S = 20.0
-#: How long a fault that signals or kills the harness waits for it to be connected
-#: (seconds), so that it hits a working harness; then it fires anyway.
-CONNECTED_WITHIN_S = 30.0
 #: More unexpected harness exits than this ends the soak: it is crash-looping.
 MAX_CRASHES = 10
 
@@ -68,7 +57,7 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-class Soak:
+class Soak(Faults):
     def __init__(self, plan: dict[str, Any], out: Path, *, concurrency: int, backlog: int,
                  max_seconds: float) -> None:
         self.plan = plan
@@ -143,6 +132,8 @@ class Soak:
                 await trio.sleep(0.05)
 
     async def start_server(self) -> None:
+        """Start the server on a free port of 127.0.0.1, read its banner, pair the
+        harness's home. Cancelled: the server is left to the end-of-soak cleanup."""
         argv = [sys.executable, str(HERE / "server.py"), "--port", "0"]
         self.server = await start_child("server", argv, self.out / "server.log", _base_env())
         nursery = self._need_nursery()
@@ -163,12 +154,16 @@ class Soak:
         await self._pair(fields["pairing code:"])
 
     async def _watch_server(self, server: Child) -> None:
+        """Note the server's exit; one the soak did not ask for is a crash (and the
+        next request aborts the soak). Cancelled: stops watching."""
         await server.proc.wait()
         server.exited.set()
         if not self.ending:
             self.crash(f"the reference server exited with {server.proc.returncode}")
 
     async def _pair(self, code: str) -> None:
+        """``prohost agent pair`` into the soak's home. Cancelled: the pair process
+        is killed (trio.run_process)."""
         env = _base_env() | {"PROHOST_HOME": str(self.home)}
         result = await trio.run_process(
             [sys.executable, "-m", "prohost", "agent", "pair", "--code", code,
@@ -210,6 +205,8 @@ class Soak:
         return self._nursery
 
     async def start_harness(self) -> Child:
+        """Start one more ``prohost agent run`` on the soak's home and watch it.
+        Cancelled: a harness already started is left to the end-of-soak cleanup."""
         index = len(self.harnesses)
         agent = " ".join(shlex.quote(part) for part in (
             sys.executable, str(HERE / "agent.py"), "--starts", str(self.starts_path),
@@ -229,6 +226,8 @@ class Soak:
         return harness
 
     async def _watch_harness(self, harness: Child) -> None:
+        """Judge one harness's exit (status, tracebacks) and start another if the
+        exit was not the soak's doing. Cancelled: stops watching."""
         code = await harness.proc.wait()
         await harness.wait_closed()
         self.note("harness_exit", name=harness.name, code=code,
@@ -245,144 +244,6 @@ class Soak:
                 self.abort("the harness keeps exiting on its own; see the harness logs")
                 return
             await self.start_harness()
-
-    async def _exit_of(self, harness: Child, what: str) -> int | None:
-        """The harness's exit status once it has exited; None (a crash: it did not
-        obey) if it is still running EXIT_WITHIN_S later, when it is killed."""
-        with trio.move_on_after(EXIT_WITHIN_S):
-            await harness.exited.wait()
-            return harness.proc.returncode
-        self.crash(f"{harness.name} did not exit within {EXIT_WITHIN_S:g} s of {what}")
-        harness.expected = frozenset({-signal.SIGKILL})
-        harness.signal(signal.SIGKILL)
-        await harness.exited.wait()
-        return None
-
-    def check_drained_ledger(self, harness: Child) -> None:
-        """A drain that exits 0 must leave nothing unreported in the ledger (§9)."""
-        rows = verdict.unreported_rows(self.home)
-        self.note("ledger_after_drain", name=harness.name, unreported=rows[:20],
-                  count=len(rows))
-        if rows:
-            self.crash(f"{harness.name} drained and exited 0 with {len(rows)} run(s) "
-                       f"unreported in its ledger, e.g. {rows[0]}")
-
-    async def kill9(self, *, busy: bool) -> None:
-        """kill -9 the harness (its agents live on, for the next start to find)."""
-        harness = self.harness
-        if harness is None or harness.exited.is_set():
-            return
-        if busy:  # leave runs both running and queued behind
-            with trio.move_on_after(BUSY_WITHIN_S):
-                await self.until(self._running_and_queued)
-        started = verdict.read_starts(self.starts_path)
-        held = self.held()
-        self.note("kill9", name=harness.name, held=len(held),
-                  running=sum(1 for r in held if r in started))
-        harness.expected = frozenset({-signal.SIGKILL})
-        harness.signal(signal.SIGKILL)
-        await harness.exited.wait()
-
-    def _running_and_queued(self) -> bool:
-        started = verdict.read_starts(self.starts_path)
-        held = self.held()
-        return any(r in started for r in held) and any(r not in started for r in held)
-
-    async def signals(self, harness: Child, gaps_ms: list[int]) -> int | None:
-        """SIGTERM, then one more SIGTERM after each gap; the exit status."""
-        harness.expected = frozenset({0} if len(gaps_ms) == 0 else {0, 130})
-        harness.signal(signal.SIGTERM)
-        self.note("sigterm", name=harness.name)
-        for gap in gaps_ms:
-            await trio.sleep(gap / 1000)
-            harness.signal(signal.SIGTERM)
-            self.note("sigterm", name=harness.name, after_ms=gap)
-        code = await self._exit_of(harness, "SIGTERM")
-        if code == 0:
-            self.check_drained_ledger(harness)
-        return code
-
-    # ------------------------------------------------------------------ faults
-
-    async def inject(self, fault: dict[str, Any]) -> None:
-        kind = fault["kind"]
-        self.note("fault", **fault)
-        if kind == "drop":
-            answer = await self.call("POST", "/v1/faults/drop")
-            self.note("dropped", answer=answer.json())
-        elif kind == "restart":
-            await self.call("POST", "/v1/faults/restart", {"down_s": fault["down_s"]})
-        elif kind == "storm":
-            await self.call("POST", "/v1/faults/storm", {
-                key: fault[key] for key in ("status", "count", "retry_after")
-                if fault[key] is not None})
-        elif kind == "forget":
-            await self.call("POST", "/v1/faults/forget", {"count": 1})
-        elif kind == "redeliver":
-            await self._connected(self.harness)
-            await self._redeliver(fault)
-        elif kind == "kill":
-            await self._connected(self.harness)
-            await self.kill9(busy=False)
-            await self.start_harness()
-        elif kind == "recover_term":
-            await self._recover_term(fault)
-        elif kind in ("drain", "stop"):
-            harness = self.harness
-            await self._connected(harness)
-            if harness is not None and not harness.exited.is_set():
-                await self.signals(harness, [] if kind == "drain" else [fault["gap_ms"]])
-                await self.start_harness()
-        else:
-            raise ValueError(f"soak bug: unknown fault {kind!r}")
-        name = kind if kind != "redeliver" else f"redeliver_{fault['target']}"
-        self.injected[name] = self.injected.get(name, 0) + 1
-
-    async def _connected(self, harness: Child | None) -> None:
-        """Wait (bounded) until ``harness`` has said it is connected, or has exited."""
-        if harness is None:
-            return
-        with trio.move_on_after(CONNECTED_WITHIN_S) as scope:
-            async with trio.open_nursery() as nursery:
-                async def on_line() -> None:
-                    await harness.wait_line(lambda line: "connected to" in line)
-                    nursery.cancel_scope.cancel()
-
-                async def on_exit() -> None:
-                    await harness.exited.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(on_line)
-                nursery.start_soon(on_exit)
-        if scope.cancelled_caught:
-            self.note("not_connected", name=harness.name, waited_s=CONNECTED_WITHIN_S)
-
-    async def _redeliver(self, fault: dict[str, Any]) -> None:
-        if fault["target"] == "inflight":
-            candidates = self.held()
-        else:
-            candidates = sorted(r for r, run in self.audit.items() if run["completion"])
-        if not candidates:
-            self.note("redeliver_skipped", target=fault["target"], why="no such run now")
-            return
-        run_id = candidates[min(len(candidates) - 1, int(fault["pick"] * len(candidates)))]
-        answer = await self.call("POST", "/v1/faults/redeliver", {"run_id": run_id})
-        self.note("redelivered", run_id=run_id, status=answer.status_code,
-                  answer=answer.json())
-
-    async def _recover_term(self, fault: dict[str, Any]) -> None:
-        """kill -9 with runs running and queued, start again, and signal it while it
-        recovers its ledger (issue 8, reproduction 8)."""
-        await self._connected(self.harness)
-        await self.kill9(busy=True)
-        harness = await self.start_harness()
-        with trio.move_on_after(FIRST_LINE_WITHIN_S):
-            await harness.wait_line(lambda line: True)
-        await trio.sleep(fault["delay_ms"] / 1000)
-        gaps = [] if fault["second_ms"] is None else [fault["second_ms"]]
-        code = await self.signals(harness, gaps)
-        self.note("recover_term_exit", name=harness.name, code=code)
-        await self.start_harness()
 
     # ------------------------------------------------------------------ the whole soak
 
@@ -410,6 +271,8 @@ class Soak:
         await self._audit_changed.wait()  # one audit after the last report
 
     async def _submit_all(self) -> None:
+        """POST every run, keeping at most ``backlog`` unsettled. Cancelled: stops
+        submitting; a run is submitted or not, never half."""
         for index, run in enumerate(self.plan["runs"]):
             await self.until(lambda index=index: index - self.settled() < self.backlog)
             answer = await self.call("POST", "/v1/runs", {
@@ -422,6 +285,8 @@ class Soak:
         self.note("submitted", runs=self.submitted)
 
     async def _inject_all(self) -> None:
+        """Every fault, in plan order, once its ``at_run`` runs have settled.
+        Cancelled: no further fault fires."""
         for fault in self.plan["faults"]:
             await self.until(lambda fault=fault: fault["at_run"] <= self.settled()
                              or self._stalled())
@@ -434,6 +299,10 @@ class Soak:
                 and trio.current_time() - self._last_settle > LATE_FAULT_WAIT_S)
 
     async def run(self) -> verdict.Figures:
+        """The whole soak, bounded by ``max_seconds``; the figures. Whatever ends it
+        (the deadline, an abort, Ctrl-C), everything it started is killed, shielded,
+        before it returns. Cancelled from outside: the same cleanup, then the cancel
+        propagates."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(mode=0o700, exist_ok=True)
         (self.out / "sleeps.json").write_text(json.dumps({
