@@ -6,6 +6,7 @@
 - :mod:`soaklib.server`  ``prohost server --faults`` plus the one hook it lacks
   (redeliver a run whatever its state);
 - :mod:`soaklib.procs`   the server and harness subprocesses, their logs, the /proc scan;
-- :mod:`soaklib.driver`  submits the runs and injects the faults on plan;
+- :mod:`soaklib.driver`  the soak: submits the runs, paces the faults, ends and counts;
+- :mod:`soaklib.faults`  each fault, and the signals and kills with the exit each must give;
 - :mod:`soaklib.verdict` the figures: lost, run twice, bad reports, processes left, crashes.
 """

@@ -91,7 +91,7 @@ class Faults:
         started = verdict.read_starts(self.starts_path)
         held = self.held()
         self.note("kill9", name=harness.name, held=len(held),
-                  running=sum(1 for r in held if r in started))
+                  started_unreported=sum(1 for r in held if r in started))
         harness.expected = frozenset({-signal.SIGKILL})
         harness.signal(signal.SIGKILL)
         await harness.exited.wait()
