@@ -348,6 +348,19 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "runs in parallel never share a checkout (default: none)",
     )
     parser.add_argument(
+        "--account", dest="accounts", metavar="NAME=DIR", action="append",
+        help="an agent CLI login to use, by name and its config folder (CLAUDE_CONFIG_DIR "
+        "for claude, CODEX_HOME for codex), e.g. --account work=~/.claude-work; repeat it "
+        "for each login. Each run uses one; a conversation keeps its account while it is "
+        "usable, and a run that hits an account's usage limit moves to another "
+        "(default: the CLI's own folder, as without prohost)",
+    )
+    parser.add_argument(
+        "--limit-wait", metavar="DURATION",
+        help="while every account is at its usage limit, how long a queued run waits for "
+        "the earliest reset before it is reported retryable (default: 15m)",
+    )
+    parser.add_argument(
         "--no-panel", action="store_true",
         help="log one plain line per change instead of drawing the live status panel "
         "(the default when stdout is not a terminal, e.g. under a service manager)",

@@ -59,6 +59,7 @@ from prohost.logfile import LOG_ENV, LOG_TO_FILE, log_path
 from prohost.options import (
     DEFAULT_EXEC,
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_LIMIT_WAIT_S,
     Options,
     default_machine_name,
 )
@@ -98,6 +99,7 @@ SECRET_VARIABLES = frozenset({"ANTHROPIC_API_KEY", "OPENAI_API_KEY"})
 EXPRESSED_FIELDS = frozenset({
     "home", "exec_command", "url", "machine", "workdir", "timeout_s", "idle_timeout_s",
     "concurrency", "dry_run", "allow_unverified", "brain", "safe_tools", "repos",
+    "accounts", "limit_wait_s",
 })
 
 #: Words after which the program is not the first word of --exec: not checkable here.
@@ -161,6 +163,19 @@ def harness_arguments(options: Options) -> list[str]:
                     "commas and trims spaces; link the checkout to a plainer path"
                 )
         args += _flag("--repos", ",".join(str(repo) for repo in repos))
+    accounts: Sequence[tuple[str, Path]] = getattr(options, "accounts", ())
+    for name, folder in accounts:
+        # The flag's value is one NAME=DIR word; the name holds no "=", so the first
+        # "=" splits it back; a folder that trims to another path would read back wrong.
+        if str(folder) != str(folder).strip():
+            raise DaemonError(
+                f"--account {name} cannot name {str(folder)!r}: the flag trims spaces "
+                "around the folder; link the folder to a plainer path"
+            )
+        args += _flag("--account", f"{name}={folder}")
+    limit_wait_s: float = getattr(options, "limit_wait_s", DEFAULT_LIMIT_WAIT_S)
+    if limit_wait_s != DEFAULT_LIMIT_WAIT_S:
+        args += _flag("--limit-wait", _seconds_text(limit_wait_s))
     return args
 
 

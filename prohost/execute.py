@@ -24,9 +24,11 @@ from pathlib import Path
 import attrs
 import trio
 
+from prohost.accounts import DEFAULT_ACCOUNT, Account
 from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
 from prohost.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.brains.plain import PlainBrain
+from prohost.limits import LimitNotice
 from prohost.prompt import (
     MAX_REPLY_BYTES,
     PromptContext,
@@ -154,6 +156,30 @@ class Progress:
     attempts: int = 0
     #: trio time of the agent's latest output (the idle timer counts from it).
     last_output: float | None = None
+    #: The account the current (or last) attempt runs on (PROTOCOL.md §12).
+    account: str = DEFAULT_ACCOUNT
+    #: What the last attempt's CLI said about its account's usage limit.
+    limit: LimitNotice | None = None
+    #: The last attempt failed because its account reached its usage limit.
+    ended_by_limit: bool = False
+    #: While the run waits for an account's limit to reset: when (epoch s).
+    waiting_until: float | None = None
+
+
+@attrs.frozen
+class AccountPlan:
+    """Which account a run starts on, and how it moves when that one is limited."""
+
+    #: The account the first attempt uses (its session is ``execute``'s ``session_id``).
+    account: Account
+    #: Told what every attempt on an account learned about its limit (may be None).
+    #: Cancelled: as the caller's own ledger step (shielded, bounded).
+    learned: Callable[[Account, LimitNotice | None], Awaitable[None]]
+    #: The next usable account not in the given names, with the lane's session
+    #: there, or ``None`` when there is none; it may wait, until the given trio
+    #: deadline at most, for a limit to reset. Cancelled: nothing to undo.
+    another: Callable[[frozenset[str], float],
+                      Awaitable[tuple[Account, str | None] | None]]
 
 
 async def execute_plain(
@@ -184,8 +210,15 @@ async def execute(
     base_env: Mapping[str, str] | None = None,
     scratch: Path | None = None,
     worktrees: WorktreeManager | None = None,
+    accounts: AccountPlan | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
+
+    With ``accounts``, the agent runs with the plan's account's variables
+    (:meth:`Account.env`); an attempt that ends because that account reached its
+    usage limit is run again on each other usable account once (fresh session
+    there), inside the same deadline, and only the last attempt's outcome is
+    returned (``progress.account`` names its account).
 
     ``session_id`` is resumed; a brain that rejects it is retried once with a
     fresh session, inside the same deadline (``--timeout`` bounds the run, not
@@ -236,27 +269,47 @@ async def execute(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
         ))
     try:
-        try:
-            wiring = await _wire_mcp(run, brain, scratch)
-        except McpError as exc:
-            return finished(Outcome.failure(
-                f"the run's MCP server could not be prepared, so the agent was not started: "
-                f"{exc}"
-            ))
-        if wiring is not None:
-            env.update(wiring.env)
-        outcome = await _attempt(run, spec, brain, prompt, env, wiring, session_id, deadline,
-                                 groups, progress, on_spawn, on_events)
-        if outcome is None:
-            # The session was rejected: the same request in a fresh one.
-            log.info("run %s: the agent does not know session %s; starting a fresh one",
-                     run.run_id, session_id)
-            progress.session_id = None
-            outcome = await _attempt(run, spec, brain, prompt, env, wiring, None, deadline,
-                                     groups, progress, on_spawn, on_events)
-        if outcome is None:
-            raise RuntimeError(f"harness bug: run {run.run_id}'s fresh session was rejected "
-                               "as if it were a resumed one")
+        account = accounts.account if accounts is not None else Account(DEFAULT_ACCOUNT)
+        tried: set[str] = set()
+        while True:
+            progress.account = account.name
+            attempt_env = {**env, **account.env(brain.name)}
+            try:
+                # Per account: a brain may build its configuration over the
+                # account's own folder (Codex's CODEX_HOME overlay).
+                wiring = await _wire_mcp(
+                    run, brain, None if scratch is None
+                    else scratch / f"account-{len(tried)}" if tried else scratch,
+                    attempt_env)
+            except McpError as exc:
+                return finished(Outcome.failure(
+                    f"the run's MCP server could not be prepared, so the agent was not "
+                    f"started: {exc}"
+                ))
+            if wiring is not None:
+                attempt_env.update(wiring.env)
+            outcome = await _session_attempts(
+                run, spec, brain, prompt, attempt_env, wiring,
+                session_id, deadline, groups, progress, on_spawn, on_events)
+            if accounts is None:
+                break
+            await accounts.learned(account, progress.limit)
+            if not progress.ended_by_limit:
+                break
+            tried.add(account.name)
+            # Another account can take the run while someone may still use the
+            # answer: a limit is never the run's own fault.
+            outcome = attrs.evolve(outcome, retryable=True)
+            if trio.current_time() >= deadline:
+                break
+            following = await accounts.another(frozenset(tried), deadline)
+            if following is None:
+                break
+            log.warning("run %s: account %s is at its usage limit (%s); running it again "
+                        "on account %s", run.run_id, account.name, outcome.error,
+                        following[0].name)
+            account, session_id = following
+            progress.session_id = session_id
         return finished(outcome)
     finally:
         # Also after a configuration that failed half-way: the folder is this run's
@@ -266,14 +319,45 @@ async def execute(
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
 
 
-async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None) -> McpWiring | None:
+async def _session_attempts(
+    run: AgentRun,
+    spec: ExecSpec,
+    brain: Brain,
+    prompt: str,
+    env: Mapping[str, str],
+    wiring: McpWiring | None,
+    session_id: str | None,
+    deadline: float,
+    groups: ProcessGroups,
+    progress: Progress,
+    on_spawn: Callable[[int], Awaitable[None]] | None,
+    on_events: Callable[[list[ToolEvent]], None] | None,
+) -> Outcome:
+    """One attempt resuming ``session_id``, and a fresh one if the agent rejects it."""
+    outcome = await _attempt(run, spec, brain, prompt, env, wiring, session_id, deadline,
+                             groups, progress, on_spawn, on_events)
+    if outcome is None:
+        # The session was rejected: the same request in a fresh one.
+        log.info("run %s: the agent does not know session %s; starting a fresh one",
+                 run.run_id, session_id)
+        progress.session_id = None
+        outcome = await _attempt(run, spec, brain, prompt, env, wiring, None, deadline,
+                                 groups, progress, on_spawn, on_events)
+    if outcome is None:
+        raise RuntimeError(f"harness bug: run {run.run_id}'s fresh session was rejected "
+                           "as if it were a resumed one")
+    return outcome
+
+
+async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
+                    env: Mapping[str, str]) -> McpWiring | None:
     if run.mcp is None:
         return None
     if scratch is None:
         raise McpError("no private folder was given for its configuration")
     try:
         await trio.to_thread.run_sync(_private_folder, scratch)
-        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch)
+        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch, env)
     except OSError as exc:
         raise McpError(f"could not write its configuration in {scratch}: "
                        f"{exc.strerror or exc}") from None
@@ -301,6 +385,7 @@ async def _attempt(
     """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh."""
     turn = brain.new_turn()
     progress.attempts += 1
+    progress.limit, progress.ended_by_limit = None, False
     progress.last_output = trio.current_time()
     if session_id is not None:
         progress.session_id = session_id
@@ -347,6 +432,7 @@ async def _attempt(
             f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"
         )
     session = turn.session_id or progress.session_id
+    progress.limit = turn.limit
     if (
         session_id is not None
         and result.timed_out is None
@@ -356,6 +442,7 @@ async def _attempt(
         return None
     if result.timed_out is None:
         outcome = turn.finish(result)
+        progress.ended_by_limit = turn.ended_by_limit(outcome)
         if outcome is not None:
             if outcome.ok:
                 reply = reply_from_text(outcome.reply or "")

@@ -31,6 +31,7 @@ import httpx
 import trio
 
 from prohost import AGENT_HEADER_VALUE, __version__, intake
+from prohost.accounts import Account, AccountBook
 from prohost.agentproc import ProcessGroups
 from prohost.blocking import StepTimedOut
 from prohost.brains import brain_for
@@ -41,6 +42,7 @@ from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
 from prohost.procinfo import process_belongs_to_run
 from prohost.protocol import (
+    AccountRow,
     Ack,
     Cancel,
     Delivery,
@@ -49,7 +51,14 @@ from prohost.protocol import (
     Status,
 )
 from prohost.reporter import Reporter
-from prohost.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner, progress_log
+from prohost.runner import (
+    LEDGER_STEP_TIMEOUT_S,
+    HeldRun,
+    Runner,
+    all_limited_reason,
+    iso_time,
+    progress_log,
+)
 from prohost.runs import AgentRun, BodyError, Outcome, parse_body
 from prohost.scheduler import QueueFullError, Scheduler
 from prohost.snapshot import (
@@ -140,6 +149,8 @@ class Harness:
             secrets=(endpoints.token, endpoints.secret),
         )
         self.worktrees = WorktreeManager(options.home, options.repos)
+        #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
+        self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         self.runner = None if ledger is None else Runner(
             spec=self.spec,
             brain=self.brain,
@@ -151,6 +162,8 @@ class Harness:
             scratch_root=options.home / "runs",
             on_change=self._changed,
             on_outcome=self._on_outcome,
+            book=self.book,
+            limit_wait_s=options.limit_wait_s,
         )
         self.held: dict[str, HeldRun] = {}
         self.draining = False
@@ -206,6 +219,8 @@ class Harness:
                     if self.worktrees.enabled:
                         nursery.start_soon(self._collect_worktrees_daily)
                 nursery.start_soon(self._probe_brain)
+                if self.runner is not None:
+                    nursery.start_soon(self._announce_resets, self.runner)
                 if not self.options.dry_run:
                     nursery.start_soon(self._keep_status_file)
                 self._announce()
@@ -416,12 +431,16 @@ class Harness:
             log.debug("ignored a %s message from the server", type(message).__name__)
 
     async def _on_delivery(self, session: Session, delivery: Delivery) -> None:
+        now = time.time()
         verdict = intake.classify(
             delivery,
             secret=self.endpoints.secret,
-            now=time.time(),
+            now=now,
             draining=self.draining,
             allow_unverified=self.options.allow_unverified,
+            # No account can take it: the server had better send it elsewhere (§12).
+            unavailable=all_limited_reason(self.book.earliest_reset(now))
+            if not self.options.dry_run and self.book.all_limited(now) else None,
         )
         run = verdict.run
         if run is None:
@@ -628,7 +647,7 @@ class Harness:
         stats = self.scheduler.statistics()
         rows = []
         for held in self.held.values():
-            if held.state == "queued":
+            if held.state == "queued" and held.progress.waiting_until is None:
                 continue
             started = held.started_at
             idle_left = None
@@ -661,6 +680,7 @@ class Harness:
             else now - self.beacon.last_heartbeat_at,
             runs=tuple(rows),
             finished=tuple(self._finished),
+            accounts=tuple(self.account_rows()),
         )
 
     async def next_status_write(self) -> None:
@@ -707,7 +727,31 @@ class Harness:
             queued=stats.queued,
             draining=self.draining,
             features=["cancel", "timeline"] if self.brain.streams else ["cancel"],
+            accounts=self.account_rows(),
         )
+
+    def account_rows(self) -> list[AccountRow]:
+        """``status.accounts`` (§12), as of now."""
+        return [AccountRow(**row) for row in self.book.snapshot(time.time())]
+
+    async def _announce_resets(self, runner: Runner) -> None:
+        """Announce each account whose limit's reset has come (status, panel), and
+        wake queued runs waiting for it: the book changes by the clock alone.
+
+        Cancelled: nothing to undo.
+        """
+        while True:
+            reset = self.book.earliest_reset(time.time())
+            with trio.move_on_after(math.inf if reset is None
+                                    else max(0.0, reset - time.time()) + 0.01):
+                await runner.book_changed.wait()
+                continue
+            # The reset passed: the book expires it on the next question, and the
+            # next time every account is limited, --limit-wait counts afresh.
+            runner.limit_wait_deadline()
+            runner.book_changed.set()
+            runner.book_changed = trio.Event()
+            self._changed()
 
     # ------------------------------------------------------------------ recovery
 
@@ -725,6 +769,14 @@ class Harness:
         # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
         # read fails the start with the StepTimedOut; restart once the disk answers.
         recovery = await self._bounded(self.ledger.recover, what="reading the ledger at start")
+        limits = await self._bounded(self.ledger.account_limits,
+                                     what="reading the accounts' limits at start")
+        now = time.time()
+        for name, until in limits.items():
+            self.book.restore(name, until, now)
+            if until > now and name in {a.name for a in self.book.accounts}:
+                log.warning("account %s is at its usage limit until %s (remembered from "
+                            "before the restart)", name, iso_time(until))
         for row in recovery.interrupted:
             held = await self._held_from(row)
             if held is None:

@@ -55,12 +55,14 @@ def classify(
     now: float,
     draining: bool,
     allow_unverified: bool,
+    unavailable: str | None = None,
 ) -> Verdict:
     """The first fault that applies wins: 413, 503, 401, then 400 (§3).
 
     Never raises, whatever the delivery holds (see :func:`prohost.runs.parse_body`
     for what a body may not hold). The ledger's 200/204, and the 503 of a full
-    queue, are the harness's to add for a run this accepts.
+    queue, are the harness's to add for a run this accepts. ``unavailable`` is the
+    503 reason when no agent account can take work (PROTOCOL.md §12).
     """
     body = delivery.body
     # "surrogatepass": a lone surrogate counts as the 3 bytes it would take; the
@@ -69,6 +71,8 @@ def classify(
         return Verdict(TOO_LARGE, "body is over 1 MiB")
     if draining:
         return Verdict(DRAINING, "the agent is shutting down and takes no new work")
+    if unavailable is not None:
+        return Verdict(DRAINING, _short(unavailable))
     # A non-string body cannot have been signed as sent; check it as its JSON
     # text so that 401 still wins over 400, as the order above requires.
     signed = body if isinstance(body, str) else _as_json(body)

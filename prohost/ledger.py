@@ -49,6 +49,8 @@ from typing import Any
 
 import attrs
 
+from prohost.accounts import DEFAULT_ACCOUNT
+
 __all__ = [
     "Admission",
     "Ledger",
@@ -60,7 +62,7 @@ __all__ = [
 
 log = logging.getLogger("prohost.ledger")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The ``PRAGMA user_version`` this code writes and reads."""
 
 # Each entry migrates from version ``index`` to ``index + 1``; a later version appends
@@ -94,6 +96,37 @@ _MIGRATIONS: list[list[str]] = [
             lane TEXT PRIMARY KEY,
             session_id TEXT NOT NULL,
             updated_at REAL NOT NULL
+        )
+        """,
+    ],
+    [
+        # Accounts (PROTOCOL.md §12). The `sessions` table above stays the implicit
+        # default account's, as it was before accounts existed; a named account's
+        # sessions are kept per lane AND account, so a lane that moves to another
+        # account and back finds its old session there again.
+        """
+        CREATE TABLE account_sessions (
+            lane TEXT NOT NULL,
+            account TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (lane, account)
+        )
+        """,
+        # The account each lane's last turn used: it keeps it while usable.
+        """
+        CREATE TABLE lane_accounts (
+            lane TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """,
+        # Accounts at their usage limit and until when (epoch s), so a restart does
+        # not spend a run on an account it already knows is refusing work.
+        """
+        CREATE TABLE account_limits (
+            account TEXT PRIMARY KEY,
+            limited_until REAL NOT NULL
         )
         """,
     ],
@@ -447,6 +480,73 @@ class Ledger:
                     "session_id = excluded.session_id, updated_at = excluded.updated_at",
                     (lane, session_id, now),
                 )
+
+    # -- accounts (PROTOCOL.md §12) -------------------------------------------------
+
+    def account_session(self, lane: str, account: str) -> str | None:
+        """The session the lane's last turn on ``account`` ended with, if any."""
+        with self._locked() as conn:
+            if account == DEFAULT_ACCOUNT:
+                found = conn.execute(
+                    "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
+            else:
+                found = conn.execute(
+                    "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
+                    (lane, account)).fetchone()
+        return None if found is None else str(found[0])
+
+    def lane_account(self, lane: str) -> str | None:
+        """The account the lane's last turn used, if any."""
+        with self._locked() as conn:
+            found = conn.execute(
+                "SELECT account FROM lane_accounts WHERE lane = ?", (lane,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def save_turn(self, lane: str, account: str, session_id: str | None, now: float) -> None:
+        """Remember the session the lane's turn on ``account`` ended with (``None``
+        forgets it) and that ``account`` is the lane's account now, in one step."""
+        with self._transaction() as conn:
+            if account == DEFAULT_ACCOUNT:
+                if session_id is None:
+                    conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
+                else:
+                    conn.execute(
+                        "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
+                        "ON CONFLICT (lane) DO UPDATE SET "
+                        "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                        (lane, session_id, now),
+                    )
+            elif session_id is None:
+                conn.execute("DELETE FROM account_sessions WHERE lane = ? AND account = ?",
+                             (lane, account))
+            else:
+                conn.execute(
+                    "INSERT INTO account_sessions (lane, account, session_id, updated_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (lane, account) DO UPDATE SET "
+                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                    (lane, account, session_id, now),
+                )
+            conn.execute(
+                "INSERT INTO lane_accounts (lane, account, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (lane) DO UPDATE SET "
+                "account = excluded.account, updated_at = excluded.updated_at",
+                (lane, account, now),
+            )
+
+    def account_limits(self) -> dict[str, float]:
+        """Every account remembered as limited, and until when (epoch s)."""
+        with self._locked() as conn:
+            return {str(name): float(until) for name, until in conn.execute(
+                "SELECT account, limited_until FROM account_limits")}
+
+    def save_account_limits(self, limits: dict[str, float]) -> None:
+        """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM account_limits")
+            conn.executemany(
+                "INSERT INTO account_limits (account, limited_until) VALUES (?, ?)",
+                sorted(limits.items()),
+            )
 
     # -- internals -------------------------------------------------------------------
 

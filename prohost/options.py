@@ -138,6 +138,11 @@ class Options:
     safe_tools: bool = False
     #: --repos: absolute checkouts each conversation gets a private worktree of.
     repos: tuple[Path, ...] = ()
+    #: --account NAME=DIR, in the order given: the agent CLI's logins (PROTOCOL.md
+    #: §12). Empty: the one implicit ``default`` account, environment unchanged.
+    accounts: tuple[tuple[str, Path], ...] = ()
+    #: --limit-wait: how long a queued run waits for a usage limit to reset (s).
+    limit_wait_s: float = attrs.field(default=DEFAULT_LIMIT_WAIT_S, validator=_check_seconds)
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -186,7 +191,8 @@ def options_from_args(
 
     ``ns`` attributes (absent ones take their defaults): ``exec_command``, ``url``,
     ``machine``, ``workdir``, ``timeout``, ``idle_timeout``, ``concurrency`` (all
-    strings or None), ``dry_run``, ``allow_unverified`` (bools).
+    strings or None), ``dry_run``, ``allow_unverified`` (bools), ``accounts`` (a list
+    of ``NAME=DIR`` strings or None), ``limit_wait`` (a string or None).
     """
     home = prohost_home(env, cwd)
 
@@ -237,6 +243,10 @@ def options_from_args(
         except ReposFlagError as exc:
             raise OptionError(str(exc)) from None
 
+    raw_accounts = getattr(ns, "accounts", None) or []
+    accounts = parse_accounts(raw_accounts, env, cwd)
+    limit_wait_s = parse_limit_wait(getattr(ns, "limit_wait", None))
+
     return Options(
         home=home,
         exec_command=exec_command,
@@ -251,6 +261,8 @@ def options_from_args(
         brain=parse_brain(getattr(ns, "brain", None)),
         safe_tools=bool(getattr(ns, "safe_tools", False)),
         repos=repos,
+        accounts=accounts,
+        limit_wait_s=limit_wait_s,
     )
 
 

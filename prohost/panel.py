@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
@@ -29,6 +30,8 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from prohost.accounts import DEFAULT_ACCOUNT
+from prohost.protocol import AccountRow
 from prohost.snapshot import FinishedRow, RunRow, Snapshot
 
 log = logging.getLogger("prohost.panel")
@@ -159,6 +162,33 @@ def _counts(snapshot: Snapshot, drift: float) -> Text:
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
 
 
+_ACCOUNT_MARK = {"ok": "✓", "warning": "⚠", "limited": "⏸"}
+
+
+def _clock(epoch: float) -> str:
+    """A reset time as the person at this machine reads it: local ``HH:MM``."""
+    return time.strftime("%H:%M", time.localtime(epoch))
+
+
+def account_text(row: AccountRow) -> str:
+    """One account for the accounts line: ``work ✓ 41%``, ``personal ⏸ until 20:00``."""
+    text = f"{_clean(row.name)} {_ACCOUNT_MARK.get(row.state, '?')}"
+    if row.state == "limited":
+        return text + (f" until {_clock(row.resets_at)}" if row.resets_at is not None else "")
+    if row.used_percent is not None:
+        text += f" {row.used_percent:.0f}%"
+    return text
+
+
+def accounts_line(accounts: Sequence[AccountRow]) -> str | None:
+    """``accounts  work ✓ 41% · personal ⏸ until 20:00``; ``None`` for the one
+    implicit default account with nothing to say (no --account given)."""
+    if not accounts or (len(accounts) == 1 and accounts[0].name == DEFAULT_ACCOUNT
+                        and accounts[0].state == "ok" and accounts[0].used_percent is None):
+        return None
+    return "accounts  " + " · ".join(account_text(row) for row in accounts)
+
+
 def _notes(snapshot: Snapshot) -> list[RenderableType]:
     notes: list[RenderableType] = []
     if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
@@ -235,9 +265,13 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
     current = snapshot.taken_at if now is None else now
     # A snapshot read from disk is up to a few seconds old; never age it backwards.
     drift = max(0.0, current - snapshot.taken_at)
-    parts: list[RenderableType] = [
-        _header(snapshot, drift), _counts(snapshot, drift), *_notes(snapshot)
-    ]
+    parts: list[RenderableType] = [_header(snapshot, drift), _counts(snapshot, drift)]
+    accounts = accounts_line(snapshot.accounts)
+    if accounts is not None:
+        limited = any(row.state == "limited" for row in snapshot.accounts)
+        parts.append(Text(accounts, style="yellow" if limited else "",
+                          no_wrap=True, overflow="ellipsis"))
+    parts.extend(_notes(snapshot))
     parts.append(Text(""))
     if snapshot.runs:
         parts.append(_runs_table(snapshot.runs, drift))
@@ -328,6 +362,11 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
             lines.append(f"{_run_name(run_id, old.conversation)} dropped")
     if previous.queued != current.queued:
         lines.append(f"queued: {current.queued}")
+    before_accounts = {row.name: row for row in previous.accounts}
+    for account in current.accounts:
+        was = before_accounts.get(account.name)
+        if was is not None and (was.state, was.resets_at) != (account.state, account.resets_at):
+            lines.append(f"account {account_text(account)}")
     return lines
 
 

@@ -284,6 +284,19 @@ class Pong:
 
 
 @attrs.frozen
+class AccountRow:
+    """One agent account as ``status.accounts`` lists it (§12)."""
+
+    name: str
+    #: ``ok``, ``warning`` (close to its limit) or ``limited``.
+    state: str
+    #: When its limit (or the reported window) resets, epoch s; ``None``: unknown.
+    resets_at: int | None = None
+    #: How much of its window is used, 0–100; ``None``: not reported.
+    used_percent: float | None = None
+
+
+@attrs.frozen
 class Status:
     TYPE: ClassVar[str] = "status"
     version: str
@@ -296,6 +309,8 @@ class Status:
     features: list[str] = attrs.field(factory=list)
     brain_version: str | None = None
     model: str | None = None
+    #: Every agent account and its usage-limit state (§12).
+    accounts: list[AccountRow] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -312,6 +327,8 @@ class RunBeat:
     lane: str | None = None
     started_at: float | None = None
     activity: str | None = None
+    #: The account the run's agent runs on (§12).
+    account: str | None = None
 
 
 converter.register_unstructure_hook(

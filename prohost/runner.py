@@ -15,6 +15,7 @@ cancel never leaves one half done.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,12 +24,14 @@ from pathlib import Path
 import attrs
 import trio
 
+from prohost.accounts import UNKNOWN_RESET_S, Account, AccountBook
 from prohost.agentproc import ProcessGroups
 from prohost.blocking import Bounds, StepTimedOut
 from prohost.brains import Brain
 from prohost.brains.base import one_line
-from prohost.execute import ExecSpec, Progress, execute, scratch_folder
+from prohost.execute import AccountPlan, ExecSpec, Progress, execute, scratch_folder
 from prohost.ledger import Ledger, LedgerError
+from prohost.limits import LimitNotice
 from prohost.protocol import RunBeat
 from prohost.reporter import Reporter
 from prohost.runs import AgentRun, Outcome
@@ -46,6 +49,22 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
 INTERNAL_ERROR_CHARS = 300
+
+
+def iso_time(epoch: float) -> str:
+    """An epoch time as ISO 8601 in UTC, to the second: ``2026-12-02T20:00:00Z``."""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def all_limited_reason(until: float | None) -> str:
+    """§12's words for "no account can take work", with the earliest reset."""
+    when = iso_time(until) if until is not None else "an unknown time"
+    return f"every account is at its usage limit until {when}"
+
+
+def waiting_activity(until: float) -> str:
+    """A waiting run's heartbeat activity: the reset in local time, ``HH:MM``."""
+    return f"waiting for an account (resets {time.strftime('%H:%M', time.localtime(until))})"
 
 
 def _no_slot() -> None:
@@ -82,17 +101,25 @@ class HeldRun:
     def run_id(self) -> str:
         return self.run.run_id
 
+    def activity(self) -> str | None:
+        """What the run is doing, for heartbeats and the panel."""
+        if self.progress.waiting_until is not None:
+            return waiting_activity(self.progress.waiting_until)
+        return self.progress.activity if self.state == "running" else None
+
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),
-        so that 10,000 queued runs still make a heartbeat far below 4 MiB."""
+        so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
+        waiting for an account's limit to reset also says so, §12)."""
         if self.state == "queued":
-            return RunBeat(run_id=self.run_id, state=self.state)
+            return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
         return RunBeat(
             run_id=self.run_id,
             state=self.state,
             lane=self.run.lane,
             started_at=self.started_at,
-            activity=self.progress.activity if self.state == "running" else None,
+            activity=self.activity(),
+            account=self.progress.account if self.progress.attempts else None,
         )
 
 
@@ -112,6 +139,9 @@ class Runner:
         scratch_root: Path,
         on_change: Callable[[], None],
         on_outcome: Callable[[HeldRun, Outcome], None],
+        book: AccountBook | None = None,
+        limit_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.spec = spec
         self.brain = brain
@@ -125,6 +155,16 @@ class Runner:
         self._on_outcome = on_outcome
         #: Every blocking ledger step of this harness; the second signal hurries them.
         self.bounds = Bounds()
+        #: The agent accounts and their limits (PROTOCOL.md §12).
+        self.book = book if book is not None else AccountBook()
+        self.limit_wait_s = limit_wait_s
+        #: Wall-clock epoch seconds, for the book's reset times.
+        self.clock = clock
+        #: trio time since when every account has been limited (None: one is usable).
+        #: Queued runs wait until this plus --limit-wait, however long they queued.
+        self._all_limited_since: float | None = None
+        #: Set (and replaced) whenever the book learns something.
+        self.book_changed = trio.Event()
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
         """Execute ``held`` and settle its report.
@@ -198,13 +238,14 @@ class Runner:
         except Exception as exc:
             outcome = self._internal_error(held, exc)
         if held.progress.attempts:
+            outcome = attrs.evolve(outcome, account=held.progress.account)
             # The lane's next turn resumes whatever session this one ended with,
             # failed or not; a rejected session that was replaced is forgotten
             # here too. A run whose agent never started leaves the lane's session
             # as it was: nothing happened to it.
             try:
-                await self._ledger(self.ledger.save_session, held.run.lane, outcome.session_id,
-                                   time.time())
+                await self._ledger(self.ledger.save_turn, held.run.lane,
+                                   held.progress.account, outcome.session_id, time.time())
             except Exception:
                 log.exception("run %s: could not save the session of %s", held.run_id,
                               held.run.lane)
@@ -229,44 +270,157 @@ class Runner:
     async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
         run = held.run
         ledger = self.ledger
-        held.state = "preparing"
         outcome: Outcome | None = None
         with held.exec_scope:
-            await self._ledger(ledger.mark_started, run.run_id, time.time())
-            # Abandoning it on a hung disk is safe: a read under the ledger's lock
-            # (see prohost.ledger); the run then fails with the StepTimedOut.
-            session = await self.bounds.run(ledger.session_for, run.lane,
-                                            limit_s=LEDGER_STEP_TIMEOUT_S,
-                                            what="reading the lane's session from the ledger")
-            held.state = "running"
-            held.started_at = time.time()
-            self._on_change()
-            progress_log.info("▶ run %s started on %s%s", run.run_id, run.lane,
-                              f" (resuming session {session})" if session else "")
-
-            async def spawned(pgid: int) -> None:
-                # With the group recorded, a restarted harness can find and kill
-                # this agent if this process dies while it runs (§7).
-                await self._ledger(ledger.record_pgid, run.run_id, pgid)
-
-            outcome = await execute(
-                run, self.spec, self.brain,
-                groups=self.groups,
-                session_id=session,
-                progress=held.progress,
-                on_spawn=spawned,
-                on_events=batcher.add if batcher is not None else None,
-                base_env=self.env,
-                # Named by a digest of the run id, never the id itself (§3).
-                scratch=scratch_folder(self.scratch_root, run.run_id),
-                worktrees=self.worktrees,
-            )
+            lane_account = None
+            if len(self.book.accounts) > 1:
+                # A read under the ledger's lock: abandoning it on a hung disk is safe.
+                lane_account = await self.bounds.run(ledger.lane_account, run.lane,
+                                                     limit_s=LEDGER_STEP_TIMEOUT_S,
+                                                     what="reading the lane's account")
+            chosen = await self._wait_for_account(held, lane_account)
+            if isinstance(chosen, Outcome):
+                outcome = chosen
+            else:
+                outcome = await self._start(held, batcher, chosen)
         if outcome is None:  # the exec scope was cancelled: a cancel or a stop
             if held.stop_outcome is None:
                 raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
                                    "an outcome to report")
             outcome = attrs.evolve(held.stop_outcome, session_id=held.progress.session_id)
         return outcome
+
+    async def _start(self, held: HeldRun, batcher: TimelineBatcher | None,
+                     account: Account) -> Outcome:
+        """``started``, then the agent on ``account`` (and others, failing over).
+
+        Cancelled: as :func:`prohost.execute.execute`.
+        """
+        run = held.run
+        ledger = self.ledger
+        held.state = "preparing"
+        await self._ledger(ledger.mark_started, run.run_id, time.time())
+        # Abandoning it on a hung disk is safe: a read under the ledger's lock
+        # (see prohost.ledger); the run then fails with the StepTimedOut.
+        session = await self.bounds.run(ledger.account_session, run.lane, account.name,
+                                        limit_s=LEDGER_STEP_TIMEOUT_S,
+                                        what="reading the lane's session from the ledger")
+        self.book.started(account.name, self.clock())
+        held.progress.account = account.name
+        held.state = "running"
+        held.started_at = time.time()
+        self._on_change()
+        named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
+        progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
+                          f" (resuming session {session})" if session else "")
+
+        async def spawned(pgid: int) -> None:
+            # With the group recorded, a restarted harness can find and kill
+            # this agent if this process dies while it runs (§7).
+            await self._ledger(ledger.record_pgid, run.run_id, pgid)
+
+        async def another(tried: frozenset[str],
+                          deadline: float) -> tuple[Account, str | None] | None:
+            following = self.book.choose(self.clock(), exclude=tried)
+            if following is None and self.book.all_limited(self.clock()):
+                # No other account can take it now: wait like a queued run (§12),
+                # within the run's --timeout as well as --limit-wait.
+                with trio.move_on_at(deadline):
+                    waited = await self._wait_for_account(held, None)
+                    following = waited if isinstance(waited, Account) else None
+            if following is None:
+                return None
+            there = await self.bounds.run(ledger.account_session, run.lane, following.name,
+                                          limit_s=LEDGER_STEP_TIMEOUT_S,
+                                          what="reading the lane's session from the ledger")
+            self.book.started(following.name, self.clock())
+            self._on_change()
+            return following, there
+
+        return await execute(
+            run, self.spec, self.brain,
+            groups=self.groups,
+            session_id=session,
+            progress=held.progress,
+            on_spawn=spawned,
+            on_events=batcher.add if batcher is not None else None,
+            base_env=self.env,
+            # Named by a digest of the run id, never the id itself (§3).
+            scratch=scratch_folder(self.scratch_root, run.run_id),
+            worktrees=self.worktrees,
+            accounts=AccountPlan(account=account, learned=self.learned, another=another),
+        )
+
+    async def learned(self, account: Account, notice: LimitNotice | None) -> None:
+        """Record what an attempt on ``account`` said about its limit; a change is
+        announced (status) and the limits written to the ledger, so a restart does
+        not spend a run finding them again.
+
+        Cancelled: the ledger step is shielded and bounded (:meth:`_ledger`).
+        """
+        if notice is not None and notice.state == "limited":
+            log.warning("account %s is at its usage limit%s", account.name,
+                        "" if notice.resets_at is None
+                        else f" until {iso_time(notice.resets_at)}")
+        if not self.book.report(account.name, notice, self.clock()):
+            return
+        self._book_changed()
+        await self._ledger(self.ledger.save_account_limits, self.book.limits(self.clock()))
+
+    def _book_changed(self) -> None:
+        self.book_changed.set()
+        self.book_changed = trio.Event()
+        self._on_change()
+
+    def limit_wait_deadline(self) -> float | None:
+        """While every account is limited: the trio time until which queued runs
+        wait (§12's ``--limit-wait``, counted from when the last usable account
+        was lost); ``None`` while one is usable."""
+        if not self.book.all_limited(self.clock()):
+            self._all_limited_since = None
+            return None
+        if self._all_limited_since is None:
+            self._all_limited_since = trio.current_time()
+        return self._all_limited_since + self.limit_wait_s
+
+    async def _wait_for_account(self, held: HeldRun,
+                                lane_account: str | None) -> Account | Outcome:
+        """The account the run starts on; while none is usable, wait for the earliest
+        reset, up to --limit-wait, else the retryable failure §12 names. The run is
+        still ``accepted`` in the ledger meanwhile, so a restart queues it again.
+
+        Cancelled: nothing to undo; the run stays ``accepted``.
+        """
+        try:
+            while True:
+                now = self.clock()
+                account = self.book.choose(now, lane_account=lane_account)
+                if account is not None:
+                    # One is usable: the next time all are limited, the wait starts anew.
+                    self.limit_wait_deadline()
+                    return account
+                reset = self.book.earliest_reset(now)
+                deadline = self.limit_wait_deadline()
+                if deadline is None:  # the book changed between the two questions
+                    continue
+                if trio.current_time() >= deadline:
+                    reason = all_limited_reason(reset)
+                    log.warning("run %s: %s; reporting it retryable (--limit-wait)",
+                                held.run_id, reason)
+                    return Outcome.failure(reason, retryable=True)
+                until = reset if reset is not None else now + UNKNOWN_RESET_S
+                if held.progress.waiting_until != until:
+                    held.progress.waiting_until = until
+                    progress_log.info("run %s is waiting: %s", held.run_id,
+                                      all_limited_reason(until))
+                    self._on_change()
+                # Whichever comes first: the reset, the end of the wait, or news.
+                with trio.move_on_at(min(deadline, trio.current_time() + max(0.0, until - now))):
+                    await self.book_changed.wait()
+        finally:
+            if held.progress.waiting_until is not None:
+                held.progress.waiting_until = None
+                self._on_change()
 
     async def _finish(self, held: HeldRun, outcome: Outcome) -> None:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox).

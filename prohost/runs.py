@@ -188,6 +188,9 @@ class Outcome:
     session_id: str | None = None
     duration_ms: int | None = None
     usage: dict[str, Any] | None = None
+    #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
+    #: no agent ran (the run never started).
+    account: str | None = None
 
     @classmethod
     def failure(cls, error: str, *, retryable: bool = False, **extra: Any) -> Outcome:
@@ -201,7 +204,7 @@ class Outcome:
         else:
             payload["error"] = self.error
             payload["retryable"] = self.retryable
-        for key in ("session_id", "duration_ms", "usage"):
+        for key in ("session_id", "duration_ms", "usage", "account"):
             value = getattr(self, key)
             if value is not None:
                 payload[key] = value

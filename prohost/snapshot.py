@@ -16,7 +16,7 @@ from typing import Literal
 import attrs
 
 from prohost.files import write_atomically
-from prohost.protocol import converter, structure
+from prohost.protocol import AccountRow, converter, structure
 
 STATUS_FILE = "status.json"
 #: A snapshot is rewritten at least this often while the harness runs, so one
@@ -70,6 +70,8 @@ class Snapshot:
     heartbeat_age_s: float | None = None
     runs: tuple[RunRow, ...] = ()
     finished: tuple[FinishedRow, ...] = ()
+    #: Every agent account and its usage-limit state (PROTOCOL.md §12).
+    accounts: tuple[AccountRow, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self), indent=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import stat
 import sys
 import time
@@ -20,7 +21,7 @@ import trio
 from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
 from prohost.brains import brain_for
 from prohost.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
-from prohost.brains.codex import MCP_TOKEN_ENV, CodexBrain, CodexTurn
+from prohost.brains.codex import CodexBrain, CodexTurn
 from prohost.execute import ExecSpec, execute
 from prohost.runs import AgentRun, Mcp
 
@@ -350,7 +351,7 @@ def test_later_turns_resume_the_thread() -> None:
 def test_mcp_wiring_goes_before_resume_and_is_quoted(tmp_path: Path) -> None:
     brain = CodexBrain("codex")
     wiring = brain.wire_mcp(Mcp(url="https://chat.example/mcp?x=1&y='2'", token="s3cret"),
-                            tmp_path)
+                            tmp_path, {"CODEX_HOME": str(tmp_path / "codex")})
     words = shlex.split(brain.command(session_id=THREAD, mcp=wiring))
     assert words[-3:] == ["resume", THREAD, "-"]
     overrides = [words[i + 1] for i, word in enumerate(words) if word == "-c"]
@@ -383,14 +384,56 @@ def override_value(wiring: McpWiring, key: str) -> Any:
     raise AssertionError(f"no override for {key}: {wiring.args}")
 
 
-def test_wire_mcp_puts_the_token_in_the_environment(tmp_path: Path) -> None:
+def test_wire_mcp_puts_the_token_in_a_private_overlay_of_codex_home(tmp_path: Path) -> None:
     url = 'https://chat.example/mcp/"run"\\x?q=\'é\''
-    wiring = CodexBrain("codex").wire_mcp(Mcp(url=url, token="tok-123"), tmp_path)
+    base = tmp_path / "codex-work"
+    base.mkdir()
+    (base / "auth.json").write_text('{"tokens": "login"}')
+    (base / "config.toml").write_text('model = "o3"\n[projects."/src"]\ntrust_level = "trusted"')
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    wiring = CodexBrain("codex").wire_mcp(Mcp(url=url, token="tok-123"), folder,
+                                          {"CODEX_HOME": str(base), "HOME": "/nonexistent"})
     assert override_value(wiring, "mcp_servers.prohost.url") == url
-    assert override_value(wiring, "mcp_servers.prohost.bearer_token_env_var") == MCP_TOKEN_ENV
-    assert dict(wiring.env) == {MCP_TOKEN_ENV: "tok-123"}
     assert not any("tok-123" in arg for arg in wiring.args)
-    assert list(tmp_path.iterdir()) == []  # Codex needs no file
+    overlay = folder / "codex-home"
+    # Only CODEX_HOME: the token is in no variable a child could inherit.
+    assert dict(wiring.env) == {"CODEX_HOME": str(overlay)}
+    assert stat.S_IMODE(overlay.stat().st_mode) == 0o700
+    config = overlay / "config.toml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and not config.is_symlink()
+    parsed = tomllib.loads(config.read_text())
+    assert parsed["model"] == "o3" and parsed["projects"]["/src"]["trust_level"] == "trusted"
+    assert parsed["mcp_servers"]["prohost"] == {
+        "url": url, "http_headers": {"Authorization": "Bearer tok-123"}}
+    # Everything else is the real home, through links: the login, and the folders
+    # Codex keeps threads and logs in (made there first).
+    assert sorted(p.name for p in overlay.iterdir()) == [
+        "auth.json", "config.toml", "log", "sessions"]
+    for name in ("auth.json", "log", "sessions"):
+        assert (overlay / name).is_symlink()
+        assert (overlay / name).resolve() == (base / name).resolve()
+    assert (base / "sessions").is_dir() and "tok-123" not in (base / "config.toml").read_text()
+
+
+def test_the_overlay_without_codex_home_is_over_the_users_codex_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    wiring = CodexBrain("codex").wire_mcp(Mcp(url="https://x/mcp", token="t"), folder,
+                                          {"HOME": str(tmp_path / "user")})
+    assert (folder / "codex-home" / "sessions").resolve() == tmp_path / "user/.codex/sessions"
+    assert tomllib.loads((folder / "codex-home/config.toml").read_text())["mcp_servers"]
+    assert wiring.env["CODEX_HOME"] == str(folder / "codex-home")
+
+
+def test_a_users_own_prohost_mcp_server_is_refused_not_duplicated(tmp_path: Path) -> None:
+    base = tmp_path / "codex"
+    base.mkdir()
+    (base / "config.toml").write_text('[mcp_servers.prohost]\nurl = "http://mine"\n')
+    (tmp_path / "run").mkdir()
+    with pytest.raises(McpError, match=r"already defines \[mcp_servers.prohost\]"):
+        CodexBrain("codex").wire_mcp(Mcp(url="https://x/mcp", token="t"), tmp_path / "run",
+                                     {"CODEX_HOME": str(base)})
 
 
 def test_wire_mcp_without_a_token(tmp_path: Path) -> None:
@@ -555,22 +598,39 @@ def codex_on_disk(tmp_path: Path) -> Path:
     return script
 
 
-async def test_end_to_end_codex_program_with_mcp(tmp_path: Path, groups: ProcessGroups,
-                                                 codex_on_disk: Path) -> None:
+async def test_end_to_end_codex_program_with_mcp_resumes_through_the_overlay(
+        tmp_path: Path, groups: ProcessGroups, codex_on_disk: Path) -> None:
+    """Two turns, each with its own overlay (removed after it, as after a run): the
+    first thread is kept in the real CODEX_HOME, so the second resumes it."""
     brain = CodexBrain(shlex.quote(str(codex_on_disk)))
-    wiring = brain.wire_mcp(Mcp(url="https://chat.example/mcp", token="tok-e2e"), tmp_path)
-    with trio.fail_after(20):
-        turn, result, _ = await attempt(brain, tmp_path, groups, "reply", session_id=THREAD,
-                                        mcp=wiring)
-    outcome = turn.finish(result)
-    assert outcome is not None and outcome.ok and outcome.session_id == THREAD
-    record = recorded(tmp_path)
-    argv = record["argv"]
-    assert argv[:4] == ["exec", "--json", "--skip-git-repo-check", BYPASS]
-    assert argv[-3:] == ["resume", THREAD, "-"]
-    assert 'mcp_servers.prohost.url="https://chat.example/mcp"' in argv
-    assert "tok-e2e" not in " ".join(argv)
-    assert record["env"][MCP_TOKEN_ENV] == "tok-e2e"
+    base = tmp_path / "codex-home"
+    mcp = Mcp(url="https://chat.example/mcp", token="tok-e2e")
+    threads = []
+    for turn_number in (1, 2):
+        folder = tmp_path / f"run-{turn_number}"
+        folder.mkdir(mode=0o700)
+        wiring = brain.wire_mcp(mcp, folder, {"CODEX_HOME": str(base)})
+        with trio.fail_after(20):
+            turn, result, _ = await attempt(
+                brain, tmp_path, groups, "reply", mcp=wiring,
+                session_id=threads[-1] if threads else None)
+        outcome = turn.finish(result)
+        assert outcome is not None and outcome.ok, result
+        assert outcome.session_id is not None
+        threads.append(outcome.session_id)
+        record = recorded(tmp_path)
+        argv = record["argv"]
+        assert argv[:4] == ["exec", "--json", "--skip-git-repo-check", BYPASS]
+        assert 'mcp_servers.prohost.url="https://chat.example/mcp"' in argv
+        assert "tok-e2e" not in " ".join(argv)
+        assert record["mcp_server"] == {"url": "https://chat.example/mcp",
+                                        "http_headers": {"Authorization": "Bearer tok-e2e"}}
+        assert record["codex_home"] == str(folder / "codex-home")
+        assert record["env"]["PROHOST_MCP_TOKEN"] is None
+        shutil.rmtree(folder)
+    assert argv[-3:] == ["resume", threads[0], "-"]
+    assert threads[1] == threads[0]
+    assert (base / "sessions" / f"{threads[0]}.jsonl").exists()
     assert brain.version_command() == f"{shlex.quote(str(codex_on_disk))} --version"
 
 
@@ -582,18 +642,24 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
                    mcp=Mcp(url="https://chat.example/mcp", token="tok-x"))
     spec = ExecSpec(command=str(codex_on_disk), workdir=tmp_path / "work", timeout_s=0,
                     idle_timeout_s=0, parallel=False, secrets=())
-    base_env = fake_env(tmp_path, "no_rollout")
+    base = tmp_path / "codex-home"
+    base_env = fake_env(tmp_path, "reply", CODEX_HOME=str(base))
     with trio.fail_after(20):
         outcome = await execute(run, spec, CodexBrain(str(codex_on_disk)), groups=groups,
                                 session_id="stale-thread", base_env=base_env,
                                 scratch=tmp_path / "scratch")
     assert outcome.ok and outcome.reply == "Fixed: the fixture path was wrong."
-    assert outcome.session_id == THREAD
+    assert outcome.session_id is not None
+    assert (base / "sessions" / f"{outcome.session_id}.jsonl").exists()
     record = recorded(tmp_path)
     assert "resume" not in record["argv"]
     assert record["env"] == {"PROHOST_RUN_ID": "run_01", "PROHOST_PAIRED_RUN": "1",
-                             MCP_TOKEN_ENV: "tok-x"}
+                             "PROHOST_MCP_TOKEN": None}
+    assert record["mcp_server"]["http_headers"] == {"Authorization": "Bearer tok-x"}
     assert "Fix it" in record["prompt"]
+    # The overlay went with the run's scratch folder; the real home is whole.
+    assert not (tmp_path / "scratch").exists()
+    assert "tok-x" not in "".join(p.read_text() for p in base.rglob("*") if p.is_file())
 
 
 # --- usage limits ------------------------------------------------------------------

@@ -267,6 +267,26 @@ def test_harness_arguments_round_trip(tmp_path: Path, flags: list[str]) -> None:
     assert parse_run(args, env, elsewhere) == options
 
 
+@pytest.mark.parametrize("flags", [
+    ["--account", "work=~/.claude-work", "--account=personal=rel dir"],
+    ["--account", "-dash=/tmp/acct -x", "--limit-wait", "90s"],
+    ["--limit-wait", "0"],
+])
+def test_accounts_and_limit_wait_round_trip(tmp_path: Path, flags: list[str]) -> None:
+    """A service gets every --account, in order, and --limit-wait: a service that
+    dropped one would run every conversation on the CLI's default login."""
+    env = install_env(tmp_path)
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    for folder in (tmp_path / "user" / ".claude-work", here / "rel dir", Path("/tmp/acct -x")):
+        folder.mkdir(parents=True, exist_ok=True)
+    options = parse_run(["agent", "run", *flags], env, here)
+    assert options.accounts or options.limit_wait_s != 900
+    args = harness_arguments(options)
+    assert parse_run(args, env, elsewhere) == options
+    assert args.count("--account") + sum(a.startswith("--account=") for a in args) == \
+        len(options.accounts)
+
+
 def test_harness_arguments_only_non_defaults(tmp_path: Path) -> None:
     env = install_env(tmp_path)
     assert harness_arguments(parse_run(["agent", "run"], env, tmp_path)) == ["agent", "run"]

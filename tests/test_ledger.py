@@ -341,3 +341,52 @@ def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     with pytest.raises(LedgerError) as caught:
         Ledger.open(path)
     assert str(path) in str(caught.value)
+
+
+# --- accounts (PROTOCOL.md §12) -------------------------------------------------------
+
+
+def test_sessions_are_kept_per_lane_and_account(ledger: Ledger) -> None:
+    ledger.save_turn("conv:C1", "work", "s-work", 1.0)
+    ledger.save_turn("conv:C1", "personal", "s-personal", 2.0)
+    assert ledger.lane_account("conv:C1") == "personal"
+    # Back on work, the lane finds its old session there.
+    assert ledger.account_session("conv:C1", "work") == "s-work"
+    assert ledger.account_session("conv:C1", "personal") == "s-personal"
+    assert ledger.account_session("conv:C2", "work") is None
+    ledger.save_turn("conv:C1", "work", None, 3.0)
+    assert ledger.account_session("conv:C1", "work") is None
+    assert ledger.account_session("conv:C1", "personal") == "s-personal"
+    assert ledger.lane_account("conv:C1") == "work"
+
+
+def test_the_default_account_keeps_the_sessions_of_before_accounts(ledger: Ledger) -> None:
+    ledger.save_session("conv:C1", "old", 1.0)
+    assert ledger.account_session("conv:C1", "default") == "old"
+    ledger.save_turn("conv:C1", "default", "new", 2.0)
+    assert ledger.session_for("conv:C1") == "new"
+
+
+def test_limits_survive_a_reopen(path: Path) -> None:
+    with Ledger.open(path) as first:
+        first.save_account_limits({"work": 1000.0, "personal": 2000.5})
+        first.save_account_limits({"work": 1500.0})
+    with Ledger.open(path) as again:
+        assert again.account_limits() == {"work": 1500.0}
+
+
+def test_a_version_1_ledger_is_upgraded_with_its_runs_and_sessions(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    for statement in ledger_module._MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO sessions (lane, session_id, updated_at) VALUES ('l', 's', 0)")
+    conn.execute("INSERT INTO runs (run_id, lane, body, state, accepted_at) "
+                 "VALUES ('r1', 'l', '{}', 'accepted', 0)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Ledger.open(path) as upgraded:
+        assert [row.run_id for row in upgraded.recover().pending] == ["r1"]
+        assert upgraded.account_session("l", "default") == "s"
+        upgraded.save_turn("l", "work", "w", 1.0)
+        assert upgraded.account_limits() == {}

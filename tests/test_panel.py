@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -29,6 +30,7 @@ from prohost.panel import (
     server_host,
     use_panel,
 )
+from prohost.protocol import AccountRow
 from prohost.snapshot import FinishedRow, RunRow, Snapshot
 
 T0 = 1_700_000_000.0
@@ -415,3 +417,34 @@ def test_docs_capture_is_current() -> None:
         DOCS_CAPTURE.write_text(docs_capture(), encoding="utf-8")
     assert DOCS_CAPTURE.read_text(encoding="utf-8") == docs_capture(), (
         "docs/panel.txt is out of date: PROHOST_WRITE_DOCS=1 pytest tests/test_panel.py")
+
+
+# --- accounts (PROTOCOL.md §12) ------------------------------------------------------
+
+
+def two_accounts(reset: float) -> tuple[AccountRow, ...]:
+    return (AccountRow(name="work", state="ok", resets_at=None, used_percent=41.2),
+            AccountRow(name="personal", state="limited", resets_at=int(reset),
+                       used_percent=None))
+
+
+def test_the_accounts_line_shows_use_and_limits() -> None:
+    reset = T0 + 3600
+    clock = time.strftime("%H:%M", time.localtime(reset))
+    text = picture(base(accounts=two_accounts(reset)))
+    assert f"accounts  work ✓ 41% · personal ⏸ until {clock}" in text.splitlines()
+    assert_fits(text)
+    # One implicit default account (no --account) has nothing to say.
+    plain = picture(base(accounts=(AccountRow(name="default", state="ok"),)))
+    assert "accounts" not in plain
+
+
+def test_describe_change_says_when_an_account_is_limited_and_back() -> None:
+    reset = T0 + 3600
+    clock = time.strftime("%H:%M", time.localtime(reset))
+    ok = (AccountRow(name="work", state="ok"), AccountRow(name="personal", state="ok"))
+    limited = two_accounts(reset)
+    assert describe_change(base(accounts=ok), base(accounts=limited)) == [
+        f"account personal ⏸ until {clock}"]
+    assert describe_change(base(accounts=limited), base(accounts=ok)) == [
+        "account personal ✓"]

@@ -54,13 +54,26 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def two_accounts(tmp_path: Path) -> tuple[tuple[str, Path], ...]:
+    """Two logins in folders of their own (PROTOCOL.md §12), both empty: each run
+    must still go to one of them, with the CLI pointed at its folder."""
+    accounts = []
+    for name in ("first", "second"):
+        folder = tmp_path / f"account-{name}"
+        folder.mkdir()
+        accounts.append((name, folder))
+    return tuple(accounts)
+
+
 async def test_claude_without_a_login_is_a_clean_failure(
-    tmp_path: Path, isolated_env: dict[str, str], claude: Path
+    tmp_path: Path, isolated_env: dict[str, str], claude: Path,
+    two_accounts: tuple[tuple[str, Path], ...],
 ) -> None:
     with trio.fail_after(120):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=f"{shlex.quote(str(claude))} -p",
-            brain="claude", timeout_s=60, env=isolated_env,
+            brain="claude", timeout_s=60, env=isolated_env, accounts=two_accounts,
         ) as running:
             run_id = await server.submit_run("say hi", conversation_id="C1")
             await server.wait_until(finished(run_id))
@@ -72,17 +85,20 @@ async def test_claude_without_a_login_is_a_clean_failure(
             # CLI refuses the unattended-permissions flag before it gets that far.
             assert "log" in error.lower() or "root" in error.lower(), error
             assert "reply" not in record.completion
+            # Not a usage limit: no fail over; the first account ran it.
+            assert record.completion["account"] == "first"
             await running.harness.wait_released(run_id)
             assert len(running.harness.groups) == 0
 
 
 async def test_codex_without_a_network_is_stopped_and_reported(
-    tmp_path: Path, isolated_env: dict[str, str], codex: Path
+    tmp_path: Path, isolated_env: dict[str, str], codex: Path,
+    two_accounts: tuple[tuple[str, Path], ...],
 ) -> None:
     with trio.fail_after(120):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=shlex.quote(str(codex)),
-            brain="codex", timeout_s=20, env=isolated_env,
+            brain="codex", timeout_s=20, env=isolated_env, accounts=two_accounts,
         ) as running:
             run_id = await server.submit_run("say hi", conversation_id="C1")
             await server.wait_until(finished(run_id))
@@ -91,5 +107,6 @@ async def test_codex_without_a_network_is_stopped_and_reported(
             assert record.completion is not None
             error = record.completion["error"]
             assert "--timeout" in error or "exited" in error, error
+            assert record.completion["account"] == "first"
             await running.harness.wait_released(run_id)
             assert len(running.harness.groups) == 0

@@ -76,8 +76,9 @@ def logged_with_traceback(caplog: pytest.LogCaptureFixture, what: str) -> bool:
 async def test_a_failed_ledger_read_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(Ledger, "session_for", reraise_once(
-        Ledger.session_for, LedgerError("the run ledger failed: disk I/O error")))
+    # The lane's session on its account: the read every run makes before its spawn.
+    monkeypatch.setattr(Ledger, "account_session", reraise_once(
+        Ledger.account_session, LedgerError("the run ledger failed: disk I/O error")))
     with trio.fail_after(60), caplog.at_level(logging.ERROR, "prohost.runner"):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=REPLY, concurrency=1,

@@ -26,10 +26,6 @@ from prohost.logfile import log_path, log_to_file
 from tests.kit import AGENTS, finished, running_harness, running_server
 
 MCP_TOKEN = "mcp-SECRET-5d1e0c"
-#: The variable Codex is told to read the MCP token from (bearer_token_env_var):
-#: Codex takes a bearer token only from the environment or its own config, never
-#: from a file we could keep private, so the token's value may be there and nowhere else.
-CODEX_TOKEN_VARIABLE = "PROHOST_MCP_TOKEN"
 
 
 @pytest.fixture
@@ -75,7 +71,9 @@ async def test_no_secret_in_logs_argv_environment_or_readable_files(
     dump = tmp_path / "dump.jsonl"
     script = {"plain": "reply.py", "claude": "fake_claude.py", "codex": "fake_codex.py"}[brain]
     command = _wrapped(tmp_path, brain if brain != "plain" else "agent", script)
-    env = {**os.environ, "SECRET_DUMP": str(dump)}
+    # Codex's folder of its own: its MCP token goes into a private overlay of it.
+    env = {**os.environ, "SECRET_DUMP": str(dump), "CODEX_HOME": str(tmp_path / "codex"),
+           "FAKE_CODEX_RECORD": str(tmp_path / "codex-record.json")}
     with trio.fail_after(60):
         async with running_server() as server:
             # As `prohost agent run` does: the lock (which makes the home private)
@@ -110,7 +108,8 @@ async def test_no_secret_in_logs_argv_environment_or_readable_files(
         assert value not in logged, f"the {name} is in the log"
         assert value not in json.dumps(completion), f"the {name} is in the completion"
 
-    # Not in any argv or environment of a child (codex: the token in its one variable).
+    # Not in any argv or environment of a child: every command the agent runs
+    # inherits its environment (issue 8).
     children = [json.loads(line) for line in dump.read_text().splitlines()] if dump.exists() else []
     if brain == "plain":
         # The plain brain cannot use an MCP server: the run fails before any spawn.
@@ -118,19 +117,21 @@ async def test_no_secret_in_logs_argv_environment_or_readable_files(
     else:
         assert completion["ok"] is True, completion
         assert children, "the agent never started"
-    token_variables = 0
     for child in children:  # the agent's turn, and `--version` probes
         argv = " ".join(child["argv"])
         for name, value in secrets.items():
             assert value not in argv, f"the {name} is in the agent's argv"
         environment = dict(child["env"])
-        if brain == "codex" and environment.get(CODEX_TOKEN_VARIABLE) == MCP_TOKEN:
-            del environment[CODEX_TOKEN_VARIABLE]
-            token_variables += 1
         for name, value in secrets.items():
             carriers = [key for key, text in environment.items() if value in text or value in key]
             assert not carriers, f"the {name} is in the agent's environment: {carriers}"
-    assert token_variables == (1 if brain == "codex" else 0)
+    if brain == "codex":
+        # Codex had the token all the same: in the overlay's private config.toml.
+        turns = json.loads((tmp_path / "codex-record.json").read_text())
+        assert turns[-1]["mcp_server"]["http_headers"] == {
+            "Authorization": f"Bearer {MCP_TOKEN}"}
+        assert not any(MCP_TOKEN in p.read_text() for p in (tmp_path / "codex").rglob("*")
+                       if p.is_file())
 
     # Not in any file another user could read; and the private files are private.
     for path in _readable_by_others(home):

@@ -127,8 +127,10 @@ async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> N
                     assert await harness.proc.wait() == 130
 
             # Reported before the harness exited, not left for the next start.
+            # The agent had started: the completion names its account (§12).
             assert server.run(run_id).completion == {
-                "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True}
+                "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True,
+                "account": "default"}
             assert server.run(run_id).completion_posts == 1
             assert ledger_row(home, run_id).state is RunState.REPORTED
             # The grandchild ignores SIGTERM: only the SIGKILL after the grace ends it.

@@ -14,6 +14,7 @@ import attrs
 import trio
 from rich.console import Console
 
+from prohost.protocol import AccountRow
 from prohost.snapshot import STATUS_FILE, Snapshot, write_snapshot
 from prohost.statuscmd import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, status_command
 from tests.test_panel import assert_fits, busy_snapshot
@@ -68,6 +69,21 @@ def test_json(tmp_path: Path) -> None:
     # Everything else is the snapshot itself, as the harness wrote it.
     del document["running"], document["stale"], document["age_s"]
     assert json.dumps(document, indent=2) == snapshot.to_json()
+
+
+def test_accounts_in_the_picture_and_the_json(tmp_path: Path) -> None:
+    reset = int(time.time()) + 3600
+    accounts = (AccountRow(name="work", state="warning", resets_at=reset, used_percent=80.0),
+                AccountRow(name="personal", state="limited", resets_at=reset))
+    write_snapshot(tmp_path, fresh(accounts=accounts))
+    _, out, _ = run_status(tmp_path)
+    clock = time.strftime("%H:%M", time.localtime(reset))
+    assert f"accounts  work ⚠ 80% · personal ⏸ until {clock}" in out
+    _, out, _ = run_status(tmp_path, as_json=True)
+    assert json.loads(out)["accounts"] == [
+        {"name": "work", "state": "warning", "resets_at": reset, "used_percent": 80.0},
+        {"name": "personal", "state": "limited", "resets_at": reset, "used_percent": None},
+    ]
 
 
 def test_no_file(tmp_path: Path) -> None:

@@ -161,9 +161,13 @@ class Brain(abc.ABC):
                 return word.split("=", 1)[1]
         return None
 
-    def wire_mcp(self, mcp: Mcp, folder: Path) -> McpWiring:
+    def wire_mcp(self, mcp: Mcp, folder: Path,
+                 env: Mapping[str, str] | None = None) -> McpWiring:
         """Write this run's MCP configuration into ``folder`` (mode 0700, removed
-        after the run) and say how to pass it. Raises :class:`McpError`."""
+        after the run) and say how to pass it. ``env`` is the environment the
+        agent gets (its account's variables included), for a brain whose
+        configuration is built over the CLI's own folder. Raises :class:`McpError`.
+        Blocking (file I/O): call it in a worker thread."""
         raise McpError(f"the {self.name} brain cannot use an MCP server")
 
 

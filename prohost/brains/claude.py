@@ -29,7 +29,7 @@ import logging
 import shlex
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -451,7 +451,8 @@ class ClaudeBrain(Brain):
             return shlex.join([*prefix, word, "--version"])
         return None
 
-    def wire_mcp(self, mcp: Mcp, folder: Path) -> McpWiring:
+    def wire_mcp(self, mcp: Mcp, folder: Path,
+                 env: Mapping[str, str] | None = None) -> McpWiring:
         parts = urllib.parse.urlsplit(mcp.url)
         # The URL is not echoed: a query string may carry a credential.
         if parts.scheme not in ("http", "https") or not parts.netloc:

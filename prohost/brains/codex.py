@@ -32,8 +32,9 @@ import logging
 import os
 import shlex
 import time
+import tomllib
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from prohost.brains.base import (
     has_flag,
     one_line,
     split_command,
+    write_private,
 )
 from prohost.limits import codex_limit_text, codex_rate_limits, merge
 from prohost.runs import Mcp, Outcome
@@ -58,9 +60,11 @@ log = logging.getLogger(__name__)
 #: The name the run's MCP server gets in Codex's ``mcp_servers`` table; its tools
 #: show up to the model under this server name.
 MCP_SERVER_NAME = "prohost"
-#: The variable that carries the MCP bearer token to Codex. Codex reads it itself
-#: (``bearer_token_env_var``), so the token is never on the command line.
-MCP_TOKEN_ENV = "PROHOST_MCP_TOKEN"
+#: Codex's configuration folder (login, config.toml, sessions, logs).
+CODEX_HOME_ENV = "CODEX_HOME"
+#: Folders of CODEX_HOME Codex writes a run's state into: made in the real home
+#: before an overlay links to them, so nothing a run keeps is lost with it.
+_CODEX_SHARED_DIRS = ("sessions", "log")
 
 #: Words that precede the real program on a command line (as in ``program_name``).
 _PREFIX_WORDS = frozenset({"env", "exec", "command", "nice", "nohup"})
@@ -321,9 +325,23 @@ class CodexBrain(Brain):
                     return raw.strip().strip("\"'") or None
         return None
 
-    def wire_mcp(self, mcp: Mcp, folder: Path) -> McpWiring:
-        """The run's streamable-HTTP MCP server as ``-c`` overrides; the token in
-        the environment. Codex needs no file for it, so ``folder`` stays empty."""
+    def wire_mcp(self, mcp: Mcp, folder: Path,
+                 env: Mapping[str, str] | None = None) -> McpWiring:
+        """The run's streamable-HTTP MCP server; its token in a private CODEX_HOME.
+
+        The URL goes in ``-c`` overrides. A token goes nowhere a child of the agent
+        could read it: not argv (``ps``), not the environment (every command the
+        agent runs inherits it). Codex reads a static ``Authorization`` header
+        from its config (``http_headers`` of an ``[mcp_servers.<name>]`` table:
+        ``McpServerTransportConfig::StreamableHttp`` in openai/codex
+        ``codex-rs/core/src/config/types.rs``, sent by ``build_default_headers`` in
+        ``codex-rs/rmcp-client/src/utils.rs``), and its config lives in CODEX_HOME.
+        So ``folder`` gets an overlay of the account's CODEX_HOME (``env``'s
+        ``CODEX_HOME``, else ``~/.codex``): a symlink to each of its entries, so
+        the login, sessions and logs are the real ones (a resumed thread is found,
+        a new one is kept), and a ``config.toml`` (0600) = the real one plus the
+        run's server. The agent gets ``CODEX_HOME`` pointing at the overlay.
+        """
         parts = urllib.parse.urlsplit(mcp.url)
         # The URL is not echoed: a query string may carry a credential.
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -334,25 +352,67 @@ class CodexBrain(Brain):
         if any(char.isspace() or ord(char) < 0x20 or ord(char) == 0x7F for char in mcp.url):
             raise McpError("its URL contains spaces or control characters")
         if mcp.token and any(char in mcp.token for char in "\r\n\0"):
-            # Codex sends it as an HTTP header, and no variable can hold a NUL.
+            # Codex sends it as an HTTP header.
             raise McpError("its token contains characters an HTTP header cannot carry")
         prefix = f"mcp_servers.{MCP_SERVER_NAME}"
-        args = [
+        args = (
             # Codex 0.4x only spoke streamable HTTP through the then-experimental
             # rmcp client; later builds made it the default and ignore the key.
             "-c", "experimental_use_rmcp_client=true",
             "-c", f"{prefix}.url={_toml_string(mcp.url)}",
-        ]
-        env: dict[str, str] = {}
-        if mcp.token:
-            # Only the variable's NAME goes on the command line (argv is readable by
-            # every user through ps). Codex takes a bearer token from the environment
-            # (bearer_token_env_var, env_http_headers) or from its config: `-c` is argv,
-            # and a private CODEX_HOME would lose the user's login. The environment is
-            # the one place only this user can read (tests/test_secrets.py).
-            args += ["-c", f"{prefix}.bearer_token_env_var={_toml_string(MCP_TOKEN_ENV)}"]
-            env[MCP_TOKEN_ENV] = mcp.token
-        return McpWiring(args=tuple(args), env=env)
+        )
+        if not mcp.token:
+            return McpWiring(args=args)
+        overlay = _codex_overlay(_codex_home(os.environ if env is None else env), folder,
+                                 mcp.url, mcp.token)
+        return McpWiring(args=args, env={CODEX_HOME_ENV: str(overlay)})
+
+
+def _codex_home(env: Mapping[str, str]) -> Path:
+    """The CODEX_HOME Codex would use with ``env``: the variable, else ``~/.codex``."""
+    named = env.get(CODEX_HOME_ENV, "").strip()
+    if named:
+        return Path(named)
+    home = env.get("HOME", "").strip()
+    return (Path(home) if home else Path.home()) / ".codex"
+
+
+def _codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
+    """``folder/codex-home``: ``base`` seen through symlinks, but for a private
+    ``config.toml`` that adds the run's MCP server with its bearer header."""
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Made in the real home first: through the symlinks, Codex keeps the
+        # run's thread (resumed by the lane's next turn) and its logs there.
+        for shared in _CODEX_SHARED_DIRS:
+            (base / shared).mkdir(mode=0o700, exist_ok=True)
+        config = base / "config.toml"
+        text = config.read_text(encoding="utf-8") if config.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise McpError(f"could not read Codex's folder {base}: "
+                       f"{getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        existing = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise McpError(f"{config} is not valid TOML ({exc}); Codex could not read it "
+                       "either: fix it") from None
+    servers = existing.get("mcp_servers")
+    if isinstance(servers, dict) and MCP_SERVER_NAME in servers:
+        raise McpError(f"{config} already defines [mcp_servers.{MCP_SERVER_NAME}]; "
+                       "rename that server, the run's own uses the name")
+    table = (f"[mcp_servers.{MCP_SERVER_NAME}]\n"
+             f"url = {_toml_string(url)}\n"
+             f"http_headers = {{ Authorization = {_toml_string('Bearer ' + token)} }}\n")
+    # A new table after the user's text: whatever table it ended in is closed.
+    combined = (text.rstrip("\n") + "\n\n" if text.strip() else "") + table
+    overlay = folder / "codex-home"
+    overlay.mkdir(mode=0o700)
+    overlay.chmod(0o700)
+    for entry in sorted(base.iterdir()):
+        if entry.name != "config.toml":
+            (overlay / entry.name).symlink_to(entry)
+    write_private(overlay / "config.toml", combined)
+    return overlay
 
 
 def _text(value: object) -> str | None:

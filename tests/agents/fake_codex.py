@@ -25,6 +25,12 @@ account), whatever the scenario:
 - a file ``used_percent`` (a number) adds a ``token_count`` event with those
   rate-limit figures before the reply.
 
+With ``CODEX_HOME`` set, threads live there as codex keeps them: a new thread (a
+fresh id) writes ``sessions/<id>.jsonl``, and ``exec resume <id>`` of a thread with
+no such file fails like codex's "no rollout found" (codex-rs/core's rollout
+recorder). The ``[mcp_servers.prohost]`` table of ``$CODEX_HOME/config.toml`` is
+recorded as ``mcp_server`` (how codex would call the run's MCP server).
+
 ``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
 file, the arguments, the prompt and a few variables of every invocation are
 appended to the JSON list in it.
@@ -38,6 +44,8 @@ import json
 import os
 import sys
 import time
+import tomllib
+import uuid
 
 THREAD_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
 RECORDED_ENV = ("PROHOST_RUN_ID", "PROHOST_PAIRED_RUN", "PROHOST_MCP_TOKEN")
@@ -130,6 +138,17 @@ def account_file(name: str) -> str | None:
         return None
 
 
+def mcp_server() -> object:
+    """The ``[mcp_servers.prohost]`` table of ``$CODEX_HOME/config.toml``, if any."""
+    text = account_file("config.toml")
+    if text is None:
+        return None
+    try:
+        return tomllib.loads(text).get("mcp_servers", {}).get("prohost")
+    except tomllib.TOMLDecodeError as exc:
+        return {"error": str(exc)}
+
+
 def retry_time(epoch: int) -> str:
     """``format_retry_timestamp`` of openai/codex ``codex-rs/core/src/error.rs``:
     ``%-I:%M %p`` on the same local day, else ``%b %-d<suffix>, %Y %-I:%M %p``."""
@@ -158,6 +177,7 @@ def main() -> None:
             "prompt": prompt,
             "env": {name: os.environ.get(name) for name in RECORDED_ENV},
             "codex_home": os.environ.get("CODEX_HOME"),
+            "mcp_server": mcp_server(),
         })
         with open(record, "w", encoding="utf-8") as file:
             json.dump(entries, file)
@@ -166,6 +186,21 @@ def main() -> None:
     reply = os.environ.get("FAKE_CODEX_REPLY", "Fixed: the fixture path was wrong.")
     resume = args["resume"]
     thread_id = str(resume) if resume else THREAD_ID
+    home = os.environ.get("CODEX_HOME")
+    if home:
+        sessions = os.path.join(home, "sessions")
+        if resume and not os.path.exists(os.path.join(sessions, f"{resume}.jsonl")):
+            sys.stderr.write(
+                f"Error: thread/resume: thread/resume failed: no rollout found for thread "
+                f"id {resume} (code -32600)\n"
+            )
+            sys.exit(1)
+        if not resume:
+            thread_id = str(uuid.uuid4())
+            os.makedirs(sessions, exist_ok=True)
+            with open(os.path.join(sessions, f"{thread_id}.jsonl"), "w",
+                      encoding="utf-8") as rollout:
+                rollout.write(json.dumps({"type": "session_meta", "id": thread_id}) + "\n")
 
     if scenario == "errors_forever":
         while True:
