@@ -2,9 +2,10 @@
 on 127.0.0.1, the plan's runs submitted over HTTP, the plan's faults injected as
 the runs go, and at the end the figures (:mod:`soaklib.verdict`).
 
-Pacing: at most ``backlog`` runs are submitted and not yet settled at once, so
-the faults, which fire when their ``at_run`` is submitted, are spread over the
-whole soak and each finds runs queued, running and reporting.
+Pacing: at most ``backlog`` runs are submitted and not yet settled at once, and
+each fault fires once ``at_run`` runs have settled, while submissions go on; so
+the faults are spread over the whole soak and each finds runs queued, running and
+reporting.
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def _answered(run: dict[str, Any]) -> bool:
 
 
 def _base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
-    # The soak's modules are importable by the helper processes it starts.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent),
-                                                      os.environ.get("PYTHONPATH")]))
-    return env
+    """The soak's environment without any PROHOST_ setting of the person running it
+    (their home, URL or log mode must not leak into the soak's processes)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
 
 
 class Soak(Faults):
+    """One soak: its processes, the server's audit, the timeline, the figures."""
+
     def __init__(self, plan: dict[str, Any], out: Path, *, concurrency: int, backlog: int,
                  max_seconds: float) -> None:
         self.plan = plan
