@@ -28,6 +28,8 @@ from typing import Literal, TypeVar
 import attrs
 import trio
 
+from prohost.errors import leaves
+
 log = logging.getLogger(__name__)
 
 #: Bytes asked of a pipe per read. Larger than trio's default, so a flood of
@@ -199,12 +201,6 @@ class _LastLine:
             self._last = line
 
 
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
 def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The exception a caller should see instead of the group, if there is one.
 
@@ -214,12 +210,12 @@ def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | 
     but ``Cancelled`` becomes one ``Cancelled``, and one real error among them
     becomes that error.
     """
-    leaves = _leaves(group)
-    real = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)]
+    found = leaves(group)
+    real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
     if len(real) == 1:
         return real[0]
-    if not real and leaves:
-        return leaves[0]
+    if not real and found:
+        return found[0]
     return None
 
 

@@ -13,10 +13,13 @@ caller gets :class:`StepTimedOut`.
 Abandoning is only safe for a call that (a) touches nothing trio owns, (b) leaves
 shared state consistent whenever it eventually ends, and (c) whose result the
 caller can do without. Each use says why it qualifies; for the ledger see
-:mod:`prohost.ledger` (every method is one sqlite transaction under the ledger's
-lock, so the abandoned call commits or rolls back on its own, later callers wait
-for the lock only a bounded time, and whether the step is durable is simply
-unknown — the next start reads the ledger and repairs it, §7).
+:mod:`prohost.ledger` (every write is queued for the ledger's group commit, whose
+writer applies it as a whole transaction or savepoint whether or not its caller
+still waits; an abandoned caller's thread gives up after a bounded time, later
+callers wait for the write connection only a bounded time, and whether the step
+is durable is simply unknown — the next start reads the ledger and repairs it, §7).
+The ledger's writer is such a worker thread too: the first caller that finds no
+writer at work, so no thread of its own is ever started.
 
 :meth:`Bounds.hurry` is the second signal's hard deadline: from then on no bounded
 step of that harness, already running or started later, outlasts it.

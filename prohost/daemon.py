@@ -47,6 +47,7 @@ from typing import Any
 
 import attrs
 
+from prohost.errors import last_line
 from prohost.files import write_atomically
 from prohost.home import (
     WORKSPACE_DIR,
@@ -523,17 +524,12 @@ def _check_python(spec: ServiceSpec) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"the service could not run {shlex.join(argv)}: {exc}"
     if result.returncode != 0:
-        detail = _last_line(result.stderr) or f"exit status {result.returncode}"
+        detail = last_line(result.stderr) or f"exit status {result.returncode}"
         return (
             f"the service could not run {shlex.join(argv)} from {spec.working_directory}: "
             f"{detail}; install prohost into that Python (pip install prohost) first"
         )
     return None
-
-
-def _last_line(data: bytes) -> str:
-    lines = data.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1].strip() if lines else ""
 
 
 # --- writing ------------------------------------------------------------------------
@@ -562,7 +558,7 @@ def _run(tool: str, args: Sequence[str], env: Mapping[str, str], timeout: float)
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _Ran(False, str(exc))
-    detail = _last_line(result.stderr) or _last_line(result.stdout)
+    detail = last_line(result.stderr) or last_line(result.stdout)
     return _Ran(result.returncode == 0, detail or f"exit status {result.returncode}")
 
 

@@ -30,6 +30,7 @@ import trio_websocket
 from wsproto.utilities import LocalProtocolError
 
 from prohost import protocol
+from prohost.errors import leaves
 from prohost.protocol import Hello, Message, Ping, Unknown
 
 log = logging.getLogger("prohost.link")
@@ -199,13 +200,13 @@ class Link:
                 return reason
         except BaseExceptionGroup as group:
             matched, rest = group.split(_RECOVERABLE)
-            if rest is not None:
-                raise rest from None
-            assert matched is not None
-            leaves = _leaves(matched)
+            if rest is not None or matched is None:
+                # (matched is None only with rest set: split() keeps every leaf.)
+                raise group if rest is None else rest from None
+            found = leaves(matched)
             # A rejection explains the rest (the reader's error and our cancelled wait).
-            leaves.sort(key=lambda exc: not isinstance(exc, trio_websocket.ConnectionRejected))
-            return self._describe(leaves[0])
+            found.sort(key=lambda exc: not isinstance(exc, trio_websocket.ConnectionRejected))
+            return self._describe(found[0])
         except _RECOVERABLE as exc:
             return self._describe(exc)
 
@@ -376,14 +377,3 @@ def _is_recoverable(exc: BaseException) -> bool:
 def _short(text: str, limit: int = 200) -> str:
     """Wire text for a log line: cut short (a message can be megabytes long)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found.extend(_leaves(exc))
-        else:
-            found.append(exc)
-    return found
-

@@ -56,7 +56,7 @@ def _clean(text: str) -> str:
     return _SPACES.sub(" ", _CONTROL.sub(" ", text)).strip()
 
 
-def human_duration(seconds: float) -> str:
+def compact_duration(seconds: float) -> str:
     """``45 s``, ``3m12s``, ``1h05m``, ``2d03h``: short and fixed in style, for narrow columns."""
     total = max(0, int(seconds))
     if total < 60:
@@ -135,7 +135,7 @@ def _status_text(snapshot: Snapshot, drift: float) -> Text:
     if connection == "reconnecting":
         countdown = _counted(snapshot.reconnect_in_s, drift)
         # Rounded up: "in 0 s" while a wait is still pending would read as "now".
-        when = "" if countdown is None else f" in {human_duration(math.ceil(countdown))}"
+        when = "" if countdown is None else f" in {compact_duration(math.ceil(countdown))}"
         return Text(f"↻ reconnecting{when}", style="bold yellow")
     if connection == "draining":
         return Text("◐ draining", style="bold cyan")
@@ -156,7 +156,9 @@ def _counts(snapshot: Snapshot, drift: float) -> Text:
     parts = [f"slots {snapshot.slots_used}/{snapshot.slots}", f"queued {snapshot.queued}"]
     if snapshot.connection in ("connected", "draining", "stopping"):
         age = _aged(snapshot.heartbeat_age_s, drift)
-        parts.append("no heartbeat yet" if age is None else f"heartbeat {human_duration(age)} ago")
+        parts.append(
+            "no heartbeat yet" if age is None else f"heartbeat {compact_duration(age)} ago"
+        )
     parts.append(f"pid {snapshot.pid}")
     parts.append(f"prohost {snapshot.version}")
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
@@ -228,9 +230,9 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
             else Text(row.run_id, style="italic"),
             Text(short_run_id(row.run_id), style="dim"),
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
-            "—" if elapsed is None else human_duration(elapsed),
+            "—" if elapsed is None else compact_duration(elapsed),
             Text(_clean(row.activity or ""), style="dim"),
-            Text("" if idle is None else human_duration(idle),
+            Text("" if idle is None else compact_duration(idle),
                  style="bold yellow" if idle is not None and idle < 60 else ""),
         )
     return table
@@ -248,7 +250,7 @@ def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
         table.add_row(
             Text("✓", style="green") if row.ok else Text("✗", style="red"),
             _label(row.conversation, row.run_id),
-            "" if row.duration_s is None else human_duration(row.duration_s),
+            "" if row.duration_s is None else compact_duration(row.duration_s),
             Text(f"{_short_ago(now - row.finished_at)} ago", style="dim"),
             Text("" if row.ok else _clean(row.error or "failed"), style="red"),
         )
@@ -298,7 +300,7 @@ def _connection_line(snapshot: Snapshot) -> str:
     if snapshot.connection == "reconnecting":
         line = "reconnecting"
         if snapshot.reconnect_in_s is not None:
-            line += f" in {human_duration(snapshot.reconnect_in_s)}"
+            line += f" in {compact_duration(snapshot.reconnect_in_s)}"
         if snapshot.last_error:
             line += f" ({_clean(snapshot.last_error)})"
         return line
@@ -347,7 +349,7 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
     # The snapshot keeps finished runs newest first; the log reads oldest first.
     for done in reversed(newly_finished):
         name = _run_name(done.run_id, done.conversation)
-        took = "" if done.duration_s is None else human_duration(done.duration_s)
+        took = "" if done.duration_s is None else compact_duration(done.duration_s)
         if done.ok:
             lines.append(f"✓ {name} finished" + (f" in {took}" if took else ""))
         else:

@@ -35,16 +35,23 @@ DEFAULT_WINDOW_S = 600.0
 #: One attempt's budget, end to end: a server that accepts and never answers is a
 #: network error, not a reason to hold the run in `reporting` for the whole window.
 REQUEST_TIMEOUT_S = 30.0
+#: The first retry's nominal delay, in seconds; it doubles on each retry after.
 BACKOFF_FIRST_S = 1.0
+#: The longest nominal delay between two completion attempts, in seconds.
 BACKOFF_CAP_S = 30.0
-#: Of a response body, only this much is read and kept for the log line.
+#: Of a response body, only this much (bytes) is read for the log line ...
 SNIPPET_BYTES = 2048
+#: ... and this many characters of it are kept.
 SNIPPET_CHARS = 200
 
+#: One timeline attempt's budget, end to end, in seconds.
 TIMELINE_TIMEOUT_S = 5.0
+#: Timeline posts are best effort: this many attempts at most.
 TIMELINE_ATTEMPTS = 2
+#: The pause between two timeline attempts, in seconds.
 TIMELINE_PAUSE_S = 0.5
 
+#: Statuses that pass on their own (besides every 5xx): request timeout, rate limit.
 _RETRY_STATUSES = frozenset({408, 429})
 
 
@@ -68,7 +75,14 @@ class _Answer:
     status: int | None  # None: no HTTP answer (network error or timeout)
     line: str
     retry_after: float | None = None
-    fatal: bool = False
+    fatal: bool = False  # no retry can change it (a bad URL)
+
+    @property
+    def retryable(self) -> bool:
+        """Worth another try: no answer at all, or a status that passes on its own."""
+        if self.fatal:
+            return False
+        return self.status is None or _retryable(self.status)
 
 
 class Reporter:
@@ -119,7 +133,9 @@ class Reporter:
         while True:
             attempt += 1
             remaining = deadline - trio.current_time()
-            answer = await self._attempt(url, headers, payload, min(REQUEST_TIMEOUT_S, remaining))
+            answer = await self._post(
+                url, headers, payload, budget_s=min(REQUEST_TIMEOUT_S, remaining), read_body=True
+            )
             status, what = answer.status, answer.line
             if status is not None and 200 <= status < 300:
                 return self._settle(run_id, "delivered", status, f"{status}", logging.DEBUG)
@@ -131,9 +147,8 @@ class Reporter:
                 return self._settle(
                     run_id, "closed", status, "404: run closed server-side", logging.INFO
                 )
-            if answer.fatal or (status is not None and not _retryable(status)):
-                # Other 4xx, and the odd 3xx: following a redirect would carry the
-                # token somewhere the completion path was validated not to go.
+            if not answer.retryable:
+                # Other 4xx, and the odd 3xx (redirects are not followed).
                 return self._settle(run_id, "rejected", status, what, logging.ERROR)
 
             delay = self._backoff(attempt) if answer.retry_after is None else answer.retry_after
@@ -162,10 +177,25 @@ class Reporter:
             )
             await trio.sleep(delay)
 
-    async def _attempt(
-        self, url: str, headers: dict[str, str], payload: dict[str, Any], budget_s: float
+    async def _post(
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: dict[str, Any],
+        *,
+        budget_s: float,
+        read_body: bool,
     ) -> _Answer:
-        """One POST, reduced to what the retry loop needs."""
+        """One POST, reduced to what a retry loop needs; the loops differ, this does not.
+
+        ``read_body``: on an answer other than 2xx, 404 or 409, read a bounded
+        snippet of the body into the line and honour ``Retry-After`` (a completion:
+        the line is what the person debugging a rejected report gets). Off, the
+        response is streamed and never read (a timeline post: the body is of no use,
+        and unread it costs nothing however large it is). Never raises for an HTTP
+        or network failure. Cancelled: the request is abandoned where it stands and
+        the cancellation propagates.
+        """
         # httpx's own timeouts are per phase (connect, each read, ...), so a server
         # trickling a byte at a time would never trip them; the trio deadline bounds
         # the whole exchange. Both are set so the client's defaults don't apply.
@@ -174,13 +204,15 @@ class Reporter:
                 async with self._client.stream(
                     "POST",
                     url,
-                    json=payload,
+                    json=body,
                     headers=headers,
                     timeout=budget_s,
+                    # Following a redirect would carry the token somewhere the
+                    # path was validated not to go.
                     follow_redirects=False,
                 ) as response:
                     status = response.status_code
-                    if 200 <= status < 300 or status in (404, 409):
+                    if not read_body or 200 <= status < 300 or status in (404, 409):
                         return _Answer(status, str(status))
                     snippet = await _read_snippet(response)
                     line = f"{status}: {snippet}" if snippet else str(status)
@@ -230,36 +262,19 @@ class Reporter:
         url = self._base + timeline_path
         headers = {"Authorization": f"Bearer {self._token}"}
         body = {"run_id": run_id, "events": events}
-        what = ""
+        answer = _Answer(None, "not tried")
         for attempt in range(1, TIMELINE_ATTEMPTS + 1):
             if attempt > 1:
                 await trio.sleep(TIMELINE_PAUSE_S)
-            what = f"no answer within {TIMELINE_TIMEOUT_S:.0f} s"
-            retry = True
-            with trio.move_on_after(TIMELINE_TIMEOUT_S):
-                try:
-                    # Streamed and never read: the body is of no use, and unread it
-                    # costs nothing however large it is.
-                    async with self._client.stream(
-                        "POST",
-                        url,
-                        json=body,
-                        headers=headers,
-                        timeout=TIMELINE_TIMEOUT_S,
-                        follow_redirects=False,
-                    ) as response:
-                        status = response.status_code
-                    if 200 <= status < 300:
-                        return True
-                    what, retry = str(status), _retryable(status)
-                except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-                    what, retry = f"bad URL: {exc}", False
-                except httpx.TransportError as exc:
-                    what = _describe_transport_error(exc)
-            if not retry:
+            answer = await self._post(
+                url, headers, body, budget_s=TIMELINE_TIMEOUT_S, read_body=False
+            )
+            if answer.status is not None and 200 <= answer.status < 300:
+                return True
+            if not answer.retryable:
                 break
         self._log.warning(
-            "timeline for %s: %d event(s) not posted (%s)", run_id, len(events), self._scrub(what)
+            "timeline for %s: %d event(s) not posted (%s)", run_id, len(events), answer.line
         )
         return False
 

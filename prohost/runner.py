@@ -6,6 +6,10 @@ next begins::
 
     started → (worktrees, prompt, agent: prohost.execute) → finished → POST → reported
 
+``started`` and ``finished`` wait for their fsync; the agent's process group, the
+lane's session and ``reported`` are written with ``durable=False`` and ride the next
+commit (why each may, in :mod:`prohost.ledger`).
+
 A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
 the run is still reported (a ``cancel``, the second signal) with its
 ``stop_outcome``; ``life_scope`` stops everything, the report included (the server
@@ -16,6 +20,7 @@ cancel never leaves one half done.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -225,8 +230,10 @@ class Runner:
     async def record_dropped(self, held: HeldRun) -> None:
         """Close the run in the ledger without a report (it is closed on the server).
         Shielded and bounded, like every ledger step."""
+        # Not durable: lost only with the machine, and then the next start reports
+        # it again, which the server answers 404 (§7).
         await self._ledger(self.ledger.mark_reported, held.run_id,
-                           "dropped: closed on the server", time.time())
+                           "dropped: closed on the server", time.time(), durable=False)
 
     async def _outcome_of(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
         """The run's outcome; never raises but for cancellation (see :meth:`run`).
@@ -244,8 +251,11 @@ class Runner:
             # here too. A run whose agent never started leaves the lane's session
             # as it was: nothing happened to it.
             try:
+                # Not durable: queued before this turn's `finished`, it is in that
+                # commit or an earlier one.
                 await self._ledger(self.ledger.save_turn, held.run.lane,
-                                   held.progress.account, outcome.session_id, time.time())
+                                   held.progress.account, outcome.session_id, time.time(),
+                                   durable=False)
             except Exception:
                 log.exception("run %s: could not save the session of %s", held.run_id,
                               held.run.lane)
@@ -300,8 +310,8 @@ class Runner:
         ledger = self.ledger
         held.state = "preparing"
         await self._ledger(ledger.mark_started, run.run_id, time.time())
-        # Abandoning it on a hung disk is safe: a read under the ledger's lock
-        # (see prohost.ledger); the run then fails with the StepTimedOut.
+        # Abandoning it on a hung disk is safe: a read on the ledger's read
+        # connection (see prohost.ledger); the run then fails with the StepTimedOut.
         session = await self.bounds.run(ledger.account_session, run.lane, account.name,
                                         limit_s=LEDGER_STEP_TIMEOUT_S,
                                         what="reading the lane's session from the ledger")
@@ -316,8 +326,10 @@ class Runner:
 
         async def spawned(pgid: int) -> None:
             # With the group recorded, a restarted harness can find and kill
-            # this agent if this process dies while it runs (§7).
-            await self._ledger(ledger.record_pgid, run.run_id, pgid)
+            # this agent if this process dies while it runs (§7). Not durable:
+            # a commit without fsync survives this process dying, and only
+            # then can the agent outlive it.
+            await self._ledger(ledger.record_pgid, run.run_id, pgid, durable=False)
 
         async def another(tried: frozenset[str],
                           deadline: float) -> tuple[Account, str | None] | None:
@@ -458,15 +470,22 @@ class Runner:
         level = logging.DEBUG if settlement.kind in ("delivered", "already") else logging.WARNING
         log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
         try:
+            # Not durable: lost only with the machine, and then the next start posts
+            # the saved outcome again, which the server takes as a duplicate (§7).
             await self._ledger(self.ledger.mark_reported, run.run_id,
-                               f"{settlement.kind}: {settlement.detail}", time.time())
+                               f"{settlement.kind}: {settlement.detail}", time.time(),
+                               durable=False)
         except Exception:
             log.exception("run %s was reported but that could not be recorded; the next "
                           "start reports it again (the server takes it as a duplicate)",
                           run.run_id)
 
-    async def _ledger(self, step: Callable[..., object], *args: object) -> None:
-        """One durable ledger step, in a worker thread.
+    async def _ledger(
+        self, step: Callable[..., object], *args: object, durable: bool = True
+    ) -> None:
+        """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
+        Without, once it is queued for the next commit (or committed, without an
+        fsync, when nothing else was being written).
 
         Cancelled: not interrupted — a step that was begun is finished even when
         the run is being cancelled, or the ledger would disagree with what was
@@ -476,10 +495,11 @@ class Runner:
         """
         name = getattr(step, "__name__", "step")
         try:
-            # Abandoning is safe: each ledger method is one transaction under the
-            # ledger's lock, which the abandoned thread completes or rolls back
-            # alone (see prohost.ledger and prohost.blocking).
-            await self.bounds.run(step, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+            # Abandoning is safe: each ledger write is a whole transaction (or a
+            # savepoint of one) that the ledger's writer completes or rolls back
+            # on its own (see prohost.ledger and prohost.blocking).
+            call = step if durable else functools.partial(step, durable=False)
+            await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
                                   what=f"the ledger step {name}")
         except LedgerError as exc:
             # A step out of order (say, a drop racing a report that just

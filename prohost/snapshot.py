@@ -82,8 +82,14 @@ class Snapshot:
 
 
 def write_snapshot(home: Path, snapshot: Snapshot) -> None:
-    """Replace ``status.json`` atomically, readable by this user only."""
-    write_atomically(home / STATUS_FILE, snapshot.to_json().encode("utf-8"), 0o600)
+    """Replace ``status.json`` atomically, readable by this user only.
+
+    Not fsync'd: it is rewritten up to once a second while runs execute, and one
+    lost with the machine is harmless (the next harness writes a new one; a reader
+    of a damaged one is told the file is not a snapshot).
+    """
+    write_atomically(home / STATUS_FILE, snapshot.to_json().encode("utf-8"), 0o600,
+                     durable=False)
 
 
 def read_snapshot(home: Path) -> Snapshot | None:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from prohost.panel import human_ago, human_duration, render
+from prohost.panel import compact_duration, human_ago, render
 from prohost.protocol import converter
 from prohost.snapshot import STALE_AFTER_S, STATUS_FILE, Snapshot, read_snapshot
 
@@ -90,7 +90,7 @@ def status_command(
     if stale:
         out.print(
             f"[bold yellow]⚠ pid {snapshot.pid} has not updated {escape(str(home / STATUS_FILE))}"
-            f" for {human_duration(age)} (hung?); this is its last status:[/]",
+            f" for {compact_duration(age)} (hung?); this is its last status:[/]",
             soft_wrap=True,
         )
         # Aging a hung harness's clocks forward would invent progress: show it as it was.

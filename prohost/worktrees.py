@@ -43,6 +43,7 @@ from typing import Literal
 import attrs
 import trio
 
+from prohost.errors import last_line
 from prohost.prompt import Checkout, CheckoutFailure
 
 log = logging.getLogger(__name__)
@@ -215,12 +216,6 @@ def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _last_line(data: bytes) -> str:
-    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
-    lines = [line for line in lines if line]
-    return lines[-1][:300] if lines else ""
-
-
 async def _kill_group(process: trio.Process) -> None:
     # The whole group, at once: `git worktree add` checks out in a child git and
     # runs hooks, and a SIGTERM to git alone lets it exit (trio then stops waiting)
@@ -257,7 +252,7 @@ async def git(
     if scope.cancelled_caught:
         raise GitError(f"git {what} took longer than {timeout_s:g} s and was stopped")
     if done.returncode != 0:
-        reason = _last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
+        reason = last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
         raise GitError(reason)
     return os.fsdecode(done.stdout)
 

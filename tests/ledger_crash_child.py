@@ -3,6 +3,11 @@
 Used by tests/test_ledger.py: the parent reopens the ledger and checks that every
 step committed here survived, and that a write left uncommitted did not. Each
 committed step is printed before the next, so the parent knows what was promised.
+
+``ledger_crash_child.py PATH`` walks several runs through every state;
+``ledger_crash_child.py PATH steps N`` takes one run through the first ``N`` steps
+of a run's life exactly as prohost.runner writes them (durable or not) and dies
+right after the ``N``-th returned.
 """
 
 from __future__ import annotations
@@ -11,14 +16,40 @@ import os
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from prohost.ledger import Ledger
 from prohost.runs import Outcome
 
+#: A run's steps in prohost.runner's order, with the durability the runner asks for.
+RUN_STEPS: list[tuple[str, Callable[[Ledger], None]]] = [
+    ("accepted", lambda ledger: ledger.admit("run-x", "conv:X", '{"run_id": "run-x"}',
+                                             now=100.0) and None),
+    ("started", lambda ledger: ledger.mark_started("run-x", now=101.0)),
+    ("pgid", lambda ledger: ledger.record_pgid("run-x", 4242, durable=False)),
+    ("session", lambda ledger: ledger.save_session("conv:X", "sess-x", now=102.0,
+                                                   durable=False)),
+    ("finished", lambda ledger: ledger.mark_finished(
+        "run-x", Outcome(ok=True, reply="done").to_json(), now=103.0)),
+    ("reported", lambda ledger: ledger.mark_reported("run-x", "delivered: 200", now=104.0,
+                                                     durable=False)),
+]
+
+
+def walk_steps(path: Path, count: int) -> None:
+    ledger = Ledger.open(path)
+    for name, write in RUN_STEPS[:count]:
+        write(ledger)
+        print(name, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
 
 def main() -> None:
     path = Path(sys.argv[1])
+    if sys.argv[2:3] == ["steps"]:
+        walk_steps(path, int(sys.argv[3]))
+        return
     ledger = Ledger.open(path)
 
     def step(text: str) -> None:

@@ -17,7 +17,6 @@ from tests.kit import (
     delivery_frame,
     finished,
     gated_harness,
-    messages,
     run_body,
     running_harness,
     running_server,
@@ -174,14 +173,25 @@ async def test_503_while_draining(tmp_path: Path) -> None:
             await server.wait_until(finished(busy))
 
 
-async def test_ping_is_answered_with_its_id(tmp_path: Path, reply_agent: str) -> None:
+async def test_ping_is_answered_with_its_id_at_once(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ):
+        async with gated_harness(tmp_path) as (gate, running):
+            server = running.server
+            # A run in flight: a pong must not wait for work.
+            run_id = await server.submit_run("busy", conversation_id="C1")
+            await gate.wait_started(run_id)
             await server.send_raw(json.dumps({"type": "ping", "id": "p-81"}))
-            await server.wait_until(
-                lambda s: any(p.id == "p-81" for p in messages(s, Pong)))
+            await server.send_raw(frame(running, run_body("r2"), "d2", event="agent.other"))
+            await wait_for_ack(server, "d2")
+            # Answered in order: the pong, with the ping's id, before the ack of the
+            # frame sent right after the ping, and while the run still holds.
+            after_ping = [m.message for m in server.state.received
+                          if isinstance(m.message, Pong) or getattr(m.message, "id", "") == "d2"]
+            assert after_ping[0] == Pong(id="p-81")
+            assert [type(m).__name__ for m in after_ping] == ["Pong", "Ack"]
+            assert gate.running == 1
+            await gate.release(run_id)
+            await server.wait_until(finished(run_id))
 
 
 async def test_unknown_types_fields_and_garbage_are_ignored(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
 
@@ -177,21 +178,90 @@ async def test_an_agent_that_never_reads_stdin_gets_through(
     assert result.stdout == b"d" * MIB
 
 
-async def test_output_on_either_stream_resets_the_idle_timer(
-    tmp_path: Path, groups: ProcessGroups
-) -> None:
-    # Each half outlasts the idle limit on one stream alone, never with both.
-    command = (
-        "for i in 1 2 3 4 5 6 7 8; do echo e >&2; sleep 0.05; done; "
-        "for i in 1 2 3 4 5 6 7 8; do echo o; sleep 0.05; done"
-    )
-    with trio.fail_after(10):
-        result = await run_agent(
-            command, stdin_text="", cwd=tmp_path, env=env(), groups=groups, idle_timeout_s=0.3
+class Puppeteer:
+    """The test's end of tests/agents/puppet.py, and what run_agent heard from it."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.heard: list[float] = []  # on_output: the trio time of every read
+        self.result: ProcessResult | None = None  # once run_agent has returned
+        self._conn: trio.SocketStream | None = None
+        self._changed = trio.Event()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listener.socket.getsockname()[1]
+        task_status.started()
+        async with listener:
+            self._conn = await listener.accept()
+        self._poke()
+
+    def on_output(self, at: float) -> None:
+        self.heard.append(at)
+        self._poke()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self, tmp_path: Path, groups: ProcessGroups, idle_timeout_s: float) -> None:
+        self.result = await run_agent(
+            agent("puppet.py", self.port), stdin_text="", cwd=tmp_path, env=env(),
+            groups=groups, idle_timeout_s=idle_timeout_s, on_output=self.on_output,
         )
-    assert result.timed_out is None
-    assert result.exit_code == 0
-    assert result.stdout == b"o\n" * 8
+        self._poke()
+
+    async def _wait(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._changed.wait()
+
+    async def say(self, word: str, text: str) -> None:
+        """Have the puppet write ``text`` on stdout (``out``) or stderr (``err``),
+        and return once run_agent has read it. Fails if the puppet was stopped."""
+        await self._wait(lambda: self._conn is not None)
+        assert self._conn is not None
+        assert self.result is None, f"the agent was stopped before `{word}`: {self.result}"
+        before = len(self.heard)
+        await self._conn.send_all(f"{word} {text}\n".encode())
+        await self._wait(lambda: len(self.heard) > before or self.result is not None)
+        assert self.result is None, f"`{word}` was never heard; the agent ended: {self.result}"
+
+    async def exit(self, code: int) -> None:
+        assert self._conn is not None
+        # A puppet already stopped for being idle can no longer hear this.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await self._conn.send_all(f"exit {code}\n".encode())
+
+
+async def test_output_on_either_stream_resets_the_idle_timer(
+    tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
+) -> None:
+    # trio's clock stands still unless the test moves it, and the puppet prints only
+    # when told: 6 s of silence, stderr, 6 s, stdout, 6 s, exit. Under the 10 s
+    # idle limit only if output on stderr and on stdout each reset the timer.
+    # Should something hang, the clock jumps after 30 idle real seconds.
+    mock_clock.autojump_threshold = 30
+    puppet = Puppeteer()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(puppet.serve)
+            nursery.start_soon(puppet.run, tmp_path, groups, 10)
+            mock_clock.jump(6)
+            await puppet.say("err", "e")
+            mock_clock.jump(6)  # 12 s since the start, 6 s since stderr spoke
+            # Were the idle timer deaf to stderr, the agent would be stopped by now,
+            # before it could hear the next line.
+            await trio.testing.wait_all_tasks_blocked()
+            await puppet.say("out", "o")
+            mock_clock.jump(6)
+            await trio.testing.wait_all_tasks_blocked()
+            await puppet.exit(0)
+    ended = puppet.result
+    assert ended is not None
+    assert ended.timed_out is None
+    assert ended.exit_code == 0
+    assert ended.stdout == b"o\n"
+    assert ended.last_stderr_line == "e"
 
 
 async def test_flood_keeps_memory_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
@@ -301,31 +371,62 @@ async def test_normal_exit_sweeps_the_group(
         await assert_gone(pidfile)
 
 
-async def _stubborn(
+async def _stopped_by_a_timer(
     tmp_path: Path,
     groups: ProcessGroups,
     pidfile: Path,
-    then: str,
+    clock: trio.testing.MockClock,
     *,
     deadline: float = math.inf,
     idle_timeout_s: float = 0.0,
 ) -> ProcessResult:
-    return await run_agent(
-        agent("stubborn.py", pidfile, "--then", then),
-        stdin_text="",
-        cwd=tmp_path,
-        env=env(),
-        groups=groups,
-        deadline=deadline,
-        idle_timeout_s=idle_timeout_s,
-    )
+    """stubborn.py on a still trio clock: 11 s pass once it is ready, then the grace.
+
+    Nothing is timed by the wall clock, so a slow start cannot eat the budget: the
+    clock moves 11 s only once the agent printed ``ready``, and past the grace only
+    once the leader has gone (at the SIGTERM a timer sent), so it is the stubborn
+    grandchild that the SIGKILL is for. Should a timer never fire, the clock jumps
+    after 30 idle real seconds, to the next deadline there is.
+    """
+    clock.autojump_threshold = 30
+    ready = trio.Event()
+    leader: list[int] = []  # a pidfd of the group's leader
+    result: list[ProcessResult] = []
+
+    def on_line(line: bytes) -> None:
+        if line == b"ready":
+            ready.set()
+
+    async def on_spawn(pgid: int) -> None:
+        leader.append(os.pidfd_open(pgid))
+
+    async def run_it() -> None:
+        result.append(await run_agent(
+            agent("stubborn.py", pidfile), stdin_text="", cwd=tmp_path,
+            env=env(), groups=groups, deadline=deadline, idle_timeout_s=idle_timeout_s,
+            on_spawn=on_spawn, on_stdout_line=on_line,
+        ))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_it)
+            await ready.wait()
+            clock.jump(11)
+            await trio.lowlevel.wait_readable(leader[0])
+            clock.jump(groups.grace_s)
+    finally:
+        for fd in leader:
+            os.close(fd)
+    return result[0]
 
 
 async def test_idle_timeout_kills_the_group(
-    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    with trio.fail_after(10):
-        result = await _stubborn(tmp_path, groups, pidfile, "sleep", idle_timeout_s=0.5)
+    with trio.fail_after(600):
+        result = await _stopped_by_a_timer(
+            tmp_path, groups, pidfile, mock_clock, idle_timeout_s=10
+        )
         assert result.timed_out == "idle"
         assert result.signal == signal.SIGTERM  # the leader went at the first signal
         assert result.stdout == b"ready\n"
@@ -334,17 +435,18 @@ async def test_idle_timeout_kills_the_group(
 
 
 async def test_total_timeout_kills_the_group(
-    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    # It prints all the time, so only the total deadline can stop it.
-    with trio.fail_after(10):
-        deadline = trio.current_time() + 0.5
-        result = await _stubborn(
-            tmp_path, groups, pidfile, "print", deadline=deadline, idle_timeout_s=30
+    # The idle limit is far past the 11 s the clock moves: only the total deadline
+    # can stop it.
+    with trio.fail_after(600):
+        result = await _stopped_by_a_timer(
+            tmp_path, groups, pidfile, mock_clock,
+            deadline=trio.current_time() + 10, idle_timeout_s=30,
         )
         assert result.timed_out == "total"
         assert result.signal == signal.SIGTERM
-        assert result.stdout.startswith(b"ready\n.")
+        assert result.stdout == b"ready\n"
         await assert_gone(pidfile)
 
 

@@ -3,6 +3,7 @@ timeline, MCP, the agent's environment and the status message (§5, §8)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from prohost.ledger import Ledger
 from prohost.protocol import RunBeat, Status
@@ -91,22 +93,69 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             assert running.ledger.session_for("conv:C1") == fresh
 
 
-async def test_the_fresh_retry_shares_the_runs_deadline(tmp_path: Path) -> None:
+class Turnstile:
+    """The test's end of ``FAKE_CLAUDE_GATE``: each agent invocation, in the order they
+    connect, held until the test says go."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._send, self._arrivals = trio.open_memory_channel[trio.SocketStream](10)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._arrived, listeners)
+
+    async def _arrived(self, stream: trio.SocketStream) -> None:
+        await self._send.send(stream)
+        await trio.sleep_forever()  # the stream is the test's now; keep it open
+
+    async def next(self) -> trio.SocketStream:
+        """The next invocation, once it has started and is waiting."""
+        stream = await self._arrivals.receive()
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await stream.receive_some()
+        return stream
+
+
+async def test_the_fresh_retry_shares_the_runs_deadline(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # trio's clock stands still unless the test moves it, so the test alone decides
+    # how much of the 10 s budget each attempt uses; both attempts wait for the
+    # test's word. Should something hang, the clock jumps after 30 idle real
+    # seconds and fail_after ends the test.
+    mock_clock.autojump_threshold = 30
     home = tmp_path / "home"
     seed_session(home, "conv:C1", "stale-session")
-    # Each attempt is silent for 1.2 s: alone each fits the 2 s --timeout, together
-    # they do not. A retry with a fresh budget would succeed.
-    with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, home, exec_command=FAKE_CLAUDE, brain="claude", timeout_s=2,
-            env=claude_env(tmp_path, "no_session", FAKE_CLAUDE_DELAY="1.2"),
-        ):
-            run_id = await server.submit_run("hello again", conversation_id="C1")
-            await server.wait_until(finished(run_id))
-            completion = server.run(run_id).completion or {}
-            assert completion["ok"] is False
-            assert "--timeout" in completion["error"]
-            assert len(invocations(tmp_path)) == 2
+    turnstile = Turnstile()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(turnstile.serve)
+            async with running_server() as server, running_harness(
+                server, home, exec_command=FAKE_CLAUDE, brain="claude", timeout_s=10,
+                env=claude_env(tmp_path, "no_session", FAKE_CLAUDE_GATE=str(turnstile.port)),
+            ):
+                run_id = await server.submit_run("hello again", conversation_id="C1")
+                resuming = await turnstile.next()
+                mock_clock.jump(6)
+                await resuming.send_all(b"go\n")  # "No conversation found": retry fresh
+                fresh = await turnstile.next()
+                # 11 s into the run, 5 s into the retry: over the run's budget, well
+                # inside a fresh one. Once everything has reacted, the retry must
+                # have been stopped, so the go below comes too late to matter.
+                mock_clock.jump(5)
+                await trio.testing.wait_all_tasks_blocked()
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await fresh.send_all(b"go\n")
+                await server.wait_until(finished(run_id))
+                completion = server.run(run_id).completion or {}
+                assert completion["ok"] is False, completion
+                assert "10-second limit (--timeout)" in completion["error"]
+                assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
+            nursery.cancel_scope.cancel()
 
 
 async def test_tool_calls_reach_the_timeline_before_the_completion(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import trio
 
-from tests.kit import finished, gated_harness
+from prohost.protocol import Pong
+from tests.kit import finished, gated_harness, messages
 from tests.process_kit import alive
 
 
@@ -83,9 +84,20 @@ async def test_a_cancel_for_a_run_not_held_is_ignored(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            await server.send_raw(json.dumps({"type": "cancel", "run_id": "nope"}))
             run_id = await server.submit_run("still works")
             await gate.wait_started(run_id)
+            pid = gate.pids[run_id]
+            await server.send_raw(json.dumps({"type": "cancel", "run_id": "nope"}))
+            # The reader takes frames in order: once the ping after it is answered,
+            # the cancel has been handled.
+            await server.send_raw(json.dumps({"type": "ping", "id": "after-cancel"}))
+            await server.wait_until(
+                lambda s: any(p.id == "after-cancel" for p in messages(s, Pong)))
+            assert alive(pid)  # not signalled
+            assert running.harness.held  # and still held
             await gate.release(run_id, "fine")
             await server.wait_until(finished(run_id))
-            assert server.run(run_id).reply == "fine"
+            completion = server.run(run_id).completion
+            assert completion is not None
+            assert (completion["ok"], completion["reply"]) == (True, "fine")
+            assert gate.started == [run_id]

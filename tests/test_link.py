@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import random
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+import trio_websocket
 
-from prohost.link import BACKOFF_CAP_S, backoff_delay
-from prohost.protocol import Heartbeat, Status
+from prohost import protocol
+from prohost.link import BACKOFF_CAP_S, Link, Session, backoff_delay
+from prohost.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
 from tests.kit import finished, gated_harness, running_harness, running_server
 
 
@@ -115,10 +119,74 @@ async def test_other_handshake_failures_are_retried(
                 assert running.exit_code == []
 
 
-async def test_a_message_over_4_mib_closes_the_socket_and_reconnects(tmp_path: Path) -> None:
+class Bystander:
+    """A LinkHandler that does nothing: these tests watch the socket, not the harness."""
+
+    async def on_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def on_message(self, session: Session, message: Message) -> None:
+        pass
+
+
+async def close_code_for(text: str) -> int | None:
+    """The close code the real Link sends a WebSocket peer that sends it ``text``.
+
+    The peer is trio-websocket on 127.0.0.1, not the reference server: hypercorn
+    hands an ASGI app 1006 or 1000 for a client's close, never the client's code.
+    """
+    codes, received = trio.open_memory_channel[int | None](1)
+
+    async def peer(request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.send_message(protocol.encode(Hello(heartbeat_s=30, features=[])))
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await ws.send_message(text)
+            while True:
+                await ws.get_message()
+        await codes.send(ws.closed.code if ws.closed else None)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(
+            trio_websocket.serve_websocket, peer, "127.0.0.1", 0, None,
+            handler_nursery=nursery))
+        link = Link(f"ws://127.0.0.1:{server.port}/v1/agent/ws", [], Bystander())
+        await nursery.start(link.run)
+        code = await received.receive()
+        nursery.cancel_scope.cancel()
+    return code
+
+
+async def test_a_message_over_4_mib_of_utf8_is_closed_with_1009() -> None:
+    # Over 4 MiB as UTF-8 (two bytes a character), under 4 Mi characters: the whole
+    # message arrives, and the link, counting bytes, closes with 1009.
+    too_big = json.dumps({"type": "ping", "id": "é" * (2 * 1024 * 1024)}, ensure_ascii=False)
+    assert len(too_big) < MAX_MESSAGE_BYTES < len(too_big.encode())
+    with trio.fail_after(60):
+        assert await close_code_for(too_big) == 1009  # "message too big", RFC 6455 §7.4.1
+
+
+async def test_a_message_over_4_mi_characters_is_closed_with_1009() -> None:
+    with trio.fail_after(60):
+        text = json.dumps({"type": "ping", "id": "x" * MAX_MESSAGE_BYTES})
+        assert await close_code_for(text) == 1009
+
+
+async def test_after_a_message_over_4_mib_the_harness_reconnects(tmp_path: Path) -> None:
+    too_big = json.dumps({"type": "ping", "id": "é" * (2 * 1024 * 1024)}, ensure_ascii=False)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path, exec_command="true"
         ):
-            await server.send_raw(json.dumps({"type": "ping", "id": "x" * (4 * 1024 * 1024)}))
+            await server.send_raw(too_big)
             await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
+            # It let go of the message, not of the server: it answers a ping on the
+            # new connection, and never answered the oversized one.
+            await server.send_raw(json.dumps({"type": "ping", "id": "after"}))
+            await server.wait_until(lambda s: any(
+                isinstance(m.message, Pong) and m.message.id == "after" for m in s.received))
+            assert [m.message.id for m in server.state.received
+                    if isinstance(m.message, Pong)] == ["after"]

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from prohost.panel import (
     Panel,
+    compact_duration,
     describe_change,
-    human_duration,
     render,
     server_host,
     use_panel,
@@ -185,8 +185,8 @@ def test_now_ages_the_clocks() -> None:
     assert "3 min ago" in text  # the ok run finished 120 s before the snapshot
 
 
-def test_human_duration_and_host() -> None:
-    assert [human_duration(s) for s in (0, 45.9, 192, 3900, 90_000)] == [
+def test_compact_duration_and_host() -> None:
+    assert [compact_duration(s) for s in (0, 45.9, 192, 3900, 90_000)] == [
         "0 s", "45 s", "3m12s", "1h05m", "1d01h"]
     assert server_host("wss://chat.example.com/v1/agent/ws") == "chat.example.com"
     assert server_host("ws://127.0.0.1:8765/v1/agent/ws") == "127.0.0.1:8765"
@@ -337,10 +337,16 @@ def test_refresh_threads_sees_rich_auto_refresh() -> None:
     live = rich.live.Live(console=recording_console(), auto_refresh=True,
                           refresh_per_second=1)
     live.start()
+    started = refresh_threads()
     try:
-        assert len(refresh_threads()) == 1
+        assert len(started) == 1
     finally:
         live.stop()
+        # rich's stop() only asks the thread to end; wait for it, or the next test
+        # would see it still alive.
+        for thread in started:
+            thread.join(timeout=10)
+    assert refresh_threads() == []
 
 
 @pytest.mark.parametrize("terminal", [False, True])

@@ -11,8 +11,11 @@ The subprocess helpers are in tests/process_kit.py.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
+import sys
 from pathlib import Path
 
 import trio
@@ -22,6 +25,8 @@ from prohost.ledger import RunState
 from tests.kit import (
     agent_command,
     finished,
+    pair_home,
+    running_server,
 )
 from tests.process_kit import (
     alive,
@@ -211,3 +216,44 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
             assert gate.started == [busy]  # nothing ran again
             for run_id in (busy, queued):
                 assert ledger_row(home, run_id).state is RunState.REPORTED
+
+
+async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended_with(
+    tmp_path: Path,
+) -> None:
+    """The lane's session is written without waiting for an fsync, queued just before
+    the turn's `finished`: once the server has the turn's result, it is on disk, and
+    a harness killed then resumes it for the conversation's next turn."""
+    home = tmp_path / "home"
+    record = tmp_path / "record.json"
+    # Named `claude`, so the harness picks the Claude brain (--brain auto).
+    claude = tmp_path / "bin" / "claude"
+    claude.parent.mkdir()
+    fake = Path(__file__).with_name("agents") / "fake_claude.py"
+    claude.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                      f"{shlex.quote(str(fake))} \"$@\"\n")
+    claude.chmod(0o755)
+    env = {"FAKE_CLAUDE_RECORD": str(record)}
+    with trio.fail_after(60):
+        async with running_server() as server:
+            pair_home(server, home)
+            async with harness_process(server, home, str(claude), extra_env=env) as first:
+                turn_1 = await server.submit_run("first turn", conversation_id="A")
+                await server.wait_until(finished(turn_1))
+                await first.kill()
+            completion = server.run(turn_1).completion
+            assert completion is not None and completion["ok"] is True
+            session = completion["session_id"]
+            assert session
+
+            async with harness_process(server, home, str(claude), extra_env=env) as second:
+                turn_2 = await server.submit_run("second turn", conversation_id="A")
+                await server.wait_until(finished(turn_2))
+                second.send_signal(signal.SIGTERM)
+                assert await second.proc.wait() == 0
+    calls = json.loads(record.read_text())
+    assert [call["env"]["PROHOST_RUN_ID"] for call in calls] == [turn_1, turn_2]
+    assert not [arg for arg in calls[0]["argv"] if arg.startswith("--resume")]
+    assert f"--resume={session}" in calls[1]["argv"]
+    second_completion = server.run(turn_2).completion
+    assert second_completion is not None and second_completion["session_id"] == session

@@ -30,8 +30,10 @@ sets for an account), whatever the scenario:
 - a file ``used_percent`` (a number) adds an ``allowed_warning``
   ``rate_limit_event`` with that utilization right after init.
 
-``FAKE_CLAUDE_REPLY`` replaces the reply text; ``FAKE_CLAUDE_DELAY`` is seconds of
-silence before anything is printed. ``FAKE_CLAUDE_RECORD`` names a
+``FAKE_CLAUDE_REPLY`` replaces the reply text. ``FAKE_CLAUDE_GATE`` is a port on
+127.0.0.1: before printing anything, each invocation connects there, says ``start
+<run id> <pid>`` and waits for one line (any line) from the test, so a test decides
+when each attempt goes on; if the test goes away it exits 3. ``FAKE_CLAUDE_RECORD`` names a
 JSON file that gets one entry per invocation (a list): argv, the prompt, selected
 environment variables and, for ``--mcp-config``, the config's content and mode.
 ``--version`` prints a version the way the CLI does.
@@ -46,6 +48,8 @@ import sys
 import time
 import uuid
 from typing import Any
+
+from gate_client import announce
 
 MODEL = "claude-sonnet-4-5-20250929"
 VERSION = "2.1.29"
@@ -304,6 +308,13 @@ def tool_run(session: Session, reply: str, noise: bool = False) -> None:
     junk("trailing noise")
 
 
+def wait_for_the_gate(port: int) -> None:
+    """Hold this invocation until the test says go (FAKE_CLAUDE_GATE)."""
+    with announce(port) as conn:
+        if not conn.makefile("r", encoding="utf-8").readline():
+            sys.exit(3)
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if "--version" in argv:
@@ -313,9 +324,8 @@ def main() -> int:
     prompt = sys.stdin.read()
     if path := os.environ.get("FAKE_CLAUDE_RECORD"):
         record(path, argv, prompt)
-    # FAKE_CLAUDE_DELAY: seconds of silence before anything is printed, for tests
-    # of how attempts share a run's deadline.
-    time.sleep(float(os.environ.get("FAKE_CLAUDE_DELAY", "0")))
+    if gate := os.environ.get("FAKE_CLAUDE_GATE"):
+        wait_for_the_gate(int(gate))
     reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
     session = Session(argv)
     limit = account_file("limit")
