@@ -226,10 +226,14 @@ async def test_a_restart_remembers_a_limit(tmp_path: Path) -> None:
 
 async def test_heartbeats_name_the_account_of_a_running_run(tmp_path: Path) -> None:
     accounts = folders(tmp_path, "work")
+    # The agent holds at FAKE_CLAUDE_GATE until told to go; nobody ever tells it
+    # (the listener never accepts), so it runs until the harness stops it.
+    gate = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = gate.socket.getsockname()[1]
     with trio.fail_after(60):
-        async with running_server(heartbeat_s=5) as server, running_harness(
+        async with gate, running_server(heartbeat_s=5) as server, running_harness(
             server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
-            env=claude_env(tmp_path, FAKE_CLAUDE_DELAY="60"), accounts=accounts,
+            env=claude_env(tmp_path, FAKE_CLAUDE_GATE=str(port)), accounts=accounts,
         ):
             run_id = await server.submit_run("slow", conversation_id="H")
 
