@@ -520,7 +520,9 @@ def build_parser() -> ArgumentParser:
         "500, 502, 503 or 504); POST /v1/faults/restart {\"down_s\": 2} closes every socket, "
         "stops listening for DOWN_S seconds, then listens on the same port again, keeping all "
         "state; POST /v1/faults/forget {\"count\": 1} or {\"run_id\": ID} answers a valid "
-        "completion 200 and drops it; GET /v1/faults/runs lists per run its state, acks and "
+        "completion 200 and drops it; POST /v1/faults/redeliver {\"run_id\": ID} sends a "
+        "run's delivery again whatever its state (409 with no harness connected); "
+        "GET /v1/faults/runs lists per run its state, acks and "
         "every completion POST with its status and body; GET /v1/faults shows the counters.",
     )
     server.add_argument(

@@ -26,6 +26,7 @@ ROUTES = [
     ("POST", "/v1/faults/storm"),
     ("POST", "/v1/faults/restart"),
     ("POST", "/v1/faults/forget"),
+    ("POST", "/v1/faults/redeliver"),
 ]
 
 
@@ -165,6 +166,29 @@ async def test_forget_drops_one_valid_completion_so_the_run_is_never_settled() -
     assert [p["body"]["ok"] for p in rows[kept]["posts"]] == [True, False]
     assert [p["status"] for p in rows[kept]["posts"]] == [200, 409]
     assert server.state.faults.forgotten == 1
+
+
+async def test_redeliver_sends_a_reported_run_again_and_records_the_ack() -> None:
+    """The soak redelivers runs in flight and already reported (issue 10)."""
+    with trio.fail_after(20):
+        async with running_server(faults=True) as server:
+            creds = server.pair("m1")
+            nobody = await post(server, "/v1/faults/redeliver", run_id="run_nope")
+            run_id = await accepted_run(server, creds, "reported once")
+            assert (await complete(server, creds, run_id)).status_code == 200
+            alone = await post(server, "/v1/faults/redeliver", run_id=run_id)
+            async with harness(creds) as ws:
+                await server.wait_until(lambda s: s.connected == 1)
+                again = await post(server, "/v1/faults/redeliver", run_id=run_id)
+                delivery = await next_of(ws, "delivery")
+                await ack(ws, delivery, status=204)
+                await server.wait_until(lambda s: 204 in s.runs[run_id].ack_statuses)
+    assert nobody.status_code == 400 and "run_id" in nobody.json()["error"]
+    assert alone.status_code == 409  # no harness connected
+    assert again.status_code == 200 and again.json()["state"] == "completed"
+    assert delivery["id"] == again.json()["delivery_id"]
+    assert json.loads(delivery["body"])["run_id"] == run_id
+    assert server.run(run_id).ack_statuses == [200, 204]
 
 
 async def test_restart_refuses_connections_while_down_then_listens_on_the_same_port(

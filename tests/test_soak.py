@@ -12,7 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,31 +45,10 @@ async def soak(tmp_path: Path, *args: str) -> tuple[int, str, tuple[int, ...]]:
     return result.returncode, output, tuple(int(n) for n in found[0])
 
 
-#: The one crash the soak finds on main today (reported with the soak, see
-#: docs/reliability.md "Soak"): a second SIGTERM that lands while the process exits
-#: kills it by the default action, because ``prohost.signals.final_status`` blocks
-#: SIGTERM in the main thread only and the interpreter's finalization restores
-#: SIG_DFL. While it is not fixed, the short soak is an expected failure when that
-#: is ALL it finds; any other figure still fails the test.
-KNOWN_EXIT_BUG = re.compile(r"harness \d+ exited with -15 \(the soak expected \[0, 130\]\)")
-
-
-def only_the_known_exit_bug(out: Path, figures: tuple[int, ...]) -> bool:
-    """Whether every crash in the timeline is the known exit bug, and nothing else
-    went wrong."""
-    crashes = [entry["what"] for entry in map(json.loads,
-               (out / "timeline.jsonl").read_text().splitlines()) if entry["event"] == "crash"]
-    return (figures[1:5] == (0, 0, 0, 0) and figures[5] == len(crashes) > 0
-            and all(KNOWN_EXIT_BUG.match(what) for what in crashes))
-
-
 async def test_a_short_soak_with_every_fault_finds_nothing(tmp_path: Path) -> None:
     code, output, figures = await soak(
         tmp_path, "--runs", str(SHORT_RUNS), "--seed", str(SHORT_SEED), "--concurrency", "4",
         "--agent-max-ms", "600")
-    if only_the_known_exit_bug(tmp_path / "out", figures):
-        pytest.xfail("a SIGTERM during the harness's exit kills it with -15 (known bug; "
-                     "see KNOWN_EXIT_BUG)")
     assert figures == (SHORT_RUNS, 0, 0, 0, 0, 0), output
     assert code == 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())

@@ -248,7 +248,8 @@ class App:
                 return 200, {"runs": faults.audit(state)}, {}
             return 200, state.faults.view(len(state.completion_faults)), {}
         if method != "POST" or len(parts) != 1:
-            raise HttpError(404, "fault hooks: POST drop, storm, restart or forget; GET runs")
+            raise HttpError(404, "fault hooks: POST drop, storm, restart, forget or redeliver; "
+                                 "GET runs")
         raw = await _read_body(receive)
         data = _parse_json(raw) if raw.strip() else {}
         if not isinstance(data, dict):
@@ -266,9 +267,14 @@ class App:
             if parts == ["forget"]:
                 faults.forget(state, data.get("count"), data.get("run_id"))
                 return 200, state.faults.view(len(state.completion_faults)), {}
+            if parts == ["redeliver"]:
+                return 200, faults.redeliver(state, data.get("run_id")), {}
+        except faults.NoHarness as exc:
+            raise HttpError(409, str(exc)) from None
         except FaultError as exc:
             raise HttpError(400, str(exc)) from None
-        raise HttpError(404, f"no fault hook {parts[0]!r}; use drop, storm, restart or forget")
+        raise HttpError(404, f"no fault hook {parts[0]!r}; use drop, storm, restart, forget "
+                             "or redeliver")
 
     async def _pair(self, scope: Scope, data: Any) -> tuple[int, Any, dict[str, str]]:
         if not isinstance(data, dict):

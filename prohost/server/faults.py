@@ -14,6 +14,11 @@ routes; without it each answers 404, like any route that does not exist:
 - ``POST /v1/faults/forget``    ``{"count": 1}`` or ``{"run_id": "run_…"}``: answer
   the next (or that run's next) valid completion 200 and drop it, so the run is
   never settled (the soak's self-check).
+- ``POST /v1/faults/redeliver`` ``{"run_id": "run_…"}``: send the run's delivery again,
+  freshly signed, to the harness that holds it (else any connected one), whatever
+  the run's state — as a server that lost track of an ack would; the ack is recorded
+  against the run. Answers ``{"delivery_id", "state"}``, 409 when no harness is
+  connected.
 - ``GET  /v1/faults/runs``      per run: state, acked, ack statuses, deliveries,
   and every completion POST with its status and body (see :func:`audit`).
 - ``GET  /v1/faults``           the hooks' settings and counters.
@@ -24,14 +29,18 @@ In process, :class:`prohost.server.ServerHandle` has the same hooks as methods.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
+from prohost.protocol import Delivery, encode
 from prohost.server.records import Connection
+from prohost.signature import sign
 
 if TYPE_CHECKING:
     from prohost.server.state import ServerState
@@ -46,6 +55,10 @@ MAX_COUNT = 100_000
 
 class FaultError(ValueError):
     """A fault request that does not make sense; the message says what to send."""
+
+
+class NoHarness(FaultError):
+    """A fault that needs a connected harness, asked for while none is (409)."""
 
 
 @attrs.define(eq=False)
@@ -225,3 +238,31 @@ def abort_socket(conn: Connection) -> bool:
             except OSError:
                 continue
     return False
+
+
+def redeliver(state: ServerState, run_id: Any) -> dict[str, Any]:
+    """Send ``run_id``'s delivery once more, whatever its state (see the module
+    docstring); ``{"delivery_id", "state"}``."""
+    run = state.runs.get(run_id) if isinstance(run_id, str) else None
+    if run is None:
+        raise FaultError(f"run_id must name a run this server knows (got {run_id!r})")
+    live = [c for c in state.connections.values() if not c.cancel_scope.cancel_called]
+    conns = [c for c in live if c.token == run.harness] or live
+    if not conns:
+        raise NoHarness("no harness is connected; try again once one is")
+    conn = conns[-1]
+    timestamp = int(time.time())
+    delivery = Delivery(
+        id="dlv_fault_" + secrets.token_hex(8),
+        event="agent.run",
+        timestamp=timestamp,
+        signature=sign(state.harnesses[conn.token].secret, timestamp, run.body_text),
+        body=run.body_text,
+    )
+    if not conn.send(encode(delivery)):
+        raise NoHarness("the harness's connection is closing; try again")
+    # So that the ack is recorded against the run, like any other.
+    state.deliveries[delivery.id] = run.run_id
+    run.delivery_ids.append(delivery.id)
+    state.changed()
+    return {"delivery_id": delivery.id, "state": run.state}

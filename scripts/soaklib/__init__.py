@@ -3,8 +3,6 @@
 - :mod:`soaklib.plan`    the deterministic plan from a seed (runs, agent sleeps, faults,
   redeliveries) and its digest;
 - :mod:`soaklib.agent`   the stand-in agent the harness runs (records every start);
-- :mod:`soaklib.server`  ``prohost server --faults`` plus the one hook it lacks
-  (redeliver a run whatever its state);
 - :mod:`soaklib.procs`   the server and harness subprocesses, their logs, the /proc scan;
 - :mod:`soaklib.driver`  the soak: submits the runs, paces the faults, ends and counts;
 - :mod:`soaklib.faults`  each fault, and the signals and kills with the exit each must give;

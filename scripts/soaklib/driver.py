@@ -135,7 +135,8 @@ class Soak(Faults):
     async def start_server(self) -> None:
         """Start the server on a free port of 127.0.0.1, read its banner, pair the
         harness's home. Cancelled: the server is left to the end-of-soak cleanup."""
-        argv = [sys.executable, str(HERE / "server.py"), "--port", "0"]
+        argv = [sys.executable, "-m", "prohost", "server", "--host", "127.0.0.1",
+                "--port", "0", "--faults"]
         self.server = await start_child("server", argv, self.out / "server.log", _base_env())
         nursery = self._need_nursery()
         nursery.start_soon(self.server.pump)
