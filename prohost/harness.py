@@ -10,12 +10,17 @@ stops the agent (the run is still reported — a cancel, a second signal) and
 ``life_scope`` stops everything, reporting included (the server said it no longer
 knows the run). The ledger write before each step is what lets a restarted harness
 pick up exactly where this one died (§7).
+
+Restart recovery and the end-of-drain sweep live in :mod:`prohost.recovery`, the
+snapshot and status file in :mod:`prohost.status_file`, the periodic chores in
+:mod:`prohost.upkeep`. What is left (~550 lines) is one job, the supervisor:
+admission and acks, cancel and forget, drain and stop, and the bookkeeping of the
+held runs they share; splitting it further would scatter that shared state.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import logging
 import math
@@ -23,24 +28,21 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TypeVar
 
 import attrs
 import httpx
 import trio
 
-from prohost import AGENT_HEADER_VALUE, __version__, intake
+from prohost import AGENT_HEADER_VALUE, __version__, intake, upkeep
 from prohost.accounts import Account, AccountBook
 from prohost.agentproc import ProcessGroups
-from prohost.blocking import StepTimedOut
 from prohost.brains import brain_for
 from prohost.execute import ExecSpec
 from prohost.heartbeat import Beacon
-from prohost.ledger import Admission, Ledger, LedgerError, LedgerRow, RunState
+from prohost.ledger import Admission, Ledger, LedgerError
 from prohost.link import CredentialsRejected, Link, Session
 from prohost.options import Options
-from prohost.procinfo import process_belongs_to_run
 from prohost.protocol import (
     AccountRow,
     Ack,
@@ -50,53 +52,39 @@ from prohost.protocol import (
     Message,
     Status,
 )
+from prohost.recovery import (
+    NOT_STARTED,
+    QUEUE_FULL,
+    ledger_settled,
+    recover,
+    sweep_ledger,
+)
 from prohost.reporter import Reporter
 from prohost.runner import (
     LEDGER_STEP_TIMEOUT_S,
     HeldRun,
     Runner,
     all_limited_reason,
-    iso_time,
     progress_log,
 )
-from prohost.runs import AgentRun, BodyError, Outcome, parse_body
+from prohost.runs import AgentRun, Outcome
 from prohost.scheduler import QueueFullError, Scheduler
-from prohost.snapshot import (
-    REFRESH_S,
-    STATUS_FILE,
-    Connection,
-    FinishedRow,
-    RunRow,
-    Snapshot,
-    write_snapshot,
-)
-from prohost.worktrees import WorktreeManager, collect_garbage, is_checkout
+from prohost.snapshot import FinishedRow, Snapshot
+from prohost.status_file import keep_status_file, take_snapshot
+from prohost.worktrees import WorktreeManager
 
 log = logging.getLogger("prohost.harness")
 
 T = TypeVar("T")
 
-#: After a second signal, everything left must be done within this (§9).
+#: After a second signal, everything left must be done within this (seconds, §9).
 STOP_WINDOW_S = 5.0
-#: Grace between SIGTERM and SIGKILL after a second signal (§9).
+#: Grace between SIGTERM and SIGKILL after a second signal (seconds, §9).
 STOP_GRACE_S = 3.0
-#: Reported rows older than this are pruned (§7), checked this often.
-PRUNE_AGE_S = 7 * 86400.0
-PRUNE_EVERY_S = 86400.0
-#: Worktrees of lanes idle this long are collected by the daily pass.
-WORKTREE_IDLE_S = 14 * 86400.0
-#: `claude --version` and the like answer at once; a hung one must not matter.
-BRAIN_PROBE_TIMEOUT_S = 10.0
 #: The panel and status file show this many of the latest finished runs.
 FINISHED_KEPT = 5
-#: status.json is rewritten at most this often.
-STATUS_FILE_MIN_INTERVAL_S = 1.0
 
-NOT_STARTED = "the agent is shutting down; the run was not started"
-QUEUE_FULL = "the agent's queue is full; the run was not started"
 STOPPED = "the agent was stopped"
-INTERRUPTED = "the harness lost track of this run before it finished"
-RESTARTED = "the harness restarted before this run finished"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
 
 
@@ -138,7 +126,7 @@ class Harness:
                 (b"X-Prohost-Agent", AGENT_HEADER_VALUE.encode()),
             ],
             self,
-            on_change=self._changed,
+            on_change=self.changed,
         )
         self.spec = ExecSpec(
             command=options.exec_command,
@@ -160,7 +148,7 @@ class Harness:
             env=self.env,
             worktrees=self.worktrees if self.worktrees.enabled else None,
             scratch_root=options.home / "runs",
-            on_change=self._changed,
+            on_change=self.changed,
             on_outcome=self._on_outcome,
             book=self.book,
             limit_wait_s=options.limit_wait_s,
@@ -170,10 +158,10 @@ class Harness:
         self.stopping = False
         self.exit_code = 0
         self._dry_seen: set[str] = set()
-        self._finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
+        self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
         self.beacon = Beacon(self._status, lambda: [h.beat() for h in self.held.values()])
-        self._state_changed = trio.Event()
-        self._status_written = trio.Event()
+        self.state_changed = trio.Event()
+        self.status_written = trio.Event()
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: Until the ledger has been read at start, "nothing held" does not mean idle.
@@ -181,7 +169,7 @@ class Harness:
         self._link_scope = trio.CancelScope()
         self._link_closed = trio.Event()
         #: Runs the end-of-drain sweep already reported once (never twice).
-        self._swept: set[str] = set()
+        self.swept: set[str] = set()
         #: When a stop's window closes (trio time, seconds); set by stop().
         self._stop_deadline = math.inf
 
@@ -208,22 +196,22 @@ class Harness:
                 if self.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
-                await self._recover()
+                await recover(self)
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
                 # and the link is up for _exit_when_idle to close.
                 self._recovered = True
-                self._changed()
+                self.changed()
                 if self.ledger is not None:
-                    nursery.start_soon(self._prune_daily)
+                    nursery.start_soon(upkeep.prune_daily, self)
                     if self.worktrees.enabled:
-                        nursery.start_soon(self._collect_worktrees_daily)
-                nursery.start_soon(self._probe_brain)
+                        nursery.start_soon(upkeep.collect_worktrees_daily, self)
+                nursery.start_soon(upkeep.probe_brain, self)
                 if self.runner is not None:
-                    nursery.start_soon(self._announce_resets, self.runner)
+                    nursery.start_soon(upkeep.announce_resets, self, self.runner)
                 if not self.options.dry_run:
-                    nursery.start_soon(self._keep_status_file)
-                self._announce()
+                    nursery.start_soon(keep_status_file, self)
+                upkeep.announce_start(self)
                 task_status.started(self)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
@@ -234,40 +222,6 @@ class Harness:
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
         return self.exit_code
-
-    def _announce(self) -> None:
-        options = self.options
-        mode = " (dry run: nothing is executed or reported)" if options.dry_run else ""
-        log.info(
-            "prohost %s on %s: up to %d run(s) at once with %r in %s%s",
-            __version__,
-            options.machine,
-            options.concurrency,
-            options.exec_command,
-            options.workdir,
-            mode,
-        )
-        if options.repos:
-            log.info("each conversation gets its own worktree of: %s",
-                     ", ".join(map(str, options.repos)))
-            for repo in options.repos:
-                if not is_checkout(repo):
-                    log.warning("--repos: %s is not a git checkout right now; runs will be "
-                                "told it is read-only until it is", repo)
-        elif options.concurrency > 1:
-            log.info("no --repos: runs in parallel share every checkout on this machine; "
-                     "name the repositories the agent edits with --repos to give each "
-                     "conversation its own")
-        if self.brain.name == "claude" and not options.safe_tools and _is_root():
-            log.warning(
-                "running as root: Claude Code refuses --dangerously-skip-permissions for "
-                "root, so every run will fail; run the harness as a normal user, or pass "
-                "--safe-tools to keep the CLI's permission prompts"
-            )
-        if options.allow_unverified:
-            log.warning(
-                "--allow-unverified: deliveries with a missing or wrong signature are accepted"
-            )
 
     async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The link, until cancelled or closed by the end of a drain.
@@ -296,8 +250,8 @@ class Harness:
         self.draining = True
         log.info("draining: finishing %d running run(s); new work is refused", self._running())
         for _key, held in self.scheduler.drain():
-            self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-        self._changed()
+            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        self.changed()
         if self._nursery is not None:
             self._nursery.start_soon(self._exit_when_idle)
         # Otherwise run() starts it, or has returned already.
@@ -348,55 +302,14 @@ class Harness:
             # whose ledger write raced the drain would otherwise be left behind.
             self._link_scope.cancel()
             await self._link_closed.wait()
-            await self._sweep_ledger()
+            await sweep_ledger(self)
             await self.wait_until(lambda harness: not harness.held)
-            if not await self._ledger_settled():
+            if not await ledger_settled(self):
                 self.exit_code = self.exit_code or 1
                 self._done.set()
                 return
         log.info("drained: every run has finished and reported")
         self._done.set()
-
-    async def _unreported(self) -> list[LedgerRow]:
-        if self.ledger is None:
-            return []
-        # A read: abandoning it on a stop's deadline leaves nothing half done.
-        recovery = await trio.to_thread.run_sync(self.ledger.recover, abandon_on_cancel=True)
-        return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
-
-    async def _sweep_ledger(self) -> None:
-        """Report every run the ledger still has unreported and nobody holds, once."""
-        for row in await self._unreported():
-            if row.run_id in self.held or row.run_id in self._swept:
-                continue
-            self._swept.add(row.run_id)
-            held = await self._held_from(row)
-            if held is None:
-                continue
-            log.warning("run %s was still unreported (%s) at the end of the drain; "
-                        "reporting it now", row.run_id, row.state)
-            self._hold(held)
-            if row.state is RunState.FINISHED and row.outcome is not None:
-                self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
-            elif row.state is RunState.ACCEPTED:
-                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-            else:
-                self._settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
-
-    async def _ledger_settled(self) -> bool:
-        """After the sweep: False (logged) if a run is unreported and not even in the
-        outbox; outbox rows left are logged, and are the next start's to report."""
-        settled = True
-        for row in await self._unreported():
-            if row.state is RunState.FINISHED:
-                log.warning("run %s could not be reported now; it stays in the ledger's "
-                            "outbox and the next start reports it", row.run_id)
-            else:
-                log.error("run %s is still %s in the ledger and could not be reported; "
-                          "the next start reports it (is the disk failing?)",
-                          row.run_id, row.state)
-                settled = False
-        return settled
 
     # ------------------------------------------------------------------ link handler
 
@@ -474,7 +387,7 @@ class Harness:
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.ledger); the delivery is then refused, and redelivered.
-            admission = await self._bounded(
+            admission = await self.bounded(
                 self.ledger.admit, run.run_id, run.lane, body, time.time(),
                 what=f"recording run {run.run_id} in the ledger",
             )
@@ -486,11 +399,11 @@ class Harness:
         if admission is Admission.HELD:
             return intake.ACCEPTED, "already accepted"
         held = HeldRun(run=run)
-        self._hold(held)
+        self.hold(held)
         if self.draining:
             # The first signal came while the ledger was being written: the run
             # is ours now, so report it as not started rather than lose it.
-            self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
             return intake.ACCEPTED, "accepted"
         try:
             self.scheduler.submit(run.run_id, run.lane, held)
@@ -498,7 +411,7 @@ class Harness:
             # Intake answers 503 before this cap is reached, so this is a safety
             # net: the run is recorded, so it is reported rather than lost.
             log.error("%s", exc)
-            self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+            self.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
             return intake.ACCEPTED, "accepted"
         progress_log.info("accepted run %s on %s", run.run_id, run.lane)
         return intake.ACCEPTED, "accepted"
@@ -516,8 +429,8 @@ class Harness:
         outcome = Outcome.failure(f"cancelled: {reason}")
         log.info("cancelling run %s: %s", run_id, reason)
         if self.scheduler.remove(run_id) is not None:
-            self._settle_soon(held, outcome)
-            self._changed()
+            self.settle_soon(held, outcome)
+            self.changed()
             return
         held.stop_outcome = outcome
         held.exec_scope.cancel()
@@ -532,7 +445,7 @@ class Harness:
         held.life_scope.cancel()
         if self.scheduler.remove(run_id) is not None:
             self._running_nursery().start_soon(self._record_dropped, held)
-            self._changed()
+            self.changed()
 
     # ------------------------------------------------------------------ one run
 
@@ -543,7 +456,7 @@ class Harness:
         its lane only when this returns, after the report (§4). Cancelled: as
         :meth:`Runner.run`; the run is let go either way.
         """
-        self._changed()
+        self.changed()
         try:
             await self._runner().run(
                 held, release_slot=functools.partial(self._release_slot, run_id)
@@ -553,9 +466,9 @@ class Harness:
 
     def _release_slot(self, run_id: str) -> None:
         self.scheduler.release_slot(run_id)
-        self._changed()
+        self.changed()
 
-    def _settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
+    def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
         nursery = self._running_nursery()
         held.state = "reporting"
@@ -594,125 +507,48 @@ class Harness:
             progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
         if held.progress.model:
             self.model = held.progress.model
-        self._finished.appendleft(FinishedRow(
+        self.finished.appendleft(FinishedRow(
             run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
             finished_at=time.time(),
         ))
-        self._changed()
+        self.changed()
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _hold(self, held: HeldRun) -> None:
+    def hold(self, held: HeldRun) -> None:
         self.held[held.run_id] = held
-        self._changed()
+        self.changed()
 
     def _release(self, held: HeldRun) -> None:
         if self.held.get(held.run_id) is held:
             del self.held[held.run_id]
-            self._changed()
+            self.changed()
 
     def _running(self) -> int:
         # Executing, or done and still being reported: both are waited for.
         stats = self.scheduler.statistics()
         return stats.running + stats.reporting
 
-    def _changed(self) -> None:
+    def changed(self) -> None:
         self.beacon.poke()
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        self.state_changed.set()
+        self.state_changed = trio.Event()
 
     async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
         """Return once ``predicate(self)`` holds, re-checked after every change of
         runs, connection or drain state. Cancelling it only stops the wait."""
         while not predicate(self):
-            await self._state_changed.wait()
+            await self.state_changed.wait()
 
     def snapshot(self) -> Snapshot:
         """A frozen picture of this moment, for the panel and ``agent status``."""
-        now = trio.current_time()
-        link = self.link.statistics()
-        connection: Connection
-        if self.stopping:
-            connection = "stopping"
-        elif self.draining:
-            connection = "draining"
-        elif link.connected:
-            connection = "connected"
-        elif link.failures:
-            connection = "reconnecting"
-        else:
-            connection = "connecting"
-        stats = self.scheduler.statistics()
-        rows = []
-        for held in self.held.values():
-            if held.state == "queued" and held.progress.waiting_until is None:
-                continue
-            started = held.started_at
-            idle_left = None
-            last = held.progress.last_output
-            if held.state == "running" and last is not None and self.options.idle_timeout_s > 0:
-                idle_left = max(0.0, last + self.options.idle_timeout_s - now)
-            rows.append(RunRow(
-                run_id=held.run_id, lane=held.run.lane, conversation=held.run.conversation_id,
-                state=held.state,
-                elapsed_s=None if started is None else max(0.0, time.time() - started),
-                activity=held.beat().activity, idle_left_s=idle_left,
-            ))
-        return Snapshot(
-            taken_at=time.time(),
-            pid=os.getpid(),
-            version=__version__,
-            connection=connection,
-            server=self.endpoints.ws_url,
-            machine=self.options.machine,
-            brain=self.brain.name,
-            brain_version=self.brain_version,
-            model=self.model,
-            slots=stats.limit,
-            slots_used=stats.running,
-            queued=stats.queued,
-            reconnect_in_s=None if link.reconnect_at is None
-            else max(0.0, link.reconnect_at - now),
-            last_error=link.last_error,
-            heartbeat_age_s=None if self.beacon.last_heartbeat_at is None or not link.connected
-            else now - self.beacon.last_heartbeat_at,
-            runs=tuple(rows),
-            finished=tuple(self._finished),
-            accounts=tuple(self.account_rows()),
-        )
+        return take_snapshot(self)
 
     async def next_status_write(self) -> None:
         """Return after ``status.json`` is next written. Cancelling only stops the wait."""
-        await self._status_written.wait()
-
-    async def _keep_status_file(self) -> None:
-        """Keep ``$PROHOST_HOME/status.json`` current: on every change, at most once a
-        second, and every few seconds regardless (its age says the harness is alive).
-
-        Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
-        plainly that no harness is running.
-        """
-        home = self.options.home
-        try:
-            while True:
-                snapshot = self.snapshot()
-                try:
-                    await trio.to_thread.run_sync(write_snapshot, home, snapshot)
-                except OSError as exc:
-                    log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-                self._status_written.set()
-                self._status_written = trio.Event()
-                await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
-                # Elapsed times move while runs execute; otherwise only changes matter.
-                with trio.move_on_after(
-                    STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
-                ):
-                    await self._state_changed.wait()
-        finally:
-            with trio.move_on_after(2, shield=True):
-                await trio.to_thread.run_sync(_remove_quietly, home / STATUS_FILE)
+        await self.status_written.wait()
 
     def _status(self) -> Status:
         stats = self.scheduler.statistics()
@@ -734,192 +570,13 @@ class Harness:
         """``status.accounts`` (§12), as of now."""
         return [AccountRow(**row) for row in self.book.snapshot(time.time())]
 
-    async def _announce_resets(self, runner: Runner) -> None:
-        """Announce each account whose limit's reset has come (status, panel), and
-        wake queued runs waiting for it: the book changes by the clock alone.
-
-        Cancelled: nothing to undo.
-        """
-        while True:
-            reset = self.book.earliest_reset(time.time())
-            with trio.move_on_after(math.inf if reset is None
-                                    else max(0.0, reset - time.time()) + 0.01):
-                await runner.book_changed.wait()
-                continue
-            # The reset passed: the book expires it on the next question, and the
-            # next time every account is limited, --limit-wait counts afresh.
-            runner.limit_wait_deadline()
-            runner.book_changed.set()
-            runner.book_changed = trio.Event()
-            self._changed()
-
     # ------------------------------------------------------------------ recovery
 
-    async def _recover(self) -> None:
-        """Pick up where a previous process left off (§7).
-
-        A drain that comes meanwhile (a signal while the ledger is read) turns the
-        runs accepted before the restart into "not started" reports (§9) instead of
-        queueing them. Cancelled: the runs not held yet stay in the ledger as they
-        were, for the next start.
-        """
-        if self.ledger is None:
-            return
-        # Abandoning these on a hung disk is safe: reads and single transactions under
-        # the ledger's lock, and /proc reads (prohost.ledger, prohost.blocking). A hung
-        # read fails the start with the StepTimedOut; restart once the disk answers.
-        recovery = await self._bounded(self.ledger.recover, what="reading the ledger at start")
-        limits = await self._bounded(self.ledger.account_limits,
-                                     what="reading the accounts' limits at start")
-        now = time.time()
-        for name, until in limits.items():
-            self.book.restore(name, until, now)
-            if until > now and name in {a.name for a in self.book.accounts}:
-                log.warning("account %s is at its usage limit until %s (remembered from "
-                            "before the restart)", name, iso_time(until))
-        for row in recovery.interrupted:
-            held = await self._held_from(row)
-            if held is None:
-                continue
-            try:
-                await self._bounded(self._kill_leftover, row,
-                                    what=f"looking for run {row.run_id}'s leftover agent")
-            except StepTimedOut as exc:
-                log.warning("%s", exc)
-            log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
-            self._hold(held)
-            self._settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
-        for row in recovery.outbox:
-            held = await self._held_from(row)
-            if held is None or row.outcome is None:
-                continue
-            log.info("run %s finished before the restart; reporting it now", row.run_id)
-            self._hold(held)
-            self._settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
-        for row in recovery.pending:
-            held = await self._held_from(row)
-            if held is None:
-                continue
-            self._hold(held)
-            if self.draining:
-                log.info("run %s was accepted before the restart; not starting it, the "
-                         "harness is draining", row.run_id)
-                self._settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-                continue
-            log.info("run %s was accepted before the restart; queueing it again", row.run_id)
-            try:
-                self.scheduler.submit(row.run_id, held.run.lane, held)
-            except QueueFullError:
-                # Only if the ledger held more than the cap (an older version's rows):
-                # the run is reported retryable rather than lost.
-                self._settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
-        pruned = await self._prune()
-        if pruned:
-            log.debug("pruned %d old ledger rows", pruned)
-
-    async def _held_from(self, row: LedgerRow) -> HeldRun | None:
-        try:
-            return HeldRun(run=parse_body(row.body))
-        except BodyError as exc:  # accepted by an older version that was less strict
-            log.error("run %s in the ledger cannot be read (%s); closing it unreported",
-                      row.run_id, exc)
-            # Closed, so that it is not met again at every start.
-            if self.ledger is None:
-                return None
-            await self._bounded(
-                self.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
-                what=f"closing unreadable run {row.run_id}",
-            )
-            return None
-
-    @staticmethod
-    def _kill_leftover(row: LedgerRow) -> None:
-        """Blocking (it may read /proc or run ps): call it in a worker thread."""
-        if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
-            return
-        log.warning("killing the agent of run %s left from the previous harness (group %d)",
-                    row.run_id, row.pgid)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(row.pgid, signal.SIGKILL)
-
-    async def _probe_brain(self) -> None:
-        """Ask the agent CLI its version once, for the status message (§5.7)."""
-        command = self.brain.version_command()
-        if command is None:
-            return
-        with trio.move_on_after(BRAIN_PROBE_TIMEOUT_S):
-            try:
-                result = await trio.run_process(
-                    command, shell=True, capture_stdout=True, capture_stderr=True,
-                    check=False, env=self.env, stdin=b"",
-                )
-            except OSError as exc:
-                log.warning("could not ask %s its version: %s", self.brain.name, exc)
-                return
-            lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
-            if result.returncode == 0 and lines:
-                self.brain_version = lines[0].strip()[:80]
-                log.info("agent CLI: %s %s", self.brain.name, self.brain_version)
-                self._changed()
-            else:
-                log.warning("`%s` failed (exit %s): is the agent CLI installed?", command,
-                            result.returncode)
-
-    async def _collect_worktrees_daily(self) -> None:
-        """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
-        is finished (shielded inside ``collect_garbage``)."""
-        while True:
-            await trio.sleep(PRUNE_EVERY_S)
-            await self.collect_worktrees()
-
     async def collect_worktrees(self, *, now: float | None = None) -> None:
-        """Remove worktrees of lanes idle for 14 days (clean ones only), never a lane
-        with a run in flight: a lane is held in the scheduler while its worktrees
-        are removed, so a turn arriving meanwhile starts after, and prepares them
-        afresh. Errors are logged. Cancelled: as :meth:`_collect_worktrees_daily`.
-        """
-        try:
-            entries = await collect_garbage(
-                self.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
-                # Live, not a snapshot: GC asks again just before it removes anything.
-                busy=lambda lane: any(h.run.lane == lane for h in self.held.values()),
-                hold=self.scheduler.holding,
-                now=now,
-            )
-        except OSError as exc:
-            log.warning("could not collect old worktrees: %s", exc)
-            return
-        for entry in entries:
-            (log.info if entry.action == "removed" else log.debug)(
-                "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+        """See :func:`prohost.upkeep.collect_worktrees`. Cancelled: as that."""
+        await upkeep.collect_worktrees(self, now=now)
 
-    async def _prune_daily(self) -> None:
-        """Once a day, prune the ledger (§7; see :meth:`_prune`).
-
-        Cancelled: between prunes, nothing to undo; a prune in progress finishes,
-        within its bound.
-        """
-        while True:
-            await trio.sleep(PRUNE_EVERY_S)
-            await self._prune()
-
-    async def _prune(self) -> int:
-        """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
-
-        A failing or hung disk is logged, not raised: pruning can wait a day.
-        Cancelled: as :meth:`prohost.blocking.Bounds.run`.
-        """
-        if self.ledger is None:
-            return 0
-        try:
-            # Abandoning is safe: one transaction under the ledger's lock.
-            return await self._bounded(self.ledger.prune, time.time(), PRUNE_AGE_S,
-                                       what="pruning the ledger")
-        except (LedgerError, OSError) as exc:
-            log.warning("could not prune the ledger: %s", exc)
-            return 0
-
-    async def _bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
         """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
 
         Cancelled: as :meth:`prohost.blocking.Bounds.run`.
@@ -928,12 +585,3 @@ class Harness:
             raise RuntimeError(f"harness bug: {what} without a ledger")
         return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
                                             what=what)
-
-
-def _remove_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def _is_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0

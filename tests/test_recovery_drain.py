@@ -18,9 +18,10 @@ import httpx
 import pytest
 import trio
 
-from prohost.harness import INTERRUPTED, NOT_STARTED, RESTARTED, Harness
+from prohost.harness import Harness
 from prohost.ledger import Ledger, Recovery, RunState
 from prohost.options import Options
+from prohost.recovery import INTERRUPTED, NOT_STARTED, RESTARTED
 from prohost.runs import Outcome, parse_body
 from prohost.server import ServerHandle
 from tests.kit import endpoints_for, finished, pair_home, running_server

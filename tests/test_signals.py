@@ -14,9 +14,10 @@ from pathlib import Path
 
 import trio
 
-from prohost.harness import NOT_STARTED, STOPPED
+from prohost.harness import STOPPED
 from prohost.ledger import RunState
 from prohost.protocol import Heartbeat, Pong, Status
+from prohost.recovery import NOT_STARTED
 from prohost.server import ServerHandle
 from prohost.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from tests.kit import agent_command, finished
