@@ -17,7 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from prohost.worktrees import WORKTREES_DIR, GcEntry, collect_garbage
+from prohost.collect import GcEntry, collect_garbage
+from prohost.worktrees import WORKTREES_DIR
 
 DEFAULT_OLDER_THAN_DAYS = 14.0
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
@@ -68,7 +69,7 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
     """Run one collection under ``home`` and print what happened; 0, or 1 on an error.
 
     Cancelled (Ctrl-C): the worktree being removed is finished first (shielded and
-    bounded, see :func:`~prohost.worktrees.collect_garbage`), then the cancel goes on.
+    bounded, see :func:`~prohost.collect.collect_garbage`), then the cancel goes on.
     """
     root = home / WORKTREES_DIR
     try:

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from prohost import __version__
+from prohost.collect import collect_garbage
 from prohost.ledger import LedgerError
+from prohost.options import is_checkout
 from prohost.runner import Runner
-from prohost.worktrees import collect_garbage, is_checkout
 
 if TYPE_CHECKING:
     from prohost.harness import Harness
