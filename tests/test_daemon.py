@@ -20,11 +20,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from prohost import cli, daemon, reporter, service
-from prohost.daemon import install_daemon_command, uninstall_daemon_command
-from prohost.home import Credentials, save_credentials
-from prohost.options import Options, options_from_args
-from prohost.service import (
+from prohost import cli
+from prohost.commands import daemon, service
+from prohost.commands.daemon import install_daemon_command, uninstall_daemon_command
+from prohost.commands.service import (
     DaemonError,
     ServiceSpec,
     harness_arguments,
@@ -34,6 +33,9 @@ from prohost.service import (
     systemd_unit,
     unit_path,
 )
+from prohost.engine import reporter
+from prohost.home import Credentials, save_credentials
+from prohost.options import Options, options_from_args
 
 TOKEN = "tok-0123456789-SECRET"
 SECRET = "sec-9876543210-SECRET"

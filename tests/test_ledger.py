@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost import ledger as ledger_module
-from prohost.ledger import (
+from prohost.engine import ledger as ledger_module
+from prohost.engine.ledger import (
     Admission,
     Ledger,
     LedgerError,
     RunState,
 )
-from prohost.ledger import schema as ledger_schema
-from prohost.runs import Outcome
+from prohost.engine.ledger import schema as ledger_schema
+from prohost.wire.runs import Outcome
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 

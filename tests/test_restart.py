@@ -20,8 +20,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.ledger import RunState
-from prohost.recovery import NOT_STARTED, RESTARTED
+from prohost.engine.ledger import RunState
+from prohost.engine.recovery import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
     finished,

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
-from prohost.prompt import Checkout, CheckoutFailure
-from prohost.worktrees import (
+from prohost.engine.prompt import Checkout, CheckoutFailure
+from prohost.engine.worktrees import (
     LANE_MARKER,
     RUN_REPOS_ENV,
     WorktreeManager,
@@ -25,6 +24,7 @@ from prohost.worktrees import (
     git_env,
     lane_folder_name,
 )
+from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
 
 USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
 
