@@ -100,6 +100,11 @@ async def recover(harness: Harness) -> None:
 
 
 async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
+    """The run of a ledger row, held again; ``None`` (the row closed, logged) when its
+    body cannot be read any more.
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
+    """
     try:
         return HeldRun(run=parse_body(row.body))
     except BodyError as exc:  # accepted by an older version that was less strict
@@ -126,6 +131,10 @@ def kill_leftover(row: LedgerRow) -> None:
 
 
 async def unreported(harness: Harness) -> list[LedgerRow]:
+    """Every ledger row not reported yet: pending, interrupted, then the outbox.
+
+    Cancelled: the read is abandoned (it changes nothing).
+    """
     if harness.ledger is None:
         return []
     # A read: abandoning it on a stop's deadline leaves nothing half done.
@@ -134,7 +143,10 @@ async def unreported(harness: Harness) -> list[LedgerRow]:
 
 
 async def sweep_ledger(harness: Harness) -> None:
-    """Report every run the ledger still has unreported and nobody holds, once."""
+    """Report every run the ledger still has unreported and nobody holds, once.
+
+    Cancelled: the runs not held yet stay in the ledger, for the next start.
+    """
     for row in await unreported(harness):
         if row.run_id in harness.held or row.run_id in harness.swept:
             continue
@@ -155,7 +167,10 @@ async def sweep_ledger(harness: Harness) -> None:
 
 async def ledger_settled(harness: Harness) -> bool:
     """After the sweep: False (logged) if a run is unreported and not even in the
-    outbox; outbox rows left are logged, and are the next start's to report."""
+    outbox; outbox rows left are logged, and are the next start's to report.
+
+    Cancelled: the read is abandoned (it changes nothing), nothing is logged.
+    """
     settled = True
     for row in await unreported(harness):
         if row.state is RunState.FINISHED:

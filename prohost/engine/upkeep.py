@@ -56,7 +56,10 @@ async def announce_resets(harness: Harness, runner: Runner) -> None:
 
 
 async def probe_brain(harness: Harness) -> None:
-    """Ask the agent CLI its version once, for the status message (§5.7)."""
+    """Ask the agent CLI its version once, for the status message (§5.7).
+
+    Cancelled: ``trio.run_process`` kills the CLI; the version stays unknown.
+    """
     command = harness.brain.version_command()
     if command is None:
         return
@@ -80,7 +83,7 @@ async def probe_brain(harness: Harness) -> None:
 
 
 async def collect_worktrees_daily(harness: Harness) -> None:
-    """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
+    """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
     is finished (shielded inside ``collect_garbage``)."""
     while True:
         await trio.sleep(PRUNE_EVERY_S)
@@ -91,7 +94,7 @@ async def collect_worktrees(harness: Harness, *, now: float | None = None) -> No
     """Remove worktrees of lanes idle for 14 days (clean ones only), never a lane
     with a run in flight: a lane is held in the scheduler while its worktrees
     are removed, so a turn arriving meanwhile starts after, and prepares them
-    afresh. Errors are logged. Cancelled: as :meth:`_collect_worktrees_daily`.
+    afresh. Errors are logged. Cancelled: as :func:`collect_worktrees_daily`.
     """
     try:
         entries = await collect_garbage(
@@ -110,7 +113,7 @@ async def collect_worktrees(harness: Harness, *, now: float | None = None) -> No
 
 
 async def prune_daily(harness: Harness) -> None:
-    """Once a day, prune the ledger (§7; see :meth:`_prune`).
+    """Once a day, prune the ledger (§7; see :func:`prune`).
 
     Cancelled: between prunes, nothing to undo; a prune in progress finishes,
     within its bound.
