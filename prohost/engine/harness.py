@@ -12,8 +12,9 @@ knows the run). The ledger write before each step is what lets a restarted harne
 pick up exactly where this one died (§7).
 
 Restart recovery and the end-of-drain sweep live in :mod:`prohost.engine.recovery`, the
-snapshot and status file in :mod:`prohost.engine.status_file`, the periodic chores in
-:mod:`prohost.engine.upkeep`. What is left (~580 lines) is one job, the supervisor:
+status message, snapshot and status file in
+:mod:`prohost.engine.status_file`, the periodic chores in
+:mod:`prohost.engine.upkeep`. What is left (~570 lines) is one job, the supervisor:
 admission and acks, cancel and forget, drain and stop, and the bookkeeping of the
 held runs they share; splitting it further would scatter that shared state.
 """
@@ -34,7 +35,7 @@ import attrs
 import httpx
 import trio
 
-from prohost import AGENT_HEADER_VALUE, __version__
+from prohost import AGENT_HEADER_VALUE
 from prohost.engine import upkeep
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.agentproc import ProcessGroups
@@ -60,18 +61,16 @@ from prohost.engine.runner import (
 )
 from prohost.engine.scheduler import QueueFullError, Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
-from prohost.engine.status_file import keep_status_file, take_snapshot
+from prohost.engine.status_file import keep_status_file, status_message, take_snapshot
 from prohost.engine.worktrees import WorktreeManager
 from prohost.options import Options
 from prohost.wire import intake
 from prohost.wire.protocol import (
-    AccountRow,
     Ack,
     Cancel,
     Delivery,
     HeartbeatAck,
     Message,
-    Status,
 )
 from prohost.wire.runs import AgentRun, Outcome
 
@@ -161,7 +160,8 @@ class Harness:
         self.exit_code = 0
         self._dry_seen: set[str] = set()
         self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
-        self.beacon = Beacon(self._status, lambda: [h.beat() for h in self.held.values()])
+        self.beacon = Beacon(functools.partial(status_message, self),
+                             lambda: [h.beat() for h in self.held.values()])
         self.state_changed = trio.Event()
         self.status_written = trio.Event()
         self._done = trio.Event()
@@ -551,26 +551,6 @@ class Harness:
     async def next_status_write(self) -> None:
         """Return after ``status.json`` is next written. Cancelling only stops the wait."""
         await self.status_written.wait()
-
-    def _status(self) -> Status:
-        stats = self.scheduler.statistics()
-        return Status(
-            version=__version__,
-            machine=self.options.machine,
-            brain=self.brain.name,
-            brain_version=self.brain_version,
-            model=self.model,
-            concurrency=self.options.concurrency,
-            active=stats.running,
-            queued=stats.queued,
-            draining=self.draining,
-            features=["cancel", "timeline"] if self.brain.streams else ["cancel"],
-            accounts=self.account_rows(),
-        )
-
-    def account_rows(self) -> list[AccountRow]:
-        """``status.accounts`` (§12), as of now."""
-        return [AccountRow(**row) for row in self.book.snapshot(time.time())]
 
     # ------------------------------------------------------------------ recovery
 

@@ -1,5 +1,6 @@
-"""The harness's :class:`~prohost.engine.snapshot.Snapshot` of this moment, and the task
-that keeps ``$PROHOST_HOME/status.json`` current from it (for ``agent status``).
+"""What the harness says about itself: its ``status`` message (§2), its
+:class:`~prohost.engine.snapshot.Snapshot` of this moment, and the task that keeps
+``$PROHOST_HOME/status.json`` current from it (for ``agent status``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prohost.engine.snapshot import (
     Snapshot,
     write_snapshot,
 )
+from prohost.wire.protocol import AccountRow, Status
 
 if TYPE_CHECKING:
     from prohost.engine.harness import Harness
@@ -83,7 +85,7 @@ def take_snapshot(harness: Harness) -> Snapshot:
         else now - harness.beacon.last_heartbeat_at,
         runs=tuple(rows),
         finished=tuple(harness.finished),
-        accounts=tuple(harness.account_rows()),
+        accounts=tuple(account_rows(harness)),
     )
 
 
@@ -113,6 +115,28 @@ async def keep_status_file(harness: Harness) -> None:
     finally:
         with trio.move_on_after(2, shield=True):
             await trio.to_thread.run_sync(_remove_quietly, home / STATUS_FILE)
+
+
+def status_message(harness: Harness) -> Status:
+    """The ``status`` message (§2) as of now."""
+    stats = harness.scheduler.statistics()
+    return Status(
+        version=__version__,
+        machine=harness.options.machine,
+        brain=harness.brain.name,
+        brain_version=harness.brain_version,
+        model=harness.model,
+        concurrency=harness.options.concurrency,
+        active=stats.running,
+        queued=stats.queued,
+        draining=harness.draining,
+        features=["cancel", "timeline"] if harness.brain.streams else ["cancel"],
+        accounts=account_rows(harness),
+    )
+
+def account_rows(harness: Harness) -> list[AccountRow]:
+    """``status.accounts`` (§12), as of now."""
+    return [AccountRow(**row) for row in harness.book.snapshot(time.time())]
 
 
 def _remove_quietly(path: Path) -> None:
