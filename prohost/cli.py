@@ -6,6 +6,9 @@ implementations are imported only when they run, so ``--help`` and flag errors
 stay fast and never depend on the heavier modules.
 """
 
+# Over ~450 lines on purpose: the one argparse tree of every subcommand, kept whole so
+# that `prohost --help` and each command's flags are read in one place.
+
 from __future__ import annotations
 
 import argparse
@@ -89,8 +92,8 @@ def _agent_run(ns: argparse.Namespace) -> int:
         parser.error(str(exc))
     from rich.console import Console
 
-    from prohost.panel import use_panel
-    from prohost.termout import nonblocking
+    from prohost.engine.panel import use_panel
+    from prohost.engine.termout import nonblocking
 
     # A terminal that stops reading must never stall the event loop (acks, pongs,
     # heartbeats): the panel and the log lines are written without blocking.
@@ -107,15 +110,15 @@ def _agent_run(ns: argparse.Namespace) -> int:
         # The journal / launchd.log then only gets what escapes logging.
         logging.getLogger("prohost").propagate = False
     # The single-instance lock and the credentials are the harness's first steps
-    # (prohost.agent), not ours: flock locks per open file, so taking it here too
+    # (prohost.commands.agent), not ours: flock locks per open file, so taking it here too
     # would make the harness find its own home locked.
-    from prohost.agent import run_agent_command
+    from prohost.commands.agent import run_agent_command
 
     return run_agent_command(options, console=console, live=live)
 
 
 def _agent_install_daemon(ns: argparse.Namespace) -> int:
-    from prohost.daemon import install_daemon_command
+    from prohost.commands.daemon import install_daemon_command
     from prohost.options import options_from_args
 
     parser: ArgumentParser = ns.parser
@@ -129,7 +132,7 @@ def _agent_install_daemon(ns: argparse.Namespace) -> int:
 
 
 def _agent_uninstall_daemon(ns: argparse.Namespace) -> int:
-    from prohost.daemon import uninstall_daemon_command
+    from prohost.commands.daemon import uninstall_daemon_command
     from prohost.home import prohost_home
 
     setup_logging(ns.verbose)
@@ -139,7 +142,7 @@ def _agent_uninstall_daemon(ns: argparse.Namespace) -> int:
 def _agent_gc(ns: argparse.Namespace) -> int:
     import trio
 
-    from prohost.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+    from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
     from prohost.home import prohost_home
 
     parser: ArgumentParser = ns.parser
@@ -153,8 +156,8 @@ def _agent_gc(ns: argparse.Namespace) -> int:
 
 
 def _agent_status(ns: argparse.Namespace) -> int:
+    from prohost.commands.status import status_command
     from prohost.home import prohost_home
-    from prohost.statuscmd import status_command
 
     return status_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json)
 
@@ -162,8 +165,8 @@ def _agent_status(ns: argparse.Namespace) -> int:
 def _agent_pair(ns: argparse.Namespace) -> int:
     import trio
 
+    from prohost.commands.pair import pair_command
     from prohost.home import prohost_home
-    from prohost.pair import pair_command
 
     parser: ArgumentParser = ns.parser
     code = ns.code.strip()
@@ -203,7 +206,7 @@ def _send(ns: argparse.Namespace) -> int:
     import trio
 
     setup_logging(ns.verbose)
-    from prohost.sendcmd import send_command
+    from prohost.commands.send import send_command
 
     return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait)
 
@@ -211,8 +214,8 @@ def _send(ns: argparse.Namespace) -> int:
 def _demo(ns: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from prohost.demo import main as demo_main
-    from prohost.panel import use_panel
+    from prohost.commands.demo import main as demo_main
+    from prohost.engine.panel import use_panel
 
     console = Console()
     # On a terminal the demo draws the live panel; log lines must then go through
@@ -243,7 +246,7 @@ def setup_logging(
         root.removeHandler(_installed_handler)
     handler: logging.Handler
     if console is not None:
-        from prohost.panel import log_handler
+        from prohost.engine.panel import log_handler
 
         handler = log_handler(console)
     elif (stream or sys.stderr).isatty():

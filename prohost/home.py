@@ -4,7 +4,7 @@ Layout (``~/.prohost`` unless ``$PROHOST_HOME`` says otherwise)::
 
     credentials.json   token, secret and endpoints from `prohost agent pair` (mode 0600)
     agent.lock         held (flock) by the one harness using this home; holds its pid
-    ledger.sqlite3     the run ledger, and its -wal/-shm (mode 0600, prohost.ledger)
+    ledger.sqlite3     the run ledger, and its -wal/-shm (mode 0600, prohost.engine.ledger)
     runs/              per-run scratch folders, e.g. MCP configurations (mode 0700)
     workspace/         the agent's default working directory
 

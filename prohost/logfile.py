@@ -156,7 +156,7 @@ def redact(*secrets: str) -> logging.Filter:
     """A filter that masks ``secrets`` (the token and the secret) in every record it sees.
 
     Put it on handlers, not loggers: a logger's filters only see records logged on that
-    very logger, not on its children (``prohost.link`` bypasses a filter on ``prohost``).
+    very logger, not on its children (``prohost.engine.link`` bypasses a filter on ``prohost``).
     """
     return RedactingFilter(secrets)
 

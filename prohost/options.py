@@ -235,8 +235,6 @@ def options_from_args(
     repos: tuple[Path, ...] = ()
     raw_repos = getattr(ns, "repos", None)
     if raw_repos is not None:
-        from prohost.worktrees import ReposFlagError, parse_repos  # lazy: keeps trio out of --help
-
         try:
             repos = parse_repos(raw_repos, env=env, cwd=cwd,
                                 require_checkouts=require_checkouts)
@@ -322,3 +320,62 @@ def parse_limit_wait(raw: str | None) -> float:
     """``--limit-wait``: how long queued runs wait for a usage limit to reset
     (default :data:`DEFAULT_LIMIT_WAIT_S`)."""
     return DEFAULT_LIMIT_WAIT_S if raw is None else parse_seconds("--limit-wait", raw)
+
+
+# --- the --repos flag --------------------------------------------------------------
+
+REPOS_USAGE = "--repos needs a comma-separated list of git checkouts, e.g. --repos ~/code/app"
+
+
+class ReposFlagError(ValueError):
+    """``--repos`` is unusable; the message is one line saying why."""
+
+
+def _expand_home(raw: str, env: Mapping[str, str]) -> str:
+    # `--repos=~/a,~/b` reaches us unexpanded: the shell only expands a leading ~.
+    if raw == "~" or raw.startswith("~/"):
+        home = env.get("HOME") or str(Path.home())
+        return home + raw[1:]
+    if raw.startswith("~"):
+        expanded = os.path.expanduser(raw)  # ~user/...: the password database knows
+        if expanded == raw:
+            raise ReposFlagError(f"--repos: no such user in {raw!r}; write the full path")
+        return expanded
+    return raw
+
+
+def parse_repos(
+    raw: str, *, env: Mapping[str, str], cwd: Path, require_checkouts: bool
+) -> tuple[Path, ...]:
+    """The checkouts ``--repos`` names: absolute, normalised, first occurrence kept.
+
+    ``require_checkouts`` is for installing a daemon, where a wrong path would only
+    show up later in a log nobody reads; ``agent run`` passes False and warns
+    instead (see :func:`is_checkout`), since a checkout may appear later.
+    """
+    if not raw.strip():
+        raise ReposFlagError(REPOS_USAGE)
+    repos: list[Path] = []
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            # `a,,b` or a trailing comma is almost always a typo for a path.
+            raise ReposFlagError(f"{REPOS_USAGE} (got an empty entry in {raw!r})")
+        # Absolute now: the agent runs elsewhere, and a daemon has no cwd of ours.
+        path = Path(os.path.normpath(cwd / _expand_home(entry, env)))
+        if path not in repos:
+            repos.append(path)
+    if require_checkouts:
+        for path in repos:
+            if not path.exists():
+                raise ReposFlagError(f"--repos: {path} does not exist")
+            if not is_checkout(path):
+                raise ReposFlagError(f"--repos: {path} is not a git checkout (it has no .git)")
+    return tuple(repos)
+
+
+def is_checkout(path: Path) -> bool:
+    """``path`` is the top of a git work tree: it has a ``.git`` folder, or a ``.git``
+    file (a worktree or submodule). No subprocess: this runs while parsing flags."""
+    dot_git = path / ".git"
+    return dot_git.is_dir() or dot_git.is_file()

@@ -29,13 +29,13 @@ import httpx
 import trio
 import trio_websocket
 
-from prohost.harness import Endpoints, Harness
+from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.ledger import Ledger
 from prohost.home import Credentials, resolve_endpoints
-from prohost.ledger import Ledger
 from prohost.options import Options
-from prohost.protocol import Ack
 from prohost.server import ServerConfig, ServerHandle, serve
-from prohost.signature import sign
+from prohost.wire.protocol import Ack
+from prohost.wire.signature import sign
 
 BUSY = 16
 

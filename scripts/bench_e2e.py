@@ -74,7 +74,7 @@ import trio
 import trio_websocket
 
 from prohost.home import Credentials, save_credentials
-from prohost.protocol import MAX_MESSAGE_BYTES
+from prohost.wire.protocol import MAX_MESSAGE_BYTES
 
 #: How many runs execute at once on the harness, and how many tasks drive each floor.
 CONCURRENCY = 16

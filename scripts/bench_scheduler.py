@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from prohost.scheduler import LaneQueue, Scheduler
+from prohost.engine.scheduler import LaneQueue, Scheduler
 
 CONCURRENCY = 16
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.worktrees import WorktreeManager, git_env
+from prohost.engine.worktrees import WorktreeManager, git_env
 
 Timed = Callable[[], Awaitable[None]]
 

@@ -22,13 +22,13 @@ import attrs
 import httpx
 import trio
 
-from prohost.harness import Endpoints, Harness
+from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.ledger import Ledger
 from prohost.home import Credentials, resolve_endpoints, save_credentials
-from prohost.ledger import Ledger
 from prohost.options import Options
-from prohost.protocol import Ack, Message
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
-from prohost.signature import sign
+from prohost.wire.protocol import Ack, Message
+from prohost.wire.signature import sign
 
 AGENTS = Path(__file__).parent / "agents"
 

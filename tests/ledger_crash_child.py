@@ -6,7 +6,7 @@ committed step is printed before the next, so the parent knows what was promised
 
 ``ledger_crash_child.py PATH`` walks several runs through every state;
 ``ledger_crash_child.py PATH steps N`` takes one run through the first ``N`` steps
-of a run's life exactly as prohost.runner writes them (durable or not) and dies
+of a run's life exactly as prohost.engine.runner writes them (durable or not) and dies
 right after the ``N``-th returned.
 """
 
@@ -19,10 +19,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from prohost.ledger import Ledger
-from prohost.runs import Outcome
+from prohost.engine.ledger import Ledger
+from prohost.wire.runs import Outcome
 
-#: A run's steps in prohost.runner's order, with the durability the runner asks for.
+#: A run's steps in prohost.engine.runner's order, with the durability the runner asks for.
 RUN_STEPS: list[tuple[str, Callable[[Ledger], None]]] = [
     ("accepted", lambda ledger: ledger.admit("run-x", "conv:X", '{"run_id": "run-x"}',
                                              now=100.0) and None),

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from prohost.ledger import Ledger, LedgerRow
+from prohost.engine.ledger import Ledger, LedgerRow
 from prohost.server import ServerHandle
 from tests.kit import Gate, acks, delivery_frame, pair_home, running_server, wait_for_ack
 

@@ -16,14 +16,14 @@ from typing import Any, cast
 import trio
 import trio.testing
 
-from prohost import intake
-from prohost.accounts import Account, AccountBook
-from prohost.ledger import Ledger
-from prohost.limits import LimitNotice
-from prohost.protocol import Delivery, Heartbeat, Status
-from prohost.runner import Runner, all_limited_reason
-from prohost.runs import parse_body
+from prohost.engine.accounts import Account, AccountBook
+from prohost.engine.ledger import Ledger
+from prohost.engine.limits import LimitNotice
+from prohost.engine.runner import Runner, all_limited_reason
 from prohost.server import ServerHandle
+from prohost.wire import intake
+from prohost.wire.protocol import Delivery, Heartbeat, Status
+from prohost.wire.runs import parse_body
 from tests.kit import acks, finished, messages, running_harness, running_server
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.protocol import Pong
+from prohost.wire.protocol import Pong
 from tests.kit import (
     Running,
     agent_command,

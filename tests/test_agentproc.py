@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
 
 AGENTS = Path(__file__).parent / "agents"
 MIB = 1024 * 1024

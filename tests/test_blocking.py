@@ -21,10 +21,10 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from prohost import ledger as ledger_module
-from prohost.blocking import Bounds, StepTimedOut, run_bounded
-from prohost.harness import Harness
-from prohost.ledger import Ledger, LedgerError, RunState
+from prohost.engine.blocking import Bounds, StepTimedOut, run_bounded
+from prohost.engine.harness import Harness
+from prohost.engine.ledger import Ledger, LedgerError, RunState
+from prohost.engine.ledger import writer as ledger_module
 from prohost.options import Options
 from tests.kit import Gate, endpoints_for, finished, pair_home, running_harness, running_server
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.brains import brain_for
-from prohost.brains.base import McpError, McpWiring, ToolEvent, has_flag, split_command
-from prohost.brains.claude import ClaudeBrain, ClaudeTurn, tool_summary
-from prohost.runs import Mcp
+from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.brains import brain_for
+from prohost.engine.brains.base import McpError, McpWiring, ToolEvent, has_flag, split_command
+from prohost.engine.brains.claude import ClaudeBrain, ClaudeTurn, tool_summary
+from prohost.wire.runs import Mcp
 
 FAKE = Path(__file__).parent / "agents" / "fake_claude.py"
 FAKE_EXEC = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
@@ -607,8 +607,8 @@ async def test_end_to_end_errors_forever_is_stopped_by_the_deadline(tmp_path: Pa
 
 
 async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path) -> None:
-    from prohost.execute import ExecSpec, Progress, execute
-    from prohost.runs import AgentRun
+    from prohost.engine.execute import ExecSpec, Progress, execute
+    from prohost.wire.runs import AgentRun
 
     run = AgentRun(run_id="run_c2", completion_path="/c", text="hi",
                    mcp=Mcp(url="https://chat.example/mcp", token="tok-2"))

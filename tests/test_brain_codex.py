@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.brains import brain_for
-from prohost.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
-from prohost.brains.codex import CodexBrain, CodexTurn
-from prohost.execute import ExecSpec, execute
-from prohost.runs import AgentRun, Mcp
+from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.brains import brain_for
+from prohost.engine.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
+from prohost.engine.brains.codex import CodexBrain, CodexTurn
+from prohost.engine.execute import ExecSpec, execute
+from prohost.wire.runs import AgentRun, Mcp
 
 FAKE = Path(__file__).parent / "agents" / "fake_codex.py"
 FAKE_LINE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"

@@ -14,10 +14,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.ledger import Ledger
-from prohost.protocol import RunBeat, Status
-from prohost.runner import HeldRun
-from prohost.runs import parse_body
+from prohost.engine.ledger import Ledger
+from prohost.engine.runner import HeldRun
+from prohost.wire.protocol import RunBeat, Status
+from prohost.wire.runs import parse_body
 from tests.kit import AGENTS, finished, messages, running_harness, running_server
 
 FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.protocol import Pong
+from prohost.wire.protocol import Pong
 from tests.kit import finished, gated_harness, messages
 from tests.process_kit import alive
 

@@ -154,9 +154,9 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def fake_harness(monkeypatch: pytest.MonkeyPatch, behaviour: Callable[[Options], int]) -> None:
-    module = types.ModuleType("prohost.agent")
+    module = types.ModuleType("prohost.commands.agent")
     module.run_agent_command = behaviour  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prohost.agent", module)
+    monkeypatch.setitem(sys.modules, "prohost.commands.agent", module)
 
 
 def test_agent_run_hands_options_to_the_harness(

@@ -20,19 +20,20 @@ from pathlib import Path
 import attrs
 import pytest
 
-from prohost import cli, daemon, reporter
-from prohost.daemon import (
+from prohost import cli
+from prohost.commands import daemon, service
+from prohost.commands.daemon import install_daemon_command, uninstall_daemon_command
+from prohost.commands.service import (
     DaemonError,
     ServiceSpec,
     harness_arguments,
-    install_daemon_command,
     launchd_plist,
     service_label,
     service_spec,
     systemd_unit,
-    uninstall_daemon_command,
     unit_path,
 )
+from prohost.engine import reporter
 from prohost.home import Credentials, save_credentials
 from prohost.options import Options, options_from_args
 
@@ -308,7 +309,7 @@ def test_an_url_from_the_environment_becomes_a_flag(tmp_path: Path) -> None:
 
 def test_every_options_field_is_expressed() -> None:
     """A new Options field must be taught to harness_arguments (or it refuses, below)."""
-    assert {field.name for field in attrs.fields(Options)} <= daemon.EXPRESSED_FIELDS
+    assert {field.name for field in attrs.fields(Options)} <= service.EXPRESSED_FIELDS
 
 
 @attrs.frozen(kw_only=True)
@@ -465,7 +466,7 @@ def test_stop_timeout_leaves_room_for_the_drain(tmp_path: Path, timeout: str, st
 
 
 def test_the_drain_window_matches_the_reporter() -> None:
-    assert daemon.COMPLETION_RETRY_S == reporter.DEFAULT_WINDOW_S
+    assert service.COMPLETION_RETRY_S == reporter.DEFAULT_WINDOW_S
 
 
 # --- install / uninstall with systemd -----------------------------------------------

@@ -33,6 +33,6 @@ async def test_demo_runs_a_dozen_runs_and_leaves_nothing_behind(tmp_path: Path) 
     assert "started" in err and "finished in" in err
     assert demo_dirs() == before
     assert not (tmp_path / "untouched").exists()
-    leftover = await trio.run_process(["pgrep", "-f", "prohost.demo_agent"],
+    leftover = await trio.run_process(["pgrep", "-f", "prohost.commands.demo_agent"],
                                       capture_stdout=True, check=False)
     assert leftover.stdout == b""

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.agentproc import ProcessGroups
-from prohost.execute import ExecSpec, agent_env, execute_plain
-from prohost.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
-from prohost.runs import AgentRun
+from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.execute import ExecSpec, agent_env, execute_plain
+from prohost.engine.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
+from prohost.wire.runs import AgentRun
 
 AGENTS = Path(__file__).parent / "agents"
 RUN = AgentRun(run_id="run_exec_1", completion_path="/c", text="hello", author="dana")
@@ -276,10 +276,10 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
     """Reproduction 1 of issue 8 at the runner: a run id of ``..`` (or ``.``) with an
     ``mcp`` field, past intake, must not make its scratch folder ``$PROHOST_HOME``
     (or ``runs/``), which the run's cleanup removes."""
-    from prohost.execute import scratch_folder
-    from prohost.ledger import RunState
-    from prohost.runner import HeldRun
-    from prohost.runs import Mcp
+    from prohost.engine.execute import scratch_folder
+    from prohost.engine.ledger import RunState
+    from prohost.engine.runner import HeldRun
+    from prohost.wire.runs import Mcp
     from tests.kit import running_harness, running_server
 
     home = tmp_path / "home"

@@ -37,10 +37,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prohost.intake import MAX_BODY_BYTES
-from prohost.protocol import Ack, Pong
 from prohost.server import ServerState
-from prohost.signature import sign
+from prohost.wire.intake import MAX_BODY_BYTES
+from prohost.wire.protocol import Ack, Pong
+from prohost.wire.signature import sign
 from tests.kit import Running, running_harness, running_server
 
 #: Every status §3 allows.

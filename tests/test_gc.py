@@ -13,15 +13,10 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
-from prohost.scheduler import Scheduler
-from prohost.worktrees import (
-    LANE_MARKER,
-    GcEntry,
-    WorktreeManager,
-    collect_garbage,
-    lane_folder_name,
-)
+from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+from prohost.engine.collect import GcEntry, collect_garbage
+from prohost.engine.scheduler import Scheduler
+from prohost.engine.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
 from tests.test_worktrees import commit_file, git, isolate_git, make_repo, real, worktree_paths
 
 DAY = 86400.0
@@ -275,11 +270,11 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
 async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prohost import worktrees
+    from prohost.engine import collect
     from tests.kit import finished, gated_harness
 
     source = await make_repo(tmp_path / "app")
-    remove_folder = worktrees._remove_folder
+    remove_folder = collect._remove_folder
     with trio.fail_after(60):
         async with gated_harness(tmp_path / "h", concurrency=2, repos=(source,)) as (
             gate, running,
@@ -303,7 +298,7 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
                 assert harness.held[arrived[0]].state == "queued"
                 return await remove_folder(*args)  # type: ignore[arg-type]
 
-            monkeypatch.setattr(worktrees, "_remove_folder", remove_while_a_turn_arrives)
+            monkeypatch.setattr(collect, "_remove_folder", remove_while_a_turn_arrives)
             await harness.collect_worktrees(now=time.time() + LATER)
             assert arrived
             await gate.wait_started(arrived[0])

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.blocking import StepTimedOut, run_bounded
-from prohost.ledger import Admission, Ledger, LedgerError, Recovery, RunState, _Write
-from prohost.runs import Outcome
+from prohost.engine.blocking import StepTimedOut, run_bounded
+from prohost.engine.ledger import Admission, Ledger, LedgerError, Recovery, RunState, _Write
+from prohost.wire.runs import Outcome
 
 #: Bound on every wait for a thread in these tests (s); nothing here takes long.
 WAIT_S = 30.0

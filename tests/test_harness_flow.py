@@ -7,8 +7,8 @@ from pathlib import Path
 import trio
 
 from prohost import AGENT_HEADER_VALUE
-from prohost.ledger import Ledger
-from prohost.protocol import Heartbeat, Status
+from prohost.engine.ledger import Ledger
+from prohost.wire.protocol import Heartbeat, Status
 from tests.kit import agent_command, finished, messages, running_harness, running_server
 
 

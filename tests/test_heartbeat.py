@@ -9,12 +9,12 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.heartbeat import STATUS_MIN_INTERVAL_S, Beacon
-from prohost.intake import MAX_QUEUED_RUNS
-from prohost.link import Session
-from prohost.protocol import Heartbeat, Hello, RunBeat, Status, decode, encode
-from prohost.runner import HeldRun
-from prohost.runs import MAX_CONVERSATION_ID_BYTES, AgentRun
+from prohost.engine.heartbeat import STATUS_MIN_INTERVAL_S, Beacon
+from prohost.engine.link import Session
+from prohost.engine.runner import HeldRun
+from prohost.wire.intake import MAX_QUEUED_RUNS
+from prohost.wire.protocol import Heartbeat, Hello, RunBeat, Status, decode, encode
+from prohost.wire.runs import MAX_CONVERSATION_ID_BYTES, AgentRun
 
 
 class RecordingSocket:

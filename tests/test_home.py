@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from prohost import AGENT_HEADER_VALUE
+from prohost.commands.pair import pair_command
 from prohost.home import (
     DEFAULT_WS_URL,
     Credentials,
@@ -30,7 +31,6 @@ from prohost.home import (
     resolve_endpoints,
     save_credentials,
 )
-from prohost.pair import pair_command
 from tests.asgi_kit import lifespan, read_body, serving
 
 CREDS = Credentials(
@@ -433,7 +433,7 @@ def umask_022() -> Any:
 def test_a_loose_home_is_narrowed_with_a_warning_and_its_files_are_private(
     tmp_path: Path, umask_022: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from prohost.ledger import Ledger
+    from prohost.engine.ledger import Ledger
     from prohost.logfile import log_path, log_to_file
 
     home = tmp_path / "home"
@@ -464,7 +464,7 @@ def test_a_loose_home_is_narrowed_with_a_warning_and_its_files_are_private(
 def test_an_old_world_readable_ledger_is_narrowed_on_open(
     tmp_path: Path, umask_022: None
 ) -> None:
-    from prohost.ledger import Ledger
+    from prohost.engine.ledger import Ledger
 
     path = tmp_path / "ledger.sqlite3"
     with Ledger.open(path) as ledger:

@@ -22,12 +22,12 @@ import pytest
 import trio
 import trio_websocket
 
-from prohost import intake
-from prohost.harness import Endpoints, Harness
-from prohost.link import Link, Session
+from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.link import Link, Session
 from prohost.options import Options
-from prohost.protocol import Ack, Message, Pong
-from prohost.signature import sign
+from prohost.wire import intake
+from prohost.wire.protocol import Ack, Message, Pong
+from prohost.wire.signature import sign
 from tests.kit import (
     Running,
     agent_command,

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost import ledger as ledger_module
-from prohost.ledger import (
+from prohost.engine import ledger as ledger_module
+from prohost.engine.ledger import (
     Admission,
     Ledger,
     LedgerError,
     RunState,
 )
-from prohost.runs import Outcome
+from prohost.engine.ledger import schema as ledger_schema
+from prohost.wire.runs import Outcome
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 
@@ -434,7 +435,7 @@ def test_limits_survive_a_reopen(path: Path) -> None:
 
 def test_a_version_1_ledger_is_upgraded_with_its_runs_and_sessions(path: Path) -> None:
     conn = sqlite3.connect(path)
-    for statement in ledger_module._MIGRATIONS[0]:
+    for statement in ledger_schema._MIGRATIONS[0]:
         conn.execute(statement)
     conn.execute("INSERT INTO sessions (lane, session_id, updated_at) VALUES ('l', 's', 0)")
     conn.execute("INSERT INTO runs (run_id, lane, body, state, accepted_at) "

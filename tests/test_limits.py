@@ -1,7 +1,7 @@
-"""Reading usage limits out of what the agent CLIs print (prohost.limits).
+"""Reading usage limits out of what the agent CLIs print (prohost.engine.limits).
 
 Every text here is one the real CLIs print (the sources are cited in
-prohost/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
+prohost/engine/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.brains.base import decode_json_line
-from prohost.limits import (
+from prohost.engine.brains.base import decode_json_line
+from prohost.engine.limits import (
     LimitNotice,
     claude_limit_text,
     claude_rate_limit,

@@ -14,9 +14,9 @@ import pytest
 import trio
 import trio_websocket
 
-from prohost import protocol
-from prohost.link import BACKOFF_CAP_S, Link, Session, backoff_delay
-from prohost.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
+from prohost.engine.link import BACKOFF_CAP_S, Link, Session, backoff_delay
+from prohost.wire import protocol
+from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
 from tests.kit import finished, gated_harness, running_harness, running_server
 
 

@@ -22,7 +22,7 @@ import trio
 import trio.testing
 from rich.console import Console
 
-from prohost.panel import (
+from prohost.engine.panel import (
     Panel,
     compact_duration,
     describe_change,
@@ -30,8 +30,8 @@ from prohost.panel import (
     server_host,
     use_panel,
 )
-from prohost.protocol import AccountRow
-from prohost.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.engine.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.wire.protocol import AccountRow
 
 T0 = 1_700_000_000.0
 LONG = "Edit src/auth/session.py: " + "replace the token refresh with a sliding window " * 8
@@ -384,7 +384,7 @@ async def test_live_panel_starts_and_stops_without_threads(
 async def test_log_lines_print_above_the_live_panel(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from prohost.panel import log_handler
+    from prohost.engine.panel import log_handler
 
     console = recording_console(force_terminal=True)
     logger = logging.getLogger("prohost.test_panel")

@@ -1,4 +1,4 @@
-"""Finding a previous harness's agent at restart (prohost.procinfo, §7), with real processes."""
+"""Finding a previous harness's agent at restart (prohost.engine.procinfo, §7), real processes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from contextlib import suppress
 import pytest
 import trio
 
-from prohost import procinfo
-from prohost.procinfo import process_belongs_to_run
+from prohost.engine import procinfo
+from prohost.engine.procinfo import process_belongs_to_run
 
 
 async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:

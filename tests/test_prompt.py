@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prohost.prompt import (
+from prohost.engine.prompt import (
     MAX_REPLY_BYTES,
     NO_REPLY,
     REPLY_CUT_MARKER,
@@ -16,7 +16,7 @@ from prohost.prompt import (
     human_duration,
     reply_from_text,
 )
-from prohost.runs import AgentRun, ContextMessage
+from prohost.wire.runs import AgentRun, ContextMessage
 
 FULL_RUN = AgentRun(
     run_id="run_01",

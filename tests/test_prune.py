@@ -12,8 +12,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admission, Ledger, RunState
-from prohost.runs import Outcome
+from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admission, Ledger, RunState
+from prohost.wire.runs import Outcome
 from tests.kit import acks, delivery_frame, running_harness, running_server, wait_for_ack
 
 DAY = 86400.0

@@ -18,11 +18,12 @@ import httpx
 import pytest
 import trio
 
-from prohost.harness import INTERRUPTED, NOT_STARTED, RESTARTED, Harness
-from prohost.ledger import Ledger, Recovery, RunState
+from prohost.engine.harness import Harness
+from prohost.engine.ledger import Ledger, Recovery, RunState
+from prohost.engine.recovery import INTERRUPTED, NOT_STARTED, RESTARTED
 from prohost.options import Options
-from prohost.runs import Outcome, parse_body
 from prohost.server import ServerHandle
+from prohost.wire.runs import Outcome, parse_body
 from tests.kit import endpoints_for, finished, pair_home, running_server
 
 
@@ -182,7 +183,7 @@ async def test_a_drain_that_cannot_report_says_which_runs_stay_in_the_outbox(
                     """mark_reported fails: the row stays in the outbox."""
 
                     def mark_reported(self, *args: object) -> None:
-                        from prohost.ledger import LedgerError
+                        from prohost.engine.ledger import LedgerError
                         raise LedgerError("disk full (test)")
 
                     def __getattr__(self, name: str) -> Any:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.harness import NOT_STARTED, RESTARTED
-from prohost.ledger import RunState
+from prohost.engine.ledger import RunState
+from prohost.engine.recovery import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
     finished,

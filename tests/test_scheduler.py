@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.scheduler import (
+from prohost.engine.scheduler import (
     MAX_CONCURRENCY,
     DrainingError,
     LaneQueue,

@@ -22,10 +22,10 @@ import trio
 import trio_websocket
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from prohost.protocol import Ack, Heartbeat, Pong, Status
-from prohost.sendcmd import api_base, send_command
+from prohost.commands.send import api_base, send_command
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
-from prohost.signature import check
+from prohost.wire.protocol import Ack, Heartbeat, Pong, Status
+from prohost.wire.signature import check
 from tests.kit import running_server
 
 BIG = 8 * 1024 * 1024

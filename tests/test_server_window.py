@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.protocol import Ack
 from prohost.server.state import DELIVERY_WINDOW, OUTBOX_SIZE, Connection, ServerState
+from prohost.wire.protocol import Ack
 from tests.kit import running_harness, running_server
 
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import trio
 
-from prohost.harness import NOT_STARTED, STOPPED
-from prohost.ledger import RunState
-from prohost.protocol import Heartbeat, Pong, Status
+from prohost.engine.harness import STOPPED
+from prohost.engine.ledger import RunState
+from prohost.engine.recovery import NOT_STARTED
+from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from prohost.server import ServerHandle
-from prohost.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
+from prohost.wire.protocol import Heartbeat, Pong, Status
 from tests.kit import agent_command, finished
 from tests.process_kit import (
     HarnessProcess,

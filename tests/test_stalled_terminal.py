@@ -3,7 +3,7 @@ pipe that is full and that nobody reads — a stalled SSH session, a pager left 
 
 Before, the first log line blocked the event loop for good: no connection, no acks,
 no pongs, no heartbeats. Now terminal output is written without blocking
-(prohost/termout.py) and the harness goes on serving the server.
+(prohost/engine/termout.py) and the harness goes on serving the server.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.protocol import Heartbeat, Pong
-from prohost.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
+from prohost.engine.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
+from prohost.wire.protocol import Heartbeat, Pong
 from tests.kit import finished
 from tests.process_kit import harness_process, paired_with_gate
 

@@ -14,9 +14,9 @@ import attrs
 import trio
 from rich.console import Console
 
-from prohost.protocol import AccountRow
-from prohost.snapshot import STATUS_FILE, Snapshot, write_snapshot
-from prohost.statuscmd import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, status_command
+from prohost.commands.status import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, status_command
+from prohost.engine.snapshot import STATUS_FILE, Snapshot, write_snapshot
+from prohost.wire.protocol import AccountRow
 from tests.test_panel import assert_fits, busy_snapshot
 
 

@@ -15,19 +15,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.prompt import Checkout, CheckoutFailure
-from prohost.worktrees import (
+from prohost.engine.prompt import Checkout, CheckoutFailure
+from prohost.engine.worktrees import (
     LANE_MARKER,
-    REPOS_USAGE,
     RUN_REPOS_ENV,
-    ReposFlagError,
     WorktreeManager,
     checkout_names,
     git_env,
-    is_checkout,
     lane_folder_name,
-    parse_repos,
 )
+from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
 
 USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
 

@@ -18,6 +18,8 @@ Each WebSocket gets its own nursery (reader, writer; the dispatcher pings) that 
 socket does; an exception in one connection is logged and ends only that one.
 """
 
+# Over ~450 lines on purpose: one job (the ASGI app: every route of the reference server).
+
 from __future__ import annotations
 
 import contextlib
@@ -29,10 +31,10 @@ from urllib.parse import parse_qs
 
 import trio
 
-from prohost.protocol import DecodeError, decode
 from prohost.server import faults
 from prohost.server.faults import FaultError, _address, abort_socket
 from prohost.server.state import WS_PATH, CompletionPost, Connection, RunRecord, ServerState
+from prohost.wire.protocol import DecodeError, decode
 
 __all__ = ["App", "abort_socket", "answer_lifespan", "run_dispatcher"]
 

@@ -21,8 +21,8 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from prohost.protocol import MAX_MESSAGE_BYTES
 from prohost.server.faults import drop_all
+from prohost.wire.protocol import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
     from prohost.server.state import ServerState

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import attrs
 import trio
 
-from prohost.protocol import Message, Status
+from prohost.wire.protocol import Message, Status
 
 log = logging.getLogger("prohost.server")
 

@@ -28,16 +28,6 @@ from typing import Any
 import attrs
 import trio
 
-from prohost.protocol import (
-    Ack,
-    Cancel,
-    Heartbeat,
-    HeartbeatAck,
-    Hello,
-    Message,
-    Status,
-    encode,
-)
 from prohost.server.faults import FaultHooks
 from prohost.server.records import (
     DELIVERY_WINDOW,
@@ -59,6 +49,16 @@ from prohost.server.records import (
     generate_pairing_code,
 )
 from prohost.server.window import Deliveries, DeliveryQueue
+from prohost.wire.protocol import (
+    Ack,
+    Cancel,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    Message,
+    Status,
+    encode,
+)
 
 __all__ = [
     "DELIVERY_WINDOW", "OUTBOX_SIZE", "RUN_STATES", "TERMINAL_STATES", "UNACKED_STATES",

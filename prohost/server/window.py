@@ -30,9 +30,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from prohost.protocol import Delivery, Ping, encode
 from prohost.server.records import Connection, Harness, RunRecord
-from prohost.signature import sign
+from prohost.wire.protocol import Delivery, Ping, encode
+from prohost.wire.signature import sign
 
 log = logging.getLogger("prohost.server")
 

@@ -1,0 +1,103 @@
+"""``prohost agent pair``: trade a one-time code for this machine's credentials (§10)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from prohost import AGENT_HEADER_VALUE
+from prohost.home import credentials_from_json, resolve_endpoints, save_credentials
+
+log = logging.getLogger("prohost.pair")
+
+PAIR_TIMEOUT_S = 30.0
+_MAX_ERROR_TEXT = 300
+
+
+def _fail(message: str) -> int:
+    print(f"prohost agent pair: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _MAX_ERROR_TEXT else flat[: _MAX_ERROR_TEXT - 1] + "…"
+
+
+def _server_error_text(response: httpx.Response) -> str:
+    """The server's own explanation: a JSON ``error``/``message``/``detail``, else the body."""
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict):
+        for key in ("error", "message", "detail"):
+            value = data.get(key)
+            if isinstance(value, str) and value.strip():
+                return _one_line(value)
+    return _one_line(response.text) or "(no explanation in the response)"
+
+
+async def pair_command(code: str, url: str | None, machine: str, home: Path) -> int:
+    """Pair this machine: POST the code, save the credentials, return the exit code.
+
+    ``url`` is ``--url`` or ``$PROHOST_WS_URL`` (None: the built-in default); the
+    pairing API base is derived from it as PROTOCOL.md §1 says. Errors are one
+    line on stderr and exit code 1; nothing is written unless pairing succeeded.
+    The token and secret are never printed or logged.
+
+    Cancelled during the request, nothing has been saved and the cancellation
+    propagates. The save itself runs in a worker thread that is waited for, so a
+    cancellation arriving then takes effect only after the file is complete.
+    """
+    try:
+        _, api_base = resolve_endpoints(url, None)
+    except ValueError as exc:
+        return _fail(f"cannot derive the pairing address: {exc}")
+    endpoint = f"{api_base}/v1/agent/pair"
+    log.debug("pairing %s at %s", machine, endpoint)
+    try:
+        async with httpx.AsyncClient(timeout=PAIR_TIMEOUT_S) as client:
+            response = await client.post(
+                endpoint,
+                json={"code": code, "machine": machine},
+                headers={"X-Prohost-Agent": AGENT_HEADER_VALUE},
+            )
+    except httpx.ConnectError as exc:
+        return _fail(f"cannot connect to {api_base}: {_one_line(str(exc)) or 'connection failed'}")
+    except httpx.TimeoutException:
+        return _fail(f"{api_base} did not answer within {PAIR_TIMEOUT_S:.0f} s; try again")
+    except httpx.HTTPError as exc:
+        reason = _one_line(str(exc)) or type(exc).__name__
+        return _fail(f"pairing request to {endpoint} failed: {reason}")
+
+    if not response.is_success:
+        # HTTP/1.1 servers may send no reason phrase; the standard one still helps.
+        phrase = response.reason_phrase or httpx.codes.get_reason_phrase(response.status_code)
+        return _fail(
+            f"the server refused the pairing ({response.status_code} {phrase}".rstrip()
+            + f"): {_server_error_text(response)}"
+        )
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _fail(f"the server's answer from {endpoint} is not JSON; nothing was saved")
+    try:
+        creds = credentials_from_json(data, "the server's answer")
+    except ValueError as exc:
+        return _fail(f"{exc}; nothing was saved")
+
+    try:
+        path = await trio.to_thread.run_sync(save_credentials, home, creds)
+    except OSError as exc:
+        return _fail(f"cannot save the credentials in {home}: {exc.strerror or exc}")
+
+    account = f" to account {creds.account}" if creds.account else ""
+    print(f"Paired {machine}{account}. Credentials saved in {path} (mode 0600).")
+    print("Start the agent with: prohost agent run")
+    return 0

@@ -1,0 +1,108 @@
+"""Blocking calls (sqlite, fsync, /proc) with a bound that holds even when the call hangs.
+
+``trio.to_thread.run_sync`` without ``abandon_on_cancel`` cannot be cancelled: a
+``move_on_after`` around it only takes effect once the thread returns, so a hung
+disk (an NFS home that stopped answering) would hold a run, and the second
+signal's 5-second window, forever. :meth:`Bounds.run` runs the call with
+``abandon_on_cancel=True`` under a shielded scope of its own: an ordinary cancel
+(a run's cancel, the first signal) still lets a step that was begun finish, but
+when the bound passes the thread is abandoned — trio stops waiting for it, the
+thread itself runs on until the call returns or the process exits — and the
+caller gets :class:`StepTimedOut`.
+
+Abandoning is only safe for a call that (a) touches nothing trio owns, (b) leaves
+shared state consistent whenever it eventually ends, and (c) whose result the
+caller can do without. Each use says why it qualifies; for the ledger see
+:mod:`prohost.engine.ledger` (every write is queued for the ledger's group commit, whose
+writer applies it as a whole transaction or savepoint whether or not its caller
+still waits; an abandoned caller's thread gives up after a bounded time, later
+callers wait for the write connection only a bounded time, and whether the step
+is durable is simply unknown — the next start reads the ledger and repairs it, §7).
+The ledger's writer is such a worker thread too: the first caller that finds no
+writer at work, so no thread of its own is ever started.
+
+:meth:`Bounds.hurry` is the second signal's hard deadline: from then on no bounded
+step of that harness, already running or started later, outlasts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+__all__ = ["Bounds", "StepTimedOut", "run_bounded"]
+
+log = logging.getLogger("prohost.blocking")
+
+T = TypeVar("T")
+
+
+
+class StepTimedOut(TimeoutError):
+    """A blocking step did not finish within its bound and was abandoned.
+
+    A :class:`TimeoutError`, hence an :class:`OSError`: callers that already
+    handle a failing disk handle a hung one the same way. Whether the step took
+    effect is unknown.
+    """
+
+
+class Bounds:
+    """The bounded steps of one harness, so that its second signal can cut them short.
+
+    Not shared between harnesses (tests run several in one trio run).
+    """
+
+    def __init__(self) -> None:
+        self._in_flight: set[trio.CancelScope] = set()
+        self._hard_deadline = math.inf
+
+    def hurry(self, deadline: float) -> None:
+        """Let no step outlast ``deadline`` (``trio.current_time()`` units, s).
+
+        Shortens every step in flight and caps every later one; a later, larger
+        deadline never lengthens them again. For the second signal's window (§9):
+        a hung step then gives up in time for the harness to exit.
+        """
+        self._hard_deadline = min(deadline, self._hard_deadline)
+        for scope in self._in_flight:
+            scope.deadline = min(scope.deadline, self._hard_deadline)
+
+    async def run(self, fn: Callable[..., T], *args: object, limit_s: float, what: str) -> T:
+        """``fn(*args)`` in a worker thread; its result, or :class:`StepTimedOut` after
+        ``limit_s`` s or at the :meth:`hurry` deadline, whichever comes first.
+
+        ``what`` names the step in the warning and the error (no secrets in it).
+        Only use it for calls that are safe to abandon (see the module docstring).
+
+        Cancelled: not interrupted — the step is shielded so that one that was
+        begun is finished — but still bounded; the cancel is delivered at the
+        caller's next checkpoint.
+        """
+        started = trio.current_time()
+        deadline = min(started + limit_s, self._hard_deadline)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            self._in_flight.add(scope)
+            try:
+                return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+            finally:
+                self._in_flight.discard(scope)
+        # Only the bound (or hurry) can cancel a shielded scope.
+        log.warning("%s took over %.1f s and was abandoned; the disk may be failing or hung",
+                    what, trio.current_time() - started)
+        raise StepTimedOut(
+            f"{what} did not finish within its bound and was abandoned (a hung or failing "
+            "disk?); whether it took effect is unknown, and the next start repairs it"
+        )
+
+
+async def run_bounded(fn: Callable[..., T], *args: object, limit_s: float, what: str) -> T:
+    """:meth:`Bounds.run` for a step no second signal needs to hurry.
+
+    Cancelled: as :meth:`Bounds.run`.
+    """
+    return await Bounds().run(fn, *args, limit_s=limit_s, what=what)

@@ -1,0 +1,569 @@
+"""The supervisor: one nursery holding the link, the scheduler, and every run.
+
+A run's life, and who owns each step::
+
+    delivery ─ intake.classify ─ ledger.admit ─ ack ─ scheduler.submit      (the reader)
+    scheduler ─ _work: started ─ execute ─ finished ─ report ─ reported       (one task)
+
+Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
+stops the agent (the run is still reported — a cancel, a second signal) and
+``life_scope`` stops everything, reporting included (the server said it no longer
+knows the run). The ledger write before each step is what lets a restarted harness
+pick up exactly where this one died (§7).
+
+Restart recovery and the end-of-drain sweep live in :mod:`prohost.engine.recovery`, the
+status message, snapshot and status file in
+:mod:`prohost.engine.status_file`, the periodic chores in
+:mod:`prohost.engine.upkeep`. What is left (~570 lines) is one job, the supervisor:
+admission and acks, cancel and forget, drain and stop, and the bookkeeping of the
+held runs they share; splitting it further would scatter that shared state.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import attrs
+import httpx
+import trio
+
+from prohost import AGENT_HEADER_VALUE
+from prohost.engine import upkeep
+from prohost.engine.accounts import Account, AccountBook
+from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.brains import brain_for
+from prohost.engine.execute import ExecSpec
+from prohost.engine.heartbeat import Beacon
+from prohost.engine.ledger import Admission, Ledger, LedgerError
+from prohost.engine.link import CredentialsRejected, Link, Session
+from prohost.engine.recovery import (
+    NOT_STARTED,
+    QUEUE_FULL,
+    ledger_settled,
+    recover,
+    sweep_ledger,
+)
+from prohost.engine.reporter import Reporter
+from prohost.engine.runner import (
+    LEDGER_STEP_TIMEOUT_S,
+    HeldRun,
+    Runner,
+    all_limited_reason,
+    progress_log,
+)
+from prohost.engine.scheduler import QueueFullError, Scheduler
+from prohost.engine.snapshot import FinishedRow, Snapshot
+from prohost.engine.status_file import keep_status_file, status_message, take_snapshot
+from prohost.engine.worktrees import WorktreeManager
+from prohost.options import Options
+from prohost.wire import intake
+from prohost.wire.protocol import (
+    Ack,
+    Cancel,
+    Delivery,
+    HeartbeatAck,
+    Message,
+)
+from prohost.wire.runs import AgentRun, Outcome
+
+log = logging.getLogger("prohost.harness")
+
+T = TypeVar("T")
+
+#: After a second signal, everything left must be done within this (seconds, §9).
+STOP_WINDOW_S = 5.0
+#: Grace between SIGTERM and SIGKILL after a second signal (seconds, §9).
+STOP_GRACE_S = 3.0
+#: The panel and status file show this many of the latest finished runs.
+FINISHED_KEPT = 5
+
+STOPPED = "the agent was stopped"
+DEFAULT_CANCEL_REASON = "cancelled by the server"
+
+
+@attrs.frozen
+class Endpoints:
+    ws_url: str
+    api_base: str
+    token: str
+    secret: str
+
+
+class Harness:
+    """Accepts, runs and reports; see the module docstring."""
+
+    def __init__(
+        self,
+        options: Options,
+        endpoints: Endpoints,
+        *,
+        client: httpx.AsyncClient,
+        ledger: Ledger | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = options
+        self.endpoints = endpoints
+        self.ledger = ledger
+        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
+        self.brain_version: str | None = None
+        self.model: str | None = self.brain.configured_model()
+        self.env = dict(os.environ if env is None else env)
+        self.groups = ProcessGroups()
+        self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
+        self.scheduler: Scheduler[HeldRun] = Scheduler(options.concurrency, self._work)
+        self.link = Link(
+            endpoints.ws_url,
+            [
+                (b"Authorization", f"Bearer {endpoints.token}".encode()),
+                (b"X-Prohost-Machine", options.machine.encode()),
+                (b"X-Prohost-Agent", AGENT_HEADER_VALUE.encode()),
+            ],
+            self,
+            on_change=self.changed,
+        )
+        self.spec = ExecSpec(
+            command=options.exec_command,
+            workdir=options.workdir,
+            timeout_s=options.timeout_s,
+            idle_timeout_s=options.idle_timeout_s,
+            parallel=options.concurrency > 1,
+            secrets=(endpoints.token, endpoints.secret),
+        )
+        self.worktrees = WorktreeManager(options.home, options.repos)
+        #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
+        self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
+        self.runner = None if ledger is None else Runner(
+            spec=self.spec,
+            brain=self.brain,
+            ledger=ledger,
+            reporter=self.reporter,
+            groups=self.groups,
+            env=self.env,
+            worktrees=self.worktrees if self.worktrees.enabled else None,
+            scratch_root=options.home / "runs",
+            on_change=self.changed,
+            on_outcome=self._on_outcome,
+            book=self.book,
+            limit_wait_s=options.limit_wait_s,
+        )
+        self.held: dict[str, HeldRun] = {}
+        self.draining = False
+        self.stopping = False
+        self.exit_code = 0
+        self._dry_seen: set[str] = set()
+        self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
+        self.beacon = Beacon(functools.partial(status_message, self),
+                             lambda: [h.beat() for h in self.held.values()])
+        self.state_changed = trio.Event()
+        self.status_written = trio.Event()
+        self._done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        #: Until the ledger has been read at start, "nothing held" does not mean idle.
+        self._recovered = False
+        self._link_scope = trio.CancelScope()
+        self._link_closed = trio.Event()
+        #: Runs the end-of-drain sweep already reported once (never twice).
+        self.swept: set[str] = set()
+        #: When a stop's window closes (trio time, seconds); set by stop().
+        self._stop_deadline = math.inf
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self, *, task_status: trio.TaskStatus[Harness] = trio.TASK_STATUS_IGNORED) -> int:
+        """Run until drained, stopped, or the credentials are rejected; return the exit code.
+
+        Reports started once the scheduler is up, the ledger recovered and the link
+        dialling (not necessarily connected). A :meth:`drain` or :meth:`stop` that
+        came before (a signal while the process started) or during the recovery is
+        obeyed: recovered runs are reported as §9 says, and it exits only once they
+        are. Cancelled from outside: running agents are stopped (their groups
+        killed, shielded and bounded) and the cancel propagates; their ledger rows
+        stay as they were, for the next start.
+        """
+        if self._done.is_set() or self._nursery is not None:
+            raise RuntimeError("Harness.run() was called twice; make a new Harness")
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self.stopping:
+                    nursery.cancel_scope.deadline = self._stop_deadline
+                if self.draining:
+                    nursery.start_soon(self._exit_when_idle)
+                await nursery.start(self.scheduler.run)
+                await recover(self)
+                await nursery.start(self._guard_link)
+                # Only now may a drain end the harness: the recovered runs are held,
+                # and the link is up for _exit_when_idle to close.
+                self._recovered = True
+                self.changed()
+                if self.ledger is not None:
+                    nursery.start_soon(upkeep.prune_daily, self)
+                    if self.worktrees.enabled:
+                        nursery.start_soon(upkeep.collect_worktrees_daily, self)
+                nursery.start_soon(upkeep.probe_brain, self)
+                if self.runner is not None:
+                    nursery.start_soon(upkeep.announce_resets, self, self.runner)
+                if not self.options.dry_run:
+                    nursery.start_soon(keep_status_file, self)
+                upkeep.announce_start(self)
+                task_status.started(self)
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            # No new task may be started in a closed nursery (a late signal).
+            self._nursery = None
+            self._done.set()
+            # Whatever happened above, no agent outlives the harness.
+            self.groups.kill_all(signal.SIGKILL)
+        return self.exit_code
+
+    async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The link, until cancelled or closed by the end of a drain.
+
+        Cancelled: the connection closes (the link's own shielded, bounded close).
+        """
+        try:
+            with self._link_scope:
+                await self.link.run(task_status=task_status)
+        except CredentialsRejected as exc:
+            log.error("%s", exc)
+            self.exit_code = 1
+            self._done.set()
+        finally:
+            self._link_closed.set()
+
+    def drain(self) -> None:
+        """First signal (§9): take no new work, report what has not started, finish the rest.
+
+        Safe at any moment: before :meth:`run` (it is obeyed once run starts),
+        during the restart recovery (recovered runs are then reported, not queued),
+        and after run returned (nothing is left to do).
+        """
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: finishing %d running run(s); new work is refused", self._running())
+        for _key, held in self.scheduler.drain():
+            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        self.changed()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._exit_when_idle)
+        # Otherwise run() starts it, or has returned already.
+
+    def stop(self) -> None:
+        """Second signal (§9): stop every agent and report it, all within 5 s.
+
+        Safe at any moment, like :meth:`drain`.
+        """
+        if self.stopping:
+            return
+        self.drain()
+        self.stopping = True
+        self.exit_code = 130
+        self.groups.grace_s = STOP_GRACE_S
+        # Whatever has not reported by then stays in the ledger's outbox.
+        self._stop_deadline = trio.current_time() + STOP_WINDOW_S
+        log.warning("stopping: every running agent is terminated now")
+        for held in list(self.held.values()):
+            if held.state != "reporting":
+                held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
+                held.exec_scope.cancel()
+        if self._nursery is not None:
+            # Whatever has not reported by then stays in the ledger's outbox.
+            self._nursery.cancel_scope.deadline = self._stop_deadline
+        # Shielded ledger steps stuck on a hung disk give up by then too.
+        if self.runner is not None:
+            self.runner.bounds.hurry(self._stop_deadline)
+
+    async def wait_released(self, run_id: str) -> None:
+        """Return once ``run_id`` is no longer held (reported, dropped, or never held).
+
+        Cancelling it only stops the wait.
+        """
+        await self.wait_until(lambda harness: run_id not in harness.held)
+
+    async def _exit_when_idle(self) -> None:
+        """End the harness once a drain has nothing left: every run reported, or
+        (logged by name) left in the ledger's outbox for the next start.
+
+        Cancelled (a stop's deadline): whatever is unreported stays in the ledger.
+        """
+        # Held covers every queued, running and reporting run; recovery may still
+        # be about to hold the runs of the previous process.
+        await self.wait_until(lambda harness: harness._recovered and not harness.held)
+        if self.ledger is not None:
+            # No delivery can be in the middle of being admitted after this: one
+            # whose ledger write raced the drain would otherwise be left behind.
+            self._link_scope.cancel()
+            await self._link_closed.wait()
+            await sweep_ledger(self)
+            await self.wait_until(lambda harness: not harness.held)
+            if not await ledger_settled(self):
+                self.exit_code = self.exit_code or 1
+                self._done.set()
+                return
+        log.info("drained: every run has finished and reported")
+        self._done.set()
+
+    # ------------------------------------------------------------------ link handler
+
+    async def on_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """For the life of one connection: the beacon's status and heartbeats.
+
+        Reports started once status and the first heartbeat are out (§1).
+        Cancelled when the connection drops; nothing to clean up.
+        """
+        await self.beacon.serve(session, task_status=task_status)
+
+    async def on_message(self, session: Session, message: Message) -> None:
+        """Handle one message; never raises for anything the server sends.
+
+        Cancelled (the connection dropped): a delivery may be left recorded in the
+        ledger but unacked; its redelivery is answered 200 "already accepted".
+        """
+        if isinstance(message, Delivery):
+            await self._on_delivery(session, message)
+        elif isinstance(message, Cancel):
+            # The reason goes into the run's report: make it text that can be sent.
+            reason = intake.clean_text(message.reason) if message.reason else None
+            self.cancel(message.run_id, reason or DEFAULT_CANCEL_REASON)
+        elif isinstance(message, HeartbeatAck):
+            for run_id in message.cancel:
+                self.cancel(run_id, DEFAULT_CANCEL_REASON, quiet=True)
+            for run_id in message.unknown:
+                self.forget(run_id)
+        else:
+            log.debug("ignored a %s message from the server", type(message).__name__)
+
+    async def _on_delivery(self, session: Session, delivery: Delivery) -> None:
+        now = time.time()
+        verdict = intake.classify(
+            delivery,
+            secret=self.endpoints.secret,
+            now=now,
+            draining=self.draining,
+            allow_unverified=self.options.allow_unverified,
+            # No account can take it: the server had better send it elsewhere (§12).
+            unavailable=all_limited_reason(self.book.earliest_reset(now))
+            if not self.options.dry_run and self.book.all_limited(now) else None,
+        )
+        run = verdict.run
+        if run is None:
+            log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
+                        verdict.status, verdict.reason)
+            await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
+            return
+        if verdict.unverified:
+            log.warning("accepted run %s without a valid signature (%s) because of "
+                        "--allow-unverified", run.run_id, verdict.unverified)
+        status, reason = await self._admit(run, verdict.body)
+        await session.send(Ack(id=delivery.id, status=status, reason=reason))
+
+    async def _admit(self, run: AgentRun, body: str) -> tuple[int, str]:
+        if self.options.dry_run:
+            if run.run_id in self._dry_seen:
+                return intake.ACCEPTED, "already accepted"
+            self._dry_seen.add(run.run_id)
+            log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
+            return intake.ACCEPTED, "accepted (dry run)"
+        if self.ledger is None:
+            raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
+        if (
+            run.run_id not in self.held
+            and self.scheduler.statistics().queued >= intake.MAX_QUEUED_RUNS
+        ):
+            # A run already held is answered 200 below; only new work is refused.
+            log.warning("refused run %s with 503: %d runs are already queued", run.run_id,
+                        intake.MAX_QUEUED_RUNS)
+            return intake.DRAINING, intake.QUEUE_FULL
+        try:
+            # Abandoning on a hung disk is safe: one transaction under the ledger's
+            # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
+            admission = await self.bounded(
+                self.ledger.admit, run.run_id, run.lane, body, time.time(),
+                what=f"recording run {run.run_id} in the ledger",
+            )
+        except (LedgerError, OSError) as exc:
+            log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+            return intake.DRAINING, "the agent could not record the run; try again later"
+        if admission is Admission.REPORTED:
+            return intake.IGNORED, "already reported"
+        if admission is Admission.HELD:
+            return intake.ACCEPTED, "already accepted"
+        held = HeldRun(run=run)
+        self.hold(held)
+        if self.draining:
+            # The first signal came while the ledger was being written: the run
+            # is ours now, so report it as not started rather than lose it.
+            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            return intake.ACCEPTED, "accepted"
+        try:
+            self.scheduler.submit(run.run_id, run.lane, held)
+        except QueueFullError as exc:
+            # Intake answers 503 before this cap is reached, so this is a safety
+            # net: the run is recorded, so it is reported rather than lost.
+            log.error("%s", exc)
+            self.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+            return intake.ACCEPTED, "accepted"
+        progress_log.info("accepted run %s on %s", run.run_id, run.lane)
+        return intake.ACCEPTED, "accepted"
+
+    # ------------------------------------------------------------------ cancel
+
+    def cancel(self, run_id: str, reason: str, *, quiet: bool = False) -> None:
+        """Stop a run and report it cancelled (§6). Unknown runs are ignored."""
+        held = self.held.get(run_id)
+        if held is None or held.state == "reporting" or held.stop_outcome is not None:
+            (log.debug if quiet or held is not None else log.info)(
+                "ignored a cancel for run %s: not running here", run_id
+            )
+            return
+        outcome = Outcome.failure(f"cancelled: {reason}")
+        log.info("cancelling run %s: %s", run_id, reason)
+        if self.scheduler.remove(run_id) is not None:
+            self.settle_soon(held, outcome)
+            self.changed()
+            return
+        held.stop_outcome = outcome
+        held.exec_scope.cancel()
+
+    def forget(self, run_id: str) -> None:
+        """The server no longer knows the run: stop it and never report it (§2)."""
+        held = self.held.get(run_id)
+        if held is None:
+            return
+        log.info("run %s is closed on the server; stopping it without a report", run_id)
+        held.dropped = True
+        held.life_scope.cancel()
+        if self.scheduler.remove(run_id) is not None:
+            self._running_nursery().start_soon(self._record_dropped, held)
+            self.changed()
+
+    # ------------------------------------------------------------------ one run
+
+    async def _work(self, run_id: str, held: HeldRun) -> None:
+        """The scheduler's work for one run: the runner executes and reports it.
+
+        The run's slot goes back to the scheduler as soon as its outcome is durable;
+        its lane only when this returns, after the report (§4). Cancelled: as
+        :meth:`Runner.run`; the run is let go either way.
+        """
+        self.changed()
+        try:
+            await self._runner().run(
+                held, release_slot=functools.partial(self._release_slot, run_id)
+            )
+        finally:
+            self._release(held)
+
+    def _release_slot(self, run_id: str) -> None:
+        self.scheduler.release_slot(run_id)
+        self.changed()
+
+    def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
+        """Report a run that will not (or did not, in this process) execute."""
+        nursery = self._running_nursery()
+        held.state = "reporting"
+        nursery.start_soon(self._settle_alone, held, outcome, recorded)
+
+    def _running_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("the harness is not running (Harness.run() has not started "
+                               "or has returned): no task can be started for a run")
+        return self._nursery
+
+    async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
+        try:
+            await self._runner().settle_only(held, outcome, recorded=recorded)
+        finally:
+            self._release(held)
+
+    async def _record_dropped(self, held: HeldRun) -> None:
+        try:
+            await self._runner().record_dropped(held)
+        finally:
+            self._release(held)
+
+    def _runner(self) -> Runner:
+        # Only a harness with a ledger executes or reports anything (not a dry run).
+        if self.runner is None:
+            raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
+        return self.runner
+
+    def _on_outcome(self, held: HeldRun, outcome: Outcome) -> None:
+        """A run has its outcome and is about to be reported: books and logs."""
+        run = held.run
+        if outcome.ok:
+            progress_log.info("✓ run %s finished", run.run_id)
+        else:
+            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+        if held.progress.model:
+            self.model = held.progress.model
+        self.finished.appendleft(FinishedRow(
+            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+            error=outcome.error,
+            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
+            finished_at=time.time(),
+        ))
+        self.changed()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def hold(self, held: HeldRun) -> None:
+        self.held[held.run_id] = held
+        self.changed()
+
+    def _release(self, held: HeldRun) -> None:
+        if self.held.get(held.run_id) is held:
+            del self.held[held.run_id]
+            self.changed()
+
+    def _running(self) -> int:
+        # Executing, or done and still being reported: both are waited for.
+        stats = self.scheduler.statistics()
+        return stats.running + stats.reporting
+
+    def changed(self) -> None:
+        self.beacon.poke()
+        self.state_changed.set()
+        self.state_changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
+        """Return once ``predicate(self)`` holds, re-checked after every change of
+        runs, connection or drain state. Cancelling it only stops the wait."""
+        while not predicate(self):
+            await self.state_changed.wait()
+
+    def snapshot(self) -> Snapshot:
+        """A frozen picture of this moment, for the panel and ``agent status``."""
+        return take_snapshot(self)
+
+    async def next_status_write(self) -> None:
+        """Return after ``status.json`` is next written. Cancelling only stops the wait."""
+        await self.status_written.wait()
+
+    # ------------------------------------------------------------------ recovery
+
+    async def collect_worktrees(self, *, now: float | None = None) -> None:
+        """See :func:`prohost.engine.upkeep.collect_worktrees`. Cancelled: as that."""
+        await upkeep.collect_worktrees(self, now=now)
+
+    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
+
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
+        """
+        if self.runner is None:
+            raise RuntimeError(f"harness bug: {what} without a ledger")
+        return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                            what=what)

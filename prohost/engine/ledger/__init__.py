@@ -1,0 +1,105 @@
+"""The run ledger: every run's life on disk, so nothing is run twice and nothing is lost.
+
+PROTOCOL.md §3 and §7. A run is written ``accepted`` (with its signed body) before its
+delivery is acked, ``started`` just before its agent is spawned, ``finished`` with the
+outcome to post (the ledger is the outbox), and ``reported`` once the report settled.
+After a crash or ``kill -9`` the next start can tell exactly what to do with every run
+(:meth:`Ledger.recover`), and a redelivery of a run already in the ledger is never
+executed again (:meth:`Ledger.admit`).
+
+The same file keeps the agent session each lane last ended with, so a conversation's
+next turn resumes it across restarts.
+
+Group commit. Every write is a function of the write connection, queued; one caller
+at a time is the *writer*: it takes every write waiting at that moment, applies them
+in one ``BEGIN IMMEDIATE … COMMIT`` (each inside its own ``SAVEPOINT``, so a write that
+fails — a harness bug, a constraint — fails only its own caller), and wakes each
+caller once the commit is done. The writer is simply the first caller that finds no
+writer at work (a worker thread of ``trio.to_thread``); when it is done it hands the
+role to the first waiting caller, whose write the next batch carries. So one write
+at a time costs one transaction, as it always did, and 16 busy lanes share one
+commit instead of queueing for 16. Reads go to a second connection (WAL lets it read
+the last commit while a write is under way) and never queue behind writes.
+
+Durable (``synchronous=FULL``: the commit fsyncs the WAL) or not. A batch that holds a
+durable write is committed with ``FULL``; a batch of only non-durable writes with
+``NORMAL``, which writes the WAL without an fsync. Such a commit survives the death of
+the process (``kill -9``, a crash: the pages are the kernel's), and is lost only when
+the machine itself goes down before the next fsync — and every later durable commit
+fsyncs it too, since the WAL is one file written in order. A non-durable caller does
+not wait for a commit already under way: it returns once its write is queued for the
+next one (errors are then logged, not raised).
+
+Each step of a run, and whether the harness waits for its fsync before going on:
+
+=================  =========  ========================================================
+step               durable    why
+=================  =========  ========================================================
+``admit``          yes        the ack promises the run survives a crash (§3, §7)
+``mark_started``   yes        before the spawn: a run found ``accepted`` after a crash
+                              is run again, so a spawned one must never look so
+``record_pgid``    no         only used to kill an agent that outlived its harness;
+                              it survives a harness crash (the agent's only way to
+                              outlive one); lost with the machine, the agent is too
+``save_session``   no         written just before ``mark_finished``, so it is in that
+                              commit (or an earlier one): finished ⇒ session kept
+``mark_finished``  yes        the outcome is the outbox: durable before the POST
+``mark_reported``  no         lost only with the machine; the next start then posts the
+                              saved outcome again, which the server answers 409 (§7)
+``prune``          yes        rare; nothing waits on it
+=================  =========  ========================================================
+
+(``mark_reported`` from :mod:`prohost.engine.harness`, closing an unreadable row, stays durable:
+it is met at start only.) So a run costs three fsync'd steps, shared with whatever other
+runs are writing at the same moment, where it used to cost six.
+
+The file and its ``-wal``/``-shm`` are mode 0600 whatever the umask: they hold run
+bodies, MCP tokens and conversation text.
+
+:class:`Ledger` is synchronous; the harness calls it through
+:meth:`prohost.engine.blocking.Bounds.run`, from any number of worker threads. A call on a
+hung disk is abandoned after its bound, and that is safe: the call's write stays in
+the queue (or in the batch under way) and the writer applies it whenever the disk
+answers — writes are whole transactions, so the file stays consistent — while the
+abandoned caller's thread waits at most :data:`LOCK_WAIT_S` and then gives up; the
+step's durability is merely unknown, and the next start reads the ledger (§7) and
+reports whatever it finds. Nobody else touches the write connection meanwhile: a
+later writer waits for it at most :data:`LOCK_WAIT_S`, then fails every write it
+holds with :class:`LedgerError`.
+
+Retention (the exactly-once window): a reported run keeps its body and outcome for
+7 days (:data:`KEEP_BODIES_S`); then :meth:`Ledger.prune` empties them, leaving a
+tombstone — run id, state and when it was reported — for 30 days after the report
+(:data:`KEEP_TOMBSTONES_S`). Any redelivery within those 30 days is answered 204 and
+never runs. A redelivery later than that is executed again: the server must not
+redeliver a run it has seen reported for a month.
+"""
+
+from prohost.engine.ledger.rows import (
+    Admission,
+    LedgerError,
+    LedgerRow,
+    LedgerStatistics,
+    Recovery,
+    RunState,
+)
+from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION
+from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Ledger
+from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
+
+__all__ = [
+    "CLOSE_WAIT_S",
+    "FILE_MODE",
+    "KEEP_BODIES_S",
+    "KEEP_TOMBSTONES_S",
+    "LOCK_WAIT_S",
+    "SCHEMA_VERSION",
+    "Admission",
+    "Ledger",
+    "LedgerError",
+    "LedgerRow",
+    "LedgerStatistics",
+    "Recovery",
+    "RunState",
+    "_Write",
+]

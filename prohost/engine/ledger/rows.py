@@ -1,0 +1,126 @@
+"""The ledger's values: run states and the moves between them, rows, recovery,
+admission answers, counters, and :class:`LedgerError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used, or a caller asked for something impossible.
+
+    Raised for a file that is not a ledger, one written by a newer prohost, a disk or
+    sqlite failure, and for harness bugs: an unknown ``run_id`` or a state change that
+    would move a run backwards.
+    """
+
+
+class RunState(enum.StrEnum):
+    """Where a run is in its life; it only ever moves forward through these."""
+
+    ACCEPTED = "accepted"
+    STARTED = "started"
+    FINISHED = "finished"
+    REPORTED = "reported"
+
+
+# The moves a run may make. A queued run cancelled before it starts goes straight to
+# FINISHED (its outcome still has to be posted); a run dropped without a report
+# (heartbeat_ack.unknown) goes to REPORTED from wherever it is.
+_ALLOWED: dict[RunState, frozenset[RunState]] = {
+    RunState.STARTED: frozenset({RunState.ACCEPTED}),
+    RunState.FINISHED: frozenset({RunState.ACCEPTED, RunState.STARTED}),
+    RunState.REPORTED: frozenset({RunState.ACCEPTED, RunState.STARTED, RunState.FINISHED}),
+}
+
+
+@attrs.frozen
+class LedgerRow:
+    """One run as the ledger holds it."""
+
+    run_id: str
+    lane: str
+    body: str
+    """The delivery's raw body text, exactly as it was signed."""
+    state: RunState
+    seq: int
+    """Accept order: larger was accepted later. A counter, never the wall clock."""
+    accepted_at: float
+    started_at: float | None
+    pgid: int | None
+    """The agent's process group, once spawned (see :mod:`prohost.engine.procinfo`)."""
+    outcome: str | None
+    """The outcome to post, as ``prohost.wire.runs.Outcome.to_json`` text, once finished."""
+    reported_at: float | None
+    settlement: str | None
+    """How the report settled (free text, for people)."""
+    finished_at: float | None = None
+
+
+class Admission(enum.Enum):
+    """What :meth:`Ledger.admit` found, which decides the delivery's ack (§3)."""
+
+    NEW = "new"
+    """Not seen before; now recorded as accepted. Ack 200 and queue it."""
+    HELD = "held"
+    """Already in the ledger and not yet reported. Ack 200; do not queue it again."""
+    REPORTED = "reported"
+    """Already reported. Ack 204."""
+
+
+@attrs.frozen
+class Recovery:
+    """What a start after a crash finds in the ledger (§7), each list in accept order."""
+
+    pending: list[LedgerRow]
+    """Accepted, never started: run them again, in this order."""
+    interrupted: list[LedgerRow]
+    """Started, not finished: never run again; kill a surviving agent, report a retryable
+    failure."""
+    outbox: list[LedgerRow]
+    """Finished, not reported: post the saved outcome."""
+
+
+_COLUMNS = (
+    "run_id, lane, body, state, seq, accepted_at, started_at, pgid, outcome, "
+    "reported_at, settlement, finished_at"
+)
+
+
+def _row(values: tuple[Any, ...]) -> LedgerRow:
+    (run_id, lane, body, state, seq, accepted_at, started_at, pgid, outcome,
+     reported_at, settlement, finished_at) = values
+    return LedgerRow(
+        run_id=run_id,
+        lane=lane,
+        body=body,
+        state=RunState(state),
+        seq=seq,
+        accepted_at=accepted_at,
+        started_at=started_at,
+        pgid=pgid,
+        outcome=outcome,
+        reported_at=reported_at,
+        settlement=settlement,
+        finished_at=finished_at,
+    )
+
+
+@attrs.frozen
+class LedgerStatistics:
+    """Counters of one open ledger, for benchmarks and tests."""
+
+    queued: int
+    """Writes waiting for a writer now."""
+    writes: int
+    """Writes settled (committed, or failed) since the ledger was opened."""
+    commits: int
+    """Transactions committed by the writer (every batch is one)."""
+    durable_commits: int
+    """Of those, commits with ``synchronous=FULL``: one fsync of the WAL each."""
+
+

@@ -1,0 +1,395 @@
+"""The ledger's operations: runs (admit, the steps, recover, prune), sessions per
+lane and account, and remembered usage limits. See :mod:`prohost.engine.ledger`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from contextlib import suppress
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from prohost.engine.accounts import DEFAULT_ACCOUNT
+from prohost.engine.ledger.rows import (
+    _ALLOWED,
+    _COLUMNS,
+    Admission,
+    LedgerError,
+    LedgerRow,
+    Recovery,
+    RunState,
+    _row,
+)
+from prohost.engine.ledger.schema import (
+    _BUSY_TIMEOUT_MS,
+    FILE_MODE,
+    _close_all,
+    _connect,
+    _make_private,
+    _prepare,
+    _sidecar,
+)
+from prohost.engine.ledger.writer import GroupCommit
+
+log = logging.getLogger("prohost.ledger")
+
+#: Reported runs keep their body and outcome this long (s): for people reading the
+#: ledger, and for `prohost agent status`.
+KEEP_BODIES_S = 7 * 86400.0
+#: Reported runs keep a tombstone (run id, state, when reported) this long (s), so a
+#: late redelivery is still answered 204 and never run twice.
+KEEP_TOMBSTONES_S = 30 * 86400.0
+
+
+class Ledger(GroupCommit):
+    """The on-disk ledger of runs and of agent sessions per lane.
+
+    Open it with :meth:`open`; close it with :meth:`close` (or use it as a context
+    manager). Every write is one savepoint in a group commit (see the module
+    docstring): it is durable when the method returns, unless the method was called
+    with ``durable=False``. Safe to call from any thread.
+    """
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path) -> Ledger:
+        """Open the ledger at ``path``, creating it (but not its folder) when missing.
+
+        Raises :class:`LedgerError` when the file is not a ledger, was written by a
+        newer prohost, or cannot be opened; the message names the file and what to do.
+        """
+        path = Path(path)
+        try:
+            _make_private(path)
+        except OSError as exc:
+            raise LedgerError(
+                f"cannot create the run ledger {path}: {exc.strerror or exc}; check that "
+                "its folder exists and is writable"
+            ) from exc
+        conn = _connect(path)
+        reader: sqlite3.Connection | None = None
+        try:
+            _prepare(conn, path)
+            # Opened once the schema is there; query_only: it can never write, so it
+            # can never hold a write lock the writer would wait for.
+            reader = _connect(path)
+            reader.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            reader.execute("PRAGMA query_only = ON")
+            # sqlite gives -wal/-shm the database's mode; files left by an older
+            # prohost (or another umask) are narrowed here too.
+            for sidecar in (_sidecar(path, "-wal"), _sidecar(path, "-shm")):
+                with suppress(FileNotFoundError):
+                    os.chmod(sidecar, FILE_MODE)
+        except OSError as exc:
+            _close_all(conn, reader)
+            raise LedgerError(
+                f"cannot make the run ledger {path} private: {exc.strerror or exc}"
+            ) from exc
+        except sqlite3.Error as exc:
+            _close_all(conn, reader)
+            raise LedgerError(f"cannot open the run ledger {path}: {exc}") from exc
+        except BaseException:
+            _close_all(conn, reader)
+            raise
+        if reader is None:
+            raise RuntimeError("prohost bug: the ledger's read connection was not opened")
+        return cls(path, conn, reader)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- runs ------------------------------------------------------------------------
+
+    def admit(self, run_id: str, lane: str, body: str, now: float) -> Admission:
+        """Record a delivered run as accepted, unless its ``run_id`` is already here.
+
+        Returns :attr:`Admission.NEW` after the new row is durable (the ack may be sent
+        then), :attr:`Admission.HELD` when the run is in the ledger but not yet
+        reported, :attr:`Admission.REPORTED` when it has been reported. Never inserts a
+        ``run_id`` twice.
+        """
+
+        def write(conn: sqlite3.Connection) -> Admission:
+            found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if found is not None:
+                if RunState(found[0]) is RunState.REPORTED:
+                    return Admission.REPORTED
+                return Admission.HELD
+            conn.execute(
+                "INSERT INTO runs (run_id, lane, body, state, accepted_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, lane, body, RunState.ACCEPTED.value, now),
+            )
+            return Admission.NEW
+
+        admission: Admission = self._write(write, what="admit")
+        return admission
+
+    def get(self, run_id: str) -> LedgerRow | None:
+        """The run's row, or ``None`` when the ledger does not hold it (never, or pruned).
+
+        Sees every write made before the call, also those made with ``durable=False``.
+        """
+        self._flush()
+        with self._locked() as conn:
+            found = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if found is None else _row(found)
+
+    def mark_started(self, run_id: str, now: float, *, durable: bool = True) -> None:
+        """Record that the agent is about to be spawned (only from ``accepted``)."""
+        self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
+
+    def record_pgid(self, run_id: str, pgid: int, *, durable: bool = True) -> None:
+        """Record the spawned agent's process group (only while ``started``).
+
+        The harness passes ``durable=False`` (see the module docstring).
+        """
+
+        def write(conn: sqlite3.Connection) -> None:
+            state = self._state_of(conn, run_id)
+            if state is not RunState.STARTED:
+                raise LedgerError(
+                    f"harness bug: record_pgid({run_id!r}) on a run that is {state.value}, "
+                    "not started"
+                )
+            conn.execute("UPDATE runs SET pgid = ? WHERE run_id = ?", (pgid, run_id))
+
+        self._write(write, what="record_pgid", durable=durable)
+
+    def mark_finished(
+        self, run_id: str, outcome_json: str, now: float, *, durable: bool = True
+    ) -> None:
+        """Save the outcome to post (``Outcome.to_json`` text); the run is now in the outbox.
+
+        Allowed from ``started``, and from ``accepted`` for a queued run that was
+        cancelled or drained before it started.
+        """
+        self._advance(
+            run_id, RunState.FINISHED, "finished_at = ?, outcome = ?", (now, outcome_json),
+            durable=durable,
+        )
+
+    def mark_reported(
+        self, run_id: str, settlement: str, now: float, *, durable: bool = True
+    ) -> None:
+        """Record that the run's report settled (or that it is dropped without one).
+
+        Allowed from any earlier state. ``settlement`` says how, for people reading it.
+        The harness passes ``durable=False`` once a report settled (see the module
+        docstring).
+        """
+        self._advance(
+            run_id, RunState.REPORTED, "reported_at = ?, settlement = ?", (now, settlement),
+            durable=durable,
+        )
+
+    def recover(self) -> Recovery:
+        """Classify every run not yet reported, for a start after a crash (§7).
+
+        Sees every write made before the call, also those made with ``durable=False``
+        (a drain asks this to find what is still unreported).
+        """
+        self._flush()
+        with self._locked() as conn:
+            rows = [
+                _row(values)
+                for values in conn.execute(
+                    f"SELECT {_COLUMNS} FROM runs WHERE state != ? ORDER BY seq",
+                    (RunState.REPORTED.value,),
+                )
+            ]
+        return Recovery(
+            pending=[row for row in rows if row.state is RunState.ACCEPTED],
+            interrupted=[row for row in rows if row.state is RunState.STARTED],
+            outbox=[row for row in rows if row.state is RunState.FINISHED],
+        )
+
+    def prune(
+        self,
+        now: float,
+        older_than_s: float = KEEP_BODIES_S,
+        forget_after_s: float = KEEP_TOMBSTONES_S,
+    ) -> int:
+        """Empty reported runs older than ``older_than_s``; forget them after ``forget_after_s``.
+
+        Ages are counted back from ``now`` (s since the epoch) to when the run was
+        reported. An emptied run keeps only its tombstone — run id, state and when
+        it was reported; its lane, body, outcome and settlement are gone — so
+        :meth:`admit` still answers :attr:`Admission.REPORTED` for it. Runs not yet
+        reported are never touched. Returns how many rows were emptied or deleted.
+        """
+        forget_after_s = max(forget_after_s, older_than_s)
+
+        def write(conn: sqlite3.Connection) -> int:
+            deleted = conn.execute(
+                "DELETE FROM runs WHERE state = ? AND reported_at < ?",
+                (RunState.REPORTED.value, now - forget_after_s),
+            ).rowcount
+            emptied = conn.execute(
+                "UPDATE runs SET lane = '', body = '', outcome = NULL, settlement = NULL "
+                "WHERE state = ? AND reported_at < ? AND body != ''",
+                (RunState.REPORTED.value, now - older_than_s),
+            ).rowcount
+            return int(emptied + deleted)
+
+        changed: int = self._write(write, what="prune")
+        return changed
+
+    # -- sessions --------------------------------------------------------------------
+
+    def session_for(self, lane: str) -> str | None:
+        """The agent session the lane's last turn ended with, if any.
+
+        Read at once, never behind a write under way: it sees every commit made so
+        far. (A turn's ``save_session`` is queued before that turn's
+        ``mark_finished``, and the lane's next turn starts after that returned.)
+        """
+        with self._locked() as conn:
+            found = conn.execute(
+                "SELECT session_id FROM sessions WHERE lane = ?", (lane,)
+            ).fetchone()
+        return None if found is None else str(found[0])
+
+    def save_session(
+        self, lane: str, session_id: str | None, now: float, *, durable: bool = True
+    ) -> None:
+        """Remember the lane's session for its next turn; ``None`` forgets it.
+
+        The harness passes ``durable=False``, just before the turn's ``mark_finished``
+        (see the module docstring).
+        """
+
+        def write(conn: sqlite3.Connection) -> None:
+            if session_id is None:
+                conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
+            else:
+                conn.execute(
+                    "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (lane) DO UPDATE SET "
+                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                    (lane, session_id, now),
+                )
+
+        self._write(write, what="save_session", durable=durable)
+
+    # -- accounts (PROTOCOL.md §12) -------------------------------------------------
+
+    def account_session(self, lane: str, account: str) -> str | None:
+        """The session the lane's last turn on ``account`` ended with, if any."""
+        with self._locked() as conn:
+            if account == DEFAULT_ACCOUNT:
+                found = conn.execute(
+                    "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
+            else:
+                found = conn.execute(
+                    "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
+                    (lane, account)).fetchone()
+        return None if found is None else str(found[0])
+
+    def lane_account(self, lane: str) -> str | None:
+        """The account the lane's last turn used, if any."""
+        with self._locked() as conn:
+            found = conn.execute(
+                "SELECT account FROM lane_accounts WHERE lane = ?", (lane,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def save_turn(
+        self, lane: str, account: str, session_id: str | None, now: float, *,
+        durable: bool = True,
+    ) -> None:
+        """Remember the session the lane's turn on ``account`` ended with (``None``
+        forgets it) and that ``account`` is the lane's account now, in one step.
+
+        The harness passes ``durable=False``, just before the turn's ``mark_finished``,
+        like :meth:`save_session` (see the module docstring).
+        """
+
+        def write(conn: sqlite3.Connection) -> None:
+            if account == DEFAULT_ACCOUNT:
+                if session_id is None:
+                    conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
+                else:
+                    conn.execute(
+                        "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
+                        "ON CONFLICT (lane) DO UPDATE SET "
+                        "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                        (lane, session_id, now),
+                    )
+            elif session_id is None:
+                conn.execute("DELETE FROM account_sessions WHERE lane = ? AND account = ?",
+                             (lane, account))
+            else:
+                conn.execute(
+                    "INSERT INTO account_sessions (lane, account, session_id, updated_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (lane, account) DO UPDATE SET "
+                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                    (lane, account, session_id, now),
+                )
+            conn.execute(
+                "INSERT INTO lane_accounts (lane, account, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (lane) DO UPDATE SET "
+                "account = excluded.account, updated_at = excluded.updated_at",
+                (lane, account, now),
+            )
+
+        self._write(write, what="save_turn", durable=durable)
+
+    def account_limits(self) -> dict[str, float]:
+        """Every account remembered as limited, and until when (epoch s)."""
+        with self._locked() as conn:
+            return {str(name): float(until) for name, until in conn.execute(
+                "SELECT account, limited_until FROM account_limits")}
+
+    def save_account_limits(self, limits: dict[str, float]) -> None:
+        """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM account_limits")
+            conn.executemany(
+                "INSERT INTO account_limits (account, limited_until) VALUES (?, ?)",
+                sorted(limits.items()),
+            )
+
+        self._write(write, what="save_account_limits")
+
+    # -- internals -------------------------------------------------------------------
+
+    def _advance(
+        self, run_id: str, target: RunState, assignments: str, values: tuple[Any, ...],
+        *, durable: bool = True,
+    ) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            state = self._state_of(conn, run_id)
+            if state not in _ALLOWED[target]:
+                # Staying put is refused too: it would overwrite the recorded step.
+                raise LedgerError(
+                    f"harness bug: run {run_id!r} cannot move from {state.value} to "
+                    f"{target.value} (a run's state only moves forward)"
+                )
+            conn.execute(
+                f"UPDATE runs SET state = ?, {assignments} WHERE run_id = ?",
+                (target.value, *values, run_id),
+            )
+
+        self._write(write, what=f"mark_{target.value}", durable=durable)
+
+    @staticmethod
+    def _state_of(conn: sqlite3.Connection, run_id: str) -> RunState:
+        found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if found is None:
+            raise LedgerError(f"harness bug: run {run_id!r} is not in the ledger")
+        return RunState(found[0])
+

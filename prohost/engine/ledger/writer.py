@@ -1,0 +1,363 @@
+"""The ledger's group commit: one writer at a time applies every queued write in
+one transaction, each in its own savepoint (the module docstring of
+:mod:`prohost.engine.ledger` says why and what a hung disk does).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prohost.engine.ledger.rows import LedgerError, LedgerStatistics
+from prohost.engine.ledger.schema import _rollback
+
+log = logging.getLogger("prohost.ledger")
+
+#: How long a call waits for the ledger's own lock (s) before it gives up with a
+#: LedgerError. The lock is only held that long by a step whose thread the harness
+#: abandoned on a hung disk (prohost.engine.blocking); waiting forever would pile up threads.
+LOCK_WAIT_S = 30.0
+
+#: How long :meth:`Ledger.close` waits for the lock (s). By then nothing but a step
+#: abandoned on a hung disk can hold it, and the process is about to exit.
+CLOSE_WAIT_S = 2.0
+
+_T = TypeVar("_T")
+
+
+class _Write:
+    """One queued write: a function of the write connection, and what came of it.
+
+    Every field is guarded by the ledger's queue lock, except that the writer fills
+    ``result``/``error`` of the writes in its batch before it sets ``done``.
+    """
+
+    __slots__ = ("done", "durable", "error", "fn", "lead", "result", "waits", "wake", "what")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], what: str, *,
+                 durable: bool, waits: bool) -> None:
+        self.fn = fn
+        self.what = what
+        self.durable = durable
+        #: A caller is waiting for this write (and will take the writer's role when
+        #: it is handed over); a write nobody waits for is the writer's to apply.
+        self.waits = waits
+        self.done = False
+        #: Set by a writer that hands its role to this write's caller.
+        self.lead = False
+        self.result: Any = None
+        self.error: LedgerError | None = None
+        self.wake = threading.Event() if waits else None
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """The write of a flush: it only waits for every write queued before it."""
+
+
+class GroupCommit:
+    """The write and read connections of a ledger file, and the group commit that
+    applies every write (see :mod:`prohost.engine.ledger`). :class:`~prohost.engine.ledger.Ledger`
+    is one; safe to call from any thread.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection,
+                 reader: sqlite3.Connection) -> None:
+        """Use :meth:`open`."""
+        self.path = path
+        #: The write connection; only the holder of ``_lock`` uses it.
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.Lock()
+        #: The read connection (WAL: reads the last commit, never waits for a write);
+        #: only the holder of ``_read_lock`` uses it.
+        self._reader: sqlite3.Connection | None = reader
+        self._read_lock = threading.Lock()
+        #: Guards the queue and the fields below; never held across I/O.
+        self._mu = threading.Lock()
+        self._queue: list[_Write] = []
+        #: A caller is the writer (applying batches, or about to).
+        self._writing = False
+        self._closed = False
+        self._synchronous_full = True  # what _prepare set on the write connection
+        self._writes = 0
+        self._commits = 0
+        self._durable_commits = 0
+
+    def close(self) -> None:
+        """Apply the writes still queued, fsync them, and close the file.
+
+        Further calls raise :class:`LedgerError`; closing twice is fine. When the
+        write connection is still busy after :data:`CLOSE_WAIT_S` (a step abandoned
+        on a hung disk), the file is left to the process's exit (logged), so a hung
+        disk cannot hold the exit either.
+        """
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
+            log.warning("the run ledger %s is still busy with a step that never finished; "
+                        "leaving it open for the process exit to close", self.path)
+            return
+        try:
+            with self._mu:
+                # Later writes are refused; a writer waiting for the connection finds
+                # the queue empty (its write is applied here) and goes.
+                self._closed = True
+                left, self._queue = self._queue, []
+            if left and self._conn is not None:
+                # Durable: a clean exit leaves nothing to the next fsync.
+                self._apply(left, force_durable=True)
+            else:
+                self._settle(left, closed=True)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        finally:
+            self._lock.release()
+        if self._read_lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
+            finally:
+                self._read_lock.release()
+
+    def statistics(self) -> LedgerStatistics:
+        """The ledger's counters now (see :class:`LedgerStatistics`)."""
+        with self._mu:
+            return LedgerStatistics(
+                queued=len(self._queue),
+                writes=self._writes,
+                commits=self._commits,
+                durable_commits=self._durable_commits,
+            )
+
+    # -- the group commit --------------------------------------------------------------
+
+    def _write(
+        self, fn: Callable[[sqlite3.Connection], _T], *, what: str, durable: bool = True,
+        waits: bool | None = None,
+    ) -> _T:
+        """Queue ``fn`` for the writer; with ``waits`` (the default when ``durable``),
+        return its result once it is committed, or raise its error.
+
+        Without waiting, return ``None`` (typed ``_T`` for the caller's convenience;
+        no caller that does not wait reads it) as soon as the write is queued behind a
+        writer at work, or once it is committed (without an fsync) when there was none.
+        """
+        if waits is None:
+            waits = durable
+        write = _Write(fn, what, durable=durable, waits=waits)
+        # The first caller to find no writer at work is the writer; a waiting caller
+        # may be handed the role by the writer before it.
+        if self._enqueue(write) or (waits and not self._wait_for(write)):
+            self._lead()
+        if not waits:
+            return None  # type: ignore[return-value]  # its errors were logged
+        if not write.done:
+            raise LedgerError(f"prohost bug: the ledger's {what} returned before its "
+                              "write was applied")
+        if write.error is not None:
+            raise write.error
+        result: _T = write.result
+        return result
+
+    def _enqueue(self, write: _Write) -> bool:
+        """Queue ``write``; True when the caller must now be the writer."""
+        with self._mu:
+            if self._closed:
+                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
+            self._queue.append(write)
+            if self._writing:
+                return False
+            self._writing = True
+            return True
+
+    def _wait_for(self, write: _Write) -> bool:
+        """Wait until ``write`` is done (True), or its caller is handed the writer's
+        role (False). After :data:`LOCK_WAIT_S` a write still queued is withdrawn and
+        :class:`LedgerError` raised; one already in a batch is left to the writer
+        (whether it took effect is then unknown)."""
+        if write.wake is None:
+            raise RuntimeError("prohost bug: waiting for a write nobody waits for")
+        write.wake.wait(LOCK_WAIT_S)
+        with self._mu:
+            if write.done:
+                return True
+            if write.lead:
+                return False
+            if write in self._queue:
+                self._queue.remove(write)
+        raise self._busy()
+
+    def _lead(self) -> None:
+        """Be the writer: apply batches until the queue is empty or a waiting caller
+        takes over. The caller's own write is in the first batch."""
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            # Only a writer abandoned on a hung disk holds the connection this long:
+            # fail what is queued rather than share the connection with it.
+            with self._mu:
+                stranded, self._queue = self._queue, []
+                self._writing = False
+            self._settle(stranded, error=self._busy())
+            return
+        try:
+            while True:
+                with self._mu:
+                    batch, self._queue = self._queue, []
+                if batch:
+                    self._apply(batch)
+                with self._mu:
+                    if not self._queue:
+                        self._writing = False
+                        return
+                    heir = next((w for w in self._queue if w.waits), None)
+                    if heir is not None:
+                        # Its caller is waiting anyway: let it carry the next batch, so
+                        # this caller returns with its own write done.
+                        heir.lead = True
+                        if heir.wake is not None:
+                            heir.wake.set()
+                        return
+                    # Only writes nobody waits for: apply them now, as nobody else will.
+        finally:
+            self._lock.release()
+
+    def _apply(self, batch: list[_Write], *, force_durable: bool = False) -> None:
+        """One transaction for ``batch`` (under ``_lock``), then wake every caller."""
+        conn = self._conn
+        if conn is None:
+            self._settle(batch, closed=True)
+            return
+        if all(w.fn is _nothing for w in batch):
+            self._settle(batch)  # flushes only: nothing to commit
+            return
+        durable = force_durable or any(w.durable for w in batch)
+        try:
+            if durable != self._synchronous_full:
+                # Outside any transaction: sqlite ignores a change inside one.
+                conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+                self._synchronous_full = durable
+            conn.execute("BEGIN IMMEDIATE")
+            for write in batch:
+                if write.fn is _nothing:
+                    continue
+                # A savepoint per write: a failing one is rolled back alone.
+                conn.execute("SAVEPOINT step")
+                try:
+                    write.result = write.fn(conn)
+                except LedgerError as exc:
+                    conn.execute("ROLLBACK TO step")
+                    write.error = exc
+                except Exception as exc:  # a bug or a constraint: this write alone fails
+                    conn.execute("ROLLBACK TO step")
+                    write.error = LedgerError(f"the run ledger {self.path} failed: {exc}")
+                    write.error.__cause__ = exc
+                conn.execute("RELEASE step")
+            conn.execute("COMMIT")
+        except Exception as exc:
+            # BEGIN, a savepoint or the COMMIT failed (disk full, I/O error): nothing
+            # of the batch took effect.
+            _rollback(conn)
+            failed = LedgerError(f"the run ledger {self.path} failed: {exc}")
+            failed.__cause__ = exc
+            for write in batch:
+                write.result = None
+                if write.error is None:
+                    write.error = failed
+            self._settle(batch)
+            return
+        with self._mu:
+            self._commits += 1
+            self._durable_commits += durable
+        self._settle(batch)
+
+    def _settle(self, batch: list[_Write], *, error: LedgerError | None = None,
+                closed: bool = False) -> None:
+        """Mark ``batch`` done and wake its callers; log the errors nobody waits for."""
+        if closed:
+            error = LedgerError(f"harness bug: the run ledger {self.path} is closed")
+        with self._mu:
+            for write in batch:
+                if error is not None and write.error is None:
+                    write.error = error
+                write.done = True
+                self._writes += write.fn is not _nothing
+        for write in batch:
+            if write.wake is not None:
+                write.wake.set()
+            elif write.error is not None:
+                log.error("ledger: %s (in %s, which did not wait for its commit)",
+                          write.error, write.what)
+
+    def _flush(self) -> None:
+        """Return once every write queued before the call is committed (a no-op
+        write queued behind them, waited for; nothing to do when none is queued)."""
+        with self._mu:
+            if not self._queue and not self._writing:
+                return
+        self._write(_nothing, what="flush", durable=False, waits=True)
+
+    def _busy(self) -> LedgerError:
+        return LedgerError(
+            f"the run ledger {self.path} is still busy with an earlier step after "
+            f"{LOCK_WAIT_S:g} s (a hung or failing disk?); check the disk, then restart "
+            "prohost"
+        )
+
+    @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """The read connection, for one read (it sees the last commit)."""
+        # Bounded: the holder may be a thread abandoned on a hung disk. Giving up
+        # here, rather than touching the connection it is using, keeps it whole.
+        if not self._read_lock.acquire(timeout=LOCK_WAIT_S):
+            raise self._busy()
+        try:
+            if self._reader is None:
+                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
+            try:
+                yield self._reader
+            except sqlite3.Error as exc:
+                raise LedgerError(f"the run ledger {self.path} failed: {exc}") from exc
+        finally:
+            self._read_lock.release()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A durable transaction of its own on the write connection, outside the group
+        commit: for a write that cannot be a function of the connection. Prefer
+        :meth:`_write`."""
+        with self._mu:
+            if self._closed:
+                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            raise self._busy()
+        try:
+            conn = self._conn
+            if conn is None:
+                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
+            try:
+                if not self._synchronous_full:
+                    conn.execute("PRAGMA synchronous = FULL")
+                    self._synchronous_full = True
+                # IMMEDIATE takes the write lock up front, so a read-then-write
+                # cannot interleave with another writer.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            except sqlite3.Error as exc:
+                raise LedgerError(f"the run ledger {self.path} failed: {exc}") from exc
+            with self._mu:
+                self._commits += 1
+                self._durable_commits += 1
+        finally:
+            self._lock.release()
+        # A write queued meanwhile found a writer "at work" only if one was; none is
+        # owed to this transaction, whose caller never took the writer's role.
+
+

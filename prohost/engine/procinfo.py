@@ -1,0 +1,151 @@
+"""Which process is which: finding a previous harness's agent at restart (§7).
+
+At restart the ledger only has the process group recorded when a run started;
+:func:`process_belongs_to_run` decides whether that group is still the run's
+agent (and so must be killed) or a number the kernel has since reused. It reads
+``/proc`` on Linux and runs ``ps`` on macOS: blocking, so call it from a thread
+(the harness does, bounded by :meth:`prohost.engine.blocking.Bounds.run`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["process_belongs_to_run"]
+
+#: How many times an empty ``/proc/<pid>/environ`` of a live process is read again
+#: before the process is taken as not ours (count).
+ENVIRON_TRIES = 20
+#: Pause between those reads (s): a process caught in ``execve`` has no environment
+#: to show for a moment; 20 × 0.05 s waits out any ordinary exec.
+ENVIRON_RETRY_S = 0.05
+#: Bound on one ``ps`` call (s).
+PS_TIMEOUT_S = 10.0
+
+
+def process_belongs_to_run(pgid: int, run_id: str) -> bool:
+    """Whether process group ``pgid`` is alive and really is run ``run_id``'s agent.
+
+    At restart the ledger only has the group id recorded when the run started; the
+    group may be long gone and its number reused by anything. So the group must be
+    alive and a process in it (the leader first) must have been started with
+    ``PROHOST_RUN_ID=<run_id>`` in its environment, which every agent and its children
+    inherit. The leader may have exited while its children live on, so the other
+    members of the group are checked too. A live member whose environment reads as
+    empty (caught in the middle of ``execve``) is looked at again, a bounded number
+    of times, before it is taken as not ours. False whenever that cannot be
+    established (another user's process, no ``/proc`` and no ``ps``, an unsupported
+    platform).
+
+    Blocking (reads ``/proc``, or runs ``ps`` on macOS): call it from a thread.
+    """
+    # Zero and negative numbers mean "my own group" or "every process" to killpg, and
+    # 1 is init's: none of them can be an agent's group.
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        # PermissionError: the group exists but belongs to another user, so it is not
+        # an agent this harness started.
+        return False
+    except OSError:
+        return False
+    needle = f"PROHOST_RUN_ID={run_id}"
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
+        return any(needle in _settled_environ(pid) for pid in _proc_group_members(pgid))
+    if sys.platform == "darwin":
+        return any(needle in _ps_environ(pid) for pid in _ps_group_members(pgid))
+    return False
+
+
+def _settled_environ(pid: int) -> set[str]:
+    """``pid``'s environment, read again while it is empty and the process lives."""
+    for attempt in range(ENVIRON_TRIES):
+        environ = _proc_environ(pid)
+        if environ is None:
+            return set()  # gone, or not ours to read
+        if environ:
+            return environ
+        if _proc_state(pid) in (None, "Z", "X"):
+            return set()  # gone, or a zombie: no environment will ever show
+        # Empty but alive: the kernel shows no environment while a process is
+        # between the old image and the new one in execve. Unknown, not "not ours".
+        if attempt + 1 < ENVIRON_TRIES:
+            time.sleep(ENVIRON_RETRY_S)
+    return set()
+
+
+def _proc_environ(pid: int) -> set[str] | None:
+    """The environment ``pid`` was started with (Linux); ``None`` when unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return {item.decode("utf-8", "replace") for item in raw.split(b"\0") if item}
+
+
+def _proc_state(pid: int) -> str | None:
+    """``pid``'s state letter from ``/proc/<pid>/stat`` (Linux); ``None`` when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text("utf-8", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] if fields else None
+
+
+def _proc_group_members(pgid: int) -> list[int]:
+    """The pids in process group ``pgid``, the leader first (Linux)."""
+    members = [pgid]
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == pgid:
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
+        except OSError:
+            continue
+        # The command name (field 2) is in parentheses and may hold spaces or ')',
+        # so the fields are counted from the last ')': state, ppid, pgrp.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid):
+            members.append(int(entry))
+    return members
+
+
+def _ps(arguments: list[str]) -> str:
+    try:
+        result = subprocess.run(
+            ["ps", *arguments], capture_output=True, text=True, errors="replace",
+            timeout=PS_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return result.stdout if result.returncode == 0 else ""
+
+
+def _ps_environ(pid: int) -> set[str]:
+    """Words of ``pid``'s command line and environment, from ``ps eww`` (macOS).
+
+    ``ps`` prints the environment space-separated after the command, so an entry is
+    found as a whole word; a run id has no spaces (§3), so the match is exact.
+    """
+    return set(_ps(["eww", "-o", "command=", "-p", str(pid)]).split())
+
+
+def _ps_group_members(pgid: int) -> list[int]:
+    """The pids in process group ``pgid``, the leader first, from ``ps`` (macOS)."""
+    members = [pgid]
+    for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == str(pgid) and parts[0] != str(pgid):
+            members.append(int(parts[0]))
+    return members

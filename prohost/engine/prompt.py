@@ -1,0 +1,233 @@
+"""The prompt an agent reads on stdin, and how its output becomes a reply (§5.2, §5.5).
+
+The prompt is plain text in two parts: the request as the server sent it, then the
+harness's own lines about this run. The second part exists because an agent run
+through a chat is not a person at a terminal: it has a time budget it cannot see,
+it may share the machine with other runs of itself, and only its final message
+reaches anyone. Saying so up front is what turns an agent that narrates its work
+into one that returns something sendable.
+
+The text is a pure function of its inputs (no clock, no environment), so the
+same run always gets byte-for-byte the same prompt; the tests pin it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import attrs
+
+from prohost.wire.runs import AgentRun, ContextMessage
+
+#: The whole reply, after trimming, that means "send nothing" (``"reply": null``).
+NO_REPLY = "NO_REPLY"
+
+#: A reply is cut to this many UTF-8 bytes (marker included) (§5.4).
+MAX_REPLY_BYTES = 1024 * 1024
+
+#: Appended to a reply that was cut, so the reader knows there was more.
+REPLY_CUT_MARKER = "[prohost: the reply was over 1 MiB and was cut here]"
+
+
+@attrs.frozen
+class Checkout:
+    """A git worktree private to this run's conversation, and the checkout it stands in for."""
+
+    name: str
+    path: str
+    source: str
+
+
+@attrs.frozen
+class CheckoutFailure:
+    """A ``--repos`` checkout no private worktree could be made of, and why."""
+
+    source: str
+    reason: str
+
+
+@attrs.frozen
+class PromptContext:
+    """What the harness tells the agent about this run, besides the request."""
+
+    timeout_s: float
+    """The ``--timeout`` for the whole run; 0 = none."""
+    idle_timeout_s: float
+    """The ``--idle-timeout``; 0 = none."""
+    parallel: bool
+    """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
+    checkouts: tuple[Checkout, ...] = ()
+    checkout_failures: tuple[CheckoutFailure, ...] = ()
+
+
+def _plural(count: float, unit: str) -> str:
+    number = f"{count:g}"
+    return f"{number} {unit}" if number == "1" else f"{number} {unit}s"
+
+
+def human_duration(seconds: float) -> str:
+    """Say a limit in the unit a reader thinks in.
+
+    ``0`` (or less) is "no limit". Under two minutes it is seconds (but a minute is
+    "1 minute"); whole hours are
+    hours; anything else up to ten hours is whole minutes, rounded down so the
+    agent is never told it has more time than it has; beyond that, hours.
+    """
+    if seconds <= 0:
+        return "no limit"
+    if seconds < 60 or (seconds < 120 and seconds != 60):
+        return _plural(round(seconds, 1), "second")
+    if seconds % 3600 == 0:
+        return _plural(seconds // 3600, "hour")
+    if seconds < 10 * 3600:
+        return _plural(math.floor(seconds / 60), "minute")
+    return _plural(math.floor(seconds / 360) / 10, "hour")
+
+
+def reply_from_text(text: str) -> str | None:
+    """The reply an agent's output stands for: trimmed, and ``None`` for ``NO_REPLY``."""
+    reply = text.strip()
+    return None if reply == NO_REPLY else reply
+
+
+def cap_reply(reply: str, *, cut: bool = False, limit_bytes: int = MAX_REPLY_BYTES) -> str:
+    """``reply``, cut to ``limit_bytes`` with a marker line when it is over the limit.
+
+    ``cut=True`` says the text was already cut upstream (the agent printed more
+    than was kept), so it gets the marker even if what is left fits.
+    """
+    encoded = reply.encode("utf-8")
+    if len(encoded) <= limit_bytes and not cut:
+        return reply
+    tail = "\n\n" + REPLY_CUT_MARKER
+    room = max(0, limit_bytes - len(tail.encode("utf-8")))
+    # errors="ignore" drops a character the byte cut split in half.
+    kept = encoded[:room].decode("utf-8", errors="ignore").rstrip()
+    return kept + tail
+
+
+def _indented(text: str, prefix: str = "  ") -> list[str]:
+    """``text``'s lines, each after the first indented, so one message stays one item."""
+    first, *rest = text.strip().splitlines() or [""]
+    return [first, *(prefix + line if line.strip() else "" for line in rest)]
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+
+
+def _context_lines(context: list[ContextMessage]) -> list[str]:
+    lines = ["Earlier messages in this conversation, oldest first:"]
+    for message in context:
+        who = message.author or "someone"
+        if message.at is not None:
+            who = f"{who} ({_when(message.at)})"
+        first, *rest = _indented(message.text.strip() or "(no text)")
+        lines.append(f"- {who}: {first}")
+        lines.extend(rest)
+    return lines
+
+
+def _request_lines(run: AgentRun) -> list[str]:
+    lines: list[str] = []
+    if run.instructions and run.instructions.strip():
+        lines += ["Standing instructions for this conversation:", run.instructions.strip(), ""]
+    if run.context:
+        lines += [*_context_lines(run.context), ""]
+    heading = f"The request, from {run.author}:" if run.author else "The request:"
+    body = run.text.strip() or "(The message has no text.)"
+    lines += [heading, body]
+    return lines
+
+
+def _time_budget_lines(context: PromptContext) -> list[str]:
+    total = human_duration(context.timeout_s)
+    idle = human_duration(context.idle_timeout_s)
+    budget: tuple[str, ...]
+    if context.timeout_s > 0 and context.idle_timeout_s > 0:
+        budget = (
+            f"- You have up to {total} for this run, and it is stopped sooner if it",
+            f"  prints nothing for {idle}.",
+        )
+    elif context.timeout_s > 0:
+        budget = (f"- You have up to {total} for this run; it is stopped after that.",)
+    elif context.idle_timeout_s > 0:
+        budget = (
+            "- This run has no overall time limit, but it is stopped if it prints",
+            f"  nothing for {idle}.",
+        )
+    else:
+        return ["- This run has no time limit."]
+    # Advice about how to work, not a request to hurry: a run that is stopped
+    # sends nothing, so a partial answer in time beats a full one too late.
+    return [
+        *budget,
+        "  Plan the work to fit. If it cannot all be done in time, finish the most",
+        "  useful part and say plainly what is left.",
+    ]
+
+
+def _isolation_lines(context: PromptContext) -> list[str]:
+    lines: list[str] = []
+    if context.parallel:
+        lines += [
+            "- Other conversations may be running on this machine at the same time,",
+            "  as other processes of you, in this same working directory. Give any",
+            "  scratch file a name unique to this run, and do not change a file or a",
+            "  git branch you did not create in this conversation.",
+        ]
+    if context.checkouts:
+        lines += [
+            "- This conversation has git checkouts of its own (all in the folder",
+            "  $PROHOST_RUN_REPOS). Do all repository work in them and nowhere else;",
+            "  each stands in for the original named after it:",
+        ]
+        for checkout in context.checkouts:
+            lines += [f"    {checkout.name}: {checkout.path}",
+                      f"      (instead of {checkout.source})"]
+        lines += [
+            "  They are worktrees private to this conversation and they persist",
+            "  between its runs, so a branch or an uncommitted change you find in one",
+            "  is your own earlier work here. Each started on a detached HEAD at the",
+            "  original's commit when the conversation began and is never updated",
+            "  for you: create a branch of your own before committing work that",
+            "  should last. A branch checked out elsewhere (such as the original's)",
+            "  cannot be checked out here.",
+            "  Wherever your other instructions name an original as the place to",
+            "  work, use its private path above instead.",
+            "  Never switch branches, commit, or edit files in the originals: other",
+            "  runs read them. Do not run `git worktree add`, `remove`, `move` or",
+            "  `prune` yourself.",
+        ]
+    if context.checkout_failures:
+        lines += [
+            "- No private checkout could be prepared for:",
+            *(f"    {failure.source} ({failure.reason})" for failure in context.checkout_failures),
+            "  Treat those repositories as read-only for this run: do not switch",
+            "  branches, commit, or edit files in them, and say so if the request",
+            "  needed a change there.",
+        ]
+    return lines
+
+
+def _reply_lines() -> list[str]:
+    return [
+        "- Your final message is the reply: it is sent exactly as you write it,",
+        "  and nothing else you print is seen. Write it for the person who asked.",
+        f"- To send no reply at all, make your final message exactly {NO_REPLY}",
+        "  and nothing else.",
+    ]
+
+
+def build_prompt(run: AgentRun, context: PromptContext) -> str:
+    """The stdin text for one run: the request, then the harness's lines about the run."""
+    lines = [
+        *_request_lines(run),
+        "",
+        "About this run (from the harness that started you, not from the sender):",
+        *_time_budget_lines(context),
+        *_isolation_lines(context),
+        *_reply_lines(),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,184 @@
+"""Restart recovery (§7) and the end-of-drain sweep: the ledger's unreported rows
+become held runs again, reported or queued as the protocol says.
+
+These are the supervisor's (:class:`prohost.engine.harness.Harness`) steps that read the
+ledger of a previous process (or of this one, once a drain has ended); they log
+under ``prohost.engine.harness``, the name users already filter on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from prohost.engine.blocking import StepTimedOut
+from prohost.engine.ledger import LedgerRow, RunState
+from prohost.engine.procinfo import process_belongs_to_run
+from prohost.engine.runner import HeldRun, iso_time
+from prohost.engine.scheduler import QueueFullError
+from prohost.engine.upkeep import prune
+from prohost.wire.runs import BodyError, Outcome, parse_body
+
+if TYPE_CHECKING:
+    from prohost.engine.harness import Harness
+
+log = logging.getLogger("prohost.harness")
+
+NOT_STARTED = "the agent is shutting down; the run was not started"
+QUEUE_FULL = "the agent's queue is full; the run was not started"
+INTERRUPTED = "the harness lost track of this run before it finished"
+RESTARTED = "the harness restarted before this run finished"
+
+
+async def recover(harness: Harness) -> None:
+    """Pick up where a previous process left off (§7).
+
+    A drain that comes meanwhile (a signal while the ledger is read) turns the
+    runs accepted before the restart into "not started" reports (§9) instead of
+    queueing them. Cancelled: the runs not held yet stay in the ledger as they
+    were, for the next start.
+    """
+    if harness.ledger is None:
+        return
+    # Abandoning these on a hung disk is safe: reads and single transactions under
+    # the ledger's lock, and /proc reads (prohost.engine.ledger, prohost.engine.blocking). A hung
+    # read fails the start with the StepTimedOut; restart once the disk answers.
+    recovery = await harness.bounded(harness.ledger.recover, what="reading the ledger at start")
+    limits = await harness.bounded(harness.ledger.account_limits,
+                                 what="reading the accounts' limits at start")
+    now = time.time()
+    for name, until in limits.items():
+        harness.book.restore(name, until, now)
+        if until > now and name in {a.name for a in harness.book.accounts}:
+            log.warning("account %s is at its usage limit until %s (remembered from "
+                        "before the restart)", name, iso_time(until))
+    for row in recovery.interrupted:
+        held = await held_from(harness, row)
+        if held is None:
+            continue
+        try:
+            await harness.bounded(kill_leftover, row,
+                                what=f"looking for run {row.run_id}'s leftover agent")
+        except StepTimedOut as exc:
+            log.warning("%s", exc)
+        log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
+        harness.hold(held)
+        harness.settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
+    for row in recovery.outbox:
+        held = await held_from(harness, row)
+        if held is None or row.outcome is None:
+            continue
+        log.info("run %s finished before the restart; reporting it now", row.run_id)
+        harness.hold(held)
+        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+    for row in recovery.pending:
+        held = await held_from(harness, row)
+        if held is None:
+            continue
+        harness.hold(held)
+        if harness.draining:
+            log.info("run %s was accepted before the restart; not starting it, the "
+                     "harness is draining", row.run_id)
+            harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+            continue
+        log.info("run %s was accepted before the restart; queueing it again", row.run_id)
+        try:
+            harness.scheduler.submit(row.run_id, held.run.lane, held)
+        except QueueFullError:
+            # Only if the ledger held more than the cap (an older version's rows):
+            # the run is reported retryable rather than lost.
+            harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+    pruned = await prune(harness)
+    if pruned:
+        log.debug("pruned %d old ledger rows", pruned)
+
+
+async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
+    """The run of a ledger row, held again; ``None`` (the row closed, logged) when its
+    body cannot be read any more.
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
+    """
+    try:
+        return HeldRun(run=parse_body(row.body))
+    except BodyError as exc:  # accepted by an older version that was less strict
+        log.error("run %s in the ledger cannot be read (%s); closing it unreported",
+                  row.run_id, exc)
+        # Closed, so that it is not met again at every start.
+        if harness.ledger is None:
+            return None
+        await harness.bounded(
+            harness.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
+            what=f"closing unreadable run {row.run_id}",
+        )
+        return None
+
+
+def kill_leftover(row: LedgerRow) -> None:
+    """Blocking (it may read /proc or run ps): call it in a worker thread."""
+    if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
+        return
+    log.warning("killing the agent of run %s left from the previous harness (group %d)",
+                row.run_id, row.pgid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(row.pgid, signal.SIGKILL)
+
+
+async def unreported(harness: Harness) -> list[LedgerRow]:
+    """Every ledger row not reported yet: pending, interrupted, then the outbox.
+
+    Cancelled: the read is abandoned (it changes nothing).
+    """
+    if harness.ledger is None:
+        return []
+    # A read: abandoning it on a stop's deadline leaves nothing half done.
+    recovery = await trio.to_thread.run_sync(harness.ledger.recover, abandon_on_cancel=True)
+    return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
+
+
+async def sweep_ledger(harness: Harness) -> None:
+    """Report every run the ledger still has unreported and nobody holds, once.
+
+    Cancelled: the runs not held yet stay in the ledger, for the next start.
+    """
+    for row in await unreported(harness):
+        if row.run_id in harness.held or row.run_id in harness.swept:
+            continue
+        harness.swept.add(row.run_id)
+        held = await held_from(harness, row)
+        if held is None:
+            continue
+        log.warning("run %s was still unreported (%s) at the end of the drain; "
+                    "reporting it now", row.run_id, row.state)
+        harness.hold(held)
+        if row.state is RunState.FINISHED and row.outcome is not None:
+            harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+        elif row.state is RunState.ACCEPTED:
+            harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        else:
+            harness.settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+
+
+async def ledger_settled(harness: Harness) -> bool:
+    """After the sweep: False (logged) if a run is unreported and not even in the
+    outbox; outbox rows left are logged, and are the next start's to report.
+
+    Cancelled: the read is abandoned (it changes nothing), nothing is logged.
+    """
+    settled = True
+    for row in await unreported(harness):
+        if row.state is RunState.FINISHED:
+            log.warning("run %s could not be reported now; it stays in the ledger's "
+                        "outbox and the next start reports it", row.run_id)
+        else:
+            log.error("run %s is still %s in the ledger and could not be reported; "
+                      "the next start reports it (is the disk failing?)",
+                      row.run_id, row.state)
+            settled = False
+    return settled

@@ -1,0 +1,512 @@
+"""One run from dispatch to settled report, in its own cancel scopes (PROTOCOL.md §5–§7).
+
+The supervisor (:mod:`prohost.engine.harness`) decides *which* run goes and keeps the
+books; this module does one run's steps, each written to the ledger before the
+next begins::
+
+    started → (worktrees, prompt, agent: prohost.engine.execute) → finished → POST → reported
+
+``started`` and ``finished`` wait for their fsync; the agent's process group, the
+lane's session and ``reported`` are written with ``durable=False`` and ride the next
+commit (why each may, in :mod:`prohost.engine.ledger`).
+
+A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
+the run is still reported (a ``cancel``, the second signal) with its
+``stop_outcome``; ``life_scope`` stops everything, the report included (the server
+said it no longer knows the run). Ledger steps are shielded and bounded, so a
+cancel never leaves one half done.
+"""
+
+# Over ~450 lines on purpose: one job (a run end to end, every ledger step in order);
+# splitting the steps apart would hide the order that makes restarts exact (§7).
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from prohost.engine.accounts import UNKNOWN_RESET_S, Account, AccountBook
+from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.brains import Brain
+from prohost.engine.brains.base import one_line
+from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute, scratch_folder
+from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.limits import LimitNotice
+from prohost.engine.reporter import Reporter
+from prohost.engine.timeline import TimelineBatcher
+from prohost.engine.worktrees import WorktreeManager
+from prohost.wire.protocol import RunBeat
+from prohost.wire.runs import AgentRun, Outcome
+
+log = logging.getLogger("prohost.runner")
+#: A run's progress (accepted, started, finished). The status panel reports the
+#: same changes, so with a panel attached this logger is turned down to warnings.
+progress_log = logging.getLogger("prohost.harness.runs")
+
+#: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
+#: disk is in trouble, and the step is abandoned (prohost.engine.blocking).
+LEDGER_STEP_TIMEOUT_S = 30.0
+#: Of an unexpected exception's message, this many characters go into the
+#: completion's ``error`` (the traceback is in the log).
+INTERNAL_ERROR_CHARS = 300
+
+
+def iso_time(epoch: float) -> str:
+    """An epoch time as ISO 8601 in UTC, to the second: ``2026-12-02T20:00:00Z``."""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def all_limited_reason(until: float | None) -> str:
+    """§12's words for "no account can take work", with the earliest reset."""
+    when = iso_time(until) if until is not None else "an unknown time"
+    return f"every account is at its usage limit until {when}"
+
+
+def waiting_activity(until: float) -> str:
+    """A waiting run's heartbeat activity: the reset in local time, ``HH:MM``."""
+    return f"waiting for an account (resets {time.strftime('%H:%M', time.localtime(until))})"
+
+
+def _no_slot() -> None:
+    """``Runner.run`` without a scheduler slot to give back."""
+
+
+async def _post_timeline(
+    batcher: TimelineBatcher, run_id: str, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """The batcher's task. The timeline is best effort: a failure in it is logged
+    and never takes the run (or its report) with it. Cancelled: as ``batcher.run``."""
+    try:
+        await batcher.run(task_status=task_status)
+    except Exception:
+        log.exception("run %s: the timeline stopped; the run goes on without it", run_id)
+
+
+@attrs.define(eq=False)
+class HeldRun:
+    """A run from accept until its report settles; what heartbeats list."""
+
+    run: AgentRun
+    state: str = "queued"  # queued | preparing | running | reporting
+    started_at: float | None = None
+    #: Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
+    exec_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: Cancelled to forget the run entirely (``heartbeat_ack.unknown``).
+    life_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    stop_outcome: Outcome | None = None
+    dropped: bool = False
+    progress: Progress = attrs.field(factory=Progress)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def activity(self) -> str | None:
+        """What the run is doing, for heartbeats and the panel."""
+        if self.progress.waiting_until is not None:
+            return waiting_activity(self.progress.waiting_until)
+        return self.progress.activity if self.state == "running" else None
+
+    def beat(self) -> RunBeat:
+        """This run's heartbeat entry; a queued run's is only its id and state (§2),
+        so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
+        waiting for an account's limit to reset also says so, §12)."""
+        if self.state == "queued":
+            return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
+        return RunBeat(
+            run_id=self.run_id,
+            state=self.state,
+            lane=self.run.lane,
+            started_at=self.started_at,
+            activity=self.activity(),
+            account=self.progress.account if self.progress.attempts else None,
+        )
+
+
+class Runner:
+    """Executes and reports runs; shared by every run of one harness."""
+
+    def __init__(
+        self,
+        *,
+        spec: ExecSpec,
+        brain: Brain,
+        ledger: Ledger,
+        reporter: Reporter,
+        groups: ProcessGroups,
+        env: Mapping[str, str],
+        worktrees: WorktreeManager | None,
+        scratch_root: Path,
+        on_change: Callable[[], None],
+        on_outcome: Callable[[HeldRun, Outcome], None],
+        book: AccountBook | None = None,
+        limit_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.brain = brain
+        self.ledger = ledger
+        self.reporter = reporter
+        self.groups = groups
+        self.env = env
+        self.worktrees = worktrees
+        self.scratch_root = scratch_root
+        self._on_change = on_change
+        self._on_outcome = on_outcome
+        #: Every blocking ledger step of this harness; the second signal hurries them.
+        self.bounds = Bounds()
+        #: The agent accounts and their limits (PROTOCOL.md §12).
+        self.book = book if book is not None else AccountBook()
+        self.limit_wait_s = limit_wait_s
+        #: Wall-clock epoch seconds, for the book's reset times.
+        self.clock = clock
+        #: trio time since when every account has been limited (None: one is usable).
+        #: Queued runs wait until this plus --limit-wait, however long they queued.
+        self._all_limited_since: float | None = None
+        #: Set (and replaced) whenever the book learns something.
+        self.book_changed = trio.Event()
+
+    async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
+        """Execute ``held`` and settle its report.
+
+        Whatever goes wrong inside (a ledger read, a worktree, the spawn, a brain's
+        parser), the run is reported: an exception other than cancellation becomes
+        the outcome ``internal error: <type>: <message>`` (retryable), logged with
+        its traceback. ``release_slot`` is called once the agent has ended and the
+        outcome is durable (``finished``), before the report: the slot is for the
+        agent, the lane is held until the report settles (§4).
+
+        Cancelling ``held.exec_scope`` stops the agent and reports
+        ``held.stop_outcome``; cancelling ``held.life_scope`` (with ``held.dropped``)
+        stops everything and records the run as dropped. Cancelled from outside,
+        the agent is stopped and the ledger keeps the run where it was, for the next
+        start to pick up; the slot is released either way.
+        """
+        run = held.run
+        try:
+            with held.life_scope:
+                batcher = None
+                if run.timeline_path is not None and self.brain.streams:
+                    batcher = TimelineBatcher(self.reporter, run.run_id, run.timeline_path)
+                async with trio.open_nursery() as nursery:
+                    if batcher is not None:
+                        await nursery.start(_post_timeline, batcher, run.run_id)
+                    outcome = await self._outcome_of(held, batcher)
+                    await self._finish(held, outcome)
+                    # The agent has ended and its outcome is in the outbox: another
+                    # lane may have the slot while this one is reported.
+                    release_slot()
+                    if batcher is not None:
+                        # Every tool row is posted before the completion (§8).
+                        await batcher.close()
+                    nursery.cancel_scope.cancel()
+                await self._report(held, outcome)
+        finally:
+            release_slot()
+        if held.dropped:
+            await self.record_dropped(held)
+
+    async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool) -> None:
+        """Report a run that will not (or did not, in this process) execute.
+
+        ``recorded``: the outcome is already in the ledger (a restart's outbox).
+        Cancellation as for :meth:`run`.
+        """
+        with held.life_scope:
+            if not recorded:
+                await self._finish(held, outcome)
+            else:
+                held.state = "reporting"
+                self._on_outcome(held, outcome)
+            await self._report(held, outcome)
+        if held.dropped:
+            await self.record_dropped(held)
+
+    async def record_dropped(self, held: HeldRun) -> None:
+        """Close the run in the ledger without a report (it is closed on the server).
+        Shielded and bounded, like every ledger step."""
+        # Not durable: lost only with the machine, and then the next start reports
+        # it again, which the server answers 404 (§7).
+        await self._ledger(self.ledger.mark_reported, held.run_id,
+                           "dropped: closed on the server", time.time(), durable=False)
+
+    async def _outcome_of(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
+        """The run's outcome; never raises but for cancellation (see :meth:`run`).
+
+        Cancelled: as :meth:`_execute`; the lane's session is not touched.
+        """
+        try:
+            outcome = await self._execute(held, batcher)
+        except Exception as exc:
+            outcome = self._internal_error(held, exc)
+        if held.progress.attempts:
+            outcome = attrs.evolve(outcome, account=held.progress.account)
+            # The lane's next turn resumes whatever session this one ended with,
+            # failed or not; a rejected session that was replaced is forgotten
+            # here too. A run whose agent never started leaves the lane's session
+            # as it was: nothing happened to it.
+            try:
+                # Not durable: queued before this turn's `finished`, it is in that
+                # commit or an earlier one.
+                await self._ledger(self.ledger.save_turn, held.run.lane,
+                                   held.progress.account, outcome.session_id, time.time(),
+                                   durable=False)
+            except Exception:
+                log.exception("run %s: could not save the session of %s", held.run_id,
+                              held.run.lane)
+        return outcome
+
+    def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
+        """An exception no step expected, as the outcome the server hears (§7): the
+        run is retryable, since the fault is ours and not the request's."""
+        # A nursery's group of one is that one exception.
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        log.error("run %s failed inside the harness; reporting it as an internal error",
+                  held.run_id, exc_info=exc)
+        message = one_line(str(exc), INTERNAL_ERROR_CHARS)
+        for secret in self.spec.secrets:
+            if secret:
+                message = message.replace(secret, "<secret>")
+        error = f"internal error: {type(exc).__name__}: {message}" if message else \
+            f"internal error: {type(exc).__name__}"
+        return Outcome.failure(error, retryable=True, session_id=held.progress.session_id)
+
+    async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
+        run = held.run
+        ledger = self.ledger
+        outcome: Outcome | None = None
+        with held.exec_scope:
+            lane_account = None
+            if len(self.book.accounts) > 1:
+                # A read under the ledger's lock: abandoning it on a hung disk is safe.
+                lane_account = await self.bounds.run(ledger.lane_account, run.lane,
+                                                     limit_s=LEDGER_STEP_TIMEOUT_S,
+                                                     what="reading the lane's account")
+            chosen = await self._wait_for_account(held, lane_account)
+            if isinstance(chosen, Outcome):
+                outcome = chosen
+            else:
+                outcome = await self._start(held, batcher, chosen)
+        if outcome is None:  # the exec scope was cancelled: a cancel or a stop
+            if held.stop_outcome is None:
+                raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
+                                   "an outcome to report")
+            outcome = attrs.evolve(held.stop_outcome, session_id=held.progress.session_id)
+        return outcome
+
+    async def _start(self, held: HeldRun, batcher: TimelineBatcher | None,
+                     account: Account) -> Outcome:
+        """``started``, then the agent on ``account`` (and others, failing over).
+
+        Cancelled: as :func:`prohost.engine.execute.execute`.
+        """
+        run = held.run
+        ledger = self.ledger
+        held.state = "preparing"
+        await self._ledger(ledger.mark_started, run.run_id, time.time())
+        # Abandoning it on a hung disk is safe: a read on the ledger's read
+        # connection (see prohost.engine.ledger); the run then fails with the StepTimedOut.
+        session = await self.bounds.run(ledger.account_session, run.lane, account.name,
+                                        limit_s=LEDGER_STEP_TIMEOUT_S,
+                                        what="reading the lane's session from the ledger")
+        self.book.started(account.name, self.clock())
+        held.progress.account = account.name
+        held.state = "running"
+        held.started_at = time.time()
+        self._on_change()
+        named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
+        progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
+                          f" (resuming session {session})" if session else "")
+
+        async def spawned(pgid: int) -> None:
+            # With the group recorded, a restarted harness can find and kill
+            # this agent if this process dies while it runs (§7). Not durable:
+            # a commit without fsync survives this process dying, and only
+            # then can the agent outlive it.
+            await self._ledger(ledger.record_pgid, run.run_id, pgid, durable=False)
+
+        async def another(tried: frozenset[str],
+                          deadline: float) -> tuple[Account, str | None] | None:
+            following = self.book.choose(self.clock(), exclude=tried)
+            if following is None and self.book.all_limited(self.clock()):
+                # No other account can take it now: wait like a queued run (§12),
+                # within the run's --timeout as well as --limit-wait.
+                with trio.move_on_at(deadline):
+                    waited = await self._wait_for_account(held, None)
+                    following = waited if isinstance(waited, Account) else None
+            if following is None:
+                return None
+            there = await self.bounds.run(ledger.account_session, run.lane, following.name,
+                                          limit_s=LEDGER_STEP_TIMEOUT_S,
+                                          what="reading the lane's session from the ledger")
+            self.book.started(following.name, self.clock())
+            self._on_change()
+            return following, there
+
+        return await execute(
+            run, self.spec, self.brain,
+            groups=self.groups,
+            session_id=session,
+            progress=held.progress,
+            on_spawn=spawned,
+            on_events=batcher.add if batcher is not None else None,
+            base_env=self.env,
+            # Named by a digest of the run id, never the id itself (§3).
+            scratch=scratch_folder(self.scratch_root, run.run_id),
+            worktrees=self.worktrees,
+            accounts=AccountPlan(account=account, learned=self.learned, another=another),
+        )
+
+    async def learned(self, account: Account, notice: LimitNotice | None) -> None:
+        """Record what an attempt on ``account`` said about its limit; a change is
+        announced (status) and the limits written to the ledger, so a restart does
+        not spend a run finding them again.
+
+        Cancelled: the ledger step is shielded and bounded (:meth:`_ledger`).
+        """
+        if notice is not None and notice.state == "limited":
+            log.warning("account %s is at its usage limit%s", account.name,
+                        "" if notice.resets_at is None
+                        else f" until {iso_time(notice.resets_at)}")
+        if not self.book.report(account.name, notice, self.clock()):
+            return
+        self._book_changed()
+        await self._ledger(self.ledger.save_account_limits, self.book.limits(self.clock()))
+
+    def _book_changed(self) -> None:
+        self.book_changed.set()
+        self.book_changed = trio.Event()
+        self._on_change()
+
+    def limit_wait_deadline(self) -> float | None:
+        """While every account is limited: the trio time until which queued runs
+        wait (§12's ``--limit-wait``, counted from when the last usable account
+        was lost); ``None`` while one is usable."""
+        if not self.book.all_limited(self.clock()):
+            self._all_limited_since = None
+            return None
+        if self._all_limited_since is None:
+            self._all_limited_since = trio.current_time()
+        return self._all_limited_since + self.limit_wait_s
+
+    async def _wait_for_account(self, held: HeldRun,
+                                lane_account: str | None) -> Account | Outcome:
+        """The account the run starts on; while none is usable, wait for the earliest
+        reset, up to --limit-wait, else the retryable failure §12 names. The run is
+        still ``accepted`` in the ledger meanwhile, so a restart queues it again.
+
+        Cancelled: nothing to undo; the run stays ``accepted``.
+        """
+        try:
+            while True:
+                now = self.clock()
+                account = self.book.choose(now, lane_account=lane_account)
+                if account is not None:
+                    # One is usable: the next time all are limited, the wait starts anew.
+                    self.limit_wait_deadline()
+                    return account
+                reset = self.book.earliest_reset(now)
+                deadline = self.limit_wait_deadline()
+                if deadline is None:  # the book changed between the two questions
+                    continue
+                if trio.current_time() >= deadline:
+                    reason = all_limited_reason(reset)
+                    log.warning("run %s: %s; reporting it retryable (--limit-wait)",
+                                held.run_id, reason)
+                    return Outcome.failure(reason, retryable=True)
+                until = reset if reset is not None else now + UNKNOWN_RESET_S
+                if held.progress.waiting_until != until:
+                    held.progress.waiting_until = until
+                    progress_log.info("run %s is waiting: %s", held.run_id,
+                                      all_limited_reason(until))
+                    self._on_change()
+                # Whichever comes first: the reset, the end of the wait, or news.
+                with trio.move_on_at(min(deadline, trio.current_time() + max(0.0, until - now))):
+                    await self.book_changed.wait()
+        finally:
+            if held.progress.waiting_until is not None:
+                held.progress.waiting_until = None
+                self._on_change()
+
+    async def _finish(self, held: HeldRun, outcome: Outcome) -> None:
+        """Books, logs and the ``finished`` step (the outcome is now in the outbox).
+
+        Never raises but for cancellation: a ledger failure is logged and the run
+        is reported all the same, since the server hearing it matters most.
+        """
+        run = held.run
+        held.state = "reporting"
+        self._on_outcome(held, outcome)
+        try:
+            await self._ledger(self.ledger.mark_finished, run.run_id, outcome.to_json(),
+                               time.time())
+        except Exception:
+            log.exception("run %s: could not record its outcome; reporting it anyway",
+                          run.run_id)
+
+    async def _report(self, held: HeldRun, outcome: Outcome) -> None:
+        """Post the outcome and record how that went (``reported``).
+
+        Never raises but for cancellation (then nothing more is recorded, and the
+        ledger's saved outcome is still the outbox). If posting fails unexpectedly,
+        the run stays ``finished`` so that the next start posts it again.
+        """
+        run = held.run
+        try:
+            settlement = await self.reporter.complete(
+                run.run_id, run.completion_path, outcome.completion(run.run_id)
+            )
+        except Exception:
+            log.exception("run %s could not be reported; it stays in the ledger's outbox "
+                          "and is reported at the next start", run.run_id)
+            return
+        # The reporter already said how a normal settlement went.
+        level = logging.DEBUG if settlement.kind in ("delivered", "already") else logging.WARNING
+        log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
+        try:
+            # Not durable: lost only with the machine, and then the next start posts
+            # the saved outcome again, which the server takes as a duplicate (§7).
+            await self._ledger(self.ledger.mark_reported, run.run_id,
+                               f"{settlement.kind}: {settlement.detail}", time.time(),
+                               durable=False)
+        except Exception:
+            log.exception("run %s was reported but that could not be recorded; the next "
+                          "start reports it again (the server takes it as a duplicate)",
+                          run.run_id)
+
+    async def _ledger(
+        self, step: Callable[..., object], *args: object, durable: bool = True
+    ) -> None:
+        """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
+        Without, once it is queued for the next commit (or committed, without an
+        fsync, when nothing else was being written).
+
+        Cancelled: not interrupted — a step that was begun is finished even when
+        the run is being cancelled, or the ledger would disagree with what was
+        done — but bounded: after LEDGER_STEP_TIMEOUT_S, or at the second signal's
+        deadline, the step is abandoned and logged, and the run goes on; the next
+        start finds the run wherever the ledger has it and reports it (§7).
+        """
+        name = getattr(step, "__name__", "step")
+        try:
+            # Abandoning is safe: each ledger write is a whole transaction (or a
+            # savepoint of one) that the ledger's writer completes or rolls back
+            # on its own (see prohost.engine.ledger and prohost.engine.blocking).
+            call = step if durable else functools.partial(step, durable=False)
+            await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                  what=f"the ledger step {name}")
+        except LedgerError as exc:
+            # A step out of order (say, a drop racing a report that just
+            # settled) must not take the run's task down with it.
+            log.error("ledger: %s", exc)
+        except StepTimedOut as exc:
+            log.error("ledger: %s", exc)

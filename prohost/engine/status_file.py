@@ -1,0 +1,144 @@
+"""What the harness says about itself: its ``status`` message (§2), its
+:class:`~prohost.engine.snapshot.Snapshot` of this moment, and the task that keeps
+``$PROHOST_HOME/status.json`` current from it (for ``agent status``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from prohost import __version__
+from prohost.engine.snapshot import (
+    REFRESH_S,
+    STATUS_FILE,
+    Connection,
+    RunRow,
+    Snapshot,
+    write_snapshot,
+)
+from prohost.wire.protocol import AccountRow, Status
+
+if TYPE_CHECKING:
+    from prohost.engine.harness import Harness
+
+log = logging.getLogger("prohost.harness")
+
+#: status.json is rewritten at most this often (seconds).
+STATUS_FILE_MIN_INTERVAL_S = 1.0
+
+
+def take_snapshot(harness: Harness) -> Snapshot:
+    """A frozen picture of this moment, for the panel and ``agent status``."""
+    now = trio.current_time()
+    link = harness.link.statistics()
+    connection: Connection
+    if harness.stopping:
+        connection = "stopping"
+    elif harness.draining:
+        connection = "draining"
+    elif link.connected:
+        connection = "connected"
+    elif link.failures:
+        connection = "reconnecting"
+    else:
+        connection = "connecting"
+    stats = harness.scheduler.statistics()
+    rows = []
+    for held in harness.held.values():
+        if held.state == "queued" and held.progress.waiting_until is None:
+            continue
+        started = held.started_at
+        idle_left = None
+        last = held.progress.last_output
+        if held.state == "running" and last is not None and harness.options.idle_timeout_s > 0:
+            idle_left = max(0.0, last + harness.options.idle_timeout_s - now)
+        rows.append(RunRow(
+            run_id=held.run_id, lane=held.run.lane, conversation=held.run.conversation_id,
+            state=held.state,
+            elapsed_s=None if started is None else max(0.0, time.time() - started),
+            activity=held.beat().activity, idle_left_s=idle_left,
+        ))
+    return Snapshot(
+        taken_at=time.time(),
+        pid=os.getpid(),
+        version=__version__,
+        connection=connection,
+        server=harness.endpoints.ws_url,
+        machine=harness.options.machine,
+        brain=harness.brain.name,
+        brain_version=harness.brain_version,
+        model=harness.model,
+        slots=stats.limit,
+        slots_used=stats.running,
+        queued=stats.queued,
+        reconnect_in_s=None if link.reconnect_at is None
+        else max(0.0, link.reconnect_at - now),
+        last_error=link.last_error,
+        heartbeat_age_s=None if harness.beacon.last_heartbeat_at is None or not link.connected
+        else now - harness.beacon.last_heartbeat_at,
+        runs=tuple(rows),
+        finished=tuple(harness.finished),
+        accounts=tuple(account_rows(harness)),
+    )
+
+
+async def keep_status_file(harness: Harness) -> None:
+    """Keep ``$PROHOST_HOME/status.json`` current: on every change, at most once a
+    second, and every few seconds regardless (its age says the harness is alive).
+
+    Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
+    plainly that no harness is running.
+    """
+    home = harness.options.home
+    try:
+        while True:
+            snapshot = take_snapshot(harness)
+            try:
+                await trio.to_thread.run_sync(write_snapshot, home, snapshot)
+            except OSError as exc:
+                log.warning("could not write %s: %s", home / STATUS_FILE, exc)
+            harness.status_written.set()
+            harness.status_written = trio.Event()
+            await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
+            # Elapsed times move while runs execute; otherwise only changes matter.
+            with trio.move_on_after(
+                STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
+            ):
+                await harness.state_changed.wait()
+    finally:
+        with trio.move_on_after(2, shield=True):
+            await trio.to_thread.run_sync(_remove_quietly, home / STATUS_FILE)
+
+
+def status_message(harness: Harness) -> Status:
+    """The ``status`` message (§2) as of now."""
+    stats = harness.scheduler.statistics()
+    return Status(
+        version=__version__,
+        machine=harness.options.machine,
+        brain=harness.brain.name,
+        brain_version=harness.brain_version,
+        model=harness.model,
+        concurrency=harness.options.concurrency,
+        active=stats.running,
+        queued=stats.queued,
+        draining=harness.draining,
+        features=["cancel", "timeline"] if harness.brain.streams else ["cancel"],
+        accounts=account_rows(harness),
+    )
+
+def account_rows(harness: Harness) -> list[AccountRow]:
+    """``status.accounts`` (§12), as of now."""
+    return [AccountRow(**row) for row in harness.book.snapshot(time.time())]
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
