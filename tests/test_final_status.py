@@ -1,4 +1,4 @@
-"""The last instants of ``agent run`` (prohost.signals.final_status, §9).
+"""The last instants of ``agent run`` (prohost.engine.signals.final_status, §9).
 
 Each case runs in a child interpreter, since it changes the process's signal
 dispositions for good.
@@ -13,7 +13,7 @@ import textwrap
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, threading
-    from prohost import signals
+    from prohost.engine import signals
 
     signals.install()
     idle = threading.Event()

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from prohost.protocol import Delivery, encode
 from prohost.server.records import Connection
-from prohost.signature import sign
+from prohost.wire.protocol import Delivery, encode
+from prohost.wire.signature import sign
 
 if TYPE_CHECKING:
     from prohost.server.state import ServerState

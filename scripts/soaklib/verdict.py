@@ -16,7 +16,7 @@ import attrs
 
 from soaklib.plan import canonical, expected_reply
 
-#: The ledger file under $PROHOST_HOME (prohost/agent.py's LEDGER_FILE).
+#: The ledger file under $PROHOST_HOME (prohost/commands/agent.py's LEDGER_FILE).
 LEDGER_FILE = "ledger.sqlite3"
 
 
