@@ -364,6 +364,12 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "the earliest reset before it is reported retryable (default: 15m)",
     )
     parser.add_argument(
+        "--max-queued", metavar="N",
+        help="how many runs may wait for a slot; past that, new runs are refused with 503 "
+        "\"queue full\" and the server offers them again later, or to another machine "
+        "(1 to 10000; default: 10000)",
+    )
+    parser.add_argument(
         "--no-panel", action="store_true",
         help="log one plain line per change instead of drawing the live status panel "
         "(the default when stdout is not a terminal, e.g. under a service manager)",

@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from prohost.home import WORKSPACE_DIR, http_base_from_ws, prohost_home
+from prohost.wire.intake import MAX_QUEUED_RUNS
 
 MAX_CONCURRENCY = 16
 DEFAULT_EXEC = "claude -p"
@@ -39,6 +40,8 @@ DURATION_RANGE = (
     "a duration of 0 or more: seconds, or a number with s, m or h (e.g. 600, 90s, 15m, 2h)"
 )
 
+MAX_QUEUED_RANGE = f"a whole number from 1 to {MAX_QUEUED_RUNS}"
+
 VALUE_DESCRIPTIONS: dict[str, str] = {
     "--exec": "a shell command line that starts the agent, e.g. --exec 'claude -p'",
     "--url": "a ws:// or wss:// URL of the server's agent socket",
@@ -52,6 +55,7 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--account": "NAME=DIR: an account name and the agent's config folder, "
                  "e.g. --account work=~/.claude-work",
     "--limit-wait": DURATION_RANGE,
+    "--max-queued": MAX_QUEUED_RANGE,
 }
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
@@ -88,6 +92,16 @@ def parse_concurrency(raw: str) -> int:
         if 1 <= count <= MAX_CONCURRENCY:
             return count
     raise OptionError(f"--concurrency must be {CONCURRENCY_RANGE} (got {raw!r})")
+
+
+def parse_max_queued(raw: str) -> int:
+    """``--max-queued``: ASCII digits only, 1 to :data:`MAX_QUEUED_RUNS`."""
+    digits = raw.strip()
+    if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 5:
+        count = int(digits)
+        if 1 <= count <= MAX_QUEUED_RUNS:
+            return count
+    raise OptionError(f"--max-queued must be {MAX_QUEUED_RANGE} (got {raw!r})")
 
 
 def default_machine_name() -> str:
@@ -143,6 +157,11 @@ class Options:
     accounts: tuple[tuple[str, Path], ...] = ()
     #: --limit-wait: how long a queued run waits for a usage limit to reset (s).
     limit_wait_s: float = attrs.field(default=DEFAULT_LIMIT_WAIT_S, validator=_check_seconds)
+    #: --max-queued: at this many queued runs new deliveries get 503 "queue full" (§3).
+    max_queued: int = attrs.field(
+        default=MAX_QUEUED_RUNS,
+        validator=[attrs.validators.ge(1), attrs.validators.le(MAX_QUEUED_RUNS)],
+    )
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -192,7 +211,7 @@ def options_from_args(
     ``ns`` attributes (absent ones take their defaults): ``exec_command``, ``url``,
     ``machine``, ``workdir``, ``timeout``, ``idle_timeout``, ``concurrency`` (all
     strings or None), ``dry_run``, ``allow_unverified`` (bools), ``accounts`` (a list
-    of ``NAME=DIR`` strings or None), ``limit_wait`` (a string or None).
+    of ``NAME=DIR`` strings or None), ``limit_wait``, ``max_queued`` (strings or None).
     """
     home = prohost_home(env, cwd)
 
@@ -244,6 +263,8 @@ def options_from_args(
     raw_accounts = getattr(ns, "accounts", None) or []
     accounts = parse_accounts(raw_accounts, env, cwd)
     limit_wait_s = parse_limit_wait(getattr(ns, "limit_wait", None))
+    raw_max_queued = getattr(ns, "max_queued", None)
+    max_queued = MAX_QUEUED_RUNS if raw_max_queued is None else parse_max_queued(raw_max_queued)
 
     return Options(
         home=home,
@@ -261,6 +282,7 @@ def options_from_args(
         repos=repos,
         accounts=accounts,
         limit_wait_s=limit_wait_s,
+        max_queued=max_queued,
     )
 
 

@@ -40,6 +40,8 @@ from soaklib.driver import Soak
 from soaklib.plan import digest, fault_counts, make_plan
 
 #: Problems listed per figure at the end (the rest are in runs.jsonl / timeline.jsonl).
+#: What a harness logs when it refuses a new run because its queue is full.
+QUEUE_FULL_LINE = "runs are already queued"
 SHOW = 5
 
 
@@ -57,6 +59,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backlog", type=int, default=None,
                         help="most runs submitted and not settled at once "
                         "(default 4 x concurrency + 8)")
+    parser.add_argument("--max-queued", type=int, default=None,
+                        help="the harness's --max-queued, low so that its own 503 \"queue "
+                        "full\" is part of every soak (default: 2 x concurrency + 2)")
     parser.add_argument("--agent-max-ms", type=int, default=1500,
                         help="the longest the stand-in agent works on one run (ms)")
     parser.add_argument("--max-seconds", type=float, default=1800.0,
@@ -67,6 +72,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--self-check", action="store_true",
                         help="break promises on purpose and show the figures catch it")
     return parser.parse_args(argv)
+
+
+def queue_full_refusals(out: Path) -> int:
+    """How many deliveries the harnesses refused because their queue was full (their
+    logs say so once each)."""
+    return sum(log.read_text(errors="replace").count(QUEUE_FULL_LINE)
+               for log in sorted(out.glob("harness-*.log")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     print("  faults planned: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"  output: {out}", flush=True)
     backlog = args.backlog or 4 * args.concurrency + 8
+    max_queued = args.max_queued or 2 * args.concurrency + 2
     soak = Soak(plan, out, concurrency=args.concurrency, backlog=backlog,
-                max_seconds=args.max_seconds)
+                max_queued=max_queued, max_seconds=args.max_seconds)
     began = time.monotonic()
     figures = trio.run(soak.run)
     took = time.monotonic() - began
@@ -102,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  took {took:.0f} s; {len(soak.harnesses)} harness starts; faults injected: "
         + ", ".join(f"{k} {v}" for k, v in sorted(soak.injected.items())),
         "  outcomes: " + ", ".join(f"{v} {k}" for k, v in soak.outcomes.most_common()),
+        f"  queue full: {queue_full_refusals(out)} deliveries refused with 503 by a harness "
+        f"holding --max-queued {max_queued} queued runs (each redelivered later)",
     ]
     for title, items in (("lost", figures.lost), ("run twice", figures.twice),
                          ("bad reports", figures.bad), ("processes left", figures.left),

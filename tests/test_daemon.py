@@ -272,6 +272,7 @@ def test_harness_arguments_round_trip(tmp_path: Path, flags: list[str]) -> None:
     ["--account", "work=~/.claude-work", "--account=personal=rel dir"],
     ["--account", "-dash=/tmp/acct -x", "--limit-wait", "90s"],
     ["--limit-wait", "0"],
+    ["--max-queued", "50", "--limit-wait", "2m"],
 ])
 def test_accounts_and_limit_wait_round_trip(tmp_path: Path, flags: list[str]) -> None:
     """A service gets every --account, in order, and --limit-wait: a service that
@@ -283,6 +284,8 @@ def test_accounts_and_limit_wait_round_trip(tmp_path: Path, flags: list[str]) ->
     options = parse_run(["agent", "run", *flags], env, here)
     assert options.accounts or options.limit_wait_s != 900
     args = harness_arguments(options)
+    # --max-queued travels too: a service that dropped it would queue 10,000 runs.
+    assert ("--max-queued" in args) == (options.max_queued != 10_000)
     assert parse_run(args, env, elsewhere) == options
     assert args.count("--account") + sum(a.startswith("--account=") for a in args) == \
         len(options.accounts)

@@ -319,13 +319,14 @@ async def test_a_bug_handling_one_message_is_logged_and_the_reader_goes_on(
 
 
 async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     assert intake.MAX_QUEUED_RUNS == 10_000
-    # The same rule with a cap of 2, so that the test need not queue 10,000 runs.
-    monkeypatch.setattr(intake, "MAX_QUEUED_RUNS", 2)
+    assert Options(home=tmp_path).max_queued == 10_000
+    # The same rule with a cap of 2 (--max-queued 2), so that the test need not
+    # queue 10,000 runs.
     with trio.fail_after(60):
-        async with gated_harness(tmp_path) as (gate, running):
+        async with gated_harness(tmp_path, max_queued=2) as (gate, running):
             server = running.server
             busy = await server.submit_run("takes the only slot")
             await gate.wait_started(busy)

@@ -17,6 +17,7 @@ from prohost.options import (
     Options,
     options_from_args,
     parse_concurrency,
+    parse_max_queued,
     parse_seconds,
 )
 
@@ -217,3 +218,16 @@ def test_options_is_frozen_and_self_checking(tmp_path: Path) -> None:
             Options(home=tmp_path, **bad)
     with pytest.raises(ValueError):
         Options(home=Path("relative"))
+
+
+@pytest.mark.parametrize(("raw", "count"), [("1", 1), ("250", 250), (" 10000 ", 10_000),
+                                            ("007", 7)])
+def test_parse_max_queued_accepts(raw: str, count: int) -> None:
+    assert parse_max_queued(raw) == count
+
+
+@pytest.mark.parametrize("raw", ["0", "10001", "-3", "1e3", "٤", "", "many", "99999999999"])
+def test_parse_max_queued_refuses(raw: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        parse_max_queued(raw)
+    assert str(caught.value) == f"--max-queued must be a whole number from 1 to 10000 (got {raw!r})"

@@ -51,6 +51,10 @@ async def test_a_short_soak_with_every_fault_finds_nothing(tmp_path: Path) -> No
         "--agent-max-ms", "600")
     assert figures == (SHORT_RUNS, 0, 0, 0, 0, 0), output
     assert code == 0
+    # The harness's own 503 "queue full" (it runs with a low --max-queued) happened,
+    # and every run so refused was still settled exactly once (the figures above).
+    refused = re.search(r"queue full: (\d+) deliveries refused", output)
+    assert refused is not None and int(refused.group(1)) >= 1, output
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     injected = [json.loads(line) for line in
                 (tmp_path / "out" / "timeline.jsonl").read_text().splitlines()]

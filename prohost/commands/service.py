@@ -37,6 +37,7 @@ from prohost.options import (
     Options,
     default_machine_name,
 )
+from prohost.wire.intake import MAX_QUEUED_RUNS
 
 INSTALL = "prohost agent install-daemon"
 UNINSTALL = "prohost agent uninstall-daemon"
@@ -73,7 +74,7 @@ SECRET_VARIABLES = frozenset({"ANTHROPIC_API_KEY", "OPENAI_API_KEY"})
 EXPRESSED_FIELDS = frozenset({
     "home", "exec_command", "url", "machine", "workdir", "timeout_s", "idle_timeout_s",
     "concurrency", "dry_run", "allow_unverified", "brain", "safe_tools", "repos",
-    "accounts", "limit_wait_s",
+    "accounts", "limit_wait_s", "max_queued",
 })
 
 
@@ -144,6 +145,9 @@ def harness_arguments(options: Options) -> list[str]:
     limit_wait_s: float = getattr(options, "limit_wait_s", DEFAULT_LIMIT_WAIT_S)
     if limit_wait_s != DEFAULT_LIMIT_WAIT_S:
         args += _flag("--limit-wait", _seconds_text(limit_wait_s))
+    max_queued: int = getattr(options, "max_queued", MAX_QUEUED_RUNS)
+    if max_queued != MAX_QUEUED_RUNS:
+        args += _flag("--max-queued", str(max_queued))
     return args
 
 

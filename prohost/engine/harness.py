@@ -118,7 +118,8 @@ class Harness:
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
-        self.scheduler: Scheduler[HeldRun] = Scheduler(options.concurrency, self._work)
+        self.scheduler: Scheduler[HeldRun] = Scheduler(
+            options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(
             endpoints.ws_url,
             [
@@ -380,11 +381,11 @@ class Harness:
             raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
         if (
             run.run_id not in self.held
-            and self.scheduler.statistics().queued >= intake.MAX_QUEUED_RUNS
+            and self.scheduler.statistics().queued >= self.options.max_queued
         ):
             # A run already held is answered 200 below; only new work is refused.
             log.warning("refused run %s with 503: %d runs are already queued", run.run_id,
-                        intake.MAX_QUEUED_RUNS)
+                        self.options.max_queued)
             return intake.DRAINING, intake.QUEUE_FULL
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's

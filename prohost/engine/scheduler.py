@@ -35,6 +35,8 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
+from prohost.wire.intake import MAX_QUEUED_RUNS
+
 __all__ = [
     "MAX_CONCURRENCY",
     "QUEUE_CAP",
@@ -50,8 +52,9 @@ T = TypeVar("T")
 #: Most runs one harness executes at once, whatever the flag says (§4).
 MAX_CONCURRENCY = 16
 #: Most runs queued at once, in runs (§3): at this many, intake answers new
-#: deliveries 503 "queue full", so a runaway server cannot exhaust memory.
-QUEUE_CAP = 10_000
+#: deliveries 503 "queue full", so a runaway server cannot exhaust memory. The
+#: harness passes its ``--max-queued``; this is the default and the most.
+QUEUE_CAP = MAX_QUEUED_RUNS
 
 _log = logging.getLogger("prohost.scheduler")
 

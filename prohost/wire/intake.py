@@ -11,7 +11,6 @@ import json
 
 import attrs
 
-from prohost.engine.scheduler import QUEUE_CAP
 from prohost.wire import signature
 from prohost.wire.protocol import Delivery
 from prohost.wire.runs import AgentRun, BodyError, parse_body
@@ -19,9 +18,10 @@ from prohost.wire.runs import AgentRun, BodyError, parse_body
 #: A delivery ``body`` over this many UTF-8 bytes is refused with 413.
 MAX_BODY_BYTES = 1024 * 1024
 #: While this many runs wait for a slot, a new run is refused with 503 (§3): a
-#: runaway server cannot fill the machine's memory with queued runs. The same
-#: number sizes the scheduler's memory channel, so a run acked 200 always fits.
-MAX_QUEUED_RUNS = QUEUE_CAP
+#: runaway server cannot fill the machine's memory with queued runs. ``--max-queued``
+#: may lower it; the same number sizes the scheduler's memory channel, so a run
+#: acked 200 always fits.
+MAX_QUEUED_RUNS = 10_000
 #: The 503 reason for a new run while the queue is full (§3 names it).
 QUEUE_FULL = "queue full"
 #: An ack's reason is cut to this many characters: it is "a short string" (§3), and

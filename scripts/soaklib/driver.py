@@ -60,11 +60,12 @@ class Soak(Faults):
     """One soak: its processes, the server's audit, the timeline, the figures."""
 
     def __init__(self, plan: dict[str, Any], out: Path, *, concurrency: int, backlog: int,
-                 max_seconds: float) -> None:
+                 max_seconds: float, max_queued: int = 10_000) -> None:
         self.plan = plan
         self.out = out
         self.concurrency = concurrency
         self.backlog = backlog
+        self.max_queued = max_queued
         self.max_seconds = max_seconds
         self.marker = f"soakmark-{secrets.token_hex(6)}"
         self.home = out / "home"
@@ -215,7 +216,7 @@ class Soak(Faults):
             "--sleeps", str(self.out / "sleeps.json"), "--marker", self.marker))
         argv = [sys.executable, "-m", "prohost", "agent", "run", "--url", self.ws_url,
                 "--brain", "plain", "--exec", agent, "--concurrency", str(self.concurrency),
-                "--machine", "soak", "--no-panel"]
+                "--max-queued", str(self.max_queued), "--machine", "soak", "--no-panel"]
         env = _base_env() | {"PROHOST_HOME": str(self.home)}
         harness = await start_child(f"harness {index}", argv,
                                     self.out / f"harness-{index:03d}.log", env)
