@@ -273,15 +273,7 @@ class Ledger(GroupCommit):
         """
 
         def write(conn: sqlite3.Connection) -> None:
-            if session_id is None:
-                conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
-            else:
-                conn.execute(
-                    "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (lane) DO UPDATE SET "
-                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
-                    (lane, session_id, now),
-                )
+            _store_session(conn, lane, session_id, now)
 
         self._write(write, what="save_session", durable=durable)
 
@@ -319,15 +311,8 @@ class Ledger(GroupCommit):
 
         def write(conn: sqlite3.Connection) -> None:
             if account == DEFAULT_ACCOUNT:
-                if session_id is None:
-                    conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
-                else:
-                    conn.execute(
-                        "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
-                        "ON CONFLICT (lane) DO UPDATE SET "
-                        "session_id = excluded.session_id, updated_at = excluded.updated_at",
-                        (lane, session_id, now),
-                    )
+                # The default account's sessions stay where they always were.
+                _store_session(conn, lane, session_id, now)
             elif session_id is None:
                 conn.execute("DELETE FROM account_sessions WHERE lane = ? AND account = ?",
                              (lane, account))
@@ -393,3 +378,17 @@ class Ledger(GroupCommit):
             raise LedgerError(f"harness bug: run {run_id!r} is not in the ledger")
         return RunState(found[0])
 
+
+def _store_session(
+    conn: sqlite3.Connection, lane: str, session_id: str | None, now: float
+) -> None:
+    """Remember (or, with ``None``, forget) the lane's session on the default account."""
+    if session_id is None:
+        conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
+    else:
+        conn.execute(
+            "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (lane) DO UPDATE SET "
+            "session_id = excluded.session_id, updated_at = excluded.updated_at",
+            (lane, session_id, now),
+        )
