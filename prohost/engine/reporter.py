@@ -43,6 +43,8 @@ BACKOFF_CAP_S = 30.0
 SNIPPET_BYTES = 2048
 #: ... and this many characters of it are kept.
 SNIPPET_CHARS = 200
+#: A body up to this many bytes is read to its end so the connection is kept (bytes).
+DRAIN_BYTES = 64 * 1024
 
 #: One timeline attempt's budget, end to end, in seconds.
 TIMELINE_TIMEOUT_S = 5.0
@@ -213,6 +215,7 @@ class Reporter:
                 ) as response:
                     status = response.status_code
                     if not read_body or 200 <= status < 300 or status in (404, 409):
+                        await _drain_small(response)
                         return _Answer(status, str(status))
                     snippet = await _read_snippet(response)
                     line = f"{status}: {snippet}" if snippet else str(status)
@@ -281,6 +284,21 @@ class Reporter:
 
 def _retryable(status: int) -> bool:
     return status in _RETRY_STATUSES or 500 <= status < 600
+
+
+async def _drain_small(response: httpx.Response) -> None:
+    """Read a short body to its end, so that httpx can keep the connection for the
+    next POST (a response closed unread closes its connection, and every run then
+    paid for a new TCP connection). A body over DRAIN_BYTES is left unread: the
+    connection is closed instead, which is cheaper than reading it."""
+    read = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            read += len(chunk)
+            if read > DRAIN_BYTES:
+                return
+    except httpx.HTTPError:
+        pass  # the status is the answer; a broken body only costs the connection
 
 
 async def _read_snippet(response: httpx.Response) -> str:
