@@ -291,9 +291,9 @@ async def execute(
                 ))
             if wiring is not None:
                 attempt_env.update(wiring.env)
-            outcome = await _session_attempts(
-                run, spec, brain, prompt, attempt_env, wiring,
-                session_id, deadline, groups, progress, on_spawn, on_events)
+            outcome = await _session_attempts(_Spawn(
+                run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
+                on_spawn, on_events), session_id)
             if accounts is None:
                 break
             await accounts.learned(account, progress.limit)
@@ -322,33 +322,38 @@ async def execute(
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
 
 
-async def _session_attempts(
-    run: AgentRun,
-    spec: ExecSpec,
-    brain: Brain,
-    prompt: str,
-    env: Mapping[str, str],
-    wiring: McpWiring | None,
-    session_id: str | None,
-    deadline: float,
-    groups: ProcessGroups,
-    progress: Progress,
-    on_spawn: Callable[[int], Awaitable[None]] | None,
-    on_events: Callable[[list[ToolEvent]], None] | None,
-) -> Outcome:
-    """One attempt resuming ``session_id``, and a fresh one if the agent rejects it."""
-    outcome = await _attempt(run, spec, brain, prompt, env, wiring, session_id, deadline,
-                             groups, progress, on_spawn, on_events)
+@attrs.frozen
+class _Spawn:
+    """What every attempt of one run on one account shares; only the session differs."""
+
+    run: AgentRun
+    spec: ExecSpec
+    brain: Brain
+    prompt: str
+    env: Mapping[str, str]
+    wiring: McpWiring | None
+    deadline: float
+    groups: ProcessGroups
+    progress: Progress
+    on_spawn: Callable[[int], Awaitable[None]] | None
+    on_events: Callable[[list[ToolEvent]], None] | None
+
+
+async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
+    """One attempt resuming ``session_id``, and a fresh one if the agent rejects it.
+
+    Cancelled: as :func:`execute` (the attempt's process group is gone first).
+    """
+    outcome = await _attempt(spawn, session_id)
     if outcome is None:
         # The session was rejected: the same request in a fresh one.
         log.info("run %s: the agent does not know session %s; starting a fresh one",
-                 run.run_id, session_id)
-        progress.session_id = None
-        outcome = await _attempt(run, spec, brain, prompt, env, wiring, None, deadline,
-                                 groups, progress, on_spawn, on_events)
+                 spawn.run.run_id, session_id)
+        spawn.progress.session_id = None
+        outcome = await _attempt(spawn, None)
     if outcome is None:
-        raise RuntimeError(f"harness bug: run {run.run_id}'s fresh session was rejected "
-                           "as if it were a resumed one")
+        raise RuntimeError(f"harness bug: run {spawn.run.run_id}'s fresh session was "
+                           "rejected as if it were a resumed one")
     return outcome
 
 
@@ -371,21 +376,13 @@ def _private_folder(path: Path) -> None:
     path.chmod(0o700)
 
 
-async def _attempt(
-    run: AgentRun,
-    spec: ExecSpec,
-    brain: Brain,
-    prompt: str,
-    env: Mapping[str, str],
-    wiring: McpWiring | None,
-    session_id: str | None,
-    deadline: float,
-    groups: ProcessGroups,
-    progress: Progress,
-    on_spawn: Callable[[int], Awaitable[None]] | None,
-    on_events: Callable[[list[ToolEvent]], None] | None,
-) -> Outcome | None:
-    """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh."""
+async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:
+    """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh.
+
+    Cancelled: as :func:`execute` (the attempt's process group is gone first).
+    """
+    spec, brain, progress, deadline = spawn.spec, spawn.brain, spawn.progress, spawn.deadline
+    on_spawn, on_events = spawn.on_spawn, spawn.on_events
     turn = brain.new_turn()
     progress.attempts += 1
     progress.limit, progress.ended_by_limit = None, False
@@ -412,11 +409,11 @@ async def _attempt(
 
     try:
         result = await run_agent(
-            brain.command(session_id=session_id, mcp=wiring),
-            stdin_text=prompt,
+            brain.command(session_id=session_id, mcp=spawn.wiring),
+            stdin_text=spawn.prompt,
             cwd=spec.workdir,
-            env=env,
-            groups=groups,
+            env=spawn.env,
+            groups=spawn.groups,
             deadline=deadline,
             idle_timeout_s=spec.idle_timeout_s,
             # A streaming brain reads its reply from the events; keeping a copy
