@@ -29,8 +29,9 @@ import httpx
 import trio
 import trio_websocket
 
-from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
+from prohost.engine.link import Endpoints
 from prohost.home import Credentials, resolve_endpoints
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve

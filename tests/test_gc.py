@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+from prohost.engine import upkeep
 from prohost.engine.collect import GcEntry, collect_garbage
 from prohost.engine.scheduler import Scheduler
 from prohost.engine.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
@@ -299,7 +300,7 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
                 return await remove_folder(*args)  # type: ignore[arg-type]
 
             monkeypatch.setattr(collect, "_remove_folder", remove_while_a_turn_arrives)
-            await harness.collect_worktrees(now=time.time() + LATER)
+            await upkeep.collect_worktrees(harness, now=time.time() + LATER)
             assert arrived
             await gate.wait_started(arrived[0])
             await gate.release(arrived[0])

@@ -22,8 +22,8 @@ import pytest
 import trio
 import trio_websocket
 
-from prohost.engine.harness import Endpoints, Harness
-from prohost.engine.link import Link, Session
+from prohost.engine.harness import Harness
+from prohost.engine.link import Endpoints, Link, Session
 from prohost.options import Options
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Message, Pong

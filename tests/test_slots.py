@@ -18,8 +18,9 @@ import httpx
 import trio
 import trio.testing
 
-from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, RunState
+from prohost.engine.link import Endpoints
 from prohost.options import Options
 from tests.asgi_kit import lifespan, read_body, serving
 from tests.kit import Gate, pair_home, running_server

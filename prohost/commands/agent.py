@@ -19,8 +19,9 @@ import trio
 from rich.console import Console
 
 from prohost.engine import signals
-from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.link import Endpoints
 from prohost.engine.panel import Panel
 from prohost.engine.runner import progress_log
 from prohost.home import (

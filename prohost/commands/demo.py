@@ -20,8 +20,9 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from prohost.engine.harness import Endpoints, Harness
+from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
+from prohost.engine.link import Endpoints
 from prohost.engine.panel import Panel, use_panel
 from prohost.engine.runner import progress_log
 from prohost.home import Credentials, resolve_endpoints, save_credentials

@@ -2,21 +2,19 @@
 
 A run's life, and who owns each step::
 
-    delivery ─ intake.classify ─ ledger.admit ─ ack ─ scheduler.submit      (the reader)
-    scheduler ─ _work: started ─ execute ─ finished ─ report ─ reported       (one task)
+    delivery ─ admission: classify, ledger.admit, ack, scheduler.submit    (the reader)
+    scheduler ─ _work ─ runner: started, execute, finished, report         (one task)
 
 Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
-stops the agent (the run is still reported — a cancel, a second signal) and
+stops the agent (the run is still reported: a cancel, a second signal) and
 ``life_scope`` stops everything, reporting included (the server said it no longer
 knows the run). The ledger write before each step is what lets a restarted harness
 pick up exactly where this one died (§7).
 
-Restart recovery and the end-of-drain sweep live in :mod:`prohost.engine.recovery`, the
-status message, snapshot and status file in
-:mod:`prohost.engine.status_file`, the periodic chores in
-:mod:`prohost.engine.upkeep`. What is left (~570 lines) is one job, the supervisor:
-admission and acks, cancel and forget, drain and stop, and the bookkeeping of the
-held runs they share; splitting it further would scatter that shared state.
+What is here is the supervisor's own job: the held runs, cancel and forget, drain
+and stop. Admission is :mod:`prohost.engine.admission`, restart recovery and the
+end-of-drain sweep :mod:`prohost.engine.recovery`, what the harness says about
+itself :mod:`prohost.engine.status_file`, its chores :mod:`prohost.engine.upkeep`.
 """
 
 from __future__ import annotations
@@ -27,52 +25,36 @@ import logging
 import math
 import os
 import signal
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-import attrs
 import httpx
 import trio
 
-from prohost import AGENT_HEADER_VALUE
 from prohost.engine import upkeep
 from prohost.engine.accounts import Account, AccountBook
+from prohost.engine.admission import answer_delivery
 from prohost.engine.agentproc import ProcessGroups
 from prohost.engine.brains import brain_for
 from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
-from prohost.engine.ledger import Admission, Ledger, LedgerError
-from prohost.engine.link import CredentialsRejected, Link, Session
-from prohost.engine.recovery import (
-    NOT_STARTED,
-    QUEUE_FULL,
-    ledger_settled,
-    recover,
-    sweep_ledger,
-)
+from prohost.engine.ledger import Ledger
+from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
+from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
 from prohost.engine.reporter import Reporter
-from prohost.engine.runner import (
-    LEDGER_STEP_TIMEOUT_S,
-    HeldRun,
-    Runner,
-    all_limited_reason,
-    progress_log,
-)
-from prohost.engine.scheduler import QueueFullError, Scheduler
+from prohost.engine.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner
+from prohost.engine.scheduler import Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
-from prohost.engine.status_file import keep_status_file, status_message, take_snapshot
+from prohost.engine.status_file import (
+    note_outcome,
+    status_message,
+    take_snapshot,
+)
 from prohost.engine.worktrees import WorktreeManager
 from prohost.options import Options
 from prohost.wire import intake
-from prohost.wire.protocol import (
-    Ack,
-    Cancel,
-    Delivery,
-    HeartbeatAck,
-    Message,
-)
-from prohost.wire.runs import AgentRun, Outcome
+from prohost.wire.protocol import Cancel, Delivery, HeartbeatAck, Message
+from prohost.wire.runs import Outcome
 
 log = logging.getLogger("prohost.harness")
 
@@ -87,14 +69,6 @@ FINISHED_KEPT = 5
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
-
-
-@attrs.frozen
-class Endpoints:
-    ws_url: str
-    api_base: str
-    token: str
-    secret: str
 
 
 class Harness:
@@ -120,16 +94,8 @@ class Harness:
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
         self.scheduler: Scheduler[HeldRun] = Scheduler(
             options.concurrency, self._work, queue_cap=options.max_queued)
-        self.link = Link(
-            endpoints.ws_url,
-            [
-                (b"Authorization", f"Bearer {endpoints.token}".encode()),
-                (b"X-Prohost-Machine", options.machine.encode()),
-                (b"X-Prohost-Agent", AGENT_HEADER_VALUE.encode()),
-            ],
-            self,
-            on_change=self.changed,
-        )
+        self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
+                         on_change=self.changed)
         self.spec = ExecSpec(
             command=options.exec_command,
             workdir=options.workdir,
@@ -151,7 +117,7 @@ class Harness:
             worktrees=self.worktrees if self.worktrees.enabled else None,
             scratch_root=options.home / "runs",
             on_change=self.changed,
-            on_outcome=self._on_outcome,
+            on_outcome=functools.partial(note_outcome, self),
             book=self.book,
             limit_wait_s=options.limit_wait_s,
         )
@@ -159,7 +125,8 @@ class Harness:
         self.draining = False
         self.stopping = False
         self.exit_code = 0
-        self._dry_seen: set[str] = set()
+        #: Run ids a dry run has answered (it has no ledger to ask).
+        self.dry_seen: set[str] = set()
         self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
         self.beacon = Beacon(functools.partial(status_message, self),
                              lambda: [h.beat() for h in self.held.values()])
@@ -205,16 +172,7 @@ class Harness:
                 # and the link is up for _exit_when_idle to close.
                 self._recovered = True
                 self.changed()
-                if self.ledger is not None:
-                    nursery.start_soon(upkeep.prune_daily, self)
-                    if self.worktrees.enabled:
-                        nursery.start_soon(upkeep.collect_worktrees_daily, self)
-                nursery.start_soon(upkeep.probe_brain, self)
-                if self.runner is not None:
-                    nursery.start_soon(upkeep.announce_resets, self, self.runner)
-                if not self.options.dry_run:
-                    nursery.start_soon(keep_status_file, self)
-                upkeep.announce_start(self)
+                upkeep.start_chores(self, nursery)
                 task_status.started(self)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
@@ -329,11 +287,11 @@ class Harness:
     async def on_message(self, session: Session, message: Message) -> None:
         """Handle one message; never raises for anything the server sends.
 
-        Cancelled (the connection dropped): a delivery may be left recorded in the
-        ledger but unacked; its redelivery is answered 200 "already accepted".
+        Cancelled (the connection dropped): as
+        :func:`prohost.engine.admission.answer_delivery`.
         """
         if isinstance(message, Delivery):
-            await self._on_delivery(session, message)
+            await answer_delivery(self, session, message)
         elif isinstance(message, Cancel):
             # The reason goes into the run's report: make it text that can be sent.
             reason = intake.clean_text(message.reason) if message.reason else None
@@ -345,79 +303,6 @@ class Harness:
                 self.forget(run_id)
         else:
             log.debug("ignored a %s message from the server", type(message).__name__)
-
-    async def _on_delivery(self, session: Session, delivery: Delivery) -> None:
-        now = time.time()
-        verdict = intake.classify(
-            delivery,
-            secret=self.endpoints.secret,
-            now=now,
-            draining=self.draining,
-            allow_unverified=self.options.allow_unverified,
-            # No account can take it: the server had better send it elsewhere (§12).
-            unavailable=all_limited_reason(self.book.earliest_reset(now))
-            if not self.options.dry_run and self.book.all_limited(now) else None,
-        )
-        run = verdict.run
-        if run is None:
-            log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
-                        verdict.status, verdict.reason)
-            await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
-            return
-        if verdict.unverified:
-            log.warning("accepted run %s without a valid signature (%s) because of "
-                        "--allow-unverified", run.run_id, verdict.unverified)
-        status, reason = await self._admit(run, verdict.body)
-        await session.send(Ack(id=delivery.id, status=status, reason=reason))
-
-    async def _admit(self, run: AgentRun, body: str) -> tuple[int, str]:
-        if self.options.dry_run:
-            if run.run_id in self._dry_seen:
-                return intake.ACCEPTED, "already accepted"
-            self._dry_seen.add(run.run_id)
-            log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
-            return intake.ACCEPTED, "accepted (dry run)"
-        if self.ledger is None:
-            raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
-        if (
-            run.run_id not in self.held
-            and self.scheduler.statistics().queued >= self.options.max_queued
-        ):
-            # A run already held is answered 200 below; only new work is refused.
-            log.warning("refused run %s with 503: %d runs are already queued", run.run_id,
-                        self.options.max_queued)
-            return intake.DRAINING, intake.QUEUE_FULL
-        try:
-            # Abandoning on a hung disk is safe: one transaction under the ledger's
-            # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
-            admission = await self.bounded(
-                self.ledger.admit, run.run_id, run.lane, body, time.time(),
-                what=f"recording run {run.run_id} in the ledger",
-            )
-        except (LedgerError, OSError) as exc:
-            log.error("could not record run %s in the ledger: %s", run.run_id, exc)
-            return intake.DRAINING, "the agent could not record the run; try again later"
-        if admission is Admission.REPORTED:
-            return intake.IGNORED, "already reported"
-        if admission is Admission.HELD:
-            return intake.ACCEPTED, "already accepted"
-        held = HeldRun(run=run)
-        self.hold(held)
-        if self.draining:
-            # The first signal came while the ledger was being written: the run
-            # is ours now, so report it as not started rather than lose it.
-            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-            return intake.ACCEPTED, "accepted"
-        try:
-            self.scheduler.submit(run.run_id, run.lane, held)
-        except QueueFullError as exc:
-            # Intake answers 503 before this cap is reached, so this is a safety
-            # net: the run is recorded, so it is reported rather than lost.
-            log.error("%s", exc)
-            self.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
-            return intake.ACCEPTED, "accepted"
-        progress_log.info("accepted run %s on %s", run.run_id, run.lane)
-        return intake.ACCEPTED, "accepted"
 
     # ------------------------------------------------------------------ cancel
 
@@ -447,7 +332,8 @@ class Harness:
         held.dropped = True
         held.life_scope.cancel()
         if self.scheduler.remove(run_id) is not None:
-            self._running_nursery().start_soon(self._record_dropped, held)
+            self._running_nursery().start_soon(self._then_release, held, functools.partial(
+                self._runner().record_dropped, held))
             self.changed()
 
     # ------------------------------------------------------------------ one run
@@ -460,12 +346,9 @@ class Harness:
         :meth:`Runner.run`; the run is let go either way.
         """
         self.changed()
-        try:
-            await self._runner().run(
-                held, release_slot=functools.partial(self._release_slot, run_id)
-            )
-        finally:
-            self._release(held)
+        release_slot = functools.partial(self._release_slot, run_id)
+        await self._then_release(held, functools.partial(self._runner().run, held,
+                                                         release_slot=release_slot))
 
     def _release_slot(self, run_id: str) -> None:
         self.scheduler.release_slot(run_id)
@@ -473,9 +356,9 @@ class Harness:
 
     def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
-        nursery = self._running_nursery()
         held.state = "reporting"
-        nursery.start_soon(self._settle_alone, held, outcome, recorded)
+        self._running_nursery().start_soon(self._then_release, held, functools.partial(
+            self._runner().settle_only, held, outcome, recorded=recorded))
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -483,15 +366,13 @@ class Harness:
                                "or has returned): no task can be started for a run")
         return self._nursery
 
-    async def _settle_alone(self, held: HeldRun, outcome: Outcome, recorded: bool) -> None:
-        try:
-            await self._runner().settle_only(held, outcome, recorded=recorded)
-        finally:
-            self._release(held)
+    async def _then_release(self, held: HeldRun, step: Callable[[], Awaitable[None]]) -> None:
+        """One of the runner's steps for ``held``, then the run is let go.
 
-    async def _record_dropped(self, held: HeldRun) -> None:
+        Cancelled: as the step; the run is let go either way.
+        """
         try:
-            await self._runner().record_dropped(held)
+            await step()
         finally:
             self._release(held)
 
@@ -500,23 +381,6 @@ class Harness:
         if self.runner is None:
             raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
         return self.runner
-
-    def _on_outcome(self, held: HeldRun, outcome: Outcome) -> None:
-        """A run has its outcome and is about to be reported: books and logs."""
-        run = held.run
-        if outcome.ok:
-            progress_log.info("✓ run %s finished", run.run_id)
-        else:
-            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
-        if held.progress.model:
-            self.model = held.progress.model
-        self.finished.appendleft(FinishedRow(
-            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
-            error=outcome.error,
-            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
-            finished_at=time.time(),
-        ))
-        self.changed()
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -552,12 +416,6 @@ class Harness:
     async def next_status_write(self) -> None:
         """Return after ``status.json`` is next written. Cancelling only stops the wait."""
         await self.status_written.wait()
-
-    # ------------------------------------------------------------------ recovery
-
-    async def collect_worktrees(self, *, now: float | None = None) -> None:
-        """See :func:`prohost.engine.upkeep.collect_worktrees`. Cancelled: as that."""
-        await upkeep.collect_worktrees(self, now=now)
 
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
         """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).

@@ -29,6 +29,7 @@ import trio
 import trio_websocket
 from wsproto.utilities import LocalProtocolError
 
+from prohost import AGENT_HEADER_VALUE
 from prohost.errors import leaves
 from prohost.wire import protocol
 from prohost.wire.protocol import Hello, Message, Ping, Unknown
@@ -57,6 +58,25 @@ _RECOVERABLE = (
     LocalProtocolError,
     ssl.SSLError,
 )
+
+
+@attrs.frozen
+class Endpoints:
+    """Where the server is and who this machine is to it (from the credentials)."""
+
+    ws_url: str
+    api_base: str
+    token: str
+    #: Signs deliveries (§3); never sent, never logged.
+    secret: str
+
+    def headers(self, machine: str) -> list[tuple[bytes, bytes]]:
+        """The upgrade request's headers (§1)."""
+        return [
+            (b"Authorization", f"Bearer {self.token}".encode()),
+            (b"X-Prohost-Machine", machine.encode()),
+            (b"X-Prohost-Agent", AGENT_HEADER_VALUE.encode()),
+        ]
 
 
 class CredentialsRejected(Exception):

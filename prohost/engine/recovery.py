@@ -81,19 +81,10 @@ async def recover(harness: Harness) -> None:
         held = await held_from(harness, row)
         if held is None:
             continue
-        harness.hold(held)
-        if harness.draining:
-            log.info("run %s was accepted before the restart; not starting it, the "
-                     "harness is draining", row.run_id)
-            harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-            continue
-        log.info("run %s was accepted before the restart; queueing it again", row.run_id)
-        try:
-            harness.scheduler.submit(row.run_id, held.run.lane, held)
-        except QueueFullError:
-            # Only if the ledger held more than the cap (an older version's rows):
-            # the run is reported retryable rather than lost.
-            harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+        log.info("run %s was accepted before the restart; %s", row.run_id,
+                 "not starting it, the harness is draining" if harness.draining
+                 else "queueing it again")
+        carry_on(harness, held, row)
     pruned = await prune(harness)
     if pruned:
         log.debug("pruned %d old ledger rows", pruned)
@@ -118,6 +109,27 @@ async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
             what=f"closing unreadable run {row.run_id}",
         )
         return None
+
+
+def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
+    """Hold a ledger row's run again and take it on from where the ledger has it:
+    a saved outcome is reported as it is, an accepted run is queued (or, during a
+    drain, reported not started), and a run that had started is reported
+    interrupted, since nothing in this process is running it."""
+    harness.hold(held)
+    if row.state is RunState.FINISHED and row.outcome is not None:
+        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+    elif row.state is not RunState.ACCEPTED:
+        harness.settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+    elif harness.draining:
+        harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+    else:
+        try:
+            harness.scheduler.submit(row.run_id, held.run.lane, held)
+        except QueueFullError:
+            # Only if the ledger held more than the cap (an older version's rows):
+            # the run is reported retryable rather than lost.
+            harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
 
 
 def kill_leftover(row: LedgerRow) -> None:
@@ -156,13 +168,7 @@ async def sweep_ledger(harness: Harness) -> None:
             continue
         log.warning("run %s was still unreported (%s) at the end of the drain; "
                     "reporting it now", row.run_id, row.state)
-        harness.hold(held)
-        if row.state is RunState.FINISHED and row.outcome is not None:
-            harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
-        elif row.state is RunState.ACCEPTED:
-            harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-        else:
-            harness.settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+        carry_on(harness, held, row)
 
 
 async def ledger_settled(harness: Harness) -> bool:

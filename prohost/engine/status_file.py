@@ -1,6 +1,7 @@
 """What the harness says about itself: its ``status`` message (§2), its
-:class:`~prohost.engine.snapshot.Snapshot` of this moment, and the task that keeps
-``$PROHOST_HOME/status.json`` current from it (for ``agent status``).
+:class:`~prohost.engine.snapshot.Snapshot` of this moment, the task that keeps
+``$PROHOST_HOME/status.json`` current from it (for ``agent status``), and the
+latest finished runs they show.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from typing import TYPE_CHECKING
 import trio
 
 from prohost import __version__
+from prohost.engine.runner import HeldRun, progress_log
 from prohost.engine.snapshot import (
     REFRESH_S,
     STATUS_FILE,
     Connection,
+    FinishedRow,
     RunRow,
     Snapshot,
     write_snapshot,
 )
 from prohost.wire.protocol import AccountRow, Status
+from prohost.wire.runs import Outcome
 
 if TYPE_CHECKING:
     from prohost.engine.harness import Harness
@@ -32,6 +36,25 @@ log = logging.getLogger("prohost.harness")
 
 #: status.json is rewritten at most this often (seconds).
 STATUS_FILE_MIN_INTERVAL_S = 1.0
+
+
+def note_outcome(harness: Harness, held: HeldRun, outcome: Outcome) -> None:
+    """A run has its outcome and is about to be reported: log it, and keep it among
+    the latest finished runs the panel and ``agent status`` show."""
+    run = held.run
+    if outcome.ok:
+        progress_log.info("✓ run %s finished", run.run_id)
+    else:
+        progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+    if held.progress.model:
+        harness.model = held.progress.model
+    harness.finished.appendleft(FinishedRow(
+        run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+        error=outcome.error,
+        duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
+        finished_at=time.time(),
+    ))
+    harness.changed()
 
 
 def take_snapshot(harness: Harness) -> Snapshot:

@@ -19,6 +19,7 @@ from prohost import __version__
 from prohost.engine.collect import collect_garbage
 from prohost.engine.ledger import LedgerError
 from prohost.engine.runner import Runner
+from prohost.engine.status_file import keep_status_file
 from prohost.options import is_checkout
 
 if TYPE_CHECKING:
@@ -138,6 +139,24 @@ async def prune(harness: Harness) -> int:
     except (LedgerError, OSError) as exc:
         log.warning("could not prune the ledger: %s", exc)
         return 0
+
+
+def start_chores(harness: Harness, nursery: trio.Nursery) -> None:
+    """Start the harness's periodic chores in its nursery, and say what it does.
+
+    The chores live as long as the nursery; each one's own docstring says what
+    cancelling it leaves behind.
+    """
+    if harness.ledger is not None:
+        nursery.start_soon(prune_daily, harness)
+        if harness.worktrees.enabled:
+            nursery.start_soon(collect_worktrees_daily, harness)
+    nursery.start_soon(probe_brain, harness)
+    if harness.runner is not None:
+        nursery.start_soon(announce_resets, harness, harness.runner)
+    if not harness.options.dry_run:
+        nursery.start_soon(keep_status_file, harness)
+    announce_start(harness)
 
 
 def announce_start(harness: Harness) -> None:
