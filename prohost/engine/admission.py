@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from prohost.engine.ledger import Admission, LedgerError
 from prohost.engine.link import Session
-from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL
+from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL, resume_unheld
 from prohost.engine.runner import HeldRun, all_limited_reason, progress_log
 from prohost.engine.scheduler import QueueFullError
 from prohost.wire import intake
@@ -67,8 +67,9 @@ async def answer_delivery(harness: Harness, session: Session, delivery: Delivery
 async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
     """Record, hold and queue one classified run; return the ack's status and reason.
 
-    Cancelled: as the bounded ledger write; the run is then recorded or not, and
-    not held; its redelivery is answered from the ledger.
+    Cancelled: as the bounded ledger write; the run is then recorded or not, but
+    not held, and its redelivery takes it on from the ledger
+    (:func:`prohost.engine.recovery.resume_unheld`).
     """
     options = harness.options
     if options.dry_run:
@@ -101,6 +102,10 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
     if admission is Admission.REPORTED:
         return intake.IGNORED, "already reported"
     if admission is Admission.HELD:
+        if run.run_id not in harness.held:
+            # Recorded by a delivery whose ack never went out, or left by a failed
+            # report: acked as before, and taken on now rather than at the next start.
+            await resume_unheld(harness, run.run_id)
         return intake.ACCEPTED, "already accepted"
     held = HeldRun(run=run)
     harness.hold(held)

@@ -132,6 +132,31 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
             harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
 
 
+async def resume_unheld(harness: Harness, run_id: str) -> None:
+    """Take on a run the ledger has unreported while nothing in this process holds it.
+
+    That happens when a delivery's ledger write went through but its ack did not
+    (the connection dropped, or the write outlived its bound), or when a report
+    failed unexpectedly: left alone, the run would wait for the next start or the
+    end of a drain. Its redelivery picks it up now instead (:func:`carry_on`).
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`; the run stays in the
+    ledger, for the next redelivery or start.
+    """
+    if harness.ledger is None:
+        return
+    row = await harness.bounded(harness.ledger.get, run_id,
+                                what=f"reading run {run_id} from the ledger")
+    if row is None or row.state is RunState.REPORTED or run_id in harness.held:
+        return
+    held = await held_from(harness, row)
+    if held is None or run_id in harness.held:
+        return
+    log.warning("run %s was in the ledger (%s) but nothing here was working on it; "
+                "taking it on again", run_id, row.state.value)
+    carry_on(harness, held, row)
+
+
 def kill_leftover(row: LedgerRow) -> None:
     """Blocking (it may read /proc or run ps): call it in a worker thread."""
     if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
