@@ -33,11 +33,12 @@ import attrs
 import trio
 
 from prohost.engine.accounts import UNKNOWN_RESET_S, Account, AccountBook
+from prohost.engine.agentenv import scratch_folder
 from prohost.engine.agentproc import ProcessGroups
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.brains import Brain
 from prohost.engine.brains.base import one_line
-from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute, scratch_folder
+from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.limits import LimitNotice
 from prohost.engine.reporter import Reporter
