@@ -15,7 +15,7 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
-from prohost.server.app import answer_lifespan as lifespan
+from prohost.server.asgi import answer_lifespan as lifespan
 
 __all__ = ["lifespan", "read_body", "serving"]
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import trio
 import trio.testing
 
+from prohost.engine.accountgate import AccountGate, all_limited_reason
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.ledger import Ledger
 from prohost.engine.limits import LimitNotice
-from prohost.engine.runner import Runner, all_limited_reason
 from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery, Heartbeat, Status
@@ -302,18 +302,19 @@ async def test_limit_wait_counts_afresh_each_time_every_account_is_limited(
     every queued run, and starts again after an account was usable in between."""
     now = [1000.0]
     book = AccountBook([Account("solo", Path("/accounts/solo"))])
-    runner = Runner(spec=cast(Any, None), brain=cast(Any, None), ledger=cast(Any, None),
-                    reporter=cast(Any, None), groups=cast(Any, None), env={},
-                    worktrees=None, scratch_root=Path("/nowhere"), on_change=lambda: None,
-                    on_outcome=lambda held, outcome: None, book=book, limit_wait_s=60,
-                    clock=lambda: now[0])
-    assert runner.limit_wait_deadline() is None
+
+    async def no_ledger(limits: dict[str, float]) -> None:
+        """Nothing learns a limit here, so nothing is saved."""
+
+    gate = AccountGate(book, limit_wait_s=60, clock=lambda: now[0], on_change=lambda: None,
+                       save_limits=no_ledger)
+    assert gate.limit_wait_deadline() is None
     book.report("solo", LimitNotice("limited", resets_at=1100.0), now[0])
     lost = trio.current_time()
-    assert runner.limit_wait_deadline() == lost + 60
+    assert gate.limit_wait_deadline() == lost + 60
     await trio.sleep(30)
-    assert runner.limit_wait_deadline() == lost + 60  # the same wait, not a new one
+    assert gate.limit_wait_deadline() == lost + 60  # the same wait, not a new one
     now[0] = 1150.0  # the reset passed
-    assert runner.limit_wait_deadline() is None
+    assert gate.limit_wait_deadline() is None
     book.report("solo", LimitNotice("limited", resets_at=1300.0), now[0])
-    assert runner.limit_wait_deadline() == trio.current_time() + 60
+    assert gate.limit_wait_deadline() == trio.current_time() + 60

@@ -22,15 +22,9 @@ import trio
 import trio.testing
 from rich.console import Console
 
-from prohost.engine.panel import (
-    Panel,
-    compact_duration,
-    describe_change,
-    render,
-    server_host,
-    use_panel,
-)
+from prohost.engine.panel import Panel, describe_change, render, use_panel
 from prohost.engine.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.engine.statustext import compact_duration, server_host
 from prohost.wire.protocol import AccountRow
 
 T0 = 1_700_000_000.0

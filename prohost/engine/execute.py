@@ -2,32 +2,30 @@
 
 The brain (:mod:`prohost.engine.brains`) says how to invoke its CLI and how to read what
 it prints; everything else is the same for every CLI and lives here: the prompt,
-the environment (markers in, secrets out), the run's private MCP folder, the one
-retry with a fresh session when a resumed one is rejected (inside the same
-deadline), and turning however the process ended into words for the sender.
+the environment (markers in, secrets out: :mod:`prohost.engine.agentenv`), the
+run's private MCP folder, the one retry with a fresh session when a resumed one is
+rejected (inside the same deadline), and turning however the process ended into
+words for the sender.
 
 Every way a run can end becomes an :class:`Outcome`, never an exception, except
 cancellation: that belongs to the caller, which reports it (§6).
 """
 
-# Over ~450 lines on purpose: one job (one run with any brain: prompt, environment,
-# spawn, the one fresh retry, reply → Outcome).
-
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
 import shutil
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import attrs
 import trio
 
 from prohost.engine.accounts import DEFAULT_ACCOUNT, Account
+from prohost.engine.agentenv import agent_env, make_private_folder
 from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.engine.brains.plain import PlainBrain
@@ -45,19 +43,6 @@ from prohost.wire.runs import AgentRun, Outcome
 
 log = logging.getLogger("prohost.execute")
 
-#: Set to ``1`` for every agent the harness starts, so instructions the agent reads
-#: from disk can tell a paired run (someone is waiting in a thread) from any other.
-PAIRED_RUN_ENV = "PROHOST_PAIRED_RUN"
-RUN_ID_ENV = "PROHOST_RUN_ID"
-
-#: Hex digits of a run id's SHA-256 that name its scratch folder: 128 bits, so
-#: two run ids never meet by chance, and the name is short and plain.
-SCRATCH_NAME_CHARS = 32
-
-#: Claude Code sets this in its own shells. A harness started from one would
-#: pass it on, and the agent would then believe it was nested inside Claude Code.
-_NESTED_CLAUDE_ENV = "CLAUDECODE"
-
 
 @attrs.frozen
 class ExecSpec:
@@ -74,36 +59,6 @@ class ExecSpec:
     """``--concurrency`` above 1: other runs may share the machine."""
     secrets: tuple[str, ...]
     """The token and secret: no environment variable whose value contains one reaches the agent."""
-
-
-def scratch_folder(root: Path, run_id: str) -> Path:
-    """The run's private folder under ``root``: named by a digest of the run id.
-
-    Never the id as it stands: the id comes from the wire, and ``..`` or ``.``
-    would name ``$PROHOST_HOME`` or ``root`` itself, which the run's cleanup then
-    removes (§3: no body field is ever used as a file or folder name). A hex
-    digest cannot hold a separator, a dot, NUL, or run over 255 bytes.
-    """
-    # surrogatepass: a run id is JSON text, which can carry a lone surrogate.
-    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return root / digest[:SCRATCH_NAME_CHARS]
-
-
-def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> dict[str, str]:
-    """The environment an agent runs with: ``base`` plus the run's markers, minus secrets.
-
-    A variable is dropped when its value contains a secret anywhere, not only when
-    it equals one: ``Authorization: Bearer <token>`` in some variable leaks as much.
-    """
-    needles = [secret for secret in secrets if secret]
-    env = {
-        name: value
-        for name, value in base.items()
-        if name != _NESTED_CLAUDE_ENV and not any(needle in value for needle in needles)
-    }
-    env[PAIRED_RUN_ENV] = "1"
-    env[RUN_ID_ENV] = run_id
-    return env
 
 
 def _signal_name(number: int) -> str:
@@ -316,7 +271,7 @@ async def execute(
         return finished(outcome)
     finally:
         # Also after a configuration that failed half-way: the folder is this run's
-        # alone (see scratch_folder), so nothing else can be in it.
+        # alone (see prohost.engine.agentenv.scratch_folder), so nothing else can be in it.
         if scratch is not None and run.mcp is not None:
             with trio.move_on_after(5, shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
@@ -364,16 +319,11 @@ async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
     if scratch is None:
         raise McpError("no private folder was given for its configuration")
     try:
-        await trio.to_thread.run_sync(_private_folder, scratch)
+        await trio.to_thread.run_sync(make_private_folder, scratch)
         return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch, env)
     except OSError as exc:
         raise McpError(f"could not write its configuration in {scratch}: "
                        f"{exc.strerror or exc}") from None
-
-
-def _private_folder(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.chmod(0o700)
 
 
 async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:

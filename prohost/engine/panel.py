@@ -11,20 +11,15 @@ the panel only if the logging handler is a ``RichHandler`` on the *same*
 console (see :func:`log_handler`); any other handler writing to the terminal
 tears the frame. ``agent run`` gives the panel a console over
 :func:`prohost.engine.termout.nonblocking` stdout, so a terminal that stops reading drops
-frames instead of stalling the event loop.
+frames instead of stalling the event loop. The words both views share (durations,
+hosts, accounts) are :mod:`prohost.engine.statustext`.
 """
-
-# Over ~450 lines on purpose: one job (the panel and its one-line fallback, drawn from
-# the same snapshot).
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import time
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
 
 import trio
 from rich.console import Console, Group, RenderableType
@@ -33,9 +28,18 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from prohost.engine.accounts import DEFAULT_ACCOUNT
 from prohost.engine.snapshot import FinishedRow, RunRow, Snapshot
-from prohost.wire.protocol import AccountRow
+from prohost.engine.statustext import (
+    RUN_ID_SHOWN,
+    account_text,
+    accounts_line,
+    brain_line,
+    clean,
+    compact_duration,
+    server_host,
+    short_ago,
+    short_run_id,
+)
 
 log = logging.getLogger("prohost.panel")
 
@@ -45,80 +49,11 @@ LIVE_REFRESH_S = 0.25
 PLAIN_POLL_S = 1.0
 #: How many finished runs the panel lists (the snapshot may hold more).
 RECENT_SHOWN = 3
-#: Enough of a run id to find it in the log (``run_3f2a9…``).
-RUN_ID_SHOWN = 10
-
-# Agent output reaches the panel through ``activity`` and ``error``: an escape
-# sequence in it would move the cursor under the live display, and a newline
-# would break a table row. C0 and C1 controls (and DEL) become spaces.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
-_SPACES = re.compile(r"\s{2,}")
-
-
-def _clean(text: str) -> str:
-    return _SPACES.sub(" ", _CONTROL.sub(" ", text)).strip()
-
-
-def compact_duration(seconds: float) -> str:
-    """``45 s``, ``3m12s``, ``1h05m``, ``2d03h``: short and fixed in style, for narrow columns."""
-    total = max(0, int(seconds))
-    if total < 60:
-        return f"{total} s"
-    if total < 3600:
-        return f"{total // 60}m{total % 60:02d}s"
-    if total < 86400:
-        return f"{total // 3600}h{total % 3600 // 60:02d}m"
-    return f"{total // 86400}d{total % 86400 // 3600:02d}h"
-
-
-def human_ago(seconds: float) -> str:
-    """``12 s``, ``4 minutes``, ``3 hours``, ``2 days``: for "… ago" in sentences."""
-    total = max(0, int(seconds))
-    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
-        if total >= size:
-            count = total // size
-            return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{total} s"
-
-
-def _short_ago(seconds: float) -> str:
-    total = max(0, int(seconds))
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if total >= size:
-            return f"{total // size} {unit}"
-    return f"{total} s"
-
-
-def server_host(url: str) -> str:
-    """The host (and a non-default port) of the server URL: the part a person recognises."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        port = parts.port
-    except ValueError:
-        return url
-    if not host:
-        return url
-    default = {"ws": 80, "http": 80, "wss": 443, "https": 443}.get(parts.scheme)
-    return host if port is None or port == default else f"{host}:{port}"
-
-
-def short_run_id(run_id: str, width: int = RUN_ID_SHOWN) -> str:
-    return run_id if len(run_id) <= width else run_id[: width - 1] + "…"
 
 
 def _label(conversation: str | None, run_id: str) -> str:
     """The conversation, or for a run outside any conversation (a ``run:…`` lane) its id."""
-    return _clean(conversation) if conversation else f"run {run_id}"
-
-
-def _brain(snapshot: Snapshot) -> str:
-    brain = snapshot.brain
-    if snapshot.brain_version:
-        brain += f" {snapshot.brain_version}"
-    if snapshot.model:
-        brain += f" · {snapshot.model}"
-    return brain
+    return clean(conversation) if conversation else f"run {run_id}"
 
 
 def _aged(value: float | None, by: float) -> float | None:
@@ -148,7 +83,7 @@ def _status_text(snapshot: Snapshot, drift: float) -> Text:
 def _header(snapshot: Snapshot, drift: float) -> RenderableType:
     line = _status_text(snapshot, drift)
     line.append(f" · {server_host(snapshot.server)} · machine {snapshot.machine}"
-                f" · {_brain(snapshot)}")
+                f" · {brain_line(snapshot)}")
     # One line at any width: what matters most is first, so the cut loses the least.
     line.no_wrap = True
     line.overflow = "ellipsis"
@@ -167,37 +102,10 @@ def _counts(snapshot: Snapshot, drift: float) -> Text:
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
 
 
-_ACCOUNT_MARK = {"ok": "✓", "warning": "⚠", "limited": "⏸"}
-
-
-def _clock(epoch: float) -> str:
-    """A reset time as the person at this machine reads it: local ``HH:MM``."""
-    return time.strftime("%H:%M", time.localtime(epoch))
-
-
-def account_text(row: AccountRow) -> str:
-    """One account for the accounts line: ``work ✓ 41%``, ``personal ⏸ until 20:00``."""
-    text = f"{_clean(row.name)} {_ACCOUNT_MARK.get(row.state, '?')}"
-    if row.state == "limited":
-        return text + (f" until {_clock(row.resets_at)}" if row.resets_at is not None else "")
-    if row.used_percent is not None:
-        text += f" {row.used_percent:.0f}%"
-    return text
-
-
-def accounts_line(accounts: Sequence[AccountRow]) -> str | None:
-    """``accounts  work ✓ 41% · personal ⏸ until 20:00``; ``None`` for the one
-    implicit default account with nothing to say (no --account given)."""
-    if not accounts or (len(accounts) == 1 and accounts[0].name == DEFAULT_ACCOUNT
-                        and accounts[0].state == "ok" and accounts[0].used_percent is None):
-        return None
-    return "accounts  " + " · ".join(account_text(row) for row in accounts)
-
-
 def _notes(snapshot: Snapshot) -> list[RenderableType]:
     notes: list[RenderableType] = []
     if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
-        notes.append(Text(f"last error: {_clean(snapshot.last_error)}", style="yellow",
+        notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
                           no_wrap=True, overflow="ellipsis"))
     if snapshot.connection == "draining":
         notes.append(Text("finishing the runs in progress, accepting no new ones "
@@ -229,12 +137,12 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
         idle = _counted(row.idle_left_s, drift)
         table.add_row(
             # A run outside any conversation is its own lane: its id names it.
-            Text(_clean(row.conversation), style="") if row.conversation
+            Text(clean(row.conversation), style="") if row.conversation
             else Text(row.run_id, style="italic"),
             Text(short_run_id(row.run_id), style="dim"),
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             "—" if elapsed is None else compact_duration(elapsed),
-            Text(_clean(row.activity or ""), style="dim"),
+            Text(clean(row.activity or ""), style="dim"),
             Text("" if idle is None else compact_duration(idle),
                  style="bold yellow" if idle is not None and idle < 60 else ""),
         )
@@ -254,8 +162,8 @@ def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
             Text("✓", style="green") if row.ok else Text("✗", style="red"),
             _label(row.conversation, row.run_id),
             "" if row.duration_s is None else compact_duration(row.duration_s),
-            Text(f"{_short_ago(now - row.finished_at)} ago", style="dim"),
-            Text("" if row.ok else _clean(row.error or "failed"), style="red"),
+            Text(f"{short_ago(now - row.finished_at)} ago", style="dim"),
+            Text("" if row.ok else clean(row.error or "failed"), style="red"),
         )
     return table
 
@@ -305,7 +213,7 @@ def _connection_line(snapshot: Snapshot) -> str:
         if snapshot.reconnect_in_s is not None:
             line += f" in {compact_duration(snapshot.reconnect_in_s)}"
         if snapshot.last_error:
-            line += f" ({_clean(snapshot.last_error)})"
+            line += f" ({clean(snapshot.last_error)})"
         return line
     running = len(snapshot.runs)
     if snapshot.connection == "draining":
@@ -315,7 +223,7 @@ def _connection_line(snapshot: Snapshot) -> str:
 
 
 def _run_name(run_id: str, conversation: str | None) -> str:
-    return f"run {run_id}" + (f" ({_clean(conversation)})" if conversation else "")
+    return f"run {run_id}" + (f" ({clean(conversation)})" if conversation else "")
 
 
 def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
@@ -326,7 +234,7 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
     """
     if previous is None:
         return [f"{_connection_line(current)} as machine {current.machine}, "
-                f"brain {_brain(current)}, {current.slots} slot"
+                f"brain {brain_line(current)}, {current.slots} slot"
                 f"{'s' if current.slots != 1 else ''}"]
     lines: list[str] = []
     if previous.connection != current.connection or (
@@ -334,7 +242,7 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
     ):
         lines.append(_connection_line(current))
     if (previous.brain_version, previous.model) != (current.brain_version, current.model):
-        lines.append(f"brain: {_brain(current)}")
+        lines.append(f"brain: {brain_line(current)}")
     before = {row.run_id: row for row in previous.runs}
     seen_finished = {row.run_id for row in previous.finished}
     newly_finished = [row for row in current.finished if row.run_id not in seen_finished]
@@ -357,7 +265,7 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
             lines.append(f"✓ {name} finished" + (f" in {took}" if took else ""))
         else:
             lines.append(f"✗ {name} failed" + (f" after {took}" if took else "")
-                         + f": {_clean(done.error or 'no reason given')}")
+                         + f": {clean(done.error or 'no reason given')}")
     current_ids = {row.run_id for row in current.runs}
     known_finished = seen_finished | finished_ids
     for run_id, old in before.items():

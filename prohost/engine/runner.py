@@ -14,15 +14,12 @@ A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
 the run is still reported (a ``cancel``, the second signal) with its
 ``stop_outcome``; ``life_scope`` stops everything, the report included (the server
 said it no longer knows the run). Ledger steps are shielded and bounded, so a
-cancel never leaves one half done.
+cancel never leaves one half done. Which account a run starts on, and the wait
+while every account is limited (§12), are :mod:`prohost.engine.accountgate`'s.
 """
-
-# Over ~450 lines on purpose: one job (a run end to end, every ledger step in order);
-# splitting the steps apart would hide the order that makes restarts exact (§7).
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 import time
@@ -32,14 +29,20 @@ from pathlib import Path
 import attrs
 import trio
 
-from prohost.engine.accounts import UNKNOWN_RESET_S, Account, AccountBook
+from prohost.engine.accountgate import AccountGate, waiting_activity
+
+# Re-exported: prohost.engine.harness and prohost.engine.recovery import these two
+# from here (their home is prohost.engine.accountgate).
+from prohost.engine.accountgate import all_limited_reason as all_limited_reason
+from prohost.engine.accountgate import iso_time as iso_time
+from prohost.engine.accounts import Account, AccountBook
+from prohost.engine.agentenv import scratch_folder
 from prohost.engine.agentproc import ProcessGroups
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.brains import Brain
 from prohost.engine.brains.base import one_line
-from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute, scratch_folder
+from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute
 from prohost.engine.ledger import Ledger, LedgerError
-from prohost.engine.limits import LimitNotice
 from prohost.engine.reporter import Reporter
 from prohost.engine.timeline import TimelineBatcher
 from prohost.engine.worktrees import WorktreeManager
@@ -57,22 +60,6 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
 INTERNAL_ERROR_CHARS = 300
-
-
-def iso_time(epoch: float) -> str:
-    """An epoch time as ISO 8601 in UTC, to the second: ``2026-12-02T20:00:00Z``."""
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def all_limited_reason(until: float | None) -> str:
-    """§12's words for "no account can take work", with the earliest reset."""
-    when = iso_time(until) if until is not None else "an unknown time"
-    return f"every account is at its usage limit until {when}"
-
-
-def waiting_activity(until: float) -> str:
-    """A waiting run's heartbeat activity: the reset in local time, ``HH:MM``."""
-    return f"waiting for an account (resets {time.strftime('%H:%M', time.localtime(until))})"
 
 
 def _no_slot() -> None:
@@ -165,14 +152,29 @@ class Runner:
         self.bounds = Bounds()
         #: The agent accounts and their limits (PROTOCOL.md §12).
         self.book = book if book is not None else AccountBook()
-        self.limit_wait_s = limit_wait_s
         #: Wall-clock epoch seconds, for the book's reset times.
         self.clock = clock
-        #: trio time since when every account has been limited (None: one is usable).
-        #: Queued runs wait until this plus --limit-wait, however long they queued.
-        self._all_limited_since: float | None = None
-        #: Set (and replaced) whenever the book learns something.
-        self.book_changed = trio.Event()
+        #: Which account each run starts on, and the wait while none can.
+        self.accounts = AccountGate(
+            self.book, limit_wait_s=limit_wait_s, clock=clock, on_change=on_change,
+            save_limits=functools.partial(self._ledger, ledger.save_account_limits),
+        )
+
+    # prohost.engine.upkeep wakes the waiting runs when a reset passes: through
+    # these two, which are the gate's.
+
+    @property
+    def book_changed(self) -> trio.Event:
+        """:attr:`AccountGate.book_changed`: set (and replaced) when the book learns something."""
+        return self.accounts.book_changed
+
+    @book_changed.setter
+    def book_changed(self, event: trio.Event) -> None:
+        self.accounts.book_changed = event
+
+    def limit_wait_deadline(self) -> float | None:
+        """:meth:`AccountGate.limit_wait_deadline`."""
+        return self.accounts.limit_wait_deadline()
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
         """Execute ``held`` and settle its report.
@@ -291,7 +293,8 @@ class Runner:
                 lane_account = await self.bounds.run(ledger.lane_account, run.lane,
                                                      limit_s=LEDGER_STEP_TIMEOUT_S,
                                                      what="reading the lane's account")
-            chosen = await self._wait_for_account(held, lane_account)
+            chosen = await self.accounts.wait_for_account(held.run_id, held.progress,
+                                                          lane_account)
             if isinstance(chosen, Outcome):
                 outcome = chosen
             else:
@@ -341,7 +344,8 @@ class Runner:
                 # No other account can take it now: wait like a queued run (§12),
                 # within the run's --timeout as well as --limit-wait.
                 with trio.move_on_at(deadline):
-                    waited = await self._wait_for_account(held, None)
+                    waited = await self.accounts.wait_for_account(held.run_id, held.progress,
+                                                                  None)
                     following = waited if isinstance(waited, Account) else None
             if following is None:
                 return None
@@ -363,79 +367,9 @@ class Runner:
             # Named by a digest of the run id, never the id itself (§3).
             scratch=scratch_folder(self.scratch_root, run.run_id),
             worktrees=self.worktrees,
-            accounts=AccountPlan(account=account, learned=self.learned, another=another),
+            accounts=AccountPlan(account=account, learned=self.accounts.learned,
+                                 another=another),
         )
-
-    async def learned(self, account: Account, notice: LimitNotice | None) -> None:
-        """Record what an attempt on ``account`` said about its limit; a change is
-        announced (status) and the limits written to the ledger, so a restart does
-        not spend a run finding them again.
-
-        Cancelled: the ledger step is shielded and bounded (:meth:`_ledger`).
-        """
-        if notice is not None and notice.state == "limited":
-            log.warning("account %s is at its usage limit%s", account.name,
-                        "" if notice.resets_at is None
-                        else f" until {iso_time(notice.resets_at)}")
-        if not self.book.report(account.name, notice, self.clock()):
-            return
-        self._book_changed()
-        await self._ledger(self.ledger.save_account_limits, self.book.limits(self.clock()))
-
-    def _book_changed(self) -> None:
-        self.book_changed.set()
-        self.book_changed = trio.Event()
-        self._on_change()
-
-    def limit_wait_deadline(self) -> float | None:
-        """While every account is limited: the trio time until which queued runs
-        wait (§12's ``--limit-wait``, counted from when the last usable account
-        was lost); ``None`` while one is usable."""
-        if not self.book.all_limited(self.clock()):
-            self._all_limited_since = None
-            return None
-        if self._all_limited_since is None:
-            self._all_limited_since = trio.current_time()
-        return self._all_limited_since + self.limit_wait_s
-
-    async def _wait_for_account(self, held: HeldRun,
-                                lane_account: str | None) -> Account | Outcome:
-        """The account the run starts on; while none is usable, wait for the earliest
-        reset, up to --limit-wait, else the retryable failure §12 names. The run is
-        still ``accepted`` in the ledger meanwhile, so a restart queues it again.
-
-        Cancelled: nothing to undo; the run stays ``accepted``.
-        """
-        try:
-            while True:
-                now = self.clock()
-                account = self.book.choose(now, lane_account=lane_account)
-                if account is not None:
-                    # One is usable: the next time all are limited, the wait starts anew.
-                    self.limit_wait_deadline()
-                    return account
-                reset = self.book.earliest_reset(now)
-                deadline = self.limit_wait_deadline()
-                if deadline is None:  # the book changed between the two questions
-                    continue
-                if trio.current_time() >= deadline:
-                    reason = all_limited_reason(reset)
-                    log.warning("run %s: %s; reporting it retryable (--limit-wait)",
-                                held.run_id, reason)
-                    return Outcome.failure(reason, retryable=True)
-                until = reset if reset is not None else now + UNKNOWN_RESET_S
-                if held.progress.waiting_until != until:
-                    held.progress.waiting_until = until
-                    progress_log.info("run %s is waiting: %s", held.run_id,
-                                      all_limited_reason(until))
-                    self._on_change()
-                # Whichever comes first: the reset, the end of the wait, or news.
-                with trio.move_on_at(min(deadline, trio.current_time() + max(0.0, until - now))):
-                    await self.book_changed.wait()
-        finally:
-            if held.progress.waiting_until is not None:
-                held.progress.waiting_until = None
-                self._on_change()
 
     async def _finish(self, held: HeldRun, outcome: Outcome) -> None:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox).

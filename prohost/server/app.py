@@ -2,7 +2,9 @@
 
 Hand-written on purpose (no web framework): the routes are few, and the server
 must control exact statuses, including the status of a refused WebSocket upgrade
-(the ASGI ``websocket.http.response`` extension, which hypercorn supports).
+(the ASGI ``websocket.http.response`` extension, which hypercorn supports). The
+plumbing under the routes (headers, bounded bodies, errors that carry a status)
+is :mod:`prohost.server.asgi`.
 
 Routes (PROTOCOL.md §7, §8, §10, §11):
 
@@ -18,81 +20,42 @@ Each WebSocket gets its own nursery (reader, writer; the dispatcher pings) that 
 socket does; an exception in one connection is logged and ends only that one.
 """
 
-# Over ~450 lines on purpose: one job (the ASGI app: every route of the reference server).
-
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
 import trio
 
 from prohost.server import faults
+from prohost.server.asgi import (
+    Disconnected,
+    HttpError,
+    Receive,
+    Scope,
+    Send,
+    answer_lifespan,
+    bearer,
+    header,
+    json_bytes,
+    json_or_none,
+    parse_json,
+    read_body,
+    read_json,
+    reject,
+)
 from prohost.server.faults import FaultError, _address, abort_socket
 from prohost.server.state import WS_PATH, CompletionPost, Connection, RunRecord, ServerState
 from prohost.wire.protocol import DecodeError, decode
 
-__all__ = ["App", "abort_socket", "answer_lifespan", "run_dispatcher"]
+__all__ = ["App", "abort_socket", "run_dispatcher"]
 
 log = logging.getLogger("prohost.server")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
 #: WebSocket close code for a harness the server lets go of (going away).
 GOING_AWAY = 1001
-
-#: Largest HTTP request body accepted (a reply may be up to 1 MiB plus a marker).
-MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-class _Disconnected(Exception):
-    """The HTTP client went away before its request body arrived."""
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
-
-
-def _bearer(scope: Scope) -> str | None:
-    value = _header(scope, b"authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
-
-def _json_bytes(payload: Any) -> bytes:
-    return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
-
-
-async def answer_lifespan(receive: Receive, send: Send) -> None:
-    """Answer the server's lifespan startup and shutdown (nothing to set up).
-    Cancelled: returns at once; there is nothing to undo."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 class App:
@@ -118,21 +81,21 @@ class App:
         if first["type"] != "websocket.connect":
             return
         state = self.state
-        token = _bearer(scope)
+        token = bearer(scope)
         if scope["path"] != WS_PATH:
-            await _reject(scope, send, 404, "no such WebSocket endpoint")
+            await reject(scope, send, 404, "no such WebSocket endpoint")
             return
         if state.handshake_status is not None:
-            await _reject(scope, send, state.handshake_status, "refused by the server")
+            await reject(scope, send, state.handshake_status, "refused by the server")
             return
         if token is None or state.harness_for(token) is None:
-            await _reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
+            await reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
             return
         await send({"type": "websocket.accept"})
         conn, outbox = state.add_connection(
             token,
-            machine=_header(scope, b"x-prohost-machine"),
-            agent=_header(scope, b"x-prohost-agent"),
+            machine=header(scope, b"x-prohost-machine"),
+            agent=header(scope, b"x-prohost-agent"),
             client=_address(scope.get("client")),
             server=_address(scope.get("server")),
         )
@@ -188,14 +151,14 @@ class App:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             status, payload, headers = await self._route(scope, receive)
-        except _Disconnected:
+        except Disconnected:
             return
         except HttpError as exc:
             status, payload, headers = exc.status, {"error": exc.message}, {}
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             status, payload, headers = 500, {"error": "internal server error"}, {}
-        body = _json_bytes(payload)
+        body = json_bytes(payload)
         raw_headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -214,7 +177,7 @@ class App:
 
         if parts == ["v1", "agent", "pair"]:
             allow("POST")
-            return await self._pair(scope, await _read_json(receive))
+            return await self._pair(scope, await read_json(receive))
         if len(parts) == 5 and parts[:3] == ["v1", "agent", "runs"]:
             if parts[4] == "complete":
                 allow("POST")
@@ -227,7 +190,7 @@ class App:
             if method == "GET":
                 runs = [self.state.run_view(r) for r in self.state.runs.values()]
                 return 200, {"runs": runs}, {}
-            return await self._submit(await _read_json(receive))
+            return await self._submit(await read_json(receive))
         if parts[:2] == ["v1", "faults"] and self.state.faults.enabled:
             return await self._fault(method, parts[2:], receive)
         if len(parts) == 3 and parts[:2] == ["v1", "runs"]:
@@ -252,8 +215,8 @@ class App:
         if method != "POST" or len(parts) != 1:
             raise HttpError(404, "fault hooks: POST drop, storm, restart, forget or redeliver; "
                                  "GET runs")
-        raw = await _read_body(receive)
-        data = _parse_json(raw) if raw.strip() else {}
+        raw = await read_body(receive)
+        data = parse_json(raw) if raw.strip() else {}
         if not isinstance(data, dict):
             raise HttpError(400, "expected a JSON object")
         try:
@@ -296,7 +259,7 @@ class App:
     async def _complete(
         self, scope: Scope, receive: Receive, run_id: str
     ) -> tuple[int, Any, dict[str, str]]:
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         state = self.state
         run = state.runs.get(run_id)
         forgotten = False
@@ -306,9 +269,9 @@ class App:
             status, answer, headers = exc.status, {"error": exc.message}, {}
         if run is not None:
             run.completion_posts += 1
-            key = _header(scope, b"idempotency-key")
+            key = header(scope, b"idempotency-key")
             run.idempotency_keys.append(key)
-            run.posts.append(CompletionPost(status, _json_or_none(raw), key, forgotten,
+            run.posts.append(CompletionPost(status, json_or_none(raw), key, forgotten,
                                             state.clock()))
             state.changed()
         return status, answer, headers
@@ -321,11 +284,11 @@ class App:
         if state.completion_faults:
             status, headers = state.completion_faults.pop(0)
             return status, {"error": f"injected fault {status}"}, dict(headers), False
-        if state.harness_for(_bearer(scope)) is None:
+        if state.harness_for(bearer(scope)) is None:
             raise HttpError(401, "a paired harness token is required")
         if run is None or run.state == "closed":
             raise HttpError(404, f"no open run {run_id}")
-        payload = _parse_json(raw)
+        payload = parse_json(raw)
         if not isinstance(payload, dict):
             raise HttpError(400, "expected a JSON object")
         if not isinstance(payload.get("ok"), bool):
@@ -342,13 +305,13 @@ class App:
     async def _timeline(
         self, scope: Scope, receive: Receive, run_id: str
     ) -> tuple[int, Any, dict[str, str]]:
-        raw = await _read_body(receive)
-        if self.state.harness_for(_bearer(scope)) is None:
+        raw = await read_body(receive)
+        if self.state.harness_for(bearer(scope)) is None:
             raise HttpError(401, "a paired harness token is required")
         run = self.state.runs.get(run_id)
         if run is None or run.state == "closed":
             raise HttpError(404, f"no open run {run_id}")
-        payload = _parse_json(raw)
+        payload = parse_json(raw)
         if not isinstance(payload, dict) or not isinstance(payload.get("events"), list):
             raise HttpError(400, "expected a JSON object with an events list")
         run.timeline.extend(payload["events"])
@@ -374,13 +337,13 @@ class App:
     async def _delete(
         self, scope: Scope, receive: Receive, run: RunRecord
     ) -> tuple[int, Any, dict[str, str]]:
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         reason: Any = None
         query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
         if "reason" in query:
             reason = query["reason"][-1]
         elif raw.strip():
-            data = _parse_json(raw)
+            data = parse_json(raw)
             reason = data.get("reason") if isinstance(data, dict) else None
         if reason is not None and not isinstance(reason, str):
             raise HttpError(400, "reason must be a string")
@@ -390,65 +353,9 @@ class App:
         return 200, self.state.run_view(run), {}
 
 
-# ---------------------------------------------------------------------- helpers
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = bytes(message.get("body", b""))
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
-
-
-def _parse_json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise HttpError(400, f"the body is not JSON: {exc}") from None
-
-
-async def _read_json(receive: Receive) -> Any:
-    return _parse_json(await _read_body(receive))
-
-
-async def _reject(scope: Scope, send: Send, status: int, message: str) -> None:
-    """Refuse a WebSocket upgrade with an exact HTTP status."""
-    if "websocket.http.response" in scope.get("extensions", {}):
-        body = _json_bytes({"error": message})
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:  # the server cannot say which status: ASGI makes this a 403
-        await send({"type": "websocket.close", "code": 1008})
-
-
 def _urls_from_host(scope: Scope, state: ServerState) -> tuple[str, str]:
     """The URLs a client that reached us through ``Host`` should use."""
-    host = _header(scope, b"host")
+    host = header(scope, b"host")
     if not host:
         return state.http_url, state.ws_url
     secure = scope.get("scheme") in ("https", "wss")
