@@ -87,10 +87,11 @@ class AccountGate:
                         else f" until {iso_time(notice.resets_at)}")
         if not self.book.report(account.name, notice, self.clock()):
             return
-        self._book_changed()
+        self.book_moved()
         await self._save_limits(self.book.limits(self.clock()))
 
-    def _book_changed(self) -> None:
+    def book_moved(self) -> None:
+        """Wake the runs waiting for an account, and announce the change (status, panel)."""
         self.book_changed.set()
         self.book_changed = trio.Event()
         self._on_change()

@@ -18,10 +18,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from prohost.engine.accountgate import all_limited_reason
 from prohost.engine.ledger import Admission, LedgerError
 from prohost.engine.link import Session
 from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL, resume_unheld
-from prohost.engine.runner import HeldRun, all_limited_reason, progress_log
+from prohost.engine.runner import HeldRun, progress_log
 from prohost.engine.scheduler import QueueFullError
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Delivery

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from prohost.engine.accountgate import iso_time
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerRow, RunState
 from prohost.engine.procinfo import process_belongs_to_run
-from prohost.engine.runner import HeldRun, iso_time
+from prohost.engine.runner import HeldRun
 from prohost.engine.scheduler import QueueFullError
 from prohost.engine.upkeep import prune
 from prohost.wire.runs import BodyError, Outcome, parse_body

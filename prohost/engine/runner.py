@@ -33,8 +33,6 @@ from prohost.engine.accountgate import AccountGate, waiting_activity
 
 # Re-exported: prohost.engine.harness and prohost.engine.recovery import these two
 # from here (their home is prohost.engine.accountgate).
-from prohost.engine.accountgate import all_limited_reason as all_limited_reason
-from prohost.engine.accountgate import iso_time as iso_time
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.agentenv import scratch_folder
 from prohost.engine.agentproc import ProcessGroups
@@ -159,22 +157,6 @@ class Runner:
             self.book, limit_wait_s=limit_wait_s, clock=clock, on_change=on_change,
             save_limits=functools.partial(self._ledger, ledger.save_account_limits),
         )
-
-    # prohost.engine.upkeep wakes the waiting runs when a reset passes: through
-    # these two, which are the gate's.
-
-    @property
-    def book_changed(self) -> trio.Event:
-        """:attr:`AccountGate.book_changed`: set (and replaced) when the book learns something."""
-        return self.accounts.book_changed
-
-    @book_changed.setter
-    def book_changed(self, event: trio.Event) -> None:
-        self.accounts.book_changed = event
-
-    def limit_wait_deadline(self) -> float | None:
-        """:meth:`AccountGate.limit_wait_deadline`."""
-        return self.accounts.limit_wait_deadline()
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
         """Execute ``held`` and settle its report.

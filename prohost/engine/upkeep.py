@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from prohost import __version__
+from prohost.engine.accountgate import AccountGate
 from prohost.engine.collect import collect_garbage
 from prohost.engine.ledger import LedgerError
-from prohost.engine.runner import Runner
 from prohost.engine.status_file import keep_status_file
 from prohost.options import is_checkout
 
@@ -36,7 +36,7 @@ WORKTREE_IDLE_S = 14 * 86400.0
 BRAIN_PROBE_TIMEOUT_S = 10.0
 
 
-async def announce_resets(harness: Harness, runner: Runner) -> None:
+async def announce_resets(harness: Harness, gate: AccountGate) -> None:
     """Announce each account whose limit's reset has come (status, panel), and
     wake queued runs waiting for it: the book changes by the clock alone.
 
@@ -46,14 +46,12 @@ async def announce_resets(harness: Harness, runner: Runner) -> None:
         reset = harness.book.earliest_reset(time.time())
         with trio.move_on_after(math.inf if reset is None
                                 else max(0.0, reset - time.time()) + 0.01):
-            await runner.book_changed.wait()
+            await gate.book_changed.wait()
             continue
         # The reset passed: the book expires it on the next question, and the
         # next time every account is limited, --limit-wait counts afresh.
-        runner.limit_wait_deadline()
-        runner.book_changed.set()
-        runner.book_changed = trio.Event()
-        harness.changed()
+        gate.limit_wait_deadline()
+        gate.book_moved()
 
 
 async def probe_brain(harness: Harness) -> None:
@@ -153,7 +151,7 @@ def start_chores(harness: Harness, nursery: trio.Nursery) -> None:
             nursery.start_soon(collect_worktrees_daily, harness)
     nursery.start_soon(probe_brain, harness)
     if harness.runner is not None:
-        nursery.start_soon(announce_resets, harness, harness.runner)
+        nursery.start_soon(announce_resets, harness, harness.runner.accounts)
     if not harness.options.dry_run:
         nursery.start_soon(keep_status_file, harness)
     announce_start(harness)
