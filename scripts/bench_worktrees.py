@@ -32,7 +32,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.engine.worktrees import WorktreeManager, git_env
+from prohost.engine.gitcmd import git_env
+from prohost.engine.worktrees import WorktreeManager
 
 Timed = Callable[[], Awaitable[None]]
 

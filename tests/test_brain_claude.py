@@ -16,8 +16,10 @@ import trio
 
 from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.brains import brain_for
-from prohost.engine.brains.base import McpError, McpWiring, ToolEvent, has_flag, split_command
-from prohost.engine.brains.claude import ClaudeBrain, ClaudeTurn, tool_summary
+from prohost.engine.brains.base import McpError, McpWiring, ToolEvent
+from prohost.engine.brains.claude import ClaudeBrain, ClaudeTurn
+from prohost.engine.brains.cmdline import has_flag, split_command
+from prohost.engine.brains.summaries import tool_summary
 from prohost.wire.runs import Mcp
 
 FAKE = Path(__file__).parent / "agents" / "fake_claude.py"
@@ -437,7 +439,8 @@ def test_wire_mcp_in_safe_mode_preapproves_the_runs_own_server(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "url", ["file:///etc/passwd", "ftp://x/mcp", "https://", "chat.example/mcp", "",
-            "https://chat.example/m cp", "https://chat.example/\nmcp"])
+            "https://chat.example/m cp", "https://chat.example/\nmcp",
+            "https://chat.example/m\x7fcp"])
 def test_wire_mcp_refuses_a_bad_url(tmp_path: Path, url: str) -> None:
     with pytest.raises(McpError, match="URL"):
         ClaudeBrain("claude -p").wire_mcp(Mcp(url=url, token="secret"), tmp_path)

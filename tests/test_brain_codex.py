@@ -456,6 +456,7 @@ def test_wire_mcp_refuses_what_is_not_http(tmp_path: Path, url: str) -> None:
 @pytest.mark.parametrize(("url", "token", "why"), [
     ("https://chat.example/m cp", None, "spaces or control"),
     ("https://chat.example/mcp\n", None, "spaces or control"),
+    ("https://chat.example/m\x7fcp", None, "spaces or control"),
     ("https://chat.example/mcp", "tok\r\nX-Evil: 1", "HTTP header"),
     ("https://chat.example/mcp", "tok\0", "HTTP header"),
 ])

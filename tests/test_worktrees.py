@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from prohost.engine.gitcmd import git_env
 from prohost.engine.prompt import Checkout, CheckoutFailure
 from prohost.engine.worktrees import (
     LANE_MARKER,
     RUN_REPOS_ENV,
     WorktreeManager,
     checkout_names,
-    git_env,
     lane_folder_name,
 )
 from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos

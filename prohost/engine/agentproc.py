@@ -9,13 +9,11 @@ leader has gone, however it went.
 
 Output is read as it comes, on both streams, into bounded buffers: an agent that
 prints 50 MiB costs the harness the first ``max_stdout_bytes`` of stdout and one
-stderr line, not 50 MiB. The pipes double as the signal that the group is really
-done: a process holds its stdout and stderr until it exits, so end-of-file on both
-(after the leader is reaped) means nothing that inherited them is still running.
+stderr line, not 50 MiB (those bounded readers are :mod:`prohost.engine.agentout`).
+The pipes double as the signal that the group is really done: a process holds its
+stdout and stderr until it exits, so end-of-file on both (after the leader is
+reaped) means nothing that inherited them is still running.
 """
-
-# Over ~450 lines on purpose: one job (an agent's process group, from spawn to sweep);
-# its timeouts, output bounds and TERM→KILL share the same state.
 
 from __future__ import annotations
 
@@ -31,6 +29,7 @@ from typing import Literal, TypeVar
 import attrs
 import trio
 
+from prohost.engine.agentout import LastLine, LineSplitter
 from prohost.errors import leaves
 
 log = logging.getLogger("prohost.agentproc")
@@ -38,11 +37,6 @@ log = logging.getLogger("prohost.agentproc")
 #: Bytes asked of a pipe per read. Larger than trio's default, so a flood of
 #: output costs fewer wake-ups; it is also the most one read can add to memory.
 _READ_SIZE = 256 * 1024
-
-#: A stderr line is kept up to this many bytes (the start of it, where an error
-#: message says what went wrong) and reported up to ``_STDERR_LINE_CHARS``.
-_STDERR_LINE_BYTES = 2048
-_STDERR_LINE_CHARS = 500
 
 #: Longest stdout line handed to ``on_stdout_line``. A streaming brain's single
 #: JSON event can legitimately be several MiB (a large tool result), so this is
@@ -121,89 +115,6 @@ def _killpg(pgid: int, sig: int) -> None:
         log.debug("process group %d is no longer ours to signal", pgid)
 
 
-class _LineSplitter:
-    """Cuts stdout into ``\\n``-separated lines, holding at most ``limit`` bytes of one."""
-
-    def __init__(self, emit: Callable[[bytes], None], limit: int) -> None:
-        self._emit = emit
-        self._limit = limit
-        self._buf = bytearray()
-        self._overlong = False
-        self.dropped = 0
-
-    def feed(self, chunk: bytes | bytearray) -> None:
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                self._append(chunk, start, len(chunk))
-                return
-            self._append(chunk, start, end)
-            self._finish()
-            start = end + 1
-
-    def close(self) -> None:
-        if self._buf or self._overlong:
-            self._finish()
-
-    def _append(self, chunk: bytes | bytearray, start: int, end: int) -> None:
-        if self._overlong or start == end:
-            return
-        if len(self._buf) + (end - start) > self._limit:
-            # A fresh buffer, not clear(): the point is to give the memory back.
-            self._buf = bytearray()
-            self._overlong = True
-            return
-        self._buf += memoryview(chunk)[start:end]
-
-    def _finish(self) -> None:
-        if self._overlong:
-            self._overlong = False
-            self.dropped += 1
-            log.warning("an agent printed a line over %d bytes; it was skipped", self._limit)
-            return
-        line = bytes(self._buf)
-        self._buf = bytearray()
-        self._emit(line)
-
-
-class _LastLine:
-    """Remembers the last non-empty line of a stream, keeping a bounded start of it."""
-
-    def __init__(self) -> None:
-        self._current = bytearray()
-        self._last = b""
-
-    def feed(self, chunk: bytes | bytearray) -> None:
-        parts = bytes(chunk).split(b"\n")
-        self._extend(parts[0])
-        if len(parts) == 1:
-            return
-        self._settle(bytes(self._current))
-        for line in reversed(parts[1:-1]):
-            if line.strip():
-                self._last = line[:_STDERR_LINE_BYTES]
-                break
-        self._current = bytearray(parts[-1][:_STDERR_LINE_BYTES])
-
-    def close(self) -> None:
-        self._settle(bytes(self._current))
-        self._current = bytearray()
-
-    @property
-    def text(self) -> str:
-        return self._last.decode("utf-8", errors="replace").strip()[:_STDERR_LINE_CHARS]
-
-    def _extend(self, piece: bytes) -> None:
-        room = _STDERR_LINE_BYTES - len(self._current)
-        if room > 0:
-            self._current += piece[:room]
-
-    def _settle(self, line: bytes) -> None:
-        if line.strip():
-            self._last = line
-
-
 def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The exception a caller should see instead of the group, if there is one.
 
@@ -252,9 +163,9 @@ class _Watch:
         self.last_output = self.started_at
         self.stdout = bytearray()
         self.stdout_truncated = False
-        self.stderr = _LastLine()
+        self.stderr = LastLine()
         self.lines = (
-            _LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
+            LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
         )
         self.stdout_done = trio.Event()
         self.stderr_done = trio.Event()

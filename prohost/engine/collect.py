@@ -22,15 +22,8 @@ from typing import Literal
 import attrs
 import trio
 
-from prohost.engine.worktrees import (
-    LANE_MARKER,
-    WORKTREES_DIR,
-    GitError,
-    git,
-    git_env,
-    read_marker,
-    real_path,
-)
+from prohost.engine.gitcmd import GitError, git, git_env, real_path
+from prohost.engine.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
 log = logging.getLogger("prohost.worktrees")
 

@@ -15,11 +15,9 @@ lane folder goes into ``PROHOST_RUN_REPOS`` for the agent.
 Preparing never raises for a repository that cannot be prepared: the run goes on,
 and the prompt names that checkout as read-only (a :class:`~prohost.engine.prompt.CheckoutFailure`).
 
-Clearing away old ones is :mod:`prohost.engine.collect`'s job.
+Running git is :mod:`prohost.engine.gitcmd`'s job; clearing away old worktrees is
+:mod:`prohost.engine.collect`'s.
 """
-
-# Over ~450 lines on purpose: one job (per-lane worktrees: names, markers, git, the
-# per-repo locks); collecting them is prohost.engine.collect.
 
 from __future__ import annotations
 
@@ -32,8 +30,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -43,8 +39,8 @@ from typing import Literal
 import attrs
 import trio
 
+from prohost.engine.gitcmd import GIT_ADD_TIMEOUT_S, GitError, git, real_path
 from prohost.engine.prompt import Checkout, CheckoutFailure
-from prohost.errors import last_line
 from prohost.options import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
@@ -54,35 +50,6 @@ RUN_REPOS_ENV = "PROHOST_RUN_REPOS"
 
 WORKTREES_DIR = "worktrees"
 LANE_MARKER = ".prohost-lane"
-
-#: A `git worktree add` checks out the whole tree (and runs the repo's post-checkout
-#: hook, LFS smudging included), so it gets minutes; everything else is quick.
-GIT_ADD_TIMEOUT_S = 300.0
-GIT_TIMEOUT_S = 60.0
-
-#: Variables that point git at a particular repository, index or config (what
-#: `git rev-parse --local-env-vars` lists). A harness started from a git hook or
-#: an editor's terminal can carry them; they would make every command below act
-#: on that repository instead of the one named with -C.
-_GIT_LOCATION_VARS = frozenset({
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_CONFIG",
-    "GIT_CONFIG_COUNT",
-    "GIT_CONFIG_PARAMETERS",
-    "GIT_DIR",
-    "GIT_GRAFT_FILE",
-    "GIT_IMPLICIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_INTERNAL_SUPER_PREFIX",
-    "GIT_NO_REPLACE_OBJECTS",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_PREFIX",
-    "GIT_REPLACE_REF_BASE",
-    "GIT_SHALLOW_FILE",
-    "GIT_WORK_TREE",
-})
-
 
 # --- names -------------------------------------------------------------------------
 
@@ -132,72 +99,6 @@ def checkout_names(repos: Sequence[Path]) -> tuple[str, ...]:
         _base_name(source) if counts[_base_name(source).casefold()] == 1 else _hashed_name(source)
         for source in repos
     )
-
-
-# --- running git -------------------------------------------------------------------
-
-
-class GitError(Exception):
-    """A git command failed; the message is one short line (git's last stderr line)."""
-
-
-def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment git runs with: ``base`` without repository-locating variables,
-    never prompting (a daemon has no terminal to answer on), in the C locale (so the
-    ``initializing`` lock git writes, and its messages, read the same everywhere)."""
-    env = {
-        name: value
-        for name, value in (os.environ if base is None else base).items()
-        if name not in _GIT_LOCATION_VARS
-    }
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["LC_ALL"] = "C"
-    return env
-
-
-async def _kill_group(process: trio.Process) -> None:
-    # The whole group, at once: `git worktree add` checks out in a child git and
-    # runs hooks, and a SIGTERM to git alone lets it exit (trio then stops waiting)
-    # while the child goes on writing into a folder git's own cleanup just removed.
-    # What SIGKILL leaves behind, the next prepare clears (see "junk" above).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-async def git(
-    *args: str, timeout_s: float = GIT_TIMEOUT_S, env: Mapping[str, str] | None = None
-) -> str:
-    """Run ``git *args``; return its stdout (decoded as file names are), or raise
-    :class:`GitError`. On cancellation or timeout git and every process it started
-    are killed (it runs in a process group of its own) before this returns."""
-    what = next((arg for arg in args if not arg.startswith("-") and "/" not in arg), "git")
-    with trio.move_on_after(timeout_s) as scope:
-        try:
-            done = await trio.run_process(
-                ["git", *args],
-                stdin=subprocess.DEVNULL,
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                env=env if env is not None else git_env(),
-                # A group of its own (pgid == pid), so _kill_group reaches its children.
-                start_new_session=True,
-                deliver_cancel=_kill_group,
-            )
-        except FileNotFoundError:
-            raise GitError("git is not installed (no git on PATH)") from None
-        except OSError as exc:
-            raise GitError(f"could not run git: {exc.strerror or exc}") from None
-    if scope.cancelled_caught:
-        raise GitError(f"git {what} took longer than {timeout_s:g} s and was stopped")
-    if done.returncode != 0:
-        reason = last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
-        raise GitError(reason)
-    return os.fsdecode(done.stdout)
-
-
-def real_path(path: Path | str) -> str:
-    return os.path.realpath(path)
 
 
 # --- the lane marker ---------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from prohost.engine.brains.base import Brain, McpError, McpWiring, ToolEvent, Turn, program_name
+from prohost.engine.brains.base import Brain, McpError, McpWiring, ToolEvent, Turn
+from prohost.engine.brains.cmdline import program_name
 from prohost.engine.brains.plain import PlainBrain
 
 __all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "ToolEvent", "Turn", "brain_for"]

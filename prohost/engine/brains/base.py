@@ -12,8 +12,8 @@ from __future__ import annotations
 import abc
 import json
 import os
-import shlex
 import time
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import attrs
 
 from prohost.engine.agentproc import ProcessResult
+from prohost.engine.brains.cmdline import split_command
 from prohost.engine.limits import LimitNotice
 from prohost.wire.runs import Mcp, Outcome
 
@@ -76,6 +77,28 @@ class McpError(Exception):
     """The run's MCP configuration could not be prepared; the run fails closed."""
 
 
+#: The name the run's MCP server gets in the CLI's configuration; its tools then
+#: appear to the agent (and in the timeline) under this server name
+#: (``mcp__prohost__<tool>`` in Claude Code).
+MCP_SERVER_NAME = "prohost"
+
+
+def check_mcp(mcp: Mcp, *, transport: str = "") -> None:
+    """Raise :class:`McpError` unless the CLI can reach ``mcp``: an http(s) URL
+    without spaces or control characters, and a token an HTTP header can carry
+    (every brain sends it as ``Authorization: Bearer``). ``transport`` is added to
+    the URL's error, to say why only HTTP will do. The URL is never echoed: a
+    query string may carry a credential."""
+    parts = urllib.parse.urlsplit(mcp.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise McpError("its URL is not an http:// or https:// URL"
+                       + (f" ({transport})" if transport else ""))
+    if any(char.isspace() or ord(char) < 0x20 or ord(char) == 0x7F for char in mcp.url):
+        raise McpError("its URL contains spaces or control characters")
+    if mcp.token and any(char in mcp.token for char in "\r\n\0"):
+        raise McpError("its token contains characters an HTTP header cannot carry")
+
+
 class Turn(abc.ABC):
     """One attempt's reading of the agent's output.
 
@@ -128,6 +151,18 @@ class Turn(abc.ABC):
         return failed and self.limit is not None and self.limit.state == "limited"
 
 
+def with_limit(error: str, limit: LimitNotice | None, cli: str) -> str:
+    """``error``, saying so when ``limit`` (what the CLI said about its account's
+    usage limit) is ``limited``: ``<error> (Codex usage limit reached; it resets at
+    2026-02-18 13:05 UTC)``. ``cli`` names the CLI, ``Claude`` or ``Codex``."""
+    if limit is None or limit.state != "limited":
+        return error
+    if limit.resets_at is None:
+        return f"{error} ({cli} usage limit reached; it did not say when it resets)"
+    resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(limit.resets_at))
+    return f"{error} ({cli} usage limit reached; it resets at {resets})"
+
+
 class Brain(abc.ABC):
     """One agent CLI."""
 
@@ -169,35 +204,6 @@ class Brain(abc.ABC):
         configuration is built over the CLI's own folder. Raises :class:`McpError`.
         Blocking (file I/O): call it in a worker thread."""
         raise McpError(f"the {self.name} brain cannot use an MCP server")
-
-
-def split_command(line: str) -> list[str]:
-    """Shell words of ``line``; an unbalanced quote gives the plain whitespace split."""
-    try:
-        return shlex.split(line)
-    except ValueError:
-        return line.split()
-
-
-def program_name(line: str) -> str:
-    """The program a command line runs: the first word that is not ``NAME=value``
-    or ``env``, as a base name (``/usr/local/bin/claude -p`` → ``claude``)."""
-    for word in split_command(line):
-        if "=" in word.split("/", 1)[0] and not word.startswith(("/", ".")):
-            continue
-        if word in ("env", "exec", "command", "nice", "nohup"):
-            continue
-        return os.path.basename(word)
-    return ""
-
-
-def has_flag(line: str, *flags: str) -> bool:
-    """Whether ``line`` already passes one of ``flags`` (alone or as ``--flag=value``)."""
-    for word in split_command(line):
-        for flag in flags:
-            if word == flag or word.startswith(flag + "="):
-                return True
-    return False
 
 
 def write_private(path: Path, text: str) -> None:

@@ -20,10 +20,9 @@ Two behaviours of the real CLI shape this module:
   ``{"type":"result","subtype":"error_during_execution","is_error":true,
   "errors":["No conversation found with session ID: <id>"], …}`` and the same
   sentence on stderr; there is no ``result`` text at all.
-"""
 
-# Over ~450 lines on purpose: one brain: the CLI's command line and its stream-json
-# events, read against recorded output of the real CLI.
+The one-line summaries of its tool calls come from :mod:`prohost.engine.brains.summaries`.
+"""
 
 from __future__ import annotations
 
@@ -31,25 +30,27 @@ import json
 import logging
 import shlex
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prohost.engine.agentproc import ProcessResult
 from prohost.engine.brains.base import (
+    MCP_SERVER_NAME,
     Brain,
     McpError,
     McpWiring,
     ToolEvent,
     ToolState,
     Turn,
+    check_mcp,
     decode_json_line,
-    has_flag,
     one_line,
-    split_command,
+    with_limit,
     write_private,
 )
+from prohost.engine.brains.cmdline import has_flag, program_index, split_command
+from prohost.engine.brains.summaries import activity, tool_summary
 from prohost.engine.limits import (
     LimitNotice,
     claude_limit_text,
@@ -61,23 +62,13 @@ from prohost.wire.runs import Mcp, Outcome
 
 log = logging.getLogger("prohost.brains.claude")
 
-#: The name the run's MCP server gets in Claude's config; its tools then appear to
-#: the agent (and in the timeline) as ``mcp__prohost__<tool>``.
-MCP_SERVER_NAME = "prohost"
-
 #: The stable half of the CLI's "No conversation found with session ID: <id>" (the
 #: id is interpolated, so the whole sentence is never a constant).
 _NO_CONVERSATION = "no conversation found"
 
-#: A tool argument longer than this is a payload (file content, a prompt), not
-#: something that says what the call is about.
-_SHORT_ARGUMENT = 200
-
 #: How much of an error or of the last assistant message goes into a failure.
 _ERROR_CHARS = 2000
 _QUOTE_CHARS = 300
-
-_FILE_TOOLS = frozenset({"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "NotebookRead"})
 
 #: What a subtype means, for a failed result that carries no text of its own.
 _SUBTYPE_SENTENCES = {
@@ -88,61 +79,6 @@ _SUBTYPE_SENTENCES = {
         "Claude Code stopped: it could not produce the requested structured output"
     ),
 }
-
-#: Words before the program on an exec line that are not the program itself.
-_LAUNCHERS = ("env", "exec", "command", "nice", "nohup")
-
-
-def tool_summary(name: str, arguments: Any) -> str:
-    """One short line saying what a tool call is about (``pytest -q``, a path…)."""
-    if not isinstance(arguments, dict):
-        return ""
-
-    def text(*keys: str) -> str:
-        for key in keys:
-            value = arguments.get(key)
-            if isinstance(value, str) and value.strip():
-                return value
-        return ""
-
-    if name == "Bash":
-        summary = text("command", "description")
-    elif name in _FILE_TOOLS:
-        summary = text("file_path", "notebook_path", "path")
-    elif name in ("Grep", "Glob"):
-        summary = text("pattern")
-    elif name == "WebFetch":
-        summary = text("url")
-    elif name == "WebSearch":
-        summary = text("query")
-    elif name in ("Task", "Agent"):
-        summary = text("description", "subagent_type")
-    elif name == "TodoWrite":
-        todos = arguments.get("todos")
-        count = len(todos) if isinstance(todos, list) else 0
-        summary = f"{count} item" if count == 1 else f"{count} items"
-    elif name.startswith("mcp__"):
-        # mcp__<server>__<tool>: the server is the same for every call of a run,
-        # the tool is what tells one call from another.
-        tool = name.split("__", 2)[-1]
-        argument = _first_string(arguments)
-        summary = f"{tool}: {argument}" if argument else tool
-    else:
-        summary = _first_string(arguments)
-    return one_line(summary)
-
-
-def _first_string(arguments: dict[str, Any]) -> str:
-    """The first short, non-empty string argument; else the first string at all."""
-    strings = [value for value in arguments.values() if isinstance(value, str) and value.strip()]
-    for value in strings:
-        if len(value) <= _SHORT_ARGUMENT:
-            return value
-    return strings[0] if strings else ""
-
-
-def _activity(name: str, summary: str) -> str:
-    return f"{name}: {summary}" if summary else name
 
 
 class ClaudeTurn(Turn):
@@ -259,7 +195,7 @@ class ClaudeTurn(Turn):
                 name = given_name if isinstance(given_name, str) and given_name else "tool"
                 summary = tool_summary(name, block.get("input"))
                 self._open[call_id] = (name, summary)
-                self.activity = _activity(name, summary)
+                self.activity = activity(name, summary)
                 events.append(ToolEvent(id=call_id, name=name, state="calling", summary=summary))
         text = "\n".join(part for part in texts if part.strip())
         if error == "rate_limit":
@@ -295,7 +231,7 @@ class ClaudeTurn(Turn):
         if events:
             if self._open:
                 name, summary = next(reversed(self._open.values()))
-                self.activity = _activity(name, summary)
+                self.activity = activity(name, summary)
             else:
                 self.activity = "thinking"
         return events
@@ -355,14 +291,7 @@ class ClaudeTurn(Turn):
             error = f"{sentence}: {detail}"
         else:
             error = detail
-        limit = self.limit
-        if limit is not None and limit.state == "limited":
-            if limit.resets_at is not None:
-                resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(limit.resets_at))
-                error += f" (Claude usage limit reached; it resets at {resets})"
-            else:
-                error += " (Claude usage limit reached; it did not say when it resets)"
-        return one_line(error, _ERROR_CHARS)
+        return one_line(with_limit(error, self.limit, "Claude"), _ERROR_CHARS)
 
     def _signed_out(self, event: dict[str, Any], detail: str) -> bool:
         return (
@@ -442,30 +371,19 @@ class ClaudeBrain(Brain):
         return ClaudeTurn()
 
     def version_command(self) -> str | None:
-        prefix: list[str] = []
-        for word in split_command(self.exec_line):
-            # NAME=value assignments and launchers stay, so the version comes from
-            # the program that will really run.
-            if word in _LAUNCHERS or (
-                "=" in word.split("/", 1)[0] and not word.startswith(("/", "."))
-            ):
-                prefix.append(word)
-                continue
-            return shlex.join([*prefix, word, "--version"])
-        return None
+        words = split_command(self.exec_line)
+        index = program_index(words)
+        if index is None:
+            return None
+        # NAME=value assignments and launchers stay, so the version comes from the
+        # program that will really run.
+        return shlex.join([*words[: index + 1], "--version"])
 
     def wire_mcp(self, mcp: Mcp, folder: Path,
                  env: Mapping[str, str] | None = None) -> McpWiring:
-        parts = urllib.parse.urlsplit(mcp.url)
-        # The URL is not echoed: a query string may carry a credential.
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise McpError("its URL is not an http:// or https:// URL")
-        if any(ch.isspace() or ord(ch) < 0x20 for ch in mcp.url):
-            raise McpError("its URL contains spaces or control characters")
+        check_mcp(mcp)
         server: dict[str, Any] = {"type": "http", "url": mcp.url}
         if mcp.token:
-            if any(ch in mcp.token for ch in "\r\n\0"):
-                raise McpError("its token contains characters an HTTP header cannot carry")
             server["headers"] = {"Authorization": f"Bearer {mcp.token}"}
         config = {"mcpServers": {MCP_SERVER_NAME: server}}
         path = folder / "mcp.json"

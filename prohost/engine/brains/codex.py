@@ -24,10 +24,11 @@ both carry Codex's "You've hit your usage limit. … Try again at …" text, whi
 becomes ``Turn.limit`` (see :mod:`prohost.engine.limits`). The reply is the text of the
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
-"""
 
-# Over ~450 lines on purpose: one brain: the CLI's command line, its event stream
-# and its MCP overlay, each read against recorded output of the real CLI.
+A run's MCP token reaches Codex through a private overlay of its CODEX_HOME
+(:mod:`prohost.engine.brains.codex_home`); the one-line summaries of its items
+come from :mod:`prohost.engine.brains.summaries`.
+"""
 
 from __future__ import annotations
 
@@ -35,42 +36,29 @@ import logging
 import os
 import shlex
 import time
-import tomllib
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prohost.engine.agentproc import ProcessResult
 from prohost.engine.brains.base import (
+    MCP_SERVER_NAME,
     Brain,
-    McpError,
     McpWiring,
     ToolEvent,
     ToolState,
     Turn,
+    check_mcp,
     decode_json_line,
-    has_flag,
-    one_line,
-    split_command,
-    write_private,
+    with_limit,
 )
+from prohost.engine.brains.cmdline import has_flag, program_index, split_command, word_spans
+from prohost.engine.brains.codex_home import CODEX_HOME_ENV, codex_home, codex_overlay, toml_string
+from prohost.engine.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
 from prohost.engine.limits import codex_limit_text, codex_rate_limits, merge
 from prohost.wire.runs import Mcp, Outcome
 
 log = logging.getLogger("prohost.brains.codex")
-
-#: The name the run's MCP server gets in Codex's ``mcp_servers`` table; its tools
-#: show up to the model under this server name.
-MCP_SERVER_NAME = "prohost"
-#: Codex's configuration folder (login, config.toml, sessions, logs).
-CODEX_HOME_ENV = "CODEX_HOME"
-#: Folders of CODEX_HOME Codex writes a run's state into: made in the real home
-#: before an overlay links to them, so nothing a run keeps is lost with it.
-_CODEX_SHARED_DIRS = ("sessions", "log")
-
-#: Words that precede the real program on a command line (as in ``program_name``).
-_PREFIX_WORDS = frozenset({"env", "exec", "command", "nice", "nohup"})
 
 #: What Codex says when ``resume <id>`` names a thread it cannot load, across
 #: versions: the app-server-based exec (0.1xx) prints
@@ -86,15 +74,6 @@ _UNKNOWN_THREAD_MARKERS = (
     "thread not loaded",
     "missing rollout path",
 )
-
-#: Timeline names per item type, kept close to Claude's tool names so a thread
-#: reads the same whichever agent ran.
-_TOOL_NAMES = {
-    "command_execution": "Bash",
-    "file_change": "Edit",
-    "mcp_tool_call": "MCP",
-    "web_search": "WebSearch",
-}
 
 #: Item statuses that mean the tool did not do what was asked. ``declined`` is a
 #: command the sandbox or policy refused to run.
@@ -197,22 +176,23 @@ class CodexTurn(Turn):
                 if isinstance(text, str):
                     self.reply = text
             return []
-        if not isinstance(item_type, str) or item_type not in _TOOL_NAMES or kind == "item.updated":
+        if (not isinstance(item_type, str) or item_type not in CODEX_TOOL_NAMES
+                or kind == "item.updated"):
             # reasoning, todo_list, error (non-fatal notices), plan, collab calls
             # and types a later Codex adds: nothing to show on the timeline.
             return []
-        name = _TOOL_NAMES[item_type]
+        name = CODEX_TOOL_NAMES[item_type]
         item_id = item.get("id")
         if isinstance(item_id, str) and item_id:
             tool_id = item_id
         else:
             self._unnamed += 1
             tool_id = f"{item_type}-{self._unnamed}"
-        summary = _summary(item_type, item)
+        summary = item_summary(item_type, item)
         state: ToolState
         if kind == "item.started":
             state = "calling"
-            self._open[tool_id] = f"{name}: {summary}" if summary else name
+            self._open[tool_id] = activity(name, summary)
         else:
             state = "error" if _failed(item) else "done"
             self._open.pop(tool_id, None)
@@ -244,13 +224,7 @@ class CodexTurn(Turn):
 
     def _with_limit(self, error: str) -> str:
         """``error``, saying so when the account's usage limit ended the turn."""
-        limit = self.limit
-        if limit is None or limit.state != "limited":
-            return error
-        if limit.resets_at is None:
-            return f"{error} (Codex usage limit reached; it did not say when it resets)"
-        resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(limit.resets_at))
-        return f"{error} (Codex usage limit reached; it resets at {resets})"
+        return with_limit(error, self.limit, "Codex")
 
     def resume_rejected(self, result: ProcessResult) -> bool:
         if result.exit_code is None or result.exit_code == 0:
@@ -333,89 +307,24 @@ class CodexBrain(Brain):
         """The run's streamable-HTTP MCP server; its token in a private CODEX_HOME.
 
         The URL goes in ``-c`` overrides. A token goes nowhere a child of the agent
-        could read it: not argv (``ps``), not the environment (every command the
-        agent runs inherits it). Codex reads a static ``Authorization`` header
-        from its config (``http_headers`` of an ``[mcp_servers.<name>]`` table:
-        ``McpServerTransportConfig::StreamableHttp`` in openai/codex
-        ``codex-rs/core/src/config/types.rs``, sent by ``build_default_headers`` in
-        ``codex-rs/rmcp-client/src/utils.rs``), and its config lives in CODEX_HOME.
-        So ``folder`` gets an overlay of the account's CODEX_HOME (``env``'s
-        ``CODEX_HOME``, else ``~/.codex``): a symlink to each of its entries, so
-        the login, sessions and logs are the real ones (a resumed thread is found,
-        a new one is kept), and a ``config.toml`` (0600) = the real one plus the
-        run's server. The agent gets ``CODEX_HOME`` pointing at the overlay.
+        could read it (see :mod:`prohost.engine.brains.codex_home`): ``folder``
+        gets an overlay of the account's CODEX_HOME (``env``'s ``CODEX_HOME``,
+        else ``~/.codex``) whose ``config.toml`` adds the run's server with its
+        header, and the agent gets ``CODEX_HOME`` pointing at the overlay.
         """
-        parts = urllib.parse.urlsplit(mcp.url)
-        # The URL is not echoed: a query string may carry a credential.
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise McpError(
-                "its URL is not an http:// or https:// URL (Codex reaches MCP servers "
-                "over streamable HTTP)"
-            )
-        if any(char.isspace() or ord(char) < 0x20 or ord(char) == 0x7F for char in mcp.url):
-            raise McpError("its URL contains spaces or control characters")
-        if mcp.token and any(char in mcp.token for char in "\r\n\0"):
-            # Codex sends it as an HTTP header.
-            raise McpError("its token contains characters an HTTP header cannot carry")
+        check_mcp(mcp, transport="Codex reaches MCP servers over streamable HTTP")
         prefix = f"mcp_servers.{MCP_SERVER_NAME}"
         args = (
             # Codex 0.4x only spoke streamable HTTP through the then-experimental
             # rmcp client; later builds made it the default and ignore the key.
             "-c", "experimental_use_rmcp_client=true",
-            "-c", f"{prefix}.url={_toml_string(mcp.url)}",
+            "-c", f"{prefix}.url={toml_string(mcp.url)}",
         )
         if not mcp.token:
             return McpWiring(args=args)
-        overlay = _codex_overlay(_codex_home(os.environ if env is None else env), folder,
-                                 mcp.url, mcp.token)
+        overlay = codex_overlay(codex_home(os.environ if env is None else env), folder,
+                                mcp.url, mcp.token)
         return McpWiring(args=args, env={CODEX_HOME_ENV: str(overlay)})
-
-
-def _codex_home(env: Mapping[str, str]) -> Path:
-    """The CODEX_HOME Codex would use with ``env``: the variable, else ``~/.codex``."""
-    named = env.get(CODEX_HOME_ENV, "").strip()
-    if named:
-        return Path(named)
-    home = env.get("HOME", "").strip()
-    return (Path(home) if home else Path.home()) / ".codex"
-
-
-def _codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
-    """``folder/codex-home``: ``base`` seen through symlinks, but for a private
-    ``config.toml`` that adds the run's MCP server with its bearer header."""
-    try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Made in the real home first: through the symlinks, Codex keeps the
-        # run's thread (resumed by the lane's next turn) and its logs there.
-        for shared in _CODEX_SHARED_DIRS:
-            (base / shared).mkdir(mode=0o700, exist_ok=True)
-        config = base / "config.toml"
-        text = config.read_text(encoding="utf-8") if config.exists() else ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise McpError(f"could not read Codex's folder {base}: "
-                       f"{getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        existing = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise McpError(f"{config} is not valid TOML ({exc}); Codex could not read it "
-                       "either: fix it") from None
-    servers = existing.get("mcp_servers")
-    if isinstance(servers, dict) and MCP_SERVER_NAME in servers:
-        raise McpError(f"{config} already defines [mcp_servers.{MCP_SERVER_NAME}]; "
-                       "rename that server, the run's own uses the name")
-    table = (f"[mcp_servers.{MCP_SERVER_NAME}]\n"
-             f"url = {_toml_string(url)}\n"
-             f"http_headers = {{ Authorization = {_toml_string('Bearer ' + token)} }}\n")
-    # A new table after the user's text: whatever table it ended in is closed.
-    combined = (text.rstrip("\n") + "\n\n" if text.strip() else "") + table
-    overlay = folder / "codex-home"
-    overlay.mkdir(mode=0o700)
-    overlay.chmod(0o700)
-    for entry in sorted(base.iterdir()):
-        if entry.name != "config.toml":
-            (overlay / entry.name).symlink_to(entry)
-    write_private(overlay / "config.toml", combined)
-    return overlay
 
 
 def _text(value: object) -> str | None:
@@ -432,120 +341,10 @@ def _failed(item: dict[str, Any]) -> bool:
     return item.get("type") == "mcp_tool_call" and isinstance(item.get("error"), dict)
 
 
-def _summary(item_type: str, item: dict[str, Any]) -> str:
-    if item_type == "command_execution":
-        command = item.get("command")
-        return one_line(_unwrap_shell(command)) if isinstance(command, str) else ""
-    if item_type == "mcp_tool_call":
-        server, tool = item.get("server"), item.get("tool")
-        names = [part for part in (server, tool) if isinstance(part, str) and part]
-        return one_line(".".join(names))
-    if item_type == "file_change":
-        changes = item.get("changes")
-        paths = [
-            change["path"]
-            for change in (changes if isinstance(changes, list) else [])
-            if isinstance(change, dict) and isinstance(change.get("path"), str)
-        ]
-        return one_line(", ".join(paths))
-    if item_type == "web_search":
-        query = item.get("query")
-        if isinstance(query, str) and query.strip():
-            return one_line(query)
-        # Newer builds start the item before the query is known and describe
-        # the search in `action` ({"type":"search","query":…} / open_page's url).
-        action = item.get("action")
-        if isinstance(action, dict):
-            for key in ("query", "url", "pattern"):
-                value = action.get(key)
-                if isinstance(value, str) and value.strip():
-                    return one_line(value)
-    return ""
-
-
-def _unwrap_shell(command: str) -> str:
-    """``bash -lc 'pytest -q'`` → ``pytest -q``: the wrapper Codex runs every
-    command in says nothing on a timeline."""
-    words = split_command(command)
-    if (
-        len(words) == 3
-        and os.path.basename(words[0]) in ("bash", "sh", "zsh")
-        and words[1] in ("-c", "-lc")
-    ):
-        return words[2]
-    return command
-
-
-def _toml_string(value: str) -> str:
-    """``value`` as a TOML basic string (what ``-c key=value`` parses)."""
-    out = ['"']
-    for char in value:
-        if char == '"':
-            out.append('\\"')
-        elif char == "\\":
-            out.append("\\\\")
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\t":
-            out.append("\\t")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(char)
-    out.append('"')
-    return "".join(out)
-
-
-def _word_spans(line: str) -> list[tuple[int, int, str]]:
-    """Each shell word of ``line`` as (start, end, unquoted value).
-
-    Edits must keep the user's own text as written (``$HOME``, ``~`` and globs
-    expand in the shell), so the line is cut at word boundaries rather than
-    re-joined from ``shlex.split``.
-    """
-    spans: list[tuple[int, int, str]] = []
-    index, size = 0, len(line)
-    while index < size:
-        if line[index].isspace():
-            index += 1
-            continue
-        start, quote = index, ""
-        while index < size:
-            char = line[index]
-            if quote == "'":
-                if char == "'":
-                    quote = ""
-            elif char == "\\":
-                index += 1  # the next character is escaped, whatever it is
-            elif quote == '"':
-                if char == '"':
-                    quote = ""
-            elif char.isspace():
-                break
-            elif char in "'\"":
-                quote = char
-            index += 1
-        end = min(index, size)
-        raw = line[start:end]
-        words = split_command(raw)
-        spans.append((start, end, words[0] if len(words) == 1 else raw))
-    return spans
-
-
-def _program_index(spans: list[tuple[int, int, str]]) -> int | None:
-    """Which word is the program (the rule of ``program_name``)."""
-    for index, (_, _, word) in enumerate(spans):
-        if "=" in word.split("/", 1)[0] and not word.startswith(("/", ".")):
-            continue
-        if word in _PREFIX_WORDS:
-            continue
-        return index
-    return None
-
-
 def _program_span(line: str) -> tuple[int, int] | None:
-    spans = _word_spans(line)
-    index = _program_index(spans)
+    """Where in ``line`` the program's word is (start, end)."""
+    spans = word_spans(line)
+    index = program_index([word for _, _, word in spans])
     return None if index is None else spans[index][:2]
 
 
@@ -553,8 +352,8 @@ def _with_exec_subcommand(line: str) -> str:
     """``codex …`` → ``codex exec …`` unless the line already runs ``exec`` (or its
     alias ``e``), so ``--exec codex`` and ``--exec 'codex exec'`` behave the same.
     Only for the ``codex`` program itself: a wrapper script is taken as written."""
-    spans = _word_spans(line)
-    index = _program_index(spans)
+    spans = word_spans(line)
+    index = program_index([word for _, _, word in spans])
     if index is None or os.path.basename(spans[index][2]) != "codex":
         return line
     rest = [word for _, _, word in spans[index + 1:]]

@@ -1,0 +1,90 @@
+"""The user's ``--exec`` line read as shell words, for every brain.
+
+A brain only ever appends to the user's line or cuts it at a word boundary: it
+never re-joins the words it parsed, since quoting them again could change what
+``$HOME``, ``~`` or a glob mean to the shell. So this module answers questions
+about the line (its words, its program, whether a flag is there) and gives word
+positions in the original text (:func:`word_spans`) for the edits.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+#: Words before the program on an exec line that are not the program itself.
+LAUNCHERS = frozenset({"env", "exec", "command", "nice", "nohup"})
+
+
+def split_command(line: str) -> list[str]:
+    """Shell words of ``line``; an unbalanced quote gives the plain whitespace split."""
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
+
+
+def program_index(words: Sequence[str]) -> int | None:
+    """Which of ``words`` is the program: the first that is not ``NAME=value`` or a
+    launcher (:data:`LAUNCHERS`); ``None`` when there is none."""
+    for index, word in enumerate(words):
+        if "=" in word.split("/", 1)[0] and not word.startswith(("/", ".")):
+            continue
+        if word in LAUNCHERS:
+            continue
+        return index
+    return None
+
+
+def program_name(line: str) -> str:
+    """The program a command line runs (the rule of :func:`program_index`), as a base
+    name (``/usr/local/bin/claude -p`` → ``claude``); ``""`` when it runs none."""
+    words = split_command(line)
+    index = program_index(words)
+    return "" if index is None else os.path.basename(words[index])
+
+
+def has_flag(line: str, *flags: str) -> bool:
+    """Whether ``line`` already passes one of ``flags`` (alone or as ``--flag=value``)."""
+    for word in split_command(line):
+        for flag in flags:
+            if word == flag or word.startswith(flag + "="):
+                return True
+    return False
+
+
+def word_spans(line: str) -> list[tuple[int, int, str]]:
+    """Each shell word of ``line`` as (start, end, unquoted value).
+
+    Edits must keep the user's own text as written (``$HOME``, ``~`` and globs
+    expand in the shell), so the line is cut at word boundaries rather than
+    re-joined from ``shlex.split``.
+    """
+    spans: list[tuple[int, int, str]] = []
+    index, size = 0, len(line)
+    while index < size:
+        if line[index].isspace():
+            index += 1
+            continue
+        start, quote = index, ""
+        while index < size:
+            char = line[index]
+            if quote == "'":
+                if char == "'":
+                    quote = ""
+            elif char == "\\":
+                index += 1  # the next character is escaped, whatever it is
+            elif quote == '"':
+                if char == '"':
+                    quote = ""
+            elif char.isspace():
+                break
+            elif char in "'\"":
+                quote = char
+            index += 1
+        end = min(index, size)
+        raw = line[start:end]
+        words = split_command(raw)
+        spans.append((start, end, words[0] if len(words) == 1 else raw))
+    return spans
