@@ -34,7 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from prohost.engine.scheduler import LaneQueue, Scheduler
+from prohost.engine.lanequeue import LaneQueue
+from prohost.engine.scheduler import Scheduler
 
 CONCURRENCY = 16
 

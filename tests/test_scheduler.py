@@ -11,10 +11,10 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.lanequeue import LaneQueue
 from prohost.engine.scheduler import (
     MAX_CONCURRENCY,
     DrainingError,
-    LaneQueue,
     QueueFullError,
     Scheduler,
     SchedulerStatistics,

@@ -1,0 +1,221 @@
+"""Per-lane FIFO queues and a heap of ready lanes: which pending run may start next.
+
+The TypeScript original found the next run by scanning every pending run for the
+first whose lane was free. That is O(n) per dispatch, and it degrades exactly when
+it matters: a busy conversation with a backlog puts its runs at the front of the
+list, and every dispatch walks past all of them. Here each lane keeps its own FIFO
+queue, and a heap holds only the *ready* lanes (free, with something queued) keyed
+by the accept sequence of the lane's head. The heap's minimum is, by construction,
+the oldest run whose lane is free, so submit and dispatch cost O(log lanes) and
+never look at a run that cannot start.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Generic, TypeVar
+
+import attrs
+
+__all__ = ["Entry", "LaneQueue"]
+
+T = TypeVar("T")
+
+
+@attrs.define(slots=True, eq=False)
+class Entry(Generic[T]):
+    """One pending run: its accept sequence, key (run id), lane and payload."""
+
+    seq: int
+    key: str
+    lane: str
+    item: T
+    removed: bool = False
+
+
+class LaneQueue(Generic[T]):
+    """Per-lane FIFO queues plus a heap of ready lanes. Pure data structure, no trio.
+
+    Invariants (checked by the tests through behaviour, relied on below):
+
+    * a lane has at most one heap entry, and ``_heaped`` is exactly the set of
+      lanes that have one (``drain`` clears both together);
+    * every lane that is free and has a live queued entry has a heap entry, keyed
+      by a sequence number at most that of the lane's head (less only after the
+      head was removed: see ``pop_ready`` for how that entry is repaired lazily);
+    * a busy lane has no heap entry, so its backlog costs the heap nothing;
+    * a held lane (:meth:`hold`) is never busy, and any heap entry it has is
+      dropped when popped and made again by :meth:`unhold`;
+    * ``_by_key`` holds exactly the live queued entries, in accept order (dicts
+      keep insertion order, and a key is inserted once, at push).
+    """
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._lanes: dict[str, deque[Entry[T]]] = {}
+        self._by_key: dict[str, Entry[T]] = {}
+        # lane -> key of the item running on it.
+        self._busy: dict[str, str] = {}
+        self._running_keys: set[str] = set()
+        self._heap: list[tuple[int, str]] = []
+        # Lanes with an entry in _heap: the guard that keeps it to one per lane.
+        self._heaped: set[str] = set()
+        # Lanes kept from starting anything while someone else works on them.
+        self._held: set[str] = set()
+
+    @property
+    def queued(self) -> int:
+        """Items waiting (not running, not removed)."""
+        return len(self._by_key)
+
+    @property
+    def running(self) -> int:
+        """Items popped and not yet released: the number of busy lanes."""
+        return len(self._busy)
+
+    @property
+    def held(self) -> int:
+        """Lanes held (:meth:`hold`)."""
+        return len(self._held)
+
+    def __contains__(self, key: object) -> bool:
+        """True while the key is queued or running (popped and not yet released)."""
+        return key in self._by_key or key in self._running_keys
+
+    def __len__(self) -> int:
+        return len(self._by_key) + len(self._busy)
+
+    def push(self, key: str, lane: str, item: T) -> None:
+        """Queue ``item`` on ``lane``. Accept order is push order. O(log lanes).
+
+        Raises ``ValueError`` if ``key`` is already queued or running: the key is
+        the run id, and running one run twice is the thing the ledger exists to stop.
+        """
+        if key in self:
+            raise ValueError(f"{key!r} is already queued or running")
+        self.push_entry(Entry(0, key, lane, item))  # seq is set there
+
+    def push_entry(self, entry: Entry[T]) -> None:
+        """:meth:`push` for an entry made beforehand (its ``seq`` is set here), whose
+        key the caller knows is neither queued nor running."""
+        key, lane = entry.key, entry.lane
+        entry.seq = self._seq
+        self._seq += 1
+        queue = self._lanes.get(lane)
+        if queue is None:
+            queue = self._lanes[lane] = deque()
+        queue.append(entry)
+        self._by_key[key] = entry
+        if lane not in self._busy and lane not in self._held and lane not in self._heaped:
+            self._heaped.add(lane)
+            heapq.heappush(self._heap, (entry.seq, lane))
+
+    def pop_ready(self) -> tuple[str, str, T] | None:
+        """Take the oldest-accepted item whose lane is free and mark that lane busy.
+
+        Returns ``(key, lane, item)``, or ``None`` when every queued item waits on a
+        busy lane (or nothing is queued). Amortised O(log lanes).
+        """
+        heap = self._heap
+        while heap:
+            seq, lane = heapq.heappop(heap)
+            self._heaped.remove(lane)
+            if self._held and lane in self._held:
+                continue  # unhold() puts it back
+            queue = self._live_queue(lane)
+            if queue is None:
+                continue
+            head = queue[0]
+            if head.seq != seq:
+                # The head this entry was keyed by was removed. The new head is
+                # younger, so it goes back in at its own place; nothing older than
+                # this entry is left in the heap, so no order was broken by
+                # popping it early.
+                self._heaped.add(lane)
+                heapq.heappush(heap, (head.seq, lane))
+                continue
+            queue.popleft()
+            del self._by_key[head.key]
+            self._busy[lane] = head.key
+            self._running_keys.add(head.key)
+            return head.key, lane, head.item
+        return None
+
+    def release(self, lane: str) -> None:
+        """The item running on ``lane`` finished: the lane's next item becomes ready.
+
+        Raises ``KeyError`` if nothing runs on ``lane``.
+        """
+        key = self._busy.pop(lane)
+        self._running_keys.discard(key)
+        # _make_ready, inlined: this runs once per run. A busy lane has no heap entry.
+        queue = self._live_queue(lane)
+        if queue is not None:
+            self._heaped.add(lane)
+            heapq.heappush(self._heap, (queue[0].seq, lane))
+
+    def hold(self, lane: str) -> bool:
+        """Keep ``lane`` from starting anything until :meth:`unhold`; its queued items
+        stay queued. False (and nothing changes) while an item runs on it or it is
+        already held."""
+        if lane in self._busy or lane in self._held:
+            return False
+        self._held.add(lane)
+        return True
+
+    def unhold(self, lane: str) -> None:
+        """End a :meth:`hold`: the lane's oldest item becomes ready again.
+
+        Raises ``KeyError`` if ``lane`` is not held.
+        """
+        self._held.remove(lane)
+        self._make_ready(lane)
+
+    def _make_ready(self, lane: str) -> None:
+        # Called when the lane has just become free (nothing runs on it, not held).
+        if lane in self._heaped:
+            return  # a held lane's entry can still be there, not yet popped
+        queue = self._live_queue(lane)
+        if queue is not None:
+            self._heaped.add(lane)
+            heapq.heappush(self._heap, (queue[0].seq, lane))
+
+    def remove(self, key: str) -> T | None:
+        """Take a queued (not running) item out. ``None`` if it isn't queued.
+
+        Amortised O(1): the entry is only marked; it leaves its lane's deque when
+        it reaches the front, and a heap entry keyed by it is repaired at pop time.
+        """
+        entry = self._by_key.pop(key, None)
+        if entry is None:
+            return None
+        entry.removed = True
+        # Trimming a removed head now keeps a cancelled backlog from pinning memory.
+        self._live_queue(entry.lane)
+        return entry.item
+
+    def drain(self) -> list[tuple[str, T]]:
+        """Remove and return every queued item, in accept order. Running items stay."""
+        items = [(entry.key, entry.item) for entry in self._by_key.values()]
+        self._by_key.clear()
+        self._lanes.clear()
+        self._heap.clear()
+        self._heaped.clear()
+        return items
+
+    def _live_queue(self, lane: str) -> deque[Entry[T]] | None:
+        """The lane's deque with removed entries trimmed off its front, or None if empty.
+
+        An empty deque is dropped so that ``_lanes`` only grows with lanes that
+        have something queued: over a long life a harness sees many conversations.
+        """
+        queue = self._lanes.get(lane)
+        if queue is None:
+            return None
+        while queue and queue[0].removed:
+            queue.popleft()
+        if not queue:
+            del self._lanes[lane]
+            return None
+        return queue
