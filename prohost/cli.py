@@ -2,35 +2,24 @@
 
 Parsing is strict and happens before anything else: a bad flag exits 2 with one
 line on stderr, before a socket is opened or a file is touched. The commands'
-implementations are imported only when they run, so ``--help`` and flag errors
-stay fast and never depend on the heavier modules.
+implementations are imported only when they run (:mod:`prohost.cli_handlers`), so
+``--help`` and flag errors stay fast and never depend on the heavier modules.
 """
-
-# Over ~450 lines on purpose: the one argparse tree of every subcommand, kept whole so
-# that `prohost --help` and each command's flags are read in one place.
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import NoReturn
 
-from prohost import __version__
-
-if TYPE_CHECKING:
-    from rich.console import Console
+from prohost import __version__, cli_handlers
+from prohost.cli_handlers import PAIR_VALUES, SERVER_VALUES
 from prohost.options import (
     DEFAULT_EXEC,
     MAX_CONCURRENCY,
     VALUE_DESCRIPTIONS,
-    OptionError,
-    check_machine,
-    check_url,
     default_machine_name,
 )
 
@@ -74,211 +63,8 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {line}\n")
 
 
-# --- handlers ----------------------------------------------------------------------
-
-
-def _fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 1
-
-
-def _agent_run(ns: argparse.Namespace) -> int:
-    from prohost.options import options_from_args
-
-    parser: ArgumentParser = ns.parser
-    try:
-        options = options_from_args(ns, os.environ, Path.cwd())
-    except OptionError as exc:
-        parser.error(str(exc))
-    from rich.console import Console
-
-    from prohost.engine.panel import use_panel
-    from prohost.engine.termout import nonblocking
-
-    # A terminal that stops reading must never stall the event loop (acks, pongs,
-    # heartbeats): the panel and the log lines are written without blocking.
-    console = Console(file=nonblocking(sys.stdout))
-    live = use_panel(console, ns.no_panel)
-    # With the panel, log lines must go through rich on the panel's console, or
-    # they would tear its frame; they then print above it.
-    setup_logging(ns.verbose, console=console if live else None,
-                  stream=nonblocking(sys.stderr))
-    from prohost.logfile import log_to_file, wants_file_logging
-
-    if wants_file_logging(os.environ):  # the service unit sets PROHOST_LOG=file
-        log_to_file(options.home, level=logging.DEBUG if ns.verbose else logging.INFO)
-        # The journal / launchd.log then only gets what escapes logging.
-        logging.getLogger("prohost").propagate = False
-    # The single-instance lock and the credentials are the harness's first steps
-    # (prohost.commands.agent), not ours: flock locks per open file, so taking it here too
-    # would make the harness find its own home locked.
-    from prohost.commands.agent import run_agent_command
-
-    return run_agent_command(options, console=console, live=live)
-
-
-def _agent_install_daemon(ns: argparse.Namespace) -> int:
-    from prohost.commands.daemon import install_daemon_command
-    from prohost.options import options_from_args
-
-    parser: ArgumentParser = ns.parser
-    try:
-        # A service cannot be told later that a checkout is missing: refuse it now.
-        options = options_from_args(ns, os.environ, Path.cwd(), require_checkouts=True)
-    except OptionError as exc:
-        parser.error(str(exc))
-    setup_logging(ns.verbose)
-    return install_daemon_command(options, print_only=ns.print_only, env=os.environ)
-
-
-def _agent_uninstall_daemon(ns: argparse.Namespace) -> int:
-    from prohost.commands.daemon import uninstall_daemon_command
-    from prohost.home import prohost_home
-
-    setup_logging(ns.verbose)
-    return uninstall_daemon_command(os.environ, prohost_home(os.environ, Path.cwd()))
-
-
-def _agent_gc(ns: argparse.Namespace) -> int:
-    import trio
-
-    from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
-    from prohost.home import prohost_home
-
-    parser: ArgumentParser = ns.parser
-    try:
-        days = (DEFAULT_OLDER_THAN_DAYS if ns.older_than is None
-                else parse_older_than(ns.older_than))
-    except ValueError as exc:
-        parser.error(str(exc))
-    setup_logging(ns.verbose)
-    return trio.run(gc_command, prohost_home(os.environ, Path.cwd()), days, ns.dry_run, ns.force)
-
-
-def _agent_status(ns: argparse.Namespace) -> int:
-    from prohost.commands.status import status_command
-    from prohost.home import prohost_home
-
-    return status_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json)
-
-
-def _agent_pair(ns: argparse.Namespace) -> int:
-    import trio
-
-    from prohost.commands.pair import pair_command
-    from prohost.home import prohost_home
-
-    parser: ArgumentParser = ns.parser
-    code = ns.code.strip()
-    try:
-        if not code:
-            raise OptionError(f"--code must be {_PAIR_VALUES['--code']} (got an empty one)")
-        url: str | None = None
-        if ns.url is not None:
-            url = check_url("--url", ns.url)
-        elif os.environ.get("PROHOST_WS_URL", "").strip():
-            url = check_url("$PROHOST_WS_URL", os.environ["PROHOST_WS_URL"])
-        machine = check_machine(ns.machine) if ns.machine is not None else default_machine_name()
-    except OptionError as exc:
-        parser.error(str(exc))
-    setup_logging(ns.verbose)
-    return trio.run(pair_command, code, url, machine, prohost_home(os.environ))
-
-
-def _parse_port(parser: ArgumentParser, raw: str) -> int:
-    digits = raw.strip()
-    if digits.isascii() and digits.isdigit() and len(digits) <= 5 and int(digits) <= 65535:
-        return int(digits)
-    parser.error(f"--port must be {_SERVER_VALUES['--port']} (got {raw!r})")
-
-
-def _server(ns: argparse.Namespace) -> int:
-    import trio
-
-    port = _parse_port(ns.parser, ns.port)
-    setup_logging(ns.verbose)
-    from prohost.server.main import run_server_command
-
-    return trio.run(run_server_command, ns.host, port, ns.faults)
-
-
-def _send(ns: argparse.Namespace) -> int:
-    import trio
-
-    setup_logging(ns.verbose)
-    from prohost.commands.send import send_command
-
-    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait)
-
-
-def _demo(ns: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from prohost.commands.demo import main as demo_main
-    from prohost.engine.panel import use_panel
-
-    console = Console()
-    # On a terminal the demo draws the live panel; log lines must then go through
-    # its console to print above it.
-    setup_logging(ns.verbose, console=console if use_panel(console, False) else None)
-    return demo_main(console)
-
-
-# --- logging -----------------------------------------------------------------------
-
-_installed_handler: logging.Handler | None = None
-
-
-def setup_logging(
-    verbose: bool, console: Console | None = None, stream: TextIO | None = None
-) -> None:
-    """Log to ``stream`` (stderr by default): rich on a terminal, plain timestamped
-    lines otherwise; through ``console`` (the live panel's) when one is given.
-
-    ``-v`` turns on debug for prohost's own loggers only: the libraries' debug
-    output (HTTP and WebSocket internals) is noise, and can carry request headers,
-    which is where the token travels.
-    """
-    global _installed_handler
-    root = logging.getLogger()
-    if _installed_handler is not None:
-        # Calling main() twice in one process (tests) must not double every line.
-        root.removeHandler(_installed_handler)
-    handler: logging.Handler
-    if console is not None:
-        from prohost.engine.panel import log_handler
-
-        handler = log_handler(console)
-    elif (stream or sys.stderr).isatty():
-        from rich.console import Console
-        from rich.logging import RichHandler
-
-        handler = RichHandler(console=Console(file=stream or sys.stderr), show_path=False)
-        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
-    else:
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        )
-    root.addHandler(handler)
-    _installed_handler = handler
-    root.setLevel(logging.INFO)
-    # httpx logs every request at INFO; the harness logs what each one meant instead.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("prohost").setLevel(logging.DEBUG if verbose else logging.INFO)
-
-
 # --- the parser tree ---------------------------------------------------------------
 
-_PAIR_VALUES = {
-    "--code": "the pairing code shown in the web app, e.g. ABCD-1234",
-    "--url": VALUE_DESCRIPTIONS["--url"],
-    "--machine": VALUE_DESCRIPTIONS["--machine"],
-}
-_SERVER_VALUES = {
-    "--host": "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0",
-    "--port": "a port number from 0 to 65535 (0 picks a free one)",
-}
 _SEND_VALUES = {
     "--server": "the reference server's http:// URL, e.g. " + DEFAULT_SEND_SERVER,
     "--conversation": "a conversation id, e.g. C42",
@@ -421,12 +207,12 @@ def build_parser() -> ArgumentParser:
     )
     _add_run_flags(run, host)
     _add_verbose(run)
-    run.set_defaults(handler=_agent_run, parser=run)
+    run.set_defaults(handler=cli_handlers.agent_run, parser=run)
 
     pair = agent_commands.add_parser(
         "pair",
         prog="prohost agent pair",
-        value_descriptions=_PAIR_VALUES,
+        value_descriptions=PAIR_VALUES,
         help="pair this machine with your account using a one-time code",
         description="Trade a one-time pairing code for this machine's credentials, saved "
         "in $PROHOST_HOME/credentials.json (mode 0600).",
@@ -446,7 +232,7 @@ def build_parser() -> ArgumentParser:
         help=f"the name this machine is shown under (default: the host name, {host!r})",
     )
     _add_verbose(pair)
-    pair.set_defaults(handler=_agent_pair, parser=pair)
+    pair.set_defaults(handler=cli_handlers.agent_pair, parser=pair)
 
     status = agent_commands.add_parser(
         "status",
@@ -461,7 +247,7 @@ def build_parser() -> ArgumentParser:
         '"age_s" added; when no agent is running it is {"running": false, ...}.',
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
-    status.set_defaults(handler=_agent_status, parser=status)
+    status.set_defaults(handler=cli_handlers.agent_status, parser=status)
 
     gc_parser = agent_commands.add_parser(
         "gc",
@@ -485,7 +271,7 @@ def build_parser() -> ArgumentParser:
         "(that work is lost)",
     )
     _add_verbose(gc_parser)
-    gc_parser.set_defaults(handler=_agent_gc, parser=gc_parser)
+    gc_parser.set_defaults(handler=cli_handlers.agent_gc, parser=gc_parser)
 
     install = agent_commands.add_parser(
         "install-daemon",
@@ -504,7 +290,7 @@ def build_parser() -> ArgumentParser:
         help="print the unit or plist instead of installing it (touches nothing)",
     )
     _add_verbose(install)
-    install.set_defaults(handler=_agent_install_daemon, parser=install)
+    install.set_defaults(handler=cli_handlers.agent_install_daemon, parser=install)
 
     uninstall = agent_commands.add_parser(
         "uninstall-daemon",
@@ -514,12 +300,12 @@ def build_parser() -> ArgumentParser:
         "$PROHOST_HOME (it drains first) and remove its unit or plist.",
     )
     _add_verbose(uninstall)
-    uninstall.set_defaults(handler=_agent_uninstall_daemon, parser=uninstall)
+    uninstall.set_defaults(handler=cli_handlers.agent_uninstall_daemon, parser=uninstall)
 
     server = commands.add_parser(
         "server",
         prog="prohost server",
-        value_descriptions=_SERVER_VALUES,
+        value_descriptions=SERVER_VALUES,
         help="run the reference server (for development, tests and demos)",
         description="Run the reference server: it signs and delivers runs to connected "
         "harnesses and collects their results.",
@@ -548,7 +334,7 @@ def build_parser() -> ArgumentParser:
         "this flag those routes do not exist (404)",
     )
     _add_verbose(server)
-    server.set_defaults(handler=_server, parser=server)
+    server.set_defaults(handler=cli_handlers.server, parser=server)
 
     send = commands.add_parser(
         "send",
@@ -574,7 +360,7 @@ def build_parser() -> ArgumentParser:
     )
     send.add_argument("text", metavar="TEXT", help="the message for the agent")
     _add_verbose(send)
-    send.set_defaults(handler=_send, parser=send)
+    send.set_defaults(handler=cli_handlers.send, parser=send)
 
     demo = commands.add_parser(
         "demo",
@@ -583,7 +369,7 @@ def build_parser() -> ArgumentParser:
         description="Run a self-contained demo on this machine.",
     )
     _add_verbose(demo)
-    demo.set_defaults(handler=_demo, parser=demo)
+    demo.set_defaults(handler=cli_handlers.demo, parser=demo)
     return top
 
 

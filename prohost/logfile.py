@@ -1,4 +1,5 @@
-"""The harness's own log file: ``$PROHOST_HOME/logs/agent.log``, rotated by size.
+"""Where prohost's log lines go: the terminal (:func:`setup_logging`), and the
+harness's own log file, ``$PROHOST_HOME/logs/agent.log``, rotated by size.
 
 A harness left running for weeks under a service manager must not fill the disk,
 and its log must be somewhere the user can find without knowing journalctl. So
@@ -16,11 +17,16 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from io import TextIOWrapper
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from prohost.home import make_private_home
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 LOG_DIR = "logs"
 LOG_FILE = "agent.log"
@@ -174,3 +180,45 @@ def add_redaction(*secrets: str, logger_names: Iterable[str] = ("", "prohost")) 
             if redacting not in handler.filters:
                 handler.addFilter(redacting)
     return redacting
+
+
+_installed_handler: logging.Handler | None = None
+
+
+def setup_logging(
+    verbose: bool, console: Console | None = None, stream: TextIO | None = None
+) -> None:
+    """Log to ``stream`` (stderr by default): rich on a terminal, plain timestamped
+    lines otherwise; through ``console`` (the live panel's) when one is given.
+
+    ``-v`` turns on debug for prohost's own loggers only: the libraries' debug
+    output (HTTP and WebSocket internals) is noise, and can carry request headers,
+    which is where the token travels.
+    """
+    global _installed_handler
+    root = logging.getLogger()
+    if _installed_handler is not None:
+        # Calling main() twice in one process (tests) must not double every line.
+        root.removeHandler(_installed_handler)
+    handler: logging.Handler
+    if console is not None:
+        from prohost.engine.panel import log_handler
+
+        handler = log_handler(console)
+    elif (stream or sys.stderr).isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(file=stream or sys.stderr), show_path=False)
+        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    else:
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
+    root.addHandler(handler)
+    _installed_handler = handler
+    root.setLevel(logging.INFO)
+    # httpx logs every request at INFO; the harness logs what each one meant instead.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("prohost").setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost import __version__, cli
+from prohost import __version__, cli, logfile
 from prohost.home import InstanceLock, load_credentials
 from prohost.options import Options
 
@@ -147,9 +147,9 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("PROHOST_HOME", str(home))
     monkeypatch.chdir(tmp_path)
     yield home
-    if cli._installed_handler is not None:
-        logging.getLogger().removeHandler(cli._installed_handler)
-        cli._installed_handler = None
+    if logfile._installed_handler is not None:
+        logging.getLogger().removeHandler(logfile._installed_handler)
+        logfile._installed_handler = None
     logging.getLogger("prohost").setLevel(logging.NOTSET)
 
 
