@@ -39,6 +39,7 @@ from prohost.engine.prompt import (
     reply_from_text,
 )
 from prohost.engine.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
+from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
 
 log = logging.getLogger("prohost.execute")
@@ -59,6 +60,13 @@ class ExecSpec:
     """``--concurrency`` above 1: other runs may share the machine."""
     secrets: tuple[str, ...]
     """The token and secret: no environment variable whose value contains one reaches the agent."""
+
+    @classmethod
+    def from_options(cls, options: Options, secrets: tuple[str, ...]) -> ExecSpec:
+        """The spec ``agent run``'s flags describe."""
+        return cls(command=options.exec_command, workdir=options.workdir,
+                   timeout_s=options.timeout_s, idle_timeout_s=options.idle_timeout_s,
+                   parallel=options.concurrency > 1, secrets=secrets)
 
 
 def _signal_name(number: int) -> str:

@@ -96,19 +96,11 @@ class Harness:
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
                          on_change=self.changed)
-        self.spec = ExecSpec(
-            command=options.exec_command,
-            workdir=options.workdir,
-            timeout_s=options.timeout_s,
-            idle_timeout_s=options.idle_timeout_s,
-            parallel=options.concurrency > 1,
-            secrets=(endpoints.token, endpoints.secret),
-        )
         self.worktrees = WorktreeManager(options.home, options.repos)
         #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         self.runner = None if ledger is None else Runner(
-            spec=self.spec,
+            spec=ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
             brain=self.brain,
             ledger=ledger,
             reporter=self.reporter,
@@ -228,7 +220,6 @@ class Harness:
         self.stopping = True
         self.exit_code = 130
         self.groups.grace_s = STOP_GRACE_S
-        # Whatever has not reported by then stays in the ledger's outbox.
         self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
