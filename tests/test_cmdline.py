@@ -24,6 +24,14 @@ from prohost.engine.brains.codex import CodexBrain
     ("/opt/a=b/claude -p", "claude"),
     ("FOO=1 BAR=2", ""),
     ("", ""),
+    # A launcher's own options, and the values some of them take, come before it.
+    ("nice -n 10 claude -p", "claude"),
+    ("nice -5 codex exec", "codex"),
+    ("nice --adjustment=3 claude", "claude"),
+    ("env -i HOME=/srv -u TERM claude -p", "claude"),
+    ("command -p claude", "claude"),
+    # An option after the program is the program's.
+    ("claude -n 10", "claude"),
 ])
 def test_the_program_is_the_first_word_that_is_no_assignment_or_launcher(
     line: str, program: str,
@@ -33,6 +41,7 @@ def test_the_program_is_the_first_word_that_is_no_assignment_or_launcher(
 
 @pytest.mark.parametrize("line", [
     "env CLAUDE_CONFIG_DIR=/srv/c claude -p", "FOO=1 claude", "claude", "exec claude -p",
+    "nice -n 10 claude -p",
 ])
 def test_claude_and_auto_agree_on_the_program(line: str) -> None:
     assert isinstance(brain_for("auto", line), ClaudeBrain)

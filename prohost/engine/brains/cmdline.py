@@ -15,6 +15,9 @@ from collections.abc import Sequence
 
 #: Words before the program on an exec line that are not the program itself.
 LAUNCHERS = frozenset({"env", "exec", "command", "nice", "nohup"})
+#: A launcher's options that take the next word as their value (``nice -n 10``,
+#: ``env -u NAME``): that word is not the program either.
+LAUNCHER_VALUE_OPTIONS = frozenset({"-n", "--adjustment", "-u", "--unset", "-C", "--chdir"})
 
 
 def split_command(line: str) -> list[str]:
@@ -26,12 +29,22 @@ def split_command(line: str) -> list[str]:
 
 
 def program_index(words: Sequence[str]) -> int | None:
-    """Which of ``words`` is the program: the first that is not ``NAME=value`` or a
-    launcher (:data:`LAUNCHERS`); ``None`` when there is none."""
+    """Which of ``words`` is the program: the first that is not ``NAME=value``, a
+    launcher (:data:`LAUNCHERS`) or a launcher's option (``nice -n 10 claude``);
+    ``None`` when there is none."""
+    after_launcher = False
+    skip_value = False
     for index, word in enumerate(words):
+        if skip_value:
+            skip_value = False
+            continue
         if "=" in word.split("/", 1)[0] and not word.startswith(("/", ".")):
             continue
         if word in LAUNCHERS:
+            after_launcher = True
+            continue
+        if after_launcher and word.startswith("-") and word != "-":
+            skip_value = word in LAUNCHER_VALUE_OPTIONS
             continue
         return index
     return None
