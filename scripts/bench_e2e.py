@@ -253,16 +253,11 @@ async def spawn_floor(count: int) -> float:
 MINIMAL_APP = r"""
 import sys, trio, hypercorn.trio
 from hypercorn.config import Config
+from prohost.server.asgi import answer_lifespan
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        return await answer_lifespan(receive, send)
     more = True
     while more:
         message = await receive()
