@@ -202,19 +202,6 @@ async def kill_harness(server: ServerHandle, harness: HarnessProcess) -> None:
     await server.wait_until(lambda s: s.connected == 0)
 
 
-async def busy_and_queued(
-    server: ServerHandle, gate: Gate, *lanes: str
-) -> tuple[str, list[str]]:
-    """A run on lane ``A`` that the harness's one slot starts, then one run on each of
-    ``lanes``, accepted but waiting behind it. Returns (busy run, waiting runs)."""
-    busy = await server.submit_run("long job", conversation_id="A")
-    await gate.wait_started(busy)
-    waiting = [await server.submit_run(f"waiting on {lane}", conversation_id=lane)
-               for lane in lanes]
-    await server.wait_until(lambda s: all(s.runs[r].state == "accepted" for r in waiting))
-    return busy, waiting
-
-
 def ledger_row(home: Path, run_id: str) -> LedgerRow:
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         row = ledger.get(run_id)

@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kit import finished, gated_harness, messages
+from tests.kit import busy_and_queued, finished, gated_harness, messages
 from tests.process_kit import alive
 
 
@@ -16,10 +16,7 @@ async def test_cancel_of_a_queued_and_of_a_running_run(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("long", conversation_id="A")
-            queued = await server.submit_run("waiting", conversation_id="B")
-            await gate.wait_started(busy)
-            await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+            busy, [queued] = await busy_and_queued(server, gate, "B")
 
             await server.cancel_run(queued, "changed my mind")
             await server.wait_until(finished(queued))
@@ -60,10 +57,7 @@ async def test_runs_the_server_no_longer_knows_are_stopped_and_not_reported(
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("long", conversation_id="A")
-            queued = await server.submit_run("waiting", conversation_id="A")
-            await gate.wait_started(busy)
-            await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+            busy, [queued] = await busy_and_queued(server, gate, "A")
             pid = gate.pids[busy]
             await server.send_raw(json.dumps(
                 {"type": "heartbeat_ack", "seq": 1, "cancel": [],

@@ -24,13 +24,13 @@ from prohost.engine.ledger import RunState
 from prohost.engine.recovery import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
+    busy_and_queued,
     finished,
     pair_home,
     running_server,
 )
 from tests.process_kit import (
     alive,
-    busy_and_queued,
     harness_process,
     kill_harness,
     ledger_row,

@@ -20,11 +20,10 @@ from prohost.engine.recovery import NOT_STARTED
 from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from prohost.server import ServerHandle
 from prohost.wire.protocol import Heartbeat, Pong, Status
-from tests.kit import agent_command, finished
+from tests.kit import agent_command, busy_and_queued, finished
 from tests.process_kit import (
     HarnessProcess,
     alive,
-    busy_and_queued,
     gated_process,
     harness_process,
     ledger_row,
