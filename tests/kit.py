@@ -228,14 +228,20 @@ class Gate:
         await self._streams[run_id].send_all(f"exit {code}\n".encode())
 
 
+async def start_run(server: ServerHandle, gate: Gate, text: str, **fields: Any) -> str:
+    """Submit a run, and return its id once the Gate's agent has started it."""
+    run_id = await server.submit_run(text, **fields)
+    await gate.wait_started(run_id)
+    return run_id
+
+
 async def busy_and_queued(
     server: ServerHandle, gate: Gate, *lanes: str
 ) -> tuple[str, list[str]]:
     """A run on lane ``A`` that the harness's one slot starts (the Gate holds it), then
     one run on each of ``lanes``, accepted but waiting behind it (on lane ``A`` too, if
     named). Returns (the busy run, the waiting runs)."""
-    busy = await server.submit_run("long job", conversation_id="A")
-    await gate.wait_started(busy)
+    busy = await start_run(server, gate, "long job", conversation_id="A")
     waiting = [await server.submit_run(f"waiting on {lane}", conversation_id=lane)
                for lane in lanes]
     await server.wait_until(lambda s: all(s.runs[r].state == "accepted" for r in waiting))

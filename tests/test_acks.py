@@ -20,6 +20,7 @@ from tests.kit import (
     run_body,
     running_harness,
     running_server,
+    start_run,
     wait_for_ack,
 )
 
@@ -43,8 +44,7 @@ async def test_200_then_204_for_the_same_run(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("hi", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "hi", conversation_id="C1")
             body = server.run(run_id).body_text
             # Redelivered while it runs: 200 again, never a second execution.
             assert await send_and_ack(running, frame(running, body, "again"), "again") == (
@@ -160,8 +160,7 @@ async def test_503_while_draining(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("keep the harness up while it drains")
-            await gate.wait_started(busy)
+            busy = await start_run(server, gate, "keep the harness up while it drains")
             running.harness.drain()
             status, reason = await send_and_ack(
                 running, frame(running, run_body("r_new"), "d1", signature=None), "d1")
@@ -178,8 +177,7 @@ async def test_ping_is_answered_with_its_id_at_once(tmp_path: Path) -> None:
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
             # A run in flight: a pong must not wait for work.
-            run_id = await server.submit_run("busy", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "busy", conversation_id="C1")
             await server.send_raw(json.dumps({"type": "ping", "id": "p-81"}))
             await server.send_raw(frame(running, run_body("r2"), "d2", event="agent.other"))
             await wait_for_ack(server, "d2")

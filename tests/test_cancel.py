@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kit import busy_and_queued, finished, gated_harness, messages
+from tests.kit import busy_and_queued, finished, gated_harness, messages, start_run
 from tests.process_kit import alive
 
 
@@ -41,8 +41,7 @@ async def test_heartbeat_ack_cancel_stops_a_run(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long")
             await server.send_raw(json.dumps(
                 {"type": "heartbeat_ack", "seq": 1, "cancel": [run_id], "unknown": []}))
             await server.wait_until(finished(run_id))
@@ -78,8 +77,7 @@ async def test_a_cancel_for_a_run_not_held_is_ignored(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("still works")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "still works")
             pid = gate.pids[run_id]
             await server.send_raw(json.dumps({"type": "cancel", "run_id": "nope"}))
             # The reader takes frames in order: once the ping after it is answered,

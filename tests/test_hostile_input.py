@@ -41,6 +41,7 @@ from tests.kit import (
     run_body,
     running_harness,
     running_server,
+    start_run,
     wait_for_ack,
 )
 
@@ -276,8 +277,7 @@ async def test_a_cancel_reason_with_a_lone_surrogate_is_reported_safely(
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long one")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long one")
             await server.send_raw(json.dumps({"type": "cancel", "run_id": run_id,
                                               "reason": "stop \ud800 now"}))
             await server.wait_until(finished(run_id))
@@ -317,8 +317,7 @@ async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
     with trio.fail_after(60):
         async with gated_harness(tmp_path, max_queued=2) as (gate, running):
             server = running.server
-            busy = await server.submit_run("takes the only slot")
-            await gate.wait_started(busy)
+            await start_run(server, gate, "takes the only slot")
 
             async def deliver(run_id: str, delivery_id: str) -> tuple[int, str]:
                 ack = await ack_to(running, json.dumps(run_body(run_id)), delivery_id)

@@ -17,7 +17,7 @@ import trio_websocket
 from prohost.engine.link import BACKOFF_CAP_S, Link, Session, backoff_delay
 from prohost.wire import protocol
 from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
-from tests.kit import finished, gated_harness, running_harness, running_server
+from tests.kit import finished, gated_harness, running_harness, running_server, start_run
 
 
 def test_backoff_is_full_jitter_capped_at_30_s() -> None:
@@ -35,8 +35,7 @@ async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long", conversation_id="C1")
             await server.drop_connections()
             # The run goes on while the harness dials again.
             await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)

@@ -28,6 +28,7 @@ from tests.kit import (
     finished,
     pair_home,
     running_server,
+    start_run,
 )
 from tests.process_kit import (
     alive,
@@ -95,8 +96,7 @@ async def test_after_a_kill_a_finished_unreported_run_posts_its_saved_outcome(
             # The server is down for completions: the report keeps being retried.
             server.state.completion_faults.extend([(503, {})] * 100)
             async with harness_process(server, home, gate.command) as first:
-                run_id = await server.submit_run("work")
-                await gate.wait_started(run_id)
+                run_id = await start_run(server, gate, "work")
                 await gate.release(run_id, "the saved answer")
                 # A completion POST is made only after the outcome is in the ledger.
                 await server.wait_until(lambda s: s.runs[run_id].completion_posts >= 1)
@@ -130,8 +130,7 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
             async with harness_process(server, home, command) as first:
-                done = await server.submit_run("quick", conversation_id="D")
-                await gate.wait_started(done)
+                done = await start_run(server, gate, "quick", conversation_id="D")
                 await gate.release(done, "quick answer")
                 await server.wait_until(finished(done))
                 # One slot: it frees for `interrupted` only once `done` is reported in

@@ -20,7 +20,7 @@ from prohost.engine.recovery import NOT_STARTED
 from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from prohost.server import ServerHandle
 from prohost.wire.protocol import Heartbeat, Pong, Status
-from tests.kit import agent_command, busy_and_queued, finished
+from tests.kit import agent_command, busy_and_queued, finished, start_run
 from tests.process_kit import (
     HarnessProcess,
     alive,
@@ -112,8 +112,7 @@ async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> N
         async with paired_with_gate(home, also_kill=pids) as (gate, server):
             command = agent_command("stubborn_tree.py", gate.port, pidfile)
             async with harness_process(server, home, command) as harness:
-                run_id = await server.submit_run("long job")
-                await gate.wait_started(run_id)
+                run_id = await start_run(server, gate, "long job")
                 pids = tree_pids(pidfile)
                 assert all(alive(pid) for pid in pids)
 
@@ -147,8 +146,7 @@ async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Pat
             command = agent_command("stubborn_tree.py", gate.port, pidfile,
                                     "--leader-ignores-term")
             async with harness_process(server, home, command) as harness:
-                run_id = await server.submit_run("long job")
-                await gate.wait_started(run_id)
+                run_id = await start_run(server, gate, "long job")
                 pids = tree_pids(pidfile)
 
                 await first_signal(server, harness, signal.SIGINT)

@@ -22,7 +22,7 @@ import trio
 
 from prohost.engine.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
 from prohost.wire.protocol import Heartbeat, Pong
-from tests.kit import finished
+from tests.kit import finished, start_run
 from tests.process_kit import gated_process
 
 #: Linux's fcntl to resize a pipe (not in the fcntl module before Python 3.10 on all builds).
@@ -101,8 +101,7 @@ async def test_a_stalled_terminal_never_blocks_acks_pongs_or_heartbeats(
                 tmp_path / "home", output=output, heartbeat_s=5
             ) as (gate, server, harness):
                 # Connected: it got past its first log lines.
-                run_id = await server.submit_run("work", conversation_id="A")
-                await gate.wait_started(run_id)
+                run_id = await start_run(server, gate, "work", conversation_id="A")
                 assert server.run(run_id).ack_statuses == [200]
 
                 await server.send_raw(json.dumps({"type": "ping", "id": "stalled"}))
