@@ -152,6 +152,17 @@ def delivery_frame(
     return json.dumps(frame)
 
 
+async def ack_to(
+    running: Running, body: dict[str, Any] | str, delivery_id: str = "d1", **frame_options: Any
+) -> Ack:
+    """Send ``body`` to the harness as a delivery, signed properly unless
+    ``frame_options`` (those of :func:`delivery_frame`) say otherwise, and return the
+    harness's ack to it."""
+    await running.server.send_raw(delivery_frame(
+        running.creds.secret, body, delivery_id=delivery_id, **frame_options))
+    return await wait_for_ack(running.server, delivery_id)
+
+
 def run_body(run_id: str, **fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "run_id": run_id,

@@ -33,6 +33,7 @@ from prohost.wire.protocol import Ack, Message, Pong
 from prohost.wire.signature import sign
 from tests.kit import (
     Running,
+    ack_to,
     agent_command,
     delivery_frame,
     finished,
@@ -42,7 +43,6 @@ from tests.kit import (
     running_harness,
     running_server,
     start_run,
-    wait_for_ack,
 )
 
 DEEP = 2_000  #: levels of nesting: over what Python's JSON parser can recurse through
@@ -70,16 +70,6 @@ async def still_serving(running: Running, tag: str) -> None:
     assert server.run(run_id).state == "completed"
     assert server.state.total_connects == 1
     assert running.exit_code == []
-
-
-def signed_frame(running: Running, body_text: str, delivery_id: str) -> str:
-    return delivery_frame(running.creds.secret, body_text, delivery_id=delivery_id)
-
-
-async def ack_to(running: Running, body_text: str, delivery_id: str = "d1") -> Ack:
-    """Deliver ``body_text``, signed properly, and return the harness's ack to it."""
-    await running.server.send_raw(signed_frame(running, body_text, delivery_id))
-    return await wait_for_ack(running.server, delivery_id)
 
 
 @asynccontextmanager
@@ -295,7 +285,8 @@ async def test_a_bug_handling_one_message_is_logged_and_the_reader_goes_on(
     with trio.fail_after(60):
         async with replying_harness(tmp_path) as (server, running):
             monkeypatch.setattr(intake, "classify", broken)
-            await server.send_raw(signed_frame(running, json.dumps(run_body("r1")), "d1"))
+            await server.send_raw(
+                delivery_frame(running.creds.secret, run_body("r1"), delivery_id="d1"))
             await ping_round_trip(running, "after the bug")
             record = next(r for r in caplog.records if "could not be handled" in r.getMessage())
             assert record.levelno == logging.ERROR and record.exc_info is not None
@@ -320,7 +311,7 @@ async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
             await start_run(server, gate, "takes the only slot")
 
             async def deliver(run_id: str, delivery_id: str) -> tuple[int, str]:
-                ack = await ack_to(running, json.dumps(run_body(run_id)), delivery_id)
+                ack = await ack_to(running, run_body(run_id), delivery_id)
                 return ack.status, ack.reason
 
             assert await deliver("q1", "d1") == (200, "accepted")
