@@ -547,6 +547,7 @@ def test_a_unit_holding_an_api_key_is_private(tmp_path: Path, paired: dict[str, 
          "systemctl --user daemon-reload && systemctl --user enable --now {label}.service"),
         ("darwin", "launchctl bootstrap gui/{uid} {path}"),
     ],
+    ids=["systemd", "launchd"],
 )
 def test_install_without_the_service_manager_says_what_to_run(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str],

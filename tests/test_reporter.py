@@ -186,6 +186,7 @@ async def test_408_is_retried(autojump_clock: Any) -> None:
 @pytest.mark.parametrize(
     ("status", "body", "kind"),
     [(409, b"already completed", "already"), (404, b"no such run", "closed")],
+    ids=["409-already", "404-closed"],
 )
 async def test_409_and_404_settle_at_the_first_answer(
     autojump_clock: Any, status: int, body: bytes, kind: str
