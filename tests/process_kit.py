@@ -253,7 +253,8 @@ async def gated_process(
     **server_config: Any,
 ) -> AsyncIterator[tuple[Gate, ServerHandle, HarnessProcess]]:
     """:func:`paired_with_gate`, and one :func:`harness_process` on ``home`` whose
-    agents are the Gate's (the options are :func:`harness_process`'s)."""
+    agents are the Gate's. ``connected``, ``extra_env`` and ``output`` are
+    :func:`harness_process`'s; the other keywords configure the server."""
     async with paired_with_gate(home, **server_config) as (gate, server), harness_process(
         server, home, gate.command, connected=connected, extra_env=extra_env, output=output
     ) as harness:

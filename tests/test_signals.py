@@ -1,6 +1,6 @@
 """§9 shutdown: the first, second and third SIGINT/SIGTERM sent to a real harness process.
 
-The harness is a ``python -m prohost agent run`` subprocess (see tests/test_restart.py
+The harness is a ``python -m prohost agent run`` subprocess (see tests/process_kit.py
 for the helpers); agents are the test's gated fakes. Nothing sleeps: the tests wait
 on server state, the Gate, the harness's log and process exits, and never assert how
 fast anything was.
