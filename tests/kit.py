@@ -153,6 +153,17 @@ def delivery_frame(
     return json.dumps(frame)
 
 
+async def ack_to(
+    running: Running, body: dict[str, Any] | str, delivery_id: str = "d1", **frame_options: Any
+) -> Ack:
+    """Send ``body`` to the harness as a delivery, signed properly unless
+    ``frame_options`` (those of :func:`delivery_frame`) say otherwise, and return the
+    harness's ack to it."""
+    await running.server.send_raw(delivery_frame(
+        running.creds.secret, body, delivery_id=delivery_id, **frame_options))
+    return await wait_for_ack(running.server, delivery_id)
+
+
 def run_body(run_id: str, **fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "run_id": run_id,
@@ -227,6 +238,26 @@ class Gate:
 
     async def fail(self, run_id: str, code: int) -> None:
         await self._streams[run_id].send_all(f"exit {code}\n".encode())
+
+
+async def start_run(server: ServerHandle, gate: Gate, text: str, **fields: Any) -> str:
+    """Submit a run, and return its id once the Gate's agent has started it."""
+    run_id = await server.submit_run(text, **fields)
+    await gate.wait_started(run_id)
+    return run_id
+
+
+async def busy_and_queued(
+    server: ServerHandle, gate: Gate, *lanes: str
+) -> tuple[str, list[str]]:
+    """A run on lane ``A`` that the harness's one slot starts (the Gate holds it), then
+    one run on each of ``lanes``, accepted but waiting behind it (on lane ``A`` too, if
+    named). Returns (the busy run, the waiting runs)."""
+    busy = await start_run(server, gate, "long job", conversation_id="A")
+    waiting = [await server.submit_run(f"waiting on {lane}", conversation_id=lane)
+               for lane in lanes]
+    await server.wait_until(lambda s: all(s.runs[r].state == "accepted" for r in waiting))
+    return busy, waiting
 
 
 def run_state(server: ServerHandle, run_id: str) -> str:

@@ -2,7 +2,8 @@
 
 ``python -m prohost agent run`` on a home paired with the in-process reference
 server, its log captured, and helpers to wait for processes to be gone, read the
-ledger and redeliver runs. Used by tests/test_restart.py and tests/test_signals.py.
+ledger and redeliver runs. Used by tests/test_restart.py, tests/test_signals.py and
+tests/test_stalled_terminal.py.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ class HarnessProcess:
         """SIGKILL: the harness gets no chance to do anything (§7's ``kill -9``)."""
         self.proc.send_signal(signal.SIGKILL)
         assert await self.proc.wait() == -signal.SIGKILL
+
+    async def wait_clean_exit(self) -> int:
+        """The harness's exit status, once it has exited and its log is complete;
+        the log must show no traceback."""
+        code = await self.proc.wait()
+        await self.wait_log_closed()
+        assert self.tracebacks() == [], "the harness's log shows a traceback"
+        return code
 
 
 @asynccontextmanager
@@ -187,6 +196,12 @@ async def until(server: ServerHandle, gate: Gate, predicate: Callable[[], bool])
         nursery.start_soon(on_gate)
 
 
+async def kill_harness(server: ServerHandle, harness: HarnessProcess) -> None:
+    """SIGKILL the harness, and return once the server has seen its connection go."""
+    await harness.kill()
+    await server.wait_until(lambda s: s.connected == 0)
+
+
 def ledger_row(home: Path, run_id: str) -> LedgerRow:
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         row = ledger.get(run_id)
@@ -226,3 +241,21 @@ async def paired_with_gate(
         finally:
             kill_leftovers([*gate.pids.values(), *also_kill])
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def gated_process(
+    home: Path,
+    *,
+    connected: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    output: int | None = None,
+    **server_config: Any,
+) -> AsyncIterator[tuple[Gate, ServerHandle, HarnessProcess]]:
+    """:func:`paired_with_gate`, and one :func:`harness_process` on ``home`` whose
+    agents are the Gate's. ``connected``, ``extra_env`` and ``output`` are
+    :func:`harness_process`'s; the other keywords configure the server."""
+    async with paired_with_gate(home, **server_config) as (gate, server), harness_process(
+        server, home, gate.command, connected=connected, extra_env=extra_env, output=output
+    ) as harness:
+        yield gate, server, harness

@@ -13,6 +13,7 @@ import trio
 from prohost.wire.protocol import Pong
 from tests.kit import (
     Running,
+    ack_to,
     agent_command,
     delivery_frame,
     finished,
@@ -20,13 +21,16 @@ from tests.kit import (
     run_body,
     running_harness,
     running_server,
+    start_run,
     wait_for_ack,
 )
 
 
-async def send_and_ack(running: Running, frame: str, delivery_id: str) -> tuple[int, str]:
-    await running.server.send_raw(frame)
-    ack = await wait_for_ack(running.server, delivery_id)
+async def status_of(
+    running: Running, body: Any, delivery_id: str = "d1", **frame_options: Any
+) -> tuple[int, str]:
+    """The status and reason of the harness's ack to ``body``, delivered (:func:`ack_to`)."""
+    ack = await ack_to(running, body, delivery_id, **frame_options)
     return ack.status, ack.reason
 
 
@@ -43,17 +47,14 @@ async def test_200_then_204_for_the_same_run(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("hi", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "hi", conversation_id="C1")
             body = server.run(run_id).body_text
             # Redelivered while it runs: 200 again, never a second execution.
-            assert await send_and_ack(running, frame(running, body, "again"), "again") == (
-                200, "already accepted")
+            assert await status_of(running, body, "again") == (200, "already accepted")
             await gate.release(run_id, "answer")
             await running.harness.wait_released(run_id)
             # Redelivered after its report settled: 204.
-            assert await send_and_ack(running, frame(running, body, "late"), "late") == (
-                204, "already reported")
+            assert await status_of(running, body, "late") == (204, "already reported")
             assert gate.started == [run_id]
             assert server.run(run_id).completion_posts == 1
 
@@ -63,8 +64,7 @@ async def test_204_for_an_event_other_than_agent_run(tmp_path: Path, reply_agent
         async with running_server() as server, running_harness(
             server, tmp_path, exec_command=reply_agent
         ) as running:
-            status, _ = await send_and_ack(
-                running, frame(running, run_body("r1"), "d1", event="agent.ping"), "d1")
+            status, _ = await status_of(running, run_body("r1"), event="agent.ping")
             assert status == 204
             assert not running.harness.held
 
@@ -98,7 +98,7 @@ async def test_400_names_the_field(tmp_path: Path, reply_agent: str, body: str,
         async with running_server() as server, running_harness(
             server, tmp_path, exec_command=reply_agent
         ) as running:
-            status, reason = await send_and_ack(running, frame(running, body, "d1"), "d1")
+            status, reason = await status_of(running, body)
             assert status == 400
             assert field in reason
             assert not running.harness.held
@@ -119,8 +119,7 @@ async def test_401_for_a_bad_signature(tmp_path: Path, reply_agent: str,
         async with running_server() as server, running_harness(
             server, tmp_path, exec_command=reply_agent
         ) as running:
-            status, reason = await send_and_ack(
-                running, frame(running, run_body("r1"), "d1", **kwargs), "d1")
+            status, reason = await status_of(running, run_body("r1"), **kwargs)
             assert status == 401
             assert words in reason
             assert not running.harness.held
@@ -132,8 +131,7 @@ async def test_allow_unverified_accepts_a_bad_signature(tmp_path: Path, reply_ag
         async with running_server() as server, running_harness(
             server, tmp_path, exec_command=reply_agent, allow_unverified=True
         ) as running:
-            status, _ = await send_and_ack(
-                running, frame(running, run_body("r1"), "d1", signature="v1=00"), "d1")
+            status, _ = await status_of(running, run_body("r1"), signature="v1=00")
             assert status == 200
             assert "without a valid signature" in caplog.text
 
@@ -145,14 +143,13 @@ async def test_413_beats_every_other_fault(tmp_path: Path, reply_agent: str) -> 
         ) as running:
             huge = json.dumps(run_body("r1", text="x" * (1024 * 1024)))
             # Unsigned and over 1 MiB: the size is what the ack names.
-            status, _ = await send_and_ack(
-                running, frame(running, huge, "d1", signature=None), "d1")
+            status, _ = await status_of(running, huge, signature=None)
             assert status == 413
             # Exactly 1 MiB is not "over".
             padding = 1024 * 1024 - len(json.dumps(run_body("r2", text="")))
             exact = json.dumps(run_body("r2", text="y" * padding))
             assert len(exact.encode()) == 1024 * 1024
-            status, _ = await send_and_ack(running, frame(running, exact, "d2"), "d2")
+            status, _ = await status_of(running, exact, "d2")
             assert status == 200
 
 
@@ -160,11 +157,9 @@ async def test_503_while_draining(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("keep the harness up while it drains")
-            await gate.wait_started(busy)
+            busy = await start_run(server, gate, "keep the harness up while it drains")
             running.harness.drain()
-            status, reason = await send_and_ack(
-                running, frame(running, run_body("r_new"), "d1", signature=None), "d1")
+            status, reason = await status_of(running, run_body("r_new"), signature=None)
             # Draining outranks the bad signature.
             assert status == 503
             assert "shutting down" in reason
@@ -178,8 +173,7 @@ async def test_ping_is_answered_with_its_id_at_once(tmp_path: Path) -> None:
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
             # A run in flight: a pong must not wait for work.
-            run_id = await server.submit_run("busy", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "busy", conversation_id="C1")
             await server.send_raw(json.dumps({"type": "ping", "id": "p-81"}))
             await server.send_raw(frame(running, run_body("r2"), "d2", event="agent.other"))
             await wait_for_ack(server, "d2")

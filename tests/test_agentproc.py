@@ -13,6 +13,7 @@ import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -32,6 +33,16 @@ def agent(name: str, *args: str | Path) -> str:
 
 def env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+async def run_here(
+    command: str, tmp_path: Path, groups: ProcessGroups, **options: Any
+) -> ProcessResult:
+    """run_agent in ``tmp_path`` with these ``groups``; unless ``options`` say otherwise,
+    with an empty prompt and nothing but PATH in its environment."""
+    options.setdefault("stdin_text", "")
+    options.setdefault("env", env())
+    return await run_agent(command, cwd=tmp_path, groups=groups, **options)
 
 
 @pytest.fixture
@@ -94,12 +105,11 @@ def _alive(pid: int) -> bool:
 async def test_reply_on_stdout_and_prompt_on_stdin(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(10):
         saved = tmp_path / "prompt.txt"
-        result = await run_agent(
+        result = await run_here(
             agent("reply.py", "--prompt-to", saved, "  hello there\n"),
+            tmp_path,
+            groups,
             stdin_text="the prompt ✓",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
         )
     assert result.exit_code == 0
     assert result.signal is None
@@ -115,7 +125,7 @@ async def test_nonzero_exit_keeps_the_last_stderr_line(
     tmp_path: Path, groups: ProcessGroups
 ) -> None:
     with trio.fail_after(10):
-        result = await run_agent(
+        result = await run_here(
             agent(
                 "reply.py",
                 "--stderr",
@@ -128,10 +138,8 @@ async def test_nonzero_exit_keeps_the_last_stderr_line(
                 "3",
                 "",
             ),
-            stdin_text="",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
+            tmp_path,
+            groups,
         )
     assert result.exit_code == 3
     assert result.signal is None
@@ -140,22 +148,14 @@ async def test_nonzero_exit_keeps_the_last_stderr_line(
 
 async def test_long_stderr_line_is_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(10):
-        result = await run_agent(
-            "printf 'x%.0s' $(seq 1 3000) >&2; exit 1",
-            stdin_text="",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
-        )
+        result = await run_here("printf 'x%.0s' $(seq 1 3000) >&2; exit 1", tmp_path, groups)
     assert result.exit_code == 1
     assert result.last_stderr_line == "x" * 500
 
 
 async def test_killed_by_a_signal(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(10):
-        result = await run_agent(
-            "kill -KILL $$", stdin_text="", cwd=tmp_path, env=env(), groups=groups
-        )
+        result = await run_here("kill -KILL $$", tmp_path, groups)
     assert result.exit_code is None
     assert result.signal == signal.SIGKILL
     assert result.timed_out is None
@@ -167,12 +167,11 @@ async def test_an_agent_that_never_reads_stdin_gets_through(
     # Both ways are far more than a pipe buffer holds: a harness that finished
     # writing the prompt before reading would wait on an agent waiting on it.
     with trio.fail_after(10):
-        result = await run_agent(
+        result = await run_here(
             agent("reply.py", "--no-read", "--times", str(MIB), "d"),
+            tmp_path,
+            groups,
             stdin_text="p" * (4 * MIB),
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
         )
     assert result.exit_code == 0
     assert result.stdout == b"d" * MIB
@@ -205,9 +204,9 @@ class Puppeteer:
         self._changed = trio.Event()
 
     async def run(self, tmp_path: Path, groups: ProcessGroups, idle_timeout_s: float) -> None:
-        self.result = await run_agent(
-            agent("puppet.py", self.port), stdin_text="", cwd=tmp_path, env=env(),
-            groups=groups, idle_timeout_s=idle_timeout_s, on_output=self.on_output,
+        self.result = await run_here(
+            agent("puppet.py", self.port), tmp_path, groups,
+            idle_timeout_s=idle_timeout_s, on_output=self.on_output,
         )
         self._poke()
 
@@ -269,12 +268,10 @@ async def test_flood_keeps_memory_bounded(tmp_path: Path, groups: ProcessGroups)
     tracemalloc.start()
     try:
         with trio.fail_after(15):
-            result = await run_agent(
+            result = await run_here(
                 agent("flood.py", "50"),
-                stdin_text="",
-                cwd=tmp_path,
-                env=env(),
-                groups=groups,
+                tmp_path,
+                groups,
                 max_stdout_bytes=MIB,
                 on_stdout_line=lambda line: lines.append(len(line)),
             )
@@ -296,12 +293,10 @@ async def test_flood_keeps_memory_bounded(tmp_path: Path, groups: ProcessGroups)
 async def test_stdout_lines_are_split_and_bounded(tmp_path: Path, groups: ProcessGroups) -> None:
     seen: list[bytes] = []
     with trio.fail_after(10):
-        result = await run_agent(
+        result = await run_here(
             agent("lines.py"),
-            stdin_text="",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
+            tmp_path,
+            groups,
             max_stdout_bytes=16,
             on_stdout_line=seen.append,
         )
@@ -317,12 +312,11 @@ async def test_runs_in_cwd_with_exactly_env(tmp_path: Path, groups: ProcessGroup
     os.environ["PROHOST_TEST_LEAK"] = "must not be inherited"
     try:
         with trio.fail_after(10):
-            result = await run_agent(
+            result = await run_here(
                 agent("env_dump.py"),
-                stdin_text="",
-                cwd=tmp_path,
+                tmp_path,
+                groups,
                 env={**env(), "ONLY_THIS": "yes"},
-                groups=groups,
             )
     finally:
         del os.environ["PROHOST_TEST_LEAK"]
@@ -348,9 +342,7 @@ async def test_group_is_registered_while_it_lives(tmp_path: Path, groups: Proces
         spawned.append(pgid)
 
     with trio.fail_after(10):
-        await run_agent(
-            "true", stdin_text="", cwd=tmp_path, env=env(), groups=groups, on_spawn=on_spawn
-        )
+        await run_here("true", tmp_path, groups, on_spawn=on_spawn)
     assert len(spawned) == 1
     assert len(groups) == 0
 
@@ -359,13 +351,7 @@ async def test_normal_exit_sweeps_the_group(
     tmp_path: Path, groups: ProcessGroups, pidfile: Path
 ) -> None:
     with trio.fail_after(10):
-        result = await run_agent(
-            agent("stubborn.py", pidfile, "--then", "exit"),
-            stdin_text="",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
-        )
+        result = await run_here(agent("stubborn.py", pidfile, "--then", "exit"), tmp_path, groups)
         assert result.exit_code == 0
         assert result.stdout == b"ready\n"
         await assert_gone(pidfile)
@@ -401,10 +387,9 @@ async def _stopped_by_a_timer(
         leader.append(os.pidfd_open(pgid))
 
     async def run_it() -> None:
-        result.append(await run_agent(
-            agent("stubborn.py", pidfile), stdin_text="", cwd=tmp_path,
-            env=env(), groups=groups, deadline=deadline, idle_timeout_s=idle_timeout_s,
-            on_spawn=on_spawn, on_stdout_line=on_line,
+        result.append(await run_here(
+            agent("stubborn.py", pidfile), tmp_path, groups, deadline=deadline,
+            idle_timeout_s=idle_timeout_s, on_spawn=on_spawn, on_stdout_line=on_line,
         ))
 
     try:
@@ -481,14 +466,7 @@ async def test_cancel_kills_the_group_and_reraises(
 async def _run_until_cancelled(
     tmp_path: Path, groups: ProcessGroups, pidfile: Path, on_line: Callable[[bytes], None]
 ) -> None:
-    await run_agent(
-        agent("stubborn.py", pidfile),
-        stdin_text="",
-        cwd=tmp_path,
-        env=env(),
-        groups=groups,
-        on_stdout_line=on_line,
-    )
+    await run_here(agent("stubborn.py", pidfile), tmp_path, groups, on_stdout_line=on_line)
 
 
 async def test_kill_all_reaches_a_running_group(
@@ -499,12 +477,10 @@ async def test_kill_all_reaches_a_running_group(
             groups.kill_all(signal.SIGKILL)
 
     with trio.fail_after(10):
-        result = await run_agent(
+        result = await run_here(
             agent("stubborn.py", pidfile),
-            stdin_text="",
-            cwd=tmp_path,
-            env=env(),
-            groups=groups,
+            tmp_path,
+            groups,
             on_stdout_line=on_line,
         )
         assert result.signal == signal.SIGKILL

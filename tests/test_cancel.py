@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kit import finished, gated_harness, messages
+from tests.kit import busy_and_queued, finished, gated_harness, messages, start_run
 from tests.process_kit import alive
 
 
@@ -16,10 +16,7 @@ async def test_cancel_of_a_queued_and_of_a_running_run(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("long", conversation_id="A")
-            queued = await server.submit_run("waiting", conversation_id="B")
-            await gate.wait_started(busy)
-            await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+            busy, [queued] = await busy_and_queued(server, gate, "B")
 
             await server.cancel_run(queued, "changed my mind")
             await server.wait_until(finished(queued))
@@ -44,8 +41,7 @@ async def test_heartbeat_ack_cancel_stops_a_run(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long")
             await server.send_raw(json.dumps(
                 {"type": "heartbeat_ack", "seq": 1, "cancel": [run_id], "unknown": []}))
             await server.wait_until(finished(run_id))
@@ -60,10 +56,7 @@ async def test_runs_the_server_no_longer_knows_are_stopped_and_not_reported(
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            busy = await server.submit_run("long", conversation_id="A")
-            queued = await server.submit_run("waiting", conversation_id="A")
-            await gate.wait_started(busy)
-            await server.wait_until(lambda s: s.runs[queued].state == "accepted")
+            busy, [queued] = await busy_and_queued(server, gate, "A")
             pid = gate.pids[busy]
             await server.send_raw(json.dumps(
                 {"type": "heartbeat_ack", "seq": 1, "cancel": [],
@@ -84,8 +77,7 @@ async def test_a_cancel_for_a_run_not_held_is_ignored(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("still works")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "still works")
             pid = gate.pids[run_id]
             await server.send_raw(json.dumps({"type": "cancel", "run_id": "nope"}))
             # The reader takes frames in order: once the ping after it is answered,

@@ -59,18 +59,24 @@ def round_trip(program: list[str], env: Mapping[str, str], cwd: Path) -> Options
 _C_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "s": " ", "r": "\r"}
 
 
-def _specifiers(value: str) -> str:
-    """systemd's first pass over a value: %% is %, and no other specifier may appear."""
+def _undouble(value: str, char: str, lone: str) -> str:
+    """``char`` doubled stands for one ``char``; a lone one would be ``lone`` (a
+    substitution systemd would make), which must not appear."""
     out, i = [], 0
     while i < len(value):
-        if value[i] == "%":
-            assert value[i + 1 : i + 2] == "%", f"unescaped specifier in {value!r}"
-            out.append("%")
+        if value[i] == char:
+            assert value[i + 1 : i + 2] == char, f"{lone} in {value!r}"
+            out.append(char)
             i += 2
         else:
             out.append(value[i])
             i += 1
     return "".join(out)
+
+
+def _specifiers(value: str) -> str:
+    """systemd's first pass over a value: %% is %, and no other specifier may appear."""
+    return _undouble(value, "%", "unescaped specifier")
 
 
 def systemd_split(value: str) -> list[str]:
@@ -113,16 +119,7 @@ def systemd_split(value: str) -> list[str]:
 
 def exec_dollars(word: str) -> str:
     """ExecStart's last pass: $$ is $, and a $NAME would be substituted (must not occur)."""
-    out, i = [], 0
-    while i < len(word):
-        if word[i] == "$":
-            assert word[i + 1 : i + 2] == "$", f"variable substitution in {word!r}"
-            out.append("$")
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return "".join(out)
+    return _undouble(word, "$", "variable substitution")
 
 
 @attrs.frozen
@@ -543,19 +540,28 @@ def test_a_unit_holding_an_api_key_is_private(tmp_path: Path, paired: dict[str, 
     assert stat.S_IMODE(unit_path(spec, "linux", env).stat().st_mode) == 0o600
 
 
-def test_install_without_systemctl_says_what_to_run(
-    tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("platform", "advice"),
+    [
+        ("linux",
+         "systemctl --user daemon-reload && systemctl --user enable --now {label}.service"),
+        ("darwin", "launchctl bootstrap gui/{uid} {path}"),
+    ],
+    ids=["systemd", "launchd"],
+)
+def test_install_without_the_service_manager_says_what_to_run(
+    tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str],
+    platform: str, advice: str,
 ) -> None:
+    """No systemctl (launchctl) on PATH: the unit is written all the same, and the
+    error says where, and the command to run to load it."""
     options, spec = _spec(paired, tmp_path)
-    assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 1
-    path = unit_path(spec, "linux", paired)
+    assert install_daemon_command(options, print_only=False, env=paired, platform=platform) == 1
+    path = unit_path(spec, platform, paired)
     assert path.exists()
     err = capsys.readouterr().err
     assert str(path) in err
-    assert (
-        f"systemctl --user daemon-reload && systemctl --user enable --now {spec.label}.service"
-        in err
-    )
+    assert advice.format(label=spec.label, uid=os.getuid(), path=path) in err
 
 
 def test_install_when_systemctl_fails_says_what_to_run(
@@ -713,16 +719,6 @@ def test_launchd_install_and_uninstall(
     assert calls(record)[-1] == f"bootout {target}"
     assert uninstall_daemon_command(paired, options.home, platform="darwin") == 0
     assert "no prohost service is installed" in capsys.readouterr().out
-
-
-def test_launchd_install_without_launchctl_says_what_to_run(
-    tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    options, spec = _spec(paired, tmp_path)
-    assert install_daemon_command(options, print_only=False, env=paired, platform="darwin") == 1
-    path = unit_path(spec, "darwin", paired)
-    assert path.exists()
-    assert f"launchctl bootstrap gui/{os.getuid()} {path}" in capsys.readouterr().err
 
 
 def test_repos_round_trip_once_options_has_them(tmp_path: Path) -> None:

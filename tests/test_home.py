@@ -338,13 +338,20 @@ GOOD_ANSWER = {
 }
 
 
+async def pair_with(
+    status: int, answer: object, home: Path, seen: list[dict[str, Any]] | None = None
+) -> int:
+    """``prohost agent pair ABCD-1234 --machine studio`` against a server that answers
+    every request with ``status`` and ``answer`` (recorded in ``seen``); its exit code."""
+    with trio.fail_after(30):
+        async with serving(pair_app(status, answer, [] if seen is None else seen)) as base:
+            return await pair_command("ABCD-1234", ws_url(base), "studio", home)
+
+
 async def test_pair_saves_credentials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     seen: list[dict[str, Any]] = []
-    with trio.fail_after(30):
-        async with serving(pair_app(200, GOOD_ANSWER, seen)) as base:
-            url = ws_url(base)
-            code = await pair_command("ABCD-1234", url, "studio", home)
+    code = await pair_with(200, GOOD_ANSWER, home, seen)
     assert code == 0
     assert len(seen) == 1
     assert seen[0]["method"] == "POST"
@@ -367,10 +374,7 @@ async def test_pair_refused_prints_the_servers_error(
 ) -> None:
     home = tmp_path / "home"
     answer = {"error": "this pairing code has expired"}
-    with trio.fail_after(30):
-        async with serving(pair_app(403, answer, [])) as base:
-            url = ws_url(base)
-            code = await pair_command("ABCD-1234", url, "studio", home)
+    code = await pair_with(403, answer, home)
     assert code == 1
     out, err = capsys.readouterr()
     assert out == ""
@@ -392,10 +396,7 @@ async def test_pair_refuses_an_incomplete_answer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: object, expected: str
 ) -> None:
     home = tmp_path / "home"
-    with trio.fail_after(30):
-        async with serving(pair_app(200, answer, [])) as base:
-            url = ws_url(base)
-            code = await pair_command("ABCD-1234", url, "studio", home)
+    code = await pair_with(200, answer, home)
     assert code == 1
     _, err = capsys.readouterr()
     assert err.count("\n") == 1

@@ -14,6 +14,8 @@ import json
 import logging
 import random
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,13 @@ import trio_websocket
 from prohost.engine.harness import Harness
 from prohost.engine.link import Endpoints, Link, Session
 from prohost.options import Options
+from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Message, Pong
 from prohost.wire.signature import sign
 from tests.kit import (
     Running,
+    ack_to,
     agent_command,
     delivery_frame,
     finished,
@@ -38,7 +42,7 @@ from tests.kit import (
     run_body,
     running_harness,
     running_server,
-    wait_for_ack,
+    start_run,
 )
 
 DEEP = 2_000  #: levels of nesting: over what Python's JSON parser can recurse through
@@ -68,13 +72,13 @@ async def still_serving(running: Running, tag: str) -> None:
     assert running.exit_code == []
 
 
-def signed_frame(running: Running, body_text: str, delivery_id: str) -> str:
-    return delivery_frame(running.creds.secret, body_text, delivery_id=delivery_id)
-
-
-@pytest.fixture
-def reply_agent() -> str:
-    return agent_command("reply.py", "fine")
+@asynccontextmanager
+async def replying_harness(tmp_path: Path) -> AsyncIterator[tuple[ServerHandle, Running]]:
+    """A reference server, and the harness on it, whose agent replies "fine"."""
+    async with running_server() as server, running_harness(
+        server, tmp_path, exec_command=agent_command("reply.py", "fine")
+    ) as running:
+        yield server, running
 
 
 # --------------------------------------------------------------------------- reproductions
@@ -82,13 +86,11 @@ def reply_agent() -> str:
 
 @pytest.mark.parametrize("levels", [DEEP, 100_000])
 async def test_reproduction_2_a_deeply_nested_frame_is_dropped(
-    tmp_path: Path, reply_agent: str, levels: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, levels: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Once: RecursionError out of the reader, the supervisor gone, every agent killed.
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (server, running):
             await server.send_raw('{"type":"ping","id":"deep","x":' + deep(levels) + "}")
             await ping_round_trip(running, "after")
             assert "deep" not in pongs(running)
@@ -96,16 +98,11 @@ async def test_reproduction_2_a_deeply_nested_frame_is_dropped(
             await still_serving(running, "deep")
 
 
-async def test_reproduction_2_a_deeply_nested_body_is_400(
-    tmp_path: Path, reply_agent: str
-) -> None:
+async def test_reproduction_2_a_deeply_nested_body_is_400(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (_, running):
             body = json.dumps(run_body("r_deep"))[:-1] + ', "x": ' + deep(DEEP) + "}"
-            await server.send_raw(signed_frame(running, body, "d1"))
-            ack = await wait_for_ack(server, "d1")
+            ack = await ack_to(running, body)
             assert (ack.status, ack.reason) == (400, "body is not JSON: nested too deeply")
             assert not running.harness.held
             await still_serving(running, "deep-body")
@@ -116,21 +113,18 @@ async def test_reproduction_2_a_deeply_nested_body_is_400(
     [("text", True), ("conversation_id", True), ("text", False), ("author", True)],
 )
 async def test_reproduction_3_a_lone_surrogate_is_400_naming_the_field(
-    tmp_path: Path, reply_agent: str, field: str, escape: bool
+    tmp_path: Path, field: str, escape: bool
 ) -> None:
     # Once: UnicodeEncodeError out of the reader (signing the body, or writing the
     # ledger). Now: refused as 400 (docs/protocol.md, "Hostile input").
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (_, running):
             body = json.dumps(run_body("r_sur", **{field: "a\ud800b"}))
             if not escape:
                 # The surrogate in the body string itself, not as a JSON escape in it.
                 body = body.replace("\\ud800", "\ud800")
                 assert "\ud800" in body
-            await server.send_raw(signed_frame(running, body, "d1"))
-            ack = await wait_for_ack(server, "d1")
+            ack = await ack_to(running, body)
             assert ack.status == 400
             if escape:
                 assert ack.reason == (
@@ -179,43 +173,33 @@ async def test_reproduction_3_a_lone_surrogate_is_400_naming_the_field(
     ],
 )
 async def test_hostile_bodies_are_400_with_a_reason(
-    tmp_path: Path, reply_agent: str, body: str, reason: str
+    tmp_path: Path, body: str, reason: str
 ) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
-            await server.send_raw(signed_frame(running, body, "d1"))
-            ack = await wait_for_ack(server, "d1")
+        async with replying_harness(tmp_path) as (server, running):
+            ack = await ack_to(running, body)
             assert ack.status == 400
             assert reason in ack.reason
             assert not running.harness.held
             assert server.state.total_connects == 1
 
 
-async def test_a_256_byte_conversation_id_and_an_emoji_pair_are_fine(
-    tmp_path: Path, reply_agent: str
-) -> None:
+async def test_a_256_byte_conversation_id_and_an_emoji_pair_are_fine(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (_, running):
             # json.dumps writes the emoji as a surrogate *pair* of escapes: valid.
             body = json.dumps(run_body("r1", conversation_id="é" * 128, text="hi 😀"))
             assert "\\ud83d\\ude00" in body
-            await server.send_raw(signed_frame(running, body, "d1"))
-            ack = await wait_for_ack(server, "d1")
+            ack = await ack_to(running, body)
             assert (ack.status, ack.reason) == (200, "accepted")
 
 
 # --------------------------------------------------------------------------- frames
 
 
-async def test_odd_ping_ids_are_answered_and_never_crash(tmp_path: Path, reply_agent: str) -> None:
+async def test_odd_ping_ids_are_answered_and_never_crash(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (server, running):
             # Once: a lone surrogate in a pong made the socket's UTF-8 encoder raise.
             await server.send_raw('{"type": "ping", "id": "p\\ud800"}')
             await server.send_raw('{"type": "ping", "id": {"nested": [1, 2.5, null]}}')
@@ -228,12 +212,10 @@ async def test_odd_ping_ids_are_answered_and_never_crash(tmp_path: Path, reply_a
 
 
 async def test_odd_deliveries_are_acked_or_dropped_on_the_same_connection(
-    tmp_path: Path, reply_agent: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (server, running):
             secret = running.creds.secret
             now = int(time.time())
             good = json.dumps(run_body("r1"))
@@ -285,8 +267,7 @@ async def test_a_cancel_reason_with_a_lone_surrogate_is_reported_safely(
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long one")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long one")
             await server.send_raw(json.dumps({"type": "cancel", "run_id": run_id,
                                               "reason": "stop \ud800 now"}))
             await server.wait_until(finished(run_id))
@@ -295,18 +276,17 @@ async def test_a_cancel_reason_with_a_lone_surrogate_is_reported_safely(
 
 
 async def test_a_bug_handling_one_message_is_logged_and_the_reader_goes_on(
-    tmp_path: Path, reply_agent: str, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> intake.Verdict:
         raise KeyError("a bug in classify")
 
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path, exec_command=reply_agent
-        ) as running:
+        async with replying_harness(tmp_path) as (server, running):
             monkeypatch.setattr(intake, "classify", broken)
-            await server.send_raw(signed_frame(running, json.dumps(run_body("r1")), "d1"))
+            await server.send_raw(
+                delivery_frame(running.creds.secret, run_body("r1"), delivery_id="d1"))
             await ping_round_trip(running, "after the bug")
             record = next(r for r in caplog.records if "could not be handled" in r.getMessage())
             assert record.levelno == logging.ERROR and record.exc_info is not None
@@ -328,14 +308,10 @@ async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
     with trio.fail_after(60):
         async with gated_harness(tmp_path, max_queued=2) as (gate, running):
             server = running.server
-            busy = await server.submit_run("takes the only slot")
-            await gate.wait_started(busy)
-            secret = running.creds.secret
+            await start_run(server, gate, "takes the only slot")
 
             async def deliver(run_id: str, delivery_id: str) -> tuple[int, str]:
-                await server.send_raw(
-                    delivery_frame(secret, run_body(run_id), delivery_id=delivery_id))
-                ack = await wait_for_ack(server, delivery_id)
+                ack = await ack_to(running, run_body(run_id), delivery_id)
                 return ack.status, ack.reason
 
             assert await deliver("q1", "d1") == (200, "accepted")

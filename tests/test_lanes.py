@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from tests.kit import finished, gated_harness
+from tests.kit import busy_and_queued, finished, gated_harness, start_run
 
 
 async def test_one_lane_runs_in_order_and_never_overlaps(tmp_path: Path) -> None:
@@ -53,14 +53,8 @@ async def test_oldest_accepted_free_lane_goes_first(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path, concurrency=1) as (gate, running):
             server = running.server
-            first = await server.submit_run("A1", conversation_id="A")
-            await gate.wait_started(first)
             # Queued in this order while the only slot is busy:
-            a2 = await server.submit_run("A2", conversation_id="A")
-            b1 = await server.submit_run("B1", conversation_id="B")
-            c1 = await server.submit_run("C1", conversation_id="C")
-            await server.wait_until(
-                lambda s: all(s.runs[r].state == "accepted" for r in (a2, b1, c1)))
+            first, [a2, b1, c1] = await busy_and_queued(server, gate, "A", "B", "C")
             await gate.release(first)
             # The slot frees when A1's agent ends, while A's lane is still busy
             # reporting it: B1 is the oldest run on a free lane.
@@ -81,8 +75,7 @@ async def test_a_busy_lane_does_not_hold_up_the_lanes_behind_it(tmp_path: Path) 
     with trio.fail_after(60):
         async with gated_harness(tmp_path, concurrency=2) as (gate, running):
             server = running.server
-            long_a = await server.submit_run("long job", conversation_id="A")
-            await gate.wait_started(long_a)
+            long_a = await start_run(server, gate, "long job", conversation_id="A")
             a2 = await server.submit_run("A again", conversation_id="A")
             b1 = await server.submit_run("quick question", conversation_id="B")
             # B starts in the second slot although A2 was accepted first.

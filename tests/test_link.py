@@ -7,17 +7,21 @@ import itertools
 import json
 import logging
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio_websocket
 
 from prohost.engine.link import BACKOFF_CAP_S, Link, Session, backoff_delay
+from prohost.server import ServerHandle
 from prohost.wire import protocol
 from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
-from tests.kit import finished, gated_harness, running_harness, running_server
+from tests.kit import finished, gated_harness, running_harness, running_server, start_run
 
 
 def test_backoff_is_full_jitter_capped_at_30_s() -> None:
@@ -35,8 +39,7 @@ async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
             server = running.server
-            run_id = await server.submit_run("long", conversation_id="C1")
-            await gate.wait_started(run_id)
+            run_id = await start_run(server, gate, "long", conversation_id="C1")
             await server.drop_connections()
             # The run goes on while the harness dials again.
             await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
@@ -50,15 +53,21 @@ async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
             assert isinstance(second[0], Status) and isinstance(second[1], Heartbeat)
 
 
+@asynccontextmanager
+async def dry_harness(tmp_path: Path, **server_config: Any) -> AsyncIterator[ServerHandle]:
+    """A reference server and a connected harness on it in dry-run mode: no ledger, so
+    no worker threads, whose real time would make the autojump clock leap ahead."""
+    async with running_server(**server_config) as server, running_harness(
+        server, tmp_path, exec_command="true", dry_run=True
+    ):
+        yield server
+
+
 async def test_a_silent_server_is_left_after_three_heartbeats(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     with trio.fail_after(300):
-        async with running_server(heartbeat_s=5) as server, running_harness(
-            # Dry run: no ledger, so no worker threads, whose real time would
-            # make the autojump clock leap ahead.
-            server, tmp_path, exec_command="true", dry_run=True
-        ):
+        async with dry_harness(tmp_path, heartbeat_s=5) as server:
             await server.wait_until(
                 lambda s: any(isinstance(m.message, Heartbeat) for m in s.received))
             server.state.silent = True
@@ -73,9 +82,7 @@ async def test_heartbeats_keep_coming_every_period(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     with trio.fail_after(300):
-        async with running_server(heartbeat_s=7) as server, running_harness(
-            server, tmp_path, exec_command="true", dry_run=True
-        ):
+        async with dry_harness(tmp_path, heartbeat_s=7) as server:
             await server.wait_until(lambda s: sum(
                 isinstance(m.message, Heartbeat) for m in s.received) >= 4)
             beats = [m for m in server.state.received if isinstance(m.message, Heartbeat)]

@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
-from contextlib import suppress
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 
 import pytest
 import trio
@@ -42,20 +43,33 @@ async def _belongs(pgid: int, run_id: str) -> bool:
     return await trio.to_thread.run_sync(process_belongs_to_run, pgid, run_id)
 
 
+@asynccontextmanager
+async def session_leader(env: dict[str, str]) -> AsyncIterator[trio.Process]:
+    """A child that leads a new session and process group, with ``env``, alive until
+    the block ends; it is reaped then, whether the test passed, failed or was cancelled."""
+    process = await trio.lowlevel.open_process(
+        WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=env
+    )
+    try:
+        yield process
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.stdin is not None:
+                await process.stdin.aclose()  # it ends once its stdin closes
+            with trio.move_on_after(10):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
 async def test_belongs_only_to_a_live_group_carrying_the_run_id() -> None:
     with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-1")
-        )
-        try:
+        async with session_leader(_env("run-1")) as process:
             assert os.getpgid(process.pid) == process.pid
             assert await _belongs(process.pid, "run-1")
             assert not await _belongs(process.pid, "run-2")
             assert not await _belongs(process.pid, "run-")  # a prefix is not a match
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
         assert process.returncode == 0
         # Reaped: the group is gone, so its number means nothing any more.
         assert not await _belongs(process.pid, "run-1")
@@ -63,15 +77,8 @@ async def test_belongs_only_to_a_live_group_carrying_the_run_id() -> None:
 
 async def test_a_recycled_group_without_the_run_id_does_not_belong() -> None:
     with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env(None)
-        )
-        try:
+        async with session_leader(_env(None)) as process:
             assert not await _belongs(process.pid, "run-1")
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
 
 
 async def test_the_group_still_belongs_after_its_leader_exits() -> None:
@@ -177,25 +184,15 @@ async def test_a_live_process_that_never_shows_the_run_id_is_not_ours(
     """The second look is bounded: an environment that stays empty means "not ours"."""
     monkeypatch.setattr(procinfo, "ENVIRON_TRIES", 3)
     with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env={}
-        )
-        try:
+        async with session_leader({}) as process:
             assert not await _belongs(process.pid, "run-1")
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
 
 
 @pytest.mark.skipif(shutil.which("ps") is None, reason="needs ps")
 async def test_the_ps_fallback_reads_environment_and_members() -> None:
     """The macOS path (ps eww), exercised wherever ps understands it."""
     with trio.fail_after(30):
-        process = await trio.lowlevel.open_process(
-            WAIT_FOR_STDIN, start_new_session=True, stdin=subprocess.PIPE, env=_env("run-ps")
-        )
-        try:
+        async with session_leader(_env("run-ps")) as process:
             words = await trio.to_thread.run_sync(procinfo._ps_environ, process.pid)
             assert "PROHOST_RUN_ID=run-ps" in words
             assert "PROHOST_RUN_ID=run-p" not in words
@@ -203,8 +200,4 @@ async def test_the_ps_fallback_reads_environment_and_members() -> None:
                 procinfo._ps_group_members, process.pid
             )
             assert members == [process.pid]
-        finally:
-            assert process.stdin is not None
-            await process.stdin.aclose()
-            await process.wait()
         assert await trio.to_thread.run_sync(procinfo._ps_environ, process.pid) == set()

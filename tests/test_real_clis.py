@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -66,47 +67,50 @@ def two_accounts(tmp_path: Path) -> tuple[tuple[str, Path], ...]:
     return tuple(accounts)
 
 
-async def test_claude_without_a_login_is_a_clean_failure(
-    tmp_path: Path, isolated_env: dict[str, str], claude: Path,
-    two_accounts: tuple[tuple[str, Path], ...],
-) -> None:
+async def error_of_a_failed_run(
+    tmp_path: Path, env: dict[str, str], accounts: tuple[tuple[str, Path], ...],
+    exec_command: str, **options: Any,
+) -> str:
+    """One turn through a real CLI, with two accounts. It must fail without a reply on
+    the first account (not a usage limit: no fail over), and leave nothing running.
+    Returns the completion's error."""
     with trio.fail_after(120):
         async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=f"{shlex.quote(str(claude))} -p",
-            brain="claude", timeout_s=60, env=isolated_env, accounts=two_accounts,
+            server, tmp_path / "home", exec_command=exec_command, env=env, accounts=accounts,
+            **options,
         ) as running:
             run_id = await server.submit_run("say hi", conversation_id="C1")
             await server.wait_until(finished(run_id))
             record = server.run(run_id)
             assert record.state == "failed"
             assert record.completion is not None
-            error = record.completion["error"]
-            # As a normal user: "Not logged in · Please run /login". As root, the
-            # CLI refuses the unattended-permissions flag before it gets that far.
-            assert "log" in error.lower() or "root" in error.lower(), error
             assert "reply" not in record.completion
-            # Not a usage limit: no fail over; the first account ran it.
             assert record.completion["account"] == "first"
             await running.harness.wait_released(run_id)
             assert len(running.harness.groups) == 0
+    error: str = record.completion["error"]
+    return error
+
+
+async def test_claude_without_a_login_is_a_clean_failure(
+    tmp_path: Path, isolated_env: dict[str, str], claude: Path,
+    two_accounts: tuple[tuple[str, Path], ...],
+) -> None:
+    error = await error_of_a_failed_run(
+        tmp_path, isolated_env, two_accounts, f"{shlex.quote(str(claude))} -p",
+        brain="claude", timeout_s=60,
+    )
+    # As a normal user: "Not logged in · Please run /login". As root, the CLI
+    # refuses the unattended-permissions flag before it gets that far.
+    assert "log" in error.lower() or "root" in error.lower(), error
 
 
 async def test_codex_without_a_network_is_stopped_and_reported(
     tmp_path: Path, isolated_env: dict[str, str], codex: Path,
     two_accounts: tuple[tuple[str, Path], ...],
 ) -> None:
-    with trio.fail_after(120):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=shlex.quote(str(codex)),
-            brain="codex", timeout_s=20, env=isolated_env, accounts=two_accounts,
-        ) as running:
-            run_id = await server.submit_run("say hi", conversation_id="C1")
-            await server.wait_until(finished(run_id))
-            record = server.run(run_id)
-            assert record.state == "failed"
-            assert record.completion is not None
-            error = record.completion["error"]
-            assert "--timeout" in error or "exited" in error, error
-            assert record.completion["account"] == "first"
-            await running.harness.wait_released(run_id)
-            assert len(running.harness.groups) == 0
+    error = await error_of_a_failed_run(
+        tmp_path, isolated_env, two_accounts, shlex.quote(str(codex)),
+        brain="codex", timeout_s=20,
+    )
+    assert "--timeout" in error or "exited" in error, error

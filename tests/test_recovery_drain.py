@@ -21,6 +21,7 @@ import trio
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, Recovery, RunState
 from prohost.engine.recovery import INTERRUPTED, NOT_STARTED, RESTARTED
+from prohost.home import Credentials
 from prohost.options import Options
 from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome, parse_body
@@ -46,6 +47,22 @@ class PausedRecovery:
         return getattr(self._ledger, name)
 
 
+def admit(ledger: Ledger, server: ServerHandle, run_id: str, now: float) -> None:
+    """Write the server's run into the ledger as accepted, as the harness does on its
+    delivery."""
+    body = server.run(run_id).body_text
+    ledger.admit(run_id, parse_body(body).lane, body, now)
+
+
+def harness_with(
+    home: Path, creds: Credentials, client: httpx.AsyncClient, ledger: Any
+) -> Harness:
+    """A harness on ``home`` whose agent would fail at once, with ``ledger`` (the real
+    one, or a test's wrapper around it: hence ``Any``)."""
+    return Harness(Options(home=home, machine="test", exec_command="false"),
+                   endpoints_for(creds), client=client, ledger=ledger)
+
+
 def leave_a_crashed_ledger(server: ServerHandle, path: Path) -> dict[str, str]:
     """The ledger a ``kill -9`` leaves: one run accepted and never started, one
     interrupted while running, one finished but not yet reported. Returns their ids."""
@@ -57,8 +74,7 @@ def leave_a_crashed_ledger(server: ServerHandle, path: Path) -> dict[str, str]:
     now = time.time()
     with Ledger.open(path) as ledger:
         for run_id in runs.values():
-            body = server.run(run_id).body_text
-            ledger.admit(run_id, parse_body(body).lane, body, now)
+            admit(ledger, server, run_id, now)
         ledger.mark_started(runs["interrupted"], now)
         ledger.mark_started(runs["outbox"], now)
         ledger.mark_finished(runs["outbox"], Outcome(ok=True, reply="the saved answer")
@@ -80,11 +96,7 @@ async def test_a_drain_while_recovering_reports_every_recovered_run_then_exits_0
             exit_codes: list[int] = []
             try:
                 async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
-                    harness = Harness(
-                        Options(home=home, machine="test", exec_command="false"),
-                        endpoints_for(creds), client=client,
-                        ledger=paused,  # type: ignore[arg-type]
-                    )
+                    harness = harness_with(home, creds, client, paused)
 
                     async def run_it() -> None:
                         exit_codes.append(await harness.run())
@@ -131,10 +143,7 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
             ledger = Ledger.open(home / "ledger.sqlite3")
             try:
                 async with httpx.AsyncClient() as client:
-                    harness = Harness(
-                        Options(home=home, machine="test", exec_command="false"),
-                        endpoints_for(creds), client=client, ledger=ledger,
-                    )
+                    harness = harness_with(home, creds, client, ledger)
                     async with trio.open_nursery() as nursery:
                         codes: list[int] = []
 
@@ -145,8 +154,7 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
                         late = server.state.add_run("raced the drain", "L").run_id
                         stray = server.state.add_run("started, then lost", "S").run_id
                         for run_id in (late, stray):
-                            body = server.run(run_id).body_text
-                            ledger.admit(run_id, parse_body(body).lane, body, time.time())
+                            admit(ledger, server, run_id, time.time())
                         ledger.mark_started(stray, time.time())
                         harness.drain()
             finally:
@@ -173,8 +181,7 @@ async def test_a_drain_that_cannot_report_says_which_runs_stay_in_the_outbox(
             ledger = Ledger.open(home / "ledger.sqlite3")
             try:
                 run_id = server.state.add_run("finished, report lost", "O").run_id
-                body = server.run(run_id).body_text
-                ledger.admit(run_id, parse_body(body).lane, body, time.time())
+                admit(ledger, server, run_id, time.time())
                 ledger.mark_started(run_id, time.time())
                 ledger.mark_finished(run_id, Outcome(ok=True, reply="r").to_json(),
                                      time.time())
@@ -190,11 +197,7 @@ async def test_a_drain_that_cannot_report_says_which_runs_stay_in_the_outbox(
                         return getattr(ledger, name)
 
                 async with httpx.AsyncClient() as client:
-                    harness = Harness(
-                        Options(home=home, machine="test", exec_command="false"),
-                        endpoints_for(creds), client=client,
-                        ledger=NoSettling(),  # type: ignore[arg-type]
-                    )
+                    harness = harness_with(home, creds, client, NoSettling())
                     harness.drain()
                     assert await harness.run() == 0
             finally:

@@ -183,21 +183,19 @@ async def test_408_is_retried(autojump_clock: Any) -> None:
         assert len(app.seen) == 2
 
 
-async def test_409_settles_as_already(autojump_clock: Any) -> None:
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [(409, b"already completed", "already"), (404, b"no such run", "closed")],
+    ids=["409-already", "404-closed"],
+)
+async def test_409_and_404_settle_at_the_first_answer(
+    autojump_clock: Any, status: int, body: bytes, kind: str
+) -> None:
     with trio.fail_after(60):
-        app = ScriptedApp((409, {}, b"already completed"))
+        app = ScriptedApp((status, {}, body))
         async with reporter_for(app) as (reporter, _):
             result = await reporter.complete(RUN, PATH, PAYLOAD)
-        assert (result.kind, result.status) == ("already", 409)
-        assert len(app.seen) == 1
-
-
-async def test_404_settles_as_closed(autojump_clock: Any) -> None:
-    with trio.fail_after(60):
-        app = ScriptedApp((404, {}, b"no such run"))
-        async with reporter_for(app) as (reporter, _):
-            result = await reporter.complete(RUN, PATH, PAYLOAD)
-        assert (result.kind, result.status) == ("closed", 404)
+        assert (result.kind, result.status) == (kind, status)
         assert len(app.seen) == 1
 
 

@@ -24,13 +24,16 @@ from prohost.engine.ledger import RunState
 from prohost.engine.recovery import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
+    busy_and_queued,
     finished,
     pair_home,
     running_server,
+    start_run,
 )
 from tests.process_kit import (
     alive,
     harness_process,
+    kill_harness,
     ledger_row,
     paired_with_gate,
     redeliver,
@@ -47,15 +50,9 @@ async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queue
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
             async with harness_process(server, home, command) as first:
-                busy = await server.submit_run("long job", conversation_id="A")
-                await gate.wait_started(busy)
-                # One slot, and it is taken: these are accepted but never start.
-                waiting = [await server.submit_run(f"waiting {n}", conversation_id=lane)
-                           for n, lane in enumerate(("B", "C"))]
-                await server.wait_until(
-                    lambda s: all(s.runs[r].state == "accepted" for r in waiting))
-                await first.kill()
-            await server.wait_until(lambda s: s.connected == 0)
+                # One slot, and it is taken: the waiting runs are accepted but never start.
+                busy, waiting = await busy_and_queued(server, gate, "B", "C")
+                await kill_harness(server, first)
 
             # The scene the restarted harness finds: an agent left running (it
             # outlives its harness), its group in the ledger, two runs never started.
@@ -99,13 +96,11 @@ async def test_after_a_kill_a_finished_unreported_run_posts_its_saved_outcome(
             # The server is down for completions: the report keeps being retried.
             server.state.completion_faults.extend([(503, {})] * 100)
             async with harness_process(server, home, gate.command) as first:
-                run_id = await server.submit_run("work")
-                await gate.wait_started(run_id)
+                run_id = await start_run(server, gate, "work")
                 await gate.release(run_id, "the saved answer")
                 # A completion POST is made only after the outcome is in the ledger.
                 await server.wait_until(lambda s: s.runs[run_id].completion_posts >= 1)
-                await first.kill()
-            await server.wait_until(lambda s: s.connected == 0)
+                await kill_harness(server, first)
 
             row = ledger_row(home, run_id)
             assert row.state is RunState.FINISHED
@@ -135,17 +130,13 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
             async with harness_process(server, home, command) as first:
-                done = await server.submit_run("quick", conversation_id="D")
-                await gate.wait_started(done)
+                done = await start_run(server, gate, "quick", conversation_id="D")
                 await gate.release(done, "quick answer")
                 await server.wait_until(finished(done))
-                interrupted = await server.submit_run("long", conversation_id="A")
-                # One slot: it frees only once `done` is reported in the ledger.
-                await gate.wait_started(interrupted)
-                pending = await server.submit_run("later", conversation_id="B")
-                await server.wait_until(lambda s: s.runs[pending].state == "accepted")
-                await first.kill()
-            await server.wait_until(lambda s: s.connected == 0)
+                # One slot: it frees for `interrupted` only once `done` is reported in
+                # the ledger.
+                interrupted, [pending] = await busy_and_queued(server, gate, "B")
+                await kill_harness(server, first)
             assert ledger_row(home, done).state is RunState.REPORTED
 
             # Keep the interrupted run's restart report unsettled for now (Retry-After
@@ -196,12 +187,8 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
             async with harness_process(server, home, command) as first:
-                busy = await server.submit_run("long job", conversation_id="A")
-                await gate.wait_started(busy)
-                queued = await server.submit_run("waiting", conversation_id="B")
-                await server.wait_until(lambda s: s.runs[queued].state == "accepted")
-                await first.kill()
-            await server.wait_until(lambda s: s.connected == 0)
+                busy, [queued] = await busy_and_queued(server, gate, "B")
+                await kill_harness(server, first)
 
             async with harness_process(server, home, command, connected=False) as second:
                 await second.wait_first_line()
@@ -215,10 +202,8 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(finish_if_started)
-                    assert await second.proc.wait() == 0
+                    assert await second.wait_clean_exit() == 0
                     nursery.cancel_scope.cancel()
-                await second.wait_log_closed()
-            assert second.tracebacks() == []
             assert server.run(busy).completion == {
                 "run_id": busy, "ok": False, "error": RESTARTED, "retryable": True}
             if queued in gate.started:
@@ -253,7 +238,7 @@ async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended
             async with harness_process(server, home, str(claude), extra_env=env) as first:
                 turn_1 = await server.submit_run("first turn", conversation_id="A")
                 await server.wait_until(finished(turn_1))
-                await first.kill()
+                await kill_harness(server, first)
             completion = server.run(turn_1).completion
             assert completion is not None and completion["ok"] is True
             session = completion["session_id"]

@@ -30,10 +30,17 @@ def pop_key(q: LaneQueue[str]) -> str | None:
     return None if ready is None else ready[0]
 
 
-def test_one_lane_runs_in_push_order_and_never_overlaps() -> None:
+def queue_of(*keys: str) -> LaneQueue[str]:
+    """A LaneQueue with ``keys`` pushed in order, each on the lane its first letter
+    names and with its own name in capitals as the item ("a1": lane "A", item "A1")."""
     q: LaneQueue[str] = LaneQueue()
-    for key in ("a1", "a2", "a3"):
-        q.push(key, "A", key.upper())
+    for key in keys:
+        q.push(key, key[0].upper(), key.upper())
+    return q
+
+
+def test_one_lane_runs_in_push_order_and_never_overlaps() -> None:
+    q = queue_of("a1", "a2", "a3")
     assert q.pop_ready() == ("a1", "A", "A1")
     # Lane busy: its next item must wait even though it is the oldest queued.
     assert q.pop_ready() is None
@@ -48,12 +55,7 @@ def test_one_lane_runs_in_push_order_and_never_overlaps() -> None:
 
 
 def test_oldest_accepted_first_among_free_lanes() -> None:
-    q: LaneQueue[int] = LaneQueue()
-    q.push("c1", "C", 0)
-    q.push("a1", "A", 0)
-    q.push("b1", "B", 0)
-    q.push("a2", "A", 0)
-    q.push("b2", "B", 0)
+    q = queue_of("c1", "a1", "b1", "a2", "b2")
     assert [pop_key(q) for _ in range(3)] == ["c1", "a1", "b1"]
     # B finishes before A: b2 (younger than a2) goes first only because A is busy.
     q.release("B")
@@ -63,11 +65,7 @@ def test_oldest_accepted_first_among_free_lanes() -> None:
 
 
 def test_release_order_does_not_beat_accept_order() -> None:
-    q: LaneQueue[int] = LaneQueue()
-    q.push("a1", "A", 0)
-    q.push("b1", "B", 0)
-    q.push("a2", "A", 0)
-    q.push("b2", "B", 0)
+    q = queue_of("a1", "b1", "a2", "b2")
     assert [pop_key(q), pop_key(q)] == ["a1", "b1"]
     # Both lanes free up; B freed first, but a2 was accepted before b2.
     q.release("B")
@@ -76,12 +74,7 @@ def test_release_order_does_not_beat_accept_order() -> None:
 
 
 def test_busy_lane_does_not_hold_up_later_lanes() -> None:
-    q: LaneQueue[int] = LaneQueue()
-    q.push("a1", "A", 0)
-    for i in range(5):
-        q.push(f"a{i + 2}", "A", 0)
-    q.push("b1", "B", 0)
-    q.push("c1", "C", 0)
+    q = queue_of("a1", "a2", "a3", "a4", "a5", "a6", "b1", "c1")
     assert pop_key(q) == "a1"
     # a2..a6 are older than b1 and c1 but stuck behind a1.
     assert pop_key(q) == "b1"
@@ -103,20 +96,16 @@ def test_push_onto_a_busy_lane_waits_for_release() -> None:
 
 
 def test_remove_queued_items() -> None:
-    q: LaneQueue[str] = LaneQueue()
-    q.push("a1", "A", "x1")
-    q.push("b1", "B", "y1")
-    q.push("a2", "A", "x2")
-    q.push("a3", "A", "x3")
+    q = queue_of("a1", "b1", "a2", "a3")
     assert "a2" in q
-    assert q.remove("a2") == "x2"
+    assert q.remove("a2") == "A2"
     assert "a2" not in q
     assert q.remove("a2") is None
     assert q.remove("nope") is None
     assert q.queued == 3
     # The head of a free lane: the lane's heap entry must be repaired so that
     # b1 (older than a3) still goes before a3.
-    assert q.remove("a1") == "x1"
+    assert q.remove("a1") == "A1"
     assert [pop_key(q), pop_key(q)] == ["b1", "a3"]
     assert (q.queued, q.running) == (0, 2)
 
@@ -136,26 +125,18 @@ def test_remove_refuses_a_running_item_and_contains_covers_it() -> None:
 
 
 def test_remove_every_item_of_a_lane_then_reuse_it() -> None:
-    q: LaneQueue[int] = LaneQueue()
-    q.push("a1", "A", 0)
-    q.push("a2", "A", 0)
-    q.push("b1", "B", 0)
+    q = queue_of("a1", "a2", "b1")
     q.remove("a1")
     q.remove("a2")
-    q.push("a3", "A", 0)
+    q.push("a3", "A", "A3")
     assert [pop_key(q), pop_key(q), q.pop_ready()] == ["b1", "a3", None]
 
 
 def test_drain_returns_queued_items_in_accept_order_and_keeps_running_ones() -> None:
-    q: LaneQueue[str] = LaneQueue()
-    q.push("a1", "A", "1")
-    q.push("b1", "B", "2")
-    q.push("a2", "A", "3")
-    q.push("c1", "C", "4")
-    q.push("b2", "B", "5")
+    q = queue_of("a1", "b1", "a2", "c1", "b2")
     assert pop_key(q) == "a1"
     q.remove("c1")
-    assert q.drain() == [("b1", "2"), ("a2", "3"), ("b2", "5")]
+    assert q.drain() == [("b1", "B1"), ("a2", "A2"), ("b2", "B2")]
     assert (q.queued, q.running) == (0, 1)
     assert q.pop_ready() is None
     q.release("A")
@@ -269,6 +250,11 @@ class Harness:
         self.lane_of[key] = lane
         sched.submit(key, lane, lane)
 
+    def submit_all(self, sched: Scheduler[str], *items: tuple[str, str]) -> None:
+        """Submit each (key, lane), in order."""
+        for key, lane in items:
+            self.submit(sched, key, lane)
+
     async def finish(self, *keys: str) -> None:
         for key in keys:
             self.gate(key).set()
@@ -320,11 +306,7 @@ async def test_lanes_overlap_up_to_the_limit_and_never_beyond() -> None:
 async def test_oldest_free_lane_first_when_a_slot_frees() -> None:
     with trio.fail_after(5):
         async with running_scheduler(2) as (sched, h):
-            h.submit(sched, "a1", "A")
-            h.submit(sched, "b1", "B")
-            h.submit(sched, "c1", "C")
-            h.submit(sched, "a2", "A")
-            h.submit(sched, "d1", "D")
+            h.submit_all(sched, ("a1", "A"), ("b1", "B"), ("c1", "C"), ("a2", "A"), ("d1", "D"))
             await trio.testing.wait_all_tasks_blocked()
             assert set(h.started) == {"a1", "b1"}
             # A's slot frees: a2 is now free to start but c1 is older.
@@ -342,8 +324,7 @@ async def test_busy_lane_does_not_hold_up_others() -> None:
             h.submit(sched, "long", "A")
             for i in range(3):
                 h.submit(sched, f"a{i}", "A")
-            h.submit(sched, "quick1", "B")
-            h.submit(sched, "quick2", "C")
+            h.submit_all(sched, ("quick1", "B"), ("quick2", "C"))
             await trio.testing.wait_all_tasks_blocked()
             # Started in one dispatch pass: trio may run the two tasks in either order.
             assert set(h.started) == {"long", "quick1"}
@@ -358,9 +339,7 @@ async def test_busy_lane_does_not_hold_up_others() -> None:
 async def test_remove_a_queued_item() -> None:
     with trio.fail_after(5):
         async with running_scheduler(1) as (sched, h):
-            h.submit(sched, "a1", "A")
-            h.submit(sched, "b1", "B")
-            h.submit(sched, "c1", "C")
+            h.submit_all(sched, ("a1", "A"), ("b1", "B"), ("c1", "C"))
             await trio.testing.wait_all_tasks_blocked()
             assert sched.remove("b1") == "B"
             assert sched.remove("a1") is None  # running: not the scheduler's to stop
@@ -374,8 +353,7 @@ async def test_remove_a_queued_item() -> None:
 async def test_drain_stops_new_work_and_returns_the_queue() -> None:
     with trio.fail_after(5):
         async with running_scheduler(2) as (sched, h):
-            for key, lane in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("c1", "C")]:
-                h.submit(sched, key, lane)
+            h.submit_all(sched, ("a1", "A"), ("b1", "B"), ("a2", "A"), ("c1", "C"))
             await trio.testing.wait_all_tasks_blocked()
             assert sched.drain() == [("a2", "A"), ("c1", "C")]
             assert sched.statistics() == SchedulerStatistics(
@@ -395,9 +373,7 @@ async def test_wait_idle_returns_when_nothing_runs_or_waits() -> None:
     with trio.fail_after(5):
         async with running_scheduler(2) as (sched, h):
             await sched.wait_idle()  # idle from the start
-            h.submit(sched, "a1", "A")
-            h.submit(sched, "a2", "A")
-            h.submit(sched, "b1", "B")
+            h.submit_all(sched, ("a1", "A"), ("a2", "A"), ("b1", "B"))
             idle = trio.Event()
 
             async def waiter() -> None:
@@ -412,8 +388,7 @@ async def test_wait_idle_returns_when_nothing_runs_or_waits() -> None:
                 await h.finish("a2")
                 assert idle.is_set()
             # Idle again after a removal empties the queue.
-            h.submit(sched, "c1", "C")
-            h.submit(sched, "c2", "C")
+            h.submit_all(sched, ("c1", "C"), ("c2", "C"))
             await trio.testing.wait_all_tasks_blocked()
             sched.remove("c2")
             await h.finish("c1")
@@ -426,8 +401,7 @@ async def test_raising_work_does_not_wedge_its_lane_or_kill_the_scheduler(
     with trio.fail_after(5):
         async with running_scheduler(1) as (sched, h):
             h.fail.add("a1")
-            h.submit(sched, "a1", "A")
-            h.submit(sched, "a2", "A")
+            h.submit_all(sched, ("a1", "A"), ("a2", "A"))
             with caplog.at_level(logging.ERROR, logger="prohost.scheduler"):
                 await h.finish("a1")
             assert h.started == ["a1", "a2"]
@@ -456,8 +430,7 @@ async def test_cancelling_run_cancels_running_work_and_keeps_the_queue() -> None
         sched: Scheduler[str] = Scheduler(1, h.work)
         async with trio.open_nursery() as nursery:
             await nursery.start(sched.run)
-            h.submit(sched, "a1", "A")
-            h.submit(sched, "b1", "B")
+            h.submit_all(sched, ("a1", "A"), ("b1", "B"))
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         assert h.finished == ["a1"]  # cancelled, and its finally ran
@@ -484,8 +457,7 @@ async def test_items_still_in_the_channel_can_be_removed_and_drained() -> None:
         h = Harness()
         sched: Scheduler[str] = Scheduler(1, h.work)
         # Not running yet: everything waits in the channel.
-        for key, lane in [("a1", "A"), ("b1", "B"), ("c1", "C")]:
-            h.submit(sched, key, lane)
+        h.submit_all(sched, ("a1", "A"), ("b1", "B"), ("c1", "C"))
         assert "b1" in sched and sched.statistics().queued == 3
         with pytest.raises(ValueError, match="already queued"):
             sched.submit("b1", "B", "B")
@@ -507,8 +479,7 @@ async def test_items_still_in_the_channel_can_be_removed_and_drained() -> None:
 async def test_the_queue_cap_refuses_rather_than_blocks() -> None:
     h = Harness()
     sched: Scheduler[str] = Scheduler(1, h.work, queue_cap=2)
-    h.submit(sched, "a1", "A")
-    h.submit(sched, "a2", "A")
+    h.submit_all(sched, ("a1", "A"), ("a2", "A"))
     with pytest.raises(QueueFullError, match="'a3' was not queued"):
         sched.submit("a3", "A", "A")
     assert "a3" not in sched and sched.statistics().queued == 2
@@ -565,8 +536,7 @@ async def test_holding_a_lane_waits_for_its_run_and_keeps_the_next_from_starting
                 nursery.start_soon(hold)
                 await trio.testing.wait_all_tasks_blocked()
                 assert not holding.is_set()  # a1 runs on A
-                h.submit(sched, "a2", "A")
-                h.submit(sched, "b1", "B")
+                h.submit_all(sched, ("a2", "A"), ("b1", "B"))
                 await h.finish("a1")
                 assert holding.is_set()
                 # Held: a2 waits although a slot is free; other lanes go on.

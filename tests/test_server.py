@@ -30,6 +30,10 @@ from tests.kit import running_server
 
 BIG = 8 * 1024 * 1024
 
+#: Server settings for tests that watch redelivery: a delivery not acked within
+#: 10 s is sent again, and pings (every 100 s) stay out of the way.
+REDELIVERING: dict[str, Any] = {"heartbeat_s": 100, "redeliver_after_s": 10}
+
 
 def auth(creds: dict[str, str], machine: str = "m1") -> list[tuple[bytes, bytes]]:
     return [
@@ -62,14 +66,41 @@ async def send(ws: WebSocketConnection, **message: Any) -> None:
     await ws.send_message(json.dumps(message))
 
 
-async def ack(ws: WebSocketConnection, delivery: dict[str, Any], status: int = 200) -> None:
-    await send(ws, type="ack", id=delivery["id"], status=status, reason=f"status {status}")
+async def ack(
+    ws: WebSocketConnection, delivery: dict[str, Any], status: int = 200, reason: str = ""
+) -> None:
+    await send(ws, type="ack", id=delivery["id"], status=status,
+               reason=reason or f"status {status}")
 
 
 async def beat(ws: WebSocketConnection, seq: int, *run_ids: str) -> dict[str, Any]:
     runs = [{"run_id": r, "state": "running", "lane": f"run:{r}"} for r in run_ids]
     await send(ws, type="heartbeat", seq=seq, runs=runs)
     return await next_of(ws, "heartbeat_ack")
+
+
+async def no_more_deliveries(ws: WebSocketConnection, what: str) -> None:
+    """Fail if a delivery arrives within a minute. Under ``autojump_clock`` that minute
+    passes as soon as every task waits; with REDELIVERING it is six redelivery periods."""
+    with trio.move_on_after(60):
+        extra = await next_of(ws, "delivery")
+        raise AssertionError(f"{what}: {extra}")
+
+
+def failure(run_id: str, error: str) -> dict[str, Any]:
+    """A completion payload for a run that failed for good."""
+    return {"run_id": run_id, "ok": False, "error": error, "retryable": False}
+
+
+@asynccontextmanager
+async def one_harness(
+    **config: Any,
+) -> AsyncIterator[tuple[ServerHandle, dict[str, str], WebSocketConnection]]:
+    """A reference server with one fake harness ("m1") paired and connected to it."""
+    async with running_server(**config) as server:
+        creds = server.pair("m1")
+        async with harness(creds) as ws:
+            yield server, creds, ws
 
 
 def body_of(delivery: dict[str, Any]) -> dict[str, Any]:
@@ -195,23 +226,21 @@ async def test_silent_server_sends_nothing_but_keeps_reading(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(120):
-        async with running_server(heartbeat_s=5) as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                server.state.silent = True
-                await send(ws, type="heartbeat", seq=1, runs=[])
-                await server.wait_until(lambda s: len(s.messages(Heartbeat)) == 1)
-                with trio.move_on_after(30) as quiet:
-                    await ws.get_message()
-                assert quiet.cancelled_caught
-                # The server did ping meanwhile (and answered the heartbeat), and
-                # wrote none of it: silence, not idleness.
-                (conn,) = server.state.connections.values()
-                assert conn.pings_sent >= 2
-                written = [json.loads(sent.text)["type"] for sent in server.state.sent]
-                assert written == ["hello"]
-                server.state.silent = False
-                assert json.loads(await ws.get_message())["type"] == "ping"
+        async with one_harness(heartbeat_s=5) as (server, _creds, ws):
+            server.state.silent = True
+            await send(ws, type="heartbeat", seq=1, runs=[])
+            await server.wait_until(lambda s: len(s.messages(Heartbeat)) == 1)
+            with trio.move_on_after(30) as quiet:
+                await ws.get_message()
+            assert quiet.cancelled_caught
+            # The server did ping meanwhile (and answered the heartbeat), and
+            # wrote none of it: silence, not idleness.
+            (conn,) = server.state.connections.values()
+            assert conn.pings_sent >= 2
+            written = [json.loads(sent.text)["type"] for sent in server.state.sent]
+            assert written == ["hello"]
+            server.state.silent = False
+            assert json.loads(await ws.get_message())["type"] == "ping"
 
 
 # ---------------------------------------------------------------------- deliveries
@@ -219,13 +248,11 @@ async def test_silent_server_sends_nothing_but_keeps_reading(
 
 async def test_a_delivery_is_signed_and_carries_the_run_body() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                run_id = await server.submit_run(
-                    "fix the test", conversation_id="C42", author="dana", mcp=None
-                )
-                delivery = await next_of(ws, "delivery")
+        async with one_harness() as (server, creds, ws):
+            run_id = await server.submit_run(
+                "fix the test", conversation_id="C42", author="dana", mcp=None
+            )
+            delivery = await next_of(ws, "delivery")
     assert delivery["event"] == "agent.run"
     assert delivery["id"].startswith("dlv_")
     assert isinstance(delivery["body"], str)
@@ -262,7 +289,7 @@ async def test_unacked_delivery_is_sent_again_and_on_reconnect_but_not_after_an_
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(600):
-        async with running_server(heartbeat_s=100, redeliver_after_s=10) as server:
+        async with running_server(**REDELIVERING) as server:
             creds = server.pair("m1")
             async with harness(creds) as ws:
                 run_id = await server.submit_run("hi")
@@ -277,13 +304,9 @@ async def test_unacked_delivery_is_sent_again_and_on_reconnect_but_not_after_an_
                 assert body_of(third)["run_id"] == run_id
                 await ack(ws, third)
                 await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
-                with trio.move_on_after(60):
-                    extra = await next_of(ws, "delivery")
-                    raise AssertionError(f"redelivered after an ack: {extra}")
+                await no_more_deliveries(ws, "redelivered after an ack")
             async with harness(creds) as ws:
-                with trio.move_on_after(60):
-                    extra = await next_of(ws, "delivery")
-                    raise AssertionError(f"redelivered on reconnect after an ack: {extra}")
+                await no_more_deliveries(ws, "redelivered on reconnect after an ack")
     record = server.run(run_id)
     assert record.delivery_count == 3
     assert record.ack_statuses == [200]
@@ -295,26 +318,20 @@ async def test_ack_503_is_redelivered_later_and_ack_400_fails_the_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(600):
-        async with running_server(heartbeat_s=100, redeliver_after_s=10) as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                draining = await server.submit_run("later please")
-                first = await next_of(ws, "delivery")
-                await ack(ws, first, 503)
-                await server.wait_until(lambda s: s.runs[draining].state == "queued")
-                again = await next_of(ws, "delivery")
-                assert body_of(again)["run_id"] == draining
-                await ack(ws, again)
+        async with one_harness(**REDELIVERING) as (server, _creds, ws):
+            draining = await server.submit_run("later please")
+            first = await next_of(ws, "delivery")
+            await ack(ws, first, 503)
+            await server.wait_until(lambda s: s.runs[draining].state == "queued")
+            again = await next_of(ws, "delivery")
+            assert body_of(again)["run_id"] == draining
+            await ack(ws, again)
 
-                bad = await server.submit_run("bad")
-                delivery = await next_of(ws, "delivery")
-                await send(
-                    ws, type="ack", id=delivery["id"], status=400, reason="body.text: expected str"
-                )
-                await server.wait_until(lambda s: s.runs[bad].state == "failed")
-                with trio.move_on_after(60):
-                    extra = await next_of(ws, "delivery")
-                    raise AssertionError(f"a failed run was redelivered: {extra}")
+            bad = await server.submit_run("bad")
+            delivery = await next_of(ws, "delivery")
+            await ack(ws, delivery, 400, "body.text: expected str")
+            await server.wait_until(lambda s: s.runs[bad].state == "failed")
+            await no_more_deliveries(ws, "a failed run was redelivered")
     assert server.run(draining).ack_statuses == [503, 200]
     assert server.run(draining).state == "accepted"
     assert "body.text: expected str" in (server.run(bad).error or "")
@@ -324,7 +341,7 @@ async def test_a_503_moves_the_run_to_another_harness(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(600):
-        async with running_server(heartbeat_s=100, redeliver_after_s=10) as server:
+        async with running_server(**REDELIVERING) as server:
             a, b = server.pair("a"), server.pair("b")
             async with harness(a, "a") as ws_a:
                 run_id = await server.submit_run("work")
@@ -388,42 +405,32 @@ async def test_a_conversation_moves_when_its_harness_is_gone() -> None:
 
 async def test_cancelling_an_accepted_run_tells_its_harness_until_it_completes() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                run_id = await server.submit_run("long")
-                await ack(ws, await next_of(ws, "delivery"))
-                await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
-                async with httpx.AsyncClient(base_url=server.http_url) as client:
-                    answer = await client.delete(f"/v1/runs/{run_id}")
-                assert answer.status_code == 200
-                cancel = await next_of(ws, "cancel")
-                assert cancel == {
-                    "type": "cancel",
-                    "run_id": run_id,
-                    "reason": "cancelled by the user",
-                }
-                assert (await beat(ws, 1, run_id))["cancel"] == [run_id]
-                # Listed even when the harness does not mention it.
-                assert (await beat(ws, 2))["cancel"] == [run_id]
-                response = await complete(
-                    server,
-                    creds,
-                    run_id,
-                    {
-                        "run_id": run_id,
-                        "ok": False,
-                        "error": "cancelled: cancelled by the user",
-                        "retryable": False,
-                    },
-                )
-                assert response.status_code == 200
-                assert (await beat(ws, 3, run_id)) == {
-                    "type": "heartbeat_ack",
-                    "seq": 3,
-                    "cancel": [],
-                    "unknown": [],
-                }
+        async with one_harness() as (server, creds, ws):
+            run_id = await server.submit_run("long")
+            await ack(ws, await next_of(ws, "delivery"))
+            await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
+            async with httpx.AsyncClient(base_url=server.http_url) as client:
+                answer = await client.delete(f"/v1/runs/{run_id}")
+            assert answer.status_code == 200
+            cancel = await next_of(ws, "cancel")
+            assert cancel == {
+                "type": "cancel",
+                "run_id": run_id,
+                "reason": "cancelled by the user",
+            }
+            assert (await beat(ws, 1, run_id))["cancel"] == [run_id]
+            # Listed even when the harness does not mention it.
+            assert (await beat(ws, 2))["cancel"] == [run_id]
+            response = await complete(
+                server, creds, run_id, failure(run_id, "cancelled: cancelled by the user")
+            )
+            assert response.status_code == 200
+            assert (await beat(ws, 3, run_id)) == {
+                "type": "heartbeat_ack",
+                "seq": 3,
+                "cancel": [],
+                "unknown": [],
+            }
     record = server.run(run_id)
     assert record.state == "failed"
     assert record.error == "cancelled: cancelled by the user"
@@ -433,45 +440,39 @@ async def test_cancelling_a_run_before_it_is_accepted_stops_its_deliveries(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(600):
-        async with running_server(heartbeat_s=100, redeliver_after_s=10) as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                run_id = await server.submit_run("never mind")
-                delivery = await next_of(ws, "delivery")
-                await server.cancel_run(run_id, "changed my mind")
-                assert server.run(run_id).state == "cancelled"
-                with trio.move_on_after(60):
-                    extra = await next_of(ws, "delivery")
-                    raise AssertionError(f"a cancelled run was redelivered: {extra}")
-                # The ack was in flight: the harness holds it now, so it hears the cancel.
-                await ack(ws, delivery)
-                cancel = await next_of(ws, "cancel")
-                assert cancel["reason"] == "changed my mind"
-                assert (await beat(ws, 1, run_id))["cancel"] == [run_id]
+        async with one_harness(**REDELIVERING) as (server, _creds, ws):
+            run_id = await server.submit_run("never mind")
+            delivery = await next_of(ws, "delivery")
+            await server.cancel_run(run_id, "changed my mind")
+            assert server.run(run_id).state == "cancelled"
+            await no_more_deliveries(ws, "a cancelled run was redelivered")
+            # The ack was in flight: the harness holds it now, so it hears the cancel.
+            await ack(ws, delivery)
+            cancel = await next_of(ws, "cancel")
+            assert cancel["reason"] == "changed my mind"
+            assert (await beat(ws, 1, run_id))["cancel"] == [run_id]
     assert server.run(run_id).state == "cancelled"
 
 
 async def test_heartbeat_ack_lists_closed_and_unknown_runs() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                kept = await server.submit_run("kept")
-                closed = await server.submit_run("closed")
-                for _ in range(2):
-                    await ack(ws, await next_of(ws, "delivery"))
-                await server.wait_until(
-                    lambda s: all(s.runs[r].state == "accepted" for r in (kept, closed))
-                )
-                server.close_run(closed)
-                answer = await beat(ws, 41, kept, closed, "run_never_seen")
-                assert answer == {
-                    "type": "heartbeat_ack",
-                    "seq": 41,
-                    "cancel": [],
-                    "unknown": [closed, "run_never_seen"],
-                }
-                late = await complete(server, creds, closed)
+        async with one_harness() as (server, creds, ws):
+            kept = await server.submit_run("kept")
+            closed = await server.submit_run("closed")
+            for _ in range(2):
+                await ack(ws, await next_of(ws, "delivery"))
+            await server.wait_until(
+                lambda s: all(s.runs[r].state == "accepted" for r in (kept, closed))
+            )
+            server.close_run(closed)
+            answer = await beat(ws, 41, kept, closed, "run_never_seen")
+            assert answer == {
+                "type": "heartbeat_ack",
+                "seq": 41,
+                "cancel": [],
+                "unknown": [closed, "run_never_seen"],
+            }
+            late = await complete(server, creds, closed)
     assert late.status_code == 404
     assert server.run(closed).state == "closed"
     last_beat = server.run(kept).last_beat
@@ -480,25 +481,23 @@ async def test_heartbeat_ack_lists_closed_and_unknown_runs() -> None:
 
 async def test_status_and_every_message_are_recorded_in_order() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                await send(
-                    ws,
-                    type="status",
-                    version="0.1.0",
-                    machine="studio",
-                    brain="claude",
-                    concurrency=2,
-                    active=0,
-                    queued=0,
-                    draining=False,
-                    features=["cancel"],
-                )
-                await beat(ws, 1)
-                conn = next(iter(server.state.connections.values()))
-                assert conn.status is not None and conn.status.brain == "claude"
-                assert conn.agent == "prohost-python/test"
+        async with one_harness() as (server, _creds, ws):
+            await send(
+                ws,
+                type="status",
+                version="0.1.0",
+                machine="studio",
+                brain="claude",
+                concurrency=2,
+                active=0,
+                queued=0,
+                draining=False,
+                features=["cancel"],
+            )
+            await beat(ws, 1)
+            conn = next(iter(server.state.connections.values()))
+            assert conn.status is not None and conn.status.brain == "claude"
+            assert conn.agent == "prohost-python/test"
     kinds = [type(entry.message) for entry in server.state.received]
     assert kinds == [Status, Heartbeat]
     assert {entry.connection_id for entry in server.state.received} == {conn.id}
@@ -509,23 +508,21 @@ async def test_status_and_every_message_are_recorded_in_order() -> None:
 
 async def test_completion_is_accepted_once_then_409() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                run_id = await server.submit_run("hi")
-                await ack(ws, await next_of(ws, "delivery"))
-                first = await complete(
-                    server,
-                    creds,
-                    run_id,
-                    {
-                        "run_id": run_id,
-                        "ok": True,
-                        "reply": "done",
-                        "session_id": "s1",
-                    },
-                )
-                second = await complete(server, creds, run_id)
+        async with one_harness() as (server, creds, ws):
+            run_id = await server.submit_run("hi")
+            await ack(ws, await next_of(ws, "delivery"))
+            first = await complete(
+                server,
+                creds,
+                run_id,
+                {
+                    "run_id": run_id,
+                    "ok": True,
+                    "reply": "done",
+                    "session_id": "s1",
+                },
+            )
+            second = await complete(server, creds, run_id)
     assert first.status_code == 200
     assert second.status_code == 409
     record = server.run(run_id)
@@ -597,17 +594,7 @@ async def test_a_failed_completion_and_a_timeline() -> None:
                 anonymous = await client.post(
                     f"/v1/agent/runs/{run_id}/timeline", json={"run_id": run_id, "events": []}
                 )
-                failed = await complete(
-                    server,
-                    creds,
-                    run_id,
-                    {
-                        "run_id": run_id,
-                        "ok": False,
-                        "error": "exit 1",
-                        "retryable": False,
-                    },
-                )
+                failed = await complete(server, creds, run_id, failure(run_id, "exit 1"))
                 view = (await client.get(f"/v1/runs/{run_id}")).json()
     assert timeline.status_code == 200
     assert anonymous.status_code == 401
@@ -623,24 +610,22 @@ async def test_a_failed_completion_and_a_timeline() -> None:
 
 async def test_malformed_frames_do_not_end_the_connection() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                for junk in [
-                    "not json",
-                    "[1, 2]",
-                    "{}",
-                    '{"type": 5}',
-                    '{"type": "ack", "id": 1, "status": "200", "reason": null}',
-                    '{"type": "heartbeat", "seq": "x"}',
-                    '{"type": "ack", "id": "dlv_unknown", "status": 200, "reason": ""}',
-                    '{"type": "something_new", "x": 1}',
-                ]:
-                    await ws.send_message(junk)
-                await ws.send_message(b"\x00binary")
-                answer = await beat(ws, 7)
-                assert answer["seq"] == 7
-                assert server.state.connected == 1
+        async with one_harness() as (server, _creds, ws):
+            for junk in [
+                "not json",
+                "[1, 2]",
+                "{}",
+                '{"type": 5}',
+                '{"type": "ack", "id": 1, "status": "200", "reason": null}',
+                '{"type": "heartbeat", "seq": "x"}',
+                '{"type": "ack", "id": "dlv_unknown", "status": 200, "reason": ""}',
+                '{"type": "something_new", "x": 1}',
+            ]:
+                await ws.send_message(junk)
+            await ws.send_message(b"\x00binary")
+            answer = await beat(ws, 7)
+            assert answer["seq"] == 7
+            assert server.state.connected == 1
     assert len(server.state.malformed) == 7
     assert server.state.total_connects == 1
 
@@ -744,11 +729,8 @@ async def fake_harness_that_replies(
         delivery = await next_of(ws, "delivery")
         await ack(ws, delivery)
         run_id = body_of(delivery)["run_id"]
-        payload: dict[str, Any] = {"run_id": run_id, "ok": ok}
-        if ok:
-            payload["reply"] = reply
-        else:
-            payload.update(error="the agent exited with status 1", retryable=False)
+        payload = ({"run_id": run_id, "ok": True, "reply": reply} if ok
+                   else failure(run_id, "the agent exited with status 1"))
         assert (await complete(server, creds, run_id, payload)).status_code == 200
 
 
@@ -823,15 +805,11 @@ def test_api_base_accepts_http_ws_and_bare_addresses() -> None:
 
 async def test_acks_are_recorded_with_their_reason() -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            creds = server.pair("m1")
-            async with harness(creds) as ws:
-                run_id = await server.submit_run("x")
-                delivery = await next_of(ws, "delivery")
-                await send(
-                    ws, type="ack", id=delivery["id"], status=401, reason="signature does not match"
-                )
-                await server.wait_until(lambda s: s.runs[run_id].state == "failed")
+        async with one_harness() as (server, _creds, ws):
+            run_id = await server.submit_run("x")
+            delivery = await next_of(ws, "delivery")
+            await ack(ws, delivery, 401, "signature does not match")
+            await server.wait_until(lambda s: s.runs[run_id].state == "failed")
     (record,) = server.run(run_id).acks
     assert (record.status, record.reason, record.delivery_id) == (
         401,

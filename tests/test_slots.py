@@ -23,7 +23,7 @@ from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.link import Endpoints
 from prohost.options import Options
 from tests.asgi_kit import lifespan, read_body, serving
-from tests.kit import Gate, pair_home, running_server
+from tests.kit import Gate, busy_and_queued, pair_home, running_server
 
 
 class FailingCompletions:
@@ -95,10 +95,7 @@ async def slot_harness(
 async def test_a_run_being_reported_frees_its_slot_for_another_lane(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with slot_harness(tmp_path) as (gate, completions, harness, server):
-            a = await server.submit_run("A", conversation_id="A")
-            await gate.wait_started(a)
-            b = await server.submit_run("B", conversation_id="B")
-            await server.wait_until(lambda s: s.runs[b].state == "accepted")
+            a, [b] = await busy_and_queued(server, gate, "B")
             await trio.testing.wait_all_tasks_blocked(0.05)
             assert gate.started == [a]  # one slot, and A's agent has it
             await gate.release(a)
@@ -122,10 +119,7 @@ async def test_a_run_being_reported_frees_its_slot_for_another_lane(tmp_path: Pa
 async def test_a_lanes_next_turn_waits_until_the_last_one_is_reported(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with slot_harness(tmp_path) as (gate, completions, harness, server):
-            a = await server.submit_run("A", conversation_id="A")
-            await gate.wait_started(a)
-            a2 = await server.submit_run("A again", conversation_id="A")
-            await server.wait_until(lambda s: s.runs[a2].state == "accepted")
+            a, [a2] = await busy_and_queued(server, gate, "A")
             await gate.release(a)
             # A is reporting (its completion fails, then is held): the slot is
             # free, but A2 must not start before A's result is in.

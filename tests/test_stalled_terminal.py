@@ -14,14 +14,16 @@ import os
 import pty
 import signal
 import termios
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
 from prohost.wire.protocol import Heartbeat, Pong
-from tests.kit import finished
-from tests.process_kit import harness_process, paired_with_gate
+from tests.kit import finished, start_run
+from tests.process_kit import gated_process
 
 #: Linux's fcntl to resize a pipe (not in the fcntl module before Python 3.10 on all builds).
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -40,38 +42,6 @@ def full_pipe() -> tuple[int, int]:
         pass
     os.set_blocking(write_end, True)
     return read_end, write_end
-
-
-async def test_a_full_unread_terminal_never_blocks_acks_pongs_or_heartbeats(
-    tmp_path: Path,
-) -> None:
-    home = tmp_path / "home"
-    read_end, write_end = full_pipe()
-    try:
-        with trio.fail_after(60):
-            async with paired_with_gate(home, heartbeat_s=5) as (gate, server):
-                # Connected: it got past its first log lines ("connecting to …").
-                harness_cm = harness_process(server, home, gate.command, output=write_end)
-                async with harness_cm as harness:
-                    run_id = await server.submit_run("work", conversation_id="A")
-                    await gate.wait_started(run_id)
-                    assert server.run(run_id).ack_statuses == [200]
-
-                    await server.send_raw(json.dumps({"type": "ping", "id": "stalled"}))
-                    await server.wait_until(lambda s: any(
-                        isinstance(m, Pong) and m.id == "stalled" for m in s.messages(Pong)))
-                    await server.wait_until(lambda s: any(
-                        isinstance(m, Heartbeat) and run_id in [r.run_id for r in m.runs]
-                        for m in s.messages(Heartbeat)))
-
-                    await gate.release(run_id, "answered")
-                    await server.wait_until(finished(run_id))
-                    assert server.run(run_id).reply == "answered"
-                    harness.send_signal(signal.SIGTERM)
-                    assert await harness.proc.wait() == 0
-    finally:
-        os.close(read_end)
-        os.close(write_end)
 
 
 def test_output_beyond_the_backlog_is_dropped_and_said_once_the_reader_is_back() -> None:
@@ -115,28 +85,37 @@ def stalled_terminal() -> tuple[int, int]:
     return master, slave
 
 
-async def test_the_live_panel_on_a_stalled_terminal_never_blocks_acks_or_pongs(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "stalled", [full_pipe, stalled_terminal], ids=["full-unread-pipe", "suspended-terminal"]
+)
+async def test_a_stalled_terminal_never_blocks_acks_pongs_or_heartbeats(
+    tmp_path: Path, stalled: Callable[[], tuple[int, int]]
 ) -> None:
-    home = tmp_path / "home"
-    master, slave = stalled_terminal()
+    """On a pipe the harness writes plain log lines; on a terminal it draws the live
+    panel (rich) and logs through it. Either way its first line ("connecting to …")
+    or the panel's first frame used to block the event loop for good."""
+    other_end, output = stalled()
     try:
         with trio.fail_after(60):
-            async with paired_with_gate(home) as (gate, server):
-                # On a terminal the harness draws the live panel (rich) and logs through
-                # it; its first frame alone used to block the event loop for good.
-                harness_cm = harness_process(server, home, gate.command, output=slave)
-                async with harness_cm as harness:
-                    run_id = await server.submit_run("work", conversation_id="A")
-                    await gate.wait_started(run_id)
-                    assert server.run(run_id).ack_statuses == [200]
-                    await server.send_raw(json.dumps({"type": "ping", "id": "tty"}))
-                    await server.wait_until(lambda s: any(
-                        isinstance(m, Pong) and m.id == "tty" for m in s.messages(Pong)))
-                    await gate.release(run_id, "answered")
-                    await server.wait_until(finished(run_id))
-                    harness.send_signal(signal.SIGTERM)
-                    assert await harness.proc.wait() == 0
+            async with gated_process(
+                tmp_path / "home", output=output, heartbeat_s=5
+            ) as (gate, server, harness):
+                # Connected: it got past its first log lines.
+                run_id = await start_run(server, gate, "work", conversation_id="A")
+                assert server.run(run_id).ack_statuses == [200]
+
+                await server.send_raw(json.dumps({"type": "ping", "id": "stalled"}))
+                await server.wait_until(lambda s: any(
+                    isinstance(m, Pong) and m.id == "stalled" for m in s.messages(Pong)))
+                await server.wait_until(lambda s: any(
+                    isinstance(m, Heartbeat) and run_id in [r.run_id for r in m.runs]
+                    for m in s.messages(Heartbeat)))
+
+                await gate.release(run_id, "answered")
+                await server.wait_until(finished(run_id))
+                assert server.run(run_id).reply == "answered"
+                harness.send_signal(signal.SIGTERM)
+                assert await harness.proc.wait() == 0
     finally:
-        os.close(master)
-        os.close(slave)
+        os.close(other_end)
+        os.close(output)
