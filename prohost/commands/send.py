@@ -93,7 +93,11 @@ async def _send(
 async def send_command(
     server: str, text: str, conversation: str | None, wait: bool, timeout_s: float = 600
 ) -> int:
-    """Submit ``text`` (in ``conversation``) to ``server``; see the module docstring."""
+    """Submit ``text`` (in ``conversation``) to ``server``; see the module docstring.
+
+    Cancelled (Ctrl-C): the request or the polling stops; a run already submitted
+    stays on the server and goes on there.
+    """
     try:
         base = api_base(server)
         return await _send(base, text, conversation, wait, timeout_s)

@@ -156,7 +156,11 @@ async def execute_plain(
     on_spawn: Callable[[int], Awaitable[None]] | None = None,
     base_env: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """:func:`execute` with the plain brain running ``spec.command``."""
+    """:func:`execute` with the plain brain running ``spec.command``.
+
+    Cancelled: as :func:`execute` (the agent's group is stopped, then the
+    cancellation propagates).
+    """
     return await execute(
         run, spec, PlainBrain(spec.command), groups=groups, on_spawn=on_spawn,
         base_env=base_env,

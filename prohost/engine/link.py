@@ -121,7 +121,11 @@ class LinkHandler(Protocol):
         """
 
     async def on_message(self, session: Session, message: Message) -> None:
-        """Every decoded message except ``hello`` and ``ping``, in arrival order."""
+        """Every decoded message except ``hello`` and ``ping``, in arrival order.
+
+        Cancelled when the connection drops; it must not raise for anything the
+        server sends (§2).
+        """
 
 
 @attrs.frozen
