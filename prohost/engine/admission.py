@@ -108,20 +108,24 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
             # report: acked as before, and taken on now rather than at the next start.
             await resume_unheld(harness, run.run_id)
         return intake.ACCEPTED, "already accepted"
-    held = HeldRun(run=run)
+    # Held light: the body is in the ledger now, and is read from there when the run
+    # starts (prohost.engine.recovery.load_body), not kept while it waits.
+    held = HeldRun(run.run_id, run.lane)
     harness.hold(held)
     if harness.draining:
         # The first signal came while the ledger was being written: the run
         # is ours now, so report it as not started rather than lose it.
+        held.body = run
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         return intake.ACCEPTED, "accepted"
     try:
-        harness.scheduler.submit(run.run_id, run.lane, held)
+        harness.scheduler.submit(held.run_id, held.lane, held)
     except QueueFullError as exc:
         # The cap above answers 503 before the scheduler's own is reached, so this
         # is a safety net: the run is recorded, so it is reported rather than lost.
         log.error("%s", exc)
+        held.body = run
         harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
         return intake.ACCEPTED, "accepted"
-    progress_log.info("accepted run %s on %s", run.run_id, run.lane)
+    progress_log.info("accepted run %s on %s", held.run_id, held.lane)
     return intake.ACCEPTED, "accepted"

@@ -40,7 +40,13 @@ from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
 from prohost.engine.ledger import Ledger
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
-from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
+from prohost.engine.recovery import (
+    NOT_STARTED,
+    ledger_settled,
+    load_body,
+    recover,
+    sweep_ledger,
+)
 from prohost.engine.reporter import Reporter
 from prohost.engine.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner
 from prohost.engine.scheduler import Scheduler
@@ -337,9 +343,16 @@ class Harness:
         :meth:`Runner.run`; the run is let go either way.
         """
         self.changed()
+        runner = self._runner()
         release_slot = functools.partial(self._release_slot, run_id)
-        await self._then_release(held, functools.partial(self._runner().run, held,
-                                                         release_slot=release_slot))
+
+        async def step() -> None:
+            # A queued run's body waited in the ledger (HeldRun); a failed read
+            # leaves the run there, for its redelivery or the next start.
+            if await load_body(self, held):
+                await runner.run(held, release_slot=release_slot)
+
+        await self._then_release(held, step)
 
     def _release_slot(self, run_id: str) -> None:
         self.scheduler.release_slot(run_id)
@@ -348,8 +361,15 @@ class Harness:
     def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
         held.state = "reporting"
-        self._running_nursery().start_soon(self._then_release, held, functools.partial(
-            self._runner().settle_only, held, outcome, recorded=recorded))
+        runner = self._runner()
+
+        async def step() -> None:
+            # A queued run's body is in the ledger, and the report needs it (its
+            # completion path); a failed read leaves the run there (logged).
+            if await load_body(self, held):
+                await runner.settle_only(held, outcome, recorded=recorded)
+
+        self._running_nursery().start_soon(self._then_release, held, step)
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:

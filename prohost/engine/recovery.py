@@ -19,7 +19,7 @@ import trio
 
 from prohost.engine.accountgate import iso_time
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import LedgerRow, RunState
+from prohost.engine.ledger import LedgerError, LedgerRow, RunState
 from prohost.engine.procinfo import process_belongs_to_run
 from prohost.engine.runner import HeldRun
 from prohost.engine.scheduler import QueueFullError
@@ -98,18 +98,59 @@ async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
     Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
     """
     try:
-        return HeldRun(run=parse_body(row.body))
+        return HeldRun.of(parse_body(row.body))
     except BodyError as exc:  # accepted by an older version that was less strict
-        log.error("run %s in the ledger cannot be read (%s); closing it unreported",
-                  row.run_id, exc)
-        # Closed, so that it is not met again at every start.
-        if harness.ledger is None:
-            return None
-        await harness.bounded(
-            harness.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
-            what=f"closing unreadable run {row.run_id}",
-        )
+        await _close_unreadable(harness, row.run_id, exc)
         return None
+
+
+async def _close_unreadable(harness: Harness, run_id: str, exc: BodyError) -> None:
+    """Close a row whose body cannot be parsed, so that it is not met again at every
+    start. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+    log.error("run %s in the ledger cannot be read (%s); closing it unreported", run_id, exc)
+    if harness.ledger is None:
+        return
+    await harness.bounded(
+        harness.ledger.mark_reported, run_id, f"unreadable: {exc}", time.time(),
+        what=f"closing unreadable run {run_id}",
+    )
+
+
+async def load_body(harness: Harness, held: HeldRun) -> bool:
+    """Read and parse a queued run's body from the ledger as the run leaves the queue
+    (to start, or to be reported); True once ``held.body`` is set.
+
+    A queued run keeps no body in memory (:class:`prohost.engine.runner.HeldRun`):
+    ``admit`` wrote it, fsync'd, before the run was acked. False (logged) when it
+    cannot be read: the run then stays in the ledger as it is, and is taken on again
+    at its redelivery or the next start.
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (a read: abandoning it
+    leaves nothing half done); the body is then not loaded.
+    """
+    if held.body is not None:
+        return True
+    ledger = harness.ledger
+    if ledger is None:
+        raise RuntimeError(f"harness bug: run {held.run_id} was queued without a ledger")
+    try:
+        body = await harness.bounded(ledger.body, held.run_id,
+                                     what=f"reading run {held.run_id} from the ledger")
+    except (LedgerError, OSError, StepTimedOut) as exc:
+        log.error("could not read run %s from the ledger (%s); it stays there and is "
+                  "taken on again when it is delivered again or at the next start",
+                  held.run_id, exc)
+        return False
+    if body is None:
+        log.error("run %s is no longer in the ledger; it cannot be run or reported here",
+                  held.run_id)
+        return False
+    try:
+        held.body = parse_body(body)
+    except BodyError as exc:  # only if the ledger's copy changed since the admission
+        await _close_unreadable(harness, held.run_id, exc)
+        return False
+    return True
 
 
 def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
@@ -125,8 +166,10 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
     elif harness.draining:
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
     else:
+        # Queued light, like a delivered run: the body is read again when it starts.
+        held.body = None
         try:
-            harness.scheduler.submit(row.run_id, held.run.lane, held)
+            harness.scheduler.submit(row.run_id, held.lane, held)
         except QueueFullError:
             # Only if the ledger held more than the cap (an older version's rows):
             # the run is reported retryable rather than lost.
