@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
+from prohost.engine.execute import Progress
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
 from prohost.engine.recovery import INTERRUPTED
-from prohost.wire.runs import Outcome, parse_body
+from prohost.engine.runner import HeldRun
+from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 
 
@@ -104,3 +107,40 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_on_its_re
             assert record.completion.get("reply") == "ran once"
             assert wrapped.failed == 1
             assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+
+
+async def test_a_queued_run_is_held_light_and_runs_with_its_body_from_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """A queued run keeps no parsed body, cancel scope or Progress in memory (10,000
+    of them would be most of the harness's memory), not even once heartbeats and the
+    status have listed it; when it starts, its body comes back from the ledger whole."""
+    prompt_file = tmp_path / "prompt.txt"
+    text = "the whole request, " + "x" * 4096
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home",
+            exec_command=agent_command("reply.py", "--prompt-to", prompt_file, "answered"),
+        ) as running:
+            harness = running.harness
+            # The lane is kept busy, so the run waits in the queue, as behind a full
+            # machine.
+            async with harness.scheduler.holding("conv:C1"):
+                run_id = await server.submit_run(text, conversation_id="C1")
+                await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
+                held = harness.held[run_id]
+                # What a heartbeat and the status file read of every queued run.
+                assert held.beat().state == "queued"
+                harness.snapshot()
+                await harness.next_status_write()
+                assert held.state == "queued"
+                for field in attrs.fields(HeldRun):
+                    value = getattr(held, field.name)
+                    assert not isinstance(value, AgentRun | trio.CancelScope | Progress), \
+                        f"a queued run holds its {field.name}"
+                    assert not (isinstance(value, str) and len(value) > 1000), \
+                        f"a queued run holds its body in {field.name}"
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion
+            assert completion is not None and completion["reply"] == "answered"
+            assert text in prompt_file.read_text()
