@@ -144,3 +144,45 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_body_from_the_ledger
             completion = server.run(run_id).completion
             assert completion is not None and completion["reply"] == "answered"
             assert text in prompt_file.read_text()
+
+
+async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The read of a queued run's body fails (a disk error): the run is neither
+    started nor reported, it stays accepted in the ledger for the next start, and
+    the harness goes on with the next run."""
+
+    class BodyFailsOnce:
+        def __init__(self, ledger: Ledger) -> None:
+            self._ledger = ledger
+            self.failed = 0
+
+        def body(self, run_id: str) -> str | None:
+            if not self.failed:
+                self.failed += 1
+                raise LedgerError("disk I/O error on a read (test)")
+            return self._ledger.body(run_id)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._ledger, name)
+
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            ledger = running.ledger
+            assert ledger is not None
+            wrapped = BodyFailsOnce(ledger)
+            running.harness.ledger = wrapped  # type: ignore[assignment]
+            lost = await server.submit_run("unlucky", conversation_id="C1")
+            await server.wait_until(lambda s: s.runs[lost].state == "accepted")
+            await running.harness.wait_released(lost)
+            after = await server.submit_run("next", conversation_id="C2")
+            await server.wait_until(finished(after))
+
+            assert wrapped.failed == 1
+            assert server.run(lost).completion_posts == 0
+            row = ledger.get(lost)
+            assert row is not None and row.state is RunState.ACCEPTED
+            assert f"could not read run {lost} from the ledger" in caplog.text
