@@ -109,12 +109,14 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_on_its_re
             assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
 
 
-async def test_a_queued_run_is_held_light_and_runs_with_its_body_from_the_ledger(
-    tmp_path: Path,
+@pytest.mark.parametrize("text_budget", ["ample", "spent"])
+async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
+    tmp_path: Path, text_budget: str
 ) -> None:
     """A queued run keeps no parsed body, cancel scope or Progress in memory (10,000
     of them would be most of the harness's memory), not even once heartbeats and the
-    status have listed it; when it starts, its body comes back from the ledger whole."""
+    status have listed it; past the budget for queued texts, not even its text. When
+    it starts, its body comes back whole (from the ledger, past the budget)."""
     prompt_file = tmp_path / "prompt.txt"
     text = "the whole request, " + "x" * 4096
     with trio.fail_after(60):
@@ -123,6 +125,8 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_body_from_the_ledger
             exec_command=agent_command("reply.py", "--prompt-to", prompt_file, "answered"),
         ) as running:
             harness = running.harness
+            if text_budget == "spent":
+                harness.queued_text_budget = 0
             # The lane is kept busy, so the run waits in the queue, as behind a full
             # machine.
             async with harness.scheduler.holding("conv:C1"):
@@ -138,20 +142,24 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_body_from_the_ledger
                     value = getattr(held, field.name)
                     assert not isinstance(value, AgentRun | trio.CancelScope | Progress), \
                         f"a queued run holds its {field.name}"
-                    assert not (isinstance(value, str) and len(value) > 1000), \
-                        f"a queued run holds its body in {field.name}"
+                    if text_budget == "spent":
+                        assert not (isinstance(value, str) and len(value) > 1000), \
+                            f"a queued run holds its body in {field.name}"
+                assert harness.queued_text_chars == (len(server.run(run_id).body_text)
+                                                     if text_budget == "ample" else 0)
             await server.wait_until(finished(run_id))
             completion = server.run(run_id).completion
             assert completion is not None and completion["reply"] == "answered"
             assert text in prompt_file.read_text()
+            assert harness.queued_text_chars == 0
 
 
 async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The read of a queued run's body fails (a disk error): the run is neither
-    started nor reported, it stays accepted in the ledger for the next start, and
-    the harness goes on with the next run."""
+    """Past the budget for queued texts, the read of a queued run's body fails (a
+    disk error): the run is neither started nor reported, it stays accepted in the
+    ledger for the next start, and the harness goes on with the next run."""
 
     class BodyFailsOnce:
         def __init__(self, ledger: Ledger) -> None:
@@ -175,6 +183,7 @@ async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
             assert ledger is not None
             wrapped = BodyFailsOnce(ledger)
             running.harness.ledger = wrapped  # type: ignore[assignment]
+            running.harness.queued_text_budget = 0  # every queued body is in the ledger only
             lost = await server.submit_run("unlucky", conversation_id="C1")
             await server.wait_until(lambda s: s.runs[lost].state == "accepted")
             await running.harness.wait_released(lost)

@@ -42,6 +42,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
 from prohost.engine.recovery import (
     NOT_STARTED,
+    drop_raw,
     ledger_settled,
     load_body,
     recover,
@@ -72,6 +73,9 @@ STOP_WINDOW_S = 5.0
 STOP_GRACE_S = 3.0
 #: The panel and status file show this many of the latest finished runs.
 FINISHED_KEPT = 5
+#: Default of ``Harness.queued_text_budget`` (characters, about bytes): the body
+#: texts of about 4,000 queued runs of 2 KiB.
+QUEUED_TEXT_BUDGET_CHARS = 8 * 1024 * 1024
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
@@ -120,6 +124,13 @@ class Harness:
             limit_wait_s=options.limit_wait_s,
         )
         self.held: dict[str, HeldRun] = {}
+        #: Queued runs keep the text of their body while these texts total at most
+        #: this many characters; past it, a queued run's body is read back from the
+        #: ledger when it starts (prohost.engine.recovery.queue_light). 10,000 queued
+        #: runs of 2 KiB would otherwise hold 20 MiB.
+        self.queued_text_budget = QUEUED_TEXT_BUDGET_CHARS
+        #: Characters of body text the queued runs hold now.
+        self.queued_text_chars = 0
         self.draining = False
         self.stopping = False
         self.exit_code = 0
@@ -400,6 +411,7 @@ class Harness:
         self.changed()
 
     def _release(self, held: HeldRun) -> None:
+        drop_raw(self, held)  # a queued run forgotten, or one whose body was not loaded
         if self.held.get(held.run_id) is held:
             del self.held[held.run_id]
             self.changed()

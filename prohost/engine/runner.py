@@ -79,10 +79,11 @@ async def _post_timeline(
 class HeldRun:
     """A run from accept until its report settles; what heartbeats list.
 
-    A queued run is kept light: its id, lane and state only. Its body stays in the
-    ledger (written there before the ack) until the run leaves the queue, and its
-    cancel scopes and :class:`Progress` are made when first used, so that 10,000
-    queued runs do not hold 10,000 parsed bodies (most of the harness's memory).
+    A queued run is kept light: its id, lane and state, and at most the text its
+    body was delivered in (:attr:`raw`). The body is parsed when the run leaves the
+    queue, and its cancel scopes and :class:`Progress` are made when first used, so
+    that 10,000 queued runs do not hold 10,000 parsed bodies (most of the harness's
+    memory).
     """
 
     run_id: str
@@ -90,6 +91,10 @@ class HeldRun:
     #: The parsed body, once the run leaves the queue (:func:`prohost.engine.recovery.load_body`);
     #: ``None`` while it waits. Read it as :attr:`run`.
     body: AgentRun | None = None
+    #: While queued: the body's text as delivered, if the queued runs' texts fit the
+    #: harness's budget (``Harness.queued_text_budget``); else ``None``, and the body
+    #: is read back from the ledger (which has had it since before the ack).
+    raw: str | None = None
     state: str = "queued"  # queued | preparing | running | reporting
     started_at: float | None = None
     stop_outcome: Outcome | None = None
