@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
+from prohost.engine.execute import Progress
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
 from prohost.engine.recovery import INTERRUPTED
-from prohost.wire.runs import Outcome, parse_body
+from prohost.engine.runner import HeldRun
+from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 
 
@@ -104,3 +107,91 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_on_its_re
             assert record.completion.get("reply") == "ran once"
             assert wrapped.failed == 1
             assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+
+
+@pytest.mark.parametrize("text_budget", ["ample", "spent"])
+async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
+    tmp_path: Path, text_budget: str
+) -> None:
+    """A queued run keeps no parsed body, cancel scope or Progress in memory (10,000
+    of them would be most of the harness's memory), not even once heartbeats and the
+    status have listed it; past the budget for queued texts, not even its text. When
+    it starts, its body comes back whole (from the ledger, past the budget)."""
+    prompt_file = tmp_path / "prompt.txt"
+    text = "the whole request, " + "x" * 4096
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home",
+            exec_command=agent_command("reply.py", "--prompt-to", prompt_file, "answered"),
+        ) as running:
+            harness = running.harness
+            if text_budget == "spent":
+                harness.queued_text_budget = 0
+            # The lane is kept busy, so the run waits in the queue, as behind a full
+            # machine.
+            async with harness.scheduler.holding("conv:C1"):
+                run_id = await server.submit_run(text, conversation_id="C1")
+                await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
+                held = harness.held[run_id]
+                # What a heartbeat and the status file read of every queued run.
+                assert held.beat().state == "queued"
+                harness.snapshot()
+                await harness.next_status_write()
+                assert held.state == "queued"
+                for field in attrs.fields(HeldRun):
+                    value = getattr(held, field.name)
+                    assert not isinstance(value, AgentRun | trio.CancelScope | Progress), \
+                        f"a queued run holds its {field.name}"
+                    if text_budget == "spent":
+                        assert not (isinstance(value, str) and len(value) > 1000), \
+                            f"a queued run holds its body in {field.name}"
+                assert harness.queued_text_chars == (len(server.run(run_id).body_text)
+                                                     if text_budget == "ample" else 0)
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion
+            assert completion is not None and completion["reply"] == "answered"
+            assert text in prompt_file.read_text()
+            assert harness.queued_text_chars == 0
+
+
+async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the budget for queued texts, the read of a queued run's body fails (a
+    disk error): the run is neither started nor reported, it stays accepted in the
+    ledger for the next start, and the harness goes on with the next run."""
+
+    class BodyFailsOnce:
+        def __init__(self, ledger: Ledger) -> None:
+            self._ledger = ledger
+            self.failed = 0
+
+        def body(self, run_id: str) -> str | None:
+            if not self.failed:
+                self.failed += 1
+                raise LedgerError("disk I/O error on a read (test)")
+            return self._ledger.body(run_id)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._ledger, name)
+
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            ledger = running.ledger
+            assert ledger is not None
+            wrapped = BodyFailsOnce(ledger)
+            running.harness.ledger = wrapped  # type: ignore[assignment]
+            running.harness.queued_text_budget = 0  # every queued body is in the ledger only
+            lost = await server.submit_run("unlucky", conversation_id="C1")
+            await server.wait_until(lambda s: s.runs[lost].state == "accepted")
+            await running.harness.wait_released(lost)
+            after = await server.submit_run("next", conversation_id="C2")
+            await server.wait_until(finished(after))
+
+            assert wrapped.failed == 1
+            assert server.run(lost).completion_posts == 0
+            row = ledger.get(lost)
+            assert row is not None and row.state is RunState.ACCEPTED
+            assert f"could not read run {lost} from the ledger" in caplog.text

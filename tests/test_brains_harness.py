@@ -255,7 +255,7 @@ async def test_status_names_the_brain_its_version_and_model(tmp_path: Path) -> N
 
 
 def test_a_running_runs_heartbeat_entry_carries_its_activity() -> None:
-    held = HeldRun(run=parse_body(json.dumps(
+    held = HeldRun.of(parse_body(json.dumps(
         {"run_id": "r1", "completion_path": "/v1/x", "text": "", "conversation_id": "C"})))
     held.progress.activity = "Bash: pytest -q"
     assert held.beat().activity is None  # queued: nothing is happening yet

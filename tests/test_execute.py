@@ -302,7 +302,7 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
                            text="hi", mcp=Mcp(url="https://chat.example/mcp", token="tok-9"))
             running.ledger.admit(run_id, run.lane, "{}", 0.0)
             assert running.harness.runner is not None
-            await running.harness.runner.run(HeldRun(run=run))
+            await running.harness.runner.run(HeldRun.of(run))
             row = running.ledger.get(run_id)
             assert row is not None and row.state is RunState.REPORTED
             assert json.loads(row.outcome or "{}")["ok"] is True

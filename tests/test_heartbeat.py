@@ -80,8 +80,8 @@ async def test_a_full_queue_makes_a_heartbeat_far_below_4_mib() -> None:
     # carried each one's lane would be over 3 MiB; only run_id and state go out.
     conversation = "c" * MAX_CONVERSATION_ID_BYTES
     held = [
-        HeldRun(run=AgentRun(run_id=f"run_{n:06d}", completion_path="/v1/x", text="hi",
-                             conversation_id=conversation))
+        HeldRun.of(AgentRun(run_id=f"run_{n:06d}", completion_path="/v1/x", text="hi",
+                         conversation_id=conversation))
         for n in range(MAX_QUEUED_RUNS)
     ]
     assert all(h.state == "queued" for h in held)

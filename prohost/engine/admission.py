@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 from prohost.engine.accountgate import all_limited_reason
 from prohost.engine.ledger import Admission, LedgerError
 from prohost.engine.link import Session
-from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL, resume_unheld
+from prohost.engine.recovery import (
+    NOT_STARTED,
+    QUEUE_FULL,
+    drop_raw,
+    queue_light,
+    resume_unheld,
+)
 from prohost.engine.runner import HeldRun, progress_log
 from prohost.engine.scheduler import QueueFullError
 from prohost.wire import intake
@@ -108,20 +114,26 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
             # report: acked as before, and taken on now rather than at the next start.
             await resume_unheld(harness, run.run_id)
         return intake.ACCEPTED, "already accepted"
-    held = HeldRun(run=run)
+    # Held light while it waits: parsed again when it starts, from its text or from
+    # the ledger (prohost.engine.recovery.queue_light, load_body).
+    held = HeldRun(run.run_id, run.lane)
     harness.hold(held)
     if harness.draining:
         # The first signal came while the ledger was being written: the run
         # is ours now, so report it as not started rather than lose it.
+        held.body = run
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         return intake.ACCEPTED, "accepted"
+    queue_light(harness, held, body)
     try:
-        harness.scheduler.submit(run.run_id, run.lane, held)
+        harness.scheduler.submit(held.run_id, held.lane, held)
     except QueueFullError as exc:
         # The cap above answers 503 before the scheduler's own is reached, so this
         # is a safety net: the run is recorded, so it is reported rather than lost.
         log.error("%s", exc)
+        drop_raw(harness, held)
+        held.body = run
         harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
         return intake.ACCEPTED, "accepted"
-    progress_log.info("accepted run %s on %s", run.run_id, run.lane)
+    progress_log.info("accepted run %s on %s", held.run_id, held.lane)
     return intake.ACCEPTED, "accepted"

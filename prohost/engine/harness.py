@@ -40,7 +40,14 @@ from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
 from prohost.engine.ledger import Ledger
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
-from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
+from prohost.engine.recovery import (
+    NOT_STARTED,
+    drop_raw,
+    ledger_settled,
+    load_body,
+    recover,
+    sweep_ledger,
+)
 from prohost.engine.reporter import Reporter
 from prohost.engine.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner
 from prohost.engine.scheduler import Scheduler
@@ -66,6 +73,9 @@ STOP_WINDOW_S = 5.0
 STOP_GRACE_S = 3.0
 #: The panel and status file show this many of the latest finished runs.
 FINISHED_KEPT = 5
+#: Default of ``Harness.queued_text_budget`` (characters, about bytes): the body
+#: texts of about 4,000 queued runs of 2 KiB.
+QUEUED_TEXT_BUDGET_CHARS = 8 * 1024 * 1024
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
@@ -114,6 +124,13 @@ class Harness:
             limit_wait_s=options.limit_wait_s,
         )
         self.held: dict[str, HeldRun] = {}
+        #: Queued runs keep the text of their body while these texts total at most
+        #: this many characters; past it, a queued run's body is read back from the
+        #: ledger when it starts (prohost.engine.recovery.queue_light). 10,000 queued
+        #: runs of 2 KiB would otherwise hold 20 MiB.
+        self.queued_text_budget = QUEUED_TEXT_BUDGET_CHARS
+        #: Characters of body text the queued runs hold now.
+        self.queued_text_chars = 0
         self.draining = False
         self.stopping = False
         self.exit_code = 0
@@ -337,9 +354,16 @@ class Harness:
         :meth:`Runner.run`; the run is let go either way.
         """
         self.changed()
+        runner = self._runner()
         release_slot = functools.partial(self._release_slot, run_id)
-        await self._then_release(held, functools.partial(self._runner().run, held,
-                                                         release_slot=release_slot))
+
+        async def step() -> None:
+            # A queued run's body waited in the ledger (HeldRun); a failed read
+            # leaves the run there, for its redelivery or the next start.
+            if await load_body(self, held):
+                await runner.run(held, release_slot=release_slot)
+
+        await self._then_release(held, step)
 
     def _release_slot(self, run_id: str) -> None:
         self.scheduler.release_slot(run_id)
@@ -348,8 +372,15 @@ class Harness:
     def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
         held.state = "reporting"
-        self._running_nursery().start_soon(self._then_release, held, functools.partial(
-            self._runner().settle_only, held, outcome, recorded=recorded))
+        runner = self._runner()
+
+        async def step() -> None:
+            # A queued run's body is in the ledger, and the report needs it (its
+            # completion path); a failed read leaves the run there (logged).
+            if await load_body(self, held):
+                await runner.settle_only(held, outcome, recorded=recorded)
+
+        self._running_nursery().start_soon(self._then_release, held, step)
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -380,6 +411,7 @@ class Harness:
         self.changed()
 
     def _release(self, held: HeldRun) -> None:
+        drop_raw(self, held)  # a queued run forgotten, or one whose body was not loaded
         if self.held.get(held.run_id) is held:
             del self.held[held.run_id]
             self.changed()

@@ -53,7 +53,11 @@ class LaneQueue(Generic[T]):
 
     def __init__(self) -> None:
         self._seq = 0
-        self._lanes: dict[str, deque[Entry[T]]] = {}
+        # lane -> its queued entries: the entry itself while it is the only one (the
+        # common case, one turn waiting per conversation), a deque once there are
+        # more. An empty deque costs about 600 bytes; 10,000 queued conversations
+        # would spend 6 MiB on them.
+        self._lanes: dict[str, Entry[T] | deque[Entry[T]]] = {}
         self._by_key: dict[str, Entry[T]] = {}
         # lane -> key of the item running on it.
         self._busy: dict[str, str] = {}
@@ -102,10 +106,13 @@ class LaneQueue(Generic[T]):
         key, lane = entry.key, entry.lane
         entry.seq = self._seq
         self._seq += 1
-        queue = self._lanes.get(lane)
-        if queue is None:
-            queue = self._lanes[lane] = deque()
-        queue.append(entry)
+        queued = self._lanes.get(lane)
+        if queued is None:
+            self._lanes[lane] = entry
+        elif isinstance(queued, Entry):
+            self._lanes[lane] = deque((queued, entry))
+        else:
+            queued.append(entry)
         self._by_key[key] = entry
         if lane not in self._busy and lane not in self._held and lane not in self._heaped:
             self._heaped.add(lane)
@@ -123,10 +130,9 @@ class LaneQueue(Generic[T]):
             self._heaped.remove(lane)
             if self._held and lane in self._held:
                 continue  # unhold() puts it back
-            queue = self._live_queue(lane)
-            if queue is None:
+            head = self._head(lane)
+            if head is None:
                 continue
-            head = queue[0]
             if head.seq != seq:
                 # The head this entry was keyed by was removed. The new head is
                 # younger, so it goes back in at its own place; nothing older than
@@ -135,7 +141,7 @@ class LaneQueue(Generic[T]):
                 self._heaped.add(lane)
                 heapq.heappush(heap, (head.seq, lane))
                 continue
-            queue.popleft()
+            self._pop_head(lane)
             del self._by_key[head.key]
             self._busy[lane] = head.key
             self._running_keys.add(head.key)
@@ -150,10 +156,10 @@ class LaneQueue(Generic[T]):
         key = self._busy.pop(lane)
         self._running_keys.discard(key)
         # _make_ready, inlined: this runs once per run. A busy lane has no heap entry.
-        queue = self._live_queue(lane)
-        if queue is not None:
+        head = self._head(lane)
+        if head is not None:
             self._heaped.add(lane)
-            heapq.heappush(self._heap, (queue[0].seq, lane))
+            heapq.heappush(self._heap, (head.seq, lane))
 
     def hold(self, lane: str) -> bool:
         """Keep ``lane`` from starting anything until :meth:`unhold`; its queued items
@@ -176,10 +182,10 @@ class LaneQueue(Generic[T]):
         # Called when the lane has just become free (nothing runs on it, not held).
         if lane in self._heaped:
             return  # a held lane's entry can still be there, not yet popped
-        queue = self._live_queue(lane)
-        if queue is not None:
+        head = self._head(lane)
+        if head is not None:
             self._heaped.add(lane)
-            heapq.heappush(self._heap, (queue[0].seq, lane))
+            heapq.heappush(self._heap, (head.seq, lane))
 
     def remove(self, key: str) -> T | None:
         """Take a queued (not running) item out. ``None`` if it isn't queued.
@@ -192,7 +198,7 @@ class LaneQueue(Generic[T]):
             return None
         entry.removed = True
         # Trimming a removed head now keeps a cancelled backlog from pinning memory.
-        self._live_queue(entry.lane)
+        self._head(entry.lane)
         return entry.item
 
     def drain(self) -> list[tuple[str, T]]:
@@ -204,18 +210,32 @@ class LaneQueue(Generic[T]):
         self._heaped.clear()
         return items
 
-    def _live_queue(self, lane: str) -> deque[Entry[T]] | None:
-        """The lane's deque with removed entries trimmed off its front, or None if empty.
+    def _head(self, lane: str) -> Entry[T] | None:
+        """The lane's oldest live entry, with removed entries trimmed off its front, or
+        None if it has none.
 
-        An empty deque is dropped so that ``_lanes`` only grows with lanes that
-        have something queued: over a long life a harness sees many conversations.
+        A lane with nothing queued is dropped so that ``_lanes`` only grows with lanes
+        that have something queued: over a long life a harness sees many conversations.
         """
-        queue = self._lanes.get(lane)
-        if queue is None:
+        queued = self._lanes.get(lane)
+        if queued is None:
             return None
-        while queue and queue[0].removed:
-            queue.popleft()
-        if not queue:
+        if isinstance(queued, Entry):
+            if queued.removed:
+                del self._lanes[lane]
+                return None
+            return queued
+        while queued and queued[0].removed:
+            queued.popleft()
+        if not queued:
             del self._lanes[lane]
             return None
-        return queue
+        return queued[0]
+
+    def _pop_head(self, lane: str) -> None:
+        # The caller has just had the lane's head from _head, so the lane has one.
+        queued = self._lanes[lane]
+        if isinstance(queued, Entry):
+            del self._lanes[lane]
+        else:
+            queued.popleft()

@@ -19,7 +19,7 @@ import trio
 
 from prohost.engine.accountgate import iso_time
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import LedgerRow, RunState
+from prohost.engine.ledger import LedgerError, LedgerRow, RunState
 from prohost.engine.procinfo import process_belongs_to_run
 from prohost.engine.runner import HeldRun
 from prohost.engine.scheduler import QueueFullError
@@ -98,18 +98,85 @@ async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
     Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
     """
     try:
-        return HeldRun(run=parse_body(row.body))
+        return HeldRun.of(parse_body(row.body))
     except BodyError as exc:  # accepted by an older version that was less strict
-        log.error("run %s in the ledger cannot be read (%s); closing it unreported",
-                  row.run_id, exc)
-        # Closed, so that it is not met again at every start.
-        if harness.ledger is None:
-            return None
-        await harness.bounded(
-            harness.ledger.mark_reported, row.run_id, f"unreadable: {exc}", time.time(),
-            what=f"closing unreadable run {row.run_id}",
-        )
+        await _close_unreadable(harness, row.run_id, exc)
         return None
+
+
+async def _close_unreadable(harness: Harness, run_id: str, exc: BodyError) -> None:
+    """Close a row whose body cannot be parsed, so that it is not met again at every
+    start. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+    log.error("run %s in the ledger cannot be read (%s); closing it unreported", run_id, exc)
+    if harness.ledger is None:
+        return
+    await harness.bounded(
+        harness.ledger.mark_reported, run_id, f"unreadable: {exc}", time.time(),
+        what=f"closing unreadable run {run_id}",
+    )
+
+
+def queue_light(harness: Harness, held: HeldRun, text: str) -> None:
+    """Make ``held`` light as it is queued: no parsed body, and its body's ``text``
+    (as delivered) only while the queued runs' texts fit the harness's budget.
+
+    Parsing the text again when the run starts costs about 20 µs; reading it back
+    from the ledger, past the budget, a worker-thread hop (about 150 µs). The
+    budget keeps the first for every queue but a very long one.
+    """
+    held.body = None
+    if harness.queued_text_chars + len(text) <= harness.queued_text_budget:
+        held.raw = text
+        harness.queued_text_chars += len(text)
+
+
+def drop_raw(harness: Harness, held: HeldRun) -> None:
+    """Forget ``held``'s body text (parsed, or no longer needed), and its share of the
+    budget."""
+    if held.raw is not None:
+        harness.queued_text_chars -= len(held.raw)
+        held.raw = None
+
+
+async def load_body(harness: Harness, held: HeldRun) -> bool:
+    """Parse a queued run's body as the run leaves the queue (to start, or to be
+    reported); True once ``held.body`` is set.
+
+    The text is the one kept in memory (:func:`queue_light`), else it is read from
+    the ledger: ``admit`` wrote it, fsync'd, before the run was acked. False (logged)
+    when it cannot be read: the run then stays in the ledger as it is, and is taken
+    on again at its redelivery or the next start.
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (a read: abandoning it
+    leaves nothing half done); the body is then not loaded.
+    """
+    if held.body is not None:
+        return True
+    body = held.raw
+    if body is not None:
+        drop_raw(harness, held)
+    else:
+        ledger = harness.ledger
+        if ledger is None:
+            raise RuntimeError(f"harness bug: run {held.run_id} was queued without a ledger")
+        try:
+            body = await harness.bounded(ledger.body, held.run_id,
+                                         what=f"reading run {held.run_id} from the ledger")
+        except (LedgerError, OSError, StepTimedOut) as exc:
+            log.error("could not read run %s from the ledger (%s); it stays there and is "
+                      "taken on again when it is delivered again or at the next start",
+                      held.run_id, exc)
+            return False
+    if body is None:
+        log.error("run %s is no longer in the ledger; it cannot be run or reported here",
+                  held.run_id)
+        return False
+    try:
+        held.body = parse_body(body)
+    except BodyError as exc:  # only if the ledger's copy changed since the admission
+        await _close_unreadable(harness, held.run_id, exc)
+        return False
+    return True
 
 
 def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
@@ -125,9 +192,12 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
     elif harness.draining:
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
     else:
+        # Queued light, like a delivered run: the body is parsed again when it starts.
+        queue_light(harness, held, row.body)
         try:
-            harness.scheduler.submit(row.run_id, held.run.lane, held)
+            harness.scheduler.submit(row.run_id, held.lane, held)
         except QueueFullError:
+            drop_raw(harness, held)
             # Only if the ledger held more than the cap (an older version's rows):
             # the run is reported retryable rather than lost.
             harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))

@@ -45,7 +45,7 @@ from prohost.engine.reporter import Reporter
 from prohost.engine.timeline import TimelineBatcher
 from prohost.engine.worktrees import WorktreeManager
 from prohost.wire.protocol import RunBeat
-from prohost.wire.runs import AgentRun, Outcome
+from prohost.wire.runs import CONVERSATION_LANE, AgentRun, Outcome
 
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the
@@ -77,28 +77,88 @@ async def _post_timeline(
 
 @attrs.define(eq=False)
 class HeldRun:
-    """A run from accept until its report settles; what heartbeats list."""
+    """A run from accept until its report settles; what heartbeats list.
 
-    run: AgentRun
+    A queued run is kept light: its id, lane and state, and at most the text its
+    body was delivered in (:attr:`raw`). The body is parsed when the run leaves the
+    queue, and its cancel scopes and :class:`Progress` are made when first used, so
+    that 10,000 queued runs do not hold 10,000 parsed bodies (most of the harness's
+    memory).
+    """
+
+    run_id: str
+    lane: str
+    #: The parsed body, once the run leaves the queue (:func:`prohost.engine.recovery.load_body`);
+    #: ``None`` while it waits. Read it as :attr:`run`.
+    body: AgentRun | None = None
+    #: While queued: the body's text as delivered, if the queued runs' texts fit the
+    #: harness's budget (``Harness.queued_text_budget``); else ``None``, and the body
+    #: is read back from the ledger (which has had it since before the ack).
+    raw: str | None = None
     state: str = "queued"  # queued | preparing | running | reporting
     started_at: float | None = None
-    #: Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
-    exec_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    #: Cancelled to forget the run entirely (``heartbeat_ack.unknown``).
-    life_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     stop_outcome: Outcome | None = None
     dropped: bool = False
-    progress: Progress = attrs.field(factory=Progress)
+    # Made on first use (the properties below): a queued run has none of them.
+    _exec_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _life_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _progress: Progress | None = attrs.field(default=None, init=False)
+
+    @classmethod
+    def of(cls, run: AgentRun) -> HeldRun:
+        """A held run with its body (one about to be reported, or a test's)."""
+        return cls(run.run_id, run.lane, run)
 
     @property
-    def run_id(self) -> str:
-        return self.run.run_id
+    def run(self) -> AgentRun:
+        """The parsed body; only once it is loaded (the run has left the queue)."""
+        if self.body is None:
+            raise RuntimeError(f"harness bug: run {self.run_id} is used before its body "
+                               "was read from the ledger")
+        return self.body
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The conversation of the run's lane (§4), without its body."""
+        return self.lane[len(CONVERSATION_LANE):] \
+            if self.lane.startswith(CONVERSATION_LANE) else None
+
+    @property
+    def exec_scope(self) -> trio.CancelScope:
+        """Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
+        A cancel before the run starts is kept, and the run's agent never starts."""
+        if self._exec_scope is None:
+            self._exec_scope = trio.CancelScope()
+        return self._exec_scope
+
+    @property
+    def life_scope(self) -> trio.CancelScope:
+        """Cancelled to forget the run entirely (``heartbeat_ack.unknown``); kept,
+        like :attr:`exec_scope`, when it comes before the run starts."""
+        if self._life_scope is None:
+            self._life_scope = trio.CancelScope()
+        return self._life_scope
+
+    @property
+    def progress(self) -> Progress:
+        """What the runner has learned so far (made by the first writer)."""
+        if self._progress is None:
+            self._progress = Progress()
+        return self._progress
+
+    @property
+    def waiting_until(self) -> float | None:
+        """While the run waits for an account's limit to reset: when (epoch s)."""
+        return None if self._progress is None else self._progress.waiting_until
 
     def activity(self) -> str | None:
         """What the run is doing, for heartbeats and the panel."""
-        if self.progress.waiting_until is not None:
-            return waiting_activity(self.progress.waiting_until)
-        return self.progress.activity if self.state == "running" else None
+        progress = self._progress
+        if progress is None:
+            return None
+        if progress.waiting_until is not None:
+            return waiting_activity(progress.waiting_until)
+        return progress.activity if self.state == "running" else None
 
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),
@@ -106,13 +166,14 @@ class HeldRun:
         waiting for an account's limit to reset also says so, §12)."""
         if self.state == "queued":
             return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
+        progress = self._progress
         return RunBeat(
             run_id=self.run_id,
             state=self.state,
-            lane=self.run.lane,
+            lane=self.lane,
             started_at=self.started_at,
             activity=self.activity(),
-            account=self.progress.account if self.progress.attempts else None,
+            account=progress.account if progress is not None and progress.attempts else None,
         )
 
 
@@ -240,12 +301,12 @@ class Runner:
             try:
                 # Not durable: queued before this turn's `finished`, it is in that
                 # commit or an earlier one.
-                await self._ledger(self.ledger.save_turn, held.run.lane,
+                await self._ledger(self.ledger.save_turn, held.lane,
                                    held.progress.account, outcome.session_id, time.time(),
                                    durable=False)
             except Exception:
                 log.exception("run %s: could not save the session of %s", held.run_id,
-                              held.run.lane)
+                              held.lane)
         return outcome
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:

@@ -75,7 +75,7 @@ def take_snapshot(harness: Harness) -> Snapshot:
     stats = harness.scheduler.statistics()
     rows = []
     for held in harness.held.values():
-        if held.state == "queued" and held.progress.waiting_until is None:
+        if held.state == "queued" and held.waiting_until is None:
             continue
         started = held.started_at
         idle_left = None
@@ -83,7 +83,7 @@ def take_snapshot(harness: Harness) -> Snapshot:
         if held.state == "running" and last is not None and harness.options.idle_timeout_s > 0:
             idle_left = max(0.0, last + harness.options.idle_timeout_s - now)
         rows.append(RunRow(
-            run_id=held.run_id, lane=held.run.lane, conversation=held.run.conversation_id,
+            run_id=held.run_id, lane=held.lane, conversation=held.conversation_id,
             state=held.state,
             elapsed_s=None if started is None else max(0.0, time.time() - started),
             activity=held.beat().activity, idle_left_s=idle_left,

@@ -99,7 +99,7 @@ async def collect_worktrees(harness: Harness, *, now: float | None = None) -> No
         entries = await collect_garbage(
             harness.options.home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
             # Live, not a snapshot: GC asks again just before it removes anything.
-            busy=lambda lane: any(h.run.lane == lane for h in harness.held.values()),
+            busy=lambda lane: any(h.lane == lane for h in harness.held.values()),
             hold=harness.scheduler.holding,
             now=now,
         )

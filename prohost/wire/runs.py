@@ -21,6 +21,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 #: ``conversation_id`` is at most this many UTF-8 bytes (§3).
 MAX_CONVERSATION_ID_BYTES = 256
+#: A conversation's lane is this followed by its id (§4); a lone run's is ``run:<id>``.
+CONVERSATION_LANE = "conv:"
 
 
 class BodyError(ValueError):
@@ -58,7 +60,7 @@ class AgentRun:
     def lane(self) -> str:
         """Runs on one lane never overlap (§4): the conversation, else the run itself."""
         if self.conversation_id:
-            return f"conv:{self.conversation_id}"
+            return CONVERSATION_LANE + self.conversation_id
         return f"run:{self.run_id}"
 
 

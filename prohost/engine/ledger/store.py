@@ -148,6 +148,16 @@ class Ledger(GroupCommit):
             ).fetchone()
         return None if found is None else _row(found)
 
+    def body(self, run_id: str) -> str | None:
+        """The run's body as it was delivered, or ``None`` when the ledger does not hold it.
+
+        No flush: the body is written by ``admit``, which waits for its fsync, so
+        the last commit has it (a queued run's body is read from here as it starts).
+        """
+        with self._locked() as conn:
+            found = conn.execute("SELECT body FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if found is None or found[0] is None else str(found[0])
+
     def mark_started(self, run_id: str, now: float, *, durable: bool = True) -> None:
         """Record that the agent is about to be spawned (only from ``accepted``)."""
         self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
