@@ -22,6 +22,7 @@ Errors are httpx's exceptions, named as httpcore names them (``ConnectError``,
 from __future__ import annotations
 
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -48,7 +49,10 @@ def client_options() -> dict[str, Any]:
     """Keyword arguments for the harness's ``httpx.AsyncClient``: this transport,
     unless the environment names a proxy (``HTTPS_PROXY`` and the like), which
     httpx's own transport honours and this one does not."""
-    if httpx._utils.get_environment_proxies():  # httpx's own rule for env proxies
+    # The schemes httpx takes proxies for, from the same source (environment
+    # variables, or the system's settings on macOS and Windows).
+    proxies = urllib.request.getproxies()
+    if any(proxies.get(scheme) for scheme in ("http", "https", "all")):
         return {}
     return {"transport": LeanTransport()}
 
