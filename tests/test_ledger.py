@@ -418,30 +418,6 @@ def test_sessions_are_kept_per_lane_and_account(ledger: Ledger) -> None:
     assert ledger.lane_account("conv:C1") == "work"
 
 
-def test_started_returns_the_lanes_session_on_the_account_in_the_same_step(
-    ledger: Ledger,
-) -> None:
-    ledger.save_turn("conv:C1", "work", "s-work", 1.0)
-    ledger.save_turn("conv:C1", "default", "s-default", 2.0)
-    for run_id in ("run-w", "run-d", "run-new", "run-plain"):
-        ledger.admit(run_id, "conv:C1", "{}", now=3.0)
-    before = ledger.statistics()
-    assert ledger.mark_started("run-w", 4.0, session_of=("conv:C1", "work")) == "s-work"
-    assert ledger.mark_started("run-d", 4.0, session_of=("conv:C1", "default")) == "s-default"
-    assert ledger.mark_started("run-new", 4.0, session_of=("conv:C2", "work")) is None
-    assert ledger.mark_started("run-plain", 4.0) is None
-    # One durable write each, and each run is started.
-    after = ledger.statistics()
-    assert (after.writes - before.writes, after.durable_commits - before.durable_commits) == (
-        4, 4)
-    for run_id in ("run-w", "run-d", "run-new", "run-plain"):
-        row = ledger.get(run_id)
-        assert row is not None and row.state is RunState.STARTED
-    # A refused step returns no session and changes nothing.
-    with pytest.raises(LedgerError, match="cannot move"):
-        ledger.mark_started("run-w", 5.0, session_of=("conv:C1", "work"))
-
-
 def test_the_default_account_keeps_the_sessions_of_before_accounts(ledger: Ledger) -> None:
     ledger.save_session("conv:C1", "old", 1.0)
     assert ledger.account_session("conv:C1", "default") == "old"

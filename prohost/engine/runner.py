@@ -11,10 +11,10 @@ lane's session and ``reported`` are written with ``durable=False`` and ride the 
 commit (why each may, in :mod:`prohost.engine.ledger`).
 
 Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
-a run makes as few as it can: ``started`` returns the lane's session (no separate
-read), the lane's session is saved in the same hop as ``finished``, and the process
+a run makes as few as it can: the lane's session is read in the same hop as
+``started``, and saved in the same hop as ``finished``; and the process
 group and ``reported`` are queued from the trio thread, without a hop, whenever the
-ledger's writer is at work (it is, most of the time, when runs are busy).
+ledger's writer is at work (about a third of the time with 16 busy runs on a fast disk).
 
 A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
 the run is still reported (a ``cancel``, the second signal) with its
@@ -356,27 +356,29 @@ class Runner:
         )
 
     async def _mark_started(self, run: AgentRun, account: Account) -> str | None:
-        """The ``started`` step (durable: before the spawn), and the session the
-        lane's last turn on ``account`` ended with, read in the same ledger call.
+        """The ``started`` step (durable: before the spawn), then the session the
+        lane's last turn on ``account`` ended with, in one worker thread.
 
-        A failed step is logged and the run goes on, as with :meth:`_ledger`; the
-        session is then read on its own (a read that times out fails the run).
-        Cancelled: as :meth:`_ledger`.
+        A failed ``started`` is logged and the run goes on, as with :meth:`_ledger`;
+        a failed read fails the run (an internal error). Cancelled: as :meth:`_ledger`.
         """
-        ledger = self.ledger
+        # Abandoning it on a hung disk is safe: a ledger step (see _ledger) and a
+        # read on the ledger's read connection; the run then fails with the StepTimedOut.
+        return await self.bounds.run(
+            self._started_then_session, run.run_id, time.time(), run.lane, account.name,
+            limit_s=LEDGER_STEP_TIMEOUT_S,
+            what="the ledger step mark_started, or reading the lane's session")
+
+    def _started_then_session(self, run_id: str, now: float, lane: str,
+                              account: str) -> str | None:
+        """In a worker thread: ``started``, then the lane's session on ``account``
+        (it sees that commit and every one before). One hop for both."""
         try:
-            # Abandoning is safe, as for every ledger step (see _ledger).
-            return await self.bounds.run(
-                functools.partial(ledger.mark_started, session_of=(run.lane, account.name)),
-                run.run_id, time.time(), limit_s=LEDGER_STEP_TIMEOUT_S,
-                what="the ledger step mark_started")
-        except (LedgerError, StepTimedOut) as exc:
+            self.ledger.mark_started(run_id, now)
+        except LedgerError as exc:
+            # A step out of order must not take the run down with it (as _ledger).
             log.error("ledger: %s", exc)
-        # Abandoning it on a hung disk is safe: a read on the ledger's read
-        # connection (see prohost.engine.ledger); the run then fails with the StepTimedOut.
-        return await self.bounds.run(ledger.account_session, run.lane, account.name,
-                                     limit_s=LEDGER_STEP_TIMEOUT_S,
-                                     what="reading the lane's session from the ledger")
+        return self.ledger.account_session(lane, account)
 
     async def _finish(self, held: HeldRun, outcome: Outcome, turn: _Turn | None = None) -> None:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox),

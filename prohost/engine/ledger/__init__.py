@@ -54,8 +54,8 @@ it is met at start only.) So a run costs three fsync'd steps, shared with whatev
 runs are writing at the same moment, where it used to cost six.
 
 Worker threads. Each call is made from a worker thread, and each such hop costs the
-harness's trio thread CPU, so a run makes few: ``mark_started`` also reads the lane's
-session (``session_of``), ``save_turn`` goes in the same hop as ``mark_finished``, and
+harness's trio thread CPU, so a run makes few: the lane's session is read in the same
+hop as ``mark_started``, ``save_turn`` goes in the same hop as ``mark_finished``, and
 ``record_pgid`` and ``mark_reported`` are first tried with ``queue_only`` from the trio
 thread itself — queued for the writer at work, if one is (it applies them before its
 role ends, as it would a ``durable=False`` call's), else not queued at all, and the

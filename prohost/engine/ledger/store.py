@@ -149,25 +149,9 @@ class Ledger(GroupCommit):
             ).fetchone()
         return None if found is None else _row(found)
 
-    def mark_started(
-        self, run_id: str, now: float, *, durable: bool = True,
-        session_of: tuple[str, str] | None = None,
-    ) -> str | None:
-        """Record that the agent is about to be spawned (only from ``accepted``).
-
-        With ``session_of`` (a lane and an account), also read the session that
-        lane's last turn on that account ended with, in the same step (one call, one
-        worker thread, instead of a write and then a read), and return it; else
-        return ``None``. The read sees every write queued before this one.
-        """
-        advance = self._advance_write(run_id, RunState.STARTED, "started_at = ?", (now,))
-
-        def write(conn: sqlite3.Connection) -> str | None:
-            advance(conn)
-            return None if session_of is None else _session_on(conn, *session_of)
-
-        session: str | None = self._write(write, what="mark_started", durable=durable)
-        return session
+    def mark_started(self, run_id: str, now: float, *, durable: bool = True) -> None:
+        """Record that the agent is about to be spawned (only from ``accepted``)."""
+        self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
 
     def record_pgid(
         self, run_id: str, pgid: int, *, durable: bool = True, queue_only: bool = False
