@@ -1,12 +1,12 @@
 """A lean HTTP/1.1 transport for the harness's ``httpx.AsyncClient``: h11 over trio
 streams, connections kept alive and reused.
 
-Why: the harness posts one completion per run from its one trio thread, and
-httpcore's connection pool cost that thread about 1.2 ms of CPU per POST with the
-16 connections that 16 busy runs keep (each request scans every pooled connection,
-twice, with a ``poll`` on each and a quadratic count of the idle ones); this
-transport costs about a fifth of that (docs/benchmarks.md, "Fewer hops, a lean
-HTTP transport"). Everything above the transport — the request, headers, event
+Why: the harness posts one completion per run from its one trio thread, and a POST
+through httpx's default transport cost about 1.2–1.6 ms of CPU with the 16
+connections that 16 busy runs keep (httpcore's pool scans every pooled connection
+twice per request, with a ``poll`` on each and a quadratic count of the idle ones);
+through this one, 0.45–0.67 ms (docs/benchmarks.md, "Fewer hops, a lean HTTP
+transport"). Everything above the transport — the request, headers, event
 hooks, redirects not followed, timeouts, the response and its errors — is still
 httpx's. A client configured with environment proxies keeps httpx's own transport
 (:func:`client_options`).
