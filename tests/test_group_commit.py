@@ -247,3 +247,41 @@ async def test_a_flushing_read_sees_a_non_durable_write_still_queued(
     # `reported`, never before it.
     [recovery] = got
     assert (recovery.pending, recovery.interrupted, recovery.outbox) == ([], [], [])
+
+
+async def test_queue_only_rides_the_writer_at_work_from_the_trio_thread(
+    ledger: GatedLedger,
+) -> None:
+    ledger.admit("run-1", "lane", "{}", now=1.0)
+    ledger.mark_started("run-1", now=2.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(in_thread, ledger.hold)
+        await in_thread(ledger.holding.wait)
+        before = ledger.statistics()
+        # Called here, in the trio thread: it queues and returns at once although
+        # the writer is held (it could not return at all if it waited).
+        assert ledger.record_pgid("run-1", 4242, durable=False, queue_only=True)
+        assert ledger.statistics().queued == 1
+        ledger.release.set()
+    after = ledger.statistics()
+    # The held writer applied it after its own write, without an fsync.
+    assert after.commits - before.commits == 2
+    assert after.durable_commits - before.durable_commits == 1
+    row = await in_thread(ledger.get, "run-1")
+    assert row is not None and row.pgid == 4242
+
+
+async def test_queue_only_with_no_writer_at_work_queues_nothing(
+    ledger: GatedLedger, path: Path
+) -> None:
+    ledger.admit("run-1", "lane", "{}", now=1.0)
+    before = ledger.statistics()
+    # Nobody would apply it: the caller is told to write it the ordinary way.
+    assert not ledger.mark_reported("run-1", "delivered: 200", now=4.0, durable=False,
+                                    queue_only=True)
+    assert ledger.statistics() == before
+    assert committed_states(path) == {"run-1": "accepted"}
+    # A durable write cannot be queued without waiting for its commit.
+    with pytest.raises(LedgerError, match="needs durable=False"):
+        ledger.mark_reported("run-1", "delivered: 200", now=4.0, queue_only=True)
+    assert ledger.statistics() == before

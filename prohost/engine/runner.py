@@ -10,6 +10,12 @@ next begins::
 lane's session and ``reported`` are written with ``durable=False`` and ride the next
 commit (why each may, in :mod:`prohost.engine.ledger`).
 
+Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
+a run makes as few as it can: the lane's session is read in the same hop as
+``started``, and saved in the same hop as ``finished``; and the process
+group and ``reported`` are queued from the trio thread, without a hop, whenever the
+ledger's writer is at work (about a third of the time with 16 busy runs on a fast disk).
+
 A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
 the run is still reported (a ``cancel``, the second signal) with its
 ``stop_outcome``; ``life_scope`` stops everything, the report included (the server
@@ -58,6 +64,11 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
 INTERNAL_ERROR_CHARS = 300
+
+
+#: A lane's turn to save with its run's ``finished`` step: lane, account, and the
+#: session the turn ended with (``None`` forgets the lane's session).
+_Turn = tuple[str, str, str | None]
 
 
 def _no_slot() -> None:
@@ -244,8 +255,8 @@ class Runner:
                 async with trio.open_nursery() as nursery:
                     if batcher is not None:
                         await nursery.start(_post_timeline, batcher, run.run_id)
-                    outcome = await self._outcome_of(held, batcher)
-                    await self._finish(held, outcome)
+                    outcome, turn = await self._outcome_of(held, batcher)
+                    await self._finish(held, outcome, turn)
                     # The agent has ended and its outcome is in the outbox: another
                     # lane may have the slot while this one is reported.
                     release_slot()
@@ -280,11 +291,15 @@ class Runner:
         Shielded and bounded, like every ledger step."""
         # Not durable: lost only with the machine, and then the next start reports
         # it again, which the server answers 404 (§7).
-        await self._ledger(self.ledger.mark_reported, held.run_id,
-                           "dropped: closed on the server", time.time(), durable=False)
+        await self._ledger_soon(self.ledger.mark_reported, held.run_id,
+                                "dropped: closed on the server", time.time())
 
-    async def _outcome_of(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
-        """The run's outcome; never raises but for cancellation (see :meth:`run`).
+    async def _outcome_of(
+        self, held: HeldRun, batcher: TimelineBatcher | None
+    ) -> tuple[Outcome, _Turn | None]:
+        """The run's outcome, and the lane's turn to save with its ``finished`` step
+        (``None``: leave the lane's session as it is); never raises but for
+        cancellation (see :meth:`run`).
 
         Cancelled: as :meth:`_execute`; the lane's session is not touched.
         """
@@ -292,22 +307,14 @@ class Runner:
             outcome = await self._execute(held, batcher)
         except Exception as exc:
             outcome = self._internal_error(held, exc)
-        if held.progress.attempts:
-            outcome = attrs.evolve(outcome, account=held.progress.account)
-            # The lane's next turn resumes whatever session this one ended with,
-            # failed or not; a rejected session that was replaced is forgotten
-            # here too. A run whose agent never started leaves the lane's session
-            # as it was: nothing happened to it.
-            try:
-                # Not durable: queued before this turn's `finished`, it is in that
-                # commit or an earlier one.
-                await self._ledger(self.ledger.save_turn, held.lane,
-                                   held.progress.account, outcome.session_id, time.time(),
-                                   durable=False)
-            except Exception:
-                log.exception("run %s: could not save the session of %s", held.run_id,
-                              held.lane)
-        return outcome
+        if not held.progress.attempts:
+            # A run whose agent never started leaves the lane's session as it was:
+            # nothing happened to it.
+            return outcome, None
+        outcome = attrs.evolve(outcome, account=held.progress.account)
+        # The lane's next turn resumes whatever session this one ended with, failed
+        # or not; a rejected session that was replaced is forgotten here too.
+        return outcome, (held.lane, held.progress.account, outcome.session_id)
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -358,12 +365,7 @@ class Runner:
         run = held.run
         ledger = self.ledger
         held.state = "preparing"
-        await self._ledger(ledger.mark_started, run.run_id, time.time())
-        # Abandoning it on a hung disk is safe: a read on the ledger's read
-        # connection (see prohost.engine.ledger); the run then fails with the StepTimedOut.
-        session = await self.bounds.run(ledger.account_session, run.lane, account.name,
-                                        limit_s=LEDGER_STEP_TIMEOUT_S,
-                                        what="reading the lane's session from the ledger")
+        session = await self._mark_started(run, account)
         self.book.started(account.name, self.clock())
         held.progress.account = account.name
         held.state = "running"
@@ -378,7 +380,7 @@ class Runner:
             # this agent if this process dies while it runs (§7). Not durable:
             # a commit without fsync survives this process dying, and only
             # then can the agent outlive it.
-            await self._ledger(ledger.record_pgid, run.run_id, pgid, durable=False)
+            await self._ledger_soon(ledger.record_pgid, run.run_id, pgid)
 
         async def another(tried: frozenset[str],
                           deadline: float) -> tuple[Account, str | None] | None:
@@ -414,8 +416,34 @@ class Runner:
                                  another=another),
         )
 
-    async def _finish(self, held: HeldRun, outcome: Outcome) -> None:
-        """Books, logs and the ``finished`` step (the outcome is now in the outbox).
+    async def _mark_started(self, run: AgentRun, account: Account) -> str | None:
+        """The ``started`` step (durable: before the spawn), then the session the
+        lane's last turn on ``account`` ended with, in one worker thread.
+
+        A failed ``started`` is logged and the run goes on, as with :meth:`_ledger`;
+        a failed read fails the run (an internal error). Cancelled: as :meth:`_ledger`.
+        """
+        # Abandoning it on a hung disk is safe: a ledger step (see _ledger) and a
+        # read on the ledger's read connection; the run then fails with the StepTimedOut.
+        return await self.bounds.run(
+            self._started_then_session, run.run_id, time.time(), run.lane, account.name,
+            limit_s=LEDGER_STEP_TIMEOUT_S,
+            what="the ledger step mark_started, or reading the lane's session")
+
+    def _started_then_session(self, run_id: str, now: float, lane: str,
+                              account: str) -> str | None:
+        """In a worker thread: ``started``, then the lane's session on ``account``
+        (it sees that commit and every one before). One hop for both."""
+        try:
+            self.ledger.mark_started(run_id, now)
+        except LedgerError as exc:
+            # A step out of order must not take the run down with it (as _ledger).
+            log.error("ledger: %s", exc)
+        return self.ledger.account_session(lane, account)
+
+    async def _finish(self, held: HeldRun, outcome: Outcome, turn: _Turn | None = None) -> None:
+        """Books, logs and the ``finished`` step (the outcome is now in the outbox),
+        with the lane's ``turn`` saved first, in the same worker thread.
 
         Never raises but for cancellation: a ledger failure is logged and the run
         is reported all the same, since the server hearing it matters most.
@@ -424,8 +452,8 @@ class Runner:
         held.state = "reporting"
         self._on_outcome(held, outcome)
         try:
-            await self._ledger(self.ledger.mark_finished, run.run_id, outcome.to_json(),
-                               time.time())
+            await self._ledger(self._save_turn_and_finish, run.run_id, outcome.to_json(),
+                               time.time(), turn, what="the ledger step mark_finished")
         except Exception:
             log.exception("run %s: could not record its outcome; reporting it anyway",
                           run.run_id)
@@ -452,16 +480,44 @@ class Runner:
         try:
             # Not durable: lost only with the machine, and then the next start posts
             # the saved outcome again, which the server takes as a duplicate (§7).
-            await self._ledger(self.ledger.mark_reported, run.run_id,
-                               f"{settlement.kind}: {settlement.detail}", time.time(),
-                               durable=False)
+            await self._ledger_soon(self.ledger.mark_reported, run.run_id,
+                                    f"{settlement.kind}: {settlement.detail}", time.time())
         except Exception:
             log.exception("run %s was reported but that could not be recorded; the next "
                           "start reports it again (the server takes it as a duplicate)",
                           run.run_id)
 
+    def _save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
+                              turn: _Turn | None) -> None:
+        """In a worker thread: the lane's session (not durable: queued first, it is in
+        the ``finished`` commit or an earlier one, so finished ⇒ session kept), then
+        ``finished`` (durable). One hop for both."""
+        if turn is not None:
+            lane, account, session_id = turn
+            try:
+                self.ledger.save_turn(lane, account, session_id, now, durable=False)
+            except Exception:
+                log.exception("run %s: could not save the session of %s", run_id, lane)
+        self.ledger.mark_finished(run_id, outcome_json, now)
+
+    async def _ledger_soon(self, step: Callable[..., bool], *args: object) -> None:
+        """A ledger step written with ``durable=False`` (``record_pgid``,
+        ``mark_reported``): queued from the trio thread for the ledger's writer when
+        one is at work (no worker thread), else as :meth:`_ledger` does.
+
+        Cancelled: as :meth:`_ledger` (queuing never waits).
+        """
+        try:
+            if step(*args, durable=False, queue_only=True):
+                return
+        except LedgerError as exc:
+            log.error("ledger: %s", exc)
+            return
+        await self._ledger(step, *args, durable=False)
+
     async def _ledger(
-        self, step: Callable[..., object], *args: object, durable: bool = True
+        self, step: Callable[..., object], *args: object, durable: bool = True,
+        what: str | None = None,
     ) -> None:
         """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
         Without, once it is queued for the next commit (or committed, without an
@@ -473,14 +529,15 @@ class Runner:
         deadline, the step is abandoned and logged, and the run goes on; the next
         start finds the run wherever the ledger has it and reports it (§7).
         """
-        name = getattr(step, "__name__", "step")
+        if what is None:
+            what = f"the ledger step {getattr(step, '__name__', 'step')}"
         try:
             # Abandoning is safe: each ledger write is a whole transaction (or a
             # savepoint of one) that the ledger's writer completes or rolls back
             # on its own (see prohost.engine.ledger and prohost.engine.blocking).
             call = step if durable else functools.partial(step, durable=False)
             await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                  what=f"the ledger step {name}")
+                                  what=what)
         except LedgerError as exc:
             # A step out of order (say, a drop racing a report that just
             # settled) must not take the run's task down with it.

@@ -53,6 +53,14 @@ step               durable    why
 it is met at start only.) So a run costs three fsync'd steps, shared with whatever other
 runs are writing at the same moment, where it used to cost six.
 
+Worker threads. Each call is made from a worker thread, and each such hop costs the
+harness's trio thread CPU, so a run makes few: the lane's session is read in the same
+hop as ``mark_started``, ``save_turn`` goes in the same hop as ``mark_finished``, and
+``record_pgid`` and ``mark_reported`` are first tried with ``queue_only`` from the trio
+thread itself — queued for the writer at work, if one is (it applies them before its
+role ends, as it would a ``durable=False`` call's), else not queued at all, and the
+call is made again in a worker thread.
+
 The file and its ``-wal``/``-shm`` are mode 0600 whatever the umask: they hold run
 bodies, MCP tokens and conversation text.
 

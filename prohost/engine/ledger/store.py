@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
@@ -162,10 +163,14 @@ class Ledger(GroupCommit):
         """Record that the agent is about to be spawned (only from ``accepted``)."""
         self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
 
-    def record_pgid(self, run_id: str, pgid: int, *, durable: bool = True) -> None:
+    def record_pgid(
+        self, run_id: str, pgid: int, *, durable: bool = True, queue_only: bool = False
+    ) -> bool:
         """Record the spawned agent's process group (only while ``started``).
 
-        The harness passes ``durable=False`` (see the module docstring).
+        The harness passes ``durable=False`` (see the module docstring), and first
+        tries ``queue_only`` (see :meth:`mark_reported`). Returns True, or with
+        ``queue_only`` whether the write was queued.
         """
 
         def write(conn: sqlite3.Connection) -> None:
@@ -177,7 +182,10 @@ class Ledger(GroupCommit):
                 )
             conn.execute("UPDATE runs SET pgid = ? WHERE run_id = ?", (pgid, run_id))
 
+        if queue_only:
+            return self._queue_only(durable, write, what="record_pgid")
         self._write(write, what="record_pgid", durable=durable)
+        return True
 
     def mark_finished(
         self, run_id: str, outcome_json: str, now: float, *, durable: bool = True
@@ -193,18 +201,27 @@ class Ledger(GroupCommit):
         )
 
     def mark_reported(
-        self, run_id: str, settlement: str, now: float, *, durable: bool = True
-    ) -> None:
+        self, run_id: str, settlement: str, now: float, *, durable: bool = True,
+        queue_only: bool = False,
+    ) -> bool:
         """Record that the run's report settled (or that it is dropped without one).
 
         Allowed from any earlier state. ``settlement`` says how, for people reading it.
         The harness passes ``durable=False`` once a report settled (see the module
         docstring).
+
+        ``queue_only`` (with ``durable=False``; for the trio thread): when a writer is
+        at work, queue the write for it and return True at once — no worker thread,
+        no waiting on I/O, the write rides that writer's next commit as a
+        ``durable=False`` call would; when none is, queue nothing and return False
+        (then call again without it, in a worker thread). Returns True otherwise.
         """
-        self._advance(
-            run_id, RunState.REPORTED, "reported_at = ?, settlement = ?", (now, settlement),
-            durable=durable,
-        )
+        write = self._advance_write(
+            run_id, RunState.REPORTED, "reported_at = ?, settlement = ?", (now, settlement))
+        if queue_only:
+            return self._queue_only(durable, write, what="mark_reported")
+        self._write(write, what="mark_reported", durable=durable)
+        return True
 
     def recover(self) -> Recovery:
         """Classify every run not yet reported, for a start after a crash (§7).
@@ -292,14 +309,7 @@ class Ledger(GroupCommit):
     def account_session(self, lane: str, account: str) -> str | None:
         """The session the lane's last turn on ``account`` ended with, if any."""
         with self._locked() as conn:
-            if account == DEFAULT_ACCOUNT:
-                found = conn.execute(
-                    "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
-            else:
-                found = conn.execute(
-                    "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
-                    (lane, account)).fetchone()
-        return None if found is None else str(found[0])
+            return _session_on(conn, lane, account)
 
     def lane_account(self, lane: str) -> str | None:
         """The account the lane's last turn used, if any."""
@@ -362,10 +372,25 @@ class Ledger(GroupCommit):
 
     # -- internals -------------------------------------------------------------------
 
+    def _queue_only(self, durable: bool, write: Callable[[sqlite3.Connection], None], *,
+                    what: str) -> bool:
+        if durable:
+            raise LedgerError(f"harness bug: {what}(queue_only=True) needs durable=False: "
+                              "a durable write waits for its commit")
+        return self._queue_behind_writer(write, what=what)
+
     def _advance(
         self, run_id: str, target: RunState, assignments: str, values: tuple[Any, ...],
         *, durable: bool = True,
     ) -> None:
+        self._write(self._advance_write(run_id, target, assignments, values),
+                    what=f"mark_{target.value}", durable=durable)
+
+    def _advance_write(
+        self, run_id: str, target: RunState, assignments: str, values: tuple[Any, ...],
+    ) -> Callable[[sqlite3.Connection], None]:
+        """The write that moves ``run_id`` to ``target`` (refused unless allowed)."""
+
         def write(conn: sqlite3.Connection) -> None:
             state = self._state_of(conn, run_id)
             if state not in _ALLOWED[target]:
@@ -379,7 +404,7 @@ class Ledger(GroupCommit):
                 (target.value, *values, run_id),
             )
 
-        self._write(write, what=f"mark_{target.value}", durable=durable)
+        return write
 
     @staticmethod
     def _state_of(conn: sqlite3.Connection, run_id: str) -> RunState:
@@ -387,6 +412,18 @@ class Ledger(GroupCommit):
         if found is None:
             raise LedgerError(f"harness bug: run {run_id!r} is not in the ledger")
         return RunState(found[0])
+
+
+def _session_on(conn: sqlite3.Connection, lane: str, account: str) -> str | None:
+    """The session the lane's last turn on ``account`` ended with, if any."""
+    if account == DEFAULT_ACCOUNT:
+        found = conn.execute(
+            "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
+    else:
+        found = conn.execute(
+            "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
+            (lane, account)).fetchone()
+    return None if found is None else str(found[0])
 
 
 def _store_session(

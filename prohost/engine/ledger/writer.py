@@ -163,6 +163,24 @@ class GroupCommit:
         result: _T = write.result
         return result
 
+    def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
+                             what: str) -> bool:
+        """Queue ``fn`` as a non-durable write for the writer at work, without waiting
+        and without a worker thread: True once it is queued (that writer, or the caller
+        it hands its role to, applies it before the role ends — see :meth:`_lead`),
+        False when no writer is at work (nothing is queued; write it with
+        :meth:`_write` then). Its errors are logged, like any write nobody waits for.
+
+        Never blocks on I/O (only the queue's own lock), so the trio thread may call it.
+        """
+        with self._mu:
+            if self._closed:
+                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
+            if not self._writing:
+                return False
+            self._queue.append(_Write(fn, what, durable=False, waits=False))
+            return True
+
     def _enqueue(self, write: _Write) -> bool:
         """Queue ``write``; True when the caller must now be the writer."""
         with self._mu:
