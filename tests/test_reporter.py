@@ -4,9 +4,6 @@ The server is hypercorn on 127.0.0.1 port 0 in the test's own nursery, serving a
 tiny scripted ASGI app that records every request with the trio time it arrived.
 Everything runs in one trio run under ``autojump_clock``, so ten minutes of retries
 take no real time.
-
-Every test runs twice: with httpx's own transport, and with the lean transport the
-harness gives its client (prohost.engine.leanhttp), which must behave the same.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import httpx
 import pytest
 import trio
 
-from prohost.engine.leanhttp import LeanTransport
 from prohost.engine.reporter import Reporter, Settlement
 from tests.asgi_kit import lifespan, read_body, serving
 
@@ -40,24 +36,6 @@ PAYLOAD: dict[str, Any] = {
     "reply": "Fixed: the fixture path.",
     "usage": {"input_tokens": 12},
 }
-
-#: Which transport ``client`` gives the tests' clients: None is httpx's own.
-_transport: list[type[LeanTransport] | None] = [None]
-
-
-@pytest.fixture(autouse=True, params=["httpcore", "lean"])
-def transport_kind(request: pytest.FixtureRequest) -> Any:
-    _transport[0] = LeanTransport if request.param == "lean" else None
-    yield request.param
-    _transport[0] = None
-
-
-def client(**kwargs: Any) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` on the transport under test."""
-    make = _transport[0]
-    return httpx.AsyncClient(**kwargs) if make is None else \
-        httpx.AsyncClient(transport=make(), **kwargs)
-
 
 Answer = tuple[int, dict[str, str], bytes]
 HANG: Answer = (0, {}, b"")  # never answer: the client's timeout has to fire
@@ -115,8 +93,8 @@ class ScriptedApp:
 async def reporter_for(
     app: ScriptedApp, **kwargs: Any
 ) -> AsyncIterator[tuple[Reporter, httpx.AsyncClient]]:
-    async with serving(app) as base, client() as http:
-        yield Reporter(http, base, TOKEN, **kwargs), http
+    async with serving(app) as base, httpx.AsyncClient() as client:
+        yield Reporter(client, base, TOKEN, **kwargs), client
 
 
 class FixedRandom(random.Random):
@@ -257,8 +235,8 @@ async def test_redirect_is_not_followed(autojump_clock: Any) -> None:
         app = ScriptedApp((307, {"Location": "/steal"}, b""), (200, {}, b""))
         # Even a client set to follow redirects must not: the completion path was
         # validated so that the token goes nowhere else.
-        async with serving(app) as base, client(follow_redirects=True) as http:
-            result = await Reporter(http, base, TOKEN).complete(RUN, PATH, PAYLOAD)
+        async with serving(app) as base, httpx.AsyncClient(follow_redirects=True) as client:
+            result = await Reporter(client, base, TOKEN).complete(RUN, PATH, PAYLOAD)
         assert (result.kind, result.status) == ("rejected", 307)
         assert len(app.seen) == 1
 
@@ -299,9 +277,9 @@ async def test_connection_refused_is_retried_then_gives_up(autojump_clock: Any) 
         async def on_request(request: httpx.Request) -> None:
             attempts.append(trio.current_time())
 
-        async with client(event_hooks={"request": [on_request]}) as http:
+        async with httpx.AsyncClient(event_hooks={"request": [on_request]}) as client:
             reporter = Reporter(
-                http, f"http://127.0.0.1:{free_port()}", TOKEN, window_s=60, rng=FixedRandom()
+                client, f"http://127.0.0.1:{free_port()}", TOKEN, window_s=60, rng=FixedRandom()
             )
             start = trio.current_time()
             result = await reporter.complete(RUN, PATH, PAYLOAD)
@@ -373,8 +351,8 @@ async def test_timeline_post_4xx_is_not_retried(autojump_clock: Any) -> None:
 
 async def test_timeline_post_to_nobody_never_raises(autojump_clock: Any) -> None:
     with trio.fail_after(60):
-        async with client() as http:
-            reporter = Reporter(http, f"http://127.0.0.1:{free_port()}", TOKEN)
+        async with httpx.AsyncClient() as client:
+            reporter = Reporter(client, f"http://127.0.0.1:{free_port()}", TOKEN)
             start = trio.current_time()
             assert not await reporter.post_timeline(RUN, "/t", [{"id": "x"}])
             assert trio.current_time() - start < 15
@@ -407,8 +385,8 @@ async def test_completions_and_timeline_posts_share_one_kept_alive_connection() 
                     b"x" * 3000 + b'"}'})
 
     with trio.fail_after(20):
-        async with serving(app) as base, client() as http:
-            reporter = Reporter(http, base, TOKEN)
+        async with serving(app) as base, httpx.AsyncClient() as client:
+            reporter = Reporter(client, base, TOKEN)
             for run_id in ("run_a", "run_b", "again"):
                 await reporter.complete(run_id, f"/v1/agent/runs/{run_id}/complete",
                                         {**PAYLOAD, "run_id": run_id})

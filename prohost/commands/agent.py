@@ -18,7 +18,7 @@ import httpx
 import trio
 from rich.console import Console
 
-from prohost.engine import leanhttp, signals
+from prohost.engine import signals
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.link import Endpoints
@@ -105,7 +105,7 @@ async def supervise(
     before this (while the process started) are obeyed first, in order.
     Cancelled: the harness's own cancellation rules apply (see :meth:`Harness.run`).
     """
-    async with httpx.AsyncClient(**leanhttp.client_options()) as client:
+    async with httpx.AsyncClient() as client:
         harness = Harness(options, endpoints, client=client, ledger=ledger)
         with trio.open_signal_receiver(*signals.WATCHED) as receiver:
             # Taken only now: from here on every signal reaches the receiver instead.
