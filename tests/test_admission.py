@@ -24,6 +24,7 @@ from prohost.engine.execute import Progress
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
 from prohost.engine.recovery import INTERRUPTED
 from prohost.engine.runner import HeldRun
+from prohost.engine.status_file import status_message
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 
@@ -135,8 +136,8 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
                 held = harness.held[run_id]
                 # What a heartbeat and the status file read of every queued run.
                 assert held.beat().state == "queued"
-                harness.snapshot()
-                await harness.next_status_write()
+                harness.snapshot()  # the panel's and status.json's picture
+                status_message(harness)
                 assert held.state == "queued"
                 for field in attrs.fields(HeldRun):
                     value = getattr(held, field.name)
@@ -154,12 +155,13 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
             assert harness.queued_text_chars == 0
 
 
-async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
+async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Past the budget for queued texts, the read of a queued run's body fails (a
-    disk error): the run is neither started nor reported, it stays accepted in the
-    ledger for the next start, and the harness goes on with the next run."""
+    disk error): the run is not started, but it is reported at once, retryable, as
+    an internal error (a run left in the ledger would wait, unanswered, for the
+    next start), and the harness goes on with the next run."""
 
     class BodyFailsOnce:
         def __init__(self, ledger: Ledger) -> None:
@@ -185,13 +187,20 @@ async def test_a_queued_run_whose_body_cannot_be_read_stays_in_the_ledger(
             running.harness.ledger = wrapped  # type: ignore[assignment]
             running.harness.queued_text_budget = 0  # every queued body is in the ledger only
             lost = await server.submit_run("unlucky", conversation_id="C1")
-            await server.wait_until(lambda s: s.runs[lost].state == "accepted")
+            await server.wait_until(finished(lost))
             await running.harness.wait_released(lost)
             after = await server.submit_run("next", conversation_id="C2")
             await server.wait_until(finished(after))
 
             assert wrapped.failed == 1
-            assert server.run(lost).completion_posts == 0
+            completion = server.run(lost).completion
+            assert completion is not None
+            assert completion["ok"] is False and completion["retryable"] is True
+            assert completion["error"].startswith(
+                "internal error: could not read the run back from the ledger: ")
+            assert "reply" not in completion  # the agent never ran for it
+            assert server.run(lost).completion_posts == 1
             row = ledger.get(lost)
-            assert row is not None and row.state is RunState.ACCEPTED
-            assert f"could not read run {lost} from the ledger" in caplog.text
+            assert row is not None and row.state is RunState.REPORTED
+            assert f"run {lost}: could not read the run back from the ledger" in caplog.text
+            assert server.run(after).completion["reply"] == "ran"

@@ -116,7 +116,7 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
         return intake.ACCEPTED, "already accepted"
     # Held light while it waits: parsed again when it starts, from its text or from
     # the ledger (prohost.engine.recovery.queue_light, load_body).
-    held = HeldRun(run.run_id, run.lane)
+    held = HeldRun(run.run_id, run.lane, completion_path=run.completion_path)
     harness.hold(held)
     if harness.draining:
         # The first signal came while the ledger was being written: the run

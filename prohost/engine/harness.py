@@ -358,10 +358,14 @@ class Harness:
         release_slot = functools.partial(self._release_slot, run_id)
 
         async def step() -> None:
-            # A queued run's body waited in the ledger (HeldRun); a failed read
-            # leaves the run there, for its redelivery or the next start.
-            if await load_body(self, held):
+            # A queued run's body waited as text or in the ledger (HeldRun); one that
+            # cannot be read back is reported, retryable, instead of run.
+            problem = await load_body(self, held)
+            if problem is None:
                 await runner.run(held, release_slot=release_slot)
+            else:
+                await runner.settle_only(held, Outcome.failure(
+                    f"internal error: {problem}", retryable=True), recorded=False)
 
         await self._then_release(held, step)
 
@@ -375,10 +379,10 @@ class Harness:
         runner = self._runner()
 
         async def step() -> None:
-            # A queued run's body is in the ledger, and the report needs it (its
-            # completion path); a failed read leaves the run there (logged).
-            if await load_body(self, held):
-                await runner.settle_only(held, outcome, recorded=recorded)
+            # The report needs the body's completion path: a stand-in carries it if
+            # the body cannot be read back (load_body).
+            await load_body(self, held)
+            await runner.settle_only(held, outcome, recorded=recorded)
 
         self._running_nursery().start_soon(self._then_release, held, step)
 

@@ -24,7 +24,7 @@ from prohost.engine.procinfo import process_belongs_to_run
 from prohost.engine.runner import HeldRun
 from prohost.engine.scheduler import QueueFullError
 from prohost.engine.upkeep import prune
-from prohost.wire.runs import BodyError, Outcome, parse_body
+from prohost.wire.runs import AgentRun, BodyError, Outcome, parse_body
 
 if TYPE_CHECKING:
     from prohost.engine.harness import Harness
@@ -124,6 +124,8 @@ def queue_light(harness: Harness, held: HeldRun, text: str) -> None:
     from the ledger, past the budget, a worker-thread hop (about 150 µs). The
     budget keeps the first for every queue but a very long one.
     """
+    if held.body is not None:
+        held.completion_path = held.body.completion_path
     held.body = None
     if harness.queued_text_chars + len(text) <= harness.queued_text_budget:
         held.raw = text
@@ -138,21 +140,24 @@ def drop_raw(harness: Harness, held: HeldRun) -> None:
         held.raw = None
 
 
-async def load_body(harness: Harness, held: HeldRun) -> bool:
+async def load_body(harness: Harness, held: HeldRun) -> str | None:
     """Parse a queued run's body as the run leaves the queue (to start, or to be
-    reported); True once ``held.body`` is set.
+    reported). ``None`` once ``held.body`` is set from it.
 
     The text is the one kept in memory (:func:`queue_light`), else it is read from
-    the ledger: ``admit`` wrote it, fsync'd, before the run was acked. False (logged)
-    when it cannot be read: the run then stays in the ledger as it is, and is taken
-    on again at its redelivery or the next start.
+    the ledger: ``admit`` wrote it, fsync'd, before the run was acked. When it
+    cannot be read (a disk error, a row gone or changed), the reason is logged and
+    returned, and ``held.body`` is a stand-in with the run's id, conversation and
+    completion path and no text: enough to report the run, never to run it. Every
+    run is reported, whatever breaks.
 
     Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (a read: abandoning it
     leaves nothing half done); the body is then not loaded.
     """
     if held.body is not None:
-        return True
+        return None
     body = held.raw
+    problem: str | None = None
     if body is not None:
         drop_raw(harness, held)
     else:
@@ -163,20 +168,24 @@ async def load_body(harness: Harness, held: HeldRun) -> bool:
             body = await harness.bounded(ledger.body, held.run_id,
                                          what=f"reading run {held.run_id} from the ledger")
         except (LedgerError, OSError, StepTimedOut) as exc:
-            log.error("could not read run %s from the ledger (%s); it stays there and is "
-                      "taken on again when it is delivered again or at the next start",
-                      held.run_id, exc)
-            return False
-    if body is None:
-        log.error("run %s is no longer in the ledger; it cannot be run or reported here",
-                  held.run_id)
-        return False
-    try:
-        held.body = parse_body(body)
-    except BodyError as exc:  # only if the ledger's copy changed since the admission
-        await _close_unreadable(harness, held.run_id, exc)
-        return False
-    return True
+            problem = f"could not read the run back from the ledger: {exc}"
+        else:
+            if body is None:
+                problem = "the run is no longer in the ledger"
+    if body is not None:
+        try:
+            held.body = parse_body(body)
+            return None
+        except BodyError as exc:  # only if the ledger's copy changed since the admission
+            problem = f"the run in the ledger cannot be read: {exc}"
+    problem = problem or "the run's body is missing"
+    if held.completion_path is None:
+        raise RuntimeError(f"harness bug: run {held.run_id} was queued without its "
+                           "completion path")
+    log.error("run %s: %s; reporting it as an internal error", held.run_id, problem)
+    held.body = AgentRun(run_id=held.run_id, completion_path=held.completion_path, text="",
+                         conversation_id=held.conversation_id)
+    return problem
 
 
 def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:

@@ -110,6 +110,9 @@ class HeldRun:
     started_at: float | None = None
     stop_outcome: Outcome | None = None
     dropped: bool = False
+    #: Where the run's report goes, kept while the body is not: a run whose body
+    #: cannot be read back is still reported (``prohost.engine.recovery.load_body``).
+    completion_path: str | None = None
     # Made on first use (the properties below): a queued run has none of them.
     _exec_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _life_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
@@ -118,7 +121,7 @@ class HeldRun:
     @classmethod
     def of(cls, run: AgentRun) -> HeldRun:
         """A held run with its body (one about to be reported, or a test's)."""
-        return cls(run.run_id, run.lane, run)
+        return cls(run.run_id, run.lane, run, completion_path=run.completion_path)
 
     @property
     def run(self) -> AgentRun:
