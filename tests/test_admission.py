@@ -21,9 +21,9 @@ import pytest
 import trio
 
 from prohost.engine.execute import Progress
+from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
 from prohost.engine.recovery import INTERRUPTED
-from prohost.engine.runner import HeldRun
 from prohost.engine.status_file import status_message
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
@@ -127,7 +127,7 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
         ) as running:
             harness = running.harness
             if text_budget == "spent":
-                harness.queued_text_budget = 0
+                harness.bodies.budget = 0
             # The lane is kept busy, so the run waits in the queue, as behind a full
             # machine.
             async with harness.scheduler.holding("conv:C1"):
@@ -146,13 +146,13 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
                     if text_budget == "spent":
                         assert not (isinstance(value, str) and len(value) > 1000), \
                             f"a queued run holds its body in {field.name}"
-                assert harness.queued_text_chars == (len(server.run(run_id).body_text)
+                assert harness.bodies.chars == (len(server.run(run_id).body_text)
                                                      if text_budget == "ample" else 0)
             await server.wait_until(finished(run_id))
             completion = server.run(run_id).completion
             assert completion is not None and completion["reply"] == "answered"
             assert text in prompt_file.read_text()
-            assert harness.queued_text_chars == 0
+            assert harness.bodies.chars == 0
 
 
 async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
@@ -184,8 +184,10 @@ async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
             ledger = running.ledger
             assert ledger is not None
             wrapped = BodyFailsOnce(ledger)
-            running.harness.ledger = wrapped  # type: ignore[assignment]
-            running.harness.queued_text_budget = 0  # every queued body is in the ledger only
+            runner = running.harness.runner
+            assert runner is not None
+            runner.steps.ledger = wrapped  # type: ignore[assignment]
+            running.harness.bodies.budget = 0  # every queued body is in the ledger only
             lost = await server.submit_run("unlucky", conversation_id="C1")
             await server.wait_until(finished(lost))
             await running.harness.wait_released(lost)

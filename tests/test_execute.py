@@ -278,8 +278,8 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
     ``mcp`` field, past intake, must not make its scratch folder ``$PROHOST_HOME``
     (or ``runs/``), which the run's cleanup removes."""
     from prohost.engine.agentenv import scratch_folder
+    from prohost.engine.heldrun import HeldRun
     from prohost.engine.ledger import RunState
-    from prohost.engine.runner import HeldRun
     from prohost.wire.runs import Mcp
     from tests.kit import running_harness, running_server
 

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from prohost.engine.heartbeat import STATUS_MIN_INTERVAL_S, Beacon
+from prohost.engine.heldrun import HeldRun
 from prohost.engine.link import Session
-from prohost.engine.runner import HeldRun
 from prohost.wire.intake import MAX_QUEUED_RUNS
 from prohost.wire.protocol import Heartbeat, Hello, RunBeat, Status, decode, encode
 from prohost.wire.runs import MAX_CONVERSATION_ID_BYTES, AgentRun

@@ -19,16 +19,11 @@ import time
 from typing import TYPE_CHECKING
 
 from prohost.engine.accountgate import all_limited_reason
+from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Admission, LedgerError
 from prohost.engine.link import Session
-from prohost.engine.recovery import (
-    NOT_STARTED,
-    QUEUE_FULL,
-    drop_raw,
-    queue_light,
-    resume_unheld,
-)
-from prohost.engine.runner import HeldRun, progress_log
+from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL, resume_unheld
+from prohost.engine.runner import progress_log
 from prohost.engine.scheduler import QueueFullError
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Delivery
@@ -115,7 +110,7 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
             await resume_unheld(harness, run.run_id)
         return intake.ACCEPTED, "already accepted"
     # Held light while it waits: parsed again when it starts, from its text or from
-    # the ledger (prohost.engine.recovery.queue_light, load_body).
+    # the ledger (prohost.engine.queued_bodies).
     held = HeldRun(run.run_id, run.lane, completion_path=run.completion_path)
     harness.hold(held)
     if harness.draining:
@@ -124,14 +119,14 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
         held.body = run
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         return intake.ACCEPTED, "accepted"
-    queue_light(harness, held, body)
+    harness.bodies.keep(held, body)
     try:
         harness.scheduler.submit(held.run_id, held.lane, held)
     except QueueFullError as exc:
         # The cap above answers 503 before the scheduler's own is reached, so this
         # is a safety net: the run is recorded, so it is reported rather than lost.
         log.error("%s", exc)
-        drop_raw(harness, held)
+        harness.bodies.drop(held)
         held.body = run
         harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
         return intake.ACCEPTED, "accepted"

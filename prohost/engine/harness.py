@@ -38,18 +38,14 @@ from prohost.engine.agentproc import ProcessGroups
 from prohost.engine.brains import brain_for
 from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
+from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
+from prohost.engine.ledgersteps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
-from prohost.engine.recovery import (
-    NOT_STARTED,
-    drop_raw,
-    ledger_settled,
-    load_body,
-    recover,
-    sweep_ledger,
-)
+from prohost.engine.queued_bodies import QueuedBodies
+from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
 from prohost.engine.reporter import Reporter
-from prohost.engine.runner import LEDGER_STEP_TIMEOUT_S, HeldRun, Runner
+from prohost.engine.runner import Runner
 from prohost.engine.scheduler import Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
 from prohost.engine.status_file import (
@@ -73,9 +69,6 @@ STOP_WINDOW_S = 5.0
 STOP_GRACE_S = 3.0
 #: The panel and status file show this many of the latest finished runs.
 FINISHED_KEPT = 5
-#: Default of ``Harness.queued_text_budget`` (characters, about bytes): the body
-#: texts of about 4,000 queued runs of 2 KiB.
-QUEUED_TEXT_BUDGET_CHARS = 8 * 1024 * 1024
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
@@ -109,6 +102,8 @@ class Harness:
         self.worktrees = WorktreeManager(options.home, options.repos)
         #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
+        #: The queued runs' body texts and their budget.
+        self.bodies = QueuedBodies()
         self.runner = None if ledger is None else Runner(
             spec=ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
             brain=self.brain,
@@ -122,15 +117,9 @@ class Harness:
             on_outcome=functools.partial(note_outcome, self),
             book=self.book,
             limit_wait_s=options.limit_wait_s,
+            bodies=self.bodies,
         )
         self.held: dict[str, HeldRun] = {}
-        #: Queued runs keep the text of their body while these texts total at most
-        #: this many characters; past it, a queued run's body is read back from the
-        #: ledger when it starts (prohost.engine.recovery.queue_light). 10,000 queued
-        #: runs of 2 KiB would otherwise hold 20 MiB.
-        self.queued_text_budget = QUEUED_TEXT_BUDGET_CHARS
-        #: Characters of body text the queued runs hold now.
-        self.queued_text_chars = 0
         self.draining = False
         self.stopping = False
         self.exit_code = 0
@@ -354,20 +343,9 @@ class Harness:
         :meth:`Runner.run`; the run is let go either way.
         """
         self.changed()
-        runner = self._runner()
         release_slot = functools.partial(self._release_slot, run_id)
-
-        async def step() -> None:
-            # A queued run's body waited as text or in the ledger (HeldRun); one that
-            # cannot be read back is reported, retryable, instead of run.
-            problem = await load_body(self, held)
-            if problem is None:
-                await runner.run(held, release_slot=release_slot)
-            else:
-                await runner.settle_only(held, Outcome.failure(
-                    f"internal error: {problem}", retryable=True), recorded=False)
-
-        await self._then_release(held, step)
+        await self._then_release(held, functools.partial(self._runner().run, held,
+                                                         release_slot=release_slot))
 
     def _release_slot(self, run_id: str) -> None:
         self.scheduler.release_slot(run_id)
@@ -376,15 +354,8 @@ class Harness:
     def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
         """Report a run that will not (or did not, in this process) execute."""
         held.state = "reporting"
-        runner = self._runner()
-
-        async def step() -> None:
-            # The report needs the body's completion path: a stand-in carries it if
-            # the body cannot be read back (load_body).
-            await load_body(self, held)
-            await runner.settle_only(held, outcome, recorded=recorded)
-
-        self._running_nursery().start_soon(self._then_release, held, step)
+        self._running_nursery().start_soon(self._then_release, held, functools.partial(
+            self._runner().settle_only, held, outcome, recorded=recorded))
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -415,7 +386,7 @@ class Harness:
         self.changed()
 
     def _release(self, held: HeldRun) -> None:
-        drop_raw(self, held)  # a queued run forgotten, or one whose body was not loaded
+        self.bodies.drop(held)  # a queued run forgotten, or one whose body was not loaded
         if self.held.get(held.run_id) is held:
             del self.held[held.run_id]
             self.changed()

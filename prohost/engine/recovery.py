@@ -19,12 +19,12 @@ import trio
 
 from prohost.engine.accountgate import iso_time
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import LedgerError, LedgerRow, RunState
+from prohost.engine.heldrun import HeldRun
+from prohost.engine.ledger import LedgerRow, RunState
 from prohost.engine.procinfo import process_belongs_to_run
-from prohost.engine.runner import HeldRun
 from prohost.engine.scheduler import QueueFullError
 from prohost.engine.upkeep import prune
-from prohost.wire.runs import AgentRun, BodyError, Outcome, parse_body
+from prohost.wire.runs import BodyError, Outcome, parse_body
 
 if TYPE_CHECKING:
     from prohost.engine.harness import Harness
@@ -116,78 +116,6 @@ async def _close_unreadable(harness: Harness, run_id: str, exc: BodyError) -> No
     )
 
 
-def queue_light(harness: Harness, held: HeldRun, text: str) -> None:
-    """Make ``held`` light as it is queued: no parsed body, and its body's ``text``
-    (as delivered) only while the queued runs' texts fit the harness's budget.
-
-    Parsing the text again when the run starts costs about 20 µs; reading it back
-    from the ledger, past the budget, a worker-thread hop (about 150 µs). The
-    budget keeps the first for every queue but a very long one.
-    """
-    if held.body is not None:
-        held.completion_path = held.body.completion_path
-    held.body = None
-    if harness.queued_text_chars + len(text) <= harness.queued_text_budget:
-        held.raw = text
-        harness.queued_text_chars += len(text)
-
-
-def drop_raw(harness: Harness, held: HeldRun) -> None:
-    """Forget ``held``'s body text (parsed, or no longer needed), and its share of the
-    budget."""
-    if held.raw is not None:
-        harness.queued_text_chars -= len(held.raw)
-        held.raw = None
-
-
-async def load_body(harness: Harness, held: HeldRun) -> str | None:
-    """Parse a queued run's body as the run leaves the queue (to start, or to be
-    reported). ``None`` once ``held.body`` is set from it.
-
-    The text is the one kept in memory (:func:`queue_light`), else it is read from
-    the ledger: ``admit`` wrote it, fsync'd, before the run was acked. When it
-    cannot be read (a disk error, a row gone or changed), the reason is logged and
-    returned, and ``held.body`` is a stand-in with the run's id, conversation and
-    completion path and no text: enough to report the run, never to run it. Every
-    run is reported, whatever breaks.
-
-    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (a read: abandoning it
-    leaves nothing half done); the body is then not loaded.
-    """
-    if held.body is not None:
-        return None
-    body = held.raw
-    problem: str | None = None
-    if body is not None:
-        drop_raw(harness, held)
-    else:
-        ledger = harness.ledger
-        if ledger is None:
-            raise RuntimeError(f"harness bug: run {held.run_id} was queued without a ledger")
-        try:
-            body = await harness.bounded(ledger.body, held.run_id,
-                                         what=f"reading run {held.run_id} from the ledger")
-        except (LedgerError, OSError, StepTimedOut) as exc:
-            problem = f"could not read the run back from the ledger: {exc}"
-        else:
-            if body is None:
-                problem = "the run is no longer in the ledger"
-    if body is not None:
-        try:
-            held.body = parse_body(body)
-            return None
-        except BodyError as exc:  # only if the ledger's copy changed since the admission
-            problem = f"the run in the ledger cannot be read: {exc}"
-    problem = problem or "the run's body is missing"
-    if held.completion_path is None:
-        raise RuntimeError(f"harness bug: run {held.run_id} was queued without its "
-                           "completion path")
-    log.error("run %s: %s; reporting it as an internal error", held.run_id, problem)
-    held.body = AgentRun(run_id=held.run_id, completion_path=held.completion_path, text="",
-                         conversation_id=held.conversation_id)
-    return problem
-
-
 def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
     """Hold a ledger row's run again and take it on from where the ledger has it:
     a saved outcome is reported as it is, an accepted run is queued (or, during a
@@ -202,11 +130,11 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
     else:
         # Queued light, like a delivered run: the body is parsed again when it starts.
-        queue_light(harness, held, row.body)
+        harness.bodies.keep(held, row.body)
         try:
             harness.scheduler.submit(row.run_id, held.lane, held)
         except QueueFullError:
-            drop_raw(harness, held)
+            harness.bodies.drop(held)
             # Only if the ledger held more than the cap (an older version's rows):
             # the run is reported retryable rather than lost.
             harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))

@@ -10,18 +10,15 @@ next begins::
 lane's session and ``reported`` are written with ``durable=False`` and ride the next
 commit (why each may, in :mod:`prohost.engine.ledger`).
 
-Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
-a run makes as few as it can: the lane's session is read in the same hop as
-``started``, and saved in the same hop as ``finished``; and the process
-group and ``reported`` are queued from the trio thread, without a hop, whenever the
-ledger's writer is at work (about a third of the time with 16 busy runs on a fast disk).
+The ledger steps themselves, bounded and with as few worker-thread hops as they
+can, are :mod:`prohost.engine.ledgersteps`'s.
 
-A :class:`HeldRun` carries two cancel scopes. ``exec_scope`` stops the agent and
-the run is still reported (a ``cancel``, the second signal) with its
-``stop_outcome``; ``life_scope`` stops everything, the report included (the server
-said it no longer knows the run). Ledger steps are shielded and bounded, so a
-cancel never leaves one half done. Which account a run starts on, and the wait
-while every account is limited (§12), are :mod:`prohost.engine.accountgate`'s.
+A :class:`~prohost.engine.heldrun.HeldRun` carries two cancel scopes. ``exec_scope``
+stops the agent and the run is still reported (a ``cancel``, the second signal) with
+its ``stop_outcome``; ``life_scope`` stops everything, the report included (the
+server said it no longer knows the run). Ledger steps are shielded and bounded, so a
+cancel never leaves one half done. Which account a run starts on, and the wait while
+every account is limited (§12), are :mod:`prohost.engine.accountgate`'s.
 """
 
 from __future__ import annotations
@@ -35,40 +32,32 @@ from pathlib import Path
 import attrs
 import trio
 
-from prohost.engine.accountgate import AccountGate, waiting_activity
-
-# Re-exported: prohost.engine.harness and prohost.engine.recovery import these two
-# from here (their home is prohost.engine.accountgate).
+from prohost.engine.accountgate import AccountGate
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.agentenv import scratch_folder
 from prohost.engine.agentproc import ProcessGroups
-from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.brains import Brain
 from prohost.engine.brains.base import one_line
-from prohost.engine.execute import AccountPlan, ExecSpec, Progress, execute
-from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.execute import AccountPlan, ExecSpec, execute
+from prohost.engine.heldrun import HeldRun
+from prohost.engine.ledger import Ledger
+from prohost.engine.ledgersteps import LEDGER_STEP_TIMEOUT_S, LedgerSteps, Turn
+from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.reporter import Reporter
 from prohost.engine.timeline import TimelineBatcher
 from prohost.engine.worktrees import WorktreeManager
-from prohost.wire.protocol import RunBeat
-from prohost.wire.runs import CONVERSATION_LANE, AgentRun, Outcome
+from prohost.wire.runs import Outcome
 
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the
 #: same changes, so with a panel attached this logger is turned down to warnings.
 progress_log = logging.getLogger("prohost.harness.runs")
 
-#: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
-#: disk is in trouble, and the step is abandoned (prohost.engine.blocking).
-LEDGER_STEP_TIMEOUT_S = 30.0
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
 INTERNAL_ERROR_CHARS = 300
 
 
-#: A lane's turn to save with its run's ``finished`` step: lane, account, and the
-#: session the turn ended with (``None`` forgets the lane's session).
-_Turn = tuple[str, str, str | None]
 
 
 def _no_slot() -> None:
@@ -84,111 +73,6 @@ async def _post_timeline(
         await batcher.run(task_status=task_status)
     except Exception:
         log.exception("run %s: the timeline stopped; the run goes on without it", run_id)
-
-
-@attrs.define(eq=False)
-class HeldRun:
-    """A run from accept until its report settles; what heartbeats list.
-
-    A queued run is kept light: its id, lane and state, and at most the text its
-    body was delivered in (:attr:`raw`). The body is parsed when the run leaves the
-    queue, and its cancel scopes and :class:`Progress` are made when first used, so
-    that 10,000 queued runs do not hold 10,000 parsed bodies (most of the harness's
-    memory).
-    """
-
-    run_id: str
-    lane: str
-    #: The parsed body, once the run leaves the queue (:func:`prohost.engine.recovery.load_body`);
-    #: ``None`` while it waits. Read it as :attr:`run`.
-    body: AgentRun | None = None
-    #: While queued: the body's text as delivered, if the queued runs' texts fit the
-    #: harness's budget (``Harness.queued_text_budget``); else ``None``, and the body
-    #: is read back from the ledger (which has had it since before the ack).
-    raw: str | None = None
-    state: str = "queued"  # queued | preparing | running | reporting
-    started_at: float | None = None
-    stop_outcome: Outcome | None = None
-    dropped: bool = False
-    #: Where the run's report goes, kept while the body is not: a run whose body
-    #: cannot be read back is still reported (``prohost.engine.recovery.load_body``).
-    completion_path: str | None = None
-    # Made on first use (the properties below): a queued run has none of them.
-    _exec_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
-    _life_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
-    _progress: Progress | None = attrs.field(default=None, init=False)
-
-    @classmethod
-    def of(cls, run: AgentRun) -> HeldRun:
-        """A held run with its body (one about to be reported, or a test's)."""
-        return cls(run.run_id, run.lane, run, completion_path=run.completion_path)
-
-    @property
-    def run(self) -> AgentRun:
-        """The parsed body; only once it is loaded (the run has left the queue)."""
-        if self.body is None:
-            raise RuntimeError(f"harness bug: run {self.run_id} is used before its body "
-                               "was read from the ledger")
-        return self.body
-
-    @property
-    def conversation_id(self) -> str | None:
-        """The conversation of the run's lane (§4), without its body."""
-        return self.lane[len(CONVERSATION_LANE):] \
-            if self.lane.startswith(CONVERSATION_LANE) else None
-
-    @property
-    def exec_scope(self) -> trio.CancelScope:
-        """Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
-        A cancel before the run starts is kept, and the run's agent never starts."""
-        if self._exec_scope is None:
-            self._exec_scope = trio.CancelScope()
-        return self._exec_scope
-
-    @property
-    def life_scope(self) -> trio.CancelScope:
-        """Cancelled to forget the run entirely (``heartbeat_ack.unknown``); kept,
-        like :attr:`exec_scope`, when it comes before the run starts."""
-        if self._life_scope is None:
-            self._life_scope = trio.CancelScope()
-        return self._life_scope
-
-    @property
-    def progress(self) -> Progress:
-        """What the runner has learned so far (made by the first writer)."""
-        if self._progress is None:
-            self._progress = Progress()
-        return self._progress
-
-    @property
-    def waiting_until(self) -> float | None:
-        """While the run waits for an account's limit to reset: when (epoch s)."""
-        return None if self._progress is None else self._progress.waiting_until
-
-    def activity(self) -> str | None:
-        """What the run is doing, for heartbeats and the panel."""
-        progress = self._progress
-        if progress is None:
-            return None
-        if progress.waiting_until is not None:
-            return waiting_activity(progress.waiting_until)
-        return progress.activity if self.state == "running" else None
-
-    def beat(self) -> RunBeat:
-        """This run's heartbeat entry; a queued run's is only its id and state (§2),
-        so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
-        waiting for an account's limit to reset also says so, §12)."""
-        if self.state == "queued":
-            return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
-        progress = self._progress
-        return RunBeat(
-            run_id=self.run_id,
-            state=self.state,
-            lane=self.lane,
-            started_at=self.started_at,
-            activity=self.activity(),
-            account=progress.account if progress is not None and progress.attempts else None,
-        )
 
 
 class Runner:
@@ -210,6 +94,7 @@ class Runner:
         book: AccountBook | None = None,
         limit_wait_s: float = 0.0,
         clock: Callable[[], float] = time.time,
+        bodies: QueuedBodies | None = None,
     ) -> None:
         self.spec = spec
         self.brain = brain
@@ -221,8 +106,12 @@ class Runner:
         self.scratch_root = scratch_root
         self._on_change = on_change
         self._on_outcome = on_outcome
+        #: This harness's ledger steps for its runs, bounded (engine/ledgersteps.py).
+        self.steps = LedgerSteps(ledger)
         #: Every blocking ledger step of this harness; the second signal hurries them.
-        self.bounds = Bounds()
+        self.bounds = self.steps.bounds
+        #: Where a queued run's body waits until the run leaves the queue.
+        self.bodies = bodies if bodies is not None else QueuedBodies()
         #: The agent accounts and their limits (PROTOCOL.md §12).
         self.book = book if book is not None else AccountBook()
         #: Wall-clock epoch seconds, for the book's reset times.
@@ -230,7 +119,7 @@ class Runner:
         #: Which account each run starts on, and the wait while none can.
         self.accounts = AccountGate(
             self.book, limit_wait_s=limit_wait_s, clock=clock, on_change=on_change,
-            save_limits=functools.partial(self._ledger, ledger.save_account_limits),
+            save_limits=functools.partial(self.steps.step, ledger.save_account_limits),
         )
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
@@ -248,7 +137,16 @@ class Runner:
         stops everything and records the run as dropped. Cancelled from outside,
         the agent is stopped and the ledger keeps the run where it was, for the next
         start to pick up; the slot is released either way.
+
+        A queued run's body is loaded first (:class:`QueuedBodies`); one that cannot
+        be read back is reported as a retryable internal error instead of run.
         """
+        problem = await self.bodies.load(held, self.steps.read_body)
+        if problem is not None:
+            release_slot()
+            await self.settle_only(held, Outcome.failure(f"internal error: {problem}",
+                                                         retryable=True), recorded=False)
+            return
         run = held.run
         try:
             with held.life_scope:
@@ -277,8 +175,11 @@ class Runner:
         """Report a run that will not (or did not, in this process) execute.
 
         ``recorded``: the outcome is already in the ledger (a restart's outbox).
-        Cancellation as for :meth:`run`.
+        A queued run's body is loaded first: the report needs its completion path,
+        which a stand-in carries if the body cannot be read back. Cancellation as
+        for :meth:`run`.
         """
+        await self.bodies.load(held, self.steps.read_body)
         with held.life_scope:
             if not recorded:
                 await self._finish(held, outcome)
@@ -294,12 +195,12 @@ class Runner:
         Shielded and bounded, like every ledger step."""
         # Not durable: lost only with the machine, and then the next start reports
         # it again, which the server answers 404 (§7).
-        await self._ledger_soon(self.ledger.mark_reported, held.run_id,
+        await self.steps.soon(self.ledger.mark_reported, held.run_id,
                                 "dropped: closed on the server", time.time())
 
     async def _outcome_of(
         self, held: HeldRun, batcher: TimelineBatcher | None
-    ) -> tuple[Outcome, _Turn | None]:
+    ) -> tuple[Outcome, Turn | None]:
         """The run's outcome, and the lane's turn to save with its ``finished`` step
         (``None``: leave the lane's session as it is); never raises but for
         cancellation (see :meth:`run`).
@@ -368,7 +269,7 @@ class Runner:
         run = held.run
         ledger = self.ledger
         held.state = "preparing"
-        session = await self._mark_started(run, account)
+        session = await self.steps.started_then_session(run.run_id, run.lane, account.name)
         self.book.started(account.name, self.clock())
         held.progress.account = account.name
         held.state = "running"
@@ -383,7 +284,7 @@ class Runner:
             # this agent if this process dies while it runs (§7). Not durable:
             # a commit without fsync survives this process dying, and only
             # then can the agent outlive it.
-            await self._ledger_soon(ledger.record_pgid, run.run_id, pgid)
+            await self.steps.soon(ledger.record_pgid, run.run_id, pgid)
 
         async def another(tried: frozenset[str],
                           deadline: float) -> tuple[Account, str | None] | None:
@@ -419,32 +320,7 @@ class Runner:
                                  another=another),
         )
 
-    async def _mark_started(self, run: AgentRun, account: Account) -> str | None:
-        """The ``started`` step (durable: before the spawn), then the session the
-        lane's last turn on ``account`` ended with, in one worker thread.
-
-        A failed ``started`` is logged and the run goes on, as with :meth:`_ledger`;
-        a failed read fails the run (an internal error). Cancelled: as :meth:`_ledger`.
-        """
-        # Abandoning it on a hung disk is safe: a ledger step (see _ledger) and a
-        # read on the ledger's read connection; the run then fails with the StepTimedOut.
-        return await self.bounds.run(
-            self._started_then_session, run.run_id, time.time(), run.lane, account.name,
-            limit_s=LEDGER_STEP_TIMEOUT_S,
-            what="the ledger step mark_started, or reading the lane's session")
-
-    def _started_then_session(self, run_id: str, now: float, lane: str,
-                              account: str) -> str | None:
-        """In a worker thread: ``started``, then the lane's session on ``account``
-        (it sees that commit and every one before). One hop for both."""
-        try:
-            self.ledger.mark_started(run_id, now)
-        except LedgerError as exc:
-            # A step out of order must not take the run down with it (as _ledger).
-            log.error("ledger: %s", exc)
-        return self.ledger.account_session(lane, account)
-
-    async def _finish(self, held: HeldRun, outcome: Outcome, turn: _Turn | None = None) -> None:
+    async def _finish(self, held: HeldRun, outcome: Outcome, turn: Turn | None = None) -> None:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox),
         with the lane's ``turn`` saved first, in the same worker thread.
 
@@ -455,7 +331,7 @@ class Runner:
         held.state = "reporting"
         self._on_outcome(held, outcome)
         try:
-            await self._ledger(self._save_turn_and_finish, run.run_id, outcome.to_json(),
+            await self.steps.step(self.steps.save_turn_and_finish, run.run_id, outcome.to_json(),
                                time.time(), turn, what="the ledger step mark_finished")
         except Exception:
             log.exception("run %s: could not record its outcome; reporting it anyway",
@@ -483,67 +359,9 @@ class Runner:
         try:
             # Not durable: lost only with the machine, and then the next start posts
             # the saved outcome again, which the server takes as a duplicate (§7).
-            await self._ledger_soon(self.ledger.mark_reported, run.run_id,
+            await self.steps.soon(self.ledger.mark_reported, run.run_id,
                                     f"{settlement.kind}: {settlement.detail}", time.time())
         except Exception:
             log.exception("run %s was reported but that could not be recorded; the next "
                           "start reports it again (the server takes it as a duplicate)",
                           run.run_id)
-
-    def _save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
-                              turn: _Turn | None) -> None:
-        """In a worker thread: the lane's session (not durable: queued first, it is in
-        the ``finished`` commit or an earlier one, so finished ⇒ session kept), then
-        ``finished`` (durable). One hop for both."""
-        if turn is not None:
-            lane, account, session_id = turn
-            try:
-                self.ledger.save_turn(lane, account, session_id, now, durable=False)
-            except Exception:
-                log.exception("run %s: could not save the session of %s", run_id, lane)
-        self.ledger.mark_finished(run_id, outcome_json, now)
-
-    async def _ledger_soon(self, step: Callable[..., bool], *args: object) -> None:
-        """A ledger step written with ``durable=False`` (``record_pgid``,
-        ``mark_reported``): queued from the trio thread for the ledger's writer when
-        one is at work (no worker thread), else as :meth:`_ledger` does.
-
-        Cancelled: as :meth:`_ledger` (queuing never waits).
-        """
-        try:
-            if step(*args, durable=False, queue_only=True):
-                return
-        except LedgerError as exc:
-            log.error("ledger: %s", exc)
-            return
-        await self._ledger(step, *args, durable=False)
-
-    async def _ledger(
-        self, step: Callable[..., object], *args: object, durable: bool = True,
-        what: str | None = None,
-    ) -> None:
-        """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
-        Without, once it is queued for the next commit (or committed, without an
-        fsync, when nothing else was being written).
-
-        Cancelled: not interrupted — a step that was begun is finished even when
-        the run is being cancelled, or the ledger would disagree with what was
-        done — but bounded: after LEDGER_STEP_TIMEOUT_S, or at the second signal's
-        deadline, the step is abandoned and logged, and the run goes on; the next
-        start finds the run wherever the ledger has it and reports it (§7).
-        """
-        if what is None:
-            what = f"the ledger step {getattr(step, '__name__', 'step')}"
-        try:
-            # Abandoning is safe: each ledger write is a whole transaction (or a
-            # savepoint of one) that the ledger's writer completes or rolls back
-            # on its own (see prohost.engine.ledger and prohost.engine.blocking).
-            call = step if durable else functools.partial(step, durable=False)
-            await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                  what=what)
-        except LedgerError as exc:
-            # A step out of order (say, a drop racing a report that just
-            # settled) must not take the run's task down with it.
-            log.error("ledger: %s", exc)
-        except StepTimedOut as exc:
-            log.error("ledger: %s", exc)

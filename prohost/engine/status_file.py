@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from prohost import __version__
-from prohost.engine.runner import HeldRun, progress_log
+from prohost.engine.heldrun import HeldRun
+from prohost.engine.runner import progress_log
 from prohost.engine.snapshot import (
     REFRESH_S,
     STATUS_FILE,

@@ -1,0 +1,132 @@
+"""A run's ledger steps as the runner takes them: each one bounded, and as few
+worker-thread hops per run as the durability rules allow (PROTOCOL.md §7).
+
+Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
+a run makes as few as it can: the lane's session is read in the same hop as
+``started``, and saved in the same hop as ``finished``; and the process group and
+``reported`` are queued from the trio thread, without a hop, whenever the ledger's
+writer is at work (about a third of the time with 16 busy runs on a fast disk).
+
+A step begun is finished even when its run is cancelled (the ledger must not
+disagree with what was done), but bounded: after :data:`LEDGER_STEP_TIMEOUT_S`, or
+at the second signal's deadline (``bounds.hurry``), it is abandoned and logged,
+and the next start finds the run wherever the ledger has it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.ledger import Ledger, LedgerError
+
+log = logging.getLogger("prohost.runner")
+
+#: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
+#: disk is in trouble, and the step is abandoned (prohost.engine.blocking).
+LEDGER_STEP_TIMEOUT_S = 30.0
+
+#: A lane's turn to save with its run's ``finished`` step: lane, account, and the
+#: session the turn ended with (``None`` forgets the lane's session).
+Turn = tuple[str, str, str | None]
+
+
+class LedgerSteps:
+    """The bounded ledger steps of one harness's runs (see the module docstring)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        #: Every blocking ledger step of this harness; the second signal hurries them.
+        self.bounds = Bounds()
+
+    async def read_body(self, run_id: str) -> str | None:
+        """A queued run's body, read back from the ledger (bounded: a read, safe to
+        abandon). Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+        return await self.bounds.run(self.ledger.body, run_id, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                     what=f"reading run {run_id} from the ledger")
+
+    async def started_then_session(self, run_id: str, lane: str, account: str) -> str | None:
+        """The ``started`` step (durable: before the spawn), then the session the
+        lane's last turn on ``account`` ended with, in one worker thread.
+
+        A failed ``started`` is logged and the run goes on, as with :meth:`step`;
+        a failed read fails the run (an internal error). Cancelled: as :meth:`step`.
+        """
+        # Abandoning it on a hung disk is safe: a ledger step (see step) and a
+        # read on the ledger's read connection; the run then fails with the StepTimedOut.
+        return await self.bounds.run(
+            self._started_then_session, run_id, time.time(), lane, account,
+            limit_s=LEDGER_STEP_TIMEOUT_S,
+            what="the ledger step mark_started, or reading the lane's session")
+
+    def _started_then_session(self, run_id: str, now: float, lane: str,
+                              account: str) -> str | None:
+        """In a worker thread: ``started``, then the lane's session on ``account``
+        (it sees that commit and every one before). One hop for both."""
+        try:
+            self.ledger.mark_started(run_id, now)
+        except LedgerError as exc:
+            # A step out of order must not take the run down with it (as step).
+            log.error("ledger: %s", exc)
+        return self.ledger.account_session(lane, account)
+
+    def save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
+                             turn: Turn | None) -> None:
+        """In a worker thread: the lane's session (not durable: queued first, it is in
+        the ``finished`` commit or an earlier one, so finished ⇒ session kept), then
+        ``finished`` (durable). One hop for both."""
+        if turn is not None:
+            lane, account, session_id = turn
+            try:
+                self.ledger.save_turn(lane, account, session_id, now, durable=False)
+            except Exception:
+                log.exception("run %s: could not save the session of %s", run_id, lane)
+        self.ledger.mark_finished(run_id, outcome_json, now)
+
+    async def soon(self, step: Callable[..., bool], *args: object) -> None:
+        """A ledger step written with ``durable=False`` (``record_pgid``,
+        ``mark_reported``): queued from the trio thread for the ledger's writer when
+        one is at work (no worker thread), else as :meth:`step` does.
+
+        Cancelled: as :meth:`step` (queuing never waits).
+        """
+        try:
+            if step(*args, durable=False, queue_only=True):
+                return
+        except LedgerError as exc:
+            log.error("ledger: %s", exc)
+            return
+        await self.step(step, *args, durable=False)
+
+    async def step(
+        self, step: Callable[..., object], *args: object, durable: bool = True,
+        what: str | None = None,
+    ) -> None:
+        """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
+        Without, once it is queued for the next commit (or committed, without an
+        fsync, when nothing else was being written).
+
+        Cancelled: not interrupted — a step that was begun is finished even when
+        the run is being cancelled, or the ledger would disagree with what was
+        done — but bounded: after LEDGER_STEP_TIMEOUT_S, or at the second signal's
+        deadline, the step is abandoned and logged, and the run goes on; the next
+        start finds the run wherever the ledger has it and reports it (§7).
+        """
+        if what is None:
+            what = f"the ledger step {getattr(step, '__name__', 'step')}"
+        try:
+            # Abandoning is safe: each ledger write is a whole transaction (or a
+            # savepoint of one) that the ledger's writer completes or rolls back
+            # on its own (see prohost.engine.ledger and prohost.engine.blocking).
+            call = step if durable else functools.partial(step, durable=False)
+            await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                  what=what)
+        except LedgerError as exc:
+            # A step out of order (say, a drop racing a report that just
+            # settled) must not take the run's task down with it.
+            log.error("ledger: %s", exc)
+        except StepTimedOut as exc:
+            log.error("ledger: %s", exc)
