@@ -40,7 +40,6 @@ from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
-from prohost.engine.ledgersteps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
 from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
@@ -237,7 +236,7 @@ class Harness:
             self._nursery.cancel_scope.deadline = self._stop_deadline
         # Shielded ledger steps stuck on a hung disk give up by then too.
         if self.runner is not None:
-            self.runner.bounds.hurry(self._stop_deadline)
+            self.runner.steps.bounds.hurry(self._stop_deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -422,5 +421,4 @@ class Harness:
         """
         if self.runner is None:
             raise RuntimeError(f"harness bug: {what} without a ledger")
-        return await self.runner.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                            what=what)
+        return await self.runner.steps.bounded(fn, *args, what=what)

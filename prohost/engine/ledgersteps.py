@@ -19,11 +19,14 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import Ledger, LedgerError
 
 log = logging.getLogger("prohost.runner")
+
+T = TypeVar("T")
 
 #: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
 #: disk is in trouble, and the step is abandoned (prohost.engine.blocking).
@@ -42,11 +45,20 @@ class LedgerSteps:
         #: Every blocking ledger step of this harness; the second signal hurries them.
         self.bounds = Bounds()
 
+    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A blocking ledger (or /proc) call in a worker thread, abandoned after
+        :data:`LEDGER_STEP_TIMEOUT_S` or at the second signal's deadline; only for
+        calls that are safe to abandon (reads, whole transactions).
+
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
+        """
+        return await self.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+
     async def read_body(self, run_id: str) -> str | None:
-        """A queued run's body, read back from the ledger (bounded: a read, safe to
-        abandon). Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
-        return await self.bounds.run(self.ledger.body, run_id, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                     what=f"reading run {run_id} from the ledger")
+        """A queued run's body, read back from the ledger (a read, safe to abandon).
+        Cancelled: as :meth:`bounded`."""
+        return await self.bounded(self.ledger.body, run_id,
+                                  what=f"reading run {run_id} from the ledger")
 
     async def started_then_session(self, run_id: str, lane: str, account: str) -> str | None:
         """The ``started`` step (durable: before the spawn), then the session the
@@ -57,9 +69,8 @@ class LedgerSteps:
         """
         # Abandoning it on a hung disk is safe: a ledger step (see step) and a
         # read on the ledger's read connection; the run then fails with the StepTimedOut.
-        return await self.bounds.run(
+        return await self.bounded(
             self._started_then_session, run_id, time.time(), lane, account,
-            limit_s=LEDGER_STEP_TIMEOUT_S,
             what="the ledger step mark_started, or reading the lane's session")
 
     def _started_then_session(self, run_id: str, now: float, lane: str,
@@ -122,8 +133,7 @@ class LedgerSteps:
             # savepoint of one) that the ledger's writer completes or rolls back
             # on its own (see prohost.engine.ledger and prohost.engine.blocking).
             call = step if durable else functools.partial(step, durable=False)
-            await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S,
-                                  what=what)
+            await self.bounded(call, *args, what=what)
         except LedgerError as exc:
             # A step out of order (say, a drop racing a report that just
             # settled) must not take the run's task down with it.

@@ -41,7 +41,7 @@ from prohost.engine.brains.base import one_line
 from prohost.engine.execute import AccountPlan, ExecSpec, execute
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
-from prohost.engine.ledgersteps import LEDGER_STEP_TIMEOUT_S, LedgerSteps, Turn
+from prohost.engine.ledgersteps import LedgerSteps, Turn
 from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.reporter import Reporter
 from prohost.engine.timeline import TimelineBatcher
@@ -108,8 +108,6 @@ class Runner:
         self._on_outcome = on_outcome
         #: This harness's ledger steps for its runs, bounded (engine/ledgersteps.py).
         self.steps = LedgerSteps(ledger)
-        #: Every blocking ledger step of this harness; the second signal hurries them.
-        self.bounds = self.steps.bounds
         #: Where a queued run's body waits until the run leaves the queue.
         self.bodies = bodies if bodies is not None else QueuedBodies()
         #: The agent accounts and their limits (PROTOCOL.md §12).
@@ -196,7 +194,7 @@ class Runner:
         # Not durable: lost only with the machine, and then the next start reports
         # it again, which the server answers 404 (§7).
         await self.steps.soon(self.ledger.mark_reported, held.run_id,
-                                "dropped: closed on the server", time.time())
+                              "dropped: closed on the server", time.time())
 
     async def _outcome_of(
         self, held: HeldRun, batcher: TimelineBatcher | None
@@ -244,9 +242,8 @@ class Runner:
             lane_account = None
             if len(self.book.accounts) > 1:
                 # A read under the ledger's lock: abandoning it on a hung disk is safe.
-                lane_account = await self.bounds.run(ledger.lane_account, run.lane,
-                                                     limit_s=LEDGER_STEP_TIMEOUT_S,
-                                                     what="reading the lane's account")
+                lane_account = await self.steps.bounded(ledger.lane_account, run.lane,
+                                                        what="reading the lane's account")
             chosen = await self.accounts.wait_for_account(held.run_id, held.progress,
                                                           lane_account)
             if isinstance(chosen, Outcome):
@@ -298,9 +295,9 @@ class Runner:
                     following = waited if isinstance(waited, Account) else None
             if following is None:
                 return None
-            there = await self.bounds.run(ledger.account_session, run.lane, following.name,
-                                          limit_s=LEDGER_STEP_TIMEOUT_S,
-                                          what="reading the lane's session from the ledger")
+            there = await self.steps.bounded(
+                ledger.account_session, run.lane, following.name,
+                what="reading the lane's session from the ledger")
             self.book.started(following.name, self.clock())
             self._on_change()
             return following, there
