@@ -69,15 +69,13 @@ async def recover(harness: Harness) -> None:
         except StepTimedOut as exc:
             log.warning("%s", exc)
         log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
-        harness.hold(held)
-        harness.settle_soon(held, Outcome.failure(RESTARTED, retryable=True))
+        carry_on(harness, held, row, interrupted=RESTARTED)
     for row in recovery.outbox:
         held = await held_from(harness, row)
         if held is None or row.outcome is None:
             continue
         log.info("run %s finished before the restart; reporting it now", row.run_id)
-        harness.hold(held)
-        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+        carry_on(harness, held, row)
     for row in recovery.pending:
         held = await held_from(harness, row)
         if held is None:
@@ -116,16 +114,17 @@ async def _close_unreadable(harness: Harness, run_id: str, exc: BodyError) -> No
     )
 
 
-def carry_on(harness: Harness, held: HeldRun, row: LedgerRow) -> None:
+def carry_on(harness: Harness, held: HeldRun, row: LedgerRow, *,
+             interrupted: str = INTERRUPTED) -> None:
     """Hold a ledger row's run again and take it on from where the ledger has it:
     a saved outcome is reported as it is, an accepted run is queued (or, during a
-    drain, reported not started), and a run that had started is reported
-    interrupted, since nothing in this process is running it."""
+    drain, reported not started), and a run that had started is reported with
+    ``interrupted`` (retryable), since nothing in this process is running it."""
     harness.hold(held)
     if row.state is RunState.FINISHED and row.outcome is not None:
         harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
     elif row.state is not RunState.ACCEPTED:
-        harness.settle_soon(held, Outcome.failure(INTERRUPTED, retryable=True))
+        harness.settle_soon(held, Outcome.failure(interrupted, retryable=True))
     elif harness.draining:
         harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
     else:
