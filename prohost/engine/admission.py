@@ -22,12 +22,11 @@ from prohost.engine.accountgate import all_limited_reason
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Admission, LedgerError
 from prohost.engine.link import Session
-from prohost.engine.recovery import NOT_STARTED, QUEUE_FULL, resume_unheld
+from prohost.engine.recovery import queue, resume_unheld
 from prohost.engine.runner import progress_log
-from prohost.engine.scheduler import QueueFullError
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Delivery
-from prohost.wire.runs import AgentRun, Outcome
+from prohost.wire.runs import AgentRun
 
 if TYPE_CHECKING:
     from prohost.engine.harness import Harness
@@ -109,26 +108,10 @@ async def admit(harness: Harness, run: AgentRun, body: str) -> tuple[int, str]:
             # report: acked as before, and taken on now rather than at the next start.
             await resume_unheld(harness, run.run_id)
         return intake.ACCEPTED, "already accepted"
-    # Held light while it waits: parsed again when it starts, from its text or from
-    # the ledger (prohost.engine.queued_bodies).
-    held = HeldRun(run.run_id, run.lane, completion_path=run.completion_path)
+    held = HeldRun.of(run)
     harness.hold(held)
-    if harness.draining:
-        # The first signal came while the ledger was being written: the run
-        # is ours now, so report it as not started rather than lose it.
-        held.body = run
-        harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-        return intake.ACCEPTED, "accepted"
-    harness.bodies.keep(held, body)
-    try:
-        harness.scheduler.submit(held.run_id, held.lane, held)
-    except QueueFullError as exc:
-        # The cap above answers 503 before the scheduler's own is reached, so this
-        # is a safety net: the run is recorded, so it is reported rather than lost.
-        log.error("%s", exc)
-        harness.bodies.drop(held)
-        held.body = run
-        harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
-        return intake.ACCEPTED, "accepted"
-    progress_log.info("accepted run %s on %s", held.run_id, held.lane)
+    # A drain that began while the ledger was written makes it "not started": the
+    # run is ours now, so it is reported rather than lost (recovery.queue).
+    if queue(harness, held, body):
+        progress_log.info("accepted run %s on %s", held.run_id, held.lane)
     return intake.ACCEPTED, "accepted"

@@ -1,5 +1,7 @@
 """Restart recovery (§7) and the end-of-drain sweep: the ledger's unreported rows
-become held runs again, reported or queued as the protocol says.
+become held runs again, reported or queued as the protocol says. Queueing an
+accepted run (:func:`queue`) is shared with admission, and a redelivered run that
+nothing holds is taken on here too (:func:`resume_unheld`).
 
 These are the supervisor's (:class:`prohost.engine.harness.Harness`) steps that read the
 ledger of a previous process (or of this one, once a drain has ended); they log
@@ -125,18 +127,34 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow, *,
         harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
     elif row.state is not RunState.ACCEPTED:
         harness.settle_soon(held, Outcome.failure(interrupted, retryable=True))
-    elif harness.draining:
-        harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
     else:
-        # Queued light, like a delivered run: the body is parsed again when it starts.
-        harness.bodies.keep(held, row.body)
-        try:
-            harness.scheduler.submit(row.run_id, held.lane, held)
-        except QueueFullError:
-            harness.bodies.drop(held)
-            # Only if the ledger held more than the cap (an older version's rows):
-            # the run is reported retryable rather than lost.
-            harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+        queue(harness, held, row.body)
+
+
+def queue(harness: Harness, held: HeldRun, body: str) -> bool:
+    """Queue an accepted, held run, light (its parsed body dropped, ``body`` kept
+    within the budget: :mod:`prohost.engine.queued_bodies`); True once queued.
+
+    During a drain it is reported "not started" instead (§9), and past the
+    scheduler's cap "queue full" (both retryable): it is held, so it is reported
+    rather than lost.
+    """
+    if harness.draining:
+        harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        return False
+    parsed = held.body
+    harness.bodies.keep(held, body)
+    try:
+        harness.scheduler.submit(held.run_id, held.lane, held)
+    except QueueFullError as exc:
+        # Admission answers 503 before the scheduler's cap is reached, so only a
+        # ledger holding more than the cap at start (an older version's rows) gets here.
+        log.error("%s", exc)
+        harness.bodies.drop(held)
+        held.body = parsed
+        harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
+        return False
+    return True
 
 
 async def resume_unheld(harness: Harness, run_id: str) -> None:
