@@ -22,6 +22,7 @@ from prohost.engine.ledger import (
 )
 from prohost.engine.ledger import schema as ledger_schema
 from prohost.wire.runs import Outcome
+from tests.ledger_kit import Commits
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 
@@ -229,16 +230,33 @@ def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
         assert not ledger._conn.in_transaction
         return int(ledger._conn.execute("PRAGMA synchronous").fetchone()[0])
 
+    commits = Commits(ledger)
     ledger.admit("run-1", "lane", "{}", now=1.0)
     assert synchronous() == 2
     ledger.mark_started("run-1", now=2.0)
     assert synchronous() == 2
-    ledger.record_pgid("run-1", 4242, durable=False)
+    ledger.record_pgid("run-1", 4242)
+    assert synchronous() == 2
+    ledger.save_session("lane", "sess-1", now=3.0, durable=False)
     assert synchronous() == 1
     ledger.mark_finished("run-1", outcome(), now=3.0)
     assert synchronous() == 2
-    stats = ledger.statistics()
-    assert (stats.commits, stats.durable_commits) == (4, 3)
+    # As sqlite ran them: five commits, all but the session's with an fsync.
+    assert commits.counts() == (5, 4)
+
+
+@pytest.mark.parametrize("platform", ["darwin", "linux"])
+def test_on_macos_the_write_connection_asks_for_full_fsyncs(
+    path: Path, platform: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # macOS's fsync() leaves the data in the drive's cache; sqlite only uses
+    # F_FULLFSYNC when told to (sqlite accepts and keeps these on any platform).
+    monkeypatch.setattr(ledger_schema.sys, "platform", platform)
+    with Ledger.open(path) as ledger:
+        assert ledger._conn is not None
+        full = [int(ledger._conn.execute(f"PRAGMA {name}").fetchone()[0])
+                for name in ("fullfsync", "checkpoint_fullfsync")]
+    assert full == ([1, 1] if platform == "darwin" else [0, 0])
 
 
 # -- pruning and sessions ------------------------------------------------------------
