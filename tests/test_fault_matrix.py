@@ -1,0 +1,170 @@
+"""The fault-point matrix (issue 16): every durable step of a run's life × every
+fault a disk can throw at it, through the harness's real code.
+
+Modelled on SQLite's own I/O-error tests: one cell per (step, fault), the fault
+injected into that step's real ledger write (tests/ledger_kit.py ``FaultyLedger``,
+under the group commit), so that each write of a run fails once in some cell.
+Everything else is real: the production harness and runner, the reference server
+on 127.0.0.1, agent subprocesses (tests/agents/marker.py leaves one line per
+execution), the sqlite file. The kill -9 cells are in tests/test_ledger.py
+(tests/ledger_crash_child.py): they need a process to kill.
+
+Each cell asserts the invariants: the run is reported exactly once (or, when its
+``reported`` step is what failed, stays in the outbox and a restart posts the same
+outcome once more, which the server takes as a duplicate); it is never executed
+twice; no agent process outlives it. A hung write is never waited out: the test
+sees it hang, then expires its bound the way the bound itself (or the second
+signal's ``hurry``) would (:func:`expire_bounds`), then lets the disk answer.
+
+docs/reliability.md ("Fault-point matrix") has the table of cells.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.ledger import Ledger, RunState
+from tests import kit
+from tests.kit import agent_command, finished, running_harness, running_server
+from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
+from tests.process_kit import wait_gone
+
+#: Steps of one plain run (the account limit and the tombstone have their own cells).
+RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
+             "tombstone"]
+FAULTS = ["disk_full", "oserror", "hang"]
+#: Steps before the spawn: a fault there must leave the agent never spawned.
+BEFORE_SPAWN = {"started"}
+#: Steps without which the run must not go on (§7): reported as an internal error.
+NEVER_SKIPPED = {"started", "process group"}
+
+
+def executions(marks: Path, run_id: str) -> list[int]:
+    """The pids of every execution of ``run_id`` (tests/agents/marker.py's lines)."""
+    if not marks.exists():
+        return []
+    return [int(pid) for rid, pid in (line.split() for line in marks.read_text().splitlines())
+            if rid == run_id]
+
+
+class Disk:
+    """Plays the disk for a ``hang`` fault: once the write hangs, its bound passes
+    (every bounded step in flight is expired, as its deadline or the second
+    signal's ``hurry`` would), and once a step has given up on it
+    (:class:`StepTimedOut`), the disk answers again."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bounds: list[Bounds] = []
+        self.gave_up = trio.Event()
+        original = Bounds.run
+        disk = self
+
+        async def run(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
+                      what: str) -> Any:
+            if self not in disk.bounds:
+                disk.bounds.append(self)
+            try:
+                return await original(self, fn, *args, limit_s=limit_s, what=what)
+            except StepTimedOut:
+                disk.gave_up.set()
+                raise
+
+        monkeypatch.setattr(Bounds, "run", run)
+
+    async def hang_then_answer(self, fault: Fault) -> None:
+        await trio.to_thread.run_sync(fault.hanging.wait, abandon_on_cancel=True)
+        if fault.what != "mark_reported":
+            # (`reported` is queued behind the writer, and nobody waits for it.)
+            await trio.testing.wait_all_tasks_blocked()
+            self.expire_bounds()
+            await self.gave_up.wait()
+        fault.release.set()
+
+    def expire_bounds(self) -> None:
+        for bounds in self.bounds:
+            for scope in bounds._in_flight:
+                scope.deadline = -math.inf
+
+
+async def settled_row(home: Path, run_id: str) -> Any:
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        return ledger.get(run_id)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("step", RUN_STEPS)
+async def test_one_fault_at_one_step_of_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, kind: str
+) -> None:
+    home = tmp_path / "home"
+    marks = tmp_path / "marks"
+    command = agent_command("marker.py", marks)
+    fault = Fault(STEP_WRITES[step], kind)
+    disk = Disk(monkeypatch)
+    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    if step == "tombstone":
+        # The prune runs at start (and daily): the fault is there from the open.
+        monkeypatch.setattr(FaultyLedger, "fault", fault)
+    with trio.fail_after(60):
+        async with running_server() as server, trio.open_nursery() as disks:
+            if kind == "hang":
+                disks.start_soon(disk.hang_then_answer, fault)
+            async with running_harness(server, home, exec_command=command,
+                                       concurrency=1) as running:
+                assert isinstance(running.ledger, FaultyLedger)
+                running.ledger.fault = fault if step != "tombstone" else None
+                run_id = await server.submit_run("work", conversation_id="C1")
+                # A refused delivery (its `accepted` failed) comes back by itself.
+                await server.wait_until(finished(run_id))
+                await running.harness.wait_until(lambda h: run_id not in h.held)
+                first = server.run(run_id).completion
+                assert first is not None
+                if step != "reported":
+                    # Reported is reported: a redelivery (the server retrying a
+                    # retryable failure) is answered 204, never run (§3, §7).
+                    again = await kit.ack_to(running, server.run(run_id).body_text, "again")
+                    assert again.status == 204, again
+            assert fault.hit.is_set(), f"the {fault.what} write never happened"
+            disks.cancel_scope.cancel()
+
+            # Never executed twice; and before a durable `started`, never at all.
+            # (Killed as soon as its group could not be written, the agent may not
+            # have got as far as leaving its mark.)
+            pids = executions(marks, run_id)
+            if step in BEFORE_SPAWN:
+                assert pids == []
+            elif step == "process group":
+                assert len(pids) <= 1, pids
+            else:
+                assert len(pids) == 1, pids
+            # No agent outlives its run.
+            for pid in pids:
+                assert await wait_gone(pid), f"agent {pid} outlived its run"
+            if step in NEVER_SKIPPED:
+                assert first["ok"] is False and first["retryable"] is True
+                assert first["error"].startswith("internal error: "), first
+            else:
+                assert first["ok"] is True and first["reply"] == "done", first
+            assert server.run(run_id).completion_posts == 1
+
+            row = await settled_row(home, run_id)
+            if row.state is not RunState.REPORTED:
+                # Only a failed `reported` may leave it unsettled: in the outbox.
+                assert step == "reported" and row.state is RunState.FINISHED, row
+                async with running_harness(server, home, exec_command=command,
+                                           concurrency=1) as restarted:
+                    await server.wait_until(
+                        lambda s: s.runs[run_id].completion_posts == 2)
+                    await restarted.harness.wait_until(lambda h: run_id not in h.held)
+                # The same outcome again, which the server takes as a duplicate.
+                assert server.run(run_id).completion == first
+                assert (await settled_row(home, run_id)).state is RunState.REPORTED
+            assert executions(marks, run_id) == pids
