@@ -22,7 +22,12 @@ docs/reliability.md ("Fault-point matrix") has the table of cells.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +37,12 @@ import trio.testing
 
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import Ledger, RunState
+from prohost.engine.recovery import RESTARTED
+from prohost.server import ServerHandle, faults
 from tests import kit
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kit import agent_command, finished, pair_home, running_harness, running_server
 from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
-from tests.process_kit import wait_gone
+from tests.process_kit import alive, kill_leftovers, wait_gone
 
 #: Steps of one plain run (the account limit and the tombstone have their own cells).
 RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
@@ -168,3 +175,113 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert server.run(run_id).completion == first
                 assert (await settled_row(home, run_id)).state is RunState.REPORTED
             assert executions(marks, run_id) == pids
+
+
+# -- kill -9 just before or just after each step ----------------------------------
+
+CHILD = Path(__file__).with_name("ledger_crash_child.py")
+ROOT = Path(__file__).resolve().parent.parent
+KILL_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
+              "tombstone"]
+#: Cells whose agent holds until it is killed: the restart must kill it.
+HOLD = {("started", "after"), ("process group", "before"), ("process group", "after")}
+#: Cells where the restart must find the run interrupted: it had started, and its
+#: outcome was not saved (the lane's session, which rides no fsync, is committed
+#: on its own just before the ``finished`` commit when no other write is queued).
+INTERRUPTED = HOLD | {("session", "before"), ("session", "after"), ("finished", "before")}
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes whose environment carries ``PROHOST_RUN_ID=run_id`` (Linux)."""
+    mark = f"PROHOST_RUN_ID={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0") and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+@asynccontextmanager
+async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
+                      when: str) -> AsyncIterator[trio.Process]:
+    """The production harness on ``home``, killing itself at ``step`` (``when``)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
+    env["PROHOST_HOME"] = str(home)
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, str(CHILD), "harness", step, when, "agent", "run", "--exec", command,
+         "--concurrency", "1", "--machine", "t"],
+        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("step", KILL_STEPS)
+async def test_a_kill_just_before_or_after_one_step_of_a_run(
+    tmp_path: Path, step: str, when: str
+) -> None:
+    home = tmp_path / "home"
+    marks = tmp_path / "marks"
+    command = agent_command("marker.py", marks)
+    cell = (step, when)
+    run_id = None
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server:
+                pair_home(server, home)
+                connects = server.state.total_connects
+                async with crash_child(server, home, command, step, when) as child:
+                    if step != "tombstone":
+                        await server.wait_until(
+                            lambda s: s.total_connects > connects and s.connected > 0)
+                        run_id = await server.submit_run(
+                            "hold" if cell in HOLD else "work", conversation_id="C1")
+                    assert await child.wait() == -signal.SIGKILL
+                await server.wait_until(lambda s: s.connected == 0)
+                if run_id is None:  # killed at the prune at start: the next run runs
+                    run_id = await server.submit_run("work", conversation_id="C1")
+                async with running_harness(server, home, exec_command=command,
+                                           concurrency=1) as restarted:
+                    # The server sends the run again now (it would after its own
+                    # redelivery delay): whatever the ledger has, it never runs twice.
+                    faults.redeliver(server.state, run_id)
+                    await server.wait_until(finished(run_id))
+                    await restarted.harness.wait_until(lambda h: run_id not in h.held)
+                    assert restarted.ledger is not None
+                    row = restarted.ledger.get(run_id)
+                    assert row is not None and row.state is RunState.REPORTED
+                record = server.run(run_id)
+                completion = record.completion
+                assert completion is not None
+                if cell in INTERRUPTED:
+                    assert completion["error"] == RESTARTED, completion
+                else:
+                    assert completion["ok"] is True and completion["reply"] == "done"
+                # Reported once; only a kill between the POST and its `reported`
+                # posts the saved outcome again, which the server takes as a duplicate.
+                assert record.completion_posts == (2 if cell == ("reported", "before") else 1)
+                pids = executions(marks, run_id)
+                if step == "started" and when == "after":
+                    assert pids == []  # `started`, then killed before the spawn
+                else:
+                    assert len(pids) <= 1 if cell in INTERRUPTED else len(pids) == 1, pids
+                # No agent outlives the run (the restart killed the held ones).
+                for pid in run_processes(run_id):
+                    assert await wait_gone(pid), f"agent {pid} of {cell} outlived its run"
+    finally:
+        if run_id is not None:
+            kill_leftovers(run_processes(run_id))
