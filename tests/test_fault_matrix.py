@@ -36,6 +36,7 @@ import trio
 import trio.testing
 
 from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.recovery import RESTARTED
 from prohost.server import ServerHandle, faults
@@ -181,14 +182,19 @@ async def test_one_fault_at_one_step_of_a_run(
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 ROOT = Path(__file__).resolve().parent.parent
-KILL_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
-              "tombstone"]
+#: Every (step, when) but two that leave the very same scene as another cell:
+#: just before ``finished`` is just after the session's commit (nothing is written
+#: between them), and just after the prune at start is a start with nothing to prune.
+KILL_CELLS = [(step, when) for step in ["accepted", "started", "process group", "session",
+                                        "finished", "reported", "tombstone"]
+              for when in ["before", "after"]
+              if (step, when) not in {("finished", "before"), ("tombstone", "after")}]
 #: Cells whose agent holds until it is killed: the restart must kill it.
 HOLD = {("started", "after"), ("process group", "before"), ("process group", "after")}
 #: Cells where the restart must find the run interrupted: it had started, and its
 #: outcome was not saved (the lane's session, which rides no fsync, is committed
 #: on its own just before the ``finished`` commit when no other write is queued).
-INTERRUPTED = HOLD | {("session", "before"), ("session", "after"), ("finished", "before")}
+INTERRUPTED = HOLD | {("session", "before"), ("session", "after")}
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -229,8 +235,7 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("step", KILL_STEPS)
+@pytest.mark.parametrize(("step", "when"), KILL_CELLS)
 async def test_a_kill_just_before_or_after_one_step_of_a_run(
     tmp_path: Path, step: str, when: str
 ) -> None:
@@ -285,3 +290,51 @@ async def test_a_kill_just_before_or_after_one_step_of_a_run(
     finally:
         if run_id is not None:
             kill_leftovers(run_processes(run_id))
+
+
+# -- a hung write and the second signal's window ---------------------------------
+
+
+@pytest.mark.parametrize("step", ["started", "process group", "finished"])
+async def test_the_second_signal_exits_in_its_window_while_a_write_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock,
+    step: str,
+) -> None:
+    """The window is passed in virtual time (the clock runs, and jumps 5 s)."""
+    mock_clock.rate = 1.0
+    home = tmp_path / "home"
+    marks = tmp_path / "marks"
+    command = agent_command("marker.py", marks)
+    fault = Fault(STEP_WRITES[step], "hang")
+    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server:
+                async with running_harness(server, home, exec_command=command,
+                                           concurrency=1) as running:
+                    assert isinstance(running.ledger, FaultyLedger)
+                    running.ledger.fault = fault
+                    run_id = await server.submit_run("work", conversation_id="C1")
+                    await trio.to_thread.run_sync(fault.hanging.wait, abandon_on_cancel=True)
+                    await trio.testing.wait_all_tasks_blocked()
+                    running.harness.stop()
+                    mock_clock.jump(STOP_WINDOW_S)
+                    # The disk still hangs, and the harness has exited all the same.
+                    assert await running.wait_exit() == 130
+                    assert not fault.release.is_set()
+                    fault.release.set()
+                # The hung write went through once the disk answered; a restart
+                # reports the run once, and never runs it again.
+                before = executions(marks, run_id)
+                async with running_harness(server, home, exec_command=command,
+                                           concurrency=1) as restarted:
+                    await server.wait_until(finished(run_id))
+                    await restarted.harness.wait_until(lambda h: run_id not in h.held)
+                assert server.run(run_id).completion_posts == 1
+                assert executions(marks, run_id) == before
+                # (Stopped at once, the agent may not have left its mark yet.)
+                assert len(before) <= (0 if step == "started" else 1)
+                for pid in before:
+                    assert await wait_gone(pid)
+    finally:
+        fault.release.set()
