@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -44,6 +45,8 @@ from tests import kit
 from tests.kit import agent_command, finished, pair_home, running_harness, running_server
 from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
 from tests.process_kit import alive, kill_leftovers, wait_gone
+from tests.test_account_runs import accounts_used, folders, limit
+from tests.test_brains_harness import FAKE_CLAUDE, claude_env
 
 #: Steps of one plain run (the account limit and the tombstone have their own cells).
 RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
@@ -176,6 +179,42 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert server.run(run_id).completion == first
                 assert (await settled_row(home, run_id)).state is RunState.REPORTED
             assert executions(marks, run_id) == pids
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+async def test_one_fault_at_the_account_limit_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Account ``work`` is at its usage limit: its attempt says so, the limits are
+    saved (the fault hits that write), and the run moves to ``personal`` (§12)."""
+    accounts = folders(tmp_path, "work", "personal")
+    limit(accounts[0][1], time.time() + 3600)
+    fault = Fault(STEP_WRITES["account limit"], kind)
+    disk = Disk(monkeypatch)
+    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    with trio.fail_after(60):
+        async with running_server() as server, trio.open_nursery() as disks:
+            if kind == "hang":
+                disks.start_soon(disk.hang_then_answer, fault)
+            async with running_harness(
+                server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
+                env=claude_env(tmp_path), accounts=accounts, concurrency=1,
+            ) as running:
+                assert isinstance(running.ledger, FaultyLedger)
+                running.ledger.fault = fault
+                run_id = await server.submit_run("work", conversation_id="C1")
+                await server.wait_until(finished(run_id))
+                await running.harness.wait_until(lambda h: run_id not in h.held)
+                row = running.ledger.get(run_id)
+            disks.cancel_scope.cancel()
+    assert fault.hit.is_set()
+    record = server.run(run_id)
+    # Remembering the limit is not worth the run: it is reported once, done.
+    assert record.completion_posts == 1
+    assert record.completion is not None and record.completion["ok"] is True
+    assert record.completion["account"] == "personal"
+    assert accounts_used(tmp_path) == ["work", "personal"]
+    assert row is not None and row.state is RunState.REPORTED
 
 
 # -- kill -9 just before or just after each step ----------------------------------

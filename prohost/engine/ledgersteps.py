@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError
 
 log = logging.getLogger("prohost.runner")
@@ -158,5 +158,7 @@ class LedgerSteps:
             # A step out of order (say, a drop racing a report that just
             # settled) must not take the run's task down with it.
             log.error("ledger: %s", exc)
-        except StepTimedOut as exc:
+        except OSError as exc:
+            # A failing disk (ENOSPC, EIO) or a hung one (StepTimedOut is an
+            # OSError) fails this step, not the run: the next start repairs it.
             log.error("ledger: %s", exc)
