@@ -278,9 +278,24 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
 async def test_a_kill_just_before_or_after_one_step_of_a_run(
     tmp_path: Path, step: str, when: str
 ) -> None:
+    await kill_cell(tmp_path, step, when)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap: killed between the spawn and its group's commit, the restart cannot "
+    "find the agent (no group recorded); a silent agent runs on"))
+async def test_a_kill_between_the_spawn_and_its_group_leaves_no_agent(tmp_path: Path) -> None:
+    await kill_cell(tmp_path, "process group", "before", stubborn=True, gone_within_s=2.0)
+
+
+async def kill_cell(tmp_path: Path, step: str, when: str, *, stubborn: bool = False,
+                    gone_within_s: float = 10.0) -> None:
+    """One kill cell; with ``stubborn``, an agent that holds whatever its prompt.
+    ``gone_within_s`` only bounds a failure (an agent nobody killed)."""
     home = tmp_path / "home"
     marks = tmp_path / "marks"
-    command = agent_command("marker.py", marks)
+    command = agent_command("marker.py", marks, *(["--hold"] if stubborn else []))
     cell = (step, when)
     run_id = None
     try:
@@ -325,7 +340,8 @@ async def test_a_kill_just_before_or_after_one_step_of_a_run(
                     assert len(pids) <= 1 if cell in INTERRUPTED else len(pids) == 1, pids
                 # No agent outlives the run (the restart killed the held ones).
                 for pid in run_processes(run_id):
-                    assert await wait_gone(pid), f"agent {pid} of {cell} outlived its run"
+                    assert await wait_gone(pid, gone_within_s), \
+                        f"agent {pid} of {cell} outlived its run"
     finally:
         if run_id is not None:
             kill_leftovers(run_processes(run_id))

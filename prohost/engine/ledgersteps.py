@@ -138,7 +138,10 @@ class LedgerSteps:
     ) -> None:
         """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
         Without, once it is queued for the next commit (or committed, without an
-        fsync, when nothing else was being written).
+        fsync, when nothing else was being written). A step that fails (a
+        :class:`LedgerError`, an ``OSError`` such as ENOSPC) is logged and the run
+        goes on: only for steps the run can do without (not ``started`` nor the
+        process group: see the module docstring).
 
         Cancelled: not interrupted — a step that was begun is finished even when
         the run is being cancelled, or the ledger would disagree with what was
