@@ -42,13 +42,15 @@ class Commits:
     (each one an fsync of the WAL)."""
 
     def __init__(self, ledger: Ledger) -> None:
-        conn = ledger._conn
-        assert conn is not None and not conn.in_transaction
-        self._full = int(conn.execute("PRAGMA synchronous").fetchone()[0]) == 2
         self.total = 0
         self.durable = 0
-        # Called in whichever thread is the ledger's writer, one statement at a time.
-        conn.set_trace_callback(self._saw)
+        # Under the write connection's lock: no writer is using it meanwhile.
+        with ledger._lock:
+            conn = ledger._conn
+            assert conn is not None and not conn.in_transaction
+            self._full = int(conn.execute("PRAGMA synchronous").fetchone()[0]) == 2
+            # Called in whichever thread is the ledger's writer, one statement at a time.
+            conn.set_trace_callback(self._saw)
 
     def _saw(self, statement: str) -> None:
         text = " ".join(statement.split()).upper()
