@@ -163,7 +163,7 @@ class Ledger(GroupCommit):
         """Record that the agent is about to be spawned (only from ``accepted``)."""
         self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
 
-    def record_pgid(self, run_id: str, pgid: int, *, durable: bool = True) -> None:
+    def record_pgid(self, run_id: str, pgid: int) -> None:
         """Record the spawned agent's process group (only while ``started``).
 
         Durable, and the harness waits for it before it reads the agent's output:
@@ -179,7 +179,7 @@ class Ledger(GroupCommit):
                 )
             conn.execute("UPDATE runs SET pgid = ? WHERE run_id = ?", (pgid, run_id))
 
-        self._write(write, what="record_pgid", durable=durable)
+        self._write(write, what="record_pgid")
 
     def mark_finished(
         self, run_id: str, outcome_json: str, now: float, *, durable: bool = True
