@@ -1,13 +1,15 @@
-"""Walk runs through the ledger, then die by SIGKILL without closing anything.
+"""Die by SIGKILL at a chosen point of the ledger's life, without closing anything.
 
-Used by tests/test_ledger.py: the parent reopens the ledger and checks that every
-step committed here survived, and that a write left uncommitted did not. Each
-committed step is printed before the next, so the parent knows what was promised.
+``ledger_crash_child.py PATH`` walks several runs through every state, printing
+each committed step before the next, then dies with a write left uncommitted: the
+parent (tests/test_ledger.py) reopens the ledger and checks that every step
+committed here survived, and the uncommitted one did not.
 
-``ledger_crash_child.py PATH`` walks several runs through every state;
-``ledger_crash_child.py PATH steps N`` takes one run through the first ``N`` steps
-of a run's life exactly as prohost.engine.runner writes them (durable or not) and dies
-right after the ``N``-th returned.
+``ledger_crash_child.py harness STEP WHEN ARGS...`` is the production harness
+(``python -m prohost ARGS...``, the runner's real steps) on a ledger that kills
+this process just ``before`` the transaction holding STEP's write begins, or just
+``after`` it committed (tests/ledger_kit.py ``FaultyLedger``). Used by the kill -9
+cells of tests/test_fault_matrix.py.
 """
 
 from __future__ import annotations
@@ -16,40 +18,30 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable
 from pathlib import Path
+
+# Run as a script from the tree's root: `tests` must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prohost.engine.ledger import Ledger
 from prohost.wire.runs import Outcome
 
-#: A run's steps in prohost.engine.runner's order, with the durability the runner asks for.
-RUN_STEPS: list[tuple[str, Callable[[Ledger], None]]] = [
-    ("accepted", lambda ledger: ledger.admit("run-x", "conv:X", '{"run_id": "run-x"}',
-                                             now=100.0) and None),
-    ("started", lambda ledger: ledger.mark_started("run-x", now=101.0)),
-    ("pgid", lambda ledger: ledger.record_pgid("run-x", 4242, durable=False)),
-    ("session", lambda ledger: ledger.save_session("conv:X", "sess-x", now=102.0,
-                                                   durable=False)),
-    ("finished", lambda ledger: ledger.mark_finished(
-        "run-x", Outcome(ok=True, reply="done").to_json(), now=103.0)),
-    ("reported", lambda ledger: ledger.mark_reported("run-x", "delivered: 200", now=104.0,
-                                                     durable=False)),
-]
 
+def harness(step: str, when: str, args: list[str]) -> int:
+    import prohost.commands.agent as agent_command
+    from prohost.cli import main as cli_main
+    from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
 
-def walk_steps(path: Path, count: int) -> None:
-    ledger = Ledger.open(path)
-    for name, write in RUN_STEPS[:count]:
-        write(ledger)
-        print(name, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    FaultyLedger.fault = Fault(STEP_WRITES[step], f"kill_{when}")
+    # The CLI opens the ledger by this name; everything else is the production code.
+    agent_command.Ledger = FaultyLedger  # type: ignore[misc]
+    return cli_main(args)
 
 
 def main() -> None:
+    if sys.argv[1] == "harness":
+        sys.exit(harness(sys.argv[2], sys.argv[3], sys.argv[4:]))
     path = Path(sys.argv[1])
-    if sys.argv[2:3] == ["steps"]:
-        walk_steps(path, int(sys.argv[3]))
-        return
     ledger = Ledger.open(path)
 
     def step(text: str) -> None:

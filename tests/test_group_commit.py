@@ -21,6 +21,7 @@ import trio
 from prohost.engine.blocking import StepTimedOut, run_bounded
 from prohost.engine.ledger import Admission, Ledger, LedgerError, Recovery, RunState, _Write
 from prohost.wire.runs import Outcome
+from tests.ledger_kit import Commits
 
 #: Bound on every wait for a thread in these tests (s); nothing here takes long.
 WAIT_S = 30.0
@@ -35,6 +36,8 @@ class GatedLedger(Ledger):
     #: Notified on every write queued; ``queued`` counts them.
     counted: threading.Condition
     queued: int
+    #: The commits sqlite ran (its trace callback), and how many were fsync'd.
+    commits: Commits
 
     def hold(self) -> None:
         """One write that keeps the writer (and its transaction) busy until released."""
@@ -71,9 +74,14 @@ def ledger(path: Path) -> Iterator[GatedLedger]:
     opened.holding = threading.Event()
     opened.counted = threading.Condition()
     opened.queued = 0
+    opened.commits = Commits(opened)
     yield opened
     opened.release.set()  # never leave a writer held
     opened.close()
+
+
+def sub(after: tuple[int, int], before: tuple[int, int]) -> tuple[int, int]:
+    return after[0] - before[0], after[1] - before[1]
 
 
 def committed_states(path: Path) -> dict[str, str]:
@@ -103,6 +111,7 @@ async def test_sixteen_writes_waiting_together_share_one_commit(
         nursery.start_soon(in_thread, ledger.hold)
         await in_thread(ledger.holding.wait)
         before = ledger.statistics()
+        commits_before = ledger.commits.counts()
         for index in range(16):
             nursery.start_soon(in_thread, admit, f"run-{index}")
         await in_thread(ledger.wait_queued, 17)
@@ -115,18 +124,14 @@ async def test_sixteen_writes_waiting_together_share_one_commit(
     after = ledger.statistics()
     assert sorted(returned) == sorted(f"run-{index}" for index in range(16))
     # The held write's commit, then one commit (one fsync) for all sixteen.
-    assert after.commits - before.commits == 2
-    assert after.durable_commits - before.durable_commits == 2
+    assert sub(ledger.commits.counts(), commits_before) == (2, 2)
     assert after.writes - before.writes == 17
 
 
 async def test_one_write_at_a_time_costs_one_commit_each(ledger: GatedLedger) -> None:
-    before = ledger.statistics()
     for index in range(5):
         assert await in_thread(ledger.admit, f"run-{index}", "lane", "{}", 1.0) is Admission.NEW
-    after = ledger.statistics()
-    assert (after.commits - before.commits, after.durable_commits - before.durable_commits) == (
-        5, 5)
+    assert ledger.commits.counts() == (5, 5)
 
 
 async def test_a_failing_write_fails_only_its_own_caller(
@@ -143,7 +148,7 @@ async def test_a_failing_write_fails_only_its_own_caller(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, ledger.hold)
         await in_thread(ledger.holding.wait)
-        before = ledger.statistics()
+        before = ledger.commits.counts()
         nursery.start_soon(in_thread, call, "first", ledger.admit, "run-1", "lane", "{}", 1.0)
         await in_thread(ledger.wait_queued, 2)
         # A harness bug (an unknown run) and a constraint (a body that is not text).
@@ -157,7 +162,7 @@ async def test_a_failing_write_fails_only_its_own_caller(
         ledger.release.set()
 
     # The four were one batch, and only the two bad ones failed.
-    assert ledger.statistics().commits - before.commits == 2
+    assert ledger.commits.total - before[0] == 2
     assert results["first"] is Admission.NEW
     assert results["last"] is Admission.NEW
     assert isinstance(results["bug"], LedgerError)
@@ -204,16 +209,14 @@ async def test_a_non_durable_write_rides_the_next_commit_without_waiting_for_one
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, ledger.hold)
         await in_thread(ledger.holding.wait)
-        before = ledger.statistics()
+        before = ledger.commits.counts()
         # Returns although the writer is held: it does not wait for that commit.
         await in_thread(partial_reported(ledger))
         assert ledger.statistics().queued == 1
         ledger.release.set()
-    after = ledger.statistics()
     # The writer applied it after the held write, in a commit of its own without
     # an fsync (synchronous=NORMAL: it survives the process, not the machine).
-    assert after.commits - before.commits == 2
-    assert after.durable_commits - before.durable_commits == 1
+    assert sub(ledger.commits.counts(), before) == (2, 1)
     row = await in_thread(ledger.get, "run-1")
     assert row is not None and row.state is RunState.REPORTED
     assert row.settlement == "delivered: 200"
@@ -253,22 +256,20 @@ async def test_queue_only_rides_the_writer_at_work_from_the_trio_thread(
     ledger: GatedLedger,
 ) -> None:
     ledger.admit("run-1", "lane", "{}", now=1.0)
-    ledger.mark_started("run-1", now=2.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, ledger.hold)
         await in_thread(ledger.holding.wait)
-        before = ledger.statistics()
+        before = ledger.commits.counts()
         # Called here, in the trio thread: it queues and returns at once although
         # the writer is held (it could not return at all if it waited).
-        assert ledger.record_pgid("run-1", 4242, durable=False, queue_only=True)
+        assert ledger.mark_reported("run-1", "delivered: 200", now=4.0, durable=False,
+                                    queue_only=True)
         assert ledger.statistics().queued == 1
         ledger.release.set()
-    after = ledger.statistics()
     # The held writer applied it after its own write, without an fsync.
-    assert after.commits - before.commits == 2
-    assert after.durable_commits - before.durable_commits == 1
+    assert sub(ledger.commits.counts(), before) == (2, 1)
     row = await in_thread(ledger.get, "run-1")
-    assert row is not None and row.pgid == 4242
+    assert row is not None and row.state is RunState.REPORTED
 
 
 async def test_queue_only_with_no_writer_at_work_queues_nothing(

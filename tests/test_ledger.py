@@ -22,6 +22,7 @@ from prohost.engine.ledger import (
 )
 from prohost.engine.ledger import schema as ledger_schema
 from prohost.wire.runs import Outcome
+from tests.ledger_kit import Commits
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 
@@ -179,41 +180,8 @@ def test_every_committed_step_survives_sigkill(path: Path) -> None:
         assert ledger.admit("run-a", "conv:1", "{}", now=200.0) is Admission.HELD
 
 
-@pytest.mark.parametrize("steps", range(1, 7))
-def test_a_kill_after_each_step_of_a_run_leaves_what_the_next_start_needs(
-    path: Path, steps: int
-) -> None:
-    """kill -9 between each pair of a run's steps, written as the runner writes them:
-    the durable ones and the ones that only ride the next commit alike survive the
-    process (a commit without fsync is lost only with the machine)."""
-    child = subprocess.run(
-        [sys.executable, str(CHILD), str(path), "steps", str(steps)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr
-    names = ["accepted", "started", "pgid", "session", "finished", "reported"]
-    assert child.stdout.split() == names[:steps]
-
-    with Ledger.open(path) as ledger:
-        recovery = ledger.recover()
-        row = ledger.get("run-x")
-        assert row is not None
-        expected_state = {1: RunState.ACCEPTED, 2: RunState.STARTED, 3: RunState.STARTED,
-                          4: RunState.STARTED, 5: RunState.FINISHED, 6: RunState.REPORTED}
-        assert row.state is expected_state[steps]
-        # What the next start does with it (§7): run it again, kill its group and
-        # report it interrupted, post the saved outcome, or nothing.
-        assert [r.run_id for r in recovery.pending] == (["run-x"] if steps == 1 else [])
-        assert [r.run_id for r in recovery.interrupted] == (
-            ["run-x"] if 2 <= steps <= 4 else [])
-        assert [r.run_id for r in recovery.outbox] == (["run-x"] if steps == 5 else [])
-        assert row.pgid == (4242 if steps >= 3 else None)
-        # The lane's next turn resumes the session once the turn has finished.
-        assert ledger.session_for("conv:X") == ("sess-x" if steps >= 4 else None)
-        if steps >= 5:
-            assert Outcome.from_json(row.outcome or "").reply == "done"
-        expected = Admission.REPORTED if steps == 6 else Admission.HELD
-        assert ledger.admit("run-x", "conv:X", "{}", now=200.0) is expected
+# A kill -9 at each step of a run's life, through the runner's real steps, is in
+# tests/test_fault_matrix.py (the kill cells).
 
 
 def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
@@ -229,16 +197,33 @@ def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
         assert not ledger._conn.in_transaction
         return int(ledger._conn.execute("PRAGMA synchronous").fetchone()[0])
 
+    commits = Commits(ledger)
     ledger.admit("run-1", "lane", "{}", now=1.0)
     assert synchronous() == 2
     ledger.mark_started("run-1", now=2.0)
     assert synchronous() == 2
-    ledger.record_pgid("run-1", 4242, durable=False)
+    ledger.record_pgid("run-1", 4242)
+    assert synchronous() == 2
+    ledger.save_session("lane", "sess-1", now=3.0, durable=False)
     assert synchronous() == 1
     ledger.mark_finished("run-1", outcome(), now=3.0)
     assert synchronous() == 2
-    stats = ledger.statistics()
-    assert (stats.commits, stats.durable_commits) == (4, 3)
+    # As sqlite ran them: five commits, all but the session's with an fsync.
+    assert commits.counts() == (5, 4)
+
+
+@pytest.mark.parametrize("platform", ["darwin", "linux"])
+def test_on_macos_the_write_connection_asks_for_full_fsyncs(
+    path: Path, platform: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # macOS's fsync() leaves the data in the drive's cache; sqlite only uses
+    # F_FULLFSYNC when told to (sqlite accepts and keeps these on any platform).
+    monkeypatch.setattr(ledger_schema.sys, "platform", platform)
+    with Ledger.open(path) as ledger:
+        assert ledger._conn is not None
+        full = [int(ledger._conn.execute(f"PRAGMA {name}").fetchone()[0])
+                for name in ("fullfsync", "checkpoint_fullfsync")]
+    assert full == ([1, 1] if platform == "darwin" else [0, 0])
 
 
 # -- pruning and sessions ------------------------------------------------------------

@@ -16,6 +16,7 @@ import trio
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import RunState
 from tests.kit import agent_command, finished, running_harness, running_server
+from tests.ledger_kit import Commits
 
 REPLY = agent_command("reply.py", "done")
 
@@ -36,6 +37,8 @@ async def test_a_run_takes_at_most_five_hops_for_its_ledger_steps(
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=REPLY, concurrency=1,
         ) as running:
+            assert running.ledger is not None
+            commits = Commits(running.ledger)
             before = len(hops)
             run_id = await server.submit_run("turn 1", conversation_id="C1")
             await server.wait_until(finished(run_id))
@@ -49,3 +52,6 @@ async def test_a_run_takes_at_most_five_hops_for_its_ledger_steps(
     # the agent's group and `reported` only when no ledger writer was at work to take
     # them. (It was seven: each step and the session read and save on its own.)
     assert 3 <= len(ours) <= 5, ours
+    # Four of its commits fsync'd, as sqlite ran them: accepted, started, the agent's
+    # process group (before its output is read: §7) and finished.
+    assert commits.durable == 4, commits.counts()

@@ -3,9 +3,17 @@ worker-thread hops per run as the durability rules allow (PROTOCOL.md §7).
 
 Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
 a run makes as few as it can: the lane's session is read in the same hop as
-``started``, and saved in the same hop as ``finished``; and the process group and
-``reported`` are queued from the trio thread, without a hop, whenever the ledger's
-writer is at work (about a third of the time with 16 busy runs on a fast disk).
+``started``, and saved in the same hop as ``finished``; and ``reported`` is queued
+from the trio thread, without a hop, whenever the ledger's writer is at work (about
+a third of the time with 16 busy runs on a fast disk).
+
+Two steps are never skipped (§7): ``started`` and the agent's process group. When
+either cannot be written — a :class:`LedgerError` (disk full, I/O error, read-only),
+an ``OSError``, or a write that does not return within its bound
+(:class:`StepTimedOut`) — the error is raised to the runner: without ``started`` the
+agent is not spawned, without its group it is killed, and the run is reported as a
+retryable internal error. The other steps are logged and the run goes on: the
+report matters most, and the next start repairs what the ledger lacks.
 
 A step begun is finished even when its run is cancelled (the ledger must not
 disagree with what was done), but bounded: after :data:`LEDGER_STEP_TIMEOUT_S`, or
@@ -21,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError
 
 log = logging.getLogger("prohost.runner")
@@ -64,8 +72,10 @@ class LedgerSteps:
         """The ``started`` step (durable: before the spawn), then the session the
         lane's last turn on ``account`` ended with, in one worker thread.
 
-        A failed ``started`` is logged and the run goes on, as with :meth:`step`;
-        a failed read fails the run (an internal error). Cancelled: as :meth:`step`.
+        Raises whatever stopped either (:class:`LedgerError`, ``OSError``,
+        :class:`StepTimedOut` past the bound): the caller must not spawn the agent
+        then (§7), and reports the run as an internal error. Cancelled: as
+        :meth:`bounded` (a step begun is finished, within its bound).
         """
         # Abandoning it on a hung disk is safe: a ledger step (see step) and a
         # read on the ledger's read connection; the run then fails with the StepTimedOut.
@@ -76,13 +86,23 @@ class LedgerSteps:
     def _started_then_session(self, run_id: str, now: float, lane: str,
                               account: str) -> str | None:
         """In a worker thread: ``started``, then the lane's session on ``account``
-        (it sees that commit and every one before). One hop for both."""
-        try:
-            self.ledger.mark_started(run_id, now)
-        except LedgerError as exc:
-            # A step out of order must not take the run down with it (as step).
-            log.error("ledger: %s", exc)
+        (it sees that commit and every one before). One hop for both.
+
+        A failed ``started`` raises, never logged and skipped: spawning without it
+        would leave a row ``accepted`` that the next start runs a second time."""
+        self.ledger.mark_started(run_id, now)
         return self.ledger.account_session(lane, account)
+
+    async def record_pgid(self, run_id: str, pgid: int) -> None:
+        """The spawned agent's process group, durable before the harness waits on
+        its output (§7), so that a restart after a ``kill -9`` finds and kills it.
+
+        Raises what stopped the write (as :meth:`started_then_session`); the caller
+        then kills the group and reports the run as an internal error.
+        Cancelled: as :meth:`bounded`.
+        """
+        await self.bounded(self.ledger.record_pgid, run_id, pgid,
+                           what="the ledger step record_pgid")
 
     def save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
                              turn: Turn | None) -> None:
@@ -98,9 +118,9 @@ class LedgerSteps:
         self.ledger.mark_finished(run_id, outcome_json, now)
 
     async def soon(self, step: Callable[..., bool], *args: object) -> None:
-        """A ledger step written with ``durable=False`` (``record_pgid``,
-        ``mark_reported``): queued from the trio thread for the ledger's writer when
-        one is at work (no worker thread), else as :meth:`step` does.
+        """A ledger step written with ``durable=False`` (``mark_reported``): queued
+        from the trio thread for the ledger's writer when one is at work (no worker
+        thread), else as :meth:`step` does.
 
         Cancelled: as :meth:`step` (queuing never waits).
         """
@@ -118,7 +138,10 @@ class LedgerSteps:
     ) -> None:
         """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
         Without, once it is queued for the next commit (or committed, without an
-        fsync, when nothing else was being written).
+        fsync, when nothing else was being written). A step that fails (a
+        :class:`LedgerError`, an ``OSError`` such as ENOSPC) is logged and the run
+        goes on: only for steps the run can do without (not ``started`` nor the
+        process group: see the module docstring).
 
         Cancelled: not interrupted — a step that was begun is finished even when
         the run is being cancelled, or the ledger would disagree with what was
@@ -138,5 +161,7 @@ class LedgerSteps:
             # A step out of order (say, a drop racing a report that just
             # settled) must not take the run's task down with it.
             log.error("ledger: %s", exc)
-        except StepTimedOut as exc:
+        except OSError as exc:
+            # A failing disk (ENOSPC, EIO) or a hung one (StepTimedOut is an
+            # OSError) fails this step, not the run: the next start repairs it.
             log.error("ledger: %s", exc)

@@ -6,9 +6,10 @@ next begins::
 
     started → (worktrees, prompt, agent: prohost.engine.execute) → finished → POST → reported
 
-``started`` and ``finished`` wait for their fsync; the agent's process group, the
-lane's session and ``reported`` are written with ``durable=False`` and ride the next
-commit (why each may, in :mod:`prohost.engine.ledger`).
+``started``, the agent's process group and ``finished`` wait for their fsync (a
+``started`` or process group that cannot be written stops the run: §7); the lane's
+session and ``reported`` are written with ``durable=False`` and ride the next commit
+(why each may, in :mod:`prohost.engine.ledger`).
 
 The ledger steps themselves, bounded and with as few worker-thread hops as they
 can, are :mod:`prohost.engine.ledgersteps`'s.
@@ -261,7 +262,10 @@ class Runner:
                      account: Account) -> Outcome:
         """``started``, then the agent on ``account`` (and others, failing over).
 
-        Cancelled: as :func:`prohost.engine.execute.execute`.
+        Raises when ``started`` or the agent's process group cannot be written
+        (never spawning the agent, or killing its group): :meth:`_outcome_of` turns
+        that into a retryable internal error. Cancelled: as
+        :func:`prohost.engine.execute.execute`.
         """
         run = held.run
         ledger = self.ledger
@@ -277,11 +281,12 @@ class Runner:
                           f" (resuming session {session})" if session else "")
 
         async def spawned(pgid: int) -> None:
-            # With the group recorded, a restarted harness can find and kill
-            # this agent if this process dies while it runs (§7). Not durable:
-            # a commit without fsync survives this process dying, and only
-            # then can the agent outlive it.
-            await self.steps.soon(ledger.record_pgid, run.run_id, pgid)
+            # Durable, and waited for before the agent's output is: a restart
+            # after a kill -9 finds and kills this group only if it was written
+            # (§7). Raising here (the write failed or outlived its bound) makes
+            # run_agent kill the group, and the run is reported as an internal
+            # error: a step that cannot be written is never skipped.
+            await self.steps.record_pgid(run.run_id, pgid)
 
         async def another(tried: frozenset[str],
                           deadline: float) -> tuple[Account, str | None] | None:

@@ -38,9 +38,9 @@ step               durable    why
 ``admit``          yes        the ack promises the run survives a crash (§3, §7)
 ``mark_started``   yes        before the spawn: a run found ``accepted`` after a crash
                               is run again, so a spawned one must never look so
-``record_pgid``    no         only used to kill an agent that outlived its harness;
-                              it survives a harness crash (the agent's only way to
-                              outlive one); lost with the machine, the agent is too
+``record_pgid``    yes        right after the spawn, before the agent's output is
+                              read: a restart kills the group only if it was
+                              written; the run stops if it cannot be (§7)
 ``save_session``   no         written just before ``mark_finished``, so it is in that
                               commit (or an earlier one): finished ⇒ session kept
 ``mark_finished``  yes        the outcome is the outbox: durable before the POST
@@ -50,16 +50,19 @@ step               durable    why
 =================  =========  ========================================================
 
 (``mark_reported`` from :mod:`prohost.engine.harness`, closing an unreadable row, stays durable:
-it is met at start only.) So a run costs three fsync'd steps, shared with whatever other
+it is met at start only.) So a run costs four fsync'd steps, shared with whatever other
 runs are writing at the same moment, where it used to cost six.
+
+On macOS (``sys.platform == "darwin"``) ``fsync`` leaves the data in the drive's
+cache, so the write connection also sets ``fullfsync`` and ``checkpoint_fullfsync``.
 
 Worker threads. Each call is made from a worker thread, and each such hop costs the
 harness's trio thread CPU, so a run makes few: the lane's session is read in the same
 hop as ``mark_started``, ``save_turn`` goes in the same hop as ``mark_finished``, and
-``record_pgid`` and ``mark_reported`` are first tried with ``queue_only`` from the trio
-thread itself — queued for the writer at work, if one is (it applies them before its
-role ends, as it would a ``durable=False`` call's), else not queued at all, and the
-call is made again in a worker thread.
+``mark_reported`` is first tried with ``queue_only`` from the trio thread itself —
+queued for the writer at work, if one is (it applies it before its role ends, as it
+would a ``durable=False`` call's), else not queued at all, and the call is made again
+in a worker thread.
 
 The file and its ``-wal``/``-shm`` are mode 0600 whatever the umask: they hold run
 bodies, MCP tokens and conversation text.

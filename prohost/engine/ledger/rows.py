@@ -112,15 +112,13 @@ def _row(values: tuple[Any, ...]) -> LedgerRow:
 
 @attrs.frozen
 class LedgerStatistics:
-    """Counters of one open ledger, for benchmarks and tests."""
+    """Counters of one open ledger, for benchmarks and tests. (How many commits,
+    and how many fsync'd, is sqlite's to say: tests count them with
+    ``set_trace_callback``.)"""
 
     queued: int
     """Writes waiting for a writer now."""
     writes: int
     """Writes settled (committed, or failed) since the ledger was opened."""
-    commits: int
-    """Transactions committed by the writer (every batch is one)."""
-    durable_commits: int
-    """Of those, commits with ``synchronous=FULL``: one fsync of the WAL each."""
 
 

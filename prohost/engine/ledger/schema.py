@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import sys
 from contextlib import suppress
 from pathlib import Path
 
@@ -153,6 +154,12 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         conn.execute("PRAGMA journal_mode = WAL").fetchone()
         conn.execute("PRAGMA synchronous = FULL")
+        if sys.platform == "darwin":
+            # On macOS fsync() leaves the data in the drive's cache: only
+            # F_FULLFSYNC makes synchronous=FULL durable, and sqlite uses it (for
+            # commits, and for checkpoints) only when told to.
+            conn.execute("PRAGMA fullfsync = ON")
+            conn.execute("PRAGMA checkpoint_fullfsync = ON")
         conn.execute("PRAGMA foreign_keys = ON")
         if version > SCHEMA_VERSION:
             raise LedgerError(

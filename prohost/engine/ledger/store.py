@@ -163,14 +163,11 @@ class Ledger(GroupCommit):
         """Record that the agent is about to be spawned (only from ``accepted``)."""
         self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
 
-    def record_pgid(
-        self, run_id: str, pgid: int, *, durable: bool = True, queue_only: bool = False
-    ) -> bool:
+    def record_pgid(self, run_id: str, pgid: int) -> None:
         """Record the spawned agent's process group (only while ``started``).
 
-        The harness passes ``durable=False`` (see the module docstring), and first
-        tries ``queue_only`` (see :meth:`mark_reported`). Returns True, or with
-        ``queue_only`` whether the write was queued.
+        Durable, and the harness waits for it before it reads the agent's output:
+        a restart after a ``kill -9`` can only kill a group that was written (§7).
         """
 
         def write(conn: sqlite3.Connection) -> None:
@@ -182,10 +179,7 @@ class Ledger(GroupCommit):
                 )
             conn.execute("UPDATE runs SET pgid = ? WHERE run_id = ?", (pgid, run_id))
 
-        if queue_only:
-            return self._queue_only(durable, write, what="record_pgid")
-        self._write(write, what="record_pgid", durable=durable)
-        return True
+        self._write(write, what="record_pgid")
 
     def mark_finished(
         self, run_id: str, outcome_json: str, now: float, *, durable: bool = True

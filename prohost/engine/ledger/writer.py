@@ -84,8 +84,6 @@ class GroupCommit:
         self._closed = False
         self._synchronous_full = True  # what _prepare set on the write connection
         self._writes = 0
-        self._commits = 0
-        self._durable_commits = 0
 
     def close(self) -> None:
         """Apply the writes still queued, fsync them, and close the file.
@@ -129,8 +127,6 @@ class GroupCommit:
             return LedgerStatistics(
                 queued=len(self._queue),
                 writes=self._writes,
-                commits=self._commits,
-                durable_commits=self._durable_commits,
             )
 
     # -- the group commit --------------------------------------------------------------
@@ -286,9 +282,6 @@ class GroupCommit:
                     write.error = failed
             self._settle(batch)
             return
-        with self._mu:
-            self._commits += 1
-            self._durable_commits += durable
         self._settle(batch)
 
     def _settle(self, batch: list[_Write], *, error: LedgerError | None = None,
@@ -340,42 +333,3 @@ class GroupCommit:
                 raise LedgerError(f"the run ledger {self.path} failed: {exc}") from exc
         finally:
             self._read_lock.release()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """A durable transaction of its own on the write connection, outside the group
-        commit: for a write that cannot be a function of the connection. Prefer
-        :meth:`_write`."""
-        with self._mu:
-            if self._closed:
-                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
-        if not self._lock.acquire(timeout=LOCK_WAIT_S):
-            raise self._busy()
-        try:
-            conn = self._conn
-            if conn is None:
-                raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
-            try:
-                if not self._synchronous_full:
-                    conn.execute("PRAGMA synchronous = FULL")
-                    self._synchronous_full = True
-                # IMMEDIATE takes the write lock up front, so a read-then-write
-                # cannot interleave with another writer.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    _rollback(conn)
-                    raise
-            except sqlite3.Error as exc:
-                raise LedgerError(f"the run ledger {self.path} failed: {exc}") from exc
-            with self._mu:
-                self._commits += 1
-                self._durable_commits += 1
-        finally:
-            self._lock.release()
-        # A write queued meanwhile found a writer "at work" only if one was; none is
-        # owed to this transaction, whose caller never took the writer's role.
-
-
