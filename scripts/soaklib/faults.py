@@ -157,6 +157,9 @@ class Faults:
             await self.limit(list(ACCOUNTS),
                              [fault["hold_s"], fault["hold_s"] + fault["stagger_s"]])
         elif kind == "disk_full":
+            # On a harness that is up: one still starting needs the disk for its
+            # lock and ledger, and cannot start on a full one (it exits, as it must).
+            await self._connected(self.harness)
             await self.disk_full(fault["hold_s"])
         elif kind in ("drain", "stop"):
             harness = self.harness
