@@ -111,13 +111,22 @@ def pressure_report(out: Path, soak: Soak) -> list[str]:
     refusals = verdict.read_refusals(soak.refusals_path)
     limited_runs = [run for run in runs if run["run_id"] in refusals]
     failed_over = sum(1 for run in limited_runs if run.get("ok") is True)
+    settled = [run for run in runs if run.get("ok") is not None]
+    failed = [run for run in settled if run["ok"] is False]
+    retryable = sum(1 for run in failed if run.get("retryable") is True)
     waited_out = sum(1 for run in runs if str(run.get("error") or "").startswith(
         "every account is at its usage limit"))
     return [
+        # The reference server keeps a run's first completion and never offers a
+        # settled run again, retryable or not: each run is done once it has one.
+        f"  accounting: {len(runs)} runs = {len(settled) - len(failed)} ok + {len(failed)} "
+        f"failed ({retryable} of them retryable) + {len(runs) - len(settled)} with no "
+        "completion; each run's first completion is its one report",
         f"  usage limits: {soak.injected.get('limit', 0)} on one account, "
         f"{soak.injected.get('limit_both', 0)} on both; {sum(refusals.values())} attempts "
         f"of {len(limited_runs)} runs refused by a limited account (no work done, not "
-        f"starts), {failed_over} of those runs then ran once elsewhere or after the reset; "
+        f"starts); {failed_over} of those runs then completed (on the other account or after "
+        f"the reset), {len(limited_runs) - failed_over} were reported failed; "
         f"{count_lines(out, ALL_LIMITED_LINE)} deliveries refused 503 (every account "
         f"limited); {waited_out} runs reported retryable after --limit-wait",
         f"  full disk ({soak.disk_mode}): {soak.injected.get('disk_full', 0)} times; "

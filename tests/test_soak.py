@@ -105,9 +105,10 @@ async def test_a_fast_soak_with_usage_limits_finds_nothing(tmp_path: Path) -> No
     assert code == 0
     check_clean(tmp_path, output, FAST_RUNS)
     _, timeline, _ = outputs(tmp_path)
-    # Both accounts were limited and their limits lifted at the reset.
-    lifted = {entry["account"] for entry in timeline if entry["event"] == "limit_lifted"}
-    assert lifted == {"work", "personal"}
+    # Both accounts were limited, each with a reset time.
+    limited = {entry["account"] for entry in timeline if entry["event"] == "limit_set"}
+    assert limited == {"work", "personal"}
+    assert "accounting: 30 runs = " in output and " + 0 with no completion" in output
 
 
 @pytest.mark.slow
