@@ -50,6 +50,9 @@ from soaklib.pressure import small_home
 QUEUE_FULL_LINE = "runs are already queued"
 ALL_LIMITED_LINE = "refused with 503: every account is at its usage limit"
 NOT_RECORDED_LINE = "could not record run"
+#: A run's ledger step that failed, as the runner and the ledger's writer log it.
+STEP_FAILED_LINE = "prohost.runner: ledger: "
+WRITE_FAILED_LINE = "prohost.ledger: ledger: "
 SHOW = 5
 
 
@@ -131,7 +134,8 @@ def pressure_report(out: Path, soak: Soak) -> list[str]:
         f"limited); {waited_out} runs reported retryable after --limit-wait",
         f"  full disk ({soak.disk_mode}): {soak.injected.get('disk_full', 0)} times; "
         f"{count_lines(out, NOT_RECORDED_LINE)} deliveries refused 503 (could not record); "
-        f"{count_lines(out, 'ledger: ')} ledger step errors logged",
+        f"{count_lines(out, STEP_FAILED_LINE) + count_lines(out, WRITE_FAILED_LINE)} "
+        "failed ledger steps of runs logged",
         f"  opening burst: {'a' if soak.burst_refused else 'NO'} delivery refused 503 "
         "\"queue full\" while every agent was held",
     ]
