@@ -300,6 +300,10 @@ class Soak(Pressure, Faults):
         is more than the concurrency plus --max-queued); then the agents go on.
         Cancelled: the hold file is removed all the same."""
         try:
+            if self.backlog <= self.concurrency + self.max_queued:
+                self.note("burst_skipped", why="--backlog is not more than the concurrency "
+                          "plus --max-queued: the queue cannot fill")
+                return
             with trio.move_on_after(BURST_WITHIN_S):
                 await self.until(lambda: any(503 in run["ack_statuses"]
                                              for run in self.audit.values()))
