@@ -170,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         # The home's filesystem is unmounted on the way out, whatever happens.
-        with small_home(out / "home", args.disk_full, out / "home-kept") as disk_mode:
+        # A plan without a full disk needs no filesystem of its own (nor root).
+        fills = any(fault["kind"] == "disk_full" for fault in plan["faults"])
+        with small_home(out / "home", args.disk_full if fills else "hook",
+                        out / "home-kept") as disk_mode:
             soak = Soak(plan, out, concurrency=args.concurrency, backlog=backlog,
                         max_queued=max_queued, max_seconds=args.max_seconds,
                         limit_wait_s=args.limit_wait, disk_mode=disk_mode)

@@ -64,7 +64,8 @@ def small_home(home: Path, mode: str, keep: Path) -> Iterator[str]:
     """The home on a filesystem the soak can fill; yields the mode in use (``tmpfs``
     or ``hook``). ``auto`` mounts a tmpfs where it may and falls back to the hook.
     A tmpfs is always unmounted on the way out (its content first copied to ``keep``,
-    for the record), whatever ended the soak; a busy one is detached (``-l``)."""
+    for the record), whatever ended the soak; a busy one is detached (``-l``). Only
+    a kill -9 of the soak itself leaves it mounted (``umount OUT/home``)."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     mounted = False
     if mode in ("auto", "tmpfs") and can_mount() and not is_mountpoint(home):
