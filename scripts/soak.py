@@ -3,15 +3,18 @@
 
 Usage: .venv/bin/python scripts/soak.py [--runs 1000] [--seed N] [--concurrency 4]
        [--conversations K] [--max-seconds S] [--out DIR] [--self-check]
+       [--kinds K1,K2] [--limit-wait S] [--disk-full auto|tmpfs|hook]
 
-A real reference server (``prohost server --faults``) and a real harness (plain
-brain, a stand-in agent that records every start) on 127.0.0.1. The plan, drawn
-from ``--seed``, submits ``--runs`` runs over ``--conversations`` conversations
-and injects at random: socket drops, listener restarts (same port), completion
-storms (408/429 with Retry-After/500/502/503), kill -9 and restart on the same
-$PROHOST_HOME, first-signal drains, second-signal stops (20-250 ms after the
-first), a SIGTERM while a restarted harness recovers its ledger, and
-redeliveries of runs in flight and already reported. At the end it prints:
+A real reference server (``prohost server --faults``) and a real harness (Claude
+brain with two accounts, a stand-in agent that records every start) on 127.0.0.1.
+The plan, drawn from ``--seed``, submits ``--runs`` runs over ``--conversations``
+conversations and injects at random: socket drops, listener restarts (same port),
+completion storms (408/429 with Retry-After/500/502/503), kill -9 and restart on
+the same $PROHOST_HOME, first-signal drains, second-signal stops (20-250 ms after
+the first), a SIGTERM while a restarted harness recovers its ledger, redeliveries
+of runs in flight and already reported, usage limits on one account or both, and a
+full disk under $PROHOST_HOME (a tmpfs it fills, or the ledger's soak-only hook).
+At the end it prints:
 
     soak: N runs, L lost, D run twice, B bad reports, P processes left, C crashes
 
@@ -36,12 +39,20 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from soaklib import verdict
 from soaklib.driver import Soak
-from soaklib.plan import digest, fault_counts, make_plan
+from soaklib.plan import FAULT_RATES, digest, fault_counts, make_plan
+from soaklib.pressure import small_home
 
 #: Problems listed per figure at the end (the rest are in runs.jsonl / timeline.jsonl).
-#: What a harness logs when it refuses a new run because its queue is full.
+#: What a harness logs when it refuses a new run because its queue is full, because
+#: every account is limited, and because its ledger could not record the run.
 QUEUE_FULL_LINE = "runs are already queued"
+ALL_LIMITED_LINE = "refused with 503: every account is at its usage limit"
+NOT_RECORDED_LINE = "could not record run"
+#: A run's ledger step that failed, as the runner and the ledger's writer log it.
+STEP_FAILED_LINE = "prohost.runner: ledger: "
+WRITE_FAILED_LINE = "prohost.ledger: ledger: "
 SHOW = 5
 
 
@@ -71,6 +82,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "(default: a new temporary folder, printed)")
     parser.add_argument("--self-check", action="store_true",
                         help="break promises on purpose and show the figures catch it")
+    parser.add_argument("--kinds", default=None,
+                        help="only these fault kinds, comma-separated (default: all of "
+                        + ", ".join(FAULT_RATES) + ")")
+    parser.add_argument("--limit-wait", type=float, default=2.0,
+                        help="the harness's --limit-wait in seconds (default 2: shorter "
+                        "than some both-limited spells, so some runs are reported "
+                        "retryable)")
+    parser.add_argument("--disk-full", choices=("auto", "tmpfs", "hook"), default="auto",
+                        help="how the home's disk is filled: a tmpfs mounted on it (root), "
+                        "the ledger's soak-only hook, or tmpfs where allowed (default)")
     return parser.parse_args(argv)
 
 
@@ -79,6 +100,45 @@ def queue_full_refusals(out: Path) -> int:
     logs say so once each)."""
     return sum(log.read_text(errors="replace").count(QUEUE_FULL_LINE)
                for log in sorted(out.glob("harness-*.log")))
+
+
+def count_lines(out: Path, text: str) -> int:
+    """How many lines of the harnesses' logs carry ``text``."""
+    return sum(log.read_text(errors="replace").count(text)
+               for log in sorted(out.glob("harness-*.log")))
+
+
+def pressure_report(out: Path, soak: Soak) -> list[str]:
+    """What the usage limits and the full disk did, counted from the witnesses."""
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    refusals = verdict.read_refusals(soak.refusals_path)
+    limited_runs = [run for run in runs if run["run_id"] in refusals]
+    failed_over = sum(1 for run in limited_runs if run.get("ok") is True)
+    settled = [run for run in runs if run.get("ok") is not None]
+    failed = [run for run in settled if run["ok"] is False]
+    retryable = sum(1 for run in failed if run.get("retryable") is True)
+    waited_out = sum(1 for run in runs if str(run.get("error") or "").startswith(
+        "every account is at its usage limit"))
+    return [
+        # The reference server keeps a run's first completion and never offers a
+        # settled run again, retryable or not: each run is done once it has one.
+        f"  accounting: {len(runs)} runs = {len(settled) - len(failed)} ok + {len(failed)} "
+        f"failed ({retryable} of them retryable) + {len(runs) - len(settled)} with no "
+        "completion; each run's first completion is its one report",
+        f"  usage limits: {soak.injected.get('limit', 0)} on one account, "
+        f"{soak.injected.get('limit_both', 0)} on both; {sum(refusals.values())} attempts "
+        f"of {len(limited_runs)} runs refused by a limited account (no work done, not "
+        f"starts); {failed_over} of those runs then completed (on the other account or after "
+        f"the reset), {len(limited_runs) - failed_over} were reported failed; "
+        f"{count_lines(out, ALL_LIMITED_LINE)} deliveries refused 503 (every account "
+        f"limited); {waited_out} runs reported retryable after --limit-wait",
+        f"  full disk ({soak.disk_mode}): {soak.injected.get('disk_full', 0)} times; "
+        f"{count_lines(out, NOT_RECORDED_LINE)} deliveries refused 503 (could not record); "
+        f"{count_lines(out, STEP_FAILED_LINE) + count_lines(out, WRITE_FAILED_LINE)} "
+        "failed ledger steps of runs logged",
+        f"  opening burst: {'a' if soak.burst_refused else 'NO'} delivery refused 503 "
+        "\"queue full\" while every agent was held",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print("soak.py: --concurrency must be 1 to 16 (the harness's range)", file=sys.stderr)
         return 2
     try:
+        kinds = tuple(args.kinds.split(",")) if args.kinds else None
         plan = make_plan(seed, runs, conversations, agent_max_ms=args.agent_max_ms,
-                         self_check=args.self_check)
+                         self_check=args.self_check, kinds=kinds)
     except ValueError as exc:
         print(f"soak.py: {exc}", file=sys.stderr)
         return 2
@@ -106,10 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  output: {out}", flush=True)
     backlog = args.backlog or 4 * args.concurrency + 8
     max_queued = args.max_queued or 2 * args.concurrency + 2
-    soak = Soak(plan, out, concurrency=args.concurrency, backlog=backlog,
-                max_queued=max_queued, max_seconds=args.max_seconds)
     began = time.monotonic()
-    figures = trio.run(soak.run)
+    try:
+        # The home's filesystem is unmounted on the way out, whatever happens.
+        # A plan without a full disk needs no filesystem of its own (nor root).
+        fills = any(fault["kind"] == "disk_full" for fault in plan["faults"])
+        with small_home(out / "home", args.disk_full if fills else "hook",
+                        out / "home-kept") as disk_mode:
+            soak = Soak(plan, out, concurrency=args.concurrency, backlog=backlog,
+                        max_queued=max_queued, max_seconds=args.max_seconds,
+                        limit_wait_s=args.limit_wait, disk_mode=disk_mode)
+            figures = trio.run(soak.run)
+    except RuntimeError as exc:
+        print(f"soak.py: {exc}", file=sys.stderr)
+        return 2
     took = time.monotonic() - began
     report = [
         f"  took {took:.0f} s; {len(soak.harnesses)} harness starts; faults injected: "
@@ -117,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "  outcomes: " + ", ".join(f"{v} {k}" for k, v in soak.outcomes.most_common()),
         f"  queue full: {queue_full_refusals(out)} deliveries refused with 503 by a harness "
         f"holding --max-queued {max_queued} queued runs (each redelivered later)",
+        *pressure_report(out, soak),
     ]
     for title, items in (("lost", figures.lost), ("run twice", figures.twice),
                          ("bad reports", figures.bad), ("processes left", figures.left),

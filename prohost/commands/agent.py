@@ -76,6 +76,11 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
     except LockHeld as exc:
         print(lock_held_message(exc, options.home), file=sys.stderr)
         return 1
+    except OSError as exc:
+        # A full or read-only disk: say so, as for the ledger below, not a traceback.
+        print(f"prohost: cannot set up its home {options.home} (folders, lock file): "
+              f"{exc.strerror or exc}; is the disk full or read-only?", file=sys.stderr)
+        return 1
     try:
         try:
             ledger = Ledger.open(options.home / LEDGER_FILE)

@@ -27,6 +27,7 @@ import trio
 from soaklib import verdict
 from soaklib.faults import EXIT_WITHIN_S, FIRST_LINE_WITHIN_S, Faults
 from soaklib.plan import fault_counts
+from soaklib.pressure import DISK_FULL_ENV, Pressure
 from soaklib.procs import Child, kill_marked, marked_processes, start_child
 
 HERE = Path(__file__).resolve().parent
@@ -37,6 +38,9 @@ POLL_S = 0.25
 LATE_FAULT_WAIT_S = 20.0
 #: More unexpected harness exits than this ends the soak: it is crash-looping.
 MAX_CRASHES = 10
+#: The opening burst holds every agent until a delivery is refused 503 "queue full",
+#: at most this long (seconds; a backlog too small for the queue never gets one).
+BURST_WITHIN_S = 60.0
 
 
 class SoakAborted(Exception):
@@ -56,13 +60,21 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
 
 
-class Soak(Faults):
+class Soak(Pressure, Faults):
     """One soak: its processes, the server's audit, the timeline, the figures."""
 
     def __init__(self, plan: dict[str, Any], out: Path, *, concurrency: int, backlog: int,
-                 max_seconds: float, max_queued: int = 10_000) -> None:
+                 max_seconds: float, max_queued: int = 10_000, limit_wait_s: float = 2.0,
+                 disk_mode: str = "hook") -> None:
         self.plan = plan
         self.out = out
+        self.limit_wait_s = limit_wait_s
+        self.disk_mode = disk_mode
+        self.accounts_dir = out / "accounts"
+        self.refusals_path = out / "refusals.txt"
+        self.hold_path = out / "hold"
+        #: Whether the opening burst got its 503 "queue full" (None: not over yet).
+        self.burst_refused: bool | None = None
         self.concurrency = concurrency
         self.backlog = backlog
         self.max_queued = max_queued
@@ -213,11 +225,17 @@ class Soak(Faults):
         index = len(self.harnesses)
         agent = " ".join(shlex.quote(part) for part in (
             sys.executable, str(HERE / "agent.py"), "--starts", str(self.starts_path),
-            "--sleeps", str(self.out / "sleeps.json"), "--marker", self.marker))
+            "--sleeps", str(self.out / "sleeps.json"), "--refusals", str(self.refusals_path),
+            "--hold", str(self.hold_path), "--marker", self.marker))
         argv = [sys.executable, "-m", "prohost", "agent", "run", "--url", self.ws_url,
-                "--brain", "plain", "--exec", agent, "--concurrency", str(self.concurrency),
-                "--max-queued", str(self.max_queued), "--machine", "soak", "--no-panel"]
+                "--brain", "claude", "--exec", agent, "--concurrency", str(self.concurrency),
+                "--max-queued", str(self.max_queued), "--machine", "soak", "--no-panel",
+                "--limit-wait", f"{self.limit_wait_s:g}"]
+        for name, folder in self.account_folders().items():
+            argv += ["--account", f"{name}={folder}"]
         env = _base_env() | {"PROHOST_HOME": str(self.home)}
+        if self.disk_mode == "hook":
+            env[DISK_FULL_ENV] = str(self.disk_control())
         harness = await start_child(f"harness {index}", argv,
                                     self.out / f"harness-{index:03d}.log", env)
         self.harnesses.append(harness)
@@ -257,8 +275,10 @@ class Soak(Faults):
         await self.start_server()
         nursery = self._need_nursery()
         nursery.start_soon(self.poll)
+        self.hold_path.write_text("held\n")
         await self.start_harness()
         async with trio.open_nursery() as both:
+            both.start_soon(self._opening_burst)
             both.start_soon(self._submit_all)
             both.start_soon(self._inject_all)
         # Every run answered for by a harness (a forgotten completion never settles);
@@ -272,6 +292,25 @@ class Soak(Faults):
             await self._connected(harness)
             await self.signals(harness, [])
         await self._audit_changed.wait()  # one audit after the last report
+
+    async def _opening_burst(self) -> None:
+        """Every agent waits (the hold file) while the first runs are submitted, so
+        the harness's queue fills and it refuses a delivery 503 "queue full" in every
+        soak, whatever the machine's speed (the backlog, 4 x concurrency + 8 by default,
+        is more than the concurrency plus --max-queued); then the agents go on.
+        Cancelled: the hold file is removed all the same."""
+        try:
+            if self.backlog <= self.concurrency + self.max_queued:
+                self.note("burst_skipped", why="--backlog is not more than the concurrency "
+                          "plus --max-queued: the queue cannot fill")
+                return
+            with trio.move_on_after(BURST_WITHIN_S):
+                await self.until(lambda: any(503 in run["ack_statuses"]
+                                             for run in self.audit.values()))
+        finally:
+            self.hold_path.unlink(missing_ok=True)
+        self.burst_refused = any(503 in run["ack_statuses"] for run in self.audit.values())
+        self.note("burst_released", refused=self.burst_refused)
 
     async def _submit_all(self) -> None:
         """POST every run, keeping at most ``backlog`` unsettled. Cancelled: stops
@@ -308,6 +347,8 @@ class Soak(Faults):
         propagates."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(mode=0o700, exist_ok=True)
+        for folder in self.account_folders().values():
+            folder.mkdir(parents=True, exist_ok=True)
         (self.out / "sleeps.json").write_text(json.dumps({
             "sleeps": {run["run_id"]: run["sleep_ms"] for run in self.plan["runs"]},
             "twice": self.plan["twice"]}))
@@ -331,7 +372,9 @@ class Soak(Faults):
                     nursery.cancel_scope.cancel()
             finally:
                 with trio.CancelScope(shield=True):
+                    self.hold_path.unlink(missing_ok=True)
                     self._kill_everything()
+                    self.free_disk()
                     if self._client is not None:
                         with trio.move_on_after(2), contextlib.suppress(Exception):
                             await self._client.aclose()

@@ -12,6 +12,7 @@ import httpx
 import trio
 
 from soaklib import verdict
+from soaklib.plan import ACCOUNTS
 from soaklib.procs import Child
 
 #: How long a harness may take to obey a first or second signal (seconds): a drain
@@ -54,6 +55,12 @@ class Faults:
         raise NotImplementedError
 
     async def start_harness(self) -> Child:
+        raise NotImplementedError
+
+    async def limit(self, names: list[str], holds: list[float]) -> None:
+        raise NotImplementedError
+
+    async def disk_full(self, hold_s: float) -> None:
         raise NotImplementedError
 
     async def _exit_of(self, harness: Child, what: str) -> int | None:
@@ -144,6 +151,16 @@ class Faults:
             await self.start_harness()
         elif kind == "recover_term":
             await self._recover_term(fault)
+        elif kind == "limit":
+            await self.limit([fault["account"]], [fault["hold_s"]])
+        elif kind == "limit_both":
+            await self.limit(list(ACCOUNTS),
+                             [fault["hold_s"], fault["hold_s"] + fault["stagger_s"]])
+        elif kind == "disk_full":
+            # On a harness that is up: one still starting needs the disk for its
+            # lock and ledger, and cannot start on a full one (it exits, as it must).
+            await self._connected(self.harness)
+            await self.disk_full(fault["hold_s"])
         elif kind in ("drain", "stop"):
             harness = self.harness
             await self._connected(harness)

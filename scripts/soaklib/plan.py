@@ -26,7 +26,12 @@ FAULT_RATES: dict[str, int] = {
     "stop": 4,  # first signal, second 20-250 ms later: exit 130; then start again
     "redeliver_inflight": 25,  # send an acked, unreported run again
     "redeliver_reported": 25,  # send a reported run again
+    "limit": 10,  # one account's CLI answers "limited" until a reset 1-6 s away
+    "limit_both": 5,  # both accounts limited at once (resets 1-5 s away, staggered)
+    "disk_full": 8,  # the harness's home (its ledger) is full for 0.5-4 s, then freed
 }
+#: The accounts the harness runs with (``--account NAME=DIR``); limits hit them.
+ACCOUNTS = ("work", "personal")
 #: At least this many of each fault kind, however few the runs ("a few of each").
 MIN_PER_KIND = 2
 #: Storm answers: the statuses a harness must retry (PROTOCOL.md §7).
@@ -62,6 +67,15 @@ def _fault(rng: random.Random, kind: str) -> dict[str, Any]:
         return {"kind": kind, "delay_ms": rng.randint(0, 15), "second_ms": second}
     if kind == "stop":
         return {"kind": kind, "gap_ms": rng.randint(20, 250)}
+    if kind == "limit":
+        return {"kind": kind, "account": rng.choice(ACCOUNTS),
+                "hold_s": round(rng.uniform(1.0, 6.0), 2)}
+    if kind == "limit_both":
+        # The second account's reset comes 0-2 s after the first's.
+        return {"kind": kind, "hold_s": round(rng.uniform(1.0, 5.0), 2),
+                "stagger_s": round(rng.uniform(0.0, 2.0), 2)}
+    if kind == "disk_full":
+        return {"kind": kind, "hold_s": round(rng.uniform(0.5, 4.0), 2)}
     if kind.startswith("redeliver_"):
         return {"kind": "redeliver", "target": kind.removeprefix("redeliver_"),
                 "pick": round(rng.random(), 6)}
@@ -75,8 +89,14 @@ def make_plan(
     *,
     agent_max_ms: int = 1500,
     self_check: bool = False,
+    kinds: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The whole plan for one soak; the same arguments always give the same plan."""
+    """The whole plan for one soak; the same arguments always give the same plan.
+    ``kinds`` keeps only those fault kinds (default: every kind of FAULT_RATES)."""
+    unknown = sorted(set(kinds or ()) - set(FAULT_RATES))
+    if unknown:
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; "
+                         f"the kinds are {', '.join(FAULT_RATES)}")
     if runs < 10:
         raise ValueError("--runs must be at least 10 (faults need runs to land on)")
     if conversations < 1:
@@ -94,6 +114,8 @@ def make_plan(
         })
     faults: list[dict[str, Any]] = []
     for kind, rate in FAULT_RATES.items():
+        if kinds is not None and kind not in kinds:
+            continue
         for _ in range(max(MIN_PER_KIND, round(rate * runs / 1000))):
             # Not in the first few runs: there must be something to break.
             fault = _fault(rng, kind)
@@ -117,6 +139,7 @@ def make_plan(
         "self_check": self_check,
         "twice": twice,
         "faults": faults,
+        **({} if kinds is None else {"kinds": sorted(kinds)}),
     }
 
 

@@ -89,6 +89,7 @@ def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: in
         forgotten=sum(1 for post in posts if post.get("forgotten")),
         ok=None if completion is None else completion.get("ok"),
         error=None if completion is None else completion.get("error"),
+        retryable=None if completion is None else completion.get("retryable"),
     )
     if completion is None:
         problems.append("lost: acked, never settled" if audit["acked"]
@@ -106,6 +107,11 @@ def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: in
             break
     line["problems"] = problems
     return line
+
+
+def read_refusals(path: Path) -> Counter[str]:
+    """How many attempts of each run id a limited account refused (no work done)."""
+    return read_starts(path)
 
 
 def tally(plan: dict[str, Any], lines: list[dict[str, Any]]) -> Figures:

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from prohost.engine.ledger.rows import LedgerError
 
@@ -99,16 +100,40 @@ FILE_MODE = 0o600
 
 
 
+#: A fault hook for ``scripts/soak.py --disk-full hook`` only (where the soak may not
+#: mount a small filesystem to fill): when this variable names a file, every ledger
+#: COMMIT fails as on a full disk while that file exists. Unset, as everywhere but in
+#: the soak's harnesses, nothing changes (the connection is sqlite3's own).
+SOAK_DISK_FULL_ENV = "PROHOST_SOAK_DISK_FULL_FILE"
+
+
+class _SoakDiskFull(sqlite3.Connection):
+    """A connection whose COMMIT fails with SQLITE_FULL's message while the soak's
+    control file exists (see :data:`SOAK_DISK_FULL_ENV`)."""
+
+    control = ""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if sql == "COMMIT" and os.path.exists(self.control):
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, parameters)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
+    control = os.environ.get(SOAK_DISK_FULL_ENV)
     try:
         # isolation_level=None: transactions are begun explicitly, so the sqlite3
         # module never opens one behind our back and never leaves one open.
-        return sqlite3.connect(
+        conn = sqlite3.connect(
             path,
             timeout=_BUSY_TIMEOUT_MS / 1000,
             isolation_level=None,
             check_same_thread=False,
+            factory=_SoakDiskFull if control else sqlite3.Connection,
         )
+        if isinstance(conn, _SoakDiskFull):
+            conn.control = control or ""
+        return conn
     except sqlite3.Error as exc:
         raise LedgerError(
             f"cannot open the run ledger {path}: {exc}; check that its folder exists "
