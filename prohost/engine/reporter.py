@@ -74,7 +74,8 @@ class Settlement:
     ``closed``: 404, the run was closed server-side. ``rejected``: another 4xx (or
     an answer that retrying cannot change): failed-to-report. ``gave_up``: the
     retry window ran out (or :meth:`Reporter.post_once`'s one attempt failed in a
-    way that passes on its own): the report is not settled, it waits in the outbox. ``detail`` is one short line for logs, without the token.
+    way that passes on its own): the report is not settled, it waits in the outbox.
+    ``detail`` is one short line for logs, without the token.
     """
 
     kind: SettlementKind
