@@ -184,9 +184,14 @@ class Outbox:
                         "trying again later", run_id, exc)
             return True
         if row is None or row.state is not RunState.FINISHED or row.outcome is None:
-            # Settled some other way meanwhile (or pruned): nothing left to post.
             self._waiting.pop(run_id, None)
             self._on_change()
+            if row is not None and row.state is not RunState.REPORTED:
+                # Its `finished` step failed (a disk fault, logged then): the next
+                # start reports it as interrupted, which is all the ledger can say.
+                log.warning("run %s: its outcome is not in the ledger (%s); the next "
+                            "start reports it", run_id, row.state.value)
+            # Else settled some other way meanwhile (or pruned): nothing to post.
             return True
         payload = Outcome.from_json(row.outcome).completion(run_id)
         settlement = await self.reporter.post_once(run_id, waiting.completion_path, payload)
