@@ -393,3 +393,36 @@ async def test_completions_and_timeline_posts_share_one_kept_alive_connection() 
             assert await reporter.post_timeline("run_a", "/v1/agent/runs/run_a/timeline", [])
     assert len(clients) == 4
     assert len(set(clients)) == 1, clients
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    ["0", "-5", email.utils.formatdate(time.time() - 3600, usegmt=True)],
+    ids=["zero", "negative", "past-date"],
+)
+async def test_retry_after_never_brings_a_retry_sooner_than_one_second(
+    autojump_clock: Any, retry_after: str
+) -> None:
+    """`Retry-After: 0` (or a negative one, or a date in the past) must not make the
+    reporter retry back to back: over a 60 s window, at most 60 attempts, each at
+    least 1 s after the last (§7)."""
+    with trio.fail_after(120):
+        # 100 refusals, then 200: back-to-back retries would reach the 200 at once.
+        app = ScriptedApp(*[(503, {"Retry-After": retry_after}, b"busy")] * 100,
+                          (200, {}, b""))
+        async with reporter_for(app, window_s=60) as (reporter, _):
+            result = await reporter.complete(RUN, PATH, PAYLOAD)
+        assert result.kind == "gave_up"
+        assert 2 <= len(app.seen) <= 61
+        assert min(gaps(app.times)) >= 1.0
+
+
+async def test_post_once_makes_exactly_one_attempt(autojump_clock: Any) -> None:
+    """The outbox's attempt: one POST, a transient failure is not settled."""
+    with trio.fail_after(60):
+        app = ScriptedApp((503, {"Retry-After": "0"}, b"busy"), (200, {}, b""))
+        async with reporter_for(app) as (reporter, _):
+            first = await reporter.post_once(RUN, PATH, PAYLOAD)
+            assert (first.kind, first.status, len(app.seen)) == ("gave_up", 503, 1)
+            second = await reporter.post_once(RUN, PATH, PAYLOAD)
+        assert (second.kind, len(app.seen)) == ("delivered", 2)

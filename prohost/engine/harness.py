@@ -41,6 +41,7 @@ from prohost.engine.heartbeat import Beacon
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
 from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
+from prohost.engine.outbox import ReportTiming
 from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
 from prohost.engine.reporter import Reporter
@@ -48,6 +49,7 @@ from prohost.engine.runner import Runner
 from prohost.engine.scheduler import Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
 from prohost.engine.status_file import (
+    heartbeat_runs,
     note_outcome,
     status_message,
     take_snapshot,
@@ -84,6 +86,7 @@ class Harness:
         client: httpx.AsyncClient,
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
+        timing: ReportTiming | None = None,
     ) -> None:
         self.options = options
         self.endpoints = endpoints
@@ -93,7 +96,10 @@ class Harness:
         self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
-        self.reporter = Reporter(client, endpoints.api_base, endpoints.token)
+        #: How long reports are retried, and when a waiting one is dropped (§7).
+        self.timing = timing if timing is not None else ReportTiming()
+        self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
+                                 window_s=self.timing.window_s)
         self.scheduler: Scheduler[HeldRun] = Scheduler(
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
@@ -117,6 +123,7 @@ class Harness:
             book=self.book,
             limit_wait_s=options.limit_wait_s,
             bodies=self.bodies,
+            timing=self.timing,
         )
         self.held: dict[str, HeldRun] = {}
         self.draining = False
@@ -126,7 +133,7 @@ class Harness:
         self.dry_seen: set[str] = set()
         self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
         self.beacon = Beacon(functools.partial(status_message, self),
-                             lambda: [h.beat() for h in self.held.values()])
+                             functools.partial(heartbeat_runs, self))
         self.state_changed = trio.Event()
         self.status_written = trio.Event()
         self._done = trio.Event()
@@ -275,9 +282,13 @@ class Harness:
     ) -> None:
         """For the life of one connection: the beacon's status and heartbeats.
 
-        Reports started once status and the first heartbeat are out (§1).
-        Cancelled when the connection drops; nothing to clean up.
+        Reports started once status and the first heartbeat are out (§1). A new
+        connection means the server answers again: the reports waiting in the
+        outbox are tried now (§7). Cancelled when the connection drops; nothing
+        to clean up.
         """
+        if self.runner is not None:
+            self.runner.outbox.poke()
         await self.beacon.serve(session, task_status=task_status)
 
     async def on_message(self, session: Session, message: Message) -> None:
@@ -323,6 +334,11 @@ class Harness:
         """The server no longer knows the run: stop it and never report it (§2)."""
         held = self.held.get(run_id)
         if held is None:
+            if self.runner is not None and self.runner.outbox.forget(run_id):
+                log.info("run %s is closed on the server; its waiting report is dropped",
+                         run_id)
+                self._running_nursery().start_soon(
+                    self.runner.outbox.record, run_id, "dropped: closed on the server")
             return
         log.info("run %s is closed on the server; stopping it without a report", run_id)
         held.dropped = True
@@ -350,11 +366,18 @@ class Harness:
         self.scheduler.release_slot(run_id)
         self.changed()
 
-    def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False) -> None:
-        """Report a run that will not (or did not, in this process) execute."""
+    def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
+                    finished_at: float | None = None) -> None:
+        """Report a run that will not (or did not, in this process) execute. It takes
+        its place in line for its lane at once, and holds the lane until its report
+        settles like any run (§4): a later turn neither starts nor reports before
+        it. ``recorded``, ``finished_at``: as :meth:`Runner.settle_only`."""
         held.state = "reporting"
+        granted = self.scheduler.claim(held.lane)
         self._running_nursery().start_soon(self._then_release, held, functools.partial(
-            self._runner().settle_only, held, outcome, recorded=recorded))
+            self._runner().settle_only, held, outcome, recorded=recorded,
+            finished_at=finished_at, lane_turn=granted.wait),
+            functools.partial(self.scheduler.unclaim, held.lane, granted))
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -362,14 +385,15 @@ class Harness:
                                "or has returned): no task can be started for a run")
         return self._nursery
 
-    async def _then_release(self, held: HeldRun, step: Callable[[], Awaitable[None]]) -> None:
-        """One of the runner's steps for ``held``, then the run is let go.
-
-        Cancelled: as the step; the run is let go either way.
+    async def _then_release(self, held: HeldRun, step: Callable[[], Awaitable[None]],
+                            unclaim: Callable[[], None] = lambda: None) -> None:
+        """One of the runner's steps for ``held``, then the run (and the lane's
+        claim, if it has one) is let go. Cancelled: as the step; let go either way.
         """
         try:
             await step()
         finally:
+            unclaim()
             self._release(held)
 
     def _runner(self) -> Runner:

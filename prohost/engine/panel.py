@@ -39,6 +39,7 @@ from prohost.engine.statustext import (
     server_host,
     short_ago,
     short_run_id,
+    waiting_reports_text,
 )
 
 log = logging.getLogger("prohost.panel")
@@ -102,8 +103,13 @@ def _counts(snapshot: Snapshot, drift: float) -> Text:
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
 
 
-def _notes(snapshot: Snapshot) -> list[RenderableType]:
+def _notes(snapshot: Snapshot, now: float) -> list[RenderableType]:
     notes: list[RenderableType] = []
+    waiting = waiting_reports_text(snapshot.reports_waiting, snapshot.reports_waiting_since,
+                                   now)
+    if waiting is not None:
+        notes.append(Text(f"⚠ {waiting}; retried every 5 min", style="yellow",
+                          no_wrap=True, overflow="ellipsis"))
     if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
         notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
                           no_wrap=True, overflow="ellipsis"))
@@ -184,7 +190,7 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
         limited = any(row.state == "limited" for row in snapshot.accounts)
         parts.append(Text(accounts, style="yellow" if limited else "",
                           no_wrap=True, overflow="ellipsis"))
-    parts.extend(_notes(snapshot))
+    parts.extend(_notes(snapshot, current))
     parts.append(Text(""))
     if snapshot.runs:
         parts.append(_runs_table(snapshot.runs, drift))
@@ -275,6 +281,8 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
             lines.append(f"{_run_name(run_id, old.conversation)} dropped")
     if previous.queued != current.queued:
         lines.append(f"queued: {current.queued}")
+    if previous.reports_waiting != current.reports_waiting:
+        lines.append(f"reports waiting for the server: {current.reports_waiting}")
     before_accounts = {row.name: row for row in previous.accounts}
     for account in current.accounts:
         was = before_accounts.get(account.name)

@@ -25,6 +25,7 @@ from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import LedgerRow, RunState
 from prohost.engine.procinfo import process_belongs_to_run
 from prohost.engine.scheduler import QueueFullError
+from prohost.engine.statustext import human_ago
 from prohost.engine.upkeep import prune
 from prohost.wire.runs import BodyError, Outcome, parse_body
 
@@ -124,7 +125,8 @@ def carry_on(harness: Harness, held: HeldRun, row: LedgerRow, *,
     ``interrupted`` (retryable), since nothing in this process is running it."""
     harness.hold(held)
     if row.state is RunState.FINISHED and row.outcome is not None:
-        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True)
+        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True,
+                            finished_at=row.finished_at)
     elif row.state is not RunState.ACCEPTED:
         harness.settle_soon(held, Outcome.failure(interrupted, retryable=True))
     else:
@@ -170,6 +172,10 @@ async def resume_unheld(harness: Harness, run_id: str) -> None:
     """
     if harness.ledger is None:
         return
+    if harness.runner is not None and run_id in harness.runner.outbox:
+        # Its report waits for the server, which is evidently answering: try it now.
+        harness.runner.outbox.poke()
+        return
     row = await harness.bounded(harness.ledger.get, run_id,
                                 what=f"reading run {run_id} from the ledger")
     if row is None or row.state is RunState.REPORTED or run_id in harness.held:
@@ -209,8 +215,9 @@ async def sweep_ledger(harness: Harness) -> None:
 
     Cancelled: the runs not held yet stay in the ledger, for the next start.
     """
+    waiting = harness.runner.outbox if harness.runner is not None else ()
     for row in await unreported(harness):
-        if row.run_id in harness.held or row.run_id in harness.swept:
+        if row.run_id in harness.held or row.run_id in harness.swept or row.run_id in waiting:
             continue
         harness.swept.add(row.run_id)
         held = await held_from(harness, row)
@@ -228,8 +235,10 @@ async def ledger_settled(harness: Harness) -> bool:
     Cancelled: the read is abandoned (it changes nothing), nothing is logged.
     """
     settled = True
+    waiting = []
     for row in await unreported(harness):
         if row.state is RunState.FINISHED:
+            waiting.append(row.finished_at or row.accepted_at)
             log.warning("run %s could not be reported now; it stays in the ledger's "
                         "outbox and the next start reports it", row.run_id)
         else:
@@ -237,4 +246,10 @@ async def ledger_settled(harness: Harness) -> bool:
                       "the next start reports it (is the disk failing?)",
                       row.run_id, row.state)
             settled = False
+    if waiting:
+        # Not a failure of this harness: the outcomes are safe, the server is not
+        # taking them; the exit stays 0 (§9) and the next start posts them.
+        log.warning("%d report(s) wait in the ledger's outbox for the server (the oldest "
+                    "run finished %s ago); the next start posts them", len(waiting),
+                    human_ago(time.time() - min(waiting)))
     return settled

@@ -8,6 +8,11 @@ the answers that will not change (2xx, 409 already completed, 404 closed, any ot
 retrying a POST safe: a server that got the first attempt but whose answer was lost
 takes the second as the same report.
 
+A report the window could not settle is not lost: the caller keeps it in the
+ledger's outbox and tries it again with :meth:`Reporter.post_once`
+(:mod:`prohost.engine.outbox`). No retry comes sooner than 1 s after the last
+attempt, whatever ``Retry-After`` says.
+
 The window is measured on trio's clock, so tests run ten minutes of retries in
 virtual time. The token goes in one header and nowhere else: it is scrubbed from
 every line this module logs or returns, including echoes of it in a response body.
@@ -39,6 +44,10 @@ REQUEST_TIMEOUT_S = 30.0
 BACKOFF_FIRST_S = 1.0
 #: The longest nominal delay between two completion attempts, in seconds.
 BACKOFF_CAP_S = 30.0
+#: No retry comes sooner than this after the last attempt, in seconds, whatever
+#: ``Retry-After`` says (§7): ``Retry-After: 0`` or a date in the past would otherwise
+#: have the harness hammer a struggling server back to back for the whole window.
+RETRY_FLOOR_S = 1.0
 #: Of a response body, only this much (bytes) is read for the log line ...
 SNIPPET_BYTES = 2048
 #: ... and this many characters of it are kept.
@@ -64,7 +73,9 @@ class Settlement:
     ``delivered``: 2xx. ``already``: 409, the server already has a completion.
     ``closed``: 404, the run was closed server-side. ``rejected``: another 4xx (or
     an answer that retrying cannot change): failed-to-report. ``gave_up``: the
-    retry window ran out. ``detail`` is one short line for logs, without the token.
+    retry window ran out (or :meth:`Reporter.post_once`'s one attempt failed in a
+    way that passes on its own): the report is not settled, it waits in the outbox.
+    ``detail`` is one short line for logs, without the token.
     """
 
     kind: SettlementKind
@@ -125,35 +136,22 @@ class Reporter:
         the cancellation propagates; nothing is recorded here, so the ledger's
         saved outcome is still the outbox to post from next time.
         """
-        url = self._base + completion_path
-        headers = {
-            "Authorization": f"Bearer {self._token}",
-            "Idempotency-Key": run_id,
-        }
+        url, headers = self._completion_request(run_id, completion_path)
         deadline = trio.current_time() + self._window_s
         attempt = 0
         while True:
             attempt += 1
-            remaining = deadline - trio.current_time()
-            answer = await self._post(
-                url, headers, payload, budget_s=min(REQUEST_TIMEOUT_S, remaining), read_body=True
-            )
-            status, what = answer.status, answer.line
-            if status is not None and 200 <= status < 300:
-                return self._settle(run_id, "delivered", status, f"{status}", logging.DEBUG)
-            if status == 409:
-                return self._settle(
-                    run_id, "already", status, "409: already completed", logging.INFO
-                )
-            if status == 404:
-                return self._settle(
-                    run_id, "closed", status, "404: run closed server-side", logging.INFO
-                )
-            if not answer.retryable:
-                # Other 4xx, and the odd 3xx (redirects are not followed).
-                return self._settle(run_id, "rejected", status, what, logging.ERROR)
-
+            # The first attempt always gets its whole budget (a window of 0 means
+            # "one attempt"); later ones never run past the window.
+            budget = REQUEST_TIMEOUT_S if attempt == 1 else \
+                min(REQUEST_TIMEOUT_S, deadline - trio.current_time())
+            answer = await self._post(url, headers, payload, budget_s=budget, read_body=True)
+            settled = self._settled(run_id, answer)
+            if settled is not None:
+                return settled
+            what = answer.line
             delay = self._backoff(attempt) if answer.retry_after is None else answer.retry_after
+            delay = max(RETRY_FLOOR_S, delay)
             remaining = deadline - trio.current_time()
             if delay >= remaining:
                 # No attempt may start after the window; waiting out the rest of it
@@ -170,14 +168,56 @@ class Reporter:
                 return self._settle(
                     run_id,
                     "gave_up",
-                    status,
+                    answer.status,
                     f"gave up after {attempt} attempts in {self._window_s:.0f} s; last: {what}",
-                    logging.ERROR,
+                    # Not an error yet: the outcome waits in the ledger's outbox.
+                    logging.WARNING,
                 )
             self._log.warning(
                 "completion for %s: %s; retry %d in %.1f s", run_id, what, attempt, delay
             )
             await trio.sleep(delay)
+
+    async def post_once(
+        self, run_id: str, completion_path: str, payload: dict[str, Any]
+    ) -> Settlement:
+        """One attempt at the completion, for a report that waits in the outbox (§7).
+
+        A transient failure is ``gave_up`` (``status`` None: no HTTP answer at all,
+        the server is unreachable), logged at warning; the other kinds as for
+        :meth:`complete`. Never raises for an HTTP or network failure. Cancelled:
+        the request is abandoned and the cancellation propagates.
+        """
+        url, headers = self._completion_request(run_id, completion_path)
+        answer = await self._post(url, headers, payload, budget_s=REQUEST_TIMEOUT_S,
+                                  read_body=True)
+        settled = self._settled(run_id, answer)
+        if settled is not None:
+            return settled
+        return self._settle(run_id, "gave_up", answer.status, answer.line, logging.WARNING)
+
+    def _completion_request(self, run_id: str, completion_path: str) -> tuple[str, dict[str, str]]:
+        url = self._base + completion_path
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Idempotency-Key": run_id,
+        }
+        return url, headers
+
+    def _settled(self, run_id: str, answer: _Answer) -> Settlement | None:
+        """How ``answer`` settles the report, or None when it is worth another try."""
+        status, what = answer.status, answer.line
+        if status is not None and 200 <= status < 300:
+            return self._settle(run_id, "delivered", status, f"{status}", logging.DEBUG)
+        if status == 409:
+            return self._settle(run_id, "already", status, "409: already completed", logging.INFO)
+        if status == 404:
+            return self._settle(run_id, "closed", status, "404: run closed server-side",
+                                logging.INFO)
+        if not answer.retryable:
+            # Other 4xx, and the odd 3xx (redirects are not followed).
+            return self._settle(run_id, "rejected", status, what, logging.ERROR)
+        return None
 
     async def _post(
         self,

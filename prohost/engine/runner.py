@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -43,6 +43,7 @@ from prohost.engine.execute import AccountPlan, ExecSpec, execute
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledgersteps import LedgerSteps, Turn
+from prohost.engine.outbox import Outbox, ReportTiming
 from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.reporter import Reporter
 from prohost.engine.timeline import TimelineBatcher
@@ -96,6 +97,7 @@ class Runner:
         limit_wait_s: float = 0.0,
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
+        timing: ReportTiming | None = None,
     ) -> None:
         self.spec = spec
         self.brain = brain
@@ -109,6 +111,8 @@ class Runner:
         self._on_outcome = on_outcome
         #: This harness's ledger steps for its runs, bounded (engine/ledgersteps.py).
         self.steps = LedgerSteps(ledger)
+        #: Reports that outlived their retry window, tried again (§7).
+        self.outbox = Outbox(reporter, self.steps, timing=timing, on_change=on_change)
         #: Where a queued run's body waits until the run leaves the queue.
         self.bodies = bodies if bodies is not None else QueuedBodies()
         #: The agent accounts and their limits (PROTOCOL.md §12).
@@ -170,13 +174,18 @@ class Runner:
         if held.dropped:
             await self.record_dropped(held)
 
-    async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool) -> None:
+    async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
+                          finished_at: float | None = None,
+                          lane_turn: Callable[[], Awaitable[None]] | None = None) -> None:
         """Report a run that will not (or did not, in this process) execute.
 
-        ``recorded``: the outcome is already in the ledger (a restart's outbox).
-        A queued run's body is loaded first: the report needs its completion path,
-        which a stand-in carries if the body cannot be read back. Cancellation as
-        for :meth:`run`.
+        ``recorded``: the outcome is already in the ledger (a restart's outbox),
+        since ``finished_at`` (epoch s; a 7-day-old one is dropped, not posted).
+        ``lane_turn`` returns once the run's lane is its own: the outcome is
+        recorded at once, the report waits for the conversation's earlier turns
+        (§4). A queued run's body is loaded first: the report needs its completion
+        path, which a stand-in carries if the body cannot be read back.
+        Cancellation as for :meth:`run`.
         """
         await self.bodies.load(held, self.steps.read_body)
         with held.life_scope:
@@ -185,7 +194,9 @@ class Runner:
             else:
                 held.state = "reporting"
                 self._on_outcome(held, outcome)
-            await self._report(held, outcome)
+            if lane_turn is not None:
+                await lane_turn()
+            await self._report(held, outcome, finished_at)
         if held.dropped:
             await self.record_dropped(held)
 
@@ -339,14 +350,27 @@ class Runner:
             log.exception("run %s: could not record its outcome; reporting it anyway",
                           run.run_id)
 
-    async def _report(self, held: HeldRun, outcome: Outcome) -> None:
+    async def _report(self, held: HeldRun, outcome: Outcome,
+                      finished_at: float | None = None) -> None:
         """Post the outcome and record how that went (``reported``).
+
+        ``finished_at``: when the outcome was recorded (epoch s), if not just now.
+        A report the retry window could not settle is handed to the outbox (§7):
+        this returns, so the run lets its lane go, and the outcome stays
+        ``finished`` in the ledger, tried again every 5 minutes, on each reconnect
+        and at each start, for up to 7 days after ``finished_at``.
 
         Never raises but for cancellation (then nothing more is recorded, and the
         ledger's saved outcome is still the outbox). If posting fails unexpectedly,
         the run stays ``finished`` so that the next start posts it again.
         """
         run = held.run
+        outbox = self.outbox
+        if finished_at is None:
+            finished_at = outbox.timing.clock()
+        elif outbox.expired(finished_at):
+            await outbox.drop_expired(run.run_id, finished_at)
+            return
         try:
             settlement = await self.reporter.complete(
                 run.run_id, run.completion_path, outcome.completion(run.run_id)
@@ -355,15 +379,14 @@ class Runner:
             log.exception("run %s could not be reported; it stays in the ledger's outbox "
                           "and is reported at the next start", run.run_id)
             return
+        if settlement.kind == "gave_up":
+            log.warning("run %s: its report did not settle within %.0f s; the "
+                        "conversation's next turn may start, and the outcome waits in the "
+                        "ledger's outbox, posted again every %.0f s and on each reconnect",
+                        run.run_id, outbox.timing.window_s, outbox.timing.retry_every_s)
+            outbox.add(run.run_id, run.completion_path, finished_at)
+            return
         # The reporter already said how a normal settlement went.
         level = logging.DEBUG if settlement.kind in ("delivered", "already") else logging.WARNING
         log.log(level, "reported run %s: %s", run.run_id, settlement.detail)
-        try:
-            # Not durable: lost only with the machine, and then the next start posts
-            # the saved outcome again, which the server takes as a duplicate (§7).
-            await self.steps.soon(self.ledger.mark_reported, run.run_id,
-                                    f"{settlement.kind}: {settlement.detail}", time.time())
-        except Exception:
-            log.exception("run %s was reported but that could not be recorded; the next "
-                          "start reports it again (the server takes it as a duplicate)",
-                          run.run_id)
+        await outbox.record(run.run_id, settlement)

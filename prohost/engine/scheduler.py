@@ -290,24 +290,45 @@ class Scheduler(Generic[T]):
         Cancelled while waiting: nothing is held. On leaving the block, by any
         route, the lane is let go.
         """
-        if not self._queue.hold(lane):
-            granted = trio.Event()
-            waiters = self._hold_waiters.setdefault(lane, deque())
-            waiters.append(granted)
-            try:
-                await granted.wait()
-            except BaseException:
-                if granted.is_set():
-                    self._let_go(lane)  # handed over just as the wait was cancelled
-                else:
-                    waiters.remove(granted)
-                    if not waiters:
-                        del self._hold_waiters[lane]
-                raise
+        granted = self.claim(lane)
+        try:
+            await granted.wait()
+        except BaseException:
+            self.unclaim(lane, granted)
+            raise
         try:
             yield
         finally:
             self._let_go(lane)
+
+    def claim(self, lane: str) -> trio.Event:
+        """Take a place in line for ``lane`` now, without waiting: the event is set
+        once the lane is the caller's (at once if nothing runs on it or holds it;
+        else the moment the run or holder before it lets go, ahead of the lane's
+        queued runs). Until :meth:`unclaim`, none of the lane's runs start.
+
+        For a run that is reported without executing (cancelled while queued, or
+        recovered from the ledger): it holds its lane until its report settles
+        (§4), and the claim must be in line before any later turn can be
+        dispatched, hence synchronous. :meth:`holding` is built on it.
+        """
+        granted = trio.Event()
+        if self._queue.hold(lane):
+            granted.set()
+        else:
+            self._hold_waiters.setdefault(lane, deque()).append(granted)
+        return granted
+
+    def unclaim(self, lane: str, granted: trio.Event) -> None:
+        """End a :meth:`claim`, granted or still waiting; by any route, exactly once."""
+        if granted.is_set():
+            self._let_go(lane)
+            return
+        waiters = self._hold_waiters.get(lane)
+        if waiters is not None and granted in waiters:
+            waiters.remove(granted)
+            if not waiters:
+                del self._hold_waiters[lane]
 
     def _let_go(self, lane: str) -> None:
         # The caller holds ``lane``: the next holding() waiting for it gets it as

@@ -72,6 +72,10 @@ class Snapshot:
     finished: tuple[FinishedRow, ...] = ()
     #: Every agent account and its usage-limit state (PROTOCOL.md §12).
     accounts: tuple[AccountRow, ...] = ()
+    #: Reports that outlived their retry window and wait in the ledger's outbox (§7),
+    #: and when the oldest of their runs finished (epoch s; None when none waits).
+    reports_waiting: int = 0
+    reports_waiting_since: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self), indent=2)

@@ -27,7 +27,7 @@ from prohost.engine.snapshot import (
     Snapshot,
     write_snapshot,
 )
-from prohost.wire.protocol import AccountRow, Status
+from prohost.wire.protocol import AccountRow, RunBeat, Status
 from prohost.wire.runs import Outcome
 
 if TYPE_CHECKING:
@@ -110,6 +110,9 @@ def take_snapshot(harness: Harness) -> Snapshot:
         runs=tuple(rows),
         finished=tuple(harness.finished),
         accounts=tuple(account_rows(harness)),
+        reports_waiting=0 if harness.runner is None else len(harness.runner.outbox),
+        reports_waiting_since=None if harness.runner is None
+        else harness.runner.outbox.oldest(),
     )
 
 
@@ -157,6 +160,16 @@ def status_message(harness: Harness) -> Status:
         features=["cancel", "timeline"] if harness.brain.streams else ["cancel"],
         accounts=account_rows(harness),
     )
+
+def heartbeat_runs(harness: Harness) -> list[RunBeat]:
+    """A heartbeat's ``runs`` (§2): every run held, then every report waiting in
+    the outbox, still ``reporting`` to the server until it settles (§7)."""
+    beats = [held.beat() for held in harness.held.values()]
+    if harness.runner is not None and len(harness.runner.outbox):
+        beats.extend(beat for beat in harness.runner.outbox.beats()
+                     if beat.run_id not in harness.held)
+    return beats
+
 
 def account_rows(harness: Harness) -> list[AccountRow]:
     """``status.accounts`` (§12), as of now."""

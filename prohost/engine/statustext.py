@@ -117,3 +117,15 @@ def accounts_line(accounts: Sequence[AccountRow]) -> str | None:
                         and accounts[0].state == "ok" and accounts[0].used_percent is None):
         return None
     return "accounts  " + " · ".join(account_text(row) for row in accounts)
+
+
+def waiting_reports_text(count: int, since: float | None, now: float) -> str | None:
+    """``2 reports wait for the server (the oldest run finished 3 hours ago)``; None
+    when none waits. Said the same way by the panel and ``agent status``."""
+    if count <= 0:
+        return None
+    text = f"{count} report{'s' if count != 1 else ''} wait{'' if count != 1 else 's'} " \
+        "for the server"
+    if since is not None:
+        text += f" (the oldest run finished {human_ago(now - since)} ago)"
+    return text

@@ -152,6 +152,8 @@ def start_chores(harness: Harness, nursery: trio.Nursery) -> None:
     nursery.start_soon(probe_brain, harness)
     if harness.runner is not None:
         nursery.start_soon(announce_resets, harness, harness.runner.accounts)
+        # Reports that outlived their window, tried again until they settle (§7).
+        nursery.start_soon(harness.runner.outbox.run)
     if not harness.options.dry_run:
         nursery.start_soon(keep_status_file, harness)
     announce_start(harness)

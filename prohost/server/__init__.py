@@ -99,6 +99,11 @@ class ServerHandle:
         drop them, so those runs are never settled."""
         faults.forget(self.state, count, run_id)
 
+    def hold_completions(self, run_id: str, held: bool = True) -> None:
+        """Leave ``run_id``'s completion POSTs unanswered until called with ``held=False``
+        (a slow server); ``state.faults.held_posts`` counts the ones waiting."""
+        faults.hold(self.state, run_id, held)
+
     async def restart_listener(self, down_s: float) -> None:
         """Close every harness socket, stop listening for ``down_s`` seconds, listen
         on the same port again (all state kept); returns once it listens again.

@@ -213,7 +213,8 @@ class App:
                 return 200, {"runs": faults.audit(state)}, {}
             return 200, state.faults.view(len(state.completion_faults)), {}
         if method != "POST" or len(parts) != 1:
-            raise HttpError(404, "fault hooks: POST drop, storm, restart, forget or redeliver; "
+            raise HttpError(404, "fault hooks: POST drop, storm, restart, forget, redeliver, hold "
+                                 "or release; "
                                  "GET runs")
         raw = await read_body(receive)
         data = parse_json(raw) if raw.strip() else {}
@@ -234,12 +235,15 @@ class App:
                 return 200, state.faults.view(len(state.completion_faults)), {}
             if parts == ["redeliver"]:
                 return 200, faults.redeliver(state, data.get("run_id")), {}
+            if parts in (["hold"], ["release"]):
+                faults.hold(state, data.get("run_id"), parts == ["hold"])
+                return 200, state.faults.view(len(state.completion_faults)), {}
         except faults.NoHarness as exc:
             raise HttpError(409, str(exc)) from None
         except FaultError as exc:
             raise HttpError(400, str(exc)) from None
-        raise HttpError(404, f"no fault hook {parts[0]!r}; use drop, storm, restart, forget "
-                             "or redeliver")
+        raise HttpError(404, f"no fault hook {parts[0]!r}; use drop, storm, restart, forget, "
+                             "redeliver, hold or release")
 
     async def _pair(self, scope: Scope, data: Any) -> tuple[int, Any, dict[str, str]]:
         if not isinstance(data, dict):
@@ -261,6 +265,7 @@ class App:
     ) -> tuple[int, Any, dict[str, str]]:
         raw = await read_body(receive)
         state = self.state
+        await faults.wait_while_held(state, run_id)
         run = state.runs.get(run_id)
         forgotten = False
         try:

@@ -19,6 +19,9 @@ routes; without it each answers 404, like any route that does not exist:
   the run's state — as a server that lost track of an ack would; the ack is recorded
   against the run. Answers ``{"delivery_id", "state"}``, 409 when no harness is
   connected.
+- ``POST /v1/faults/hold``      ``{"run_id": "run_…"}``: that run's completion POSTs
+  get no answer until ``POST /v1/faults/release`` with the same body (a slow server,
+  for tests of what waits on a report); ``held_posts`` counts the ones waiting.
 - ``GET  /v1/faults/runs``      per run: state, acked, ack statuses, deliveries,
   and every completion POST with its status and body (see :func:`audit`).
 - ``GET  /v1/faults``           the hooks' settings and counters.
@@ -79,6 +82,9 @@ class FaultHooks:
     #: Set to ask the listener to restart; it waits ``restart_down_s`` then listens.
     restart_requested: trio.Event = attrs.field(factory=trio.Event)
     restart_down_s: float = 0.0
+    #: Runs whose completion POSTs wait for a release, and how many wait now.
+    hold_runs: set[str] = attrs.field(factory=set)
+    held_posts: dict[str, int] = attrs.field(factory=dict)
 
     def take_forget(self, run_id: str) -> bool:
         """Whether this valid completion of ``run_id`` is to be dropped (counts it)."""
@@ -140,6 +146,33 @@ def forget(state: ServerState, count: Any = None, run_id: Any = None) -> None:
     if count is not None or run_id is None:
         state.faults.forget_next += _count(1 if count is None else count, "count")
     state.changed()
+
+
+def hold(state: ServerState, run_id: Any, held: bool) -> None:
+    """Hold ``run_id``'s completion POSTs unanswered (``held``), or let them go."""
+    if not isinstance(run_id, str) or run_id not in state.runs:
+        raise FaultError(f"run_id must name a run this server knows (got {run_id!r})")
+    if held:
+        state.faults.hold_runs.add(run_id)
+    else:
+        state.faults.hold_runs.discard(run_id)
+    state.changed()
+
+
+async def wait_while_held(state: ServerState, run_id: str) -> None:
+    """A completion POST for a held run waits here until the run is released.
+    Cancelled (the client went away): the count of waiting POSTs is put back."""
+    hooks = state.faults
+    if run_id not in hooks.hold_runs:
+        return
+    hooks.held_posts[run_id] = hooks.held_posts.get(run_id, 0) + 1
+    state.changed()
+    try:
+        while run_id in hooks.hold_runs:
+            await state.wait_changed()
+    finally:
+        hooks.held_posts[run_id] -= 1
+        state.changed()
 
 
 def request_restart(state: ServerState, down_s: Any) -> None:
