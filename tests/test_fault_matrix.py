@@ -284,9 +284,6 @@ async def test_a_kill_just_before_or_after_one_step_of_a_run(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap: killed between the spawn and its group's commit, the restart cannot "
-    "find the agent (no group recorded); a silent agent runs on"))
 async def test_a_kill_between_the_spawn_and_its_group_leaves_no_agent(tmp_path: Path) -> None:
     await kill_cell(tmp_path, "process group", "before", stubborn=True, gone_within_s=2.0)
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["process_belongs_to_run"]
+__all__ = ["groups_of_run", "process_belongs_to_run"]
 
 #: How many times an empty ``/proc/<pid>/environ`` of a live process is read again
 #: before the process is taken as not ours (count).
@@ -61,6 +61,57 @@ def process_belongs_to_run(pgid: int, run_id: str) -> bool:
     if sys.platform == "darwin":
         return any(needle in _ps_environ(pid) for pid in _ps_group_members(pgid))
     return False
+
+
+def groups_of_run(run_id: str) -> list[int]:
+    """The process groups that hold a process started with ``PROHOST_RUN_ID=<run_id>``.
+
+    For a run whose group was never recorded: a harness killed between the agent's
+    spawn and the commit of its group leaves a ``started`` row without one, and its
+    agent may live on (one that prints nothing never meets a closed pipe). Every
+    process of the agent inherits the marker, so the groups holding one are its.
+    Never this process's own group, nor init's. Empty where that cannot be found
+    (no ``/proc`` and no ``ps``, an unsupported platform).
+
+    Blocking (reads every ``/proc/<pid>/environ``, or runs ``ps``): call it from a
+    thread.
+    """
+    needle = f"PROHOST_RUN_ID={run_id}"
+    own = os.getpgrp()
+    found: list[int] = []
+    for pid, pgid in _every_process():
+        if pgid <= 1 or pgid == own or pgid in found:
+            continue
+        environ = (_proc_environ(pid) or set()) if sys.platform.startswith("linux") \
+            else _ps_environ(pid)
+        if needle in environ:
+            found.append(pgid)
+    return found
+
+
+def _every_process() -> list[tuple[int, int]]:
+    """Every visible process as (pid, process group)."""
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
+        pairs = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if len(fields) > 2 and fields[2].isdigit():
+                pairs.append((int(entry), int(fields[2])))
+        return pairs
+    if sys.platform == "darwin":
+        pairs = []
+        for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                pairs.append((int(parts[0]), int(parts[1])))
+        return pairs
+    return []
 
 
 def _settled_environ(pid: int) -> set[str]:

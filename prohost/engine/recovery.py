@@ -23,7 +23,7 @@ from prohost.engine.accountgate import iso_time
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import LedgerRow, RunState
-from prohost.engine.procinfo import process_belongs_to_run
+from prohost.engine.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.scheduler import QueueFullError
 from prohost.engine.statustext import human_ago
 from prohost.engine.upkeep import prune
@@ -189,13 +189,23 @@ async def resume_unheld(harness: Harness, run_id: str) -> None:
 
 
 def kill_leftover(row: LedgerRow) -> None:
-    """Blocking (it may read /proc or run ps): call it in a worker thread."""
-    if row.pgid is None or not process_belongs_to_run(row.pgid, row.run_id):
-        return
-    log.warning("killing the agent of run %s left from the previous harness (group %d)",
-                row.run_id, row.pgid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(row.pgid, signal.SIGKILL)
+    """Kill the agent a previous harness left running for ``row``'s run, if any.
+
+    By the group the ledger recorded when it has one; else (the harness died
+    between the spawn and the group's commit) by the run's marker in the agent's
+    environment (:func:`prohost.engine.procinfo.groups_of_run`).
+
+    Blocking (it may read /proc or run ps): call it in a worker thread.
+    """
+    if row.pgid is not None:
+        groups = [row.pgid] if process_belongs_to_run(row.pgid, row.run_id) else []
+    else:
+        groups = groups_of_run(row.run_id)
+    for pgid in groups:
+        log.warning("killing the agent of run %s left from the previous harness (group %d)",
+                    row.run_id, pgid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 async def unreported(harness: Harness) -> list[LedgerRow]:
