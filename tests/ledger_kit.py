@@ -75,11 +75,18 @@ class Fault:
       :attr:`release` is set (a hung disk), then goes through;
     - ``kill_before`` / ``kill_after``: SIGKILL this process just before the
       transaction holding the write begins, or just after it committed.
+
+    With ``until_released``, a ``disk_full`` fault fails every write named
+    ``what`` (counted in :attr:`hits`, :attr:`failed_twice` set at the second)
+    until :attr:`release` is set: a disk that stays full.
     """
 
-    def __init__(self, what: str, kind: str) -> None:
+    def __init__(self, what: str, kind: str, *, until_released: bool = False) -> None:
         self.what = what
         self.kind = kind
+        self.until_released = until_released
+        self.hits = 0
+        self.failed_twice = threading.Event()
         #: Set once the step's write was called.
         self.hit = threading.Event()
         #: ``hang``: set once the write hangs inside the writer's transaction.
@@ -127,7 +134,12 @@ class FaultyLedger(Ledger):
         fault = self.fault
         if fault is None or fault.what != what:
             return None
-        self.fault = None
+        if fault.until_released:
+            if fault.release.is_set():
+                self.fault = None
+                return None
+        else:
+            self.fault = None
         fault.hit.set()
         return fault
 
@@ -136,6 +148,9 @@ def _faulty(fn: Callable[[sqlite3.Connection], _T], fault: Fault
             ) -> Callable[[sqlite3.Connection], _T]:
     def write(conn: sqlite3.Connection) -> _T:
         if fault.kind == "disk_full":
+            fault.hits += 1
+            if fault.hits == 2:
+                fault.failed_twice.set()
             raise sqlite3.OperationalError("database or disk is full")
         if fault.kind == "hang":
             fault.hanging.set()

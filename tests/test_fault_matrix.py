@@ -181,6 +181,39 @@ async def test_one_fault_at_one_step_of_a_run(
             assert executions(marks, run_id) == pids
 
 
+async def test_an_outcome_is_posted_only_once_finished_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A disk that stays full when the run ends: `finished` is never skipped (§7).
+    # The run waits, tries again, and posts its outcome only once the outbox
+    # holds it; posting first left the row `started`, and a restart (or the
+    # drain's sweep) then reported the run a second time, as "restarted" (the
+    # soak found 8 such runs with a full disk).
+    home = tmp_path / "home"
+    marks = tmp_path / "marks"
+    fault = Fault("mark_finished", "disk_full", until_released=True)
+    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+                server, home, exec_command=agent_command("marker.py", marks),
+                concurrency=1) as running:
+            assert isinstance(running.ledger, FaultyLedger)
+            running.ledger.fault = fault
+            run_id = await server.submit_run("work", conversation_id="C1")
+            await trio.to_thread.run_sync(fault.failed_twice.wait, abandon_on_cancel=True)
+            # Tried again, and nothing posted meanwhile.
+            assert server.run(run_id).completion_posts == 0
+            assert running.harness.held[run_id].state == "reporting"
+            fault.release.set()
+            await server.wait_until(finished(run_id))
+            await running.harness.wait_until(lambda h: run_id not in h.held)
+        assert server.run(run_id).completion == {
+            **server.run(run_id).completion, "ok": True, "reply": "done"}
+        assert server.run(run_id).completion_posts == 1
+        assert (await settled_row(home, run_id)).state is RunState.REPORTED
+        assert len(executions(marks, run_id)) == 1
+
+
 @pytest.mark.parametrize("kind", FAULTS)
 async def test_one_fault_at_the_account_limit_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str

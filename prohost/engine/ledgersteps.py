@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import trio
+
 from prohost.engine.blocking import Bounds
-from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.ledger import Ledger, LedgerError, LedgerOrderError
 
 log = logging.getLogger("prohost.runner")
 
@@ -39,6 +42,11 @@ T = TypeVar("T")
 #: Bound on one ledger step (s). A step is a local fsync; if it takes longer, the
 #: disk is in trouble, and the step is abandoned (prohost.engine.blocking).
 LEDGER_STEP_TIMEOUT_S = 30.0
+
+#: A step that must be written before the run goes on (``finished``) is tried again
+#: after this long when the disk refuses it (s), doubling up to the cap.
+RETRY_FIRST_S = 1.0
+RETRY_CAP_S = 30.0
 
 #: A lane's turn to save with its run's ``finished`` step: lane, account, and the
 #: session the turn ended with (``None`` forgets the lane's session).
@@ -116,6 +124,34 @@ class LedgerSteps:
             except Exception:
                 log.exception("run %s: could not save the session of %s", run_id, lane)
         self.ledger.mark_finished(run_id, outcome_json, now)
+
+    async def until_written(self, step: Callable[..., object], *args: object,
+                            what: str) -> None:
+        """A durable step the run cannot go on without (``finished``: the outcome
+        must be in the outbox before it is posted, or a restart would report the run
+        a second time, differently): tried until it is written, again after 1 s,
+        2 s, … up to every 30 s while the disk refuses it (full, read-only, failing,
+        hung past the bound), each failure logged. A step the ledger refuses as out
+        of order (:class:`LedgerOrderError`) is logged and not tried again: no retry
+        can change that answer.
+
+        Cancelled: a write begun is finished or abandoned as in :meth:`bounded`;
+        between tries, at once. The step then stays unwritten, and the next start
+        finds the run where the ledger has it (§7).
+        """
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await self.bounded(step, *args, what=what)
+                return
+            except LedgerOrderError as exc:
+                log.error("ledger: %s", exc)
+                return
+            except (LedgerError, OSError, sqlite3.Error) as exc:
+                log.error("ledger: %s could not be written (%s); the run waits and tries "
+                          "again in %.0f s (is the disk full?)", what, exc, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP_S)
 
     async def soon(self, step: Callable[..., bool], *args: object) -> None:
         """A ledger step written with ``durable=False`` (``mark_reported``): queued

@@ -337,18 +337,20 @@ class Runner:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox),
         with the lane's ``turn`` saved first, in the same worker thread.
 
-        Never raises but for cancellation: a ledger failure is logged and the run
-        is reported all the same, since the server hearing it matters most.
+        ``finished`` is never skipped (§7): while the disk refuses it, the run waits
+        and tries again (:meth:`LedgerSteps.until_written`), and only then is the
+        outcome posted. Posting it first would leave the row ``started``, and a
+        restart would report the run a second time, as "restarted".
+
+        Cancelled: as :meth:`LedgerSteps.until_written`; the outcome is not posted,
+        and the next start reports the run where the ledger has it.
         """
         run = held.run
         held.state = "reporting"
         self._on_outcome(held, outcome)
-        try:
-            await self.steps.step(self.steps.save_turn_and_finish, run.run_id, outcome.to_json(),
-                               time.time(), turn, what="the ledger step mark_finished")
-        except Exception:
-            log.exception("run %s: could not record its outcome; reporting it anyway",
-                          run.run_id)
+        await self.steps.until_written(self.steps.save_turn_and_finish, run.run_id,
+                                       outcome.to_json(), time.time(), turn,
+                                       what="the ledger step mark_finished")
 
     async def _report(self, held: HeldRun, outcome: Outcome,
                       finished_at: float | None = None) -> None:

@@ -89,6 +89,7 @@ redeliver a run it has seen reported for a month.
 from prohost.engine.ledger.rows import (
     Admission,
     LedgerError,
+    LedgerOrderError,
     LedgerRow,
     LedgerStatistics,
     Recovery,
@@ -108,6 +109,7 @@ __all__ = [
     "Admission",
     "Ledger",
     "LedgerError",
+    "LedgerOrderError",
     "LedgerRow",
     "LedgerStatistics",
     "Recovery",

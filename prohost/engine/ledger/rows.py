@@ -19,6 +19,12 @@ class LedgerError(Exception):
     """
 
 
+class LedgerOrderError(LedgerError):
+    """A step the ledger refuses whatever the disk does: the run is not in the
+    ledger, or the step would move it backwards (a harness bug, or a race such as a
+    drop with a report that just settled). Trying it again cannot help."""
+
+
 class RunState(enum.StrEnum):
     """Where a run is in its life; it only ever moves forward through these."""
 

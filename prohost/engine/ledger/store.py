@@ -19,6 +19,7 @@ from prohost.engine.ledger.rows import (
     _COLUMNS,
     Admission,
     LedgerError,
+    LedgerOrderError,
     LedgerRow,
     Recovery,
     RunState,
@@ -389,7 +390,7 @@ class Ledger(GroupCommit):
             state = self._state_of(conn, run_id)
             if state not in _ALLOWED[target]:
                 # Staying put is refused too: it would overwrite the recorded step.
-                raise LedgerError(
+                raise LedgerOrderError(
                     f"harness bug: run {run_id!r} cannot move from {state.value} to "
                     f"{target.value} (a run's state only moves forward)"
                 )
@@ -404,7 +405,7 @@ class Ledger(GroupCommit):
     def _state_of(conn: sqlite3.Connection, run_id: str) -> RunState:
         found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if found is None:
-            raise LedgerError(f"harness bug: run {run_id!r} is not in the ledger")
+            raise LedgerOrderError(f"harness bug: run {run_id!r} is not in the ledger")
         return RunState(found[0])
 
 
