@@ -188,7 +188,7 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
     # The run waits, tries again, and posts its outcome only once the outbox
     # holds it; posting first left the row `started`, and a restart (or the
     # drain's sweep) then reported the run a second time, as "restarted" (the
-    # soak found 8 such runs with a full disk).
+    # full-disk soak's bad reports).
     home = tmp_path / "home"
     marks = tmp_path / "marks"
     fault = Fault("mark_finished", "disk_full", until_released=True)
