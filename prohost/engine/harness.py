@@ -209,6 +209,10 @@ class Harness:
         log.info("draining: finishing %d running run(s); new work is refused", self._running())
         for _key, held in self.scheduler.drain():
             self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        if self.runner is not None:
+            # Runs waiting for an account are handed back like queued ones (§9),
+            # rather than holding the drain up to --limit-wait.
+            self.runner.accounts.turn_away(Outcome.failure(NOT_STARTED, retryable=True))
         self.changed()
         if self._nursery is not None:
             self._nursery.start_soon(self._exit_when_idle)
