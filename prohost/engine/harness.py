@@ -197,7 +197,8 @@ class Harness:
             self._link_closed.set()
 
     def drain(self) -> None:
-        """First signal (§9): take no new work, report what has not started, finish the rest.
+        """First signal (§9): take no new work, report what has not started (queued, or
+        waiting for an account), finish the rest.
 
         Safe at any moment: before :meth:`run` (it is obeyed once run starts),
         during the restart recovery (recovered runs are then reported, not queued),
