@@ -112,10 +112,13 @@ async def admit(harness: Harness, run: AgentRun, body: str, *,
         # Queued, waiting for an account, running or being reported: the ledger has
         # it, and saying so costs no worker-thread hop.
         return intake.ACCEPTED, "already accepted"
+    why = refusal
     if refusal is None and harness.scheduler.statistics().queued >= options.max_queued:
-        refusal = intake.QUEUE_FULL
+        # scripts/soak.py counts these lines by their wording.
+        refusal, why = intake.QUEUE_FULL, f"{options.max_queued} runs are already queued"
     if refusal is not None:
-        return await _known_or_refused(harness, run, refusal, unreadable=NOT_LOOKED_UP)
+        return await _known_or_refused(harness, run, refusal, unreadable=NOT_LOOKED_UP,
+                                       why=why)
     try:
         # Abandoning on a hung disk is safe: one transaction under the ledger's
         # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
@@ -144,9 +147,10 @@ async def admit(harness: Harness, run: AgentRun, body: str, *,
 
 
 async def _known_or_refused(harness: Harness, run: AgentRun, refusal: str, *,
-                            unreadable: str) -> tuple[int, str]:
+                            unreadable: str, why: str | None = None) -> tuple[int, str]:
     """While new work is refused: the ledger's answer for a run it knows, else the
-    503 ``refusal``; ``unreadable`` (a 503 too) when the ledger cannot be read.
+    503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too) when
+    the ledger cannot be read.
 
     Cancelled: as :meth:`Harness.bounded` (a read: nothing is left half done).
     """
@@ -161,7 +165,7 @@ async def _known_or_refused(harness: Harness, run: AgentRun, refusal: str, *,
         return intake.DRAINING, unreadable
     if row is not None:
         return await _known(harness, run.run_id, row.state is RunState.REPORTED)
-    log.warning("refused run %s with 503: %s", run.run_id, refusal)
+    log.warning("refused run %s with 503: %s", run.run_id, why or refusal)
     return intake.DRAINING, refusal
 
 
