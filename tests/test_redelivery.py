@@ -14,6 +14,7 @@ ledger, and the test-driven agent of tests/kit.py (:class:`tests.kit.Gate`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import trio
 
 from prohost.engine.accountgate import all_limited_reason
 from prohost.engine.admission import NOT_LOOKED_UP, NOT_RECORDED
+from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.limits import LimitNotice
 from prohost.engine.recovery import NOT_STARTED
@@ -186,3 +188,69 @@ class FullDisk:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ledger, name)
+
+
+async def test_the_ledgers_answer_costs_no_extra_worker_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held run is answered from memory; a new run in the normal state costs the
+    one hop of its ledger write (which would also have found a known run); only
+    while new work is refused does a delivery cost one read."""
+    hops: list[str] = []
+    original = Bounds.run
+
+    async def counted(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
+                      what: str) -> Any:
+        hops.append(what)
+        return await original(self, fn, *args, limit_s=limit_s, what=what)
+
+    monkeypatch.setattr(Bounds, "run", counted)
+
+    def of(run_id: str) -> list[str]:
+        return [what for what in hops if run_id in what]
+
+    with trio.fail_after(60):
+        async with gated_harness(tmp_path) as (gate, running):
+            server = running.server
+            busy = await server.submit_run("busy", conversation_id="B")
+            await gate.wait_started(busy)
+            before = len(of(busy))
+            assert await redelivered(running, busy, "again") == (200, "already accepted")
+            assert len(of(busy)) == before
+            assert (await ack_to(running, run_body("r_new"), "new")).status == 200
+            assert of("r_new") == ["recording run r_new in the ledger"]
+            running.harness.drain()
+            assert (await ack_to(running, run_body("r_late"), "late")).status == 503
+            assert of("r_late") == ["looking run r_late up in the ledger"]
+            # r_new was queued behind busy: the drain reported it "not started".
+            await gate.release(busy)
+            assert await running.wait_exit() == 0
+            assert gate.started == [busy]
+
+
+async def test_while_draining_a_run_the_ledger_has_but_nobody_holds_is_answered_and_reported(
+    tmp_path: Path,
+) -> None:
+    """Its first ack was lost (the row is ``accepted``, nothing here holds it): the
+    redelivery during a drain is 200, and the run is reported "not started" at once,
+    not refused to be run elsewhere while this ledger still has it."""
+    with trio.fail_after(60):
+        async with gated_harness(tmp_path) as (gate, running):
+            server, harness, ledger = running.server, running.harness, running.ledger
+            assert ledger is not None
+            busy = await server.submit_run("busy", conversation_id="B")
+            await gate.wait_started(busy)
+            harness.drain()
+            # No checkpoint between these: the row is there before the delivery is read.
+            left = server.state.add_run("left behind", "L").run_id
+            body = server.run(left).body_text
+            ledger.admit(left, parse_body(body).lane, body, time.time())
+            await server.wait_until(lambda s: bool(s.runs[left].acks))
+            record = server.run(left)
+            assert [(a.status, a.reason) for a in record.acks] == [(200, "already accepted")]
+            await server.wait_until(finished(left))
+            assert record.completion == {"run_id": left, "ok": False, "retryable": True,
+                                         "error": NOT_STARTED}
+            await gate.release(busy)
+            assert await running.wait_exit() == 0
+            assert gate.started == [busy]
