@@ -114,7 +114,6 @@ async def admit(harness: Harness, run: AgentRun, body: str, *,
         return intake.ACCEPTED, "already accepted"
     why = refusal
     if refusal is None and harness.scheduler.statistics().queued >= options.max_queued:
-        # scripts/soak.py counts these lines by their wording.
         refusal, why = intake.QUEUE_FULL, f"{options.max_queued} runs are already queued"
     if refusal is not None:
         return await _known_or_refused(harness, run, refusal, unreadable=NOT_LOOKED_UP,
@@ -160,12 +159,13 @@ async def _known_or_refused(harness: Harness, run: AgentRun, refusal: str, *,
         row = await harness.bounded(harness.ledger.get, run.run_id,
                                     what=f"looking run {run.run_id} up in the ledger")
     except (LedgerError, OSError) as exc:
-        log.error("refused run %s with 503: the ledger could not be read (%s)",
+        log.error("run %s refused with 503: the ledger could not be read (%s)",
                   run.run_id, exc)
         return intake.DRAINING, unreadable
     if row is not None:
         return await _known(harness, run.run_id, row.state is RunState.REPORTED)
-    log.warning("refused run %s with 503: %s", run.run_id, why or refusal)
+    # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
+    log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
     return intake.DRAINING, refusal
 
 
