@@ -16,8 +16,9 @@ the 503 of a new run (every account limited, queue full) or its 200. The test
 also asserts that each of those answers was actually produced, so the fuzz
 reaches every branch of admission, not just the parser.
 
-The harness's one lane is held by the test (``Scheduler.holding``), so accepted
-runs stay queued and no agent runs: the queue's length is the model's to know.
+The harness's one slot is taken by a run on another lane, held open by the test's
+agent (:class:`tests.kit.Gate`), so accepted runs stay queued and no other agent
+runs: the queue's length is the model's to know.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from prohost.wire import intake
 from prohost.wire.protocol import Ack, Pong
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
-from tests.kit import Running, agent_command, running_harness, running_server
+from tests.kit import Gate, Running, running_harness, running_server
 
 MAX_QUEUED = 6
 EXAMPLES = 60
@@ -98,6 +99,8 @@ class Model:
     fresh: itertools.count[int] = attrs.Factory(itertools.count)
     #: Every (status, reason) the harness answered, counted.
     answers: collections.Counter[tuple[int, str]] = attrs.Factory(collections.Counter)
+    #: The 503 reason while every account is limited.
+    limited_reason: str = ""
 
 
 def body_of(run_id: str, **fields: Any) -> str:
@@ -159,83 +162,101 @@ async def test_fuzzed_deliveries_reach_every_answer_of_ledger_backed_admission(
 ) -> None:
     model = Model()
     ids = itertools.count()
+    gate = Gate()
+    # The server does not know the runs the fuzz sends; a heartbeat would have it tell
+    # the harness to forget them (heartbeat_ack.unknown). The fuzz takes a few
+    # seconds, well inside the harness's longest heartbeat period (120 s).
     with trio.fail_after(240):
-        async with running_server(redeliver_after_s=3600) as server, running_harness(
-            server, tmp_path, exec_command=agent_command("reply.py", "never runs"),
-            max_queued=MAX_QUEUED,
-        ) as running:
-            harness, ledger = running.harness, running.ledger
-            assert ledger is not None
-            seed_reported(ledger, model, 3)
-            usable_book = harness.book
-            limited_book = AccountBook()
-            until = time.time() + 3600
-            limited_book.restore("default", until, time.time())
-            limited_reason = all_limited_reason(until)
+        async with trio.open_nursery() as gate_nursery, \
+                running_server(heartbeat_s=3600) as server:
+            await gate_nursery.start(gate.serve)
+            async with running_harness(server, tmp_path, exec_command=gate.command,
+                                       max_queued=MAX_QUEUED) as running:
+                await fuzz_through(gate, running, model, ids)
+            gate_nursery.cancel_scope.cancel()
+    check_answers(model)
 
-            async def one_example(example: Example) -> None:
-                # Every account limited, as a restart that remembered the limits finds it.
-                harness.book = limited_book if example.limited else usable_book
-                start = len(server.state.received)
-                now = int(time.time())
-                sent: list[tuple[str, Intent, tuple[int, str | None]]] = []
-                for intent in example.intents:
-                    pool = model.held if intent.target == "held" else model.reported
-                    if intent.target != "new" and not pool:
-                        intent = attrs.evolve(intent, target="new")
-                    run_id = (f"fz{next(model.fresh)}" if intent.target == "new"
-                              else pool[intent.pick % len(pool)])
-                    expected = expect(model, intent, limited_reason if example.limited
-                                      else None)
-                    if expected == (200, "accepted"):
-                        model.held.append(run_id)
-                    delivery_id = f"d{next(ids)}"
-                    sent.append((delivery_id, intent, expected))
-                    await server.send_raw(render(intent, run_id, delivery_id,
-                                                 running.creds.secret, now))
-                await answered(running, start, f"ping{next(ids)}")
-                acks = {entry.message.id: entry.message
-                        for entry in server.state.received[start:]
-                        if isinstance(entry.message, Ack)}
-                assert len(acks) == len(sent), "every delivery is acked once"
-                for delivery_id, intent, (status, reason) in sent:
-                    ack = acks[delivery_id]
-                    assert ack.status == status, (intent, ack)
-                    if reason is not None:
-                        assert ack.reason == reason, (intent, ack)
-                    model.answers[ack.status, ack.reason if reason is not None else ""] += 1
-                # The server cancels a few queued runs: each is reported, and its place
-                # in the queue is free again.
-                for _ in range(min(example.cancels, len(model.held))):
-                    run_id = model.held.pop(0)
-                    await server.send_raw(json.dumps({"type": "cancel", "run_id": run_id}))
-                    await harness.wait_until(lambda h, r=run_id: r not in h.held)
-                    model.reported.append(run_id)
-                assert harness.scheduler.statistics().queued == len(model.held)
 
-            def fuzz() -> None:
-                @settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
-                          database=None, suppress_health_check=list(HealthCheck))
-                @given(EXAMPLE)
-                def example(drawn: Example) -> None:
-                    trio.from_thread.run(one_example, drawn)
+async def fuzz_through(gate: Gate, running: Running, model: Model,
+                       ids: itertools.count[int]) -> None:
+    """The fuzz itself, against a harness whose agent is ``gate``."""
+    server, harness, ledger = running.server, running.harness, running.ledger
+    assert ledger is not None
+    busy = await server.submit_run("holds the one slot", conversation_id="BUSY")
+    await gate.wait_started(busy)
+    seed_reported(ledger, model, 3)
+    usable_book = harness.book
+    limited_book = AccountBook()
+    until = time.time() + 3600
+    limited_book.restore("default", until, time.time())
+    limited_reason = model.limited_reason = all_limited_reason(until)
 
-                example()
+    async def one_example(example: Example) -> None:
+        # Every account limited, as a restart that remembered the limits finds it.
+        harness.book = limited_book if example.limited else usable_book
+        start = len(server.state.received)
+        now = int(time.time())
+        sent: list[tuple[str, Intent, tuple[int, str | None]]] = []
+        for intent in example.intents:
+            pool = model.held if intent.target == "held" else model.reported
+            if intent.target != "new" and not pool:
+                intent = attrs.evolve(intent, target="new")
+            run_id = (f"fz{next(model.fresh)}" if intent.target == "new"
+                      else pool[intent.pick % len(pool)])
+            expected = expect(model, intent, limited_reason if example.limited
+                              else None)
+            if expected == (200, "accepted"):
+                model.held.append(run_id)
+            delivery_id = f"d{next(ids)}"
+            sent.append((delivery_id, intent, expected))
+            await server.send_raw(render(intent, run_id, delivery_id,
+                                         running.creds.secret, now))
+        await answered(running, start, f"ping{next(ids)}")
+        acks = {entry.message.id: entry.message
+                for entry in server.state.received[start:]
+                if isinstance(entry.message, Ack)}
+        assert len(acks) == len(sent), "every delivery is acked once"
+        for delivery_id, intent, (status, reason) in sent:
+            ack = acks[delivery_id]
+            assert ack.status == status, (intent, ack)
+            if reason is not None:
+                assert ack.reason == reason, (intent, ack)
+            model.answers[ack.status, ack.reason if reason is not None else ""] += 1
+        # The server cancels a few queued runs: each is reported, and its place
+        # in the queue is free again.
+        for _ in range(min(example.cancels, len(model.held))):
+            run_id = model.held.pop(0)
+            await server.send_raw(json.dumps({"type": "cancel", "run_id": run_id}))
+            await harness.wait_until(lambda h, r=run_id: r not in h.held)
+            model.reported.append(run_id)
+        assert harness.scheduler.statistics().queued == len(model.held)
 
-            async with harness.scheduler.holding(LANE):
-                await trio.to_thread.run_sync(fuzz)
-                assert server.state.total_connects == 1 and running.exit_code == []
-                # The queued runs are reported "not started", none of them run.
-                harness.drain()
-            assert await running.wait_exit() == 0
+    def fuzz() -> None:
+        @settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
+                  database=None, suppress_health_check=list(HealthCheck))
+        @given(EXAMPLE)
+        def example(drawn: Example) -> None:
+            trio.from_thread.run(one_example, drawn)
 
+        example()
+
+    await trio.to_thread.run_sync(fuzz)
+    assert server.state.total_connects == 1 and running.exit_code == []
+    # The queued runs are reported "not started"; none of them ran.
+    harness.drain()
+    await gate.release(busy)
+    assert await running.wait_exit() == 0
+    assert gate.started == [busy]
+
+
+def check_answers(model: Model) -> None:
+    """Every answer of admission was produced, not just possible."""
     answers = model.answers
-    # Every answer of admission was produced, not just possible.
     assert answers[200, "accepted"] > 0
     assert answers[200, "already accepted"] > 0
     assert answers[204, "already reported"] > 0
     assert answers[503, intake.QUEUE_FULL] > 0
-    assert answers[503, limited_reason] > 0
+    assert answers[503, model.limited_reason] > 0
     for status in (400, 401, 204):
         assert answers[status, ""] > 0
 
