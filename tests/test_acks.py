@@ -159,11 +159,18 @@ async def test_503_while_draining(tmp_path: Path) -> None:
             server = running.server
             busy = await start_run(server, gate, "keep the harness up while it drains")
             running.harness.drain()
-            status, reason = await status_of(running, run_body("r_new"), signature=None)
-            # Draining outranks the bad signature.
+            status, reason = await status_of(running, run_body("r_new"))
             assert status == 503
             assert "shutting down" in reason
-            assert "r_new" not in running.harness.held
+            # §3's order: a bad signature (401) and a bad body (400) outrank the
+            # drain's 503, and the ledger's answer for the running run outranks it too.
+            status, _ = await status_of(running, run_body("r_unsigned"), "d2", signature=None)
+            assert status == 401
+            status, _ = await status_of(running, "{not json", "d3")
+            assert status == 400
+            assert await status_of(running, server.run(busy).body_text, "d4") == (
+                200, "already accepted")
+            assert not {"r_new", "r_unsigned"} & running.harness.held.keys()
             await gate.release(busy)
             await server.wait_until(finished(busy))
 

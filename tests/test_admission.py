@@ -68,11 +68,12 @@ async def test_a_redelivered_run_the_ledger_holds_but_nobody_runs_is_taken_on(
             assert row is not None and row.state is RunState.REPORTED
 
 
-async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_on_its_resend(
+async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
     tmp_path: Path,
 ) -> None:
-    """The write commits and then raises (a disk error after the commit): the ack
-    is 503, the server resends, and the resend finds the row and runs it."""
+    """The write commits and then raises (a disk error after the commit): the ledger
+    is read before a 503 is sent, finds the row, and the run is acked 200 and run,
+    once (a 503 would send it elsewhere, while the ledger here has it)."""
     home = tmp_path / "home"
 
     class FailsAfterCommit:
@@ -103,7 +104,8 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_on_its_re
             await running.harness.wait_released(run_id)
 
             record = server.run(run_id)
-            assert [ack.status for ack in record.acks] == [503, 200]
+            assert [(ack.status, ack.reason) for ack in record.acks] == [
+                (200, "already accepted")]
             assert record.completion is not None
             assert record.completion.get("reply") == "ran once"
             assert wrapped.failed == 1

@@ -7,7 +7,9 @@ limited, up to ``--limit-wait`` counted once for every queued run from when the
 last usable account was lost; whatever an attempt learns about its account's
 limit is recorded (and saved, so a restart need not find it again), and every
 waiting run is woken to ask again. :mod:`prohost.engine.runner` asks the gate
-before a run starts and when an attempt's account reaches its limit.
+before a run starts and when an attempt's account reaches its limit. A drain
+(:meth:`AccountGate.turn_away`) ends every wait at once: the run is handed back
+like a queued one (§9), instead of holding the drain up to --limit-wait.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ class AccountGate:
         self._all_limited_since: float | None = None
         #: Set (and replaced) whenever the book learns something.
         self.book_changed = trio.Event()
+        #: Once set (a drain), what a run that would wait gets instead.
+        self._turned_away: Outcome | None = None
+
+    def turn_away(self, outcome: Outcome) -> None:
+        """From now on a run that would wait for an account gets ``outcome`` at once,
+        and every run waiting now leaves with it (a drain: §9 hands such runs back
+        like queued ones). A run with a usable account still starts. Never undone."""
+        self._turned_away = outcome
+        self.book_moved()
 
     async def learned(self, account: Account, notice: LimitNotice | None) -> None:
         """Record what an attempt on ``account`` said about its limit; a change is
@@ -110,10 +121,11 @@ class AccountGate:
     async def wait_for_account(self, run_id: str, progress: Progress,
                                lane_account: str | None) -> Account | Outcome:
         """The account run ``run_id`` starts on; while none is usable, wait for the
-        earliest reset, up to --limit-wait, else the retryable failure §12 names.
-        Meanwhile ``progress.waiting_until`` says until when (for heartbeats and
-        the panel). The run is still ``accepted`` in the ledger meanwhile, so a
-        restart queues it again.
+        earliest reset, up to --limit-wait, else the retryable failure §12 names;
+        after :meth:`turn_away`, instead of waiting, its outcome. Meanwhile
+        ``progress.waiting_until`` says until when (for heartbeats and the panel).
+        The run is still ``accepted`` in the ledger meanwhile (or ``started``, when
+        its first account reached its limit), so a restart queues (or reports) it.
 
         Cancelled: nothing to undo; the run stays ``accepted``.
         """
@@ -129,6 +141,10 @@ class AccountGate:
                 deadline = self.limit_wait_deadline()
                 if deadline is None:  # the book changed between the two questions
                     continue
+                if self._turned_away is not None:
+                    log.info("run %s: every account is limited and the harness is "
+                             "draining; not waiting for one", run_id)
+                    return self._turned_away
                 if trio.current_time() >= deadline:
                     reason = all_limited_reason(reset)
                     log.warning("run %s: %s; reporting it retryable (--limit-wait)",

@@ -252,9 +252,11 @@ async def execute(
                     else scratch / f"account-{len(tried)}" if tried else scratch,
                     attempt_env)
             except McpError as exc:
+                # After a fail-over, the session is the new account's own, untouched:
+                # kept, so that the lane's turn does not forget it (§12).
                 return finished(Outcome.failure(
                     f"the run's MCP server could not be prepared, so the agent was not "
-                    f"started: {exc}"
+                    f"started: {exc}", session_id=progress.session_id,
                 ))
             if wiring is not None:
                 attempt_env.update(wiring.env)

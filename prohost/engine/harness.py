@@ -204,7 +204,8 @@ class Harness:
             self._link_closed.set()
 
     def drain(self) -> None:
-        """First signal (§9): take no new work, report what has not started, finish the rest.
+        """First signal (§9): take no new work, report what has not started (queued, or
+        waiting for an account), finish the rest.
 
         Safe at any moment: before :meth:`run` (it is obeyed once run starts),
         during the restart recovery (recovered runs are then reported, not queued),
@@ -216,6 +217,10 @@ class Harness:
         log.info("draining: finishing %d running run(s); new work is refused", self._running())
         for _key, held in self.scheduler.drain():
             self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        if self.runner is not None:
+            # Runs waiting for an account are handed back like queued ones (§9),
+            # rather than holding the drain up to --limit-wait.
+            self.runner.accounts.turn_away(Outcome.failure(NOT_STARTED, retryable=True))
         self.changed()
         if self._nursery is not None:
             self._nursery.start_soon(self._exit_when_idle)

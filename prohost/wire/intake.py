@@ -2,7 +2,10 @@
 
 Pure: no I/O, no clock of its own, so every rule is testable on its own and the
 reader can never be made to raise by what a server sends. The ledger's part of the
-decision (200 for a run it holds, 204 for one already reported) comes after this.
+decision (200 for a run it holds, 204 for one already reported) comes after this,
+and only after it the 503 this returns for a *new* run (:attr:`Verdict.refusal`):
+a run the harness holds or has reported is never answered 503, whatever state the
+harness is in (§3), since the server would send it elsewhere and it would run twice.
 """
 
 from __future__ import annotations
@@ -34,16 +37,21 @@ MALFORMED = 400
 UNSIGNED = 401
 TOO_LARGE = 413
 DRAINING = 503
+#: The 503 reason for a new run during a drain (§9).
+SHUTTING_DOWN = "the agent is shutting down and takes no new work"
 
 
 @attrs.frozen
 class Verdict:
-    """An ack to send now, or (``run`` set, ``status`` 200) a run to admit to the ledger."""
+    """An ack to send now, or (``run`` set, ``status`` 200) a run to take to the ledger."""
 
     status: int
     reason: str
     run: AgentRun | None = None
     body: str = ""
+    #: With ``run``: the 503 reason that applies if the ledger does not know the run
+    #: (draining, every account limited); ``None``: a new run may be accepted.
+    refusal: str | None = None
     #: Set when the delivery was let through by --allow-unverified; say so in the log.
     unverified: str | None = None
 
@@ -57,22 +65,20 @@ def classify(
     allow_unverified: bool,
     unavailable: str | None = None,
 ) -> Verdict:
-    """The first fault that applies wins: 413, 503, 401, then 400 (§3).
+    """The first fault that applies wins: 413, 401, then 400 (§3); a run past them
+    is returned with the 503 it gets if it is new (:attr:`Verdict.refusal`).
 
     Never raises, whatever the delivery holds (see :func:`prohost.wire.runs.parse_body`
-    for what a body may not hold). The ledger's 200/204, and the 503 of a full
-    queue, are the harness's to add for a run this accepts. ``unavailable`` is the
-    503 reason when no agent account can take work (PROTOCOL.md §12).
+    for what a body may not hold). The ledger's 200/204 for a run it knows come
+    next, and only then the refusal, or the 503 of a full queue: the harness's to
+    apply (:mod:`prohost.engine.admission`). ``unavailable`` is the 503 reason when
+    no agent account can take work (PROTOCOL.md §12).
     """
     body = delivery.body
     # "surrogatepass": a lone surrogate counts as the 3 bytes it would take; the
     # body is refused for it later (400), after the checks that outrank that.
     if isinstance(body, str) and len(body.encode("utf-8", "surrogatepass")) > MAX_BODY_BYTES:
         return Verdict(TOO_LARGE, "body is over 1 MiB")
-    if draining:
-        return Verdict(DRAINING, "the agent is shutting down and takes no new work")
-    if unavailable is not None:
-        return Verdict(DRAINING, _short(unavailable))
     # A non-string body cannot have been signed as sent; check it as its JSON
     # text so that 401 still wins over 400, as the order above requires.
     signed = body if isinstance(body, str) else _as_json(body)
@@ -90,7 +96,9 @@ def classify(
         run = parse_body(body)
     except BodyError as exc:
         return Verdict(MALFORMED, _short(str(exc)))
-    return Verdict(ACCEPTED, "accepted", run=run, body=body, unverified=problem)
+    refusal = SHUTTING_DOWN if draining else None if unavailable is None else _short(unavailable)
+    return Verdict(ACCEPTED, "accepted", run=run, body=body, unverified=problem,
+                   refusal=refusal)
 
 
 def _as_json(value: object) -> str | None:
