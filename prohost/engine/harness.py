@@ -35,6 +35,7 @@ from prohost.engine import upkeep
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.admission import answer_delivery
 from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.blocking import Bounds
 from prohost.engine.brains import brain_for
 from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
@@ -96,6 +97,9 @@ class Harness:
         self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
+        #: Every blocking file step of this harness (ledger, status.json, working and
+        #: scratch folders, worktrees): bounded, and hurried by the second signal.
+        self.bounds = Bounds()
         #: How long reports are retried, and when a waiting one is dropped (§7).
         self.timing = timing if timing is not None else ReportTiming()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
@@ -104,7 +108,7 @@ class Harness:
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
                          on_change=self.changed)
-        self.worktrees = WorktreeManager(options.home, options.repos)
+        self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
         #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         #: The queued runs' body texts and their budget.
@@ -124,6 +128,7 @@ class Harness:
             limit_wait_s=options.limit_wait_s,
             bodies=self.bodies,
             timing=self.timing,
+            bounds=self.bounds,
         )
         self.held: dict[str, HeldRun] = {}
         self.draining = False
@@ -170,6 +175,8 @@ class Harness:
                 if self.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
+                # Before any run can start: every MCP folder found now is a leftover.
+                await upkeep.sweep_scratch(self)
                 await recover(self)
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -241,9 +248,8 @@ class Harness:
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
-        # Shielded ledger steps stuck on a hung disk give up by then too.
-        if self.runner is not None:
-            self.runner.steps.bounds.hurry(self._stop_deadline)
+        # Shielded file and ledger steps stuck on a hung disk give up by then too.
+        self.bounds.hurry(self._stop_deadline)
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
