@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -88,8 +89,12 @@ class Harness:
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
         timing: ReportTiming | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
+        #: Wall-clock epoch seconds: the accounts' reset times (§12). Tests pass one
+        #: that moves with trio's mock clock.
+        self.clock = clock
         self.endpoints = endpoints
         self.ledger = ledger
         self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
@@ -129,6 +134,7 @@ class Harness:
             bodies=self.bodies,
             timing=self.timing,
             bounds=self.bounds,
+            clock=clock,
         )
         self.held: dict[str, HeldRun] = {}
         self.draining = False

@@ -190,7 +190,7 @@ def heartbeat_runs(harness: Harness) -> list[RunBeat]:
 
 def account_rows(harness: Harness) -> list[AccountRow]:
     """``status.accounts`` (§12), as of now."""
-    return [AccountRow(**row) for row in harness.book.snapshot(time.time())]
+    return [AccountRow(**row) for row in harness.book.snapshot(harness.clock())]
 
 
 def _remove_quietly(path: Path) -> None:

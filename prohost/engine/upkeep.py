@@ -92,9 +92,9 @@ async def announce_resets(harness: Harness, gate: AccountGate) -> None:
     Cancelled: nothing to undo.
     """
     while True:
-        reset = harness.book.earliest_reset(time.time())
+        reset = harness.book.earliest_reset(harness.clock())
         with trio.move_on_after(math.inf if reset is None
-                                else max(0.0, reset - time.time()) + 0.01):
+                                else max(0.0, reset - harness.clock()) + 0.01):
             await gate.book_changed.wait()
             continue
         # The reset passed: the book expires it on the next question, and the
