@@ -50,12 +50,7 @@ from prohost.engine.reporter import Reporter
 from prohost.engine.runner import Runner
 from prohost.engine.scheduler import Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
-from prohost.engine.status_file import (
-    heartbeat_runs,
-    note_outcome,
-    status_message,
-    take_snapshot,
-)
+from prohost.engine.status_file import heartbeat_runs, note_outcome, status_message, take_snapshot
 from prohost.engine.worktrees import WorktreeManager
 from prohost.options import Options
 from prohost.wire import intake
@@ -88,12 +83,10 @@ class Harness:
         client: httpx.AsyncClient,
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
-        timing: ReportTiming | None = None,
-        clock: Callable[[], float] = time.time,
+        timing: ReportTiming | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
-        #: Wall-clock epoch seconds: the accounts' reset times (§12). Tests pass one
-        #: that moves with trio's mock clock.
+        #: Epoch seconds, for the accounts' resets (§12); tests move it with trio's.
         self.clock = clock
         self.endpoints = endpoints
         self.ledger = ledger
@@ -102,9 +95,7 @@ class Harness:
         self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
-        #: Every blocking file step of this harness (ledger, status.json, working and
-        #: scratch folders, worktrees): bounded, and hurried by the second signal.
-        self.bounds = Bounds()
+        self.bounds = Bounds()  # every blocking file step's; stop() hurries them
         #: How long reports are retried, and when a waiting one is dropped (§7).
         self.timing = timing if timing is not None else ReportTiming()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
@@ -181,8 +172,7 @@ class Harness:
                 if self.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
-                # Before any run can start: every MCP folder found now is a leftover.
-                await upkeep.sweep_scratch(self)
+                await upkeep.sweep_scratch(self)  # before any run can start
                 await recover(self)
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -254,8 +244,7 @@ class Harness:
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
-        # Shielded file and ledger steps stuck on a hung disk give up by then too.
-        self.bounds.hurry(self._stop_deadline)
+        self.bounds.hurry(self._stop_deadline)  # steps stuck on a hung disk give up too
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -452,9 +441,7 @@ class Harness:
 
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
         """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
-
-        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
-        """
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
         if self.runner is None:
             raise RuntimeError(f"harness bug: {what} without a ledger")
         return await self.runner.steps.bounded(fn, *args, what=what)
