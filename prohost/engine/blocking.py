@@ -82,20 +82,33 @@ class Bounds:
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._hard_deadline)
 
-    async def run(self, fn: Callable[..., T], *args: object, limit_s: float, what: str,
-                  limiter: trio.CapacityLimiter | None = None) -> T:
+    async def run(self, fn: Callable[..., T], *args: object, limit_s: float, what: str) -> T:
         """``fn(*args)`` in a worker thread; its result, or :class:`StepTimedOut` after
         ``limit_s`` s or at the :meth:`hurry` deadline, whichever comes first.
 
         ``what`` names the step in the warning and the error (no secrets in it).
         Only use it for calls that are safe to abandon (see the module docstring).
-        ``limiter``: the threads' limiter (trio's default one if ``None``); waiting
-        for its token counts against the bound too.
 
         Cancelled: not interrupted — the step is shielded so that one that was
         begun is finished — but still bounded; the cancel is delivered at the
         caller's next checkpoint.
         """
+        return await self._run(fn, args, limit_s, what, None)
+
+    async def file_step(self, fn: Callable[..., T], *args: object, what: str,
+                        limit_s: float = FILE_STEP_TIMEOUT_S,
+                        limiter: trio.CapacityLimiter | None = None) -> T:
+        """A file step outside the ledger (a folder, status.json), as :meth:`run`
+        does it; kept apart from the ledger's steps, which :meth:`run` takes.
+        ``limiter``: the threads' limiter (trio's default one if ``None``); waiting
+        for its token counts against the bound too.
+
+        Cancelled: as :meth:`run`.
+        """
+        return await self._run(fn, args, limit_s, what, limiter)
+
+    async def _run(self, fn: Callable[..., T], args: tuple[object, ...], limit_s: float,
+                   what: str, limiter: trio.CapacityLimiter | None) -> T:
         started = trio.current_time()
         deadline = min(started + limit_s, self._hard_deadline)
         with trio.CancelScope(shield=True, deadline=deadline) as scope:

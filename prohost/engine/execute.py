@@ -28,7 +28,7 @@ import trio
 from prohost.engine.accounts import DEFAULT_ACCOUNT, Account
 from prohost.engine.agentenv import agent_env, make_private_folder
 from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds
+from prohost.engine.blocking import Bounds
 from prohost.engine.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.engine.brains.plain import PlainBrain
 from prohost.engine.limits import LimitNotice
@@ -247,8 +247,8 @@ async def execute(
     try:
         # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
         # that needs the folder is not attempted.
-        await bounds.run(os.makedirs, spec.workdir, 0o777, True, limit_s=FILE_STEP_TIMEOUT_S,
-                         what=f"creating the working directory {spec.workdir}")
+        await bounds.file_step(os.makedirs, spec.workdir, 0o777, True,
+                               what=f"creating the working directory {spec.workdir}")
     except OSError as exc:
         return finished(Outcome.failure(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
@@ -304,8 +304,8 @@ async def execute(
             # no one else's, and one a hung disk leaves behind (with its 0600
             # token) is swept at the next start (prohost.engine.upkeep).
             with contextlib.suppress(OSError):
-                await bounds.run(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
-                                 what="removing the run's MCP folder")
+                await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
+                                       what="removing the run's MCP folder")
 
 
 @attrs.frozen
@@ -352,11 +352,10 @@ async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
     try:
         # Abandoning either is safe: they write only in the run's own folder,
         # which execute removes, or the next start's sweep does.
-        await bounds.run(make_private_folder, scratch, limit_s=FILE_STEP_TIMEOUT_S,
-                         what="creating the run's MCP folder")
-        return await bounds.run(brain.wire_mcp, run.mcp, scratch, env,
-                                limit_s=FILE_STEP_TIMEOUT_S,
-                                what="writing the run's MCP configuration")
+        await bounds.file_step(make_private_folder, scratch,
+                               what="creating the run's MCP folder")
+        return await bounds.file_step(brain.wire_mcp, run.mcp, scratch, env,
+                                      what="writing the run's MCP configuration")
     except OSError as exc:
         raise McpError(f"could not write its configuration in {scratch}: "
                        f"{exc.strerror or exc}") from None

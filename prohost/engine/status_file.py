@@ -140,9 +140,9 @@ async def keep_status_file(harness: Harness) -> None:
                 # Abandoning is safe: a write to a temporary file and a rename
                 # over status.json; at worst a stale picture is left, which
                 # `agent status` tells by its age and pid.
-                await harness.bounds.run(write_snapshot, home, snapshot,
-                                         limit_s=STATUS_FILE_WRITE_S, limiter=writer,
-                                         what=f"writing {home / STATUS_FILE}")
+                await harness.bounds.file_step(write_snapshot, home, snapshot,
+                                               limit_s=STATUS_FILE_WRITE_S, limiter=writer,
+                                               what=f"writing {home / STATUS_FILE}")
             except OSError as exc:
                 log.warning("could not write %s: %s", home / STATUS_FILE, exc)
             harness.status_written.set()
@@ -156,9 +156,9 @@ async def keep_status_file(harness: Harness) -> None:
     finally:
         # Shielded by Bounds.run, and bounded (by the second signal's deadline too).
         with contextlib.suppress(OSError):
-            await harness.bounds.run(_remove_quietly, home / STATUS_FILE,
-                                     limit_s=STATUS_FILE_REMOVE_S, limiter=writer,
-                                     what=f"removing {home / STATUS_FILE}")
+            await harness.bounds.file_step(_remove_quietly, home / STATUS_FILE,
+                                           limit_s=STATUS_FILE_REMOVE_S, limiter=writer,
+                                           what=f"removing {home / STATUS_FILE}")
 
 
 def status_message(harness: Harness) -> Status:

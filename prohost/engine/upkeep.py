@@ -23,7 +23,6 @@ import trio
 from prohost import __version__
 from prohost.engine.accountgate import AccountGate
 from prohost.engine.agentenv import SCRATCH_NAME_CHARS
-from prohost.engine.blocking import FILE_STEP_TIMEOUT_S
 from prohost.engine.collect import collect_garbage
 from prohost.engine.ledger import LedgerError
 from prohost.engine.status_file import keep_status_file
@@ -61,8 +60,8 @@ async def sweep_scratch(harness: Harness) -> None:
     root = harness.runner.scratch_root
     try:
         # Abandoning is safe: only leftovers are in it, and the next start goes on.
-        removed = await harness.bounds.run(_sweep, root, limit_s=FILE_STEP_TIMEOUT_S,
-                                           what=f"removing old MCP folders in {root}")
+        removed = await harness.bounds.file_step(_sweep, root,
+                                                 what=f"removing old MCP folders in {root}")
     except OSError as exc:
         log.warning("could not remove the MCP folders earlier runs left in %s: %s", root, exc)
         return

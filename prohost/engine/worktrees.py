@@ -39,7 +39,7 @@ from typing import Literal, TypeVar
 import attrs
 import trio
 
-from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
+from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.gitcmd import GIT_ADD_TIMEOUT_S, GitError, git, real_path
 from prohost.engine.prompt import Checkout, CheckoutFailure
 from prohost.options import is_checkout
@@ -229,8 +229,8 @@ class WorktreeManager:
         is replaced atomically) or reads, and what a step abandoned half-way leaves
         is what a killed prepare leaves, which the next prepare clears."""
         name = getattr(fn, "__name__", "a file step")
-        return await self.bounds.run(fn, *args, limit_s=FILE_STEP_TIMEOUT_S,
-                                     what=f"preparing a worktree ({name})")
+        return await self.bounds.file_step(fn, *args,
+                                           what=f"preparing a worktree ({name})")
 
     async def prepare(self, lane: str) -> PreparedCheckouts:
         """Make sure ``lane`` has a worktree of each repo; say which are ready and why
