@@ -10,14 +10,25 @@ then only catch what escapes logging.
 The log holds run ids, conversation names, errors from the agent CLIs: it is
 private (folder 0700, files 0600, rotated ones included). The prohost token and
 secret must never appear in it, even in an exception's text: :func:`redact`.
+
+The file is written by a thread of its own (:class:`FileLogHandler`, a
+``QueueHandler`` whose ``QueueListener`` writes): a log line from the trio thread
+only queues the record, so a hung disk (an NFS home that stopped answering)
+cannot stall the event loop, and with it the second signal's 5-second window.
+The queue keeps the order; the last lines are written when the handler is
+closed (``logging.shutdown`` at exit, the third signal included), each wait for
+the disk bounded by :data:`LOG_DRAIN_S`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
+import queue
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from io import TextIOWrapper
 from pathlib import Path
@@ -54,10 +65,8 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A RotatingFileHandler whose every file, the ones it creates at rollover included,
     is 0600 from the moment it exists, whatever the umask.
 
-    It writes synchronously in whichever thread logs, the trio thread included: a log
-    line is a small append into the page cache, and a rollover two renames, which is
-    an acceptable pause for a line that is rare next to a run's minutes. Moving it to
-    a thread would lose the ordering and the last lines before a crash.
+    It writes in whichever thread calls it: :class:`FileLogHandler`'s listener, so
+    never the trio thread.
     """
 
     def _open(self) -> TextIOWrapper:
@@ -70,6 +79,126 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
         except BaseException:
             os.close(fd)
             raise
+
+
+#: Records waiting for the log file; past this many (a disk hung for long), new
+#: ones are dropped and counted rather than held in memory without end.
+LOG_QUEUE_RECORDS = 10_000
+#: How long a flush or close waits for the log file's thread (s): the last lines
+#: are written unless the disk is hung, and exit is never held longer.
+LOG_DRAIN_S = 2.0
+
+
+class _FlushMark(logging.LogRecord):
+    """Not a line: set once every record queued before it has been written."""
+
+    def __init__(self) -> None:
+        super().__init__("prohost.logfile", logging.DEBUG, __file__, 0, "", None, None)
+        self.written = threading.Event()
+
+
+class _Listener(logging.handlers.QueueListener):
+    def __init__(self, records: queue.Queue[logging.LogRecord | None],
+                 target: logging.Handler, dropped: _Dropped) -> None:
+        super().__init__(records, target, respect_handler_level=True)
+        self._dropped = dropped
+
+    def handle(self, record: logging.LogRecord) -> None:
+        if isinstance(record, _FlushMark):
+            for handler in self.handlers:
+                handler.flush()
+            record.written.set()
+            return
+        lost = self._dropped.take()
+        if lost:
+            super().handle(logging.makeLogRecord({
+                "name": "prohost.logfile", "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": f"{lost} log line(s) were dropped: the log file was not writable",
+            }))
+        super().handle(record)
+
+
+class _Dropped:
+    """How many records found the queue full, since the listener last said so."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def take(self) -> int:
+        with self._lock:
+            count, self._count = self._count, 0
+            return count
+
+
+class FileLogHandler(logging.handlers.QueueHandler):
+    """Queues each record for a thread that writes it to ``target`` (the log file).
+
+    Filters on this handler (:func:`add_redaction`) run before the record is queued,
+    on the logging thread, so the file only ever sees masked text. Logging never
+    waits for the disk: when the queue is full, the record is dropped and counted,
+    and the file says how many were lost once it can be written again.
+    """
+
+    def __init__(self, target: logging.FileHandler) -> None:
+        records: queue.Queue[logging.LogRecord | None] = queue.Queue(LOG_QUEUE_RECORDS)
+        super().__init__(records)
+        self.target = target
+        #: The file it writes (what a FileHandler would call it).
+        self.baseFilename = target.baseFilename
+        self.setLevel(target.level)
+        self._records = records
+        self._dropped = _Dropped()
+        self._stuck = False
+        self._listener: _Listener | None = _Listener(records, target, self._dropped)
+        self._listener.start()
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self._records.put_nowait(record)
+        except queue.Full:
+            self._dropped.add()
+
+    def flush(self) -> None:
+        """:meth:`drain` (``logging.shutdown`` calls it before :meth:`close`)."""
+        self.drain()
+
+    def drain(self, timeout_s: float = LOG_DRAIN_S) -> bool:
+        """Wait (at most ``timeout_s``) until every record queued so far is in the
+        file; whether it is. Blocking: not for the trio thread."""
+        if self._listener is None:
+            return True
+        mark = _FlushMark()
+        try:
+            self._records.put(mark, timeout=timeout_s)
+        except queue.Full:
+            self._stuck = True
+            return False
+        written = mark.written.wait(timeout_s)
+        # Then the disk is hung: close (next, in logging.shutdown) waits no more.
+        self._stuck = not written
+        return written
+
+    def close(self) -> None:
+        """Write what is queued and stop the thread, waiting at most
+        :data:`LOG_DRAIN_S`; the file is closed once the thread has ended (on a hung
+        disk it is left to the process's exit: the thread is a daemon)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            # Not listener.stop(): it waits for the thread without a bound.
+            thread = listener._thread
+            with contextlib.suppress(queue.Full):
+                self._records.put(None, timeout=LOG_DRAIN_S)  # the listener's sentinel
+            if thread is not None:
+                thread.join(0 if self._stuck else LOG_DRAIN_S)
+            if thread is None or not thread.is_alive():
+                self.target.close()
+        super().close()
 
 
 def log_to_file(
@@ -96,7 +225,7 @@ def log_to_file(
     folder.mkdir(mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
     path = log_path(home)
-    handler = PrivateRotatingFileHandler(
+    target = PrivateRotatingFileHandler(
         path,
         maxBytes=max_bytes,
         backupCount=backups,
@@ -104,10 +233,11 @@ def log_to_file(
         # A path or agent output with undecodable bytes must not cost the log line.
         errors="backslashreplace",
     )
-    handler.setFormatter(logging.Formatter(_FORMAT))
-    handler.setLevel(level)
+    target.setFormatter(logging.Formatter(_FORMAT))
+    target.setLevel(level)
+    handler = FileLogHandler(target)
     logger = logging.getLogger(logger_name)
-    for old in [h for h in logger.handlers if isinstance(h, PrivateRotatingFileHandler)]:
+    for old in [h for h in logger.handlers if isinstance(h, FileLogHandler)]:
         logger.removeHandler(old)
         old.close()
     logger.addHandler(handler)

@@ -88,6 +88,7 @@ async def running_harness(
     *,
     connected: bool = True,
     env: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
     **option_fields: Any,
 ) -> AsyncIterator[Running]:
     """The production harness in this trio run; waits for it to connect by default."""
@@ -99,7 +100,7 @@ async def running_harness(
     try:
         async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
             harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger,
-                              env=env)
+                              env=env, clock=clock)
 
             async def run_it(*, task_status: trio.TaskStatus[None]) -> None:
                 exit_code.append(await harness.run(task_status=task_status))

@@ -10,6 +10,7 @@ sqlite file: limits and queued runs are seeded there, as a restart finds them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,13 @@ def last_accounts(server: ServerHandle) -> dict[str, dict[str, Any]]:
     status = messages(server.state, Status)[-1]
     return {row.name: {"state": row.state, "resets_at": row.resets_at}
             for row in status.accounts}
+
+
+def trio_epoch() -> Callable[[], float]:
+    """Wall-clock epoch seconds that move with trio's (mock) clock, for the harness's
+    account book: a reset "passes" when the test moves the clock, not on its own."""
+    base = time.time() - trio.current_time()
+    return lambda: base + trio.current_time()
 
 
 async def test_a_limited_account_hands_every_run_to_the_free_one(tmp_path: Path) -> None:
@@ -138,7 +146,7 @@ def seed(home: Path, server: ServerHandle, run_ids: list[str],
 
 
 async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wait_then_fail(
-    tmp_path: Path,
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
 ) -> None:
     accounts = folders(tmp_path, "work", "personal")
     until = time.time() + 3600
@@ -171,7 +179,10 @@ async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wai
                 assert waiting.beat().activity == \
                     f"waiting for an account (resets {reset_clock})"
                 assert waiting.beat().state == "queued"
-                # Past --limit-wait, each is reported retryable, and no agent ran.
+                assert not any(server.run(run_id).completion for run_id in queued)
+                # Past --limit-wait (trio's clock, standing still until now), each is
+                # reported retryable, and no agent ran.
+                mock_clock.jump(1.5)
                 await server.wait_until(finished(*queued))
                 for run_id in queued:
                     assert server.run(run_id).completion == {
@@ -181,19 +192,25 @@ async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wai
                     "limited", "limited"]
 
 
-async def test_a_reset_passing_lets_a_waiting_run_go(tmp_path: Path) -> None:
+async def test_a_reset_passing_lets_a_waiting_run_go(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
     accounts = folders(tmp_path, "solo")
     home = tmp_path / "home"
+    clock = trio_epoch()
     with trio.fail_after(60):
         async with running_server() as server:
             run_id = await server.submit_run("soon", conversation_id="S")
-            seed(home, server, [run_id], {"solo": time.time() + 1.5})
+            seed(home, server, [run_id], {"solo": clock() + 1.5})
             async with running_harness(
                 server, home, exec_command=FAKE_CLAUDE, brain="claude",
-                env=claude_env(tmp_path), accounts=accounts, limit_wait_s=600,
+                env=claude_env(tmp_path), accounts=accounts, limit_wait_s=600, clock=clock,
             ) as running:
                 await running.harness.wait_until(lambda h: any(
                     held.progress.waiting_until is not None for held in h.held.values()))
+                assert server.run(run_id).completion is None
+                await server.wait_until(lambda s: bool(messages(s, Status)))
+                mock_clock.jump(1.5)  # the reset passes
                 await server.wait_until(finished(run_id))
                 completion = server.run(run_id).completion
                 assert completion is not None and completion["ok"] is True
@@ -259,7 +276,9 @@ def test_every_account_limited_is_a_503_in_section_3s_order() -> None:
                            unavailable=reason).status == 413
 
 
-async def test_both_accounts_refusing_is_one_retryable_report_then_503s(tmp_path: Path) -> None:
+async def test_both_accounts_refusing_is_one_retryable_report_then_503s(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
     """Done when: with both limited (learned from the CLI itself) the run tries each
     once, waits up to --limit-wait, is reported once, retryable; new work gets 503
     with the earliest reset."""
@@ -279,6 +298,8 @@ async def test_both_accounts_refusing_is_one_retryable_report_then_503s(tmp_path
             assert held.state == "running"
             assert held.beat().activity is not None
             assert held.beat().activity.startswith("waiting for an account (resets ")
+            assert server.run(run_id).completion is None
+            mock_clock.jump(1)  # --limit-wait passes (trio's clock stood still until now)
             await server.wait_until(finished(run_id))
             record = server.run(run_id)
             assert record.completion_posts == 1

@@ -157,10 +157,13 @@ async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
     """A run's outbox write hangs for good after the second signal: the harness still
     exits 130 at the end of its 5 s window, and the run is left in the ledger for the
     next start, which reports it."""
-    # Not autojump_threshold=0: every ledger call is a worker thread, and a task
-    # waiting for a thread counts as idle, so each call would "take" 30 s. Time
-    # only jumps after this much real idleness (s): then only the hang is waiting.
-    mock_clock.autojump_threshold = 1.0
+    # The clock stands still until the second signal (every ledger call is a worker
+    # thread, and a task waiting for one counts as idle, so autojump would make each
+    # "take" its bound). From the signal on it leaps whenever every task waits, so
+    # each wait takes its whole bound, and the window is checked against the worst
+    # case. A harness waiting for the hung thread would never exit: the rescuer
+    # releases the disk after 60 virtual seconds, failing the assertion instead.
+    assert mock_clock.autojump_threshold == math.inf
     home = tmp_path / "home"
     path = home / "ledger.sqlite3"
     gate = Gate()
@@ -175,10 +178,12 @@ async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
                     harness = Harness(options, endpoints_for(creds), client=client,
                                       ledger=ledger)
                     codes: list[int] = []
+                    exited = trio.Event()
                     async with trio.open_nursery() as nursery:
 
                         async def run_it(*, task_status: Any) -> None:
                             codes.append(await harness.run(task_status=task_status))
+                            exited.set()
 
                         await nursery.start(run_it)
                         run_id = await server.submit_run("long")
@@ -186,6 +191,16 @@ async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
                         harness.drain()
                         signalled = trio.current_time()
                         harness.stop()
+                        mock_clock.autojump_threshold = 0
+
+                        async def rescue() -> None:
+                            await trio.sleep(60)
+                            hang.set()
+
+                        nursery.start_soon(rescue)
+                        await exited.wait()
+                        nursery.cancel_scope.cancel()
+                    mock_clock.autojump_threshold = math.inf
                     assert codes == [130]
                     assert trio.current_time() - signalled <= 5.0 + 1e-6
             finally:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
+import trio.lowlevel
 
+from prohost import logfile
 from prohost.logfile import (
     MASK,
+    FileLogHandler,
     PrivateRotatingFileHandler,
     add_redaction,
     log_to_file,
@@ -28,10 +34,21 @@ def clean_prohost_logger() -> Iterator[None]:
     logger = logging.getLogger("prohost")
     level = logger.level
     yield
-    for handler in [h for h in logger.handlers if isinstance(h, PrivateRotatingFileHandler)]:
+    for handler in file_handlers():
         logger.removeHandler(handler)
         handler.close()
     logger.setLevel(level)
+
+
+def file_handlers() -> list[FileLogHandler]:
+    return [h for h in logging.getLogger("prohost").handlers if isinstance(h, FileLogHandler)]
+
+
+def written(path: Path) -> str:
+    """The log file once every line logged so far is in it (its thread writes it)."""
+    for handler in file_handlers():
+        assert handler.drain()
+    return path.read_text()
 
 
 def mode(path: Path) -> int:
@@ -46,6 +63,7 @@ def test_rotation_keeps_at_most_backups_files(tmp_path: Path) -> None:
         log = logging.getLogger("prohost.test")
         for number in range(400):
             log.info("line %04d %s", number, "x" * 40)
+        written(path)
     finally:
         os.umask(old_umask)
     assert path == home / "logs" / "agent.log"
@@ -71,28 +89,24 @@ def test_an_existing_log_is_narrowed_to_0600(tmp_path: Path) -> None:
     os.chmod(logs / "agent.log", 0o644)
     path = log_to_file(tmp_path)
     logging.getLogger("prohost").warning("new line")
+    assert written(path).splitlines()[0] == "old line"
     assert mode(logs) == 0o700
-    assert mode(path) == 0o600
-    assert path.read_text().splitlines()[0] == "old line"  # appended, not truncated
+    assert mode(path) == 0o600  # appended, not truncated
 
 
 def test_calling_again_replaces_the_handler(tmp_path: Path) -> None:
     log_to_file(tmp_path)
     path = log_to_file(tmp_path)
-    handlers = [
-        h for h in logging.getLogger("prohost").handlers
-        if isinstance(h, PrivateRotatingFileHandler)
-    ]
-    assert len(handlers) == 1
+    assert len(file_handlers()) == 1
     logging.getLogger("prohost.x").info("once")
-    assert path.read_text().count("once") == 1
+    assert written(path).count("once") == 1
 
 
 def test_level_applies(tmp_path: Path) -> None:
     logging.getLogger("prohost").setLevel(logging.WARNING)
     path = log_to_file(tmp_path, level=logging.DEBUG)
     logging.getLogger("prohost.x").debug("debug line")
-    assert "debug line" in path.read_text()
+    assert "debug line" in written(path)
 
 
 def test_zero_backups_is_refused(tmp_path: Path) -> None:
@@ -151,7 +165,7 @@ def test_add_redaction_covers_child_loggers(tmp_path: Path) -> None:
     masking = add_redaction(TOKEN, SECRET)
     try:
         logging.getLogger("prohost.link.deep").warning("dialing with %s / %s", TOKEN, SECRET)
-        text = path.read_text()
+        text = written(path)
         assert "dialing with" in text
         assert TOKEN not in text
         assert SECRET not in text
@@ -159,3 +173,90 @@ def test_add_redaction_covers_child_loggers(tmp_path: Path) -> None:
         for name in ("", "prohost"):
             for handler in logging.getLogger(name).handlers:
                 handler.removeFilter(masking)
+
+
+class HungFile:
+    """Stands in for the log file's ``emit``: the listener's writes hang until the
+    test releases them; one on the trio (main) thread is recorded and returns, so
+    that a harness writing on its own thread fails the test instead of hanging it."""
+
+    def __init__(self, real: Callable[[logging.Handler, logging.LogRecord], None]) -> None:
+        self.real = real
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.on_main_thread: list[str] = []
+
+    def emit(self, handler: logging.Handler, record: logging.LogRecord) -> None:
+        self.entered.set()
+        if threading.current_thread() is threading.main_thread():
+            self.on_main_thread.append(record.getMessage())
+            return
+        self.release.wait()
+        self.real(handler, record)
+
+
+@pytest.fixture
+def hung_file(monkeypatch: pytest.MonkeyPatch) -> Iterator[HungFile]:
+    hung = HungFile(logging.handlers.RotatingFileHandler.emit)
+
+    def emit(handler: logging.Handler, record: logging.LogRecord) -> None:
+        hung.emit(handler, record)
+
+    monkeypatch.setattr(PrivateRotatingFileHandler, "emit", emit)
+    yield hung
+    hung.release.set()
+
+
+async def test_logging_from_trio_never_waits_for_a_hung_log_file(
+    tmp_path: Path, hung_file: HungFile,
+) -> None:
+    """Issue 16 (4): the daemon's log file on a hung disk must not stall the event
+    loop: lines logged from the trio thread are only queued, and written, in order
+    and masked, once the disk answers."""
+    path = log_to_file(tmp_path)
+    masking = add_redaction(TOKEN)
+    log = logging.getLogger("prohost.harness")
+    try:
+        log.warning("first line")
+        await trio.to_thread.run_sync(hung_file.entered.wait)  # the file write hangs now
+        for number in range(3):
+            log.warning("line %d with %s", number, TOKEN)
+            await trio.lowlevel.checkpoint()  # the loop goes on
+        assert hung_file.on_main_thread == []
+        hung_file.release.set()
+        text = written(path)
+    finally:
+        for name in ("", "prohost"):
+            for handler in logging.getLogger(name).handlers:
+                handler.removeFilter(masking)
+    lines = [line.split(": ", 1)[1] for line in text.splitlines()]
+    assert lines == ["first line"] + [f"line {n} with {MASK}" for n in range(3)]
+
+
+def test_closing_writes_the_last_lines(tmp_path: Path) -> None:
+    path = log_to_file(tmp_path)
+    log = logging.getLogger("prohost.harness")
+    for number in range(200):
+        log.info("line %03d", number)
+    (handler,) = file_handlers()
+    logging.getLogger("prohost").removeHandler(handler)
+    handler.close()  # as logging.shutdown does at exit, the third signal's included
+    assert path.read_text().splitlines()[-1].endswith("line 199")
+    assert len(path.read_text().splitlines()) == 200
+
+
+def test_a_full_queue_drops_lines_and_says_how_many(
+    tmp_path: Path, hung_file: HungFile, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Logging never waits for the disk, nor holds unbounded memory for it."""
+    monkeypatch.setattr(logfile, "LOG_QUEUE_RECORDS", 2)
+    path = log_to_file(tmp_path)
+    log = logging.getLogger("prohost.harness")
+    log.warning("taken")
+    hung_file.entered.wait()  # the listener holds "taken"; the queue is empty
+    for number in range(5):
+        log.warning("queued %d", number)  # 0 and 1 fit, 2 to 4 are dropped
+    hung_file.release.set()
+    lines = [line.split(": ", 1)[1] for line in written(path).splitlines()]
+    assert lines == ["taken", "3 log line(s) were dropped: the log file was not writable",
+                     "queued 0", "queued 1"]

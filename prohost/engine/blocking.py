@@ -22,7 +22,15 @@ The ledger's writer is such a worker thread too: the first caller that finds no
 writer at work, so no thread of its own is ever started.
 
 :meth:`Bounds.hurry` is the second signal's hard deadline: from then on no bounded
-step of that harness, already running or started later, outlasts it.
+step of that harness, already running or started later, outlasts it. One
+:class:`Bounds` per harness holds every blocking file step of its runs and of its
+supervisor (ledger, status.json, the working folder, MCP scratch folders,
+worktrees), so that the second signal hurries them all (§9).
+
+An abandoned thread still holds its :class:`trio.CapacityLimiter` token until the
+call returns. A step repeated on a timer (status.json) passes a limiter of its
+own with one token, so a hung disk costs it one thread, not a new one per
+attempt, and never starves the default limiter the ledger's steps use.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ from typing import TypeVar
 
 import trio
 
-__all__ = ["Bounds", "StepTimedOut", "run_bounded"]
+__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "StepTimedOut", "run_bounded"]
 
 log = logging.getLogger("prohost.blocking")
 
 T = TypeVar("T")
 
-
+#: Bound on one file step outside the ledger (a mkdir, an rmtree, status.json; s).
+#: Each is a few local syscalls: longer means the disk is in trouble.
+FILE_STEP_TIMEOUT_S = 30.0
 
 class StepTimedOut(TimeoutError):
     """A blocking step did not finish within its bound and was abandoned.
@@ -83,12 +93,29 @@ class Bounds:
         begun is finished — but still bounded; the cancel is delivered at the
         caller's next checkpoint.
         """
+        return await self._run(fn, args, limit_s, what, None)
+
+    async def file_step(self, fn: Callable[..., T], *args: object, what: str,
+                        limit_s: float = FILE_STEP_TIMEOUT_S,
+                        limiter: trio.CapacityLimiter | None = None) -> T:
+        """A file step outside the ledger (a folder, status.json), as :meth:`run`
+        does it; kept apart from the ledger's steps, which :meth:`run` takes.
+        ``limiter``: the threads' limiter (trio's default one if ``None``); waiting
+        for its token counts against the bound too.
+
+        Cancelled: as :meth:`run`.
+        """
+        return await self._run(fn, args, limit_s, what, limiter)
+
+    async def _run(self, fn: Callable[..., T], args: tuple[object, ...], limit_s: float,
+                   what: str, limiter: trio.CapacityLimiter | None) -> T:
         started = trio.current_time()
         deadline = min(started + limit_s, self._hard_deadline)
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
             self._in_flight.add(scope)
             try:
-                return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+                return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                                     limiter=limiter)
             finally:
                 self._in_flight.discard(scope)
         # Only the bound (or hurry) can cancel a shielded scope.

@@ -13,6 +13,7 @@ cancellation: that belongs to the caller, which reports it (§6).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ import trio
 from prohost.engine.accounts import DEFAULT_ACCOUNT, Account
 from prohost.engine.agentenv import agent_env, make_private_folder
 from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.blocking import Bounds
 from prohost.engine.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.engine.brains.plain import PlainBrain
 from prohost.engine.limits import LimitNotice
@@ -43,6 +45,10 @@ from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
 
 log = logging.getLogger("prohost.execute")
+
+#: Bound on removing a run's MCP folder after the run (s): it holds a few small
+#: files, and the run's report waits for it.
+SCRATCH_REMOVE_S = 5.0
 
 
 @attrs.frozen
@@ -181,6 +187,7 @@ async def execute(
     scratch: Path | None = None,
     worktrees: WorktreeManager | None = None,
     accounts: AccountPlan | None = None,
+    bounds: Bounds | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -189,6 +196,10 @@ async def execute(
     usage limit is run again on each other usable account once (fresh session
     there), inside the same deadline, and only the last attempt's outcome is
     returned (``progress.account`` names its account).
+
+    Its file steps (the working folder, the MCP folder and its removal) are
+    bounded by ``bounds`` (the harness's, which the second signal hurries; a
+    fresh one if ``None``): a hung disk fails the run instead of holding it.
 
     ``session_id`` is resumed; a brain that rejects it is retried once with a
     fresh session, inside the same deadline (``--timeout`` bounds the run, not
@@ -205,6 +216,7 @@ async def execute(
     (``progress`` still says which session the agent had).
     """
     progress = progress if progress is not None else Progress()
+    bounds = bounds if bounds is not None else Bounds()
     # The budget starts now, not at spawn: preparing the run is part of it.
     started = trio.current_time()
     deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
@@ -233,7 +245,10 @@ async def execute(
     if prepared is not None and prepared.folder is not None:
         env[RUN_REPOS_ENV] = str(prepared.folder)
     try:
-        await trio.Path(spec.workdir).mkdir(parents=True, exist_ok=True)
+        # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
+        # that needs the folder is not attempted.
+        await bounds.file_step(os.makedirs, spec.workdir, 0o777, True,
+                               what=f"creating the working directory {spec.workdir}")
     except OSError as exc:
         return finished(Outcome.failure(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
@@ -250,7 +265,7 @@ async def execute(
                 wiring = await _wire_mcp(
                     run, brain, None if scratch is None
                     else scratch / f"account-{len(tried)}" if tried else scratch,
-                    attempt_env)
+                    attempt_env, bounds)
             except McpError as exc:
                 # After a fail-over, the session is the new account's own, untouched:
                 # kept, so that the lane's turn does not forget it (§12).
@@ -287,8 +302,12 @@ async def execute(
         # Also after a configuration that failed half-way: the folder is this run's
         # alone (see prohost.engine.agentenv.scratch_folder), so nothing else can be in it.
         if scratch is not None and run.mcp is not None:
-            with trio.move_on_after(5, shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+            # Bounded (Bounds.run is shielded): abandoning is safe, the folder is
+            # no one else's, and one a hung disk leaves behind (with its 0600
+            # token) is swept at the next start (prohost.engine.upkeep).
+            with contextlib.suppress(OSError):
+                await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
+                                       what="removing the run's MCP folder")
 
 
 @attrs.frozen
@@ -327,14 +346,18 @@ async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
 
 
 async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
-                    env: Mapping[str, str]) -> McpWiring | None:
+                    env: Mapping[str, str], bounds: Bounds) -> McpWiring | None:
     if run.mcp is None:
         return None
     if scratch is None:
         raise McpError("no private folder was given for its configuration")
     try:
-        await trio.to_thread.run_sync(make_private_folder, scratch)
-        return await trio.to_thread.run_sync(brain.wire_mcp, run.mcp, scratch, env)
+        # Abandoning either is safe: they write only in the run's own folder,
+        # which execute removes, or the next start's sweep does.
+        await bounds.file_step(make_private_folder, scratch,
+                               what="creating the run's MCP folder")
+        return await bounds.file_step(brain.wire_mcp, run.mcp, scratch, env,
+                                      what="writing the run's MCP configuration")
     except OSError as exc:
         raise McpError(f"could not write its configuration in {scratch}: "
                        f"{exc.strerror or exc}") from None

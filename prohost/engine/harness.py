@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -35,6 +36,7 @@ from prohost.engine import upkeep
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.admission import answer_delivery
 from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.blocking import Bounds
 from prohost.engine.brains import brain_for
 from prohost.engine.execute import ExecSpec
 from prohost.engine.heartbeat import Beacon
@@ -48,12 +50,7 @@ from prohost.engine.reporter import Reporter
 from prohost.engine.runner import Runner
 from prohost.engine.scheduler import Scheduler
 from prohost.engine.snapshot import FinishedRow, Snapshot
-from prohost.engine.status_file import (
-    heartbeat_runs,
-    note_outcome,
-    status_message,
-    take_snapshot,
-)
+from prohost.engine.status_file import heartbeat_runs, note_outcome, status_message, take_snapshot
 from prohost.engine.worktrees import WorktreeManager
 from prohost.options import Options
 from prohost.wire import intake
@@ -86,9 +83,11 @@ class Harness:
         client: httpx.AsyncClient,
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
-        timing: ReportTiming | None = None,
+        timing: ReportTiming | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
+        #: Epoch seconds, for the accounts' resets (§12); tests move it with trio's.
+        self.clock = clock
         self.endpoints = endpoints
         self.ledger = ledger
         self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
@@ -96,6 +95,7 @@ class Harness:
         self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
+        self.bounds = Bounds()  # every blocking file step's; stop() hurries them
         #: How long reports are retried, and when a waiting one is dropped (§7).
         self.timing = timing if timing is not None else ReportTiming()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
@@ -104,7 +104,7 @@ class Harness:
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
                          on_change=self.changed)
-        self.worktrees = WorktreeManager(options.home, options.repos)
+        self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
         #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         #: The queued runs' body texts and their budget.
@@ -124,6 +124,8 @@ class Harness:
             limit_wait_s=options.limit_wait_s,
             bodies=self.bodies,
             timing=self.timing,
+            bounds=self.bounds,
+            clock=clock,
         )
         self.held: dict[str, HeldRun] = {}
         self.draining = False
@@ -170,6 +172,7 @@ class Harness:
                 if self.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
+                await upkeep.sweep_scratch(self)  # before any run can start
                 await recover(self)
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -246,9 +249,7 @@ class Harness:
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
-        # Shielded ledger steps stuck on a hung disk give up by then too.
-        if self.runner is not None:
-            self.runner.steps.bounds.hurry(self._stop_deadline)
+        self.bounds.hurry(self._stop_deadline)  # steps stuck on a hung disk give up too
 
     async def wait_released(self, run_id: str) -> None:
         """Return once ``run_id`` is no longer held (reported, dropped, or never held).
@@ -445,9 +446,7 @@ class Harness:
 
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
         """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
-
-        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
-        """
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
         if self.runner is None:
             raise RuntimeError(f"harness bug: {what} without a ledger")
         return await self.runner.steps.bounded(fn, *args, what=what)

@@ -35,19 +35,21 @@ class HeldRun:
 
     run_id: str
     lane: str
-    #: The parsed body, once the run leaves the queue (:func:`prohost.engine.recovery.load_body`);
+    #: The parsed body, once the run leaves the queue
+    #: (:meth:`prohost.engine.queued_bodies.QueuedBodies.load`);
     #: ``None`` while it waits. Read it as :attr:`run`.
     body: AgentRun | None = None
     #: While queued: the body's text as delivered, if the queued runs' texts fit the
-    #: harness's budget (``Harness.queued_text_budget``); else ``None``, and the body
-    #: is read back from the ledger (which has had it since before the ack).
+    #: harness's budget (:data:`prohost.engine.queued_bodies.QUEUED_TEXT_BUDGET_CHARS`
+    #: by default); else ``None``, and the body is read back from the ledger (which
+    #: has had it since before the ack).
     raw: str | None = None
     state: str = "queued"  # queued | preparing | running | reporting
     started_at: float | None = None
     stop_outcome: Outcome | None = None
     dropped: bool = False
     #: Where the run's report goes, kept while the body is not: a run whose body
-    #: cannot be read back is still reported (``prohost.engine.recovery.load_body``).
+    #: cannot be read back is still reported (``prohost.engine.queued_bodies.QueuedBodies.load``).
     completion_path: str | None = None
     # Made on first use (the properties below): a queued run has none of them.
     _exec_scope: trio.CancelScope | None = attrs.field(default=None, init=False)

@@ -56,10 +56,11 @@ Turn = tuple[str, str, str | None]
 class LedgerSteps:
     """The bounded ledger steps of one harness's runs (see the module docstring)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, bounds: Bounds | None = None) -> None:
         self.ledger = ledger
-        #: Every blocking ledger step of this harness; the second signal hurries them.
-        self.bounds = Bounds()
+        #: The harness's bounds (its other file steps share them); the second signal
+        #: hurries them.
+        self.bounds = bounds if bounds is not None else Bounds()
 
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
         """A blocking ledger (or /proc) call in a worker thread, abandoned after

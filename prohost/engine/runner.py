@@ -37,6 +37,7 @@ from prohost.engine.accountgate import AccountGate
 from prohost.engine.accounts import Account, AccountBook
 from prohost.engine.agentenv import scratch_folder
 from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.blocking import Bounds
 from prohost.engine.brains import Brain
 from prohost.engine.brains.base import one_line
 from prohost.engine.execute import AccountPlan, ExecSpec, execute
@@ -98,6 +99,7 @@ class Runner:
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
         timing: ReportTiming | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         self.spec = spec
         self.brain = brain
@@ -110,7 +112,7 @@ class Runner:
         self._on_change = on_change
         self._on_outcome = on_outcome
         #: This harness's ledger steps for its runs, bounded (engine/ledgersteps.py).
-        self.steps = LedgerSteps(ledger)
+        self.steps = LedgerSteps(ledger, bounds)
         #: Reports that outlived their retry window, tried again (§7).
         self.outbox = Outbox(reporter, self.steps, timing=timing, on_change=on_change)
         #: Where a queued run's body waits until the run leaves the queue.
@@ -329,6 +331,7 @@ class Runner:
             # Named by a digest of the run id, never the id itself (§3).
             scratch=scratch_folder(self.scratch_root, run.run_id),
             worktrees=self.worktrees,
+            bounds=self.steps.bounds,
             accounts=AccountPlan(account=account, learned=self.accounts.learned,
                                  another=another),
         )

@@ -37,6 +37,10 @@ log = logging.getLogger("prohost.harness")
 
 #: status.json is rewritten at most this often (seconds).
 STATUS_FILE_MIN_INTERVAL_S = 1.0
+#: Bounds on writing and on removing status.json (s): a write that takes longer is
+#: abandoned (the disk is hung) and tried again at the next change.
+STATUS_FILE_WRITE_S = 10.0
+STATUS_FILE_REMOVE_S = 2.0
 
 
 def note_outcome(harness: Harness, held: HeldRun, outcome: Outcome) -> None:
@@ -121,14 +125,24 @@ async def keep_status_file(harness: Harness) -> None:
     second, and every few seconds regardless (its age says the harness is alive).
 
     Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
-    plainly that no harness is running.
+    plainly that no harness is running. Every write and the removal are bounded by
+    ``harness.bounds`` (hurried by the second signal), so a hung disk never holds
+    the harness's exit.
     """
     home = harness.options.home
+    # One thread at most: a write a hung disk left behind holds the token, so the
+    # next ones time out waiting for it instead of piling up threads.
+    writer = trio.CapacityLimiter(1)
     try:
         while True:
             snapshot = take_snapshot(harness)
             try:
-                await trio.to_thread.run_sync(write_snapshot, home, snapshot)
+                # Abandoning is safe: a write to a temporary file and a rename
+                # over status.json; at worst a stale picture is left, which
+                # `agent status` tells by its age and pid.
+                await harness.bounds.file_step(write_snapshot, home, snapshot,
+                                               limit_s=STATUS_FILE_WRITE_S, limiter=writer,
+                                               what=f"writing {home / STATUS_FILE}")
             except OSError as exc:
                 log.warning("could not write %s: %s", home / STATUS_FILE, exc)
             harness.status_written.set()
@@ -140,8 +154,11 @@ async def keep_status_file(harness: Harness) -> None:
             ):
                 await harness.state_changed.wait()
     finally:
-        with trio.move_on_after(2, shield=True):
-            await trio.to_thread.run_sync(_remove_quietly, home / STATUS_FILE)
+        # Shielded by Bounds.run, and bounded (by the second signal's deadline too).
+        with contextlib.suppress(OSError):
+            await harness.bounds.file_step(_remove_quietly, home / STATUS_FILE,
+                                           limit_s=STATUS_FILE_REMOVE_S, limiter=writer,
+                                           what=f"removing {home / STATUS_FILE}")
 
 
 def status_message(harness: Harness) -> Status:
@@ -173,7 +190,7 @@ def heartbeat_runs(harness: Harness) -> list[RunBeat]:
 
 def account_rows(harness: Harness) -> list[AccountRow]:
     """``status.accounts`` (§12), as of now."""
-    return [AccountRow(**row) for row in harness.book.snapshot(time.time())]
+    return [AccountRow(**row) for row in harness.book.snapshot(harness.clock())]
 
 
 def _remove_quietly(path: Path) -> None:

@@ -54,18 +54,22 @@ class TimelineBatcher:
         best effort), the run and its completion are unaffected.
         """
         task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            batch, self._pending = self._pending, []
-            if batch:
-                await self._reporter.post_timeline(
-                    self._run_id, self._path, [event.to_json() for event in batch]
-                )
-            if self._closing and not self._pending:
-                self._posted.set()
-                return
-            await trio.sleep(BATCH_INTERVAL_S)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                batch, self._pending = self._pending, []
+                if batch:
+                    await self._reporter.post_timeline(
+                        self._run_id, self._path, [event.to_json() for event in batch]
+                    )
+                if self._closing and not self._pending:
+                    return
+                await trio.sleep(BATCH_INTERVAL_S)
+        finally:
+            # Also when cancelled (the second signal's deadline): close() must not
+            # then wait its whole bound for a batch that will never be posted.
+            self._posted.set()
 
     async def close(self) -> None:
         """Flush what is left and stop :meth:`run`; bounded, shielded (it runs while a

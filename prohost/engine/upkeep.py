@@ -1,5 +1,6 @@
 """The supervisor's chores beside the runs: the agent CLI's version, account
-resets, the daily worktree collection and ledger prune.
+resets, the daily worktree collection and ledger prune, and at start the sweep of
+MCP folders that runs of an earlier process left behind.
 
 Each is a task in :class:`prohost.engine.harness.Harness`'s nursery (or, for the prune,
 a step of the restart recovery); they log under ``prohost.harness``.
@@ -7,16 +8,21 @@ a step of the restart recovery); they log under ``prohost.harness``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import re
+import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from prohost import __version__
 from prohost.engine.accountgate import AccountGate
+from prohost.engine.agentenv import SCRATCH_NAME_CHARS
 from prohost.engine.collect import collect_garbage
 from prohost.engine.ledger import LedgerError
 from prohost.engine.status_file import keep_status_file
@@ -35,6 +41,48 @@ WORKTREE_IDLE_S = 14 * 86400.0
 #: `claude --version` and the like answer at once; a hung one must not matter (seconds).
 BRAIN_PROBE_TIMEOUT_S = 10.0
 
+#: A run's MCP folder's name (prohost.engine.agentenv.scratch_folder): nothing else
+#: in the scratch root is ever removed.
+_SCRATCH_NAME = re.compile(f"[0-9a-f]{{{SCRATCH_NAME_CHARS}}}")
+
+
+async def sweep_scratch(harness: Harness) -> None:
+    """Remove the MCP folders (each with its 0600 token) that runs of an earlier
+    process left behind: a kill -9 or a third signal skips a run's own cleanup.
+
+    Call it at start, before any run of this harness can start (the instance lock
+    keeps every other harness off this home), so every such folder is a leftover.
+    Bounded (and hurried by the second signal); a failure is logged, and the next
+    start tries again. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
+    """
+    if harness.runner is None:
+        return  # a dry run writes no MCP folder
+    root = harness.runner.scratch_root
+    try:
+        # Abandoning is safe: only leftovers are in it, and the next start goes on.
+        removed = await harness.bounds.file_step(_sweep, root,
+                                                 what=f"removing old MCP folders in {root}")
+    except OSError as exc:
+        log.warning("could not remove the MCP folders earlier runs left in %s: %s", root, exc)
+        return
+    if removed:
+        log.info("removed %d MCP folder(s) that runs of an earlier process left in %s",
+                 removed, root)
+
+
+def _sweep(root: Path) -> int:
+    """Blocking: remove every run folder in ``root``; how many there were."""
+    try:
+        entries = [entry for entry in os.scandir(root)
+                   if _SCRATCH_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        # Gone meanwhile: its run's own removal, abandoned on a hung disk, ended.
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(entry.path)
+    return len(entries)
+
 
 async def announce_resets(harness: Harness, gate: AccountGate) -> None:
     """Announce each account whose limit's reset has come (status, panel), and
@@ -43,9 +91,9 @@ async def announce_resets(harness: Harness, gate: AccountGate) -> None:
     Cancelled: nothing to undo.
     """
     while True:
-        reset = harness.book.earliest_reset(time.time())
+        reset = harness.book.earliest_reset(harness.clock())
         with trio.move_on_after(math.inf if reset is None
-                                else max(0.0, reset - time.time()) + 0.01):
+                                else max(0.0, reset - harness.clock()) + 0.01):
             await gate.book_changed.wait()
             continue
         # The reset passed: the book expires it on the next question, and the

@@ -32,18 +32,21 @@ import secrets
 import shutil
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
 import trio
 
+from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.gitcmd import GIT_ADD_TIMEOUT_S, GitError, git, real_path
 from prohost.engine.prompt import Checkout, CheckoutFailure
 from prohost.options import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
+
+T = TypeVar("T")
 
 #: Set in an agent's environment to the folder holding its run's private checkouts.
 RUN_REPOS_ENV = "PROHOST_RUN_REPOS"
@@ -193,9 +196,14 @@ class WorktreeManager:
     """
 
     def __init__(
-        self, home: Path, repos: Sequence[Path], *, lock_timeout_s: float = 60.0
+        self, home: Path, repos: Sequence[Path], *, lock_timeout_s: float = 60.0,
+        bounds: Bounds | None = None,
     ) -> None:
         self.root = home / WORKTREES_DIR
+        #: The harness's bounds: a hung disk fails a checkout (a CheckoutFailure,
+        #: StepTimedOut being an OSError) instead of holding the run, and the
+        #: second signal hurries it.
+        self.bounds = bounds if bounds is not None else Bounds()
         self.repos = tuple(repos)
         self.names = checkout_names(self.repos)
         self.lock_timeout_s = lock_timeout_s
@@ -215,6 +223,15 @@ class WorktreeManager:
     def lane_folder(self, lane: str) -> Path:
         return self.root / lane_folder_name(lane)
 
+    async def _file(self, fn: Callable[..., T], *args: object) -> T:
+        """A file step of preparing a checkout, bounded. Abandoning one is safe: each
+        touches only this lane's folder (which only this lane's run uses; the marker
+        is replaced atomically) or reads, and what a step abandoned half-way leaves
+        is what a killed prepare leaves, which the next prepare clears."""
+        name = getattr(fn, "__name__", "a file step")
+        return await self.bounds.file_step(fn, *args,
+                                           what=f"preparing a worktree ({name})")
+
     async def prepare(self, lane: str) -> PreparedCheckouts:
         """Make sure ``lane`` has a worktree of each repo; say which are ready and why
         the others are not. Never raises for a repository; all repos are prepared at once.
@@ -226,7 +243,7 @@ class WorktreeManager:
         folder = self.lane_folder(lane)
         try:
             # First, so a GC deciding at this moment sees the lane as just used.
-            marker = await trio.to_thread.run_sync(_touch_marker, folder, lane, time.time())
+            marker = await self._file(_touch_marker, folder, lane, time.time())
         except OSError as exc:
             reason = f"could not create {folder}: {exc.strerror or exc}"
             failures = tuple(CheckoutFailure(str(source), reason) for source in self.repos)
@@ -249,7 +266,7 @@ class WorktreeManager:
         if ready != marker.ready:
             try:
                 # Only now: a worktree is "ready" once it is about to be handed over.
-                await trio.to_thread.run_sync(
+                await self._file(
                     write_marker, folder, attrs.evolve(marker, ready=ready)
                 )
             except OSError as exc:
@@ -262,9 +279,9 @@ class WorktreeManager:
         self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None
     ) -> Checkout | CheckoutFailure:
         try:
-            if not await trio.to_thread.run_sync(source.is_dir):
+            if not await self._file(source.is_dir):
                 return CheckoutFailure(str(source), "no such directory")
-            if not await trio.to_thread.run_sync(is_checkout, source):
+            if not await self._file(is_checkout, source):
                 return CheckoutFailure(str(source), "not a git checkout")
             common = await self._common_dir(source)
             path = folder / name
@@ -315,13 +332,13 @@ class WorktreeManager:
     async def _inspect(self, path: Path, common: str) -> State:
         """What is at ``path``: a usable worktree of the repo whose common dir is
         ``common``, nothing, or one of the ways a worktree can be unusable."""
-        if not await trio.to_thread.run_sync(os.path.lexists, path):
+        if not await self._file(os.path.lexists, path):
             return "absent"
-        if not await trio.to_thread.run_sync(path.is_dir):
+        if not await self._file(path.is_dir):
             return "broken"
-        if not await trio.to_thread.run_sync(os.path.lexists, path / ".git"):
+        if not await self._file(os.path.lexists, path / ".git"):
             # A `git worktree add` killed before it wrote anything leaves this.
-            empty = not await trio.to_thread.run_sync(lambda: any(path.iterdir()))
+            empty = not await self._file(lambda: any(path.iterdir()))
             return "empty" if empty else "broken"
         try:
             out = await git(
@@ -343,7 +360,9 @@ class WorktreeManager:
         # it was killed mid-checkout and has a partial tree (LC_ALL=C: see git_env).
         lock_file = path / git_dir / "locked"
         try:
-            reason = await trio.to_thread.run_sync(lock_file.read_text)
+            reason = await self._file(lock_file.read_text)
+        except StepTimedOut:
+            raise  # a hung disk, not a missing lock: this checkout fails
         except OSError:
             return "ready"
         return "half-made" if reason.strip() == "initializing" else "ready"
@@ -351,12 +370,12 @@ class WorktreeManager:
     async def _create(self, source: Path, path: Path, state: State) -> None:
         log.debug("making the worktree %s of %s (found: %s)", path, source, state)
         if state == "empty":
-            await trio.to_thread.run_sync(path.rmdir)
+            await self._file(path.rmdir)
         elif state == "broken":
             # Not a worktree any more, but it was handed to an agent and may hold
             # its files: moved aside, not deleted. GC treats it like a dirty worktree.
             aside = path.with_name(f"{path.name}.orphaned-{int(time.time())}")
-            await trio.to_thread.run_sync(path.rename, aside)
+            await self._file(path.rename, aside)
             log.warning("%s was not a usable git worktree; moved it to %s", path, aside)
         src = str(source)
         lock = self.source_lock(source)
@@ -368,12 +387,12 @@ class WorktreeManager:
             raise _LockTimeout
         try:
             if state in ("half-made", "junk"):
-                if await trio.to_thread.run_sync(os.path.lexists, path / ".git"):
+                if await self._file(os.path.lexists, path / ".git"):
                     # Twice --force: git's "initializing" lock is a lock too.
                     with contextlib.suppress(GitError):
                         await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
-                if await trio.to_thread.run_sync(os.path.lexists, path):
-                    await trio.to_thread.run_sync(shutil.rmtree, path)
+                if await self._file(os.path.lexists, path):
+                    await self._file(shutil.rmtree, path)
             # Clears the registration of a worktree whose folder vanished; `add`
             # refuses a path that is "missing but already registered".
             await git("-C", src, "worktree", "prune")
