@@ -147,13 +147,14 @@ async def test_a_fail_over_that_cannot_prepare_the_new_account_keeps_its_session
     limit(folder["a"], time.time() + HOUR)
     run_id = "run_mcp_on_b"
     scratch = scratch_folder(home / "runs", run_id)
-    scratch.mkdir(parents=True)
-    (scratch / "account-1").write_text("in the way\n")  # where b's configuration goes
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, home, exec_command=FAKE_CLAUDE, brain="claude",
             env=claude_env(tmp_path), accounts=accounts,
         ):
+            # Laid once the harness is up: its start sweeps leftover run folders.
+            scratch.mkdir(parents=True)
+            (scratch / "account-1").write_text("in the way\n")  # where b's config goes
             server.state.add_run("go on", "C1", extra={
                 "run_id": run_id, "mcp": {"url": "https://mcp.example/x", "token": "t0k"}})
             await server.wait_until(finished(run_id))
