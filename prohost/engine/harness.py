@@ -354,8 +354,6 @@ class Harness:
                 self._runner().record_dropped, held))
             self.changed()
 
-    # ------------------------------------------------------------------ one run
-
     async def _work(self, run_id: str, held: HeldRun) -> None:
         """The scheduler's work for one run: the runner executes and reports it.
 
@@ -408,7 +406,6 @@ class Harness:
             raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
         return self.runner
 
-    # ------------------------------------------------------------------ bookkeeping
 
     def hold(self, held: HeldRun) -> None:
         self.held[held.run_id] = held
