@@ -53,6 +53,12 @@ RETRY_CAP_S = 30.0
 Turn = tuple[str, str, str | None]
 
 
+class StepNotWritten(Exception):
+    """A step the run cannot go on without (``started``, the process group) was
+    refused by the disk: the run stops there and is reported (§7). Expected of a
+    full or failing disk, so it is logged in one line, without a traceback."""
+
+
 class LedgerSteps:
     """The bounded ledger steps of one harness's runs (see the module docstring)."""
 
@@ -99,7 +105,13 @@ class LedgerSteps:
 
         A failed ``started`` raises, never logged and skipped: spawning without it
         would leave a row ``accepted`` that the next start runs a second time."""
-        self.ledger.mark_started(run_id, now)
+        try:
+            self.ledger.mark_started(run_id, now)
+        except (LedgerOrderError, StepNotWritten):
+            raise
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            raise StepNotWritten(f"the ledger step mark_started could not be written: "
+                                 f"{exc}") from exc
         return self.ledger.account_session(lane, account)
 
     async def record_pgid(self, run_id: str, pgid: int) -> None:
@@ -110,8 +122,14 @@ class LedgerSteps:
         then kills the group and reports the run as an internal error.
         Cancelled: as :meth:`bounded`.
         """
-        await self.bounded(self.ledger.record_pgid, run_id, pgid,
-                           what="the ledger step record_pgid")
+        try:
+            await self.bounded(self.ledger.record_pgid, run_id, pgid,
+                               what="the ledger step record_pgid")
+        except LedgerOrderError:
+            raise
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            raise StepNotWritten(f"the ledger step record_pgid could not be written: "
+                                 f"{exc}") from exc
 
     def save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
                              turn: Turn | None) -> None:

@@ -43,7 +43,7 @@ from prohost.engine.brains.base import one_line
 from prohost.engine.execute import AccountPlan, ExecSpec, execute
 from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
-from prohost.engine.ledgersteps import LedgerSteps, Turn
+from prohost.engine.ledgersteps import LedgerSteps, StepNotWritten, Turn
 from prohost.engine.outbox import Outbox, ReportTiming
 from prohost.engine.queued_bodies import QueuedBodies
 from prohost.engine.reporter import Reporter
@@ -238,8 +238,14 @@ class Runner:
         # A nursery's group of one is that one exception.
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]
-        log.error("run %s failed inside the harness; reporting it as an internal error",
-                  held.run_id, exc_info=exc)
+        if isinstance(exc, StepNotWritten):
+            # A full or failing disk refused a step that is never skipped (§7):
+            # expected, and said in one line; a traceback is for the unexpected.
+            log.error("run %s stopped: %s; reporting it as an internal error",
+                      held.run_id, exc)
+        else:
+            log.error("run %s failed inside the harness; reporting it as an internal "
+                      "error", held.run_id, exc_info=exc)
         message = one_line(str(exc), INTERNAL_ERROR_CHARS)
         for secret in self.spec.secrets:
             if secret:
