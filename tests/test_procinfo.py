@@ -197,7 +197,7 @@ async def test_the_ps_fallback_reads_environment_and_members() -> None:
             assert "PROHOST_RUN_ID=run-ps" in words
             assert "PROHOST_RUN_ID=run-p" not in words
             members = await trio.to_thread.run_sync(
-                procinfo._ps_group_members, process.pid
+                procinfo._group_members, process.pid, procinfo._ps_processes
             )
             assert members == [process.pid]
         assert await trio.to_thread.run_sync(procinfo._ps_environ, process.pid) == set()

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["groups_of_run", "process_belongs_to_run"]
@@ -57,9 +58,9 @@ def process_belongs_to_run(pgid: int, run_id: str) -> bool:
         return False
     needle = f"PROHOST_RUN_ID={run_id}"
     if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
-        return any(needle in _settled_environ(pid) for pid in _proc_group_members(pgid))
+        return any(needle in _settled_environ(pid) for pid in _group_members(pgid))
     if sys.platform == "darwin":
-        return any(needle in _ps_environ(pid) for pid in _ps_group_members(pgid))
+        return any(needle in _ps_environ(pid) for pid in _group_members(pgid))
     return False
 
 
@@ -90,28 +91,40 @@ def groups_of_run(run_id: str) -> list[int]:
 
 
 def _every_process() -> list[tuple[int, int]]:
-    """Every visible process as (pid, process group)."""
+    """Every visible process as (pid, process group): /proc on Linux, ps on macOS."""
     if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
-        pairs = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) > 2 and fields[2].isdigit():
-                pairs.append((int(entry), int(fields[2])))
-        return pairs
+        return _proc_processes()
     if sys.platform == "darwin":
-        pairs = []
-        for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-                pairs.append((int(parts[0]), int(parts[1])))
-        return pairs
+        return _ps_processes()
     return []
+
+
+def _proc_processes() -> list[tuple[int, int]]:
+    """Every process in ``/proc`` as (pid, process group) (Linux)."""
+    pairs = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
+        except OSError:
+            continue
+        # The command name (field 2) is in parentheses and may hold spaces or ')',
+        # so the fields are counted from the last ')': state, ppid, pgrp.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2].isdigit():
+            pairs.append((int(entry), int(fields[2])))
+    return pairs
+
+
+def _ps_processes() -> list[tuple[int, int]]:
+    """Every process ``ps`` lists as (pid, process group) (macOS)."""
+    pairs = []
+    for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            pairs.append((int(parts[0]), int(parts[1])))
+    return pairs
 
 
 def _settled_environ(pid: int) -> set[str]:
@@ -150,26 +163,12 @@ def _proc_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def _proc_group_members(pgid: int) -> list[int]:
-    """The pids in process group ``pgid``, the leader first (Linux)."""
-    members = [pgid]
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == pgid:
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text("utf-8", "replace")
-        except OSError:
-            continue
-        # The command name (field 2) is in parentheses and may hold spaces or ')',
-        # so the fields are counted from the last ')': state, ppid, pgrp.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid):
-            members.append(int(entry))
-    return members
+def _group_members(pgid: int,
+                   processes: Callable[[], list[tuple[int, int]]] | None = None) -> list[int]:
+    """The pids in process group ``pgid``, the leader first (from ``processes``,
+    else :func:`_every_process`)."""
+    listed = (processes or _every_process)()
+    return [pgid, *(pid for pid, group in listed if group == pgid and pid != pgid)]
 
 
 def _ps(arguments: list[str]) -> str:
@@ -190,13 +189,3 @@ def _ps_environ(pid: int) -> set[str]:
     found as a whole word; a run id has no spaces (§3), so the match is exact.
     """
     return set(_ps(["eww", "-o", "command=", "-p", str(pid)]).split())
-
-
-def _ps_group_members(pgid: int) -> list[int]:
-    """The pids in process group ``pgid``, the leader first, from ``ps`` (macOS)."""
-    members = [pgid]
-    for line in _ps(["-A", "-o", "pid=,pgid="]).splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] == str(pgid) and parts[0] != str(pgid):
-            members.append(int(parts[0]))
-    return members
