@@ -50,8 +50,8 @@ def agent_run(ns: argparse.Namespace) -> int:
         parser.error(str(exc))
     from rich.console import Console
 
-    from prohost.engine.panel import use_panel
-    from prohost.engine.termout import nonblocking
+    from prohost.engine.view.panel import use_panel
+    from prohost.engine.view.termout import nonblocking
 
     # A terminal that stops reading must never stall the event loop (acks, pongs,
     # heartbeats): the panel and the log lines are written without blocking.
@@ -173,7 +173,7 @@ def demo(ns: argparse.Namespace) -> int:
     from rich.console import Console
 
     from prohost.commands.demo import main as demo_main
-    from prohost.engine.panel import use_panel
+    from prohost.engine.view.panel import use_panel
 
     console = Console()
     # On a terminal the demo draws the live panel; log lines must then go through

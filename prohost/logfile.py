@@ -292,7 +292,8 @@ def redact(*secrets: str) -> logging.Filter:
     """A filter that masks ``secrets`` (the token and the secret) in every record it sees.
 
     Put it on handlers, not loggers: a logger's filters only see records logged on that
-    very logger, not on its children (``prohost.engine.link`` bypasses a filter on ``prohost``).
+    very logger, not on its children (``prohost.engine.link.connection`` bypasses a
+    filter on ``prohost``).
     """
     return RedactingFilter(secrets)
 
@@ -332,7 +333,7 @@ def setup_logging(
         root.removeHandler(_installed_handler)
     handler: logging.Handler
     if console is not None:
-        from prohost.engine.panel import log_handler
+        from prohost.engine.view.panel import log_handler
 
         handler = log_handler(console)
     elif (stream or sys.stderr).isatty():

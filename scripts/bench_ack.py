@@ -31,7 +31,7 @@ import trio_websocket
 
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
-from prohost.engine.link import Endpoints
+from prohost.engine.link.connection import Endpoints
 from prohost.home import Credentials, resolve_endpoints
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve

@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from prohost.engine.lanequeue import LaneQueue
-from prohost.engine.scheduler import Scheduler
+from prohost.engine.lanes.lanequeue import LaneQueue
+from prohost.engine.lanes.scheduler import Scheduler
 
 CONCURRENCY = 16
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import trio
 
-from prohost.engine.gitcmd import git_env
-from prohost.engine.worktrees import WorktreeManager
+from prohost.engine.repos.gitcmd import git_env
+from prohost.engine.repos.worktrees import WorktreeManager
 
 Timed = Callable[[], Awaitable[None]]
 

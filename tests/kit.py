@@ -24,7 +24,7 @@ import trio
 
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
-from prohost.engine.link import Endpoints
+from prohost.engine.link.connection import Endpoints
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve

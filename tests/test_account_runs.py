@@ -17,10 +17,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.engine.accountgate import AccountGate, all_limited_reason
-from prohost.engine.accounts import Account, AccountBook
+from prohost.engine.accounts.book import Account, AccountBook
+from prohost.engine.accounts.gate import AccountGate, all_limited_reason
+from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.ledger import Ledger
-from prohost.engine.limits import LimitNotice
 from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery, Heartbeat, Status

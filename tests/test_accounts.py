@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.accounts import (
+from prohost.engine.accounts.book import (
     DEFAULT_ACCOUNT,
     UNKNOWN_RESET_S,
     Account,
     AccountBook,
     AccountError,
 )
-from prohost.engine.limits import LimitNotice
+from prohost.engine.accounts.limits import LimitNotice
 
 T0 = 1_771_416_000.0
 

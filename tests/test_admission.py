@@ -20,11 +20,11 @@ import attrs
 import pytest
 import trio
 
-from prohost.engine.execute import Progress
-from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
-from prohost.engine.recovery import INTERRUPTED
-from prohost.engine.status_file import status_message
+from prohost.engine.run.execute import Progress
+from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.supervisor.recovery import INTERRUPTED
+from prohost.engine.view.status_file import status_message
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 

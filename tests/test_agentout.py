@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.agentout import STDERR_LINE_CHARS, LastLine, LineSplitter
+from prohost.engine.agent.output import STDERR_LINE_CHARS, LastLine, LineSplitter
 
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:

@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 
 AGENTS = Path(__file__).parent / "agents"
 MIB = 1024 * 1024

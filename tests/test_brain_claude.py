@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.engine.brains import brain_for
-from prohost.engine.brains.base import McpError, McpWiring, ToolEvent
-from prohost.engine.brains.claude import ClaudeBrain, ClaudeTurn
-from prohost.engine.brains.cmdline import has_flag, split_command
-from prohost.engine.brains.summaries import tool_summary
+from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.brains.base import McpError, McpWiring, ToolEvent
+from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
+from prohost.engine.agent.brains.cmdline import has_flag, split_command
+from prohost.engine.agent.brains.summaries import tool_summary
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.wire.runs import Mcp
 
 FAKE = Path(__file__).parent / "agents" / "fake_claude.py"
@@ -610,7 +610,7 @@ async def test_end_to_end_errors_forever_is_stopped_by_the_deadline(tmp_path: Pa
 
 
 async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path) -> None:
-    from prohost.engine.execute import ExecSpec, Progress, execute
+    from prohost.engine.run.execute import ExecSpec, Progress, execute
     from prohost.wire.runs import AgentRun
 
     run = AgentRun(run_id="run_c2", completion_path="/c", text="hi",

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.agentproc import ProcessGroups, ProcessResult, run_agent
-from prohost.engine.brains import brain_for
-from prohost.engine.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
-from prohost.engine.brains.codex import CodexBrain, CodexTurn
-from prohost.engine.execute import ExecSpec, execute
+from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
+from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun, Mcp
 
 FAKE = Path(__file__).parent / "agents" / "fake_codex.py"

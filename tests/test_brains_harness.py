@@ -14,8 +14,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.engine.heldrun import HeldRun
 from prohost.engine.ledger import Ledger
+from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
 from tests.kit import AGENTS, finished, messages, running_harness, running_server

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.brains import brain_for
-from prohost.engine.brains.claude import ClaudeBrain
-from prohost.engine.brains.cmdline import program_name, split_command, word_spans
-from prohost.engine.brains.codex import CodexBrain
+from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.brains.claude import ClaudeBrain
+from prohost.engine.agent.brains.cmdline import program_name, split_command, word_spans
+from prohost.engine.agent.brains.codex import CodexBrain
 
 
 @pytest.mark.parametrize(("line", "program"), [

@@ -33,7 +33,7 @@ from prohost.commands.service import (
     systemd_unit,
     unit_path,
 )
-from prohost.engine import reporter
+from prohost.engine.report import reporter
 from prohost.home import Credentials, save_credentials
 from prohost.options import Options, options_from_args
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["prohost/engine/heldrun.py"]
+CHECKED = ["prohost/engine/run/heldrun.py"]
 NAME = re.compile(r"\bprohost(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 

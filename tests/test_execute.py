@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.agentenv import agent_env
-from prohost.engine.agentproc import ProcessGroups
-from prohost.engine.execute import ExecSpec, execute_plain
-from prohost.engine.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
+from prohost.engine.agent.environment import agent_env
+from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.run.execute import ExecSpec, execute_plain
+from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 
 AGENTS = Path(__file__).parent / "agents"
@@ -277,9 +277,9 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
     """Reproduction 1 of issue 8 at the runner: a run id of ``..`` (or ``.``) with an
     ``mcp`` field, past intake, must not make its scratch folder ``$PROHOST_HOME``
     (or ``runs/``), which the run's cleanup removes."""
-    from prohost.engine.agentenv import scratch_folder
-    from prohost.engine.heldrun import HeldRun
+    from prohost.engine.agent.environment import scratch_folder
     from prohost.engine.ledger import RunState
+    from prohost.engine.run.heldrun import HeldRun
     from prohost.wire.runs import Mcp
     from tests.kit import running_harness, running_server
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.engine.agentenv import scratch_folder
+from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerHandle
 from tests.kit import finished, running_harness, running_server

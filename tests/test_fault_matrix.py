@@ -39,7 +39,7 @@ import trio.testing
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
-from prohost.engine.recovery import RESTARTED
+from prohost.engine.supervisor.recovery import RESTARTED
 from prohost.server import ServerHandle, faults
 from tests import kit
 from tests.kit import agent_command, finished, pair_home, running_harness, running_server

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prohost.engine.snapshot import STATUS_FILE, read_snapshot, write_snapshot
+from prohost.engine.view.snapshot import STATUS_FILE, read_snapshot, write_snapshot
 from prohost.files import write_atomically
 from prohost.home import Credentials, load_credentials, save_credentials
 from tests.test_panel import busy_snapshot

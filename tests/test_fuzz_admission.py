@@ -35,8 +35,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prohost.engine.accountgate import all_limited_reason
-from prohost.engine.accounts import AccountBook
+from prohost.engine.accounts.book import AccountBook
+from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerState
 from prohost.wire import intake

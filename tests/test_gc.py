@@ -14,10 +14,10 @@ import trio
 import trio.testing
 
 from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
-from prohost.engine import upkeep
-from prohost.engine.collect import GcEntry, collect_garbage
-from prohost.engine.scheduler import Scheduler
-from prohost.engine.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
+from prohost.engine.lanes.scheduler import Scheduler
+from prohost.engine.repos.collect import GcEntry, collect_garbage
+from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
+from prohost.engine.supervisor import upkeep
 from tests.test_worktrees import commit_file, git, isolate_git, make_repo, real, worktree_paths
 
 DAY = 86400.0
@@ -271,7 +271,7 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
 async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prohost.engine import collect
+    from prohost.engine.repos import collect
     from tests.kit import finished, gated_harness
 
     source = await make_repo(tmp_path / "app")

@@ -9,9 +9,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.engine.heartbeat import STATUS_MIN_INTERVAL_S, Beacon
-from prohost.engine.heldrun import HeldRun
-from prohost.engine.link import Session
+from prohost.engine.link.beacon import STATUS_MIN_INTERVAL_S, Beacon
+from prohost.engine.link.connection import Session
+from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.intake import MAX_QUEUED_RUNS
 from prohost.wire.protocol import Heartbeat, Hello, RunBeat, Status, decode, encode
 from prohost.wire.runs import MAX_CONVERSATION_ID_BYTES, AgentRun

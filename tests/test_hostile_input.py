@@ -25,7 +25,7 @@ import trio
 import trio_websocket
 
 from prohost.engine.harness import Harness
-from prohost.engine.link import Endpoints, Link, Session
+from prohost.engine.link.connection import Endpoints, Link, Session
 from prohost.options import Options
 from prohost.server import ServerHandle
 from prohost.wire import intake

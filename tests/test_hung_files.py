@@ -27,10 +27,10 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine import status_file
-from prohost.engine.agentenv import scratch_folder
+from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.harness import STOP_WINDOW_S, Harness
 from prohost.engine.ledger import Ledger
+from prohost.engine.view import status_file
 from prohost.options import Options
 from prohost.server import ServerHandle
 from tests.kit import Gate, endpoints_for, finished, pair_home, running_harness, running_server

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from prohost.engine.accountgate import all_limited_reason
+from prohost.engine.accounts.gate import all_limited_reason
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery
 from prohost.wire.signature import sign

@@ -1,7 +1,7 @@
-"""Reading usage limits out of what the agent CLIs print (prohost.engine.limits).
+"""Reading usage limits out of what the agent CLIs print (prohost.engine.accounts.limits).
 
 Every text here is one the real CLIs print (the sources are cited in
-prohost/engine/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
+prohost/engine/accounts/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.brains.base import decode_json_line
-from prohost.engine.limits import (
+from prohost.engine.accounts.limits import (
     LimitNotice,
     claude_limit_text,
     claude_rate_limit,
@@ -24,6 +23,7 @@ from prohost.engine.limits import (
     recover_events,
     reset_time,
 )
+from prohost.engine.agent.brains.base import decode_json_line
 
 UTC = dt.UTC
 

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio_websocket
 
-from prohost.engine.link import BACKOFF_CAP_S, Link, Session, backoff_delay
+from prohost.engine.link.connection import BACKOFF_CAP_S, Link, Session, backoff_delay
 from prohost.server import ServerHandle
 from prohost.wire import protocol
 from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status

@@ -24,11 +24,11 @@ import trio
 from rich.console import Console
 
 from prohost.engine.ledger import Ledger, RunState
-from prohost.engine.ledgersteps import LedgerSteps
-from prohost.engine.outbox import RETRY_EVERY_S, Outbox
-from prohost.engine.panel import describe_change, render
-from prohost.engine.reporter import REQUEST_TIMEOUT_S, Reporter
-from prohost.engine.snapshot import Snapshot
+from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.report.outbox import RETRY_EVERY_S, Outbox
+from prohost.engine.report.reporter import REQUEST_TIMEOUT_S, Reporter
+from prohost.engine.view.panel import describe_change, render
+from prohost.engine.view.snapshot import Snapshot
 from prohost.wire.runs import Outcome
 from tests.asgi_kit import lifespan, read_body, serving
 

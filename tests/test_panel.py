@@ -22,9 +22,9 @@ import trio
 import trio.testing
 from rich.console import Console
 
-from prohost.engine.panel import Panel, describe_change, render, use_panel
-from prohost.engine.snapshot import FinishedRow, RunRow, Snapshot
-from prohost.engine.statustext import compact_duration, server_host
+from prohost.engine.view.panel import Panel, describe_change, render, use_panel
+from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.engine.view.statustext import compact_duration, server_host
 from prohost.wire.protocol import AccountRow
 
 T0 = 1_700_000_000.0
@@ -378,7 +378,7 @@ async def test_live_panel_starts_and_stops_without_threads(
 async def test_log_lines_print_above_the_live_panel(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from prohost.engine.panel import log_handler
+    from prohost.engine.view.panel import log_handler
 
     console = recording_console(force_terminal=True)
     logger = logging.getLogger("prohost.test_panel")

@@ -1,4 +1,5 @@
-"""Finding a previous harness's agent at restart (prohost.engine.procinfo, §7), real processes."""
+"""Finding a previous harness's agent at restart (prohost.engine.agent.procinfo, §7),
+with real processes."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from contextlib import asynccontextmanager, suppress
 import pytest
 import trio
 
-from prohost.engine import procinfo
-from prohost.engine.procinfo import process_belongs_to_run
+from prohost.engine.agent import procinfo
+from prohost.engine.agent.procinfo import process_belongs_to_run
 
 
 async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prohost.engine.prompt import (
+from prohost.engine.run.prompt import (
     MAX_REPLY_BYTES,
     NO_REPLY,
     REPLY_CUT_MARKER,

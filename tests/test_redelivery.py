@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.accountgate import all_limited_reason
-from prohost.engine.admission import NOT_LOOKED_UP, NOT_RECORDED
+from prohost.engine.accounts.gate import all_limited_reason
+from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError, RunState
-from prohost.engine.limits import LimitNotice
-from prohost.engine.recovery import NOT_STARTED
+from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
+from prohost.engine.supervisor.recovery import NOT_STARTED
 from prohost.wire import intake
 from prohost.wire.runs import parse_body
 from tests.kit import Running, ack_to, busy_and_queued, finished, gated_harness, run_body

@@ -29,7 +29,7 @@ from rich.console import Console
 from prohost.commands.status import status_command
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, RunState
-from prohost.engine.outbox import ReportTiming
+from prohost.engine.report.outbox import ReportTiming
 from prohost.options import Options
 from prohost.server import ServerHandle
 from prohost.wire.protocol import Heartbeat

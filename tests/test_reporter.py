@@ -24,7 +24,7 @@ import httpx
 import pytest
 import trio
 
-from prohost.engine.reporter import Reporter, Settlement
+from prohost.engine.report.reporter import Reporter, Settlement
 from tests.asgi_kit import lifespan, read_body, serving
 
 TOKEN = "tok_s3cret_do_not_log"

@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from prohost.engine.ledger import RunState
-from prohost.engine.recovery import NOT_STARTED, RESTARTED
+from prohost.engine.supervisor.recovery import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
     busy_and_queued,

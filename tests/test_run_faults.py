@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.brains.claude import ClaudeTurn
+from prohost.engine.agent.brains.claude import ClaudeTurn
 from prohost.engine.ledger import Ledger, LedgerError, RunState
-from prohost.engine.reporter import Reporter
-from prohost.engine.worktrees import WorktreeManager
+from prohost.engine.report.reporter import Reporter
+from prohost.engine.repos.worktrees import WorktreeManager
 from tests.kit import AGENTS, Running, agent_command, finished, running_harness, running_server
 
 REPLY = agent_command("reply.py", "done")

@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.lanequeue import LaneQueue
-from prohost.engine.scheduler import (
+from prohost.engine.lanes.lanequeue import LaneQueue
+from prohost.engine.lanes.scheduler import (
     MAX_CONCURRENCY,
     DrainingError,
     QueueFullError,

@@ -20,7 +20,7 @@ import trio.testing
 
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, RunState
-from prohost.engine.link import Endpoints
+from prohost.engine.link.connection import Endpoints
 from prohost.options import Options
 from tests.asgi_kit import lifespan, read_body, serving
 from tests.kit import Gate, busy_and_queued, pair_home, running_server

@@ -3,7 +3,7 @@ pipe that is full and that nobody reads — a stalled SSH session, a pager left 
 
 Before, the first log line blocked the event loop for good: no connection, no acks,
 no pongs, no heartbeats. Now terminal output is written without blocking
-(prohost/engine/termout.py) and the harness goes on serving the server.
+(prohost/engine/view/termout.py) and the harness goes on serving the server.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
+from prohost.engine.view.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
 from prohost.wire.protocol import Heartbeat, Pong
 from tests.kit import finished, start_run
 from tests.process_kit import gated_process

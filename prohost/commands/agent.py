@@ -21,9 +21,9 @@ from rich.console import Console
 from prohost.engine import signals
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError
-from prohost.engine.link import Endpoints
-from prohost.engine.panel import Panel
-from prohost.engine.runner import progress_log
+from prohost.engine.link.connection import Endpoints
+from prohost.engine.run.runner import progress_log
+from prohost.engine.view.panel import Panel
 from prohost.home import (
     CredentialsError,
     InstanceLock,

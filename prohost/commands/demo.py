@@ -22,9 +22,9 @@ from rich.table import Table
 
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
-from prohost.engine.link import Endpoints
-from prohost.engine.panel import Panel, use_panel
-from prohost.engine.runner import progress_log
+from prohost.engine.link.connection import Endpoints
+from prohost.engine.run.runner import progress_log
+from prohost.engine.view.panel import Panel, use_panel
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve

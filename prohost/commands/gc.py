@@ -1,6 +1,6 @@
 """``prohost agent gc``: clear away the private worktrees of conversations gone quiet.
 
-Each conversation's worktrees (see :mod:`prohost.engine.worktrees`) persist between its
+Each conversation's worktrees (see :mod:`prohost.engine.repos.worktrees`) persist between its
 turns, so they pile up. This removes those of conversations idle for longer than
 ``--older-than`` days, keeps any that hold work existing nowhere else (uncommitted
 changes, commits on no branch) unless ``--force``, and says what it did with each.
@@ -17,8 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from prohost.engine.collect import GcEntry, collect_garbage
-from prohost.engine.worktrees import WORKTREES_DIR
+from prohost.engine.repos.collect import GcEntry, collect_garbage
+from prohost.engine.repos.worktrees import WORKTREES_DIR
 
 DEFAULT_OLDER_THAN_DAYS = 14.0
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
@@ -69,7 +69,7 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
     """Run one collection under ``home`` and print what happened; 0, or 1 on an error.
 
     Cancelled (Ctrl-C): the worktree being removed is finished first (shielded and
-    bounded, see :func:`~prohost.engine.collect.collect_garbage`), then the cancel goes on.
+    bounded, see :func:`~prohost.engine.repos.collect.collect_garbage`), then the cancel goes on.
     """
     root = home / WORKTREES_DIR
     try:

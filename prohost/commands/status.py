@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from prohost.engine.panel import render
-from prohost.engine.snapshot import STALE_AFTER_S, STATUS_FILE, Snapshot, read_snapshot
-from prohost.engine.statustext import compact_duration, human_ago
+from prohost.engine.view.panel import render
+from prohost.engine.view.snapshot import STALE_AFTER_S, STATUS_FILE, Snapshot, read_snapshot
+from prohost.engine.view.statustext import compact_duration, human_ago
 from prohost.wire.protocol import converter
 
 EXIT_RUNNING = 0

@@ -12,9 +12,9 @@ knows the run). The ledger write before each step is what lets a restarted harne
 pick up exactly where this one died (§7).
 
 What is here is the supervisor's own job: the held runs, cancel and forget, drain
-and stop. Admission is :mod:`prohost.engine.admission`, restart recovery and the
-end-of-drain sweep :mod:`prohost.engine.recovery`, what the harness says about
-itself :mod:`prohost.engine.status_file`, its chores :mod:`prohost.engine.upkeep`.
+and stop. Admission is :mod:`prohost.engine.supervisor.admission`, restart recovery and the
+end-of-drain sweep :mod:`prohost.engine.supervisor.recovery`, what the harness says about
+itself :mod:`prohost.engine.view.status_file`, its chores :mod:`prohost.engine.supervisor.upkeep`.
 """
 
 from __future__ import annotations
@@ -32,26 +32,31 @@ from typing import TypeVar
 import httpx
 import trio
 
-from prohost.engine import upkeep
-from prohost.engine.accounts import Account, AccountBook
-from prohost.engine.admission import answer_delivery
-from prohost.engine.agentproc import ProcessGroups
+from prohost.engine.accounts.book import Account, AccountBook
+from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
-from prohost.engine.brains import brain_for
-from prohost.engine.execute import ExecSpec
-from prohost.engine.heartbeat import Beacon
-from prohost.engine.heldrun import HeldRun
+from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger
-from prohost.engine.link import CredentialsRejected, Endpoints, Link, Session
-from prohost.engine.outbox import ReportTiming
-from prohost.engine.queued_bodies import QueuedBodies
-from prohost.engine.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
-from prohost.engine.reporter import Reporter
-from prohost.engine.runner import Runner
-from prohost.engine.scheduler import Scheduler
-from prohost.engine.snapshot import FinishedRow, Snapshot
-from prohost.engine.status_file import heartbeat_runs, note_outcome, status_message, take_snapshot
-from prohost.engine.worktrees import WorktreeManager
+from prohost.engine.link.beacon import Beacon
+from prohost.engine.link.connection import CredentialsRejected, Endpoints, Link, Session
+from prohost.engine.report.outbox import ReportTiming
+from prohost.engine.report.reporter import Reporter
+from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.run.execute import ExecSpec
+from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.engine.run.runner import Runner
+from prohost.engine.supervisor import upkeep
+from prohost.engine.supervisor.admission import answer_delivery
+from prohost.engine.supervisor.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
+from prohost.engine.view.snapshot import FinishedRow, Snapshot
+from prohost.engine.view.status_file import (
+    heartbeat_runs,
+    note_outcome,
+    status_message,
+    take_snapshot,
+)
 from prohost.options import Options
 from prohost.wire import intake
 from prohost.wire.protocol import Cancel, Delivery, HeartbeatAck, Message
@@ -301,7 +306,7 @@ class Harness:
         """Handle one message; never raises for anything the server sends.
 
         Cancelled (the connection dropped): as
-        :func:`prohost.engine.admission.answer_delivery`.
+        :func:`prohost.engine.supervisor.admission.answer_delivery`.
         """
         if isinstance(message, Delivery):
             await answer_delivery(self, session, message)

@@ -71,7 +71,7 @@ def classify(
     Never raises, whatever the delivery holds (see :func:`prohost.wire.runs.parse_body`
     for what a body may not hold). The ledger's 200/204 for a run it knows come
     next, and only then the refusal, or the 503 of a full queue: the harness's to
-    apply (:mod:`prohost.engine.admission`). ``unavailable`` is the 503 reason when
+    apply (:mod:`prohost.engine.supervisor.admission`). ``unavailable`` is the 503 reason when
     no agent account can take work (PROTOCOL.md §12).
     """
     body = delivery.body

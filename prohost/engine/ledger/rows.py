@@ -58,7 +58,7 @@ class LedgerRow:
     accepted_at: float
     started_at: float | None
     pgid: int | None
-    """The agent's process group, once spawned (see :mod:`prohost.engine.procinfo`)."""
+    """The agent's process group, once spawned (see :mod:`prohost.engine.agent.procinfo`)."""
     outcome: str | None
     """The outcome to post, as ``prohost.wire.runs.Outcome.to_json`` text, once finished."""
     reported_at: float | None

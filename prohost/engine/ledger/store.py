@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from prohost.engine.accounts import DEFAULT_ACCOUNT
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.ledger.rows import (
     _ALLOWED,
     _COLUMNS,

@@ -1,0 +1,1 @@
+"""The agent's child process: spawn, output, environment, /proc identity; the brains."""

@@ -1,0 +1,98 @@
+"""A run's private CODEX_HOME: how a Codex run gets its MCP server's token.
+
+A token goes nowhere a child of the agent could read it: not argv (``ps``), not
+the environment (every command the agent runs inherits it). Codex reads a static
+``Authorization`` header from its config (``http_headers`` of an
+``[mcp_servers.<name>]`` table: ``McpServerTransportConfig::StreamableHttp`` in
+openai/codex ``codex-rs/core/src/config/types.rs``, sent by
+``build_default_headers`` in ``codex-rs/rmcp-client/src/utils.rs``), and its
+config lives in CODEX_HOME. So the run's folder gets an overlay of the account's
+CODEX_HOME: a symlink to each of its entries, so the login, sessions and logs are
+the real ones (a resumed thread is found, a new one is kept), and a
+``config.toml`` (0600) = the real one plus the run's server. Blocking file I/O,
+called from :meth:`CodexBrain.wire_mcp <prohost.engine.agent.brains.codex.CodexBrain.wire_mcp>`
+in a worker thread.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from prohost.engine.agent.brains.base import MCP_SERVER_NAME, McpError, write_private
+
+#: Codex's configuration folder (login, config.toml, sessions, logs).
+CODEX_HOME_ENV = "CODEX_HOME"
+#: Folders of CODEX_HOME Codex writes a run's state into: made in the real home
+#: before an overlay links to them, so nothing a run keeps is lost with it.
+_CODEX_SHARED_DIRS = ("sessions", "log")
+
+
+def codex_home(env: Mapping[str, str]) -> Path:
+    """The CODEX_HOME Codex would use with ``env``: the variable, else ``~/.codex``."""
+    named = env.get(CODEX_HOME_ENV, "").strip()
+    if named:
+        return Path(named)
+    home = env.get("HOME", "").strip()
+    return (Path(home) if home else Path.home()) / ".codex"
+
+
+def codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
+    """``folder/codex-home``: ``base`` seen through symlinks, but for a private
+    ``config.toml`` that adds the run's MCP server with its bearer header.
+    Raises :class:`McpError` when ``base`` cannot be read or already names the
+    server."""
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Made in the real home first: through the symlinks, Codex keeps the
+        # run's thread (resumed by the lane's next turn) and its logs there.
+        for shared in _CODEX_SHARED_DIRS:
+            (base / shared).mkdir(mode=0o700, exist_ok=True)
+        config = base / "config.toml"
+        text = config.read_text(encoding="utf-8") if config.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise McpError(f"could not read Codex's folder {base}: "
+                       f"{getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        existing = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise McpError(f"{config} is not valid TOML ({exc}); Codex could not read it "
+                       "either: fix it") from None
+    servers = existing.get("mcp_servers")
+    if isinstance(servers, dict) and MCP_SERVER_NAME in servers:
+        raise McpError(f"{config} already defines [mcp_servers.{MCP_SERVER_NAME}]; "
+                       "rename that server, the run's own uses the name")
+    table = (f"[mcp_servers.{MCP_SERVER_NAME}]\n"
+             f"url = {toml_string(url)}\n"
+             f"http_headers = {{ Authorization = {toml_string('Bearer ' + token)} }}\n")
+    # A new table after the user's text: whatever table it ended in is closed.
+    combined = (text.rstrip("\n") + "\n\n" if text.strip() else "") + table
+    overlay = folder / "codex-home"
+    overlay.mkdir(mode=0o700)
+    overlay.chmod(0o700)
+    for entry in sorted(base.iterdir()):
+        if entry.name != "config.toml":
+            (overlay / entry.name).symlink_to(entry)
+    write_private(overlay / "config.toml", combined)
+    return overlay
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string (what ``-c key=value`` parses)."""
+    out = ['"']
+    for char in value:
+        if char == '"':
+            out.append('\\"')
+        elif char == "\\":
+            out.append("\\\\")
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)

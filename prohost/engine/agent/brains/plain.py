@@ -1,0 +1,26 @@
+"""The plain brain: any command; its trimmed stdout is the reply (§5.5)."""
+
+from __future__ import annotations
+
+from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
+from prohost.engine.agent.process import ProcessResult
+from prohost.engine.run.prompt import cap_reply
+from prohost.wire.runs import Outcome
+
+
+class PlainTurn(Turn):
+    def finish(self, result: ProcessResult) -> Outcome | None:
+        if result.exit_code != 0:
+            return None
+        reply = result.stdout.decode("utf-8", errors="replace").strip()
+        return Outcome(ok=True, reply=cap_reply(reply, cut=result.stdout_truncated))
+
+
+class PlainBrain(Brain):
+    name = "plain"
+
+    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
+        return self.exec_line
+
+    def new_turn(self) -> Turn:
+        return PlainTurn()

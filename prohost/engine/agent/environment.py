@@ -1,0 +1,66 @@
+"""What a run's agent is given besides its prompt: its environment and its private folder.
+
+Both are pure and the same for every brain: the environment is the harness's own
+minus anything that holds a secret, plus markers naming the run; the private
+folder (for the brain's MCP configuration) is named by a digest of the run id,
+never by the id itself (§3). :mod:`prohost.engine.run.execute` uses both for every
+attempt; :mod:`prohost.engine.run.runner` names the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+#: Set to ``1`` for every agent the harness starts, so instructions the agent reads
+#: from disk can tell a paired run (someone is waiting in a thread) from any other.
+PAIRED_RUN_ENV = "PROHOST_PAIRED_RUN"
+RUN_ID_ENV = "PROHOST_RUN_ID"
+
+#: Hex digits of a run id's SHA-256 that name its scratch folder: 128 bits, so
+#: two run ids never meet by chance, and the name is short and plain.
+SCRATCH_NAME_CHARS = 32
+
+#: Claude Code sets this in its own shells. A harness started from one would
+#: pass it on, and the agent would then believe it was nested inside Claude Code.
+_NESTED_CLAUDE_ENV = "CLAUDECODE"
+
+
+def scratch_folder(root: Path, run_id: str) -> Path:
+    """The run's private folder under ``root``: named by a digest of the run id.
+
+    Never the id as it stands: the id comes from the wire, and ``..`` or ``.``
+    would name ``$PROHOST_HOME`` or ``root`` itself, which the run's cleanup then
+    removes (§3: no body field is ever used as a file or folder name). A hex
+    digest cannot hold a separator, a dot, NUL, or run over 255 bytes.
+    """
+    # surrogatepass: a run id is JSON text, which can carry a lone surrogate.
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return root / digest[:SCRATCH_NAME_CHARS]
+
+
+def make_private_folder(path: Path) -> None:
+    """Create ``path`` (and its parents) readable by this user only, even if it existed.
+
+    Blocking: call it through ``trio.to_thread``.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+
+
+def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> dict[str, str]:
+    """The environment an agent runs with: ``base`` plus the run's markers, minus secrets.
+
+    A variable is dropped when its value contains a secret anywhere, not only when
+    it equals one: ``Authorization: Bearer <token>`` in some variable leaks as much.
+    """
+    needles = [secret for secret in secrets if secret]
+    env = {
+        name: value
+        for name, value in base.items()
+        if name != _NESTED_CLAUDE_ENV and not any(needle in value for needle in needles)
+    }
+    env[PAIRED_RUN_ENV] = "1"
+    env[RUN_ID_ENV] = run_id
+    return env

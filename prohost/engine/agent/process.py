@@ -1,0 +1,393 @@
+"""Spawning and watching one agent process group (PROTOCOL.md §5.3–5.4, §6, §9).
+
+An agent CLI is not one process. ``claude -p`` starts MCP servers, a test runner
+starts workers, and a careless agent leaves a dev server running in the
+background. So every agent runs as the leader of its own session and process
+group, and every signal goes to the whole group. The leader exiting is not the
+end of the run's processes either, so the group is swept with SIGKILL after the
+leader has gone, however it went.
+
+Output is read as it comes, on both streams, into bounded buffers: an agent that
+prints 50 MiB costs the harness the first ``max_stdout_bytes`` of stdout and one
+stderr line, not 50 MiB (those bounded readers are :mod:`prohost.engine.agent.output`).
+The pipes double as the signal that the group is really done: a process holds its
+stdout and stderr until it exits, so end-of-file on both (after the leader is
+reaped) means nothing that inherited them is still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import attrs
+import trio
+
+from prohost.engine.agent.output import LastLine, LineSplitter
+from prohost.errors import leaves
+
+log = logging.getLogger("prohost.agentproc")
+
+#: Bytes asked of a pipe per read. Larger than trio's default, so a flood of
+#: output costs fewer wake-ups; it is also the most one read can add to memory.
+_READ_SIZE = 256 * 1024
+
+#: Longest stdout line handed to ``on_stdout_line``. A streaming brain's single
+#: JSON event can legitimately be several MiB (a large tool result), so this is
+#: generous; a longer line is dropped and counted rather than buffered.
+DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
+
+#: Time allowed, after the leader exits and the group is swept, for the pipes to
+#: reach end-of-file. Only a process that left the group (``setsid``) while
+#: holding them can use it up.
+_DRAIN_S = 2.0
+
+TimedOut = Literal["total", "idle"]
+
+
+class ProcessGroups:
+    """Live agent process groups of this harness (so shutdown can reach every one).
+
+    ``grace_s`` is read whenever a group is about to be stopped, not when it was
+    spawned, so lowering it (the harness does, to 3 s, on a second signal) applies
+    to every run stopped from then on.
+    """
+
+    grace_s: float = 5.0
+
+    def __init__(self) -> None:
+        self._pgids: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        self._pgids.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        self._pgids.discard(pgid)
+
+    def kill_all(self, sig: int) -> None:
+        """Send ``sig`` to every live group; a group that is already gone is skipped."""
+        for pgid in list(self._pgids):
+            _killpg(pgid, sig)
+
+    def __len__(self) -> int:
+        return len(self._pgids)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._pgids))
+
+    def __contains__(self, pgid: object) -> bool:
+        return pgid in self._pgids
+
+
+@attrs.frozen
+class ProcessResult:
+    """How one agent process ended, and the bounded part of what it printed."""
+
+    exit_code: int | None
+    """The leader's exit status; ``None`` when a signal ended it."""
+    signal: int | None
+    stdout: bytes
+    """At most ``max_stdout_bytes`` from the start of stdout; see ``stdout_truncated``."""
+    stdout_truncated: bool
+    last_stderr_line: str
+    """The last non-empty stderr line, stripped, at most 500 characters."""
+    timed_out: TimedOut | None
+    """Set when the harness stopped the process for a limit (then ``signal`` is usually set)."""
+    duration_s: float
+    overlong_lines: int = 0
+    """Stdout lines longer than ``max_line_bytes`` that ``on_stdout_line`` never saw."""
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the whole group has already exited
+    except PermissionError:
+        # Only possible if every member is gone and the id was reused by a group of
+        # another user's processes: there is nothing of ours left to signal.
+        log.debug("process group %d is no longer ours to signal", pgid)
+
+
+def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The exception a caller should see instead of the group, if there is one.
+
+    The group only exists because of the nursery inside ``run_agent``: its
+    ``Cancelled`` leaves are that nursery cancelling its own tasks (or the caller's
+    cancellation, which any next checkpoint raises again). So a group of nothing
+    but ``Cancelled`` becomes one ``Cancelled``, and one real error among them
+    becomes that error.
+    """
+    found = leaves(group)
+    real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
+    if len(real) == 1:
+        return real[0]
+    if not real and found:
+        return found[0]
+    return None
+
+
+class _Watch:
+    """The state of one running agent: its buffers, its timers, and how to stop it."""
+
+    def __init__(
+        self,
+        proc: trio.Process,
+        *,
+        stdin_data: bytes,
+        groups: ProcessGroups,
+        deadline: float,
+        idle_timeout_s: float,
+        max_stdout_bytes: int,
+        max_line_bytes: int,
+        on_spawn: Callable[[int], Awaitable[None]] | None,
+        on_stdout_line: Callable[[bytes], None] | None,
+        on_output: Callable[[float], None] | None = None,
+    ) -> None:
+        self.proc = proc
+        self.on_output = on_output
+        self.pgid = proc.pid
+        self.stdin_data = stdin_data
+        self.groups = groups
+        self.deadline = deadline
+        self.idle_timeout_s = idle_timeout_s
+        self.max_stdout_bytes = max_stdout_bytes
+        self.on_spawn = on_spawn
+        self.started_at = trio.current_time()
+        self.last_output = self.started_at
+        self.stdout = bytearray()
+        self.stdout_truncated = False
+        self.stderr = LastLine()
+        self.lines = (
+            LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
+        )
+        self.stdout_done = trio.Event()
+        self.stderr_done = trio.Event()
+        self.timed_out: TimedOut | None = None
+        self.stopped = trio.Event()
+
+    async def run(self) -> ProcessResult:
+        # The readers are shielded from the run's cancellation: they must keep
+        # draining while a cancelled run stops its group, both so an agent blocked on
+        # a full pipe can die and so end-of-file can say the group is gone. They
+        # are cancelled explicitly once that is settled.
+        readers = trio.CancelScope(shield=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_all, readers)
+            nursery.start_soon(self._feed_stdin)
+            watchdog = trio.CancelScope()
+            nursery.start_soon(self._watchdog, watchdog)
+            try:
+                if self.on_spawn is not None:
+                    await self.on_spawn(self.pgid)
+                await self.proc.wait()
+                if self.timed_out is None:
+                    watchdog.cancel()
+                else:
+                    await self.stopped.wait()
+                # The leader is gone; anything it left in its group goes too.
+                _killpg(self.pgid, signal.SIGKILL)
+                with trio.move_on_after(_DRAIN_S):
+                    await self._group_gone()
+            except BaseException:
+                with trio.move_on_after(self.groups.grace_s + 2, shield=True):
+                    await self._stop()
+                raise
+            finally:
+                readers.cancel()
+                nursery.cancel_scope.cancel()
+        if self.lines is not None:
+            self.lines.close()
+        self.stderr.close()
+        code = self.proc.returncode
+        return ProcessResult(
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
+            stdout=bytes(self.stdout),
+            stdout_truncated=self.stdout_truncated,
+            last_stderr_line=self.stderr.text,
+            timed_out=self.timed_out,
+            duration_s=trio.current_time() - self.started_at,
+            overlong_lines=self.lines.dropped if self.lines is not None else 0,
+        )
+
+    async def _stop(self) -> None:
+        """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
+
+        Unbounded by itself: callers put it under a deadline.
+        """
+        _killpg(self.pgid, signal.SIGTERM)
+        with trio.move_on_after(self.groups.grace_s):
+            await self._group_gone()
+        _killpg(self.pgid, signal.SIGKILL)
+        await self._group_gone()
+
+    async def _group_gone(self) -> None:
+        await self.proc.wait()
+        await self.stdout_done.wait()
+        await self.stderr_done.wait()
+
+    async def _watchdog(self, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                now = trio.current_time()
+                idle_at = (
+                    self.last_output + self.idle_timeout_s if self.idle_timeout_s > 0 else math.inf
+                )
+                if now >= self.deadline:
+                    self.timed_out = "total"
+                    break
+                if now >= idle_at:
+                    self.timed_out = "idle"
+                    break
+                # Output since the last look moved idle_at later: look again then.
+                await trio.sleep_until(min(self.deadline, idle_at))
+        if self.timed_out is None:
+            return
+        try:
+            with trio.move_on_after(self.groups.grace_s + 2):
+                await self._stop()
+        finally:
+            self.stopped.set()
+
+    async def _feed_stdin(self) -> None:
+        stdin = _pipe(self.proc.stdin, "stdin")
+        try:
+            if self.stdin_data:
+                await stdin.send_all(self.stdin_data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the agent exited, or closed stdin, without reading all of it
+        finally:
+            with trio.CancelScope(shield=True):
+                await stdin.aclose()
+
+    async def _read_all(self, scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_stdout)
+                nursery.start_soon(self._read_stderr)
+
+    def _heard(self) -> None:
+        self.last_output = trio.current_time()
+        if self.on_output is not None:
+            self.on_output(self.last_output)
+
+    async def _read_stdout(self) -> None:
+        stream = _pipe(self.proc.stdout, "stdout")
+        try:
+            while chunk := await stream.receive_some(_READ_SIZE):
+                self._heard()
+                room = self.max_stdout_bytes - len(self.stdout)
+                if len(chunk) > room:
+                    self.stdout_truncated = True
+                if room > 0:
+                    self.stdout += chunk[:room]
+                if self.lines is not None:
+                    self.lines.feed(chunk)
+        finally:
+            self.stdout_done.set()
+
+    async def _read_stderr(self) -> None:
+        stream = _pipe(self.proc.stderr, "stderr")
+        try:
+            while chunk := await stream.receive_some(_READ_SIZE):
+                self._heard()
+                self.stderr.feed(chunk)
+        finally:
+            self.stderr_done.set()
+
+
+async def run_agent(
+    command: str,
+    *,
+    stdin_text: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    groups: ProcessGroups,
+    deadline: float = math.inf,
+    idle_timeout_s: float = 0.0,
+    max_stdout_bytes: int = 1024 * 1024,
+    on_spawn: Callable[[int], Awaitable[None]] | None = None,
+    on_stdout_line: Callable[[bytes], None] | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    on_output: Callable[[float], None] | None = None,
+) -> ProcessResult:
+    """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
+
+    The process runs in ``cwd`` with exactly ``env``, gets ``stdin_text`` (UTF-8) on
+    stdin and then end-of-file, and is stopped (SIGTERM to the group, SIGKILL
+    ``groups.grace_s`` later) when ``deadline`` (on trio's clock) passes or when
+    neither stream has printed anything for ``idle_timeout_s`` (0 = no idle limit).
+    Whichever way the leader exits, its group is then swept with SIGKILL, and
+    ``run_agent`` returns only once the pipes say every process that held them has
+    exited (bounded: a process that left the group can only delay it a little).
+
+    ``on_spawn`` is awaited with the group id as soon as the process exists;
+    ``on_stdout_line`` gets each stdout line without its ``\\n`` (lines over
+    ``max_line_bytes`` are skipped and counted in ``overlong_lines``);
+    ``on_output`` gets the trio time of every read from either stream (what the
+    idle timer counts from).
+
+    Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
+
+    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace)
+    inside a shielded scope bounded at ``groups.grace_s + 2`` seconds, then the
+    cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
+    ``groups`` by the time anything leaves this function.
+    """
+    proc = await trio.lowlevel.open_process(
+        ["/bin/sh", "-c", command],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=dict(env),
+        start_new_session=True,
+    )
+    # start_new_session makes the child a session and group leader: pgid == pid.
+    pgid = proc.pid
+    groups.add(pgid)
+    try:
+        watch = _Watch(
+            proc,
+            stdin_data=stdin_text.encode("utf-8"),
+            groups=groups,
+            deadline=deadline,
+            idle_timeout_s=idle_timeout_s,
+            max_stdout_bytes=max_stdout_bytes,
+            max_line_bytes=max_line_bytes,
+            on_spawn=on_spawn,
+            on_stdout_line=on_stdout_line,
+            on_output=on_output,
+        )
+        try:
+            return await watch.run()
+        except BaseExceptionGroup as group:
+            error = _the_one_error(group)
+            if error is None:
+                raise
+            raise error from None
+    finally:
+        # Whatever happened above, nothing of this group may outlive the call.
+        _killpg(pgid, signal.SIGKILL)
+        groups.discard(pgid)
+        with trio.CancelScope(shield=True):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+
+_Stream = TypeVar("_Stream")
+
+
+def _pipe(stream: _Stream | None, name: str) -> _Stream:
+    """The child's ``name`` pipe; every agent is spawned with all three piped."""
+    if stream is None:
+        raise RuntimeError(f"the agent process has no {name} pipe; it must be spawned with PIPE")
+    return stream

@@ -1,0 +1,372 @@
+"""Which accepted runs execute now, and which wait (PROTOCOL.md §4).
+
+The rule that protects an answer: **two runs on one lane never overlap, and they
+start in the order they arrived.** A lane is a conversation; each turn resumes the
+agent session the previous turn left, so two turns side by side would both resume
+the same session and the second would answer without having seen the first. Runs on
+different lanes share nothing but the machine, and those may overlap, up to a limit.
+
+Among the runs free to start, the one accepted first goes first, and a busy lane
+never holds up the lanes behind it: a quick question in one thread does not wait out
+a two-hour job in another.
+
+The pending runs themselves are kept in a :class:`prohost.engine.lanes.lanequeue.LaneQueue`,
+which finds the next one in O(log lanes); this module is its trio driver: slots,
+work tasks, drain and lane holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
+
+import attrs
+import trio
+
+from prohost.engine.lanes.lanequeue import Entry, LaneQueue
+from prohost.wire.intake import MAX_QUEUED_RUNS
+
+__all__ = [
+    "MAX_CONCURRENCY",
+    "QUEUE_CAP",
+    "DrainingError",
+    "QueueFullError",
+    "Scheduler",
+    "SchedulerStatistics",
+]
+
+T = TypeVar("T")
+
+#: Most runs one harness executes at once, whatever the flag says (§4).
+MAX_CONCURRENCY = 16
+#: Most runs queued at once, in runs (§3): at this many, intake answers new
+#: deliveries 503 "queue full", so a runaway server cannot exhaust memory. The
+#: harness passes its ``--max-queued``; this is the default and the most.
+QUEUE_CAP = MAX_QUEUED_RUNS
+
+_log = logging.getLogger("prohost.scheduler")
+
+
+class DrainingError(RuntimeError):
+    """``submit`` after ``drain``: the harness is shutting down and starts nothing new."""
+
+
+class QueueFullError(RuntimeError):
+    """``submit`` with ``queue_cap`` items already on their way in (§3's queue cap)."""
+
+
+@attrs.frozen
+class SchedulerStatistics:
+    """A snapshot of a :class:`Scheduler`, in the manner of trio's ``statistics()``.
+
+    ``limit`` and ``running`` are the slot limiter's figures (its total and
+    borrowed tokens): runs preparing or executing. ``reporting`` counts runs whose
+    agent has ended and which still hold their lane until their report settles.
+    """
+
+    limit: int
+    running: int
+    queued: int
+    draining: bool
+    reporting: int = 0
+    held_lanes: int = 0
+
+
+class Scheduler(Generic[T]):
+    """Trio driver for a :class:`LaneQueue`: runs ``work(key, item)`` for ready items,
+    each in its own task in the nursery of :meth:`run`.
+
+    The shape (the design card's): submitted items come in through a trio memory
+    channel; a task moves them into the per-lane FIFOs; each run takes one token of
+    a ``trio.CapacityLimiter(limit)`` (a *slot*) when it starts. The slot is for
+    the agent: ``work`` gives it back early with :meth:`release_slot` once its agent
+    has ended and the outcome is durable, while the item keeps its lane until
+    ``work`` returns (its report settled), so a lane's results still go out in
+    order and a failing completion endpoint does not idle the machine (§4).
+
+    ``submit`` is synchronous on purpose: the socket reader calls it between an
+    ack and the next frame and must never wait on a run.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        work: Callable[[str, T], Awaitable[None]],
+        *,
+        queue_cap: int = QUEUE_CAP,
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, got {limit!r}")
+        if not 1 <= limit <= MAX_CONCURRENCY:
+            raise ValueError(f"limit must be from 1 to {MAX_CONCURRENCY}, got {limit}")
+        if queue_cap < 1:
+            raise ValueError(f"queue_cap must be at least 1, got {queue_cap}")
+        self._limiter = trio.CapacityLimiter(limit)
+        self._work = work
+        self._queue: LaneQueue[T] = LaneQueue()
+        # The reader never blocks on this channel: it uses send_nowait, and the
+        # channel is sized by the queue cap. Intake answers 503 "queue full" once
+        # QUEUE_CAP runs are queued (§3, the harness's intake), so a channel of
+        # that size always has room; were it ever full, submit raises
+        # QueueFullError rather than wait.
+        self._send, self._receive = trio.open_memory_channel[Entry[T]](queue_cap)
+        # Sent and not yet taken into the LaneQueue, in submit order: still
+        # queued as far as remove, drain and statistics are concerned. The entry
+        # that goes through the channel is the one the LaneQueue keeps (one object
+        # per run); marked ``removed`` if withdrawn (removed or drained) on the way.
+        self._in_channel: dict[str, Entry[T]] = {}
+        # Keys whose run holds a slot (the limiter's borrowers).
+        self._slotted: set[str] = set()
+        self._draining = False
+        # Set whenever something may have become startable; the dispatcher swaps
+        # in a fresh one before each pass, so a wake-up is never lost.
+        self._wake = trio.Event()
+        # lane -> the holding() calls waiting for it, first come first served. A lane
+        # let go is handed to the first of them before any run can take it.
+        self._hold_waiters: dict[str, deque[trio.Event]] = {}
+        # Set while idle; replaced by a fresh one when work arrives.
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def limit(self) -> int:
+        return int(self._limiter.total_tokens)
+
+    def __contains__(self, key: object) -> bool:
+        """True while ``key`` is queued or running."""
+        return key in self._in_channel or key in self._queue
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch ready items until cancelled. Start it with ``nursery.start``.
+
+        Work tasks live in this coroutine's own nursery, so cancelling ``run``
+        cancels every running ``work`` call (and waits for each to finish its own
+        shielded cleanup) and starts nothing new; items still queued (in the
+        channel or the lanes) stay queued, for :meth:`drain` to hand back. It never
+        returns otherwise.
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._take_submissions, name="scheduler intake")
+            task_status.started()
+            while True:
+                self._wake = trio.Event()
+                self._dispatch(nursery)
+                await self._wake.wait()
+
+    async def _take_submissions(self) -> None:
+        # The send side is never closed, so this only ends by cancellation.
+        receive_nowait = self._receive.receive_nowait
+        in_channel = self._in_channel
+        push_entry = self._queue.push_entry
+        async for entry in self._receive:
+            # Everything already waiting goes in one pass, then one dispatch.
+            while True:
+                if not entry.removed:  # else withdrawn on the way
+                    del in_channel[entry.key]
+                    # Channel order is submit order, so LaneQueue's accept order is too.
+                    push_entry(entry)
+                try:
+                    entry = receive_nowait()
+                except trio.WouldBlock:
+                    break
+            self._wake.set()
+
+    def _dispatch(self, nursery: trio.Nursery) -> None:
+        # No draining check needed: drain() empties the queue and submit() refuses
+        # while draining, so there is nothing left to start.
+        limiter = self._limiter
+        pop_ready = self._queue.pop_ready
+        # Counted once per pass: every token taken below is taken by this loop, and
+        # nothing else runs until it returns.
+        for _ in range(int(limiter.available_tokens)):
+            ready = pop_ready()
+            if ready is None:
+                return
+            key, lane, item = ready
+            limiter.acquire_on_behalf_of_nowait(key)
+            self._slotted.add(key)
+            nursery.start_soon(self._execute, key, lane, item, name=f"scheduler work {key}")
+
+    async def _execute(self, key: str, lane: str, item: T) -> None:
+        try:
+            await self._work(key, item)
+        except Exception:
+            # The work reports its own failures (the runner turns any exception
+            # into a reported outcome); this is the last line, so a bug there
+            # cannot take the scheduler (and every other run) down with it, or
+            # leave its lane or slot taken forever. Logged with the traceback.
+            _log.exception("work for %s on lane %s raised; its lane and slot are freed",
+                           key, lane)
+        finally:
+            if key in self._slotted:
+                self._slotted.remove(key)
+                self._limiter.release_on_behalf_of(key)
+            self._queue.release(lane)
+            if self._hold_waiters and lane in self._hold_waiters:
+                self._queue.hold(lane)  # free this instant, so this cannot fail
+                self._hand_over(lane)
+            self._wake.set()
+            queue = self._queue
+            # _check_idle, inlined: this runs once per run.
+            if not (queue._by_key or queue._busy or self._in_channel):
+                self._idle.set()
+
+    def release_slot(self, key: str) -> None:
+        """The agent of the running item ``key`` has ended: give its slot to another
+        lane now. Its lane stays busy until ``work`` returns. Idempotent; a no-op
+        for a key that holds no slot."""
+        if key in self._slotted:
+            self._slotted.remove(key)
+            self._limiter.release_on_behalf_of(key)
+            self._wake.set()
+
+    def submit(self, key: str, lane: str, item: T) -> None:
+        """Queue ``item`` on ``lane``; it starts once a slot and its lane are free.
+
+        Never blocks. Raises ``ValueError`` for a key already queued or running,
+        :class:`DrainingError` after :meth:`drain`, and :class:`QueueFullError`
+        when ``queue_cap`` items are already on their way in.
+        """
+        if self._draining:
+            raise DrainingError(f"the scheduler is draining; {key!r} was not queued")
+        queue = self._queue
+        # LaneQueue.__contains__, inlined: this runs once per run, in the reader.
+        if key in self._in_channel or key in queue._by_key or key in queue._running_keys:
+            raise ValueError(f"{key!r} is already queued or running")
+        entry = Entry(0, key, lane, item)
+        try:
+            self._send.send_nowait(entry)
+        except trio.WouldBlock:
+            raise QueueFullError(
+                f"{key!r} was not queued: {len(self._in_channel)} runs are already "
+                "waiting; the server should deliver it again later"
+            ) from None
+        self._in_channel[key] = entry
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def remove(self, key: str) -> T | None:
+        """Take a queued item out (a cancelled run). ``None`` if it isn't queued:
+        a running item is stopped by its own cancel scope, not here."""
+        entry = self._in_channel.pop(key, None)
+        if entry is not None:
+            entry.removed = True
+            item: T | None = entry.item
+        else:
+            item = self._queue.remove(key)
+        if item is not None:
+            self._check_idle()
+        return item
+
+    def drain(self) -> list[tuple[str, T]]:
+        """Stop starting new work and hand back every queued item, in accept order.
+
+        Running items go on to finish; later ``submit`` calls raise
+        :class:`DrainingError`.
+        """
+        self._draining = True
+        # Everything in the lanes was submitted before anything still in the channel.
+        items = self._queue.drain()
+        for entry in self._in_channel.values():
+            entry.removed = True
+            items.append((entry.key, entry.item))
+        self._in_channel.clear()
+        self._check_idle()
+        return items
+
+    @contextlib.asynccontextmanager
+    async def holding(self, lane: str) -> AsyncIterator[None]:
+        """Keep ``lane`` to the caller for the block: waits until nothing runs on it
+        (and nobody else holds it), then starts none of its runs until the block
+        ends. Its queued runs stay queued and start afterwards, in order; other
+        lanes are unaffected. A waiting holder gets the lane the moment its run
+        ends, before the lane's next queued run (first come, first served among
+        holders). For work on a lane's files that must not race a turn
+        (collecting its worktrees).
+
+        Cancelled while waiting: nothing is held. On leaving the block, by any
+        route, the lane is let go.
+        """
+        granted = self.claim(lane)
+        try:
+            await granted.wait()
+        except BaseException:
+            self.unclaim(lane, granted)
+            raise
+        try:
+            yield
+        finally:
+            self._let_go(lane)
+
+    def claim(self, lane: str) -> trio.Event:
+        """Take a place in line for ``lane`` now, without waiting: the event is set
+        once the lane is the caller's (at once if nothing runs on it or holds it;
+        else the moment the run or holder before it lets go, ahead of the lane's
+        queued runs). Until :meth:`unclaim`, none of the lane's runs start.
+
+        For a run that is reported without executing (cancelled while queued, or
+        recovered from the ledger): it holds its lane until its report settles
+        (§4), and the claim must be in line before any later turn can be
+        dispatched, hence synchronous. :meth:`holding` is built on it.
+        """
+        granted = trio.Event()
+        if self._queue.hold(lane):
+            granted.set()
+        else:
+            self._hold_waiters.setdefault(lane, deque()).append(granted)
+        return granted
+
+    def unclaim(self, lane: str, granted: trio.Event) -> None:
+        """End a :meth:`claim`, granted or still waiting; by any route, exactly once."""
+        if granted.is_set():
+            self._let_go(lane)
+            return
+        waiters = self._hold_waiters.get(lane)
+        if waiters is not None and granted in waiters:
+            waiters.remove(granted)
+            if not waiters:
+                del self._hold_waiters[lane]
+
+    def _let_go(self, lane: str) -> None:
+        # The caller holds ``lane``: the next holding() waiting for it gets it as
+        # it is, else its runs may start again.
+        if lane in self._hold_waiters:
+            self._hand_over(lane)
+            return
+        self._queue.unhold(lane)
+        self._wake.set()
+
+    def _hand_over(self, lane: str) -> None:
+        # ``lane`` is held: pass the hold to the first holding() waiting for it.
+        waiters = self._hold_waiters[lane]
+        granted = waiters.popleft()
+        if not waiters:
+            del self._hold_waiters[lane]
+        granted.set()
+
+    def statistics(self) -> SchedulerStatistics:
+        """A frozen snapshot: the limiter's figures, lanes reporting, queued, draining."""
+        limiter = self._limiter.statistics()
+        return SchedulerStatistics(
+            limit=int(limiter.total_tokens),
+            running=limiter.borrowed_tokens,
+            queued=self._queue.queued + len(self._in_channel),
+            draining=self._draining,
+            reporting=self._queue.running - limiter.borrowed_tokens,
+            held_lanes=self._queue.held,
+        )
+
+    async def wait_idle(self) -> None:
+        """Return once nothing runs and nothing is queued.
+
+        Cancelling it only stops the wait; the scheduler is unaffected.
+        """
+        while len(self._queue) or self._in_channel:
+            await self._idle.wait()
+
+    def _check_idle(self) -> None:
+        if not len(self._queue) and not self._in_channel:
+            self._idle.set()

@@ -1,0 +1,1 @@
+"""The outbox's posts (§7–§8): completions with their retry window, timeline rows."""

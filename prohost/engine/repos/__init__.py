@@ -1,0 +1,1 @@
+"""--repos: per-lane private worktrees, git, their collection."""

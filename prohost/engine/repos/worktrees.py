@@ -1,0 +1,405 @@
+"""Private git worktrees for each conversation (§5.1).
+
+Why: with ``--concurrency`` above 1, two conversations' agents would otherwise do
+their git work in the same checkout. One switches branch under the other, one
+commits the other's half-edited files, and ``git stash`` pops into the wrong run.
+So every lane gets, for each ``--repos`` checkout, a worktree of its own::
+
+    $PROHOST_HOME/worktrees/<lane folder>/<repo name>      (a `git worktree add --detach`)
+    $PROHOST_HOME/worktrees/<lane folder>/.prohost-lane    (lane id and last use, for GC)
+
+A worktree persists across the lane's turns: a branch or an uncommitted change in
+it is the conversation's own earlier work, so later turns reuse it as it is. The
+lane folder goes into ``PROHOST_RUN_REPOS`` for the agent.
+
+Preparing never raises for a repository that cannot be prepared: the run goes on,
+and the prompt names that checkout as read-only
+(a :class:`~prohost.engine.run.prompt.CheckoutFailure`).
+
+Running git is :mod:`prohost.engine.repos.gitcmd`'s job; clearing away old worktrees is
+:mod:`prohost.engine.repos.collect`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import attrs
+import trio
+
+from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, git, real_path
+from prohost.engine.run.prompt import Checkout, CheckoutFailure
+from prohost.options import is_checkout
+
+log = logging.getLogger("prohost.worktrees")
+
+T = TypeVar("T")
+
+#: Set in an agent's environment to the folder holding its run's private checkouts.
+RUN_REPOS_ENV = "PROHOST_RUN_REPOS"
+
+WORKTREES_DIR = "worktrees"
+LANE_MARKER = ".prohost-lane"
+
+# --- names -------------------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_PREFIX_LEN = 32
+_LANE_HASH_LEN = 20
+
+
+def _hash(text: str, length: int) -> str:
+    # surrogatepass: a lane id comes from JSON, which can carry a lone surrogate.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:length]
+
+
+def lane_folder_name(lane: str) -> str:
+    """A folder name for ``lane``: a readable prefix and a hash of the whole lane id.
+
+    The hash makes it unique and stable (the same lane finds its worktrees on every
+    turn and after a restart); the prefix, ASCII letters, digits, ``_`` and ``-`` only,
+    is there for a person looking at the folder. Neither part can hold ``/``, ``.``
+    or be empty, so no lane id can name a path outside the worktrees folder.
+    """
+    prefix = _UNSAFE.sub("-", lane).strip("-_")[:_PREFIX_LEN].rstrip("-_")
+    digest = _hash(lane, _LANE_HASH_LEN)
+    return f"{prefix}-{digest}" if prefix else digest
+
+
+def _base_name(source: Path) -> str:
+    # Leading dots dropped: a dotted name would hide the folder and ".prohost-lane"
+    # would collide with the marker; "/" has no name at all.
+    return source.name.lstrip(".") or "repo"
+
+
+def _hashed_name(source: Path) -> str:
+    return f"{_base_name(source)}-{_hash(str(source), 8)}"
+
+
+def checkout_names(repos: Sequence[Path]) -> tuple[str, ...]:
+    """Each repo's folder name in a lane folder: its base name, or, when two share it,
+    the base name plus a hash of the source path.
+
+    A hash rather than the position in ``--repos``, so reordering the flag never
+    points a lane's existing ``app-2`` at a different repository. Compared
+    case-insensitively: ``App`` and ``app`` are one folder on macOS.
+    """
+    counts = Counter(_base_name(source).casefold() for source in repos)
+    return tuple(
+        _base_name(source) if counts[_base_name(source).casefold()] == 1 else _hashed_name(source)
+        for source in repos
+    )
+
+
+# --- the lane marker ---------------------------------------------------------------
+
+
+@attrs.frozen
+class LaneMarker:
+    """What ``.prohost-lane`` in a lane folder records."""
+
+    lane: str | None
+    last_used: float | None
+    ready: dict[str, str] | None
+    """Checkout name → source, for each worktree a prepare finished and handed to an
+    agent. Anything else found in the folder was never used, so it holds no work:
+    the leftovers of a cancelled or killed prepare. ``None``: not known."""
+
+
+def read_marker(folder: Path) -> LaneMarker:
+    """``folder``'s marker; a field that is missing or unreadable is ``None``."""
+    try:
+        data = json.loads((folder / LANE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return LaneMarker(None, None, None)
+    if not isinstance(data, dict):
+        return LaneMarker(None, None, None)
+    lane = data.get("lane")
+    used = data.get("last_used")
+    if isinstance(used, bool) or not isinstance(used, int | float) or not math.isfinite(used):
+        used = None
+    ready = data.get("ready")
+    if not (isinstance(ready, dict) and all(isinstance(v, str) for v in ready.values())):
+        ready = None
+    return LaneMarker(
+        lane if isinstance(lane, str) else None,
+        float(used) if used is not None else None,
+        ready,
+    )
+
+
+def write_marker(folder: Path, marker: LaneMarker) -> None:
+    """Create the lane folder and write its marker, atomically: GC may read it at any moment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{LANE_MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
+    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready}
+    try:
+        tmp.write_text(json.dumps(payload, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, folder / LANE_MARKER)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
+    """Record a use of the lane now, keeping what the marker knew; return the new marker."""
+    # A new lane's folder certainly holds no finished worktree; an existing folder
+    # whose marker is unreadable might, so there "ready" stays unknown.
+    ready = {} if not folder.exists() else read_marker(folder).ready
+    marker = LaneMarker(lane, now, ready)
+    write_marker(folder, marker)
+    return marker
+
+
+# --- preparing ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class PreparedCheckouts:
+    """What :meth:`WorktreeManager.prepare` made of one lane's checkouts."""
+
+    folder: Path | None
+    """The lane's folder when at least one checkout is ready (for ``PROHOST_RUN_REPOS``)."""
+    checkouts: tuple[Checkout, ...]
+    failures: tuple[CheckoutFailure, ...]
+
+
+class _LockTimeout(Exception):
+    pass
+
+
+State = Literal["ready", "absent", "half-made", "empty", "broken", "foreign", "junk"]
+
+
+class WorktreeManager:
+    """Gives each lane its own worktree of every ``--repos`` checkout.
+
+    One per harness. Runs of one lane never overlap (the scheduler sees to that),
+    so only one task at a time touches a given lane folder; different lanes share
+    the source repositories, whose worktree bookkeeping (``.git/worktrees``) is only
+    changed under a per-source lock.
+    """
+
+    def __init__(
+        self, home: Path, repos: Sequence[Path], *, lock_timeout_s: float = 60.0,
+        bounds: Bounds | None = None,
+    ) -> None:
+        self.root = home / WORKTREES_DIR
+        #: The harness's bounds: a hung disk fails a checkout (a CheckoutFailure,
+        #: StepTimedOut being an OSError) instead of holding the run, and the
+        #: second signal hurries it.
+        self.bounds = bounds if bounds is not None else Bounds()
+        self.repos = tuple(repos)
+        self.names = checkout_names(self.repos)
+        self.lock_timeout_s = lock_timeout_s
+        self._locks: dict[str, trio.Lock] = {}
+        # A checkout's common dir only changes if it is re-cloned; asking once per
+        # source keeps a reused worktree at one git process per turn.
+        self._common_dirs: dict[Path, str] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.repos)
+
+    def source_lock(self, source: Path) -> trio.Lock:
+        """The lock held while worktrees of ``source`` are created, repaired or removed."""
+        return self._locks.setdefault(str(source), trio.Lock())
+
+    def lane_folder(self, lane: str) -> Path:
+        return self.root / lane_folder_name(lane)
+
+    async def _file(self, fn: Callable[..., T], *args: object) -> T:
+        """A file step of preparing a checkout, bounded. Abandoning one is safe: each
+        touches only this lane's folder (which only this lane's run uses; the marker
+        is replaced atomically) or reads, and what a step abandoned half-way leaves
+        is what a killed prepare leaves, which the next prepare clears."""
+        name = getattr(fn, "__name__", "a file step")
+        return await self.bounds.file_step(fn, *args,
+                                           what=f"preparing a worktree ({name})")
+
+    async def prepare(self, lane: str) -> PreparedCheckouts:
+        """Make sure ``lane`` has a worktree of each repo; say which are ready and why
+        the others are not. Never raises for a repository; all repos are prepared at once.
+
+        Cancelled: git processes in flight are killed (their whole process group),
+        per-source locks are released, and what a half-made worktree leaves behind
+        is cleared by the lane's next prepare (it was never handed to an agent).
+        """
+        folder = self.lane_folder(lane)
+        try:
+            # First, so a GC deciding at this moment sees the lane as just used.
+            marker = await self._file(_touch_marker, folder, lane, time.time())
+        except OSError as exc:
+            reason = f"could not create {folder}: {exc.strerror or exc}"
+            failures = tuple(CheckoutFailure(str(source), reason) for source in self.repos)
+            return PreparedCheckouts(folder=None, checkouts=(), failures=failures)
+
+        results: list[Checkout | CheckoutFailure | None] = [None] * len(self.repos)
+
+        async def one(index: int) -> None:
+            results[index] = await self._prepare_one(
+                folder, self.repos[index], self.names[index], marker.ready
+            )
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(self.repos)):
+                nursery.start_soon(one, index)
+        checkouts = tuple(r for r in results if isinstance(r, Checkout))
+        failures = tuple(r for r in results if isinstance(r, CheckoutFailure))
+        ready = dict(marker.ready or {})
+        ready.update((checkout.name, checkout.source) for checkout in checkouts)
+        if ready != marker.ready:
+            try:
+                # Only now: a worktree is "ready" once it is about to be handed over.
+                await self._file(
+                    write_marker, folder, attrs.evolve(marker, ready=ready)
+                )
+            except OSError as exc:
+                log.warning("could not record the checkouts of %s: %s", lane, exc)
+        return PreparedCheckouts(
+            folder=folder if checkouts else None, checkouts=checkouts, failures=failures
+        )
+
+    async def _prepare_one(
+        self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None
+    ) -> Checkout | CheckoutFailure:
+        try:
+            if not await self._file(source.is_dir):
+                return CheckoutFailure(str(source), "no such directory")
+            if not await self._file(is_checkout, source):
+                return CheckoutFailure(str(source), "not a git checkout")
+            common = await self._common_dir(source)
+            path = folder / name
+            state = await self._inspect(path, common)
+            if state == "foreign" and name != _hashed_name(source):
+                # The folder holds a worktree of another repository that used to
+                # have this name (--repos changed). It may hold that conversation's
+                # work, so it is left alone and this repo takes its hashed name.
+                name = _hashed_name(source)
+                path = folder / name
+                state = await self._inspect(path, common)
+            if state == "foreign":
+                return CheckoutFailure(
+                    str(source), f"{path} already holds a worktree of another repository"
+                )
+            if ready is not None and name in ready and state == "half-made":
+                # Finished and handed over before, so that lock is someone's own
+                # `git worktree lock`, not git's mark of an unfinished checkout.
+                state = "ready"
+            if state not in ("ready", "absent") and ready is not None and name not in ready:
+                # Unusable and never handed to an agent: a prepare was cancelled or
+                # killed while making it, so nothing in it is anyone's work.
+                state = "junk"
+            if state != "ready":
+                await self._create(source, path, state)
+            return Checkout(name=name, path=str(path), source=str(source))
+        except _LockTimeout:
+            return CheckoutFailure(
+                str(source),
+                f"another worktree of {source} was still being created after "
+                f"{self.lock_timeout_s:g} s",
+            )
+        except GitError as exc:
+            return CheckoutFailure(str(source), str(exc))
+        except OSError as exc:
+            return CheckoutFailure(str(source), f"{exc.strerror or exc}")
+
+    async def _common_dir(self, source: Path) -> str:
+        cached = self._common_dirs.get(source)
+        if cached is not None:
+            return cached
+        out = await git("-C", str(source), "rev-parse", "--git-common-dir")
+        # Relative to `source` on gits before 2.31's --path-format; joining copes with both.
+        common = real_path(source / out.strip())
+        self._common_dirs[source] = common
+        return common
+
+    async def _inspect(self, path: Path, common: str) -> State:
+        """What is at ``path``: a usable worktree of the repo whose common dir is
+        ``common``, nothing, or one of the ways a worktree can be unusable."""
+        if not await self._file(os.path.lexists, path):
+            return "absent"
+        if not await self._file(path.is_dir):
+            return "broken"
+        if not await self._file(os.path.lexists, path / ".git"):
+            # A `git worktree add` killed before it wrote anything leaves this.
+            empty = not await self._file(lambda: any(path.iterdir()))
+            return "empty" if empty else "broken"
+        try:
+            out = await git(
+                "-C", str(path), "rev-parse", "--show-toplevel", "--git-common-dir", "--git-dir"
+            )
+        except GitError:
+            return "broken"  # its .git points at bookkeeping that no longer exists
+        lines = out.splitlines()
+        if len(lines) != 3:
+            return "broken"
+        toplevel, their_common, git_dir = lines
+        # Without the toplevel check, a folder inside some other work tree (a home
+        # directory kept in git) would pass as a worktree of that one.
+        if real_path(toplevel) != real_path(path):
+            return "broken"
+        if real_path(path / their_common) != common:
+            return "foreign"
+        # git writes this lock first and removes it last; a worktree still holding
+        # it was killed mid-checkout and has a partial tree (LC_ALL=C: see git_env).
+        lock_file = path / git_dir / "locked"
+        try:
+            reason = await self._file(lock_file.read_text)
+        except StepTimedOut:
+            raise  # a hung disk, not a missing lock: this checkout fails
+        except OSError:
+            return "ready"
+        return "half-made" if reason.strip() == "initializing" else "ready"
+
+    async def _create(self, source: Path, path: Path, state: State) -> None:
+        log.debug("making the worktree %s of %s (found: %s)", path, source, state)
+        if state == "empty":
+            await self._file(path.rmdir)
+        elif state == "broken":
+            # Not a worktree any more, but it was handed to an agent and may hold
+            # its files: moved aside, not deleted. GC treats it like a dirty worktree.
+            aside = path.with_name(f"{path.name}.orphaned-{int(time.time())}")
+            await self._file(path.rename, aside)
+            log.warning("%s was not a usable git worktree; moved it to %s", path, aside)
+        src = str(source)
+        lock = self.source_lock(source)
+        acquired = False
+        with trio.move_on_after(self.lock_timeout_s):
+            await lock.acquire()
+            acquired = True
+        if not acquired:
+            raise _LockTimeout
+        try:
+            if state in ("half-made", "junk"):
+                if await self._file(os.path.lexists, path / ".git"):
+                    # Twice --force: git's "initializing" lock is a lock too.
+                    with contextlib.suppress(GitError):
+                        await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
+                if await self._file(os.path.lexists, path):
+                    await self._file(shutil.rmtree, path)
+            # Clears the registration of a worktree whose folder vanished; `add`
+            # refuses a path that is "missing but already registered".
+            await git("-C", src, "worktree", "prune")
+            await git(
+                "-C", src, "worktree", "add", "--detach", str(path), "HEAD",
+                timeout_s=GIT_ADD_TIMEOUT_S,
+            )
+        finally:
+            lock.release()

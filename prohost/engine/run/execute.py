@@ -1,0 +1,444 @@
+"""One run executed with a brain: prompt → environment → spawn → reply → Outcome.
+
+The brain (:mod:`prohost.engine.agent.brains`) says how to invoke its CLI and how to read what
+it prints; everything else is the same for every CLI and lives here: the prompt,
+the environment (markers in, secrets out: :mod:`prohost.engine.agent.environment`), the
+run's private MCP folder, the one retry with a fresh session when a resumed one is
+rejected (inside the same deadline), and turning however the process ended into
+words for the sender.
+
+Every way a run can end becomes an :class:`Outcome`, never an exception, except
+cancellation: that belongs to the caller, which reports it (§6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT, Account
+from prohost.engine.accounts.limits import LimitNotice
+from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
+from prohost.engine.agent.brains.plain import PlainBrain
+from prohost.engine.agent.environment import agent_env, make_private_folder
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.blocking import Bounds
+from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
+from prohost.engine.run.prompt import (
+    MAX_REPLY_BYTES,
+    PromptContext,
+    build_prompt,
+    cap_reply,
+    human_duration,
+    reply_from_text,
+)
+from prohost.options import Options
+from prohost.wire.runs import AgentRun, Outcome
+
+log = logging.getLogger("prohost.execute")
+
+#: Bound on removing a run's MCP folder after the run (s): it holds a few small
+#: files, and the run's report waits for it.
+SCRATCH_REMOVE_S = 5.0
+
+
+@attrs.frozen
+class ExecSpec:
+    """How this harness runs agents: the same for every run."""
+
+    command: str
+    """The ``--exec`` line, run through ``/bin/sh -c``."""
+    workdir: Path
+    timeout_s: float
+    """0 = no total limit."""
+    idle_timeout_s: float
+    """0 = no idle limit."""
+    parallel: bool
+    """``--concurrency`` above 1: other runs may share the machine."""
+    secrets: tuple[str, ...]
+    """The token and secret: no environment variable whose value contains one reaches the agent."""
+
+    @classmethod
+    def from_options(cls, options: Options, secrets: tuple[str, ...]) -> ExecSpec:
+        """The spec ``agent run``'s flags describe."""
+        return cls(command=options.exec_command, workdir=options.workdir,
+                   timeout_s=options.timeout_s, idle_timeout_s=options.idle_timeout_s,
+                   parallel=options.concurrency > 1, secrets=secrets)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _limit_phrase(seconds: float) -> str:
+    """ "45 minutes" as in "the 45-minute limit"."""
+    number, _, unit = human_duration(seconds).partition(" ")
+    return f"{number}-{unit.removesuffix('s')}"
+
+
+def failure_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
+    """How the agent's process ended, in words, when its brain had nothing to say
+    (a timeout, a signal, an exit status). ``duration_ms`` is set by the caller."""
+    duration_ms = round(result.duration_s * 1000)
+    if result.timed_out == "total":
+        limit = _limit_phrase(spec.timeout_s)
+        return Outcome.failure(
+            f"the agent ran longer than the {limit} limit (--timeout)", duration_ms=duration_ms
+        )
+    if result.timed_out == "idle":
+        idle = human_duration(spec.idle_timeout_s)
+        return Outcome.failure(
+            f"the agent printed nothing for {idle} (--idle-timeout)", duration_ms=duration_ms
+        )
+    if result.signal is not None:
+        error = f"the agent was killed by {_signal_name(result.signal)}"
+        if result.last_stderr_line:
+            error += f": {result.last_stderr_line}"
+        return Outcome.failure(error, duration_ms=duration_ms)
+    if result.exit_code != 0:
+        error = f"the agent exited with status {result.exit_code}"
+        if result.last_stderr_line:
+            error += f": {result.last_stderr_line}"
+        return Outcome.failure(error, duration_ms=duration_ms)
+    # Exit 0 and still no outcome: a brain that could not make sense of the output.
+    return Outcome.failure("the agent exited without a reply the harness could read",
+                           duration_ms=duration_ms)
+
+
+@attrs.define
+class Progress:
+    """What the runner learns while a run goes on, readable at any moment (also
+    after a cancel: a cancelled run is reported with the session it had)."""
+
+    session_id: str | None = None
+    activity: str | None = None
+    model: str | None = None
+    attempts: int = 0
+    #: trio time of the agent's latest output (the idle timer counts from it).
+    last_output: float | None = None
+    #: The account the current (or last) attempt runs on (PROTOCOL.md §12).
+    account: str = DEFAULT_ACCOUNT
+    #: What the last attempt's CLI said about its account's usage limit.
+    limit: LimitNotice | None = None
+    #: The last attempt failed because its account reached its usage limit.
+    ended_by_limit: bool = False
+    #: While the run waits for an account's limit to reset: when (epoch s).
+    waiting_until: float | None = None
+
+
+@attrs.frozen
+class AccountPlan:
+    """Which account a run starts on, and how it moves when that one is limited."""
+
+    #: The account the first attempt uses (its session is ``execute``'s ``session_id``).
+    account: Account
+    #: Told what every attempt on an account learned about its limit (may be None).
+    #: Cancelled: as the caller's own ledger step (shielded, bounded).
+    learned: Callable[[Account, LimitNotice | None], Awaitable[None]]
+    #: The next usable account not in the given names, with the lane's session
+    #: there, or ``None`` when there is none; it may wait, until the given trio
+    #: deadline at most, for a limit to reset. Cancelled: nothing to undo.
+    another: Callable[[frozenset[str], float],
+                      Awaitable[tuple[Account, str | None] | None]]
+
+
+async def execute_plain(
+    run: AgentRun,
+    spec: ExecSpec,
+    *,
+    groups: ProcessGroups,
+    on_spawn: Callable[[int], Awaitable[None]] | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> Outcome:
+    """:func:`execute` with the plain brain running ``spec.command``.
+
+    Cancelled: as :func:`execute` (the agent's group is stopped, then the
+    cancellation propagates).
+    """
+    return await execute(
+        run, spec, PlainBrain(spec.command), groups=groups, on_spawn=on_spawn,
+        base_env=base_env,
+    )
+
+
+async def execute(
+    run: AgentRun,
+    spec: ExecSpec,
+    brain: Brain,
+    *,
+    groups: ProcessGroups,
+    session_id: str | None = None,
+    progress: Progress | None = None,
+    on_spawn: Callable[[int], Awaitable[None]] | None = None,
+    on_events: Callable[[list[ToolEvent]], None] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    scratch: Path | None = None,
+    worktrees: WorktreeManager | None = None,
+    accounts: AccountPlan | None = None,
+    bounds: Bounds | None = None,
+) -> Outcome:
+    """Run ``run`` with ``brain`` and say how it went.
+
+    With ``accounts``, the agent runs with the plan's account's variables
+    (:meth:`Account.env`); an attempt that ends because that account reached its
+    usage limit is run again on each other usable account once (fresh session
+    there), inside the same deadline, and only the last attempt's outcome is
+    returned (``progress.account`` names its account).
+
+    Its file steps (the working folder, the MCP folder and its removal) are
+    bounded by ``bounds`` (the harness's, which the second signal hurries; a
+    fresh one if ``None``): a hung disk fails the run instead of holding it.
+
+    ``session_id`` is resumed; a brain that rejects it is retried once with a
+    fresh session, inside the same deadline (``--timeout`` bounds the run, not
+    each attempt). ``scratch`` is a folder private to this run for the brain's
+    MCP configuration, removed afterwards; a run with ``mcp`` whose
+    configuration cannot be prepared fails closed: the agent is never spawned.
+    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
+    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
+    exceptions.
+
+    Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
+    ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
+    this function; no outcome is produced, since the caller reports the cancel
+    (``progress`` still says which session the agent had).
+    """
+    progress = progress if progress is not None else Progress()
+    bounds = bounds if bounds is not None else Bounds()
+    # The budget starts now, not at spawn: preparing the run is part of it.
+    started = trio.current_time()
+    deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
+
+    def finished(outcome: Outcome) -> Outcome:
+        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
+
+    # Inside the budget: preparing checkouts is part of the run.
+    prepared: PreparedCheckouts | None = None
+    if worktrees is not None and worktrees.enabled:
+        prepared = await worktrees.prepare(run.lane)
+        for failure in prepared.failures:
+            log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
+                        failure.reason)
+    prompt = build_prompt(
+        run,
+        PromptContext(
+            timeout_s=spec.timeout_s,
+            idle_timeout_s=spec.idle_timeout_s,
+            parallel=spec.parallel,
+            checkouts=prepared.checkouts if prepared else (),
+            checkout_failures=prepared.failures if prepared else (),
+        ),
+    )
+    env = agent_env(os.environ if base_env is None else base_env, run.run_id, spec.secrets)
+    if prepared is not None and prepared.folder is not None:
+        env[RUN_REPOS_ENV] = str(prepared.folder)
+    try:
+        # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
+        # that needs the folder is not attempted.
+        await bounds.file_step(os.makedirs, spec.workdir, 0o777, True,
+                               what=f"creating the working directory {spec.workdir}")
+    except OSError as exc:
+        return finished(Outcome.failure(
+            f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
+        ))
+    try:
+        account = accounts.account if accounts is not None else Account(DEFAULT_ACCOUNT)
+        tried: set[str] = set()
+        while True:
+            progress.account = account.name
+            attempt_env = {**env, **account.env(brain.name)}
+            try:
+                # Per account: a brain may build its configuration over the
+                # account's own folder (Codex's CODEX_HOME overlay).
+                wiring = await _wire_mcp(
+                    run, brain, None if scratch is None
+                    else scratch / f"account-{len(tried)}" if tried else scratch,
+                    attempt_env, bounds)
+            except McpError as exc:
+                # After a fail-over, the session is the new account's own, untouched:
+                # kept, so that the lane's turn does not forget it (§12).
+                return finished(Outcome.failure(
+                    f"the run's MCP server could not be prepared, so the agent was not "
+                    f"started: {exc}", session_id=progress.session_id,
+                ))
+            if wiring is not None:
+                attempt_env.update(wiring.env)
+            outcome = await _session_attempts(_Spawn(
+                run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
+                on_spawn, on_events), session_id)
+            if accounts is None:
+                break
+            await accounts.learned(account, progress.limit)
+            if not progress.ended_by_limit:
+                break
+            tried.add(account.name)
+            # Another account can take the run while someone may still use the
+            # answer: a limit is never the run's own fault.
+            outcome = attrs.evolve(outcome, retryable=True)
+            if trio.current_time() >= deadline:
+                break
+            following = await accounts.another(frozenset(tried), deadline)
+            if following is None:
+                break
+            log.warning("run %s: account %s is at its usage limit (%s); running it again "
+                        "on account %s", run.run_id, account.name, outcome.error,
+                        following[0].name)
+            account, session_id = following
+            progress.session_id = session_id
+        return finished(outcome)
+    finally:
+        # Also after a configuration that failed half-way: the folder is this run's
+        # alone (see prohost.engine.agent.environment.scratch_folder), so nothing else can be in it.
+        if scratch is not None and run.mcp is not None:
+            # Bounded (Bounds.run is shielded): abandoning is safe, the folder is
+            # no one else's, and one a hung disk leaves behind (with its 0600
+            # token) is swept at the next start (prohost.engine.supervisor.upkeep).
+            with contextlib.suppress(OSError):
+                await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
+                                       what="removing the run's MCP folder")
+
+
+@attrs.frozen
+class _Spawn:
+    """What every attempt of one run on one account shares; only the session differs."""
+
+    run: AgentRun
+    spec: ExecSpec
+    brain: Brain
+    prompt: str
+    env: Mapping[str, str]
+    wiring: McpWiring | None
+    deadline: float
+    groups: ProcessGroups
+    progress: Progress
+    on_spawn: Callable[[int], Awaitable[None]] | None
+    on_events: Callable[[list[ToolEvent]], None] | None
+
+
+async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
+    """One attempt resuming ``session_id``, and a fresh one if the agent rejects it.
+
+    Cancelled: as :func:`execute` (the attempt's process group is gone first).
+    """
+    outcome = await _attempt(spawn, session_id)
+    if outcome is None:
+        # The session was rejected: the same request in a fresh one.
+        log.info("run %s: the agent does not know session %s; starting a fresh one",
+                 spawn.run.run_id, session_id)
+        spawn.progress.session_id = None
+        outcome = await _attempt(spawn, None)
+    if outcome is None:
+        raise RuntimeError(f"harness bug: run {spawn.run.run_id}'s fresh session was "
+                           "rejected as if it were a resumed one")
+    return outcome
+
+
+async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
+                    env: Mapping[str, str], bounds: Bounds) -> McpWiring | None:
+    if run.mcp is None:
+        return None
+    if scratch is None:
+        raise McpError("no private folder was given for its configuration")
+    try:
+        # Abandoning either is safe: they write only in the run's own folder,
+        # which execute removes, or the next start's sweep does.
+        await bounds.file_step(make_private_folder, scratch,
+                               what="creating the run's MCP folder")
+        return await bounds.file_step(brain.wire_mcp, run.mcp, scratch, env,
+                                      what="writing the run's MCP configuration")
+    except OSError as exc:
+        raise McpError(f"could not write its configuration in {scratch}: "
+                       f"{exc.strerror or exc}") from None
+
+
+async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:
+    """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh.
+
+    Cancelled: as :func:`execute` (the attempt's process group is gone first).
+    """
+    spec, brain, progress, deadline = spawn.spec, spawn.brain, spawn.progress, spawn.deadline
+    on_spawn, on_events = spawn.on_spawn, spawn.on_events
+    turn = brain.new_turn()
+    progress.attempts += 1
+    progress.limit, progress.ended_by_limit = None, False
+    progress.last_output = trio.current_time()
+    if session_id is not None:
+        progress.session_id = session_id
+
+    def read_line(line: bytes) -> None:
+        events = turn.feed(line)
+        if turn.session_id is not None:
+            progress.session_id = turn.session_id
+        progress.activity = turn.activity
+        progress.model = turn.model or progress.model
+        if events and on_events is not None:
+            on_events(events)
+
+    spawned = False
+
+    async def spawned_as(pgid: int) -> None:
+        nonlocal spawned
+        spawned = True
+        if on_spawn is not None:
+            await on_spawn(pgid)
+
+    try:
+        result = await run_agent(
+            brain.command(session_id=session_id, mcp=spawn.wiring),
+            stdin_text=spawn.prompt,
+            cwd=spec.workdir,
+            env=spawn.env,
+            groups=spawn.groups,
+            deadline=deadline,
+            idle_timeout_s=spec.idle_timeout_s,
+            # A streaming brain reads its reply from the events; keeping a copy
+            # of the raw stream as well would only cost memory.
+            max_stdout_bytes=0 if brain.streams else MAX_REPLY_BYTES,
+            on_spawn=spawned_as,
+            on_stdout_line=read_line if brain.streams else None,
+            on_output=lambda at: setattr(progress, "last_output", at),
+        )
+    except OSError as exc:
+        if spawned:
+            raise  # from on_spawn: the caller's own failure, not the agent's
+        # The spawn itself failed: /bin/sh missing, the directory vanished between
+        # mkdir and spawn, the process table full.
+        return Outcome.failure(
+            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"
+        )
+    session = turn.session_id or progress.session_id
+    progress.limit = turn.limit
+    if (
+        session_id is not None
+        and result.timed_out is None
+        and trio.current_time() < deadline
+        and turn.resume_rejected(result)
+    ):
+        return None
+    if result.timed_out is None:
+        outcome = turn.finish(result)
+        progress.ended_by_limit = turn.ended_by_limit(outcome)
+        if outcome is not None:
+            if outcome.ok:
+                reply = reply_from_text(outcome.reply or "")
+                outcome = attrs.evolve(
+                    outcome, reply=None if reply is None else cap_reply(reply)
+                )
+            return attrs.evolve(outcome, session_id=outcome.session_id or session)
+    outcome = failure_from_result(result, spec)
+    if result.timed_out is not None and turn.last_error and outcome.error:
+        outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
+                               f"{one_line(turn.last_error, 300)}")
+    return attrs.evolve(outcome, session_id=session)

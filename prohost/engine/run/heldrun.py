@@ -1,0 +1,130 @@
+"""A run as the harness holds it, from accept until its report settles (what
+heartbeats and the panel list).
+
+A queued run is kept light, because 10,000 of them may wait: its id, lane, state
+and completion path, and at most the text its body was delivered in
+(:mod:`prohost.engine.run.queued_bodies`). Its parsed body, its two cancel scopes and its
+:class:`~prohost.engine.run.execute.Progress` come when it leaves the queue or is first
+cancelled; a cancel that comes before the run starts is kept, and its agent never
+starts.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from prohost.engine.accounts.gate import waiting_activity
+from prohost.engine.run.execute import Progress
+from prohost.wire.protocol import RunBeat
+from prohost.wire.runs import CONVERSATION_LANE, AgentRun, Outcome
+
+__all__ = ["HeldRun"]
+
+
+@attrs.define(eq=False)
+class HeldRun:
+    """A run from accept until its report settles; what heartbeats list.
+
+    A queued run is kept light: its id, lane and state, and at most the text its
+    body was delivered in (:attr:`raw`). The body is parsed when the run leaves the
+    queue, and its cancel scopes and :class:`Progress` are made when first used, so
+    that 10,000 queued runs do not hold 10,000 parsed bodies (most of the harness's
+    memory).
+    """
+
+    run_id: str
+    lane: str
+    #: The parsed body, once the run leaves the queue
+    #: (:meth:`prohost.engine.run.queued_bodies.QueuedBodies.load`);
+    #: ``None`` while it waits. Read it as :attr:`run`.
+    body: AgentRun | None = None
+    #: While queued: the body's text as delivered, if the queued runs' texts fit the
+    #: harness's budget (:data:`prohost.engine.run.queued_bodies.QUEUED_TEXT_BUDGET_CHARS`
+    #: by default); else ``None``, and the body is read back from the ledger (which
+    #: has had it since before the ack).
+    raw: str | None = None
+    state: str = "queued"  # queued | preparing | running | reporting
+    started_at: float | None = None
+    stop_outcome: Outcome | None = None
+    dropped: bool = False
+    #: Where the run's report goes, kept while the body is not: a run whose body
+    #: cannot be read back is still reported
+    #: (``prohost.engine.run.queued_bodies.QueuedBodies.load``).
+    completion_path: str | None = None
+    # Made on first use (the properties below): a queued run has none of them.
+    _exec_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _life_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _progress: Progress | None = attrs.field(default=None, init=False)
+
+    @classmethod
+    def of(cls, run: AgentRun) -> HeldRun:
+        """A held run with its body (one about to be reported, or a test's)."""
+        return cls(run.run_id, run.lane, run, completion_path=run.completion_path)
+
+    @property
+    def run(self) -> AgentRun:
+        """The parsed body; only once it is loaded (the run has left the queue)."""
+        if self.body is None:
+            raise RuntimeError(f"harness bug: run {self.run_id} is used before its body "
+                               "was read from the ledger")
+        return self.body
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The conversation of the run's lane (§4), without its body."""
+        return self.lane[len(CONVERSATION_LANE):] \
+            if self.lane.startswith(CONVERSATION_LANE) else None
+
+    @property
+    def exec_scope(self) -> trio.CancelScope:
+        """Cancelled to stop the agent; the run is then reported with ``stop_outcome``.
+        A cancel before the run starts is kept, and the run's agent never starts."""
+        if self._exec_scope is None:
+            self._exec_scope = trio.CancelScope()
+        return self._exec_scope
+
+    @property
+    def life_scope(self) -> trio.CancelScope:
+        """Cancelled to forget the run entirely (``heartbeat_ack.unknown``); kept,
+        like :attr:`exec_scope`, when it comes before the run starts."""
+        if self._life_scope is None:
+            self._life_scope = trio.CancelScope()
+        return self._life_scope
+
+    @property
+    def progress(self) -> Progress:
+        """What the runner has learned so far (made by the first writer)."""
+        if self._progress is None:
+            self._progress = Progress()
+        return self._progress
+
+    @property
+    def waiting_until(self) -> float | None:
+        """While the run waits for an account's limit to reset: when (epoch s)."""
+        return None if self._progress is None else self._progress.waiting_until
+
+    def activity(self) -> str | None:
+        """What the run is doing, for heartbeats and the panel."""
+        progress = self._progress
+        if progress is None:
+            return None
+        if progress.waiting_until is not None:
+            return waiting_activity(progress.waiting_until)
+        return progress.activity if self.state == "running" else None
+
+    def beat(self) -> RunBeat:
+        """This run's heartbeat entry; a queued run's is only its id and state (§2),
+        so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
+        waiting for an account's limit to reset also says so, §12)."""
+        if self.state == "queued":
+            return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
+        progress = self._progress
+        return RunBeat(
+            run_id=self.run_id,
+            state=self.state,
+            lane=self.lane,
+            started_at=self.started_at,
+            activity=self.activity(),
+            account=progress.account if progress is not None and progress.attempts else None,
+        )

@@ -1,0 +1,183 @@
+"""Admission (§3): from one delivery to its ack, with the run held and queued.
+
+::
+
+    intake.classify ─ held here? ─ new work refused? ─┬─ no:  ledger.admit ─ hold ─ queue ─ ack
+                                                      └─ yes: ledger read ─ 200/204, else 503
+
+The decision about the frame itself (size, signature, body) is pure and lives in
+:mod:`prohost.wire.intake`; it also says which 503 a *new* run would get (draining,
+every account limited). This module adds what needs the supervisor's state: the
+answer for a run the harness already holds or has reported, which outranks every
+503 (a run sent elsewhere while it runs here runs twice), the queue cap, the
+ledger write that must come before the 200, and the hand-over to the scheduler.
+
+Costs: a run held in memory is answered without touching the ledger; a new run in
+the normal state costs the one worker-thread hop of ``ledger.admit``, which also
+answers for a run the ledger knows; only while new work is refused does a
+delivery cost a ledger read, so that its 503 is never sent for a run the ledger
+holds or has reported. A run is acked 200 only once the ledger holds it, so a
+crash after the ack never loses it (§7); a crash before the ack means the server
+redelivers, and the ledger answers "already accepted".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prohost.engine.accounts.gate import all_limited_reason
+from prohost.engine.blocking import StepTimedOut
+from prohost.engine.ledger import Admission, LedgerError, RunState
+from prohost.engine.link.connection import Session
+from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.runner import progress_log
+from prohost.engine.supervisor.recovery import queue, resume_unheld
+from prohost.wire import intake
+from prohost.wire.protocol import Ack, Delivery
+from prohost.wire.runs import AgentRun
+
+if TYPE_CHECKING:
+    from prohost.engine.harness import Harness
+
+log = logging.getLogger("prohost.harness")
+
+
+async def answer_delivery(harness: Harness, session: Session, delivery: Delivery) -> None:
+    """Decide about one delivery and send its ack; never raises for what the server sent.
+
+    Cancelled (the connection dropped): a run may be left recorded in the ledger
+    but unacked; its redelivery is then answered 200 "already accepted".
+    """
+    now = time.time()
+    book = harness.book
+    verdict = intake.classify(
+        delivery,
+        secret=harness.endpoints.secret,
+        now=now,
+        draining=harness.draining,
+        allow_unverified=harness.options.allow_unverified,
+        # No account can take it: the server had better send it elsewhere (§12).
+        unavailable=all_limited_reason(book.earliest_reset(now))
+        if not harness.options.dry_run and book.all_limited(now) else None,
+    )
+    run = verdict.run
+    if run is None:
+        log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
+                    verdict.status, verdict.reason)
+        await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
+        return
+    if verdict.unverified:
+        log.warning("accepted run %s without a valid signature (%s) because of "
+                    "--allow-unverified", run.run_id, verdict.unverified)
+    status, reason = await admit(harness, run, verdict.body, refusal=verdict.refusal)
+    await session.send(Ack(id=delivery.id, status=status, reason=reason))
+
+
+#: The 503 reason when the ledger cannot record a new run.
+NOT_RECORDED = "the agent could not record the run; try again later"
+#: The 503 reason when the ledger cannot say whether it knows a run (§3: only then
+#: may a run the harness might know be refused).
+NOT_LOOKED_UP = "the agent could not read its run ledger; try again later"
+
+
+async def admit(harness: Harness, run: AgentRun, body: str, *,
+                refusal: str | None = None) -> tuple[int, str]:
+    """Answer for one classified run, recording, holding and queueing it when new;
+    return the ack's status and reason.
+
+    ``refusal`` is the 503 reason that applies to a new run (draining, every
+    account limited: :attr:`prohost.wire.intake.Verdict.refusal`); a full queue
+    adds its own. It is applied only once the ledger has said it does not know
+    the run: a run held or reported here gets 200 or 204 in every state (§3).
+
+    Cancelled: as the bounded ledger call; the run is then recorded or not, but
+    not held, and its redelivery takes it on from the ledger
+    (:func:`prohost.engine.supervisor.recovery.resume_unheld`).
+    """
+    options = harness.options
+    if options.dry_run:
+        if run.run_id in harness.dry_seen:
+            return intake.ACCEPTED, "already accepted"
+        if refusal is not None:
+            return intake.DRAINING, refusal
+        harness.dry_seen.add(run.run_id)
+        log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
+        return intake.ACCEPTED, "accepted (dry run)"
+    ledger = harness.ledger
+    if ledger is None:
+        raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
+    if run.run_id in harness.held:
+        # Queued, waiting for an account, running or being reported: the ledger has
+        # it, and saying so costs no worker-thread hop.
+        return intake.ACCEPTED, "already accepted"
+    why = refusal
+    if refusal is None and harness.scheduler.statistics().queued >= options.max_queued:
+        refusal, why = intake.QUEUE_FULL, f"{options.max_queued} runs are already queued"
+    if refusal is not None:
+        return await _known_or_refused(harness, run, refusal, unreadable=NOT_LOOKED_UP,
+                                       why=why)
+    try:
+        # Abandoning on a hung disk is safe: one transaction under the ledger's
+        # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
+        admission = await harness.bounded(
+            ledger.admit, run.run_id, run.lane, body, time.time(),
+            what=f"recording run {run.run_id} in the ledger",
+        )
+    except StepTimedOut as exc:
+        # A hung disk: a read would hang as long again, with every delivery behind it.
+        log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+        return intake.DRAINING, NOT_RECORDED
+    except (LedgerError, OSError) as exc:
+        log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+        # A full or read-only disk may still be read: a run the ledger already
+        # has is answered from it rather than refused.
+        return await _known_or_refused(harness, run, NOT_RECORDED, unreadable=NOT_RECORDED)
+    if admission is not Admission.NEW:
+        return await _known(harness, run.run_id, admission is Admission.REPORTED)
+    held = HeldRun.of(run)
+    harness.hold(held)
+    # A drain that began while the ledger was written makes it "not started": the
+    # run is ours now, so it is reported rather than lost (recovery.queue).
+    if queue(harness, held, body):
+        progress_log.info("accepted run %s on %s", held.run_id, held.lane)
+    return intake.ACCEPTED, "accepted"
+
+
+async def _known_or_refused(harness: Harness, run: AgentRun, refusal: str, *,
+                            unreadable: str, why: str | None = None) -> tuple[int, str]:
+    """While new work is refused: the ledger's answer for a run it knows, else the
+    503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too) when
+    the ledger cannot be read.
+
+    Cancelled: as :meth:`Harness.bounded` (a read: nothing is left half done).
+    """
+    if harness.ledger is None:
+        raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
+    try:
+        row = await harness.bounded(harness.ledger.get, run.run_id,
+                                    what=f"looking run {run.run_id} up in the ledger")
+    except (LedgerError, OSError) as exc:
+        log.error("run %s refused with 503: the ledger could not be read (%s)",
+                  run.run_id, exc)
+        return intake.DRAINING, unreadable
+    if row is not None:
+        return await _known(harness, run.run_id, row.state is RunState.REPORTED)
+    # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
+    log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
+    return intake.DRAINING, refusal
+
+
+async def _known(harness: Harness, run_id: str, reported: bool) -> tuple[int, str]:
+    """The ack for a run the ledger has: 204 once reported, else 200, taking it on
+    if nothing here holds it (a delivery whose ack never went out, or a report that
+    failed) rather than leaving it for the next start.
+
+    Cancelled: as :func:`prohost.engine.supervisor.recovery.resume_unheld`.
+    """
+    if reported:
+        return intake.IGNORED, "already reported"
+    if run_id not in harness.held:
+        await resume_unheld(harness, run_id)
+    return intake.ACCEPTED, "already accepted"

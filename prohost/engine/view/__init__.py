@@ -1,0 +1,1 @@
+"""What people see: the snapshot, status.json, the panel, the texts they share."""

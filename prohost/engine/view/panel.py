@@ -1,0 +1,372 @@
+"""The live status panel, and the plain-log fallback when there is no terminal.
+
+Everything here draws a :class:`~prohost.engine.view.snapshot.Snapshot`: one frozen instant of
+the harness, so a frame can never show a run both queued and running. ``render``
+is pure (the same snapshot and ``now`` always give the same picture), which is
+what lets ``prohost agent status`` print exactly what the panel shows.
+
+The panel never starts a thread: rich's ``Live`` auto-refresh would, so it runs
+with ``auto_refresh=False`` and a trio task refreshes it. Log lines print above
+the panel only if the logging handler is a ``RichHandler`` on the *same*
+console (see :func:`log_handler`); any other handler writing to the terminal
+tears the frame. ``agent run`` gives the panel a console over
+:func:`prohost.engine.view.termout.nonblocking` stdout, so a terminal that stops reading drops
+frames instead of stalling the event loop. The words both views share (durations,
+hosts, accounts) are :mod:`prohost.engine.view.statustext`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+import trio
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.table import Table
+from rich.text import Text
+
+from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.engine.view.statustext import (
+    RUN_ID_SHOWN,
+    account_text,
+    accounts_line,
+    brain_line,
+    clean,
+    compact_duration,
+    server_host,
+    short_ago,
+    short_run_id,
+    waiting_reports_text,
+)
+
+log = logging.getLogger("prohost.panel")
+
+#: How often the live panel redraws: often enough for elapsed times to tick.
+LIVE_REFRESH_S = 0.25
+#: How often the plain-log fallback looks for changes.
+PLAIN_POLL_S = 1.0
+#: How many finished runs the panel lists (the snapshot may hold more).
+RECENT_SHOWN = 3
+
+
+def _label(conversation: str | None, run_id: str) -> str:
+    """The conversation, or for a run outside any conversation (a ``run:…`` lane) its id."""
+    return clean(conversation) if conversation else f"run {run_id}"
+
+
+def _aged(value: float | None, by: float) -> float | None:
+    return None if value is None else value + by
+
+
+def _counted(value: float | None, by: float) -> float | None:
+    return None if value is None else max(0.0, value - by)
+
+
+def _status_text(snapshot: Snapshot, drift: float) -> Text:
+    connection = snapshot.connection
+    if connection == "connected":
+        return Text("● connected", style="bold green")
+    if connection == "connecting":
+        return Text("○ connecting", style="bold yellow")
+    if connection == "reconnecting":
+        countdown = _counted(snapshot.reconnect_in_s, drift)
+        # Rounded up: "in 0 s" while a wait is still pending would read as "now".
+        when = "" if countdown is None else f" in {compact_duration(math.ceil(countdown))}"
+        return Text(f"↻ reconnecting{when}", style="bold yellow")
+    if connection == "draining":
+        return Text("◐ draining", style="bold cyan")
+    return Text("■ stopping", style="bold red")
+
+
+def _header(snapshot: Snapshot, drift: float) -> RenderableType:
+    line = _status_text(snapshot, drift)
+    line.append(f" · {server_host(snapshot.server)} · machine {snapshot.machine}"
+                f" · {brain_line(snapshot)}")
+    # One line at any width: what matters most is first, so the cut loses the least.
+    line.no_wrap = True
+    line.overflow = "ellipsis"
+    return line
+
+
+def _counts(snapshot: Snapshot, drift: float) -> Text:
+    parts = [f"slots {snapshot.slots_used}/{snapshot.slots}", f"queued {snapshot.queued}"]
+    if snapshot.connection in ("connected", "draining", "stopping"):
+        age = _aged(snapshot.heartbeat_age_s, drift)
+        parts.append(
+            "no heartbeat yet" if age is None else f"heartbeat {compact_duration(age)} ago"
+        )
+    parts.append(f"pid {snapshot.pid}")
+    parts.append(f"prohost {snapshot.version}")
+    return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
+
+
+def _notes(snapshot: Snapshot, now: float) -> list[RenderableType]:
+    notes: list[RenderableType] = []
+    waiting = waiting_reports_text(snapshot.reports_waiting, snapshot.reports_waiting_since,
+                                   now)
+    if waiting is not None:
+        notes.append(Text(f"⚠ {waiting}; retried every 5 min", style="yellow",
+                          no_wrap=True, overflow="ellipsis"))
+    if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
+        notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
+                          no_wrap=True, overflow="ellipsis"))
+    if snapshot.connection == "draining":
+        notes.append(Text("finishing the runs in progress, accepting no new ones "
+                          "(Ctrl-C again stops them)", style="cyan",
+                          no_wrap=True, overflow="ellipsis"))
+    elif snapshot.connection == "stopping":
+        notes.append(Text("stopping the running agents", style="red",
+                          no_wrap=True, overflow="ellipsis"))
+    return notes
+
+
+_STATE_STYLE = {"running": "green", "preparing": "yellow", "reporting": "cyan"}
+
+
+def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
+    # Fixed widths for the short columns leave the rest to the activity, which is
+    # the one that is cut: rich shrinks only what does not fit, and no column wraps.
+    # No box: column rules cost three cells a column, which the activity needs more.
+    table = Table(box=None, show_edge=False, pad_edge=False, expand=True, padding=(0, 1),
+                  header_style="bold underline")
+    table.add_column("conversation", no_wrap=True, overflow="ellipsis", max_width=14)
+    table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=RUN_ID_SHOWN)
+    table.add_column("state", no_wrap=True, width=9)
+    table.add_column("elapsed", no_wrap=True, justify="right", width=7)
+    table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+    table.add_column("idle", no_wrap=True, justify="right", width=6)
+    for row in runs:
+        elapsed = _aged(row.elapsed_s, drift)
+        idle = _counted(row.idle_left_s, drift)
+        table.add_row(
+            # A run outside any conversation is its own lane: its id names it.
+            Text(clean(row.conversation), style="") if row.conversation
+            else Text(row.run_id, style="italic"),
+            Text(short_run_id(row.run_id), style="dim"),
+            Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+            "—" if elapsed is None else compact_duration(elapsed),
+            Text(clean(row.activity or ""), style="dim"),
+            Text("" if idle is None else compact_duration(idle),
+                 style="bold yellow" if idle is not None and idle < 60 else ""),
+        )
+    return table
+
+
+def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
+    table = Table(box=None, show_header=False, show_edge=False, pad_edge=False, expand=True,
+                  padding=(0, 1))
+    table.add_column(no_wrap=True, width=1)
+    table.add_column(no_wrap=True, overflow="ellipsis", max_width=14)
+    table.add_column(no_wrap=True, justify="right", width=6)
+    table.add_column(no_wrap=True, justify="right", width=10)
+    table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    for row in finished[:RECENT_SHOWN]:
+        table.add_row(
+            Text("✓", style="green") if row.ok else Text("✗", style="red"),
+            _label(row.conversation, row.run_id),
+            "" if row.duration_s is None else compact_duration(row.duration_s),
+            Text(f"{short_ago(now - row.finished_at)} ago", style="dim"),
+            Text("" if row.ok else clean(row.error or "failed"), style="red"),
+        )
+    return table
+
+
+def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
+    """The panel's picture of ``snapshot``.
+
+    ``now`` (wall-clock seconds) ages the snapshot's clocks to that moment:
+    elapsed and heartbeat ages grow, countdowns shrink. By default the picture
+    is of the instant the snapshot was taken.
+    """
+    current = snapshot.taken_at if now is None else now
+    # A snapshot read from disk is up to a few seconds old; never age it backwards.
+    drift = max(0.0, current - snapshot.taken_at)
+    parts: list[RenderableType] = [_header(snapshot, drift), _counts(snapshot, drift)]
+    accounts = accounts_line(snapshot.accounts)
+    if accounts is not None:
+        limited = any(row.state == "limited" for row in snapshot.accounts)
+        parts.append(Text(accounts, style="yellow" if limited else "",
+                          no_wrap=True, overflow="ellipsis"))
+    parts.extend(_notes(snapshot, current))
+    parts.append(Text(""))
+    if snapshot.runs:
+        parts.append(_runs_table(snapshot.runs, drift))
+    elif snapshot.connection in ("draining", "stopping"):
+        parts.append(Text("no runs left", style="dim"))
+    else:
+        parts.append(Text("waiting for runs", style="dim"))
+    if snapshot.finished:
+        parts.append(Text(""))
+        parts.append(Text("recent", style="bold"))
+        parts.append(_recent(snapshot.finished, current))
+    return Group(*parts)
+
+
+# --- the plain-log fallback ------------------------------------------------------------
+
+
+def _connection_line(snapshot: Snapshot) -> str:
+    host = server_host(snapshot.server)
+    if snapshot.connection == "connected":
+        return f"connected to {host}"
+    if snapshot.connection == "connecting":
+        return f"connecting to {host}"
+    if snapshot.connection == "reconnecting":
+        line = "reconnecting"
+        if snapshot.reconnect_in_s is not None:
+            line += f" in {compact_duration(snapshot.reconnect_in_s)}"
+        if snapshot.last_error:
+            line += f" ({clean(snapshot.last_error)})"
+        return line
+    running = len(snapshot.runs)
+    if snapshot.connection == "draining":
+        return f"draining: finishing {running} run{'s' if running != 1 else ''}, " \
+               "accepting no new ones"
+    return f"stopping {running} run{'s' if running != 1 else ''}"
+
+
+def _run_name(run_id: str, conversation: str | None) -> str:
+    return f"run {run_id}" + (f" ({clean(conversation)})" if conversation else "")
+
+
+def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
+    """One short line per meaningful change from ``previous`` to ``current``.
+
+    Only facts that changed count: clocks moving on (elapsed, heartbeat age,
+    countdowns) say nothing, so an idle harness logs nothing at all.
+    """
+    if previous is None:
+        return [f"{_connection_line(current)} as machine {current.machine}, "
+                f"brain {brain_line(current)}, {current.slots} slot"
+                f"{'s' if current.slots != 1 else ''}"]
+    lines: list[str] = []
+    if previous.connection != current.connection or (
+        current.connection == "reconnecting" and previous.last_error != current.last_error
+    ):
+        lines.append(_connection_line(current))
+    if (previous.brain_version, previous.model) != (current.brain_version, current.model):
+        lines.append(f"brain: {brain_line(current)}")
+    before = {row.run_id: row for row in previous.runs}
+    seen_finished = {row.run_id for row in previous.finished}
+    newly_finished = [row for row in current.finished if row.run_id not in seen_finished]
+    finished_ids = {row.run_id for row in newly_finished}
+    for row in current.runs:
+        old = before.get(row.run_id)
+        name = _run_name(row.run_id, row.conversation)
+        if old is None:
+            lines.append(f"{name} started: {row.state}")
+        elif old.state != row.state and not (
+            row.state == "reporting" and row.run_id in finished_ids
+        ):
+            # Reporting right after finishing is said by the ✓/✗ line below.
+            lines.append(f"{name}: {old.state} → {row.state}")
+    # The snapshot keeps finished runs newest first; the log reads oldest first.
+    for done in reversed(newly_finished):
+        name = _run_name(done.run_id, done.conversation)
+        took = "" if done.duration_s is None else compact_duration(done.duration_s)
+        if done.ok:
+            lines.append(f"✓ {name} finished" + (f" in {took}" if took else ""))
+        else:
+            lines.append(f"✗ {name} failed" + (f" after {took}" if took else "")
+                         + f": {clean(done.error or 'no reason given')}")
+    current_ids = {row.run_id for row in current.runs}
+    known_finished = seen_finished | finished_ids
+    for run_id, old in before.items():
+        # A run that leaves without a finished row was dropped (cancelled while
+        # queued, or forgotten); one that has finished has just been reported.
+        if run_id not in current_ids and run_id not in known_finished:
+            lines.append(f"{_run_name(run_id, old.conversation)} dropped")
+    if previous.queued != current.queued:
+        lines.append(f"queued: {current.queued}")
+    if previous.reports_waiting != current.reports_waiting:
+        lines.append(f"reports waiting for the server: {current.reports_waiting}")
+    before_accounts = {row.name: row for row in previous.accounts}
+    for account in current.accounts:
+        was = before_accounts.get(account.name)
+        if was is not None and (was.state, was.resets_at) != (account.state, account.resets_at):
+            lines.append(f"account {account_text(account)}")
+    return lines
+
+
+# --- the panel task ----------------------------------------------------------------------
+
+
+def use_panel(console: Console, no_panel: bool) -> bool:
+    """Draw the live panel only on a terminal, and not when ``--no-panel`` asks for the log."""
+    return console.is_terminal and not no_panel
+
+
+def log_handler(console: Console) -> logging.Handler:
+    """A ``RichHandler`` on the panel's console, so log lines print above the live panel."""
+    handler = RichHandler(console=console, show_path=False)
+    handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    return handler
+
+
+class Panel:
+    """Keeps the terminal's picture of the harness current, or logs what changes."""
+
+    def __init__(self, console: Console, source: Callable[[], Snapshot], *, live: bool) -> None:
+        self.console = console
+        self.source = source
+        self.live = live
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Draw (or log) until cancelled; started once the first frame is up.
+
+        Cancelled: the live display stops with a last, current frame left on the
+        screen (and the cursor shown again); the plain log just stops. A bug in
+        drawing is logged and ends the panel, never the harness.
+        """
+        if self.live:
+            await self._run_live(task_status)
+        else:
+            await self._run_plain(task_status)
+
+    async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
+        live = Live(
+            render(self.source()),
+            console=self.console,
+            # auto_refresh would start rich's refresh thread; this task refreshes instead.
+            auto_refresh=False,
+            transient=False,
+            # print() and stray stderr writes then land above the panel instead of through it.
+            redirect_stdout=True,
+            redirect_stderr=True,
+        )
+        live.start(refresh=True)
+        try:
+            task_status.started()
+            while True:
+                await trio.sleep(LIVE_REFRESH_S)
+                try:
+                    live.update(render(self.source()), refresh=True)
+                except Exception:
+                    log.exception("the status panel failed; the harness carries on without it")
+                    return
+        finally:
+            # Everything here is synchronous, so a cancellation cannot interrupt it
+            # (no shield needed); stop() always runs, restoring the cursor and streams.
+            try:
+                live.update(render(self.source()))
+            except Exception:
+                log.debug("could not draw the last frame", exc_info=True)
+            finally:
+                live.stop()
+
+    async def _run_plain(self, task_status: trio.TaskStatus[None]) -> None:
+        previous: Snapshot | None = None
+        task_status.started()
+        while True:
+            try:
+                current = self.source()
+                for line in describe_change(previous, current):
+                    log.info("%s", line)
+            except Exception:
+                log.exception("the status log failed; the harness carries on without it")
+                return
+            previous = current
+            await trio.sleep(PLAIN_POLL_S)
