@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
-from prohost.engine.run.execute import Progress
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.recovery import INTERRUPTED
 from prohost.engine.view.status_file import status_message
 from prohost.wire.runs import AgentRun, Outcome, parse_body
@@ -98,7 +98,7 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
             ledger = running.ledger
             assert ledger is not None
             wrapped = FailsAfterCommit(ledger)
-            running.harness.ledger = wrapped  # type: ignore[assignment]
+            running.harness.admission.ledger = wrapped  # type: ignore[assignment]
             run_id = server.state.add_run("commit, then an error", "C2").run_id
             await server.wait_until(finished(run_id))
             await running.harness.wait_released(run_id)
@@ -139,7 +139,7 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
                 # What a heartbeat and the status file read of every queued run.
                 assert held.beat().state == "queued"
                 harness.snapshot()  # the panel's and status.json's picture
-                status_message(harness)
+                status_message(harness.observed)
                 assert held.state == "queued"
                 for field in attrs.fields(HeldRun):
                     value = getattr(held, field.name)

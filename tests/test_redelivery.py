@@ -26,7 +26,7 @@ from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
-from prohost.engine.supervisor.recovery import NOT_STARTED
+from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire import intake
 from prohost.wire.runs import parse_body
 from tests.kit import Running, ack_to, busy_and_queued, finished, gated_harness, run_body
@@ -128,7 +128,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_r
             await gate.wait_started(busy)
             assert running.ledger is not None
             unreadable = UnreadableLedger(running.ledger)
-            harness.ledger = unreadable  # type: ignore[assignment]
+            harness.admission.ledger = unreadable  # type: ignore[assignment]
             harness.drain()
 
             # Held in memory: answered without asking the ledger.
@@ -137,7 +137,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_r
             # Not held: only the ledger knows it was reported; it cannot say, so 503.
             assert await redelivered(running, done, "again-done") == (503, NOT_LOOKED_UP)
             assert unreadable.reads == 1
-            harness.ledger = running.ledger
+            harness.admission.ledger = running.ledger
             assert await redelivered(running, done, "later-done") == (204, "already reported")
             await gate.release(busy)
             assert await running.wait_exit() == 0
@@ -160,7 +160,7 @@ async def test_a_ledger_that_cannot_record_still_answers_for_the_runs_it_has(
             # here holds it.
             left = server.state.add_run("left behind", "L").run_id
             body = server.run(left).body_text
-            harness.ledger = FullDisk(ledger)  # type: ignore[assignment]
+            harness.admission.ledger = FullDisk(ledger)  # type: ignore[assignment]
             ledger.admit(left, parse_body(body).lane, body, time.time())
 
             assert await redelivered(running, done, "again-done") == (204, "already reported")

@@ -18,11 +18,10 @@ import httpx
 import trio
 from rich.console import Console
 
-from prohost.engine import signals
+from prohost.engine import lognames, signals
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.link.connection import Endpoints
-from prohost.engine.run.runner import progress_log
 from prohost.engine.view.panel import Panel
 from prohost.home import (
     CredentialsError,
@@ -36,6 +35,7 @@ from prohost.logfile import add_redaction
 from prohost.options import Options
 
 log = logging.getLogger("prohost.agent")
+progress_log = logging.getLogger(lognames.RUNS)
 
 LEDGER_FILE = "ledger.sqlite3"
 

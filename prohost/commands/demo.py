@@ -20,16 +20,17 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from prohost.engine import lognames
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
-from prohost.engine.run.runner import progress_log
 from prohost.engine.view.panel import Panel, use_panel
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
 
 log = logging.getLogger("prohost.demo")
+progress_log = logging.getLogger(lognames.RUNS)
 
 CONVERSATIONS = {
     "design-review": ["Summarise the open review comments", "Which one is riskiest?",

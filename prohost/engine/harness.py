@@ -11,15 +11,13 @@ stops the agent (the run is still reported: a cancel, a second signal) and
 knows the run). The ledger write before each step is what lets a restarted harness
 pick up exactly where this one died (§7).
 
-What is here is the supervisor's own job: the held runs, cancel and forget, drain
-and stop. Admission is :mod:`prohost.engine.supervisor.admission`, restart recovery and the
-end-of-drain sweep :mod:`prohost.engine.supervisor.recovery`, what the harness says about
-itself :mod:`prohost.engine.view.status_file`, its chores :mod:`prohost.engine.supervisor.upkeep`.
+The composition root: it builds every part and hands each only what it uses (none
+of them knows this class), and keeps the supervisor's own job: cancel and forget,
+drain and stop. See docs/architecture.md, "Rooms", for who is handed what.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import math
@@ -32,12 +30,15 @@ from typing import TypeVar
 import httpx
 import trio
 
+from prohost.engine import lognames
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
+from prohost.engine.changes import Changes
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger
+from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.beacon import Beacon
 from prohost.engine.link.connection import CredentialsRejected, Endpoints, Link, Session
 from prohost.engine.report.outbox import ReportTiming
@@ -47,13 +48,16 @@ from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
-from prohost.engine.supervisor import upkeep
-from prohost.engine.supervisor.admission import answer_delivery
-from prohost.engine.supervisor.recovery import NOT_STARTED, ledger_settled, recover, sweep_ledger
-from prohost.engine.view.snapshot import FinishedRow, Snapshot
+from prohost.engine.supervisor.admission import Admission, AdmissionPolicy
+from prohost.engine.supervisor.held import HeldRuns
+from prohost.engine.supervisor.recovery import Recovery
+from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
+from prohost.engine.supervisor.upkeep import Chores, sweep_scratch
+from prohost.engine.view.snapshot import Snapshot
 from prohost.engine.view.status_file import (
+    Facts,
+    Observed,
     heartbeat_runs,
-    note_outcome,
     status_message,
     take_snapshot,
 )
@@ -62,7 +66,7 @@ from prohost.wire import intake
 from prohost.wire.protocol import Cancel, Delivery, HeartbeatAck, Message
 from prohost.wire.runs import Outcome
 
-log = logging.getLogger("prohost.harness")
+log = logging.getLogger(lognames.HARNESS)
 
 T = TypeVar("T")
 
@@ -70,8 +74,6 @@ T = TypeVar("T")
 STOP_WINDOW_S = 5.0
 #: Grace between SIGTERM and SIGKILL after a second signal (seconds, §9).
 STOP_GRACE_S = 3.0
-#: The panel and status file show this many of the latest finished runs.
-FINISHED_KEPT = 5
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
@@ -96,11 +98,10 @@ class Harness:
         self.endpoints = endpoints
         self.ledger = ledger
         self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
-        self.brain_version: str | None = None
-        self.model: str | None = self.brain.configured_model()
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
         self.bounds = Bounds()  # every blocking file step's; stop() hurries them
+        self.steps = None if ledger is None else LedgerSteps(ledger, self.bounds)
         #: How long reports are retried, and when a waiting one is dropped (§7).
         self.timing = timing if timing is not None else ReportTiming()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
@@ -114,43 +115,52 @@ class Harness:
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
-        self.runner = None if ledger is None else Runner(
+        #: What the harness learnt about itself (version, model, latest runs).
+        self.facts = Facts(on_change=self.changed, model=self.brain.configured_model())
+        self.runner = None if self.steps is None else Runner(
             spec=ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
-            brain=self.brain,
-            ledger=ledger,
-            reporter=self.reporter,
-            groups=self.groups,
-            env=self.env,
-            worktrees=self.worktrees if self.worktrees.enabled else None,
-            scratch_root=options.home / "runs",
-            on_change=self.changed,
-            on_outcome=functools.partial(note_outcome, self),
-            book=self.book,
-            limit_wait_s=options.limit_wait_s,
-            bodies=self.bodies,
-            timing=self.timing,
-            bounds=self.bounds,
+            brain=self.brain, steps=self.steps, reporter=self.reporter, groups=self.groups,
+            env=self.env, worktrees=self.worktrees if self.worktrees.enabled else None,
+            scratch_root=options.home / "runs", on_change=self.changed,
+            on_outcome=self.facts.note_outcome, book=self.book,
+            limit_wait_s=options.limit_wait_s, bodies=self.bodies, timing=self.timing,
             clock=clock,
         )
-        self.held: dict[str, HeldRun] = {}
-        self.draining = False
+        outbox = None if self.runner is None else self.runner.outbox
+        self.held = HeldRuns(on_change=self.changed)
+        self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
+        self.recovery = Recovery(steps=self.steps, runs=self.held, queue=self.queue,
+                                 settle=self.settle_soon, book=self.book, outbox=outbox,
+                                 clock=clock)
+        self.admission = Admission(
+            secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
+            steps=self.steps, take_on=self.recovery.resume_unheld,
+            policy=AdmissionPolicy(max_queued=options.max_queued, dry_run=options.dry_run,
+                                   allow_unverified=options.allow_unverified))
         self.stopping = False
         self.exit_code = 0
-        #: Run ids a dry run has answered (it has no ledger to ask).
-        self.dry_seen: set[str] = set()
-        self.finished: collections.deque[FinishedRow] = collections.deque(maxlen=FINISHED_KEPT)
-        self.beacon = Beacon(functools.partial(status_message, self),
-                             functools.partial(heartbeat_runs, self))
-        self.state_changed = trio.Event()
-        self.status_written = trio.Event()
+        #: Told of every change of runs, connection or drain; and of status.json's writes.
+        self.state_changed = Changes()
+        self.status_written = Changes()
+        self.observed = Observed(
+            options=options, server=endpoints.ws_url, brain=self.brain, facts=self.facts,
+            runs=self.held, book=self.book, clock=clock, link=self.link.statistics,
+            scheduler=self.scheduler.statistics, outbox=outbox,
+            last_heartbeat_at=lambda: self.beacon.last_heartbeat_at,
+            draining=lambda: self.queue.draining, stopping=lambda: self.stopping)
+        self.beacon = Beacon(functools.partial(status_message, self.observed),
+                             functools.partial(heartbeat_runs, self.held, outbox))
+        self.chores = Chores(
+            seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
+            changes=self.state_changed, status_written=self.status_written, steps=self.steps,
+            gate=None if self.runner is None else self.runner.accounts,
+            worktrees=self.worktrees.enabled)
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: Until the ledger has been read at start, "nothing held" does not mean idle.
         self._recovered = False
         self._link_scope = trio.CancelScope()
         self._link_closed = trio.Event()
-        #: Runs the end-of-drain sweep already reported once (never twice).
-        self.swept: set[str] = set()
         #: When a stop's window closes (trio time, seconds); set by stop().
         self._stop_deadline = math.inf
 
@@ -174,17 +184,18 @@ class Harness:
                 self._nursery = nursery
                 if self.stopping:
                     nursery.cancel_scope.deadline = self._stop_deadline
-                if self.draining:
+                if self.queue.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
-                await upkeep.sweep_scratch(self)  # before any run can start
-                await recover(self)
+                if self.runner is not None:  # before any run can start
+                    await sweep_scratch(self.runner.scratch_root, self.bounds)
+                await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
                 # and the link is up for _exit_when_idle to close.
                 self._recovered = True
                 self.changed()
-                upkeep.start_chores(self, nursery)
+                self.chores.start(nursery)
                 task_status.started(self)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
@@ -219,10 +230,12 @@ class Harness:
         during the restart recovery (recovered runs are then reported, not queued),
         and after run returned (nothing is left to do).
         """
-        if self.draining:
+        if self.queue.draining:
             return
-        self.draining = True
-        log.info("draining: finishing %d running run(s); new work is refused", self._running())
+        self.queue.draining = True
+        stats = self.scheduler.statistics()  # executing, or done and still being reported
+        log.info("draining: finishing %d running run(s); new work is refused",
+                 stats.running + stats.reporting)
         for _key, held in self.scheduler.drain():
             self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
         if self.runner is not None:
@@ -277,9 +290,9 @@ class Harness:
             # whose ledger write raced the drain would otherwise be left behind.
             self._link_scope.cancel()
             await self._link_closed.wait()
-            await sweep_ledger(self)
+            await self.recovery.sweep_ledger()
             await self.wait_until(lambda harness: not harness.held)
-            if not await ledger_settled(self):
+            if not await self.recovery.ledger_settled():
                 self.exit_code = self.exit_code or 1
                 self._done.set()
                 return
@@ -306,10 +319,10 @@ class Harness:
         """Handle one message; never raises for anything the server sends.
 
         Cancelled (the connection dropped): as
-        :func:`prohost.engine.supervisor.admission.answer_delivery`.
+        :meth:`prohost.engine.supervisor.admission.Admission.answer`.
         """
         if isinstance(message, Delivery):
-            await answer_delivery(self, session, message)
+            await self.admission.answer(session, message)
         elif isinstance(message, Cancel):
             # The reason goes into the run's report: make it text that can be sent.
             reason = intake.clean_text(message.reason) if message.reason else None
@@ -411,26 +424,13 @@ class Harness:
             raise RuntimeError("a dry run (no ledger) cannot execute or report a run")
         return self.runner
 
-
-    def hold(self, held: HeldRun) -> None:
-        self.held[held.run_id] = held
-        self.changed()
-
     def _release(self, held: HeldRun) -> None:
         self.bodies.drop(held)  # a queued run forgotten, or one whose body was not loaded
-        if self.held.get(held.run_id) is held:
-            del self.held[held.run_id]
-            self.changed()
-
-    def _running(self) -> int:
-        # Executing, or done and still being reported: both are waited for.
-        stats = self.scheduler.statistics()
-        return stats.running + stats.reporting
+        self.held.release(held)
 
     def changed(self) -> None:
         self.beacon.poke()
-        self.state_changed.set()
-        self.state_changed = trio.Event()
+        self.state_changed.notify()
 
     async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
         """Return once ``predicate(self)`` holds, re-checked after every change of
@@ -440,15 +440,8 @@ class Harness:
 
     def snapshot(self) -> Snapshot:
         """A frozen picture of this moment, for the panel and ``agent status``."""
-        return take_snapshot(self)
+        return take_snapshot(self.observed)
 
     async def next_status_write(self) -> None:
         """Return after ``status.json`` is next written. Cancelling only stops the wait."""
         await self.status_written.wait()
-
-    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
-        """A blocking ledger or /proc call, bounded (and hurried by :meth:`stop`).
-        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
-        if self.runner is None:
-            raise RuntimeError(f"harness bug: {what} without a ledger")
-        return await self.runner.steps.bounded(fn, *args, what=what)

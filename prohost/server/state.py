@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import trio
 
-from prohost.server.faults import FaultHooks
+from prohost.server.fault_hooks import FaultHooks
 from prohost.server.records import (
     DELIVERY_WINDOW,
     FEATURES,

@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 import trio
 
+from prohost.engine import lognames
 from prohost.engine.accounts.book import UNKNOWN_RESET_S, Account, AccountBook
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.run.execute import Progress
+from prohost.engine.run.progress import Progress
 from prohost.wire.runs import Outcome
 
 # The runner's logger: these lines are part of a run's story, and whoever listens to
 # "prohost.runner" for it should hear them as before the gate had its own module.
 log = logging.getLogger("prohost.runner")
-#: The same logger as :data:`prohost.engine.run.runner.progress_log` (a run's
+#: The runs logger (:data:`prohost.engine.lognames.RUNS`: a run's
 #: progress, turned down to warnings while a panel shows the same).
-_progress_log = logging.getLogger("prohost.harness.runs")
+_progress_log = logging.getLogger(lognames.RUNS)
 
 
 def iso_time(epoch: float) -> str:
@@ -43,11 +43,6 @@ def all_limited_reason(until: float | None) -> str:
     """§12's words for "no account can take work", with the earliest reset."""
     when = iso_time(until) if until is not None else "an unknown time"
     return f"every account is at its usage limit until {when}"
-
-
-def waiting_activity(until: float) -> str:
-    """A waiting run's heartbeat activity: the reset in local time, ``HH:MM``."""
-    return f"waiting for an account (resets {time.strftime('%H:%M', time.localtime(until))})"
 
 
 class AccountGate:

@@ -33,6 +33,7 @@ from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
+from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import (
     MAX_REPLY_BYTES,
     PromptContext,
@@ -115,27 +116,6 @@ def failure_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
     # Exit 0 and still no outcome: a brain that could not make sense of the output.
     return Outcome.failure("the agent exited without a reply the harness could read",
                            duration_ms=duration_ms)
-
-
-@attrs.define
-class Progress:
-    """What the runner learns while a run goes on, readable at any moment (also
-    after a cancel: a cancelled run is reported with the session it had)."""
-
-    session_id: str | None = None
-    activity: str | None = None
-    model: str | None = None
-    attempts: int = 0
-    #: trio time of the agent's latest output (the idle timer counts from it).
-    last_output: float | None = None
-    #: The account the current (or last) attempt runs on (PROTOCOL.md §12).
-    account: str = DEFAULT_ACCOUNT
-    #: What the last attempt's CLI said about its account's usage limit.
-    limit: LimitNotice | None = None
-    #: The last attempt failed because its account reached its usage limit.
-    ended_by_limit: bool = False
-    #: While the run waits for an account's limit to reset: when (epoch s).
-    waiting_until: float | None = None
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@ heartbeats and the panel list).
 A queued run is kept light, because 10,000 of them may wait: its id, lane, state
 and completion path, and at most the text its body was delivered in
 (:mod:`prohost.engine.run.queued_bodies`). Its parsed body, its two cancel scopes and its
-:class:`~prohost.engine.run.execute.Progress` come when it leaves the queue or is first
+:class:`~prohost.engine.run.progress.Progress` come when it leaves the queue or is first
 cancelled; a cancel that comes before the run starts is kept, and its agent never
 starts.
 """
@@ -14,8 +14,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from prohost.engine.accounts.gate import waiting_activity
-from prohost.engine.run.execute import Progress
+from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import CONVERSATION_LANE, AgentRun, Outcome
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from prohost.engine import lognames
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerError
 from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.runs import AgentRun, BodyError, parse_body
 
-log = logging.getLogger("prohost.harness")
+log = logging.getLogger(lognames.HARNESS)
 
 #: Default budget for the texts queued runs keep (characters, about bytes): the
 #: bodies of about 4,000 queued runs of 2 KiB.

@@ -33,14 +33,13 @@ from pathlib import Path
 import attrs
 import trio
 
+from prohost.engine import lognames
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains import Brain
 from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups
-from prohost.engine.blocking import Bounds
-from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten, Turn
 from prohost.engine.report.outbox import Outbox, ReportTiming
 from prohost.engine.report.reporter import Reporter
@@ -54,7 +53,7 @@ from prohost.wire.runs import Outcome
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the
 #: same changes, so with a panel attached this logger is turned down to warnings.
-progress_log = logging.getLogger("prohost.harness.runs")
+progress_log = logging.getLogger(lognames.RUNS)
 
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
@@ -86,7 +85,7 @@ class Runner:
         *,
         spec: ExecSpec,
         brain: Brain,
-        ledger: Ledger,
+        steps: LedgerSteps,
         reporter: Reporter,
         groups: ProcessGroups,
         env: Mapping[str, str],
@@ -99,11 +98,10 @@ class Runner:
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
         timing: ReportTiming | None = None,
-        bounds: Bounds | None = None,
     ) -> None:
         self.spec = spec
         self.brain = brain
-        self.ledger = ledger
+        self.ledger = steps.ledger
         self.reporter = reporter
         self.groups = groups
         self.env = env
@@ -111,8 +109,8 @@ class Runner:
         self.scratch_root = scratch_root
         self._on_change = on_change
         self._on_outcome = on_outcome
-        #: This harness's ledger steps for its runs, bounded (engine/ledger/steps.py).
-        self.steps = LedgerSteps(ledger, bounds)
+        #: The harness's ledger steps, bounded (engine/ledger/steps.py).
+        self.steps = steps
         #: Reports that outlived their retry window, tried again (§7).
         self.outbox = Outbox(reporter, self.steps, timing=timing, on_change=on_change)
         #: Where a queued run's body waits until the run leaves the queue.
@@ -124,7 +122,7 @@ class Runner:
         #: Which account each run starts on, and the wait while none can.
         self.accounts = AccountGate(
             self.book, limit_wait_s=limit_wait_s, clock=clock, on_change=on_change,
-            save_limits=functools.partial(self.steps.step, ledger.save_account_limits),
+            save_limits=functools.partial(self.steps.step, self.ledger.save_account_limits),
         )
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:

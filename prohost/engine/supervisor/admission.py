@@ -25,55 +25,27 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
+import attrs
+
+from prohost.engine import lognames
+from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import Admission, LedgerError, RunState
+from prohost.engine.ledger import Admission as LedgerAdmission
+from prohost.engine.ledger import Ledger, LedgerError, RunState
+from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
-from prohost.engine.run.runner import progress_log
-from prohost.engine.supervisor.recovery import queue, resume_unheld
+from prohost.engine.supervisor.held import HeldRuns
+from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Delivery
 from prohost.wire.runs import AgentRun
 
-if TYPE_CHECKING:
-    from prohost.engine.harness import Harness
-
-log = logging.getLogger("prohost.harness")
-
-
-async def answer_delivery(harness: Harness, session: Session, delivery: Delivery) -> None:
-    """Decide about one delivery and send its ack; never raises for what the server sent.
-
-    Cancelled (the connection dropped): a run may be left recorded in the ledger
-    but unacked; its redelivery is then answered 200 "already accepted".
-    """
-    now = time.time()
-    book = harness.book
-    verdict = intake.classify(
-        delivery,
-        secret=harness.endpoints.secret,
-        now=now,
-        draining=harness.draining,
-        allow_unverified=harness.options.allow_unverified,
-        # No account can take it: the server had better send it elsewhere (§12).
-        unavailable=all_limited_reason(book.earliest_reset(now))
-        if not harness.options.dry_run and book.all_limited(now) else None,
-    )
-    run = verdict.run
-    if run is None:
-        log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
-                    verdict.status, verdict.reason)
-        await session.send(Ack(id=delivery.id, status=verdict.status, reason=verdict.reason))
-        return
-    if verdict.unverified:
-        log.warning("accepted run %s without a valid signature (%s) because of "
-                    "--allow-unverified", run.run_id, verdict.unverified)
-    status, reason = await admit(harness, run, verdict.body, refusal=verdict.refusal)
-    await session.send(Ack(id=delivery.id, status=status, reason=reason))
-
+log = logging.getLogger(lognames.HARNESS)
+progress_log = logging.getLogger(lognames.RUNS)
 
 #: The 503 reason when the ledger cannot record a new run.
 NOT_RECORDED = "the agent could not record the run; try again later"
@@ -82,102 +54,171 @@ NOT_RECORDED = "the agent could not record the run; try again later"
 NOT_LOOKED_UP = "the agent could not read its run ledger; try again later"
 
 
-async def admit(harness: Harness, run: AgentRun, body: str, *,
-                refusal: str | None = None) -> tuple[int, str]:
-    """Answer for one classified run, recording, holding and queueing it when new;
-    return the ack's status and reason.
+@attrs.frozen
+class AdmissionPolicy:
+    """The flags that decide about a delivery (``agent run``'s options)."""
 
-    ``refusal`` is the 503 reason that applies to a new run (draining, every
-    account limited: :attr:`prohost.wire.intake.Verdict.refusal`); a full queue
-    adds its own. It is applied only once the ledger has said it does not know
-    the run: a run held or reported here gets 200 or 204 in every state (§3).
+    #: --max-queued: past it a new run gets 503 (§3).
+    max_queued: int
+    #: --allow-unverified: a missing or wrong signature is logged, not refused.
+    allow_unverified: bool = False
+    #: --dry-run: no ledger; runs are acked and logged, never executed.
+    dry_run: bool = False
 
-    Cancelled: as the bounded ledger call; the run is then recorded or not, but
-    not held, and its redelivery takes it on from the ledger
-    (:func:`prohost.engine.supervisor.recovery.resume_unheld`).
+
+class Admission:
+    """Answers deliveries: held runs from memory, the rest from the ledger (§3).
+
+    Handed only what it uses: the signing secret, its policy, the account book (a
+    run no account can take gets 503, §12), the table of held runs, the run queue,
+    the ledger steps (``None`` in a dry run), and ``take_on``, which holds again a
+    run the ledger has unreported and nothing here holds (the recovery's
+    ``resume_unheld``).
     """
-    options = harness.options
-    if options.dry_run:
-        if run.run_id in harness.dry_seen:
-            return intake.ACCEPTED, "already accepted"
-        if refusal is not None:
-            return intake.DRAINING, refusal
-        harness.dry_seen.add(run.run_id)
-        log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
-        return intake.ACCEPTED, "accepted (dry run)"
-    ledger = harness.ledger
-    if ledger is None:
-        raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
-    if run.run_id in harness.held:
-        # Queued, waiting for an account, running or being reported: the ledger has
-        # it, and saying so costs no worker-thread hop.
-        return intake.ACCEPTED, "already accepted"
-    why = refusal
-    if refusal is None and harness.scheduler.statistics().queued >= options.max_queued:
-        refusal, why = intake.QUEUE_FULL, f"{options.max_queued} runs are already queued"
-    if refusal is not None:
-        return await _known_or_refused(harness, run, refusal, unreadable=NOT_LOOKED_UP,
-                                       why=why)
-    try:
-        # Abandoning on a hung disk is safe: one transaction under the ledger's
-        # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
-        admission = await harness.bounded(
-            ledger.admit, run.run_id, run.lane, body, time.time(),
-            what=f"recording run {run.run_id} in the ledger",
+
+    def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
+                 runs: HeldRuns, queue: RunQueue, steps: LedgerSteps | None,
+                 take_on: Callable[[str], Awaitable[None]]) -> None:
+        self.secret = secret
+        self.policy = policy
+        self.book = book
+        self.runs = runs
+        self.queue = queue
+        self.steps = steps
+        #: The ledger admission reads and writes (the steps' own; a test may wrap it).
+        self.ledger: Ledger | None = None if steps is None else steps.ledger
+        self.take_on = take_on
+        #: Run ids a dry run has answered (it has no ledger to ask).
+        self.dry_seen: set[str] = set()
+
+    async def answer(self, session: Session, delivery: Delivery) -> None:
+        """Decide about one delivery and send its ack; never raises for what the
+        server sent.
+
+        Cancelled (the connection dropped): a run may be left recorded in the ledger
+        but unacked; its redelivery is then answered 200 "already accepted".
+        """
+        now = time.time()
+        book = self.book
+        verdict = intake.classify(
+            delivery,
+            secret=self.secret,
+            now=now,
+            draining=self.queue.draining,
+            allow_unverified=self.policy.allow_unverified,
+            # No account can take it: the server had better send it elsewhere (§12).
+            unavailable=all_limited_reason(book.earliest_reset(now))
+            if not self.policy.dry_run and book.all_limited(now) else None,
         )
-    except StepTimedOut as exc:
-        # A hung disk: a read would hang as long again, with every delivery behind it.
-        log.error("could not record run %s in the ledger: %s", run.run_id, exc)
-        return intake.DRAINING, NOT_RECORDED
-    except (LedgerError, OSError) as exc:
-        log.error("could not record run %s in the ledger: %s", run.run_id, exc)
-        # A full or read-only disk may still be read: a run the ledger already
-        # has is answered from it rather than refused.
-        return await _known_or_refused(harness, run, NOT_RECORDED, unreadable=NOT_RECORDED)
-    if admission is not Admission.NEW:
-        return await _known(harness, run.run_id, admission is Admission.REPORTED)
-    held = HeldRun.of(run)
-    harness.hold(held)
-    # A drain that began while the ledger was written makes it "not started": the
-    # run is ours now, so it is reported rather than lost (recovery.queue).
-    if queue(harness, held, body):
-        progress_log.info("accepted run %s on %s", held.run_id, held.lane)
-    return intake.ACCEPTED, "accepted"
+        run = verdict.run
+        if run is None:
+            log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
+                        verdict.status, verdict.reason)
+            await session.send(Ack(id=delivery.id, status=verdict.status,
+                                   reason=verdict.reason))
+            return
+        if verdict.unverified:
+            log.warning("accepted run %s without a valid signature (%s) because of "
+                        "--allow-unverified", run.run_id, verdict.unverified)
+        status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
+        await session.send(Ack(id=delivery.id, status=status, reason=reason))
 
+    async def admit(self, run: AgentRun, body: str, *,
+                    refusal: str | None = None) -> tuple[int, str]:
+        """Answer for one classified run, recording, holding and queueing it when new;
+        return the ack's status and reason.
 
-async def _known_or_refused(harness: Harness, run: AgentRun, refusal: str, *,
-                            unreadable: str, why: str | None = None) -> tuple[int, str]:
-    """While new work is refused: the ledger's answer for a run it knows, else the
-    503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too) when
-    the ledger cannot be read.
+        ``refusal`` is the 503 reason that applies to a new run (draining, every
+        account limited: :attr:`prohost.wire.intake.Verdict.refusal`); a full queue
+        adds its own. It is applied only once the ledger has said it does not know
+        the run: a run held or reported here gets 200 or 204 in every state (§3).
 
-    Cancelled: as :meth:`Harness.bounded` (a read: nothing is left half done).
-    """
-    if harness.ledger is None:
-        raise RuntimeError("a harness without a ledger can only admit runs in a dry run")
-    try:
-        row = await harness.bounded(harness.ledger.get, run.run_id,
-                                    what=f"looking run {run.run_id} up in the ledger")
-    except (LedgerError, OSError) as exc:
-        log.error("run %s refused with 503: the ledger could not be read (%s)",
-                  run.run_id, exc)
-        return intake.DRAINING, unreadable
-    if row is not None:
-        return await _known(harness, run.run_id, row.state is RunState.REPORTED)
-    # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
-    log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
-    return intake.DRAINING, refusal
+        Cancelled: as the bounded ledger call; the run is then recorded or not, but
+        not held, and its redelivery takes it on from the ledger (``take_on``).
+        """
+        if self.policy.dry_run:
+            if run.run_id in self.dry_seen:
+                return intake.ACCEPTED, "already accepted"
+            if refusal is not None:
+                return intake.DRAINING, refusal
+            self.dry_seen.add(run.run_id)
+            log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
+            return intake.ACCEPTED, "accepted (dry run)"
+        steps, ledger = self._ledger()
+        if run.run_id in self.runs:
+            # Queued, waiting for an account, running or being reported: the ledger
+            # has it, and saying so costs no worker-thread hop.
+            return intake.ACCEPTED, "already accepted"
+        why = refusal
+        max_queued = self.policy.max_queued
+        if refusal is None and self.queue.queued() >= max_queued:
+            refusal, why = intake.QUEUE_FULL, f"{max_queued} runs are already queued"
+        if refusal is not None:
+            return await self._known_or_refused(run, refusal, unreadable=NOT_LOOKED_UP,
+                                                why=why)
+        try:
+            # Abandoning on a hung disk is safe: one transaction under the ledger's
+            # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
+            admission = await steps.bounded(
+                ledger.admit, run.run_id, run.lane, body, time.time(),
+                what=f"recording run {run.run_id} in the ledger",
+            )
+        except StepTimedOut as exc:
+            # A hung disk: a read would hang as long again, with every delivery behind it.
+            log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+            return intake.DRAINING, NOT_RECORDED
+        except (LedgerError, OSError) as exc:
+            log.error("could not record run %s in the ledger: %s", run.run_id, exc)
+            # A full or read-only disk may still be read: a run the ledger already
+            # has is answered from it rather than refused.
+            return await self._known_or_refused(run, NOT_RECORDED, unreadable=NOT_RECORDED)
+        if admission is not LedgerAdmission.NEW:
+            return await self._known(run.run_id, admission is LedgerAdmission.REPORTED)
+        held = HeldRun.of(run)
+        self.runs.hold(held)
+        # A drain that began while the ledger was written makes it "not started": the
+        # run is ours now, so it is reported rather than lost (RunQueue.put).
+        if self.queue.put(held, body):
+            progress_log.info("accepted run %s on %s", held.run_id, held.lane)
+        return intake.ACCEPTED, "accepted"
 
+    def _ledger(self) -> tuple[LedgerSteps, Ledger]:
+        if self.steps is None or self.ledger is None:
+            raise RuntimeError("admission without a ledger can only admit runs in a dry run")
+        return self.steps, self.ledger
 
-async def _known(harness: Harness, run_id: str, reported: bool) -> tuple[int, str]:
-    """The ack for a run the ledger has: 204 once reported, else 200, taking it on
-    if nothing here holds it (a delivery whose ack never went out, or a report that
-    failed) rather than leaving it for the next start.
+    async def _known_or_refused(self, run: AgentRun, refusal: str, *,
+                                unreadable: str, why: str | None = None) -> tuple[int, str]:
+        """While new work is refused: the ledger's answer for a run it knows, else the
+        503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too)
+        when the ledger cannot be read.
 
-    Cancelled: as :func:`prohost.engine.supervisor.recovery.resume_unheld`.
-    """
-    if reported:
-        return intake.IGNORED, "already reported"
-    if run_id not in harness.held:
-        await resume_unheld(harness, run_id)
-    return intake.ACCEPTED, "already accepted"
+        Cancelled: as :meth:`LedgerSteps.bounded` (a read: nothing is left half done).
+        """
+        steps, ledger = self._ledger()
+        try:
+            row = await steps.bounded(ledger.get, run.run_id,
+                                      what=f"looking run {run.run_id} up in the ledger")
+        except (LedgerError, OSError) as exc:
+            log.error("run %s refused with 503: the ledger could not be read (%s)",
+                      run.run_id, exc)
+            return intake.DRAINING, unreadable
+        if row is not None:
+            return await self._known(run.run_id, row.state is RunState.REPORTED)
+        # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
+        log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
+        return intake.DRAINING, refusal
+
+    async def _known(self, run_id: str, reported: bool) -> tuple[int, str]:
+        """The ack for a run the ledger has: 204 once reported, else 200, taking it on
+        if nothing here holds it (a delivery whose ack never went out, or a report
+        that failed) rather than leaving it for the next start.
+
+        Cancelled: as ``take_on``
+        (:meth:`prohost.engine.supervisor.recovery.Recovery.resume_unheld`).
+        """
+        if reported:
+            return intake.IGNORED, "already reported"
+        if run_id not in self.runs:
+            await self.take_on(run_id)
+        return intake.ACCEPTED, "already accepted"

@@ -1,11 +1,10 @@
 """Restart recovery (§7) and the end-of-drain sweep: the ledger's unreported rows
-become held runs again, reported or queued as the protocol says. Queueing an
-accepted run (:func:`queue`) is shared with admission, and a redelivered run that
-nothing holds is taken on here too (:func:`resume_unheld`).
+become held runs again, reported or queued as the protocol says. A redelivered run
+that nothing holds is taken on here too (:meth:`Recovery.resume_unheld`).
 
-These are the supervisor's (:class:`prohost.engine.harness.Harness`) steps that read the
-ledger of a previous process (or of this one, once a drain has ended); they log
-under ``prohost.engine.harness``, the name users already filter on.
+:class:`Recovery` is handed the ledger steps, the table of held runs, the run queue,
+the supervisor's ``settle`` and the account book (limits remembered from before a
+restart); it logs under ``prohost.harness``, the name users already filter on.
 """
 
 from __future__ import annotations
@@ -15,177 +14,232 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-import trio
-
+from prohost.engine import lognames
+from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import iso_time
 from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.lanes.scheduler import QueueFullError
-from prohost.engine.ledger import LedgerRow, RunState
+from prohost.engine.ledger import LedgerError, LedgerRow, RunState
+from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.supervisor.held import HeldRuns
+from prohost.engine.supervisor.runqueue import RunQueue, Settle
 from prohost.engine.supervisor.upkeep import prune
 from prohost.engine.view.statustext import human_ago
 from prohost.wire.runs import BodyError, Outcome, parse_body
 
-if TYPE_CHECKING:
-    from prohost.engine.harness import Harness
+log = logging.getLogger(lognames.HARNESS)
 
-log = logging.getLogger("prohost.harness")
-
-NOT_STARTED = "the agent is shutting down; the run was not started"
-QUEUE_FULL = "the agent's queue is full; the run was not started"
 INTERRUPTED = "the harness lost track of this run before it finished"
 RESTARTED = "the harness restarted before this run finished"
 
 
-async def recover(harness: Harness) -> None:
-    """Pick up where a previous process left off (§7).
+class Recovery:
+    """Takes on the runs the ledger has and nothing here holds: at start, at a
+    redelivery, and once a drain has nothing left (see the module docstring)."""
 
-    A drain that comes meanwhile (a signal while the ledger is read) turns the
-    runs accepted before the restart into "not started" reports (§9) instead of
-    queueing them. Cancelled: the runs not held yet stay in the ledger as they
-    were, for the next start.
-    """
-    if harness.ledger is None:
-        return
-    # Abandoning these on a hung disk is safe: reads and single transactions under
-    # the ledger's lock, and /proc reads (prohost.engine.ledger, prohost.engine.blocking). A hung
-    # read fails the start with the StepTimedOut; restart once the disk answers.
-    recovery = await harness.bounded(harness.ledger.recover, what="reading the ledger at start")
-    limits = await harness.bounded(harness.ledger.account_limits,
-                                 what="reading the accounts' limits at start")
-    now = time.time()
-    for name, until in limits.items():
-        harness.book.restore(name, until, now)
-        if until > now and name in {a.name for a in harness.book.accounts}:
-            log.warning("account %s is at its usage limit until %s (remembered from "
-                        "before the restart)", name, iso_time(until))
-    for row in recovery.interrupted:
-        held = await held_from(harness, row)
-        if held is None:
-            continue
+    def __init__(self, *, steps: LedgerSteps | None, runs: HeldRuns, queue: RunQueue,
+                 settle: Settle, book: AccountBook, outbox: Outbox | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.steps = steps
+        self.runs = runs
+        self.queue = queue
+        self.settle = settle
+        self.book = book
+        #: Reports waiting past their window (§7): not taken on twice.
+        self.outbox = outbox
+        self.clock = clock
+        #: Runs the end-of-drain sweep already reported once (never twice).
+        self.swept: set[str] = set()
+
+    async def recover(self) -> None:
+        """Pick up where a previous process left off (§7).
+
+        A drain that comes meanwhile (a signal while the ledger is read) turns the
+        runs accepted before the restart into "not started" reports (§9) instead of
+        queueing them. Cancelled: the runs not held yet stay in the ledger as they
+        were, for the next start.
+        """
+        steps = self.steps
+        if steps is None:
+            return
+        # Abandoning these on a hung disk is safe: reads and single transactions
+        # under the ledger's lock, and /proc reads (prohost.engine.ledger,
+        # prohost.engine.blocking). A hung read fails the start with the
+        # StepTimedOut; restart once the disk answers.
+        recovery = await steps.bounded(steps.ledger.recover, what="reading the ledger at start")
+        limits = await steps.bounded(steps.ledger.account_limits,
+                                     what="reading the accounts' limits at start")
+        now = self.clock()
+        for name, until in limits.items():
+            self.book.restore(name, until, now)
+            if until > now and name in {a.name for a in self.book.accounts}:
+                log.warning("account %s is at its usage limit until %s (remembered from "
+                            "before the restart)", name, iso_time(until))
+        for row in recovery.interrupted:
+            held = await self.held_from(row)
+            if held is None:
+                continue
+            try:
+                await steps.bounded(kill_leftover, row,
+                                    what=f"looking for run {row.run_id}'s leftover agent")
+            except StepTimedOut as exc:
+                log.warning("%s", exc)
+            log.warning("run %s was running when the harness stopped; reporting it",
+                        row.run_id)
+            self.carry_on(held, row, interrupted=RESTARTED)
+        for row in recovery.outbox:
+            held = await self.held_from(row)
+            if held is None or row.outcome is None:
+                continue
+            log.info("run %s finished before the restart; reporting it now", row.run_id)
+            self.carry_on(held, row)
+        for row in recovery.pending:
+            held = await self.held_from(row)
+            if held is None:
+                continue
+            log.info("run %s was accepted before the restart; %s", row.run_id,
+                     "not starting it, the harness is draining" if self.queue.draining
+                     else "queueing it again")
+            self.carry_on(held, row)
+        pruned = await prune(steps)
+        if pruned:
+            log.debug("pruned %d old ledger rows", pruned)
+
+    async def held_from(self, row: LedgerRow) -> HeldRun | None:
+        """The run of a ledger row, held again; ``None`` (the row closed, logged) when
+        its body cannot be read any more.
+
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
+        """
         try:
-            await harness.bounded(kill_leftover, row,
-                                what=f"looking for run {row.run_id}'s leftover agent")
-        except StepTimedOut as exc:
-            log.warning("%s", exc)
-        log.warning("run %s was running when the harness stopped; reporting it", row.run_id)
-        carry_on(harness, held, row, interrupted=RESTARTED)
-    for row in recovery.outbox:
-        held = await held_from(harness, row)
-        if held is None or row.outcome is None:
-            continue
-        log.info("run %s finished before the restart; reporting it now", row.run_id)
-        carry_on(harness, held, row)
-    for row in recovery.pending:
-        held = await held_from(harness, row)
-        if held is None:
-            continue
-        log.info("run %s was accepted before the restart; %s", row.run_id,
-                 "not starting it, the harness is draining" if harness.draining
-                 else "queueing it again")
-        carry_on(harness, held, row)
-    pruned = await prune(harness)
-    if pruned:
-        log.debug("pruned %d old ledger rows", pruned)
+            return HeldRun.of(parse_body(row.body))
+        except BodyError as exc:  # accepted by an older version that was less strict
+            await self._close_unreadable(row.run_id, exc)
+            return None
 
+    async def _close_unreadable(self, run_id: str, exc: BodyError) -> None:
+        """Close a row whose body cannot be parsed, so that it is not met again at
+        every start. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+        log.error("run %s in the ledger cannot be read (%s); closing it unreported",
+                  run_id, exc)
+        if self.steps is None:
+            return
+        await self.steps.bounded(
+            self.steps.ledger.mark_reported, run_id, f"unreadable: {exc}", time.time(),
+            what=f"closing unreadable run {run_id}",
+        )
 
-async def held_from(harness: Harness, row: LedgerRow) -> HeldRun | None:
-    """The run of a ledger row, held again; ``None`` (the row closed, logged) when its
-    body cannot be read any more.
+    def carry_on(self, held: HeldRun, row: LedgerRow, *,
+                 interrupted: str = INTERRUPTED) -> None:
+        """Hold a ledger row's run again and take it on from where the ledger has it:
+        a saved outcome is reported as it is, an accepted run is queued (or, during
+        a drain, reported not started), and a run that had started is reported with
+        ``interrupted`` (retryable), since nothing in this process is running it."""
+        self.runs.hold(held)
+        if row.state is RunState.FINISHED and row.outcome is not None:
+            self.settle(held, Outcome.from_json(row.outcome), recorded=True,
+                        finished_at=row.finished_at)
+        elif row.state is not RunState.ACCEPTED:
+            self.settle(held, Outcome.failure(interrupted, retryable=True))
+        else:
+            self.queue.put(held, row.body)
 
-    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run` (closing the row).
-    """
-    try:
-        return HeldRun.of(parse_body(row.body))
-    except BodyError as exc:  # accepted by an older version that was less strict
-        await _close_unreadable(harness, row.run_id, exc)
-        return None
+    async def resume_unheld(self, run_id: str) -> None:
+        """Take on a run the ledger has unreported while nothing in this process
+        holds it.
 
+        That happens when a delivery's ledger write went through but its ack did not
+        (the connection dropped, or the write outlived its bound), or when a report
+        failed unexpectedly: left alone, the run would wait for the next start or
+        the end of a drain. Its redelivery picks it up now instead (:meth:`carry_on`).
 
-async def _close_unreadable(harness: Harness, run_id: str, exc: BodyError) -> None:
-    """Close a row whose body cannot be parsed, so that it is not met again at every
-    start. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
-    log.error("run %s in the ledger cannot be read (%s); closing it unreported", run_id, exc)
-    if harness.ledger is None:
-        return
-    await harness.bounded(
-        harness.ledger.mark_reported, run_id, f"unreadable: {exc}", time.time(),
-        what=f"closing unreadable run {run_id}",
-    )
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`; the run stays in
+        the ledger, for the next redelivery or start.
+        """
+        if self.steps is None:
+            return
+        if self.outbox is not None and run_id in self.outbox:
+            # Its report waits for the server, which is evidently answering: try it now.
+            self.outbox.poke()
+            return
+        row = await self.steps.bounded(self.steps.ledger.get, run_id,
+                                       what=f"reading run {run_id} from the ledger")
+        if row is None or row.state is RunState.REPORTED or run_id in self.runs:
+            return
+        held = await self.held_from(row)
+        if held is None or run_id in self.runs:
+            return
+        log.warning("run %s was in the ledger (%s) but nothing here was working on it; "
+                    "taking it on again", run_id, row.state.value)
+        self.carry_on(held, row)
 
+    async def unreported(self) -> list[LedgerRow] | None:
+        """Every ledger row not reported yet: pending, interrupted, then the outbox;
+        ``None`` (logged) when the ledger cannot be read, within its bound.
 
-def carry_on(harness: Harness, held: HeldRun, row: LedgerRow, *,
-             interrupted: str = INTERRUPTED) -> None:
-    """Hold a ledger row's run again and take it on from where the ledger has it:
-    a saved outcome is reported as it is, an accepted run is queued (or, during a
-    drain, reported not started), and a run that had started is reported with
-    ``interrupted`` (retryable), since nothing in this process is running it."""
-    harness.hold(held)
-    if row.state is RunState.FINISHED and row.outcome is not None:
-        harness.settle_soon(held, Outcome.from_json(row.outcome), recorded=True,
-                            finished_at=row.finished_at)
-    elif row.state is not RunState.ACCEPTED:
-        harness.settle_soon(held, Outcome.failure(interrupted, retryable=True))
-    else:
-        queue(harness, held, row.body)
+        Cancelled: as :meth:`LedgerSteps.bounded` (a read: nothing is left half done).
+        """
+        if self.steps is None:
+            return []
+        try:
+            recovery = await self.steps.bounded(self.steps.ledger.recover,
+                                                what="reading the ledger's unreported runs")
+        except (LedgerError, OSError, StepTimedOut) as exc:
+            log.error("could not read the ledger's unreported runs: %s; the next start "
+                      "reports them", exc)
+            return None
+        return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
 
+    async def sweep_ledger(self) -> None:
+        """Report every run the ledger still has unreported and nobody holds, once.
 
-def queue(harness: Harness, held: HeldRun, body: str) -> bool:
-    """Queue an accepted, held run, light (its parsed body dropped, ``body`` kept
-    within the budget: :mod:`prohost.engine.run.queued_bodies`); True once queued.
+        Cancelled: the runs not held yet stay in the ledger, for the next start.
+        """
+        waiting = self.outbox if self.outbox is not None else ()
+        for row in await self.unreported() or ():
+            if row.run_id in self.runs or row.run_id in self.swept or row.run_id in waiting:
+                continue
+            self.swept.add(row.run_id)
+            held = await self.held_from(row)
+            if held is None:
+                continue
+            log.warning("run %s was still unreported (%s) at the end of the drain; "
+                        "reporting it now", row.run_id, row.state)
+            self.carry_on(held, row)
 
-    During a drain it is reported "not started" instead (§9), and past the
-    scheduler's cap "queue full" (both retryable): it is held, so it is reported
-    rather than lost.
-    """
-    if harness.draining:
-        harness.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-        return False
-    parsed = held.body
-    harness.bodies.keep(held, body)
-    try:
-        harness.scheduler.submit(held.run_id, held.lane, held)
-    except QueueFullError as exc:
-        # Admission answers 503 before the scheduler's cap is reached, so only a
-        # ledger holding more than the cap at start (an older version's rows) gets here.
-        log.error("%s", exc)
-        harness.bodies.drop(held)
-        held.body = parsed
-        harness.settle_soon(held, Outcome.failure(QUEUE_FULL, retryable=True))
-        return False
-    return True
+    async def ledger_settled(self) -> bool:
+        """After the sweep: False (logged) if a run is unreported and not even in the
+        outbox, or the ledger cannot be read; outbox rows left are logged, and are
+        the next start's to report.
 
-
-async def resume_unheld(harness: Harness, run_id: str) -> None:
-    """Take on a run the ledger has unreported while nothing in this process holds it.
-
-    That happens when a delivery's ledger write went through but its ack did not
-    (the connection dropped, or the write outlived its bound), or when a report
-    failed unexpectedly: left alone, the run would wait for the next start or the
-    end of a drain. Its redelivery picks it up now instead (:func:`carry_on`).
-
-    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`; the run stays in the
-    ledger, for the next redelivery or start.
-    """
-    if harness.ledger is None:
-        return
-    if harness.runner is not None and run_id in harness.runner.outbox:
-        # Its report waits for the server, which is evidently answering: try it now.
-        harness.runner.outbox.poke()
-        return
-    row = await harness.bounded(harness.ledger.get, run_id,
-                                what=f"reading run {run_id} from the ledger")
-    if row is None or row.state is RunState.REPORTED or run_id in harness.held:
-        return
-    held = await held_from(harness, row)
-    if held is None or run_id in harness.held:
-        return
-    log.warning("run %s was in the ledger (%s) but nothing here was working on it; "
-                "taking it on again", run_id, row.state.value)
-    carry_on(harness, held, row)
+        Cancelled: the read is abandoned (it changes nothing), nothing is logged.
+        """
+        rows = await self.unreported()
+        if rows is None:
+            return False
+        settled = True
+        waiting = []
+        for row in rows:
+            if row.state is RunState.FINISHED:
+                waiting.append(row.finished_at or row.accepted_at)
+                log.warning("run %s could not be reported now; it stays in the ledger's "
+                            "outbox and the next start reports it", row.run_id)
+            else:
+                log.error("run %s is still %s in the ledger and could not be reported; "
+                          "the next start reports it (is the disk failing?)",
+                          row.run_id, row.state)
+                settled = False
+        if waiting:
+            # Not a failure of this harness: the outcomes are safe, the server is not
+            # taking them; the exit stays 0 (§9) and the next start posts them.
+            log.warning("%d report(s) wait in the ledger's outbox for the server (the "
+                        "oldest run finished %s ago); the next start posts them",
+                        len(waiting), human_ago(time.time() - min(waiting)))
+        return settled
 
 
 def kill_leftover(row: LedgerRow) -> None:
@@ -206,60 +260,3 @@ def kill_leftover(row: LedgerRow) -> None:
                     row.run_id, pgid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-
-
-async def unreported(harness: Harness) -> list[LedgerRow]:
-    """Every ledger row not reported yet: pending, interrupted, then the outbox.
-
-    Cancelled: the read is abandoned (it changes nothing).
-    """
-    if harness.ledger is None:
-        return []
-    # A read: abandoning it on a stop's deadline leaves nothing half done.
-    recovery = await trio.to_thread.run_sync(harness.ledger.recover, abandon_on_cancel=True)
-    return [*recovery.pending, *recovery.interrupted, *recovery.outbox]
-
-
-async def sweep_ledger(harness: Harness) -> None:
-    """Report every run the ledger still has unreported and nobody holds, once.
-
-    Cancelled: the runs not held yet stay in the ledger, for the next start.
-    """
-    waiting = harness.runner.outbox if harness.runner is not None else ()
-    for row in await unreported(harness):
-        if row.run_id in harness.held or row.run_id in harness.swept or row.run_id in waiting:
-            continue
-        harness.swept.add(row.run_id)
-        held = await held_from(harness, row)
-        if held is None:
-            continue
-        log.warning("run %s was still unreported (%s) at the end of the drain; "
-                    "reporting it now", row.run_id, row.state)
-        carry_on(harness, held, row)
-
-
-async def ledger_settled(harness: Harness) -> bool:
-    """After the sweep: False (logged) if a run is unreported and not even in the
-    outbox; outbox rows left are logged, and are the next start's to report.
-
-    Cancelled: the read is abandoned (it changes nothing), nothing is logged.
-    """
-    settled = True
-    waiting = []
-    for row in await unreported(harness):
-        if row.state is RunState.FINISHED:
-            waiting.append(row.finished_at or row.accepted_at)
-            log.warning("run %s could not be reported now; it stays in the ledger's "
-                        "outbox and the next start reports it", row.run_id)
-        else:
-            log.error("run %s is still %s in the ledger and could not be reported; "
-                      "the next start reports it (is the disk failing?)",
-                      row.run_id, row.state)
-            settled = False
-    if waiting:
-        # Not a failure of this harness: the outcomes are safe, the server is not
-        # taking them; the exit stays 0 (§9) and the next start posts them.
-        log.warning("%d report(s) wait in the ledger's outbox for the server (the oldest "
-                    "run finished %s ago); the next start posts them", len(waiting),
-                    human_ago(time.time() - min(waiting)))
-    return settled

@@ -2,22 +2,35 @@
 :class:`~prohost.engine.view.snapshot.Snapshot` of this moment, the task that keeps
 ``$PROHOST_HOME/status.json`` current from it (for ``agent status``), and the
 latest finished runs they show.
+
+None of it takes the supervisor: the composition root hands over an
+:class:`Observed` (the parts a picture is read from, each read-only here) and the
+:class:`Facts` this module keeps (what the harness has learnt about itself).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
 from prohost import __version__
+from prohost.engine import lognames
+from prohost.engine.accounts.book import AccountBook
+from prohost.engine.agent.brains.base import Brain
+from prohost.engine.blocking import Bounds
+from prohost.engine.changes import Changes
+from prohost.engine.lanes.scheduler import SchedulerStatistics
+from prohost.engine.link.connection import LinkStatistics
+from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
-from prohost.engine.run.runner import progress_log
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -27,13 +40,12 @@ from prohost.engine.view.snapshot import (
     Snapshot,
     write_snapshot,
 )
+from prohost.options import Options
 from prohost.wire.protocol import AccountRow, RunBeat, Status
 from prohost.wire.runs import Outcome
 
-if TYPE_CHECKING:
-    from prohost.engine.harness import Harness
-
-log = logging.getLogger("prohost.harness")
+log = logging.getLogger(lognames.HARNESS)
+progress_log = logging.getLogger(lognames.RUNS)
 
 #: status.json is rewritten at most this often (seconds).
 STATUS_FILE_MIN_INTERVAL_S = 1.0
@@ -41,35 +53,77 @@ STATUS_FILE_MIN_INTERVAL_S = 1.0
 #: abandoned (the disk is hung) and tried again at the next change.
 STATUS_FILE_WRITE_S = 10.0
 STATUS_FILE_REMOVE_S = 2.0
+#: The panel and status file show this many of the latest finished runs.
+FINISHED_KEPT = 5
 
 
-def note_outcome(harness: Harness, held: HeldRun, outcome: Outcome) -> None:
-    """A run has its outcome and is about to be reported: log it, and keep it among
-    the latest finished runs the panel and ``agent status`` show."""
-    run = held.run
-    if outcome.ok:
-        progress_log.info("✓ run %s finished", run.run_id)
-    else:
-        progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
-    if held.progress.model:
-        harness.model = held.progress.model
-    harness.finished.appendleft(FinishedRow(
-        run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
-        error=outcome.error,
-        duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
-        finished_at=time.time(),
-    ))
-    harness.changed()
+@attrs.define(eq=False)
+class Facts:
+    """What the harness has learnt about itself while it runs: the agent CLI's
+    version (asked once at start), the model the latest run used, and the latest
+    finished runs. Written here and by the version probe; read by every view."""
+
+    #: Said when a fact changes (the status message and the panel look again).
+    on_change: Callable[[], None]
+    model: str | None = None
+    brain_version: str | None = None
+    finished: collections.deque[FinishedRow] = attrs.field(
+        factory=lambda: collections.deque(maxlen=FINISHED_KEPT))
+
+    def learned_version(self, version: str) -> None:
+        self.brain_version = version
+        self.on_change()
+
+    def note_outcome(self, held: HeldRun, outcome: Outcome) -> None:
+        """A run has its outcome and is about to be reported: log it, and keep it
+        among the latest finished runs the panel and ``agent status`` show."""
+        run = held.run
+        if outcome.ok:
+            progress_log.info("✓ run %s finished", run.run_id)
+        else:
+            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
+        if held.progress.model:
+            self.model = held.progress.model
+        self.finished.appendleft(FinishedRow(
+            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+            error=outcome.error,
+            duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
+            finished_at=time.time(),
+        ))
+        self.on_change()
 
 
-def take_snapshot(harness: Harness) -> Snapshot:
+@attrs.frozen(eq=False)
+class Observed:
+    """The parts a picture of the harness is read from; nothing here changes them."""
+
+    options: Options
+    #: The server's WebSocket address, as shown.
+    server: str
+    brain: Brain
+    facts: Facts
+    runs: Mapping[str, HeldRun]
+    book: AccountBook
+    #: Epoch seconds, for the accounts' resets (§12).
+    clock: Callable[[], float]
+    link: Callable[[], LinkStatistics]
+    scheduler: Callable[[], SchedulerStatistics]
+    #: trio time of the last heartbeat sent, if any.
+    last_heartbeat_at: Callable[[], float | None]
+    draining: Callable[[], bool]
+    stopping: Callable[[], bool]
+    #: Reports waiting past their window (§7); ``None`` in a dry run.
+    outbox: Outbox | None = None
+
+
+def take_snapshot(seen: Observed) -> Snapshot:
     """A frozen picture of this moment, for the panel and ``agent status``."""
     now = trio.current_time()
-    link = harness.link.statistics()
+    link = seen.link()
     connection: Connection
-    if harness.stopping:
+    if seen.stopping():
         connection = "stopping"
-    elif harness.draining:
+    elif seen.draining():
         connection = "draining"
     elif link.connected:
         connection = "connected"
@@ -77,120 +131,121 @@ def take_snapshot(harness: Harness) -> Snapshot:
         connection = "reconnecting"
     else:
         connection = "connecting"
-    stats = harness.scheduler.statistics()
+    stats = seen.scheduler()
+    idle_timeout_s = seen.options.idle_timeout_s
     rows = []
-    for held in harness.held.values():
+    for held in seen.runs.values():
         if held.state == "queued" and held.waiting_until is None:
             continue
         started = held.started_at
         idle_left = None
         last = held.progress.last_output
-        if held.state == "running" and last is not None and harness.options.idle_timeout_s > 0:
-            idle_left = max(0.0, last + harness.options.idle_timeout_s - now)
+        if held.state == "running" and last is not None and idle_timeout_s > 0:
+            idle_left = max(0.0, last + idle_timeout_s - now)
         rows.append(RunRow(
             run_id=held.run_id, lane=held.lane, conversation=held.conversation_id,
             state=held.state,
             elapsed_s=None if started is None else max(0.0, time.time() - started),
             activity=held.beat().activity, idle_left_s=idle_left,
         ))
+    last_heartbeat_at = seen.last_heartbeat_at()
     return Snapshot(
         taken_at=time.time(),
         pid=os.getpid(),
         version=__version__,
         connection=connection,
-        server=harness.endpoints.ws_url,
-        machine=harness.options.machine,
-        brain=harness.brain.name,
-        brain_version=harness.brain_version,
-        model=harness.model,
+        server=seen.server,
+        machine=seen.options.machine,
+        brain=seen.brain.name,
+        brain_version=seen.facts.brain_version,
+        model=seen.facts.model,
         slots=stats.limit,
         slots_used=stats.running,
         queued=stats.queued,
         reconnect_in_s=None if link.reconnect_at is None
         else max(0.0, link.reconnect_at - now),
         last_error=link.last_error,
-        heartbeat_age_s=None if harness.beacon.last_heartbeat_at is None or not link.connected
-        else now - harness.beacon.last_heartbeat_at,
+        heartbeat_age_s=None if last_heartbeat_at is None or not link.connected
+        else now - last_heartbeat_at,
         runs=tuple(rows),
-        finished=tuple(harness.finished),
-        accounts=tuple(account_rows(harness)),
-        reports_waiting=0 if harness.runner is None else len(harness.runner.outbox),
-        reports_waiting_since=None if harness.runner is None
-        else harness.runner.outbox.oldest(),
+        finished=tuple(seen.facts.finished),
+        accounts=tuple(account_rows(seen.book, seen.clock)),
+        reports_waiting=0 if seen.outbox is None else len(seen.outbox),
+        reports_waiting_since=None if seen.outbox is None else seen.outbox.oldest(),
     )
 
 
-async def keep_status_file(harness: Harness) -> None:
-    """Keep ``$PROHOST_HOME/status.json`` current: on every change, at most once a
-    second, and every few seconds regardless (its age says the harness is alive).
+async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
+                           written: Changes, home: Path, bounds: Bounds) -> None:
+    """Keep ``home/status.json`` current with ``take()``: on every change, at most
+    once a second, and every few seconds regardless (its age says the harness is
+    alive); ``written`` is told after each write.
 
     Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
     plainly that no harness is running. Every write and the removal are bounded by
-    ``harness.bounds`` (hurried by the second signal), so a hung disk never holds
-    the harness's exit.
+    ``bounds`` (hurried by the second signal), so a hung disk never holds the
+    harness's exit.
     """
-    home = harness.options.home
     # One thread at most: a write a hung disk left behind holds the token, so the
     # next ones time out waiting for it instead of piling up threads.
     writer = trio.CapacityLimiter(1)
     try:
         while True:
-            snapshot = take_snapshot(harness)
+            snapshot = take()
             try:
                 # Abandoning is safe: a write to a temporary file and a rename
                 # over status.json; at worst a stale picture is left, which
                 # `agent status` tells by its age and pid.
-                await harness.bounds.file_step(write_snapshot, home, snapshot,
-                                               limit_s=STATUS_FILE_WRITE_S, limiter=writer,
-                                               what=f"writing {home / STATUS_FILE}")
+                await bounds.file_step(write_snapshot, home, snapshot,
+                                       limit_s=STATUS_FILE_WRITE_S, limiter=writer,
+                                       what=f"writing {home / STATUS_FILE}")
             except OSError as exc:
                 log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-            harness.status_written.set()
-            harness.status_written = trio.Event()
+            written.notify()
             await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
             # Elapsed times move while runs execute; otherwise only changes matter.
             with trio.move_on_after(
                 STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
             ):
-                await harness.state_changed.wait()
+                await changes.wait()
     finally:
         # Shielded by Bounds.run, and bounded (by the second signal's deadline too).
         with contextlib.suppress(OSError):
-            await harness.bounds.file_step(_remove_quietly, home / STATUS_FILE,
-                                           limit_s=STATUS_FILE_REMOVE_S, limiter=writer,
-                                           what=f"removing {home / STATUS_FILE}")
+            await bounds.file_step(_remove_quietly, home / STATUS_FILE,
+                                   limit_s=STATUS_FILE_REMOVE_S, limiter=writer,
+                                   what=f"removing {home / STATUS_FILE}")
 
 
-def status_message(harness: Harness) -> Status:
+def status_message(seen: Observed) -> Status:
     """The ``status`` message (§2) as of now."""
-    stats = harness.scheduler.statistics()
+    stats = seen.scheduler()
     return Status(
         version=__version__,
-        machine=harness.options.machine,
-        brain=harness.brain.name,
-        brain_version=harness.brain_version,
-        model=harness.model,
-        concurrency=harness.options.concurrency,
+        machine=seen.options.machine,
+        brain=seen.brain.name,
+        brain_version=seen.facts.brain_version,
+        model=seen.facts.model,
+        concurrency=seen.options.concurrency,
         active=stats.running,
         queued=stats.queued,
-        draining=harness.draining,
-        features=["cancel", "timeline"] if harness.brain.streams else ["cancel"],
-        accounts=account_rows(harness),
+        draining=seen.draining(),
+        features=["cancel", "timeline"] if seen.brain.streams else ["cancel"],
+        accounts=account_rows(seen.book, seen.clock),
     )
 
-def heartbeat_runs(harness: Harness) -> list[RunBeat]:
+
+def heartbeat_runs(runs: Mapping[str, HeldRun], outbox: Outbox | None) -> list[RunBeat]:
     """A heartbeat's ``runs`` (§2): every run held, then every report waiting in
     the outbox, still ``reporting`` to the server until it settles (§7)."""
-    beats = [held.beat() for held in harness.held.values()]
-    if harness.runner is not None and len(harness.runner.outbox):
-        beats.extend(beat for beat in harness.runner.outbox.beats()
-                     if beat.run_id not in harness.held)
+    beats = [held.beat() for held in runs.values()]
+    if outbox is not None and len(outbox):
+        beats.extend(beat for beat in outbox.beats() if beat.run_id not in runs)
     return beats
 
 
-def account_rows(harness: Harness) -> list[AccountRow]:
+def account_rows(book: AccountBook, clock: Callable[[], float]) -> list[AccountRow]:
     """``status.accounts`` (§12), as of now."""
-    return [AccountRow(**row) for row in harness.book.snapshot(harness.clock())]
+    return [AccountRow(**row) for row in book.snapshot(clock())]
 
 
 def _remove_quietly(path: Path) -> None:

@@ -1,0 +1,75 @@
+"""The run queue as admission and recovery see it: the scheduler, the queued runs'
+bodies, and whether the harness still takes work (a drain turns a run about to be
+queued into a "not started" report, §9).
+
+What is reported instead of queued goes through a ``settle`` callable (the
+supervisor's ``settle_soon``): it takes the run's place in line for its lane and
+reports it, so a queued run is never lost, whatever is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from prohost.engine import lognames
+from prohost.engine.lanes.scheduler import QueueFullError, Scheduler
+from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.wire.runs import Outcome
+
+log = logging.getLogger(lognames.HARNESS)
+
+NOT_STARTED = "the agent is shutting down; the run was not started"
+QUEUE_FULL = "the agent's queue is full; the run was not started"
+
+
+class Settle(Protocol):
+    """Report a held run that will not execute here (the supervisor's ``settle_soon``):
+    ``recorded`` when its outcome is in the ledger already, ``finished_at`` when it
+    finished before a restart. Never blocks; the report happens in a task."""
+
+    def __call__(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
+                 finished_at: float | None = None) -> None: ...
+
+
+class RunQueue:
+    """Queues held runs, or reports them not started while the harness drains."""
+
+    def __init__(self, scheduler: Scheduler[HeldRun], bodies: QueuedBodies,
+                 settle: Settle) -> None:
+        self.scheduler = scheduler
+        self.bodies = bodies
+        self.settle = settle
+        #: Set by the first signal (§9): nothing more is queued.
+        self.draining = False
+
+    def queued(self) -> int:
+        """How many runs wait in the scheduler's queue now."""
+        return self.scheduler.statistics().queued
+
+    def put(self, held: HeldRun, body: str) -> bool:
+        """Queue an accepted, held run, light (its parsed body dropped, ``body`` kept
+        within the budget: :mod:`prohost.engine.run.queued_bodies`); True once queued.
+
+        During a drain it is reported "not started" instead (§9), and past the
+        scheduler's cap "queue full" (both retryable): it is held, so it is reported
+        rather than lost.
+        """
+        if self.draining:
+            self.settle(held, Outcome.failure(NOT_STARTED, retryable=True))
+            return False
+        parsed = held.body
+        self.bodies.keep(held, body)
+        try:
+            self.scheduler.submit(held.run_id, held.lane, held)
+        except QueueFullError as exc:
+            # Admission answers 503 before the scheduler's cap is reached, so only a
+            # ledger holding more than the cap at start (an older version's rows)
+            # gets here.
+            log.error("%s", exc)
+            self.bodies.drop(held)
+            held.body = parsed
+            self.settle(held, Outcome.failure(QUEUE_FULL, retryable=True))
+            return False
+        return True
