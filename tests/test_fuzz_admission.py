@@ -185,7 +185,7 @@ async def fuzz_through(gate: Gate, running: Running, model: Model,
     busy = await server.submit_run("holds the one slot", conversation_id="BUSY")
     await gate.wait_started(busy)
     seed_reported(ledger, model, 3)
-    usable_book = harness.book
+    usable_book = harness.admission.book
     limited_book = AccountBook()
     until = time.time() + 3600
     limited_book.restore("default", until, time.time())
@@ -193,7 +193,7 @@ async def fuzz_through(gate: Gate, running: Running, model: Model,
 
     async def one_example(example: Example) -> None:
         # Every account limited, as a restart that remembered the limits finds it.
-        harness.book = limited_book if example.limited else usable_book
+        harness.admission.book = limited_book if example.limited else usable_book
         start = len(server.state.received)
         now = int(time.time())
         sent: list[tuple[str, Intent, tuple[int, str | None]]] = []
