@@ -1,17 +1,14 @@
 """Admission (prohost.engine.supervisor.admission, §3) built from only the parts it
-uses: a real sqlite ledger in ``tmp_path``, a real scheduler (not running: a queued
-run stays queued), run queue, held-runs table and account book. The stand-ins are
-the session (it collects the acks) and ``take_on`` and ``settle`` (they record).
-
-tests/test_redelivery.py and tests/test_admission.py check the same answers end to
-end through a harness; these pin each one to this module.
-"""
+uses: a real sqlite ledger, scheduler (never run: a queued run stays queued), run
+queue, held-runs table and account book. Stand-ins: the session (collects the acks),
+``take_on`` and ``settle`` (record). The unit-level counterpart of
+tests/test_redelivery.py and tests/test_admission.py."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,7 @@ from prohost.engine.supervisor.admission import (
     AdmissionPolicy,
 )
 from prohost.engine.supervisor.held import HeldRuns
-from prohost.engine.supervisor.runqueue import RunQueue
+from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
@@ -53,30 +50,32 @@ class Acks:
 
 
 class Wrapped:
-    """A ledger that records which of its methods are looked up, and can fail
-    ``admit`` (a full disk) or ``get`` (an unreadable file) with LedgerError."""
+    """The ledger, recording which of its methods admission looks up; those named in
+    ``failing`` raise LedgerError (a full disk, an unreadable file), and every call
+    does ``meanwhile`` first (in the worker thread)."""
 
     def __init__(self, ledger: Ledger, *, failing: tuple[str, ...] = ()) -> None:
-        self._ledger = ledger
-        self._failing = failing
+        self._ledger, self._failing = ledger, failing
         self.used: list[str] = []
+        self.meanwhile: Callable[[], None] = lambda: None
 
     def __getattr__(self, name: str) -> Any:
         self.used.append(name)
-        if name in self._failing:
-            def fail(*args: object) -> Any:
+        real = getattr(self._ledger, name)
+
+        def call(*args: object) -> Any:
+            self.meanwhile()
+            if name in self._failing:
                 raise LedgerError(f"{name} failed (test)")
-            return fail
-        return getattr(self._ledger, name)
+            return real(*args)
+        return call
 
 
 @attrs.define
 class Parts:
     admission: Admission
-    ledger: Ledger
     runs: HeldRuns
     queue: RunQueue
-    scheduler: Scheduler[HeldRun]
     session: Acks
     taken_on: list[str]
     settled: list[tuple[str, Outcome]]
@@ -112,7 +111,7 @@ def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
     admission = Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
                           queue=queue, steps=None if dry_run else LedgerSteps(ledger),
                           take_on=take_on)
-    return Parts(admission, ledger, runs, queue, scheduler, Acks(), taken_on, settled)
+    return Parts(admission, runs, queue, Acks(), taken_on, settled)
 
 
 def body_of(run_id: str) -> str:
@@ -134,11 +133,25 @@ async def deliver(parts: Parts, run_id: str, delivery_id: str = "d1", *,
     return ack.status, ack.reason
 
 
-def in_ledger(parts: Parts, run_id: str, state: RunState = RunState.ACCEPTED) -> None:
+def in_ledger(ledger: Ledger, run_id: str, state: RunState = RunState.ACCEPTED) -> None:
     """Record ``run_id`` as a delivery whose ack was lost would have left it."""
-    parts.ledger.admit(run_id, f"run:{run_id}", body_of(run_id), time.time())
+    ledger.admit(run_id, f"run:{run_id}", body_of(run_id), time.time())
     if state is RunState.REPORTED:
-        parts.ledger.mark_reported(run_id, "posted", time.time())
+        ledger.mark_reported(run_id, "posted", time.time())
+
+
+def refuse_new_work(parts: Parts, state: str) -> str:
+    """Put admission in ``state``; the 503 reason a new run then gets."""
+    if state == "draining":
+        parts.queue.draining = True
+        return intake.SHUTTING_DOWN
+    if state == "limited":
+        until = time.time() + 3600
+        parts.admission.book.report("default", LimitNotice(state="limited", resets_at=until),
+                                    time.time())
+        return all_limited_reason(until)
+    assert parts.queue.queued() >= parts.admission.policy.max_queued
+    return intake.QUEUE_FULL
 
 
 async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledger) -> None:
@@ -146,7 +159,7 @@ async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledg
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted")
     row = ledger.get("r1")
     assert row is not None and row.state is RunState.ACCEPTED and row.body == body_of("r1")
-    assert list(parts.runs) == ["r1"] and "r1" in parts.scheduler
+    assert list(parts.runs) == ["r1"] and "r1" in parts.queue.scheduler
     assert parts.queue.queued() == 1 and parts.runs["r1"].state == "queued"
     assert parts.taken_on == [] and parts.settled == []
 
@@ -156,54 +169,58 @@ async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
 ) -> None:
     parts = build(ledger)
     await deliver(parts, "r1")
-    counting = Wrapped(ledger)
-    parts.admission.ledger = counting  # type: ignore[assignment]
+    parts.admission.ledger = counting = Wrapped(ledger)  # type: ignore[assignment]
     assert await deliver(parts, "r1", "d2") == (intake.ACCEPTED, "already accepted")
-    assert counting.used == []
-    assert parts.queue.queued() == 1 and parts.taken_on == []
+    assert counting.used == [] and parts.queue.queued() == 1 and parts.taken_on == []
 
 
-async def test_while_draining_a_reported_run_gets_204_and_a_new_one_503(
+async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_started(
     ledger: Ledger,
 ) -> None:
     parts = build(ledger)
-    in_ledger(parts, "done", RunState.REPORTED)
-    parts.queue.draining = True
-    assert await deliver(parts, "done") == (intake.IGNORED, "already reported")
-    assert await deliver(parts, "fresh", "d2") == (intake.DRAINING, intake.SHUTTING_DOWN)
-    assert ledger.get("fresh") is None
-    assert len(parts.runs) == 0 and parts.queue.queued() == 0 and parts.taken_on == []
+    wrapped = Wrapped(ledger)
+    wrapped.meanwhile = lambda: setattr(parts.queue, "draining", True)
+    parts.admission.ledger = wrapped  # type: ignore[assignment]
+    assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted")
+    assert wrapped.used == ["admit"] and "r1" in parts.runs
+    assert parts.queue.queued() == 0
+    assert parts.settled == [("r1", Outcome.failure(NOT_STARTED, retryable=True))]
 
 
-async def test_a_full_queue_refuses_a_new_run_but_takes_on_one_the_ledger_has(
+async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_holds(
     ledger: Ledger,
+) -> None:
+    parts = build(ledger)
+    in_ledger(ledger, "done", RunState.REPORTED)
+    in_ledger(ledger, "lost_ack")
+    assert await deliver(parts, "done") == (intake.IGNORED, "already reported")
+    assert await deliver(parts, "lost_ack", "d2") == (intake.ACCEPTED, "already accepted")
+    assert parts.taken_on == ["lost_ack"]
+    assert len(parts.runs) == 0 and parts.queue.queued() == 0  # take_on's job, not ours
+
+
+@pytest.mark.parametrize("state", ["draining", "limited", "queue full"])
+async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
+    ledger: Ledger, state: str,
 ) -> None:
     parts = build(ledger, max_queued=1)
     assert await deliver(parts, "first") == (intake.ACCEPTED, "accepted")
-    assert await deliver(parts, "second", "d2") == (intake.DRAINING, intake.QUEUE_FULL)
-    assert ledger.get("second") is None and "second" not in parts.runs
-    in_ledger(parts, "lost_ack")
-    assert await deliver(parts, "lost_ack", "d3") == (intake.ACCEPTED, "already accepted")
-    assert parts.taken_on == ["lost_ack"]
-    assert parts.queue.queued() == 1  # taking it on is take_on's job, not admission's
-
-
-async def test_every_account_limited_refuses_a_new_run_with_the_reset_time(
-    ledger: Ledger,
-) -> None:
-    parts = build(ledger)
-    until = time.time() + 3600
-    parts.admission.book.report("default", LimitNotice(state="limited", resets_at=until),
-                                time.time())
-    assert await deliver(parts, "r1") == (intake.DRAINING, all_limited_reason(until))
-    assert ledger.get("r1") is None and len(parts.runs) == 0
+    in_ledger(ledger, "done", RunState.REPORTED)
+    in_ledger(ledger, "lost_ack")
+    refusal = refuse_new_work(parts, state)
+    assert await deliver(parts, "fresh", "d2") == (intake.DRAINING, refusal)
+    assert await deliver(parts, "done", "d3") == (intake.IGNORED, "already reported")
+    assert await deliver(parts, "lost_ack", "d4") == (intake.ACCEPTED, "already accepted")
+    assert await deliver(parts, "first", "d5") == (intake.ACCEPTED, "already accepted")
+    assert ledger.get("fresh") is None and list(parts.runs) == ["first"]
+    assert parts.taken_on == ["lost_ack"] and parts.queue.queued() == 1
 
 
 async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_known_one(
     ledger: Ledger,
 ) -> None:
     parts = build(ledger)
-    in_ledger(parts, "done", RunState.REPORTED)
+    in_ledger(ledger, "done", RunState.REPORTED)
     parts.admission.ledger = Wrapped(ledger, failing=("admit",))  # type: ignore[assignment]
     assert await deliver(parts, "fresh") == (intake.DRAINING, NOT_RECORDED)
     assert await deliver(parts, "done", "d2") == (intake.IGNORED, "already reported")
@@ -215,7 +232,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
 ) -> None:
     parts = build(ledger)
     await deliver(parts, "held")
-    in_ledger(parts, "done", RunState.REPORTED)
+    in_ledger(ledger, "done", RunState.REPORTED)
     parts.queue.draining = True
     parts.admission.ledger = Wrapped(ledger, failing=("get",))  # type: ignore[assignment]
     assert await deliver(parts, "done", "d2") == (intake.DRAINING, NOT_LOOKED_UP)
@@ -223,18 +240,16 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
     assert await deliver(parts, "held", "d3") == (intake.ACCEPTED, "already accepted")
 
 
-async def test_a_bad_signature_is_401_and_nothing_is_recorded(ledger: Ledger) -> None:
+async def test_a_bad_signature_is_401_unless_unverified_runs_are_allowed(
+    ledger: Ledger,
+) -> None:
     parts = build(ledger)
     status, reason = await deliver(parts, "r1", secret="not-the-secret")
     assert status == intake.UNSIGNED and "signature" in reason
     assert ledger.get("r1") is None and len(parts.runs) == 0 and parts.queue.queued() == 0
-
-
-async def test_allow_unverified_accepts_a_run_with_a_bad_signature(ledger: Ledger) -> None:
-    parts = build(ledger, allow_unverified=True)
-    assert await deliver(parts, "r1", secret="not-the-secret") == (intake.ACCEPTED,
-                                                                   "accepted")
-    assert ledger.get("r1") is not None and "r1" in parts.scheduler
+    lenient = build(ledger, allow_unverified=True)
+    assert await deliver(lenient, "r1", secret="wrong") == (intake.ACCEPTED, "accepted")
+    assert ledger.get("r1") is not None and "r1" in lenient.queue.scheduler
 
 
 async def test_a_dry_run_acks_without_ledger_or_queue_and_remembers_the_run(
