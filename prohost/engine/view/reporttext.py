@@ -87,6 +87,29 @@ def changes_lines(changes: object) -> list[str]:
     return [files_line(entry) for entry in changes if isinstance(entry, Mapping)]
 
 
+def changes_summary(changes: object) -> str | None:
+    """Every checkout together, in a few words: ``3 files (+12 −2), 1 commit``,
+    ``nothing changed``, ``2 unreadable``; ``None`` without ``changes``."""
+    if not isinstance(changes, list):
+        return None
+    entries = [entry for entry in changes if isinstance(entry, Mapping)]
+    unreadable = sum(1 for entry in entries if _text(entry, "error") is not None)
+    rows = [row for entry in entries for row in _list(entry, "files")
+            if isinstance(row, Mapping)]
+    total = len(rows) + sum(_count(entry.get("more_files")) or 0 for entry in entries)
+    commits = sum(_count(entry.get("commits")) or 0 for entry in entries)
+    parts = []
+    if total:
+        added = sum(_count(row.get("added")) or 0 for row in rows)
+        removed = sum(_count(row.get("removed")) or 0 for row in rows)
+        parts.append(f"{_plural(total, 'file')} (+{added:,} −{removed:,})")
+    if commits:
+        parts.append(_plural(commits, "commit"))
+    if unreadable:
+        parts.append(f"{unreadable} unreadable")
+    return ", ".join(parts) or "nothing changed"
+
+
 def usage_line(usage: object) -> str | None:
     """``1,200 in · 380 out tokens (900 cached) · $0.0123 · 3 turns · model``; ``None``
     when nothing is known."""
