@@ -131,7 +131,7 @@ class Harness:
         self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
         self.recovery = Recovery(steps=self.steps, runs=self.held, queue=self.queue,
                                  settle=self.settle_soon, book=self.book, outbox=outbox,
-                                 clock=clock)
+                                 clock=clock, spend=self.facts.spend)
         self.admission = Admission(
             secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
             steps=self.steps, take_on=self.recovery.resume_unheld,

@@ -353,6 +353,14 @@ class Ledger(GroupCommit):
             return {str(name): float(until) for name, until in conn.execute(
                 "SELECT account, limited_until FROM account_limits")}
 
+    def finished_since(self, since: float) -> list[tuple[float, str]]:
+        """``(finished_at, outcome JSON)`` of every run finished at or after ``since``
+        (epoch s), reported or not: what today's spend is counted from at start."""
+        with self._locked() as conn:
+            return [(float(at), str(outcome)) for at, outcome in conn.execute(
+                "SELECT finished_at, outcome FROM runs WHERE finished_at >= ? "
+                "AND outcome IS NOT NULL", (since,))]
+
     def save_account_limits(self, limits: dict[str, float]) -> None:
         """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
 

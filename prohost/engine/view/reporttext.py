@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prohost.engine.view.statustext import cost_text
+
 
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -125,7 +127,7 @@ def usage_line(usage: object) -> str | None:
         parts.append(tokens)
     cost = usage.get("cost_usd")
     if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
-        parts.append(money(float(cost)))
+        parts.append(cost_text(float(cost)))
     turns = _count(usage.get("turns"))
     if turns is not None:
         parts.append(_plural(turns, "turn"))
@@ -134,7 +136,3 @@ def usage_line(usage: object) -> str | None:
         parts.append(model[:60])
     return " · ".join(parts) or None
 
-
-def money(usd: float) -> str:
-    """``$0.0123`` below a dollar, ``$12.34`` above."""
-    return f"${usd:.4f}" if usd < 1 else f"${usd:,.2f}"
