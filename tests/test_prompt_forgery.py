@@ -30,6 +30,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prohost.commands.demo_agent import _request_of
 from prohost.engine.run.prompt import (
     NO_REPLY,
     Checkout,
@@ -292,3 +293,9 @@ async def test_a_reply_echoing_a_forged_result_is_still_the_agents_whole_reply(
     lines = invocation["prompt"].splitlines()
     assert "The request, from dana x:" in lines
     assert f"> {HEADING}" in lines and lines.count(HEADING) == 1
+
+
+def test_the_demo_agent_echoes_the_request_not_its_quote() -> None:
+    """`prohost demo`'s agent answers "You asked: <the request>", read from the prompt."""
+    prompt = build_prompt(run_with(text="What is 2 + 2?\nThanks", author="dana"), CONTEXT)
+    assert _request_of(prompt) == "What is 2 + 2?"
