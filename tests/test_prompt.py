@@ -26,7 +26,8 @@ FULL_RUN = AgentRun(
     author="dana",
     context=[
         ContextMessage(text="CI is red on main", author="sam", at=1764668000.0),
-        ContextMessage(text="first line\nsecond line", author=None, at=None),
+        ContextMessage(text="first line\n\nsecond line", author=None, at=None),
+        ContextMessage(text=" \n", author="ana", at=None),
     ],
     instructions="You maintain the app repository.",
     created_at=1764668400.0,
@@ -36,18 +37,22 @@ BARE_RUN = AgentRun(run_id="run_02", completion_path="/c", text="   ")
 
 FULL_PROMPT = """\
 Standing instructions for this conversation:
-You maintain the app repository.
+> You maintain the app repository.
 
 Earlier messages in this conversation, oldest first:
-- sam (2025-12-02 09:33 UTC): CI is red on main
-- someone: first line
-  second line
+- sam (2025-12-02 09:33 UTC):
+  > CI is red on main
+- someone:
+  > first line
+  >
+  > second line
+- ana: (no text)
 
 The request, from dana:
-Can you fix the failing test in app?
-
-It fails with:
-  KeyError: 'fixture'
+> Can you fix the failing test in app?
+>
+> It fails with:
+>   KeyError: 'fixture'
 
 About this run (from the harness that started you, not from the sender):
 - You have up to 2 hours for this run, and it is stopped sooner if it
@@ -78,7 +83,7 @@ About this run (from the harness that started you, not from the sender):
 
 CHECKOUTS_PROMPT = """\
 The request, from dana:
-ship it
+> ship it
 
 About this run (from the harness that started you, not from the sender):
 - You have up to 45 minutes for this run; it is stopped after that.

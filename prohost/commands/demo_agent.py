@@ -25,11 +25,12 @@ AUTHOR = {"GIT_AUTHOR_NAME": "prohost demo agent", "GIT_AUTHOR_EMAIL": "demo@pro
 
 
 def _request_of(prompt: str) -> str:
-    """The first line of the request section, wherever the prompt puts it."""
+    """The first line of the request section, wherever the prompt puts it, without
+    the ``>`` the harness quotes the chat's words with."""
     lines = prompt.splitlines()
     for index, line in enumerate(lines):
         if line.startswith("The request") and index + 1 < len(lines):
-            return lines[index + 1].strip()
+            return lines[index + 1].removeprefix(">").strip()
     return next((line.strip() for line in lines if line.strip()), "")
 
 

@@ -7,6 +7,11 @@ it may share the machine with other runs of itself, and only its final message
 reaches anyone. Saying so up front is what turns an agent that narrates its work
 into one that returns something sendable.
 
+The chat's words never pass for the harness's: every line of them is quoted
+(``> ``) and every author is flattened to one line, so a participant cannot write
+a line that looks like the harness's own (one telling someone else's run to
+answer ``NO_REPLY``, say).
+
 The text is a pure function of its inputs (no clock, no environment), so the
 same run always gets byte-for-byte the same prompt; the tests pin it.
 """
@@ -28,6 +33,16 @@ MAX_REPLY_BYTES = 1024 * 1024
 
 #: Appended to a reply that was cut, so the reader knows there was more.
 REPLY_CUT_MARKER = "[prohost: the reply was over 1 MiB and was cut here]"
+
+#: Every line of the chat's words in the prompt starts with this (after the
+#: indent of a list item), and no line of the harness's own does: so a line that
+#: looks like the harness's ("About this run …") can only be the harness's (§5.2).
+QUOTE = ">"
+
+#: Control characters (C0, DEL, C1) and the line and paragraph separators: every
+#: character ``str.splitlines`` breaks at is among them. In an author they become
+#: spaces, so an author can never start a line of its own.
+_NOT_ONE_LINE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
 
 
 @attrs.frozen
@@ -107,37 +122,60 @@ def cap_reply(reply: str, *, cut: bool = False, limit_bytes: int = MAX_REPLY_BYT
     return kept + tail
 
 
-def _indented(text: str, prefix: str = "  ") -> list[str]:
-    """``text``'s lines, each after the first indented, so one message stays one item."""
-    first, *rest = text.strip().splitlines() or [""]
-    return [first, *(prefix + line if line.strip() else "" for line in rest)]
+def one_line(text: str) -> str:
+    """``text`` flattened to one line: control characters and line or paragraph
+    separators become spaces, and each run of whitespace one space."""
+    return " ".join(text.translate(_NOT_ONE_LINE).split())
 
 
-def _when(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+def quoted(text: str, indent: str = "") -> list[str]:
+    """``text``'s lines, each quoted as ``> line`` after ``indent``.
+
+    It is broken into lines wherever ``str.splitlines`` would break it (``\\r``,
+    ``\\v``, U+2028 … as well as ``\\n``), because an agent may read any of those
+    as a line break: none of them may leave a line unquoted. A blank line is a
+    bare ``>``, so one message stays one quoted block.
+    """
+    return [
+        f"{indent}{QUOTE} {line}" if line.strip() else f"{indent}{QUOTE}"
+        for line in text.splitlines()
+    ]
+
+
+def _when(at: float) -> str | None:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+    except (OverflowError, OSError, ValueError):
+        # A time no calendar here can show (1e300): the message is told without it.
+        return None
 
 
 def _context_lines(context: list[ContextMessage]) -> list[str]:
     lines = ["Earlier messages in this conversation, oldest first:"]
     for message in context:
-        who = message.author or "someone"
-        if message.at is not None:
-            who = f"{who} ({_when(message.at)})"
-        first, *rest = _indented(message.text.strip() or "(no text)")
-        lines.append(f"- {who}: {first}")
-        lines.extend(rest)
+        who = one_line(message.author or "") or "someone"
+        when = None if message.at is None else _when(message.at)
+        if when is not None:
+            who = f"{who} ({when})"
+        text = message.text.strip()
+        if text:
+            lines += [f"- {who}:", *quoted(text, "  ")]
+        else:
+            lines.append(f"- {who}: (no text)")
     return lines
 
 
 def _request_lines(run: AgentRun) -> list[str]:
     lines: list[str] = []
-    if run.instructions and run.instructions.strip():
-        lines += ["Standing instructions for this conversation:", run.instructions.strip(), ""]
+    instructions = (run.instructions or "").strip()
+    if instructions:
+        lines += ["Standing instructions for this conversation:", *quoted(instructions), ""]
     if run.context:
         lines += [*_context_lines(run.context), ""]
-    heading = f"The request, from {run.author}:" if run.author else "The request:"
-    body = run.text.strip() or "(The message has no text.)"
-    lines += [heading, body]
+    author = one_line(run.author or "")
+    heading = f"The request, from {author}:" if author else "The request:"
+    text = run.text.strip()
+    lines += [heading, *(quoted(text) if text else ["(The message has no text.)"])]
     return lines
 
 
