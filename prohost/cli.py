@@ -256,7 +256,10 @@ def build_parser() -> ArgumentParser:
         help="remove the private worktrees of conversations that have gone quiet",
         description="Remove the git worktrees (agent run --repos) of conversations idle for "
         "longer than --older-than days. One with uncommitted changes or commits on no branch "
-        "is kept and listed, unless --force. A running harness does the same once a day.",
+        "is kept and listed, unless --force. A running harness does the same once a day. "
+        "Beside a running harness, the conversations it is running (from its "
+        "$PROHOST_HOME/status.json) are kept; if that file is missing or not current, "
+        "nothing is removed.",
     )
     gc_parser.add_argument(
         "--older-than", metavar="DAYS",
