@@ -131,10 +131,11 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "needs approval)",
     )
     parser.add_argument(
-        "--repos", metavar="PATHS",
-        help="comma-separated git checkouts the agent works on; each conversation gets a "
-        "private worktree of each under $PROHOST_HOME/worktrees, kept between its turns, so "
-        "runs in parallel never share a checkout (default: none)",
+        "--repos", metavar="PATHS", action="append",
+        help="git checkouts the agent works on, separated by commas or given by repeating "
+        "the flag (--repos a,b is --repos a --repos b; each checkout once); each "
+        "conversation gets a private worktree of each under $PROHOST_HOME/worktrees, kept "
+        "between its turns, so runs in parallel never share a checkout (default: none)",
     )
     parser.add_argument(
         "--account", dest="accounts", metavar="NAME=DIR", action="append",
