@@ -25,7 +25,7 @@ from prohost.engine.view.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from prohost.home import InstanceLock, LockHeld
+from prohost.home import InstanceLock, LockHeld, lock_held_message
 from tests.kit import finished, gated_harness
 from tests.test_gc import lanes
 from tests.test_worktrees import isolate_git, make_repo, worktree_paths
@@ -183,6 +183,8 @@ async def test_without_a_harness_gc_collects_holding_the_lock(
             with pytest.raises(LockHeld) as caught:
                 InstanceLock.acquire(setup.home)
             refused.append(caught.value.pid)
+            # What `agent run` prints then names the likely culprit.
+            assert "if it is `prohost agent gc`" in lock_held_message(caught.value, setup.home)
             return await real_collect(*args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(gc, "collect_garbage", collect_while_a_harness_starts)
