@@ -131,10 +131,11 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "needs approval)",
     )
     parser.add_argument(
-        "--repos", metavar="PATHS",
-        help="comma-separated git checkouts the agent works on; each conversation gets a "
-        "private worktree of each under $PROHOST_HOME/worktrees, kept between its turns, so "
-        "runs in parallel never share a checkout (default: none)",
+        "--repos", metavar="PATHS", action="append",
+        help="git checkouts the agent works on, separated by commas or given by repeating "
+        "the flag (--repos a,b is --repos a --repos b; each checkout once); each "
+        "conversation gets a private worktree of each under $PROHOST_HOME/worktrees, kept "
+        "between its turns, so runs in parallel never share a checkout (default: none)",
     )
     parser.add_argument(
         "--account", dest="accounts", metavar="NAME=DIR", action="append",
@@ -256,7 +257,10 @@ def build_parser() -> ArgumentParser:
         help="remove the private worktrees of conversations that have gone quiet",
         description="Remove the git worktrees (agent run --repos) of conversations idle for "
         "longer than --older-than days. One with uncommitted changes or commits on no branch "
-        "is kept and listed, unless --force. A running harness does the same once a day.",
+        "is kept and listed, unless --force. A running harness does the same once a day. "
+        "Beside a running harness, the conversations it is running (from its "
+        "$PROHOST_HOME/status.json) are kept; if that file is missing or not current, "
+        "nothing is removed.",
     )
     gc_parser.add_argument(
         "--older-than", metavar="DAYS",

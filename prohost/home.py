@@ -352,5 +352,6 @@ def lock_held_message(err: LockHeld, home: Path) -> str:
     return (
         f"another prohost agent {who} is already running with PROHOST_HOME={home}; "
         f"two would both execute every run. Either {stop}, or give this one its own home: "
-        f"PROHOST_HOME=/some/other/dir prohost agent run ..."
+        f"PROHOST_HOME=/some/other/dir prohost agent run ...; if it is `prohost agent gc` "
+        f"(it holds the home while it removes worktrees), start again once it is done"
     )

@@ -210,8 +210,9 @@ def options_from_args(
 
     ``ns`` attributes (absent ones take their defaults): ``exec_command``, ``url``,
     ``machine``, ``workdir``, ``timeout``, ``idle_timeout``, ``concurrency`` (all
-    strings or None), ``dry_run``, ``allow_unverified`` (bools), ``accounts`` (a list
-    of ``NAME=DIR`` strings or None), ``limit_wait``, ``max_queued`` (strings or None).
+    strings or None), ``dry_run``, ``allow_unverified`` (bools), ``accounts`` and
+    ``repos`` (lists of the repeated flag's values, or None), ``limit_wait``,
+    ``max_queued`` (strings or None).
     """
     home = prohost_home(env, cwd)
 
@@ -367,26 +368,36 @@ def _expand_home(raw: str, env: Mapping[str, str]) -> str:
 
 
 def parse_repos(
-    raw: str, *, env: Mapping[str, str], cwd: Path, require_checkouts: bool
+    raw: str | Sequence[str], *, env: Mapping[str, str], cwd: Path, require_checkouts: bool
 ) -> tuple[Path, ...]:
-    """The checkouts ``--repos`` names: absolute, normalised, first occurrence kept.
+    """The checkouts ``--repos`` names, in order: absolute and normalised. ``raw`` is
+    one value or every value of the repeated flag, which is the same as one value
+    joining them with commas. A checkout named twice (in any spelling) is refused:
+    it is a typo for another one more often than not.
 
     ``require_checkouts`` is for installing a daemon, where a wrong path would only
     show up later in a log nobody reads; ``agent run`` passes False and warns
     instead (see :func:`is_checkout`), since a checkout may appear later.
     """
-    if not raw.strip():
-        raise ReposFlagError(REPOS_USAGE)
-    repos: list[Path] = []
-    for entry in raw.split(","):
-        entry = entry.strip()
-        if not entry:
-            # `a,,b` or a trailing comma is almost always a typo for a path.
-            raise ReposFlagError(f"{REPOS_USAGE} (got an empty entry in {raw!r})")
-        # Absolute now: the agent runs elsewhere, and a daemon has no cwd of ours.
-        path = Path(os.path.normpath(cwd / _expand_home(entry, env)))
-        if path not in repos:
-            repos.append(path)
+    values = [raw] if isinstance(raw, str) else list(raw)
+    repos: dict[Path, str] = {}  # each checkout, and how it was first written
+    for value in values:
+        if not value.strip():
+            raise ReposFlagError(REPOS_USAGE)
+        for entry in value.split(","):
+            entry = entry.strip()
+            if not entry:
+                # `a,,b` or a trailing comma is almost always a typo for a path.
+                raise ReposFlagError(f"{REPOS_USAGE} (got an empty entry in {value!r})")
+            # Absolute now: the agent runs elsewhere, and a daemon has no cwd of ours.
+            path = Path(os.path.normpath(cwd / _expand_home(entry, env)))
+            if path in repos:
+                spelled = ("" if entry == repos[path]
+                           else f" (as {repos[path]!r} and as {entry!r})")
+                raise ReposFlagError(
+                    f"--repos names {path} twice{spelled}; give each checkout once"
+                )
+            repos[path] = entry
     if require_checkouts:
         for path in repos:
             if not path.exists():

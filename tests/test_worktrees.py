@@ -402,11 +402,11 @@ def test_a_manager_without_repos_is_disabled(tmp_path: Path) -> None:
 # --- the --repos flag --------------------------------------------------------------
 
 
-def test_parse_repos_expands_resolves_and_dedupes(tmp_path: Path) -> None:
+def test_parse_repos_expands_and_resolves(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path / "me")}
     cwd = tmp_path / "here"
     repos = parse_repos(
-        " ~/code/app , lib,./lib/, ../there/x/../y ,~, /abs/p/, ~/code/app",
+        " ~/code/app , lib, ../there/x/../y ,~, /abs/p/",
         env=env, cwd=cwd, require_checkouts=False,
     )
     assert repos == (

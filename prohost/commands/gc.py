@@ -5,20 +5,41 @@ turns, so they pile up. This removes those of conversations idle for longer than
 ``--older-than`` days, keeps any that hold work existing nowhere else (uncommitted
 changes, commits on no branch) unless ``--force``, and says what it did with each.
 
-It may run while a harness is using the same home: a conversation used while the
-collection looks at it is skipped. The harness also runs the same collection once a
-day, where it also skips conversations with a run queued or running.
+It may run while a harness is using the same home. The home's lock says whether one
+is: when it is free, this command holds it while it collects, so no harness can start
+using a worktree meanwhile; when a harness holds it, the conversations it is running
+are read from its status file (``status.json``, rewritten every few seconds) before
+each look and again just before each removal, and kept. A status file that is
+missing, left by another process, or not current means the busy ones cannot be told
+apart, so the command refuses and says what to do. The harness also runs the same
+collection once a day, where it also skips conversations with a run queued or running.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import attrs
+import trio
+
+from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
-from prohost.engine.repos.worktrees import WORKTREES_DIR
+from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
+from prohost.engine.view.snapshot import (
+    REFRESH_S,
+    STALE_AFTER_S,
+    STATUS_FILE,
+    Snapshot,
+    read_snapshot,
+)
+from prohost.engine.view.statustext import human_ago
+from prohost.home import LOCK_FILE, InstanceLock, LockHeld
 
 DEFAULT_OLDER_THAN_DAYS = 14.0
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
@@ -65,23 +86,129 @@ def format_entries(entries: list[GcEntry], *, older_than_days: float, dry_run: b
     return lines
 
 
+class HarnessUnknown(Exception):
+    """A harness holds the home's lock but what it is running cannot be read; the
+    message is the one line to print."""
+
+
+@attrs.frozen
+class RunningHarness:
+    """The harness holding ``home``'s lock, seen through its status file.
+
+    :meth:`busy` reads the file again at every call, so the collection's last look
+    before a removal is as current as the harness's last write.
+    """
+
+    home: Path
+    #: The pid recorded in the lock file (``None``: not recorded).
+    lock_pid: int | None
+    clock: Callable[[], float] = time.time
+
+    def current(self) -> Snapshot:
+        """Its status now (its ``runs`` list each run preparing, running, waiting for
+        an account or reporting); :class:`HarnessUnknown` when the file cannot vouch
+        for the harness holding the lock now."""
+        path = self.home / STATUS_FILE
+        try:
+            snapshot = read_snapshot(self.home)
+        except (ValueError, OSError) as exc:
+            raise self._unknown(f"its status file cannot be read ({exc})") from None
+        if snapshot is None:
+            raise self._unknown(f"it has written no status file ({path})")
+        if not pid_alive(snapshot.pid):
+            raise self._unknown(f"{path} was left by pid {snapshot.pid}, which has exited")
+        if self.lock_pid is not None and snapshot.pid != self.lock_pid:
+            raise self._unknown(f"{path} was written by pid {snapshot.pid}, not by the "
+                                "lock's holder")
+        # A clock step can make a fresh file look written in the future: call that fresh.
+        age = max(0.0, self.clock() - snapshot.taken_at)
+        if age > STALE_AFTER_S:
+            raise self._unknown(f"{path} was last written {human_ago(age)} ago (is it hung?)")
+        return snapshot
+
+    def busy(self, lane: str) -> bool:
+        """Whether ``lane`` may be in use: listed in the status, used since it was
+        taken (the status may not show that run yet), or not known either way."""
+        # Read in the event loop: one small local file, and nothing else runs in it.
+        try:
+            snapshot = self.current()
+        except HarnessUnknown:
+            return True  # the harness stopped writing mid-collection: touch nothing more
+        if any(row.lane == lane for row in snapshot.runs):
+            return True
+        # A turn touches its lane's marker as it prepares, after it is listed as
+        # preparing: a use at or after the status was taken may be a run it does not
+        # show yet. The margin covers a small clock step between the two.
+        used = read_marker(self.home / WORKTREES_DIR / lane_folder_name(lane)).last_used
+        return used is None or used >= snapshot.taken_at - REFRESH_S
+
+    def _unknown(self, reason: str) -> HarnessUnknown:
+        who = f"pid {self.lock_pid}" if self.lock_pid else "a process whose pid is not recorded"
+        stop = f"kill {self.lock_pid}" if self.lock_pid else f"lsof {self.home / LOCK_FILE}"
+        return HarnessUnknown(
+            f"{who} holds {self.home / LOCK_FILE} (a running `prohost agent run`, or "
+            f"another gc) but {reason}, so gc cannot tell which worktrees are in use and "
+            "removes none; run it again once `prohost agent status` shows that agent "
+            f"running, or stop it ({stop}) first"
+        )
+
+
+def _lock_or_holder(home: Path) -> tuple[InstanceLock | None, RunningHarness | None] | None:
+    """Take ``home``'s lock for the collection, or name the harness holding it;
+    ``None`` when there are no worktrees at all (and then no home or lock file is made)."""
+    if not os.path.lexists(home / WORKTREES_DIR):
+        return None
+    try:
+        return InstanceLock.acquire(home), None
+    except LockHeld as held:
+        return None, RunningHarness(home, held.pid)
+
+
+def _error(message: str) -> None:
+    print(f"prohost agent gc: error: {message}", file=sys.stderr)
+
+
 async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: bool) -> int:
-    """Run one collection under ``home`` and print what happened; 0, or 1 on an error.
+    """Run one collection under ``home`` and print what happened; 0, or 1 on an error
+    (including a harness on ``home`` whose busy conversations cannot be told: see the
+    module).
 
     Cancelled (Ctrl-C): the worktree being removed is finished first (shielded and
-    bounded, see :func:`~prohost.engine.repos.collect.collect_garbage`), then the cancel goes on.
+    bounded, see :func:`~prohost.engine.repos.collect.collect_garbage`), then the
+    cancel goes on; the home's lock, if this took it, is released.
     """
     root = home / WORKTREES_DIR
     try:
+        # Returned even when cancelled meanwhile (the thread is waited for), so a lock
+        # taken is always released below.
+        taken = await trio.to_thread.run_sync(_lock_or_holder, home)
+    except OSError as exc:
+        _error(f"cannot lock {home / LOCK_FILE}: {exc.strerror or exc}")
+        return 1
+    if taken is None:
+        print(f"no conversation worktrees in {root}")
+        return 0
+    lock, harness = taken
+    try:
+        if harness is not None:
+            try:
+                running = harness.current()
+            except HarnessUnknown as exc:
+                _error(str(exc))
+                return 1
+            print(f"a prohost agent (pid {running.pid}) is running on this home: the "
+                  "worktrees of the conversations it is running are kept")
         entries = await collect_garbage(
-            home, older_than_s=older_than_days * _DAY_S, dry_run=dry_run, force=force
+            home, older_than_s=older_than_days * _DAY_S, dry_run=dry_run, force=force,
+            busy=harness.busy if harness is not None else lambda lane: False,
         )
     except OSError as exc:
         where = exc.filename or root
-        print(
-            f"prohost agent gc: error: cannot read {where}: {exc.strerror or exc}", file=sys.stderr
-        )
+        _error(f"cannot read {where}: {exc.strerror or exc}")
         return 1
+    finally:
+        if lock is not None:
+            lock.release()
     if not entries:
         print(f"no conversation worktrees in {root}")
         return 0
@@ -90,4 +217,3 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
     for line in format_entries(entries, older_than_days=older_than_days, dry_run=dry_run):
         print(line)
     return 0
-
