@@ -29,6 +29,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
 from tests.kit import AGENTS, Running, finished, running_harness, running_server
+from tests.test_brains_harness import Turnstile
 
 
 @attrs.frozen
@@ -197,3 +198,37 @@ async def test_an_agent_that_cannot_be_spawned_keeps_the_session(tmp_path: Path)
     assert outcome.error.startswith(f"could not start the agent in {tmp_path / 'work'}")
     assert outcome.session_id == "kept-session"
     assert len(groups) == 0
+
+
+async def test_a_run_cancelled_before_its_fresh_session_started_keeps_the_session(
+    tmp_path: Path,
+) -> None:
+    # The CLI refuses the resume, the fresh attempt is still starting (held by the
+    # test before it prints anything) when the sender cancels: no new session
+    # exists, so the lane keeps the one it had.
+    home = tmp_path / "home"
+    seed_session(home, "conv:C1", "old-session")
+    turnstile = Turnstile()
+    env = {**os.environ, "FAKE_CLAUDE_SCENARIO": "no_session",
+           "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(turnstile.serve)
+            env["FAKE_CLAUDE_GATE"] = str(turnstile.port)
+            async with running_server() as server, running_harness(
+                server, home, exec_command=str(install(tmp_path, CLAUDE)), env=env,
+            ) as running:
+                run_id = await server.submit_run("hello again", conversation_id="C1")
+                resuming = await turnstile.next()
+                await resuming.send_all(b"go\n")  # "No conversation found"
+                await turnstile.next()  # the fresh attempt, held
+                await server.cancel_run(run_id, "never mind")
+                await server.wait_until(finished(run_id))
+                await running.harness.wait_released(run_id)
+                completion = server.run(run_id).completion or {}
+                assert completion["error"] == "cancelled: never mind"
+                assert completion["session_id"] == "old-session"
+                assert saved_session(running) == "old-session"
+            nursery.cancel_scope.cancel()
+    assert [CLAUDE.resumed(entry["argv"]) for entry in invocations(tmp_path)] == [
+        "old-session", None]

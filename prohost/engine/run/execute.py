@@ -182,13 +182,13 @@ async def execute(
     fresh one if ``None``): a hung disk fails the run instead of holding it.
 
     ``session_id`` is resumed; a brain that rejects it is retried once with a
-    fresh session, inside the same deadline (``--timeout`` bounds the run, not
-    each attempt). ``scratch`` is a folder private to this run for the brain's
-    MCP configuration, removed afterwards; a run with ``mcp`` whose
-    configuration cannot be prepared fails closed: the agent is never spawned.
-    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
-    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
-    exceptions.
+    fresh session, inside the same deadline (``--timeout`` bounds the run), and
+    the outcome keeps ``session_id`` unless a new session really started.
+    ``scratch`` is a folder private to this run for the brain's MCP
+    configuration, removed afterwards; a run with ``mcp`` whose configuration
+    cannot be prepared fails closed: the agent is never spawned. Failures (cannot
+    start, non-zero exit, signal, timeouts, the CLI's own errors) come back as
+    ``Outcome.failure(..., retryable=False)``, never as exceptions.
 
     Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
     ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
