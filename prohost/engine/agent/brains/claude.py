@@ -319,6 +319,8 @@ class ClaudeTurn(Turn):
                     return True
             # The CLI ran and said how it ended: that is not a rejected resume.
             return False
+        # Ended before init: perhaps the session, perhaps a CLI that cannot start at
+        # all; the fresh retry tells them apart (execute._session_attempts).
         return not self.started and result.exit_code is not None and result.exit_code != 0
 
 

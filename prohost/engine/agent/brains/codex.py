@@ -243,7 +243,9 @@ class CodexTurn(Turn):
         if not self.started:
             # Codex resolves the thread before it announces it: failing before
             # thread.started is failing to resume (an unknown id, an unreadable
-            # rollout); a fresh thread is the way on.
+            # rollout); a fresh thread is the way on. Or codex cannot start at all
+            # (a refused flag, not installed): then the fresh one fails alike and
+            # the run keeps the thread (prohost.engine.run.execute._session_attempts).
             return True
         said = [result.last_stderr_line, self.last_error or "", self.turn_failed or ""]
         return any(marker in text.lower() for text in said for marker in _UNKNOWN_THREAD_MARKERS)
