@@ -52,7 +52,7 @@ def test_claude_and_auto_agree_on_the_program(line: str) -> None:
 def test_both_brains_ask_the_same_program_for_its_version() -> None:
     line = "env HOME=/srv/agent codex -m o3"
     assert isinstance(brain_for("auto", line), CodexBrain)
-    # Codex keeps the user's text as written; Claude's re-quotes the words it kept.
+    # Both keep the user's text as written, cut after the program's word.
     assert CodexBrain(line).version_command() == "env HOME=/srv/agent codex --version"
     assert ClaudeBrain(line).version_command() == "env HOME=/srv/agent codex --version"
 

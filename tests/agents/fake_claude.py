@@ -17,6 +17,9 @@ rate_limit      like ``reply`` with a ``rate_limit_event`` in the middle
 huge_line       init, one 5 MiB assistant line, then a normal result
 noise           like ``tool`` with non-JSON lines between the events
 errors_forever  error lines on stderr until killed
+lone_surrogate  like ``reply``, the text ending in half an emoji, which the CLI's
+                ``JSON.stringify`` writes as the escape ``\\ud83d`` (ES2019)
+bad_byte        like ``reply``, the text holding a byte that is not UTF-8 (0xFF)
 
 Per account, driven by the config folder in ``CLAUDE_CONFIG_DIR`` (what prohost
 sets for an account), whatever the scenario:
@@ -37,6 +40,12 @@ when each attempt goes on; if the test goes away it exits 3. ``FAKE_CLAUDE_RECOR
 JSON file that gets one entry per invocation (a list): argv, the prompt, selected
 environment variables and, for ``--mcp-config``, the config's content and mode.
 ``--version`` prints a version the way the CLI does.
+
+``FAKE_CLAUDE_REFUSE`` names a file: while it exists, every invocation refuses to
+start the way the CLI (commander.js) refuses a flag it does not know, before it
+prints any event: ``error: unknown option '<the file's content>'`` on stderr, exit
+1 (github.com/cline/cline/issues/4566); it is still recorded (FAKE_CLAUDE_RECORD).
+A test creates and removes the file to break one turn of a running harness.
 """
 
 from __future__ import annotations
@@ -54,6 +63,10 @@ from gate_client import announce
 MODEL = "claude-sonnet-4-5-20250929"
 VERSION = "2.1.29"
 HUGE_BYTES = 5 * 1024 * 1024
+#: Stand-ins in the reply text that ``emit`` turns into what the scenario needs:
+#: neither can pass through Python's ``json.dumps`` to a UTF-8 stdout.
+LONE_SURROGATE = "<lone-surrogate>"
+BAD_BYTE = "<bad-byte>"
 
 
 def option(argv: list[str], name: str) -> str | None:
@@ -67,7 +80,14 @@ def option(argv: list[str], name: str) -> str | None:
 
 
 def emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    if LONE_SURROGATE in line or BAD_BYTE in line:
+        raw = line.encode("utf-8").replace(LONE_SURROGATE.encode(), b"\\ud83d")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(raw.replace(BAD_BYTE.encode(), b"\xff") + b"\n")
+        sys.stdout.buffer.flush()
+        return
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -324,6 +344,12 @@ def main() -> int:
     prompt = sys.stdin.read()
     if path := os.environ.get("FAKE_CLAUDE_RECORD"):
         record(path, argv, prompt)
+    refuse = os.environ.get("FAKE_CLAUDE_REFUSE")
+    if refuse and os.path.exists(refuse):
+        with open(refuse, encoding="utf-8") as handle:
+            flag = handle.read().strip()
+        sys.stderr.write(f"error: unknown option '{flag}'\n")
+        return 1
     if gate := os.environ.get("FAKE_CLAUDE_GATE"):
         wait_for_the_gate(int(gate))
     reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
@@ -354,7 +380,11 @@ def main() -> int:
         })
         sys.stderr.write(message + "\n")
         return 1
-    if scenario in ("reply", "no_session"):
+    if scenario == "lone_surrogate":
+        reply += " " + LONE_SURROGATE
+    elif scenario == "bad_byte":
+        reply += " " + BAD_BYTE
+    if scenario in ("reply", "no_session", "lone_surrogate", "bad_byte"):
         session.init()
         session.assistant([{"type": "text", "text": reply}])
         session.result(reply)

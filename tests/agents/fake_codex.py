@@ -14,6 +14,9 @@ Behaviour comes from ``FAKE_CODEX_SCENARIO`` (default ``reply``):
 - ``huge_line``: a command_execution whose aggregated_output is 5 MiB, then a reply
 - ``noise``: the ``reply`` events with non-JSON lines between them
 - ``errors_forever``: error lines on stderr until killed
+- ``lone_surrogate``: like ``reply``, the reply ending in the JSON escape of half an
+  emoji (``\\ud83d``; serde_json would never write one, but the reader is shared)
+- ``bad_byte``: like ``reply``, the reply holding a byte that is not UTF-8 (0xFF)
 
 Per account, driven by the folder in ``CODEX_HOME`` (what prohost sets for an
 account), whatever the scenario:
@@ -34,6 +37,9 @@ recorded as ``mcp_server`` (how codex would call the run's MCP server).
 ``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
 file, the arguments, the prompt and a few variables of every invocation are
 appended to the JSON list in it.
+``FAKE_CODEX_REFUSE`` names a file: while it exists, every invocation (recorded
+first) refuses to start the way clap refuses a flag it does not know, before any
+event: ``error: unexpected argument '<the file's content>' found``, exit 2.
 Arguments are checked the way codex's parser would: an unknown flag or a missing
 option value exits 2 with a clap-style message.
 """
@@ -49,6 +55,10 @@ import uuid
 
 THREAD_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
 RECORDED_ENV = ("PROHOST_RUN_ID", "PROHOST_PAIRED_RUN", "PROHOST_MCP_TOKEN")
+#: Stand-ins in the reply that ``emit`` turns into what the scenario needs: neither
+#: can pass through Python's ``json.dumps`` to a UTF-8 stdout.
+LONE_SURROGATE = "<lone-surrogate>"
+BAD_BYTE = "<bad-byte>"
 
 # codex exec's options (cli.rs and the shared options it flattens in).
 WITH_VALUE = {
@@ -104,7 +114,14 @@ def parse(argv: list[str]) -> dict[str, object]:
 
 
 def emit(event: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n")
+    line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    if LONE_SURROGATE in line or BAD_BYTE in line:
+        raw = line.encode("utf-8").replace(LONE_SURROGATE.encode(), b"\\ud83d")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(raw.replace(BAD_BYTE.encode(), b"\xff") + b"\n")
+        sys.stdout.buffer.flush()
+        return
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -181,9 +198,17 @@ def main() -> None:
         })
         with open(record, "w", encoding="utf-8") as file:
             json.dump(entries, file)
+    refuse = os.environ.get("FAKE_CODEX_REFUSE")
+    if refuse and os.path.exists(refuse):
+        with open(refuse, encoding="utf-8") as file:
+            usage_error(f"unexpected argument '{file.read().strip()}' found")
 
     scenario = os.environ.get("FAKE_CODEX_SCENARIO", "reply")
     reply = os.environ.get("FAKE_CODEX_REPLY", "Fixed: the fixture path was wrong.")
+    if scenario == "lone_surrogate":
+        reply += " " + LONE_SURROGATE
+    elif scenario == "bad_byte":
+        reply += " " + BAD_BYTE
     resume = args["resume"]
     thread_id = str(resume) if resume else THREAD_ID
     home = os.environ.get("CODEX_HOME")

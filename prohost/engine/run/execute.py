@@ -182,13 +182,13 @@ async def execute(
     fresh one if ``None``): a hung disk fails the run instead of holding it.
 
     ``session_id`` is resumed; a brain that rejects it is retried once with a
-    fresh session, inside the same deadline (``--timeout`` bounds the run, not
-    each attempt). ``scratch`` is a folder private to this run for the brain's
-    MCP configuration, removed afterwards; a run with ``mcp`` whose
-    configuration cannot be prepared fails closed: the agent is never spawned.
-    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
-    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
-    exceptions.
+    fresh session, inside the same deadline (``--timeout`` bounds the run), and
+    the outcome keeps ``session_id`` unless a new session really started.
+    ``scratch`` is a folder private to this run for the brain's MCP
+    configuration, removed afterwards; a run with ``mcp`` whose configuration
+    cannot be prepared fails closed: the agent is never spawned. Failures (cannot
+    start, non-zero exit, signal, timeouts, the CLI's own errors) come back as
+    ``Outcome.failure(..., retryable=False)``, never as exceptions.
 
     Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
     ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
@@ -310,19 +310,30 @@ class _Spawn:
 async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
     """One attempt resuming ``session_id``, and a fresh one if the agent rejects it.
 
-    Cancelled: as :func:`execute` (the attempt's process group is gone first).
+    A brain guesses a rejection from a non-zero exit before the CLI announced a
+    session, and a CLI that cannot start at all ends the same way (``claude: not
+    found`` after an upgrade; a refused flag: Claude's ``error: unknown option``,
+    exit 1, github.com/cline/cline/issues/4566, codex's clap ``error: unexpected
+    argument``, exit 2). So if the fresh attempt starts no session either, the
+    session was not the trouble: the first failure is reported and the lane keeps
+    ``session_id``.
+
+    Cancelled: as :func:`execute`; ``progress.session_id`` stays ``session_id``
+    until a fresh session is seen.
     """
-    outcome = await _attempt(spawn, session_id)
-    if outcome is None:
-        # The session was rejected: the same request in a fresh one.
-        log.info("run %s: the agent does not know session %s; starting a fresh one",
-                 spawn.run.run_id, session_id)
-        spawn.progress.session_id = None
-        outcome = await _attempt(spawn, None)
-    if outcome is None:
-        raise RuntimeError(f"harness bug: run {spawn.run.run_id}'s fresh session was "
-                           "rejected as if it were a resumed one")
-    return outcome
+    first = await _attempt(spawn, session_id)
+    if not first.rejected:
+        return first.outcome
+    log.info("run %s: the agent did not take session %s; trying a fresh one",
+             spawn.run.run_id, session_id)
+    fresh = await _attempt(spawn, None)
+    if fresh.started:  # a new session replaces the refused one (the outcome has it)
+        return fresh.outcome
+    log.info("run %s: no fresh session either; keeping %s", spawn.run.run_id, session_id)
+    spawn.progress.session_id = session_id
+    if fresh.timed_out:  # the run's limit ended it: the sender must hear that
+        return attrs.evolve(fresh.outcome, session_id=session_id)
+    return first.outcome
 
 
 async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
@@ -343,8 +354,19 @@ async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
                        f"{exc.strerror or exc}") from None
 
 
-async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:
-    """One spawn of the agent. ``None`` means: it rejected ``session_id``; retry fresh.
+@attrs.frozen
+class _Tried:
+    """One attempt's outcome; whether the brain read it as the session refused, the
+    CLI announced a session (got past starting), a time limit stopped it."""
+
+    outcome: Outcome
+    rejected: bool = False
+    started: bool = False
+    timed_out: bool = False
+
+
+async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
+    """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
 
     Cancelled: as :func:`execute` (the attempt's process group is gone first).
     """
@@ -394,19 +416,21 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:
         if spawned:
             raise  # from on_spawn: the caller's own failure, not the agent's
         # The spawn itself failed: /bin/sh missing, the directory vanished between
-        # mkdir and spawn, the process table full.
-        return Outcome.failure(
-            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"
-        )
-    session = turn.session_id or progress.session_id
+        # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
+        # session it was to resume is untouched and stays the lane's.
+        return _Tried(Outcome.failure(
+            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}",
+            session_id=session_id,
+        ))
+    # The one the CLI announced, else the one it was to resume (a fresh one: none).
+    session = turn.session_id or session_id
     progress.limit = turn.limit
-    if (
+    rejected = (
         session_id is not None
         and result.timed_out is None
         and trio.current_time() < deadline
         and turn.resume_rejected(result)
-    ):
-        return None
+    )
     if result.timed_out is None:
         outcome = turn.finish(result)
         progress.ended_by_limit = turn.ended_by_limit(outcome)
@@ -416,9 +440,11 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> Outcome | None:
                 outcome = attrs.evolve(
                     outcome, reply=None if reply is None else cap_reply(reply)
                 )
-            return attrs.evolve(outcome, session_id=outcome.session_id or session)
+            return _Tried(attrs.evolve(outcome, session_id=outcome.session_id or session),
+                          rejected=rejected, started=turn.started)
     outcome = failure_from_result(result, spec)
     if result.timed_out is not None and turn.last_error and outcome.error:
         outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
                                f"{one_line(turn.last_error, 300)}")
-    return attrs.evolve(outcome, session_id=session)
+    return _Tried(attrs.evolve(outcome, session_id=session), rejected=rejected,
+                  started=turn.started, timed_out=result.timed_out is not None)

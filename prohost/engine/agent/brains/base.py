@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -52,17 +53,52 @@ def one_line(text: str, limit: int = SUMMARY_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+#: A JSON escape of a UTF-16 surrogate (``\ud800``…``\udfff``, any case): only a
+#: line holding one can decode to a string with a lone surrogate in it.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def decode_json_line(line: bytes) -> dict[str, Any] | None:
     """One line of a JSON-lines stream as an object, or ``None`` for anything else
-    (blank lines, progress noise, a CLI's warnings on stdout)."""
+    (blank lines, progress noise, a CLI's warnings on stdout).
+
+    Text that is not valid Unicode is mended rather than refused, so that an event
+    (the result, with the reply) is never lost to one bad character: a byte that is
+    not UTF-8 becomes U+FFFD, and so does a lone surrogate escape. Claude Code writes
+    its events with ``JSON.stringify``, which since ES2019 escapes a lone surrogate
+    as ``"\\ud800"`` instead of failing (the "well-formed JSON.stringify" change),
+    so a model's half of an emoji cut at a boundary reaches this line as such an
+    escape; Python then holds it as a str that no UTF-8 encoder (the reply's cap,
+    the report's JSON, the ledger) accepts.
+    """
     stripped = line.strip()
     if not stripped.startswith(b"{"):
         return None
     try:
-        value = json.loads(stripped)
+        # json.loads(bytes) would decode strictly and drop the whole event.
+        value = json.loads(stripped.decode("utf-8", errors="replace"))
     except ValueError:
         return None
+    if not isinstance(value, dict):
+        return None
+    if _SURROGATE_ESCAPE.search(stripped):
+        value = _without_surrogates(value)
     return value if isinstance(value, dict) else None
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` (decoded JSON) with every lone surrogate in its strings (keys too)
+    replaced by U+FFFD. A surrogate *pair* escape was already joined by ``json``
+    into one character, so any surrogate left is a lone one."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(key): _without_surrogates(item)
+                for key, item in value.items()}
+    return value
 
 
 @attrs.frozen

@@ -55,7 +55,7 @@ from prohost.engine.agent.brains.base import (
     with_limit,
     write_private,
 )
-from prohost.engine.agent.brains.cmdline import has_flag, program_index, split_command
+from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
 from prohost.wire.runs import Mcp, Outcome
@@ -319,6 +319,8 @@ class ClaudeTurn(Turn):
                     return True
             # The CLI ran and said how it ended: that is not a rejected resume.
             return False
+        # Ended before init: perhaps the session, perhaps a CLI that cannot start at
+        # all; the fresh retry tells them apart (execute._session_attempts).
         return not self.started and result.exit_code is not None and result.exit_code != 0
 
 
@@ -371,13 +373,7 @@ class ClaudeBrain(Brain):
         return ClaudeTurn()
 
     def version_command(self) -> str | None:
-        words = split_command(self.exec_line)
-        index = program_index(words)
-        if index is None:
-            return None
-        # NAME=value assignments and launchers stay, so the version comes from the
-        # program that will really run.
-        return shlex.join([*words[: index + 1], "--version"])
+        return version_command(self.exec_line)
 
     def wire_mcp(self, mcp: Mcp, folder: Path,
                  env: Mapping[str, str] | None = None) -> McpWiring:

@@ -58,6 +58,24 @@ def program_name(line: str) -> str:
     return "" if index is None else os.path.basename(words[index])
 
 
+def program_span(line: str) -> tuple[int, int] | None:
+    """Where in ``line`` the program's word is (start, end), by the rule of
+    :func:`program_index`; ``None`` when it runs none. ``line[:end]`` is the
+    program with what comes before it (assignments, launchers), as written."""
+    spans = word_spans(line)
+    index = program_index([word for _, _, word in spans])
+    return None if index is None else spans[index][:2]
+
+
+def version_command(line: str) -> str | None:
+    """``line`` cut after its program, plus ``--version``: the version comes from the
+    program that will really run, with its ``NAME=value`` words and launchers, and
+    ``$HOME/bin/claude`` or ``~/bin/codex`` still expanded by the shell (re-quoting
+    the parsed word would make ``$HOME`` a literal directory name)."""
+    span = program_span(line)
+    return None if span is None else line[: span[1]] + " --version"
+
+
 def has_flag(line: str, *flags: str) -> bool:
     """Whether ``line`` already passes one of ``flags`` (alone or as ``--flag=value``)."""
     for word in split_command(line):

@@ -52,7 +52,13 @@ from prohost.engine.agent.brains.base import (
     decode_json_line,
     with_limit,
 )
-from prohost.engine.agent.brains.cmdline import has_flag, program_index, split_command, word_spans
+from prohost.engine.agent.brains.cmdline import (
+    has_flag,
+    program_index,
+    split_command,
+    version_command,
+    word_spans,
+)
 from prohost.engine.agent.brains.codex_home import (
     CODEX_HOME_ENV,
     codex_home,
@@ -237,7 +243,9 @@ class CodexTurn(Turn):
         if not self.started:
             # Codex resolves the thread before it announces it: failing before
             # thread.started is failing to resume (an unknown id, an unreadable
-            # rollout); a fresh thread is the way on.
+            # rollout); a fresh thread is the way on. Or codex cannot start at all
+            # (a refused flag, not installed): then the fresh one fails alike and
+            # the run keeps the thread (prohost.engine.run.execute._session_attempts).
             return True
         said = [result.last_stderr_line, self.last_error or "", self.turn_failed or ""]
         return any(marker in text.lower() for text in said for marker in _UNKNOWN_THREAD_MARKERS)
@@ -284,10 +292,7 @@ class CodexBrain(Brain):
         return CodexTurn()
 
     def version_command(self) -> str | None:
-        span = _program_span(self.exec_line)
-        if span is None:
-            return None
-        return self.exec_line[: span[1]] + " --version"
+        return version_command(self.exec_line)
 
     def configured_model(self) -> str | None:
         model = super().configured_model()
@@ -344,13 +349,6 @@ def _failed(item: dict[str, Any]) -> bool:
     if isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != 0:
         return True
     return item.get("type") == "mcp_tool_call" and isinstance(item.get("error"), dict)
-
-
-def _program_span(line: str) -> tuple[int, int] | None:
-    """Where in ``line`` the program's word is (start, end)."""
-    spans = word_spans(line)
-    index = program_index([word for _, _, word in spans])
-    return None if index is None else spans[index][:2]
 
 
 def _with_exec_subcommand(line: str) -> str:
