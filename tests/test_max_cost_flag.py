@@ -59,3 +59,19 @@ def test_a_service_is_installed_with_the_same_budget(tmp_path: Path, raw: str) -
 def test_help_explains_the_flag(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "agent", "run", "--help")
     assert "--max-cost USD" in done.stdout and "budget" in " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize(("flags", "brain"), [
+    (["--exec", "codex exec"], "codex"),
+    (["--exec", "my-agent --go"], "plain"),
+    (["--brain", "plain", "--exec", "claude -p"], "plain"),
+])
+@pytest.mark.parametrize("command", ["run", "install-daemon"])
+def test_a_brain_that_cannot_bound_its_cost_refuses_it_at_start(
+    tmp_path: Path, flags: list[str], brain: str, command: str,
+) -> None:
+    done = run_cli(tmp_path, "agent", command, *flags, "--max-cost", "2")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"--max-cost cannot be used with the {brain} brain" in last
+    assert not (tmp_path / "home").exists()

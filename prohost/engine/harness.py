@@ -97,7 +97,8 @@ class Harness:
         self.clock = clock
         self.endpoints = endpoints
         self.ledger = ledger
-        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
+        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools,
+                               max_cost_usd=options.max_cost_usd)
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
         self.bounds = Bounds()  # every blocking file step's; stop() hurries them

@@ -205,10 +205,18 @@ class Brain(abc.ABC):
     name: ClassVar[str]
     #: stdout is a JSON event stream read line by line (else it is the reply).
     streams: ClassVar[bool] = False
+    #: The CLI can stop a run at ``--max-cost`` and say what it spent (§12).
+    bounds_cost: ClassVar[bool] = False
+    #: Why it cannot, for the refusal at start (names what is missing).
+    no_budget_because: ClassVar[str] = "it cannot bound or report what a run spends"
 
-    def __init__(self, exec_line: str, *, safe_tools: bool = False) -> None:
+    def __init__(self, exec_line: str, *, safe_tools: bool = False,
+                 max_cost_usd: float | None = None) -> None:
         self.exec_line = exec_line
         self.safe_tools = safe_tools
+        #: --max-cost: what one run may spend (US dollars); only a brain that
+        #: :attr:`bounds_cost` is ever given one.
+        self.max_cost_usd = max_cost_usd
 
     @abc.abstractmethod
     def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
