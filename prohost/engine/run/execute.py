@@ -168,6 +168,7 @@ async def execute(
     worktrees: WorktreeManager | None = None,
     accounts: AccountPlan | None = None,
     bounds: Bounds | None = None,
+    on_prepared: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -183,8 +184,11 @@ async def execute(
 
     ``session_id`` is resumed; a brain that rejects it is retried once with a
     fresh session, inside the same deadline (``--timeout`` bounds the run, not
-    each attempt). ``scratch`` is a folder private to this run for the brain's
-    MCP configuration, removed afterwards; a run with ``mcp`` whose
+    each attempt). Preparing the worktrees counts against the same deadline: one
+    that outlives it fails the run with its own error, and the agent is never
+    spawned; ``on_prepared`` is called once they are ready (the run is then
+    ``running`` rather than ``preparing``). ``scratch`` is a folder private to
+    this run for the brain's MCP configuration, removed afterwards; a run with ``mcp`` whose
     configuration cannot be prepared fails closed: the agent is never spawned.
     Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
     errors) come back as ``Outcome.failure(..., retryable=False)``, never as
@@ -204,13 +208,25 @@ async def execute(
     def finished(outcome: Outcome) -> Outcome:
         return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
 
-    # Inside the budget: preparing checkouts is part of the run.
     prepared: PreparedCheckouts | None = None
     if worktrees is not None and worktrees.enabled:
-        prepared = await worktrees.prepare(run.lane)
+        progress.activity = "preparing the private checkouts"
+        # Inside the budget: preparing checkouts is part of the run. Cancelling
+        # prepare kills its git and leaves nothing the lane's next prepare cannot
+        # clear (see WorktreeManager.prepare).
+        with trio.move_on_at(deadline):
+            prepared = await worktrees.prepare(run.lane)
+        progress.activity = None
+        if prepared is None:
+            limit = _limit_phrase(spec.timeout_s)
+            return finished(Outcome.failure(
+                f"preparing the private checkouts took longer than the run's {limit} "
+                "limit (--timeout), so the agent was not started"))
         for failure in prepared.failures:
             log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
                         failure.reason)
+    if on_prepared is not None:
+        on_prepared()
     prompt = build_prompt(
         run,
         PromptContext(
