@@ -217,7 +217,8 @@ async def execute(
         with trio.move_on_at(deadline):
             prepared = await worktrees.prepare(run.lane)
         progress.activity = None
-        if prepared is None:
+        # Done just as the deadline came: no time is left for the agent either.
+        if prepared is None or trio.current_time() >= deadline:
             limit = _limit_phrase(spec.timeout_s)
             return finished(Outcome.failure(
                 f"preparing the private checkouts took longer than the run's {limit} "
