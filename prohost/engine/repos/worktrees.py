@@ -10,7 +10,9 @@ So every lane gets, for each ``--repos`` checkout, a worktree of its own::
 
 A worktree persists across the lane's turns: a branch or an uncommitted change in
 it is the conversation's own earlier work, so later turns reuse it as it is. The
-lane folder goes into ``PROHOST_RUN_REPOS`` for the agent.
+lane folder goes into ``PROHOST_RUN_REPOS`` for the agent. A repository with no
+commit yet gets an unborn branch instead of a detached HEAD
+(:mod:`prohost.engine.repos.startpoint`).
 
 Preparing never raises for a repository that cannot be prepared: the run goes on,
 and the prompt names that checkout as read-only
