@@ -53,6 +53,11 @@ class GitError(Exception):
     """A git command failed; the message is one short line (git's last stderr line)."""
 
 
+class GitTimedOut(GitError):
+    """A git command outlived its bound and was stopped: trying it again would only
+    take as long again."""
+
+
 def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment git runs with: ``base`` without repository-locating variables,
     never prompting (a daemon has no terminal to answer on), in the C locale (so the
@@ -105,7 +110,7 @@ async def git(
         except OSError as exc:
             raise GitError(f"could not run git: {exc.strerror or exc}") from None
     if scope.cancelled_caught:
-        raise GitError(f"git {what} took longer than {timeout_s:g} s and was stopped")
+        raise GitTimedOut(f"git {what} took longer than {timeout_s:g} s and was stopped")
     if done.returncode != 0:
         reason = last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
         raise GitError(reason)
