@@ -337,6 +337,9 @@ def _start_launchd(
     if installed_before:
         # bootstrap refuses a label that is loaded; the old harness drains on bootout's
         # SIGTERM (bootout waits for it). Failing here means it was not loaded.
+        # Said first: the wait can be as long as the drain, with nothing else on screen.
+        print(f"stopping the running harness ({spec.label}): it finishes its runs first, "
+              f"up to {_duration(spec.stop_timeout_s)}...", flush=True)
         _run(launchctl, ["bootout", target], env, timeout=spec.stop_timeout_s + 30)
     for step in steps:
         ran = _run(launchctl, step, env, timeout=120)
@@ -363,8 +366,12 @@ def _print_installed(
             print(f"  note:  {hint}")
     else:
         print(f"  state: launchctl print gui/{os.getuid()}/{spec.label}")
-    minutes = math.ceil(spec.stop_timeout_s / 60)
-    print(f"  stop:  {UNINSTALL} (runs in progress finish first: up to {minutes} min)")
+    print(f"  stop:  {UNINSTALL} (runs in progress finish first: up to "
+          f"{_duration(spec.stop_timeout_s)})")
+
+
+def _duration(seconds: int) -> str:
+    return f"{math.ceil(seconds / 60)} min"
 
 
 def uninstall_daemon_command(
