@@ -267,6 +267,14 @@ def options_from_args(
     raw_max_queued = getattr(ns, "max_queued", None)
     max_queued = MAX_QUEUED_RUNS if raw_max_queued is None else parse_max_queued(raw_max_queued)
 
+    brain = parse_brain(getattr(ns, "brain", None))
+    # Imported here: the brains are the engine's; options only needs this one check.
+    from prohost.engine.agent.brains.cmdline import shell_tail_problem
+
+    problem = shell_tail_problem(brain, exec_command)
+    if problem is not None:
+        raise OptionError(problem)
+
     return Options(
         home=home,
         exec_command=exec_command,
@@ -278,7 +286,7 @@ def options_from_args(
         concurrency=concurrency,
         dry_run=bool(getattr(ns, "dry_run", False)),
         allow_unverified=bool(getattr(ns, "allow_unverified", False)),
-        brain=parse_brain(getattr(ns, "brain", None)),
+        brain=brain,
         safe_tools=bool(getattr(ns, "safe_tools", False)),
         repos=repos,
         accounts=accounts,

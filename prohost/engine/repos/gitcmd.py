@@ -29,7 +29,7 @@ GIT_TIMEOUT_S = 60.0
 #: `git rev-parse --local-env-vars` lists). A harness started from a git hook or
 #: an editor's terminal can carry them; they would make every git command act on
 #: that repository instead of the one named with -C.
-_GIT_LOCATION_VARS = frozenset({
+GIT_LOCATION_VARS = frozenset({
     "GIT_ALTERNATE_OBJECT_DIRECTORIES",
     "GIT_COMMON_DIR",
     "GIT_CONFIG",
@@ -65,7 +65,7 @@ def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         name: value
         for name, value in (os.environ if base is None else base).items()
-        if name not in _GIT_LOCATION_VARS
+        if name not in GIT_LOCATION_VARS
     }
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
