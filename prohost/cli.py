@@ -297,8 +297,14 @@ def build_parser() -> ArgumentParser:
     )
     _add_run_flags(install, host)
     install.add_argument(
+        "--pass-env", dest="pass_env", metavar="NAME", action="append", default=[],
+        help="also give the service this variable of your shell (repeatable); the agent "
+        "CLIs' documented login and endpoint variables are passed without it",
+    )
+    install.add_argument(
         "--print", dest="print_only", action="store_true",
-        help="print the unit or plist instead of installing it (touches nothing)",
+        help="print the unit or plist instead of installing it, secret values masked "
+        "(touches nothing)",
     )
     _add_verbose(install)
     install.set_defaults(handler=cli_handlers.agent_install_daemon, parser=install)

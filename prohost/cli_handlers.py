@@ -91,17 +91,20 @@ def agent_run(ns: argparse.Namespace) -> int:
 
 def agent_install_daemon(ns: argparse.Namespace) -> int:
     from prohost.commands.daemon import install_daemon_command
+    from prohost.login_env import check_pass_env
     from prohost.options import options_from_args
 
     parser: argparse.ArgumentParser = ns.parser
     try:
         # A service cannot be told later that a checkout is missing: refuse it now.
         options = options_from_args(ns, os.environ, Path.cwd(), require_checkouts=True)
-    except OptionError as exc:
+        pass_env = check_pass_env(ns.pass_env, os.environ)
+    except (OptionError, ValueError) as exc:
         parser.error(str(exc))
     _check_budget(parser, options)
     setup_logging(ns.verbose)
-    return install_daemon_command(options, print_only=ns.print_only, env=os.environ)
+    return install_daemon_command(options, print_only=ns.print_only, env=os.environ,
+                                  pass_env=pass_env)
 
 
 def agent_uninstall_daemon(ns: argparse.Namespace) -> int:

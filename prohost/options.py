@@ -278,6 +278,14 @@ def options_from_args(
     raw_max_cost = getattr(ns, "max_cost", None)
     max_cost_usd = None if raw_max_cost is None else parse_max_cost(raw_max_cost)
 
+    brain = parse_brain(getattr(ns, "brain", None))
+    # Imported here: the brains are the engine's; options only needs this one check.
+    from prohost.engine.agent.brains.cmdline import shell_tail_problem
+
+    problem = shell_tail_problem(brain, exec_command)
+    if problem is not None:
+        raise OptionError(problem)
+
     return Options(
         home=home,
         exec_command=exec_command,
@@ -289,7 +297,7 @@ def options_from_args(
         concurrency=concurrency,
         dry_run=bool(getattr(ns, "dry_run", False)),
         allow_unverified=bool(getattr(ns, "allow_unverified", False)),
-        brain=parse_brain(getattr(ns, "brain", None)),
+        brain=brain,
         safe_tools=bool(getattr(ns, "safe_tools", False)),
         repos=repos,
         accounts=accounts,

@@ -32,6 +32,7 @@ from prohost.home import (
     resolve_endpoints,
 )
 from prohost.logfile import add_redaction
+from prohost.login_env import log_secrets
 from prohost.options import Options
 
 log = logging.getLogger("prohost.agent")
@@ -64,8 +65,9 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
     except (CredentialsError, ValueError) as exc:
         print(f"prohost: {exc}", file=sys.stderr)
         return 1
-    # Every handler is in place by now; from here on neither secret can reach a log.
-    add_redaction(creds.token, creds.secret)
+    # Every handler is in place by now; from here on neither secret can reach a log,
+    # nor the agent CLIs' logins the service passes on (an API key in an error line).
+    add_redaction(creds.token, creds.secret, *log_secrets(os.environ))
     endpoints = Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token,
                           secret=creds.secret)
     if options.dry_run:

@@ -39,7 +39,6 @@ import attrs
 from prohost.commands.service import (
     INSTALL,
     MAX_STOP_TIMEOUT_S,
-    SECRET_VARIABLES,
     UNINSTALL,
     DaemonError,
     ServiceSpec,
@@ -52,15 +51,9 @@ from prohost.commands.service import (
 )
 from prohost.errors import last_line
 from prohost.files import write_atomically
-from prohost.home import (
-    CredentialsError,
-    InstanceLock,
-    LockHeld,
-    load_credentials,
-)
-from prohost.options import (
-    Options,
-)
+from prohost.home import CredentialsError, InstanceLock, LockHeld, load_credentials
+from prohost.login_env import carried, login_notes, subscription_login
+from prohost.options import Options
 
 #: Words after which the program is not the first word of --exec: not checkable here.
 _SHELL_WORDS = frozenset({
@@ -154,15 +147,6 @@ def _check_python(spec: ServiceSpec) -> str | None:
     return None
 
 
-# --- writing ------------------------------------------------------------------------
-
-
-def _file_mode(spec: ServiceSpec) -> int:
-    # 0644 is the usual mode for unit files, but not for one holding an API key:
-    # ~/.config and ~/Library are often readable by other local users.
-    return 0o600 if SECRET_VARIABLES & spec.environment.keys() else 0o644
-
-
 # --- running the manager ------------------------------------------------------------
 
 
@@ -208,18 +192,21 @@ def install_daemon_command(
     print_only: bool,
     env: Mapping[str, str],
     platform: str = sys.platform,
+    pass_env: Sequence[str] = (),
 ) -> int:
-    """``prohost agent install-daemon [agent run flags] [--print]``; returns the exit status.
+    """``prohost agent install-daemon [agent run flags] [--pass-env NAME]... [--print]``;
+    returns the exit status. ``pass_env``: names already checked to be set in ``env``.
 
-    ``--print`` writes the unit or plist to stdout and touches nothing. Otherwise:
+    ``--print`` writes the unit or plist, secrets masked, to stdout and touches nothing. Otherwise:
     check, write the file atomically, and start (or restart) the service. When the
     service manager is missing or refuses, the file stays written and the exact
     commands to run are printed, with exit status 1.
     """
     try:
         manager = service_manager(platform)
-        spec = service_spec(options, env)
+        spec = service_spec(options, env, pass_env)
         text = render(spec, platform)
+        shown = render(spec.shown(), platform)
         path = unit_path(spec, platform, env)
     except DaemonError as exc:
         _err(str(exc))
@@ -237,9 +224,12 @@ def install_daemon_command(
         print(f"nothing was {'printed' if print_only else 'installed'}.", file=sys.stderr)
         return 1
 
+    for note in login_notes(spec.environment, env, subscription_login=subscription_login(env)):
+        print(f"note: {note}", file=sys.stderr)
     if print_only:
-        print(f"# {manager} file for {path}", file=sys.stderr)
-        sys.stdout.write(text)
+        masked = " (secret values shown as [redacted])" if shown != text else ""
+        print(f"# {manager} file for {path}{masked}", file=sys.stderr)
+        sys.stdout.write(shown)
         return 0
 
     try:
@@ -269,7 +259,7 @@ def install_daemon_command(
         return 1
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, text.encode("utf-8"), _file_mode(spec))
+        write_atomically(path, text.encode("utf-8"), 0o600 if spec.holds_secrets() else 0o644)
     except OSError as exc:
         _err(f"cannot write {path}: {exc.strerror or exc}")
         return 1
@@ -337,6 +327,9 @@ def _start_launchd(
     if installed_before:
         # bootstrap refuses a label that is loaded; the old harness drains on bootout's
         # SIGTERM (bootout waits for it). Failing here means it was not loaded.
+        # Said first: the wait can be as long as the drain, with nothing else on screen.
+        print(f"stopping the running harness ({spec.label}): it finishes its runs first, "
+              f"up to {_duration(spec.stop_timeout_s)}...", flush=True)
         _run(launchctl, ["bootout", target], env, timeout=spec.stop_timeout_s + 30)
     for step in steps:
         ran = _run(launchctl, step, env, timeout=120)
@@ -355,6 +348,10 @@ def _print_installed(
     else:
         print(f"installed and started {spec.label}: {path}")
     print(f"  runs:  {shlex.join(spec.program)}")
+    logins = [name for name in spec.environment if name in carried(env) or name in spec.passed]
+    if logins:  # named, never their values: the person should know what the file holds
+        private = " (secrets in this file only, mode 0600)" if spec.holds_secrets() else ""
+        print(f"  env:   {', '.join(logins)} from this shell{private}")
     print(f"  log:   {spec.log_path}")
     if manager == "systemd":
         print(f"  state: systemctl --user status {spec.label}")
@@ -363,8 +360,12 @@ def _print_installed(
             print(f"  note:  {hint}")
     else:
         print(f"  state: launchctl print gui/{os.getuid()}/{spec.label}")
-    minutes = math.ceil(spec.stop_timeout_s / 60)
-    print(f"  stop:  {UNINSTALL} (runs in progress finish first: up to {minutes} min)")
+    print(f"  stop:  {UNINSTALL} (runs in progress finish first: up to "
+          f"{_duration(spec.stop_timeout_s)})")
+
+
+def _duration(seconds: int) -> str:
+    return f"{math.ceil(seconds / 60)} min"
 
 
 def uninstall_daemon_command(

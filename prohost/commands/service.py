@@ -6,10 +6,17 @@ here writes a file or runs a program (that is :mod:`prohost.commands.daemon`).
 Why the service's environment is spelled out. A supervisor does not inherit the
 installing shell: its PATH is minimal (``claude``/``codex``/``git`` are not on
 it), its current directory is ``/`` or ``$HOME``, and ``$PROHOST_WS_URL`` is
-unset. So the unit carries an absolute workdir, the shell's PATH, the API-key
-variables the agent CLIs read, and ``--url`` for an URL that came from the
-environment. It never carries the prohost token or secret: those stay in
-``credentials.json`` (0600), which the harness reads itself.
+unset. So the unit carries an absolute workdir, the shell's PATH, the login and
+endpoint variables the agent CLIs read (:mod:`prohost.login_env`, plus any
+``--pass-env NAME``), and ``--url`` for an URL that came from the environment. It
+never carries the prohost token or secret: those stay in ``credentials.json``
+(0600), which the harness reads itself.
+
+Where the login secrets go: inline in the one unit or plist, written 0600 when it
+holds one. launchd has no separate environment file, so an ``EnvironmentFile=``
+would give systemd a second file to create, keep private and remove, and leave the
+plist as it is; one private file per service is the same on both and cannot
+drift apart. Only the same user can read it, or ask their own user manager for it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from prohost.home import (
     WORKSPACE_DIR,
 )
 from prohost.logfile import LOG_ENV, LOG_TO_FILE, log_path
+from prohost.login_env import SECRET_VARS_ENV, carried, masked
 from prohost.options import (
     DEFAULT_EXEC,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -56,20 +64,9 @@ MIN_STOP_TIMEOUT_S = 120
 #: kills their leftover agents and reports them, so nothing is silently lost.
 MAX_STOP_TIMEOUT_S = 3600
 
-#: Variables copied from the installing shell when set. PATH and HOME are always set.
-PASSED_VARIABLES = (
-    "HOME",
-    "PATH",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "ANTHROPIC_API_KEY",
-    "OPENAI_API_KEY",
-    "CLAUDE_CONFIG_DIR",
-    "CODEX_HOME",
-)
-#: Passed variables that are credentials: a unit holding one is written 0600, not 0644.
-SECRET_VARIABLES = frozenset({"ANTHROPIC_API_KEY", "OPENAI_API_KEY"})
+#: Variables copied from the installing shell when set, besides the agent CLIs'
+#: logins (:func:`prohost.login_env.carried`). PATH and HOME are always set.
+PASSED_VARIABLES = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE")
 
 #: Options fields harness_arguments knows how to express ("home" travels as $PROHOST_HOME).
 EXPRESSED_FIELDS = frozenset({
@@ -203,6 +200,20 @@ class ServiceSpec:
     #: Where launchd sends stdout/stderr (systemd sends them to the journal instead).
     stdio_path: Path
     stop_timeout_s: int
+    #: Names given with ``--pass-env``: their values are masked like secrets.
+    passed: tuple[str, ...] = ()
+
+    def shown(self) -> ServiceSpec:
+        """This spec with every secret value masked (``--print``, the install's output)."""
+        return attrs.evolve(self, environment={
+            name: masked(name, value, secret=name in self.passed)
+            for name, value in self.environment.items()
+        })
+
+    def holds_secrets(self) -> bool:
+        """Whether a value is a credential: the file is then 0600, not the usual 0644
+        (~/.config and ~/Library are often readable by other local users)."""
+        return self.shown().environment != self.environment
 
 
 def service_label(home: Path) -> str:
@@ -224,19 +235,30 @@ def stop_timeout_s(options: Options) -> int:
     return max(MIN_STOP_TIMEOUT_S, min(MAX_STOP_TIMEOUT_S, wanted))
 
 
-def service_environment(options: Options, env: Mapping[str, str]) -> dict[str, str]:
-    """The service's whole environment: an allow-list, so no PROHOST_TOKEN-like
-    variable of the installing shell can reach the unit file."""
+def service_environment(
+    options: Options, env: Mapping[str, str], pass_env: Sequence[str] = ()
+) -> dict[str, str]:
+    """The service's whole environment: an allow-list (and ``pass_env``, names the
+    user chose), so no PROHOST_TOKEN-like variable of the installing shell can reach
+    the unit file."""
     passed = {name: env[name] for name in PASSED_VARIABLES if env.get(name)}
     passed.setdefault("PATH", os.defpath)
     passed.setdefault("HOME", str(_user_home(env)))
+    passed.update(carried(env))
+    passed.update({name: env[name] for name in pass_env})
     passed["PROHOST_HOME"] = str(options.home)
     passed[LOG_ENV] = LOG_TO_FILE
+    if pass_env:
+        # So that the harness keeps their values out of its log too.
+        passed[SECRET_VARS_ENV] = ",".join(pass_env)
     return passed
 
 
-def service_spec(options: Options, env: Mapping[str, str]) -> ServiceSpec:
-    """The service for ``options``, installed from a shell whose environment is ``env``.
+def service_spec(
+    options: Options, env: Mapping[str, str], pass_env: Sequence[str] = ()
+) -> ServiceSpec:
+    """The service for ``options``, installed from a shell whose environment is ``env``,
+    also passing the variables named in ``pass_env`` (checked: set in ``env``).
 
     Pure: nothing is created (``--print`` touches nothing); the installer makes the
     workdir and the log folder.
@@ -249,10 +271,11 @@ def service_spec(options: Options, env: Mapping[str, str]) -> ServiceSpec:
         program=[sys.executable, "-m", "prohost", *harness_arguments(options)],
         # Absolute already (Options checks it): the supervisor's own cwd is "/" or $HOME.
         working_directory=options.workdir,
-        environment=service_environment(options, env),
+        environment=service_environment(options, env, pass_env),
         log_path=log,
         stdio_path=log.with_name("launchd.log"),
         stop_timeout_s=stop_timeout_s(options),
+        passed=tuple(pass_env),
     )
 
 

@@ -13,6 +13,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from prohost.engine.repos.gitcmd import GIT_LOCATION_VARS
+
 #: Set to ``1`` for every agent the harness starts, so instructions the agent reads
 #: from disk can tell a paired run (someone is waiting in a thread) from any other.
 PAIRED_RUN_ENV = "PROHOST_PAIRED_RUN"
@@ -25,6 +27,12 @@ SCRATCH_NAME_CHARS = 32
 #: Claude Code sets this in its own shells. A harness started from one would
 #: pass it on, and the agent would then believe it was nested inside Claude Code.
 _NESTED_CLAUDE_ENV = "CLAUDECODE"
+#: Never passed on: Claude Code's nesting marker, and the variables that point git at
+#: one repository (a harness started from a git hook or an editor's terminal has
+#: them). The agent works in its own checkouts: with GIT_DIR or GIT_INDEX_FILE
+#: inherited, every git command it runs would read and write that other
+#: repository instead, whatever its working directory.
+_DROPPED = frozenset({_NESTED_CLAUDE_ENV, *GIT_LOCATION_VARS})
 
 
 def scratch_folder(root: Path, run_id: str) -> Path:
@@ -50,7 +58,8 @@ def make_private_folder(path: Path) -> None:
 
 
 def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> dict[str, str]:
-    """The environment an agent runs with: ``base`` plus the run's markers, minus secrets.
+    """The environment an agent runs with: ``base`` plus the run's markers, minus secrets
+    and git's repository-locating variables.
 
     A variable is dropped when its value contains a secret anywhere, not only when
     it equals one: ``Authorization: Bearer <token>`` in some variable leaks as much.
@@ -59,7 +68,7 @@ def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> d
     env = {
         name: value
         for name, value in base.items()
-        if name != _NESTED_CLAUDE_ENV and not any(needle in value for needle in needles)
+        if name not in _DROPPED and not any(needle in value for needle in needles)
     }
     env[PAIRED_RUN_ENV] = "1"
     env[RUN_ID_ENV] = run_id

@@ -22,7 +22,7 @@ from typing import Literal
 import attrs
 import trio
 
-from prohost.engine.repos.gitcmd import GitError, git, git_env, real_path
+from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git, git_env, real_path
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
 log = logging.getLogger("prohost.worktrees")
@@ -110,6 +110,10 @@ async def _judge(path: Path) -> _Verdict:
             "--format=%(refname)", "refs/heads", "refs/remotes",
         )
     except GitError as exc:
+        if not isinstance(exc, GitTimedOut) and await _unborn(path):
+            # An empty repository's worktree whose branch has no commit yet, and
+            # nothing uncommitted (above): there is nothing to lose.
+            return _Verdict(path, common_dir, None, "")
         return _Verdict(path, common_dir, "unmerged", f"{path.name} cannot be checked ({exc})")
     if not holders.strip():
         return _Verdict(
@@ -117,6 +121,21 @@ async def _judge(path: Path) -> _Verdict:
             f"{path.name} has commits on no branch, which removing it would lose",
         )
     return _Verdict(path, common_dir, None, "")
+
+
+async def _unborn(path: Path) -> bool:
+    """Whether the worktree at ``path`` is on a branch with no commit yet."""
+    try:
+        await git("-C", str(path), "symbolic-ref", "--quiet", "HEAD")
+    except GitError:
+        return False  # detached, or unreadable
+    try:
+        await git("-C", str(path), "rev-parse", "--verify", "--quiet", "HEAD")
+    except GitTimedOut:
+        return False
+    except GitError:
+        return True
+    return False
 
 
 def _days(seconds: float) -> str:
@@ -153,7 +172,9 @@ async def collect_garbage(
     A lane folder goes whole or not at all: a worktree with uncommitted changes (or
     anything else in the folder that is not ours) or with commits on no branch keeps
     its folder unless ``force``; ``busy(lane)`` true keeps it always. Removal is
-    ``git worktree remove``, then ``git worktree prune`` on each source touched.
+    ``git worktree remove``, which also clears the worktree's registration in its
+    source; ``git worktree prune`` is never run here (it would also forget the
+    person's own worktrees whose folders are missing, an unmounted disk's).
     ``dry_run`` removes nothing and reports ``would-remove``. ``hold(lane)``, when
     given (the harness's scheduler), is entered around the last look and the
     removal, so no turn of that lane starts while its worktrees go; a turn that
@@ -226,7 +247,6 @@ async def _remove_folder(
     names: str,
     forced: str,
 ) -> GcEntry:
-    touched: set[str] = set()
     failed: list[str] = []
     for verdict in verdicts:
         try:
@@ -235,13 +255,6 @@ async def _remove_folder(
             await _remove_worktree(verdict, verdict.problem is not None)
         except (GitError, OSError) as exc:
             failed.append(f"{verdict.path.name}: {exc}")
-        if verdict.common is not None:
-            touched.add(verdict.common)
-    for common in sorted(touched):
-        with contextlib.suppress(GitError):
-            # Tidies the source's list; a failure here leaves a stale entry that
-            # the next `git worktree prune` (or git gc) clears, nothing worse.
-            await git("--git-dir", common, "worktree", "prune")
     if failed:
         return entry("kept-dirty", "could not remove " + "; ".join(failed))
 

@@ -29,7 +29,7 @@ GIT_TIMEOUT_S = 60.0
 #: `git rev-parse --local-env-vars` lists). A harness started from a git hook or
 #: an editor's terminal can carry them; they would make every git command act on
 #: that repository instead of the one named with -C.
-_GIT_LOCATION_VARS = frozenset({
+GIT_LOCATION_VARS = frozenset({
     "GIT_ALTERNATE_OBJECT_DIRECTORIES",
     "GIT_COMMON_DIR",
     "GIT_CONFIG",
@@ -53,6 +53,11 @@ class GitError(Exception):
     """A git command failed; the message is one short line (git's last stderr line)."""
 
 
+class GitTimedOut(GitError):
+    """A git command outlived its bound and was stopped: trying it again would only
+    take as long again."""
+
+
 def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment git runs with: ``base`` without repository-locating variables,
     never prompting (a daemon has no terminal to answer on), in the C locale (so the
@@ -60,7 +65,7 @@ def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         name: value
         for name, value in (os.environ if base is None else base).items()
-        if name not in _GIT_LOCATION_VARS
+        if name not in GIT_LOCATION_VARS
     }
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
@@ -105,7 +110,7 @@ async def git(
         except OSError as exc:
             raise GitError(f"could not run git: {exc.strerror or exc}") from None
     if scope.cancelled_caught:
-        raise GitError(f"git {what} took longer than {timeout_s:g} s and was stopped")
+        raise GitTimedOut(f"git {what} took longer than {timeout_s:g} s and was stopped")
     if done.returncode != 0:
         reason = last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
         raise GitError(reason)

@@ -10,7 +10,9 @@ So every lane gets, for each ``--repos`` checkout, a worktree of its own::
 
 A worktree persists across the lane's turns: a branch or an uncommitted change in
 it is the conversation's own earlier work, so later turns reuse it as it is. The
-lane folder goes into ``PROHOST_RUN_REPOS`` for the agent.
+lane folder goes into ``PROHOST_RUN_REPOS`` for the agent. A repository with no
+commit yet gets an unborn branch instead of a detached HEAD
+(:mod:`prohost.engine.repos.startpoint`).
 
 Preparing never raises for a repository that cannot be prepared: the run goes on,
 and the prompt names that checkout as read-only
@@ -41,7 +43,8 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
-from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, git, real_path
+from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
+from prohost.engine.repos.startpoint import start_point
 from prohost.engine.run.prompt import Checkout, CheckoutFailure
 from prohost.options import is_checkout
 
@@ -180,10 +183,6 @@ class PreparedCheckouts:
     failures: tuple[CheckoutFailure, ...]
 
 
-class _LockTimeout(Exception):
-    pass
-
-
 State = Literal["ready", "absent", "half-made", "empty", "broken", "foreign", "junk"]
 
 
@@ -197,8 +196,7 @@ class WorktreeManager:
     """
 
     def __init__(
-        self, home: Path, repos: Sequence[Path], *, lock_timeout_s: float = 60.0,
-        bounds: Bounds | None = None,
+        self, home: Path, repos: Sequence[Path], *, bounds: Bounds | None = None,
     ) -> None:
         self.root = home / WORKTREES_DIR
         #: The harness's bounds: a hung disk fails a checkout (a CheckoutFailure,
@@ -207,7 +205,6 @@ class WorktreeManager:
         self.bounds = bounds if bounds is not None else Bounds()
         self.repos = tuple(repos)
         self.names = checkout_names(self.repos)
-        self.lock_timeout_s = lock_timeout_s
         self._locks: dict[str, trio.Lock] = {}
         # A checkout's common dir only changes if it is re-cloned; asking once per
         # source keeps a reused worktree at one git process per turn.
@@ -236,6 +233,12 @@ class WorktreeManager:
     async def prepare(self, lane: str) -> PreparedCheckouts:
         """Make sure ``lane`` has a worktree of each repo; say which are ready and why
         the others are not. Never raises for a repository; all repos are prepared at once.
+
+        A lane whose worktree must be made while another lane's of the same repo is
+        being made waits its turn, however long that takes (each git command is
+        bounded): giving up would hand the agent a read-only checkout. The caller
+        bounds the whole preparation by the run's deadline
+        (:func:`prohost.engine.run.execute.execute`).
 
         Cancelled: git processes in flight are killed (their whole process group),
         per-source locks are released, and what a half-made worktree leaves behind
@@ -306,15 +309,14 @@ class WorktreeManager:
                 # Unusable and never handed to an agent: a prepare was cancelled or
                 # killed while making it, so nothing in it is anyone's work.
                 state = "junk"
+            new_branch = None
             if state != "ready":
-                await self._create(source, path, state)
-            return Checkout(name=name, path=str(path), source=str(source))
-        except _LockTimeout:
-            return CheckoutFailure(
-                str(source),
-                f"another worktree of {source} was still being created after "
-                f"{self.lock_timeout_s:g} s",
-            )
+                new_branch = await self._create(source, path, state)
+            # git leaves a worktree's submodules empty, and git's own documentation
+            # advises against checking them out in a linked worktree: the agent is told.
+            submodules = await self._file(os.path.lexists, path / ".gitmodules")
+            return Checkout(name=name, path=str(path), source=str(source),
+                            new_branch=new_branch, has_submodules=submodules)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
@@ -368,7 +370,10 @@ class WorktreeManager:
             return "ready"
         return "half-made" if reason.strip() == "initializing" else "ready"
 
-    async def _create(self, source: Path, path: Path, state: State) -> None:
+    async def _create(self, source: Path, path: Path, state: State) -> str | None:
+        """Make the worktree at ``path``, clearing what ``state`` says is in the way.
+        Returns the branch it is on when ``source`` has no commit yet, else ``None``
+        (a detached HEAD at the source's commit)."""
         log.debug("making the worktree %s of %s (found: %s)", path, source, state)
         if state == "empty":
             await self._file(path.rmdir)
@@ -379,14 +384,11 @@ class WorktreeManager:
             await self._file(path.rename, aside)
             log.warning("%s was not a usable git worktree; moved it to %s", path, aside)
         src = str(source)
-        lock = self.source_lock(source)
-        acquired = False
-        with trio.move_on_after(self.lock_timeout_s):
-            await lock.acquire()
-            acquired = True
-        if not acquired:
-            raise _LockTimeout
-        try:
+        # Waited for without a limit of its own: the holder's git commands are each
+        # bounded, and the run's deadline bounds this wait (the caller's scope).
+        # A limit shorter than a checkout made lanes queued behind a slow one give
+        # up and hand their agent a read-only checkout.
+        async with self.source_lock(source):
             if state in ("half-made", "junk"):
                 if await self._file(os.path.lexists, path / ".git"):
                     # Twice --force: git's "initializing" lock is a lock too.
@@ -394,12 +396,25 @@ class WorktreeManager:
                         await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
                 if await self._file(os.path.lexists, path):
                     await self._file(shutil.rmtree, path)
-            # Clears the registration of a worktree whose folder vanished; `add`
-            # refuses a path that is "missing but already registered".
-            await git("-C", src, "worktree", "prune")
-            await git(
-                "-C", src, "worktree", "add", "--detach", str(path), "HEAD",
-                timeout_s=GIT_ADD_TIMEOUT_S,
-            )
-        finally:
-            lock.release()
+            start, branch = await start_point(src, path.parent.name)
+            add = ["-C", src, "worktree", "add", str(path), start]
+            if branch is None:
+                add.insert(4, "--detach")
+            try:
+                await git(*add, timeout_s=GIT_ADD_TIMEOUT_S)
+            except GitTimedOut:
+                raise
+            except GitError:
+                # Most likely a registration whose folder vanished ("missing but
+                # already registered"). Pruned only now, and under the lock: a
+                # prune also forgets the person's own worktrees whose folders are
+                # missing (an unmounted disk), so it is not run unasked.
+                await git("-C", src, "worktree", "prune")
+                await git(*add, timeout_s=GIT_ADD_TIMEOUT_S)
+            if start != branch and branch is not None:
+                # The worktree is on an unborn branch of its own: the agent's first
+                # commit creates it, as in a fresh `git init`. (Cancelled just before
+                # this, the worktree stays detached at the empty stand-in commit,
+                # which the prompt's "create a branch" covers.)
+                await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+        return branch

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -30,16 +29,16 @@ from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env, make_private_folder
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.process import ProcessGroups, run_agent
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
+from prohost.engine.run.ending import failure_from_result, limit_phrase
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import (
     MAX_REPLY_BYTES,
     PromptContext,
     build_prompt,
     cap_reply,
-    human_duration,
     reply_from_text,
 )
 from prohost.options import Options
@@ -74,48 +73,6 @@ class ExecSpec:
         return cls(command=options.exec_command, workdir=options.workdir,
                    timeout_s=options.timeout_s, idle_timeout_s=options.idle_timeout_s,
                    parallel=options.concurrency > 1, secrets=secrets)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _limit_phrase(seconds: float) -> str:
-    """ "45 minutes" as in "the 45-minute limit"."""
-    number, _, unit = human_duration(seconds).partition(" ")
-    return f"{number}-{unit.removesuffix('s')}"
-
-
-def failure_from_result(result: ProcessResult, spec: ExecSpec) -> Outcome:
-    """How the agent's process ended, in words, when its brain had nothing to say
-    (a timeout, a signal, an exit status). ``duration_ms`` is set by the caller."""
-    duration_ms = round(result.duration_s * 1000)
-    if result.timed_out == "total":
-        limit = _limit_phrase(spec.timeout_s)
-        return Outcome.failure(
-            f"the agent ran longer than the {limit} limit (--timeout)", duration_ms=duration_ms
-        )
-    if result.timed_out == "idle":
-        idle = human_duration(spec.idle_timeout_s)
-        return Outcome.failure(
-            f"the agent printed nothing for {idle} (--idle-timeout)", duration_ms=duration_ms
-        )
-    if result.signal is not None:
-        error = f"the agent was killed by {_signal_name(result.signal)}"
-        if result.last_stderr_line:
-            error += f": {result.last_stderr_line}"
-        return Outcome.failure(error, duration_ms=duration_ms)
-    if result.exit_code != 0:
-        error = f"the agent exited with status {result.exit_code}"
-        if result.last_stderr_line:
-            error += f": {result.last_stderr_line}"
-        return Outcome.failure(error, duration_ms=duration_ms)
-    # Exit 0 and still no outcome: a brain that could not make sense of the output.
-    return Outcome.failure("the agent exited without a reply the harness could read",
-                           duration_ms=duration_ms)
 
 
 @attrs.frozen
@@ -168,6 +125,7 @@ async def execute(
     worktrees: WorktreeManager | None = None,
     accounts: AccountPlan | None = None,
     bounds: Bounds | None = None,
+    on_prepared: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -184,11 +142,15 @@ async def execute(
     ``session_id`` is resumed; a brain that rejects it is retried once with a
     fresh session, inside the same deadline (``--timeout`` bounds the run), and
     the outcome keeps ``session_id`` unless a new session really started.
-    ``scratch`` is a folder private to this run for the brain's MCP
-    configuration, removed afterwards; a run with ``mcp`` whose configuration
-    cannot be prepared fails closed: the agent is never spawned. Failures (cannot
-    start, non-zero exit, signal, timeouts, the CLI's own errors) come back as
-    ``Outcome.failure(..., retryable=False)``, never as exceptions.
+    Preparing the worktrees counts against the same deadline: one that outlives
+    it fails the run with its own error, and the agent is never spawned;
+    ``on_prepared`` is called once they are ready (the run is then ``running``
+    rather than ``preparing``). ``scratch`` is a folder private to this run for
+    the brain's MCP configuration, removed afterwards; a run with ``mcp`` whose
+    configuration cannot be prepared fails closed: the agent is never spawned.
+    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
+    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
+    exceptions.
 
     Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
     ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
@@ -204,13 +166,26 @@ async def execute(
     def finished(outcome: Outcome) -> Outcome:
         return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
 
-    # Inside the budget: preparing checkouts is part of the run.
     prepared: PreparedCheckouts | None = None
     if worktrees is not None and worktrees.enabled:
-        prepared = await worktrees.prepare(run.lane)
+        progress.activity = "preparing the private checkouts"
+        # Inside the budget: preparing checkouts is part of the run. Cancelling
+        # prepare kills its git and leaves nothing the lane's next prepare cannot
+        # clear (see WorktreeManager.prepare).
+        with trio.move_on_at(deadline):
+            prepared = await worktrees.prepare(run.lane)
+        progress.activity = None
+        # Done just as the deadline came: no time is left for the agent either.
+        if prepared is None or trio.current_time() >= deadline:
+            limit = limit_phrase(spec.timeout_s)
+            return finished(Outcome.failure(
+                f"preparing the private checkouts took longer than the run's {limit} "
+                "limit (--timeout), so the agent was not started"))
         for failure in prepared.failures:
             log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
                         failure.reason)
+    if on_prepared is not None:
+        on_prepared()
     prompt = build_prompt(
         run,
         PromptContext(
@@ -442,7 +417,8 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
                 )
             return _Tried(attrs.evolve(outcome, session_id=outcome.session_id or session),
                           rejected=rejected, started=turn.started)
-    outcome = failure_from_result(result, spec)
+    outcome = failure_from_result(result, timeout_s=spec.timeout_s,
+                                   idle_timeout_s=spec.idle_timeout_s)
     if result.timed_out is not None and turn.last_error and outcome.error:
         outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
                                f"{one_line(turn.last_error, 300)}")

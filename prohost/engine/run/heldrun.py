@@ -110,7 +110,8 @@ class HeldRun:
             return None
         if progress.waiting_until is not None:
             return waiting_activity(progress.waiting_until)
-        return progress.activity if self.state == "running" else None
+        # While preparing: what it prepares (its private checkouts, §5.1).
+        return progress.activity if self.state in ("preparing", "running") else None
 
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),

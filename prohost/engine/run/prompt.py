@@ -52,6 +52,11 @@ class Checkout:
     name: str
     path: str
     source: str
+    #: The branch it was just put on because the original has no commit yet
+    #: (unborn until the agent's first commit); ``None``: a detached HEAD.
+    new_branch: str | None = None
+    #: The original has submodules, which are empty folders in the private worktree.
+    has_submodules: bool = False
 
 
 @attrs.frozen
@@ -224,6 +229,12 @@ def _isolation_lines(context: PromptContext) -> list[str]:
         for checkout in context.checkouts:
             lines += [f"    {checkout.name}: {checkout.path}",
                       f"      (instead of {checkout.source})"]
+            if checkout.new_branch is not None:
+                lines += ["      The original has no commit yet: this checkout is on the new",
+                          f"      branch {checkout.new_branch}, which your first commit creates."]
+            if checkout.has_submodules:
+                lines += ["      Its submodules are not checked out here (their folders are",
+                          "      empty): read them in the original, and do not change them."]
         lines += [
             "  They are worktrees private to this conversation and they persist",
             "  between its runs, so a branch or an uncommitted change you find in one",

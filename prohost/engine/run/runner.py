@@ -290,9 +290,17 @@ class Runner:
         session = await self.steps.started_then_session(run.run_id, run.lane, account.name)
         self.book.started(account.name, self.clock())
         held.progress.account = account.name
-        held.state = "running"
+        # Still "preparing" while its private checkouts are made (§5.1): heartbeats
+        # and the panel show why a run has no agent yet.
+        preparing = self.worktrees is not None and self.worktrees.enabled
+        held.state = "preparing" if preparing else "running"
         held.started_at = time.time()
         self._on_change()
+
+        def prepared() -> None:
+            if held.state != "running":
+                held.state = "running"
+                self._on_change()
         named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
         progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
                           f" (resuming session {session})" if session else "")
@@ -336,6 +344,7 @@ class Runner:
             scratch=scratch_folder(self.scratch_root, run.run_id),
             worktrees=self.worktrees,
             bounds=self.steps.bounds,
+            on_prepared=prepared,
             accounts=AccountPlan(account=account, learned=self.accounts.learned,
                                  another=another),
         )

@@ -119,3 +119,121 @@ def word_spans(line: str) -> list[tuple[int, int, str]]:
         words = split_command(raw)
         spans.append((start, end, words[0] if len(words) == 1 else raw))
     return spans
+
+
+# --- shell syntax that would take the appended flags away -----------------------------
+
+#: What the claude and codex brains append, as named in the error.
+_APPENDED = {"claude": "--output-format stream-json, --resume", "codex": "--json, resume"}
+#: Words that close a compound command: a flag appended after one is a syntax error.
+_CLOSERS = frozenset({"}", "done", "fi", "esac"})
+
+
+def _skip_substitution(line: str, index: int) -> int:
+    """Index just past the ``$(...)`` or backquoted text starting at ``index``
+    (taken whole: its operators belong to the inner command)."""
+    if line[index] == "`":
+        index += 1
+        while index < len(line) and line[index] != "`":
+            index += 2 if line[index] == "\\" else 1
+        return index + 1
+    depth, index = 0, index + 1  # at "(" of "$("
+    while index < len(line):
+        char = line[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char in "'\"":
+            end = line.find(char, index + 1)
+            index = len(line) if end < 0 else end + 1
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        index += 1
+        if depth == 0:
+            break
+    return index
+
+
+def _shell_tokens(line: str) -> tuple[list[tuple[int, str]], str | None]:
+    """The unquoted control operators of ``line`` with their positions, and the
+    comment that ends it (``None`` without one). Quotes, backslashes, ``$(...)``
+    and backquotes are followed; redirections (``2>&1``, ``>|``, ``&>``) are words."""
+    operators: list[tuple[int, str]] = []
+    index, size, word_start = 0, len(line), True
+    while index < size:
+        char = line[index]
+        if char == "\\":
+            index, word_start = index + 2, False
+        elif char in "'\"":
+            end = line.find(char, index + 1)
+            while char == '"' and end > 0 and line[end - 1] == "\\":
+                end = line.find(char, end + 1)
+            index, word_start = (size if end < 0 else end + 1), False
+        elif char == "`" or line.startswith("$(", index):
+            index, word_start = _skip_substitution(line, index + (char == "$")), False
+        elif char == "#" and word_start:
+            end = line.find("\n", index)
+            return operators, line[index:] if end < 0 else line[index:end]
+        elif char in "|&;()\n" and not (
+            char in "|&" and index and line[index - 1] in "<>"
+        ) and not (char == "&" and line.startswith("&>", index)):
+            two = line[index:index + 2]
+            op = two if two in ("&&", "||", ";;", "|&") else char
+            operators.append((index, op))
+            index, word_start = index + len(op), True
+        else:
+            word_start = char.isspace()
+            index += 1
+    return operators, None
+
+
+def shell_tail_problem(brain: str, exec_line: str) -> str | None:
+    """Why ``--exec`` cannot be driven by ``brain`` (one line naming the flag), or None.
+
+    The claude and codex brains append their flags to the end of the user's line.
+    Shell syntax after the agent takes them away: a comment swallows them, a pipe or
+    ``;`` gives them to the next command, ``&`` to a new one. The run would then fail
+    far from the cause (no stream format, a resume that never happens), so the line
+    is refused at start. A command before the agent (``cd x && claude -p``) is fine.
+    """
+    if brain == "auto":
+        program = program_name(exec_line)
+        brain = program if program in _APPENDED else "plain"
+    if brain not in _APPENDED:
+        return None  # the plain brain runs the line as it is
+    operators, comment = _shell_tokens(exec_line)
+    found: str | None = None
+    if comment is not None:
+        found = f"a comment ({comment.strip()!r})"
+    for position, op in operators:
+        if found:
+            break
+        if op in ("|", "|&"):
+            found = f"a pipe ({op!r})"
+        elif op == "&":
+            found = "'&' (a background job)"
+        elif op in "()":
+            found = "parentheses (a subshell)"
+        elif not exec_line[position + len(op):].strip():
+            found = f"a {op!r} at the end"
+    if found is None and operators:
+        bounds = [0, *(p + len(op) for p, op in operators)]
+        ends = [p for p, _ in operators]
+        segments = [exec_line[start:end] for start, end in zip(bounds[:-1], ends, strict=True)]
+        last_words = split_command(exec_line[bounds[-1]:])
+        for segment, (_, op) in zip(segments, operators, strict=True):
+            words = split_command(segment)
+            index = program_index(words)
+            if index is not None and os.path.basename(words[index]) == brain:
+                found = f"{op!r} after {brain}, so another command comes last"
+                break
+        else:
+            if last_words[:1] and last_words[0] in _CLOSERS:
+                found = f"{last_words[0]!r} at the end"
+    if found is None:
+        return None
+    return (
+        f"--exec holds shell syntax, {found}: the {brain} brain appends its flags "
+        f"({_APPENDED[brain]}) to the end of the line and they would not reach {brain}; "
+        "remove it, or put the command in a script and give --exec that script"
+    )
