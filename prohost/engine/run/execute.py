@@ -30,6 +30,7 @@ from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEve
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
 from prohost.engine.run.ending import failure_from_result, limit_phrase
@@ -126,6 +127,7 @@ async def execute(
     accounts: AccountPlan | None = None,
     bounds: Bounds | None = None,
     on_prepared: Callable[[], None] | None = None,
+    usage_before: Callable[[str], Awaitable[Usage]] | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -164,7 +166,9 @@ async def execute(
     deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
 
     def finished(outcome: Outcome) -> Outcome:
-        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
+        # §7: the run's usage is every attempt's, summed (a fresh retry, a fail-over).
+        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000),
+                            usage=progress.spent.to_json())
 
     prepared: PreparedCheckouts | None = None
     if worktrees is not None and worktrees.enabled:
@@ -232,7 +236,7 @@ async def execute(
                 attempt_env.update(wiring.env)
             outcome = await _session_attempts(_Spawn(
                 run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
-                on_spawn, on_events), session_id)
+                on_spawn, on_events, usage_before), session_id)
             if accounts is None:
                 break
             await accounts.learned(account, progress.limit)
@@ -280,6 +284,8 @@ class _Spawn:
     progress: Progress
     on_spawn: Callable[[int], Awaitable[None]] | None
     on_events: Callable[[list[ToolEvent]], None] | None
+    #: What a resumed session had reached, for a brain reporting running totals.
+    usage_before: Callable[[str], Awaitable[Usage]] | None = None
 
 
 async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
@@ -348,6 +354,9 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
     spec, brain, progress, deadline = spawn.spec, spawn.brain, spawn.progress, spawn.deadline
     on_spawn, on_events = spawn.on_spawn, spawn.on_events
     turn = brain.new_turn()
+    if session_id is not None and spawn.usage_before is not None:
+        turn.usage_before = await spawn.usage_before(session_id)
+    progress.session_totals = None
     progress.attempts += 1
     progress.limit, progress.ended_by_limit = None, False
     progress.last_output = trio.current_time()
@@ -399,6 +408,8 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
         ))
     # The one the CLI announced, else the one it was to resume (a fresh one: none).
     session = turn.session_id or session_id
+    progress.spent += turn.usage()
+    progress.session_totals = turn.session_totals()
     progress.limit = turn.limit
     rejected = (
         session_id is not None

@@ -318,6 +318,11 @@ class ClaudeTurn(Turn):
             or "/login" in detail
         )
 
+    def usage(self) -> Usage:
+        # The result event's figures are this invocation's own (not the session's).
+        event = self.result_event
+        return Usage() if event is None else from_claude_result(event, self.model)
+
     def resume_rejected(self, result: ProcessResult) -> bool:
         if result.timed_out is not None or result.exit_code == 0:
             return False
