@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,24 @@ async def _optional(command: Awaitable[str]) -> str | None:
         return (await command).strip() or None
     except GitError:
         return None
+
+
+async def states_of(checkouts: Sequence[tuple[str, Path]], *, bounds: Bounds,
+                    env: Mapping[str, str] | None = None) -> list[CheckoutState]:
+    """Each ``(name, worktree)``'s state as the run begins, one after another (each
+    bounded by :data:`CHANGES_LIMIT_S`). Cancelled: as :func:`take_state`."""
+    return [await take_state(name, path, bounds=bounds, env=env) for name, path in checkouts]
+
+
+async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[str, str]], *,
+                     bounds: Bounds, env: Mapping[str, str] | None = None,
+                     ) -> list[dict[str, Any]]:
+    """The §7 ``changes``: each state compared now (bounded per checkout), then an
+    ``error`` entry for each ``(name, why)`` checkout no worktree could be made of;
+    the caller orders them as ``--repos`` does. Cancelled: as :func:`compare`."""
+    found = [await compare(state, bounds=bounds, env=env) for state in states]
+    return found + [{"repo": name, "error": f"no private worktree: {why}"}
+                    for name, why in unready]
 
 
 def _name_status(text: str) -> dict[str, tuple[str, str | None]]:
