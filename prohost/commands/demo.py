@@ -27,11 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from prohost.engine import lognames
+from prohost.engine.agent.usage import Usage
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.view.panel import Panel, use_panel
 from prohost.engine.view.reporttext import changes_summary
+from prohost.engine.view.statustext import cost_text, tokens_text
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
@@ -82,6 +84,10 @@ async def run_demo(console: Console) -> int:
                 home=home,
                 machine="demo",
                 exec_command=f"{sys.executable} -m prohost.commands.demo_agent",
+                # It speaks Claude Code's stream-json (pretend usage included); it
+                # needs no permission flag, so none is passed (not even as root).
+                brain="claude",
+                safe_tools=True,
                 concurrency=4,
                 timeout_s=60,
                 idle_timeout_s=30,
@@ -140,8 +146,9 @@ async def _submit_all(server: ServerHandle, console: Console) -> list[str]:
 
 
 def _print_results(server: ServerHandle, run_ids: list[str], console: Console) -> bool:
-    table = Table(title="prohost demo results")
-    for column in ("run", "conversation", "state", "seconds", "changes", "reply"):
+    table = Table(title="prohost demo results",
+                  caption="usage: pretend figures the demo's stand-in agent reports")
+    for column in ("run", "conversation", "state", "seconds", "changes", "usage", "reply"):
         table.add_column(column, overflow="fold" if column == "reply" else "ellipsis")
     ok = True
     for run_id in run_ids:
@@ -155,6 +162,7 @@ def _print_results(server: ServerHandle, run_ids: list[str], console: Console) -
             record.state,
             f"{duration / 1000:.1f}" if isinstance(duration, int) else "-",
             changes_summary(completion.get("changes")) or "-",
+            _usage_cell(completion.get("usage")),
             str(completion.get("reply") or completion.get("error") or "")[:70],
         )
     console.print(table)
@@ -184,3 +192,14 @@ def _demo_repository(path: Path, console: Console) -> Path | None:
         return None
     console.print(f"each conversation gets its own worktree of {path}")
     return path
+
+
+def _usage_cell(usage: object) -> str:
+    """``1.2k tok $0.0042``: a run's (pretend) usage, short."""
+    found = Usage.from_json(usage)
+    if found.to_json() is None:
+        return "-"
+    parts = [f"{tokens_text((found.input_tokens or 0) + (found.output_tokens or 0))} tok"]
+    if found.cost_usd is not None:
+        parts.append(cost_text(found.cost_usd))
+    return " ".join(parts)

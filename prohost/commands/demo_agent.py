@@ -1,8 +1,11 @@
 """The small agent `prohost demo` runs: reads the prompt, works briefly, answers.
 
-It stands in for `claude -p` so the demo needs no login and no network. It prints
-progress to stderr (which keeps the idle timer fed, as a real agent's output does)
-and its answer to stdout, which the plain brain sends back as the reply.
+It stands in for `claude -p` so the demo needs no login and no network, and speaks
+Claude Code's ``--output-format stream-json`` the way the claude brain reads it: an
+``init`` event (its session, resumed with ``--resume``), an assistant message per
+step of pretend work (which keeps the idle timer fed and shows in the panel), and a
+``result`` with the reply and **pretend** usage figures (model
+``demo-pretend-model``): nothing here costs anything.
 
 In each private worktree the harness gives its conversation (``PROHOST_RUN_REPOS``,
 with ``--repos``) it notes the request in ``notes.md`` and commits that, and leaves
@@ -11,12 +14,17 @@ a scratch file uncommitted: what a report's ``changes`` then shows (PROTOCOL.md 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+
+#: The model the stand-in says it is: its usage figures are made up.
+PRETEND_MODEL = "demo-pretend-model"
 
 #: Who the stand-in's commits are by.
 AUTHOR = {"GIT_AUTHOR_NAME": "prohost demo agent", "GIT_AUTHOR_EMAIL": "demo@prohost.invalid",
@@ -58,18 +66,44 @@ def _edit_checkouts(run_id: str, request: str) -> int:
     return edited
 
 
+def _emit(event: dict[str, object]) -> None:
+    print(json.dumps(event, separators=(",", ":")), flush=True)
+
+
+def _resumed(argv: list[str]) -> str | None:
+    for word in argv:
+        if word.startswith("--resume="):
+            return word.split("=", 1)[1]
+    return None
+
+
 def main() -> int:
+    if "--version" in sys.argv:
+        print("0.1 (prohost demo stand-in)")
+        return 0
     prompt = sys.stdin.read()
     request = _request_of(prompt)
     run_id = os.environ.get("PROHOST_RUN_ID", "?")
+    session = _resumed(sys.argv) or str(uuid.uuid4())
+    _emit({"type": "system", "subtype": "init", "session_id": session, "model": PRETEND_MODEL,
+           "tools": [], "cwd": os.getcwd()})
     work_s = random.uniform(0.5, 2.5)
     steps = 4
     for step in range(1, steps + 1):
-        print(f"[demo agent {run_id}] step {step}/{steps}", file=sys.stderr, flush=True)
+        _emit({"type": "assistant", "session_id": session, "message": {
+            "model": PRETEND_MODEL, "role": "assistant",
+            "content": [{"type": "text", "text": f"Step {step} of {steps} of pretend work"}]}})
         time.sleep(work_s / steps)
-    edited = _edit_checkouts(run_id, request)
-    where = f", noted in {edited} checkout(s)" if edited else ""
-    print(f"Done ({work_s:.1f} s of pretend work{where}): {request[:120]}")
+    _edit_checkouts(run_id, request)
+    reply = f"Pretend answer to: {request[:100]}"
+    words = len(prompt.split())
+    _emit({"type": "result", "subtype": "success", "is_error": False,
+           "duration_ms": round(work_s * 1000), "num_turns": steps, "result": reply,
+           "session_id": session,
+           # Pretend figures, in the CLI's own shape: the demo spends nothing.
+           "total_cost_usd": round(words * 0.00002, 6),
+           "usage": {"input_tokens": words * 3, "output_tokens": len(reply.split()) * 3,
+                     "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}})
     return 0
 
 
