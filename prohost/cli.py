@@ -151,6 +151,13 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "the earliest reset before it is reported retryable (default: 15m)",
     )
     parser.add_argument(
+        "--max-cost", metavar="USD",
+        help="what one run may spend, in US dollars (e.g. 2.50): Claude Code stops the "
+        "run there and it is reported failed, with its session so the conversation can "
+        "go on (PROTOCOL.md §12); refused for a brain that cannot bound its cost "
+        "(default: no budget)",
+    )
+    parser.add_argument(
         "--max-queued", metavar="N",
         help="how many runs may wait for a slot; past that, new runs are refused with 503 "
         "\"queue full\" and the server offers them again later, or to another machine "

@@ -18,6 +18,7 @@ from prohost.logfile import setup_logging
 from prohost.options import (
     VALUE_DESCRIPTIONS,
     OptionError,
+    Options,
     check_machine,
     check_url,
     default_machine_name,
@@ -40,6 +41,18 @@ def _fail(prog: str, message: str) -> int:
     return 1
 
 
+def _check_budget(parser: argparse.ArgumentParser, options: Options) -> None:
+    """--max-cost only with a brain that can bound a run's cost (§12): else exit 2."""
+    if options.max_cost_usd is None:
+        return
+    from prohost.engine.agent.brains import BudgetRefused, brain_for
+
+    try:
+        brain_for(options.brain, options.exec_command, max_cost_usd=options.max_cost_usd)
+    except BudgetRefused as exc:
+        parser.error(str(exc))
+
+
 def agent_run(ns: argparse.Namespace) -> int:
     from prohost.options import options_from_args
 
@@ -48,6 +61,7 @@ def agent_run(ns: argparse.Namespace) -> int:
         options = options_from_args(ns, os.environ, Path.cwd())
     except OptionError as exc:
         parser.error(str(exc))
+    _check_budget(parser, options)
     from rich.console import Console
 
     from prohost.engine.view.panel import use_panel
@@ -87,6 +101,7 @@ def agent_install_daemon(ns: argparse.Namespace) -> int:
         pass_env = check_pass_env(ns.pass_env, os.environ)
     except (OptionError, ValueError) as exc:
         parser.error(str(exc))
+    _check_budget(parser, options)
     setup_logging(ns.verbose)
     return install_daemon_command(options, print_only=ns.print_only, env=os.environ,
                                   pass_env=pass_env)

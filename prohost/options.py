@@ -60,6 +60,12 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
 
+#: The largest --max-cost accepted (US dollars): a budget, not a way to say "none".
+MAX_COST_USD = 10_000.0
+MAX_COST_RANGE = "a dollar amount above 0 and at most 10000, e.g. --max-cost 2.50"
+_MONEY = re.compile(r"\$?(?:[0-9]{1,5}(?:\.[0-9]{1,4})?|\.[0-9]{1,4})")
+
+
 class OptionError(ValueError):
     """A flag's value is unusable. The message is one line naming the flag and what it accepts."""
 
@@ -162,6 +168,9 @@ class Options:
         default=MAX_QUEUED_RUNS,
         validator=[attrs.validators.ge(1), attrs.validators.le(MAX_QUEUED_RUNS)],
     )
+    #: --max-cost: what one run may spend, in US dollars (§12); None: no budget.
+    max_cost_usd: float | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.gt(0.0), attrs.validators.le(MAX_COST_USD)]))
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -266,6 +275,8 @@ def options_from_args(
     limit_wait_s = parse_limit_wait(getattr(ns, "limit_wait", None))
     raw_max_queued = getattr(ns, "max_queued", None)
     max_queued = MAX_QUEUED_RUNS if raw_max_queued is None else parse_max_queued(raw_max_queued)
+    raw_max_cost = getattr(ns, "max_cost", None)
+    max_cost_usd = None if raw_max_cost is None else parse_max_cost(raw_max_cost)
 
     brain = parse_brain(getattr(ns, "brain", None))
     # Imported here: the brains are the engine's; options only needs this one check.
@@ -292,6 +303,7 @@ def options_from_args(
         accounts=accounts,
         limit_wait_s=limit_wait_s,
         max_queued=max_queued,
+        max_cost_usd=max_cost_usd,
     )
 
 
@@ -345,6 +357,17 @@ def parse_accounts(
             raise OptionError(f"--account {name} is given twice; account names must be unique")
         accounts.append((name, path))
     return tuple(accounts)
+
+
+def parse_max_cost(raw: str) -> float:
+    """``--max-cost``: dollars, plainly written (``2``, ``2.50``, ``$0.75``; at most
+    four decimals), above 0 and at most :data:`MAX_COST_USD`."""
+    text = raw.strip()
+    if _MONEY.fullmatch(text):
+        value = float(text.removeprefix("$"))
+        if 0 < value <= MAX_COST_USD:
+            return value
+    raise OptionError(f"--max-cost must be {MAX_COST_RANGE} (got {raw!r})")
 
 
 def parse_limit_wait(raw: str | None) -> float:

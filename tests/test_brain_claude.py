@@ -123,9 +123,10 @@ def test_a_successful_result_is_the_reply_with_usage_and_cost() -> None:
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Done: 3"
     assert outcome.session_id == SID
+    # §7: in the protocol's keys, whatever the CLI calls them; the model from init.
     assert outcome.usage == {"input_tokens": 150, "output_tokens": 75,
-                             "cache_read_input_tokens": 1500, "service_tier": "standard",
-                             "total_cost_usd": 0.0342}
+                             "cache_read_tokens": 1500, "cost_usd": 0.0342, "turns": 2,
+                             "model": "claude-sonnet-4-5-20250929"}
     assert turn.last_text == "Working on it"
 
 
@@ -280,7 +281,8 @@ def test_a_signed_out_cli_is_a_clear_failure_never_a_reply() -> None:
     [
         (result(None, subtype="error_max_turns", is_error=True), "turn limit"),
         (result(None, subtype="error_max_turns", is_error=False), "turn limit"),
-        (result(None, subtype="error_max_budget_usd", is_error=True), "spending limit"),
+        (result(None, subtype="error_max_budget_usd", is_error=True),
+         "the run reached its budget (it spent $0.0342)"),
         (result(None, subtype="error_brand_new", is_error=True), "error_brand_new"),
         (result(None, subtype="error_during_execution", is_error=True,
                 errors=["Connection timeout"]),
@@ -296,7 +298,7 @@ def test_error_results_are_failures_naming_what_happened(event: bytes, expected:
     assert outcome is not None and not outcome.ok
     assert outcome.error is not None and expected in outcome.error
     assert outcome.session_id == SID
-    assert outcome.usage is not None and outcome.usage["total_cost_usd"] == 0.0342
+    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
 
 
 def test_no_result_event() -> None:
@@ -511,7 +513,7 @@ async def test_end_to_end_reply(tmp_path: Path) -> None:
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Hello from the fake Claude."
     assert outcome.session_id == turn.session_id and turn.started
-    assert outcome.usage is not None and outcome.usage["total_cost_usd"] == 0.0342
+    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
     assert turn.model == "claude-sonnet-4-5-20250929"
     [entry] = recorded(tmp_path)
     assert entry["prompt"] == "Please run the tests."
@@ -804,3 +806,36 @@ async def test_end_to_end_an_account_without_limit_files_reports_nothing(tmp_pat
         turn, result, _ = await attempt(tmp_path, "reply", env=account_env(tmp_path, "free"))
     outcome = turn.finish(result)
     assert outcome is not None and outcome.ok and turn.limit is None
+
+
+def test_a_run_at_its_budget_says_the_budget_and_the_spend_and_keeps_its_session() -> None:
+    # §12: not retryable, with its session (the conversation goes on) and usage.
+    turn = ClaudeBrain("claude -p", max_cost_usd=0.03).new_turn()
+    feed_all(turn, INIT, result(None, subtype="error_max_budget_usd", is_error=True))
+    outcome = turn.finish(process(1))
+    assert outcome is not None and not outcome.ok and not outcome.retryable
+    assert outcome.error == "the run reached its budget of $0.03 (it spent $0.0342)"
+    assert outcome.session_id == SID
+    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
+
+
+@pytest.mark.parametrize(("status", "retryable"), [(529, True), (500, True), (400, False),
+                                                   (None, False)])
+def test_an_api_failure_reported_as_success_with_is_error_is_a_failure(
+    status: int | None, retryable: bool,
+) -> None:
+    # The CLI reports an API failure as subtype "success" with is_error true.
+    turn = ClaudeTurn()
+    feed_all(turn, INIT, result("API Error: 529 Overloaded", is_error=True,
+                                api_error_status=status))
+    outcome = turn.finish(process(1))
+    assert outcome is not None and not outcome.ok and outcome.retryable is retryable
+    assert outcome.error == "API Error: 529 Overloaded"
+
+
+def test_the_budget_reaches_claude_code_as_max_budget_usd() -> None:
+    brain = ClaudeBrain("claude -p", max_cost_usd=2.5)
+    assert "--max-budget-usd=2.5" in brain.command(session_id=None, mcp=None)
+    mine = ClaudeBrain("claude -p --max-budget-usd 1", max_cost_usd=2.5)
+    assert mine.command(session_id=None, mcp=None).count("--max-budget-usd") == 1
+    assert "--max-budget-usd" not in ClaudeBrain("claude -p").command(session_id=None, mcp=None)

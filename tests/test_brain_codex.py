@@ -22,6 +22,7 @@ from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
 from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun, Mcp
 
@@ -48,6 +49,8 @@ TURN_STARTED = b'{"type":"turn.started"}'
 REASONING = item("item.completed", id="item_0", type="reasoning", text="**Planning**")
 USAGE = {"input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 345}
 COMPLETED = line({"type": "turn.completed", "usage": USAGE})
+#: USAGE in the protocol's keys (§7): Codex's input_tokens count the cached ones.
+RUN_USAGE = {"input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200, "turns": 1}
 
 
 def message(text: str, item_id: str = "item_9") -> bytes:
@@ -93,7 +96,7 @@ def test_a_plain_reply_with_its_thread_and_usage() -> None:
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Done."
     assert outcome.session_id == THREAD
-    assert outcome.usage == USAGE
+    assert outcome.usage == RUN_USAGE
 
 
 def test_the_reply_is_the_last_agent_message() -> None:
@@ -516,7 +519,7 @@ async def test_end_to_end_reply(tmp_path: Path, groups: ProcessGroups) -> None:
     outcome = turn.finish(result)
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Fixed: the fixture path was wrong."
-    assert outcome.session_id == THREAD and outcome.usage == USAGE
+    assert outcome.session_id == THREAD and outcome.usage == RUN_USAGE
     assert events == []
     record = recorded(tmp_path)
     assert record["argv"] == ["--json", "--skip-git-repo-check", BYPASS, "-"]
@@ -756,3 +759,17 @@ async def test_end_to_end_an_account_near_its_limit_still_replies(
     assert outcome is not None and outcome.ok
     assert turn.limit is not None and turn.limit.state == "warning"
     assert turn.limit.used_percent == 92.0
+
+
+def test_a_resumed_threads_run_reports_its_own_share_of_the_totals() -> None:
+    # turn.completed carries the thread's running totals (openai/codex #17539).
+    turn = CodexTurn()
+    turn.usage_before = from_codex_totals({"input_tokens": 700, "cached_input_tokens": 100,
+                                           "output_tokens": 45})
+    feed_all(turn, STARTED, TURN_STARTED, message("Done."), COMPLETED)
+    outcome = turn.finish(ended(0))
+    assert outcome is not None and outcome.usage == {
+        "input_tokens": 400, "output_tokens": 300, "cache_read_tokens": 100, "turns": 1}
+    totals = turn.session_totals()
+    assert totals is not None and totals.to_json() == {
+        "input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200}

@@ -60,7 +60,7 @@ async def test_a_lane_resumes_its_own_session_and_no_other(tmp_path: Path) -> No
             assert [resumed(i) for i in invocations(tmp_path)] == [None, session, None]
             assert completions[0]["reply"] == "Hello from the fake Claude."
             assert completions[0]["usage"]["output_tokens"] >= 0
-            assert "total_cost_usd" in completions[0]["usage"]
+            assert "cost_usd" in completions[0]["usage"]
             assert isinstance(completions[0]["duration_ms"], int)
 
 

@@ -27,6 +27,12 @@ async def test_demo_runs_a_dozen_runs_and_leaves_nothing_behind(tmp_path: Path) 
     assert result.returncode == 0, err
     assert "prohost demo results" in out
     assert out.count("completed") == 12
+    # What each run did (§7): the stand-in notes each request in its conversation's
+    # worktree of the demo repository, commits it and leaves a scratch file, and
+    # reports pretend usage, marked as such.
+    assert out.count("2 files (+2 −0), 1 commit") == 12
+    assert out.count(" tok $0.") == 12
+    assert "pretend figures" in out
     # Progress is shown while it works (stdout is not a terminal here, so the
     # panel degrades to one log line per change).
     assert "prohost.panel" in err

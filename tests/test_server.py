@@ -721,9 +721,10 @@ async def test_run_api_submit_list_get_cancel_and_errors() -> None:
 
 
 async def fake_harness_that_replies(
-    server: ServerHandle, reply: str | None, *, ok: bool = True
+    server: ServerHandle, reply: str | None, *, ok: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Take one delivery, ack it and post the given completion."""
+    """Take one delivery, ack it and post the given completion (with ``extra`` keys)."""
     creds = server.pair("fake")
     async with harness(creds) as ws:
         delivery = await next_of(ws, "delivery")
@@ -731,7 +732,8 @@ async def fake_harness_that_replies(
         run_id = body_of(delivery)["run_id"]
         payload = ({"run_id": run_id, "ok": True, "reply": reply} if ok
                    else failure(run_id, "the agent exited with status 1"))
-        assert (await complete(server, creds, run_id, payload)).status_code == 200
+        assert (await complete(server, creds, run_id, {**payload, **(extra or {})})
+                ).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -764,6 +766,46 @@ async def test_send_waits_for_the_reply(
         assert "the agent exited with status 1" in err
     else:
         assert lines[1:] == [printed]
+
+
+#: A completion's §7 extras, as PROTOCOL.md's example has them.
+WHAT_IT_DID = {
+    "usage": {"input_tokens": 1200, "output_tokens": 380, "cache_read_tokens": 900,
+              "cache_write_tokens": 50, "cost_usd": 0.0123, "turns": 3,
+              "model": "claude-sonnet-4-5"},
+    "changes": [{"repo": "app", "branch": "prohost/C7", "base": "a" * 40, "head": "b" * 40,
+                 "commits": 1, "more_files": 0, "files": [
+                     {"path": "src/app.py", "change": "modified", "added": 10, "removed": 2,
+                      "committed": True},
+                     {"path": "notes/plan.md", "change": "added", "added": 3, "removed": 0,
+                      "committed": False}]},
+                {"repo": "docs", "error": "git status took longer than 5 s and was stopped"}],
+}
+
+
+@pytest.mark.parametrize("ok", [True, False])
+async def test_send_prints_what_the_run_changed_and_used(
+    capsys: pytest.CaptureFixture[str], ok: bool,
+) -> None:
+    with trio.fail_after(20):
+        async with running_server() as server, trio.open_nursery() as nursery:
+            nursery.start_soon(partial(fake_harness_that_replies, server, "Fixed.", ok=ok,
+                                       extra=WHAT_IT_DID))
+            status = await send_command(server.http_url, "fix it", "C7", wait=True, timeout_s=15)
+            (run_id,) = server.state.runs
+            view = server.state.run_view(server.run(run_id))
+    assert status == (0 if ok else 1)
+    assert (view["usage"], view["changes"]) == (WHAT_IT_DID["usage"], WHAT_IT_DID["changes"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == (["Fixed."] if ok else []) + [
+        "",
+        "changes:",
+        "  app: 2 files (+13 −2), 1 commit on prohost/C7",
+        "    M src/app.py +10 −2",
+        "    A notes/plan.md +3 −0 (not committed)",
+        "  docs: could not be read (git status took longer than 5 s and was stopped)",
+        "usage: 1,200 in · 380 out tokens (900 cached) · $0.0123 · 3 turns · claude-sonnet-4-5",
+    ]
 
 
 async def test_send_without_wait_prints_the_run_id(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,12 +5,18 @@ throw-away home, and a small stand-in agent (:mod:`prohost.commands.demo_agent`)
 for a random second or two and answers. A dozen requests across four
 conversations go through the real path — signed deliveries, acks, the lane
 scheduler at concurrency 4, real processes, the ledger, HTTP completions — and a
-table of the results is printed at the end. Nothing is left behind.
+table of the results is printed at the end. With git installed, a small repository
+in the temporary home is passed as ``--repos``: each conversation gets its own
+worktree, the stand-in edits and commits there, and the table shows what each run
+changed. Nothing is left behind.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,10 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from prohost.engine import lognames
+from prohost.engine.agent.usage import Usage
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.view.panel import Panel, use_panel
+from prohost.engine.view.reporttext import changes_summary
+from prohost.engine.view.statustext import cost_text, tokens_text
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
@@ -59,6 +68,7 @@ async def run_demo(console: Console) -> int:
         DEMO_DEADLINE_S
     ):
         home = Path(tmp) / "home"
+        repo = await trio.to_thread.run_sync(_demo_repository, Path(tmp) / "demo-repo", console)
         async with trio.open_nursery() as nursery:
             server: ServerHandle = await nursery.start(serve, ServerConfig(heartbeat_s=5))
             console.print(f"[bold]reference server[/] on {server.http_url}")
@@ -74,9 +84,14 @@ async def run_demo(console: Console) -> int:
                 home=home,
                 machine="demo",
                 exec_command=f"{sys.executable} -m prohost.commands.demo_agent",
+                # It speaks Claude Code's stream-json (pretend usage included); it
+                # needs no permission flag, so none is passed (not even as root).
+                brain="claude",
+                safe_tools=True,
                 concurrency=4,
                 timeout_s=60,
                 idle_timeout_s=30,
+                repos=(repo,) if repo is not None else (),
             )
             ledger = Ledger.open(home / "ledger.sqlite3")
             try:
@@ -131,8 +146,9 @@ async def _submit_all(server: ServerHandle, console: Console) -> list[str]:
 
 
 def _print_results(server: ServerHandle, run_ids: list[str], console: Console) -> bool:
-    table = Table(title="prohost demo results")
-    for column in ("run", "conversation", "state", "seconds", "reply"):
+    table = Table(title="prohost demo results",
+                  caption="usage: pretend figures the demo's stand-in agent reports")
+    for column in ("run", "conversation", "state", "seconds", "changes", "usage", "reply"):
         table.add_column(column, overflow="fold" if column == "reply" else "ellipsis")
     ok = True
     for run_id in run_ids:
@@ -145,7 +161,45 @@ def _print_results(server: ServerHandle, run_ids: list[str], console: Console) -
             record.conversation_id or "-",
             record.state,
             f"{duration / 1000:.1f}" if isinstance(duration, int) else "-",
+            changes_summary(completion.get("changes")) or "-",
+            _usage_cell(completion.get("usage")),
             str(completion.get("reply") or completion.get("error") or "")[:70],
         )
     console.print(table)
     return ok
+
+
+def _demo_repository(path: Path, console: Console) -> Path | None:
+    """A small git repository for ``--repos`` (one commit: a README and notes), or
+    ``None`` (said on the console) when git cannot make one."""
+    if shutil.which("git") is None:
+        console.print("git is not installed: the demo runs without --repos")
+        return None
+    path.mkdir()
+    (path / "README.md").write_text("# demo\n\nA repository the demo's agent works in.\n")
+    (path / "notes.md").write_text("# Notes\n\n")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="prohost demo", GIT_AUTHOR_EMAIL="demo@prohost.invalid",
+               GIT_COMMITTER_NAME="prohost demo", GIT_COMMITTER_EMAIL="demo@prohost.invalid")
+    try:
+        for command in (["init", "-q", "-b", "main"], ["add", "-A"],
+                        ["commit", "-q", "-m", "The demo repository"]):
+            subprocess.run(["git", "-C", str(path), *command], env=env, check=True,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        console.print(f"could not make a git repository for the demo ({exc}): "
+                      "it runs without --repos")
+        return None
+    console.print(f"each conversation gets its own worktree of {path}")
+    return path
+
+
+def _usage_cell(usage: object) -> str:
+    """``1.2k tok $0.0042``: a run's (pretend) usage, short."""
+    found = Usage.from_json(usage)
+    if found.to_json() is None:
+        return "-"
+    parts = [f"{tokens_text((found.input_tokens or 0) + (found.output_tokens or 0))} tok"]
+    if found.cost_usd is not None:
+        parts.append(cost_text(found.cost_usd))
+    return " ".join(parts)

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
+from prohost.engine.view.reporttext import changes_lines, file_lines, files_line, usage_line
+
 #: Run states after which nothing changes (§11).
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "closed"})
 POLL_FIRST_S = 0.2
@@ -84,10 +86,29 @@ async def _send(
     if state == "completed":
         reply = run.get("reply")
         print("(no reply)" if reply is None else reply, flush=True)
-        return 0
-    error = run.get("error") or f"the run was {state}"
-    print(f"prohost send: run {run_id} {state}: {error}", file=sys.stderr, flush=True)
-    return 1
+    else:
+        error = run.get("error") or f"the run was {state}"
+        print(f"prohost send: run {run_id} {state}: {error}", file=sys.stderr, flush=True)
+    for line in what_the_run_did(run):
+        print(line, flush=True)
+    return 0 if state == "completed" else 1
+
+
+def what_the_run_did(run: dict[str, Any]) -> list[str]:
+    """The lines after the reply: each checkout's changes (with its files) and the
+    run's usage (§7), as the server's runs API returns them; none when the report
+    carried neither."""
+    changes, usage = run.get("changes"), usage_line(run.get("usage"))
+    lines: list[str] = []
+    if changes_lines(changes):
+        lines.append("changes:")
+        for entry in changes if isinstance(changes, list) else []:
+            if isinstance(entry, dict):
+                lines.append(f"  {files_line(entry)}")
+                lines.extend(f"    {line}" for line in file_lines(entry))
+    if usage is not None:
+        lines.append(f"usage: {usage}")
+    return ["", *lines] if lines else []
 
 
 async def send_command(

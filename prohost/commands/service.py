@@ -72,7 +72,7 @@ PASSED_VARIABLES = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE")
 EXPRESSED_FIELDS = frozenset({
     "home", "exec_command", "url", "machine", "workdir", "timeout_s", "idle_timeout_s",
     "concurrency", "dry_run", "allow_unverified", "brain", "safe_tools", "repos",
-    "accounts", "limit_wait_s", "max_queued",
+    "accounts", "limit_wait_s", "max_queued", "max_cost_usd",
 })
 
 
@@ -146,6 +146,10 @@ def harness_arguments(options: Options) -> list[str]:
     max_queued: int = getattr(options, "max_queued", MAX_QUEUED_RUNS)
     if max_queued != MAX_QUEUED_RUNS:
         args += _flag("--max-queued", str(max_queued))
+    max_cost_usd: float | None = getattr(options, "max_cost_usd", None)
+    if max_cost_usd is not None:
+        # Four decimals read back to the same float as parse_max_cost made of them.
+        args += _flag("--max-cost", f"{max_cost_usd:.4f}".rstrip("0").rstrip("."))
     return args
 
 

@@ -97,7 +97,8 @@ class Harness:
         self.clock = clock
         self.endpoints = endpoints
         self.ledger = ledger
-        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools)
+        self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools,
+                               max_cost_usd=options.max_cost_usd)
         self.env = dict(os.environ if env is None else env)
         self.groups = ProcessGroups()
         self.bounds = Bounds()  # every blocking file step's; stop() hurries them
@@ -131,7 +132,7 @@ class Harness:
         self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
         self.recovery = Recovery(steps=self.steps, runs=self.held, queue=self.queue,
                                  settle=self.settle_soon, book=self.book, outbox=outbox,
-                                 clock=clock)
+                                 clock=clock, spend=self.facts.spend)
         self.admission = Admission(
             secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
             steps=self.steps, take_on=self.recovery.resume_unheld,

@@ -443,5 +443,8 @@ class ServerState(Deliveries):
             "cancel_requested": run.cancel_requested,
             "activity": run.last_beat.get("activity") if run.last_beat else None,
             "completion": run.completion,
+            # What the run changed and used (§7), as its report said.
+            "changes": run.completion.get("changes") if run.completion else None,
+            "usage": run.completion.get("usage") if run.completion else None,
         }
         return view

@@ -190,6 +190,8 @@ class Outcome:
     session_id: str | None = None
     duration_ms: int | None = None
     usage: dict[str, Any] | None = None
+    #: What the run changed in each checkout of its lane (§7; only with --repos).
+    changes: list[dict[str, Any]] | None = None
     #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
     #: no agent ran (the run never started).
     account: str | None = None
@@ -206,7 +208,7 @@ class Outcome:
         else:
             payload["error"] = self.error
             payload["retryable"] = self.retryable
-        for key in ("session_id", "duration_ms", "usage", "account"):
+        for key in ("session_id", "duration_ms", "usage", "changes", "account"):
             value = getattr(self, key)
             if value is not None:
                 payload[key] = value

@@ -41,6 +41,12 @@ JSON file that gets one entry per invocation (a list): argv, the prompt, selecte
 environment variables and, for ``--mcp-config``, the config's content and mode.
 ``--version`` prints a version the way the CLI does.
 
+``--max-budget-usd X`` below what a run costs here (``COST``, $0.0342) stops the
+run the way the CLI does at its budget: init, the assistant's text, then a result
+with ``subtype: "error_max_budget_usd"``, ``is_error: true``, no ``result`` text and
+what it spent in ``total_cost_usd`` (the ResultMessage shape of
+anthropics/claude-agent-sdk-python); exit 1.
+
 ``FAKE_CLAUDE_REFUSE`` names a file: while it exists, every invocation refuses to
 start the way the CLI (commander.js) refuses a flag it does not know, before it
 prints any event: ``error: unknown option '<the file's content>'`` on stderr, exit
@@ -61,6 +67,8 @@ from typing import Any
 from gate_client import announce
 
 MODEL = "claude-sonnet-4-5-20250929"
+#: What one run costs here (total_cost_usd), in US dollars.
+COST = 0.0342
 VERSION = "2.1.29"
 HUGE_BYTES = 5 * 1024 * 1024
 #: Stand-ins in the reply text that ``emit`` turns into what the scenario needs:
@@ -223,7 +231,7 @@ class Session:
     def result(self, text: str, *, is_error: bool = False, subtype: str = "success",
                **extra: Any) -> None:
         elapsed = round((time.monotonic() - self.started) * 1000)
-        emit({
+        event = {
             "type": "result",
             "subtype": subtype,
             "is_error": is_error,
@@ -232,7 +240,7 @@ class Session:
             "num_turns": self.turns,
             "result": text,
             "session_id": self.id,
-            "total_cost_usd": 0.0342 if not is_error else 0,
+            "total_cost_usd": COST if not is_error else 0,
             "usage": {
                 "input_tokens": 150,
                 "cache_creation_input_tokens": 500,
@@ -258,7 +266,10 @@ class Session:
             "permission_denials": [],
             "uuid": str(uuid.uuid4()),
             **extra,
-        })
+        }
+        if subtype.startswith("error_max"):
+            del event["result"]  # a run the CLI stopped has no result text
+        emit(event)
 
 
 def account_file(name: str) -> str | None:
@@ -384,6 +395,13 @@ def main() -> int:
         reply += " " + LONE_SURROGATE
     elif scenario == "bad_byte":
         reply += " " + BAD_BYTE
+    budget = option(argv, "--max-budget-usd")
+    if budget is not None and float(budget) < COST:
+        session.init()
+        session.assistant([{"type": "text", "text": "Working on it, one step at a time."}])
+        session.result("", is_error=True, subtype="error_max_budget_usd", errors=[],
+                       total_cost_usd=COST)
+        return 1
     if scenario in ("reply", "no_session", "lone_surrogate", "bad_byte"):
         session.init()
         session.assistant([{"type": "text", "text": reply}])

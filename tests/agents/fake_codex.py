@@ -31,8 +31,10 @@ account), whatever the scenario:
 With ``CODEX_HOME`` set, threads live there as codex keeps them: a new thread (a
 fresh id) writes ``sessions/<id>.jsonl``, and ``exec resume <id>`` of a thread with
 no such file fails like codex's "no rollout found" (codex-rs/core's rollout
-recorder). The ``[mcp_servers.prohost]`` table of ``$CODEX_HOME/config.toml`` is
-recorded as ``mcp_server`` (how codex would call the run's MCP server).
+recorder). Each turn's usage is kept in that file too, and ``turn.completed`` reports
+the thread's running totals, as codex does. The ``[mcp_servers.prohost]`` table of
+``$CODEX_HOME/config.toml`` is recorded as ``mcp_server`` (how codex would call the
+run's MCP server).
 
 ``FAKE_CODEX_REPLY`` replaces the reply text. When ``FAKE_CODEX_RECORD`` names a
 file, the arguments, the prompt and a few variables of every invocation are
@@ -125,6 +127,26 @@ def emit(event: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
+#: What one turn uses here; turn.completed reports the thread's running totals.
+TURN_USAGE = {"input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 345}
+
+
+def running_totals(thread_id: str) -> dict[str, int]:
+    """The thread's totals after this turn, as turn.completed carries them (openai/codex
+    ``usage_from_last_total``, issue #17539): with ``CODEX_HOME``, each turn's usage is
+    kept in the thread's rollout file and the totals are their sum; without it, one
+    turn's."""
+    home = os.environ.get("CODEX_HOME")
+    if not home:
+        return dict(TURN_USAGE)
+    path = os.path.join(home, "sessions", f"{thread_id}.jsonl")
+    with open(path, "a+", encoding="utf-8") as rollout:
+        rollout.write(json.dumps({"type": "turn_usage", **TURN_USAGE}) + "\n")
+        rollout.seek(0)
+        turns = [json.loads(line) for line in rollout if '"turn_usage"' in line]
+    return {key: sum(turn[key] for turn in turns) for key in TURN_USAGE}
+
+
 def reply_events(thread_id: str, reply: str, *, first_item: int = 0) -> list[dict[str, object]]:
     return [
         {"type": "item.completed", "item": {
@@ -132,8 +154,7 @@ def reply_events(thread_id: str, reply: str, *, first_item: int = 0) -> list[dic
             "text": "**Reading the request**\n\nLooking at what was asked."}},
         {"type": "item.completed", "item": {
             "id": f"item_{first_item + 1}", "type": "agent_message", "text": reply}},
-        {"type": "turn.completed", "usage": {
-            "input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 345}},
+        {"type": "turn.completed", "usage": running_totals(thread_id)},
     ]
 
 

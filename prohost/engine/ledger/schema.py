@@ -17,7 +17,7 @@ from prohost.engine.ledger.rows import LedgerError
 
 log = logging.getLogger("prohost.ledger")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The ``PRAGMA user_version`` this code writes and reads."""
 
 # Each entry migrates from version ``index`` to ``index + 1``; a later version appends
@@ -82,6 +82,18 @@ _MIGRATIONS: list[list[str]] = [
         CREATE TABLE account_limits (
             account TEXT PRIMARY KEY,
             limited_until REAL NOT NULL
+        )
+        """,
+    ],
+    [
+        # A session's running usage totals, for a CLI that reports those rather than
+        # a turn's own figures (Codex's turn.completed): the next turn of the session
+        # reports the difference (PROTOCOL.md §7 ``usage``).
+        """
+        CREATE TABLE session_usage (
+            session_id TEXT PRIMARY KEY,
+            totals TEXT NOT NULL,
+            updated_at REAL NOT NULL
         )
         """,
     ],

@@ -50,7 +50,7 @@ RETRY_CAP_S = 30.0
 
 #: A lane's turn to save with its run's ``finished`` step: lane, account, and the
 #: session the turn ended with (``None`` forgets the lane's session).
-Turn = tuple[str, str, str | None]
+Turn = tuple[str, str, str | None, str | None]
 
 
 class StepNotWritten(Exception):
@@ -137,9 +137,10 @@ class LedgerSteps:
         the ``finished`` commit or an earlier one, so finished ⇒ session kept), then
         ``finished`` (durable). One hop for both."""
         if turn is not None:
-            lane, account, session_id = turn
+            lane, account, session_id, totals = turn
             try:
-                self.ledger.save_turn(lane, account, session_id, now, durable=False)
+                self.ledger.save_turn(lane, account, session_id, now, durable=False,
+                                      totals=totals)
             except Exception:
                 log.exception("run %s: could not save the session of %s", run_id, lane)
         self.ledger.mark_finished(run_id, outcome_json, now)

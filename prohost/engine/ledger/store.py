@@ -13,7 +13,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.ledger.rows import (
     _ALLOWED,
     _COLUMNS,
@@ -34,7 +33,7 @@ from prohost.engine.ledger.schema import (
     _prepare,
     _sidecar,
 )
-from prohost.engine.ledger.writer import GroupCommit
+from prohost.engine.ledger.sessions import SessionRows
 
 log = logging.getLogger("prohost.ledger")
 
@@ -46,7 +45,7 @@ KEEP_BODIES_S = 7 * 86400.0
 KEEP_TOMBSTONES_S = 30 * 86400.0
 
 
-class Ledger(GroupCommit):
+class Ledger(SessionRows):
     """The on-disk ledger of runs and of agent sessions per lane.
 
     Open it with :meth:`open`; close it with :meth:`close` (or use it as a context
@@ -265,105 +264,13 @@ class Ledger(GroupCommit):
                 "WHERE state = ? AND reported_at < ? AND body != ''",
                 (RunState.REPORTED.value, now - older_than_s),
             ).rowcount
+            # A session untouched this long is not resumed by anyone counting on it.
+            conn.execute("DELETE FROM session_usage WHERE updated_at < ?",
+                         (now - forget_after_s,))
             return int(emptied + deleted)
 
         changed: int = self._write(write, what="prune")
         return changed
-
-    # -- sessions --------------------------------------------------------------------
-
-    def session_for(self, lane: str) -> str | None:
-        """The agent session the lane's last turn ended with, if any.
-
-        Read at once, never behind a write under way: it sees every commit made so
-        far. (A turn's ``save_session`` is queued before that turn's
-        ``mark_finished``, and the lane's next turn starts after that returned.)
-        """
-        with self._locked() as conn:
-            found = conn.execute(
-                "SELECT session_id FROM sessions WHERE lane = ?", (lane,)
-            ).fetchone()
-        return None if found is None else str(found[0])
-
-    def save_session(
-        self, lane: str, session_id: str | None, now: float, *, durable: bool = True
-    ) -> None:
-        """Remember the lane's session for its next turn; ``None`` forgets it.
-
-        The harness passes ``durable=False``, just before the turn's ``mark_finished``
-        (see the module docstring).
-        """
-
-        def write(conn: sqlite3.Connection) -> None:
-            _store_session(conn, lane, session_id, now)
-
-        self._write(write, what="save_session", durable=durable)
-
-    # -- accounts (PROTOCOL.md §12) -------------------------------------------------
-
-    def account_session(self, lane: str, account: str) -> str | None:
-        """The session the lane's last turn on ``account`` ended with, if any."""
-        with self._locked() as conn:
-            return _session_on(conn, lane, account)
-
-    def lane_account(self, lane: str) -> str | None:
-        """The account the lane's last turn used, if any."""
-        with self._locked() as conn:
-            found = conn.execute(
-                "SELECT account FROM lane_accounts WHERE lane = ?", (lane,)).fetchone()
-        return None if found is None else str(found[0])
-
-    def save_turn(
-        self, lane: str, account: str, session_id: str | None, now: float, *,
-        durable: bool = True,
-    ) -> None:
-        """Remember the session the lane's turn on ``account`` ended with (``None``
-        forgets it) and that ``account`` is the lane's account now, in one step.
-
-        The harness passes ``durable=False``, just before the turn's ``mark_finished``,
-        like :meth:`save_session` (see the module docstring).
-        """
-
-        def write(conn: sqlite3.Connection) -> None:
-            if account == DEFAULT_ACCOUNT:
-                # The default account's sessions stay where they always were.
-                _store_session(conn, lane, session_id, now)
-            elif session_id is None:
-                conn.execute("DELETE FROM account_sessions WHERE lane = ? AND account = ?",
-                             (lane, account))
-            else:
-                conn.execute(
-                    "INSERT INTO account_sessions (lane, account, session_id, updated_at) "
-                    "VALUES (?, ?, ?, ?) ON CONFLICT (lane, account) DO UPDATE SET "
-                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
-                    (lane, account, session_id, now),
-                )
-            conn.execute(
-                "INSERT INTO lane_accounts (lane, account, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (lane) DO UPDATE SET "
-                "account = excluded.account, updated_at = excluded.updated_at",
-                (lane, account, now),
-            )
-
-        self._write(write, what="save_turn", durable=durable)
-
-    def account_limits(self) -> dict[str, float]:
-        """Every account remembered as limited, and until when (epoch s)."""
-        with self._locked() as conn:
-            return {str(name): float(until) for name, until in conn.execute(
-                "SELECT account, limited_until FROM account_limits")}
-
-    def save_account_limits(self, limits: dict[str, float]) -> None:
-        """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM account_limits")
-            conn.executemany(
-                "INSERT INTO account_limits (account, limited_until) VALUES (?, ?)",
-                sorted(limits.items()),
-            )
-
-        self._write(write, what="save_account_limits")
 
     # -- internals -------------------------------------------------------------------
 
@@ -407,30 +314,3 @@ class Ledger(GroupCommit):
         if found is None:
             raise LedgerOrderError(f"harness bug: run {run_id!r} is not in the ledger")
         return RunState(found[0])
-
-
-def _session_on(conn: sqlite3.Connection, lane: str, account: str) -> str | None:
-    """The session the lane's last turn on ``account`` ended with, if any."""
-    if account == DEFAULT_ACCOUNT:
-        found = conn.execute(
-            "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
-    else:
-        found = conn.execute(
-            "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
-            (lane, account)).fetchone()
-    return None if found is None else str(found[0])
-
-
-def _store_session(
-    conn: sqlite3.Connection, lane: str, session_id: str | None, now: float
-) -> None:
-    """Remember (or, with ``None``, forget) the lane's session on the default account."""
-    if session_id is None:
-        conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
-    else:
-        conn.execute(
-            "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (lane) DO UPDATE SET "
-            "session_id = excluded.session_id, updated_at = excluded.updated_at",
-            (lane, session_id, now),
-        )

@@ -30,8 +30,10 @@ from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEve
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts, WorktreeManager
+from prohost.engine.repos.worktrees import RUN_REPOS_ENV, WorktreeManager
+from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.ending import failure_from_result, limit_phrase
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import (
@@ -126,6 +128,7 @@ async def execute(
     accounts: AccountPlan | None = None,
     bounds: Bounds | None = None,
     on_prepared: Callable[[], None] | None = None,
+    usage_before: Callable[[str], Awaitable[Usage]] | None = None,
 ) -> Outcome:
     """Run ``run`` with ``brain`` and say how it went.
 
@@ -164,28 +167,24 @@ async def execute(
     deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
 
     def finished(outcome: Outcome) -> Outcome:
-        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000))
+        # §7: the run's usage is every attempt's, summed (a fresh retry, a fail-over).
+        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000),
+                            usage=progress.spent.to_json())
 
-    prepared: PreparedCheckouts | None = None
-    if worktrees is not None and worktrees.enabled:
-        progress.activity = "preparing the private checkouts"
-        # Inside the budget: preparing checkouts is part of the run. Cancelling
-        # prepare kills its git and leaves nothing the lane's next prepare cannot
-        # clear (see WorktreeManager.prepare).
-        with trio.move_on_at(deadline):
-            prepared = await worktrees.prepare(run.lane)
-        progress.activity = None
-        # Done just as the deadline came: no time is left for the agent either.
-        if prepared is None or trio.current_time() >= deadline:
-            limit = limit_phrase(spec.timeout_s)
-            return finished(Outcome.failure(
-                f"preparing the private checkouts took longer than the run's {limit} "
-                "limit (--timeout), so the agent was not started"))
-        for failure in prepared.failures:
-            log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
-                        failure.reason)
+    lane = LaneCheckouts(worktrees, bounds, base_env)
+    if not await lane.prepare(run, deadline, progress):
+        # Done after the deadline, or just as it came: no time is left for the agent.
+        return finished(Outcome.failure(
+            f"preparing the private checkouts took longer than the run's "
+            f"{limit_phrase(spec.timeout_s)} limit (--timeout), so the agent was not started"))
     if on_prepared is not None:
         on_prepared()
+    prepared = lane.prepared
+
+    async def done(outcome: Outcome) -> Outcome:
+        changes = await lane.changes()  # bounded per checkout: the report waits seconds
+        return attrs.evolve(finished(outcome), changes=changes)
+
     prompt = build_prompt(
         run,
         PromptContext(
@@ -205,7 +204,7 @@ async def execute(
         await bounds.file_step(os.makedirs, spec.workdir, 0o777, True,
                                what=f"creating the working directory {spec.workdir}")
     except OSError as exc:
-        return finished(Outcome.failure(
+        return await done(Outcome.failure(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
         ))
     try:
@@ -224,7 +223,7 @@ async def execute(
             except McpError as exc:
                 # After a fail-over, the session is the new account's own, untouched:
                 # kept, so that the lane's turn does not forget it (§12).
-                return finished(Outcome.failure(
+                return await done(Outcome.failure(
                     f"the run's MCP server could not be prepared, so the agent was not "
                     f"started: {exc}", session_id=progress.session_id,
                 ))
@@ -232,7 +231,7 @@ async def execute(
                 attempt_env.update(wiring.env)
             outcome = await _session_attempts(_Spawn(
                 run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
-                on_spawn, on_events), session_id)
+                on_spawn, on_events, usage_before), session_id)
             if accounts is None:
                 break
             await accounts.learned(account, progress.limit)
@@ -252,7 +251,7 @@ async def execute(
                         following[0].name)
             account, session_id = following
             progress.session_id = session_id
-        return finished(outcome)
+        return await done(outcome)
     finally:
         # Also after a configuration that failed half-way: the folder is this run's
         # alone (see prohost.engine.agent.environment.scratch_folder), so nothing else can be in it.
@@ -280,6 +279,8 @@ class _Spawn:
     progress: Progress
     on_spawn: Callable[[int], Awaitable[None]] | None
     on_events: Callable[[list[ToolEvent]], None] | None
+    #: What a resumed session had reached, for a brain reporting running totals.
+    usage_before: Callable[[str], Awaitable[Usage]] | None = None
 
 
 async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
@@ -348,6 +349,9 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
     spec, brain, progress, deadline = spawn.spec, spawn.brain, spawn.progress, spawn.deadline
     on_spawn, on_events = spawn.on_spawn, spawn.on_events
     turn = brain.new_turn()
+    if session_id is not None and spawn.usage_before is not None:
+        turn.usage_before = await spawn.usage_before(session_id)
+    progress.session_totals = None
     progress.attempts += 1
     progress.limit, progress.ended_by_limit = None, False
     progress.last_output = trio.current_time()
@@ -399,6 +403,8 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
         ))
     # The one the CLI announced, else the one it was to resume (a fresh one: none).
     session = turn.session_id or session_id
+    progress.spent += turn.usage()
+    progress.session_totals = turn.session_totals()
     progress.limit = turn.limit
     rejected = (
         session_id is not None

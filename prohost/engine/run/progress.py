@@ -10,6 +10,7 @@ import attrs
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.accounts.limits import LimitNotice
+from prohost.engine.agent.usage import Usage
 
 
 def waiting_activity(until: float) -> str:
@@ -36,3 +37,8 @@ class Progress:
     ended_by_limit: bool = False
     #: While the run waits for an account's limit to reset: when (epoch s).
     waiting_until: float | None = None
+    #: What every attempt so far used, summed (§7 ``usage`` is the run's own).
+    spent: Usage = attrs.field(factory=Usage)
+    #: The session's running totals after the last attempt, for a CLI that reports
+    #: those (Codex); saved with the session so its next turn counts its own.
+    session_totals: Usage | None = None

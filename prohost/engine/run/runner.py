@@ -25,6 +25,7 @@ every account is limited (§12), are :mod:`prohost.engine.accounts.gate`'s.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,6 +41,8 @@ from prohost.engine.agent.brains import Brain
 from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.usage import Usage
+from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten, Turn
 from prohost.engine.report.outbox import Outbox, ReportTiming
 from prohost.engine.report.reporter import Reporter
@@ -226,9 +229,11 @@ class Runner:
             # nothing happened to it.
             return outcome, None
         outcome = attrs.evolve(outcome, account=held.progress.account)
+        totals = held.progress.session_totals
         # The lane's next turn resumes whatever session this one ended with, failed
         # or not; a rejected session that was replaced is forgotten here too.
-        return outcome, (held.lane, held.progress.account, outcome.session_id)
+        return outcome, (held.lane, held.progress.account, outcome.session_id,
+                         None if totals is None else json.dumps(totals.to_json()))
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -332,8 +337,21 @@ class Runner:
             self._on_change()
             return following, there
 
+        async def totals_of(session_id: str) -> Usage:
+            # What the resumed session had reached (§7: Codex reports running
+            # totals). Unreadable: the run goes on, its figures then the totals'.
+            try:
+                text = await self.steps.bounded(ledger.session_totals, session_id,
+                                                what="reading the session's usage")
+                return Usage.from_json(json.loads(text)) if text else Usage()
+            except (LedgerError, OSError, ValueError) as exc:
+                log.warning("run %s: could not read session %s's usage so far: %s",
+                            run.run_id, session_id, exc)
+                return Usage()
+
         return await execute(
             run, self.spec, self.brain,
+            usage_before=totals_of if self.brain.running_totals else None,
             groups=self.groups,
             session_id=session,
             progress=held.progress,

@@ -10,15 +10,18 @@ restart); it logs under ``prohost.harness``, the name users already filter on.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import iso_time
+from prohost.engine.accounts.spend import DailySpend, day_start
 from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
@@ -43,7 +46,8 @@ class Recovery:
 
     def __init__(self, *, steps: LedgerSteps | None, runs: HeldRuns, queue: RunQueue,
                  settle: Settle, book: AccountBook, outbox: Outbox | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 spend: DailySpend | None = None) -> None:
         self.steps = steps
         self.runs = runs
         self.queue = queue
@@ -52,6 +56,8 @@ class Recovery:
         #: Reports waiting past their window (§7): not taken on twice.
         self.outbox = outbox
         self.clock = clock
+        #: Today's spend per account, counted again from the ledger at start.
+        self.spend = spend
         #: Runs the end-of-drain sweep already reported once (never twice).
         self.swept: set[str] = set()
 
@@ -74,6 +80,10 @@ class Recovery:
         limits = await steps.bounded(steps.ledger.account_limits,
                                      what="reading the accounts' limits at start")
         now = self.clock()
+        if self.spend is not None:
+            finished = await steps.bounded(steps.ledger.finished_since, day_start(now),
+                                           what="reading today's finished runs at start")
+            self.spend.restore(spent(finished), now)
         for name, until in limits.items():
             self.book.restore(name, until, now)
             if until > now and name in {a.name for a in self.book.accounts}:
@@ -240,6 +250,20 @@ class Recovery:
                         "oldest run finished %s ago); the next start posts them",
                         len(waiting), human_ago(time.time() - min(waiting)))
         return settled
+
+
+def spent(finished: list[tuple[float, str]]) -> list[tuple[str | None, Any, float]]:
+    """``(account, usage, finished_at)`` of the ledger's finished runs whose agent ran
+    (an outcome that names its account); an outcome that cannot be read is skipped."""
+    found: list[tuple[str | None, Any, float]] = []
+    for at, text in finished:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("account"), str):
+            found.append((data["account"], data.get("usage"), at))
+    return found
 
 
 def kill_leftover(row: LedgerRow) -> None:

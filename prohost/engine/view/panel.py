@@ -36,9 +36,12 @@ from prohost.engine.view.statustext import (
     brain_line,
     clean,
     compact_duration,
+    cost_text,
     server_host,
     short_ago,
     short_run_id,
+    spend_line,
+    tokens_text,
     waiting_reports_text,
 )
 
@@ -169,9 +172,21 @@ def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
             _label(row.conversation, row.run_id),
             "" if row.duration_s is None else compact_duration(row.duration_s),
             Text(f"{short_ago(now - row.finished_at)} ago", style="dim"),
-            Text("" if row.ok else clean(row.error or "failed"), style="red"),
+            Text(clean(row.error or "failed"), style="red") if not row.ok
+            else Text(_did(row), style="dim"),
         )
     return table
+
+
+def _did(row: FinishedRow) -> str:
+    """``3 files (+12 −2), 1 commit · 12.3k tokens · $0.04``: what a run did, as far
+    as its report said."""
+    parts = [row.changes] if row.changes else []
+    if row.tokens:
+        parts.append(f"{tokens_text(row.tokens)} tokens")
+    if row.cost_usd is not None:
+        parts.append(cost_text(row.cost_usd))
+    return " · ".join(parts)
 
 
 def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
@@ -190,6 +205,9 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
         limited = any(row.state == "limited" for row in snapshot.accounts)
         parts.append(Text(accounts, style="yellow" if limited else "",
                           no_wrap=True, overflow="ellipsis"))
+    spend = spend_line(snapshot.spend_today)
+    if spend is not None:
+        parts.append(Text(spend, style="dim", no_wrap=True, overflow="ellipsis"))
     parts.extend(_notes(snapshot, current))
     parts.append(Text(""))
     if snapshot.runs:

@@ -15,6 +15,7 @@ from typing import Literal
 
 import attrs
 
+from prohost.engine.accounts.spend import SpendRow
 from prohost.files import write_atomically
 from prohost.wire.protocol import AccountRow, converter, structure
 
@@ -48,6 +49,11 @@ class FinishedRow:
     error: str | None
     duration_s: float | None
     finished_at: float
+    #: What it changed, in a few words (``3 files (+12 −2), 1 commit``; --repos only).
+    changes: str | None = None
+    #: Its tokens (in + out) and cost, as its CLI reported them (§7 ``usage``).
+    tokens: int | None = None
+    cost_usd: float | None = None
 
 
 @attrs.frozen
@@ -76,6 +82,8 @@ class Snapshot:
     #: and when the oldest of their runs finished (epoch s; None when none waits).
     reports_waiting: int = 0
     reports_waiting_since: float | None = None
+    #: Today's runs, tokens and cost per account, then all together (local day).
+    spend_today: tuple[SpendRow, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self), indent=2)

@@ -24,13 +24,16 @@ import trio
 from prohost import __version__
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
+from prohost.engine.accounts.spend import DailySpend
 from prohost.engine.agent.brains.base import Brain
+from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.lanes.scheduler import SchedulerStatistics
 from prohost.engine.link.connection import LinkStatistics
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.view.reporttext import changes_summary
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -69,6 +72,8 @@ class Facts:
     brain_version: str | None = None
     finished: collections.deque[FinishedRow] = attrs.field(
         factory=lambda: collections.deque(maxlen=FINISHED_KEPT))
+    #: Today's runs, tokens and cost per account.
+    spend: DailySpend = attrs.field(factory=DailySpend)
 
     def learned_version(self, version: str) -> None:
         self.brain_version = version
@@ -84,12 +89,19 @@ class Facts:
             progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
         if held.progress.model:
             self.model = held.progress.model
+        now = time.time()
+        usage = Usage.from_json(outcome.usage)
+        tokens = None if usage.input_tokens is None and usage.output_tokens is None \
+            else (usage.input_tokens or 0) + (usage.output_tokens or 0)
         self.finished.appendleft(FinishedRow(
             run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
-            finished_at=time.time(),
+            finished_at=now, changes=changes_summary(outcome.changes), tokens=tokens,
+            cost_usd=usage.cost_usd,
         ))
+        if outcome.account is not None:  # an agent ran: it counts in today's spend
+            self.spend.add(outcome.account, outcome.usage, now)
         self.on_change()
 
 
@@ -172,6 +184,7 @@ def take_snapshot(seen: Observed) -> Snapshot:
         accounts=tuple(account_rows(seen.book, seen.clock)),
         reports_waiting=0 if seen.outbox is None else len(seen.outbox),
         reports_waiting_since=None if seen.outbox is None else seen.outbox.oldest(),
+        spend_today=tuple(seen.facts.spend.rows(time.time())),
     )
 
 

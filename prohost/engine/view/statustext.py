@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
+from prohost.engine.accounts.spend import SpendRow
 from prohost.engine.view.snapshot import Snapshot
 from prohost.wire.protocol import AccountRow
 
@@ -117,6 +118,45 @@ def accounts_line(accounts: Sequence[AccountRow]) -> str | None:
                         and accounts[0].state == "ok" and accounts[0].used_percent is None):
         return None
     return "accounts  " + " · ".join(account_text(row) for row in accounts)
+
+
+def tokens_text(count: int) -> str:
+    """``950``, ``12.3k``, ``4.1M`` tokens, for narrow places."""
+    if count < 1000:
+        return str(count)
+    if count < 1_000_000:
+        return f"{count / 1000:.1f}k"
+    return f"{count / 1_000_000:.1f}M"
+
+
+def cost_text(usd: float) -> str:
+    """``$0.0123`` below a dollar, ``$12.34`` above."""
+    return f"${usd:.4f}" if usd < 1 else f"${usd:,.2f}"
+
+
+def _spend_text(row: SpendRow) -> str:
+    text = f"{row.runs} run{'s' if row.runs != 1 else ''}"
+    tokens = row.input_tokens + row.output_tokens
+    if tokens:
+        text += f" {tokens_text(tokens)} tokens"
+    if row.cost_usd is not None:
+        text += f" {cost_text(row.cost_usd)}"
+    return text
+
+
+def spend_line(rows: Sequence[SpendRow]) -> str | None:
+    """``today  work 3 runs 12.3k tokens $0.42 · personal 1 run 2.0k tokens`` (each
+    account, then ``all`` when there are several); ``None`` before the day's first run."""
+    accounts = [row for row in rows if row.account is not None]
+    if not accounts:
+        return None
+    if len(accounts) == 1:
+        return f"today  {_spend_text(accounts[0])}"
+    parts = [f"{clean(row.account or '')} {_spend_text(row)}" for row in accounts]
+    total = next((row for row in rows if row.account is None), None)
+    if total is not None:
+        parts.append(f"all {_spend_text(total)}")
+    return "today  " + " · ".join(parts)
 
 
 def waiting_reports_text(count: int, since: float | None, now: float) -> str | None:

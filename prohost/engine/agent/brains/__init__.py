@@ -11,8 +11,29 @@ __all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "ToolEvent", "Turn",
 BRAIN_NAMES = ("auto", "claude", "codex", "plain")
 
 
-def brain_for(choice: str, exec_line: str, *, safe_tools: bool = False) -> Brain:
-    """The brain for ``--brain`` (``auto``: from the program ``--exec`` runs)."""
+def brain_for(choice: str, exec_line: str, *, safe_tools: bool = False,
+              max_cost_usd: float | None = None) -> Brain:
+    """The brain for ``--brain`` (``auto``: from the program ``--exec`` runs).
+
+    Raises :class:`BudgetRefused` for ``max_cost_usd`` with a brain that cannot
+    bound what a run spends (§12: refused at start, naming the flag and the brain).
+    """
+    brain = _brain_for(choice, exec_line, safe_tools=safe_tools)
+    if max_cost_usd is not None:
+        if not brain.bounds_cost:
+            raise BudgetRefused(
+                f"--max-cost cannot be used with the {brain.name} brain: "
+                f"{brain.no_budget_because}; use it with --brain claude (Claude Code), "
+                "or leave --max-cost out")
+        brain.max_cost_usd = max_cost_usd
+    return brain
+
+
+class BudgetRefused(ValueError):
+    """``--max-cost`` was given for a brain that cannot honour it."""
+
+
+def _brain_for(choice: str, exec_line: str, *, safe_tools: bool) -> Brain:
     if choice == "auto":
         program = program_name(exec_line)
         choice = program if program in ("claude", "codex") else "plain"

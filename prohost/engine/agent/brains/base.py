@@ -24,6 +24,7 @@ import attrs
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.cmdline import split_command
 from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.usage import Usage
 from prohost.wire.runs import Mcp, Outcome
 
 ToolState = Literal["calling", "done", "error"]
@@ -159,10 +160,22 @@ class Turn(abc.ABC):
     #: attempt ended *because of* the limit when ``finish`` gave a failure and
     #: this is ``limited``; the failure's error then says the limit was reached.
     limit: LimitNotice | None = None
+    #: For a CLI that reports its session's running totals (Codex): what the
+    #: resumed session had reached before this attempt (set before it starts).
+    usage_before: Usage = Usage()
 
     def feed(self, line: bytes) -> list[ToolEvent]:
         """Read one stdout line; return the timeline events it produced."""
         return []
+
+    def usage(self) -> Usage:
+        """What this attempt used, as far as the CLI said (§7); empty when nothing."""
+        return Usage()
+
+    def session_totals(self) -> Usage | None:
+        """The session's running totals after this attempt, for a CLI that reports
+        them (kept with the session, so the next turn's figures are its own)."""
+        return None
 
     @abc.abstractmethod
     def finish(self, result: ProcessResult) -> Outcome | None:
@@ -205,10 +218,21 @@ class Brain(abc.ABC):
     name: ClassVar[str]
     #: stdout is a JSON event stream read line by line (else it is the reply).
     streams: ClassVar[bool] = False
+    #: The CLI can stop a run at ``--max-cost`` and say what it spent (§12).
+    bounds_cost: ClassVar[bool] = False
+    #: Its usage figures are the session's running totals, not the turn's (Codex):
+    #: the runner hands each resumed attempt what its session had reached.
+    running_totals: ClassVar[bool] = False
+    #: Why it cannot, for the refusal at start (names what is missing).
+    no_budget_because: ClassVar[str] = "it cannot bound or report what a run spends"
 
-    def __init__(self, exec_line: str, *, safe_tools: bool = False) -> None:
+    def __init__(self, exec_line: str, *, safe_tools: bool = False,
+                 max_cost_usd: float | None = None) -> None:
         self.exec_line = exec_line
         self.safe_tools = safe_tools
+        #: --max-cost: what one run may spend (US dollars); only a brain that
+        #: :attr:`bounds_cost` is ever given one.
+        self.max_cost_usd = max_cost_usd
 
     @abc.abstractmethod
     def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:

@@ -58,6 +58,7 @@ from prohost.engine.agent.brains.base import (
 from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.usage import Usage, from_claude_result
 from prohost.wire.runs import Mcp, Outcome
 
 log = logging.getLogger("prohost.brains.claude")
@@ -73,7 +74,6 @@ _QUOTE_CHARS = 300
 #: What a subtype means, for a failed result that carries no text of its own.
 _SUBTYPE_SENTENCES = {
     "error_max_turns": "Claude Code stopped: it reached its turn limit (--max-turns)",
-    "error_max_budget_usd": "Claude Code stopped: it reached its spending limit (--max-budget-usd)",
     "error_during_execution": "Claude Code failed during the run",
     "error_max_structured_output_retries": (
         "Claude Code stopped: it could not produce the requested structured output"
@@ -84,9 +84,12 @@ _SUBTYPE_SENTENCES = {
 class ClaudeTurn(Turn):
     """One attempt's reading of Claude Code's stream-json output."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, *,
+                 max_cost_usd: float | None = None) -> None:
         #: Reads "resets 8pm" relative to now (epoch seconds); a test passes its own.
         self._clock = clock
+        #: --max-cost, for the report of a run that reached it.
+        self._max_cost_usd = max_cost_usd
         #: The head of a line a ``rate_limit_event`` was written into, waiting for
         #: the rest of that line (see :func:`prohost.engine.accounts.limits.recover_events`).
         self._broken: bytes | None = None
@@ -257,16 +260,31 @@ class ClaudeTurn(Turn):
         subtype = subtype if isinstance(subtype, str) else ""
         text = event.get("result")
         text = text if isinstance(text, str) else None
-        usage = _usage(event)
+        usage = from_claude_result(event, self.model).to_json()
+        # An API failure arrives as subtype "success" with is_error true (and its
+        # HTTP status in api_error_status); a stopped run has an "error_…" subtype.
         failed = event.get("is_error") is True or subtype.startswith("error")
         if text:
             # A failed result may say it anywhere; a "successful" one only counts
             # when the whole text is the CLI's notice (older builds sent
             # "Claude AI usage limit reached|<epoch>" as the result).
             self._limit_text(text, anywhere=failed)
+        if subtype == "error_max_budget_usd":
+            # §12: not retryable (it would spend as much again), with its session so
+            # the conversation can go on, and what it spent.
+            spent = Usage.from_json(usage).cost_usd
+            budget = "its budget" if self._max_cost_usd is None \
+                else f"its budget of ${_dollars(self._max_cost_usd)}"
+            error = f"the run reached {budget}" + (
+                "" if spent is None else f" (it spent ${spent:.4f})")
+            return Outcome.failure(error, session_id=self.session_id, usage=usage)
         if failed:
+            status = event.get("api_error_status")
             return Outcome.failure(
-                self._error(event, subtype, text), session_id=self.session_id, usage=usage
+                self._error(event, subtype, text), session_id=self.session_id, usage=usage,
+                # Anthropic's API overloaded or failing: the same request may well
+                # go through later (a 429 is a usage limit, handled as such).
+                retryable=status in _TRANSIENT_API_STATUSES and self.limit is None,
             )
         # A success without result text (not seen from the CLI, but not ruled out)
         # still has the agent's last words.
@@ -300,6 +318,11 @@ class ClaudeTurn(Turn):
             or "/login" in detail
         )
 
+    def usage(self) -> Usage:
+        # The result event's figures are this invocation's own (not the session's).
+        event = self.result_event
+        return Usage() if event is None else from_claude_result(event, self.model)
+
     def resume_rejected(self, result: ProcessResult) -> bool:
         if result.timed_out is not None or result.exit_code == 0:
             return False
@@ -324,13 +347,14 @@ class ClaudeTurn(Turn):
         return not self.started and result.exit_code is not None and result.exit_code != 0
 
 
-def _usage(event: dict[str, Any]) -> dict[str, Any] | None:
-    usage = event.get("usage")
-    merged: dict[str, Any] = dict(usage) if isinstance(usage, dict) else {}
-    cost = event.get("total_cost_usd")
-    if isinstance(cost, int | float) and not isinstance(cost, bool):
-        merged["total_cost_usd"] = cost
-    return merged or None
+#: HTTP statuses of Anthropic's API that say "not now" rather than "never": a run
+#: that failed with one is reported retryable.
+_TRANSIENT_API_STATUSES = frozenset({500, 502, 503, 504, 529})
+
+
+def _dollars(usd: float) -> str:
+    """``2.5``, ``0.0001``: at most four decimals, as --max-cost takes them."""
+    return f"{usd:.4f}".rstrip("0").rstrip(".")
 
 
 class ClaudeBrain(Brain):
@@ -338,6 +362,7 @@ class ClaudeBrain(Brain):
 
     name = "claude"
     streams = True
+    bounds_cost = True
 
     def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
         # The user's line is kept byte for byte and only appended to: reparsing and
@@ -360,6 +385,9 @@ class ClaudeBrain(Brain):
             # Nobody is at a terminal to approve a tool call, so a permission
             # prompt would just deny it; a user who chose a mode keeps theirs.
             extra.append("--dangerously-skip-permissions")
+        if self.max_cost_usd is not None and not has_flag(line, "--max-budget-usd"):
+            # Claude Code stops the run there (result subtype error_max_budget_usd).
+            extra.append(f"--max-budget-usd={_dollars(self.max_cost_usd)}")
         if session_id is not None:
             extra.append(f"--resume={shlex.quote(session_id)}")
         words = " ".join(extra)
@@ -370,7 +398,7 @@ class ClaudeBrain(Brain):
         return f"{line} {words}".rstrip() if words else line
 
     def new_turn(self) -> ClaudeTurn:
-        return ClaudeTurn()
+        return ClaudeTurn(max_cost_usd=self.max_cost_usd)
 
     def version_command(self) -> str | None:
         return version_command(self.exec_line)

@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from prohost.engine.accounts.limits import codex_limit_text, codex_rate_limits, merge
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
@@ -67,6 +69,7 @@ from prohost.engine.agent.brains.codex_home import (
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
 from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.usage import Usage, from_codex_totals
 from prohost.wire.runs import Mcp, Outcome
 
 log = logging.getLogger("prohost.brains.codex")
@@ -98,7 +101,9 @@ class CodexTurn(Turn):
         #: Reads "Try again at 2:57 PM" relative to now (epoch s); tests pass their own.
         self._clock = clock
         self.reply: str | None = None
-        self.usage: dict[str, Any] | None = None
+        #: The thread's running totals from ``turn.completed`` (openai/codex
+        #: ``usage_from_last_total``, issue #17539): the session's, not the run's.
+        self.totals: Usage | None = None
         self.turn_failed: str | None = None
         self.last_error: str | None = None
         #: Tools still running: id → activity text, oldest first.
@@ -132,11 +137,7 @@ class CodexTurn(Turn):
             self.activity = None
             usage = event.get("usage")
             if isinstance(usage, dict):
-                self.usage = {
-                    key: value
-                    for key, value in usage.items()
-                    if isinstance(value, int | float) and not isinstance(value, bool)
-                }
+                self.totals = from_codex_totals(usage, self.model)
         elif kind == "turn.failed":
             self.activity = None
             error = event.get("error")
@@ -212,6 +213,16 @@ class CodexTurn(Turn):
         self.activity = next(reversed(self._open.values()), "thinking")
         return [ToolEvent(id=tool_id, name=name, state=state, summary=summary)]
 
+    def usage(self) -> Usage:
+        # This run's share of the thread's totals: what they reached less what the
+        # resumed thread had before (§7); one `codex exec` is one turn.
+        if self.totals is None:
+            return Usage()
+        return attrs.evolve(self.totals.since(self.usage_before), turns=1)
+
+    def session_totals(self) -> Usage | None:
+        return self.totals
+
     def finish(self, result: ProcessResult) -> Outcome | None:
         if self.turn_failed is not None:
             # Codex discards the turn's last message when the turn fails, and so
@@ -221,7 +232,7 @@ class CodexTurn(Turn):
         if self.reply is not None:
             if result.exit_code == 0:
                 return Outcome(ok=True, reply=self.reply, session_id=self.session_id,
-                               usage=self.usage)
+                               usage=self.usage().to_json())
             return None
         if self.last_error is not None:
             return Outcome.failure(self._with_limit(self.last_error),
@@ -287,6 +298,8 @@ class CodexBrain(Brain):
             added += ["resume", session_id]
         added.append("-")  # read the prompt from stdin
         return line + " " + " ".join(shlex.quote(word) for word in added)
+
+    running_totals = True
 
     def new_turn(self) -> Turn:
         return CodexTurn()

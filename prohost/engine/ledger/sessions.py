@@ -1,0 +1,161 @@
+"""The ledger's rows beside the runs: each lane's agent session (per account), the
+account each lane last used, accounts remembered at their usage limit, and a
+session's running usage totals (PROTOCOL.md §7, §12). See :mod:`prohost.engine.ledger`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
+from prohost.engine.ledger.writer import GroupCommit
+
+
+class SessionRows(GroupCommit):
+    """The session and account tables of :class:`prohost.engine.ledger.Ledger`."""
+
+    # -- sessions --------------------------------------------------------------------
+
+    def session_for(self, lane: str) -> str | None:
+        """The agent session the lane's last turn ended with, if any.
+
+        Read at once, never behind a write under way: it sees every commit made so
+        far. (A turn's ``save_session`` is queued before that turn's
+        ``mark_finished``, and the lane's next turn starts after that returned.)
+        """
+        with self._locked() as conn:
+            found = conn.execute(
+                "SELECT session_id FROM sessions WHERE lane = ?", (lane,)
+            ).fetchone()
+        return None if found is None else str(found[0])
+
+    def save_session(
+        self, lane: str, session_id: str | None, now: float, *, durable: bool = True
+    ) -> None:
+        """Remember the lane's session for its next turn; ``None`` forgets it.
+
+        The harness passes ``durable=False``, just before the turn's ``mark_finished``
+        (see the module docstring).
+        """
+
+        def write(conn: sqlite3.Connection) -> None:
+            _store_session(conn, lane, session_id, now)
+
+        self._write(write, what="save_session", durable=durable)
+
+    # -- accounts (PROTOCOL.md §12) -------------------------------------------------
+
+    def account_session(self, lane: str, account: str) -> str | None:
+        """The session the lane's last turn on ``account`` ended with, if any."""
+        with self._locked() as conn:
+            return _session_on(conn, lane, account)
+
+    def lane_account(self, lane: str) -> str | None:
+        """The account the lane's last turn used, if any."""
+        with self._locked() as conn:
+            found = conn.execute(
+                "SELECT account FROM lane_accounts WHERE lane = ?", (lane,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def save_turn(
+        self, lane: str, account: str, session_id: str | None, now: float, *,
+        durable: bool = True, totals: str | None = None,
+    ) -> None:
+        """Remember the session the lane's turn on ``account`` ended with (``None``
+        forgets it) and that ``account`` is the lane's account now, in one step;
+        with ``totals`` (a §7 ``usage`` object as JSON), the session's running totals
+        as its CLI reported them (Codex), for the next turn's own figures.
+
+        The harness passes ``durable=False``, just before the turn's ``mark_finished``,
+        like :meth:`save_session` (see the module docstring).
+        """
+
+        def write(conn: sqlite3.Connection) -> None:
+            if account == DEFAULT_ACCOUNT:
+                # The default account's sessions stay where they always were.
+                _store_session(conn, lane, session_id, now)
+            elif session_id is None:
+                conn.execute("DELETE FROM account_sessions WHERE lane = ? AND account = ?",
+                             (lane, account))
+            else:
+                conn.execute(
+                    "INSERT INTO account_sessions (lane, account, session_id, updated_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (lane, account) DO UPDATE SET "
+                    "session_id = excluded.session_id, updated_at = excluded.updated_at",
+                    (lane, account, session_id, now),
+                )
+            conn.execute(
+                "INSERT INTO lane_accounts (lane, account, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (lane) DO UPDATE SET "
+                "account = excluded.account, updated_at = excluded.updated_at",
+                (lane, account, now),
+            )
+            if session_id is not None and totals is not None:
+                conn.execute(
+                    "INSERT INTO session_usage (session_id, totals, updated_at) "
+                    "VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+                    "totals = excluded.totals, updated_at = excluded.updated_at",
+                    (session_id, totals, now))
+
+        self._write(write, what="save_turn", durable=durable)
+
+    def session_totals(self, session_id: str) -> str | None:
+        """The running totals (JSON) ``session_id`` had reached after its last turn,
+        if its CLI reports them and the ledger has them."""
+        with self._locked() as conn:
+            found = conn.execute("SELECT totals FROM session_usage WHERE session_id = ?",
+                                 (session_id,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def account_limits(self) -> dict[str, float]:
+        """Every account remembered as limited, and until when (epoch s)."""
+        with self._locked() as conn:
+            return {str(name): float(until) for name, until in conn.execute(
+                "SELECT account, limited_until FROM account_limits")}
+
+    def finished_since(self, since: float) -> list[tuple[float, str]]:
+        """``(finished_at, outcome JSON)`` of every run finished at or after ``since``
+        (epoch s), reported or not: what today's spend is counted from at start."""
+        with self._locked() as conn:
+            return [(float(at), str(outcome)) for at, outcome in conn.execute(
+                "SELECT finished_at, outcome FROM runs WHERE finished_at >= ? "
+                "AND outcome IS NOT NULL", (since,))]
+
+    def save_account_limits(self, limits: dict[str, float]) -> None:
+        """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM account_limits")
+            conn.executemany(
+                "INSERT INTO account_limits (account, limited_until) VALUES (?, ?)",
+                sorted(limits.items()),
+            )
+
+        self._write(write, what="save_account_limits")
+
+
+def _session_on(conn: sqlite3.Connection, lane: str, account: str) -> str | None:
+    """The session the lane's last turn on ``account`` ended with, if any."""
+    if account == DEFAULT_ACCOUNT:
+        found = conn.execute(
+            "SELECT session_id FROM sessions WHERE lane = ?", (lane,)).fetchone()
+    else:
+        found = conn.execute(
+            "SELECT session_id FROM account_sessions WHERE lane = ? AND account = ?",
+            (lane, account)).fetchone()
+    return None if found is None else str(found[0])
+
+
+def _store_session(
+    conn: sqlite3.Connection, lane: str, session_id: str | None, now: float
+) -> None:
+    """Remember (or, with ``None``, forget) the lane's session on the default account."""
+    if session_id is None:
+        conn.execute("DELETE FROM sessions WHERE lane = ?", (lane,))
+    else:
+        conn.execute(
+            "INSERT INTO sessions (lane, session_id, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (lane) DO UPDATE SET "
+            "session_id = excluded.session_id, updated_at = excluded.updated_at",
+            (lane, session_id, now),
+        )

@@ -1,0 +1,77 @@
+"""A run's private checkouts (``--repos``, PROTOCOL.md §5.1 and §7 ``changes``):
+prepared within the run's deadline, their state taken before the agent runs, and
+what the run changed in each of them once it has ended."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from prohost.engine.blocking import Bounds
+from prohost.engine.repos.changes import CheckoutState, changes_of, states_of
+from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
+from prohost.engine.run.progress import Progress
+from prohost.wire.runs import AgentRun
+
+log = logging.getLogger("prohost.execute")
+
+
+class LaneCheckouts:
+    """One run's view of its lane's worktrees (none without ``--repos``)."""
+
+    def __init__(self, worktrees: WorktreeManager | None, bounds: Bounds,
+                 env: Mapping[str, str] | None) -> None:
+        self.worktrees = worktrees if worktrees is not None and worktrees.enabled else None
+        self.bounds = bounds
+        self.env = env
+        #: What :meth:`prepare` made (``None`` without --repos).
+        self.prepared: PreparedCheckouts | None = None
+        self._before: list[CheckoutState] = []
+        self._unready: list[tuple[str, str]] = []
+
+    async def prepare(self, run: AgentRun, deadline: float, progress: Progress) -> bool:
+        """Make the lane's worktrees and take their state; False when the run's
+        ``deadline`` (trio time) came first (nothing is left for the agent then).
+
+        Cancelled: preparing kills its git and leaves nothing the lane's next
+        prepare cannot clear (see :meth:`WorktreeManager.prepare`).
+        """
+        worktrees = self.worktrees
+        if worktrees is None:
+            return True
+        progress.activity = "preparing the private checkouts"
+        # Inside the run's budget: preparing its checkouts is part of the run.
+        with trio.move_on_at(deadline):
+            self.prepared = await worktrees.prepare(run.lane)
+        progress.activity = None
+        prepared = self.prepared
+        if prepared is None or trio.current_time() >= deadline:
+            return False
+        for failure in prepared.failures:
+            log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
+                        failure.reason)
+        # Before the agent runs: what the run changes is compared with this.
+        self._before = await states_of([(c.name, Path(c.path)) for c in prepared.checkouts],
+                                       bounds=self.bounds, env=self.env)
+        names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
+        self._unready = [(names.get(f.source, Path(f.source).name), f.reason)
+                         for f in prepared.failures]
+        return True
+
+    async def changes(self) -> list[dict[str, Any]] | None:
+        """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``
+        without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
+
+        Cancelled: as :func:`prohost.engine.repos.changes.compare`.
+        """
+        if self.worktrees is None or self.prepared is None:
+            return None
+        changes = await changes_of(self._before, self._unready, bounds=self.bounds,
+                                   env=self.env)
+        order = {name: index for index, name in enumerate(self.worktrees.names)}
+        changes.sort(key=lambda entry: order.get(str(entry.get("repo")), len(order)))
+        return changes
