@@ -2,14 +2,21 @@
 """End-to-end benchmark: a real ``prohost server`` and ``prohost agent run`` against floors.
 
 Usage: .venv/bin/python scripts/bench_e2e.py [--runs N] [--probes N] [--queued N]
-                                             [--quick] [--json] [--keep]
+                                             [--rest-samples N] [--quick] [--json] [--keep]
 
 Everything is measured in one process run, on 127.0.0.1 only, and every figure is
 printed as a ratio to a floor (or a budget) taken in the same run:
 
 1. Floors. (a) 16 concurrent ``sh -c cat`` spawns, each fed 4 KiB on stdin, in
    runs/s; (b) 16 concurrent httpx POSTs of 1 KiB to a minimal hypercorn app (trio
-   worker, in its own process, as the reference server is), in posts/s.
+   worker, in its own process, as the reference server is), in posts/s; (c)
+   floor-pipe, the least that any harness must do per run: in one trio process of
+   its own, 16 at a time, ``trio.run_process(["sh", "-c", "cat"])`` with 4 KiB on
+   stdin, then an ``httpx.AsyncClient`` POST of its output to the minimal app of (b)
+   (in a process of its own); runs/s over the batch, and the client process's CPU
+   (``getrusage(RUSAGE_SELF)``: all its threads, not its children) per run, from
+   after one uncounted run (its imports and first connection, as the harness's
+   start-up is left out of 3). Throughput and CPU are also reported against it.
 2. Throughput. ``prohost server`` and ``prohost agent run --exec cat --brain plain
    --concurrency 16`` as separate processes, each with its own temporary
    ``$PROHOST_HOME``. ``--runs`` runs, each on its own conversation, are submitted
@@ -37,6 +44,27 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    while the harness is connected (16 + ``--queued`` of them: exactly what fits,
    since the harness answers 503 at 10,000 queued), and the figure is read once it
    has acked them all and its ``status`` says 16 active and ``--queued`` queued.
+6. Latency at rest: a harness with ``--concurrency 1`` and nothing queued is sent
+   ``--rest-samples`` runs, one at a time, each once the last is settled and a short
+   pause has passed (plus one first, not counted: it warms every path). Its agent is
+   ``--exec 'printf s >FIFO; cat; printf e >FIFO' --brain plain``: only shell
+   built-ins around ``cat``, so ``s`` is the shell's first action and ``e`` is written
+   just before it exits; this process reads the fifo and stamps each byte with
+   ``time.monotonic()`` as it reads it. (a) Delivery → agent spawned: from the moment
+   the relay of 4 writes the delivery frame to the harness to ``s``. (b) Agent exit →
+   completion received: from ``e`` to the moment the completion's whole body is in
+   at the harness's API base, which is pointed (through the paired credentials'
+   ``api_url``) at a small HTTP relay in this process (hypercorn's trio worker): it
+   stamps each request, then passes it on to the real server and hands its answer
+   back. Floors, one sample each after each run, through the same stamps: (a) a
+   bare spawn, ``trio.run_process`` of the same ``/bin/sh -c`` line with the same
+   stdin, from the call to ``s``; (b) a bare POST, a warm ``httpx.AsyncClient`` in
+   this process posting a body the size of that run's completion to the same HTTP
+   relay (answered at once there, as the minimal app is), from the call to the body
+   being in: a one-way time, like (b)'s end, not a round trip. p50 and p99 of each
+   half against its floor's. Every stamp is taken in this process, so both sides of
+   each ratio include the same fifo read and the same wake-ups; the pause between
+   runs (REST_PAUSE_S) lets the harness's last ledger step end first.
 
 Each process is started in its own session and killed (with the agents it spawned)
 on the way out (also on Ctrl-C or SIGTERM), whatever happens short of this script
@@ -72,6 +100,7 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 import trio_websocket
+from bench_rest import FLOOR_PIPE_CLIENT, Inbox, Marks, agent_command
 
 from prohost.home import Credentials, save_credentials
 from prohost.wire.protocol import MAX_MESSAGE_BYTES
@@ -87,8 +116,12 @@ QUEUED_TEXT_BYTES = 2048
 #: Targets from issue 11.
 TARGET_E2E_RATIO = 0.6  # × min(spawn floor, POST floor), at least
 TARGET_CPU_MS = 2.5  # ms of harness CPU per run, at most
-TARGET_ACK_RATIO = 1.5  # × (echo p99 + insert p99), at most
 TARGET_RSS_MIB = 80.0  # MiB with 16 busy and 10,000 queued, at most
+#: Targets from issue 19.
+TARGET_PIPE_CPU_RATIO = 1.5  # harness CPU per run × floor-pipe's, at most
+TARGET_PIPE_RUNS_RATIO = 0.6  # end-to-end runs/s × floor-pipe's, at least
+TARGET_ACK_RATIO = 3.0  # × (echo p99 + insert p99), at most (issue 11 had 1.5)
+TARGET_REST_RATIO = 2.0  # each half of the latency at rest × its floor, at most
 #: Seconds each started process gets to exit after SIGTERM before it is killed.
 STOP_GRACE_S = 10.0
 #: Seconds between checks of the server for completions once few runs are left;
@@ -106,6 +139,11 @@ RELAY_WINDOW = 16
 MAX_RECONNECTS = 5
 #: Runs still open at which the completion watcher switches to per-run checks.
 FEW_LEFT = 64
+#: Seconds the latency phase lets pass after a run is settled before the next: the
+#: harness's last ledger step and status frame are done, so the next finds it at rest.
+REST_PAUSE_S = 0.05
+#: What each run of the latency phase asks (the agent echoes it).
+REST_TEXT = "at rest"
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
@@ -326,6 +364,30 @@ async def post_floor(count: int, tmp: Path) -> float:
             return count / (time.perf_counter() - began)
 
 
+async def floor_pipe(count: int, tmp: Path) -> dict[str, Any]:
+    """Floor (c), floor-pipe: runs/s and client CPU per run of ``count`` runs of
+    ``sh -c cat`` then a POST of its output to the minimal app, 16 at a time."""
+    async with started("floor-app", [sys.executable, "-c", MINIMAL_APP],
+                       tmp / "floor-pipe-app", stdout=subprocess.PIPE) as app:
+        if app.proc.stdout is None:
+            raise RuntimeError("the floor app has no stdout pipe")
+        [url] = await read_lines(app.proc.stdout, lambda lines: len(lines) == 1, 30,
+                                 "the floor app")
+        argv = [sys.executable, "-c", FLOOR_PIPE_CLIENT, f"{url}/complete", str(count),
+                str(CONCURRENCY), str(SPAWN_STDIN_BYTES)]
+        async with started("floor-pipe", argv, tmp / "floor-pipe",
+                           stdout=subprocess.PIPE) as client:
+            if client.proc.stdout is None:
+                raise RuntimeError("the floor-pipe client has no stdout pipe")
+            try:
+                [line] = await read_lines(client.proc.stdout, lambda lines: len(lines) == 1,
+                                          math.inf, "the floor-pipe client")
+            except RuntimeError:
+                raise RuntimeError("the floor-pipe client failed:\n" + client.log_tail()) from None
+            result: dict[str, Any] = json.loads(line)
+            return result
+
+
 async def echo_round_trips(samples: int, size: int) -> list[float]:
     """Seconds per round trip of a ``size``-character message through a plain
     trio-websocket echo server on loopback (in this process, as the relay is)."""
@@ -388,6 +450,8 @@ class Relay:
         self.sent: dict[str, tuple[str, float, int]] = {}
         #: delivery id → (ack status, seconds from write to ack).
         self.acked: dict[str, tuple[int, float]] = {}
+        #: run id → time.monotonic() when its latest delivery was written to the harness.
+        self.written_at: dict[str, float] = {}
         #: Deliveries written to the harness and not acked yet.
         self.in_flight: set[str] = set()
         #: run ids acked 200 at least once.
@@ -478,6 +542,7 @@ class Relay:
                         delivery_id, run_id, text = (probes or backlog).popleft()
                         # Stamped before the write: time in a full socket buffer counts.
                         self.sent[delivery_id] = (run_id, time.perf_counter(), len(text))
+                        self.written_at[run_id] = time.monotonic()
                         self.in_flight.add(delivery_id)
                         try:
                             await down.send_message(text)
@@ -558,15 +623,19 @@ async def prohost_server(tmp: Path, name: str) -> AsyncIterator[ServerProcess]:
         yield ServerProcess(child, banner["HTTP"], banner["WebSocket"], banner["pairing code"])
 
 
-async def pair(client: httpx.AsyncClient, server: ServerProcess, home: Path, ws_url: str) -> None:
+async def pair(
+    client: httpx.AsyncClient, server: ServerProcess, home: Path, ws_url: str,
+    api_url: str | None = None,
+) -> None:
     """Pair over HTTP as ``prohost agent pair`` would, but save ``ws_url`` (the relay)
-    as the socket to dial; results still go straight to the server's ``api_url``."""
+    as the socket to dial; results go to ``api_url`` if given, else straight to the
+    server's."""
     answer = await client.post(f"{server.http_url}/v1/agent/pair",
                                json={"code": server.code, "machine": "bench"})
     answer.raise_for_status()
     data = answer.json()
     save_credentials(home, Credentials(token=data["token"], secret=data["secret"],
-                                       ws_url=ws_url, api_url=server.http_url))
+                                       ws_url=ws_url, api_url=api_url or server.http_url))
 
 
 async def submit_runs(
@@ -662,9 +731,9 @@ def harness_healthy(harness: Child, relay: Relay) -> None:
             "fewer --runs / --queued, or a server with a delivery window")
 
 
-def harness_argv(exec_command: str) -> list[str]:
+def harness_argv(exec_command: str, concurrency: int = CONCURRENCY) -> list[str]:
     return [sys.executable, "-m", "prohost", "agent", "run", "--exec", exec_command,
-            "--brain", "plain", "--concurrency", str(CONCURRENCY), "--machine", "bench",
+            "--brain", "plain", "--concurrency", str(concurrency), "--machine", "bench",
             "--no-panel"]
 
 
@@ -799,6 +868,69 @@ async def rss_with_queue(tmp: Path, queued: int) -> dict[str, Any]:
             "peak_kib": memory["VmHWM"], "idle_rss_kib": idle["VmRSS"]}
 
 
+# ---------------------------------------------------------------------- phase 6
+
+
+async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
+    """Phase 6: the two halves of a run's latency at rest and their floors, in
+    seconds (one list each, sample by sample); see the module docstring."""
+    marks = Marks(tmp / "rest.fifo")
+    agent = agent_command(marks.path)
+    figures: dict[str, list[float]] = {
+        "spawned": [], "spawn_floor": [], "reported": [], "post_floor": []}
+    async with prohost_server(tmp, "server-rest") as server, \
+            httpx.AsyncClient(timeout=30) as client, \
+            httpx.AsyncClient(timeout=30) as poster, trio.open_nursery() as nursery:
+        relay = Relay(server.ws_url)
+        await nursery.start(relay.serve)
+        inbox = Inbox(server.http_url, client)
+        await nursery.start(inbox.serve)
+        await nursery.start(marks.read)
+        home = tmp / "harness-rest"
+        await pair(client, server, home, relay.ws_url, api_url=inbox.url)
+        async with started("harness", harness_argv(agent, concurrency=1), home) as harness, \
+                trio.open_nursery() as inner:
+            relay.check = partial(harness_healthy, harness, relay)
+
+            async def watch_exit() -> None:
+                await harness.proc.wait()
+                raise RuntimeError(f"the harness exited with {harness.proc.returncode}:\n"
+                                   + harness.log_tail())
+
+            inner.start_soon(watch_exit)
+            await relay.wait(lambda: relay.status != {})
+            for n in range(samples + 1):  # the first warms every path up: not counted
+                mark = len(marks.events)
+                [run_id] = await submit_runs(client, server, [(f"rest-{n}", REST_TEXT)])
+                await inbox.wait_answered(run_id)
+                spawned = await marks.first("s", mark) - relay.written_at[run_id]
+                reported = inbox.arrived[run_id] - await marks.first("e", mark)
+                # The floors, through the same stamps.
+                mark = len(marks.events)
+                began = time.monotonic()
+                await trio.run_process(["/bin/sh", "-c", agent], stdin=REST_TEXT.encode(),
+                                       capture_stdout=True, start_new_session=True)
+                spawn_floor = await marks.first("s", mark) - began
+                began = time.monotonic()
+                (await poster.post(f"{inbox.url}/floor", content=b"x" * inbox.sizes[run_id],
+                                   headers={"Idempotency-Key": f"floor-{n}"})).raise_for_status()
+                post_floor = inbox.arrived[f"floor-{n}"] - began
+                if n:
+                    figures["spawned"].append(spawned)
+                    figures["reported"].append(reported)
+                    figures["spawn_floor"].append(spawn_floor)
+                    figures["post_floor"].append(post_floor)
+                await trio.sleep(REST_PAUSE_S)
+            states = {(await client.get(f"{server.http_url}/v1/runs/run-rest-{n}")).json()
+                      .get("state") for n in range(samples + 1)}
+            if states != {"completed"}:
+                raise RuntimeError(f"the server has the latency runs in states {states}")
+            inner.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+    sizes = [inbox.sizes[f"run-rest-{n}"] for n in range(samples + 1)]
+    return {"samples": samples, "completion_bytes": statistics.fmean(sizes), **figures}
+
+
 # ---------------------------------------------------------------------- report
 
 
@@ -840,7 +972,7 @@ async def timed(what: str, within_s: float, phase: Callable[[], Awaitable[Any]])
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"machine": machine(), "settings": {
         "runs": args.runs, "probes": args.probes, "queued": args.queued,
-        "floor_samples": args.floor_samples}}
+        "floor_samples": args.floor_samples, "rest_samples": args.rest_samples}}
     tmp = Path(tempfile.mkdtemp(prefix="prohost-bench-e2e-"))
     if args.keep:
         log(f"logs and homes stay in {tmp}")
@@ -850,6 +982,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures["post_floor"] = await timed(
             "floor (b): httpx POST to hypercorn", args.phase_s,
             lambda: post_floor(args.floor_samples, tmp))
+        figures["floor_pipe"] = await timed(
+            "floor (c): floor-pipe, sh -c cat then httpx POST", args.phase_s,
+            lambda: floor_pipe(args.floor_samples, tmp))
         e2e = await timed("end to end: server + harness, then probes", args.phase_s * 4,
                           lambda: throughput_and_acks(tmp, args.runs, args.probes))
         figures["e2e"] = e2e
@@ -862,6 +997,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                             tmp / "insert.sqlite3"))
         figures["rss"] = await timed("RSS with a full queue", args.phase_s * 4,
                                      lambda: rss_with_queue(tmp, args.queued))
+        figures["rest"] = await timed("latency at rest: concurrency 1, nothing queued",
+                                      args.phase_s * 4,
+                                      lambda: latency_at_rest(tmp, args.rest_samples))
+        figures["load_after"] = os.getloadavg()
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -874,7 +1013,7 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
 
     def ok(key: str) -> bool:
         value = figures.get(key)
-        return not (isinstance(value, dict) and "error" in value)
+        return value is not None and not (isinstance(value, dict) and "error" in value)
 
     e2e = figures["e2e"]
     if ok("e2e") and ok("spawn_floor") and ok("post_floor"):
@@ -885,6 +1024,21 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                      f"POST {figures['post_floor']:.0f}/s)",
                      "ratio": ratio, "target": f">= {TARGET_E2E_RATIO}",
                      "met": ratio >= TARGET_E2E_RATIO})
+    if ok("e2e") and ok("floor_pipe"):
+        pipe = figures["floor_pipe"]
+        ratio = e2e["runs_per_s"] / pipe["runs_per_s"]
+        rows.append({"figure": "end-to-end runs/s vs floor-pipe",
+                     "measured": f"{e2e['runs_per_s']:.0f}/s",
+                     "against": f"floor-pipe {pipe['runs_per_s']:.0f}/s", "ratio": ratio,
+                     "target": f">= {TARGET_PIPE_RUNS_RATIO}",
+                     "met": ratio >= TARGET_PIPE_RUNS_RATIO})
+        cpu = e2e["cpu_ms_per_run"]
+        ratio = cpu / pipe["cpu_ms_per_run"]
+        rows.append({"figure": "harness CPU per run vs floor-pipe",
+                     "measured": f"{cpu:.2f} ms",
+                     "against": f"floor-pipe {pipe['cpu_ms_per_run']:.2f} ms", "ratio": ratio,
+                     "target": f"<= {TARGET_PIPE_CPU_RATIO}",
+                     "met": ratio <= TARGET_PIPE_CPU_RATIO})
     if ok("e2e"):
         cpu = e2e["cpu_ms_per_run"]
         rows.append({"figure": "harness CPU per run", "measured": f"{cpu:.2f} ms",
@@ -907,17 +1061,34 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                      "measured": f"{mib:.1f} MiB", "against": f"budget {TARGET_RSS_MIB:.0f} MiB",
                      "ratio": mib / TARGET_RSS_MIB, "target": "<= 1.0",
                      "met": mib <= TARGET_RSS_MIB})
+    if ok("rest"):
+        rest = figures["rest"]
+        for half, floor_key, label, floor_label in (
+                ("spawned", "spawn_floor", "delivery → spawned", "bare spawn"),
+                ("reported", "post_floor", "exit → completion in", "bare POST")):
+            for name, fraction in (("p50", 0.50), ("p99", 0.99)):
+                took = percentile(rest[half], fraction) * 1e3
+                floor = percentile(rest[floor_key], fraction) * 1e3
+                rows.append({"figure": f"at rest, {label} {name}", "measured": f"{took:.2f} ms",
+                             "against": f"{floor_label} {name} {floor:.2f} ms",
+                             "ratio": took / floor, "target": f"<= {TARGET_REST_RATIO}",
+                             "met": took / floor <= TARGET_REST_RATIO})
     return rows
 
 
 def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     m = figures["machine"]
     print(f"Machine: {m['cpus']} × {m['cpu_model']}; Python {m['python']} on {m['platform']}; "
-          f"temp dir {m['tmp_dir']} ({m['tmp_fs']}); load before {m['load_avg'][0]:.2f}")
+          f"temp dir {m['tmp_dir']} ({m['tmp_fs']}); load average before "
+          + "/".join(f"{x:.2f}" for x in m["load_avg"])
+          + (" after " + "/".join(f"{x:.2f}" for x in figures["load_after"])
+             if "load_after" in figures else ""))
     s = figures["settings"]
     print(f"Settings: {s['runs']} runs, {s['probes']} probes, {s['queued']} queued, "
-          f"{s['floor_samples']} floor samples, concurrency {CONCURRENCY}")
-    for key in ("spawn_floor", "post_floor", "e2e", "echo", "insert", "rss"):
+          f"{s['floor_samples']} floor samples, {s['rest_samples']} runs at rest, "
+          f"concurrency {CONCURRENCY}")
+    for key in ("spawn_floor", "post_floor", "floor_pipe", "e2e", "echo", "insert", "rss",
+                "rest"):
         value = figures.get(key)
         if isinstance(value, dict) and "error" in value:
             print(f"NOT MEASURED {key}: {value['error']}")
@@ -935,10 +1106,19 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         print(f"RSS: {rss['rss_kib'] / 1024:.1f} MiB with {rss['active']} busy + "
               f"{rss['queued']} queued (peak {rss['peak_kib'] / 1024:.1f} MiB, "
               f"{rss['idle_rss_kib'] / 1024:.1f} MiB idle after connecting)")
-    print(f"{'figure':<34} {'measured':>11}  {'against':<44} {'ratio':>6}  target")
+    pipe = figures.get("floor_pipe", {"error": "absent"})
+    if "error" not in pipe:
+        print(f"Floor-pipe: {pipe['runs']} runs in {pipe['seconds']:.2f} s, "
+              f"{pipe['runs_per_s']:.0f}/s, client CPU {pipe['cpu_ms_per_run']:.2f} ms per run")
+    rest = figures.get("rest", {"error": "absent"})
+    if "error" not in rest:
+        print(f"At rest: {rest['samples']} runs one at a time at --concurrency 1 (and one "
+              f"uncounted), completions of {rest['completion_bytes']:.0f} B; each floor "
+              "sampled once after each run")
+    print(f"{'figure':<36} {'measured':>11}  {'against':<44} {'ratio':>6}  target")
     for row in rows:
         met = {True: "met", False: "MISSED", None: ""}[row["met"]]
-        print(f"{row['figure']:<34} {row['measured']:>11}  {row['against']:<44} "
+        print(f"{row['figure']:<36} {row['measured']:>11}  {row['against']:<44} "
               f"{row['ratio']:5.2f}×  {row['target']} {met}")
 
 
@@ -980,6 +1160,8 @@ def main() -> int:
                         help="runs queued behind 16 busy for the RSS figure (default 10000)")
     parser.add_argument("--floor-samples", type=int, default=2000,
                         help="spawns and POSTs per floor (default 2000)")
+    parser.add_argument("--rest-samples", type=int, default=200,
+                        help="runs timed one at a time for the latency at rest (default 200)")
     parser.add_argument("--phase-s", type=float, default=120.0,
                         help="deadline of each floor phase in seconds; the two "
                         "server phases get 4× (default 120)")
@@ -991,6 +1173,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.runs, args.probes, args.queued, args.floor_samples = 100, 30, 300, 100
+        args.rest_samples = 20
         args.phase_s = 10.0
     figures = trio.run(until_sigterm, args)
     rows = ratios(figures)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import trio
 
 from tests.process_kit import alive
@@ -17,6 +18,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
 
 
 def load_bench() -> ModuleType:
+    # The script imports its helper module (scripts/bench_rest.py) as its neighbour.
+    sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -68,6 +71,36 @@ async def test_rss_phase_waits_for_the_full_queue_and_kills_the_busy_agents(
     assert await sleepers() <= before
 
 
+async def test_floor_pipe_runs_every_spawn_and_post_and_counts_the_client_cpu(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        result = await bench.floor_pipe(8, tmp_path)
+    # The client process ran the whole batch (it checks every echo and every answer).
+    assert result["runs"] == 8
+    assert result["runs_per_s"] > 0 and result["seconds"] > 0
+    # Its own CPU, read with getrusage, spread over the batch.
+    assert result["cpu_ms_per_run"] > 0
+
+
+async def test_latency_at_rest_times_both_halves_and_their_floors_for_each_run(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        result = await bench.latency_at_rest(tmp_path, 3)
+    # Every run went through the real harness to the real server (the phase checks
+    # each is completed there), and one sample of each figure was taken per run.
+    assert result["samples"] == 3
+    for key in ("spawned", "spawn_floor", "reported", "post_floor"):
+        assert len(result[key]) == 3, key
+    # The agent's first mark can only be read after its delivery was written, and a
+    # spawn's or a POST's end after its start.
+    assert all(seconds > 0 for seconds in result["spawned"])
+    assert all(seconds > 0 for seconds in result["spawn_floor"] + result["post_floor"])
+    # The completions reached the relay in this process on their way to the server.
+    assert result["completion_bytes"] > 100
+
+
 async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> None:
     figures = {
         "machine": bench.machine(),
@@ -79,12 +112,32 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "insert": await trio.to_thread.run_sync(bench.durable_inserts, 3, 600,
                                                 tmp_path / "insert.sqlite3"),
         "rss": {"rss_kib": 40 * 1024, "queued": 5},
+        "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0},
+        # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
+        "rest": {"spawned": [0.003, 0.006], "spawn_floor": [0.001, 0.002],
+                 "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002]},
     }
     assert figures["spawn_floor"] > 0 and figures["post_floor"] > 0
     rows = bench.ratios(figures)
     assert [row["figure"] for row in rows] == [
-        "end-to-end runs/s", "harness CPU per run", "ack p50", "ack p99",
+        "end-to-end runs/s", "end-to-end runs/s vs floor-pipe",
+        "harness CPU per run vs floor-pipe", "harness CPU per run", "ack p50", "ack p99",
         "RSS, 16 busy + 5 queued",
+        "at rest, delivery → spawned p50", "at rest, delivery → spawned p99",
+        "at rest, exit → completion in p50", "at rest, exit → completion in p99",
     ]
-    assert rows[1]["ratio"] == 3.0 / bench.TARGET_CPU_MS and rows[1]["met"] is False
-    assert rows[4]["met"] is True
+    met = {row["figure"]: row["met"] for row in rows}
+    assert rows[1]["ratio"] == 10.0 / 20.0 and met["end-to-end runs/s vs floor-pipe"] is False
+    assert rows[2]["ratio"] == 3.0 and met["harness CPU per run vs floor-pipe"] is False
+    assert rows[3]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
+    assert met["RSS, 16 busy + 5 queued"] is True
+    assert [row["ratio"] for row in rows[7:]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[7:]] == [False, False, True, True]
+
+
+async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:
+    figures = {"e2e": {"runs_per_s": 10.0, "cpu_ms_per_run": 3.0, "ack_samples": []},
+               "floor_pipe": {"error": "floor-pipe failed: RuntimeError: boom"},
+               "rest": {"error": "latency at rest did not finish within 40 s"}}
+    rows = bench.ratios(figures)
+    assert [row["figure"] for row in rows] == ["harness CPU per run"]
