@@ -248,6 +248,20 @@ class Scheduler(Generic[T]):
         if self._idle.is_set():
             self._idle = trio.Event()
 
+    def starts_at_once(self, lane: str) -> bool:
+        """Whether an item submitted on ``lane`` now would start at the next dispatch:
+        its lane is free (nothing runs, waits or is in line to hold it) and a slot is
+        left for it after every item already waiting took one. So at most ``limit``
+        items submitted while this held can be waiting at any moment (a hold
+        arriving meanwhile may still keep one waiting)."""
+        in_channel = self._in_channel
+        if len(in_channel) + self._queue.queued >= self._limiter.available_tokens:
+            return False
+        if not self._queue.is_free(lane) or lane in self._hold_waiters:
+            return False
+        # Fewer than `limit` entries, by the test above.
+        return all(entry.lane != lane for entry in in_channel.values())
+
     def remove(self, key: str) -> T | None:
         """Take a queued item out (a cancelled run). ``None`` if it isn't queued:
         a running item is stopped by its own cancel scope, not here."""
