@@ -214,14 +214,16 @@ class Scheduler(Generic[T]):
             if not (queue._by_key or queue._busy or self._in_channel):
                 self._idle.set()
 
-    def release_slot(self, key: str) -> None:
+    def release_slot(self, key: str) -> bool:
         """The agent of the running item ``key`` has ended: give its slot to another
         lane now. Its lane stays busy until ``work`` returns. Idempotent; a no-op
-        for a key that holds no slot."""
+        (False) for a key that holds no slot."""
         if key in self._slotted:
             self._slotted.remove(key)
             self._limiter.release_on_behalf_of(key)
             self._wake.set()
+            return True
+        return False
 
     def submit(self, key: str, lane: str, item: T) -> None:
         """Queue ``item`` on ``lane``; it starts once a slot and its lane are free.
