@@ -190,7 +190,11 @@ async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
             assert runner is not None
             runner.steps.ledger = wrapped  # type: ignore[assignment]
             running.harness.bodies.budget = 0  # every queued body is in the ledger only
-            lost = await server.submit_run("unlucky", conversation_id="C1")
+            # The lane is kept busy, so the run waits in the queue (one that starts
+            # at once keeps its parsed body, and is never read back).
+            async with running.harness.scheduler.holding("conv:C1"):
+                lost = await server.submit_run("unlucky", conversation_id="C1")
+                await server.wait_until(lambda s: s.runs[lost].state == "accepted")
             await server.wait_until(finished(lost))
             await running.harness.wait_released(lost)
             after = await server.submit_run("next", conversation_id="C2")

@@ -386,8 +386,8 @@ class Harness:
                                                          release_slot=release_slot))
 
     def _release_slot(self, run_id: str) -> None:
-        self.scheduler.release_slot(run_id)
-        self.changed()
+        if self.scheduler.release_slot(run_id):  # else released already: no change
+            self.changed()
 
     def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
                     finished_at: float | None = None) -> None:

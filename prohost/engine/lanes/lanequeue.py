@@ -83,6 +83,10 @@ class LaneQueue(Generic[T]):
         """Lanes held (:meth:`hold`)."""
         return len(self._held)
 
+    def is_free(self, lane: str) -> bool:
+        """Nothing runs on ``lane``, it is not held, and none of its items wait."""
+        return lane not in self._busy and lane not in self._held and lane not in self._lanes
+
     def __contains__(self, key: object) -> bool:
         """True while the key is queued or running (popped and not yet released)."""
         return key in self._by_key or key in self._running_keys

@@ -214,14 +214,16 @@ class Scheduler(Generic[T]):
             if not (queue._by_key or queue._busy or self._in_channel):
                 self._idle.set()
 
-    def release_slot(self, key: str) -> None:
+    def release_slot(self, key: str) -> bool:
         """The agent of the running item ``key`` has ended: give its slot to another
         lane now. Its lane stays busy until ``work`` returns. Idempotent; a no-op
-        for a key that holds no slot."""
+        (False) for a key that holds no slot."""
         if key in self._slotted:
             self._slotted.remove(key)
             self._limiter.release_on_behalf_of(key)
             self._wake.set()
+            return True
+        return False
 
     def submit(self, key: str, lane: str, item: T) -> None:
         """Queue ``item`` on ``lane``; it starts once a slot and its lane are free.
@@ -247,6 +249,20 @@ class Scheduler(Generic[T]):
         self._in_channel[key] = entry
         if self._idle.is_set():
             self._idle = trio.Event()
+
+    def starts_at_once(self, lane: str) -> bool:
+        """Whether an item submitted on ``lane`` now would start at the next dispatch:
+        its lane is free (nothing runs, waits or is in line to hold it) and a slot is
+        left for it after every item already waiting took one. So at most ``limit``
+        items submitted while this held can be waiting at any moment (a hold
+        arriving meanwhile may still keep one waiting)."""
+        in_channel = self._in_channel
+        if len(in_channel) + self._queue.queued >= self._limiter.available_tokens:
+            return False
+        if not self._queue.is_free(lane) or lane in self._hold_waiters:
+            return False
+        # Fewer than `limit` entries, by the test above.
+        return all(entry.lane != lane for entry in in_channel.values())
 
     def remove(self, key: str) -> T | None:
         """Take a queued item out (a cancelled run). ``None`` if it isn't queued:

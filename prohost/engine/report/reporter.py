@@ -21,6 +21,7 @@ every line this module logs or returns, including echoes of it in a response bod
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import math
 import random
@@ -34,6 +35,9 @@ import trio
 __all__ = ["Reporter", "Settlement"]
 
 SettlementKind = Literal["delivered", "already", "closed", "rejected", "gave_up"]
+
+#: The media type of every body posted.
+JSON_TYPE = "application/json"
 
 #: How long a completion is retried, from its first attempt (§7).
 DEFAULT_WINDOW_S = 600.0
@@ -137,6 +141,8 @@ class Reporter:
         saved outcome is still the outbox to post from next time.
         """
         url, headers = self._completion_request(run_id, completion_path)
+        # Encoded once for every attempt of this report: a reply may be up to 1 MiB.
+        content = _encode(payload)
         deadline = trio.current_time() + self._window_s
         attempt = 0
         while True:
@@ -145,7 +151,7 @@ class Reporter:
             # "one attempt"); later ones never run past the window.
             budget = REQUEST_TIMEOUT_S if attempt == 1 else \
                 min(REQUEST_TIMEOUT_S, deadline - trio.current_time())
-            answer = await self._post(url, headers, payload, budget_s=budget, read_body=True)
+            answer = await self._post(url, headers, content, budget_s=budget, read_body=True)
             settled = self._settled(run_id, answer)
             if settled is not None:
                 return settled
@@ -189,7 +195,7 @@ class Reporter:
         the request is abandoned and the cancellation propagates.
         """
         url, headers = self._completion_request(run_id, completion_path)
-        answer = await self._post(url, headers, payload, budget_s=REQUEST_TIMEOUT_S,
+        answer = await self._post(url, headers, _encode(payload), budget_s=REQUEST_TIMEOUT_S,
                                   read_body=True)
         settled = self._settled(run_id, answer)
         if settled is not None:
@@ -201,6 +207,7 @@ class Reporter:
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Idempotency-Key": run_id,
+            "Content-Type": JSON_TYPE,
         }
         return url, headers
 
@@ -223,36 +230,40 @@ class Reporter:
         self,
         url: str,
         headers: dict[str, str],
-        body: dict[str, Any],
+        content: bytes,
         *,
         budget_s: float,
         read_body: bool,
     ) -> _Answer:
-        """One POST, reduced to what a retry loop needs; the loops differ, this does not.
+        """One POST of the JSON ``content``, reduced to what a retry loop needs; the
+        loops differ, this does not.
 
         ``read_body``: on an answer other than 2xx, 404 or 409, read a bounded
         snippet of the body into the line and honour ``Retry-After`` (a completion:
-        the line is what the person debugging a rejected report gets). Off, the
-        response is streamed and never read (a timeline post: the body is of no use,
-        and unread it costs nothing however large it is). Never raises for an HTTP
-        or network failure. Cancelled: the request is abandoned where it stands and
-        the cancellation propagates.
+        the line is what the person debugging a rejected report gets). Off, only a
+        small body is read (a timeline post: the body is of no use). Whatever the
+        server sends, at most DRAIN_BYTES of it are read: a larger answer closes
+        the connection instead. Never raises for an HTTP or network failure.
+        Cancelled: the request is abandoned where it stands and the cancellation
+        propagates.
         """
+        client = self._client
         # httpx's own timeouts are per phase (connect, each read, ...), so a server
         # trickling a byte at a time would never trip them; the trio deadline bounds
         # the whole exchange. Both are set so the client's defaults don't apply.
         with trio.move_on_after(budget_s):
             try:
-                async with self._client.stream(
-                    "POST",
-                    url,
-                    json=body,
-                    headers=headers,
-                    timeout=budget_s,
+                # Sent as a stream (the status before any of the body), not with
+                # client.post, which would read a hostile answer of any size whole.
+                response = await client.send(
+                    client.build_request("POST", url, content=content, headers=headers,
+                                         timeout=_timeout(budget_s)),
+                    stream=True,
                     # Following a redirect would carry the token somewhere the
                     # path was validated not to go.
                     follow_redirects=False,
-                ) as response:
+                )
+                try:
                     status = response.status_code
                     if not read_body or 200 <= status < 300 or status in (404, 409):
                         await _drain_small(response)
@@ -264,6 +275,10 @@ class Reporter:
                         self._scrub(line),
                         retry_after=_parse_retry_after(response.headers.get("retry-after")),
                     )
+                finally:
+                    # Read to its end, this keeps the connection for the next POST;
+                    # else it closes it.
+                    await response.aclose()
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 # A bad api base: no retry can fix it, and it is not the network's fault.
                 return _Answer(None, self._scrub(f"bad URL: {exc}"), fatal=True)
@@ -303,14 +318,15 @@ class Reporter:
         Cancelled: stops at once and the cancellation propagates.
         """
         url = self._base + timeline_path
-        headers = {"Authorization": f"Bearer {self._token}"}
-        body = {"run_id": run_id, "events": events}
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": JSON_TYPE}
+        # Encoded once for both attempts.
+        content = _encode({"run_id": run_id, "events": events})
         answer = _Answer(None, "not tried")
         for attempt in range(1, TIMELINE_ATTEMPTS + 1):
             if attempt > 1:
                 await trio.sleep(TIMELINE_PAUSE_S)
             answer = await self._post(
-                url, headers, body, budget_s=TIMELINE_TIMEOUT_S, read_body=False
+                url, headers, content, budget_s=TIMELINE_TIMEOUT_S, read_body=False
             )
             if answer.status is not None and 200 <= answer.status < 300:
                 return True
@@ -326,6 +342,20 @@ def _retryable(status: int) -> bool:
     return status in _RETRY_STATUSES or 500 <= status < 600
 
 
+def _encode(payload: dict[str, Any]) -> bytes:
+    """The request body, as httpx's ``json=`` would encode it (compact UTF-8)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8")
+
+
+#: The timeout of a request with the whole budget (nearly all of them), made once.
+_FULL_TIMEOUT = httpx.Timeout(REQUEST_TIMEOUT_S)
+
+
+def _timeout(budget_s: float) -> httpx.Timeout:
+    return _FULL_TIMEOUT if budget_s == REQUEST_TIMEOUT_S else httpx.Timeout(budget_s)
+
+
 async def _drain_small(response: httpx.Response) -> None:
     """Read a short body to its end, so that httpx can keep the connection for the
     next POST (a response closed unread closes its connection, and every run then
@@ -333,7 +363,9 @@ async def _drain_small(response: httpx.Response) -> None:
     connection is closed instead, which is cheaper than reading it."""
     read = 0
     try:
-        async for chunk in response.aiter_bytes():
+        # Raw: the bytes as sent, never inflated (a small compressed answer can
+        # inflate to any size), and no decoder to set up for a body nobody reads.
+        async for chunk in response.aiter_raw():
             read += len(chunk)
             if read > DRAIN_BYTES:
                 return

@@ -43,6 +43,7 @@ from prohost.engine.run.prompt import (
     cap_reply,
     reply_from_text,
 )
+from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
 
@@ -68,6 +69,9 @@ class ExecSpec:
     """``--concurrency`` above 1: other runs may share the machine."""
     secrets: tuple[str, ...]
     """The token and secret: no environment variable whose value contains one reaches the agent."""
+    folder: WorkFolder = attrs.field(
+        eq=False, default=attrs.Factory(lambda spec: WorkFolder(spec.workdir), takes_self=True))
+    """``workdir``, made once for every run of this spec."""
 
     @classmethod
     def from_options(cls, options: Options, secrets: tuple[str, ...]) -> ExecSpec:
@@ -201,8 +205,7 @@ async def execute(
     try:
         # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
         # that needs the folder is not attempted.
-        await bounds.file_step(os.makedirs, spec.workdir, 0o777, True,
-                               what=f"creating the working directory {spec.workdir}")
+        await spec.folder.ensure(bounds)
     except OSError as exc:
         return await done(Outcome.failure(
             f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
@@ -231,7 +234,7 @@ async def execute(
                 attempt_env.update(wiring.env)
             outcome = await _session_attempts(_Spawn(
                 run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
-                on_spawn, on_events, usage_before), session_id)
+                on_spawn, on_events, usage_before, bounds), session_id)
             if accounts is None:
                 break
             await accounts.learned(account, progress.limit)
@@ -281,6 +284,8 @@ class _Spawn:
     on_events: Callable[[list[ToolEvent]], None] | None
     #: What a resumed session had reached, for a brain reporting running totals.
     usage_before: Callable[[str], Awaitable[Usage]] | None = None
+    #: The harness's bounds, to make the working folder again if it vanished.
+    bounds: Bounds = attrs.Factory(Bounds)
 
 
 async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
@@ -341,8 +346,11 @@ class _Tried:
     timed_out: bool = False
 
 
-async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
+async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False) -> _Tried:
     """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
+    When no agent could start in a working folder made by an earlier run (it was
+    removed since), the folder is made again and the spawn tried once more
+    (``again``).
 
     Cancelled: as :func:`execute` (the attempt's process group is gone first).
     """
@@ -394,6 +402,15 @@ async def _attempt(spawn: _Spawn, session_id: str | None) -> _Tried:
     except OSError as exc:
         if spawned:
             raise  # from on_spawn: the caller's own failure, not the agent's
+        folder = spec.folder
+        if isinstance(exc, FileNotFoundError) and folder.made and not again:
+            folder.forget()  # made by an earlier run, maybe removed since
+            try:
+                await folder.ensure(spawn.bounds)
+            except OSError as made:
+                exc = made
+            else:
+                return await _attempt(spawn, session_id, again=True)
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.

@@ -306,9 +306,10 @@ class Runner:
             if held.state != "running":
                 held.state = "running"
                 self._on_change()
-        named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
-        progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
-                          f" (resuming session {session})" if session else "")
+        if progress_log.isEnabledFor(logging.INFO):  # its parts are made only to be shown
+            named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
+            progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
+                              f" (resuming session {session})" if session else "")
 
         async def spawned(pgid: int) -> None:
             # Durable, and waited for before the agent's output is: a restart

@@ -49,8 +49,10 @@ class RunQueue:
         return self.scheduler.statistics().queued
 
     def put(self, held: HeldRun, body: str) -> bool:
-        """Queue an accepted, held run, light (its parsed body dropped, ``body`` kept
-        within the budget: :mod:`prohost.engine.run.queued_bodies`); True once queued.
+        """Queue an accepted, held run; True once queued. A run that will start at
+        once (a free slot and a free lane) keeps its parsed body; any other is queued
+        light (its parsed body dropped, ``body`` kept within the budget:
+        :mod:`prohost.engine.run.queued_bodies`), to be parsed again when it starts.
 
         During a drain it is reported "not started" instead (§9), and past the
         scheduler's cap "queue full" (both retryable): it is held, so it is reported
@@ -60,7 +62,10 @@ class RunQueue:
             self.settle(held, Outcome.failure(NOT_STARTED, retryable=True))
             return False
         parsed = held.body
-        self.bodies.keep(held, body)
+        if parsed is None or not self.scheduler.starts_at_once(held.lane):
+            # Parsing again costs ~20 µs at start; that only pays for a run that
+            # waits, where 10,000 parsed bodies would be most of the memory.
+            self.bodies.keep(held, body)
         try:
             self.scheduler.submit(held.run_id, held.lane, held)
         except QueueFullError as exc:
