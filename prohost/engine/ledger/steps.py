@@ -26,14 +26,17 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
-from prohost.engine.blocking import Bounds
+from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut
 from prohost.engine.ledger import Ledger, LedgerError, LedgerOrderError
+from prohost.engine.ledger.served import Job
+from prohost.engine.ledger.sessions import _session_on
 
 log = logging.getLogger("prohost.runner")
 
@@ -47,6 +50,18 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: after this long when the disk refuses it (s), doubling up to the cap.
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
+
+#: How long the harness waits for the ledger's writer thread to end (s), within the
+#: second signal's deadline if there is one; a thread still held by a hung disk is
+#: left to the process exit (it is a daemon thread), and said so.
+WRITER_JOIN_S = 2.0
+
+#: The ledger calls that do nothing but queue writes (no read, no flush before
+#: them): while the writer thread serves, a step of one is a job for that thread.
+WRITES_ONLY = frozenset({
+    "admit", "mark_started", "record_pgid", "mark_finished", "mark_reported",
+    "save_session", "save_turn", "save_account_limits", "prune",
+})
 
 #: A lane's turn to save with its run's ``finished`` step: lane, account, and the
 #: session the turn ended with (``None`` forgets the lane's session).
@@ -68,14 +83,88 @@ class LedgerSteps:
         #: hurries them.
         self.bounds = bounds if bounds is not None else Bounds()
 
+    async def writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+        """The ledger's one writer thread (:mod:`prohost.engine.ledger.served`), for as
+        long as this task runs: started here, then stopped and joined when it is
+        cancelled. (None is started while another still serves the file, say one
+        held by a hung disk: steps go to that one, or to worker threads.)
+
+        Cancelled: the thread applies what is queued and ends; this waits for it,
+        shielded, at most :data:`WRITER_JOIN_S` and never past the second signal's
+        deadline. A thread still held by a hung disk is then left running (a
+        daemon thread: it does not hold the exit) and logged; later steps go to
+        worker threads, as without it.
+        """
+        if not self.ledger.begin_serving():
+            task_status.started()
+            return
+        token = trio.lowlevel.current_trio_token()
+        ended = trio.Event()
+
+        def serve() -> None:
+            try:
+                self.ledger.serve()
+            except Exception:
+                log.exception("the ledger's writer thread failed (a prohost bug)")
+            finally:
+                _wake(token, ended.set)
+
+        thread = threading.Thread(target=serve, name="prohost ledger writer", daemon=True)
+        thread.start()
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self.ledger.stop_serving()
+            with trio.CancelScope(shield=True, deadline=self.bounds.deadline(WRITER_JOIN_S)):
+                await ended.wait()
+            if ended.is_set():
+                thread.join()  # it has returned: at once
+            else:
+                log.warning("the ledger's writer thread is still busy (a hung disk?); "
+                            "leaving it to the process exit")
+
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
-        """A blocking ledger (or /proc) call in a worker thread, abandoned after
-        :data:`LEDGER_STEP_TIMEOUT_S` or at the second signal's deadline; only for
-        calls that are safe to abandon (reads, whole transactions).
+        """A blocking ledger (or /proc) call in a worker thread — or, for a call that
+        only writes (:data:`WRITES_ONLY`) while the ledger's writer thread serves, a
+        job for that thread — abandoned after :data:`LEDGER_STEP_TIMEOUT_S` or at the
+        second signal's deadline; only for calls that are safe to abandon (reads,
+        whole transactions).
 
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
         """
-        return await self.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        call: Callable[..., T] | Elsewhere[T] = fn
+        if self._writes_only(fn):
+            job = self._submitted(fn, args)
+            if job is not None:
+                call = job
+        return await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+
+    def _writes_only(self, fn: Callable[..., object]) -> bool:
+        inner = fn.func if isinstance(fn, functools.partial) else fn
+        owner = getattr(inner, "__self__", None)
+        name = getattr(inner, "__name__", "")
+        if owner is self:
+            return name in {"save_turn_and_finish", "_started_writes"}
+        return owner is self.ledger and name in WRITES_ONLY
+
+    def _submitted(self, fn: Callable[..., T], args: tuple[object, ...]
+                   ) -> Elsewhere[T] | None:
+        """``fn(*args)`` put on the writer thread's queue: what to wait for, or None
+        when no writer thread serves (make the call in a worker thread then)."""
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        job = Job(fn, args, functools.partial(_wake, token, done.set))
+        if not self.ledger.submit(job):
+            return None
+
+        async def written() -> T:
+            await done.wait()
+            result: T = job.outcome()
+            return result
+
+        return Elsewhere(written)
 
     async def read_body(self, run_id: str) -> str | None:
         """A queued run's body, read back from the ledger (a read, safe to abandon).
@@ -94,9 +183,27 @@ class LedgerSteps:
         """
         # Abandoning it on a hung disk is safe: a ledger step (see step) and a
         # read on the ledger's read connection; the run then fails with the StepTimedOut.
-        return await self.bounded(
-            self._started_then_session, run_id, time.time(), lane, account,
-            what="the ledger step mark_started, or reading the lane's session")
+        what = "the ledger step mark_started, or reading the lane's session"
+        if not self.ledger.serving:
+            return await self.bounded(self._started_then_session, run_id, time.time(),
+                                      lane, account, what=what)
+        try:
+            session: str | None = await self.bounded(
+                self._started_writes, run_id, time.time(), lane, account, what=what)
+        except (LedgerOrderError, StepTimedOut):
+            raise
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            raise StepNotWritten(f"the ledger step mark_started could not be written: "
+                                 f"{exc}") from exc
+        return session
+
+    def _started_writes(self, run_id: str, now: float, lane: str, account: str) -> None:
+        """In the writer thread: ``started``, then the lane's session on ``account``
+        read by the writer in the same batch (it sees that commit and every one
+        before), so that the step makes one trip to the writer thread."""
+        self.ledger.mark_started(run_id, now)
+        self.ledger._write(functools.partial(_session_on, lane=lane, account=account),
+                           what="reading the lane's session", durable=False, waits=True)
 
     def _started_then_session(self, run_id: str, now: float, lane: str,
                               account: str) -> str | None:
@@ -221,3 +328,12 @@ class LedgerSteps:
             # A failing disk (ENOSPC, EIO) or a hung one (StepTimedOut is an
             # OSError) fails this step, not the run: the next start repairs it.
             log.error("ledger: %s", exc)
+
+
+def _wake(token: trio.lowlevel.TrioToken, wake: Callable[[], Any]) -> None:
+    """From another thread: ``wake()`` in the trio thread, unless trio's run is over
+    (then nobody waits for it)."""
+    try:
+        token.run_sync_soon(wake)
+    except trio.RunFinishedError:
+        return  # (not contextlib.suppress: this is every step's path, and cheaper)
