@@ -30,8 +30,11 @@ transaction or savepoint, so the file stays consistent.
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import trio
 
 from prohost.engine.ledger import writer as _writer
 from prohost.engine.ledger.rows import LedgerError
@@ -40,27 +43,65 @@ from prohost.engine.ledger.writer import GroupCommit, _capturing, _Write
 #: Sent to the writer thread to end it (:meth:`ServedCommit.stop_serving`).
 _STOP = object()
 
+#: In the writer thread: the jobs settled in this round, to wake together.
+_round = threading.local()
+
+
+def _wake(jobs: list[Job]) -> None:
+    """Wake ``jobs``' callers in their trio threads, one ``run_sync_soon`` per trio
+    run; a run that is over has nobody waiting."""
+    by_token: dict[trio.lowlevel.TrioToken, list[Callable[[], None]]] = {}
+    for job in jobs:
+        by_token.setdefault(job.token, []).append(job.wake)
+    for token, wakes in by_token.items():
+        try:
+            token.run_sync_soon(_call_all, wakes)
+        except trio.RunFinishedError:
+            continue
+
+
+def _end_round() -> None:
+    if _round.jobs:
+        _wake(_round.jobs)
+        _round.jobs = []
+
+
+def _call_all(wakes: list[Callable[[], None]]) -> None:
+    for wake in wakes:
+        wake()
+
 
 class Job:
     """One trio-side ledger step for the writer thread: ``fn(*args)``, a ledger call
     (or a few) that does nothing but queue writes.
 
-    Filled by the writer thread before ``notify`` is called; read by the caller after.
+    Filled by the writer thread before ``wake`` is called; read by the caller after.
     """
 
-    __slots__ = ("args", "error", "fn", "notify", "returned", "writes")
+    __slots__ = ("args", "error", "fn", "returned", "token", "wake", "writes")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
-                 notify: Callable[[], None]) -> None:
+                 token: trio.lowlevel.TrioToken, wake: Callable[[], None]) -> None:
         self.fn = fn
         self.args = args
-        #: Called from the writer thread once every write of the job is settled
-        #: (must not block: it hands a wake-up to the trio thread).
-        self.notify = notify
+        #: Called in the trio thread of ``token`` once every write of the job is
+        #: settled (see :meth:`settled`).
+        self.token = token
+        self.wake = wake
         self.writes: list[_Write] = []
         self.returned: Any = None
         #: What the call raised before any write was queued (say, an ``OSError``).
         self.error: BaseException | None = None
+
+    def settled(self) -> None:
+        """Every write of the job is settled: in the writer thread, wake the caller
+        with the rest of the round's (one ``run_sync_soon`` per round, not per job:
+        each is a wake-up of the trio thread); in any other thread, at once."""
+        pending: list[Job] | None = getattr(_round, "jobs", None)
+        if pending is not None:
+            pending.append(self)
+        else:
+            _wake([self])
 
     def outcome(self) -> Any:
         """What the call would have returned (or raises what it would have raised)
@@ -121,6 +162,7 @@ class ServedCommit(GroupCommit):
         wake-ups waiting, apply every write queued, in batches, until stopped (or
         closed) with nothing left; callers then lead again as without it."""
         stopping = False
+        _round.jobs = []
         while True:
             item = self._wakes.get()
             jobs: list[Job] = []
@@ -134,13 +176,15 @@ class ServedCommit(GroupCommit):
                 except queue.Empty:
                     break
             self._queue_jobs(jobs)
+            _end_round()
             while self._take_and_apply():
-                pass
+                _end_round()  # a batch's callers go on while the next one commits
             with self._mu:
                 if ((stopping or self._closed) and not self._queue and not self._writing
                         and self._wakes.empty()):
                     self._serving = False
-                    return
+                    break
+        _round.jobs = None
 
     def _queue_jobs(self, jobs: list[Job]) -> None:
         """Make each job's calls with their writes collected, then queue the writes,
@@ -159,7 +203,7 @@ class ServedCommit(GroupCommit):
                 if job.writes and job.error is None and not self._closed:
                     _cut_before_waiting(job.writes)
                     # Woken once its last write is settled (_settle), whatever the batch.
-                    job.writes[-1].notify = job.notify
+                    job.writes[-1].notify = job.settled
                     self._queue.extend(job.writes)
                 else:
                     if self._closed and job.error is None and job.writes:
@@ -167,7 +211,7 @@ class ServedCommit(GroupCommit):
                             f"harness bug: the run ledger {self.path} is closed")
                     ready.append(job)
         for job in ready:
-            job.notify()
+            job.settled()
 
     def _take_and_apply(self) -> bool:
         """One batch; False when there was none to take (the queue empty, or a caller

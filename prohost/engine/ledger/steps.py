@@ -155,7 +155,7 @@ class LedgerSteps:
         when no writer thread serves (make the call in a worker thread then)."""
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
-        job = Job(fn, args, functools.partial(_wake, token, done.set))
+        job = Job(fn, args, token, done.set)
         if not self.ledger.submit(job):
             return None
 
