@@ -1,11 +1,14 @@
 """A run's ledger steps as the runner takes them: each one bounded, and as few
-worker-thread hops per run as the durability rules allow (PROTOCOL.md §7).
+thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
 
-Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
-a run makes as few as it can: the lane's session is read in the same hop as
-``started``, and saved in the same hop as ``finished``; and ``reported`` is queued
-from the trio thread, without a hop, whenever the ledger's writer is at work (about
-a third of the time with 16 busy runs on a fast disk).
+While the harness runs, every write step is a job for the ledger's one writer
+thread (:meth:`LedgerSteps.writer`, :mod:`prohost.engine.ledger.served`): put on its
+queue from the trio thread, woken by it once committed — no worker thread. The
+lane's session is read in the same job as ``started`` (by the writer, in that
+batch), and saved in the same job as ``finished``; ``reported`` is queued from
+the trio thread without waiting. Reads (a queued run's body, a row) still take a
+worker thread: they must not wait behind an fsync. Without the writer thread (a
+test's bare :class:`LedgerSteps`) each step is a worker-thread hop, as before.
 
 Two steps are never skipped (§7): ``started`` and the agent's process group. When
 either cannot be written — a :class:`LedgerError` (disk full, I/O error, read-only),
@@ -174,7 +177,8 @@ class LedgerSteps:
 
     async def started_then_session(self, run_id: str, lane: str, account: str) -> str | None:
         """The ``started`` step (durable: before the spawn), then the session the
-        lane's last turn on ``account`` ended with, in one worker thread.
+        lane's last turn on ``account`` ended with, in one hand-off (a job for the
+        writer thread, or one worker thread without it).
 
         Raises whatever stopped either (:class:`LedgerError`, ``OSError``,
         :class:`StepTimedOut` past the bound): the caller must not spawn the agent
