@@ -52,6 +52,7 @@ def _wake(jobs: list[Job]) -> None:
     run; a run that is over has nobody waiting."""
     by_token: dict[trio.lowlevel.TrioToken, list[Callable[[], None]]] = {}
     for job in jobs:
+        job._read_then()
         by_token.setdefault(job.token, []).append(job.wake)
     for token, wakes in by_token.items():
         try:
@@ -78,12 +79,18 @@ class Job:
     Filled by the writer thread before ``wake`` is called; read by the caller after.
     """
 
-    __slots__ = ("args", "error", "fn", "returned", "token", "wake", "writes")
+    __slots__ = ("args", "error", "fn", "returned", "then", "then_error", "token", "wake",
+                 "writes")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
-                 token: trio.lowlevel.TrioToken, wake: Callable[[], None]) -> None:
+                 token: trio.lowlevel.TrioToken, wake: Callable[[], None], *,
+                 then: Callable[[], Any] | None = None) -> None:
         self.fn = fn
         self.args = args
+        #: A read for the result, made once the job's writes are committed (by the
+        #: thread that wakes the caller: no hop of its own); what it raised.
+        self.then = then
+        self.then_error: BaseException | None = None
         #: Called in the trio thread of ``token`` once every write of the job is
         #: settled (see :meth:`settled`).
         self.token = token
@@ -103,6 +110,16 @@ class Job:
         else:
             _wake([self])
 
+    def _read_then(self) -> None:
+        if self.then is None or self.error is not None:
+            return
+        if any(write.waits and write.error is not None for write in self.writes):
+            return
+        try:
+            self.returned = self.then()
+        except Exception as exc:  # the read's own error, for its caller
+            self.then_error = exc
+
     def outcome(self) -> Any:
         """What the call would have returned (or raises what it would have raised)
         had it been made in a worker thread: the first error of a write it waited
@@ -116,6 +133,8 @@ class Job:
                                   "write was applied")
             if write.error is not None:
                 raise write.error
+        if self.then_error is not None:
+            raise self.then_error
         if self.returned is None and waited:
             return waited[-1].result
         return self.returned

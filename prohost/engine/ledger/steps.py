@@ -39,7 +39,6 @@ import trio
 from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut
 from prohost.engine.ledger import Ledger, LedgerError, LedgerOrderError
 from prohost.engine.ledger.served import Job
-from prohost.engine.ledger.sessions import _session_on
 
 log = logging.getLogger("prohost.runner")
 
@@ -139,9 +138,9 @@ class LedgerSteps:
         """
         call: Callable[..., T] | Elsewhere[T] = fn
         if self._writes_only(fn):
-            job = self._submitted(fn, args)
-            if job is not None:
-                call = job
+            submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
+            if submitted is not None:
+                call = submitted[1]
         return await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
 
     def _writes_only(self, fn: Callable[..., object]) -> bool:
@@ -149,16 +148,17 @@ class LedgerSteps:
         owner = getattr(inner, "__self__", None)
         name = getattr(inner, "__name__", "")
         if owner is self:
-            return name in {"save_turn_and_finish", "_started_writes"}
+            return name == "save_turn_and_finish"
         return owner is self.ledger and name in WRITES_ONLY
 
-    def _submitted(self, fn: Callable[..., T], args: tuple[object, ...]
-                   ) -> Elsewhere[T] | None:
-        """``fn(*args)`` put on the writer thread's queue: what to wait for, or None
-        when no writer thread serves (make the call in a worker thread then)."""
-        token = trio.lowlevel.current_trio_token()
+    def _submitted(self, fn: Callable[..., object], args: tuple[object, ...],
+                   then: Callable[[], T] | None = None) -> tuple[Job, Elsewhere[T]] | None:
+        """``fn(*args)`` put on the writer thread's queue (with ``then``, read by that
+        thread once its writes are committed, for the result): the job and what to
+        wait for, or None when no writer thread serves (make the call in a worker
+        thread then)."""
         done = trio.Event()
-        job = Job(fn, args, token, done.set)
+        job = Job(fn, args, trio.lowlevel.current_trio_token(), done.set, then=then)
         if not self.ledger.submit(job):
             return None
 
@@ -167,7 +167,7 @@ class LedgerSteps:
             result: T = job.outcome()
             return result
 
-        return Elsewhere(written)
+        return job, Elsewhere(written)
 
     async def read_body(self, run_id: str) -> str | None:
         """A queued run's body, read back from the ledger (a read, safe to abandon).
@@ -188,26 +188,25 @@ class LedgerSteps:
         # Abandoning it on a hung disk is safe: a ledger step (see step) and a
         # read on the ledger's read connection; the run then fails with the StepTimedOut.
         what = "the ledger step mark_started, or reading the lane's session"
-        if not self.ledger.serving:
-            return await self.bounded(self._started_then_session, run_id, time.time(),
-                                      lane, account, what=what)
+        now = time.time()
+        # The read goes with the job: the writer thread makes it once the commit is
+        # done (one hand-off for both, and it sees that commit).
+        submitted = self._submitted(
+            self.ledger.mark_started, (run_id, now),
+            then=functools.partial(self.ledger.account_session, lane, account))
+        if submitted is None:
+            return await self.bounded(self._started_then_session, run_id, now, lane,
+                                      account, what=what)
+        job, written = submitted
         try:
-            session: str | None = await self.bounded(
-                self._started_writes, run_id, time.time(), lane, account, what=what)
+            return await self.bounds.run(written, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
         except (LedgerOrderError, StepTimedOut):
             raise
         except (LedgerError, OSError, sqlite3.Error) as exc:
+            if exc is job.then_error:
+                raise  # the read failed, not the step (as from a worker thread)
             raise StepNotWritten(f"the ledger step mark_started could not be written: "
                                  f"{exc}") from exc
-        return session
-
-    def _started_writes(self, run_id: str, now: float, lane: str, account: str) -> None:
-        """In the writer thread: ``started``, then the lane's session on ``account``
-        read by the writer in the same batch (it sees that commit and every one
-        before), so that the step makes one trip to the writer thread."""
-        self.ledger.mark_started(run_id, now)
-        self.ledger._write(functools.partial(_session_on, lane=lane, account=account),
-                           what="reading the lane's session", durable=False, waits=True)
 
     def _started_then_session(self, run_id: str, now: float, lane: str,
                               account: str) -> str | None:
