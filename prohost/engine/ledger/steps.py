@@ -4,11 +4,12 @@ thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
 While the harness runs, every write step is a job for the ledger's one writer
 thread (:meth:`LedgerSteps.writer`, :mod:`prohost.engine.ledger.served`): put on its
 queue from the trio thread, woken by it once committed — no worker thread. The
-lane's session is read in the same job as ``started`` (by the writer, in that
-batch), and saved in the same job as ``finished``; ``reported`` is queued from
-the trio thread without waiting. Reads (a queued run's body, a row) still take a
-worker thread: they must not wait behind an fsync. Without the writer thread (a
-test's bare :class:`LedgerSteps`) each step is a worker-thread hop, as before.
+lane's session is read in the same job as ``started`` (by the writer thread, on
+the read connection, once that commit is done), and saved in the same job as
+``finished``; ``reported`` is queued from the trio thread without waiting. Reads
+(a queued run's body, a row) still take a worker thread: they must not wait
+behind an fsync. Without the writer thread (a test's bare :class:`LedgerSteps`)
+each step is a worker-thread hop, as before.
 
 Two steps are never skipped (§7): ``started`` and the agent's process group. When
 either cannot be written — a :class:`LedgerError` (disk full, I/O error, read-only),
@@ -137,7 +138,7 @@ class LedgerSteps:
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
         """
         call: Callable[..., T] | Elsewhere[T] = fn
-        if self._writes_only(fn):
+        if self.ledger.serving and self._writes_only(fn):
             submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
             if submitted is not None:
                 call = submitted[1]

@@ -55,8 +55,8 @@ class _Write:
         self.result: Any = None
         self.error: LedgerError | None = None
         self.wake = threading.Event() if waits else None
-        #: Called (from the writer thread) instead of ``wake`` once it is done: for a
-        #: write submitted from the trio thread (:meth:`GroupCommit._submit`).
+        #: Called once it is done (by whichever thread settles it): the last write
+        #: of a writer-thread job wakes its caller (``Job.settled``, served.py).
         self.notify: Callable[[], None] | None = None
         #: The writer thread commits the batch up to this write before the rest
         #: (prohost.engine.ledger.served).
@@ -111,7 +111,6 @@ class GroupCommit:
         on a hung disk), the file is left to the process's exit (logged), so a hung
         disk cannot hold the exit either.
         """
-        self._wakes.put(None)  # a writer thread still serving ends once it is idle
         if not self._lock.acquire(timeout=CLOSE_WAIT_S):
             log.warning("the run ledger %s is still busy with a step that never finished; "
                         "leaving it open for the process exit to close", self.path)
@@ -122,6 +121,7 @@ class GroupCommit:
                 # the queue empty (its write is applied here) and goes.
                 self._closed = True
                 left, self._queue = self._queue, []
+            self._wakes.put(None)  # a writer thread still serving sees it and ends
             if left and self._conn is not None:
                 # Durable: a clean exit leaves nothing to the next fsync.
                 self._apply(left, force_durable=True)
