@@ -18,8 +18,10 @@ writer applies it as a whole transaction or savepoint whether or not its caller
 still waits; an abandoned caller's thread gives up after a bounded time, later
 callers wait for the write connection only a bounded time, and whether the step
 is durable is simply unknown — the next start reads the ledger and repairs it, §7).
-The ledger's writer is such a worker thread too: the first caller that finds no
-writer at work, so no thread of its own is ever started.
+The ledger's writer is either such a worker thread (the first caller that finds no
+writer at work) or, while a harness runs, its one long-lived writer thread: a ledger
+step is then an :class:`Elsewhere`, waited for under the same bound and shield
+(:mod:`prohost.engine.ledger.served`).
 
 :meth:`Bounds.hurry` is the second signal's hard deadline: from then on no bounded
 step of that harness, already running or started later, outlasts it. One
@@ -37,12 +39,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 import trio
 
-__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "StepTimedOut", "run_bounded"]
+__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "Elsewhere", "StepTimedOut", "run_bounded"]
 
 log = logging.getLogger("prohost.blocking")
 
@@ -59,6 +61,19 @@ class StepTimedOut(TimeoutError):
     handle a failing disk handle a hung one the same way. Whether the step took
     effect is unknown.
     """
+
+
+class Elsewhere(Generic[T]):
+    """A step that another thread carries out (the ledger's writer thread), for
+    :meth:`Bounds.run`: ``await done()`` returns once it is, with its result.
+    Bounded and shielded exactly as a worker-thread step; given up at the bound,
+    the step itself goes on in its thread (the same rules for what may be abandoned
+    apply)."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: Callable[[], Awaitable[T]]) -> None:
+        self.done = done
 
 
 class Bounds:
@@ -82,9 +97,11 @@ class Bounds:
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._hard_deadline)
 
-    async def run(self, fn: Callable[..., T], *args: object, limit_s: float, what: str) -> T:
-        """``fn(*args)`` in a worker thread; its result, or :class:`StepTimedOut` after
-        ``limit_s`` s or at the :meth:`hurry` deadline, whichever comes first.
+    async def run(self, fn: Callable[..., T] | Elsewhere[T], *args: object, limit_s: float,
+                  what: str) -> T:
+        """``fn(*args)`` in a worker thread (an :class:`Elsewhere`: waited for); its
+        result, or :class:`StepTimedOut` after ``limit_s`` s or at the :meth:`hurry`
+        deadline, whichever comes first.
 
         ``what`` names the step in the warning and the error (no secrets in it).
         Only use it for calls that are safe to abandon (see the module docstring).
@@ -93,6 +110,8 @@ class Bounds:
         begun is finished — but still bounded; the cancel is delivered at the
         caller's next checkpoint.
         """
+        if isinstance(fn, Elsewhere):
+            return await self._bounded(fn.done, limit_s, what)
         return await self._run(fn, args, limit_s, what, None)
 
     async def file_step(self, fn: Callable[..., T], *args: object, what: str,
@@ -107,15 +126,25 @@ class Bounds:
         """
         return await self._run(fn, args, limit_s, what, limiter)
 
+    def deadline(self, limit_s: float) -> float:
+        """When a step begun now must end: in ``limit_s`` s, or at the :meth:`hurry`
+        deadline if that comes first (``trio.current_time()`` units)."""
+        return min(trio.current_time() + limit_s, self._hard_deadline)
+
     async def _run(self, fn: Callable[..., T], args: tuple[object, ...], limit_s: float,
                    what: str, limiter: trio.CapacityLimiter | None) -> T:
+        def in_a_thread() -> Awaitable[T]:
+            return trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
+
+        return await self._bounded(in_a_thread, limit_s, what)
+
+    async def _bounded(self, done: Callable[[], Awaitable[T]], limit_s: float,
+                       what: str) -> T:
         started = trio.current_time()
-        deadline = min(started + limit_s, self._hard_deadline)
-        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+        with trio.CancelScope(shield=True, deadline=self.deadline(limit_s)) as scope:
             self._in_flight.add(scope)
             try:
-                return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
-                                                     limiter=limiter)
+                return await done()
             finally:
                 self._in_flight.discard(scope)
         # Only the bound (or hurry) can cancel a shielded scope.

@@ -183,6 +183,8 @@ class Harness:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.steps is not None:  # the ledger's writer thread, joined on exit
+                    await nursery.start(self.steps.writer)
                 if self.stopping:
                     nursery.cancel_scope.deadline = self._stop_deadline
                 if self.queue.draining:

@@ -56,19 +56,23 @@ runs are writing at the same moment, where it used to cost six.
 On macOS (``sys.platform == "darwin"``) ``fsync`` leaves the data in the drive's
 cache, so the write connection also sets ``fullfsync`` and ``checkpoint_fullfsync``.
 
-Worker threads. Each call is made from a worker thread, and each such hop costs the
-harness's trio thread CPU, so a run makes few: the lane's session is read in the same
-hop as ``mark_started``, ``save_turn`` goes in the same hop as ``mark_finished``, and
-``mark_reported`` is first tried with ``queue_only`` from the trio thread itself —
-queued for the writer at work, if one is (it applies it before its role ends, as it
-would a ``durable=False`` call's), else not queued at all, and the call is made again
-in a worker thread.
+The writer thread. While a harness runs, the writer is one long-lived thread
+(:mod:`prohost.engine.ledger.served`, started and joined by the harness): a step
+from the trio thread is a job on its ``queue.SimpleQueue``, whose writes join the
+next batch, and the caller is woken through ``TrioToken.run_sync_soon`` (one per
+batch) — no worker thread per step. ``mark_reported`` is queued from the trio
+thread itself (``queue_only``). A non-durable write a step queues before a durable
+one (the session before ``finished``) is committed first, as when the step's
+caller was the writer. Reads stay in worker threads, on the read connection. With
+no writer thread (commands, sync callers), the first caller that finds no writer
+at work leads, as described above; sync callers work beside the thread too.
 
 The file and its ``-wal``/``-shm`` are mode 0600 whatever the umask: they hold run
 bodies, MCP tokens and conversation text.
 
 :class:`Ledger` is synchronous; the harness calls it through
-:meth:`prohost.engine.blocking.Bounds.run`, from any number of worker threads. A call on a
+:meth:`prohost.engine.blocking.Bounds.run`, from any number of worker threads, or as
+a job for the writer thread (the same bound and shield). A call on a
 hung disk is abandoned after its bound, and that is safe: the call's write stays in
 the queue (or in the batch under way) and the writer applies it whenever the disk
 answers — writes are whole transactions, so the file stays consistent — while the

@@ -8,10 +8,10 @@ from __future__ import annotations
 import sqlite3
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
-from prohost.engine.ledger.writer import GroupCommit
+from prohost.engine.ledger.served import ServedCommit
 
 
-class SessionRows(GroupCommit):
+class SessionRows(ServedCommit):
     """The session and account tables of :class:`prohost.engine.ledger.Ledger`."""
 
     # -- sessions --------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """A run's ledger steps as the runner takes them: each one bounded, and as few
-worker-thread hops per run as the durability rules allow (PROTOCOL.md §7).
+thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
 
-Each worker-thread hop costs the harness's one trio thread about 0.15 ms of CPU, so
-a run makes as few as it can: the lane's session is read in the same hop as
-``started``, and saved in the same hop as ``finished``; and ``reported`` is queued
-from the trio thread, without a hop, whenever the ledger's writer is at work (about
-a third of the time with 16 busy runs on a fast disk).
+While the harness runs, every write step is a job for the ledger's one writer
+thread (:meth:`LedgerSteps.writer`, :mod:`prohost.engine.ledger.served`): put on its
+queue from the trio thread, woken by it once committed — no worker thread. The
+lane's session is read in the same job as ``started`` (by the writer thread, on
+the read connection, once that commit is done), and saved in the same job as
+``finished``; ``reported`` is queued from the trio thread without waiting. Reads
+(a queued run's body, a row) still take a worker thread: they must not wait
+behind an fsync. Without the writer thread (a test's bare :class:`LedgerSteps`)
+each step is a worker-thread hop, as before.
 
 Two steps are never skipped (§7): ``started`` and the agent's process group. When
 either cannot be written — a :class:`LedgerError` (disk full, I/O error, read-only),
@@ -26,14 +30,16 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
-from prohost.engine.blocking import Bounds
+from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut
 from prohost.engine.ledger import Ledger, LedgerError, LedgerOrderError
+from prohost.engine.ledger.served import Job
 
 log = logging.getLogger("prohost.runner")
 
@@ -47,6 +53,18 @@ LEDGER_STEP_TIMEOUT_S = 30.0
 #: after this long when the disk refuses it (s), doubling up to the cap.
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
+
+#: How long the harness waits for the ledger's writer thread to end (s), within the
+#: second signal's deadline if there is one; a thread still held by a hung disk is
+#: left to the process exit (it is a daemon thread), and said so.
+WRITER_JOIN_S = 2.0
+
+#: The ledger calls that do nothing but queue writes (no read, no flush before
+#: them): while the writer thread serves, a step of one is a job for that thread.
+WRITES_ONLY = frozenset({
+    "admit", "mark_started", "record_pgid", "mark_finished", "mark_reported",
+    "save_session", "save_turn", "save_account_limits", "prune",
+})
 
 #: A lane's turn to save with its run's ``finished`` step: lane, account, and the
 #: session the turn ended with (``None`` forgets the lane's session).
@@ -68,14 +86,89 @@ class LedgerSteps:
         #: hurries them.
         self.bounds = bounds if bounds is not None else Bounds()
 
+    async def writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+        """The ledger's one writer thread (:mod:`prohost.engine.ledger.served`), for as
+        long as this task runs: started here, then stopped and joined when it is
+        cancelled. (None is started while another still serves the file, say one
+        held by a hung disk: steps go to that one, or to worker threads.)
+
+        Cancelled: the thread applies what is queued and ends; this waits for it,
+        shielded, at most :data:`WRITER_JOIN_S` and never past the second signal's
+        deadline. A thread still held by a hung disk is then left running (a
+        daemon thread: it does not hold the exit) and logged; later steps go to
+        worker threads, as without it.
+        """
+        if not self.ledger.begin_serving():
+            task_status.started()
+            return
+        token = trio.lowlevel.current_trio_token()
+        ended = trio.Event()
+
+        def serve() -> None:
+            try:
+                self.ledger.serve()
+            except Exception:
+                log.exception("the ledger's writer thread failed (a prohost bug)")
+            finally:
+                _wake(token, ended.set)
+
+        thread = threading.Thread(target=serve, name="prohost ledger writer", daemon=True)
+        thread.start()
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self.ledger.stop_serving()
+            with trio.CancelScope(shield=True, deadline=self.bounds.deadline(WRITER_JOIN_S)):
+                await ended.wait()
+            if ended.is_set():
+                thread.join()  # it has returned: at once
+            else:
+                log.warning("the ledger's writer thread is still busy (a hung disk?); "
+                            "leaving it to the process exit")
+
     async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
-        """A blocking ledger (or /proc) call in a worker thread, abandoned after
-        :data:`LEDGER_STEP_TIMEOUT_S` or at the second signal's deadline; only for
-        calls that are safe to abandon (reads, whole transactions).
+        """A blocking ledger (or /proc) call in a worker thread — or, for a call that
+        only writes (:data:`WRITES_ONLY`) while the ledger's writer thread serves, a
+        job for that thread — abandoned after :data:`LEDGER_STEP_TIMEOUT_S` or at the
+        second signal's deadline; only for calls that are safe to abandon (reads,
+        whole transactions).
 
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
         """
-        return await self.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        call: Callable[..., T] | Elsewhere[T] = fn
+        if self.ledger.serving and self._writes_only(fn):
+            submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
+            if submitted is not None:
+                call = submitted[1]
+        return await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+
+    def _writes_only(self, fn: Callable[..., object]) -> bool:
+        inner = fn.func if isinstance(fn, functools.partial) else fn
+        owner = getattr(inner, "__self__", None)
+        name = getattr(inner, "__name__", "")
+        if owner is self:
+            return name == "save_turn_and_finish"
+        return owner is self.ledger and name in WRITES_ONLY
+
+    def _submitted(self, fn: Callable[..., object], args: tuple[object, ...],
+                   then: Callable[[], T] | None = None) -> tuple[Job, Elsewhere[T]] | None:
+        """``fn(*args)`` put on the writer thread's queue (with ``then``, read by that
+        thread once its writes are committed, for the result): the job and what to
+        wait for, or None when no writer thread serves (make the call in a worker
+        thread then)."""
+        done = trio.Event()
+        job = Job(fn, args, trio.lowlevel.current_trio_token(), done.set, then=then)
+        if not self.ledger.submit(job):
+            return None
+
+        async def written() -> T:
+            await done.wait()
+            result: T = job.outcome()
+            return result
+
+        return job, Elsewhere(written)
 
     async def read_body(self, run_id: str) -> str | None:
         """A queued run's body, read back from the ledger (a read, safe to abandon).
@@ -85,7 +178,8 @@ class LedgerSteps:
 
     async def started_then_session(self, run_id: str, lane: str, account: str) -> str | None:
         """The ``started`` step (durable: before the spawn), then the session the
-        lane's last turn on ``account`` ended with, in one worker thread.
+        lane's last turn on ``account`` ended with, in one hand-off (a job for the
+        writer thread, or one worker thread without it).
 
         Raises whatever stopped either (:class:`LedgerError`, ``OSError``,
         :class:`StepTimedOut` past the bound): the caller must not spawn the agent
@@ -94,9 +188,26 @@ class LedgerSteps:
         """
         # Abandoning it on a hung disk is safe: a ledger step (see step) and a
         # read on the ledger's read connection; the run then fails with the StepTimedOut.
-        return await self.bounded(
-            self._started_then_session, run_id, time.time(), lane, account,
-            what="the ledger step mark_started, or reading the lane's session")
+        what = "the ledger step mark_started, or reading the lane's session"
+        now = time.time()
+        # The read goes with the job: the writer thread makes it once the commit is
+        # done (one hand-off for both, and it sees that commit).
+        submitted = self._submitted(
+            self.ledger.mark_started, (run_id, now),
+            then=functools.partial(self.ledger.account_session, lane, account))
+        if submitted is None:
+            return await self.bounded(self._started_then_session, run_id, now, lane,
+                                      account, what=what)
+        job, written = submitted
+        try:
+            return await self.bounds.run(written, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        except (LedgerOrderError, StepTimedOut):
+            raise
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            if exc is job.then_error:
+                raise  # the read failed, not the step (as from a worker thread)
+            raise StepNotWritten(f"the ledger step mark_started could not be written: "
+                                 f"{exc}") from exc
 
     def _started_then_session(self, run_id: str, now: float, lane: str,
                               account: str) -> str | None:
@@ -221,3 +332,12 @@ class LedgerSteps:
             # A failing disk (ENOSPC, EIO) or a hung one (StepTimedOut is an
             # OSError) fails this step, not the run: the next start repairs it.
             log.error("ledger: %s", exc)
+
+
+def _wake(token: trio.lowlevel.TrioToken, wake: Callable[[], Any]) -> None:
+    """From another thread: ``wake()`` in the trio thread, unless trio's run is over
+    (then nobody waits for it)."""
+    try:
+        token.run_sync_soon(wake)
+    except trio.RunFinishedError:
+        return  # (not contextlib.suppress: this is every step's path, and cheaper)

@@ -6,6 +6,7 @@ one transaction, each in its own savepoint (the module docstring of
 from __future__ import annotations
 
 import logging
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -37,7 +38,8 @@ class _Write:
     ``result``/``error`` of the writes in its batch before it sets ``done``.
     """
 
-    __slots__ = ("done", "durable", "error", "fn", "lead", "result", "waits", "wake", "what")
+    __slots__ = ("cut", "done", "durable", "error", "fn", "lead", "notify", "result",
+                 "waits", "wake", "what")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], Any], what: str, *,
                  durable: bool, waits: bool) -> None:
@@ -53,6 +55,17 @@ class _Write:
         self.result: Any = None
         self.error: LedgerError | None = None
         self.wake = threading.Event() if waits else None
+        #: Called once it is done (by whichever thread settles it): the last write
+        #: of a writer-thread job wakes its caller (``Job.settled``, served.py).
+        self.notify: Callable[[], None] | None = None
+        #: The writer thread commits the batch up to this write before the rest
+        #: (prohost.engine.ledger.served).
+        self.cut = False
+
+
+#: Per thread: the writes being collected instead of queued (``writes``; unset or
+#: ``None`` when none are), by the ledger's writer thread (prohost.engine.ledger.served).
+_capturing = threading.local()
 
 
 def _nothing(conn: sqlite3.Connection) -> None:
@@ -84,6 +97,11 @@ class GroupCommit:
         self._closed = False
         self._synchronous_full = True  # what _prepare set on the write connection
         self._writes = 0
+        #: The ledger's writer thread is serving (prohost.engine.ledger.served): it
+        #: applies every write, and no caller leads. Its requests, wake-ups (one per
+        #: write queued) and its stop go through ``_wakes``.
+        self._serving = False
+        self._wakes: queue.SimpleQueue[object] = queue.SimpleQueue()
 
     def close(self) -> None:
         """Apply the writes still queued, fsync them, and close the file.
@@ -103,6 +121,7 @@ class GroupCommit:
                 # the queue empty (its write is applied here) and goes.
                 self._closed = True
                 left, self._queue = self._queue, []
+            self._wakes.put(None)  # a writer thread still serving sees it and ends
             if left and self._conn is not None:
                 # Durable: a clean exit leaves nothing to the next fsync.
                 self._apply(left, force_durable=True)
@@ -145,6 +164,10 @@ class GroupCommit:
         if waits is None:
             waits = durable
         write = _Write(fn, what, durable=durable, waits=waits)
+        captured: list[_Write] | None = getattr(_capturing, "writes", None)
+        if captured is not None:
+            captured.append(write)  # the writer thread queues it (served.py)
+            return None  # type: ignore[return-value]  # the result comes with the write
         # The first caller to find no writer at work is the writer; a waiting caller
         # may be handed the role by the writer before it.
         if self._enqueue(write) or (waits and not self._wait_for(write)):
@@ -172,10 +195,12 @@ class GroupCommit:
         with self._mu:
             if self._closed:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
-            if not self._writing:
+            if not (self._writing or self._serving):
                 return False
             self._queue.append(_Write(fn, what, durable=False, waits=False))
-            return True
+        if self._serving:
+            self._wakes.put(None)
+        return True
 
     def _enqueue(self, write: _Write) -> bool:
         """Queue ``write``; True when the caller must now be the writer."""
@@ -183,10 +208,13 @@ class GroupCommit:
             if self._closed:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
             self._queue.append(write)
-            if self._writing:
-                return False
-            self._writing = True
-            return True
+            lead = not (self._serving or self._writing)
+            if lead:
+                self._writing = True
+            serving = self._serving
+        if serving:
+            self._wakes.put(None)  # the writer thread applies it
+        return lead
 
     def _wait_for(self, write: _Write) -> bool:
         """Wait until ``write`` is done (True), or its caller is handed the writer's
@@ -223,8 +251,12 @@ class GroupCommit:
                 if batch:
                     self._apply(batch)
                 with self._mu:
-                    if not self._queue:
+                    if not self._queue or self._serving:
+                        # Serving: the writer thread takes the rest (it waits for
+                        # this role to end before it takes a batch).
                         self._writing = False
+                        if self._serving:
+                            self._wakes.put(None)
                         return
                     heir = next((w for w in self._queue if w.waits), None)
                     if heir is not None:
@@ -301,6 +333,8 @@ class GroupCommit:
             elif write.error is not None:
                 log.error("ledger: %s (in %s, which did not wait for its commit)",
                           write.error, write.what)
+            if write.notify is not None:
+                write.notify()
 
     def _flush(self) -> None:
         """Return once every write queued before the call is committed (a no-op
