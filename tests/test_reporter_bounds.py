@@ -23,6 +23,22 @@ PATH = f"/v1/agent/runs/{RUN}/complete"
 PAYLOAD: dict[str, Any] = {"run_id": RUN, "ok": True, "reply": "héllo ✓ " + "r" * 5000}
 
 
+async def delivered_holding_little(app: Any) -> None:
+    """Report once to ``app``: it must be delivered at the first attempt, with less
+    than 8 MiB of memory held while the answer is read."""
+    with trio.fail_after(30):
+        async with serving(app) as base, httpx.AsyncClient() as client:
+            reporter = Reporter(client, base, TOKEN)
+            tracemalloc.start()
+            try:
+                result = await reporter.complete(RUN, PATH, PAYLOAD)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    assert (result.kind, result.status) == ("delivered", 200)
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
+
+
 async def test_an_endless_answer_is_cut_off_and_the_report_still_delivered() -> None:
     """A server (or something in front of it) that answers 200 and then streams a body
     of 256 MiB: the completion is delivered at the first attempt, and the harness
@@ -39,17 +55,7 @@ async def test_an_endless_answer_is_cut_off_and_the_report_still_delivered() -> 
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    with trio.fail_after(30):
-        async with serving(app) as base, httpx.AsyncClient() as client:
-            reporter = Reporter(client, base, TOKEN)
-            tracemalloc.start()
-            try:
-                result = await reporter.complete(RUN, PATH, PAYLOAD)
-                _, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
-    assert (result.kind, result.status) == ("delivered", 200)
-    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
+    await delivered_holding_little(app)
 
 
 async def test_a_small_compressed_answer_is_never_inflated_in_memory() -> None:
@@ -69,17 +75,7 @@ async def test_a_small_compressed_answer_is_never_inflated_in_memory() -> None:
                                 (b"content-length", str(len(bomb)).encode())]})
         await send({"type": "http.response.body", "body": bomb})
 
-    with trio.fail_after(30):
-        async with serving(app) as base, httpx.AsyncClient() as client:
-            reporter = Reporter(client, base, TOKEN)
-            tracemalloc.start()
-            try:
-                result = await reporter.complete(RUN, PATH, PAYLOAD)
-                _, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
-    assert (result.kind, result.status) == ("delivered", 200)
-    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
+    await delivered_holding_little(app)
 
 
 async def test_every_attempt_sends_the_same_json_bytes_with_its_type(

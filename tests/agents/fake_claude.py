@@ -65,16 +65,13 @@ import uuid
 from typing import Any
 
 from gate_client import announce
+from json_lines import BAD_BYTE, LONE_SURROGATE, emit
 
 MODEL = "claude-sonnet-4-5-20250929"
 #: What one run costs here (total_cost_usd), in US dollars.
 COST = 0.0342
 VERSION = "2.1.29"
 HUGE_BYTES = 5 * 1024 * 1024
-#: Stand-ins in the reply text that ``emit`` turns into what the scenario needs:
-#: neither can pass through Python's ``json.dumps`` to a UTF-8 stdout.
-LONE_SURROGATE = "<lone-surrogate>"
-BAD_BYTE = "<bad-byte>"
 
 
 def option(argv: list[str], name: str) -> str | None:
@@ -87,16 +84,6 @@ def option(argv: list[str], name: str) -> str | None:
     return None
 
 
-def emit(event: dict[str, Any]) -> None:
-    line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    if LONE_SURROGATE in line or BAD_BYTE in line:
-        raw = line.encode("utf-8").replace(LONE_SURROGATE.encode(), b"\\ud83d")
-        sys.stdout.flush()
-        sys.stdout.buffer.write(raw.replace(BAD_BYTE.encode(), b"\xff") + b"\n")
-        sys.stdout.buffer.flush()
-        return
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def record(path: str, argv: list[str], prompt: str) -> None:

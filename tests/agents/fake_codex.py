@@ -55,12 +55,10 @@ import time
 import tomllib
 import uuid
 
+from json_lines import BAD_BYTE, LONE_SURROGATE, emit
+
 THREAD_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
 RECORDED_ENV = ("PROHOST_RUN_ID", "PROHOST_PAIRED_RUN", "PROHOST_MCP_TOKEN")
-#: Stand-ins in the reply that ``emit`` turns into what the scenario needs: neither
-#: can pass through Python's ``json.dumps`` to a UTF-8 stdout.
-LONE_SURROGATE = "<lone-surrogate>"
-BAD_BYTE = "<bad-byte>"
 
 # codex exec's options (cli.rs and the shared options it flattens in).
 WITH_VALUE = {
@@ -115,16 +113,6 @@ def parse(argv: list[str]) -> dict[str, object]:
     return {"flags": flags, "resume": resume, "prompt_arg": positionals[0] if positionals else None}
 
 
-def emit(event: dict[str, object]) -> None:
-    line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    if LONE_SURROGATE in line or BAD_BYTE in line:
-        raw = line.encode("utf-8").replace(LONE_SURROGATE.encode(), b"\\ud83d")
-        sys.stdout.flush()
-        sys.stdout.buffer.write(raw.replace(BAD_BYTE.encode(), b"\xff") + b"\n")
-        sys.stdout.buffer.flush()
-        return
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 #: What one turn uses here; turn.completed reports the thread's running totals.
