@@ -22,6 +22,7 @@ import attrs
 import httpx
 import trio
 
+from prohost.engine.blocking import Bounds
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
@@ -284,3 +285,18 @@ async def gated_harness(
         ) as running:
             yield gate, running
         nursery.cancel_scope.cancel()
+
+
+def counted_steps(monkeypatch: Any) -> list[str]:
+    """From now on, the ``what`` of every bounded blocking step (``Bounds.run``: a
+    worker-thread hop, or a step handed to the ledger's writer), in order."""
+    steps: list[str] = []
+    original = Bounds.run
+
+    async def counted(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
+                      what: str) -> Any:
+        steps.append(what)
+        return await original(self, fn, *args, limit_s=limit_s, what=what)
+
+    monkeypatch.setattr(Bounds, "run", counted)
+    return steps

@@ -6,16 +6,13 @@ subprocess and the sqlite ledger. Every bounded blocking call goes through
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import RunState
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kit import agent_command, counted_steps, finished, running_harness, running_server
 from tests.ledger_kit import Commits
 
 REPLY = agent_command("reply.py", "done")
@@ -24,15 +21,7 @@ REPLY = agent_command("reply.py", "done")
 async def test_a_run_takes_at_most_five_hops_for_its_ledger_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hops: list[str] = []
-    original = Bounds.run
-
-    async def counted(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
-                      what: str) -> Any:
-        hops.append(what)
-        return await original(self, fn, *args, limit_s=limit_s, what=what)
-
-    monkeypatch.setattr(Bounds, "run", counted)
+    hops = counted_steps(monkeypatch)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=REPLY, concurrency=1,

@@ -14,7 +14,6 @@ ledger, and the test-driven agent of tests/kit.py (:class:`tests.kit.Gate`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,20 @@ import trio
 
 from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire import intake
 from prohost.wire.runs import parse_body
-from tests.kit import Running, ack_to, busy_and_queued, finished, gated_harness, run_body
+from tests.kit import (
+    Running,
+    ack_to,
+    busy_and_queued,
+    counted_steps,
+    finished,
+    gated_harness,
+    run_body,
+)
 
 
 async def redelivered(running: Running, run_id: str, delivery_id: str) -> tuple[int, str]:
@@ -196,15 +202,7 @@ async def test_the_ledgers_answer_costs_no_extra_worker_thread_hop(
     """A held run is answered from memory; a new run in the normal state costs the
     one hop of its ledger write (which would also have found a known run); only
     while new work is refused does a delivery cost one read."""
-    hops: list[str] = []
-    original = Bounds.run
-
-    async def counted(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
-                      what: str) -> Any:
-        hops.append(what)
-        return await original(self, fn, *args, limit_s=limit_s, what=what)
-
-    monkeypatch.setattr(Bounds, "run", counted)
+    hops = counted_steps(monkeypatch)
 
     def of(run_id: str) -> list[str]:
         return [what for what in hops if run_id in what]

@@ -25,11 +25,10 @@ import trio
 
 from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.process import ProcessGroups
-from prohost.engine.ledger import Ledger
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
 from tests.kit import AGENTS, Running, finished, running_harness, running_server
-from tests.test_brains_harness import Turnstile
+from tests.test_brains_harness import Turnstile, seed_session
 
 
 @attrs.frozen
@@ -143,15 +142,6 @@ async def test_a_turn_the_cli_cannot_start_keeps_the_conversations_session(
     else:
         # Turn 2 tried the session, then a fresh one (both refused); turn 3 resumed.
         assert resumed == [None, session, None, session]
-
-
-def seed_session(home: Path, lane: str, session: str) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger.open(home / "ledger.sqlite3")
-    try:
-        ledger.save_session(lane, session, 0.0)
-    finally:
-        ledger.close()
 
 
 async def test_a_codex_thread_it_no_longer_has_is_replaced_by_a_fresh_one(
