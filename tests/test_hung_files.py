@@ -232,3 +232,44 @@ async def test_mcp_folders_left_behind_are_swept_at_start(
 @pytest.fixture(autouse=True)
 def _quiet_http(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="httpx")
+
+
+async def test_a_hung_disk_under_the_daily_worktree_collection_gives_up_at_the_stop(
+    tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The daily pass reads each lane folder in a worker thread; a disk that stops
+    answering there must not hold the harness's exit: the second signal's deadline
+    (Bounds.hurry) ends the wait, and the pass logs it and returns."""
+    from prohost.engine.blocking import Bounds
+    from prohost.engine.repos import collect
+    from prohost.engine.supervisor import upkeep
+
+    lane = tmp_path / "home" / "worktrees" / "lane-1"
+    lane.mkdir(parents=True)
+    monkeypatch.setattr(collect, "_idle_since", disk.wrap(collect._idle_since, under(lane)))
+    bounds = Bounds()
+    returned = trio.Event()
+
+    async def collect_now() -> None:
+        await upkeep.collect_worktrees(tmp_path / "home", {}, hold=None,  # type: ignore[arg-type]
+                                       bounds=bounds)
+        returned.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect_now)
+        await disk.wait_entered()
+        signalled = trio.current_time()
+        bounds.hurry(signalled + STOP_WINDOW_S)
+        mock_clock.autojump_threshold = 0
+
+        async def rescue() -> None:
+            # A pass that waits for the disk returns only once it answers: late.
+            await trio.sleep(60)
+            disk.release()
+
+        nursery.start_soon(rescue)
+        await returned.wait()
+        nursery.cancel_scope.cancel()
+    assert trio.current_time() - signalled <= STOP_WINDOW_S + 1e-6
+    assert "could not collect old worktrees" in caplog.text

@@ -22,6 +22,7 @@ from typing import Literal
 import attrs
 import trio
 
+from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git, git_env, real_path
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
@@ -138,17 +139,23 @@ async def _unborn(path: Path) -> bool:
     return False
 
 
+def _lane_folders(root: Path) -> list[Path]:
+    """Blocking: the lane folders under ``root``, sorted (symlinks are never ours)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+
+
 def _days(seconds: float) -> str:
     days = seconds / 86400
     return f"{days:.1f} days" if days < 10 else f"{days:.0f} days"
 
 
-async def _remove_worktree(verdict: _Verdict, force: bool) -> None:
+async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds) -> None:
     """Remove one worktree, shielded and bounded: half-deleted is worse than either."""
     with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
         if verdict.common is None:
             # Its repository is gone, so git cannot remove it; only --force gets here.
-            await trio.to_thread.run_sync(shutil.rmtree, verdict.path)
+            await bounds.file_step(shutil.rmtree, verdict.path, limit_s=REMOVE_SHIELD_S,
+                                   what=f"removing {verdict.path}")
             return
         args = ["--git-dir", verdict.common, "worktree", "remove"]
         if force:
@@ -165,6 +172,7 @@ async def collect_garbage(
     busy: Callable[[str], bool] = lambda lane: False,
     hold: Callable[[str], AbstractAsyncContextManager[None]] | None = None,
     now: float | None = None,
+    bounds: Bounds | None = None,
 ) -> list[GcEntry]:
     """Remove the worktrees of lanes idle for more than ``older_than_s``; one entry per
     lane folder saying what was done and why.
@@ -180,22 +188,27 @@ async def collect_garbage(
     removal, so no turn of that lane starts while its worktrees go; a turn that
     arrives meanwhile starts afterwards and prepares them afresh.
 
+    Every file step goes through ``bounds`` (the harness's, which the second
+    signal hurries; a fresh one if ``None``): a hung disk raises
+    :class:`~prohost.engine.blocking.StepTimedOut` (an ``OSError``) at its bound
+    instead of holding the caller.
+
     Cancelled: the worktree being removed is finished (shielded, bounded by
     :data:`REMOVE_SHIELD_S`); the rest are left for the next collection.
     """
     root = home / WORKTREES_DIR
     now = time.time() if now is None else now
+    bounds = bounds if bounds is not None else Bounds()
     try:
-        folders = await trio.to_thread.run_sync(
-            lambda: sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-        )
+        folders = await bounds.file_step(_lane_folders, root, what=f"listing {root}")
     except FileNotFoundError:
         return []
     entries: list[GcEntry] = []
     for folder in folders:
         try:
-            lane, used = await trio.to_thread.run_sync(_idle_since, folder)
-            worktrees, others = await trio.to_thread.run_sync(_scan_folder, folder)
+            lane, used = await bounds.file_step(_idle_since, folder, what=f"reading {folder}")
+            worktrees, others = await bounds.file_step(_scan_folder, folder,
+                                                       what=f"listing {folder}")
         except FileNotFoundError:
             continue  # removed while we looked (another collection)
         idle_s = max(0.0, now - used)
@@ -229,12 +242,13 @@ async def collect_garbage(
         ):
             # Looked at again just before acting: a turn may have started meanwhile.
             # With the lane held, none can start from here until the removal is done.
-            lane_now, used_now = await trio.to_thread.run_sync(_idle_since, folder)
+            lane_now, used_now = await bounds.file_step(_idle_since, folder,
+                                                        what=f"reading {folder}")
             if (lane_now is not None and busy(lane_now)) or used_now != used:
                 entries.append(entry("kept-busy", "the conversation was used while GC ran"))
                 continue
             entries.append(await _remove_folder(folder, verdicts, force, bool(others), entry,
-                                                names, forced))
+                                                names, forced, bounds))
     return entries
 
 
@@ -246,13 +260,14 @@ async def _remove_folder(
     entry: Callable[[GcAction, str], GcEntry],
     names: str,
     forced: str,
+    bounds: Bounds,
 ) -> GcEntry:
     failed: list[str] = []
     for verdict in verdicts:
         try:
             # --force only where it was asked for: a clean one that changed since
             # it was judged makes git refuse, and it is kept.
-            await _remove_worktree(verdict, verdict.problem is not None)
+            await _remove_worktree(verdict, verdict.problem is not None, bounds)
         except (GitError, OSError) as exc:
             failed.append(f"{verdict.path.name}: {exc}")
     if failed:
@@ -267,7 +282,7 @@ async def _remove_folder(
         folder.rmdir()
 
     try:
-        await trio.to_thread.run_sync(clear)
+        await bounds.file_step(clear, what=f"removing {folder}")
     except OSError as exc:
         return entry("removed", f"removed {names}{forced}, but not the folder: {exc.strerror}")
     return entry("removed", f"removed {names}{forced}")

@@ -138,21 +138,22 @@ async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> Non
 
 
 async def collect_worktrees_daily(home: Path, runs: Mapping[str, HeldRun],
-                                  hold: Holding) -> None:
+                                  hold: Holding, bounds: Bounds) -> None:
     """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
     is finished (shielded inside ``collect_garbage``)."""
     while True:
         await trio.sleep(PRUNE_EVERY_S)
-        await collect_worktrees(home, runs, hold)
+        await collect_worktrees(home, runs, hold, bounds=bounds)
 
 
 async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holding, *,
-                            now: float | None = None) -> None:
+                            now: float | None = None, bounds: Bounds | None = None) -> None:
     """Remove the worktrees in ``home`` of lanes idle for 14 days (clean ones only),
     never a lane with a run in flight (one of ``runs``): a lane is held (``hold``,
     the scheduler's) while its worktrees are removed, so a turn arriving meanwhile
-    starts after, and prepares them afresh. Errors are logged. Cancelled: as
-    :func:`collect_worktrees_daily`.
+    starts after, and prepares them afresh. Errors, and a disk that hangs past a
+    step's bound (``bounds``: the harness's, hurried by the second signal), are
+    logged. Cancelled: as :func:`collect_worktrees_daily`.
     """
     try:
         entries = await collect_garbage(
@@ -161,6 +162,7 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             busy=lambda lane: any(h.lane == lane for h in runs.values()),
             hold=hold,
             now=now,
+            bounds=bounds,
         )
     except OSError as exc:
         log.warning("could not collect old worktrees: %s", exc)
@@ -224,7 +226,7 @@ class Chores:
             nursery.start_soon(prune_daily, self.steps)
             if self.worktrees:
                 nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
-                                   self.hold)
+                                   self.hold, self.bounds)
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)
