@@ -94,13 +94,16 @@ async def test_a_limited_account_hands_every_run_to_the_free_one(tmp_path: Path)
             assert shown == {"work": "limited", "personal": "ok"}
 
 
-async def test_a_lane_keeps_its_account_and_its_session_on_each(tmp_path: Path) -> None:
+async def test_a_lane_keeps_its_account_and_its_session_on_each(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
     accounts = folders(tmp_path, "a", "b")
     folder = dict(accounts)
+    clock = trio_epoch()  # a reset passes when the test moves trio's clock
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
-            env=claude_env(tmp_path), accounts=accounts,
+            env=claude_env(tmp_path), accounts=accounts, clock=clock,
         ):
             async def turn(lane: str) -> dict[str, Any]:
                 run_id = await server.submit_run(f"turn on {lane}", conversation_id=lane)
@@ -116,15 +119,16 @@ async def test_a_lane_keeps_its_account_and_its_session_on_each(tmp_path: Path) 
             assert second["session_id"] == first["session_id"]
 
             # a hits its limit (resetting soon): C1 moves to b, fresh there.
-            limit(folder["a"], time.time() + 2)
+            limit(folder["a"], clock() + 2)
             moved = await turn("C1")
             assert moved["account"] == "b"
             assert moved["session_id"] != first["session_id"]
             # The reset passing makes a usable again, and says so in status.
+            mock_clock.jump(2)
             await server.wait_until(lambda s: last_accounts(server)["a"]["state"] == "ok")
             (folder["a"] / "limit").unlink()
             # Now b is limited: C1 goes back to a and to its old session there.
-            limit(folder["b"], time.time() + 3600)
+            limit(folder["b"], clock() + 3600)
             back = await turn("C1")
             assert back["account"] == "a"
             assert back["session_id"] == first["session_id"]
