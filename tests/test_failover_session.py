@@ -38,6 +38,19 @@ def seed_sessions(home: Path, sessions: dict[str, str], last: str) -> None:
         ledger.save_turn(LANE, last, sessions[last], time.time())
 
 
+def lane_on_a(tmp_path: Path, names: list[str], limited: list[str],
+              ) -> tuple[tuple[tuple[str, Path], ...], Path]:
+    """Accounts ``names`` in folders of their own and a home whose lane last ran on
+    ``a``, with sess-a on a and sess-b on b; the ``limited`` ones at their limit for
+    an hour. The accounts and the home."""
+    accounts = folders(tmp_path, *names)
+    home = tmp_path / "home"
+    seed_sessions(home, {"a": "sess-a", "b": "sess-b"}, last="a")
+    for name in limited:
+        limit(dict(accounts)[name], time.time() + HOUR)
+    return accounts, home
+
+
 def attempts(tmp_path: Path) -> list[tuple[str, str | None]]:
     """(account, session resumed) for each invocation of the fake CLI."""
     return [(Path(i["config_dir"]).name.removeprefix("cfg-"), resumed(i))
@@ -62,12 +75,7 @@ async def test_each_fail_over_resumes_the_new_accounts_own_session_or_a_fresh_on
 ) -> None:
     """a and b are limited; the run goes a → b → c, resuming sess-a on a, sess-b on
     b, and nothing on c (the lane has no session there), never one of the others."""
-    accounts = folders(tmp_path, "a", "b", "c")
-    folder = dict(accounts)
-    home = tmp_path / "home"
-    seed_sessions(home, {"a": "sess-a", "b": "sess-b"}, last="a")
-    limit(folder["a"], time.time() + HOUR)
-    limit(folder["b"], time.time() + HOUR)
+    accounts, home = lane_on_a(tmp_path, ["a", "b", "c"], limited=["a", "b"])
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, home, exec_command=FAKE_CLAUDE, brain="claude",
@@ -86,11 +94,7 @@ async def test_a_new_accounts_session_the_cli_refuses_is_replaced_by_a_fresh_one
     tmp_path: Path,
 ) -> None:
     """On b the CLI does not know sess-b: the retry there is fresh, not sess-a."""
-    accounts = folders(tmp_path, "a", "b")
-    folder = dict(accounts)
-    home = tmp_path / "home"
-    seed_sessions(home, {"a": "sess-a", "b": "sess-b"}, last="a")
-    limit(folder["a"], time.time() + HOUR)
+    accounts, home = lane_on_a(tmp_path, ["a", "b"], limited=["a"])
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, home, exec_command=FAKE_CLAUDE, brain="claude",
@@ -110,12 +114,7 @@ async def test_a_run_cancelled_while_waiting_to_fail_over_keeps_each_accounts_se
     """Both accounts refuse; the run waits for a reset and is cancelled meanwhile. It
     is reported with its last attempt's account and session (b, sess-b), and the
     ledger keeps sess-a on a: nothing is saved under the wrong account."""
-    accounts = folders(tmp_path, "a", "b")
-    folder = dict(accounts)
-    home = tmp_path / "home"
-    seed_sessions(home, {"a": "sess-a", "b": "sess-b"}, last="a")
-    limit(folder["a"], time.time() + HOUR)
-    limit(folder["b"], time.time() + HOUR)
+    accounts, home = lane_on_a(tmp_path, ["a", "b"], limited=["a", "b"])
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, home, exec_command=FAKE_CLAUDE, brain="claude",
@@ -140,11 +139,7 @@ async def test_a_fail_over_that_cannot_prepare_the_new_account_keeps_its_session
     """The run's MCP configuration cannot be written for b (its folder is taken by a
     file): the agent never starts there, and the lane's session on b is kept, not
     forgotten as if b's turn had ended without one."""
-    accounts = folders(tmp_path, "a", "b")
-    folder = dict(accounts)
-    home = tmp_path / "home"
-    seed_sessions(home, {"a": "sess-a", "b": "sess-b"}, last="a")
-    limit(folder["a"], time.time() + HOUR)
+    accounts, home = lane_on_a(tmp_path, ["a", "b"], limited=["a"])
     run_id = "run_mcp_on_b"
     scratch = scratch_folder(home / "runs", run_id)
     with trio.fail_after(60):

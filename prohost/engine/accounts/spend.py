@@ -8,14 +8,13 @@ finished runs back from the ledger, so the figures survive it.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import attrs
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
+from prohost.engine.agent.usage import Usage
 
 
 @attrs.frozen
@@ -41,10 +40,6 @@ def day_start(epoch: float) -> float:
     return time.mktime((parts.tm_year, parts.tm_mon, parts.tm_mday, 0, 0, 0, 0, 0, -1))
 
 
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 class DailySpend:
     """The day's tally; :meth:`add` each run's outcome as it finishes."""
 
@@ -52,7 +47,7 @@ class DailySpend:
         self._day: str | None = None
         self._rows: dict[str, SpendRow] = {}
 
-    def add(self, account: str | None, usage: Mapping[str, Any] | None, at: float) -> None:
+    def add(self, account: str | None, usage: object, at: float) -> None:
         """Count one finished run of ``account`` (the default one if ``None``) with
         its ``usage`` (§7 keys; anything not valid is left out) at ``at`` (epoch s)."""
         day = day_of(at)
@@ -61,19 +56,17 @@ class DailySpend:
                 return  # a run of an earlier day (read back from the ledger)
             self._day, self._rows = day, {}
         name = account or DEFAULT_ACCOUNT
-        usage = usage if isinstance(usage, Mapping) else {}
+        used = Usage.from_json(usage)  # what is not valid is left out, as in a report
         row = self._rows.get(name, SpendRow(name))
-        raw = usage.get("cost_usd")
-        cost = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) \
-            and math.isfinite(raw) and raw >= 0 else None
         self._rows[name] = SpendRow(
             name, runs=row.runs + 1,
-            input_tokens=row.input_tokens + _count(usage.get("input_tokens")),
-            output_tokens=row.output_tokens + _count(usage.get("output_tokens")),
-            cost_usd=(row.cost_usd or 0.0) + cost if cost is not None else row.cost_usd,
+            input_tokens=row.input_tokens + (used.input_tokens or 0),
+            output_tokens=row.output_tokens + (used.output_tokens or 0),
+            cost_usd=row.cost_usd if used.cost_usd is None
+            else (row.cost_usd or 0.0) + used.cost_usd,
         )
 
-    def restore(self, finished: Iterable[tuple[str | None, Mapping[str, Any] | None, float]],
+    def restore(self, finished: Iterable[tuple[str | None, object, float]],
                 now: float) -> None:
         """Count again the runs of today a previous process finished: ``(account,
         usage, finished_at)`` each, as the ledger keeps them."""

@@ -139,6 +139,10 @@ async def _unborn(path: Path) -> bool:
     return False
 
 
+#: Keeps a lane from starting runs for a block (the harness's scheduler's ``holding``).
+Holding = Callable[[str], AbstractAsyncContextManager[None]]
+
+
 def _lane_folders(root: Path) -> list[Path]:
     """Blocking: the lane folders under ``root``, sorted (symlinks are never ours)."""
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
@@ -170,7 +174,7 @@ async def collect_garbage(
     dry_run: bool,
     force: bool,
     busy: Callable[[str], bool] = lambda lane: False,
-    hold: Callable[[str], AbstractAsyncContextManager[None]] | None = None,
+    hold: Holding | None = None,
     now: float | None = None,
     bounds: Bounds | None = None,
 ) -> list[GcEntry]:

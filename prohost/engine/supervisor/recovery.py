@@ -198,7 +198,7 @@ class Recovery:
         try:
             recovery = await self.steps.bounded(self.steps.ledger.recover,
                                                 what="reading the ledger's unreported runs")
-        except (LedgerError, OSError, StepTimedOut) as exc:
+        except (LedgerError, OSError) as exc:  # StepTimedOut (a hung disk) is an OSError
             log.error("could not read the ledger's unreported runs: %s; the next start "
                       "reports them", exc)
             return None

@@ -17,7 +17,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import attrs
@@ -33,7 +32,7 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
-from prohost.engine.repos.collect import collect_garbage
+from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
 from prohost.options import Options, is_checkout
@@ -51,9 +50,6 @@ BRAIN_PROBE_TIMEOUT_S = 10.0
 #: A run's MCP folder's name (prohost.engine.agent.environment.scratch_folder): nothing
 #: else in the scratch root is ever removed.
 _SCRATCH_NAME = re.compile(f"[0-9a-f]{{{SCRATCH_NAME_CHARS}}}")
-
-#: Keeps a lane from starting runs for a block (the scheduler's ``holding``).
-Holding = Callable[[str], AbstractAsyncContextManager[None]]
 
 
 async def sweep_scratch(root: Path, bounds: Bounds) -> None:

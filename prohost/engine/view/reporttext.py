@@ -36,6 +36,17 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
+def _tally(entries: list[Mapping[str, Any]]) -> tuple[int, int, int, int]:
+    """Files changed, lines added, lines removed and commits over ``entries``."""
+    rows = [row for entry in entries for row in _list(entry, "files")
+            if isinstance(row, Mapping)]
+    files = len(rows) + sum(_count(entry.get("more_files")) or 0 for entry in entries)
+    added = sum(_count(row.get("added")) or 0 for row in rows)
+    removed = sum(_count(row.get("removed")) or 0 for row in rows)
+    commits = sum(_count(entry.get("commits")) or 0 for entry in entries)
+    return files, added, removed, commits
+
+
 def files_line(entry: Mapping[str, Any]) -> str:
     """One checkout's changes: ``app: 3 files (+12 −2), 1 commit on main``, or
     ``app: could not be read (…)``, or ``app: nothing changed``."""
@@ -43,13 +54,9 @@ def files_line(entry: Mapping[str, Any]) -> str:
     error = _text(entry, "error")
     if error is not None:
         return f"{repo}: could not be read ({error})"
-    rows = [row for row in _list(entry, "files") if isinstance(row, Mapping)]
-    total = len(rows) + (_count(entry.get("more_files")) or 0)
-    commits = _count(entry.get("commits")) or 0
+    total, added, removed, commits = _tally([entry])
     if not total and not commits:
         return f"{repo}: nothing changed"
-    added = sum(_count(row.get("added")) or 0 for row in rows)
-    removed = sum(_count(row.get("removed")) or 0 for row in rows)
     text = f"{repo}: {_plural(total, 'file')} (+{added:,} −{removed:,})"
     if commits:
         branch = _text(entry, "branch")
@@ -96,14 +103,9 @@ def changes_summary(changes: object) -> str | None:
         return None
     entries = [entry for entry in changes if isinstance(entry, Mapping)]
     unreadable = sum(1 for entry in entries if _text(entry, "error") is not None)
-    rows = [row for entry in entries for row in _list(entry, "files")
-            if isinstance(row, Mapping)]
-    total = len(rows) + sum(_count(entry.get("more_files")) or 0 for entry in entries)
-    commits = sum(_count(entry.get("commits")) or 0 for entry in entries)
+    total, added, removed, commits = _tally(entries)
     parts = []
     if total:
-        added = sum(_count(row.get("added")) or 0 for row in rows)
-        removed = sum(_count(row.get("removed")) or 0 for row in rows)
         parts.append(f"{_plural(total, 'file')} (+{added:,} −{removed:,})")
     if commits:
         parts.append(_plural(commits, "commit"))

@@ -260,7 +260,7 @@ class ClaudeTurn(Turn):
         subtype = subtype if isinstance(subtype, str) else ""
         text = event.get("result")
         text = text if isinstance(text, str) else None
-        usage = from_claude_result(event, self.model).to_json()
+        usage = self.usage().to_json()
         # An API failure arrives as subtype "success" with is_error true (and its
         # HTTP status in api_error_status); a stopped run has an "error_…" subtype.
         failed = event.get("is_error") is True or subtype.startswith("error")
