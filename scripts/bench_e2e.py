@@ -17,6 +17,10 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    (``getrusage(RUSAGE_SELF)``: all its threads, not its children) per run, from
    after one uncounted run (its imports and first connection, as the harness's
    start-up is left out of 3). Throughput and CPU are also reported against it.
+   (d) floor-ledger: floor-pipe plus the four durable ledger steps PROTOCOL.md §7
+   asks of a run (accepted with the body, started, the process group, finished),
+   each a commit with its fsync, group-committed by one writer thread: no target,
+   it shows what part of the gap to floor-pipe durability alone accounts for.
 2. Throughput. ``prohost server`` and ``prohost agent run --exec cat --brain plain
    --concurrency 16`` as separate processes, each with its own temporary
    ``$PROHOST_HOME``. ``--runs`` runs, each on its own conversation, are submitted
@@ -364,26 +368,29 @@ async def post_floor(count: int, tmp: Path) -> float:
             return count / (time.perf_counter() - began)
 
 
-async def floor_pipe(count: int, tmp: Path) -> dict[str, Any]:
+async def floor_pipe(count: int, tmp: Path, *, ledger: bool = False) -> dict[str, Any]:
     """Floor (c), floor-pipe: runs/s and client CPU per run of ``count`` runs of
-    ``sh -c cat`` then a POST of its output to the minimal app, 16 at a time."""
+    ``sh -c cat`` then a POST of its output to the minimal app, 16 at a time; with
+    ``ledger``, floor (d), floor-ledger: the same plus the four durable ledger steps
+    of a run (see ``FLOOR_PIPE_CLIENT``)."""
+    name = "floor-ledger" if ledger else "floor-pipe"
     async with started("floor-app", [sys.executable, "-c", MINIMAL_APP],
                        tmp / "floor-pipe-app", stdout=subprocess.PIPE) as app:
         if app.proc.stdout is None:
             raise RuntimeError("the floor app has no stdout pipe")
         [url] = await read_lines(app.proc.stdout, lambda lines: len(lines) == 1, 30,
                                  "the floor app")
+        ledger_file = str(tmp / name / "ledger.sqlite3") if ledger else "-"
         argv = [sys.executable, "-c", FLOOR_PIPE_CLIENT, f"{url}/complete", str(count),
-                str(CONCURRENCY), str(SPAWN_STDIN_BYTES)]
-        async with started("floor-pipe", argv, tmp / "floor-pipe",
-                           stdout=subprocess.PIPE) as client:
+                str(CONCURRENCY), str(SPAWN_STDIN_BYTES), ledger_file]
+        async with started(name, argv, tmp / name, stdout=subprocess.PIPE) as client:
             if client.proc.stdout is None:
-                raise RuntimeError("the floor-pipe client has no stdout pipe")
+                raise RuntimeError(f"the {name} client has no stdout pipe")
             try:
                 [line] = await read_lines(client.proc.stdout, lambda lines: len(lines) == 1,
-                                          math.inf, "the floor-pipe client")
+                                          math.inf, f"the {name} client")
             except RuntimeError:
-                raise RuntimeError("the floor-pipe client failed:\n" + client.log_tail()) from None
+                raise RuntimeError(f"the {name} client failed:\n" + client.log_tail()) from None
             result: dict[str, Any] = json.loads(line)
             return result
 
@@ -985,6 +992,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures["floor_pipe"] = await timed(
             "floor (c): floor-pipe, sh -c cat then httpx POST", args.phase_s,
             lambda: floor_pipe(args.floor_samples, tmp))
+        figures["floor_ledger"] = await timed(
+            "floor (d): floor-ledger, floor-pipe plus a run's four durable ledger steps",
+            args.phase_s, lambda: floor_pipe(args.floor_samples, tmp, ledger=True))
         e2e = await timed("end to end: server + harness, then probes", args.phase_s * 4,
                           lambda: throughput_and_acks(tmp, args.runs, args.probes))
         figures["e2e"] = e2e
@@ -1039,6 +1049,17 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                      "against": f"floor-pipe {pipe['cpu_ms_per_run']:.2f} ms", "ratio": ratio,
                      "target": f"<= {TARGET_PIPE_CPU_RATIO}",
                      "met": ratio <= TARGET_PIPE_CPU_RATIO})
+    if ok("e2e") and ok("floor_ledger"):
+        # No target: it says how much of the gap to floor-pipe the ledger's
+        # durability (§7) accounts for, with nothing of prohost in it.
+        book = figures["floor_ledger"]
+        for label, key, unit in (("runs/s", "runs_per_s", "/s"),
+                                 ("CPU per run", "cpu_ms_per_run", " ms")):
+            ratio = e2e[key] / book[key]
+            rows.append({"figure": f"harness {label} vs floor-ledger",
+                         "measured": f"{e2e[key]:.2f}{unit}",
+                         "against": f"floor-ledger {book[key]:.2f}{unit}", "ratio": ratio,
+                         "target": "-", "met": None})
     if ok("e2e"):
         cpu = e2e["cpu_ms_per_run"]
         rows.append({"figure": "harness CPU per run", "measured": f"{cpu:.2f} ms",
@@ -1087,8 +1108,8 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     print(f"Settings: {s['runs']} runs, {s['probes']} probes, {s['queued']} queued, "
           f"{s['floor_samples']} floor samples, {s['rest_samples']} runs at rest, "
           f"concurrency {CONCURRENCY}")
-    for key in ("spawn_floor", "post_floor", "floor_pipe", "e2e", "echo", "insert", "rss",
-                "rest"):
+    for key in ("spawn_floor", "post_floor", "floor_pipe", "floor_ledger", "e2e", "echo",
+                "insert", "rss", "rest"):
         value = figures.get(key)
         if isinstance(value, dict) and "error" in value:
             print(f"NOT MEASURED {key}: {value['error']}")
@@ -1110,6 +1131,10 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     if "error" not in pipe:
         print(f"Floor-pipe: {pipe['runs']} runs in {pipe['seconds']:.2f} s, "
               f"{pipe['runs_per_s']:.0f}/s, client CPU {pipe['cpu_ms_per_run']:.2f} ms per run")
+    book = figures.get("floor_ledger", {"error": "absent"})
+    if "error" not in book:
+        print(f"Floor-ledger: {book['runs']} runs in {book['seconds']:.2f} s, "
+              f"{book['runs_per_s']:.0f}/s, client CPU {book['cpu_ms_per_run']:.2f} ms per run")
     rest = figures.get("rest", {"error": "absent"})
     if "error" not in rest:
         print(f"At rest: {rest['samples']} runs one at a time at --concurrency 1 (and one "

@@ -35,43 +35,103 @@ from hypercorn.config import Config
 
 from prohost.server.asgi import answer_lifespan
 
-#: floor-pipe's client: ``argv`` is the app's URL, runs, width, stdin bytes. Runs
-#: ``sh -c cat`` with the bytes on stdin and POSTs its output, ``width`` at a time;
-#: prints runs/s over the batch and the process's own CPU (getrusage RUSAGE_SELF:
-#: every thread, not the children) per run. One run goes first, not counted: the
-#: imports and the first connection are start-up, as the harness's are left out.
+#: floor-pipe's client: ``argv`` is the app's URL, runs, width, stdin bytes, and a
+#: ledger file or ``-``. Runs ``sh -c cat`` with the bytes on stdin and POSTs its
+#: output, ``width`` at a time; prints runs/s over the batch and the process's own
+#: CPU (getrusage RUSAGE_SELF: every thread, not the children) per run. One run goes
+#: first, not counted: the imports and the first connection are start-up, as the
+#: harness's are left out.
+#:
+#: With a ledger file (floor-ledger), each run also makes the four durable steps
+#: PROTOCOL.md §7 asks of any harness — ``accepted`` with the body, ``started``, the
+#: process group, ``finished`` with the outcome — each a commit with its fsync (WAL,
+#: ``synchronous=FULL``) before the next, group-committed by one writer thread fed by
+#: a ``queue.SimpleQueue`` that wakes trio once per batch, as the harness's ledger
+#: is: the least the ledger's durability costs, with nothing of prohost in it.
 FLOOR_PIPE_CLIENT = r"""
-import json, resource, sys, time, httpx, trio
+import json, queue, resource, sqlite3, sys, threading, time, httpx, trio
 
 url, count, width, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ledger_path = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
 
 def cpu():
     used = resource.getrusage(resource.RUSAGE_SELF)
     return used.ru_utime + used.ru_stime
 
+class Ledger:
+    def __init__(self, path):
+        self.token = trio.lowlevel.current_trio_token()
+        self.jobs = queue.SimpleQueue()
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, body TEXT, "
+                          "state TEXT, pgid INTEGER, outcome TEXT)")
+        self.thread = threading.Thread(target=self.serve)
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            batch = [self.jobs.get()]
+            while True:
+                try:
+                    batch.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            work = [job for job in batch if job is not None]
+            if work:
+                self.conn.execute("BEGIN IMMEDIATE")
+                for sql, args, _ in work:
+                    self.conn.execute(sql, args)
+                self.conn.execute("COMMIT")
+                wakes = [wake for _, _, wake in work]
+                self.token.run_sync_soon(lambda wakes=wakes: [wake() for wake in wakes])
+            if len(work) < len(batch):
+                return
+
+    async def step(self, sql, *args):
+        done = trio.Event()
+        self.jobs.put((sql, args, done.set))
+        await done.wait()
+
+    def close(self):
+        self.jobs.put(None)
+        self.thread.join()
+
 async def main():
     payload = b"x" * size
     left = count
+    ledger = Ledger(ledger_path) if ledger_path else None
     async with httpx.AsyncClient() as client:
-        async def one():
+        async def one(n):
+            if ledger:
+                await ledger.step("INSERT INTO runs (id, body, state) VALUES (?, ?, ?)",
+                                  str(n), payload.decode(), "accepted")
+                await ledger.step("UPDATE runs SET state = 'started' WHERE id = ?", str(n))
             result = await trio.run_process(["sh", "-c", "cat"], stdin=payload,
                                             capture_stdout=True)
             if result.stdout != payload:
                 raise RuntimeError("sh -c cat did not echo its stdin")
+            if ledger:
+                await ledger.step("UPDATE runs SET pgid = ? WHERE id = ?", 1, str(n))
+                await ledger.step("UPDATE runs SET state = 'finished', outcome = ? "
+                                  "WHERE id = ?", result.stdout.decode(), str(n))
             (await client.post(url, content=result.stdout)).raise_for_status()
 
         async def worker():
             nonlocal left
             while left > 0:
                 left -= 1
-                await one()
+                await one(left)
 
-        await one()
+        await one(-1)
         cpu_began, began = cpu(), time.perf_counter()
         async with trio.open_nursery() as nursery:
             for _ in range(width):
                 nursery.start_soon(worker)
         seconds, used = time.perf_counter() - began, cpu() - cpu_began
+    if ledger:
+        ledger.close()
     print(json.dumps({"runs": count, "seconds": seconds, "runs_per_s": count / seconds,
                       "cpu_ms_per_run": used * 1e3 / count}), flush=True)
 

@@ -5,6 +5,7 @@ process behind. No speed is asserted."""
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -83,6 +84,23 @@ async def test_floor_pipe_runs_every_spawn_and_post_and_counts_the_client_cpu(
     assert result["cpu_ms_per_run"] > 0
 
 
+async def test_floor_ledger_makes_each_runs_four_durable_steps_in_a_real_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        result = await bench.floor_pipe(8, tmp_path, ledger=True)
+    assert result["runs"] == 8 and result["cpu_ms_per_run"] > 0
+    # Every run, and the uncounted first, went through all four steps: accepted with
+    # its body, started, its process group, finished with the agent's output.
+    with sqlite3.connect(tmp_path / "floor-ledger" / "ledger.sqlite3") as book:
+        rows = book.execute("SELECT state, pgid, length(body), length(outcome) "
+                            "FROM runs").fetchall()
+        mode = book.execute("PRAGMA journal_mode").fetchone()
+    size = bench.SPAWN_STDIN_BYTES
+    assert rows == [("finished", 1, size, size)] * 9
+    assert mode == ("wal",)
+
+
 async def test_latency_at_rest_times_both_halves_and_their_floors_for_each_run(
     tmp_path: Path,
 ) -> None:
@@ -113,6 +131,7 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
                                                 tmp_path / "insert.sqlite3"),
         "rss": {"rss_kib": 40 * 1024, "queued": 5},
         "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0},
+        "floor_ledger": {"runs_per_s": 16.0, "cpu_ms_per_run": 1.5},
         # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
         "rest": {"spawned": [0.003, 0.006], "spawn_floor": [0.001, 0.002],
                  "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002]},
@@ -121,7 +140,8 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     rows = bench.ratios(figures)
     assert [row["figure"] for row in rows] == [
         "end-to-end runs/s", "end-to-end runs/s vs floor-pipe",
-        "harness CPU per run vs floor-pipe", "harness CPU per run", "ack p50", "ack p99",
+        "harness CPU per run vs floor-pipe", "harness runs/s vs floor-ledger",
+        "harness CPU per run vs floor-ledger", "harness CPU per run", "ack p50", "ack p99",
         "RSS, 16 busy + 5 queued",
         "at rest, delivery → spawned p50", "at rest, delivery → spawned p99",
         "at rest, exit → completion in p50", "at rest, exit → completion in p99",
@@ -129,10 +149,13 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     met = {row["figure"]: row["met"] for row in rows}
     assert rows[1]["ratio"] == 10.0 / 20.0 and met["end-to-end runs/s vs floor-pipe"] is False
     assert rows[2]["ratio"] == 3.0 and met["harness CPU per run vs floor-pipe"] is False
-    assert rows[3]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
+    # Floor-ledger is said, with no target.
+    assert [row["ratio"] for row in rows[3:5]] == pytest.approx([10.0 / 16.0, 3.0 / 1.5])
+    assert [row["met"] for row in rows[3:5]] == [None, None]
+    assert rows[5]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
     assert met["RSS, 16 busy + 5 queued"] is True
-    assert [row["ratio"] for row in rows[7:]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
-    assert [row["met"] for row in rows[7:]] == [False, False, True, True]
+    assert [row["ratio"] for row in rows[9:]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[9:]] == [False, False, True, True]
 
 
 async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import trio
 import trio.testing
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.ledger import Admission, Ledger, RunState, _Write
+from prohost.engine.ledger import Admission, Ledger, LedgerError, RunState, _Write
 from prohost.engine.ledger.steps import WRITES_ONLY, LedgerSteps
 from tests import kit
 from tests.kit import agent_command, finished, running_harness, running_server
@@ -207,3 +208,54 @@ async def test_a_step_waiting_on_the_writer_thread_is_not_interrupted_by_a_cance
             writer.cancel_scope.cancel()
         assert results == ["done"]
 
+
+
+def _half_then_fail(conn: sqlite3.Connection) -> None:
+    """A write whose first statement lands and whose second fails (a constraint)."""
+    conn.execute("INSERT INTO lane_accounts VALUES ('half', 'a', 1.0)")
+    conn.execute("INSERT INTO lane_accounts VALUES ('half', 'b', 2.0)")  # same lane
+
+
+def _lanes(path: Path) -> set[str]:
+    with sqlite3.connect(path) as other:
+        return {lane for (lane,) in other.execute("SELECT lane FROM lane_accounts")}
+
+
+async def test_a_write_that_fails_half_way_leaves_nothing_alone_or_in_a_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch of one write has no savepoint of its own (issue 19: two statements
+    fewer per step at rest): its transaction is rolled back instead, so what the
+    write did before it failed is gone, its caller gets the error (not a log line),
+    and the next write commits. Beside other writes, only the failed one is undone."""
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger.open(path) as ledger:
+        # Alone, from a caller's own thread (it leads the group commit).
+        with pytest.raises(LedgerError, match="UNIQUE"):
+            ledger._write(_half_then_fail, what="half", durable=True)
+        assert _lanes(path) == set()
+        assert ledger.admit("run-1", "lane", "{}", 1.0) is Admission.NEW
+        # Alone, through the writer thread, for a trio caller.
+        steps = LedgerSteps(ledger, Bounds())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(steps.writer)
+            submitted = steps._submitted(partial(ledger._write, what="half", durable=True),
+                                         (_half_then_fail,))
+            assert submitted is not None
+            with pytest.raises(LedgerError, match="UNIQUE"):
+                await submitted[1].done()
+            assert _lanes(path) == set()
+            nursery.cancel_scope.cancel()
+        # Beside another write in one batch: the other one stays.
+        ledger._write(lambda conn: None, what="hold", durable=False, waits=False)
+        batch = [_Write(_half_then_fail, "half", durable=True, waits=False),
+                 _Write(lambda conn: conn.execute(
+                     "INSERT INTO lane_accounts VALUES ('kept', 'a', 3.0)"),
+                     "kept", durable=True, waits=False)]
+        with ledger._lock:
+            ledger._apply(batch)
+        assert batch[0].error is not None and batch[1].error is None
+        assert _lanes(path) == {"kept"}
+    # Only the batch writes nobody waited for were logged; the callers got theirs.
+    assert [r.getMessage() for r in caplog.records if "UNIQUE" in r.getMessage()] == [
+        f"ledger: {batch[0].error} (in half, which did not wait for its commit)"]
