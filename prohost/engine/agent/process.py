@@ -24,7 +24,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import attrs
 import trio
@@ -134,7 +134,13 @@ def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | 
 
 
 class _Watch:
-    """The state of one running agent: its buffers, its timers, and how to stop it."""
+    """The state of one running agent: its buffers, its timers, and how to stop it.
+
+    Watching costs two tasks (one reader per output pipe); everything else is done
+    by the task that called ``run``: the prompt is written at once when it fits in
+    the pipe (a third task feeds only what does not), and the total and idle
+    limits are one cancel scope around the wait for the leader.
+    """
 
     def __init__(
         self,
@@ -151,6 +157,9 @@ class _Watch:
         on_output: Callable[[float], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.stdin = _pipe(proc.stdin, "stdin")
+        self.stdout_pipe = _pipe(proc.stdout, "stdout")
+        self.stderr_pipe = _pipe(proc.stderr, "stderr")
         self.on_output = on_output
         self.pgid = proc.pid
         self.stdin_data = stdin_data
@@ -167,40 +176,36 @@ class _Watch:
         self.lines = (
             LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
         )
-        self.stdout_done = trio.Event()
-        self.stderr_done = trio.Event()
+        self.open_pipes = 2
+        self.pipes_closed = trio.Event()
         self.timed_out: TimedOut | None = None
-        self.stopped = trio.Event()
 
     async def run(self) -> ProcessResult:
         # The readers are shielded from the run's cancellation: they must keep
         # draining while a cancelled run stops its group, both so an agent blocked on
         # a full pipe can die and so end-of-file can say the group is gone. They
         # are cancelled explicitly once that is settled.
-        readers = trio.CancelScope(shield=True)
+        readers = (trio.CancelScope(shield=True), trio.CancelScope(shield=True))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_all, readers)
-            nursery.start_soon(self._feed_stdin)
-            watchdog = trio.CancelScope()
-            nursery.start_soon(self._watchdog, watchdog)
+            nursery.start_soon(self._read_stdout, readers[0])
+            nursery.start_soon(self._read_stderr, readers[1])
+            self._feed_stdin(nursery)
             try:
                 if self.on_spawn is not None:
                     await self.on_spawn(self.pgid)
-                await self.proc.wait()
-                if self.timed_out is None:
-                    watchdog.cancel()
-                else:
-                    await self.stopped.wait()
+                await self._wait_leader()
                 # The leader is gone; anything it left in its group goes too.
                 _killpg(self.pgid, signal.SIGKILL)
-                with trio.move_on_after(_DRAIN_S):
-                    await self._group_gone()
+                if not self.pipes_closed.is_set():
+                    with trio.move_on_after(_DRAIN_S):
+                        await self.pipes_closed.wait()
             except BaseException:
                 with trio.move_on_after(self.groups.grace_s + 2, shield=True):
                     await self._stop()
                 raise
             finally:
-                readers.cancel()
+                for scope in readers:
+                    scope.cancel()
                 nursery.cancel_scope.cancel()
         if self.lines is not None:
             self.lines.close()
@@ -217,6 +222,42 @@ class _Watch:
             overlong_lines=self.lines.dropped if self.lines is not None else 0,
         )
 
+    async def _wait_leader(self) -> None:
+        """Return once the leader has exited, stopping the group first if a limit passes.
+
+        The limits are a cancel scope's deadline, armed at the earlier of the total
+        deadline and the idle one as it stood then. Output does not move it (that
+        would cost a heap update per read): when it fires, the time is checked
+        again, and if output came since, it is armed anew. It is armed once
+        ``on_spawn`` has returned (a watchdog task beside it would double the cost
+        of watching): a limit that passed meanwhile stops the group at once then.
+        """
+        while True:
+            with trio.CancelScope(deadline=self._limit()):
+                await self.proc.wait()
+                return
+            # Only this scope's own deadline gets here: a cancellation of the run
+            # is not caught by it, and goes on to run()'s shielded stop.
+            now = trio.current_time()
+            if now >= self.deadline:
+                self.timed_out = "total"
+            elif self.idle_timeout_s > 0 and now >= self.last_output + self.idle_timeout_s:
+                self.timed_out = "idle"
+            else:
+                continue  # output came since the scope was armed
+            with trio.move_on_after(self.groups.grace_s + 2):
+                await self._stop()
+            # SIGKILLed by now, unless the stop ran out of time before the grace did
+            # (only waiting for the pipes can take that long): it is exiting.
+            await self.proc.wait()
+            return
+
+    def _limit(self) -> float:
+        """When the leader must be stopped, unless output comes before then."""
+        if self.idle_timeout_s > 0:
+            return min(self.deadline, self.last_output + self.idle_timeout_s)
+        return self.deadline
+
     async def _stop(self) -> None:
         """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
 
@@ -229,78 +270,92 @@ class _Watch:
         await self._group_gone()
 
     async def _group_gone(self) -> None:
-        await self.proc.wait()
-        await self.stdout_done.wait()
-        await self.stderr_done.wait()
+        if self.proc.returncode is None:
+            await self.proc.wait()
+        await self.pipes_closed.wait()
 
-    async def _watchdog(self, scope: trio.CancelScope) -> None:
-        with scope:
-            while True:
-                now = trio.current_time()
-                idle_at = (
-                    self.last_output + self.idle_timeout_s if self.idle_timeout_s > 0 else math.inf
-                )
-                if now >= self.deadline:
-                    self.timed_out = "total"
-                    break
-                if now >= idle_at:
-                    self.timed_out = "idle"
-                    break
-                # Output since the last look moved idle_at later: look again then.
-                await trio.sleep_until(min(self.deadline, idle_at))
-        if self.timed_out is None:
-            return
-        try:
-            with trio.move_on_after(self.groups.grace_s + 2):
-                await self._stop()
-        finally:
-            self.stopped.set()
+    def _feed_stdin(self, nursery: trio.Nursery) -> None:
+        """Write the prompt and close stdin, so the agent sees end-of-file.
 
-    async def _feed_stdin(self) -> None:
-        stdin = _pipe(self.proc.stdin, "stdin")
+        A prompt that fits in the pipe's buffer (64 KiB on Linux) is written here
+        at once, without a task; the rest, if any, is fed by one, so that an agent
+        that reads its prompt only as it prints cannot wait on the harness while
+        the harness waits on it.
+        """
+        sent = 0
+        if self.stdin_data:
+            try:
+                sent = os.write(self.stdin.fileno(), self.stdin_data)
+            except BlockingIOError:
+                pass  # the pipe is full already: the task below waits for room
+            except OSError:
+                sent = len(self.stdin_data)  # EPIPE: the agent closed stdin, or exited
+        if sent < len(self.stdin_data):
+            nursery.start_soon(self._feed_rest, memoryview(self.stdin_data)[sent:])
+        else:
+            self.stdin.close()
+
+    async def _feed_rest(self, rest: memoryview) -> None:
         try:
-            if self.stdin_data:
-                await stdin.send_all(self.stdin_data)
+            await self.stdin.send_all(rest)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the agent exited, or closed stdin, without reading all of it
         finally:
-            with trio.CancelScope(shield=True):
-                await stdin.aclose()
-
-    async def _read_all(self, scope: trio.CancelScope) -> None:
-        with scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_stdout)
-                nursery.start_soon(self._read_stderr)
+            self.stdin.close()
 
     def _heard(self) -> None:
         self.last_output = trio.current_time()
         if self.on_output is not None:
             self.on_output(self.last_output)
 
-    async def _read_stdout(self) -> None:
-        stream = _pipe(self.proc.stdout, "stdout")
-        try:
-            while chunk := await stream.receive_some(_READ_SIZE):
-                self._heard()
-                room = self.max_stdout_bytes - len(self.stdout)
-                if len(chunk) > room:
-                    self.stdout_truncated = True
-                if room > 0:
-                    self.stdout += chunk[:room]
-                if self.lines is not None:
-                    self.lines.feed(chunk)
-        finally:
-            self.stdout_done.set()
+    def _pipe_done(self) -> None:
+        self.open_pipes -= 1
+        if not self.open_pipes:
+            self.pipes_closed.set()
 
-    async def _read_stderr(self) -> None:
-        stream = _pipe(self.proc.stderr, "stderr")
+    async def _read_stdout(self, scope: trio.CancelScope) -> None:
+        fd = self.stdout_pipe.fileno()
+        with scope:
+            try:
+                while chunk := await _receive(fd):
+                    self._heard()
+                    room = self.max_stdout_bytes - len(self.stdout)
+                    if len(chunk) > room:
+                        self.stdout_truncated = True
+                    if room > 0:
+                        self.stdout += chunk[:room]
+                    if self.lines is not None:
+                        self.lines.feed(chunk)
+            finally:
+                self._pipe_done()
+
+    async def _read_stderr(self, scope: trio.CancelScope) -> None:
+        fd = self.stderr_pipe.fileno()
+        with scope:
+            try:
+                while chunk := await _receive(fd):
+                    self._heard()
+                    self.stderr.feed(chunk)
+            finally:
+                self._pipe_done()
+
+
+async def _receive(fd: int) -> bytes:
+    """The next bytes from the pipe ``fd`` (non-blocking), or ``b""`` at end-of-file.
+
+    Waits for the pipe before reading rather than after, unlike trio's
+    ``receive_some``: output comes in bursts with quiet between, so the first read
+    of a burst would almost always find nothing. One wait per read is also what
+    keeps a flood from starving the other tasks.
+    """
+    while True:
+        await trio.lowlevel.wait_readable(fd)
         try:
-            while chunk := await stream.receive_some(_READ_SIZE):
-                self._heard()
-                self.stderr.feed(chunk)
-        finally:
-            self.stderr_done.set()
+            return os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"reading the agent's output failed: {exc}") from exc
 
 
 async def run_agent(
@@ -377,17 +432,14 @@ async def run_agent(
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)
         groups.discard(pgid)
-        with trio.CancelScope(shield=True):
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
+        # Plain closes: each aclose() would be one more trip through the scheduler.
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if isinstance(stream, trio.lowlevel.FdStream):
+                stream.close()
 
 
-_Stream = TypeVar("_Stream")
-
-
-def _pipe(stream: _Stream | None, name: str) -> _Stream:
+def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:
     """The child's ``name`` pipe; every agent is spawned with all three piped."""
-    if stream is None:
+    if not isinstance(stream, trio.lowlevel.FdStream):
         raise RuntimeError(f"the agent process has no {name} pipe; it must be spawned with PIPE")
     return stream
