@@ -30,6 +30,7 @@ import attrs
 import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
+from prohost.engine.agent.poll import EXIT, poller_for
 from prohost.errors import leaves
 
 log = logging.getLogger("prohost.agentproc")
@@ -136,10 +137,13 @@ def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | 
 class _Watch:
     """The state of one running agent: its buffers, its timers, and how to stop it.
 
-    Watching costs two tasks (one reader per output pipe); everything else is done
-    by the task that called ``run``: the prompt is written at once when it fits in
-    the pipe (a third task feeds only what does not), and the total and idle
-    limits are one cancel scope around the wait for the leader.
+    It is all done by the task that called ``run_agent``: a poller says which pipe
+    (or the leader's exit) needs it, it handles that, and asks again
+    (:mod:`prohost.engine.agent.poll`); a task per pipe and a watchdog would cost a
+    good part of a run's CPU. The prompt is written at once when it fits in the
+    pipe's buffer (64 KiB on Linux), the rest as the agent reads it, so an agent
+    that reads its prompt only while printing cannot wait on the harness while
+    the harness waits on it. The total and idle limits are one cancel scope.
     """
 
     def __init__(
@@ -158,11 +162,11 @@ class _Watch:
     ) -> None:
         self.proc = proc
         self.stdin = _pipe(proc.stdin, "stdin")
-        self.stdout_pipe = _pipe(proc.stdout, "stdout")
-        self.stderr_pipe = _pipe(proc.stderr, "stderr")
+        self.stdout_fd = _pipe(proc.stdout, "stdout").fileno()
+        self.stderr_fd = _pipe(proc.stderr, "stderr").fileno()
         self.on_output = on_output
         self.pgid = proc.pid
-        self.stdin_data = stdin_data
+        self.unsent = memoryview(stdin_data)
         self.groups = groups
         self.deadline = deadline
         self.idle_timeout_s = idle_timeout_s
@@ -177,36 +181,36 @@ class _Watch:
             LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
         )
         self.open_pipes = 2
-        self.pipes_closed = trio.Event()
+        self.exited = False
         self.timed_out: TimedOut | None = None
+        self.poller = poller_for(proc)
 
     async def run(self) -> ProcessResult:
-        # The readers are shielded from the run's cancellation: they must keep
-        # draining while a cancelled run stops its group, both so an agent blocked on
-        # a full pipe can die and so end-of-file can say the group is gone. They
-        # are cancelled explicitly once that is settled.
-        readers = (trio.CancelScope(shield=True), trio.CancelScope(shield=True))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_stdout, readers[0])
-            nursery.start_soon(self._read_stderr, readers[1])
-            self._feed_stdin(nursery)
+        try:
+            self.poller.read(self.stdout_fd)
+            self.poller.read(self.stderr_fd)
+            self._feed()
+            if not self.unsent:
+                self.stdin.close()
+            else:
+                self.poller.write(self.stdin.fileno())
             try:
                 if self.on_spawn is not None:
                     await self.on_spawn(self.pgid)
                 await self._wait_leader()
                 # The leader is gone; anything it left in its group goes too.
                 _killpg(self.pgid, signal.SIGKILL)
-                if not self.pipes_closed.is_set():
+                if self.open_pipes:
                     with trio.move_on_after(_DRAIN_S):
-                        await self.pipes_closed.wait()
+                        await self._pump(lambda: not self.open_pipes)
             except BaseException:
+                # The pipes are still drained while the group stops, both so an agent
+                # blocked on a full pipe can die and so end-of-file can say it is gone.
                 with trio.move_on_after(self.groups.grace_s + 2, shield=True):
                     await self._stop()
                 raise
-            finally:
-                for scope in readers:
-                    scope.cancel()
-                nursery.cancel_scope.cancel()
+        finally:
+            self.poller.close()
         if self.lines is not None:
             self.lines.close()
         self.stderr.close()
@@ -229,12 +233,12 @@ class _Watch:
         deadline and the idle one as it stood then. Output does not move it (that
         would cost a heap update per read): when it fires, the time is checked
         again, and if output came since, it is armed anew. It is armed once
-        ``on_spawn`` has returned (a watchdog task beside it would double the cost
-        of watching): a limit that passed meanwhile stops the group at once then.
+        ``on_spawn`` has returned (nothing else runs meanwhile): a limit that
+        passed by then stops the group at once.
         """
         while True:
             with trio.CancelScope(deadline=self._limit()):
-                await self.proc.wait()
+                await self._pump(lambda: self.exited)
                 return
             # Only this scope's own deadline gets here: a cancellation of the run
             # is not caught by it, and goes on to run()'s shielded stop.
@@ -249,7 +253,7 @@ class _Watch:
                 await self._stop()
             # SIGKILLed by now, unless the stop ran out of time before the grace did
             # (only waiting for the pipes can take that long): it is exiting.
-            await self.proc.wait()
+            await self._pump(lambda: self.exited)
             return
 
     def _limit(self) -> float:
@@ -265,97 +269,82 @@ class _Watch:
         """
         _killpg(self.pgid, signal.SIGTERM)
         with trio.move_on_after(self.groups.grace_s):
-            await self._group_gone()
+            await self._pump(self._gone)
         _killpg(self.pgid, signal.SIGKILL)
-        await self._group_gone()
+        await self._pump(self._gone)
 
-    async def _group_gone(self) -> None:
-        if self.proc.returncode is None:
-            await self.proc.wait()
-        await self.pipes_closed.wait()
+    def _gone(self) -> bool:
+        return self.exited and not self.open_pipes
 
-    def _feed_stdin(self, nursery: trio.Nursery) -> None:
-        """Write the prompt and close stdin, so the agent sees end-of-file.
+    async def _pump(self, done: Callable[[], bool]) -> None:
+        """Read the pipes, feed stdin and notice the leader's exit until ``done()``.
 
-        A prompt that fits in the pipe's buffer (64 KiB on Linux) is written here
-        at once, without a task; the rest, if any, is fed by one, so that an agent
-        that reads its prompt only as it prints cannot wait on the harness while
-        the harness waits on it.
+        Cancelled: stops between two waits; nothing read is lost.
         """
-        sent = 0
-        if self.stdin_data:
-            try:
-                sent = os.write(self.stdin.fileno(), self.stdin_data)
-            except BlockingIOError:
-                pass  # the pipe is full already: the task below waits for room
-            except OSError:
-                sent = len(self.stdin_data)  # EPIPE: the agent closed stdin, or exited
-        if sent < len(self.stdin_data):
-            nursery.start_soon(self._feed_rest, memoryview(self.stdin_data)[sent:])
-        else:
-            self.stdin.close()
+        while not done():
+            for fd in await self.poller.wait():
+                if fd == self.stdout_fd:
+                    self._read_stdout()
+                elif fd == self.stderr_fd:
+                    self._read_stderr()
+                elif fd == EXIT:
+                    self.exited = self.proc.returncode is not None
+                    if self.exited:
+                        self.poller.forget(EXIT)
+                else:
+                    self._feed()
+                    if not self.unsent:
+                        self.poller.forget(fd)
+                        self.stdin.close()  # end-of-file: the whole prompt is there
 
-    async def _feed_rest(self, rest: memoryview) -> None:
+    def _feed(self) -> None:
+        if not self.unsent:
+            return
         try:
-            await self.stdin.send_all(rest)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the agent exited, or closed stdin, without reading all of it
-        finally:
-            self.stdin.close()
+            sent = os.write(self.stdin.fileno(), self.unsent)
+        except BlockingIOError:
+            return  # the pipe is full: the agent has not read yet
+        except OSError:
+            sent = len(self.unsent)  # EPIPE: it exited, or closed stdin, without reading it all
+        self.unsent = self.unsent[sent:]
 
     def _heard(self) -> None:
         self.last_output = trio.current_time()
         if self.on_output is not None:
             self.on_output(self.last_output)
 
-    def _pipe_done(self) -> None:
-        self.open_pipes -= 1
-        if not self.open_pipes:
-            self.pipes_closed.set()
-
-    async def _read_stdout(self, scope: trio.CancelScope) -> None:
-        fd = self.stdout_pipe.fileno()
-        with scope:
-            try:
-                while chunk := await _receive(fd):
-                    self._heard()
-                    room = self.max_stdout_bytes - len(self.stdout)
-                    if len(chunk) > room:
-                        self.stdout_truncated = True
-                    if room > 0:
-                        self.stdout += chunk[:room]
-                    if self.lines is not None:
-                        self.lines.feed(chunk)
-            finally:
-                self._pipe_done()
-
-    async def _read_stderr(self, scope: trio.CancelScope) -> None:
-        fd = self.stderr_pipe.fileno()
-        with scope:
-            try:
-                while chunk := await _receive(fd):
-                    self._heard()
-                    self.stderr.feed(chunk)
-            finally:
-                self._pipe_done()
-
-
-async def _receive(fd: int) -> bytes:
-    """The next bytes from the pipe ``fd`` (non-blocking), or ``b""`` at end-of-file.
-
-    Waits for the pipe before reading rather than after, unlike trio's
-    ``receive_some``: output comes in bursts with quiet between, so the first read
-    of a burst would almost always find nothing. One wait per read is also what
-    keeps a flood from starving the other tasks.
-    """
-    while True:
-        await trio.lowlevel.wait_readable(fd)
+    def _read(self, fd: int) -> bytes | None:
+        """What the pipe ``fd`` has (``b""`` at end-of-file, then no longer watched),
+        or ``None`` when it had nothing after all."""
         try:
-            return os.read(fd, _READ_SIZE)
+            chunk = os.read(fd, _READ_SIZE)
         except BlockingIOError:
-            continue
+            return None
         except OSError as exc:
             raise trio.BrokenResourceError(f"reading the agent's output failed: {exc}") from exc
+        if chunk:
+            self._heard()
+        else:
+            self.poller.forget(fd)
+            self.open_pipes -= 1
+        return chunk
+
+    def _read_stdout(self) -> None:
+        chunk = self._read(self.stdout_fd)
+        if not chunk:
+            return
+        room = self.max_stdout_bytes - len(self.stdout)
+        if len(chunk) > room:
+            self.stdout_truncated = True
+        if room > 0:
+            self.stdout += chunk[:room]
+        if self.lines is not None:
+            self.lines.feed(chunk)
+
+    def _read_stderr(self) -> None:
+        chunk = self._read(self.stderr_fd)
+        if chunk:
+            self.stderr.feed(chunk)
 
 
 async def run_agent(
