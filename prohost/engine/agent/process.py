@@ -13,6 +13,9 @@ stderr line, not 50 MiB (those bounded readers are :mod:`prohost.engine.agent.ou
 The pipes double as the signal that the group is really done: a process holds its
 stdout and stderr until it exits, so end-of-file on both (after the leader is
 reaped) means nothing that inherited them is still running.
+
+All of it is done by the task that called ``run_agent``, without tasks of its own:
+at a 16-wide backlog, tasks and scheduler trips were a good part of a run's CPU.
 """
 
 from __future__ import annotations
@@ -119,11 +122,11 @@ def _killpg(pgid: int, sig: int) -> None:
 def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The exception a caller should see instead of the group, if there is one.
 
-    The group only exists because of the nursery inside ``run_agent``: its
-    ``Cancelled`` leaves are that nursery cancelling its own tasks (or the caller's
-    cancellation, which any next checkpoint raises again). So a group of nothing
-    but ``Cancelled`` becomes one ``Cancelled``, and one real error among them
-    becomes that error.
+    The group only exists because of the nursery in the portable poller's wait
+    (:mod:`prohost.engine.agent.poll`): its ``Cancelled`` leaves are that nursery
+    cancelling its own tasks (or the caller's cancellation, which any next
+    checkpoint raises again). So a group of nothing but ``Cancelled`` becomes one
+    ``Cancelled``, and one real error among them becomes that error.
     """
     found = leaves(group)
     real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
@@ -372,9 +375,11 @@ async def run_agent(
     ``run_agent`` returns only once the pipes say every process that held them has
     exited (bounded: a process that left the group can only delay it a little).
 
-    ``on_spawn`` is awaited with the group id as soon as the process exists;
-    ``on_stdout_line`` gets each stdout line without its ``\\n`` (lines over
-    ``max_line_bytes`` are skipped and counted in ``overlong_lines``);
+    ``on_spawn`` is awaited with the group id as soon as the process exists (the
+    output is read from when it returns, the pipes buffering what it prints meanwhile, and a
+    limit that passed while it ran stops the group then); ``on_stdout_line`` gets
+    each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are skipped
+    and counted in ``overlong_lines``);
     ``on_output`` gets the trio time of every read from either stream (what the
     idle timer counts from).
 
