@@ -375,13 +375,12 @@ async def run_agent(
     ``run_agent`` returns only once the pipes say every process that held them has
     exited (bounded: a process that left the group can only delay it a little).
 
-    ``on_spawn`` is awaited with the group id as soon as the process exists (the
-    output is read from when it returns, the pipes buffering what it prints meanwhile, and a
-    limit that passed while it ran stops the group then); ``on_stdout_line`` gets
-    each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are skipped
-    and counted in ``overlong_lines``);
-    ``on_output`` gets the trio time of every read from either stream (what the
-    idle timer counts from).
+    ``on_spawn`` is awaited with the group id as soon as the process exists (output
+    is read once it has returned, the pipes buffering what is printed meanwhile,
+    and a limit that passed while it ran stops the group then); ``on_stdout_line``
+    gets each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are
+    skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
+    every read from either stream (what the idle timer counts from).
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
