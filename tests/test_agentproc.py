@@ -487,3 +487,116 @@ async def test_kill_all_reaches_a_running_group(
         assert result.timed_out is None
         await assert_gone(pidfile)
     groups.kill_all(signal.SIGKILL)  # nothing left: must not raise
+
+
+async def test_idle_limit_counts_from_the_last_output(
+    tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
+) -> None:
+    # Under a 10 s idle limit, counting from the first line: a line at 6 s, one at
+    # 12 s (past 10 s since the first, not since the last), then silence: stopped
+    # at 22 s, for being idle.
+    mock_clock.autojump_threshold = 30
+    puppet = Puppeteer()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(puppet.serve)
+            nursery.start_soon(puppet.run, tmp_path, groups, 10)
+            await puppet.say("out", "first")
+            mock_clock.jump(6)
+            await puppet.say("out", "second")
+            mock_clock.jump(6)
+            await trio.testing.wait_all_tasks_blocked()
+            await puppet.say("out", "third")
+            mock_clock.jump(11)
+            await trio.testing.wait_all_tasks_blocked()
+            await puppet.exit(0)  # too late: it was stopped at 22 s
+    ended = puppet.result
+    assert ended is not None
+    assert ended.timed_out == "idle"
+    assert ended.signal == signal.SIGTERM
+    assert ended.stdout == b"first\nsecond\nthird\n"
+    assert len(groups) == 0
+
+
+async def test_a_prompt_larger_than_the_pipe_is_fed_as_the_output_is_read(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    # cat prints the prompt back as it reads it: 4 MiB each way, far more than the
+    # pipes hold, so writing all of the prompt before reading anything would hang.
+    prompt = "".join(f"line {n}\n" for n in range(500_000))
+    with trio.fail_after(20):
+        result = await run_here("cat", tmp_path, groups, stdin_text=prompt,
+                                max_stdout_bytes=8 * MIB)
+    assert result.exit_code == 0
+    assert result.stdout == prompt.encode()
+    assert not result.stdout_truncated
+
+
+async def test_a_limit_that_passed_during_on_spawn_stops_the_agent(
+    tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
+) -> None:
+    # on_spawn (the harness's durable write of the group) takes 11 s of a 10 s run:
+    # the agent, which would sleep for ten minutes, is stopped once it returns.
+    mock_clock.autojump_threshold = 30
+
+    async def slow_on_spawn(pgid: int) -> None:
+        mock_clock.jump(11)
+        await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(600):
+        result = await run_here("exec sleep 600", tmp_path, groups,
+                                deadline=trio.current_time() + 10, on_spawn=slow_on_spawn)
+    assert result.timed_out == "total"
+    assert result.signal == signal.SIGTERM
+    assert len(groups) == 0
+
+
+async def test_a_failing_callback_stops_the_group_and_is_raised_as_is(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path
+) -> None:
+    def on_line(line: bytes) -> None:
+        if line == b"ready":
+            raise ValueError("the brain could not parse this")
+
+    with trio.fail_after(10):
+        with pytest.raises(ValueError, match="could not parse"):
+            await run_here(agent("stubborn.py", pidfile), tmp_path, groups,
+                           on_stdout_line=on_line)
+        assert len(groups) == 0
+        await assert_gone(pidfile)
+
+
+async def test_a_process_that_left_the_group_delays_the_return_only_a_little(
+    tmp_path: Path, groups: ProcessGroups, pidfile: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The escaped child keeps both pipes open for ten minutes and no signal to the
+    # group reaches it: run_agent gives up waiting for end-of-file after 2 s.
+    mock_clock.autojump_threshold = 30
+    leader: list[int] = []
+    spawned = trio.Event()
+    result: list[ProcessResult] = []
+
+    async def on_spawn(pgid: int) -> None:
+        leader.append(os.pidfd_open(pgid))
+        spawned.set()
+
+    async def run_it() -> None:
+        result.append(await run_here(agent("escaper.py", pidfile), tmp_path, groups,
+                                     on_spawn=on_spawn))
+
+    try:
+        with trio.fail_after(600):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_it)
+                await spawned.wait()
+                await trio.lowlevel.wait_readable(leader[0])
+                await trio.testing.wait_all_tasks_blocked()
+                assert not result, "run_agent returned while a process held its pipes"
+                mock_clock.jump(2)
+    finally:
+        for fd in leader:
+            os.close(fd)
+    assert result[0].exit_code == 0
+    assert result[0].stdout == b"escaped\n"
+    assert _alive(grandchild(pidfile))  # not in the group: not run_agent's to kill
+    assert len(groups) == 0

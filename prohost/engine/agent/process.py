@@ -13,6 +13,9 @@ stderr line, not 50 MiB (those bounded readers are :mod:`prohost.engine.agent.ou
 The pipes double as the signal that the group is really done: a process holds its
 stdout and stderr until it exits, so end-of-file on both (after the leader is
 reaped) means nothing that inherited them is still running.
+
+All of it is done by the task that called ``run_agent``, without tasks of its own:
+at a 16-wide backlog, tasks and scheduler trips were a good part of a run's CPU.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import attrs
 import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
+from prohost.engine.agent.poll import EXIT, poller_for
 from prohost.errors import leaves
 
 log = logging.getLogger("prohost.agentproc")
@@ -118,11 +122,11 @@ def _killpg(pgid: int, sig: int) -> None:
 def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The exception a caller should see instead of the group, if there is one.
 
-    The group only exists because of the nursery inside ``run_agent``: its
-    ``Cancelled`` leaves are that nursery cancelling its own tasks (or the caller's
-    cancellation, which any next checkpoint raises again). So a group of nothing
-    but ``Cancelled`` becomes one ``Cancelled``, and one real error among them
-    becomes that error.
+    The group only exists because of the nursery in the portable poller's wait
+    (:mod:`prohost.engine.agent.poll`): its ``Cancelled`` leaves are that nursery
+    cancelling its own tasks (or the caller's cancellation, which any next
+    checkpoint raises again). So a group of nothing but ``Cancelled`` becomes one
+    ``Cancelled``, and one real error among them becomes that error.
     """
     found = leaves(group)
     real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
@@ -134,7 +138,16 @@ def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | 
 
 
 class _Watch:
-    """The state of one running agent: its buffers, its timers, and how to stop it."""
+    """The state of one running agent: its buffers, its timers, and how to stop it.
+
+    It is all done by the task that called ``run_agent``: a poller says which pipe
+    (or the leader's exit) needs it, it handles that, and asks again
+    (:mod:`prohost.engine.agent.poll`); a task per pipe and a watchdog would cost a
+    good part of a run's CPU. The prompt is written at once when it fits in the
+    pipe's buffer (64 KiB on Linux), the rest as the agent reads it, so an agent
+    that reads its prompt only while printing cannot wait on the harness while
+    the harness waits on it. The total and idle limits are one cancel scope.
+    """
 
     def __init__(
         self,
@@ -151,9 +164,12 @@ class _Watch:
         on_output: Callable[[float], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.stdin = _pipe(proc.stdin, "stdin")
+        self.stdout_fd = _pipe(proc.stdout, "stdout").fileno()
+        self.stderr_fd = _pipe(proc.stderr, "stderr").fileno()
         self.on_output = on_output
         self.pgid = proc.pid
-        self.stdin_data = stdin_data
+        self.unsent = memoryview(stdin_data)
         self.groups = groups
         self.deadline = deadline
         self.idle_timeout_s = idle_timeout_s
@@ -167,41 +183,37 @@ class _Watch:
         self.lines = (
             LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
         )
-        self.stdout_done = trio.Event()
-        self.stderr_done = trio.Event()
+        self.open_pipes = 2
+        self.exited = False
         self.timed_out: TimedOut | None = None
-        self.stopped = trio.Event()
+        self.poller = poller_for(proc)
 
     async def run(self) -> ProcessResult:
-        # The readers are shielded from the run's cancellation: they must keep
-        # draining while a cancelled run stops its group, both so an agent blocked on
-        # a full pipe can die and so end-of-file can say the group is gone. They
-        # are cancelled explicitly once that is settled.
-        readers = trio.CancelScope(shield=True)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_all, readers)
-            nursery.start_soon(self._feed_stdin)
-            watchdog = trio.CancelScope()
-            nursery.start_soon(self._watchdog, watchdog)
+        try:
+            self.poller.read(self.stdout_fd)
+            self.poller.read(self.stderr_fd)
+            self._feed()
+            if not self.unsent:
+                self.stdin.close()
+            else:
+                self.poller.write(self.stdin.fileno())
             try:
                 if self.on_spawn is not None:
                     await self.on_spawn(self.pgid)
-                await self.proc.wait()
-                if self.timed_out is None:
-                    watchdog.cancel()
-                else:
-                    await self.stopped.wait()
+                await self._wait_leader()
                 # The leader is gone; anything it left in its group goes too.
                 _killpg(self.pgid, signal.SIGKILL)
-                with trio.move_on_after(_DRAIN_S):
-                    await self._group_gone()
+                if self.open_pipes:
+                    with trio.move_on_after(_DRAIN_S):
+                        await self._pump(lambda: not self.open_pipes)
             except BaseException:
+                # The pipes are still drained while the group stops, both so an agent
+                # blocked on a full pipe can die and so end-of-file can say it is gone.
                 with trio.move_on_after(self.groups.grace_s + 2, shield=True):
                     await self._stop()
                 raise
-            finally:
-                readers.cancel()
-                nursery.cancel_scope.cancel()
+        finally:
+            self.poller.close()
         if self.lines is not None:
             self.lines.close()
         self.stderr.close()
@@ -217,6 +229,42 @@ class _Watch:
             overlong_lines=self.lines.dropped if self.lines is not None else 0,
         )
 
+    async def _wait_leader(self) -> None:
+        """Return once the leader has exited, stopping the group first if a limit passes.
+
+        The limits are a cancel scope's deadline, armed at the earlier of the total
+        deadline and the idle one as it stood then. Output does not move it (that
+        would cost a heap update per read): when it fires, the time is checked
+        again, and if output came since, it is armed anew. It is armed once
+        ``on_spawn`` has returned (nothing else runs meanwhile): a limit that
+        passed by then stops the group at once.
+        """
+        while True:
+            with trio.CancelScope(deadline=self._limit()):
+                await self._pump(lambda: self.exited)
+                return
+            # Only this scope's own deadline gets here: a cancellation of the run
+            # is not caught by it, and goes on to run()'s shielded stop.
+            now = trio.current_time()
+            if now >= self.deadline:
+                self.timed_out = "total"
+            elif self.idle_timeout_s > 0 and now >= self.last_output + self.idle_timeout_s:
+                self.timed_out = "idle"
+            else:
+                continue  # output came since the scope was armed
+            with trio.move_on_after(self.groups.grace_s + 2):
+                await self._stop()
+            # SIGKILLed by now, unless the stop ran out of time before the grace did
+            # (only waiting for the pipes can take that long): it is exiting.
+            await self._pump(lambda: self.exited)
+            return
+
+    def _limit(self) -> float:
+        """When the leader must be stopped, unless output comes before then."""
+        if self.idle_timeout_s > 0:
+            return min(self.deadline, self.last_output + self.idle_timeout_s)
+        return self.deadline
+
     async def _stop(self) -> None:
         """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
 
@@ -224,83 +272,82 @@ class _Watch:
         """
         _killpg(self.pgid, signal.SIGTERM)
         with trio.move_on_after(self.groups.grace_s):
-            await self._group_gone()
+            await self._pump(self._gone)
         _killpg(self.pgid, signal.SIGKILL)
-        await self._group_gone()
+        await self._pump(self._gone)
 
-    async def _group_gone(self) -> None:
-        await self.proc.wait()
-        await self.stdout_done.wait()
-        await self.stderr_done.wait()
+    def _gone(self) -> bool:
+        return self.exited and not self.open_pipes
 
-    async def _watchdog(self, scope: trio.CancelScope) -> None:
-        with scope:
-            while True:
-                now = trio.current_time()
-                idle_at = (
-                    self.last_output + self.idle_timeout_s if self.idle_timeout_s > 0 else math.inf
-                )
-                if now >= self.deadline:
-                    self.timed_out = "total"
-                    break
-                if now >= idle_at:
-                    self.timed_out = "idle"
-                    break
-                # Output since the last look moved idle_at later: look again then.
-                await trio.sleep_until(min(self.deadline, idle_at))
-        if self.timed_out is None:
+    async def _pump(self, done: Callable[[], bool]) -> None:
+        """Read the pipes, feed stdin and notice the leader's exit until ``done()``.
+
+        Cancelled: stops between two waits; nothing read is lost.
+        """
+        while not done():
+            for fd in await self.poller.wait():
+                if fd == self.stdout_fd:
+                    self._read_stdout()
+                elif fd == self.stderr_fd:
+                    self._read_stderr()
+                elif fd == EXIT:
+                    self.exited = self.proc.returncode is not None
+                    if self.exited:
+                        self.poller.forget(EXIT)
+                else:
+                    self._feed()
+                    if not self.unsent:
+                        self.poller.forget(fd)
+                        self.stdin.close()  # end-of-file: the whole prompt is there
+
+    def _feed(self) -> None:
+        if not self.unsent:
             return
         try:
-            with trio.move_on_after(self.groups.grace_s + 2):
-                await self._stop()
-        finally:
-            self.stopped.set()
-
-    async def _feed_stdin(self) -> None:
-        stdin = _pipe(self.proc.stdin, "stdin")
-        try:
-            if self.stdin_data:
-                await stdin.send_all(self.stdin_data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the agent exited, or closed stdin, without reading all of it
-        finally:
-            with trio.CancelScope(shield=True):
-                await stdin.aclose()
-
-    async def _read_all(self, scope: trio.CancelScope) -> None:
-        with scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_stdout)
-                nursery.start_soon(self._read_stderr)
+            sent = os.write(self.stdin.fileno(), self.unsent)
+        except BlockingIOError:
+            return  # the pipe is full: the agent has not read yet
+        except OSError:
+            sent = len(self.unsent)  # EPIPE: it exited, or closed stdin, without reading it all
+        self.unsent = self.unsent[sent:]
 
     def _heard(self) -> None:
         self.last_output = trio.current_time()
         if self.on_output is not None:
             self.on_output(self.last_output)
 
-    async def _read_stdout(self) -> None:
-        stream = _pipe(self.proc.stdout, "stdout")
+    def _read(self, fd: int) -> bytes | None:
+        """What the pipe ``fd`` has (``b""`` at end-of-file, then no longer watched),
+        or ``None`` when it had nothing after all."""
         try:
-            while chunk := await stream.receive_some(_READ_SIZE):
-                self._heard()
-                room = self.max_stdout_bytes - len(self.stdout)
-                if len(chunk) > room:
-                    self.stdout_truncated = True
-                if room > 0:
-                    self.stdout += chunk[:room]
-                if self.lines is not None:
-                    self.lines.feed(chunk)
-        finally:
-            self.stdout_done.set()
+            chunk = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"reading the agent's output failed: {exc}") from exc
+        if chunk:
+            self._heard()
+        else:
+            self.poller.forget(fd)
+            self.open_pipes -= 1
+        return chunk
 
-    async def _read_stderr(self) -> None:
-        stream = _pipe(self.proc.stderr, "stderr")
-        try:
-            while chunk := await stream.receive_some(_READ_SIZE):
-                self._heard()
-                self.stderr.feed(chunk)
-        finally:
-            self.stderr_done.set()
+    def _read_stdout(self) -> None:
+        chunk = self._read(self.stdout_fd)
+        if not chunk:
+            return
+        room = self.max_stdout_bytes - len(self.stdout)
+        if len(chunk) > room:
+            self.stdout_truncated = True
+        if room > 0:
+            self.stdout += chunk[:room]
+        if self.lines is not None:
+            self.lines.feed(chunk)
+
+    def _read_stderr(self) -> None:
+        chunk = self._read(self.stderr_fd)
+        if chunk:
+            self.stderr.feed(chunk)
 
 
 async def run_agent(
@@ -328,11 +375,12 @@ async def run_agent(
     ``run_agent`` returns only once the pipes say every process that held them has
     exited (bounded: a process that left the group can only delay it a little).
 
-    ``on_spawn`` is awaited with the group id as soon as the process exists;
-    ``on_stdout_line`` gets each stdout line without its ``\\n`` (lines over
-    ``max_line_bytes`` are skipped and counted in ``overlong_lines``);
-    ``on_output`` gets the trio time of every read from either stream (what the
-    idle timer counts from).
+    ``on_spawn`` is awaited with the group id as soon as the process exists (output
+    is read once it has returned, the pipes buffering what is printed meanwhile,
+    and a limit that passed while it ran stops the group then); ``on_stdout_line``
+    gets each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are
+    skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
+    every read from either stream (what the idle timer counts from).
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
@@ -377,17 +425,14 @@ async def run_agent(
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)
         groups.discard(pgid)
-        with trio.CancelScope(shield=True):
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
+        # Plain closes: each aclose() would be one more trip through the scheduler.
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if isinstance(stream, trio.lowlevel.FdStream):
+                stream.close()
 
 
-_Stream = TypeVar("_Stream")
-
-
-def _pipe(stream: _Stream | None, name: str) -> _Stream:
+def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:
     """The child's ``name`` pipe; every agent is spawned with all three piped."""
-    if stream is None:
+    if not isinstance(stream, trio.lowlevel.FdStream):
         raise RuntimeError(f"the agent process has no {name} pipe; it must be spawned with PIPE")
     return stream
