@@ -6,10 +6,12 @@ is pure (the same snapshot and ``now`` always give the same picture), which is
 what lets ``prohost agent status`` print exactly what the panel shows.
 
 The panel never starts a thread: rich's ``Live`` auto-refresh would, so it runs
-with ``auto_refresh=False`` and a trio task refreshes it. Log lines print above
-the panel only if the logging handler is a ``RichHandler`` on the *same*
-console (see :func:`log_handler`); any other handler writing to the terminal
-tears the frame. ``agent run`` gives the panel a console over
+with ``auto_refresh=False`` and a trio task refreshes it: at a change notice, a
+clock's tick (once a second) or, while runs execute, every LIVE_REFRESH_S, and
+only when the picture differs (:func:`shown`), so an idle harness costs next to
+nothing on a terminal. Log lines print above the panel only if the logging
+handler is a ``RichHandler`` on the *same* console (see :func:`log_handler`); any
+other handler writing to the terminal tears the frame. ``agent run`` gives the panel a console over
 :func:`prohost.engine.view.termout.nonblocking` stdout, so a terminal that stops reading drops
 frames instead of stalling the event loop. The words both views share (durations,
 hosts, accounts) are :mod:`prohost.engine.view.statustext`; the plain log's lines
@@ -22,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -29,6 +32,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from prohost.engine.changes import Changes
 from prohost.engine.view.changelines import describe_change
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import (
@@ -48,8 +52,12 @@ from prohost.engine.view.statustext import (
 
 log = logging.getLogger("prohost.panel")
 
-#: How often the live panel redraws: often enough for elapsed times to tick.
+#: The live panel draws at most this often, and looks this often while runs execute
+#: (their activity changes without a change notice).
 LIVE_REFRESH_S = 0.25
+#: How often it looks otherwise: every clock it shows (elapsed, heartbeat age,
+#: countdowns, "… ago") moves in whole seconds.
+CLOCK_TICK_S = 1.0
 #: How often the plain-log fallback looks for changes.
 PLAIN_POLL_S = 1.0
 #: How many finished runs the panel lists (the snapshot may hold more).
@@ -224,6 +232,36 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
     return Group(*parts)
 
 
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else math.floor(seconds)
+
+
+def shown(snapshot: Snapshot) -> Snapshot:
+    """What :func:`render` draws of ``snapshot``, as a value: its clocks in whole
+    seconds (every duration is shown in whole seconds or coarser), the moments
+    before it as ages, and no moment of taking. Two snapshots with the same
+    ``shown`` draw the same picture, so the live panel need not draw the second."""
+    taken = snapshot.taken_at
+    return attrs.evolve(
+        snapshot,
+        taken_at=0.0,
+        heartbeat_age_s=_whole(snapshot.heartbeat_age_s),
+        reconnect_in_s=_whole(snapshot.reconnect_in_s),
+        reports_waiting_since=_whole(None if snapshot.reports_waiting_since is None
+                                     else taken - snapshot.reports_waiting_since),
+        runs=tuple(attrs.evolve(row, elapsed_s=_whole(row.elapsed_s),
+                                idle_left_s=_whole(row.idle_left_s))
+                   for row in snapshot.runs),
+        finished=tuple(attrs.evolve(row, finished_at=math.floor(taken - row.finished_at))
+                       for row in snapshot.finished),
+    )
+
+
+def _executing(snapshot: Snapshot) -> bool:
+    """Whether a run's activity may change without a change notice."""
+    return any(row.state in ("preparing", "running") for row in snapshot.runs)
+
+
 # --- the panel task ----------------------------------------------------------------------
 
 
@@ -240,12 +278,19 @@ def log_handler(console: Console) -> logging.Handler:
 
 
 class Panel:
-    """Keeps the terminal's picture of the harness current, or logs what changes."""
+    """Keeps the terminal's picture of the harness current, or logs what changes.
 
-    def __init__(self, console: Console, source: Callable[[], Snapshot], *, live: bool) -> None:
+    ``changes`` (the harness's change notice) lets the live panel draw a change at
+    once instead of at its next look; without it, it looks every LIVE_REFRESH_S.
+    """
+
+    def __init__(self, console: Console, source: Callable[[], Snapshot], *, live: bool,
+                 changes: Changes | None = None) -> None:
         self.console = console
         self.source = source
         self.live = live
+        self.changes = changes
+        self._changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Draw (or log) until cancelled; started once the first frame is up.
@@ -260,8 +305,9 @@ class Panel:
             await self._run_plain(task_status)
 
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
+        snapshot = self.source()
         live = Live(
-            render(self.source()),
+            render(snapshot),
             console=self.console,
             # auto_refresh would start rich's refresh thread; this task refreshes instead.
             auto_refresh=False,
@@ -273,13 +319,11 @@ class Panel:
         live.start(refresh=True)
         try:
             task_status.started()
-            while True:
-                await trio.sleep(LIVE_REFRESH_S)
-                try:
-                    live.update(render(self.source()), refresh=True)
-                except Exception:
-                    log.exception("the status panel failed; the harness carries on without it")
-                    return
+            async with trio.open_nursery() as nursery:
+                if self.changes is not None:
+                    nursery.start_soon(self._note_changes, self.changes)
+                await self._keep_drawn(live, snapshot)
+                nursery.cancel_scope.cancel()
         finally:
             # Everything here is synchronous, so a cancellation cannot interrupt it
             # (no shield needed); stop() always runs, restoring the cursor and streams.
@@ -289,6 +333,42 @@ class Panel:
                 log.debug("could not draw the last frame", exc_info=True)
             finally:
                 live.stop()
+
+    async def _note_changes(self, changes: Changes) -> None:
+        """Pass every change notice on to :meth:`_keep_drawn`, none lost while it
+        draws. Cancelled: it only stops listening."""
+        while True:
+            await changes.wait()
+            self._changed.set()
+
+    async def _keep_drawn(self, live: Live, snapshot: Snapshot) -> None:
+        """Draw what changed, until cancelled or a bug in drawing (logged; returns).
+
+        An idle harness is drawn once a second (its heartbeat age ticks), not
+        LIVE_REFRESH_S: every redraw of an unchanged picture is CPU and terminal
+        traffic for nothing. A resized terminal is a new picture too (its lines
+        are cut to the new width). Cancelled: it just stops.
+        """
+        drawn = (shown(snapshot), self.console.size)
+        looked = trio.current_time()
+        while True:
+            quiet = self.changes is not None and not _executing(snapshot)
+            with trio.move_on_at(looked + (CLOCK_TICK_S if quiet else LIVE_REFRESH_S)):
+                await self._changed.wait()
+            # A burst of changes (a busy harness) is drawn at most every LIVE_REFRESH_S.
+            await trio.sleep_until(looked + LIVE_REFRESH_S)
+            # Before the look: a change from now on is seen at the next one.
+            self._changed = trio.Event()
+            looked = trio.current_time()
+            try:
+                snapshot = self.source()
+                picture = (shown(snapshot), self.console.size)
+                if picture != drawn:
+                    live.update(render(snapshot), refresh=True)
+                    drawn = picture
+            except Exception:
+                log.exception("the status panel failed; the harness carries on without it")
+                return
 
     async def _run_plain(self, task_status: trio.TaskStatus[None]) -> None:
         previous: Snapshot | None = None
