@@ -211,7 +211,8 @@ async def idle_harness(
                                    "it was not idle; see its log in --keep's folder")
             window = ended - began
             result: dict[str, Any] = {
-                "panel": panel, "seconds": window, "cpu_s": cpu_after - cpu_before,
+                "panel": panel, "pid": harness.pid, "seconds": window,
+                "cpu_s": cpu_after - cpu_before,
                 "cpu_pct": (cpu_after - cpu_before) / window * 100,
                 "cpu_s_before_window": cpu_before, "heartbeats": relay.heartbeats,
             }
