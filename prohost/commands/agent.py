@@ -121,7 +121,8 @@ async def supervise(
                 nursery.start_soon(_obey_signals, receiver, harness, early)
                 if console is not None:
                     progress_log.setLevel(logging.WARNING)  # the panel says it instead
-                    await nursery.start(Panel(console, harness.snapshot, live=live).run)
+                    await nursery.start(Panel(console, harness.snapshot, live=live,
+                                                 changes=harness.state_changed).run)
                 code = await harness.run()
                 nursery.cancel_scope.cancel()
     return code

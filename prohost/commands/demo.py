@@ -111,7 +111,8 @@ async def run_demo(console: Console) -> int:
 
                     nursery.start_soon(run_harness)
                     progress_log.setLevel(logging.WARNING)  # the panel says it instead
-                    panel = Panel(console, harness.snapshot, live=use_panel(console, False))
+                    panel = Panel(console, harness.snapshot, live=use_panel(console, False),
+                                  changes=harness.state_changed)
                     # Its own nursery, so the panel has stopped (its last frame drawn)
                     # before the results table is printed under it.
                     async with trio.open_nursery() as panel_nursery:

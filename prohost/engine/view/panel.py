@@ -6,13 +6,16 @@ is pure (the same snapshot and ``now`` always give the same picture), which is
 what lets ``prohost agent status`` print exactly what the panel shows.
 
 The panel never starts a thread: rich's ``Live`` auto-refresh would, so it runs
-with ``auto_refresh=False`` and a trio task refreshes it. Log lines print above
-the panel only if the logging handler is a ``RichHandler`` on the *same*
-console (see :func:`log_handler`); any other handler writing to the terminal
-tears the frame. ``agent run`` gives the panel a console over
+with ``auto_refresh=False`` and a trio task refreshes it: at a change notice, a
+clock's tick (once a second) or, while runs execute, every LIVE_REFRESH_S, and
+only when the picture differs (:func:`shown`), so an idle harness costs next to
+nothing on a terminal. Log lines print above the panel only if the logging
+handler is a ``RichHandler`` on the *same* console (see :func:`log_handler`); any
+other handler writing to the terminal tears the frame. ``agent run`` gives the panel a console over
 :func:`prohost.engine.view.termout.nonblocking` stdout, so a terminal that stops reading drops
 frames instead of stalling the event loop. The words both views share (durations,
-hosts, accounts) are :mod:`prohost.engine.view.statustext`.
+hosts, accounts) are :mod:`prohost.engine.view.statustext`; the plain log's lines
+are :mod:`prohost.engine.view.changelines`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -28,10 +32,11 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from prohost.engine.changes import Changes
+from prohost.engine.view.changelines import describe_change
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import (
     RUN_ID_SHOWN,
-    account_text,
     accounts_line,
     brain_line,
     clean,
@@ -47,8 +52,12 @@ from prohost.engine.view.statustext import (
 
 log = logging.getLogger("prohost.panel")
 
-#: How often the live panel redraws: often enough for elapsed times to tick.
+#: The live panel draws at most this often, and looks this often while runs execute
+#: (their activity changes without a change notice).
 LIVE_REFRESH_S = 0.25
+#: How often it looks otherwise: every clock it shows (elapsed, heartbeat age,
+#: countdowns, "… ago") moves in whole seconds.
+CLOCK_TICK_S = 1.0
 #: How often the plain-log fallback looks for changes.
 PLAIN_POLL_S = 1.0
 #: How many finished runs the panel lists (the snapshot may hold more).
@@ -223,90 +232,34 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
     return Group(*parts)
 
 
-# --- the plain-log fallback ------------------------------------------------------------
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else math.floor(seconds)
 
 
-def _connection_line(snapshot: Snapshot) -> str:
-    host = server_host(snapshot.server)
-    if snapshot.connection == "connected":
-        return f"connected to {host}"
-    if snapshot.connection == "connecting":
-        return f"connecting to {host}"
-    if snapshot.connection == "reconnecting":
-        line = "reconnecting"
-        if snapshot.reconnect_in_s is not None:
-            line += f" in {compact_duration(snapshot.reconnect_in_s)}"
-        if snapshot.last_error:
-            line += f" ({clean(snapshot.last_error)})"
-        return line
-    running = len(snapshot.runs)
-    if snapshot.connection == "draining":
-        return f"draining: finishing {running} run{'s' if running != 1 else ''}, " \
-               "accepting no new ones"
-    return f"stopping {running} run{'s' if running != 1 else ''}"
+def shown(snapshot: Snapshot) -> Snapshot:
+    """What :func:`render` draws of ``snapshot``, as a value: its clocks in whole
+    seconds (every duration is shown in whole seconds or coarser), the moments
+    before it as ages, and no moment of taking. Two snapshots with the same
+    ``shown`` draw the same picture, so the live panel need not draw the second."""
+    taken = snapshot.taken_at
+    return attrs.evolve(
+        snapshot,
+        taken_at=0.0,
+        heartbeat_age_s=_whole(snapshot.heartbeat_age_s),
+        reconnect_in_s=_whole(snapshot.reconnect_in_s),
+        reports_waiting_since=_whole(None if snapshot.reports_waiting_since is None
+                                     else taken - snapshot.reports_waiting_since),
+        runs=tuple(attrs.evolve(row, elapsed_s=_whole(row.elapsed_s),
+                                idle_left_s=_whole(row.idle_left_s))
+                   for row in snapshot.runs),
+        finished=tuple(attrs.evolve(row, finished_at=math.floor(taken - row.finished_at))
+                       for row in snapshot.finished),
+    )
 
 
-def _run_name(run_id: str, conversation: str | None) -> str:
-    return f"run {run_id}" + (f" ({clean(conversation)})" if conversation else "")
-
-
-def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
-    """One short line per meaningful change from ``previous`` to ``current``.
-
-    Only facts that changed count: clocks moving on (elapsed, heartbeat age,
-    countdowns) say nothing, so an idle harness logs nothing at all.
-    """
-    if previous is None:
-        return [f"{_connection_line(current)} as machine {current.machine}, "
-                f"brain {brain_line(current)}, {current.slots} slot"
-                f"{'s' if current.slots != 1 else ''}"]
-    lines: list[str] = []
-    if previous.connection != current.connection or (
-        current.connection == "reconnecting" and previous.last_error != current.last_error
-    ):
-        lines.append(_connection_line(current))
-    if (previous.brain_version, previous.model) != (current.brain_version, current.model):
-        lines.append(f"brain: {brain_line(current)}")
-    before = {row.run_id: row for row in previous.runs}
-    seen_finished = {row.run_id for row in previous.finished}
-    newly_finished = [row for row in current.finished if row.run_id not in seen_finished]
-    finished_ids = {row.run_id for row in newly_finished}
-    for row in current.runs:
-        old = before.get(row.run_id)
-        name = _run_name(row.run_id, row.conversation)
-        if old is None:
-            lines.append(f"{name} started: {row.state}")
-        elif old.state != row.state and not (
-            row.state == "reporting" and row.run_id in finished_ids
-        ):
-            # Reporting right after finishing is said by the ✓/✗ line below.
-            lines.append(f"{name}: {old.state} → {row.state}")
-    # The snapshot keeps finished runs newest first; the log reads oldest first.
-    for done in reversed(newly_finished):
-        name = _run_name(done.run_id, done.conversation)
-        took = "" if done.duration_s is None else compact_duration(done.duration_s)
-        if done.ok:
-            lines.append(f"✓ {name} finished" + (f" in {took}" if took else ""))
-        else:
-            lines.append(f"✗ {name} failed" + (f" after {took}" if took else "")
-                         + f": {clean(done.error or 'no reason given')}")
-    current_ids = {row.run_id for row in current.runs}
-    known_finished = seen_finished | finished_ids
-    for run_id, old in before.items():
-        # A run that leaves without a finished row was dropped (cancelled while
-        # queued, or forgotten); one that has finished has just been reported.
-        if run_id not in current_ids and run_id not in known_finished:
-            lines.append(f"{_run_name(run_id, old.conversation)} dropped")
-    if previous.queued != current.queued:
-        lines.append(f"queued: {current.queued}")
-    if previous.reports_waiting != current.reports_waiting:
-        lines.append(f"reports waiting for the server: {current.reports_waiting}")
-    before_accounts = {row.name: row for row in previous.accounts}
-    for account in current.accounts:
-        was = before_accounts.get(account.name)
-        if was is not None and (was.state, was.resets_at) != (account.state, account.resets_at):
-            lines.append(f"account {account_text(account)}")
-    return lines
+def _executing(snapshot: Snapshot) -> bool:
+    """Whether a run's activity may change without a change notice."""
+    return any(row.state in ("preparing", "running") for row in snapshot.runs)
 
 
 # --- the panel task ----------------------------------------------------------------------
@@ -325,12 +278,19 @@ def log_handler(console: Console) -> logging.Handler:
 
 
 class Panel:
-    """Keeps the terminal's picture of the harness current, or logs what changes."""
+    """Keeps the terminal's picture of the harness current, or logs what changes.
 
-    def __init__(self, console: Console, source: Callable[[], Snapshot], *, live: bool) -> None:
+    ``changes`` (the harness's change notice) lets the live panel draw a change at
+    once instead of at its next look; without it, it looks every LIVE_REFRESH_S.
+    """
+
+    def __init__(self, console: Console, source: Callable[[], Snapshot], *, live: bool,
+                 changes: Changes | None = None) -> None:
         self.console = console
         self.source = source
         self.live = live
+        self.changes = changes
+        self._changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Draw (or log) until cancelled; started once the first frame is up.
@@ -345,8 +305,9 @@ class Panel:
             await self._run_plain(task_status)
 
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
+        snapshot = self.source()
         live = Live(
-            render(self.source()),
+            render(snapshot),
             console=self.console,
             # auto_refresh would start rich's refresh thread; this task refreshes instead.
             auto_refresh=False,
@@ -358,13 +319,11 @@ class Panel:
         live.start(refresh=True)
         try:
             task_status.started()
-            while True:
-                await trio.sleep(LIVE_REFRESH_S)
-                try:
-                    live.update(render(self.source()), refresh=True)
-                except Exception:
-                    log.exception("the status panel failed; the harness carries on without it")
-                    return
+            async with trio.open_nursery() as nursery:
+                if self.changes is not None:
+                    nursery.start_soon(self._note_changes, self.changes)
+                await self._keep_drawn(live, snapshot)
+                nursery.cancel_scope.cancel()
         finally:
             # Everything here is synchronous, so a cancellation cannot interrupt it
             # (no shield needed); stop() always runs, restoring the cursor and streams.
@@ -374,6 +333,42 @@ class Panel:
                 log.debug("could not draw the last frame", exc_info=True)
             finally:
                 live.stop()
+
+    async def _note_changes(self, changes: Changes) -> None:
+        """Pass every change notice on to :meth:`_keep_drawn`, none lost while it
+        draws. Cancelled: it only stops listening."""
+        while True:
+            await changes.wait()
+            self._changed.set()
+
+    async def _keep_drawn(self, live: Live, snapshot: Snapshot) -> None:
+        """Draw what changed, until cancelled or a bug in drawing (logged; returns).
+
+        An idle harness is drawn once a second (its heartbeat age ticks), not
+        LIVE_REFRESH_S: every redraw of an unchanged picture is CPU and terminal
+        traffic for nothing. A resized terminal is a new picture too (its lines
+        are cut to the new width). Cancelled: it just stops.
+        """
+        drawn = (shown(snapshot), self.console.size)
+        looked = trio.current_time()
+        while True:
+            quiet = self.changes is not None and not _executing(snapshot)
+            with trio.move_on_at(looked + (CLOCK_TICK_S if quiet else LIVE_REFRESH_S)):
+                await self._changed.wait()
+            # A burst of changes (a busy harness) is drawn at most every LIVE_REFRESH_S.
+            await trio.sleep_until(looked + LIVE_REFRESH_S)
+            # Before the look: a change from now on is seen at the next one.
+            self._changed = trio.Event()
+            looked = trio.current_time()
+            try:
+                snapshot = self.source()
+                picture = (shown(snapshot), self.console.size)
+                if picture != drawn:
+                    live.update(render(snapshot), refresh=True)
+                    drawn = picture
+            except Exception:
+                log.exception("the status panel failed; the harness carries on without it")
+                return
 
     async def _run_plain(self, task_status: trio.TaskStatus[None]) -> None:
         previous: Snapshot | None = None
