@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import gzip
 import logging
+import ssl
+import subprocess
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -77,7 +80,7 @@ class RawServer:
         self.ended = 0
         self.changed = trio.Event()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
         data = b""
         try:
@@ -99,6 +102,8 @@ class RawServer:
                     data += chunk
                 data = data[length:]
                 await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        except trio.BrokenResourceError:
+            return  # a TLS handshake the client refused
         finally:
             self.ended += 1
             self.changed.set()
@@ -110,14 +115,35 @@ class RawServer:
 
 
 @asynccontextmanager
-async def raw_server() -> AsyncIterator[tuple[RawServer, str]]:
+async def raw_server(tls: ssl.SSLContext | None = None) -> AsyncIterator[tuple[RawServer, str]]:
+    """A :class:`RawServer` on 127.0.0.1 port 0 (over TLS with ``tls``); yields it and
+    its base URL."""
     server = RawServer()
     async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(
-            partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
-        port = listener.socket.getsockname()[1]
-        yield server, f"http://127.0.0.1:{port}"
+        if tls is None:
+            [listener] = await nursery.start(
+                partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
+            port = listener.socket.getsockname()[1]
+        else:
+            [listener] = await nursery.start(
+                partial(trio.serve_ssl_over_tcp, server.handle, 0, tls, host="127.0.0.1"))
+            port = listener.transport_listener.socket.getsockname()[1]
+        yield server, f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
         nursery.cancel_scope.cancel()
+
+
+def self_signed(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 that no CA signed (made by the openssl command),
+    and a server context that presents it."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return cert, context
 
 
 # --- the harness's sender ----------------------------------------------------------
@@ -171,6 +197,27 @@ async def test_a_proxy_in_the_environment_is_still_used(
                 settled = await reporter.complete(RUN, PATH, PAYLOAD)
     assert settled.kind == "delivered"
     assert proxy.request_lines == [f"POST http://api.example.invalid{PATH} HTTP/1.1"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_tls_is_verified_and_ssl_cert_file_honoured_as_before(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str
+) -> None:
+    """A server whose certificate no trusted CA signed is refused (no request sent);
+    with ``SSL_CERT_FILE`` naming that certificate, the report is delivered."""
+    cert, context = self_signed(tmp_path)
+    with trio.fail_after(20):
+        async with raw_server(context) as (server, base):
+            async with sender_of(kind) as sender:
+                refused = await Reporter(sender, base, TOKEN).post_once(RUN, PATH, PAYLOAD)
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+            async with sender_of(kind) as sender:
+                trusted = await Reporter(sender, base, TOKEN).post_once(RUN, PATH, PAYLOAD)
+    # The first connection was made and refused at the handshake: nothing was sent.
+    assert (refused.kind, refused.status, refused.detail) == ("gave_up", None, "ConnectError")
+    assert trusted.kind == "delivered"
+    assert server.connections == 2
+    assert server.request_lines == [f"POST {PATH} HTTP/1.1"]
 
 
 async def test_no_proxy_alone_posts_directly() -> None:
