@@ -252,7 +252,8 @@ class Reporter:
         """
         # httpx's own timeouts are per phase (connect, each read, ...), so a server
         # trickling a byte at a time would never trip them; the trio deadline bounds
-        # the whole exchange. Both are set so the client's defaults don't apply.
+        # the whole exchange. Both are set: a client's defaults don't apply, and a bare
+        # transport has no timeout of its own.
         with trio.move_on_after(budget_s):
             try:
                 response = await self._send(url, headers, content, _timeout(budget_s))
