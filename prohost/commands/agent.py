@@ -14,7 +14,6 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 
-import httpx
 import trio
 from rich.console import Console
 
@@ -22,6 +21,7 @@ from prohost.engine import lognames, signals
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.link.connection import Endpoints
+from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel
 from prohost.home import (
     CredentialsError,
@@ -112,7 +112,7 @@ async def supervise(
     before this (while the process started) are obeyed first, in order.
     Cancelled: the harness's own cancellation rules apply (see :meth:`Harness.run`).
     """
-    async with httpx.AsyncClient() as client:
+    async with open_sender() as client:
         harness = Harness(options, endpoints, client=client, ledger=ledger)
         with trio.open_signal_receiver(*signals.WATCHED) as receiver:
             # Taken only now: from here on every signal reaches the receiver instead.

@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import trio
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +30,7 @@ from prohost.engine.agent.usage import Usage
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
+from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel, use_panel
 from prohost.engine.view.reporttext import changes_summary
 from prohost.engine.view.statustext import cost_text, tokens_text
@@ -95,7 +95,7 @@ async def run_demo(console: Console) -> int:
             )
             ledger = Ledger.open(home / "ledger.sqlite3")
             try:
-                async with httpx.AsyncClient() as client:
+                async with open_sender() as client:
                     harness = Harness(
                         options,
                         Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token,

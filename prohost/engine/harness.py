@@ -27,7 +27,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-import httpx
 import trio
 
 from prohost.engine import lognames
@@ -43,6 +42,7 @@ from prohost.engine.link.beacon import Beacon
 from prohost.engine.link.connection import CredentialsRejected, Endpoints, Link, Session
 from prohost.engine.report.outbox import ReportTiming
 from prohost.engine.report.reporter import Reporter
+from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.heldrun import HeldRun
@@ -87,7 +87,7 @@ class Harness:
         options: Options,
         endpoints: Endpoints,
         *,
-        client: httpx.AsyncClient,
+        client: Sender,
         ledger: Ledger | None,
         env: Mapping[str, str] | None = None,
         timing: ReportTiming | None = None, clock: Callable[[], float] = time.time,

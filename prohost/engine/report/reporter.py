@@ -32,6 +32,8 @@ import attrs
 import httpx
 import trio
 
+from prohost.engine.report.sender import CLIENT_HEADERS, Sender
+
 __all__ = ["Reporter", "Settlement"]
 
 SettlementKind = Literal["delivered", "already", "closed", "rejected", "gave_up"]
@@ -103,15 +105,16 @@ class _Answer:
 
 
 class Reporter:
-    """Completions and timeline events for one server, over one ``httpx.AsyncClient``.
+    """Completions and timeline events for one server, over one :data:`Sender`.
 
-    The client is the caller's (its lifetime is the harness's), so connections are
-    pooled across runs.
+    The sender is the caller's (its lifetime is the harness's), so connections are
+    pooled across runs. A transport gets each request as it is built here; a client
+    sends it with whatever it was configured with (a proxy, event hooks).
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: Sender,
         api_base: str,
         token: str,
         *,
@@ -119,7 +122,7 @@ class Reporter:
         rng: random.Random | None = None,
         log: logging.Logger | None = None,
     ) -> None:
-        self._client = client
+        self._sender = client
         # completion_path always starts with "/" (runs.path_problem), so a
         # trailing slash here would make "//v1/...".
         self._base = api_base.rstrip("/")
@@ -247,22 +250,13 @@ class Reporter:
         Cancelled: the request is abandoned where it stands and the cancellation
         propagates.
         """
-        client = self._client
         # httpx's own timeouts are per phase (connect, each read, ...), so a server
         # trickling a byte at a time would never trip them; the trio deadline bounds
-        # the whole exchange. Both are set so the client's defaults don't apply.
+        # the whole exchange. Both are set: a client's defaults don't apply, and a bare
+        # transport has no timeout of its own.
         with trio.move_on_after(budget_s):
             try:
-                # Sent as a stream (the status before any of the body), not with
-                # client.post, which would read a hostile answer of any size whole.
-                response = await client.send(
-                    client.build_request("POST", url, content=content, headers=headers,
-                                         timeout=_timeout(budget_s)),
-                    stream=True,
-                    # Following a redirect would carry the token somewhere the
-                    # path was validated not to go.
-                    follow_redirects=False,
-                )
+                response = await self._send(url, headers, content, _timeout(budget_s))
                 try:
                     status = response.status_code
                     if not read_body or 200 <= status < 300 or status in (404, 409):
@@ -285,6 +279,28 @@ class Reporter:
             except httpx.TransportError as exc:
                 return _Answer(None, self._scrub(_describe_transport_error(exc)))
         return _Answer(None, f"no answer within {budget_s:.1f} s")
+
+    async def _send(
+        self, url: str, headers: dict[str, str], content: bytes, per_phase: httpx.Timeout
+    ) -> httpx.Response:
+        """The answer's status and headers, its body still unread: a hostile answer
+        of any size is never read whole. Raises httpx's errors. Cancelled: the
+        request is abandoned and the cancellation propagates."""
+        sender = self._sender
+        if not isinstance(sender, httpx.AsyncClient):
+            # A transport never follows a redirect, keeps no cookie and runs no auth
+            # flow: the request goes as built (sender.py says why this path exists).
+            return await sender.handle_async_request(httpx.Request(
+                "POST", url, content=content, headers=[*CLIENT_HEADERS, *headers.items()],
+                extensions={"timeout": per_phase.as_dict()}))
+        return await sender.send(
+            sender.build_request("POST", url, content=content, headers=headers,
+                                 timeout=per_phase),
+            stream=True,
+            # Following a redirect would carry the token somewhere the path was
+            # validated not to go.
+            follow_redirects=False,
+        )
 
     def _backoff(self, attempt: int) -> float:
         """1 s doubling to a 30 s cap, with equal jitter: half fixed, half random.
