@@ -113,3 +113,52 @@ async def test_every_attempt_sends_the_same_json_bytes_with_its_type(
         assert headers["content-length"] == str(len(body))
     assert first_headers["idempotency-key"] == RUN
     assert json.loads(tl) == {"run_id": RUN, "events": events}
+
+
+def _refusing(body: bytes, coding: bytes) -> Any:
+    """An app refusing every report with 400 and ``body`` sent as ``coding``."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-encoding", coding),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def refused_holding_little(app: Any) -> str:
+    """Report once to ``app`` (which refuses it): the line the person reads, once
+    less than 8 MiB of memory was held while the error body was read."""
+    with trio.fail_after(30):
+        async with serving(app) as base, httpx.AsyncClient() as client:
+            reporter = Reporter(client, base, TOKEN)
+            tracemalloc.start()
+            try:
+                result = await reporter.complete(RUN, PATH, PAYLOAD)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    assert (result.kind, result.status) == ("rejected", 400)
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
+    return result.detail
+
+
+async def test_a_compressed_error_page_is_inflated_only_as_far_as_its_line_needs() -> None:
+    """A 400 whose gzip body inflates to 50 MiB: the person still reads the start of
+    the page, and the harness never holds the inflated body (httpx's decoder would
+    inflate each compressed chunk whole)."""
+    bomb = gzip.compress(b"quota exceeded for this machine " + b" " * (50 * 1024 * 1024),
+                         compresslevel=9)
+    assert len(bomb) < 64 * 1024
+    detail = await refused_holding_little(_refusing(bomb, b"gzip"))
+    assert detail.endswith("400: quota exceeded for this machine"), detail
+
+
+async def test_an_error_page_in_an_encoding_zlib_cannot_read_is_named_not_decoded() -> None:
+    detail = await refused_holding_little(_refusing(b"\x8b\x02\x80hello\x03", b"br"))
+    assert detail.endswith("400: (a br-encoded body)"), detail

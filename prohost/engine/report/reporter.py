@@ -33,6 +33,7 @@ import httpx
 import trio
 
 from prohost.engine.report.sender import CLIENT_HEADERS, Sender
+from prohost.engine.report.snippet import SNIPPET_CHARS, read_snippet
 
 __all__ = ["Reporter", "Settlement"]
 
@@ -54,10 +55,6 @@ BACKOFF_CAP_S = 30.0
 #: ``Retry-After`` says (§7): ``Retry-After: 0`` or a date in the past would otherwise
 #: have the harness hammer a struggling server back to back for the whole window.
 RETRY_FLOOR_S = 1.0
-#: Of a response body, only this much (bytes) is read for the log line ...
-SNIPPET_BYTES = 2048
-#: ... and this many characters of it are kept.
-SNIPPET_CHARS = 200
 #: A body up to this many bytes is read to its end so the connection is kept (bytes).
 DRAIN_BYTES = 64 * 1024
 
@@ -262,7 +259,7 @@ class Reporter:
                     if not read_body or 200 <= status < 300 or status in (404, 409):
                         await _drain_small(response)
                         return _Answer(status, str(status))
-                    snippet = await _read_snippet(response)
+                    snippet = await read_snippet(response)
                     line = f"{status}: {snippet}" if snippet else str(status)
                     return _Answer(
                         status,
@@ -387,25 +384,6 @@ async def _drain_small(response: httpx.Response) -> None:
                 return
     except httpx.HTTPError:
         pass  # the status is the answer; a broken body only costs the connection
-
-
-async def _read_snippet(response: httpx.Response) -> str:
-    """At most SNIPPET_BYTES of the body, as one short printable line.
-
-    Bounded because an error page can be any size, and the line goes in a log.
-    """
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_bytes():
-            data += chunk
-            if len(data) >= SNIPPET_BYTES:
-                break
-    except httpx.HTTPError:
-        pass  # the status already says what went wrong; the body is a courtesy
-    text = " ".join(bytes(data[:SNIPPET_BYTES]).decode("utf-8", "replace").split())
-    if len(text) > SNIPPET_CHARS:
-        text = text[: SNIPPET_CHARS - 1] + "…"
-    return text
 
 
 def _parse_retry_after(value: str | None) -> float | None:
