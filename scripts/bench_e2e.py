@@ -1159,14 +1159,14 @@ def summarised(value: Any) -> Any:
     return value
 
 
-async def until_sigterm(args: argparse.Namespace) -> dict[str, Any]:
-    """main_async, cancelled (its processes stopped) on SIGTERM as on Ctrl-C."""
+async def until_sigterm(measure: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """``measure()``, cancelled (its processes stopped) on SIGTERM as on Ctrl-C."""
     result: dict[str, Any] = {}
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
             async def work() -> None:
-                result.update(await main_async(args))
+                result.update(await measure())
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(work)
@@ -1200,7 +1200,7 @@ def main() -> int:
         args.runs, args.probes, args.queued, args.floor_samples = 100, 30, 300, 100
         args.rest_samples = 20
         args.phase_s = 10.0
-    figures = trio.run(until_sigterm, args)
+    figures = trio.run(until_sigterm, partial(main_async, args))
     rows = ratios(figures)
     if args.json:
         figures["ratios"] = rows

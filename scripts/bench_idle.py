@@ -37,7 +37,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import struct
 import sys
 import tempfile
@@ -64,6 +63,7 @@ from bench_e2e import (
     prohost_server,
     started,
     timed,
+    until_sigterm,
 )
 
 #: Targets from issue 19, in % of one CPU, at most.
@@ -284,22 +284,6 @@ def print_report(figures: dict[str, Any], table: list[dict[str, Any]]) -> None:
               + ("met" if row["met"] else "MISSED"))
 
 
-async def until_sigterm(args: argparse.Namespace) -> dict[str, Any]:
-    """main_async, cancelled (its processes stopped) on SIGTERM as on Ctrl-C."""
-    result: dict[str, Any] = {}
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def work() -> None:
-                result.update(await main_async(args))
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(work)
-            async for _ in signals:
-                raise KeyboardInterrupt("SIGTERM")
-    return result
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0,
@@ -315,7 +299,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.warmup = 3.0, 1.0
-    figures = trio.run(until_sigterm, args)
+    figures = trio.run(until_sigterm, partial(main_async, args))
     table = rows(figures)
     if args.json:
         figures["rows"] = table

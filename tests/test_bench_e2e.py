@@ -15,21 +15,22 @@ import trio
 
 from tests.process_kit import alive
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def load_bench() -> ModuleType:
-    # The script imports its helper module (scripts/bench_rest.py) as its neighbour.
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (not a package: it imports its neighbours,
+    bench_e2e.py and bench_rest.py, by name)."""
+    sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_e2e"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-bench = load_bench()
+bench = load_script("bench_e2e")
 
 
 async def sleepers() -> set[int]:

@@ -6,31 +6,14 @@ asserted. Slow (its measurement windows are wall time): ``scripts/test -m slow``
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import trio
 
 from tests.process_kit import alive
+from tests.test_bench_e2e import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_idle.py"
-
-
-def load_bench() -> ModuleType:
-    # The script imports bench_e2e.py (and it bench_rest.py) as its neighbours.
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_idle", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_idle"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_idle")
 
 
 @pytest.mark.slow

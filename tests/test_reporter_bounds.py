@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import trio
 
-from prohost.engine.report.reporter import Reporter
+from prohost.engine.report.reporter import Reporter, Settlement
 from tests.asgi_kit import lifespan, read_body, serving
 
 TOKEN = "tok_bounds"
@@ -23,20 +23,30 @@ PATH = f"/v1/agent/runs/{RUN}/complete"
 PAYLOAD: dict[str, Any] = {"run_id": RUN, "ok": True, "reply": "héllo ✓ " + "r" * 5000}
 
 
-async def delivered_holding_little(app: Any) -> None:
-    """Report once to ``app``: it must be delivered at the first attempt, with less
-    than 8 MiB of memory held while the answer is read."""
+async def completed_holding_little(reporter: Reporter) -> Settlement:
+    """Report once through ``reporter``; less than 8 MiB of memory may be held while
+    the answer is read, whatever it is."""
+    tracemalloc.start()
+    try:
+        result = await reporter.complete(RUN, PATH, PAYLOAD)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
+    return result
+
+
+async def reported_to(app: Any) -> Settlement:
+    """:func:`completed_holding_little` over a client, to ``app`` served locally."""
     with trio.fail_after(30):
         async with serving(app) as base, httpx.AsyncClient() as client:
-            reporter = Reporter(client, base, TOKEN)
-            tracemalloc.start()
-            try:
-                result = await reporter.complete(RUN, PATH, PAYLOAD)
-                _, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
+            return await completed_holding_little(Reporter(client, base, TOKEN))
+
+
+async def delivered_holding_little(app: Any) -> None:
+    """Report once to ``app``: delivered at the first attempt, holding little."""
+    result = await reported_to(app)
     assert (result.kind, result.status) == ("delivered", 200)
-    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
 
 
 async def test_an_endless_answer_is_cut_off_and_the_report_still_delivered() -> None:
@@ -132,19 +142,10 @@ def _refusing(body: bytes, coding: bytes) -> Any:
 
 
 async def refused_holding_little(app: Any) -> str:
-    """Report once to ``app`` (which refuses it): the line the person reads, once
-    less than 8 MiB of memory was held while the error body was read."""
-    with trio.fail_after(30):
-        async with serving(app) as base, httpx.AsyncClient() as client:
-            reporter = Reporter(client, base, TOKEN)
-            tracemalloc.start()
-            try:
-                result = await reporter.complete(RUN, PATH, PAYLOAD)
-                _, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
+    """Report once to ``app`` (which refuses it), holding little: the line the person
+    reads."""
+    result = await reported_to(app)
     assert (result.kind, result.status) == ("rejected", 400)
-    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
     return result.detail
 
 
