@@ -111,7 +111,7 @@ class Reporter:
 
     def __init__(
         self,
-        client: Sender,
+        sender: Sender,
         api_base: str,
         token: str,
         *,
@@ -119,7 +119,7 @@ class Reporter:
         rng: random.Random | None = None,
         log: logging.Logger | None = None,
     ) -> None:
-        self._sender = client
+        self._sender = sender
         # completion_path always starts with "/" (runs.path_problem), so a
         # trailing slash here would make "//v1/...".
         self._base = api_base.rstrip("/")
