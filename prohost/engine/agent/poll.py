@@ -21,6 +21,8 @@ from typing import Protocol
 
 import trio
 
+from prohost.errors import leaves
+
 #: The key the leader's exit is reported under (no file descriptor is negative).
 EXIT = -1
 
@@ -105,9 +107,17 @@ class _Tasks:
 
     async def wait(self) -> list[int]:
         ready: list[int] = []
-        async with trio.open_nursery() as nursery:
-            for fd, wait in self._waits.items():
-                nursery.start_soon(self._first, wait, fd, ready, nursery.cancel_scope)
+        try:
+            async with trio.open_nursery() as nursery:
+                for fd, wait in self._waits.items():
+                    nursery.start_soon(self._first, wait, fd, ready, nursery.cancel_scope)
+        except BaseExceptionGroup as group:
+            # The nursery is this wait's own business: its caller gets what the
+            # Epoll poller would raise (a plain Cancelled, or the one real error).
+            error = _the_one_error(group)
+            if error is None:
+                raise
+            raise error from None
         return ready
 
     async def _exited(self, _: int) -> None:
@@ -124,3 +134,20 @@ class _Tasks:
 
     def close(self) -> None:
         pass
+
+
+def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The exception a caller should see instead of the group, if there is one.
+
+    Its ``Cancelled`` leaves are the nursery of :meth:`_Tasks.wait` cancelling its
+    own tasks (or the caller's cancellation, which any next checkpoint raises
+    again). So a group of nothing but ``Cancelled`` becomes one ``Cancelled``, and
+    one real error among them becomes that error.
+    """
+    found = leaves(group)
+    real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
+    if len(real) == 1:
+        return real[0]
+    if not real and found:
+        return found[0]
+    return None

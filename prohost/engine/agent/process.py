@@ -34,7 +34,6 @@ import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
-from prohost.errors import leaves
 
 log = logging.getLogger("prohost.agentproc")
 
@@ -117,24 +116,6 @@ def _killpg(pgid: int, sig: int) -> None:
         # Only possible if every member is gone and the id was reused by a group of
         # another user's processes: there is nothing of ours left to signal.
         log.debug("process group %d is no longer ours to signal", pgid)
-
-
-def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The exception a caller should see instead of the group, if there is one.
-
-    The group only exists because of the nursery in the portable poller's wait
-    (:mod:`prohost.engine.agent.poll`): its ``Cancelled`` leaves are that nursery
-    cancelling its own tasks (or the caller's cancellation, which any next
-    checkpoint raises again). So a group of nothing but ``Cancelled`` becomes one
-    ``Cancelled``, and one real error among them becomes that error.
-    """
-    found = leaves(group)
-    real = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
-    if len(real) == 1:
-        return real[0]
-    if not real and found:
-        return found[0]
-    return None
 
 
 class _Watch:
@@ -414,13 +395,7 @@ async def run_agent(
             on_stdout_line=on_stdout_line,
             on_output=on_output,
         )
-        try:
-            return await watch.run()
-        except BaseExceptionGroup as group:
-            error = _the_one_error(group)
-            if error is None:
-                raise
-            raise error from None
+        return await watch.run()
     finally:
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)
