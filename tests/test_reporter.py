@@ -367,34 +367,6 @@ async def test_timeline_post_to_a_hanging_server_is_bounded(autojump_clock: Any)
             assert trio.current_time() - start == pytest.approx(10.5)
 
 
-async def test_completions_and_timeline_posts_share_one_kept_alive_connection() -> None:
-    """Each POST's answer is read to its end, so httpx keeps the connection: a run no
-    longer pays for a new TCP connection (and the server for a new socket)."""
-    clients: list[tuple[str, int]] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        await read_body(receive)
-        clients.append(tuple(scope["client"]))
-        status = 409 if scope["path"].endswith("/again/complete") else 200
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": b'{"ok": true, "note": "' +
-                    b"x" * 3000 + b'"}'})
-
-    with trio.fail_after(20):
-        async with serving(app) as base, httpx.AsyncClient() as client:
-            reporter = Reporter(client, base, TOKEN)
-            for run_id in ("run_a", "run_b", "again"):
-                await reporter.complete(run_id, f"/v1/agent/runs/{run_id}/complete",
-                                        {**PAYLOAD, "run_id": run_id})
-            assert await reporter.post_timeline("run_a", "/v1/agent/runs/run_a/timeline", [])
-    assert len(clients) == 4
-    assert len(set(clients)) == 1, clients
-
-
 @pytest.mark.parametrize(
     "retry_after",
     ["0", "-5", email.utils.formatdate(time.time() - 3600, usegmt=True)],

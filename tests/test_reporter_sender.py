@@ -298,6 +298,9 @@ async def test_transport_failures_read_as_before(autojump_clock: Any, kind: str)
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_posts_share_one_kept_alive_connection(kind: str) -> None:
+    """Each POST's answer (completions, a 409, a timeline post) is read to its end,
+    so the connection is kept: a run no longer pays for a new TCP connection (and
+    the server for a new socket), over the transport as over a client."""
     clients: list[tuple[str, int]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
