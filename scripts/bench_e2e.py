@@ -104,7 +104,7 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 import trio_websocket
-from bench_rest import FLOOR_PIPE_CLIENT, Inbox, Marks, agent_command
+from bench_rest import FLOOR_PIPE_CLIENT, DurableSteps, Inbox, Marks, agent_command
 
 from prohost.home import Credentials, save_credentials
 from prohost.wire.protocol import MAX_MESSAGE_BYTES
@@ -884,10 +884,12 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
     marks = Marks(tmp / "rest.fifo")
     agent = agent_command(marks.path)
     figures: dict[str, list[float]] = {
-        "spawned": [], "spawn_floor": [], "reported": [], "post_floor": []}
+        "spawned": [], "spawn_floor": [], "reported": [], "post_floor": [],
+        "spawn_ledger_floor": [], "post_ledger_floor": []}
     async with prohost_server(tmp, "server-rest") as server, \
             httpx.AsyncClient(timeout=30) as client, \
-            httpx.AsyncClient(timeout=30) as poster, trio.open_nursery() as nursery:
+            httpx.AsyncClient(timeout=30) as poster, \
+            DurableSteps(tmp / "rest-ledger.sqlite3") as book, trio.open_nursery() as nursery:
         relay = Relay(server.ws_url)
         await nursery.start(relay.serve)
         inbox = Inbox(server.http_url, client)
@@ -922,11 +924,33 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
                 (await poster.post(f"{inbox.url}/floor", content=b"x" * inbox.sizes[run_id],
                                    headers={"Idempotency-Key": f"floor-{n}"})).raise_for_status()
                 post_floor = inbox.arrived[f"floor-{n}"] - began
+                # The floors with durability (§3, §7), after the same pause as a run:
+                # ``accepted`` and ``started`` committed before the spawn, ``finished``
+                # after the agent's exit and before the POST.
+                await trio.sleep(REST_PAUSE_S)
+                mark = len(marks.events)
+                began = time.monotonic()
+                await book.step("INSERT INTO runs (id, body, state) VALUES (?, ?, ?)",
+                                f"floor-{n}", REST_TEXT, "accepted")
+                await book.step("UPDATE runs SET state = 'started' WHERE id = ?", f"floor-{n}")
+                done = await trio.run_process(["/bin/sh", "-c", agent],
+                                              stdin=REST_TEXT.encode(), capture_stdout=True,
+                                              start_new_session=True)
+                spawn_ledger_floor = await marks.first("s", mark) - began
+                began = await marks.first("e", mark)
+                await book.step("UPDATE runs SET state = 'finished', outcome = ? WHERE id = ?",
+                                done.stdout.decode(), f"floor-{n}")
+                (await poster.post(f"{inbox.url}/floor", content=b"x" * inbox.sizes[run_id],
+                                   headers={"Idempotency-Key": f"floor-ledger-{n}"})
+                 ).raise_for_status()
+                post_ledger_floor = inbox.arrived[f"floor-ledger-{n}"] - began
                 if n:
                     figures["spawned"].append(spawned)
                     figures["reported"].append(reported)
                     figures["spawn_floor"].append(spawn_floor)
                     figures["post_floor"].append(post_floor)
+                    figures["spawn_ledger_floor"].append(spawn_ledger_floor)
+                    figures["post_ledger_floor"].append(post_ledger_floor)
                 await trio.sleep(REST_PAUSE_S)
             states = {(await client.get(f"{server.http_url}/v1/runs/run-rest-{n}")).json()
                       .get("state") for n in range(samples + 1)}
@@ -1094,6 +1118,29 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                              "against": f"{floor_label} {name} {floor:.2f} ms",
                              "ratio": took / floor, "target": f"<= {TARGET_REST_RATIO}",
                              "met": took / floor <= TARGET_REST_RATIO})
+        for half, floor_key, label, floor_label in (
+                ("spawned", "spawn_ledger_floor", "delivery → spawned", "2 commits + spawn"),
+                ("reported", "post_ledger_floor", "exit → completion in", "commit + POST")):
+            # No target: how much of each half the durable steps alone account for.
+            if not rest.get(floor_key):
+                continue
+            for name, fraction in (("p50", 0.50), ("p99", 0.99)):
+                took = percentile(rest[half], fraction) * 1e3
+                floor = percentile(rest[floor_key], fraction) * 1e3
+                rows.append({"figure": f"at rest, {label} {name} vs durable",
+                             "measured": f"{took:.2f} ms",
+                             "against": f"{floor_label} {name} {floor:.2f} ms",
+                             "ratio": took / floor, "target": "-", "met": None})
+            for name, fraction in (("p50", 0.50), ("p99", 0.99)):
+                floor = percentile(rest[floor_key], fraction) * 1e3
+                bare = percentile(rest[{"spawned": "spawn_floor",
+                                        "reported": "post_floor"}[half]], fraction) * 1e3
+                rows.append({"figure": f"at rest, durable floor {name}: {floor_label}",
+                             "measured": f"{floor:.2f} ms",
+                             "against": f"bare {name} {bare:.2f} ms", "ratio": floor / bare,
+                             "target": f"(<= {TARGET_REST_RATIO} leaves the harness "
+                             f"{max(0.0, TARGET_REST_RATIO * bare - floor):.2f} ms)",
+                             "met": None})
     return rows
 
 

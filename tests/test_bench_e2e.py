@@ -110,7 +110,8 @@ async def test_latency_at_rest_times_both_halves_and_their_floors_for_each_run(
     # Every run went through the real harness to the real server (the phase checks
     # each is completed there), and one sample of each figure was taken per run.
     assert result["samples"] == 3
-    for key in ("spawned", "spawn_floor", "reported", "post_floor"):
+    for key in ("spawned", "spawn_floor", "reported", "post_floor", "spawn_ledger_floor",
+                "post_ledger_floor"):
         assert len(result[key]) == 3, key
     # The agent's first mark can only be read after its delivery was written, and a
     # spawn's or a POST's end after its start.
@@ -118,6 +119,13 @@ async def test_latency_at_rest_times_both_halves_and_their_floors_for_each_run(
     assert all(seconds > 0 for seconds in result["spawn_floor"] + result["post_floor"])
     # The completions reached the relay in this process on their way to the server.
     assert result["completion_bytes"] > 100
+    # The durable floors made their steps in a real sqlite file: each of the 4 runs
+    # (the uncounted first too) accepted, started and finished, with the agent's reply.
+    with sqlite3.connect(tmp_path / "rest-ledger.sqlite3") as book:
+        rows = book.execute("SELECT id, state, outcome FROM runs ORDER BY id").fetchall()
+        mode = book.execute("PRAGMA journal_mode").fetchone()
+    assert rows == [(f"floor-{n}", "finished", bench.REST_TEXT) for n in range(4)]
+    assert mode == ("wal",)
 
 
 async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> None:
@@ -135,7 +143,8 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "floor_ledger": {"runs_per_s": 16.0, "cpu_ms_per_run": 1.5},
         # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
         "rest": {"spawned": [0.003, 0.006], "spawn_floor": [0.001, 0.002],
-                 "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002]},
+                 "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002],
+                 "spawn_ledger_floor": [0.0025, 0.004], "post_ledger_floor": [0.0015, 0.0025]},
     }
     assert figures["spawn_floor"] > 0 and figures["post_floor"] > 0
     rows = bench.ratios(figures)
@@ -146,6 +155,12 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "RSS, 16 busy + 5 queued",
         "at rest, delivery → spawned p50", "at rest, delivery → spawned p99",
         "at rest, exit → completion in p50", "at rest, exit → completion in p99",
+        "at rest, delivery → spawned p50 vs durable", "at rest, delivery → spawned p99 vs durable",
+        "at rest, durable floor p50: 2 commits + spawn",
+        "at rest, durable floor p99: 2 commits + spawn",
+        "at rest, exit → completion in p50 vs durable",
+        "at rest, exit → completion in p99 vs durable",
+        "at rest, durable floor p50: commit + POST", "at rest, durable floor p99: commit + POST",
     ]
     met = {row["figure"]: row["met"] for row in rows}
     assert rows[1]["ratio"] == 10.0 / 20.0 and met["end-to-end runs/s vs floor-pipe"] is False
@@ -155,8 +170,16 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     assert [row["met"] for row in rows[3:5]] == [None, None]
     assert rows[5]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
     assert met["RSS, 16 busy + 5 queued"] is True
-    assert [row["ratio"] for row in rows[9:]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
-    assert [row["met"] for row in rows[9:]] == [False, False, True, True]
+    assert [row["ratio"] for row in rows[9:13]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[9:13]] == [False, False, True, True]
+    # Against the durable floors: the half over its floor, then the floor over the bare
+    # one, with how much of the 2× budget the floor leaves; said, with no target. (With
+    # two samples, p50 and p99 are both the larger.)
+    assert [row["ratio"] for row in rows[13:]] == pytest.approx(
+        [6 / 4, 6 / 4, 4 / 2, 4 / 2, 3 / 2.5, 3 / 2.5, 2.5 / 2, 2.5 / 2])
+    assert {row["met"] for row in rows[13:]} == {None}
+    assert "leaves the harness 0.00 ms" in rows[15]["target"]
+    assert "leaves the harness 1.50 ms" in rows[19]["target"]
 
 
 async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:
