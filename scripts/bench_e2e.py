@@ -21,6 +21,13 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    asks of a run (accepted with the body, started, the process group, finished),
    each a commit with its fsync, group-committed by one writer thread: no target,
    it shows what part of the gap to floor-pipe durability alone accounts for.
+   (e) floor-protocol: floor-ledger plus the rest of what PROTOCOL.md asks of a run
+   (``bench_protocol_floor.py``): each run arrives as a signed delivery frame from a
+   server process (at most 16 unacked), is decoded, checked (HMAC, timestamp),
+   recorded and acked; its agent is spawned in a new session; its outcome is POSTed
+   with the token and Idempotency-Key; ``reported`` is committed. No target: the
+   least any harness of this protocol spends, against which the harness's own part
+   is read.
 2. Throughput. ``prohost server`` and ``prohost agent run --exec cat --brain plain
    --concurrency 16`` as separate processes, each with its own temporary
    ``$PROHOST_HOME``. ``--runs`` runs, each on its own conversation, are submitted
@@ -68,7 +75,14 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    being in: a one-way time, like (b)'s end, not a round trip. p50 and p99 of each
    half against its floor's. Every stamp is taken in this process, so both sides of
    each ratio include the same fifo read and the same wake-ups; the pause between
-   runs (REST_PAUSE_S) lets the harness's last ledger step end first.
+   runs (REST_PAUSE_S) lets the harness's last ledger step end first. Durable floors,
+   also one sample each after each run, taken after the same pause as a run: (a) the
+   same spawn preceded by two commits with their fsync (``accepted``, ``started``:
+   §3 and §7 ask for both before a spawn), each handed to one writer thread as the
+   harness's are (``bench_rest.DurableSteps``); (b) from that agent's ``e``, one such
+   commit (``finished``) then the bare POST. No target: each half is given against
+   them, and each of them against its bare floor, with what a 2× target leaves
+   once the durable steps are made.
 
 Each process is started in its own session and killed (with the agents it spawned)
 on the way out (also on Ctrl-C or SIGTERM), whatever happens short of this script
@@ -104,6 +118,7 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 import trio_websocket
+from bench_protocol_floor import FLOOR_PROTOCOL_CLIENT, PROTOCOL_APP, SECRET, WINDOW
 from bench_rest import FLOOR_PIPE_CLIENT, DurableSteps, Inbox, Marks, agent_command
 
 from prohost.home import Credentials, save_credentials
@@ -391,6 +406,34 @@ async def floor_pipe(count: int, tmp: Path, *, ledger: bool = False) -> dict[str
                                           math.inf, f"the {name} client")
             except RuntimeError:
                 raise RuntimeError(f"the {name} client failed:\n" + client.log_tail()) from None
+            result: dict[str, Any] = json.loads(line)
+            return result
+
+
+async def floor_protocol(count: int, tmp: Path) -> dict[str, Any]:
+    """Floor (e), floor-protocol: runs/s and client CPU per run of ``count`` runs taken
+    off a WebSocket, checked, recorded and acked, then run and reported as
+    floor-ledger's are (see :mod:`bench_protocol_floor`)."""
+    app_argv = [sys.executable, "-c", PROTOCOL_APP, SECRET, str(WINDOW),
+                str(SPAWN_STDIN_BYTES)]
+    async with started("protocol-app", app_argv, tmp / "floor-protocol-app",
+                       stdout=subprocess.PIPE) as app:
+        if app.proc.stdout is None:
+            raise RuntimeError("the floor-protocol app has no stdout pipe")
+        [url] = await read_lines(app.proc.stdout, lambda lines: len(lines) == 1, 30,
+                                 "the floor-protocol app")
+        argv = [sys.executable, "-c", FLOOR_PROTOCOL_CLIENT, url, str(count),
+                str(CONCURRENCY), SECRET, str(tmp / "floor-protocol" / "ledger.sqlite3")]
+        async with started("floor-protocol", argv, tmp / "floor-protocol",
+                           stdout=subprocess.PIPE) as client:
+            if client.proc.stdout is None:
+                raise RuntimeError("the floor-protocol client has no stdout pipe")
+            try:
+                [line] = await read_lines(client.proc.stdout, lambda lines: len(lines) == 1,
+                                          math.inf, "the floor-protocol client")
+            except RuntimeError:
+                raise RuntimeError("the floor-protocol client failed:\n"
+                                   + client.log_tail()) from None
             result: dict[str, Any] = json.loads(line)
             return result
 
@@ -1019,6 +1062,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures["floor_ledger"] = await timed(
             "floor (d): floor-ledger, floor-pipe plus a run's four durable ledger steps",
             args.phase_s, lambda: floor_pipe(args.floor_samples, tmp, ledger=True))
+        figures["floor_protocol"] = await timed(
+            "floor (e): floor-protocol, floor-ledger plus a WebSocket delivery and its ack",
+            args.phase_s, lambda: floor_protocol(args.floor_samples, tmp))
         e2e = await timed("end to end: server + harness, then probes", args.phase_s * 4,
                           lambda: throughput_and_acks(tmp, args.runs, args.probes))
         figures["e2e"] = e2e
@@ -1084,6 +1130,25 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                          "measured": f"{e2e[key]:.2f}{unit}",
                          "against": f"floor-ledger {book[key]:.2f}{unit}", "ratio": ratio,
                          "target": "-", "met": None})
+    if ok("e2e") and ok("floor_protocol"):
+        # No target either: the harness against all that PROTOCOL.md asks of a run.
+        least = figures["floor_protocol"]
+        for label, key, unit in (("runs/s", "runs_per_s", "/s"),
+                                 ("CPU per run", "cpu_ms_per_run", " ms")):
+            ratio = e2e[key] / least[key]
+            rows.append({"figure": f"harness {label} vs floor-protocol",
+                         "measured": f"{e2e[key]:.2f}{unit}",
+                         "against": f"floor-protocol {least[key]:.2f}{unit}", "ratio": ratio,
+                         "target": "-", "met": None})
+    if ok("floor_pipe") and ok("floor_protocol"):
+        pipe, least = figures["floor_pipe"], figures["floor_protocol"]
+        ratio = least["cpu_ms_per_run"] / pipe["cpu_ms_per_run"]
+        room = TARGET_PIPE_CPU_RATIO * pipe["cpu_ms_per_run"] - least["cpu_ms_per_run"]
+        rows.append({"figure": "floor-protocol CPU per run vs floor-pipe",
+                     "measured": f"{least['cpu_ms_per_run']:.2f} ms",
+                     "against": f"floor-pipe {pipe['cpu_ms_per_run']:.2f} ms", "ratio": ratio,
+                     "target": f"(<= {TARGET_PIPE_CPU_RATIO} leaves the harness "
+                     f"{max(0.0, room):.2f} ms)", "met": None})
     if ok("e2e"):
         cpu = e2e["cpu_ms_per_run"]
         rows.append({"figure": "harness CPU per run", "measured": f"{cpu:.2f} ms",
@@ -1155,7 +1220,8 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     print(f"Settings: {s['runs']} runs, {s['probes']} probes, {s['queued']} queued, "
           f"{s['floor_samples']} floor samples, {s['rest_samples']} runs at rest, "
           f"concurrency {CONCURRENCY}")
-    for key in ("spawn_floor", "post_floor", "floor_pipe", "floor_ledger", "e2e", "echo",
+    for key in ("spawn_floor", "post_floor", "floor_pipe", "floor_ledger", "floor_protocol",
+                "e2e", "echo",
                 "insert", "rss", "rest"):
         value = figures.get(key)
         if isinstance(value, dict) and "error" in value:
@@ -1182,6 +1248,10 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     if "error" not in book:
         print(f"Floor-ledger: {book['runs']} runs in {book['seconds']:.2f} s, "
               f"{book['runs_per_s']:.0f}/s, client CPU {book['cpu_ms_per_run']:.2f} ms per run")
+    least = figures.get("floor_protocol", {"error": "absent"})
+    if "error" not in least:
+        print(f"Floor-protocol: {least['runs']} runs in {least['seconds']:.2f} s, "
+              f"{least['runs_per_s']:.0f}/s, client CPU {least['cpu_ms_per_run']:.2f} ms per run")
     rest = figures.get("rest", {"error": "absent"})
     if "error" not in rest:
         print(f"At rest: {rest['samples']} runs one at a time at --concurrency 1 (and one "

@@ -43,24 +43,9 @@ from hypercorn.config import Config
 
 from prohost.server.asgi import answer_lifespan
 
-#: floor-pipe's client: ``argv`` is the app's URL, runs, width, stdin bytes, and a
-#: ledger file or ``-``. Runs ``sh -c cat`` with the bytes on stdin and POSTs its
-#: output, ``width`` at a time; prints runs/s over the batch and the process's own
-#: CPU (getrusage RUSAGE_SELF: every thread, not the children) per run. One run goes
-#: first, not counted: the imports and the first connection are start-up, as the
-#: harness's are left out.
-#:
-#: With a ledger file (floor-ledger), each run also makes the four durable steps
-#: PROTOCOL.md §7 asks of any harness — ``accepted`` with the body, ``started``, the
-#: process group, ``finished`` with the outcome — each a commit with its fsync (WAL,
-#: ``synchronous=FULL``) before the next, group-committed by one writer thread fed by
-#: a ``queue.SimpleQueue`` that wakes trio once per batch, as the harness's ledger
-#: is: the least the ledger's durability costs, with nothing of prohost in it.
-FLOOR_PIPE_CLIENT = r"""
+#: The floor clients' common part: their CPU clock and the durable steps' writer.
+FLOOR_LEDGER = r"""
 import json, queue, resource, sqlite3, sys, threading, time, httpx, trio
-
-url, count, width, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-ledger_path = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
 
 def cpu():
     used = resource.getrusage(resource.RUSAGE_SELF)
@@ -92,8 +77,9 @@ class Ledger:
                 for sql, args, _ in work:
                     self.conn.execute(sql, args)
                 self.conn.execute("COMMIT")
-                wakes = [wake for _, _, wake in work]
-                self.token.run_sync_soon(lambda wakes=wakes: [wake() for wake in wakes])
+                wakes = [wake for _, _, wake in work if wake is not None]
+                if wakes:
+                    self.token.run_sync_soon(lambda wakes=wakes: [wake() for wake in wakes])
             if len(work) < len(batch):
                 return
 
@@ -102,9 +88,31 @@ class Ledger:
         self.jobs.put((sql, args, done.set))
         await done.wait()
 
+    def soon(self, sql, *args):
+        # Committed with the next batch, not waited for (the harness's ``reported``).
+        self.jobs.put((sql, args, None))
+
     def close(self):
         self.jobs.put(None)
         self.thread.join()
+"""
+
+#: floor-pipe's client: ``argv`` is the app's URL, runs, width, stdin bytes, and a
+#: ledger file or ``-``. Runs ``sh -c cat`` with the bytes on stdin and POSTs its
+#: output, ``width`` at a time; prints runs/s over the batch and the process's own
+#: CPU (getrusage RUSAGE_SELF: every thread, not the children) per run. One run goes
+#: first, not counted: the imports and the first connection are start-up, as the
+#: harness's are left out.
+#:
+#: With a ledger file (floor-ledger), each run also makes the four durable steps
+#: PROTOCOL.md §7 asks of any harness — ``accepted`` with the body, ``started``, the
+#: process group, ``finished`` with the outcome — each a commit with its fsync (WAL,
+#: ``synchronous=FULL``) before the next, group-committed by one writer thread fed by
+#: a ``queue.SimpleQueue`` that wakes trio once per batch, as the harness's ledger
+#: is: the least the ledger's durability costs, with nothing of prohost in it.
+FLOOR_PIPE_CLIENT = FLOOR_LEDGER + r"""
+url, count, width, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ledger_path = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
 
 async def main():
     payload = b"x" * size

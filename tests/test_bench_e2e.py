@@ -5,6 +5,7 @@ process behind. No speed is asserted."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sqlite3
 import sys
 from pathlib import Path
@@ -102,6 +103,25 @@ async def test_floor_ledger_makes_each_runs_four_durable_steps_in_a_real_sqlite_
     assert mode == ("wal",)
 
 
+async def test_floor_protocol_takes_each_run_off_a_websocket_and_makes_every_step(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        result = await bench.floor_protocol(8, tmp_path)
+    assert result["runs"] == 8 and result["cpu_ms_per_run"] > 0
+    # Every delivery, and the uncounted first, was checked and taken from its frame
+    # (the client stops on a bad signature), recorded with its body, run, posted and
+    # recorded reported; the outcome holds the agent's echo of the run's text.
+    with sqlite3.connect(tmp_path / "floor-protocol" / "ledger.sqlite3") as book:
+        rows = book.execute("SELECT id, state, pgid, body, outcome FROM runs "
+                            "ORDER BY id").fetchall()
+    assert [row[:3] for row in rows] == [(f"run_{n}", "reported", 1) for n in range(9)]
+    for run_id, _, _, body, outcome in rows:
+        text = json.loads(body)["text"]
+        assert len(text) == bench.SPAWN_STDIN_BYTES
+        assert json.loads(outcome) == {"run_id": run_id, "ok": True, "reply": text}
+
+
 async def test_latency_at_rest_times_both_halves_and_their_floors_for_each_run(
     tmp_path: Path,
 ) -> None:
@@ -141,6 +161,7 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "rss": {"rss_kib": 40 * 1024, "queued": 5},
         "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0},
         "floor_ledger": {"runs_per_s": 16.0, "cpu_ms_per_run": 1.5},
+        "floor_protocol": {"runs_per_s": 12.5, "cpu_ms_per_run": 2.0},
         # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
         "rest": {"spawned": [0.003, 0.006], "spawn_floor": [0.001, 0.002],
                  "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002],
@@ -151,7 +172,9 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     assert [row["figure"] for row in rows] == [
         "end-to-end runs/s", "end-to-end runs/s vs floor-pipe",
         "harness CPU per run vs floor-pipe", "harness runs/s vs floor-ledger",
-        "harness CPU per run vs floor-ledger", "harness CPU per run", "ack p50", "ack p99",
+        "harness CPU per run vs floor-ledger", "harness runs/s vs floor-protocol",
+        "harness CPU per run vs floor-protocol", "floor-protocol CPU per run vs floor-pipe",
+        "harness CPU per run", "ack p50", "ack p99",
         "RSS, 16 busy + 5 queued",
         "at rest, delivery → spawned p50", "at rest, delivery → spawned p99",
         "at rest, exit → completion in p50", "at rest, exit → completion in p99",
@@ -168,18 +191,22 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     # Floor-ledger is said, with no target.
     assert [row["ratio"] for row in rows[3:5]] == pytest.approx([10.0 / 16.0, 3.0 / 1.5])
     assert [row["met"] for row in rows[3:5]] == [None, None]
-    assert rows[5]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
+    # So is floor-protocol, and what it leaves of floor-pipe's 1.5× budget (none here).
+    assert [row["ratio"] for row in rows[5:8]] == pytest.approx([10.0 / 12.5, 3.0 / 2.0, 2.0])
+    assert [row["met"] for row in rows[5:8]] == [None, None, None]
+    assert "leaves the harness 0.00 ms" in rows[7]["target"]
+    assert rows[8]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
     assert met["RSS, 16 busy + 5 queued"] is True
-    assert [row["ratio"] for row in rows[9:13]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
-    assert [row["met"] for row in rows[9:13]] == [False, False, True, True]
+    assert [row["ratio"] for row in rows[12:16]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[12:16]] == [False, False, True, True]
     # Against the durable floors: the half over its floor, then the floor over the bare
     # one, with how much of the 2× budget the floor leaves; said, with no target. (With
     # two samples, p50 and p99 are both the larger.)
-    assert [row["ratio"] for row in rows[13:]] == pytest.approx(
+    assert [row["ratio"] for row in rows[16:]] == pytest.approx(
         [6 / 4, 6 / 4, 4 / 2, 4 / 2, 3 / 2.5, 3 / 2.5, 2.5 / 2, 2.5 / 2])
-    assert {row["met"] for row in rows[13:]} == {None}
-    assert "leaves the harness 0.00 ms" in rows[15]["target"]
-    assert "leaves the harness 1.50 ms" in rows[19]["target"]
+    assert {row["met"] for row in rows[16:]} == {None}
+    assert "leaves the harness 0.00 ms" in rows[18]["target"]
+    assert "leaves the harness 1.50 ms" in rows[22]["target"]
 
 
 async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:

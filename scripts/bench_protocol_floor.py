@@ -1,0 +1,191 @@
+"""Floor (e) of ``scripts/bench_e2e.py``, floor-protocol: the least that any harness
+speaking PROTOCOL.md must do per run, with nothing of prohost in it.
+
+floor-ledger (d) runs an agent, makes the four durable steps §7 waits for and POSTs
+the output. A harness must also take each run off its WebSocket and answer it:
+
+- the delivery arrives as a text frame (§2): the JSON is decoded, its signature
+  checked (HMAC-SHA256 over ``f"{timestamp}.{body}"``, compared in constant time,
+  §3) and its body decoded;
+- ``accepted`` (with the body) is committed, then the ack frame is sent (§3);
+- 16 at a time: ``started``, the spawn (``sh -c cat``, the body's ``text`` on stdin),
+  the process group, ``finished`` with the output, the POST to the body's
+  ``completion_path`` with the token and ``Idempotency-Key`` (§7), and ``reported``
+  (queued to the writer thread, not waited for, as the harness does).
+
+Every durable step is a commit with its fsync, made by one writer thread, as in
+floor-ledger. The server's side is :data:`PROTOCOL_APP`, in a process of its own
+(hypercorn's trio worker, as the reference server is): asked for ``n`` deliveries, it
+sends them signed, at most :data:`WINDOW` unacked at a time, and answers every POST
+at once. The client, :data:`FLOOR_PROTOCOL_CLIENT`, prints runs/s over the batch and
+its own CPU (``getrusage(RUSAGE_SELF)``: all its threads) per run, after one
+uncounted run, as floor-pipe does.
+"""
+
+from __future__ import annotations
+
+from bench_rest import FLOOR_LEDGER
+
+#: Deliveries the app lets be unacked at once (the e2e relay's window too).
+WINDOW = 16
+
+#: The secret both sides sign and check with (a bench's, not a pairing's).
+SECRET = "floor-protocol-secret"
+
+#: The server of floor-protocol. ``argv``: the text size of each run. Prints its base
+#: URL; on a WebSocket at ``/deliveries``, each text message ``n`` from the client asks
+#: for ``n`` more deliveries; any POST is answered 200 at once.
+PROTOCOL_APP = r"""
+import hashlib, hmac, json, sys, time, trio, hypercorn.trio
+from hypercorn.config import Config
+from prohost.server.asgi import answer_lifespan
+
+SECRET, WINDOW, size = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
+
+def delivery(n):
+    body = json.dumps({"run_id": f"run_{n}", "conversation_id": f"conv-{n}",
+                       "kind": "message", "completion_path": f"/v1/agent/runs/run_{n}/complete",
+                       "timeline_path": None, "text": "x" * size, "author": "bench",
+                       "context": [], "instructions": None, "created_at": time.time()})
+    stamp = int(time.time())
+    signature = hmac.new(SECRET, f"{stamp}.{body}".encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"type": "delivery", "id": f"dlv_{n}", "event": "agent.run",
+                       "timestamp": stamp, "signature": f"v1={signature}", "body": body})
+
+async def deliveries(receive, send):
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    asked, sent, unacked = 0, 0, 0
+    room = trio.Event()
+
+    async def sender():
+        nonlocal sent, unacked, room
+        while True:
+            while sent >= asked or unacked >= WINDOW:
+                await room.wait()
+                room = trio.Event()
+            await send({"type": "websocket.send", "text": delivery(sent)})
+            sent += 1
+            unacked += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                nursery.cancel_scope.cancel()
+                return
+            frame = json.loads(message["text"])
+            if isinstance(frame, int):
+                asked += frame
+            elif frame.get("type") == "ack":
+                unacked -= 1
+            room.set()
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        return await answer_lifespan(receive, send)
+    if scope["type"] == "websocket":
+        return await deliveries(receive, send)
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = b'{"ok":true}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+async def main():
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(hypercorn.trio.serve, app, config)
+        print(binds[0], flush=True)
+
+trio.run(main)
+"""
+
+#: The client of floor-protocol. ``argv``: the app's base URL, runs, width, the
+#: secret, and the ledger file. Prints one JSON line, as floor-pipe's client does.
+FLOOR_PROTOCOL_CLIENT = FLOOR_LEDGER + r"""
+import hashlib, hmac, math, trio_websocket
+
+base, count, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+secret, ledger_path = sys.argv[4].encode(), sys.argv[5]
+
+async def main():
+    ledger = Ledger(ledger_path)
+    runs_in, runs_out = trio.open_memory_channel(math.inf)
+    headers = {"Authorization": "Bearer floor-token"}
+    ws_url = "ws" + base[len("http"):] + "/deliveries"
+    async with httpx.AsyncClient() as client, \
+            trio_websocket.open_websocket_url(ws_url) as ws:
+
+        async def take(n):
+            # The reader's part: decode, check, record, ack; the run then waits its turn.
+            for _ in range(n):
+                frame = json.loads(await ws.get_message())
+                body = frame["body"]
+                if abs(time.time() - frame["timestamp"]) > 300:
+                    raise RuntimeError("a delivery's timestamp is stale")
+                expected = hmac.new(secret, f"{frame['timestamp']}.{body}".encode(),
+                                    hashlib.sha256).hexdigest()
+                if not hmac.compare_digest("v1=" + expected, frame["signature"].lower()):
+                    raise RuntimeError("a delivery's signature did not match")
+                run = json.loads(body)
+                await ledger.step("INSERT INTO runs (id, body, state) VALUES (?, ?, ?)",
+                                  run["run_id"], body, "accepted")
+                await ws.send_message(json.dumps({"type": "ack", "id": frame["id"],
+                                                  "status": 200, "reason": "accepted"}))
+                runs_in.send_nowait(run)
+
+        async def one(run):
+            run_id = run["run_id"]
+            await ledger.step("UPDATE runs SET state = 'started' WHERE id = ?", run_id)
+            result = await trio.run_process(["sh", "-c", "cat"], stdin=run["text"].encode(),
+                                            capture_stdout=True, start_new_session=True)
+            await ledger.step("UPDATE runs SET pgid = ? WHERE id = ?", 1, run_id)
+            outcome = json.dumps({"run_id": run_id, "ok": True,
+                                  "reply": result.stdout.decode()}).encode()
+            await ledger.step("UPDATE runs SET state = 'finished', outcome = ? WHERE id = ?",
+                              outcome.decode(), run_id)
+            answer = await client.post(base + run["completion_path"], content=outcome,
+                                       headers={**headers, "Idempotency-Key": run_id,
+                                                "Content-Type": "application/json"})
+            answer.raise_for_status()
+            ledger.soon("UPDATE runs SET state = 'reported' WHERE id = ?", run_id)
+
+        left = count
+        all_done = trio.Event()
+
+        async def worker():
+            nonlocal left
+            async for run in runs_out:
+                await one(run)
+                left -= 1
+                if left == 0:
+                    all_done.set()
+
+        # One uncounted run: imports, the first connection and the first spawn.
+        await ws.send_message("1")
+        await take(1)
+        await one(runs_out.receive_nowait())
+        cpu_began, began = cpu(), time.perf_counter()
+        await ws.send_message(str(count))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take, count)
+            for _ in range(width):
+                nursery.start_soon(worker)
+            await all_done.wait()
+            nursery.cancel_scope.cancel()
+        seconds, used = time.perf_counter() - began, cpu() - cpu_began
+    ledger.close()
+    print(json.dumps({"runs": count, "seconds": seconds, "runs_per_s": count / seconds,
+                      "cpu_ms_per_run": used * 1e3 / count}), flush=True)
+
+trio.run(main)
+"""
