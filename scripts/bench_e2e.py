@@ -75,14 +75,15 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    being in: a one-way time, like (b)'s end, not a round trip. p50 and p99 of each
    half against its floor's. Every stamp is taken in this process, so both sides of
    each ratio include the same fifo read and the same wake-ups; the pause between
-   runs (REST_PAUSE_S) lets the harness's last ledger step end first. Durable floors,
-   also one sample each after each run, taken after the same pause as a run: (a) the
-   same spawn preceded by two commits with their fsync (``accepted``, ``started``:
-   §3 and §7 ask for both before a spawn), each handed to one writer thread as the
-   harness's are (``bench_rest.DurableSteps``); (b) from that agent's ``e``, one such
-   commit (``finished``) then the bare POST. No target: each half is given against
-   them, and each of them against its bare floor, with what a 2× target leaves
-   once the durable steps are made.
+   runs (REST_PAUSE_S) lets the harness's last ledger step end first. Then, also
+   once per run and after the same pause, floor-protocol at rest: floor (e)'s
+   client, one run at a time in a process of its own (as the harness is), dialled
+   into a WebSocket server in this process, is sent a signed delivery frame for the
+   same agent line; from the frame's write to ``s`` (it decodes and checks the
+   frame, commits ``accepted``, acks, commits ``started``, spawns), and from ``e``
+   to its POST being in at the same HTTP relay (it sees the exit, commits
+   ``finished``, POSTs). No target: each half is given against it, and it against
+   the bare floors, with what a 2× target leaves once the protocol's steps are made.
 
 Each process is started in its own session and killed (with the agents it spawned)
 on the way out (also on Ctrl-C or SIGTERM), whatever happens short of this script
@@ -118,8 +119,15 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 import trio_websocket
-from bench_protocol_floor import FLOOR_PROTOCOL_CLIENT, PROTOCOL_APP, SECRET, WINDOW
-from bench_rest import FLOOR_PIPE_CLIENT, DurableSteps, Inbox, Marks, agent_command
+from bench_protocol_floor import (
+    FLOOR_PROTOCOL_CLIENT,
+    PROTOCOL_APP,
+    SECRET,
+    WINDOW,
+    DeliverySocket,
+    signed_delivery,
+)
+from bench_rest import FLOOR_PIPE_CLIENT, Inbox, Marks, agent_command
 
 from prohost.home import Credentials, save_credentials
 from prohost.wire.protocol import MAX_MESSAGE_BYTES
@@ -928,21 +936,39 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
     agent = agent_command(marks.path)
     figures: dict[str, list[float]] = {
         "spawned": [], "spawn_floor": [], "reported": [], "post_floor": [],
-        "spawn_ledger_floor": [], "post_ledger_floor": []}
+        "spawn_protocol_floor": [], "post_protocol_floor": []}
     async with prohost_server(tmp, "server-rest") as server, \
             httpx.AsyncClient(timeout=30) as client, \
-            httpx.AsyncClient(timeout=30) as poster, \
-            DurableSteps(tmp / "rest-ledger.sqlite3") as book, trio.open_nursery() as nursery:
+            httpx.AsyncClient(timeout=30) as poster, trio.open_nursery() as nursery:
         relay = Relay(server.ws_url)
         await nursery.start(relay.serve)
         inbox = Inbox(server.http_url, client)
         await nursery.start(inbox.serve)
         await nursery.start(marks.read)
+        deliveries = DeliverySocket()
+        await nursery.start(deliveries.serve)
         home = tmp / "harness-rest"
         await pair(client, server, home, relay.ws_url, api_url=inbox.url)
+        # floor-protocol at rest: its client runs one uncounted run of its own first.
+        least_argv = [sys.executable, "-c", FLOOR_PROTOCOL_CLIENT, inbox.url, str(samples + 1),
+                      "1", SECRET, str(tmp / "floor-protocol-rest" / "ledger.sqlite3"),
+                      deliveries.url, agent]
         async with started("harness", harness_argv(agent, concurrency=1), home) as harness, \
+                started("floor-protocol", least_argv, tmp / "floor-protocol-rest") as least, \
                 trio.open_nursery() as inner:
             relay.check = partial(harness_healthy, harness, relay)
+
+            async def watch_least() -> None:
+                # It ends by itself after its last run; failing, it would leave a
+                # sample waiting for marks that never come.
+                if await least.proc.wait():
+                    raise RuntimeError("the floor-protocol client failed:\n" + least.log_tail())
+
+            inner.start_soon(watch_least)
+            # Its uncounted run, answered at once (not timed: its marks are skipped).
+            await deliveries.send(signed_delivery("dlv-warm", "floor-protocol-warm", REST_TEXT,
+                                                  "/floor"))
+            await inbox.wait_arrived("floor-protocol-warm")
 
             async def watch_exit() -> None:
                 await harness.proc.wait()
@@ -967,33 +993,24 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
                 (await poster.post(f"{inbox.url}/floor", content=b"x" * inbox.sizes[run_id],
                                    headers={"Idempotency-Key": f"floor-{n}"})).raise_for_status()
                 post_floor = inbox.arrived[f"floor-{n}"] - began
-                # The floors with durability (§3, §7), after the same pause as a run:
-                # ``accepted`` and ``started`` committed before the spawn, ``finished``
-                # after the agent's exit and before the POST.
+                # floor-protocol at rest, after the same pause as a run and through the
+                # same stamps: the least any harness of PROTOCOL.md does for this run,
+                # in a process of its own.
                 await trio.sleep(REST_PAUSE_S)
                 mark = len(marks.events)
+                least_id = f"floor-protocol-{n}"
                 began = time.monotonic()
-                await book.step("INSERT INTO runs (id, body, state) VALUES (?, ?, ?)",
-                                f"floor-{n}", REST_TEXT, "accepted")
-                await book.step("UPDATE runs SET state = 'started' WHERE id = ?", f"floor-{n}")
-                done = await trio.run_process(["/bin/sh", "-c", agent],
-                                              stdin=REST_TEXT.encode(), capture_stdout=True,
-                                              start_new_session=True)
-                spawn_ledger_floor = await marks.first("s", mark) - began
-                began = await marks.first("e", mark)
-                await book.step("UPDATE runs SET state = 'finished', outcome = ? WHERE id = ?",
-                                done.stdout.decode(), f"floor-{n}")
-                (await poster.post(f"{inbox.url}/floor", content=b"x" * inbox.sizes[run_id],
-                                   headers={"Idempotency-Key": f"floor-ledger-{n}"})
-                 ).raise_for_status()
-                post_ledger_floor = inbox.arrived[f"floor-ledger-{n}"] - began
+                await deliveries.send(signed_delivery(f"dlv-{n}", least_id, REST_TEXT, "/floor"))
+                spawn_protocol_floor = await marks.first("s", mark) - began
+                await inbox.wait_arrived(least_id)
+                post_protocol_floor = inbox.arrived[least_id] - await marks.first("e", mark)
                 if n:
                     figures["spawned"].append(spawned)
                     figures["reported"].append(reported)
                     figures["spawn_floor"].append(spawn_floor)
                     figures["post_floor"].append(post_floor)
-                    figures["spawn_ledger_floor"].append(spawn_ledger_floor)
-                    figures["post_ledger_floor"].append(post_ledger_floor)
+                    figures["spawn_protocol_floor"].append(spawn_protocol_floor)
+                    figures["post_protocol_floor"].append(post_protocol_floor)
                 await trio.sleep(REST_PAUSE_S)
             states = {(await client.get(f"{server.http_url}/v1/runs/run-rest-{n}")).json()
                       .get("state") for n in range(samples + 1)}
@@ -1184,15 +1201,15 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                              "ratio": took / floor, "target": f"<= {TARGET_REST_RATIO}",
                              "met": took / floor <= TARGET_REST_RATIO})
         for half, floor_key, label, floor_label in (
-                ("spawned", "spawn_ledger_floor", "delivery → spawned", "2 commits + spawn"),
-                ("reported", "post_ledger_floor", "exit → completion in", "commit + POST")):
-            # No target: how much of each half the durable steps alone account for.
+                ("spawned", "spawn_protocol_floor", "delivery → spawned", "floor-protocol"),
+                ("reported", "post_protocol_floor", "exit → completion in", "floor-protocol")):
+            # No target: how much of each half the protocol alone accounts for.
             if not rest.get(floor_key):
                 continue
             for name, fraction in (("p50", 0.50), ("p99", 0.99)):
                 took = percentile(rest[half], fraction) * 1e3
                 floor = percentile(rest[floor_key], fraction) * 1e3
-                rows.append({"figure": f"at rest, {label} {name} vs durable",
+                rows.append({"figure": f"at rest, {label} {name} vs floor-protocol",
                              "measured": f"{took:.2f} ms",
                              "against": f"{floor_label} {name} {floor:.2f} ms",
                              "ratio": took / floor, "target": "-", "met": None})
@@ -1200,7 +1217,7 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                 floor = percentile(rest[floor_key], fraction) * 1e3
                 bare = percentile(rest[{"spawned": "spawn_floor",
                                         "reported": "post_floor"}[half]], fraction) * 1e3
-                rows.append({"figure": f"at rest, durable floor {name}: {floor_label}",
+                rows.append({"figure": f"at rest, floor-protocol {label} {name}",
                              "measured": f"{floor:.2f} ms",
                              "against": f"bare {name} {bare:.2f} ms", "ratio": floor / bare,
                              "target": f"(<= {TARGET_REST_RATIO} leaves the harness "

@@ -24,6 +24,13 @@ uncounted run, as floor-pipe does.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import time
+
+import trio
+import trio_websocket
 from bench_rest import FLOOR_LEDGER
 
 #: Deliveries the app lets be unacked at once (the e2e relay's window too).
@@ -109,19 +116,22 @@ async def main():
 trio.run(main)
 """
 
-#: The client of floor-protocol. ``argv``: the app's base URL, runs, width, the
-#: secret, and the ledger file. Prints one JSON line, as floor-pipe's client does.
+#: The client of floor-protocol. ``argv``: the base URL its POSTs go to, runs, width,
+#: the secret, the ledger file, and optionally the WebSocket URL it dials (else the
+#: base's ``/deliveries``) and the agent's shell line (else ``cat``). Prints one JSON
+#: line, as floor-pipe's client does.
 FLOOR_PROTOCOL_CLIENT = FLOOR_LEDGER + r"""
-import hashlib, hmac, math, trio_websocket
+import hashlib, hmac, math, subprocess, trio_websocket
 
 base, count, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 secret, ledger_path = sys.argv[4].encode(), sys.argv[5]
+ws_url = sys.argv[6] if len(sys.argv) > 6 else "ws" + base[len("http"):] + "/deliveries"
+agent = sys.argv[7] if len(sys.argv) > 7 else "cat"
 
 async def main():
     ledger = Ledger(ledger_path)
     runs_in, runs_out = trio.open_memory_channel(math.inf)
     headers = {"Authorization": "Bearer floor-token"}
-    ws_url = "ws" + base[len("http"):] + "/deliveries"
     async with httpx.AsyncClient() as client, \
             trio_websocket.open_websocket_url(ws_url) as ws:
 
@@ -146,11 +156,19 @@ async def main():
         async def one(run):
             run_id = run["run_id"]
             await ledger.step("UPDATE runs SET state = 'started' WHERE id = ?", run_id)
-            result = await trio.run_process(["sh", "-c", "cat"], stdin=run["text"].encode(),
-                                            capture_stdout=True, start_new_session=True)
-            await ledger.step("UPDATE runs SET pgid = ? WHERE id = ?", 1, run_id)
+            proc = await trio.lowlevel.open_process(
+                ["sh", "-c", agent], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                start_new_session=True)
+            # The process group, durable before its output is waited on (§7).
+            await ledger.step("UPDATE runs SET pgid = ? WHERE id = ?", proc.pid, run_id)
+            await proc.stdin.send_all(run["text"].encode())
+            await proc.stdin.aclose()
+            output = bytearray()
+            while chunk := await proc.stdout.receive_some():
+                output += chunk
+            await proc.wait()
             outcome = json.dumps({"run_id": run_id, "ok": True,
-                                  "reply": result.stdout.decode()}).encode()
+                                  "reply": output.decode()}).encode()
             await ledger.step("UPDATE runs SET state = 'finished', outcome = ? WHERE id = ?",
                               outcome.decode(), run_id)
             answer = await client.post(base + run["completion_path"], content=outcome,
@@ -189,3 +207,57 @@ async def main():
 
 trio.run(main)
 """
+
+
+def signed_delivery(delivery_id: str, run_id: str, text: str, completion_path: str,
+                    secret: str = SECRET) -> str:
+    """A delivery frame as PROTOCOL.md §2–3 has it, signed with ``secret``."""
+    body = json.dumps({"run_id": run_id, "conversation_id": f"conv-{run_id}",
+                       "kind": "message", "completion_path": completion_path,
+                       "timeline_path": None, "text": text, "author": "bench", "context": [],
+                       "instructions": None, "created_at": time.time()})
+    stamp = int(time.time())
+    signature = hmac.new(secret.encode(), f"{stamp}.{body}".encode(), hashlib.sha256)
+    return json.dumps({"type": "delivery", "id": delivery_id, "event": "agent.run",
+                       "timestamp": stamp, "signature": f"v1={signature.hexdigest()}",
+                       "body": body})
+
+
+class DeliverySocket:
+    """The server's end of floor-protocol at rest: a trio-websocket server in this
+    process, dialled by one floor-protocol client; :meth:`send` writes a delivery
+    frame to it, and ``acks`` counts the acks it sends back."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.acks = 0
+        self._connection: trio_websocket.WebSocketConnection | None = None
+        self._connected = trio.Event()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Listen on 127.0.0.1 until cancelled. Cancelled: the server and its one
+        connection are closed."""
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(trio_websocket.serve_websocket, self._accept,
+                                         "127.0.0.1", 0, None)
+            self.url = f"ws://127.0.0.1:{server.port}/"
+            task_status.started()
+
+    async def _accept(self, request: trio_websocket.WebSocketRequest) -> None:
+        self._connection = await request.accept()
+        self._connected.set()
+        try:
+            while True:
+                # The client's asks ("1", then the count) and its acks.
+                frame = json.loads(await self._connection.get_message())
+                if isinstance(frame, dict) and frame.get("type") == "ack":
+                    self.acks += 1
+        except trio_websocket.ConnectionClosed:
+            return
+
+    async def send(self, frame: str) -> None:
+        """Write one frame to the client, once it has connected."""
+        await self._connected.wait()
+        assert self._connection is not None
+        await self._connection.send_message(frame)

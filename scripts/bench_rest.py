@@ -8,10 +8,6 @@ Kept apart so that the main script stays readable; nothing here starts a
 - :class:`Marks`: a fifo the latency agent (and the bare-spawn floor) writes one
   byte to as its first action (``s``) and one just before it exits (``e``); each
   byte is stamped with ``time.monotonic()`` when this process reads it.
-- :class:`DurableSteps`: the ledger steps a run needs at rest before its agent is
-  spawned (``accepted``, ``started``) and before its completion is posted
-  (``finished``), each a commit with its fsync made by one writer thread, as the
-  harness's are: the floors of the latency at rest that durability adds.
 - :class:`Inbox`: the harness's API base during the latency phase. An ASGI app
   served by hypercorn's trio worker in this process: it stamps each request's
   arrival (``time.monotonic()`` once its whole body is in), then passes it on to the
@@ -27,12 +23,8 @@ reads and wake-ups.
 from __future__ import annotations
 
 import os
-import queue
 import shlex
-import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,57 +189,6 @@ class Marks:
             await self._changed.wait()
 
 
-class DurableSteps:
-    """A WAL sqlite file with ``synchronous=FULL`` and one writer thread (fed by a
-    ``queue.SimpleQueue``, waking trio with ``run_sync_soon``) that commits each step
-    handed to it, with its fsync, before the step returns: the least a harness that
-    keeps fsyncs off its event loop must do per durable step (PROTOCOL.md §7). Used
-    as an async context manager: the thread is started on entry and joined on exit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._jobs: queue.SimpleQueue[tuple[str, tuple[object, ...], Callable[[], None]] | None]
-        self._jobs = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
-
-    async def __aenter__(self) -> DurableSteps:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, body TEXT, "
-                     "state TEXT, outcome TEXT)")
-        self._conn = conn
-        token = trio.lowlevel.current_trio_token()
-        self._thread = threading.Thread(target=self._serve, args=(conn, token),
-                                        name="bench durable steps")
-        self._thread.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._jobs.put(None)
-        if self._thread is not None:
-            # Its last commit is one fsync away: joining it blocks for that long at most.
-            await trio.to_thread.run_sync(self._thread.join)
-        if self._conn is not None:
-            self._conn.close()
-
-    def _serve(self, conn: sqlite3.Connection, token: trio.lowlevel.TrioToken) -> None:
-        while (job := self._jobs.get()) is not None:
-            sql, args, wake = job
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(sql, args)
-            conn.execute("COMMIT")
-            token.run_sync_soon(wake)
-
-    async def step(self, sql: str, *args: object) -> None:
-        """One statement committed (and fsync'd) by the writer thread. Cancelled: this
-        stops waiting, and the thread still commits it."""
-        done = trio.Event()
-        self._jobs.put((sql, args, done.set))
-        await done.wait()
-
-
 class Inbox:
     """The harness's API base in the latency phase; see the module docstring.
     ``arrived`` maps a request's ``Idempotency-Key`` (a completion's run id) to the
@@ -272,6 +213,11 @@ class Inbox:
             binds = await nursery.start(hypercorn.trio.serve, self, config)
             self.url = binds[0]
             task_status.started()
+
+    async def wait_arrived(self, key: str) -> None:
+        """Wait until a request keyed ``key`` has come in whole."""
+        while key not in self.arrived:
+            await self._changed.wait()
 
     async def wait_answered(self, key: str) -> None:
         """Wait until the server has answered the completion keyed ``key``."""
