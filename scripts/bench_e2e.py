@@ -100,6 +100,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import sqlite3
@@ -189,6 +190,34 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """cutime + cstime of ``pid``: the CPU of its children it has waited for (a
+    harness's agents), in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every CPU of the machine has spent not idle (``/proc/stat``: all
+    but idle and iowait), since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(field) for field in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest is counted in user).
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot(harness_pid: int, server_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of the harness, its agents, the server, this process and
+    the whole machine: taken twice, their differences say where a run's CPU went."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return {"harness": cpu_seconds(harness_pid),
+            "agents": children_cpu_seconds(harness_pid),
+            "server": cpu_seconds(server_pid) if server_pid is not None else 0.0,
+            "bench": own.ru_utime + own.ru_stime,
+            "machine": machine_busy_seconds()}
 
 
 def memory_kib(pid: int) -> dict[str, int]:
@@ -517,6 +546,8 @@ class Relay:
         self.status: dict[str, Any] = {}
         self.connected_at: float | None = None  # perf_counter of the first connection
         self.first_cpu: float | None = None  # the harness's CPU seconds then
+        self.first_snapshot: dict[str, float] | None = None  # cpu_snapshot() then
+        self.server_pid: int | None = None
         self.harness_pid: int | None = None
         #: run id → its latest acked delivery id.
         self.last_ack: dict[str, str] = {}
@@ -556,6 +587,7 @@ class Relay:
             self.connected_at = time.perf_counter()
             if self.harness_pid is not None:
                 self.first_cpu = cpu_seconds(self.harness_pid)
+                self.first_snapshot = cpu_snapshot(self.harness_pid, self.server_pid)
         headers = [(k, v) for k, v in request.headers
                    if k.lower() in (b"authorization", b"x-prohost-machine", b"x-prohost-agent")]
         down = await request.accept()
@@ -804,6 +836,7 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
     async with prohost_server(tmp, "server-e2e") as server, \
             httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as nursery:
         relay = Relay(server.ws_url)
+        relay.server_pid = server.child.pid
         await nursery.start(relay.serve)
         home = tmp / "harness-e2e"
         await pair(client, server, home, relay.ws_url)
@@ -857,6 +890,7 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
                 await relay.wait(lambda: len(probe_times) == probes)
                 ended = await wait_completed(client, server, relay, run_ids + probe_ids)
                 cpu_end = cpu_seconds(harness.pid)
+                snapshot_end = cpu_snapshot(harness.pid, server.child.pid)
                 inner.cancel_scope.cancel()
         listing = (await client.get(f"{server.http_url}/v1/runs")).json()["runs"]
         nursery.cancel_scope.cancel()
@@ -877,6 +911,11 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int) -> dict[str, An
         close_codes=relay.close_codes,
         cpu_ms_per_run=(cpu_end - (relay.first_cpu or 0.0)) * 1e3 / total,
         cpu_ms_startup=(relay.first_cpu or 0.0) * 1e3,
+        # Where the machine's CPU went over the same window, per run: the harness, its
+        # agents, the reference server, this process (relay and submitter), and the
+        # whole machine (the rest is the kernel's and other processes').
+        cpu_ms_per_run_of={key: (snapshot_end[key] - (relay.first_snapshot or {}).get(key, 0.0))
+                           * 1e3 / total for key in snapshot_end},
         # Under load means while the backlog ran; all of them if none was.
         ack_samples=busy_times or probe_times,
         ack_samples_all=probe_times,
@@ -1136,6 +1175,16 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                      "against": f"floor-pipe {pipe['cpu_ms_per_run']:.2f} ms", "ratio": ratio,
                      "target": f"<= {TARGET_PIPE_CPU_RATIO}",
                      "met": ratio <= TARGET_PIPE_CPU_RATIO})
+    if ok("e2e") and ok("floor_pipe") and "cpu_ms_per_run_of" in e2e \
+            and "machine_cpu_ms_per_run" in figures["floor_pipe"]:
+        # No target: the machine's CPU per run (both CPUs, every process), which bounds
+        # runs/s once the machine is busy; the e2e side includes the reference server
+        # and this process's relay, which floor-pipe's minimal app does not.
+        machine_ms = e2e["cpu_ms_per_run_of"]["machine"]
+        pipe_ms = figures["floor_pipe"]["machine_cpu_ms_per_run"]
+        rows.append({"figure": "machine CPU per run vs floor-pipe",
+                     "measured": f"{machine_ms:.2f} ms", "against": f"floor-pipe {pipe_ms:.2f} ms",
+                     "ratio": machine_ms / pipe_ms, "target": "-", "met": None})
     if ok("e2e") and ok("floor_ledger"):
         # No target: it says how much of the gap to floor-pipe the ledger's
         # durability (§7) accounts for, with nothing of prohost in it.
@@ -1252,6 +1301,13 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
               f"{e2e['connections']}; harness start-up CPU {e2e['cpu_ms_startup']:.0f} ms "
               f"(left out); ack figures from the {e2e['acked_while_busy']} probes acked while "
               "the backlog ran" + ("" if e2e["acked_while_busy"] else " (none: all probes)"))
+    if "error" not in e2e and "cpu_ms_per_run_of" in e2e:
+        of = e2e["cpu_ms_per_run_of"]
+        other = of["machine"] - of["harness"] - of["agents"] - of["server"] - of["bench"]
+        print(f"Machine CPU per run, end to end: {of['machine']:.2f} ms = harness "
+              f"{of['harness']:.2f} + its agents {of['agents']:.2f} + server {of['server']:.2f} "
+              f"+ this process (relay, submitter) {of['bench']:.2f} + the rest (kernel, "
+              f"other processes) {other:.2f} ms")
     rss = figures["rss"]
     if "error" not in rss:
         print(f"RSS: {rss['rss_kib'] / 1024:.1f} MiB with {rss['active']} busy + "
@@ -1260,7 +1316,9 @@ def print_report(figures: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     pipe = figures.get("floor_pipe", {"error": "absent"})
     if "error" not in pipe:
         print(f"Floor-pipe: {pipe['runs']} runs in {pipe['seconds']:.2f} s, "
-              f"{pipe['runs_per_s']:.0f}/s, client CPU {pipe['cpu_ms_per_run']:.2f} ms per run")
+              f"{pipe['runs_per_s']:.0f}/s, client CPU {pipe['cpu_ms_per_run']:.2f} ms per run"
+              + (f", machine CPU {pipe['machine_cpu_ms_per_run']:.2f} ms per run"
+                 if "machine_cpu_ms_per_run" in pipe else ""))
     book = figures.get("floor_ledger", {"error": "absent"})
     if "error" not in book:
         print(f"Floor-ledger: {book['runs']} runs in {book['seconds']:.2f} s, "

@@ -59,6 +59,10 @@ async def test_throughput_phase_completes_every_run_and_times_each_probe_ack(
     assert result["delivery_bytes"] > 100
     assert result["runs_per_s"] > 0 and result["cpu_ms_per_run"] > 0
     assert result["cpu_ms_startup"] > 0  # read from /proc when the harness connected
+    # Where the machine's CPU went over the same window, from /proc and getrusage.
+    of = result["cpu_ms_per_run_of"]
+    assert set(of) == {"harness", "agents", "server", "bench", "machine"}
+    assert all(ms >= 0 for ms in of.values()) and of["machine"] > 0
 
 
 async def test_rss_phase_waits_for_the_full_queue_and_kills_the_busy_agents(
@@ -82,8 +86,9 @@ async def test_floor_pipe_runs_every_spawn_and_post_and_counts_the_client_cpu(
     # The client process ran the whole batch (it checks every echo and every answer).
     assert result["runs"] == 8
     assert result["runs_per_s"] > 0 and result["seconds"] > 0
-    # Its own CPU, read with getrusage, spread over the batch.
-    assert result["cpu_ms_per_run"] > 0
+    # Its own CPU, read with getrusage, spread over the batch; the machine's, from
+    # /proc/stat over the same batch.
+    assert result["cpu_ms_per_run"] > 0 and result["machine_cpu_ms_per_run"] > 0
 
 
 async def test_floor_ledger_makes_each_runs_four_durable_steps_in_a_real_sqlite_file(
@@ -157,12 +162,15 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "settings": {"runs": 4, "probes": 3, "queued": 5, "floor_samples": 8},
         "spawn_floor": await bench.spawn_floor(8),
         "post_floor": await bench.post_floor(8, tmp_path),
-        "e2e": {"runs_per_s": 10.0, "cpu_ms_per_run": 3.0, "ack_samples": [0.004, 0.006]},
+        "e2e": {"runs_per_s": 10.0, "cpu_ms_per_run": 3.0, "ack_samples": [0.004, 0.006],
+                "cpu_ms_per_run_of": {"harness": 3.0, "agents": 1.0, "server": 2.0,
+                                      "bench": 1.0, "machine": 8.0}},
         "echo": await bench.echo_round_trips(3, 600),
         "insert": await trio.to_thread.run_sync(bench.durable_inserts, 3, 600,
                                                 tmp_path / "insert.sqlite3"),
         "rss": {"rss_kib": 40 * 1024, "queued": 5},
-        "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0},
+        "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0,
+                       "machine_cpu_ms_per_run": 4.0},
         "floor_ledger": {"runs_per_s": 16.0, "cpu_ms_per_run": 1.5},
         "floor_protocol": {"runs_per_s": 12.5, "cpu_ms_per_run": 2.0},
         # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
@@ -175,7 +183,8 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     rows = bench.ratios(figures)
     assert [row["figure"] for row in rows] == [
         "end-to-end runs/s", "end-to-end runs/s vs floor-pipe",
-        "harness CPU per run vs floor-pipe", "harness runs/s vs floor-ledger",
+        "harness CPU per run vs floor-pipe", "machine CPU per run vs floor-pipe",
+        "harness runs/s vs floor-ledger",
         "harness CPU per run vs floor-ledger", "harness runs/s vs floor-protocol",
         "harness CPU per run vs floor-protocol", "floor-protocol CPU per run vs floor-pipe",
         "harness CPU per run", "ack p50", "ack p99",
@@ -194,25 +203,27 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     met = {row["figure"]: row["met"] for row in rows}
     assert rows[1]["ratio"] == 10.0 / 20.0 and met["end-to-end runs/s vs floor-pipe"] is False
     assert rows[2]["ratio"] == 3.0 and met["harness CPU per run vs floor-pipe"] is False
+    # The machine's CPU per run (every process), said with no target.
+    assert rows[3]["ratio"] == 8.0 / 4.0 and met["machine CPU per run vs floor-pipe"] is None
     # Floor-ledger is said, with no target.
-    assert [row["ratio"] for row in rows[3:5]] == pytest.approx([10.0 / 16.0, 3.0 / 1.5])
-    assert [row["met"] for row in rows[3:5]] == [None, None]
+    assert [row["ratio"] for row in rows[4:6]] == pytest.approx([10.0 / 16.0, 3.0 / 1.5])
+    assert [row["met"] for row in rows[4:6]] == [None, None]
     # So is floor-protocol, and what it leaves of floor-pipe's 1.5× budget (none here).
-    assert [row["ratio"] for row in rows[5:8]] == pytest.approx([10.0 / 12.5, 3.0 / 2.0, 2.0])
-    assert [row["met"] for row in rows[5:8]] == [None, None, None]
-    assert "leaves the harness 0.00 ms" in rows[7]["target"]
-    assert rows[8]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
+    assert [row["ratio"] for row in rows[6:9]] == pytest.approx([10.0 / 12.5, 3.0 / 2.0, 2.0])
+    assert [row["met"] for row in rows[6:9]] == [None, None, None]
+    assert "leaves the harness 0.00 ms" in rows[8]["target"]
+    assert rows[9]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
     assert met["RSS, 16 busy + 5 queued"] is True
-    assert [row["ratio"] for row in rows[12:16]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
-    assert [row["met"] for row in rows[12:16]] == [False, False, True, True]
+    assert [row["ratio"] for row in rows[13:17]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[13:17]] == [False, False, True, True]
     # Against floor-protocol at rest: the half over it, then it over the bare floor,
     # with how much of the 2× budget it leaves; said, with no target. (With
     # two samples, p50 and p99 are both the larger.)
-    assert [row["ratio"] for row in rows[16:]] == pytest.approx(
+    assert [row["ratio"] for row in rows[17:]] == pytest.approx(
         [6 / 4, 6 / 4, 4 / 2, 4 / 2, 3 / 2.5, 3 / 2.5, 2.5 / 2, 2.5 / 2])
-    assert {row["met"] for row in rows[16:]} == {None}
-    assert "leaves the harness 0.00 ms" in rows[18]["target"]
-    assert "leaves the harness 1.50 ms" in rows[22]["target"]
+    assert {row["met"] for row in rows[17:]} == {None}
+    assert "leaves the harness 0.00 ms" in rows[19]["target"]
+    assert "leaves the harness 1.50 ms" in rows[23]["target"]
 
 
 async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:
