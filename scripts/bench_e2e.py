@@ -122,6 +122,7 @@ import trio
 import trio_websocket
 from bench_protocol_floor import (
     FLOOR_PROTOCOL_CLIENT,
+    PROBE_GAP_S,
     PROTOCOL_APP,
     SECRET,
     WINDOW,
@@ -388,9 +389,9 @@ async def read_lines(
                 return lines
             chunk = await stream.receive_some()
             if not chunk:
-                raise RuntimeError(f"{what} exited before it printed its address")
+                raise RuntimeError(f"{what} exited before it printed what was awaited")
             data += chunk
-    raise RuntimeError(f"{what} printed no address within {within_s:.0f} s")
+    raise RuntimeError(f"{what} did not print what was awaited within {within_s:.0f} s")
 
 
 async def post_floor(count: int, tmp: Path) -> float:
@@ -447,12 +448,13 @@ async def floor_pipe(count: int, tmp: Path, *, ledger: bool = False) -> dict[str
             return result
 
 
-async def floor_protocol(count: int, tmp: Path) -> dict[str, Any]:
+async def floor_protocol(count: int, tmp: Path, probes: int = 0) -> dict[str, Any]:
     """Floor (e), floor-protocol: runs/s and client CPU per run of ``count`` runs taken
     off a WebSocket, checked, recorded and acked, then run and reported as
-    floor-ledger's are (see :mod:`bench_protocol_floor`)."""
+    floor-ledger's are (see :mod:`bench_protocol_floor`); ``probes`` of them are sent
+    one at a time once the rest are acked, and their acks timed (``probe_ack_s``)."""
     app_argv = [sys.executable, "-c", PROTOCOL_APP, SECRET, str(WINDOW),
-                str(SPAWN_STDIN_BYTES)]
+                str(SPAWN_STDIN_BYTES), str(PROBE_GAP_S)]
     async with started("protocol-app", app_argv, tmp / "floor-protocol-app",
                        stdout=subprocess.PIPE) as app:
         if app.proc.stdout is None:
@@ -460,7 +462,8 @@ async def floor_protocol(count: int, tmp: Path) -> dict[str, Any]:
         [url] = await read_lines(app.proc.stdout, lambda lines: len(lines) == 1, 30,
                                  "the floor-protocol app")
         argv = [sys.executable, "-c", FLOOR_PROTOCOL_CLIENT, url, str(count),
-                str(CONCURRENCY), SECRET, str(tmp / "floor-protocol" / "ledger.sqlite3")]
+                str(CONCURRENCY), SECRET, str(tmp / "floor-protocol" / "ledger.sqlite3"),
+                str(probes)]
         async with started("floor-protocol", argv, tmp / "floor-protocol",
                            stdout=subprocess.PIPE) as client:
             if client.proc.stdout is None:
@@ -472,7 +475,11 @@ async def floor_protocol(count: int, tmp: Path) -> dict[str, Any]:
                 raise RuntimeError("the floor-protocol client failed:\n"
                                    + client.log_tail()) from None
             result: dict[str, Any] = json.loads(line)
-            return result
+        # The client has hung up: the app says how long its probes' acks took.
+        [line] = await read_lines(app.proc.stdout, lambda lines: len(lines) == 1, 30,
+                                  "the floor-protocol app's probe times")
+        result.update(json.loads(line))
+        return result
 
 
 async def echo_round_trips(samples: int, size: int) -> list[float]:
@@ -990,7 +997,7 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
         await pair(client, server, home, relay.ws_url, api_url=inbox.url)
         # floor-protocol at rest: its client runs one uncounted run of its own first.
         least_argv = [sys.executable, "-c", FLOOR_PROTOCOL_CLIENT, inbox.url, str(samples + 1),
-                      "1", SECRET, str(tmp / "floor-protocol-rest" / "ledger.sqlite3"),
+                      "1", SECRET, str(tmp / "floor-protocol-rest" / "ledger.sqlite3"), "0",
                       deliveries.url, agent]
         async with started("harness", harness_argv(agent, concurrency=1), home) as harness, \
                 started("floor-protocol", least_argv, tmp / "floor-protocol-rest") as least, \
@@ -1120,7 +1127,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             args.phase_s, lambda: floor_pipe(args.floor_samples, tmp, ledger=True))
         figures["floor_protocol"] = await timed(
             "floor (e): floor-protocol, floor-ledger plus a WebSocket delivery and its ack",
-            args.phase_s, lambda: floor_protocol(args.floor_samples, tmp))
+            args.phase_s, lambda: floor_protocol(args.floor_samples, tmp, args.probes))
         e2e = await timed("end to end: server + harness, then probes", args.phase_s * 4,
                           lambda: throughput_and_acks(tmp, args.runs, args.probes))
         figures["e2e"] = e2e
@@ -1231,6 +1238,16 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                          "ratio": ack / floor,
                          "target": f"<= {TARGET_ACK_RATIO}" if label == "p99" else "-",
                          "met": ack / floor <= TARGET_ACK_RATIO if label == "p99" else None})
+    if ok("e2e") and ok("floor_protocol") and e2e["ack_samples"] \
+            and figures["floor_protocol"].get("probe_ack_s"):
+        # No target: the least harness's acks, timed the same way while its own
+        # 16-wide backlog loads the machine, against the harness's.
+        acks, least = e2e["ack_samples"], figures["floor_protocol"]["probe_ack_s"]
+        for label, fraction in (("p50", 0.50), ("p99", 0.99)):
+            ack, floor = percentile(acks, fraction) * 1e3, percentile(least, fraction) * 1e3
+            rows.append({"figure": f"ack {label} vs floor-protocol's", "measured": f"{ack:.2f} ms",
+                         "against": f"floor-protocol {label} {floor:.2f} ms",
+                         "ratio": ack / floor, "target": "-", "met": None})
     if ok("rss"):
         mib = figures["rss"]["rss_kib"] / 1024
         rows.append({"figure": f"RSS, {CONCURRENCY} busy + {figures['rss']['queued']} queued",

@@ -36,18 +36,25 @@ from bench_rest import FLOOR_LEDGER
 #: Deliveries the app lets be unacked at once (the e2e relay's window too).
 WINDOW = 16
 
+#: Seconds the app waits, once nothing is unacked, before each probe.
+PROBE_GAP_S = 0.01
+
 #: The secret both sides sign and check with (a bench's, not a pairing's).
 SECRET = "floor-protocol-secret"
 
-#: The server of floor-protocol. ``argv``: the text size of each run. Prints its base
-#: URL; on a WebSocket at ``/deliveries``, each text message ``n`` from the client asks
-#: for ``n`` more deliveries; any POST is answered 200 at once.
+#: The server of floor-protocol. ``argv``: the secret, the window, the text size of
+#: each run and the pause before each probe (s). Prints its base URL. On a WebSocket
+#: at ``/deliveries``, each message ``[runs, probes]`` from the client asks for
+#: ``runs`` more deliveries, of which the last ``probes`` are sent one at a time, each
+#: once nothing is unacked, and timed from their write to their ack; when the client
+#: hangs up, it prints those times as one JSON line. Any POST is answered at once.
 PROTOCOL_APP = r"""
 import hashlib, hmac, json, sys, time, trio, hypercorn.trio
 from hypercorn.config import Config
 from prohost.server.asgi import answer_lifespan
 
 SECRET, WINDOW, size = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
+PROBE_GAP_S = float(sys.argv[4])
 
 def delivery(n):
     body = json.dumps({"run_id": f"run_{n}", "conversation_id": f"conv-{n}",
@@ -62,32 +69,57 @@ def delivery(n):
 async def deliveries(receive, send):
     await receive()  # websocket.connect
     await send({"type": "websocket.accept"})
-    asked, sent, unacked = 0, 0, 0
-    room = trio.Event()
+    asks = []  # [runs, probes] from the client, in order
+    sent = unacked = 0
+    probe_sent = {}  # a probe's delivery id -> perf_counter() just before its write
+    probe_acks = []  # seconds from a probe's write to its ack
+    changed = trio.Event()
+
+    async def until(condition):
+        nonlocal changed
+        while not condition():
+            await changed.wait()
+            changed = trio.Event()
+
+    async def write(probe):
+        nonlocal sent, unacked
+        if probe:
+            probe_sent[f"dlv_{sent}"] = time.perf_counter()
+        await send({"type": "websocket.send", "text": delivery(sent)})
+        sent += 1
+        unacked += 1
 
     async def sender():
-        nonlocal sent, unacked, room
         while True:
-            while sent >= asked or unacked >= WINDOW:
-                await room.wait()
-                room = trio.Event()
-            await send({"type": "websocket.send", "text": delivery(sent)})
-            sent += 1
-            unacked += 1
+            await until(lambda: bool(asks))
+            runs, probes = asks.pop(0)
+            for _ in range(runs - probes):
+                await until(lambda: unacked < WINDOW)
+                await write(False)
+            # Each probe once nothing is unacked, as the e2e relay sends them: it
+            # times the ack, not a queue of deliveries ahead of it.
+            for _ in range(probes):
+                await until(lambda: unacked == 0)
+                await trio.sleep(PROBE_GAP_S)
+                await write(True)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender)
         while True:
             message = await receive()
             if message["type"] != "websocket.receive":
-                nursery.cancel_scope.cancel()
-                return
+                break
             frame = json.loads(message["text"])
-            if isinstance(frame, int):
-                asked += frame
+            if isinstance(frame, list):
+                asks.append(frame)
             elif frame.get("type") == "ack":
                 unacked -= 1
-            room.set()
+                began = probe_sent.pop(frame["id"], None)
+                if began is not None:
+                    probe_acks.append(time.perf_counter() - began)
+            changed.set()
+        nursery.cancel_scope.cancel()
+    print(json.dumps({"probe_ack_s": probe_acks}), flush=True)
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -117,16 +149,16 @@ trio.run(main)
 """
 
 #: The client of floor-protocol. ``argv``: the base URL its POSTs go to, runs, width,
-#: the secret, the ledger file, and optionally the WebSocket URL it dials (else the
-#: base's ``/deliveries``) and the agent's shell line (else ``cat``). Prints one JSON
-#: line, as floor-pipe's client does.
+#: the secret, the ledger file, how many of the runs the server may send as probes,
+#: and optionally the WebSocket URL it dials (else the base's ``/deliveries``) and the
+#: agent's shell line (else ``cat``). Prints one JSON line, as floor-pipe's client does.
 FLOOR_PROTOCOL_CLIENT = FLOOR_LEDGER + r"""
 import hashlib, hmac, math, subprocess, trio_websocket
 
 base, count, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-secret, ledger_path = sys.argv[4].encode(), sys.argv[5]
-ws_url = sys.argv[6] if len(sys.argv) > 6 else "ws" + base[len("http"):] + "/deliveries"
-agent = sys.argv[7] if len(sys.argv) > 7 else "cat"
+secret, ledger_path, probes = sys.argv[4].encode(), sys.argv[5], int(sys.argv[6])
+ws_url = sys.argv[7] if len(sys.argv) > 7 else "ws" + base[len("http"):] + "/deliveries"
+agent = sys.argv[8] if len(sys.argv) > 8 else "cat"
 
 async def main():
     ledger = Ledger(ledger_path)
@@ -189,11 +221,11 @@ async def main():
                     all_done.set()
 
         # One uncounted run: imports, the first connection and the first spawn.
-        await ws.send_message("1")
+        await ws.send_message("[1, 0]")
         await take(1)
         await one(runs_out.receive_nowait())
         cpu_began, machine_began, began = cpu(), machine(), time.perf_counter()
-        await ws.send_message(str(count))
+        await ws.send_message(json.dumps([count, probes]))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(take, count)
             for _ in range(width):

@@ -112,8 +112,10 @@ async def test_floor_protocol_takes_each_run_off_a_websocket_and_makes_every_ste
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(60):
-        result = await bench.floor_protocol(8, tmp_path)
+        result = await bench.floor_protocol(8, tmp_path, probes=3)
     assert result["runs"] == 8 and result["cpu_ms_per_run"] > 0
+    # The last 3 deliveries were probes, each acked and timed by the server's side.
+    assert len(result["probe_ack_s"]) == 3 and all(s > 0 for s in result["probe_ack_s"])
     # Every delivery, and the uncounted first, was checked and taken from its frame
     # (the client stops on a bad signature), recorded with its body, run, posted and
     # recorded reported; the outcome holds the agent's echo of the run's text.
@@ -172,7 +174,8 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "floor_pipe": {"runs_per_s": 20.0, "cpu_ms_per_run": 1.0,
                        "machine_cpu_ms_per_run": 4.0},
         "floor_ledger": {"runs_per_s": 16.0, "cpu_ms_per_run": 1.5},
-        "floor_protocol": {"runs_per_s": 12.5, "cpu_ms_per_run": 2.0},
+        "floor_protocol": {"runs_per_s": 12.5, "cpu_ms_per_run": 2.0,
+                           "probe_ack_s": [0.001, 0.002]},
         # Seconds: the halves at 3× and 1.5× their floors, at p50 and at p99.
         "rest": {"spawned": [0.003, 0.006], "spawn_floor": [0.001, 0.002],
                  "reported": [0.0015, 0.003], "post_floor": [0.001, 0.002],
@@ -187,7 +190,8 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
         "harness runs/s vs floor-ledger",
         "harness CPU per run vs floor-ledger", "harness runs/s vs floor-protocol",
         "harness CPU per run vs floor-protocol", "floor-protocol CPU per run vs floor-pipe",
-        "harness CPU per run", "ack p50", "ack p99",
+        "harness CPU per run", "ack p50", "ack p99", "ack p50 vs floor-protocol's",
+        "ack p99 vs floor-protocol's",
         "RSS, 16 busy + 5 queued",
         "at rest, delivery → spawned p50", "at rest, delivery → spawned p99",
         "at rest, exit → completion in p50", "at rest, exit → completion in p99",
@@ -214,16 +218,17 @@ async def test_floors_and_report_have_one_ratio_per_figure(tmp_path: Path) -> No
     assert "leaves the harness 0.00 ms" in rows[8]["target"]
     assert rows[9]["ratio"] == 3.0 / bench.TARGET_CPU_MS and met["harness CPU per run"] is False
     assert met["RSS, 16 busy + 5 queued"] is True
-    assert [row["ratio"] for row in rows[13:17]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
-    assert [row["met"] for row in rows[13:17]] == [False, False, True, True]
+    assert [row["ratio"] for row in rows[12:14]] == pytest.approx([6 / 2, 6 / 2])
+    assert [row["ratio"] for row in rows[15:19]] == pytest.approx([3.0, 3.0, 1.5, 1.5])
+    assert [row["met"] for row in rows[15:19]] == [False, False, True, True]
     # Against floor-protocol at rest: the half over it, then it over the bare floor,
     # with how much of the 2× budget it leaves; said, with no target. (With
     # two samples, p50 and p99 are both the larger.)
-    assert [row["ratio"] for row in rows[17:]] == pytest.approx(
+    assert [row["ratio"] for row in rows[19:]] == pytest.approx(
         [6 / 4, 6 / 4, 4 / 2, 4 / 2, 3 / 2.5, 3 / 2.5, 2.5 / 2, 2.5 / 2])
-    assert {row["met"] for row in rows[17:]} == {None}
-    assert "leaves the harness 0.00 ms" in rows[19]["target"]
-    assert "leaves the harness 1.50 ms" in rows[23]["target"]
+    assert {row["met"] for row in rows[19:]} == {None}
+    assert "leaves the harness 0.00 ms" in rows[21]["target"]
+    assert "leaves the harness 1.50 ms" in rows[25]["target"]
 
 
 async def test_a_phase_that_failed_leaves_its_rows_out(tmp_path: Path) -> None:
