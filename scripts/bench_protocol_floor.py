@@ -36,25 +36,19 @@ from bench_rest import FLOOR_LEDGER
 #: Deliveries the app lets be unacked at once (the e2e relay's window too).
 WINDOW = 16
 
-#: Seconds the app waits, once nothing is unacked, before each probe.
-PROBE_GAP_S = 0.01
-
 #: The secret both sides sign and check with (a bench's, not a pairing's).
 SECRET = "floor-protocol-secret"
 
-#: The server of floor-protocol. ``argv``: the secret, the window, the text size of
-#: each run and the pause before each probe (s). Prints its base URL. On a WebSocket
-#: at ``/deliveries``, each message ``[runs, probes]`` from the client asks for
-#: ``runs`` more deliveries, of which the last ``probes`` are sent one at a time, each
-#: once nothing is unacked, and timed from their write to their ack; when the client
-#: hangs up, it prints those times as one JSON line. Any POST is answered at once.
+#: The server of floor-protocol. ``argv``: the secret, the window and the text size
+#: of each run. Prints its base URL. On a WebSocket at ``/deliveries``, each message
+#: ``n`` from the client asks for ``n`` more deliveries (at most the window unacked);
+#: any POST is answered 200 at once.
 PROTOCOL_APP = r"""
 import hashlib, hmac, json, sys, time, trio, hypercorn.trio
 from hypercorn.config import Config
 from prohost.server.asgi import answer_lifespan
 
 SECRET, WINDOW, size = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
-PROBE_GAP_S = float(sys.argv[4])
 
 def delivery(n):
     body = json.dumps({"run_id": f"run_{n}", "conversation_id": f"conv-{n}",
@@ -69,39 +63,18 @@ def delivery(n):
 async def deliveries(receive, send):
     await receive()  # websocket.connect
     await send({"type": "websocket.accept"})
-    asks = []  # [runs, probes] from the client, in order
-    sent = unacked = 0
-    probe_sent = {}  # a probe's delivery id -> perf_counter() just before its write
-    probe_acks = []  # seconds from a probe's write to its ack
+    asked = sent = unacked = 0
     changed = trio.Event()
 
-    async def until(condition):
-        nonlocal changed
-        while not condition():
-            await changed.wait()
-            changed = trio.Event()
-
-    async def write(probe):
-        nonlocal sent, unacked
-        if probe:
-            probe_sent[f"dlv_{sent}"] = time.perf_counter()
-        await send({"type": "websocket.send", "text": delivery(sent)})
-        sent += 1
-        unacked += 1
-
     async def sender():
+        nonlocal sent, unacked, changed
         while True:
-            await until(lambda: bool(asks))
-            runs, probes = asks.pop(0)
-            for _ in range(runs - probes):
-                await until(lambda: unacked < WINDOW)
-                await write(False)
-            # Each probe once nothing is unacked, as the e2e relay sends them: it
-            # times the ack, not a queue of deliveries ahead of it.
-            for _ in range(probes):
-                await until(lambda: unacked == 0)
-                await trio.sleep(PROBE_GAP_S)
-                await write(True)
+            while sent >= asked or unacked >= WINDOW:
+                await changed.wait()
+                changed = trio.Event()
+            await send({"type": "websocket.send", "text": delivery(sent)})
+            sent += 1
+            unacked += 1
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender)
@@ -110,16 +83,12 @@ async def deliveries(receive, send):
             if message["type"] != "websocket.receive":
                 break
             frame = json.loads(message["text"])
-            if isinstance(frame, list):
-                asks.append(frame)
+            if isinstance(frame, int):
+                asked += frame
             elif frame.get("type") == "ack":
                 unacked -= 1
-                began = probe_sent.pop(frame["id"], None)
-                if began is not None:
-                    probe_acks.append(time.perf_counter() - began)
             changed.set()
         nursery.cancel_scope.cancel()
-    print(json.dumps({"probe_ack_s": probe_acks}), flush=True)
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -148,29 +117,77 @@ async def main():
 trio.run(main)
 """
 
-#: The client of floor-protocol. ``argv``: the base URL its POSTs go to, runs, width,
-#: the secret, the ledger file, how many of the runs the server may send as probes,
-#: and optionally the WebSocket URL it dials (else the base's ``/deliveries``) and the
-#: agent's shell line (else ``cat``). Prints one JSON line, as floor-pipe's client does.
+#: The client of floor-protocol: the least harness. ``argv``: the base URL its POSTs
+#: go to, runs (0: serve until killed, asking for nothing and printing nothing), width,
+#: the secret, the ledger file, and optionally the WebSocket URL it dials (else the
+#: base's ``/deliveries``), the agent's shell line (else ``cat``) and a token to dial
+#: and post with. It answers pings, sends ``status`` on connect and when its counts
+#: change (at most every 250 ms) and a ``heartbeat`` every ``heartbeat_s``, as §2
+#: asks. With runs, it asks the server for one uncounted run, then for the batch, and
+#: prints one JSON line, as floor-pipe's client does.
 FLOOR_PROTOCOL_CLIENT = FLOOR_LEDGER + r"""
 import hashlib, hmac, math, subprocess, trio_websocket
 
 base, count, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-secret, ledger_path, probes = sys.argv[4].encode(), sys.argv[5], int(sys.argv[6])
-ws_url = sys.argv[7] if len(sys.argv) > 7 else "ws" + base[len("http"):] + "/deliveries"
-agent = sys.argv[8] if len(sys.argv) > 8 else "cat"
+secret, ledger_path = sys.argv[4].encode(), sys.argv[5]
+ws_url = sys.argv[6] if len(sys.argv) > 6 else "ws" + base[len("http"):] + "/deliveries"
+agent = sys.argv[7] if len(sys.argv) > 7 else "cat"
+token = sys.argv[8] if len(sys.argv) > 8 else "floor-token"
 
 async def main():
     ledger = Ledger(ledger_path)
     runs_in, runs_out = trio.open_memory_channel(math.inf)
-    headers = {"Authorization": "Bearer floor-token"}
-    async with httpx.AsyncClient() as client, \
-            trio_websocket.open_websocket_url(ws_url) as ws:
+    headers = {"Authorization": f"Bearer {token}"}
+    held = {}  # run id -> "queued" | "running" | "reporting"
+    done = 0
+    counts_changed, run_done = trio.Event(), trio.Event()
+    heartbeat_s = [15.0]
 
-        async def take(n):
-            # The reader's part: decode, check, record, ack; the run then waits its turn.
-            for _ in range(n):
+    def moved(run_id, state):
+        nonlocal counts_changed
+        if state is None:
+            held.pop(run_id, None)
+        else:
+            held[run_id] = state
+        counts_changed.set()
+
+    async with httpx.AsyncClient() as client, trio_websocket.open_websocket_url(
+            ws_url, extra_headers=[("Authorization", f"Bearer {token}"),
+                                   ("X-Prohost-Machine", "floor")]) as ws:
+
+        async def status():
+            nonlocal counts_changed
+            while True:
+                active = sum(1 for state in held.values() if state == "running")
+                await ws.send_message(json.dumps({
+                    "type": "status", "version": "floor", "machine": "floor",
+                    "brain": "plain", "concurrency": width, "active": active,
+                    "queued": len(held) - active, "draining": False, "features": []}))
+                await trio.sleep(0.25)
+                await counts_changed.wait()
+                counts_changed = trio.Event()
+
+        async def heartbeats():
+            seq = 0
+            while True:
+                await trio.sleep(heartbeat_s[0])
+                seq += 1
+                await ws.send_message(json.dumps({"type": "heartbeat", "seq": seq, "runs": [
+                    {"run_id": run_id, "state": state} for run_id, state in held.items()]}))
+
+        async def read_frames():
+            # Decode, check, record, ack; the run then waits its turn.
+            while True:
                 frame = json.loads(await ws.get_message())
+                kind = frame.get("type") if isinstance(frame, dict) else None
+                if kind == "ping":
+                    await ws.send_message(json.dumps({"type": "pong", "id": frame["id"]}))
+                    continue
+                if kind == "hello":
+                    heartbeat_s[0] = min(120, max(5, frame.get("heartbeat_s", 15)))
+                    continue
+                if kind != "delivery":
+                    continue
                 body = frame["body"]
                 if abs(time.time() - frame["timestamp"]) > 300:
                     raise RuntimeError("a delivery's timestamp is stale")
@@ -183,10 +200,12 @@ async def main():
                                   run["run_id"], body, "accepted")
                 await ws.send_message(json.dumps({"type": "ack", "id": frame["id"],
                                                   "status": 200, "reason": "accepted"}))
+                moved(run["run_id"], "queued")
                 runs_in.send_nowait(run)
 
         async def one(run):
             run_id = run["run_id"]
+            moved(run_id, "running")
             await ledger.step("UPDATE runs SET state = 'started' WHERE id = ?", run_id)
             proc = await trio.lowlevel.open_process(
                 ["sh", "-c", agent], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -203,37 +222,40 @@ async def main():
                                   "reply": output.decode()}).encode()
             await ledger.step("UPDATE runs SET state = 'finished', outcome = ? WHERE id = ?",
                               outcome.decode(), run_id)
+            moved(run_id, "reporting")
             answer = await client.post(base + run["completion_path"], content=outcome,
                                        headers={**headers, "Idempotency-Key": run_id,
                                                 "Content-Type": "application/json"})
             answer.raise_for_status()
             ledger.soon("UPDATE runs SET state = 'reported' WHERE id = ?", run_id)
-
-        left = count
-        all_done = trio.Event()
+            moved(run_id, None)
 
         async def worker():
-            nonlocal left
+            nonlocal done, run_done
             async for run in runs_out:
                 await one(run)
-                left -= 1
-                if left == 0:
-                    all_done.set()
+                done += 1
+                run_done.set()
+                run_done = trio.Event()
 
-        # One uncounted run: imports, the first connection and the first spawn.
-        await ws.send_message("[1, 0]")
-        await take(1)
-        await one(runs_out.receive_nowait())
-        cpu_began, machine_began, began = cpu(), machine(), time.perf_counter()
-        await ws.send_message(json.dumps([count, probes]))
+        async def until_done(n):
+            while done < n:
+                await run_done.wait()
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(take, count)
-            for _ in range(width):
-                nursery.start_soon(worker)
-            await all_done.wait()
+            for task in [read_frames, status, heartbeats] + [worker] * width:
+                nursery.start_soon(task)
+            if count == 0:
+                await trio.sleep_forever()
+            # One uncounted run: imports, the first connection and the first spawn.
+            await ws.send_message("1")
+            await until_done(1)
+            cpu_began, machine_began, began = cpu(), machine(), time.perf_counter()
+            await ws.send_message(str(count))
+            await until_done(1 + count)
+            seconds, used = time.perf_counter() - began, cpu() - cpu_began
+            machine_used = machine() - machine_began
             nursery.cancel_scope.cancel()
-        seconds, used = time.perf_counter() - began, cpu() - cpu_began
-        machine_used = machine() - machine_began
     ledger.close()
     print(json.dumps({"runs": count, "seconds": seconds, "runs_per_s": count / seconds,
                       "cpu_ms_per_run": used * 1e3 / count,
