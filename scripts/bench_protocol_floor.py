@@ -31,7 +31,7 @@ import time
 
 import trio
 import trio_websocket
-from bench_rest import FLOOR_LEDGER
+from bench_rest import FLOOR_LEDGER, MINIMAL_APP
 
 #: Deliveries the app lets be unacked at once (the e2e relay's window too).
 WINDOW = 16
@@ -42,11 +42,9 @@ SECRET = "floor-protocol-secret"
 #: The server of floor-protocol. ``argv``: the secret, the window and the text size
 #: of each run. Prints its base URL. On a WebSocket at ``/deliveries``, each message
 #: ``n`` from the client asks for ``n`` more deliveries (at most the window unacked);
-#: any POST is answered 200 at once.
+#: any POST is answered 200 at once (the minimal app's code).
 PROTOCOL_APP = r"""
-import hashlib, hmac, json, sys, time, trio, hypercorn.trio
-from hypercorn.config import Config
-from prohost.server.asgi import answer_lifespan
+import hashlib, hmac, json, sys, time, trio
 
 SECRET, WINDOW, size = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
 
@@ -89,33 +87,7 @@ async def deliveries(receive, send):
                 unacked -= 1
             changed.set()
         nursery.cancel_scope.cancel()
-
-async def app(scope, receive, send):
-    if scope["type"] == "lifespan":
-        return await answer_lifespan(receive, send)
-    if scope["type"] == "websocket":
-        return await deliveries(receive, send)
-    more = True
-    while more:
-        message = await receive()
-        more = message.get("more_body", False)
-    body = b'{"ok":true}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-async def main():
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(hypercorn.trio.serve, app, config)
-        print(binds[0], flush=True)
-
-trio.run(main)
-"""
+""" + MINIMAL_APP
 
 #: The client of floor-protocol: the least harness. ``argv``: the base URL its POSTs
 #: go to, runs (0: serve until killed, asking for nothing and printing nothing), width,

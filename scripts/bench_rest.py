@@ -35,6 +35,43 @@ from hypercorn.config import Config
 
 from prohost.server.asgi import answer_lifespan
 
+#: The HTTP floor's server (floors b and c): a minimal ASGI app under hypercorn's trio
+#: worker, in a process of its own, that reads the body and answers a small JSON, the
+#: way the completion endpoint does. Prints its base URL.
+MINIMAL_APP = r"""
+import sys, trio, hypercorn.trio
+from hypercorn.config import Config
+from prohost.server.asgi import answer_lifespan
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        return await answer_lifespan(receive, send)
+    if scope["type"] == "websocket":
+        # Only floor-protocol's app (bench_protocol_floor.PROTOCOL_APP) is dialled, and
+        # it defines ``deliveries`` ahead of this code.
+        return await deliveries(receive, send)
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = b'{"ok":true}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+async def main():
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(hypercorn.trio.serve, app, config)
+        print(binds[0], flush=True)
+
+trio.run(main)
+"""
+
 #: The floor clients' common part: their CPU clock and the durable steps' writer.
 FLOOR_LEDGER = r"""
 import json, os, queue, resource, sqlite3, sys, threading, time, httpx, trio
