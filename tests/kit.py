@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -33,6 +34,35 @@ from prohost.wire.protocol import Ack, Message
 from prohost.wire.signature import sign
 
 AGENTS = Path(__file__).parent / "agents"
+
+
+@asynccontextmanager
+async def wall_clock_bound(seconds: float) -> AsyncIterator[None]:
+    """Fail the block with ``TooSlowError`` once ``seconds`` real seconds have passed.
+
+    For tests on trio's still mock clock, where ``fail_after`` never fires and an
+    awaited state that a regression keeps from coming would hang the test (and CI)
+    instead of failing it. Not a timer of anything under test: a bound far above
+    what the block takes. The real seconds are counted by one worker thread waiting
+    on a ``threading.Event``, set when the block ends, so nothing is left behind.
+    """
+    block_done = threading.Event()
+    expired = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal expired
+            if not await trio.to_thread.run_sync(block_done.wait, seconds):
+                expired = True
+                nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        try:
+            yield
+        finally:
+            block_done.set()
+    if expired:
+        raise trio.TooSlowError(f"the block was still waiting after {seconds:.0f} real seconds")
 
 
 def agent_command(script: str, *args: object) -> str:

@@ -25,7 +25,14 @@ from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery, Heartbeat, Status
 from prohost.wire.runs import parse_body
-from tests.kit import acks, finished, messages, running_harness, running_server
+from tests.kit import (
+    acks,
+    finished,
+    messages,
+    running_harness,
+    running_server,
+    wall_clock_bound,
+)
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 
 
@@ -100,41 +107,41 @@ async def test_a_lane_keeps_its_account_and_its_session_on_each(
     accounts = folders(tmp_path, "a", "b")
     folder = dict(accounts)
     clock = trio_epoch()  # a reset passes when the test moves trio's clock
-    with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
-            env=claude_env(tmp_path), accounts=accounts, clock=clock,
-        ):
-            async def turn(lane: str) -> dict[str, Any]:
-                run_id = await server.submit_run(f"turn on {lane}", conversation_id=lane)
-                await server.wait_until(finished(run_id))
-                completion = server.run(run_id).completion
-                assert completion is not None and completion["ok"] is True, completion
-                return completion
+    # Trio's clock stands still here: fail_after would never fire.
+    async with wall_clock_bound(120), running_server() as server, running_harness(
+        server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
+        env=claude_env(tmp_path), accounts=accounts, clock=clock,
+    ):
+        async def turn(lane: str) -> dict[str, Any]:
+            run_id = await server.submit_run(f"turn on {lane}", conversation_id=lane)
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion
+            assert completion is not None and completion["ok"] is True, completion
+            return completion
 
-            first = await turn("C1")
-            other = await turn("C2")  # the least recently started account: b
-            second = await turn("C1")  # C1 stays on a, in its session
-            assert (first["account"], other["account"], second["account"]) == ("a", "b", "a")
-            assert second["session_id"] == first["session_id"]
+        first = await turn("C1")
+        other = await turn("C2")  # the least recently started account: b
+        second = await turn("C1")  # C1 stays on a, in its session
+        assert (first["account"], other["account"], second["account"]) == ("a", "b", "a")
+        assert second["session_id"] == first["session_id"]
 
-            # a hits its limit (resetting soon): C1 moves to b, fresh there.
-            limit(folder["a"], clock() + 2)
-            moved = await turn("C1")
-            assert moved["account"] == "b"
-            assert moved["session_id"] != first["session_id"]
-            # The reset passing makes a usable again, and says so in status.
-            mock_clock.jump(2)
-            await server.wait_until(lambda s: last_accounts(server)["a"]["state"] == "ok")
-            (folder["a"] / "limit").unlink()
-            # Now b is limited: C1 goes back to a and to its old session there.
-            limit(folder["b"], clock() + 3600)
-            back = await turn("C1")
-            assert back["account"] == "a"
-            assert back["session_id"] == first["session_id"]
-            assert accounts_used(tmp_path) == ["a", "b", "a", "a", "b", "b", "a"]
-            assert [resumed(i) for i in invocations(tmp_path)][-2:] == [
-                moved["session_id"], first["session_id"]]
+        # a hits its limit (resetting soon): C1 moves to b, fresh there.
+        limit(folder["a"], clock() + 2)
+        moved = await turn("C1")
+        assert moved["account"] == "b"
+        assert moved["session_id"] != first["session_id"]
+        # The reset passing makes a usable again, and says so in status.
+        mock_clock.jump(2)
+        await server.wait_until(lambda s: last_accounts(server)["a"]["state"] == "ok")
+        (folder["a"] / "limit").unlink()
+        # Now b is limited: C1 goes back to a and to its old session there.
+        limit(folder["b"], clock() + 3600)
+        back = await turn("C1")
+        assert back["account"] == "a"
+        assert back["session_id"] == first["session_id"]
+        assert accounts_used(tmp_path) == ["a", "b", "a", "a", "b", "b", "a"]
+        assert [resumed(i) for i in invocations(tmp_path)][-2:] == [
+            moved["session_id"], first["session_id"]]
 
 
 def seed(home: Path, server: ServerHandle, run_ids: list[str],
@@ -156,44 +163,44 @@ async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wai
     until = time.time() + 3600
     home = tmp_path / "home"
     reason = all_limited_reason(until - 60)
-    with trio.fail_after(60):
-        async with running_server() as server:
-            queued = [await server.submit_run(f"queued {n}", conversation_id=f"Q{n}")
-                      for n in range(2)]
-            seed(home, server, queued, {"work": until, "personal": until - 60})
-            async with running_harness(
-                server, home, exec_command=FAKE_CLAUDE, brain="claude",
-                env=claude_env(tmp_path), accounts=accounts, limit_wait_s=1.5,
-            ) as running:
-                fresh = await server.submit_run("new work", conversation_id="N")
-                await server.wait_until(lambda s: any(
-                    a.status == 503 and s.deliveries.get(a.id) == fresh for a in acks(s)))
-                refusals = [a for a in acks(server.state)
-                            if server.state.deliveries.get(a.id) == fresh]
-                assert refusals[0].status == 503
-                assert refusals[0].reason == reason
-                assert reason.endswith("Z") and "T" in reason
-                # A queued run waits for the earliest reset, and its heartbeat says so.
-                harness = running.harness
-                await harness.wait_until(lambda h: any(
-                    held.progress.waiting_until is not None for held in h.held.values()))
-                waiting = next(h for h in harness.held.values()
-                               if h.progress.waiting_until is not None)
-                reset_clock = time.strftime("%H:%M", time.localtime(until - 60))
-                assert waiting.beat().activity == \
+    # Trio's clock stands still here: fail_after would never fire.
+    async with wall_clock_bound(120), running_server() as server:
+        queued = [await server.submit_run(f"queued {n}", conversation_id=f"Q{n}")
+                  for n in range(2)]
+        seed(home, server, queued, {"work": until, "personal": until - 60})
+        async with running_harness(
+            server, home, exec_command=FAKE_CLAUDE, brain="claude",
+            env=claude_env(tmp_path), accounts=accounts, limit_wait_s=1.5,
+        ) as running:
+            fresh = await server.submit_run("new work", conversation_id="N")
+            await server.wait_until(lambda s: any(
+                a.status == 503 and s.deliveries.get(a.id) == fresh for a in acks(s)))
+            refusals = [a for a in acks(server.state)
+                        if server.state.deliveries.get(a.id) == fresh]
+            assert refusals[0].status == 503
+            assert refusals[0].reason == reason
+            assert reason.endswith("Z") and "T" in reason
+            # A queued run waits for the earliest reset, and its heartbeat says so.
+            harness = running.harness
+            await harness.wait_until(lambda h: any(
+                held.progress.waiting_until is not None for held in h.held.values()))
+            waiting = next(h for h in harness.held.values()
+                           if h.progress.waiting_until is not None)
+            reset_clock = time.strftime("%H:%M", time.localtime(until - 60))
+            assert waiting.beat().activity == \
                     f"waiting for an account (resets {reset_clock})"
-                assert waiting.beat().state == "queued"
-                assert not any(server.run(run_id).completion for run_id in queued)
-                # Past --limit-wait (trio's clock, standing still until now), each is
-                # reported retryable, and no agent ran.
-                mock_clock.jump(1.5)
-                await server.wait_until(finished(*queued))
-                for run_id in queued:
-                    assert server.run(run_id).completion == {
-                        "run_id": run_id, "ok": False, "retryable": True, "error": reason}
-                assert not (tmp_path / "record.json").exists()
-                assert [row.state for row in messages(server.state, Status)[-1].accounts] == [
-                    "limited", "limited"]
+            assert waiting.beat().state == "queued"
+            assert not any(server.run(run_id).completion for run_id in queued)
+            # Past --limit-wait (trio's clock, standing still until now), each is
+            # reported retryable, and no agent ran.
+            mock_clock.jump(1.5)
+            await server.wait_until(finished(*queued))
+            for run_id in queued:
+                assert server.run(run_id).completion == {
+                    "run_id": run_id, "ok": False, "retryable": True, "error": reason}
+            assert not (tmp_path / "record.json").exists()
+            assert [row.state for row in messages(server.state, Status)[-1].accounts] == [
+                "limited", "limited"]
 
 
 async def test_a_reset_passing_lets_a_waiting_run_go(
@@ -202,27 +209,27 @@ async def test_a_reset_passing_lets_a_waiting_run_go(
     accounts = folders(tmp_path, "solo")
     home = tmp_path / "home"
     clock = trio_epoch()
-    with trio.fail_after(60):
-        async with running_server() as server:
-            run_id = await server.submit_run("soon", conversation_id="S")
-            seed(home, server, [run_id], {"solo": clock() + 1.5})
-            async with running_harness(
-                server, home, exec_command=FAKE_CLAUDE, brain="claude",
-                env=claude_env(tmp_path), accounts=accounts, limit_wait_s=600, clock=clock,
-            ) as running:
-                await running.harness.wait_until(lambda h: any(
-                    held.progress.waiting_until is not None for held in h.held.values()))
-                assert server.run(run_id).completion is None
-                await server.wait_until(lambda s: bool(messages(s, Status)))
-                mock_clock.jump(1.5)  # the reset passes
-                await server.wait_until(finished(run_id))
-                completion = server.run(run_id).completion
-                assert completion is not None and completion["ok"] is True
-                assert completion["account"] == "solo"
-                assert accounts_used(tmp_path) == ["solo"]
-                states = [row.state for m in messages(server.state, Status)
-                          for row in m.accounts]
-                assert states[0] == "limited" and states[-1] == "ok"
+    # Trio's clock stands still here: fail_after would never fire.
+    async with wall_clock_bound(120), running_server() as server:
+        run_id = await server.submit_run("soon", conversation_id="S")
+        seed(home, server, [run_id], {"solo": clock() + 1.5})
+        async with running_harness(
+            server, home, exec_command=FAKE_CLAUDE, brain="claude",
+            env=claude_env(tmp_path), accounts=accounts, limit_wait_s=600, clock=clock,
+        ) as running:
+            await running.harness.wait_until(lambda h: any(
+                held.progress.waiting_until is not None for held in h.held.values()))
+            assert server.run(run_id).completion is None
+            await server.wait_until(lambda s: bool(messages(s, Status)))
+            mock_clock.jump(1.5)  # the reset passes
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion
+            assert completion is not None and completion["ok"] is True
+            assert completion["account"] == "solo"
+            assert accounts_used(tmp_path) == ["solo"]
+            states = [row.state for m in messages(server.state, Status)
+                      for row in m.accounts]
+            assert states[0] == "limited" and states[-1] == "ok"
 
 
 async def test_a_restart_remembers_a_limit(tmp_path: Path) -> None:
@@ -290,34 +297,34 @@ async def test_both_accounts_refusing_is_one_retryable_report_then_503s(
     now = int(time.time())
     limit(accounts[0][1], now + 3600)
     limit(accounts[1][1], now + 1800)
-    with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
-            env=claude_env(tmp_path), accounts=accounts, limit_wait_s=1,
-        ) as running:
-            run_id = await server.submit_run("job", conversation_id="A")
-            await running.harness.wait_until(lambda h: any(
-                held.progress.waiting_until is not None for held in h.held.values()))
-            held = running.harness.held[run_id]
-            assert held.state == "running"
-            assert held.beat().activity is not None
-            assert held.beat().activity.startswith("waiting for an account (resets ")
-            assert server.run(run_id).completion is None
-            mock_clock.jump(1)  # --limit-wait passes (trio's clock stood still until now)
-            await server.wait_until(finished(run_id))
-            record = server.run(run_id)
-            assert record.completion_posts == 1
-            assert record.completion is not None
-            assert record.completion["ok"] is False
-            assert record.completion["retryable"] is True
-            assert record.completion["account"] == "personal"
-            assert "hit your limit" in record.completion["error"]
-            assert accounts_used(tmp_path) == ["work", "personal"]
-            later = await server.submit_run("more", conversation_id="B")
-            await server.wait_until(lambda s: any(
-                s.deliveries.get(a.id) == later for a in acks(s)))
-            ack = next(a for a in acks(server.state) if server.state.deliveries.get(a.id) == later)
-            assert (ack.status, ack.reason) == (503, all_limited_reason(now + 1800))
+    # Trio's clock stands still here: fail_after would never fire.
+    async with wall_clock_bound(120), running_server() as server, running_harness(
+        server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",
+        env=claude_env(tmp_path), accounts=accounts, limit_wait_s=1,
+    ) as running:
+        run_id = await server.submit_run("job", conversation_id="A")
+        await running.harness.wait_until(lambda h: any(
+            held.progress.waiting_until is not None for held in h.held.values()))
+        held = running.harness.held[run_id]
+        assert held.state == "running"
+        assert held.beat().activity is not None
+        assert held.beat().activity.startswith("waiting for an account (resets ")
+        assert server.run(run_id).completion is None
+        mock_clock.jump(1)  # --limit-wait passes (trio's clock stood still until now)
+        await server.wait_until(finished(run_id))
+        record = server.run(run_id)
+        assert record.completion_posts == 1
+        assert record.completion is not None
+        assert record.completion["ok"] is False
+        assert record.completion["retryable"] is True
+        assert record.completion["account"] == "personal"
+        assert "hit your limit" in record.completion["error"]
+        assert accounts_used(tmp_path) == ["work", "personal"]
+        later = await server.submit_run("more", conversation_id="B")
+        await server.wait_until(lambda s: any(
+            s.deliveries.get(a.id) == later for a in acks(s)))
+        ack = next(a for a in acks(server.state) if server.state.deliveries.get(a.id) == later)
+        assert (ack.status, ack.reason) == (503, all_limited_reason(now + 1800))
 
 
 async def test_limit_wait_counts_afresh_each_time_every_account_is_limited(

@@ -18,7 +18,14 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
-from tests.kit import AGENTS, finished, messages, running_harness, running_server
+from tests.kit import (
+    AGENTS,
+    finished,
+    messages,
+    running_harness,
+    running_server,
+    wall_clock_bound,
+)
 
 FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"
 
@@ -125,37 +132,36 @@ async def test_the_fresh_retry_shares_the_runs_deadline(
 ) -> None:
     # trio's clock stands still unless the test moves it, so the test alone decides
     # how much of the 10 s budget each attempt uses; both attempts wait for the
-    # test's word. Should something hang, the clock jumps after 30 idle real
-    # seconds and fail_after ends the test.
-    mock_clock.autojump_threshold = 30
+    # test's word. Should something hang, the wall-clock bound ends the test (on the
+    # still clock, fail_after would never fire, and the harness's own short timers
+    # keep an autojump from ever reaching it).
     home = tmp_path / "home"
     seed_session(home, "conv:C1", "stale-session")
     turnstile = Turnstile()
-    with trio.fail_after(600):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(turnstile.serve)
-            async with running_server() as server, running_harness(
-                server, home, exec_command=FAKE_CLAUDE, brain="claude", timeout_s=10,
-                env=claude_env(tmp_path, "no_session", FAKE_CLAUDE_GATE=str(turnstile.port)),
-            ):
-                run_id = await server.submit_run("hello again", conversation_id="C1")
-                resuming = await turnstile.next()
-                mock_clock.jump(6)
-                await resuming.send_all(b"go\n")  # "No conversation found": retry fresh
-                fresh = await turnstile.next()
-                # 11 s into the run, 5 s into the retry: over the run's budget, well
-                # inside a fresh one. Once everything has reacted, the retry must
-                # have been stopped, so the go below comes too late to matter.
-                mock_clock.jump(5)
-                await trio.testing.wait_all_tasks_blocked()
-                with contextlib.suppress(trio.BrokenResourceError):
-                    await fresh.send_all(b"go\n")
-                await server.wait_until(finished(run_id))
-                completion = server.run(run_id).completion or {}
-                assert completion["ok"] is False, completion
-                assert "10-second limit (--timeout)" in completion["error"]
-                assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
-            nursery.cancel_scope.cancel()
+    async with wall_clock_bound(120), trio.open_nursery() as nursery:
+        await nursery.start(turnstile.serve)
+        async with running_server() as server, running_harness(
+            server, home, exec_command=FAKE_CLAUDE, brain="claude", timeout_s=10,
+            env=claude_env(tmp_path, "no_session", FAKE_CLAUDE_GATE=str(turnstile.port)),
+        ):
+            run_id = await server.submit_run("hello again", conversation_id="C1")
+            resuming = await turnstile.next()
+            mock_clock.jump(6)
+            await resuming.send_all(b"go\n")  # "No conversation found": retry fresh
+            fresh = await turnstile.next()
+            # 11 s into the run, 5 s into the retry: over the run's budget, well
+            # inside a fresh one. Once everything has reacted, the retry must
+            # have been stopped, so the go below comes too late to matter.
+            mock_clock.jump(5)
+            await trio.testing.wait_all_tasks_blocked()
+            with contextlib.suppress(trio.BrokenResourceError):
+                await fresh.send_all(b"go\n")
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion or {}
+            assert completion["ok"] is False, completion
+            assert "10-second limit (--timeout)" in completion["error"]
+            assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
+        nursery.cancel_scope.cancel()
 
 
 async def test_tool_calls_reach_the_timeline_before_the_completion(tmp_path: Path) -> None:

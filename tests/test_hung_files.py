@@ -33,7 +33,15 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.view import status_file
 from prohost.options import Options
 from prohost.server import ServerHandle
-from tests.kit import Gate, endpoints_for, finished, pair_home, running_harness, running_server
+from tests.kit import (
+    Gate,
+    endpoints_for,
+    finished,
+    pair_home,
+    running_harness,
+    running_server,
+    wall_clock_bound,
+)
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env
 
 MCP = {"url": "https://mcp.example/mcp", "token": "mcp-token-0123"}
@@ -116,7 +124,9 @@ async def a_hung_step_then_a_restart(
     again, the next start reports that run, once."""
     home = tmp_path / "home"
     gate = Gate()
-    async with trio.open_nursery() as gate_nursery:
+    # Until the stop, trio's clock stands still (the module docstring says why):
+    # should the hung step never be reached, the wall-clock bound ends the test.
+    async with wall_clock_bound(120), trio.open_nursery() as gate_nursery:
         await gate_nursery.start(gate.serve)
         async with running_server() as server:
             creds = pair_home(server, home)
