@@ -11,15 +11,19 @@ the output. A harness must also take each run off its WebSocket and answer it:
 - 16 at a time: ``started``, the spawn (``sh -c cat``, the body's ``text`` on stdin),
   the process group, ``finished`` with the output, the POST to the body's
   ``completion_path`` with the token and ``Idempotency-Key`` (§7), and ``reported``
-  (queued to the writer thread, not waited for, as the harness does).
+  (queued to the writer thread, not waited for, as the harness does);
+- pings are answered, ``status`` and ``heartbeat`` sent (§2).
 
 Every durable step is a commit with its fsync, made by one writer thread, as in
-floor-ledger. The server's side is :data:`PROTOCOL_APP`, in a process of its own
-(hypercorn's trio worker, as the reference server is): asked for ``n`` deliveries, it
-sends them signed, at most :data:`WINDOW` unacked at a time, and answers every POST
-at once. The client, :data:`FLOOR_PROTOCOL_CLIENT`, prints runs/s over the batch and
-its own CPU (``getrusage(RUSAGE_SELF)``: all its threads) per run, after one
-uncounted run, as floor-pipe does.
+floor-ledger. The client, :data:`FLOOR_PROTOCOL_CLIENT`, is the least harness; the
+bench uses it three ways. As floor (e), against :data:`PROTOCOL_APP` in a process of
+its own (hypercorn's trio worker, as the reference server is), which, asked for
+``n`` deliveries, sends them signed, at most :data:`WINDOW` unacked at a time, and
+answers every POST at once; the client then prints runs/s over the batch and its own
+CPU (``getrusage(RUSAGE_SELF)``: all its threads) per run, after one uncounted run,
+as floor-pipe does. End to end, in the harness's place, dialling the real server
+with the paired token and secret. And at rest, one run at a time, sent each
+delivery from the bench's :class:`DeliverySocket`.
 """
 
 from __future__ import annotations
