@@ -8,6 +8,9 @@ a person sees is what reached that console.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
 import attrs
 import trio
 import trio.testing
@@ -29,18 +32,27 @@ def written(console: Console) -> int:
     return len(console.file.getvalue())  # type: ignore[attr-defined]
 
 
+@asynccontextmanager
+async def live_panel(source: Callable[[], Snapshot],
+                     changes: Changes | None = None) -> AsyncIterator[Console]:
+    """A live panel drawing ``source`` on a recording terminal for as long as the
+    block runs; the block gets the terminal."""
+    console = recording_console(force_terminal=True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(Panel(console, source, live=True,
+                                  changes=Changes() if changes is None else changes).run)
+        yield console
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_unchanged_picture_is_never_drawn_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Nothing that is shown moves: no heartbeat yet, no runs, nothing finished.
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, lambda: base(heartbeat_age_s=None), live=True,
-                                  changes=Changes()).run)
+    async with live_panel(lambda: base(heartbeat_age_s=None)) as console:
         before = written(console)
         await trio.sleep(60)
         assert written(console) == before  # the terminal was sent nothing at all
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_idle_panel_draws_each_tick_of_its_heartbeat_age_once(
@@ -52,9 +64,7 @@ async def test_an_idle_panel_draws_each_tick_of_its_heartbeat_age_once(
         # As the harness's: the age grows with trio's clock (a heartbeat at began - 0.5).
         return base(heartbeat_age_s=trio.current_time() - began + 0.5)
 
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, source, live=True, changes=Changes()).run)
+    async with live_panel(source) as console:
         await trio.sleep(10 * CLOCK_TICK_S + 0.1)
         text = console.export_text(clear=False)
         # Every second of the age reached the screen, in order...
@@ -62,7 +72,6 @@ async def test_an_idle_panel_draws_each_tick_of_its_heartbeat_age_once(
         assert seen == sorted(seen)
         # ...once each: a frame per second, not one every LIVE_REFRESH_S.
         assert frames(console) == 11
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_change_notice_is_drawn_at_once_and_a_burst_at_most_every_refresh(
@@ -70,9 +79,7 @@ async def test_a_change_notice_is_drawn_at_once_and_a_burst_at_most_every_refres
 ) -> None:
     current = base(heartbeat_age_s=None)
     changes = Changes()
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, lambda: current, live=True, changes=changes).run)
+    async with live_panel(lambda: current, changes) as console:
         await trio.sleep(LIVE_REFRESH_S + 0.05)  # just after a look: the next tick is far
         current = base(heartbeat_age_s=None, queued=1)
         changes.notify()
@@ -88,7 +95,6 @@ async def test_a_change_notice_is_drawn_at_once_and_a_burst_at_most_every_refres
         # ...are at most a frame every LIVE_REFRESH_S, the last one current.
         assert frames(console) - drawn <= (1 + LIVE_REFRESH_S) / LIVE_REFRESH_S + 1
         assert "queued 101" in console.export_text(clear=False)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_change_without_a_notice_is_drawn_within_a_tick(
@@ -96,29 +102,22 @@ async def test_a_change_without_a_notice_is_drawn_within_a_tick(
 ) -> None:
     # E.g. an account's limit running out: the clock, not a notice, changes the state.
     current = base(heartbeat_age_s=None)
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, lambda: current, live=True, changes=Changes()).run)
+    async with live_panel(lambda: current) as console:
         await trio.sleep(0.1)
         current = base(heartbeat_age_s=None, machine="renamed-mac")
         await trio.sleep(CLOCK_TICK_S)
         assert "renamed-mac" in console.export_text(clear=False)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_resized_terminal_is_drawn_again_within_a_tick(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, lambda: base(heartbeat_age_s=None), live=True,
-                                  changes=Changes()).run)
+    async with live_panel(lambda: base(heartbeat_age_s=None)) as console:
         drawn = frames(console)
         await trio.sleep(0.1)
         console.width = 60
         await trio.sleep(CLOCK_TICK_S)
         assert frames(console) == drawn + 1
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_running_agents_activity_is_drawn_within_a_refresh(
@@ -126,16 +125,13 @@ async def test_a_running_agents_activity_is_drawn_within_a_refresh(
 ) -> None:
     # Its activity changes with every line the agent prints, and no notice is sent.
     current = busy_snapshot()
-    console = recording_console(force_terminal=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(Panel(console, lambda: current, live=True, changes=Changes()).run)
+    async with live_panel(lambda: current) as console:
         await trio.sleep(0.05)
         first, *rest = current.runs
         current = attrs.evolve(current, runs=(
             attrs.evolve(first, activity="Read docs/NEW.md"), *rest))
         await trio.sleep(LIVE_REFRESH_S)
         assert "Read docs/NEW.md" in console.export_text(clear=False)
-        nursery.cancel_scope.cancel()
 
 
 def test_shown_differs_exactly_when_the_picture_does() -> None:
