@@ -11,7 +11,7 @@ import shlex
 import signal
 import sys
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,29 +232,38 @@ class Puppeteer:
             await self._conn.send_all(f"exit {code}\n".encode())
 
 
-async def test_output_on_either_stream_resets_the_idle_timer(
-    tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
-) -> None:
-    # trio's clock stands still unless the test moves it, and the puppet prints only
-    # when told: 6 s of silence, stderr, 6 s, stdout, 6 s, exit. Under the 10 s
-    # idle limit only if output on stderr and on stdout each reset the timer.
-    # Should something hang, the clock jumps after 30 idle real seconds.
+@contextlib.asynccontextmanager
+async def puppet_agent(tmp_path: Path, groups: ProcessGroups,
+                       mock_clock: trio.testing.MockClock) -> AsyncIterator[Puppeteer]:
+    """A puppet agent under a 10 s idle limit, on trio's still clock, for the block
+    (which ends when the puppet does). Should something hang, the clock jumps after
+    30 idle real seconds (no other timer runs here) and fail_after ends the test."""
     mock_clock.autojump_threshold = 30
     puppet = Puppeteer()
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
             await nursery.start(puppet.serve)
             nursery.start_soon(puppet.run, tmp_path, groups, 10)
-            mock_clock.jump(6)
-            await puppet.say("err", "e")
-            mock_clock.jump(6)  # 12 s since the start, 6 s since stderr spoke
-            # Were the idle timer deaf to stderr, the agent would be stopped by now,
-            # before it could hear the next line.
-            await trio.testing.wait_all_tasks_blocked()
-            await puppet.say("out", "o")
-            mock_clock.jump(6)
-            await trio.testing.wait_all_tasks_blocked()
-            await puppet.exit(0)
+            yield puppet
+
+
+async def test_output_on_either_stream_resets_the_idle_timer(
+    tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
+) -> None:
+    # trio's clock stands still unless the test moves it, and the puppet prints only
+    # when told: 6 s of silence, stderr, 6 s, stdout, 6 s, exit. Under the 10 s
+    # idle limit only if output on stderr and on stdout each reset the timer.
+    async with puppet_agent(tmp_path, groups, mock_clock) as puppet:
+        mock_clock.jump(6)
+        await puppet.say("err", "e")
+        mock_clock.jump(6)  # 12 s since the start, 6 s since stderr spoke
+        # Were the idle timer deaf to stderr, the agent would be stopped by now,
+        # before it could hear the next line.
+        await trio.testing.wait_all_tasks_blocked()
+        await puppet.say("out", "o")
+        mock_clock.jump(6)
+        await trio.testing.wait_all_tasks_blocked()
+        await puppet.exit(0)
     ended = puppet.result
     assert ended is not None
     assert ended.timed_out is None
@@ -495,21 +504,16 @@ async def test_idle_limit_counts_from_the_last_output(
     # Under a 10 s idle limit, counting from the first line: a line at 6 s, one at
     # 12 s (past 10 s since the first, not since the last), then silence: stopped
     # at 22 s, for being idle.
-    mock_clock.autojump_threshold = 30
-    puppet = Puppeteer()
-    with trio.fail_after(600):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(puppet.serve)
-            nursery.start_soon(puppet.run, tmp_path, groups, 10)
-            await puppet.say("out", "first")
-            mock_clock.jump(6)
-            await puppet.say("out", "second")
-            mock_clock.jump(6)
-            await trio.testing.wait_all_tasks_blocked()
-            await puppet.say("out", "third")
-            mock_clock.jump(11)
-            await trio.testing.wait_all_tasks_blocked()
-            await puppet.exit(0)  # too late: it was stopped at 22 s
+    async with puppet_agent(tmp_path, groups, mock_clock) as puppet:
+        await puppet.say("out", "first")
+        mock_clock.jump(6)
+        await puppet.say("out", "second")
+        mock_clock.jump(6)
+        await trio.testing.wait_all_tasks_blocked()
+        await puppet.say("out", "third")
+        mock_clock.jump(11)
+        await trio.testing.wait_all_tasks_blocked()
+        await puppet.exit(0)  # too late: it was stopped at 22 s
     ended = puppet.result
     assert ended is not None
     assert ended.timed_out == "idle"
