@@ -1067,6 +1067,20 @@ def machine() -> dict[str, Any]:
             "load_avg": os.getloadavg()}
 
 
+@contextlib.contextmanager
+def bench_folder(name: str, *, keep: bool) -> Iterator[Path]:
+    """A temporary folder for one bench run's homes and logs, removed afterwards
+    unless ``keep`` (then its path is printed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"prohost-bench-{name}-"))
+    if keep:
+        log(f"logs and homes stay in {tmp}")
+    try:
+        yield tmp
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 async def timed(what: str, within_s: float, phase: Callable[[], Awaitable[Any]]) -> Any:
     """Run one phase under its deadline; its failure becomes an ``{"error": …}``."""
     log(f"{what}…")
@@ -1086,10 +1100,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"machine": machine(), "settings": {
         "runs": args.runs, "probes": args.probes, "queued": args.queued,
         "floor_samples": args.floor_samples, "rest_samples": args.rest_samples}}
-    tmp = Path(tempfile.mkdtemp(prefix="prohost-bench-e2e-"))
-    if args.keep:
-        log(f"logs and homes stay in {tmp}")
-    try:
+    with bench_folder("e2e", keep=args.keep) as tmp:
         figures["spawn_floor"] = await timed(
             "floor (a): sh -c cat", args.phase_s, lambda: spawn_floor(args.floor_samples))
         figures["post_floor"] = await timed(
@@ -1124,9 +1135,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                       args.phase_s * 4,
                                       lambda: latency_at_rest(tmp, args.rest_samples))
         figures["load_after"] = os.getloadavg()
-    finally:
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
     return figures
 
 

@@ -36,10 +36,8 @@ import argparse
 import fcntl
 import json
 import os
-import shutil
 import struct
 import sys
-import tempfile
 import termios
 import time
 from collections.abc import AsyncIterator
@@ -54,6 +52,7 @@ from bench_e2e import (
     Child,
     Relay,
     ServerProcess,
+    bench_folder,
     cpu_seconds,
     harness_argv,
     harness_healthy,
@@ -231,11 +230,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"machine": machine(), "settings": {
         "seconds": args.seconds, "warmup_s": args.warmup,
         "terminal": f"{TERMINAL_COLUMNS}x{TERMINAL_ROWS} {TERMINAL_TYPE}"}}
-    tmp = Path(tempfile.mkdtemp(prefix="prohost-bench-idle-"))
-    if args.keep:
-        log(f"logs and homes stay in {tmp}")
     within = SETTLE_WITHIN_S + args.warmup + args.seconds + 30
-    try:
+    with bench_folder("idle", keep=args.keep) as tmp:
         async with prohost_server(tmp, "server-idle") as server, \
                 httpx.AsyncClient(timeout=30) as client:
             for key, panel in (("no_panel", False), ("panel", True)):
@@ -244,9 +240,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     within, partial(idle_harness, tmp, server, client, panel=panel,
                                     seconds=args.seconds, warmup_s=args.warmup))
         figures["load_after"] = os.getloadavg()
-    finally:
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
     return figures
 
 

@@ -65,6 +65,23 @@ async def wall_clock_bound(seconds: float) -> AsyncIterator[None]:
         raise trio.TooSlowError(f"the block was still waiting after {seconds:.0f} real seconds")
 
 
+async def wait_rescued_late(nursery: trio.Nursery, clock: trio.testing.MockClock,
+                            done: trio.Event, release: Callable[[], object]) -> None:
+    """Wait for ``done`` while a call hangs: from now on every wait takes its whole
+    bound (trio's still clock jumps whenever every task waits), and the hung call is
+    let go 60 s on, later than any bound, so that nothing is left hanging. Then
+    ``nursery`` (which runs what set ``done``) is cancelled."""
+    clock.autojump_threshold = 0
+
+    async def rescue() -> None:
+        await trio.sleep(60)
+        release()
+
+    nursery.start_soon(rescue)
+    await done.wait()
+    nursery.cancel_scope.cancel()
+
+
 def agent_command(script: str, *args: object) -> str:
     """A shell command line that runs one of the fake agents in tests/agents."""
     parts = [sys.executable, str(AGENTS / script), *map(str, args)]

@@ -26,7 +26,15 @@ from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger import writer as ledger_module
 from prohost.options import Options
-from tests.kit import Gate, endpoints_for, finished, pair_home, running_harness, running_server
+from tests.kit import (
+    Gate,
+    endpoints_for,
+    finished,
+    pair_home,
+    running_harness,
+    running_server,
+    wait_rescued_late,
+)
 
 
 @pytest.fixture
@@ -191,15 +199,7 @@ async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
                         harness.drain()
                         signalled = trio.current_time()
                         harness.stop()
-                        mock_clock.autojump_threshold = 0
-
-                        async def rescue() -> None:
-                            await trio.sleep(60)
-                            hang.set()
-
-                        nursery.start_soon(rescue)
-                        await exited.wait()
-                        nursery.cancel_scope.cancel()
+                        await wait_rescued_late(nursery, mock_clock, exited, hang.set)
                     mock_clock.autojump_threshold = math.inf
                     assert codes == [130]
                     assert trio.current_time() - signalled <= 5.0 + 1e-6

@@ -40,6 +40,7 @@ from tests.kit import (
     pair_home,
     running_harness,
     running_server,
+    wait_rescued_late,
     wall_clock_bound,
 )
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env
@@ -101,15 +102,7 @@ async def stop_in_its_window(
         signalled = trio.current_time()
         harness.stop()
         # From now on every wait takes its whole bound (see the module docstring).
-        mock_clock.autojump_threshold = 0
-
-        async def rescue() -> None:
-            await trio.sleep(60)
-            disk.release()
-
-        nursery.start_soon(rescue)
-        await exited.wait()
-        nursery.cancel_scope.cancel()
+        await wait_rescued_late(nursery, mock_clock, exited, disk.release)
     assert codes == [130]
     assert trio.current_time() - signalled <= STOP_WINDOW_S + 1e-6
     mock_clock.autojump_threshold = float("inf")
@@ -271,15 +264,7 @@ async def test_a_hung_disk_under_the_daily_worktree_collection_gives_up_at_the_s
         await disk.wait_entered()
         signalled = trio.current_time()
         bounds.hurry(signalled + STOP_WINDOW_S)
-        mock_clock.autojump_threshold = 0
-
-        async def rescue() -> None:
-            # A pass that waits for the disk returns only once it answers: late.
-            await trio.sleep(60)
-            disk.release()
-
-        nursery.start_soon(rescue)
-        await returned.wait()
-        nursery.cancel_scope.cancel()
+        # A pass that waited for the disk would return only once it answers: late.
+        await wait_rescued_late(nursery, mock_clock, returned, disk.release)
     assert trio.current_time() - signalled <= STOP_WINDOW_S + 1e-6
     assert "could not collect old worktrees" in caplog.text
