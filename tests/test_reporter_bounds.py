@@ -75,17 +75,7 @@ async def test_a_small_compressed_answer_is_never_inflated_in_memory() -> None:
     bomb = gzip.compress(b"\0" * (50 * 1024 * 1024), compresslevel=9)
     assert len(bomb) < 64 * 1024  # within what is read to keep the connection
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        await read_body(receive)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-encoding", b"gzip"),
-                                (b"content-length", str(len(bomb)).encode())]})
-        await send({"type": "http.response.body", "body": bomb})
-
-    await delivered_holding_little(app)
+    await delivered_holding_little(_answering(200, bomb, b"gzip"))
 
 
 async def test_every_attempt_sends_the_same_json_bytes_with_its_type(
@@ -125,15 +115,15 @@ async def test_every_attempt_sends_the_same_json_bytes_with_its_type(
     assert json.loads(tl) == {"run_id": RUN, "events": events}
 
 
-def _refusing(body: bytes, coding: bytes) -> Any:
-    """An app refusing every report with 400 and ``body`` sent as ``coding``."""
+def _answering(status: int, body: bytes, coding: bytes) -> Any:
+    """An app answering every report with ``status`` and ``body`` sent as ``coding``."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await lifespan(receive, send)
             return
         await read_body(receive)
-        await send({"type": "http.response.start", "status": 400,
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-encoding", coding),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -156,10 +146,10 @@ async def test_a_compressed_error_page_is_inflated_only_as_far_as_its_line_needs
     bomb = gzip.compress(b"quota exceeded for this machine " + b" " * (50 * 1024 * 1024),
                          compresslevel=9)
     assert len(bomb) < 64 * 1024
-    detail = await refused_holding_little(_refusing(bomb, b"gzip"))
+    detail = await refused_holding_little(_answering(400, bomb, b"gzip"))
     assert detail.endswith("400: quota exceeded for this machine"), detail
 
 
 async def test_an_error_page_in_an_encoding_zlib_cannot_read_is_named_not_decoded() -> None:
-    detail = await refused_holding_little(_refusing(b"\x8b\x02\x80hello\x03", b"br"))
+    detail = await refused_holding_little(_answering(400, b"\x8b\x02\x80hello\x03", b"br"))
     assert detail.endswith("400: (a br-encoded body)"), detail
