@@ -519,8 +519,8 @@ class Relay:
         self.accepted: set[str] = set()
         self.status: dict[str, Any] = {}
         self.connected_at: float | None = None  # perf_counter of the first connection
-        self.first_cpu: float | None = None  # the harness's CPU seconds then
-        self.first_snapshot: dict[str, float] | None = None  # cpu_snapshot() then
+        #: cpu_snapshot() then: the harness's CPU seconds and the rest's.
+        self.first_snapshot: dict[str, float] | None = None
         self.server_pid: int | None = None
         self.harness_pid: int | None = None
         #: run id → its latest acked delivery id.
@@ -560,7 +560,6 @@ class Relay:
         if self.connected_at is None:
             self.connected_at = time.perf_counter()
             if self.harness_pid is not None:
-                self.first_cpu = cpu_seconds(self.harness_pid)
                 self.first_snapshot = cpu_snapshot(self.harness_pid, self.server_pid)
         headers = [(k, v) for k, v in request.headers
                    if k.lower() in (b"authorization", b"x-prohost-machine", b"x-prohost-agent")]
@@ -872,7 +871,6 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int, *,
                 log(f"  the {runs} runs completed after {backlog_ended - began:.2f} s")
                 await relay.wait(lambda: len(probe_times) == probes)
                 ended = await wait_completed(client, server, relay, run_ids + probe_ids)
-                cpu_end = cpu_seconds(harness.pid)
                 snapshot_end = cpu_snapshot(harness.pid, server.child.pid)
                 inner.cancel_scope.cancel()
         listing = (await client.get(f"{server.http_url}/v1/runs")).json()["runs"]
@@ -883,7 +881,11 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int, *,
     total = runs + len(probe_ids)
     probe_set = set(probe_ids)
     sizes = [size for (run, _, size) in relay.sent.values() if run in probe_set]
+    first = relay.first_snapshot or {}
+    per_run = {key: (snapshot_end[key] - first.get(key, 0.0)) * 1e3 / total
+               for key in snapshot_end}
     result.update(
+        cpu_ms_per_run=per_run["harness"],
         states=states,
         seconds=ended - began,
         # The backlog alone, though the probes ran alongside: a conservative figure.
@@ -892,13 +894,11 @@ async def throughput_and_acks(tmp: Path, runs: int, probes: int, *,
         backlog_seconds_from_connect=backlog_ended - (relay.connected_at or began),
         connections=relay.connections,
         close_codes=relay.close_codes,
-        cpu_ms_per_run=(cpu_end - (relay.first_cpu or 0.0)) * 1e3 / total,
-        cpu_ms_startup=(relay.first_cpu or 0.0) * 1e3,
+        cpu_ms_startup=first.get("harness", 0.0) * 1e3,
         # Where the machine's CPU went over the same window, per run: the harness, its
         # agents, the reference server, this process (relay and submitter), and the
         # whole machine (the rest is the kernel's and other processes').
-        cpu_ms_per_run_of={key: (snapshot_end[key] - (relay.first_snapshot or {}).get(key, 0.0))
-                           * 1e3 / total for key in snapshot_end},
+        cpu_ms_per_run_of=per_run,
         # Under load means while the backlog ran; all of them if none was.
         ack_samples=busy_times or probe_times,
         ack_samples_all=probe_times,

@@ -117,7 +117,7 @@ async def main():
     held = {}  # run id -> "queued" | "running" | "reporting"
     done = 0
     counts_changed, run_done = trio.Event(), trio.Event()
-    heartbeat_s = [15.0]
+    heartbeat_s = 15.0
 
     def moved(run_id, state):
         nonlocal counts_changed
@@ -146,13 +146,14 @@ async def main():
         async def heartbeats():
             seq = 0
             while True:
-                await trio.sleep(heartbeat_s[0])
+                await trio.sleep(heartbeat_s)
                 seq += 1
                 await ws.send_message(json.dumps({"type": "heartbeat", "seq": seq, "runs": [
                     {"run_id": run_id, "state": state} for run_id, state in held.items()]}))
 
         async def read_frames():
             # Decode, check, record, ack; the run then waits its turn.
+            nonlocal heartbeat_s
             while True:
                 frame = json.loads(await ws.get_message())
                 kind = frame.get("type") if isinstance(frame, dict) else None
@@ -160,7 +161,7 @@ async def main():
                     await ws.send_message(json.dumps({"type": "pong", "id": frame["id"]}))
                     continue
                 if kind == "hello":
-                    heartbeat_s[0] = min(120, max(5, frame.get("heartbeat_s", 15)))
+                    heartbeat_s = min(120, max(5, frame.get("heartbeat_s", 15)))
                     continue
                 if kind != "delivery":
                     continue
