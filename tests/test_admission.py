@@ -20,7 +20,8 @@ import attrs
 import pytest
 import trio
 
-from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
+from prohost.engine.ledger import Ledger, LedgerError, RunState, UnreportedRuns
+from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.recovery import INTERRUPTED
@@ -77,6 +78,11 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
     home = tmp_path / "home"
 
     class FailsAfterCommit:
+        #: Its steps take a worker thread (as a sync caller's), where the real
+        #: admit commits before this raises; on the writer thread a call that
+        #: raises has its writes dropped.
+        serving = False
+
         def __init__(self, ledger: Ledger) -> None:
             self._ledger = ledger
             self.failed = 0
@@ -98,7 +104,8 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
             ledger = running.ledger
             assert ledger is not None
             wrapped = FailsAfterCommit(ledger)
-            running.harness.admission.ledger = wrapped  # type: ignore[assignment]
+            running.harness.admission.steps = LedgerSteps(  # type: ignore[arg-type]
+                wrapped, running.harness.bounds)
             run_id = server.state.add_run("commit, then an error", "C2").run_id
             await server.wait_until(finished(run_id))
             await running.harness.wait_released(run_id)
@@ -109,7 +116,7 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
             assert record.completion is not None
             assert record.completion.get("reply") == "ran once"
             assert wrapped.failed == 1
-            assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+            assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
 
 
 @pytest.mark.parametrize("text_budget", ["ample", "spent"])

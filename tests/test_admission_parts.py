@@ -28,7 +28,9 @@ from prohost.engine.supervisor.admission import (
     NOT_RECORDED,
     Admission,
     AdmissionPolicy,
+    Intake,
 )
+from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
 from prohost.wire import intake
@@ -60,8 +62,10 @@ class Wrapped:
         self.meanwhile: Callable[[], None] = lambda: None
 
     def __getattr__(self, name: str) -> Any:
-        self.used.append(name)
         real = getattr(self._ledger, name)
+        if not callable(real):  # a property (``serving``): not a method looked up
+            return real
+        self.used.append(name)
 
         def call(*args: object) -> Any:
             self.meanwhile()
@@ -73,7 +77,7 @@ class Wrapped:
 
 @attrs.define
 class Parts:
-    admission: Admission
+    admission: Any
     runs: HeldRuns
     queue: RunQueue
     session: Acks
@@ -106,11 +110,11 @@ def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
     scheduler: Scheduler[HeldRun] = Scheduler(2, work, queue_cap=100)
     runs = HeldRuns(lambda: None)
     queue = RunQueue(scheduler, QueuedBodies(), settle)
-    policy = AdmissionPolicy(max_queued=max_queued, dry_run=dry_run,
-                             allow_unverified=allow_unverified)
-    admission = Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
-                          queue=queue, steps=None if dry_run else LedgerSteps(ledger),
-                          take_on=take_on)
+    policy = AdmissionPolicy(max_queued=max_queued, allow_unverified=allow_unverified)
+    # A dry run's part is chosen at the composition root in place of admission.
+    admission: Intake = DryRun(secret=SECRET, policy=policy, queue=queue) if dry_run \
+        else Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
+                       queue=queue, steps=LedgerSteps(ledger), take_on=take_on)
     return Parts(admission, runs, queue, Acks(), taken_on, settled)
 
 
@@ -169,7 +173,8 @@ async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
 ) -> None:
     parts = build(ledger)
     await deliver(parts, "r1")
-    parts.admission.ledger = counting = Wrapped(ledger)  # type: ignore[assignment]
+    counting = Wrapped(ledger)
+    parts.admission.steps = LedgerSteps(counting)  # type: ignore[arg-type]
     assert await deliver(parts, "r1", "d2") == (intake.ACCEPTED, "already accepted")
     assert counting.used == [] and parts.queue.queued() == 1 and parts.taken_on == []
 
@@ -180,7 +185,7 @@ async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_s
     parts = build(ledger)
     wrapped = Wrapped(ledger)
     wrapped.meanwhile = lambda: setattr(parts.queue, "draining", True)
-    parts.admission.ledger = wrapped  # type: ignore[assignment]
+    parts.admission.steps = LedgerSteps(wrapped)  # type: ignore[arg-type]
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted")
     assert wrapped.used == ["admit"] and "r1" in parts.runs
     assert parts.queue.queued() == 0
@@ -221,7 +226,7 @@ async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_
 ) -> None:
     parts = build(ledger)
     in_ledger(ledger, "done", RunState.REPORTED)
-    parts.admission.ledger = Wrapped(ledger, failing=("admit",))  # type: ignore[assignment]
+    parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("admit",)))  # type: ignore[arg-type]
     assert await deliver(parts, "fresh") == (intake.DRAINING, NOT_RECORDED)
     assert await deliver(parts, "done", "d2") == (intake.IGNORED, "already reported")
     assert ledger.get("fresh") is None and len(parts.runs) == 0
@@ -234,7 +239,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
     await deliver(parts, "held")
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.queue.draining = True
-    parts.admission.ledger = Wrapped(ledger, failing=("get",))  # type: ignore[assignment]
+    parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("get",)))  # type: ignore[arg-type]
     assert await deliver(parts, "done", "d2") == (intake.DRAINING, NOT_LOOKED_UP)
     # A run held here is answered from memory, whatever the ledger says.
     assert await deliver(parts, "held", "d3") == (intake.ACCEPTED, "already accepted")

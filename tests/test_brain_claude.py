@@ -611,9 +611,22 @@ async def test_end_to_end_errors_forever_is_stopped_by_the_deadline(tmp_path: Pa
     assert turn.finish(result) is None  # the runner describes a stopped process
 
 
+class _Timeline:
+    """A run's timeline sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[ToolEvent] = []
+
+    def add(self, events: list[ToolEvent]) -> None:
+        self.events.extend(events)
+
+
 async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path) -> None:
-    from prohost.engine.run.execute import ExecSpec, Progress, execute
+    from prohost.engine.agent.environment import scratch_folder
+    from prohost.engine.run.execute import ExecSpec
+    from prohost.engine.run.heldrun import HeldRun
     from prohost.wire.runs import AgentRun
+    from tests.run_kit import solo_runner
 
     run = AgentRun(run_id="run_c2", completion_path="/c", text="hi",
                    mcp=Mcp(url="https://chat.example/mcp", token="tok-2"))
@@ -622,14 +635,16 @@ async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path
     # The harness sets the run markers itself and drops CLAUDECODE (nested-run guard).
     env = fake_env(tmp_path, "no_session", CLAUDECODE="1")
     del env["PROHOST_RUN_ID"], env["PROHOST_PAIRED_RUN"]
-    timeline: list[ToolEvent] = []
-    progress = Progress()
+    timeline = _Timeline()
+    held = HeldRun.of(run)
+    progress = held.progress
     groups = ProcessGroups()
     with trio.fail_after(20):
-        outcome = await execute(run, spec, ClaudeBrain(FAKE_EXEC), groups=groups,
-                                session_id="gone-2", progress=progress,
-                                on_events=timeline.extend, base_env=env,
-                                scratch=tmp_path / "scratch")
+        async with solo_runner(tmp_path / "solo", spec, ClaudeBrain(FAKE_EXEC), groups=groups,
+                               env=env, scratch_root=tmp_path / "runs") as solo:
+            outcome = await solo.outcome(run, session_id="gone-2", held=held,
+                                         timeline=timeline)
+    assert not scratch_folder(tmp_path / "runs", "run_c2").exists()
     assert outcome.ok and outcome.reply == "Hello from the fake Claude."
     assert outcome.session_id not in (None, "gone-2")
     assert progress.attempts == 2 and progress.model == "claude-sonnet-4-5-20250929"
@@ -638,8 +653,7 @@ async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path
     assert second["mcp_config_mode"] == 0o600
     assert second["env"] == {"PROHOST_RUN_ID": "run_c2", "PROHOST_PAIRED_RUN": "1"}
     assert second["claudecode_set"] is False
-    assert not (tmp_path / "scratch").exists()
-    assert timeline == []  # the reply scenario calls no tools
+    assert timeline.events == []  # the reply scenario calls no tools
 
 
 # --- usage limits ------------------------------------------------------------------

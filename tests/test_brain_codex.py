@@ -21,10 +21,12 @@ import trio
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
 from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
+from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.usage import from_codex_totals
-from prohost.engine.run.execute import ExecSpec, execute
+from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun, Mcp
+from tests.run_kit import solo_runner
 
 FAKE = Path(__file__).parent / "agents" / "fake_codex.py"
 FAKE_LINE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
@@ -649,9 +651,10 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
     base = tmp_path / "codex-home"
     base_env = fake_env(tmp_path, "reply", CODEX_HOME=str(base))
     with trio.fail_after(20):
-        outcome = await execute(run, spec, CodexBrain(str(codex_on_disk)), groups=groups,
-                                session_id="stale-thread", base_env=base_env,
-                                scratch=tmp_path / "scratch")
+        async with solo_runner(tmp_path / "solo", spec, CodexBrain(str(codex_on_disk)),
+                               groups=groups, env=base_env,
+                               scratch_root=tmp_path / "runs") as solo:
+            outcome = await solo.outcome(run, session_id="stale-thread")
     assert outcome.ok and outcome.reply == "Fixed: the fixture path was wrong."
     assert outcome.session_id is not None
     assert (base / "sessions" / f"{outcome.session_id}.jsonl").exists()
@@ -662,7 +665,7 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
     assert record["mcp_server"]["http_headers"] == {"Authorization": "Bearer tok-x"}
     assert "Fix it" in record["prompt"]
     # The overlay went with the run's scratch folder; the real home is whole.
-    assert not (tmp_path / "scratch").exists()
+    assert not scratch_folder(tmp_path / "runs", "run_01").exists()
     assert "tok-x" not in "".join(p.read_text() for p in base.rglob("*") if p.is_file())
 
 

@@ -24,7 +24,7 @@ import trio.testing
 
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
-from prohost.engine.ledger import Ledger, Recovery
+from prohost.engine.ledger import Ledger, UnreportedRuns
 from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire.runs import Outcome
@@ -108,7 +108,7 @@ async def test_a_drain_reports_the_runs_waiting_for_an_account_at_once(tmp_path:
                 assert record.completion_posts == 1
             assert not (tmp_path / "record.json").exists(), "no agent was started"
     with Ledger.open(home / "ledger.sqlite3") as ledger:
-        assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+        assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
 
 
 async def test_a_drain_ends_a_fail_over_wait_with_the_limited_attempt_reported(
@@ -142,4 +142,4 @@ async def test_a_drain_ends_a_fail_over_wait_with_the_limited_attempt_reported(
             assert "limit" in completion["error"]
             assert len(invocations(tmp_path)) == 1, "the agent ran once"
     with Ledger.open(home / "ledger.sqlite3") as ledger:
-        assert ledger.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+        assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])

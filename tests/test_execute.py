@@ -1,23 +1,33 @@
-"""execute_plain end to end with real fake agents: every ending becomes an Outcome."""
+"""The plain brain end to end with real fake agents: every ending becomes an Outcome.
+
+A run goes through the production Runner's middle (``tests/run_kit.py``); what
+``on_spawn`` does is one attempt's (:func:`execute`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
 import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
 import trio
 
+from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env
 from prohost.engine.agent.process import ProcessGroups
-from prohost.engine.run.execute import ExecSpec, execute_plain
+from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
+from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
-from prohost.wire.runs import AgentRun
+from prohost.engine.run.staging import env_for, prompt_for
+from prohost.wire.runs import AgentRun, Outcome
+from tests.run_kit import solo_runner
 
 AGENTS = Path(__file__).parent / "agents"
 RUN = AgentRun(run_id="run_exec_1", completion_path="/c", text="hello", author="dana")
@@ -51,6 +61,26 @@ def groups() -> ProcessGroups:
     groups = ProcessGroups()
     groups.grace_s = 0.2
     return groups
+
+
+async def execute_plain(
+    run: AgentRun, exec_spec: ExecSpec, *, groups: ProcessGroups,
+    on_spawn: Callable[[int], Awaitable[None]] | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> Outcome:
+    """``run`` with the plain brain running ``exec_spec.command``: through the
+    Runner's middle; with ``on_spawn``, one attempt alone (what it is handed)."""
+    env = os.environ if base_env is None else base_env
+    brain = PlainBrain(exec_spec.command)
+    if on_spawn is not None:
+        attempt = Attempt(run, prompt_for(run, exec_spec, None),
+                          env_for(run, exec_spec, env, None), None, math.inf)
+        result = await execute(attempt, AgentSetup(brain, exec_spec, groups), Progress(),
+                               on_spawn)
+        return result.outcome
+    with tempfile.TemporaryDirectory() as folder:
+        async with solo_runner(Path(folder), exec_spec, brain, groups=groups, env=env) as solo:
+            return await solo.outcome(run)
 
 
 def base_env() -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from prohost.engine.blocking import StepTimedOut, run_bounded
-from prohost.engine.ledger import Admission, Ledger, LedgerError, Recovery, RunState, _Write
+from prohost.engine.ledger import Admitted, Ledger, LedgerError, RunState, UnreportedRuns, _Write
 from prohost.wire.runs import Outcome
 from tests.ledger_kit import Commits
 
@@ -102,7 +102,7 @@ async def test_sixteen_writes_waiting_together_share_one_commit(
     returned: list[str] = []
 
     def admit(run_id: str) -> None:
-        assert ledger.admit(run_id, f"conv:{run_id}", "{}", now=1.0) is Admission.NEW
+        assert ledger.admit(run_id, f"conv:{run_id}", "{}", now=1.0) is Admitted.NEW
         # Durable on return: another connection sees it.
         assert committed_states(path)[run_id] == "accepted"
         returned.append(run_id)
@@ -130,7 +130,7 @@ async def test_sixteen_writes_waiting_together_share_one_commit(
 
 async def test_one_write_at_a_time_costs_one_commit_each(ledger: GatedLedger) -> None:
     for index in range(5):
-        assert await in_thread(ledger.admit, f"run-{index}", "lane", "{}", 1.0) is Admission.NEW
+        assert await in_thread(ledger.admit, f"run-{index}", "lane", "{}", 1.0) is Admitted.NEW
     assert ledger.commits.counts() == (5, 5)
 
 
@@ -163,8 +163,8 @@ async def test_a_failing_write_fails_only_its_own_caller(
 
     # The four were one batch, and only the two bad ones failed.
     assert ledger.commits.total - before[0] == 2
-    assert results["first"] is Admission.NEW
-    assert results["last"] is Admission.NEW
+    assert results["first"] is Admitted.NEW
+    assert results["last"] is Admitted.NEW
     assert isinstance(results["bug"], LedgerError)
     assert "harness bug: run 'run-nope' is not in the ledger" in str(results["bug"])
     assert isinstance(results["constraint"], LedgerError)
@@ -233,7 +233,7 @@ async def test_a_flushing_read_sees_a_non_durable_write_still_queued(
     ledger: GatedLedger,
 ) -> None:
     ledger.admit("run-1", "lane", "{}", now=1.0)
-    got: list[Recovery] = []
+    got: list[UnreportedRuns] = []
 
     async def recover() -> None:
         got.append(await in_thread(ledger.recover))

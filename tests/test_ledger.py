@@ -15,7 +15,7 @@ import trio
 
 from prohost.engine import ledger as ledger_module
 from prohost.engine.ledger import (
-    Admission,
+    Admitted,
     Ledger,
     LedgerError,
     RunState,
@@ -48,9 +48,9 @@ def outcome(reply: str = "done") -> str:
 
 def test_admission_over_the_life_of_a_run(ledger: Ledger) -> None:
     body = '{"run_id": "run-1", "text": "héllo ☃"}'
-    assert ledger.admit("run-1", "conv:C1", body, now=10.0) is Admission.NEW
+    assert ledger.admit("run-1", "conv:C1", body, now=10.0) is Admitted.NEW
     # A redelivery never inserts again and never replaces the saved body.
-    assert ledger.admit("run-1", "conv:C1", '{"other": 1}', now=11.0) is Admission.HELD
+    assert ledger.admit("run-1", "conv:C1", '{"other": 1}', now=11.0) is Admitted.HELD
     row = ledger.get("run-1")
     assert row is not None
     assert (row.state, row.body, row.lane, row.accepted_at) == (
@@ -59,11 +59,11 @@ def test_admission_over_the_life_of_a_run(ledger: Ledger) -> None:
 
     ledger.mark_started("run-1", now=12.0)
     ledger.record_pgid("run-1", 777)
-    assert ledger.admit("run-1", "conv:C1", body, now=13.0) is Admission.HELD
+    assert ledger.admit("run-1", "conv:C1", body, now=13.0) is Admitted.HELD
     ledger.mark_finished("run-1", outcome(), now=14.0)
-    assert ledger.admit("run-1", "conv:C1", body, now=15.0) is Admission.HELD
+    assert ledger.admit("run-1", "conv:C1", body, now=15.0) is Admitted.HELD
     ledger.mark_reported("run-1", "posted: 200", now=16.0)
-    assert ledger.admit("run-1", "conv:C1", body, now=17.0) is Admission.REPORTED
+    assert ledger.admit("run-1", "conv:C1", body, now=17.0) is Admitted.REPORTED
 
     row = ledger.get("run-1")
     assert row is not None
@@ -88,7 +88,7 @@ def test_a_one_mebibyte_body_is_stored_exactly(ledger: Ledger) -> None:
 async def test_concurrent_admits_from_threads_insert_once(ledger: Ledger) -> None:
     """The harness calls through trio.to_thread; one lock keeps each call whole."""
     with trio.fail_after(30):
-        results: list[Admission] = []
+        results: list[Admitted] = []
 
         async def admit(run_id: str) -> None:
             results.append(
@@ -100,8 +100,8 @@ async def test_concurrent_admits_from_threads_insert_once(ledger: Ledger) -> Non
                 nursery.start_soon(admit, "run-same")
                 nursery.start_soon(admit, f"run-{index}")
 
-    assert results.count(Admission.NEW) == 21
-    assert results.count(Admission.HELD) == 19
+    assert results.count(Admitted.NEW) == 21
+    assert results.count(Admitted.HELD) == 19
     seqs = [row.seq for row in ledger.recover().pending]
     assert len(seqs) == len(set(seqs)) == 21
 
@@ -177,7 +177,7 @@ def test_every_committed_step_survives_sigkill(path: Path) -> None:
         assert reported is not None and reported.state is RunState.REPORTED
         assert ledger.session_for("conv:0") == "sess-1"
         assert ledger.get("run-uncommitted") is None
-        assert ledger.admit("run-a", "conv:1", "{}", now=200.0) is Admission.HELD
+        assert ledger.admit("run-a", "conv:1", "{}", now=200.0) is Admitted.HELD
 
 
 # A kill -9 at each step of a run's life, through the runner's real steps, is in
@@ -311,7 +311,7 @@ def test_moving_a_run_backwards_raises_and_changes_nothing(
         calls[move]()
     assert ledger.get("run-1") == before
     # The failed call left no transaction open: the ledger still works.
-    assert ledger.admit("run-2", "lane", "{}", now=10.0) is Admission.NEW
+    assert ledger.admit("run-2", "lane", "{}", now=10.0) is Admitted.NEW
 
 
 @pytest.mark.parametrize("state", [RunState.ACCEPTED, RunState.STARTED, RunState.FINISHED])

@@ -39,7 +39,10 @@ TOKEN = "tok_outbox_test"
 class SyncSteps(LedgerSteps):
     """The ledger's steps, called on the trio thread (see the module docstring)."""
 
-    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
+    async def _read(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        return fn(*args)
+
+    async def _write(self, fn: Callable[..., T], *args: object, what: str) -> T:
         return fn(*args)
 
 

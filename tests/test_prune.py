@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admission, Ledger, RunState
+from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admitted, Ledger, RunState
 from prohost.wire.runs import Outcome
 from tests.kit import acks, delivery_frame, running_harness, running_server, wait_for_ack
 
@@ -46,12 +46,12 @@ def test_a_pruned_run_keeps_a_tombstone_that_still_refuses_it(tmp_path: Path) ->
         assert (row.state, row.reported_at) == (RunState.REPORTED, reported_at)
         assert (row.body, row.lane, row.outcome, row.settlement) == ("", "", None, None)
         assert ledger.admit("run-1", "conv:C1", "{}", now=reported_at + 8 * DAY) \
-            is Admission.REPORTED
+            is Admitted.REPORTED
 
     with Ledger.open(path) as ledger:
         # Day 29: still there after a restart; day 31: forgotten.
         assert ledger.prune(now=reported_at + 29 * DAY) == 0
-        assert ledger.admit("run-1", "c", "{}", now=reported_at + 29 * DAY) is Admission.REPORTED
+        assert ledger.admit("run-1", "c", "{}", now=reported_at + 29 * DAY) is Admitted.REPORTED
         assert ledger.prune(now=reported_at + 31 * DAY) == 1
         assert ledger.get("run-1") is None
 

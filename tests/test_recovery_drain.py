@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from prohost.engine.harness import Harness
-from prohost.engine.ledger import Ledger, Recovery, RunState
+from prohost.engine.ledger import Ledger, RunState, UnreportedRuns
 from prohost.engine.supervisor.recovery import INTERRUPTED, RESTARTED
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.home import Credentials
@@ -38,7 +38,7 @@ class PausedRecovery:
         self.reading = trio.Event()
         self.go_on = trio.Event()
 
-    def recover(self) -> Recovery:
+    def recover(self) -> UnreportedRuns:
         # In the harness's worker thread: these hop back to the trio loop.
         trio.from_thread.run_sync(self.reading.set)
         trio.from_thread.run(self.go_on.wait)
@@ -125,7 +125,7 @@ async def test_a_drain_while_recovering_reports_every_recovered_run_then_exits_0
             outbox = server.run(runs["outbox"]).completion
             assert outbox is not None and outbox["reply"] == "the saved answer"
             with Ledger.open(home / "ledger.sqlite3") as after:
-                assert after.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+                assert after.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
                 for run_id in runs.values():
                     row = after.get(run_id)
                     assert row is not None and row.state is RunState.REPORTED
@@ -166,7 +166,7 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
             assert server.run(stray).completion == {
                 "run_id": stray, "ok": False, "error": INTERRUPTED, "retryable": True}
             with Ledger.open(home / "ledger.sqlite3") as after:
-                assert after.recover() == Recovery(pending=[], interrupted=[], outbox=[])
+                assert after.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
 
 
 async def test_a_drain_that_cannot_report_says_which_runs_stay_in_the_outbox(

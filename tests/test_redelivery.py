@@ -23,6 +23,7 @@ import trio
 from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.ledger import Ledger, LedgerError, RunState
+from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire import intake
@@ -134,7 +135,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_r
             await gate.wait_started(busy)
             assert running.ledger is not None
             unreadable = UnreadableLedger(running.ledger)
-            harness.admission.ledger = unreadable  # type: ignore[assignment]
+            harness.admission.steps = LedgerSteps(unreadable, harness.bounds)  # type: ignore[arg-type]
             harness.drain()
 
             # Held in memory: answered without asking the ledger.
@@ -143,7 +144,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_r
             # Not held: only the ledger knows it was reported; it cannot say, so 503.
             assert await redelivered(running, done, "again-done") == (503, NOT_LOOKED_UP)
             assert unreadable.reads == 1
-            harness.admission.ledger = running.ledger
+            harness.admission.steps = harness.steps
             assert await redelivered(running, done, "later-done") == (204, "already reported")
             await gate.release(busy)
             assert await running.wait_exit() == 0
@@ -166,7 +167,8 @@ async def test_a_ledger_that_cannot_record_still_answers_for_the_runs_it_has(
             # here holds it.
             left = server.state.add_run("left behind", "L").run_id
             body = server.run(left).body_text
-            harness.admission.ledger = FullDisk(ledger)  # type: ignore[assignment]
+            harness.admission.steps = LedgerSteps(  # type: ignore[arg-type]
+                FullDisk(ledger), harness.bounds)
             ledger.admit(left, parse_body(body).lane, body, time.time())
 
             assert await redelivered(running, done, "again-done") == (204, "already reported")

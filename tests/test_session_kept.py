@@ -25,9 +25,10 @@ import trio
 
 from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.process import ProcessGroups
-from prohost.engine.run.execute import ExecSpec, execute
+from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun
 from tests.kit import AGENTS, Running, finished, running_harness, running_server
+from tests.run_kit import solo_runner
 from tests.test_brains_harness import Turnstile, seed_session
 
 
@@ -181,8 +182,9 @@ async def test_an_agent_that_cannot_be_spawned_keeps_the_session(tmp_path: Path)
     run = AgentRun(run_id="run_spawn_1", completion_path="/c", text="hello", author="dana")
     groups = ProcessGroups()
     with trio.fail_after(30):
-        outcome = await execute(run, spec, ClaudeBrain(str(program)), groups=groups,
-                                session_id="kept-session", base_env=env)
+        async with solo_runner(tmp_path / "solo", spec, ClaudeBrain(str(program)),
+                               groups=groups, env=env) as solo:
+            outcome = await solo.outcome(run, session_id="kept-session")
     assert outcome.ok is False
     assert outcome.error is not None
     assert outcome.error.startswith(f"could not start the agent in {tmp_path / 'work'}")

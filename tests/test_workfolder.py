@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -21,8 +22,9 @@ import trio
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
-from prohost.engine.run.execute import ExecSpec, execute
-from prohost.wire.runs import AgentRun
+from prohost.engine.run.execute import ExecSpec
+from prohost.wire.runs import AgentRun, Outcome
+from tests.run_kit import solo_runner
 
 T = TypeVar("T")
 AGENTS = Path(__file__).parent / "agents"
@@ -54,12 +56,20 @@ def env_dump_spec(workdir: Path) -> ExecSpec:
                     parallel=False, secrets=())
 
 
+async def run_through_runner(run: AgentRun, spec: ExecSpec, bounds: Bounds,
+                             groups: ProcessGroups) -> Outcome:
+    """``run`` through the production Runner's middle, with the harness's ``bounds``."""
+    with tempfile.TemporaryDirectory() as folder:
+        async with solo_runner(Path(folder), spec, PlainBrain(spec.command), groups=groups,
+                               bounds=bounds, env={"PATH": os.environ["PATH"]}) as solo:
+            return await solo.outcome(run)
+
+
 async def run_once(spec: ExecSpec, bounds: Bounds, groups: ProcessGroups, n: int) -> str:
     """One run; the folder the agent ran in."""
     run = AgentRun(run_id=f"run_wf_{n}", completion_path="/c", text="hi")
     with trio.fail_after(30):
-        outcome = await execute(run, spec, PlainBrain(spec.command), groups=groups,
-                                bounds=bounds, base_env={"PATH": os.environ["PATH"]})
+        outcome = await run_through_runner(run, spec, bounds, groups)
     assert outcome.ok, outcome.error
     assert outcome.reply is not None
     cwd: str = json.loads(outcome.reply)["cwd"]
@@ -107,8 +117,7 @@ async def test_a_working_folder_replaced_by_a_file_fails_the_run_clearly(
     workdir.write_text("in the way")
     run = AgentRun(run_id="run_wf_x", completion_path="/c", text="hi")
     with trio.fail_after(30):
-        outcome = await execute(run, spec, PlainBrain(spec.command), groups=groups,
-                                bounds=bounds, base_env={"PATH": os.environ["PATH"]})
+        outcome = await run_through_runner(run, spec, bounds, groups)
     assert not outcome.ok
     assert outcome.error is not None
     assert outcome.error.startswith("could not "), outcome.error

@@ -16,11 +16,12 @@ import trio.testing
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.repos.worktrees import WorktreeManager
-from prohost.engine.run.execute import ExecSpec, execute
-from prohost.engine.run.progress import Progress
+from prohost.engine.run.execute import ExecSpec
+from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.runs import AgentRun, Outcome
 from tests.gitgate import gate_checkouts, gate_post_checkout
 from tests.kit import agent_command, finished, running_harness, running_server
+from tests.run_kit import solo_runner
 from tests.test_worktrees import git, isolate_git, make_repo, only, worktree_paths
 
 
@@ -42,39 +43,38 @@ async def test_a_checkout_slower_than_the_timeout_fails_the_run_without_the_agen
         source = await make_repo(tmp_path / "app")
         gate = gate_checkouts(source, tmp_path / "gate")
         manager = WorktreeManager(tmp_path / "home", [source])
-        spawned: list[int] = []
-        progress = Progress()
+        run = AgentRun(run_id="run_slow", completion_path="/c", text="hi", conversation_id="C1")
+        held = HeldRun.of(run)
+        progress = held.progress
+        groups = ProcessGroups()
         outcome: list[Outcome] = []
+        spec = ExecSpec(command=agent_command("reply.py", "done"), workdir=tmp_path / "work",
+                        timeout_s=180, idle_timeout_s=0, parallel=False, secrets=())
 
-        async def on_spawn(pgid: int) -> None:
-            spawned.append(pgid)
+        async with solo_runner(tmp_path / "solo", spec,
+                               PlainBrain(agent_command("reply.py", "done")), groups=groups,
+                               worktrees=manager) as solo:
 
-        async def run_it() -> None:
-            outcome.append(await execute(
-                AgentRun(run_id="run_slow", completion_path="/c", text="hi",
-                         conversation_id="C1"),
-                ExecSpec(command=agent_command("reply.py", "done"), workdir=tmp_path / "work",
-                         timeout_s=180, idle_timeout_s=0, parallel=False, secrets=()),
-                PlainBrain(agent_command("reply.py", "done")),
-                groups=ProcessGroups(), progress=progress, on_spawn=on_spawn,
-                worktrees=manager,
-            ))
+            async def run_it() -> None:
+                outcome.append(await solo.outcome(run, held=held))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_it)
-            await gate.wait_started()  # `git worktree add` is checking out, held
-            assert progress.activity == "preparing the private checkouts"
-            mock_clock.jump(181)  # past the run's 3-minute --timeout
-            await trio.testing.wait_all_tasks_blocked()
-            # Let a checkout that outlived the deadline go on (there is none after
-            # the fix: its git was killed), so the test ends either way.
-            gate.release()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_it)
+                await gate.wait_started()  # `git worktree add` is checking out, held
+                assert held.activity() == "preparing the private checkouts"
+                mock_clock.jump(181)  # past the run's 3-minute --timeout
+                await trio.testing.wait_all_tasks_blocked()
+                # Let a checkout that outlived the deadline go on (there is none after
+                # the fix: its git was killed), so the test ends either way.
+                gate.release()
+            row = solo.ledger.get("run_slow")
         (result,) = outcome
         assert not result.ok
         assert result.error == ("preparing the private checkouts took longer than the run's "
                                 "3-minute limit (--timeout), so the agent was not started")
-        assert spawned == []  # the agent was never started only to be killed
-        assert progress.attempts == 0 and progress.activity is None
+        # The agent was never started only to be killed: no group, none recorded.
+        assert len(groups) == 0 and row is not None and row.pgid is None
+        assert progress.attempts == 0 and progress.preparing is None
         assert not manager.source_lock(source).locked()
         # What the killed checkout left is cleared by the lane's next prepare.
         again = await manager.prepare("conv:C1")

@@ -21,8 +21,8 @@ import trio
 import trio.testing
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.ledger import Admission, Ledger, LedgerError, RunState, _Write
-from prohost.engine.ledger.steps import WRITES_ONLY, LedgerSteps
+from prohost.engine.ledger import Admitted, Ledger, LedgerError, RunState, _Write
+from prohost.engine.ledger.steps import LedgerSteps
 from tests import kit
 from tests.kit import agent_command, finished, running_harness, running_server
 
@@ -88,7 +88,9 @@ async def test_a_runs_ledger_writes_go_to_the_one_writer_thread_without_a_hop_ea
     # Every write of the run (accepted, started, group, finished, reported)
     # was applied by the writer thread, and none took a worker thread.
     assert during and set(during) == {WRITER}
-    ledger_hops = WRITES_ONLY | {"save_turn_and_finish", "_started_then_session"}
+    ledger_hops = {"admit", "mark_started", "record_pgid", "mark_finished", "mark_reported",
+                   "save_session", "save_turn", "save_account_limits", "prune",
+                   "_turn_then_finished", "_started_then_session"}
     assert [hop for hop in hops if hop in ledger_hops] == []
 
 
@@ -102,18 +104,17 @@ async def test_sync_callers_keep_working_beside_the_writer_thread_and_after_it(
             await nursery.start(steps.writer)
             assert ledger.serving
             # From trio, through the thread; from a worker thread, the sync call.
-            admitted = await steps.bounded(ledger.admit, "run-1", "lane", "{}", 1.0,
-                                           what="admit")
-            assert admitted is Admission.NEW
+            admitted = await steps.admit("run-1", "lane", "{}")
+            assert admitted is Admitted.NEW
             with trio.fail_after(WAIT_S):
                 second = await trio.to_thread.run_sync(ledger.admit, "run-2", "lane", "{}",
                                                        2.0)
-            assert second is Admission.NEW
+            assert second is Admitted.NEW
             nursery.cancel_scope.cancel()
         assert not ledger.serving and writer_threads() == []
         # Nothing serves now: the caller is the writer, as before.
-        assert ledger.admit("run-3", "lane", "{}", 3.0) is Admission.NEW
-        await steps.step(ledger.mark_started, "run-3", 4.0)
+        assert ledger.admit("run-3", "lane", "{}", 3.0) is Admitted.NEW
+        await steps.started("run-3", "lane", "default")
     with sqlite3.connect(path) as other:
         states = dict(other.execute("SELECT run_id, state FROM runs").fetchall())
     assert states == {"run-1": "accepted", "run-2": "accepted", "run-3": "started"}
@@ -146,7 +147,7 @@ async def test_a_writer_thread_held_by_a_hung_disk_does_not_hold_the_exit(
 
             async def step() -> None:
                 try:
-                    await steps.bounded(ledger.prune, 1.0, what="the hung write")
+                    await steps.prune(1.0)  # the hung write
                 except TimeoutError as exc:
                     gave_up.append(exc)
 
@@ -198,7 +199,7 @@ async def test_a_step_waiting_on_the_writer_thread_is_not_interrupted_by_a_cance
             async with trio.open_nursery() as nursery:
 
                 async def step() -> None:
-                    results.append(await steps.bounded(ledger.prune, 1.0, what="slow"))
+                    results.append(await steps.prune(1.0))  # slow
 
                 nursery.start_soon(step)
                 with trio.fail_after(WAIT_S):
@@ -234,7 +235,7 @@ async def test_a_write_that_fails_half_way_leaves_nothing_alone_or_in_a_batch(
         with pytest.raises(LedgerError, match="UNIQUE"):
             ledger._write(_half_then_fail, what="half", durable=True)
         assert _lanes(path) == set()
-        assert ledger.admit("run-1", "lane", "{}", 1.0) is Admission.NEW
+        assert ledger.admit("run-1", "lane", "{}", 1.0) is Admitted.NEW
         # Alone, through the writer thread, for a trio caller.
         steps = LedgerSteps(ledger, Bounds())
         async with trio.open_nursery() as nursery:

@@ -31,6 +31,7 @@ import trio
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import Account, AccountBook
+from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
@@ -40,15 +41,16 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.beacon import Beacon
 from prohost.engine.link.connection import CredentialsRejected, Endpoints, Link, Session
-from prohost.engine.report.outbox import ReportTiming
+from prohost.engine.report.outbox import Outbox, ReportTiming
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
-from prohost.engine.run.execute import ExecSpec
+from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
-from prohost.engine.supervisor.admission import Admission, AdmissionPolicy
+from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
+from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.recovery import Recovery
 from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
@@ -77,6 +79,10 @@ STOP_GRACE_S = 3.0
 
 STOPPED = "the agent was stopped"
 DEFAULT_CANCEL_REASON = "cancelled by the server"
+
+
+async def _no_ledger(limits: dict[str, float]) -> None:
+    """A dry run keeps no ledger: the accounts' limits are remembered in memory only."""
 
 
 class Harness:
@@ -118,26 +124,46 @@ class Harness:
         self.bodies = QueuedBodies()
         #: What the harness learnt about itself (version, model, latest runs).
         self.facts = Facts(on_change=self.changed, model=self.brain.configured_model())
-        self.runner = None if self.steps is None else Runner(
-            spec=ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
-            brain=self.brain, steps=self.steps, reporter=self.reporter, groups=self.groups,
-            env=self.env, worktrees=self.worktrees if self.worktrees.enabled else None,
-            scratch_root=options.home / "runs", on_change=self.changed,
-            on_outcome=self.facts.note_outcome, book=self.book,
-            limit_wait_s=options.limit_wait_s, bodies=self.bodies, timing=self.timing,
-            clock=clock,
-        )
-        outbox = None if self.runner is None else self.runner.outbox
+        #: Where runs' MCP folders go (each named by a digest of its run id).
+        self.scratch_root = options.home / "runs"
+        #: Which account each run starts on, and the wait while none can (§12).
+        self.gate = AccountGate(
+            self.book, limit_wait_s=options.limit_wait_s, clock=clock, on_change=self.changed,
+            save_limits=self.steps.save_limits if self.steps is not None else _no_ledger)
         self.held = HeldRuns(on_change=self.changed)
         self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
-        self.recovery = Recovery(steps=self.steps, runs=self.held, queue=self.queue,
-                                 settle=self.settle_soon, book=self.book, outbox=outbox,
-                                 clock=clock, spend=self.facts.spend)
-        self.admission = Admission(
-            secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
-            steps=self.steps, take_on=self.recovery.resume_unheld,
-            policy=AdmissionPolicy(max_queued=options.max_queued, dry_run=options.dry_run,
-                                   allow_unverified=options.allow_unverified))
+        policy = AdmissionPolicy(max_queued=options.max_queued,
+                                 allow_unverified=options.allow_unverified)
+        #: The ledger's parts: none in a dry run, which answers deliveries from
+        #: memory instead and never holds a run (the one choice of the two kinds).
+        self.outbox: Outbox | None = None
+        self.runner: Runner | None = None
+        self.recovery: Recovery | None = None
+        self.admission: Intake
+        if self.steps is None:
+            self.admission = DryRun(secret=endpoints.secret, policy=policy, queue=self.queue)
+        else:
+            #: Reports that outlived their retry window, tried again (§7).
+            self.outbox = Outbox(self.reporter, self.steps, timing=self.timing,
+                                 on_change=self.changed)
+            self.runner = Runner(
+                setup=AgentSetup(
+                    self.brain,
+                    ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
+                    self.groups, self.bounds),
+                steps=self.steps, reporter=self.reporter, outbox=self.outbox, gate=self.gate,
+                env=self.env, worktrees=self.worktrees, scratch_root=self.scratch_root,
+                on_change=self.changed, on_outcome=self.facts.note_outcome,
+                bodies=self.bodies, clock=clock,
+            )
+            self.recovery = Recovery(
+                steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,
+                book=self.book, outbox=self.outbox, clock=clock, spend=self.facts.spend,
+                bounds=self.bounds)
+            self.admission = Admission(
+                secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
+                steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy)
+        outbox = self.outbox
         self.stopping = False
         self.exit_code = 0
         #: Told of every change of runs, connection or drain; and of status.json's writes.
@@ -154,7 +180,7 @@ class Harness:
         self.chores = Chores(
             seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
             changes=self.state_changed, status_written=self.status_written, steps=self.steps,
-            gate=None if self.runner is None else self.runner.accounts,
+            gate=None if self.runner is None else self.gate,
             worktrees=self.worktrees.enabled)
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -190,14 +216,19 @@ class Harness:
                 if self.queue.draining:
                     nursery.start_soon(self._exit_when_idle)
                 await nursery.start(self.scheduler.run)
-                if self.runner is not None:  # before any run can start
-                    await sweep_scratch(self.runner.scratch_root, self.bounds)
-                await self.recovery.recover()
+                if self.recovery is not None:
+                    # Before any run can start: every MCP folder there is a leftover.
+                    await sweep_scratch(self.scratch_root, self.bounds)
+                    await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
                 # and the link is up for _exit_when_idle to close.
                 self._recovered = True
                 self.changed()
+                if self.outbox is not None:
+                    # Reports that outlived their window, tried again until they
+                    # settle (§7).
+                    nursery.start_soon(self.outbox.run)
                 self.chores.start(nursery)
                 task_status.started(self)
                 await self._done.wait()
@@ -241,10 +272,9 @@ class Harness:
                  stats.running + stats.reporting)
         for _key, held in self.scheduler.drain():
             self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
-        if self.runner is not None:
-            # Runs waiting for an account are handed back like queued ones (§9),
-            # rather than holding the drain up to --limit-wait.
-            self.runner.accounts.turn_away(Outcome.failure(NOT_STARTED, retryable=True))
+        # Runs waiting for an account are handed back like queued ones (§9), rather
+        # than holding the drain up to --limit-wait.
+        self.gate.turn_away(Outcome.failure(NOT_STARTED, retryable=True))
         self.changed()
         if self._nursery is not None:
             self._nursery.start_soon(self._exit_when_idle)
@@ -288,14 +318,15 @@ class Harness:
         # Held covers every queued, running and reporting run; recovery may still
         # be about to hold the runs of the previous process.
         await self.wait_until(lambda harness: harness._recovered and not harness.held)
-        if self.ledger is not None:
+        recovery = self.recovery
+        if recovery is not None:
             # No delivery can be in the middle of being admitted after this: one
             # whose ledger write raced the drain would otherwise be left behind.
             self._link_scope.cancel()
             await self._link_closed.wait()
-            await self.recovery.sweep_ledger()
+            await recovery.sweep_ledger()
             await self.wait_until(lambda harness: not harness.held)
-            if not await self.recovery.ledger_settled():
+            if not await recovery.ledger_settled():
                 self.exit_code = self.exit_code or 1
                 self._done.set()
                 return
@@ -314,8 +345,8 @@ class Harness:
         outbox are tried now (§7). Cancelled when the connection drops; nothing
         to clean up.
         """
-        if self.runner is not None:
-            self.runner.outbox.poke()
+        if self.outbox is not None:
+            self.outbox.poke()
         await self.beacon.serve(session, task_status=task_status)
 
     async def on_message(self, session: Session, message: Message) -> None:
@@ -361,11 +392,11 @@ class Harness:
         """The server no longer knows the run: stop it and never report it (§2)."""
         held = self.held.get(run_id)
         if held is None:
-            if self.runner is not None and self.runner.outbox.forget(run_id):
+            if self.outbox is not None and self.outbox.forget(run_id):
                 log.info("run %s is closed on the server; its waiting report is dropped",
                          run_id)
                 self._running_nursery().start_soon(
-                    self.runner.outbox.record, run_id, "dropped: closed on the server")
+                    self.outbox.record, run_id, "dropped: closed on the server")
             return
         log.info("run %s is closed on the server; stopping it without a report", run_id)
         held.dropped = True
@@ -397,7 +428,7 @@ class Harness:
         its place in line for its lane at once, and holds the lane until its report
         settles like any run (§4): a later turn neither starts nor reports before
         it. ``recorded``, ``finished_at``: as :meth:`Runner.settle_only`."""
-        held.state = "reporting"
+        self._runner().will_settle(held)
         granted = self.scheduler.claim(held.lane)
         self._running_nursery().start_soon(self._then_release, held, functools.partial(
             self._runner().settle_only, held, outcome, recorded=recorded,

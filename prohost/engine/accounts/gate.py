@@ -17,13 +17,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import UNKNOWN_RESET_S, Account, AccountBook
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.run.progress import Progress
 from prohost.wire.runs import Outcome
 
 # The runner's logger: these lines are part of a run's story, and whoever listens to
@@ -43,6 +43,13 @@ def all_limited_reason(until: float | None) -> str:
     """§12's words for "no account can take work", with the earliest reset."""
     when = iso_time(until) if until is not None else "an unknown time"
     return f"every account is at its usage limit until {when}"
+
+
+class Waiter(Protocol):
+    """Where a waiting run says until when it waits (its progress, read by its
+    heartbeat and the panel): the gate is that field's one writer."""
+
+    waiting_until: float | None
 
 
 class AccountGate:
@@ -113,7 +120,7 @@ class AccountGate:
             self._all_limited_since = trio.current_time()
         return self._all_limited_since + self.limit_wait_s
 
-    async def wait_for_account(self, run_id: str, progress: Progress,
+    async def wait_for_account(self, run_id: str, progress: Waiter,
                                lane_account: str | None) -> Account | Outcome:
         """The account run ``run_id`` starts on; while none is usable, wait for the
         earliest reset, up to --limit-wait, else the retryable failure §12 names;

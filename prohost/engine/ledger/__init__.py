@@ -91,13 +91,13 @@ redeliver a run it has seen reported for a month.
 """
 
 from prohost.engine.ledger.rows import (
-    Admission,
+    Admitted,
     LedgerError,
     LedgerOrderError,
     LedgerRow,
     LedgerStatistics,
-    Recovery,
     RunState,
+    UnreportedRuns,
 )
 from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION
 from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Ledger
@@ -110,13 +110,13 @@ __all__ = [
     "KEEP_TOMBSTONES_S",
     "LOCK_WAIT_S",
     "SCHEMA_VERSION",
-    "Admission",
+    "Admitted",
     "Ledger",
     "LedgerError",
     "LedgerOrderError",
     "LedgerRow",
     "LedgerStatistics",
-    "Recovery",
     "RunState",
+    "UnreportedRuns",
     "_Write",
 ]

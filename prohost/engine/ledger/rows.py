@@ -67,7 +67,7 @@ class LedgerRow:
     finished_at: float | None = None
 
 
-class Admission(enum.Enum):
+class Admitted(enum.Enum):
     """What :meth:`Ledger.admit` found, which decides the delivery's ack (§3)."""
 
     NEW = "new"
@@ -79,7 +79,7 @@ class Admission(enum.Enum):
 
 
 @attrs.frozen
-class Recovery:
+class UnreportedRuns:
     """What a start after a crash finds in the ledger (§7), each list in accept order."""
 
     pending: list[LedgerRow]

@@ -1,5 +1,9 @@
-"""A run's ledger steps as the runner takes them: each one bounded, and as few
-thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
+"""The ledger's one face for the rest of the harness: :class:`LedgerSteps`, one
+named method per step (admit, lookup, started, record_pgid, finished, reported,
+the sessions, the limits, the reads at start, prune), each bounded, and each
+choosing in its own code which thread it takes and how durable it is — with as
+few thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
+Nothing outside :mod:`prohost.engine.ledger` calls the :class:`Ledger` itself.
 
 While the harness runs, every write step is a job for the ledger's one writer
 thread (:meth:`LedgerSteps.writer`, :mod:`prohost.engine.ledger.served`): put on its
@@ -35,10 +39,18 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut
-from prohost.engine.ledger import Ledger, LedgerError, LedgerOrderError
+from prohost.engine.ledger import (
+    Admitted,
+    Ledger,
+    LedgerError,
+    LedgerOrderError,
+    LedgerRow,
+    UnreportedRuns,
+)
 from prohost.engine.ledger.served import Job
 
 log = logging.getLogger("prohost.runner")
@@ -59,16 +71,18 @@ RETRY_CAP_S = 30.0
 #: left to the process exit (it is a daemon thread), and said so.
 WRITER_JOIN_S = 2.0
 
-#: The ledger calls that do nothing but queue writes (no read, no flush before
-#: them): while the writer thread serves, a step of one is a job for that thread.
-WRITES_ONLY = frozenset({
-    "admit", "mark_started", "record_pgid", "mark_finished", "mark_reported",
-    "save_session", "save_turn", "save_account_limits", "prune",
-})
 
-#: A lane's turn to save with its run's ``finished`` step: lane, account, and the
-#: session the turn ended with (``None`` forgets the lane's session).
-Turn = tuple[str, str, str | None, str | None]
+@attrs.frozen
+class LaneTurn:
+    """What a run's turn leaves its lane, saved with the run's ``finished`` step: the
+    account it ran on, the session it ended with (``None`` forgets the lane's
+    session on that account) and that session's running usage totals (JSON), for a
+    CLI that reports those."""
+
+    lane: str
+    account: str
+    session_id: str | None
+    totals: str | None = None
 
 
 class StepNotWritten(Exception):
@@ -128,29 +142,27 @@ class LedgerSteps:
                 log.warning("the ledger's writer thread is still busy (a hung disk?); "
                             "leaving it to the process exit")
 
-    async def bounded(self, fn: Callable[..., T], *args: object, what: str) -> T:
-        """A blocking ledger (or /proc) call in a worker thread — or, for a call that
-        only writes (:data:`WRITES_ONLY`) while the ledger's writer thread serves, a
-        job for that thread — abandoned after :data:`LEDGER_STEP_TIMEOUT_S` or at the
-        second signal's deadline; only for calls that are safe to abandon (reads,
-        whole transactions).
+    # -- how a step is taken ----------------------------------------------------------
 
-        Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`.
-        """
+    async def _read(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A read of the ledger (or of /proc) in a worker thread, on the ledger's read
+        connection: it never waits behind a write under way. Abandoned after
+        :data:`LEDGER_STEP_TIMEOUT_S` or at the second signal's deadline, which is
+        safe for a read. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+        return await self.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+
+    async def _write(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """A call that does nothing but queue writes: a job for the ledger's writer
+        thread while one serves (no worker thread), else a worker thread's call
+        (it leads the group commit). Bounded and abandoned as :meth:`_read`, which is
+        safe: each write is a whole transaction (or a savepoint of one) that the
+        writer completes or rolls back on its own. Cancelled: as
+        :meth:`prohost.engine.blocking.Bounds.run`."""
         call: Callable[..., T] | Elsewhere[T] = fn
-        if self.ledger.serving and self._writes_only(fn):
-            submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
-            if submitted is not None:
-                call = submitted[1]
+        submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
+        if submitted is not None:
+            call = submitted[1]
         return await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
-
-    def _writes_only(self, fn: Callable[..., object]) -> bool:
-        inner = fn.func if isinstance(fn, functools.partial) else fn
-        owner = getattr(inner, "__self__", None)
-        name = getattr(inner, "__name__", "")
-        if owner is self:
-            return name == "save_turn_and_finish"
-        return owner is self.ledger and name in WRITES_ONLY
 
     def _submitted(self, fn: Callable[..., object], args: tuple[object, ...],
                    then: Callable[[], T] | None = None) -> tuple[Job, Elsewhere[T]] | None:
@@ -158,6 +170,8 @@ class LedgerSteps:
         thread once its writes are committed, for the result): the job and what to
         wait for, or None when no writer thread serves (make the call in a worker
         thread then)."""
+        if not self.ledger.serving:
+            return None
         done = trio.Event()
         job = Job(fn, args, trio.lowlevel.current_trio_token(), done.set, then=then)
         if not self.ledger.submit(job):
@@ -170,24 +184,79 @@ class LedgerSteps:
 
         return job, Elsewhere(written)
 
+    async def _logged(self, fn: Callable[..., object], *args: object, what: str) -> None:
+        """A durable write the run can do without: a failure (a :class:`LedgerError`,
+        an ``OSError`` such as ENOSPC, a hung disk's :class:`StepTimedOut`) is logged
+        and the run goes on; the next start repairs what the ledger lacks.
+
+        Cancelled: not interrupted (a step begun is finished, or the ledger would
+        disagree with what was done) but bounded, as :meth:`_write`.
+        """
+        try:
+            await self._write(fn, *args, what=what)
+        except (LedgerError, OSError) as exc:
+            # A step out of order (a drop racing a report that just settled) or a
+            # failing disk fails this step, not the run.
+            log.error("ledger: %s", exc)
+
+    # -- admission (§3) ------------------------------------------------------------------
+
+    async def admit(self, run_id: str, lane: str, body: str) -> Admitted:
+        """``accepted``, durable before the ack (§3, §7); what the ledger already
+        had of ``run_id`` if anything.
+
+        Raises what stopped it (:class:`LedgerError`, ``OSError``,
+        :class:`StepTimedOut` past the bound): the delivery is then refused. Cancelled:
+        as :meth:`_write`.
+        """
+        return await self._write(self.ledger.admit, run_id, lane, body, time.time(),
+                                 what=f"recording run {run_id} in the ledger")
+
+    async def lookup(self, run_id: str) -> LedgerRow | None:
+        """The ledger's row of ``run_id``, if it has one (a read; it first waits for
+        what is queued). Raises as :meth:`admit`. Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.get, run_id,
+                                what=f"looking run {run_id} up in the ledger")
+
     async def read_body(self, run_id: str) -> str | None:
         """A queued run's body, read back from the ledger (a read, safe to abandon).
-        Cancelled: as :meth:`bounded`."""
-        return await self.bounded(self.ledger.body, run_id,
-                                  what=f"reading run {run_id} from the ledger")
+        Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.body, run_id,
+                                what=f"reading run {run_id} from the ledger")
 
-    async def started_then_session(self, run_id: str, lane: str, account: str) -> str | None:
+    # -- a run's steps (§5, §7, §12) -----------------------------------------------------
+
+    async def lane_account(self, lane: str) -> str | None:
+        """The account the lane's last turn used, if any (a read). Cancelled: as
+        :meth:`_read`."""
+        return await self._read(self.ledger.lane_account, lane,
+                                what="reading the lane's account")
+
+    async def account_session(self, lane: str, account: str) -> str | None:
+        """The session the lane's last turn on ``account`` ended with (a read).
+        Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.account_session, lane, account,
+                                what="reading the lane's session from the ledger")
+
+    async def session_totals(self, session_id: str) -> str | None:
+        """The running usage totals (JSON) ``session_id`` had reached, if its CLI
+        reports them and the ledger has them (a read). Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.session_totals, session_id,
+                                what="reading the session's usage")
+
+    async def started(self, run_id: str, lane: str, account: str) -> str | None:
         """The ``started`` step (durable: before the spawn), then the session the
         lane's last turn on ``account`` ended with, in one hand-off (a job for the
         writer thread, or one worker thread without it).
 
-        Raises whatever stopped either (:class:`LedgerError`, ``OSError``,
-        :class:`StepTimedOut` past the bound): the caller must not spawn the agent
-        then (§7), and reports the run as an internal error. Cancelled: as
-        :meth:`bounded` (a step begun is finished, within its bound).
+        Raises whatever stopped either (:class:`StepNotWritten` for the write,
+        :class:`LedgerError` or ``OSError`` for the read, :class:`StepTimedOut` past
+        the bound): the caller must not spawn the agent then (§7), and reports the
+        run as an internal error. Cancelled: as :meth:`_write` (a step begun is
+        finished, within its bound).
         """
-        # Abandoning it on a hung disk is safe: a ledger step (see step) and a
-        # read on the ledger's read connection; the run then fails with the StepTimedOut.
+        # Abandoning it on a hung disk is safe: a ledger step and a read on the
+        # ledger's read connection; the run then fails with the StepTimedOut.
         what = "the ledger step mark_started, or reading the lane's session"
         now = time.time()
         # The read goes with the job: the writer thread makes it once the commit is
@@ -196,8 +265,8 @@ class LedgerSteps:
             self.ledger.mark_started, (run_id, now),
             then=functools.partial(self.ledger.account_session, lane, account))
         if submitted is None:
-            return await self.bounded(self._started_then_session, run_id, now, lane,
-                                      account, what=what)
+            return await self._read(self._started_then_session, run_id, now, lane,
+                                    account, what=what)
         job, written = submitted
         try:
             return await self.bounds.run(written, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
@@ -229,51 +298,42 @@ class LedgerSteps:
         """The spawned agent's process group, durable before the harness waits on
         its output (§7), so that a restart after a ``kill -9`` finds and kills it.
 
-        Raises what stopped the write (as :meth:`started_then_session`); the caller
-        then kills the group and reports the run as an internal error.
-        Cancelled: as :meth:`bounded`.
+        Raises what stopped the write (as :meth:`started`); the caller then kills
+        the group and reports the run as an internal error.
+        Cancelled: as :meth:`_write`.
         """
         try:
-            await self.bounded(self.ledger.record_pgid, run_id, pgid,
-                               what="the ledger step record_pgid")
+            await self._write(self.ledger.record_pgid, run_id, pgid,
+                              what="the ledger step record_pgid")
         except LedgerOrderError:
             raise
         except (LedgerError, OSError, sqlite3.Error) as exc:
             raise StepNotWritten(f"the ledger step record_pgid could not be written: "
                                  f"{exc}") from exc
 
-    def save_turn_and_finish(self, run_id: str, outcome_json: str, now: float,
-                             turn: Turn | None) -> None:
-        """In a worker thread: the lane's session (not durable: queued first, it is in
-        the ``finished`` commit or an earlier one, so finished ⇒ session kept), then
-        ``finished`` (durable). One hop for both."""
-        if turn is not None:
-            lane, account, session_id, totals = turn
-            try:
-                self.ledger.save_turn(lane, account, session_id, now, durable=False,
-                                      totals=totals)
-            except Exception:
-                log.exception("run %s: could not save the session of %s", run_id, lane)
-        self.ledger.mark_finished(run_id, outcome_json, now)
+    async def finished(self, run_id: str, outcome_json: str, turn: LaneTurn | None) -> None:
+        """The ``finished`` step: the outcome to post is now in the outbox, with the
+        lane's ``turn`` saved first in the same hand-off (``None``: the lane's session
+        stays as it was).
 
-    async def until_written(self, step: Callable[..., object], *args: object,
-                            what: str) -> None:
-        """A durable step the run cannot go on without (``finished``: the outcome
-        must be in the outbox before it is posted, or a restart would report the run
-        a second time, differently): tried until it is written, again after 1 s,
-        2 s, … up to every 30 s while the disk refuses it (full, read-only, failing,
-        hung past the bound), each failure logged. A step the ledger refuses as out
-        of order (:class:`LedgerOrderError`) is logged and not tried again: no retry
-        can change that answer.
+        Never skipped (§7): the outcome must be in the outbox before it is posted, or
+        a restart would report the run a second time, differently. So it is tried
+        until it is written, again after 1 s, 2 s, … up to every 30 s while the disk
+        refuses it (full, read-only, failing, hung past the bound), each failure
+        logged. A step the ledger refuses as out of order (:class:`LedgerOrderError`)
+        is logged and not tried again: no retry can change that answer.
 
-        Cancelled: a write begun is finished or abandoned as in :meth:`bounded`;
+        Cancelled: a write begun is finished or abandoned as in :meth:`_write`;
         between tries, at once. The step then stays unwritten, and the next start
         finds the run where the ledger has it (§7).
         """
+        now = time.time()
+        what = "the ledger step mark_finished"
         delay = RETRY_FIRST_S
         while True:
             try:
-                await self.bounded(step, *args, what=what)
+                await self._write(self._turn_then_finished, run_id, outcome_json, now, turn,
+                                  what=what)
                 return
             except LedgerOrderError as exc:
                 log.error("ledger: %s", exc)
@@ -284,54 +344,78 @@ class LedgerSteps:
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_CAP_S)
 
-    async def soon(self, step: Callable[..., bool], *args: object) -> None:
-        """A ledger step written with ``durable=False`` (``mark_reported``): queued
-        from the trio thread for the ledger's writer when one is at work (no worker
-        thread), else as :meth:`step` does.
+    def _turn_then_finished(self, run_id: str, outcome_json: str, now: float,
+                            turn: LaneTurn | None) -> None:
+        """In the writer (or a worker) thread: the lane's session (not durable:
+        queued first, it is in the ``finished`` commit or an earlier one, so
+        finished ⇒ session kept), then ``finished`` (durable). One hop for both."""
+        if turn is not None:
+            try:
+                self.ledger.save_turn(turn.lane, turn.account, turn.session_id, now,
+                                      durable=False, totals=turn.totals)
+            except Exception:
+                log.exception("run %s: could not save the session of %s", run_id, turn.lane)
+        self.ledger.mark_finished(run_id, outcome_json, now)
 
-        Cancelled: as :meth:`step` (queuing never waits).
+    async def reported(self, run_id: str, settlement: str) -> None:
+        """``reported``, with how the report settled (or why there is none), not
+        durable: lost only with the machine, and then the next start posts the saved
+        outcome again, which the server answers 409 or 404 (§7). Queued from the trio
+        thread for the ledger's writer when one is at work (no worker thread, no
+        wait), else written in a worker thread without an fsync; a failure is logged.
+
+        Cancelled: as :meth:`_write` (queuing never waits).
         """
+        now = time.time()
         try:
-            if step(*args, durable=False, queue_only=True):
+            if self.ledger.mark_reported(run_id, settlement, now, durable=False,
+                                         queue_only=True):
                 return
         except LedgerError as exc:
             log.error("ledger: %s", exc)
             return
-        await self.step(step, *args, durable=False)
+        await self._logged(functools.partial(self.ledger.mark_reported, durable=False),
+                           run_id, settlement, now, what="the ledger step mark_reported")
 
-    async def step(
-        self, step: Callable[..., object], *args: object, durable: bool = True,
-        what: str | None = None,
-    ) -> None:
-        """One ledger step, in a worker thread; with ``durable``, once it is fsync'd.
-        Without, once it is queued for the next commit (or committed, without an
-        fsync, when nothing else was being written). A step that fails (a
-        :class:`LedgerError`, an ``OSError`` such as ENOSPC) is logged and the run
-        goes on: only for steps the run can do without (not ``started`` nor the
-        process group: see the module docstring).
+    async def save_limits(self, limits: dict[str, float]) -> None:
+        """Remember the accounts' usage limits (account → until, epoch s), so a
+        restart need not find them again (§12); a failure is logged.
+        Cancelled: as :meth:`_logged`."""
+        await self._logged(self.ledger.save_account_limits, limits,
+                           what="the ledger step save_account_limits")
 
-        Cancelled: not interrupted — a step that was begun is finished even when
-        the run is being cancelled, or the ledger would disagree with what was
-        done — but bounded: after LEDGER_STEP_TIMEOUT_S, or at the second signal's
-        deadline, the step is abandoned and logged, and the run goes on; the next
-        start finds the run wherever the ledger has it and reports it (§7).
-        """
-        if what is None:
-            what = f"the ledger step {getattr(step, '__name__', 'step')}"
-        try:
-            # Abandoning is safe: each ledger write is a whole transaction (or a
-            # savepoint of one) that the ledger's writer completes or rolls back
-            # on its own (see prohost.engine.ledger and prohost.engine.blocking).
-            call = step if durable else functools.partial(step, durable=False)
-            await self.bounded(call, *args, what=what)
-        except LedgerError as exc:
-            # A step out of order (say, a drop racing a report that just
-            # settled) must not take the run's task down with it.
-            log.error("ledger: %s", exc)
-        except OSError as exc:
-            # A failing disk (ENOSPC, EIO) or a hung one (StepTimedOut is an
-            # OSError) fails this step, not the run: the next start repairs it.
-            log.error("ledger: %s", exc)
+    # -- start, drain and upkeep ------------------------------------------------------------
+
+    async def unreported(self, what: str) -> UnreportedRuns:
+        """Every run not reported yet, by state (a read that first waits for what is
+        queued; ``what`` names the occasion in a timeout's message). Raises as
+        :meth:`admit`. Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.recover, what=what)
+
+    async def account_limits(self) -> dict[str, float]:
+        """The accounts remembered at their limit, and until when (a read).
+        Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.account_limits,
+                                what="reading the accounts' limits at start")
+
+    async def finished_since(self, since: float) -> list[tuple[float, str]]:
+        """``(finished_at, outcome JSON)`` of every run finished since ``since``
+        (epoch s), for today's spend (a read). Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.finished_since, since,
+                                what="reading today's finished runs at start")
+
+    async def close_unreadable(self, run_id: str, why: str) -> None:
+        """Close a row whose body cannot be read any more (durable: it is met at
+        start only), so that it is not met again. Raises as :meth:`admit`.
+        Cancelled: as :meth:`_write`."""
+        await self._write(self.ledger.mark_reported, run_id, f"unreadable: {why}",
+                          time.time(), what=f"closing unreadable run {run_id}")
+
+    async def prune(self, older_than_s: float) -> int:
+        """Empty and forget reported runs older than ``older_than_s`` (§7); how many
+        rows changed. Raises as :meth:`admit`. Cancelled: as :meth:`_write`."""
+        return await self._write(self.ledger.prune, time.time(), older_than_s,
+                                 what="pruning the ledger")
 
 
 def _wake(token: trio.lowlevel.TrioToken, wake: Callable[[], Any]) -> None:

@@ -16,12 +16,12 @@ from typing import Any
 from prohost.engine.ledger.rows import (
     _ALLOWED,
     _COLUMNS,
-    Admission,
+    Admitted,
     LedgerError,
     LedgerOrderError,
     LedgerRow,
-    Recovery,
     RunState,
+    UnreportedRuns,
     _row,
 )
 from prohost.engine.ledger.schema import (
@@ -113,28 +113,28 @@ class Ledger(SessionRows):
 
     # -- runs ------------------------------------------------------------------------
 
-    def admit(self, run_id: str, lane: str, body: str, now: float) -> Admission:
+    def admit(self, run_id: str, lane: str, body: str, now: float) -> Admitted:
         """Record a delivered run as accepted, unless its ``run_id`` is already here.
 
-        Returns :attr:`Admission.NEW` after the new row is durable (the ack may be sent
-        then), :attr:`Admission.HELD` when the run is in the ledger but not yet
-        reported, :attr:`Admission.REPORTED` when it has been reported. Never inserts a
+        Returns :attr:`Admitted.NEW` after the new row is durable (the ack may be sent
+        then), :attr:`Admitted.HELD` when the run is in the ledger but not yet
+        reported, :attr:`Admitted.REPORTED` when it has been reported. Never inserts a
         ``run_id`` twice.
         """
 
-        def write(conn: sqlite3.Connection) -> Admission:
+        def write(conn: sqlite3.Connection) -> Admitted:
             found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if found is not None:
                 if RunState(found[0]) is RunState.REPORTED:
-                    return Admission.REPORTED
-                return Admission.HELD
+                    return Admitted.REPORTED
+                return Admitted.HELD
             conn.execute(
                 "INSERT INTO runs (run_id, lane, body, state, accepted_at) VALUES (?, ?, ?, ?, ?)",
                 (run_id, lane, body, RunState.ACCEPTED.value, now),
             )
-            return Admission.NEW
+            return Admitted.NEW
 
-        admission: Admission = self._write(write, what="admit")
+        admission: Admitted = self._write(write, what="admit")
         return admission
 
     def get(self, run_id: str) -> LedgerRow | None:
@@ -217,7 +217,7 @@ class Ledger(SessionRows):
         self._write(write, what="mark_reported", durable=durable)
         return True
 
-    def recover(self) -> Recovery:
+    def recover(self) -> UnreportedRuns:
         """Classify every run not yet reported, for a start after a crash (§7).
 
         Sees every write made before the call, also those made with ``durable=False``
@@ -232,7 +232,7 @@ class Ledger(SessionRows):
                     (RunState.REPORTED.value,),
                 )
             ]
-        return Recovery(
+        return UnreportedRuns(
             pending=[row for row in rows if row.state is RunState.ACCEPTED],
             interrupted=[row for row in rows if row.state is RunState.STARTED],
             outbox=[row for row in rows if row.state is RunState.FINISHED],
@@ -249,7 +249,7 @@ class Ledger(SessionRows):
         Ages are counted back from ``now`` (s since the epoch) to when the run was
         reported. An emptied run keeps only its tombstone — run id, state and when
         it was reported; its lane, body, outcome and settlement are gone — so
-        :meth:`admit` still answers :attr:`Admission.REPORTED` for it. Runs not yet
+        :meth:`admit` still answers :attr:`Admitted.REPORTED` for it. Runs not yet
         reported are never touched. Returns how many rows were emptied or deleted.
         """
         forget_after_s = max(forget_after_s, older_than_s)

@@ -177,8 +177,7 @@ class Outbox:
         waiting.due = trio.current_time() + self.timing.retry_every_s
         try:
             # A read: safe to abandon on a hung disk; tried again at the next turn.
-            row = await self.steps.bounded(self.steps.ledger.get, run_id,
-                                           what=f"reading run {run_id}'s outcome")
+            row = await self.steps.lookup(run_id)
         except (LedgerError, OSError, StepTimedOut) as exc:
             log.warning("run %s: could not read its outcome to report it (%s); "
                         "trying again later", run_id, exc)
@@ -209,12 +208,12 @@ class Outbox:
 
         Not durable: lost only with the machine, and then the next start posts the
         saved outcome again, which the server takes as a duplicate (§7). Cancelled:
-        as :meth:`prohost.engine.ledger.steps.LedgerSteps.soon`.
+        as :meth:`prohost.engine.ledger.steps.LedgerSteps.reported`.
         """
         text = settlement if isinstance(settlement, str) else \
             f"{settlement.kind}: {settlement.detail}"
         try:
-            await self.steps.soon(self.steps.ledger.mark_reported, run_id, text, time.time())
+            await self.steps.reported(run_id, text)
         except Exception:
             log.exception("run %s was reported but that could not be recorded; the next "
                           "start reports it again (the server takes it as a duplicate)",

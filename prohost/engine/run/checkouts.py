@@ -14,7 +14,6 @@ import trio
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import CheckoutState, changes_of, states_of
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
-from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun
 
 log = logging.getLogger("prohost.execute")
@@ -25,6 +24,7 @@ class LaneCheckouts:
 
     def __init__(self, worktrees: WorktreeManager | None, bounds: Bounds,
                  env: Mapping[str, str] | None) -> None:
+        """``worktrees``: the harness's, ``None`` (or disabled) without ``--repos``."""
         self.worktrees = worktrees if worktrees is not None and worktrees.enabled else None
         self.bounds = bounds
         self.env = env
@@ -33,7 +33,7 @@ class LaneCheckouts:
         self._before: list[CheckoutState] = []
         self._unready: list[tuple[str, str]] = []
 
-    async def prepare(self, run: AgentRun, deadline: float, progress: Progress) -> bool:
+    async def prepare(self, run: AgentRun, deadline: float) -> bool:
         """Make the lane's worktrees and take their state; False when the run's
         ``deadline`` (trio time) came first (nothing is left for the agent then).
 
@@ -43,11 +43,9 @@ class LaneCheckouts:
         worktrees = self.worktrees
         if worktrees is None:
             return True
-        progress.activity = "preparing the private checkouts"
         # Inside the run's budget: preparing its checkouts is part of the run.
         with trio.move_on_at(deadline):
             self.prepared = await worktrees.prepare(run.lane)
-        progress.activity = None
         prepared = self.prepared
         if prepared is None or trio.current_time() >= deadline:
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.run.prompt import human_duration
 from prohost.wire.runs import Outcome
@@ -24,21 +25,24 @@ def limit_phrase(seconds: float) -> str:
 
 
 def failure_from_result(result: ProcessResult, *, timeout_s: float,
-                        idle_timeout_s: float) -> Outcome:
+                        idle_timeout_s: float, last_error: str | None = None) -> Outcome:
     """How the agent's process ended, in words, when its brain had nothing to say
     (a timeout, a signal, an exit status), given the run's ``--timeout`` and
-    ``--idle-timeout``. ``duration_ms`` is set by the caller."""
+    ``--idle-timeout``; a timeout also names the CLI's ``last_error``, if it
+    reported one (Codex's "Reconnecting… waiting for network": it tells the sender
+    why). ``duration_ms`` is set by the caller."""
     duration_ms = round(result.duration_s * 1000)
+    said = f"; its last error: {one_line(last_error, 300)}" if last_error else ""
     if result.timed_out == "total":
         limit = limit_phrase(timeout_s)
         return Outcome.failure(
-            f"the agent ran longer than the {limit} limit (--timeout)", duration_ms=duration_ms
-        )
+            f"the agent ran longer than the {limit} limit (--timeout){said}",
+            duration_ms=duration_ms)
     if result.timed_out == "idle":
         idle = human_duration(idle_timeout_s)
         return Outcome.failure(
-            f"the agent printed nothing for {idle} (--idle-timeout)", duration_ms=duration_ms
-        )
+            f"the agent printed nothing for {idle} (--idle-timeout){said}",
+            duration_ms=duration_ms)
     if result.signal is not None:
         error = f"the agent was killed by {signal_name(result.signal)}"
         if result.last_stderr_line:

@@ -1,57 +1,49 @@
-"""One run executed with a brain: prompt → environment → spawn → reply → Outcome.
+"""One attempt of a run: one account, one session, and the fresh retry once.
 
-The brain (:mod:`prohost.engine.agent.brains`) says how to invoke its CLI and how to read what
-it prints; everything else is the same for every CLI and lives here: the prompt,
-the environment (markers in, secrets out: :mod:`prohost.engine.agent.environment`), the
-run's private MCP folder, the one retry with a fresh session when a resumed one is
-rejected (inside the same deadline), and turning however the process ended into
-words for the sender.
+The :class:`~prohost.engine.run.runner.Runner` decides everything before an
+attempt starts — the account, the session to resume, the prompt, the environment,
+the MCP wiring, the deadline — and hands it over as one frozen :class:`Attempt`.
+:func:`execute` spawns the agent for it, reads what it prints through the brain
+(:mod:`prohost.engine.agent.brains`), and returns an :class:`AttemptResult`: the
+outcome in words, the session the lane keeps, what the attempt spent, and what the
+CLI said of its account's usage limit. A resumed session the CLI rejects is tried
+once more with a fresh session, inside the same deadline; that is all the
+attempt decides by itself.
 
-Every way a run can end becomes an :class:`Outcome`, never an exception, except
-cancellation: that belongs to the caller, which reports it (§6).
+It calls nothing back but ``on_spawn`` (the agent's process group must be durable
+before its output is read, §7). What a watcher may want to see while the agent
+works (session, activity, model, last output) it writes into the run's
+:class:`~prohost.engine.run.progress.Progress`, and the tool calls it reads go to
+the run's timeline sink (§8): data out, never a question back.
+
+Every way an attempt can end becomes an :class:`AttemptResult`, never an
+exception, except cancellation (the caller reports it, §6) and a failure of
+``on_spawn`` (the caller's own step, re-raised).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-import os
-import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import trio
 
-from prohost.engine.accounts.book import DEFAULT_ACCOUNT, Account
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
-from prohost.engine.agent.brains.plain import PlainBrain
-from prohost.engine.agent.environment import agent_env, make_private_folder
-from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.brains.base import Brain, McpWiring, ToolEvent, Turn
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.worktrees import RUN_REPOS_ENV, WorktreeManager
-from prohost.engine.run.checkouts import LaneCheckouts
-from prohost.engine.run.ending import failure_from_result, limit_phrase
+from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
-from prohost.engine.run.prompt import (
-    MAX_REPLY_BYTES,
-    PromptContext,
-    build_prompt,
-    cap_reply,
-    reply_from_text,
-)
+from prohost.engine.run.prompt import MAX_REPLY_BYTES
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
 
 log = logging.getLogger("prohost.execute")
-
-#: Bound on removing a run's MCP folder after the run (s): it holds a few small
-#: files, and the run's report waits for it.
-SCRATCH_REMOVE_S = 5.0
 
 
 @attrs.frozen
@@ -81,272 +73,161 @@ class ExecSpec:
                    parallel=options.concurrency > 1, secrets=secrets)
 
 
-@attrs.frozen
-class AccountPlan:
-    """Which account a run starts on, and how it moves when that one is limited."""
+@attrs.frozen(eq=False)
+class AgentSetup:
+    """How this harness starts agents, the same for every attempt: the brain, the
+    spec, the process groups it records every agent in, and the bounds of its file
+    steps (the second signal hurries them)."""
 
-    #: The account the first attempt uses (its session is ``execute``'s ``session_id``).
-    account: Account
-    #: Told what every attempt on an account learned about its limit (may be None).
-    #: Cancelled: as the caller's own ledger step (shielded, bounded).
-    learned: Callable[[Account, LimitNotice | None], Awaitable[None]]
-    #: The next usable account not in the given names, with the lane's session
-    #: there, or ``None`` when there is none; it may wait, until the given trio
-    #: deadline at most, for a limit to reset. Cancelled: nothing to undo.
-    another: Callable[[frozenset[str], float],
-                      Awaitable[tuple[Account, str | None] | None]]
-
-
-async def execute_plain(
-    run: AgentRun,
-    spec: ExecSpec,
-    *,
-    groups: ProcessGroups,
-    on_spawn: Callable[[int], Awaitable[None]] | None = None,
-    base_env: Mapping[str, str] | None = None,
-) -> Outcome:
-    """:func:`execute` with the plain brain running ``spec.command``.
-
-    Cancelled: as :func:`execute` (the agent's group is stopped, then the
-    cancellation propagates).
-    """
-    return await execute(
-        run, spec, PlainBrain(spec.command), groups=groups, on_spawn=on_spawn,
-        base_env=base_env,
-    )
-
-
-async def execute(
-    run: AgentRun,
-    spec: ExecSpec,
-    brain: Brain,
-    *,
-    groups: ProcessGroups,
-    session_id: str | None = None,
-    progress: Progress | None = None,
-    on_spawn: Callable[[int], Awaitable[None]] | None = None,
-    on_events: Callable[[list[ToolEvent]], None] | None = None,
-    base_env: Mapping[str, str] | None = None,
-    scratch: Path | None = None,
-    worktrees: WorktreeManager | None = None,
-    accounts: AccountPlan | None = None,
-    bounds: Bounds | None = None,
-    on_prepared: Callable[[], None] | None = None,
-    usage_before: Callable[[str], Awaitable[Usage]] | None = None,
-) -> Outcome:
-    """Run ``run`` with ``brain`` and say how it went.
-
-    With ``accounts``, the agent runs with the plan's account's variables
-    (:meth:`Account.env`); an attempt that ends because that account reached its
-    usage limit is run again on each other usable account once (fresh session
-    there), inside the same deadline, and only the last attempt's outcome is
-    returned (``progress.account`` names its account).
-
-    Its file steps (the working folder, the MCP folder and its removal) are
-    bounded by ``bounds`` (the harness's, which the second signal hurries; a
-    fresh one if ``None``): a hung disk fails the run instead of holding it.
-
-    ``session_id`` is resumed; a brain that rejects it is retried once with a
-    fresh session, inside the same deadline (``--timeout`` bounds the run), and
-    the outcome keeps ``session_id`` unless a new session really started.
-    Preparing the worktrees counts against the same deadline: one that outlives
-    it fails the run with its own error, and the agent is never spawned;
-    ``on_prepared`` is called once they are ready (the run is then ``running``
-    rather than ``preparing``). ``scratch`` is a folder private to this run for
-    the brain's MCP configuration, removed afterwards; a run with ``mcp`` whose
-    configuration cannot be prepared fails closed: the agent is never spawned.
-    Failures (cannot start, non-zero exit, signal, timeouts, the CLI's own
-    errors) come back as ``Outcome.failure(..., retryable=False)``, never as
-    exceptions.
-
-    Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
-    ``groups.grace_s``, shielded and bounded) before the ``trio.Cancelled`` leaves
-    this function; no outcome is produced, since the caller reports the cancel
-    (``progress`` still says which session the agent had).
-    """
-    progress = progress if progress is not None else Progress()
-    bounds = bounds if bounds is not None else Bounds()
-    # The budget starts now, not at spawn: preparing the run is part of it.
-    started = trio.current_time()
-    deadline = started + spec.timeout_s if spec.timeout_s > 0 else math.inf
-
-    def finished(outcome: Outcome) -> Outcome:
-        # §7: the run's usage is every attempt's, summed (a fresh retry, a fail-over).
-        return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000),
-                            usage=progress.spent.to_json())
-
-    lane = LaneCheckouts(worktrees, bounds, base_env)
-    if not await lane.prepare(run, deadline, progress):
-        # Done after the deadline, or just as it came: no time is left for the agent.
-        return finished(Outcome.failure(
-            f"preparing the private checkouts took longer than the run's "
-            f"{limit_phrase(spec.timeout_s)} limit (--timeout), so the agent was not started"))
-    if on_prepared is not None:
-        on_prepared()
-    prepared = lane.prepared
-
-    async def done(outcome: Outcome) -> Outcome:
-        changes = await lane.changes()  # bounded per checkout: the report waits seconds
-        return attrs.evolve(finished(outcome), changes=changes)
-
-    prompt = build_prompt(
-        run,
-        PromptContext(
-            timeout_s=spec.timeout_s,
-            idle_timeout_s=spec.idle_timeout_s,
-            parallel=spec.parallel,
-            checkouts=prepared.checkouts if prepared else (),
-            checkout_failures=prepared.failures if prepared else (),
-        ),
-    )
-    env = agent_env(os.environ if base_env is None else base_env, run.run_id, spec.secrets)
-    if prepared is not None and prepared.folder is not None:
-        env[RUN_REPOS_ENV] = str(prepared.folder)
-    try:
-        # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
-        # that needs the folder is not attempted.
-        await spec.folder.ensure(bounds)
-    except OSError as exc:
-        return await done(Outcome.failure(
-            f"could not create the working directory {spec.workdir}: {exc.strerror or exc}"
-        ))
-    try:
-        account = accounts.account if accounts is not None else Account(DEFAULT_ACCOUNT)
-        tried: set[str] = set()
-        while True:
-            progress.account = account.name
-            attempt_env = {**env, **account.env(brain.name)}
-            try:
-                # Per account: a brain may build its configuration over the
-                # account's own folder (Codex's CODEX_HOME overlay).
-                wiring = await _wire_mcp(
-                    run, brain, None if scratch is None
-                    else scratch / f"account-{len(tried)}" if tried else scratch,
-                    attempt_env, bounds)
-            except McpError as exc:
-                # After a fail-over, the session is the new account's own, untouched:
-                # kept, so that the lane's turn does not forget it (§12).
-                return await done(Outcome.failure(
-                    f"the run's MCP server could not be prepared, so the agent was not "
-                    f"started: {exc}", session_id=progress.session_id,
-                ))
-            if wiring is not None:
-                attempt_env.update(wiring.env)
-            outcome = await _session_attempts(_Spawn(
-                run, spec, brain, prompt, attempt_env, wiring, deadline, groups, progress,
-                on_spawn, on_events, usage_before, bounds), session_id)
-            if accounts is None:
-                break
-            await accounts.learned(account, progress.limit)
-            if not progress.ended_by_limit:
-                break
-            tried.add(account.name)
-            # Another account can take the run while someone may still use the
-            # answer: a limit is never the run's own fault.
-            outcome = attrs.evolve(outcome, retryable=True)
-            if trio.current_time() >= deadline:
-                break
-            following = await accounts.another(frozenset(tried), deadline)
-            if following is None:
-                break
-            log.warning("run %s: account %s is at its usage limit (%s); running it again "
-                        "on account %s", run.run_id, account.name, outcome.error,
-                        following[0].name)
-            account, session_id = following
-            progress.session_id = session_id
-        return await done(outcome)
-    finally:
-        # Also after a configuration that failed half-way: the folder is this run's
-        # alone (see prohost.engine.agent.environment.scratch_folder), so nothing else can be in it.
-        if scratch is not None and run.mcp is not None:
-            # Bounded (Bounds.run is shielded): abandoning is safe, the folder is
-            # no one else's, and one a hung disk leaves behind (with its 0600
-            # token) is swept at the next start (prohost.engine.supervisor.upkeep).
-            with contextlib.suppress(OSError):
-                await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
-                                       what="removing the run's MCP folder")
-
-
-@attrs.frozen
-class _Spawn:
-    """What every attempt of one run on one account shares; only the session differs."""
-
-    run: AgentRun
-    spec: ExecSpec
     brain: Brain
-    prompt: str
-    env: Mapping[str, str]
-    wiring: McpWiring | None
-    deadline: float
+    spec: ExecSpec
     groups: ProcessGroups
-    progress: Progress
-    on_spawn: Callable[[int], Awaitable[None]] | None
-    on_events: Callable[[list[ToolEvent]], None] | None
-    #: What a resumed session had reached, for a brain reporting running totals.
-    usage_before: Callable[[str], Awaitable[Usage]] | None = None
-    #: The harness's bounds, to make the working folder again if it vanished.
     bounds: Bounds = attrs.Factory(Bounds)
 
 
-async def _session_attempts(spawn: _Spawn, session_id: str | None) -> Outcome:
-    """One attempt resuming ``session_id``, and a fresh one if the agent rejects it.
+@attrs.frozen
+class Attempt:
+    """One attempt of a run, decided before it starts: the account's environment
+    and MCP wiring are in ``env`` and ``wiring``; only the session may change
+    inside (a rejected resume is retried fresh)."""
 
-    A brain guesses a rejection from a non-zero exit before the CLI announced a
-    session, and a CLI that cannot start at all ends the same way (``claude: not
-    found`` after an upgrade; a refused flag: Claude's ``error: unknown option``,
-    exit 1, github.com/cline/cline/issues/4566, codex's clap ``error: unexpected
-    argument``, exit 2). So if the fresh attempt starts no session either, the
-    session was not the trouble: the first failure is reported and the lane keeps
-    ``session_id``.
+    run: AgentRun
+    prompt: str
+    env: Mapping[str, str]
+    #: The session to resume (``None``: a fresh one).
+    session_id: str | None
+    #: The trio time by which the run must be over (``--timeout``; ``inf``: none).
+    deadline: float
+    wiring: McpWiring | None = None
+    #: For a CLI that reports its session's running totals (Codex): what the
+    #: resumed session had reached before this attempt.
+    usage_before: Usage | None = None
 
-    Cancelled: as :func:`execute`; ``progress.session_id`` stays ``session_id``
-    until a fresh session is seen.
+
+@attrs.frozen
+class AttemptResult:
+    """What one attempt ended with, for the runner to finish the run with."""
+
+    #: How it went, in the brain's words (a reply, capped, or a failure), or the
+    #: harness's for a process that ended without the brain's say (a timeout, a
+    #: signal, an exit status, a spawn that failed). Its ``session_id``, usage,
+    #: duration, account and changes are the runner's to set.
+    outcome: Outcome
+    #: The session the lane's next turn resumes: the one the CLI announced, else the
+    #: one it was to resume (a rejected one is kept when a fresh one did not start
+    #: either: the failure was not the session's).
+    session_id: str | None
+    #: An agent process was spawned (a spawn that failed starts none).
+    started: bool = False
+    #: What this attempt used, its fresh retry included (§7 ``usage``).
+    spent: Usage = attrs.Factory(Usage)
+    #: The session's running totals after it, for a CLI that reports those.
+    session_totals: Usage | None = None
+    #: What the CLI said of its account's usage limit (§12).
+    limit: LimitNotice | None = None
+    #: It failed because its account reached its usage limit: another may take it.
+    ended_by_limit: bool = False
+
+
+class ToolEventSink(Protocol):
+    """Where an attempt's tool calls go (the run's timeline, §8): it must take them
+    at once, never block and never raise."""
+
+    def add(self, events: list[ToolEvent]) -> None: ...
+
+
+async def execute(
+    attempt: Attempt,
+    setup: AgentSetup,
+    progress: Progress,
+    on_spawn: Callable[[int], Awaitable[None]],
+    timeline: ToolEventSink | None = None,
+) -> AttemptResult:
+    """Run the agent for ``attempt`` and say how it went.
+
+    ``attempt.session_id`` is resumed; a CLI that rejects it is run again once with
+    a fresh session, inside the same deadline, and the result keeps the rejected
+    session unless a new one really started. ``on_spawn`` is awaited with each
+    agent's process group before its output is read; if it raises, the group is
+    killed and the exception propagates (the caller's step failed, not the agent).
+    Failures of the agent (cannot start, non-zero exit, signal, timeouts, the CLI's
+    own errors) come back in the result, never as exceptions.
+
+    Of ``progress`` this writes the session, the activity, the model, the last
+    output's time and the count of spawns tried (see :class:`Progress`).
+
+    Cancelled: the agent's process group is stopped (SIGTERM, then SIGKILL after
+    ``setup.groups.grace_s``, shielded and bounded) before the ``trio.Cancelled``
+    leaves this function; nothing is returned, since the caller reports the cancel
+    (``progress.session_id`` says which session the agent had).
     """
-    first = await _attempt(spawn, session_id)
+    progress.session_id = attempt.session_id
+    first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id)
     if not first.rejected:
-        return first.outcome
+        return _result(first, first, first.spent)
     log.info("run %s: the agent did not take session %s; trying a fresh one",
-             spawn.run.run_id, session_id)
-    fresh = await _attempt(spawn, None)
-    if fresh.started:  # a new session replaces the refused one (the outcome has it)
-        return fresh.outcome
-    log.info("run %s: no fresh session either; keeping %s", spawn.run.run_id, session_id)
-    spawn.progress.session_id = session_id
-    if fresh.timed_out:  # the run's limit ended it: the sender must hear that
-        return attrs.evolve(fresh.outcome, session_id=session_id)
-    return first.outcome
-
-
-async def _wire_mcp(run: AgentRun, brain: Brain, scratch: Path | None,
-                    env: Mapping[str, str], bounds: Bounds) -> McpWiring | None:
-    if run.mcp is None:
-        return None
-    if scratch is None:
-        raise McpError("no private folder was given for its configuration")
-    try:
-        # Abandoning either is safe: they write only in the run's own folder,
-        # which execute removes, or the next start's sweep does.
-        await bounds.file_step(make_private_folder, scratch,
-                               what="creating the run's MCP folder")
-        return await bounds.file_step(brain.wire_mcp, run.mcp, scratch, env,
-                                      what="writing the run's MCP configuration")
-    except OSError as exc:
-        raise McpError(f"could not write its configuration in {scratch}: "
-                       f"{exc.strerror or exc}") from None
+             attempt.run.run_id, attempt.session_id)
+    fresh = await _try(attempt, setup, progress, on_spawn, timeline, None)
+    spent = first.spent + fresh.spent
+    if fresh.turn.started:  # a new session replaces the refused one
+        return _result(fresh, fresh, spent)
+    # A CLI that cannot start at all ends the same way as a rejected resume
+    # (``claude: not found`` after an upgrade; a refused flag: Claude's ``error:
+    # unknown option``, exit 1, github.com/cline/cline/issues/4566, codex's clap
+    # ``error: unexpected argument``, exit 2). So when the fresh try starts no
+    # session either, the session was not the trouble: the lane keeps it, and the
+    # first failure is reported — unless the run's limit ended the fresh try, which
+    # the sender must hear.
+    log.info("run %s: no fresh session either; keeping %s", attempt.run.run_id,
+             attempt.session_id)
+    progress.session_id = attempt.session_id
+    if fresh.timed_out:
+        return _result(fresh, fresh, spent, session_id=attempt.session_id)
+    return _result(first, fresh, spent)
 
 
 @attrs.frozen
 class _Tried:
-    """One attempt's outcome; whether the brain read it as the session refused, the
-    CLI announced a session (got past starting), a time limit stopped it."""
+    """One spawn's reading: its outcome, the turn that read it, and how it ended."""
 
     outcome: Outcome
+    turn: Turn
+    #: The session it was to resume (``None``: a fresh one).
+    resumed: str | None
+    #: An agent ran (the spawn worked) and its ending was read.
+    spawned: bool = False
     rejected: bool = False
-    started: bool = False
     timed_out: bool = False
+    ended_by_limit: bool = False
+
+    @property
+    def spent(self) -> Usage:
+        return self.turn.usage() if self.spawned else Usage()
+
+    @property
+    def session_id(self) -> str | None:
+        """The one the CLI announced, else the one it was to resume."""
+        return self.turn.session_id or self.resumed
 
 
-async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False) -> _Tried:
+def _result(reported: _Tried, last: _Tried, spent: Usage, *,
+            session_id: str | None = None) -> AttemptResult:
+    """The attempt's result: ``reported``'s outcome and session (or ``session_id``),
+    and what the ``last`` try learned of the session's totals and the account."""
+    return AttemptResult(
+        outcome=reported.outcome,
+        session_id=session_id if session_id is not None else reported.session_id,
+        started=reported.spawned or last.spawned,
+        spent=spent,
+        session_totals=last.turn.session_totals() if last.spawned else None,
+        limit=last.turn.limit if last.spawned else None,
+        ended_by_limit=last.ended_by_limit,
+    )
+
+
+async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
+               on_spawn: Callable[[int], Awaitable[None]], timeline: ToolEventSink | None,
+               session_id: str | None, *, again: bool = False) -> _Tried:
     """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
     When no agent could start in a working folder made by an earlier run (it was
     removed since), the folder is made again and the spawn tried once more
@@ -354,17 +235,12 @@ async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False
 
     Cancelled: as :func:`execute` (the attempt's process group is gone first).
     """
-    spec, brain, progress, deadline = spawn.spec, spawn.brain, spawn.progress, spawn.deadline
-    on_spawn, on_events = spawn.on_spawn, spawn.on_events
+    brain, spec = setup.brain, setup.spec
     turn = brain.new_turn()
-    if session_id is not None and spawn.usage_before is not None:
-        turn.usage_before = await spawn.usage_before(session_id)
-    progress.session_totals = None
+    if session_id is not None and attempt.usage_before is not None:
+        turn.usage_before = attempt.usage_before
     progress.attempts += 1
-    progress.limit, progress.ended_by_limit = None, False
     progress.last_output = trio.current_time()
-    if session_id is not None:
-        progress.session_id = session_id
 
     def read_line(line: bytes) -> None:
         events = turn.feed(line)
@@ -372,25 +248,24 @@ async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False
             progress.session_id = turn.session_id
         progress.activity = turn.activity
         progress.model = turn.model or progress.model
-        if events and on_events is not None:
-            on_events(events)
+        if events and timeline is not None:
+            timeline.add(events)
 
     spawned = False
 
     async def spawned_as(pgid: int) -> None:
         nonlocal spawned
         spawned = True
-        if on_spawn is not None:
-            await on_spawn(pgid)
+        await on_spawn(pgid)
 
     try:
         result = await run_agent(
-            brain.command(session_id=session_id, mcp=spawn.wiring),
-            stdin_text=spawn.prompt,
+            brain.command(session_id=session_id, mcp=attempt.wiring),
+            stdin_text=attempt.prompt,
             cwd=spec.workdir,
-            env=spawn.env,
-            groups=spawn.groups,
-            deadline=deadline,
+            env=attempt.env,
+            groups=setup.groups,
+            deadline=attempt.deadline,
             idle_timeout_s=spec.idle_timeout_s,
             # A streaming brain reads its reply from the events; keeping a copy
             # of the raw stream as well would only cost memory.
@@ -406,44 +281,42 @@ async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False
         if isinstance(exc, FileNotFoundError) and folder.made and not again:
             folder.forget()  # made by an earlier run, maybe removed since
             try:
-                await folder.ensure(spawn.bounds)
+                await folder.ensure(setup.bounds)
             except OSError as made:
                 exc = made
             else:
-                return await _attempt(spawn, session_id, again=True)
+                return await _try(attempt, setup, progress, on_spawn, timeline, session_id,
+                                  again=True)
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.
         return _Tried(Outcome.failure(
-            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}",
-            session_id=session_id,
-        ))
-    # The one the CLI announced, else the one it was to resume (a fresh one: none).
-    session = turn.session_id or session_id
-    progress.spent += turn.usage()
-    progress.session_totals = turn.session_totals()
-    progress.limit = turn.limit
+            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"),
+            turn, session_id)
+    return _read(result, turn, session_id, attempt.deadline, setup)
+
+
+def _read(result: ProcessResult, turn: Turn, session_id: str | None, deadline: float,
+          setup: AgentSetup) -> _Tried:
+    """What one spawned agent's ending says: the brain's outcome when it has one,
+    else the harness's words for how the process ended."""
+    spec = setup.spec
     rejected = (
         session_id is not None
         and result.timed_out is None
         and trio.current_time() < deadline
         and turn.resume_rejected(result)
     )
+    ended_by_limit = False
     if result.timed_out is None:
-        outcome = turn.finish(result)
-        progress.ended_by_limit = turn.ended_by_limit(outcome)
-        if outcome is not None:
-            if outcome.ok:
-                reply = reply_from_text(outcome.reply or "")
-                outcome = attrs.evolve(
-                    outcome, reply=None if reply is None else cap_reply(reply)
-                )
-            return _Tried(attrs.evolve(outcome, session_id=outcome.session_id or session),
-                          rejected=rejected, started=turn.started)
-    outcome = failure_from_result(result, timeout_s=spec.timeout_s,
-                                   idle_timeout_s=spec.idle_timeout_s)
-    if result.timed_out is not None and turn.last_error and outcome.error:
-        outcome = attrs.evolve(outcome, error=f"{outcome.error}; its last error: "
-                               f"{one_line(turn.last_error, 300)}")
-    return _Tried(attrs.evolve(outcome, session_id=session), rejected=rejected,
-                  started=turn.started, timed_out=result.timed_out is not None)
+        finished = turn.finish(result)
+        ended_by_limit = turn.ended_by_limit(finished)
+        if finished is not None:
+            return _Tried(finished, turn, session_id, spawned=True, rejected=rejected,
+                          ended_by_limit=ended_by_limit)
+    outcome = failure_from_result(
+        result, timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s,
+        last_error=turn.last_error if result.timed_out is not None else None)
+    return _Tried(outcome, turn, session_id, spawned=True, rejected=rejected,
+                  timed_out=result.timed_out is not None,
+                  ended_by_limit=result.timed_out is None and ended_by_limit)

@@ -11,6 +11,8 @@ starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import trio
 
@@ -43,7 +45,9 @@ class HeldRun:
     #: by default); else ``None``, and the body is read back from the ledger (which
     #: has had it since before the ack).
     raw: str | None = None
-    state: str = "queued"  # queued | preparing | running | reporting
+    #: queued | preparing | running | reporting; changed by the runner alone,
+    #: through :meth:`move_to`.
+    state: str = "queued"
     started_at: float | None = None
     stop_outcome: Outcome | None = None
     dropped: bool = False
@@ -68,6 +72,15 @@ class HeldRun:
             raise RuntimeError(f"harness bug: run {self.run_id} is used before its body "
                                "was read from the ledger")
         return self.body
+
+    def move_to(self, state: str, changed: Callable[[], None]) -> None:
+        """The run is now in ``state`` (queued → preparing → running → reporting; a
+        run reported without executing goes straight to reporting); ``changed`` is
+        told, so heartbeats and the panel look again (also when the state stays: what
+        goes with it, such as ``started_at``, may have changed). The runner's alone
+        to call."""
+        self.state = state
+        changed()
 
     @property
     def conversation_id(self) -> str | None:
@@ -110,8 +123,9 @@ class HeldRun:
             return None
         if progress.waiting_until is not None:
             return waiting_activity(progress.waiting_until)
-        # While preparing: what it prepares (its private checkouts, §5.1).
-        return progress.activity if self.state in ("preparing", "running") else None
+        if self.state == "preparing":  # what it prepares (its private checkouts, §5.1)
+            return progress.preparing
+        return progress.activity if self.state == "running" else None
 
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),

@@ -1,16 +1,12 @@
 """What is known of a run while it goes on (its :class:`Progress`) and the words
 its heartbeat uses while it waits for an account: the run's own facts, read by the
-runner, the account gate, the held run and the views, and importing none of them."""
+held run and the views, and importing none of them."""
 
 from __future__ import annotations
 
 import time
 
 import attrs
-
-from prohost.engine.accounts.book import DEFAULT_ACCOUNT
-from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.usage import Usage
 
 
 def waiting_activity(until: float) -> str:
@@ -20,25 +16,37 @@ def waiting_activity(until: float) -> str:
 
 @attrs.define
 class Progress:
-    """What the runner learns while a run goes on, readable at any moment (also
-    after a cancel: a cancelled run is reported with the session it had)."""
+    """What is learnt while a run goes on, readable at any moment (also after a
+    cancel: a cancelled run is reported with the session it had).
 
+    Each field has one writer:
+
+    =================  ==============================================================
+    field              written by
+    =================  ==============================================================
+    ``waiting_until``  the account gate, while the run waits for an account (§12)
+    ``preparing``      the runner, while it makes the run's private checkouts (§5.1)
+    ``account``        the runner, as it hands the run to an account's attempt
+    ``session_id``     the attempt (:func:`prohost.engine.run.execute.execute`)
+    ``activity``       the attempt, from the agent's output
+    ``model``          the attempt, from the agent's output
+    ``attempts``       the attempt, once per spawn tried
+    ``last_output``    the attempt, at every read of the agent's output
+    =================  ==============================================================
+    """
+
+    #: While the run waits for an account's limit to reset: when (epoch s).
+    waiting_until: float | None = None
+    #: What the run prepares before its agent can start, for heartbeats.
+    preparing: str | None = None
+    #: The account the current (or last) attempt runs on (PROTOCOL.md §12);
+    #: ``None`` until the first attempt.
+    account: str | None = None
     session_id: str | None = None
+    #: What the agent is doing now, for heartbeats: "Bash: pytest -q".
     activity: str | None = None
     model: str | None = None
+    #: Spawns tried so far (a fresh retry and a fail-over each count).
     attempts: int = 0
     #: trio time of the agent's latest output (the idle timer counts from it).
     last_output: float | None = None
-    #: The account the current (or last) attempt runs on (PROTOCOL.md §12).
-    account: str = DEFAULT_ACCOUNT
-    #: What the last attempt's CLI said about its account's usage limit.
-    limit: LimitNotice | None = None
-    #: The last attempt failed because its account reached its usage limit.
-    ended_by_limit: bool = False
-    #: While the run waits for an account's limit to reset: when (epoch s).
-    waiting_until: float | None = None
-    #: What every attempt so far used, summed (§7 ``usage`` is the run's own).
-    spent: Usage = attrs.field(factory=Usage)
-    #: The session's running totals after the last attempt, for a CLI that reports
-    #: those (Codex); saved with the session so its next turn counts its own.
-    session_totals: Usage | None = None

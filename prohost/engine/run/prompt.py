@@ -127,6 +127,14 @@ def cap_reply(reply: str, *, cut: bool = False, limit_bytes: int = MAX_REPLY_BYT
     return kept + tail
 
 
+def final_reply(text: str, *, cut: bool = False) -> str | None:
+    """The reply an agent's final text stands for, as it is sent: ``None`` for
+    ``NO_REPLY``, else trimmed and capped (:func:`cap_reply`; ``cut``: the text was
+    already cut upstream). Each brain makes its reply with this, once."""
+    reply = reply_from_text(text)
+    return None if reply is None else cap_reply(reply, cut=cut)
+
+
 def one_line(text: str) -> str:
     """``text`` flattened to one line: control characters and line or paragraph
     separators become spaces, and each run of whitespace one space."""

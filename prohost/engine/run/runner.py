@@ -1,25 +1,30 @@
 """One run from dispatch to settled report, in its own cancel scopes (PROTOCOL.md §5–§7).
 
-The supervisor (:mod:`prohost.engine.harness`) decides *which* run goes and keeps the
-books; this module does one run's steps, each written to the ledger before the
-next begins::
+The supervisor (:mod:`prohost.engine.harness`) decides *which* run goes; the
+:class:`Runner` owns the run from then on: its state, its steps in order (each
+written to the ledger before the next begins), its account and the fail-over to
+another, and the one place its outcome is finished::
 
-    started → (worktrees, prompt, agent: prohost.engine.run.execute) → finished → POST → reported
+    started → checkouts → prompt → attempt (execute) ─┬─ ended by a limit: next account
+                                                       └─ else → finished → POST → reported
+
+An attempt (:func:`prohost.engine.run.execute.execute`) is one account and one
+session: it is handed a frozen :class:`~prohost.engine.run.execute.Attempt` and
+returns an :class:`~prohost.engine.run.execute.AttemptResult`, calling nothing back
+but ``on_spawn`` (the process group's durable step, §7).
 
 ``started``, the agent's process group and ``finished`` wait for their fsync (a
 ``started`` or process group that cannot be written stops the run: §7); the lane's
-session and ``reported`` are written with ``durable=False`` and ride the next commit
-(why each may, in :mod:`prohost.engine.ledger`).
-
-The ledger steps themselves, bounded and with as few worker-thread hops as they
-can, are :mod:`prohost.engine.ledger.steps`'s.
+session and ``reported`` ride the next commit (why each may, in
+:mod:`prohost.engine.ledger`); every step is one named method of
+:class:`~prohost.engine.ledger.steps.LedgerSteps`, bounded.
 
 A :class:`~prohost.engine.run.heldrun.HeldRun` carries two cancel scopes. ``exec_scope``
 stops the agent and the run is still reported (a ``cancel``, the second signal) with
 its ``stop_outcome``; ``life_scope`` stops everything, the report included (the
 server said it no longer knows the run). Ledger steps are shielded and bounded, so a
 cancel never leaves one half done. Which account a run starts on, and the wait while
-every account is limited (§12), are :mod:`prohost.engine.accounts.gate`'s.
+every account is limited (§12), are the :class:`~prohost.engine.accounts.gate.AccountGate`'s.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -37,20 +44,33 @@ import trio
 from prohost.engine import lognames
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
-from prohost.engine.agent.brains import Brain
-from prohost.engine.agent.brains.base import one_line
+from prohost.engine.agent.brains.base import McpError, one_line
 from prohost.engine.agent.environment import scratch_folder
-from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.agent.usage import Usage
 from prohost.engine.ledger import LedgerError
-from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten, Turn
-from prohost.engine.report.outbox import Outbox, ReportTiming
+from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
+from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.repos.worktrees import WorktreeManager
-from prohost.engine.run.execute import AccountPlan, ExecSpec, execute
+from prohost.engine.run.checkouts import LaneCheckouts
+from prohost.engine.run.ending import limit_phrase
+from prohost.engine.run.execute import (
+    AgentSetup,
+    Attempt,
+    AttemptResult,
+    ToolEventSink,
+    execute,
+)
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.engine.run.staging import (
+    env_for,
+    mcp_folder,
+    prompt_for,
+    remove_scratch,
+    wire_mcp,
+)
 from prohost.wire.runs import Outcome
 
 log = logging.getLogger("prohost.runner")
@@ -61,8 +81,6 @@ progress_log = logging.getLogger(lognames.RUNS)
 #: Of an unexpected exception's message, this many characters go into the
 #: completion's ``error`` (the traceback is in the log).
 INTERNAL_ERROR_CHARS = 300
-
-
 
 
 def _no_slot() -> None:
@@ -80,53 +98,109 @@ async def _post_timeline(
         log.exception("run %s: the timeline stopped; the run goes on without it", run_id)
 
 
+@attrs.define
+class _Tally:
+    """What the run's attempts so far add up to, kept while they go on (an
+    exception or a cancel still finds it)."""
+
+    #: Every attempt's usage, summed (§7: the run's ``usage`` is all of them).
+    spent: Usage = attrs.field(factory=Usage)
+    #: The last finished attempt's session running totals (a CLI reporting those).
+    totals: Usage | None = None
+
+
+@attrs.frozen
+class _Ending:
+    """How a run ended, before it is the one :class:`Outcome` reported: the words
+    of whoever ended it (``said``), and what the runner adds."""
+
+    said: Outcome
+    #: An attempt was made: the outcome names its account, and the lane's turn
+    #: (its session, and that session's totals) is saved with ``finished``.
+    ran: bool = False
+    session_id: str | None = None
+    account: str | None = None
+    totals: Usage | None = None
+    #: The run's usage, duration (ms) and changes; ``None``: none to add (a run
+    #: stopped or never begun keeps what ``said`` has).
+    usage: Usage | None = None
+    duration_ms: int | None = None
+    changes: list[dict[str, Any]] | None = None
+    #: The last account reached its usage limit: someone may still use the answer
+    #: from another account, later (a limit is never the run's own fault).
+    limited: bool = False
+
+    def outcome(self) -> Outcome:
+        """The outcome reported: made here, and only here, from what ended the run."""
+        said = self.said
+        return attrs.evolve(
+            said,
+            session_id=self.session_id,
+            account=self.account if self.ran else said.account,
+            usage=said.usage if self.usage is None else self.usage.to_json(),
+            duration_ms=said.duration_ms if self.duration_ms is None else self.duration_ms,
+            changes=said.changes if self.changes is None else self.changes,
+            retryable=said.retryable or self.limited,
+        )
+
+    def lane_turn(self, lane: str) -> LaneTurn | None:
+        """What the lane keeps of this run (``None``: no agent was tried, so the
+        lane's session stays as it was)."""
+        if not self.ran or self.account is None:
+            return None
+        totals = None if self.totals is None else json.dumps(self.totals.to_json())
+        # The lane's next turn resumes whatever session this one ended with, failed
+        # or not; a rejected session that was replaced is forgotten here too.
+        return LaneTurn(lane, self.account, self.session_id, totals)
+
+
 class Runner:
-    """Executes and reports runs; shared by every run of one harness."""
+    """Executes and reports runs; shared by every run of one harness.
+
+    Handed its parts by the composition root: how agents start (``setup``), the
+    ledger steps, the reporter and the outbox, the account gate, the worktrees
+    (``None`` without ``--repos``), the agents' base environment, the folder runs'
+    MCP folders go in, and what to tell of a change (``on_change``) and of an
+    outcome (``on_outcome``).
+    """
 
     def __init__(
         self,
         *,
-        spec: ExecSpec,
-        brain: Brain,
+        setup: AgentSetup,
         steps: LedgerSteps,
         reporter: Reporter,
-        groups: ProcessGroups,
+        outbox: Outbox,
+        gate: AccountGate,
         env: Mapping[str, str],
         worktrees: WorktreeManager | None,
         scratch_root: Path,
         on_change: Callable[[], None],
         on_outcome: Callable[[HeldRun, Outcome], None],
-        book: AccountBook | None = None,
-        limit_wait_s: float = 0.0,
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
-        timing: ReportTiming | None = None,
     ) -> None:
-        self.spec = spec
-        self.brain = brain
-        self.ledger = steps.ledger
+        self.setup = setup
+        self.steps = steps
         self.reporter = reporter
-        self.groups = groups
+        #: Reports that outlived their retry window, tried again (§7).
+        self.outbox = outbox
+        #: Which account each run starts on, and the wait while none can (§12).
+        self.gate = gate
         self.env = env
-        self.worktrees = worktrees
+        self.worktrees = worktrees if worktrees is not None and worktrees.enabled else None
         self.scratch_root = scratch_root
         self._on_change = on_change
         self._on_outcome = on_outcome
-        #: The harness's ledger steps, bounded (engine/ledger/steps.py).
-        self.steps = steps
-        #: Reports that outlived their retry window, tried again (§7).
-        self.outbox = Outbox(reporter, self.steps, timing=timing, on_change=on_change)
-        #: Where a queued run's body waits until the run leaves the queue.
-        self.bodies = bodies if bodies is not None else QueuedBodies()
-        #: The agent accounts and their limits (PROTOCOL.md §12).
-        self.book = book if book is not None else AccountBook()
         #: Wall-clock epoch seconds, for the book's reset times.
         self.clock = clock
-        #: Which account each run starts on, and the wait while none can.
-        self.accounts = AccountGate(
-            self.book, limit_wait_s=limit_wait_s, clock=clock, on_change=on_change,
-            save_limits=functools.partial(self.steps.step, self.ledger.save_account_limits),
-        )
+        #: Where a queued run's body waits until the run leaves the queue.
+        self.bodies = bodies if bodies is not None else QueuedBodies()
+
+    @property
+    def book(self) -> AccountBook:
+        """The agent accounts and their limits (PROTOCOL.md §12), the gate's."""
+        return self.gate.book
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
         """Execute ``held`` and settle its report.
@@ -157,12 +231,12 @@ class Runner:
         try:
             with held.life_scope:
                 batcher = None
-                if run.timeline_path is not None and self.brain.streams:
+                if run.timeline_path is not None and self.setup.brain.streams:
                     batcher = TimelineBatcher(self.reporter, run.run_id, run.timeline_path)
                 async with trio.open_nursery() as nursery:
                     if batcher is not None:
                         await nursery.start(_post_timeline, batcher, run.run_id)
-                    outcome, turn = await self._outcome_of(held, batcher)
+                    outcome, turn = await self.outcome_of(held, batcher)
                     await self._finish(held, outcome, turn)
                     # The agent has ended and its outcome is in the outbox: another
                     # lane may have the slot while this one is reported.
@@ -176,6 +250,12 @@ class Runner:
             release_slot()
         if held.dropped:
             await self.record_dropped(held)
+
+    def will_settle(self, held: HeldRun) -> None:
+        """``held`` will be reported without executing (cancelled while queued,
+        drained, recovered after a restart): it is ``reporting`` from now on, so
+        neither a cancel nor a stop reaches for an agent it will never have."""
+        held.move_to("reporting", self._on_change)
 
     async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
                           finished_at: float | None = None,
@@ -195,8 +275,8 @@ class Runner:
             if not recorded:
                 await self._finish(held, outcome)
             else:
-                held.state = "reporting"
                 self._on_outcome(held, outcome)
+                held.move_to("reporting", self._on_change)
             if lane_turn is not None:
                 await lane_turn()
             await self._report(held, outcome, finished_at)
@@ -208,32 +288,27 @@ class Runner:
         Shielded and bounded, like every ledger step."""
         # Not durable: lost only with the machine, and then the next start reports
         # it again, which the server answers 404 (§7).
-        await self.steps.soon(self.ledger.mark_reported, held.run_id,
-                              "dropped: closed on the server", time.time())
+        await self.steps.reported(held.run_id, "dropped: closed on the server")
 
-    async def _outcome_of(
-        self, held: HeldRun, batcher: TimelineBatcher | None
-    ) -> tuple[Outcome, Turn | None]:
-        """The run's outcome, and the lane's turn to save with its ``finished`` step
-        (``None``: leave the lane's session as it is); never raises but for
-        cancellation (see :meth:`run`).
+    async def outcome_of(self, held: HeldRun, timeline: ToolEventSink | None = None
+                         ) -> tuple[Outcome, LaneTurn | None]:
+        """The run's middle: its account, ``started``, its checkouts and attempts
+        (their tool calls to ``timeline``), up to the outcome to report, and the
+        lane's turn to save with it (``None``: leave the lane's session as it is).
+        Never raises but for cancellation (see :meth:`run`); the ``finished`` step
+        and the report are the caller's.
 
-        Cancelled: as :meth:`_execute`; the lane's session is not touched.
+        Cancelled: as :meth:`_start`; the lane's session is not touched.
         """
+        tally = _Tally()
         try:
-            outcome = await self._execute(held, batcher)
+            ending = await self._execute(held, timeline, tally)
         except Exception as exc:
-            outcome = self._internal_error(held, exc)
-        if not held.progress.attempts:
-            # A run whose agent never started leaves the lane's session as it was:
-            # nothing happened to it.
-            return outcome, None
-        outcome = attrs.evolve(outcome, account=held.progress.account)
-        totals = held.progress.session_totals
-        # The lane's next turn resumes whatever session this one ended with, failed
-        # or not; a rejected session that was replaced is forgotten here too.
-        return outcome, (held.lane, held.progress.account, outcome.session_id,
-                         None if totals is None else json.dumps(totals.to_json()))
+            progress = held.progress
+            ending = _Ending(self._internal_error(held, exc), ran=progress.attempts > 0,
+                             session_id=progress.session_id, account=progress.account,
+                             totals=tally.totals)
+        return ending.outcome(), ending.lane_turn(held.lane)
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -250,142 +325,212 @@ class Runner:
             log.error("run %s failed inside the harness; reporting it as an internal "
                       "error", held.run_id, exc_info=exc)
         message = one_line(str(exc), INTERNAL_ERROR_CHARS)
-        for secret in self.spec.secrets:
+        for secret in self.setup.spec.secrets:
             if secret:
                 message = message.replace(secret, "<secret>")
         error = f"internal error: {type(exc).__name__}: {message}" if message else \
             f"internal error: {type(exc).__name__}"
-        return Outcome.failure(error, retryable=True, session_id=held.progress.session_id)
+        return Outcome.failure(error, retryable=True)
 
-    async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:
+    async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
+                       tally: _Tally) -> _Ending:
+        """The run's account, then its attempts (:meth:`_start`); a stop's outcome
+        when ``held.exec_scope`` was cancelled meanwhile.
+
+        Cancelled from outside: as :meth:`_start`.
+        """
         run = held.run
-        ledger = self.ledger
-        outcome: Outcome | None = None
+        ending: _Ending | None = None
         with held.exec_scope:
             lane_account = None
             if len(self.book.accounts) > 1:
                 # A read under the ledger's lock: abandoning it on a hung disk is safe.
-                lane_account = await self.steps.bounded(ledger.lane_account, run.lane,
-                                                        what="reading the lane's account")
-            chosen = await self.accounts.wait_for_account(held.run_id, held.progress,
-                                                          lane_account)
+                lane_account = await self.steps.lane_account(run.lane)
+            chosen = await self.gate.wait_for_account(held.run_id, held.progress,
+                                                      lane_account)
             if isinstance(chosen, Outcome):
-                outcome = chosen
+                ending = _Ending(chosen)
             else:
-                outcome = await self._start(held, batcher, chosen)
-        if outcome is None:  # the exec scope was cancelled: a cancel or a stop
+                ending = await self._start(held, timeline, chosen, tally)
+        if ending is None:  # the exec scope was cancelled: a cancel or a stop
             if held.stop_outcome is None:
                 raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
                                    "an outcome to report")
-            outcome = attrs.evolve(held.stop_outcome, session_id=held.progress.session_id)
-        return outcome
-
-    async def _start(self, held: HeldRun, batcher: TimelineBatcher | None,
-                     account: Account) -> Outcome:
-        """``started``, then the agent on ``account`` (and others, failing over).
+            progress = held.progress
+            return _Ending(held.stop_outcome, ran=progress.attempts > 0,
+                           session_id=progress.session_id, account=progress.account,
+                           totals=tally.totals)
+        return ending
+    async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
+                     account: Account, tally: _Tally) -> _Ending:
+        """``started``, then the run's checkouts, prompt and working folder, then its
+        attempts on ``account`` and, while each ends at its account's usage limit,
+        on the next account the book offers (fresh session there; none left: wait
+        as a queued run would, within ``--timeout``), all inside the run's deadline.
 
         Raises when ``started`` or the agent's process group cannot be written
-        (never spawning the agent, or killing its group): :meth:`_outcome_of` turns
-        that into a retryable internal error. Cancelled: as
-        :func:`prohost.engine.run.execute.execute`.
+        (never spawning the agent, or killing its group): :meth:`outcome_of` turns that
+        into a retryable internal error. Cancelled: the running agent's group is
+        stopped (shielded, bounded) and the run's MCP folder removed before the
+        cancellation propagates.
         """
-        run = held.run
-        ledger = self.ledger
-        held.state = "preparing"
-        session = await self.steps.started_then_session(run.run_id, run.lane, account.name)
+        run, progress = held.run, held.progress
+        setup, steps = self.setup, self.steps
+        held.move_to("preparing", self._on_change)
+        session = await steps.started(run.run_id, run.lane, account.name)
         self.book.started(account.name, self.clock())
-        held.progress.account = account.name
         # Still "preparing" while its private checkouts are made (§5.1): heartbeats
         # and the panel show why a run has no agent yet.
-        preparing = self.worktrees is not None and self.worktrees.enabled
-        held.state = "preparing" if preparing else "running"
         held.started_at = time.time()
-        self._on_change()
-
-        def prepared() -> None:
-            if held.state != "running":
-                held.state = "running"
-                self._on_change()
+        held.move_to("preparing" if self.worktrees is not None else "running",
+                     self._on_change)
         if progress_log.isEnabledFor(logging.INFO):  # its parts are made only to be shown
             named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
             progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
                               f" (resuming session {session})" if session else "")
+        # The budget starts now, not at spawn: preparing the run is part of it.
+        began = trio.current_time()
+        timeout_s = setup.spec.timeout_s
+        deadline = began + timeout_s if timeout_s > 0 else math.inf
 
-        async def spawned(pgid: int) -> None:
-            # Durable, and waited for before the agent's output is: a restart
-            # after a kill -9 finds and kills this group only if it was written
-            # (§7). Raising here (the write failed or outlived its bound) makes
-            # run_agent kill the group, and the run is reported as an internal
-            # error: a step that cannot be written is never skipped.
-            await self.steps.record_pgid(run.run_id, pgid)
+        def ended(said: Outcome, *, changes: list[dict[str, Any]] | None = None,
+                  **more: Any) -> _Ending:
+            return _Ending(said, usage=tally.spent, changes=changes,
+                           duration_ms=round((trio.current_time() - began) * 1000), **more)
 
-        async def another(tried: frozenset[str],
-                          deadline: float) -> tuple[Account, str | None] | None:
-            following = self.book.choose(self.clock(), exclude=tried)
-            if following is None and self.book.all_limited(self.clock()):
-                # No other account can take it now: wait like a queued run (§12),
-                # within the run's --timeout as well as --limit-wait.
-                with trio.move_on_at(deadline):
-                    waited = await self.accounts.wait_for_account(held.run_id, held.progress,
-                                                                  None)
-                    following = waited if isinstance(waited, Account) else None
-            if following is None:
-                return None
-            there = await self.steps.bounded(
-                ledger.account_session, run.lane, following.name,
-                what="reading the lane's session from the ledger")
-            self.book.started(following.name, self.clock())
-            self._on_change()
-            return following, there
+        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env)
+        if self.worktrees is not None:
+            progress.preparing = "preparing the private checkouts"
+            ready = await checkouts.prepare(run, deadline)
+            progress.preparing = None
+            if not ready:
+                # Done after the deadline, or just as it came: no time is left for
+                # the agent.
+                return ended(Outcome.failure(
+                    f"preparing the private checkouts took longer than the run's "
+                    f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
+                    "started"))
+            held.move_to("running", self._on_change)
+        prompt = prompt_for(run, setup.spec, checkouts.prepared)
+        env = env_for(run, setup.spec, self.env, checkouts.prepared)
+        try:
+            # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
+            # that needs the folder is not attempted.
+            await setup.spec.folder.ensure(setup.bounds)
+        except OSError as exc:
+            return ended(Outcome.failure(
+                f"could not create the working directory {setup.spec.workdir}: "
+                f"{exc.strerror or exc}"), changes=await checkouts.changes())
+        # Named by a digest of the run id, never the id itself (§3).
+        scratch = scratch_folder(self.scratch_root, run.run_id)
+        # Durable, and waited for before the agent's output is: a restart after a
+        # kill -9 finds and kills this group only if it was written (§7). Raising
+        # (the write failed or outlived its bound) makes the attempt kill the
+        # group, and the run is reported as an internal error: a step that cannot
+        # be written is never skipped.
+        on_spawn = functools.partial(steps.record_pgid, run.run_id)
+        tried: set[str] = set()
+        try:
+            while True:
+                progress.account = account.name
+                attempt_env = {**env, **account.env(setup.brain.name)}
+                try:
+                    # Per account: a brain may build its configuration over the
+                    # account's own folder (Codex's CODEX_HOME overlay).
+                    wiring = await wire_mcp(run, setup.brain, mcp_folder(scratch, len(tried)),
+                                            attempt_env, setup.bounds)
+                except McpError as exc:
+                    # After a fail-over the session is the new account's own, untouched:
+                    # kept, so that the lane's turn does not forget it (§12).
+                    return ended(Outcome.failure(
+                        f"the run's MCP server could not be prepared, so the agent was not "
+                        f"started: {exc}"), changes=await checkouts.changes(),
+                        ran=bool(tried), session_id=session if tried else None,
+                        account=progress.account, totals=tally.totals)
+                if wiring is not None:
+                    attempt_env.update(wiring.env)
+                before = None
+                if session is not None and setup.brain.running_totals:
+                    before = await self._totals_of(run.run_id, session)
+                tally.totals = None
+                result = await execute(
+                    Attempt(run, prompt, attempt_env, session, deadline, wiring, before),
+                    setup, progress, on_spawn, timeline)
+                tally.spent += result.spent
+                tally.totals = result.session_totals
+                await self.gate.learned(account, result.limit)
+                following = await self._next_account(held, account, result, tried, deadline)
+                if following is None:
+                    return ended(result.outcome, changes=await checkouts.changes(),
+                                 ran=True, session_id=result.session_id,
+                                 account=account.name, totals=tally.totals,
+                                 limited=result.ended_by_limit)
+                account, session = following
+        finally:
+            await remove_scratch(run, scratch, setup.bounds)
 
-        async def totals_of(session_id: str) -> Usage:
-            # What the resumed session had reached (§7: Codex reports running
-            # totals). Unreadable: the run goes on, its figures then the totals'.
-            try:
-                text = await self.steps.bounded(ledger.session_totals, session_id,
-                                                what="reading the session's usage")
-                return Usage.from_json(json.loads(text)) if text else Usage()
-            except (LedgerError, OSError, ValueError) as exc:
-                log.warning("run %s: could not read session %s's usage so far: %s",
-                            run.run_id, session_id, exc)
-                return Usage()
+    async def _next_account(self, held: HeldRun, account: Account, result: AttemptResult,
+                            tried: set[str], deadline: float
+                            ) -> tuple[Account, str | None] | None:
+        """The account the run goes on with after ``result``, with the lane's session
+        there: ``None`` unless the attempt ended at ``account``'s usage limit and
+        another account can take the run before ``deadline``.
 
-        return await execute(
-            run, self.spec, self.brain,
-            usage_before=totals_of if self.brain.running_totals else None,
-            groups=self.groups,
-            session_id=session,
-            progress=held.progress,
-            on_spawn=spawned,
-            on_events=batcher.add if batcher is not None else None,
-            base_env=self.env,
-            # Named by a digest of the run id, never the id itself (§3).
-            scratch=scratch_folder(self.scratch_root, run.run_id),
-            worktrees=self.worktrees,
-            bounds=self.steps.bounds,
-            on_prepared=prepared,
-            accounts=AccountPlan(account=account, learned=self.accounts.learned,
-                                 another=another),
-        )
+        Cancelled: nothing to undo (a wait for an account just ends).
+        """
+        if not result.ended_by_limit:
+            return None
+        tried.add(account.name)
+        if trio.current_time() >= deadline:
+            return None
+        book = self.book
+        following = book.choose(self.clock(), exclude=frozenset(tried))
+        if following is None and book.all_limited(self.clock()):
+            # No other account can take it now: wait like a queued run (§12),
+            # within the run's --timeout as well as --limit-wait.
+            with trio.move_on_at(deadline):
+                waited = await self.gate.wait_for_account(held.run_id, held.progress, None)
+                following = waited if isinstance(waited, Account) else None
+        if following is None:
+            return None
+        session = await self.steps.account_session(held.run.lane, following.name)
+        book.started(following.name, self.clock())
+        self._on_change()
+        log.warning("run %s: account %s is at its usage limit (%s); running it again "
+                    "on account %s", held.run_id, account.name, result.outcome.error,
+                    following.name)
+        return following, session
 
-    async def _finish(self, held: HeldRun, outcome: Outcome, turn: Turn | None = None) -> None:
+    async def _totals_of(self, run_id: str, session_id: str) -> Usage:
+        """What the resumed session had reached (§7: Codex reports running totals).
+        Unreadable: the run goes on, its figures then the totals'.
+
+        Cancelled: as :meth:`LedgerSteps.session_totals` (a read).
+        """
+        try:
+            text = await self.steps.session_totals(session_id)
+            return Usage.from_json(json.loads(text)) if text else Usage()
+        except (LedgerError, OSError, ValueError) as exc:
+            log.warning("run %s: could not read session %s's usage so far: %s",
+                        run_id, session_id, exc)
+            return Usage()
+
+    async def _finish(self, held: HeldRun, outcome: Outcome,
+                      turn: LaneTurn | None = None) -> None:
         """Books, logs and the ``finished`` step (the outcome is now in the outbox),
-        with the lane's ``turn`` saved first, in the same worker thread.
+        with the lane's ``turn`` saved first, in the same hand-off.
 
         ``finished`` is never skipped (§7): while the disk refuses it, the run waits
-        and tries again (:meth:`LedgerSteps.until_written`), and only then is the
+        and tries again (:meth:`LedgerSteps.finished`), and only then is the
         outcome posted. Posting it first would leave the row ``started``, and a
         restart would report the run a second time, as "restarted".
 
-        Cancelled: as :meth:`LedgerSteps.until_written`; the outcome is not posted,
-        and the next start reports the run where the ledger has it.
+        Cancelled: as :meth:`LedgerSteps.finished`; the outcome is not posted, and
+        the next start reports the run where the ledger has it.
         """
-        run = held.run
-        held.state = "reporting"
         self._on_outcome(held, outcome)
-        await self.steps.until_written(self.steps.save_turn_and_finish, run.run_id,
-                                       outcome.to_json(), time.time(), turn,
-                                       what="the ledger step mark_finished")
+        held.move_to("reporting", self._on_change)
+        await self.steps.finished(held.run_id, outcome.to_json(), turn)
 
     async def _report(self, held: HeldRun, outcome: Outcome,
                       finished_at: float | None = None) -> None:

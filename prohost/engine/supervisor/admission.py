@@ -2,7 +2,7 @@
 
 ::
 
-    intake.classify ─ held here? ─ new work refused? ─┬─ no:  ledger.admit ─ hold ─ queue ─ ack
+    intake.classify ─ held here? ─ new work refused? ─┬─ no:  steps.admit ─ hold ─ queue ─ ack
                                                       └─ yes: ledger read ─ 200/204, else 503
 
 The decision about the frame itself (size, signature, body) is pure and lives in
@@ -33,8 +33,7 @@ from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import Admission as LedgerAdmission
-from prohost.engine.ledger import Ledger, LedgerError, RunState
+from prohost.engine.ledger import Admitted, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
@@ -62,53 +61,34 @@ class AdmissionPolicy:
     max_queued: int
     #: --allow-unverified: a missing or wrong signature is logged, not refused.
     allow_unverified: bool = False
-    #: --dry-run: no ledger; runs are acked and logged, never executed.
-    dry_run: bool = False
 
 
-class Admission:
-    """Answers deliveries: held runs from memory, the rest from the ledger (§3).
-
-    Handed only what it uses: the signing secret, its policy, the account book (a
-    run no account can take gets 503, §12), the table of held runs, the run queue,
-    the ledger steps (``None`` in a dry run), and ``take_on``, which holds again a
-    run the ledger has unreported and nothing here holds (the recovery's
-    ``resume_unheld``).
+class Intake:
+    """From one delivery to its ack (§3): the frame's verdict
+    (:func:`prohost.wire.intake.classify`), then :meth:`admit` for a run that
+    passed. Two kinds, chosen by the composition root: :class:`Admission` (the
+    ledger's) and :class:`prohost.engine.supervisor.dryrun.DryRun` (``--dry-run``).
     """
 
-    def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
-                 runs: HeldRuns, queue: RunQueue, steps: LedgerSteps | None,
-                 take_on: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, *, secret: str, policy: AdmissionPolicy, queue: RunQueue) -> None:
         self.secret = secret
         self.policy = policy
-        self.book = book
-        self.runs = runs
         self.queue = queue
-        self.steps = steps
-        #: The ledger admission reads and writes (the steps' own; a test may wrap it).
-        self.ledger: Ledger | None = None if steps is None else steps.ledger
-        self.take_on = take_on
-        #: Run ids a dry run has answered (it has no ledger to ask).
-        self.dry_seen: set[str] = set()
 
     async def answer(self, session: Session, delivery: Delivery) -> None:
         """Decide about one delivery and send its ack; never raises for what the
         server sent.
 
-        Cancelled (the connection dropped): a run may be left recorded in the ledger
-        but unacked; its redelivery is then answered 200 "already accepted".
+        Cancelled (the connection dropped): as :meth:`admit`.
         """
         now = time.time()
-        book = self.book
         verdict = intake.classify(
             delivery,
             secret=self.secret,
             now=now,
             draining=self.queue.draining,
             allow_unverified=self.policy.allow_unverified,
-            # No account can take it: the server had better send it elsewhere (§12).
-            unavailable=all_limited_reason(book.earliest_reset(now))
-            if not self.policy.dry_run and book.all_limited(now) else None,
+            unavailable=self.unavailable(now),
         )
         run = verdict.run
         if run is None:
@@ -123,6 +103,41 @@ class Admission:
         status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
         await session.send(Ack(id=delivery.id, status=status, reason=reason))
 
+    def unavailable(self, now: float) -> str | None:
+        """Why no new run can be taken now beside a drain (§12), if so."""
+        return None
+
+    async def admit(self, run: AgentRun, body: str, *,
+                    refusal: str | None = None) -> tuple[int, str]:
+        """The ack (status, reason) for one classified run. Cancelled: the run is
+        not held."""
+        raise NotImplementedError
+
+
+class Admission(Intake):
+    """Answers deliveries: held runs from memory, the rest from the ledger (§3).
+
+    Handed only what it uses: the signing secret, its policy, the account book (a
+    run no account can take gets 503, §12), the table of held runs, the run queue,
+    the ledger steps, and ``take_on``, which holds again a run the ledger has
+    unreported and nothing here holds (the recovery's ``resume_unheld``).
+    """
+
+    def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
+                 runs: HeldRuns, queue: RunQueue, steps: LedgerSteps,
+                 take_on: Callable[[str], Awaitable[None]]) -> None:
+        super().__init__(secret=secret, policy=policy, queue=queue)
+        self.book = book
+        self.runs = runs
+        self.steps = steps
+        self.take_on = take_on
+
+    def unavailable(self, now: float) -> str | None:
+        """No account can take a new run: the server had better send it elsewhere
+        (§12)."""
+        book = self.book
+        return all_limited_reason(book.earliest_reset(now)) if book.all_limited(now) else None
+
     async def admit(self, run: AgentRun, body: str, *,
                     refusal: str | None = None) -> tuple[int, str]:
         """Answer for one classified run, recording, holding and queueing it when new;
@@ -136,15 +151,7 @@ class Admission:
         Cancelled: as the bounded ledger call; the run is then recorded or not, but
         not held, and its redelivery takes it on from the ledger (``take_on``).
         """
-        if self.policy.dry_run:
-            if run.run_id in self.dry_seen:
-                return intake.ACCEPTED, "already accepted"
-            if refusal is not None:
-                return intake.DRAINING, refusal
-            self.dry_seen.add(run.run_id)
-            log.info("dry run: would run %s on %s: %r", run.run_id, run.lane, run.text[:80])
-            return intake.ACCEPTED, "accepted (dry run)"
-        steps, ledger = self._ledger()
+        steps = self.steps
         if run.run_id in self.runs:
             # Queued, waiting for an account, running or being reported: the ledger
             # has it, and saying so costs no worker-thread hop.
@@ -159,10 +166,7 @@ class Admission:
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
-            admission = await steps.bounded(
-                ledger.admit, run.run_id, run.lane, body, time.time(),
-                what=f"recording run {run.run_id} in the ledger",
-            )
+            admitted = await steps.admit(run.run_id, run.lane, body)
         except StepTimedOut as exc:
             # A hung disk: a read would hang as long again, with every delivery behind it.
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
@@ -172,8 +176,8 @@ class Admission:
             # A full or read-only disk may still be read: a run the ledger already
             # has is answered from it rather than refused.
             return await self._known_or_refused(run, NOT_RECORDED, unreadable=NOT_RECORDED)
-        if admission is not LedgerAdmission.NEW:
-            return await self._known(run.run_id, admission is LedgerAdmission.REPORTED)
+        if admitted is not Admitted.NEW:
+            return await self._known(run.run_id, admitted is Admitted.REPORTED)
         held = HeldRun.of(run)
         self.runs.hold(held)
         # A drain that began while the ledger was written makes it "not started": the
@@ -182,23 +186,16 @@ class Admission:
             progress_log.info("accepted run %s on %s", held.run_id, held.lane)
         return intake.ACCEPTED, "accepted"
 
-    def _ledger(self) -> tuple[LedgerSteps, Ledger]:
-        if self.steps is None or self.ledger is None:
-            raise RuntimeError("admission without a ledger can only admit runs in a dry run")
-        return self.steps, self.ledger
-
     async def _known_or_refused(self, run: AgentRun, refusal: str, *,
                                 unreadable: str, why: str | None = None) -> tuple[int, str]:
         """While new work is refused: the ledger's answer for a run it knows, else the
         503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too)
         when the ledger cannot be read.
 
-        Cancelled: as :meth:`LedgerSteps.bounded` (a read: nothing is left half done).
+        Cancelled: as :meth:`LedgerSteps.lookup` (a read: nothing is left half done).
         """
-        steps, ledger = self._ledger()
         try:
-            row = await steps.bounded(ledger.get, run.run_id,
-                                      what=f"looking run {run.run_id} up in the ledger")
+            row = await self.steps.lookup(run.run_id)
         except (LedgerError, OSError) as exc:
             log.error("run %s refused with 503: the ledger could not be read (%s)",
                       run.run_id, exc)

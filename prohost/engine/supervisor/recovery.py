@@ -23,9 +23,9 @@ from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import iso_time
 from prohost.engine.accounts.spend import DailySpend, day_start
 from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
-from prohost.engine.blocking import StepTimedOut
+from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S, LedgerSteps
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
@@ -44,11 +44,14 @@ class Recovery:
     """Takes on the runs the ledger has and nothing here holds: at start, at a
     redelivery, and once a drain has nothing left (see the module docstring)."""
 
-    def __init__(self, *, steps: LedgerSteps | None, runs: HeldRuns, queue: RunQueue,
+    def __init__(self, *, steps: LedgerSteps, runs: HeldRuns, queue: RunQueue,
                  settle: Settle, book: AccountBook, outbox: Outbox | None = None,
                  clock: Callable[[], float] = time.time,
-                 spend: DailySpend | None = None) -> None:
+                 spend: DailySpend | None = None, bounds: Bounds | None = None) -> None:
         self.steps = steps
+        #: The harness's bounds (hurried by the second signal), for the /proc look
+        #: for a leftover agent.
+        self.bounds = bounds if bounds is not None else Bounds()
         self.runs = runs
         self.queue = queue
         self.settle = settle
@@ -70,19 +73,15 @@ class Recovery:
         were, for the next start.
         """
         steps = self.steps
-        if steps is None:
-            return
         # Abandoning these on a hung disk is safe: reads and single transactions
         # under the ledger's lock, and /proc reads (prohost.engine.ledger,
         # prohost.engine.blocking). A hung read fails the start with the
         # StepTimedOut; restart once the disk answers.
-        recovery = await steps.bounded(steps.ledger.recover, what="reading the ledger at start")
-        limits = await steps.bounded(steps.ledger.account_limits,
-                                     what="reading the accounts' limits at start")
+        recovery = await steps.unreported("reading the ledger at start")
+        limits = await steps.account_limits()
         now = self.clock()
         if self.spend is not None:
-            finished = await steps.bounded(steps.ledger.finished_since, day_start(now),
-                                           what="reading today's finished runs at start")
+            finished = await steps.finished_since(day_start(now))
             self.spend.restore(spent(finished), now)
         for name, until in limits.items():
             self.book.restore(name, until, now)
@@ -94,8 +93,8 @@ class Recovery:
             if held is None:
                 continue
             try:
-                await steps.bounded(kill_leftover, row,
-                                    what=f"looking for run {row.run_id}'s leftover agent")
+                await self.bounds.run(kill_leftover, row, limit_s=LEDGER_STEP_TIMEOUT_S,
+                                      what=f"looking for run {row.run_id}'s leftover agent")
             except StepTimedOut as exc:
                 log.warning("%s", exc)
             log.warning("run %s was running when the harness stopped; reporting it",
@@ -136,12 +135,7 @@ class Recovery:
         every start. Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
         log.error("run %s in the ledger cannot be read (%s); closing it unreported",
                   run_id, exc)
-        if self.steps is None:
-            return
-        await self.steps.bounded(
-            self.steps.ledger.mark_reported, run_id, f"unreadable: {exc}", time.time(),
-            what=f"closing unreadable run {run_id}",
-        )
+        await self.steps.close_unreadable(run_id, str(exc))
 
     def carry_on(self, held: HeldRun, row: LedgerRow, *,
                  interrupted: str = INTERRUPTED) -> None:
@@ -170,14 +164,11 @@ class Recovery:
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`; the run stays in
         the ledger, for the next redelivery or start.
         """
-        if self.steps is None:
-            return
         if self.outbox is not None and run_id in self.outbox:
             # Its report waits for the server, which is evidently answering: try it now.
             self.outbox.poke()
             return
-        row = await self.steps.bounded(self.steps.ledger.get, run_id,
-                                       what=f"reading run {run_id} from the ledger")
+        row = await self.steps.lookup(run_id)
         if row is None or row.state is RunState.REPORTED or run_id in self.runs:
             return
         held = await self.held_from(row)
@@ -191,13 +182,10 @@ class Recovery:
         """Every ledger row not reported yet: pending, interrupted, then the outbox;
         ``None`` (logged) when the ledger cannot be read, within its bound.
 
-        Cancelled: as :meth:`LedgerSteps.bounded` (a read: nothing is left half done).
+        Cancelled: as :meth:`LedgerSteps.unreported` (a read: nothing is left half done).
         """
-        if self.steps is None:
-            return []
         try:
-            recovery = await self.steps.bounded(self.steps.ledger.recover,
-                                                what="reading the ledger's unreported runs")
+            recovery = await self.steps.unreported("reading the ledger's unreported runs")
         except (LedgerError, OSError) as exc:  # StepTimedOut (a hung disk) is an OSError
             log.error("could not read the ledger's unreported runs: %s; the next start "
                       "reports them", exc)

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -187,8 +186,7 @@ async def prune(steps: LedgerSteps) -> int:
     """
     try:
         # Abandoning is safe: one transaction under the ledger's lock.
-        return await steps.bounded(steps.ledger.prune, time.time(), PRUNE_AGE_S,
-                                   what="pruning the ledger")
+        return await steps.prune(PRUNE_AGE_S)
     except (LedgerError, OSError) as exc:
         log.warning("could not prune the ledger: %s", exc)
         return 0
@@ -226,9 +224,6 @@ class Chores:
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)
-        if seen.outbox is not None:
-            # Reports that outlived their window, tried again until they settle (§7).
-            nursery.start_soon(seen.outbox.run)
         if not seen.options.dry_run:
             nursery.start_soon(functools.partial(
                 keep_status_file, functools.partial(take_snapshot, seen),

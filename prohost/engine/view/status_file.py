@@ -81,7 +81,8 @@ class Facts:
 
     def note_outcome(self, held: HeldRun, outcome: Outcome) -> None:
         """A run has its outcome and is about to be reported: log it, and keep it
-        among the latest finished runs the panel and ``agent status`` show."""
+        among the latest finished runs the panel and ``agent status`` show. The
+        runner announces the change (it moves the run to ``reporting`` next)."""
         run = held.run
         if outcome.ok:
             progress_log.info("✓ run %s finished", run.run_id)
@@ -102,7 +103,8 @@ class Facts:
         ))
         if outcome.account is not None:  # an agent ran: it counts in today's spend
             self.spend.add(outcome.account, outcome.usage, now)
-        self.on_change()
+        # Not announced here: the runner moves the run to "reporting" right after,
+        # and that one change notice covers both.
 
 
 @attrs.frozen(eq=False)

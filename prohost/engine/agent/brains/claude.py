@@ -59,6 +59,7 @@ from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.usage import Usage, from_claude_result
+from prohost.engine.run.prompt import final_reply
 from prohost.wire.runs import Mcp, Outcome
 
 log = logging.getLogger("prohost.brains.claude")
@@ -288,7 +289,7 @@ class ClaudeTurn(Turn):
             )
         # A success without result text (not seen from the CLI, but not ruled out)
         # still has the agent's last words.
-        reply = text if text is not None else (self.last_text or "")
+        reply = final_reply(text if text is not None else (self.last_text or ""))
         return Outcome(ok=True, reply=reply, session_id=self.session_id, usage=usage)
 
     def _error(self, event: dict[str, Any], subtype: str, text: str | None) -> str:

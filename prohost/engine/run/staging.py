@@ -1,0 +1,95 @@
+"""What a run's attempts stand on, made by the runner before them: the prompt, the
+agent's environment, and per account the private MCP folder (removed after the
+run). Pure steps and bounded file steps; none of them knows the runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from prohost.engine.agent.brains.base import Brain, McpError, McpWiring
+from prohost.engine.agent.environment import agent_env, make_private_folder
+from prohost.engine.blocking import Bounds
+from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
+from prohost.engine.run.execute import ExecSpec
+from prohost.engine.run.prompt import PromptContext, build_prompt
+from prohost.wire.runs import AgentRun
+
+#: Bound on removing a run's MCP folder after the run (s): it holds a few small
+#: files, and the run's report waits for it.
+SCRATCH_REMOVE_S = 5.0
+
+
+def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None) -> str:
+    """The prompt every attempt of ``run`` gets (§5.2), naming its private
+    checkouts and those that could not be made."""
+    return build_prompt(
+        run,
+        PromptContext(
+            timeout_s=spec.timeout_s,
+            idle_timeout_s=spec.idle_timeout_s,
+            parallel=spec.parallel,
+            checkouts=prepared.checkouts if prepared else (),
+            checkout_failures=prepared.failures if prepared else (),
+        ),
+    )
+
+
+def env_for(run: AgentRun, spec: ExecSpec, base_env: Mapping[str, str],
+            prepared: PreparedCheckouts | None) -> dict[str, str]:
+    """The agent's environment before any account's variables: ``base_env`` with
+    the run's markers, without secrets and git's locating variables, and with the
+    folder of its private checkouts (``--repos``)."""
+    env = agent_env(base_env, run.run_id, spec.secrets)
+    if prepared is not None and prepared.folder is not None:
+        env[RUN_REPOS_ENV] = str(prepared.folder)
+    return env
+
+
+def mcp_folder(scratch: Path, accounts_tried: int) -> Path:
+    """The run's MCP folder for the account it tries after ``accounts_tried``
+    others: each account gets its own (Codex's overlay is built over the account's
+    own folder)."""
+    return scratch / f"account-{accounts_tried}" if accounts_tried else scratch
+
+
+async def wire_mcp(run: AgentRun, brain: Brain, folder: Path, env: Mapping[str, str],
+                   bounds: Bounds) -> McpWiring | None:
+    """The brain's MCP configuration for ``run`` in ``folder`` (private to the run),
+    or ``None`` for a run without an MCP server. Raises :class:`McpError` when it
+    cannot be written: the run then fails closed, its agent never spawned.
+
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step`.
+    """
+    if run.mcp is None:
+        return None
+    try:
+        # Abandoning either is safe: they write only in the run's own folder,
+        # which the runner removes, or the next start's sweep does.
+        await bounds.file_step(make_private_folder, folder,
+                               what="creating the run's MCP folder")
+        return await bounds.file_step(brain.wire_mcp, run.mcp, folder, env,
+                                      what="writing the run's MCP configuration")
+    except OSError as exc:
+        raise McpError(f"could not write its configuration in {folder}: "
+                       f"{exc.strerror or exc}") from None
+
+
+async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds) -> None:
+    """Remove the run's MCP folder, also after a configuration that failed half-way
+    (the folder is this run's alone: see
+    :func:`prohost.engine.agent.environment.scratch_folder`). Never raises.
+
+    Cancelled: bounded (:meth:`Bounds.file_step` is shielded) and abandoned at its
+    bound, which is safe: the folder is no one else's, and one a hung disk leaves
+    behind (with its 0600 token) is swept at the next start
+    (:mod:`prohost.engine.supervisor.upkeep`).
+    """
+    if run.mcp is None:
+        return
+    with contextlib.suppress(OSError):
+        await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
+                               what="removing the run's MCP folder")
