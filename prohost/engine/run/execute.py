@@ -26,11 +26,10 @@ import trio
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT, Account
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEvent, one_line
+from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, one_line
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.agent.process import ProcessGroups, run_agent
-from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
@@ -46,6 +45,8 @@ from prohost.engine.run.prompt import (
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
+from prohost.wire.timeline import ToolEvent
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.execute")
 
@@ -173,7 +174,7 @@ async def execute(
     def finished(outcome: Outcome) -> Outcome:
         # §7: the run's usage is every attempt's, summed (a fresh retry, a fail-over).
         return attrs.evolve(outcome, duration_ms=round((trio.current_time() - started) * 1000),
-                            usage=progress.spent.to_json())
+                            usage=progress.spent.known())
 
     lane = LaneCheckouts(worktrees, bounds, base_env)
     if not await lane.prepare(run, deadline, progress):

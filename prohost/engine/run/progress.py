@@ -10,7 +10,7 @@ import attrs
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.usage import Usage
+from prohost.wire.usage import Usage
 
 
 def waiting_activity(until: float) -> str:

@@ -41,7 +41,6 @@ from prohost.engine.agent.brains import Brain
 from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups
-from prohost.engine.agent.usage import Usage
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten, Turn
 from prohost.engine.report.outbox import Outbox, ReportTiming
@@ -52,6 +51,7 @@ from prohost.engine.run.execute import AccountPlan, ExecSpec, execute
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.wire.runs import Outcome
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the

@@ -46,8 +46,6 @@ from prohost.engine.agent.brains.base import (
     Brain,
     McpError,
     McpWiring,
-    ToolEvent,
-    ToolState,
     Turn,
     check_mcp,
     decode_json_line,
@@ -58,8 +56,10 @@ from prohost.engine.agent.brains.base import (
 from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.agent.usage import Usage, from_claude_result
+from prohost.engine.agent.usage import from_claude_result
 from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.brains.claude")
 
@@ -260,7 +260,7 @@ class ClaudeTurn(Turn):
         subtype = subtype if isinstance(subtype, str) else ""
         text = event.get("result")
         text = text if isinstance(text, str) else None
-        usage = self.usage().to_json()
+        usage = self.usage().known()
         # An API failure arrives as subtype "success" with is_error true (and its
         # HTTP status in api_error_status); a stopped run has an "error_…" subtype.
         failed = event.get("is_error") is True or subtype.startswith("error")
@@ -272,7 +272,7 @@ class ClaudeTurn(Turn):
         if subtype == "error_max_budget_usd":
             # §12: not retryable (it would spend as much again), with its session so
             # the conversation can go on, and what it spent.
-            spent = Usage.from_json(usage).cost_usd
+            spent = self.usage().cost_usd
             budget = "its budget" if self._max_cost_usd is None \
                 else f"its budget of ${_dollars(self._max_cost_usd)}"
             error = f"the run reached {budget}" + (

@@ -47,8 +47,6 @@ from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
     McpWiring,
-    ToolEvent,
-    ToolState,
     Turn,
     check_mcp,
     decode_json_line,
@@ -69,8 +67,10 @@ from prohost.engine.agent.brains.codex_home import (
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.agent.usage import Usage, from_codex_totals
+from prohost.engine.agent.usage import from_codex_totals
 from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.brains.codex")
 
@@ -232,7 +232,7 @@ class CodexTurn(Turn):
         if self.reply is not None:
             if result.exit_code == 0:
                 return Outcome(ok=True, reply=self.reply, session_id=self.session_id,
-                               usage=self.usage().to_json())
+                               usage=self.usage().known())
             return None
         if self.last_error is not None:
             return Outcome.failure(self._with_limit(self.last_error),
