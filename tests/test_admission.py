@@ -23,8 +23,8 @@ import trio
 from prohost.engine.ledger import Ledger, LedgerError, Recovery, RunState
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.progress import Progress
-from prohost.engine.supervisor.recovery import INTERRUPTED
 from prohost.engine.view.status_file import status_message
+from prohost.wire.outcomes import INTERRUPTED
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 

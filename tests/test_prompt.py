@@ -13,9 +13,9 @@ from prohost.engine.run.prompt import (
     PromptContext,
     build_prompt,
     cap_reply,
-    human_duration,
     reply_from_text,
 )
+from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
 
 FULL_RUN = AgentRun(

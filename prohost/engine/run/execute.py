@@ -33,7 +33,7 @@ from prohost.engine.agent.process import ProcessGroups, run_agent
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
-from prohost.engine.run.ending import failure_from_result, limit_phrase
+from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import (
     MAX_REPLY_BYTES,
@@ -44,6 +44,7 @@ from prohost.engine.run.prompt import (
 )
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
+from prohost.wire.outcomes import limit_phrase
 from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage

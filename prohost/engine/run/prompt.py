@@ -18,11 +18,11 @@ same run always gets byte-for-byte the same prompt; the tests pin it.
 
 from __future__ import annotations
 
-import math
 import time
 
 import attrs
 
+from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
 
 #: The whole reply, after trimming, that means "send nothing" (``"reply": null``).
@@ -79,30 +79,6 @@ class PromptContext:
     """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
     checkouts: tuple[Checkout, ...] = ()
     checkout_failures: tuple[CheckoutFailure, ...] = ()
-
-
-def _plural(count: float, unit: str) -> str:
-    number = f"{count:g}"
-    return f"{number} {unit}" if number == "1" else f"{number} {unit}s"
-
-
-def human_duration(seconds: float) -> str:
-    """Say a limit in the unit a reader thinks in.
-
-    ``0`` (or less) is "no limit". Under two minutes it is seconds (but a minute is
-    "1 minute"); whole hours are
-    hours; anything else up to ten hours is whole minutes, rounded down so the
-    agent is never told it has more time than it has; beyond that, hours.
-    """
-    if seconds <= 0:
-        return "no limit"
-    if seconds < 60 or (seconds < 120 and seconds != 60):
-        return _plural(round(seconds, 1), "second")
-    if seconds % 3600 == 0:
-        return _plural(seconds // 3600, "hour")
-    if seconds < 10 * 3600:
-        return _plural(math.floor(seconds / 60), "minute")
-    return _plural(math.floor(seconds / 360) / 10, "hour")
 
 
 def reply_from_text(text: str) -> str | None:

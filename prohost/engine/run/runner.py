@@ -50,6 +50,7 @@ from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.execute import AccountPlan, ExecSpec, execute
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.wire.outcomes import internal_error
 from prohost.wire.runs import Outcome
 from prohost.wire.usage import Usage
 
@@ -150,7 +151,7 @@ class Runner:
         problem = await self.bodies.load(held, self.steps.read_body)
         if problem is not None:
             release_slot()
-            await self.settle_only(held, Outcome.failure(f"internal error: {problem}",
+            await self.settle_only(held, Outcome.failure(internal_error(problem),
                                                          retryable=True), recorded=False)
             return
         run = held.run
@@ -253,8 +254,8 @@ class Runner:
         for secret in self.spec.secrets:
             if secret:
                 message = message.replace(secret, "<secret>")
-        error = f"internal error: {type(exc).__name__}: {message}" if message else \
-            f"internal error: {type(exc).__name__}"
+        error = internal_error(f"{type(exc).__name__}: {message}" if message
+                               else type(exc).__name__)
         return Outcome.failure(error, retryable=True, session_id=held.progress.session_id)
 
     async def _execute(self, held: HeldRun, batcher: TimelineBatcher | None) -> Outcome:

@@ -31,7 +31,6 @@ import attrs
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import Admission as LedgerAdmission
 from prohost.engine.ledger import Ledger, LedgerError, RunState
@@ -41,6 +40,7 @@ from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.wire import intake
+from prohost.wire.outcomes import all_limited_reason
 from prohost.wire.protocol import Ack, Delivery
 from prohost.wire.runs import AgentRun
 

@@ -57,6 +57,7 @@ from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.usage import from_claude_result
+from prohost.wire.outcomes import budget_reached, dollars
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
 from prohost.wire.usage import Usage
@@ -272,11 +273,7 @@ class ClaudeTurn(Turn):
         if subtype == "error_max_budget_usd":
             # §12: not retryable (it would spend as much again), with its session so
             # the conversation can go on, and what it spent.
-            spent = self.usage().cost_usd
-            budget = "its budget" if self._max_cost_usd is None \
-                else f"its budget of ${_dollars(self._max_cost_usd)}"
-            error = f"the run reached {budget}" + (
-                "" if spent is None else f" (it spent ${spent:.4f})")
+            error = budget_reached(self._max_cost_usd, None if usage is None else usage.cost_usd)
             return Outcome.failure(error, session_id=self.session_id, usage=usage)
         if failed:
             status = event.get("api_error_status")
@@ -352,11 +349,6 @@ class ClaudeTurn(Turn):
 _TRANSIENT_API_STATUSES = frozenset({500, 502, 503, 504, 529})
 
 
-def _dollars(usd: float) -> str:
-    """``2.5``, ``0.0001``: at most four decimals, as --max-cost takes them."""
-    return f"{usd:.4f}".rstrip("0").rstrip(".")
-
-
 class ClaudeBrain(Brain):
     """Claude Code in print mode, read as a stream of JSON events."""
 
@@ -387,7 +379,7 @@ class ClaudeBrain(Brain):
             extra.append("--dangerously-skip-permissions")
         if self.max_cost_usd is not None and not has_flag(line, "--max-budget-usd"):
             # Claude Code stops the run there (result subtype error_max_budget_usd).
-            extra.append(f"--max-budget-usd={_dollars(self.max_cost_usd)}")
+            extra.append(f"--max-budget-usd={dollars(self.max_cost_usd)}")
         if session_id is not None:
             extra.append(f"--resume={shlex.quote(session_id)}")
         words = " ".join(extra)
