@@ -15,8 +15,9 @@ import trio
 
 from prohost.engine.agent.environment import agent_env
 from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.engine.run.execute import ExecSpec, execute_plain
-from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 
 AGENTS = Path(__file__).parent / "agents"

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from prohost.engine.run.prompt import (
+from prohost.engine.agent.reply import (
     MAX_REPLY_BYTES,
     NO_REPLY,
     REPLY_CUT_MARKER,
+    cap_reply,
+    reply_from_text,
+)
+from prohost.engine.run.prompt import (
     Checkout,
     CheckoutFailure,
     PromptContext,
     build_prompt,
-    cap_reply,
-    reply_from_text,
 )
 from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage

@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prohost.commands.demo_agent import _request_of
+from prohost.engine.agent.reply import NO_REPLY
 from prohost.engine.run.prompt import (
-    NO_REPLY,
     Checkout,
     CheckoutFailure,
     PromptContext,

@@ -30,18 +30,13 @@ from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, one_lin
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.reply import MAX_REPLY_BYTES
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
-from prohost.engine.run.prompt import (
-    MAX_REPLY_BYTES,
-    PromptContext,
-    build_prompt,
-    cap_reply,
-    reply_from_text,
-)
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
 from prohost.wire.outcomes import limit_phrase
@@ -435,11 +430,6 @@ async def _attempt(spawn: _Spawn, session_id: str | None, *, again: bool = False
         outcome = turn.finish(result)
         progress.ended_by_limit = turn.ended_by_limit(outcome)
         if outcome is not None:
-            if outcome.ok:
-                reply = reply_from_text(outcome.reply or "")
-                outcome = attrs.evolve(
-                    outcome, reply=None if reply is None else cap_reply(reply)
-                )
             return _Tried(attrs.evolve(outcome, session_id=outcome.session_id or session),
                           rejected=rejected, started=turn.started)
     outcome = failure_from_result(result, timeout_s=spec.timeout_s,

@@ -1,4 +1,5 @@
-"""The prompt an agent reads on stdin, and how its output becomes a reply (§5.2, §5.5).
+"""The prompt an agent reads on stdin (§5.2; how its output becomes a reply is
+:mod:`prohost.engine.agent.reply`).
 
 The prompt is plain text in two parts: the request as the server sent it, then the
 harness's own lines about this run. The second part exists because an agent run
@@ -22,17 +23,9 @@ import time
 
 import attrs
 
+from prohost.engine.agent.reply import NO_REPLY
 from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
-
-#: The whole reply, after trimming, that means "send nothing" (``"reply": null``).
-NO_REPLY = "NO_REPLY"
-
-#: A reply is cut to this many UTF-8 bytes (marker included) (§5.4).
-MAX_REPLY_BYTES = 1024 * 1024
-
-#: Appended to a reply that was cut, so the reader knows there was more.
-REPLY_CUT_MARKER = "[prohost: the reply was over 1 MiB and was cut here]"
 
 #: Every line of the chat's words in the prompt starts with this (after the
 #: indent of a list item), and no line of the harness's own does: so a line that
@@ -79,28 +72,6 @@ class PromptContext:
     """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
     checkouts: tuple[Checkout, ...] = ()
     checkout_failures: tuple[CheckoutFailure, ...] = ()
-
-
-def reply_from_text(text: str) -> str | None:
-    """The reply an agent's output stands for: trimmed, and ``None`` for ``NO_REPLY``."""
-    reply = text.strip()
-    return None if reply == NO_REPLY else reply
-
-
-def cap_reply(reply: str, *, cut: bool = False, limit_bytes: int = MAX_REPLY_BYTES) -> str:
-    """``reply``, cut to ``limit_bytes`` with a marker line when it is over the limit.
-
-    ``cut=True`` says the text was already cut upstream (the agent printed more
-    than was kept), so it gets the marker even if what is left fits.
-    """
-    encoded = reply.encode("utf-8")
-    if len(encoded) <= limit_bytes and not cut:
-        return reply
-    tail = "\n\n" + REPLY_CUT_MARKER
-    room = max(0, limit_bytes - len(tail.encode("utf-8")))
-    # errors="ignore" drops a character the byte cut split in half.
-    kept = encoded[:room].decode("utf-8", errors="ignore").rstrip()
-    return kept + tail
 
 
 def one_line(text: str) -> str:

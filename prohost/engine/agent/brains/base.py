@@ -167,8 +167,9 @@ class Turn(abc.ABC):
         runner describe a process failure (exit status, timeout) in its words.
 
         Called only when the process ended without a timeout. The returned
-        outcome's ``reply`` is the raw text (``NO_REPLY`` is handled by the
-        runner); ``session_id``, ``usage`` may be set.
+        outcome's ``reply`` is the reply to send, said once by
+        :func:`prohost.engine.agent.reply.final_reply` (trimmed, ``None`` for
+        ``NO_REPLY``, capped); ``session_id``, ``usage`` may be set.
         """
 
     def resume_rejected(self, result: ProcessResult) -> bool:

@@ -56,6 +56,7 @@ from prohost.engine.agent.brains.base import (
 from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_claude_result
 from prohost.wire.outcomes import budget_reached, dollars
 from prohost.wire.runs import Mcp, Outcome
@@ -285,7 +286,7 @@ class ClaudeTurn(Turn):
             )
         # A success without result text (not seen from the CLI, but not ruled out)
         # still has the agent's last words.
-        reply = text if text is not None else (self.last_text or "")
+        reply = final_reply(text if text is not None else (self.last_text or ""))
         return Outcome(ok=True, reply=reply, session_id=self.session_id, usage=usage)
 
     def _error(self, event: dict[str, Any], subtype: str, text: str | None) -> str:

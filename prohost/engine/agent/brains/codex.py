@@ -67,6 +67,7 @@ from prohost.engine.agent.brains.codex_home import (
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
 from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_codex_totals
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
@@ -231,7 +232,7 @@ class CodexTurn(Turn):
                                    session_id=self.session_id)
         if self.reply is not None:
             if result.exit_code == 0:
-                return Outcome(ok=True, reply=self.reply, session_id=self.session_id,
+                return Outcome(ok=True, reply=final_reply(self.reply), session_id=self.session_id,
                                usage=self.usage().known())
             return None
         if self.last_error is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.run.prompt import cap_reply
+from prohost.engine.agent.reply import final_reply
 from prohost.wire.runs import Outcome
 
 
@@ -12,8 +12,8 @@ class PlainTurn(Turn):
     def finish(self, result: ProcessResult) -> Outcome | None:
         if result.exit_code != 0:
             return None
-        reply = result.stdout.decode("utf-8", errors="replace").strip()
-        return Outcome(ok=True, reply=cap_reply(reply, cut=result.stdout_truncated))
+        text = result.stdout.decode("utf-8", errors="replace")
+        return Outcome(ok=True, reply=final_reply(text, cut=result.stdout_truncated))
 
 
 class PlainBrain(Brain):
