@@ -7,7 +7,7 @@ and fields appear with every release and none of them may break a run.
 
 What the CLI says about its account's usage limit (``rate_limit_event``, the
 synthetic ``rate_limit`` message, a limit-reached result) becomes ``Turn.limit``
-(see :mod:`prohost.engine.accounts.limits`); a ``rate_limit_event`` some versions wrote into the
+(see :mod:`prohost.engine.agent.limits`); a ``rate_limit_event`` some versions wrote into the
 middle of another line is split out and the cut line mended.
 
 Two behaviours of the real CLI shape this module:
@@ -34,13 +34,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from prohost.engine.accounts.limits import (
-    LimitNotice,
-    claude_limit_text,
-    claude_rate_limit,
-    merge,
-    recover_events,
-)
+from prohost.engine.accounts.limits import LimitNotice, merge
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
@@ -55,6 +49,7 @@ from prohost.engine.agent.brains.base import (
 )
 from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
+from prohost.engine.agent.limits import claude_limit_text, claude_rate_limit, recover_events
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_claude_result
@@ -93,7 +88,7 @@ class ClaudeTurn(Turn):
         #: --max-cost, for the report of a run that reached it.
         self._max_cost_usd = max_cost_usd
         #: The head of a line a ``rate_limit_event`` was written into, waiting for
-        #: the rest of that line (see :func:`prohost.engine.accounts.limits.recover_events`).
+        #: the rest of that line (see :func:`prohost.engine.agent.limits.recover_events`).
         self._broken: bytes | None = None
         #: Calls still running: id → (name, summary), oldest first.
         self._open: dict[str, tuple[str, str]] = {}

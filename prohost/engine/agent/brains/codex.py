@@ -21,7 +21,7 @@ and, when things go wrong, ``{"type":"error","message":…}`` (also used for
 transient "reconnecting" notices, so it is not fatal by itself) and
 ``{"type":"turn.failed","error":{"message":…}}``. At the account's usage limit
 both carry Codex's "You've hit your usage limit. … Try again at …" text, which
-becomes ``Turn.limit`` (see :mod:`prohost.engine.accounts.limits`). The reply is the text of the
+becomes ``Turn.limit`` (see :mod:`prohost.engine.agent.limits`). The reply is the text of the
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import attrs
 
-from prohost.engine.accounts.limits import codex_limit_text, codex_rate_limits, merge
+from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
@@ -66,6 +66,7 @@ from prohost.engine.agent.brains.codex_home import (
     toml_string,
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
+from prohost.engine.agent.limits import codex_limit_text, codex_rate_limits
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_codex_totals
