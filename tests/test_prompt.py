@@ -11,12 +11,8 @@ from prohost.engine.agent.reply import (
     cap_reply,
     reply_from_text,
 )
-from prohost.engine.run.prompt import (
-    Checkout,
-    CheckoutFailure,
-    PromptContext,
-    build_prompt,
-)
+from prohost.engine.repos.worktrees import Checkout, CheckoutFailure
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
 

@@ -24,6 +24,7 @@ import time
 import attrs
 
 from prohost.engine.agent.reply import NO_REPLY
+from prohost.engine.repos.worktrees import Checkout, CheckoutFailure
 from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
 
@@ -36,28 +37,6 @@ QUOTE = ">"
 #: character ``str.splitlines`` breaks at is among them. In an author they become
 #: spaces, so an author can never start a line of its own.
 _NOT_ONE_LINE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
-
-
-@attrs.frozen
-class Checkout:
-    """A git worktree private to this run's conversation, and the checkout it stands in for."""
-
-    name: str
-    path: str
-    source: str
-    #: The branch it was just put on because the original has no commit yet
-    #: (unborn until the agent's first commit); ``None``: a detached HEAD.
-    new_branch: str | None = None
-    #: The original has submodules, which are empty folders in the private worktree.
-    has_submodules: bool = False
-
-
-@attrs.frozen
-class CheckoutFailure:
-    """A ``--repos`` checkout no private worktree could be made of, and why."""
-
-    source: str
-    reason: str
 
 
 @attrs.frozen
