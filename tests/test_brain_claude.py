@@ -17,9 +17,9 @@ import trio
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
-from prohost.engine.agent.brains.cmdline import has_flag, split_command
 from prohost.engine.agent.brains.summaries import tool_summary
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
 from prohost.wire.timeline import ToolEvent
 

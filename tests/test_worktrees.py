@@ -25,7 +25,7 @@ from prohost.engine.repos.worktrees import (
     checkout_names,
     lane_folder_name,
 )
-from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
+from prohost.repospec import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
 
 USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
 

@@ -45,7 +45,7 @@ import trio
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
 from prohost.engine.repos.startpoint import start_point
-from prohost.options import is_checkout
+from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
 

@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import attrs
 
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.brains.cmdline import split_command
 from prohost.engine.agent.process import ProcessResult
+from prohost.execline import split_command
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage

@@ -47,12 +47,12 @@ from prohost.engine.agent.brains.base import (
     with_limit,
     write_private,
 )
-from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
 from prohost.engine.agent.limits import claude_limit_text, claude_rate_limit, recover_events
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_claude_result
+from prohost.execline import has_flag, version_command
 from prohost.wire.outcomes import budget_reached, dollars
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState

@@ -52,13 +52,6 @@ from prohost.engine.agent.brains.base import (
     decode_json_line,
     with_limit,
 )
-from prohost.engine.agent.brains.cmdline import (
-    has_flag,
-    program_index,
-    split_command,
-    version_command,
-    word_spans,
-)
 from prohost.engine.agent.brains.codex_home import (
     CODEX_HOME_ENV,
     codex_home,
@@ -70,6 +63,13 @@ from prohost.engine.agent.limits import codex_limit_text, codex_rate_limits
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_codex_totals
+from prohost.execline import (
+    has_flag,
+    program_index,
+    split_command,
+    version_command,
+    word_spans,
+)
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
 from prohost.wire.usage import Usage
