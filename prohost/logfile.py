@@ -316,6 +316,16 @@ def add_redaction(*secrets: str, logger_names: Iterable[str] = ("", "prohost")) 
 _installed_handler: logging.Handler | None = None
 
 
+def log_handler(console: Console) -> logging.Handler:
+    """A ``RichHandler`` on ``console``: on a live panel's console, log lines print
+    above the panel (:mod:`prohost.engine.view.panel`) instead of tearing it."""
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False)
+    handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+    return handler
+
+
 def setup_logging(
     verbose: bool, console: Console | None = None, stream: TextIO | None = None
 ) -> None:
@@ -333,15 +343,11 @@ def setup_logging(
         root.removeHandler(_installed_handler)
     handler: logging.Handler
     if console is not None:
-        from prohost.engine.view.panel import log_handler
-
         handler = log_handler(console)
     elif (stream or sys.stderr).isatty():
         from rich.console import Console
-        from rich.logging import RichHandler
 
-        handler = RichHandler(console=Console(file=stream or sys.stderr), show_path=False)
-        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+        handler = log_handler(Console(file=stream or sys.stderr))
     else:
         handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(

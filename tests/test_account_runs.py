@@ -18,11 +18,12 @@ import trio
 import trio.testing
 
 from prohost.engine.accounts.book import Account, AccountBook
-from prohost.engine.accounts.gate import AccountGate, all_limited_reason
+from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerHandle
 from prohost.wire import intake
+from prohost.wire.outcomes import all_limited_reason
 from prohost.wire.protocol import Delivery, Heartbeat, Status
 from prohost.wire.runs import parse_body
 from tests.kit import (

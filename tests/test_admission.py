@@ -24,8 +24,8 @@ from prohost.engine.ledger import Ledger, LedgerError, RunState, UnreportedRuns
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.progress import Progress
-from prohost.engine.supervisor.recovery import INTERRUPTED
 from prohost.engine.view.status_file import status_message
+from prohost.wire.outcomes import INTERRUPTED
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kit import agent_command, finished, running_harness, running_server
 

@@ -16,7 +16,6 @@ import attrs
 import pytest
 
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger, LedgerError, RunState
@@ -32,8 +31,9 @@ from prohost.engine.supervisor.admission import (
 )
 from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
-from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
+from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.wire import intake
+from prohost.wire.outcomes import NOT_STARTED, all_limited_reason
 from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign

@@ -15,12 +15,13 @@ import pytest
 import trio
 
 from prohost.engine.agent.brains import brain_for
-from prohost.engine.agent.brains.base import McpError, McpWiring, ToolEvent
+from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
-from prohost.engine.agent.brains.cmdline import has_flag, split_command
 from prohost.engine.agent.brains.summaries import tool_summary
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
+from prohost.wire.timeline import ToolEvent
 
 FAKE = Path(__file__).parent / "agents" / "fake_claude.py"
 FAKE_EXEC = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
@@ -124,9 +125,10 @@ def test_a_successful_result_is_the_reply_with_usage_and_cost() -> None:
     assert outcome.reply == "Done: 3"
     assert outcome.session_id == SID
     # §7: in the protocol's keys, whatever the CLI calls them; the model from init.
-    assert outcome.usage == {"input_tokens": 150, "output_tokens": 75,
-                             "cache_read_tokens": 1500, "cost_usd": 0.0342, "turns": 2,
-                             "model": "claude-sonnet-4-5-20250929"}
+    assert outcome.usage is not None
+    assert outcome.usage.to_json() == {"input_tokens": 150, "output_tokens": 75,
+                                       "cache_read_tokens": 1500, "cost_usd": 0.0342,
+                                       "turns": 2, "model": "claude-sonnet-4-5-20250929"}
     assert turn.last_text == "Working on it"
 
 
@@ -298,7 +300,7 @@ def test_error_results_are_failures_naming_what_happened(event: bytes, expected:
     assert outcome is not None and not outcome.ok
     assert outcome.error is not None and expected in outcome.error
     assert outcome.session_id == SID
-    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
+    assert outcome.usage is not None and outcome.usage.cost_usd == 0.0342
 
 
 def test_no_result_event() -> None:
@@ -513,7 +515,7 @@ async def test_end_to_end_reply(tmp_path: Path) -> None:
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Hello from the fake Claude."
     assert outcome.session_id == turn.session_id and turn.started
-    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
+    assert outcome.usage is not None and outcome.usage.cost_usd == 0.0342
     assert turn.model == "claude-sonnet-4-5-20250929"
     [entry] = recorded(tmp_path)
     assert entry["prompt"] == "Please run the tests."
@@ -830,7 +832,7 @@ def test_a_run_at_its_budget_says_the_budget_and_the_spend_and_keeps_its_session
     assert outcome is not None and not outcome.ok and not outcome.retryable
     assert outcome.error == "the run reached its budget of $0.03 (it spent $0.0342)"
     assert outcome.session_id == SID
-    assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
+    assert outcome.usage is not None and outcome.usage.cost_usd == 0.0342
 
 
 @pytest.mark.parametrize(("status", "retryable"), [(529, True), (500, True), (400, False),

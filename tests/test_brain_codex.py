@@ -19,13 +19,14 @@ import pytest
 import trio
 
 from prohost.engine.agent.brains import brain_for
-from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring, ToolEvent
+from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring
 from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun, Mcp
+from prohost.wire.timeline import ToolEvent
 from tests.run_kit import solo_runner
 
 FAKE = Path(__file__).parent / "agents" / "fake_codex.py"
@@ -98,7 +99,7 @@ def test_a_plain_reply_with_its_thread_and_usage() -> None:
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Done."
     assert outcome.session_id == THREAD
-    assert outcome.usage == RUN_USAGE
+    assert outcome.usage is not None and outcome.usage.to_json() == RUN_USAGE
 
 
 def test_the_reply_is_the_last_agent_message() -> None:
@@ -521,7 +522,8 @@ async def test_end_to_end_reply(tmp_path: Path, groups: ProcessGroups) -> None:
     outcome = turn.finish(result)
     assert outcome is not None and outcome.ok
     assert outcome.reply == "Fixed: the fixture path was wrong."
-    assert outcome.session_id == THREAD and outcome.usage == RUN_USAGE
+    assert outcome.session_id == THREAD and outcome.usage is not None
+    assert outcome.usage.to_json() == RUN_USAGE
     assert events == []
     record = recorded(tmp_path)
     assert record["argv"] == ["--json", "--skip-git-repo-check", BYPASS, "-"]
@@ -771,7 +773,7 @@ def test_a_resumed_threads_run_reports_its_own_share_of_the_totals() -> None:
                                            "output_tokens": 45})
     feed_all(turn, STARTED, TURN_STARTED, message("Done."), COMPLETED)
     outcome = turn.finish(ended(0))
-    assert outcome is not None and outcome.usage == {
+    assert outcome is not None and outcome.usage is not None and outcome.usage.to_json() == {
         "input_tokens": 400, "output_tokens": 300, "cache_read_tokens": 100, "turns": 1}
     totals = turn.session_totals()
     assert totals is not None and totals.to_json() == {

@@ -6,12 +6,20 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.changes import MAX_FILES, compare, take_state
+from prohost.engine.repos import changes
+from prohost.engine.repos.changes import MAX_FILES, CheckoutState, take_state
+from prohost.wire.protocol import converter
+
+
+async def compare(before: CheckoutState, **kwargs: Any) -> Any:
+    """The entry as the completion sends it (§7's JSON)."""
+    return converter.unstructure(await changes.compare(before, **kwargs))
 
 
 def git(repo: Path, *args: str) -> str:

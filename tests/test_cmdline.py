@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.claude import ClaudeBrain
-from prohost.engine.agent.brains.cmdline import program_name, split_command, word_spans
 from prohost.engine.agent.brains.codex import CodexBrain
+from prohost.execline import program_name, split_command, word_spans
 
 
 @pytest.mark.parametrize(("line", "program"), [

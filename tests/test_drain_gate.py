@@ -26,7 +26,7 @@ from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.ledger import Ledger, UnreportedRuns
 from prohost.engine.run.progress import Progress
-from prohost.engine.supervisor.runqueue import NOT_STARTED
+from prohost.wire.outcomes import NOT_STARTED
 from prohost.wire.runs import Outcome
 from tests.kit import finished, running_harness, running_server
 from tests.test_account_runs import folders, limit, seed

@@ -22,9 +22,10 @@ import trio
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env
 from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
 from prohost.engine.run.progress import Progress
-from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.engine.run.staging import env_for, prompt_for
 from prohost.wire.runs import AgentRun, Outcome
 from tests.run_kit import solo_runner

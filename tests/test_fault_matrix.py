@@ -39,8 +39,8 @@ import trio.testing
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
-from prohost.engine.supervisor.recovery import RESTARTED
 from prohost.server import ServerHandle, faults
+from prohost.wire.outcomes import RESTARTED
 from tests import kit
 from tests.kit import agent_command, finished, pair_home, running_harness, running_server
 from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger

@@ -36,10 +36,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerState
 from prohost.wire import intake
+from prohost.wire.outcomes import all_limited_reason
 from prohost.wire.protocol import Ack, Pong
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign

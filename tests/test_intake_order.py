@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.wire import intake
+from prohost.wire.outcomes import all_limited_reason
 from prohost.wire.protocol import Delivery
 from prohost.wire.signature import sign
 

@@ -1,7 +1,7 @@
-"""Reading usage limits out of what the agent CLIs print (prohost.engine.accounts.limits).
+"""Reading usage limits out of what the agent CLIs print (prohost.engine.agent.limits).
 
 Every text here is one the real CLIs print (the sources are cited in
-prohost/engine/accounts/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
+prohost/engine/agent/limits.py); ``now`` is fixed so "resets 8pm" has one right answer.
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.accounts.limits import (
-    LimitNotice,
+from prohost.engine.accounts.limits import LimitNotice, merge
+from prohost.engine.agent.brains.base import decode_json_line
+from prohost.engine.agent.limits import (
     claude_limit_text,
     claude_rate_limit,
     codex_limit_text,
     codex_rate_limits,
-    merge,
     recover_events,
     reset_time,
 )
-from prohost.engine.agent.brains.base import decode_json_line
 
 UTC = dt.UTC
 

@@ -378,7 +378,7 @@ async def test_live_panel_starts_and_stops_without_threads(
 async def test_log_lines_print_above_the_live_panel(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from prohost.engine.view.panel import log_handler
+    from prohost.logfile import log_handler
 
     console = recording_console(force_terminal=True)
     logger = logging.getLogger("prohost.test_panel")

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from prohost.engine.run.prompt import (
+from prohost.engine.agent.reply import (
     MAX_REPLY_BYTES,
     NO_REPLY,
     REPLY_CUT_MARKER,
-    Checkout,
-    CheckoutFailure,
-    PromptContext,
-    build_prompt,
     cap_reply,
-    human_duration,
     reply_from_text,
 )
+from prohost.engine.repos.worktrees import Checkout, CheckoutFailure
+from prohost.engine.run.prompt import PromptContext, build_prompt
+from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
 
 FULL_RUN = AgentRun(

@@ -31,13 +31,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prohost.commands.demo_agent import _request_of
-from prohost.engine.run.prompt import (
-    NO_REPLY,
-    Checkout,
-    CheckoutFailure,
-    PromptContext,
-    build_prompt,
-)
+from prohost.engine.agent.reply import NO_REPLY
+from prohost.engine.repos.worktrees import Checkout, CheckoutFailure
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun, ContextMessage
 from tests.kit import AGENTS, agent_command, finished, running_harness, running_server
 

@@ -20,11 +20,10 @@ import trio
 
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, RunState, UnreportedRuns
-from prohost.engine.supervisor.recovery import INTERRUPTED, RESTARTED
-from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.home import Credentials
 from prohost.options import Options
 from prohost.server import ServerHandle
+from prohost.wire.outcomes import INTERRUPTED, NOT_STARTED, RESTARTED
 from prohost.wire.runs import Outcome, parse_body
 from tests.kit import endpoints_for, finished, pair_home, running_server
 

@@ -31,8 +31,9 @@ from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.supervisor.held import HeldRuns
-from prohost.engine.supervisor.recovery import RESTARTED, Recovery
-from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
+from prohost.engine.supervisor.recovery import Recovery
+from prohost.engine.supervisor.runqueue import RunQueue
+from prohost.wire.outcomes import NOT_STARTED, RESTARTED
 from prohost.wire.runs import Outcome
 
 #: What the ``settle`` stand-in records: run id, outcome, recorded, finished_at.

@@ -20,13 +20,12 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
-from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire import intake
+from prohost.wire.outcomes import NOT_STARTED, all_limited_reason
 from prohost.wire.runs import parse_body
 from tests.kit import (
     Running,

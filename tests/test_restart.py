@@ -21,8 +21,7 @@ from pathlib import Path
 import trio
 
 from prohost.engine.ledger import RunState
-from prohost.engine.supervisor.recovery import RESTARTED
-from prohost.engine.supervisor.runqueue import NOT_STARTED
+from prohost.wire.outcomes import NOT_STARTED, RESTARTED
 from tests.kit import (
     agent_command,
     busy_and_queued,

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import trio
 
-from prohost.engine.harness import STOPPED
 from prohost.engine.ledger import RunState
 from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
-from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.server import ServerHandle
+from prohost.wire.outcomes import NOT_STARTED, STOPPED
 from prohost.wire.protocol import Heartbeat, Pong, Status
 from tests.kit import agent_command, busy_and_queued, finished, start_run
 from tests.process_kit import (

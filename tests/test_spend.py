@@ -21,6 +21,7 @@ from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.engine.view.panel import render
 from prohost.engine.view.snapshot import FinishedRow, Snapshot
 from prohost.wire.runs import Outcome
+from prohost.wire.usage import Usage
 
 NOON = day_start(time.time()) + 12 * 3600
 WORK = {"input_tokens": 1000, "output_tokens": 200, "cost_usd": 0.25}
@@ -54,10 +55,11 @@ async def test_a_restart_counts_todays_runs_again_from_the_ledger(tmp_path: Path
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         for run_id, finished_at, outcome in [
             ("today", NOON - 60, Outcome(ok=True, reply="r", account="work",
-                                         usage=WORK)),
+                                         usage=Usage.from_json(WORK))),
             ("failed", NOON - 30, Outcome.failure("x", account="work",
-                                                  usage={"input_tokens": 7})),
-            ("yesterday", NOON - 86400, Outcome(ok=True, account="work", usage=WORK)),
+                                                  usage=Usage(input_tokens=7))),
+            ("yesterday", NOON - 86400, Outcome(ok=True, account="work",
+                                                usage=Usage.from_json(WORK))),
             ("not-run", NOON - 10, Outcome.failure("cancelled")),  # no agent ran
         ]:
             ledger.admit(run_id, run_id, "{}", finished_at - 5)

@@ -6,9 +6,9 @@ import httpx
 import trio
 import trio.testing
 
-from prohost.engine.agent.brains.base import ToolEvent
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import BATCH_INTERVAL_S, TimelineBatcher
+from prohost.wire.timeline import ToolEvent
 from tests.kit import running_server
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.agent.usage import KEYS, Usage, from_claude_result, from_codex_totals
+from prohost.engine.agent.usage import from_claude_result, from_codex_totals
+from prohost.wire.usage import KEYS, Usage
 
 # The shape of Claude Code's stream-json `result` event (ResultMessage in
 # anthropics/claude-agent-sdk-python), as tests/agents/fake_claude.py prints it.

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from prohost.engine.repos.collect import collect_garbage
-from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
-from prohost.engine.run.prompt import Checkout, PromptContext, build_prompt
+from prohost.engine.repos.worktrees import Checkout, WorktreeManager, lane_folder_name
+from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 from tests.test_worktrees import (
     git,

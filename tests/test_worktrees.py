@@ -19,12 +19,13 @@ from prohost.engine.repos.gitcmd import git_env
 from prohost.engine.repos.worktrees import (
     LANE_MARKER,
     RUN_REPOS_ENV,
+    Checkout,
+    CheckoutFailure,
     WorktreeManager,
     checkout_names,
     lane_folder_name,
 )
-from prohost.engine.run.prompt import Checkout, CheckoutFailure
-from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
+from prohost.repospec import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
 
 USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
 

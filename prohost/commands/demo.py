@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.table import Table
 
 from prohost.engine import lognames
-from prohost.engine.agent.usage import Usage
 from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger
 from prohost.engine.link.connection import Endpoints
@@ -37,6 +36,7 @@ from prohost.engine.view.statustext import cost_text, tokens_text
 from prohost.home import Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.demo")
 progress_log = logging.getLogger(lognames.RUNS)

@@ -53,7 +53,7 @@ from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Inta
 from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.recovery import Recovery
-from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
+from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.engine.supervisor.upkeep import Chores, sweep_scratch
 from prohost.engine.view.snapshot import Snapshot
 from prohost.engine.view.status_file import (
@@ -65,6 +65,7 @@ from prohost.engine.view.status_file import (
 )
 from prohost.options import Options
 from prohost.wire import intake
+from prohost.wire.outcomes import DEFAULT_CANCEL_REASON, NOT_STARTED, STOPPED, cancelled
 from prohost.wire.protocol import Cancel, Delivery, HeartbeatAck, Message
 from prohost.wire.runs import Outcome
 
@@ -76,9 +77,6 @@ T = TypeVar("T")
 STOP_WINDOW_S = 5.0
 #: Grace between SIGTERM and SIGKILL after a second signal (seconds, §9).
 STOP_GRACE_S = 3.0
-
-STOPPED = "the agent was stopped"
-DEFAULT_CANCEL_REASON = "cancelled by the server"
 
 
 async def _no_ledger(limits: dict[str, float]) -> None:
@@ -379,7 +377,7 @@ class Harness:
                 "ignored a cancel for run %s: not running here", run_id
             )
             return
-        outcome = Outcome.failure(f"cancelled: {reason}")
+        outcome = Outcome.failure(cancelled(reason))
         log.info("cancelling run %s: %s", run_id, reason)
         if self.scheduler.remove(run_id) is not None:
             self.settle_soon(held, outcome)

@@ -13,8 +13,11 @@ import urllib.parse
 from typing import Any
 
 import attrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
+from prohost.wire.changes import ChangeEntry
 from prohost.wire.protocol import DecodeError, converter, loads_strict, structure
+from prohost.wire.usage import Usage
 
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: A JSON escape of a UTF-16 surrogate (high or low): ``\\ud800`` … ``\\udfff``.
@@ -189,9 +192,10 @@ class Outcome:
     retryable: bool = False
     session_id: str | None = None
     duration_ms: int | None = None
-    usage: dict[str, Any] | None = None
+    #: Every attempt's usage, summed (§7); ``None`` when nothing is known.
+    usage: Usage | None = None
     #: What the run changed in each checkout of its lane (§7; only with --repos).
-    changes: list[dict[str, Any]] | None = None
+    changes: list[ChangeEntry] | None = None
     #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
     #: no agent ran (the run never started).
     account: str | None = None
@@ -202,21 +206,24 @@ class Outcome:
 
     def completion(self, run_id: str) -> dict[str, Any]:
         """The JSON object POSTed to the completion path (§7)."""
-        payload: dict[str, Any] = {"run_id": run_id, "ok": self.ok}
-        if self.ok:
-            payload["reply"] = self.reply
-        else:
-            payload["error"] = self.error
-            payload["retryable"] = self.retryable
-        for key in ("session_id", "duration_ms", "usage", "changes", "account"):
-            value = getattr(self, key)
-            if value is not None:
-                payload[key] = value
-        return payload
+        keys: dict[str, Any] = (_SUCCEEDED if self.ok else _FAILED)(self)
+        return {"run_id": run_id, **keys}
 
     def to_json(self) -> str:
+        """The outcome as the ledger keeps it (every field, ``null`` included)."""
         return json.dumps(converter.unstructure(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Outcome:
         return structure(json.loads(text), cls)
+
+
+# A completion's keys after ``run_id`` (§7): a success sends its ``reply`` even when
+# it is null and no ``error``/``retryable``; a failure sends ``error`` and
+# ``retryable`` and no ``reply``; the rest only when known.
+_SUCCEEDED = make_dict_unstructure_fn(
+    Outcome, converter, _cattrs_omit_if_default=True, reply=override(omit_if_default=False),
+    error=override(omit=True), retryable=override(omit=True))
+_FAILED = make_dict_unstructure_fn(
+    Outcome, converter, _cattrs_omit_if_default=True, reply=override(omit=True),
+    error=override(omit_if_default=False), retryable=override(omit_if_default=False))

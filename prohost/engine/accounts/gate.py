@@ -14,7 +14,6 @@ like a queued one (§9), instead of holding the drain up to --limit-wait.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -24,6 +23,7 @@ import trio
 from prohost.engine import lognames
 from prohost.engine.accounts.book import UNKNOWN_RESET_S, Account, AccountBook
 from prohost.engine.accounts.limits import LimitNotice
+from prohost.wire.outcomes import all_limited_reason, iso_time
 from prohost.wire.runs import Outcome
 
 # The runner's logger: these lines are part of a run's story, and whoever listens to
@@ -32,17 +32,6 @@ log = logging.getLogger("prohost.runner")
 #: The runs logger (:data:`prohost.engine.lognames.RUNS`: a run's
 #: progress, turned down to warnings while a panel shows the same).
 _progress_log = logging.getLogger(lognames.RUNS)
-
-
-def iso_time(epoch: float) -> str:
-    """An epoch time as ISO 8601 in UTC, to the second: ``2026-12-02T20:00:00Z``."""
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def all_limited_reason(until: float | None) -> str:
-    """§12's words for "no account can take work", with the earliest reset."""
-    when = iso_time(until) if until is not None else "an unknown time"
-    return f"every account is at its usage limit until {when}"
 
 
 class Waiter(Protocol):

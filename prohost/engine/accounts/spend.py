@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import attrs
 
 from prohost.engine.accounts.book import DEFAULT_ACCOUNT
-from prohost.engine.agent.usage import Usage
+from prohost.wire.usage import Usage
 
 
 @attrs.frozen
@@ -47,16 +47,18 @@ class DailySpend:
         self._day: str | None = None
         self._rows: dict[str, SpendRow] = {}
 
-    def add(self, account: str | None, usage: object, at: float) -> None:
+    def add(self, account: str | None, usage: Usage | object, at: float) -> None:
         """Count one finished run of ``account`` (the default one if ``None``) with
-        its ``usage`` (§7 keys; anything not valid is left out) at ``at`` (epoch s)."""
+        its ``usage`` at ``at`` (epoch s): a :class:`Usage`, or a §7 ``usage`` object
+        as the ledger keeps it (anything not valid is left out)."""
         day = day_of(at)
         if day != self._day:
             if self._day is not None and day < self._day:
                 return  # a run of an earlier day (read back from the ledger)
             self._day, self._rows = day, {}
         name = account or DEFAULT_ACCOUNT
-        used = Usage.from_json(usage)  # what is not valid is left out, as in a report
+        # What is not valid is left out, as in a report.
+        used = usage if isinstance(usage, Usage) else Usage.from_json(usage)
         row = self._rows.get(name, SpendRow(name))
         self._rows[name] = SpendRow(
             name, runs=row.runs + 1,

@@ -13,8 +13,8 @@ import logging
 
 import trio
 
-from prohost.engine.agent.brains.base import ToolEvent
 from prohost.engine.report.reporter import Reporter
+from prohost.wire.timeline import ToolEvent
 
 log = logging.getLogger("prohost.timeline")
 

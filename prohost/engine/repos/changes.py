@@ -1,4 +1,5 @@
-"""What a run changed in each checkout of its lane (PROTOCOL.md §7, ``changes``).
+"""What a run changed in each checkout of its lane (PROTOCOL.md §7, ``changes``; the
+entries' shape is :mod:`prohost.wire.changes`).
 
 When a run begins, each lane worktree's state is taken: its commit, and a tree of
 its working files (tracked, modified and untracked; ignored files are not work)
@@ -21,13 +22,19 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, git, git_env
+from prohost.wire.changes import (
+    ChangeEntry,
+    ChangeKind,
+    CheckoutChanges,
+    FileChange,
+    UnreadableCheckout,
+)
 
 #: How long taking one checkout's state may last, at the start and at the end (s).
 CHANGES_LIMIT_S = 5.0
@@ -36,8 +43,8 @@ MAX_FILES = 100
 #: git's empty tree: the "before" of a repository with no commit yet.
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
-_CHANGE_KINDS = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed",
-                 "T": "modified", "C": "added"}
+_CHANGE_KINDS: dict[str, ChangeKind] = {"A": "added", "M": "modified", "D": "deleted",
+                                         "R": "renamed", "T": "modified", "C": "added"}
 
 
 @attrs.frozen
@@ -123,28 +130,28 @@ def _said(exc: Exception) -> str:
 
 async def compare(before: CheckoutState, *, bounds: Bounds,
                   limit_s: float = CHANGES_LIMIT_S,
-                  env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                  env: Mapping[str, str] | None = None) -> ChangeEntry:
     """The §7 ``changes`` entry for one checkout: what changed since ``before``,
     taking its state again now, within ``limit_s``.
 
     Cancelled: as :func:`take_state`.
     """
     if before.error is not None:
-        return {"repo": before.repo, "error": before.error}
+        return UnreadableCheckout(before.repo, before.error)
     with trio.move_on_after(limit_s) as scope:
         try:
             after = await _state(before.repo, before.path, env, bounds,
                                  trio.current_time() + limit_s)
             return await _entry(before, after, git_env(env))
         except (GitError, OSError) as exc:
-            return {"repo": before.repo, "error": _said(exc)}
+            return UnreadableCheckout(before.repo, _said(exc))
     assert scope.cancelled_caught
-    return {"repo": before.repo,
-            "error": f"reading the checkout took longer than {limit_s:g} s"}
+    return UnreadableCheckout(before.repo,
+                              f"reading the checkout took longer than {limit_s:g} s")
 
 
 async def _entry(before: CheckoutState, after: CheckoutState,
-                 env: Mapping[str, str]) -> dict[str, Any]:
+                 env: Mapping[str, str]) -> CheckoutChanges:
     where = os.fspath(after.path)
     assert before.tree is not None and after.tree is not None
     branch = await _optional(git("-C", where, "symbolic-ref", "--short", "-q", "HEAD",
@@ -168,15 +175,12 @@ async def _entry(before: CheckoutState, after: CheckoutState,
     for path in sorted(kinds):
         change, old = kinds[path]
         added, removed = counts.get(path, (None, None))
-        row: dict[str, Any] = {"path": path, "change": change, "added": added,
-                               "removed": removed, "committed": path not in uncommitted}
-        if old is not None:
-            row["from"] = old
-            row["committed"] = row["committed"] and old not in uncommitted
-        files.append(row)
-    return {"repo": after.repo, "branch": branch, "base": before.commit, "head": head,
-            "commits": commits, "files": files[:MAX_FILES],
-            "more_files": max(0, len(files) - MAX_FILES)}
+        committed = path not in uncommitted and (old is None or old not in uncommitted)
+        files.append(FileChange(path=path, change=change, added=added, removed=removed,
+                                committed=committed, from_=old))
+    return CheckoutChanges(repo=after.repo, branch=branch, base=before.commit, head=head,
+                           commits=commits, files=files[:MAX_FILES],
+                           more_files=max(0, len(files) - MAX_FILES))
 
 
 async def _optional(command: Awaitable[str]) -> str | None:
@@ -197,19 +201,19 @@ async def states_of(checkouts: Sequence[tuple[str, Path]], *, bounds: Bounds,
 
 async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[str, str]], *,
                      bounds: Bounds, env: Mapping[str, str] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     ) -> list[ChangeEntry]:
     """The §7 ``changes``: each state compared now (bounded per checkout), then an
     ``error`` entry for each ``(name, why)`` checkout no worktree could be made of;
     the caller orders them as ``--repos`` does. Cancelled: as :func:`compare`."""
     found = [await compare(state, bounds=bounds, env=env) for state in states]
-    return found + [{"repo": name, "error": f"no private worktree: {why}"}
+    return found + [UnreadableCheckout(name, f"no private worktree: {why}")
                     for name, why in unready]
 
 
-def _name_status(text: str) -> dict[str, tuple[str, str | None]]:
+def _name_status(text: str) -> dict[str, tuple[ChangeKind, str | None]]:
     """``--name-status -z``: status, then one path (two for a rename or copy)."""
     fields = text.split("\0")
-    found: dict[str, tuple[str, str | None]] = {}
+    found: dict[str, tuple[ChangeKind, str | None]] = {}
     i = 0
     while i < len(fields) and fields[i]:
         status = fields[i]

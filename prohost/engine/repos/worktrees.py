@@ -16,7 +16,7 @@ commit yet gets an unborn branch instead of a detached HEAD
 
 Preparing never raises for a repository that cannot be prepared: the run goes on,
 and the prompt names that checkout as read-only
-(a :class:`~prohost.engine.run.prompt.CheckoutFailure`).
+(a :class:`CheckoutFailure`).
 
 Running git is :mod:`prohost.engine.repos.gitcmd`'s job; clearing away old worktrees is
 :mod:`prohost.engine.repos.collect`'s.
@@ -45,8 +45,7 @@ import trio
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
 from prohost.engine.repos.startpoint import start_point
-from prohost.engine.run.prompt import Checkout, CheckoutFailure
-from prohost.options import is_checkout
+from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
 
@@ -171,6 +170,28 @@ def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
 
 
 # --- preparing ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Checkout:
+    """A git worktree private to this run's conversation, and the checkout it stands in for."""
+
+    name: str
+    path: str
+    source: str
+    #: The branch it was just put on because the original has no commit yet
+    #: (unborn until the agent's first commit); ``None``: a detached HEAD.
+    new_branch: str | None = None
+    #: The original has submodules, which are empty folders in the private worktree.
+    has_submodules: bool = False
+
+
+@attrs.frozen
+class CheckoutFailure:
+    """A ``--repos`` checkout no private worktree could be made of, and why."""
+
+    source: str
+    reason: str
 
 
 @attrs.frozen

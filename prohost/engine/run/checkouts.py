@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import CheckoutState, changes_of, states_of
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
+from prohost.wire.changes import ChangeEntry
 from prohost.wire.runs import AgentRun
 
 log = logging.getLogger("prohost.execute")
@@ -60,7 +60,7 @@ class LaneCheckouts:
                          for f in prepared.failures]
         return True
 
-    async def changes(self) -> list[dict[str, Any]] | None:
+    async def changes(self) -> list[ChangeEntry] | None:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``
         without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
 
@@ -71,5 +71,5 @@ class LaneCheckouts:
         changes = await changes_of(self._before, self._unready, bounds=self.bounds,
                                    env=self.env)
         order = {name: index for index, name in enumerate(self.worktrees.names)}
-        changes.sort(key=lambda entry: order.get(str(entry.get("repo")), len(order)))
+        changes.sort(key=lambda entry: order.get(entry.repo, len(order)))
         return changes

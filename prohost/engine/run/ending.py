@@ -1,5 +1,6 @@
-"""The words for how an agent's run ended when its CLI said nothing itself: a
-timeout, a signal, an exit status (the outcome the server then hears, §7)."""
+"""How an agent's run ended when its CLI said nothing itself: a timeout, a signal,
+an exit status, as the outcome the server then hears (§7; the sentences are
+:mod:`prohost.wire.outcomes`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import signal
 
 from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.run.prompt import human_duration
+from prohost.wire.outcomes import (
+    NO_READABLE_REPLY,
+    exited_with,
+    killed_by,
+    printed_nothing,
+    ran_too_long,
+)
 from prohost.wire.runs import Outcome
 
 
@@ -16,12 +23,6 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def limit_phrase(seconds: float) -> str:
-    """ "45 minutes" as in "the 45-minute limit"."""
-    number, _, unit = human_duration(seconds).partition(" ")
-    return f"{number}-{unit.removesuffix('s')}"
 
 
 def failure_from_result(result: ProcessResult, *, timeout_s: float,
@@ -34,25 +35,14 @@ def failure_from_result(result: ProcessResult, *, timeout_s: float,
     duration_ms = round(result.duration_s * 1000)
     said = f"; its last error: {one_line(last_error, 300)}" if last_error else ""
     if result.timed_out == "total":
-        limit = limit_phrase(timeout_s)
-        return Outcome.failure(
-            f"the agent ran longer than the {limit} limit (--timeout){said}",
-            duration_ms=duration_ms)
+        return Outcome.failure(ran_too_long(timeout_s) + said, duration_ms=duration_ms)
     if result.timed_out == "idle":
-        idle = human_duration(idle_timeout_s)
-        return Outcome.failure(
-            f"the agent printed nothing for {idle} (--idle-timeout){said}",
-            duration_ms=duration_ms)
+        return Outcome.failure(printed_nothing(idle_timeout_s) + said, duration_ms=duration_ms)
     if result.signal is not None:
-        error = f"the agent was killed by {signal_name(result.signal)}"
-        if result.last_stderr_line:
-            error += f": {result.last_stderr_line}"
-        return Outcome.failure(error, duration_ms=duration_ms)
+        return Outcome.failure(killed_by(signal_name(result.signal), result.last_stderr_line),
+                               duration_ms=duration_ms)
     if result.exit_code != 0:
-        error = f"the agent exited with status {result.exit_code}"
-        if result.last_stderr_line:
-            error += f": {result.last_stderr_line}"
-        return Outcome.failure(error, duration_ms=duration_ms)
+        return Outcome.failure(exited_with(result.exit_code, result.last_stderr_line),
+                               duration_ms=duration_ms)
     # Exit 0 and still no outcome: a brain that could not make sense of the output.
-    return Outcome.failure("the agent exited without a reply the harness could read",
-                           duration_ms=duration_ms)
+    return Outcome.failure(NO_READABLE_REPLY, duration_ms=duration_ms)

@@ -32,16 +32,17 @@ import attrs
 import trio
 
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.brains.base import Brain, McpWiring, ToolEvent, Turn
+from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
-from prohost.engine.agent.usage import Usage
+from prohost.engine.agent.reply import MAX_REPLY_BYTES
 from prohost.engine.blocking import Bounds
 from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
-from prohost.engine.run.prompt import MAX_REPLY_BYTES
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
 from prohost.wire.runs import AgentRun, Outcome
+from prohost.wire.timeline import ToolEvent
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.execute")
 

@@ -1,4 +1,5 @@
-"""The prompt an agent reads on stdin, and how its output becomes a reply (§5.2, §5.5).
+"""The prompt an agent reads on stdin (§5.2; how its output becomes a reply is
+:mod:`prohost.engine.agent.reply`).
 
 The prompt is plain text in two parts: the request as the server sent it, then the
 harness's own lines about this run. The second part exists because an agent run
@@ -18,21 +19,14 @@ same run always gets byte-for-byte the same prompt; the tests pin it.
 
 from __future__ import annotations
 
-import math
 import time
 
 import attrs
 
+from prohost.engine.agent.reply import NO_REPLY
+from prohost.engine.repos.worktrees import Checkout, CheckoutFailure
+from prohost.wire.outcomes import human_duration
 from prohost.wire.runs import AgentRun, ContextMessage
-
-#: The whole reply, after trimming, that means "send nothing" (``"reply": null``).
-NO_REPLY = "NO_REPLY"
-
-#: A reply is cut to this many UTF-8 bytes (marker included) (§5.4).
-MAX_REPLY_BYTES = 1024 * 1024
-
-#: Appended to a reply that was cut, so the reader knows there was more.
-REPLY_CUT_MARKER = "[prohost: the reply was over 1 MiB and was cut here]"
 
 #: Every line of the chat's words in the prompt starts with this (after the
 #: indent of a list item), and no line of the harness's own does: so a line that
@@ -43,28 +37,6 @@ QUOTE = ">"
 #: character ``str.splitlines`` breaks at is among them. In an author they become
 #: spaces, so an author can never start a line of its own.
 _NOT_ONE_LINE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
-
-
-@attrs.frozen
-class Checkout:
-    """A git worktree private to this run's conversation, and the checkout it stands in for."""
-
-    name: str
-    path: str
-    source: str
-    #: The branch it was just put on because the original has no commit yet
-    #: (unborn until the agent's first commit); ``None``: a detached HEAD.
-    new_branch: str | None = None
-    #: The original has submodules, which are empty folders in the private worktree.
-    has_submodules: bool = False
-
-
-@attrs.frozen
-class CheckoutFailure:
-    """A ``--repos`` checkout no private worktree could be made of, and why."""
-
-    source: str
-    reason: str
 
 
 @attrs.frozen
@@ -79,60 +51,6 @@ class PromptContext:
     """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
     checkouts: tuple[Checkout, ...] = ()
     checkout_failures: tuple[CheckoutFailure, ...] = ()
-
-
-def _plural(count: float, unit: str) -> str:
-    number = f"{count:g}"
-    return f"{number} {unit}" if number == "1" else f"{number} {unit}s"
-
-
-def human_duration(seconds: float) -> str:
-    """Say a limit in the unit a reader thinks in.
-
-    ``0`` (or less) is "no limit". Under two minutes it is seconds (but a minute is
-    "1 minute"); whole hours are
-    hours; anything else up to ten hours is whole minutes, rounded down so the
-    agent is never told it has more time than it has; beyond that, hours.
-    """
-    if seconds <= 0:
-        return "no limit"
-    if seconds < 60 or (seconds < 120 and seconds != 60):
-        return _plural(round(seconds, 1), "second")
-    if seconds % 3600 == 0:
-        return _plural(seconds // 3600, "hour")
-    if seconds < 10 * 3600:
-        return _plural(math.floor(seconds / 60), "minute")
-    return _plural(math.floor(seconds / 360) / 10, "hour")
-
-
-def reply_from_text(text: str) -> str | None:
-    """The reply an agent's output stands for: trimmed, and ``None`` for ``NO_REPLY``."""
-    reply = text.strip()
-    return None if reply == NO_REPLY else reply
-
-
-def cap_reply(reply: str, *, cut: bool = False, limit_bytes: int = MAX_REPLY_BYTES) -> str:
-    """``reply``, cut to ``limit_bytes`` with a marker line when it is over the limit.
-
-    ``cut=True`` says the text was already cut upstream (the agent printed more
-    than was kept), so it gets the marker even if what is left fits.
-    """
-    encoded = reply.encode("utf-8")
-    if len(encoded) <= limit_bytes and not cut:
-        return reply
-    tail = "\n\n" + REPLY_CUT_MARKER
-    room = max(0, limit_bytes - len(tail.encode("utf-8")))
-    # errors="ignore" drops a character the byte cut split in half.
-    kept = encoded[:room].decode("utf-8", errors="ignore").rstrip()
-    return kept + tail
-
-
-def final_reply(text: str, *, cut: bool = False) -> str | None:
-    """The reply an agent's final text stands for, as it is sent: ``None`` for
-    ``NO_REPLY``, else trimmed and capped (:func:`cap_reply`; ``cut``: the text was
-    already cut upstream). Each brain makes its reply with this, once."""
-    reply = reply_from_text(text)
-    return None if reply is None else cap_reply(reply, cut=cut)
 
 
 def one_line(text: str) -> str:

@@ -46,7 +46,6 @@ from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains.base import McpError, one_line
 from prohost.engine.agent.environment import scratch_folder
-from prohost.engine.agent.usage import Usage
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
 from prohost.engine.report.outbox import Outbox
@@ -54,7 +53,6 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
-from prohost.engine.run.ending import limit_phrase
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -71,7 +69,10 @@ from prohost.engine.run.staging import (
     remove_scratch,
     wire_mcp,
 )
+from prohost.wire.changes import ChangeEntry
+from prohost.wire.outcomes import internal_error, limit_phrase
 from prohost.wire.runs import Outcome
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the
@@ -125,7 +126,7 @@ class _Ending:
     #: stopped or never begun keeps what ``said`` has).
     usage: Usage | None = None
     duration_ms: int | None = None
-    changes: list[dict[str, Any]] | None = None
+    changes: list[ChangeEntry] | None = None
     #: The last account reached its usage limit: someone may still use the answer
     #: from another account, later (a limit is never the run's own fault).
     limited: bool = False
@@ -137,7 +138,7 @@ class _Ending:
             said,
             session_id=self.session_id,
             account=self.account if self.ran else said.account,
-            usage=said.usage if self.usage is None else self.usage.to_json(),
+            usage=said.usage if self.usage is None else self.usage.known(),
             duration_ms=said.duration_ms if self.duration_ms is None else self.duration_ms,
             changes=said.changes if self.changes is None else self.changes,
             retryable=said.retryable or self.limited,
@@ -224,7 +225,7 @@ class Runner:
         problem = await self.bodies.load(held, self.steps.read_body)
         if problem is not None:
             release_slot()
-            await self.settle_only(held, Outcome.failure(f"internal error: {problem}",
+            await self.settle_only(held, Outcome.failure(internal_error(problem),
                                                          retryable=True), recorded=False)
             return
         run = held.run
@@ -328,8 +329,8 @@ class Runner:
         for secret in self.setup.spec.secrets:
             if secret:
                 message = message.replace(secret, "<secret>")
-        error = f"internal error: {type(exc).__name__}: {message}" if message else \
-            f"internal error: {type(exc).__name__}"
+        error = internal_error(f"{type(exc).__name__}: {message}" if message
+                               else type(exc).__name__)
         return Outcome.failure(error, retryable=True)
 
     async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
@@ -393,7 +394,7 @@ class Runner:
         timeout_s = setup.spec.timeout_s
         deadline = began + timeout_s if timeout_s > 0 else math.inf
 
-        def ended(said: Outcome, *, changes: list[dict[str, Any]] | None = None,
+        def ended(said: Outcome, *, changes: list[ChangeEntry] | None = None,
                   **more: Any) -> _Ending:
             return _Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)

@@ -31,7 +31,6 @@ import attrs
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.gate import all_limited_reason
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import Admitted, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
@@ -40,6 +39,7 @@ from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.wire import intake
+from prohost.wire.outcomes import all_limited_reason
 from prohost.wire.protocol import Ack, Delivery
 from prohost.wire.runs import AgentRun
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.gate import iso_time
 from prohost.engine.accounts.spend import DailySpend, day_start
 from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import Bounds, StepTimedOut
@@ -32,12 +31,10 @@ from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue, Settle
 from prohost.engine.supervisor.upkeep import prune
 from prohost.engine.view.statustext import human_ago
+from prohost.wire.outcomes import INTERRUPTED, RESTARTED, iso_time
 from prohost.wire.runs import BodyError, Outcome, parse_body
 
 log = logging.getLogger(lognames.HARNESS)
-
-INTERRUPTED = "the harness lost track of this run before it finished"
-RESTARTED = "the harness restarted before this run finished"
 
 
 class Recovery:

@@ -16,12 +16,10 @@ from prohost.engine import lognames
 from prohost.engine.lanes.scheduler import QueueFullError, Scheduler
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.wire.outcomes import NOT_STARTED, QUEUE_FULL
 from prohost.wire.runs import Outcome
 
 log = logging.getLogger(lognames.HARNESS)
-
-NOT_STARTED = "the agent is shutting down; the run was not started"
-QUEUE_FULL = "the agent's queue is full; the run was not started"
 
 
 class Settle(Protocol):

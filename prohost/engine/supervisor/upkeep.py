@@ -34,7 +34,8 @@ from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
-from prohost.options import Options, is_checkout
+from prohost.options import Options
+from prohost.repospec import is_checkout
 
 log = logging.getLogger(lognames.HARNESS)
 

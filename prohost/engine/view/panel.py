@@ -10,7 +10,7 @@ with ``auto_refresh=False`` and a trio task refreshes it: at a change notice, a
 clock's tick (once a second) or, while runs execute, every LIVE_REFRESH_S, and
 only when the picture differs (:func:`shown`), so an idle harness costs next to
 nothing on a terminal. Log lines print above the panel only if the logging
-handler is a ``RichHandler`` on the *same* console (see :func:`log_handler`); any
+handler is a ``RichHandler`` on the *same* console (:func:`prohost.logfile.log_handler`); any
 other handler writing to the terminal tears the frame. ``agent run`` gives the panel a console over
 :func:`prohost.engine.view.termout.nonblocking` stdout, so a terminal that stops reading drops
 frames instead of stalling the event loop. The words both views share (durations,
@@ -28,7 +28,6 @@ import attrs
 import trio
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
@@ -268,13 +267,6 @@ def _executing(snapshot: Snapshot) -> bool:
 def use_panel(console: Console, no_panel: bool) -> bool:
     """Draw the live panel only on a terminal, and not when ``--no-panel`` asks for the log."""
     return console.is_terminal and not no_panel
-
-
-def log_handler(console: Console) -> logging.Handler:
-    """A ``RichHandler`` on the panel's console, so log lines print above the live panel."""
-    handler = RichHandler(console=console, show_path=False)
-    handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
-    return handler
 
 
 class Panel:

@@ -26,7 +26,6 @@ from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.spend import DailySpend
 from prohost.engine.agent.brains.base import Brain
-from prohost.engine.agent.usage import Usage
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.lanes.scheduler import SchedulerStatistics
@@ -44,8 +43,9 @@ from prohost.engine.view.snapshot import (
     write_snapshot,
 )
 from prohost.options import Options
-from prohost.wire.protocol import AccountRow, RunBeat, Status
+from prohost.wire.protocol import AccountRow, RunBeat, Status, converter
 from prohost.wire.runs import Outcome
+from prohost.wire.usage import Usage
 
 log = logging.getLogger(lognames.HARNESS)
 progress_log = logging.getLogger(lognames.RUNS)
@@ -91,14 +91,16 @@ class Facts:
         if held.progress.model:
             self.model = held.progress.model
         now = time.time()
-        usage = Usage.from_json(outcome.usage)
+        usage = outcome.usage or Usage()
         tokens = None if usage.input_tokens is None and usage.output_tokens is None \
             else (usage.input_tokens or 0) + (usage.output_tokens or 0)
         self.finished.appendleft(FinishedRow(
             run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
-            finished_at=now, changes=changes_summary(outcome.changes), tokens=tokens,
+            # The few words are read from the §7 JSON, as for any report.
+            finished_at=now, changes=changes_summary(converter.unstructure(outcome.changes)),
+            tokens=tokens,
             cost_usd=usage.cost_usd,
         ))
         if outcome.account is not None:  # an agent ran: it counts in today's spend

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, ToolEvent, Turn
-from prohost.engine.agent.brains.cmdline import program_name
+from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, Turn
 from prohost.engine.agent.brains.plain import PlainBrain
+from prohost.execline import program_name
 
-__all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "ToolEvent", "Turn", "brain_for"]
+__all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "Turn", "brain_for"]
 
 BRAIN_NAMES = ("auto", "claude", "codex", "plain")
 

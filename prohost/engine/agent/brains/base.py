@@ -17,35 +17,19 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import attrs
 
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.brains.cmdline import split_command
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.agent.usage import Usage
+from prohost.execline import split_command
 from prohost.wire.runs import Mcp, Outcome
-
-ToolState = Literal["calling", "done", "error"]
+from prohost.wire.timeline import ToolEvent
+from prohost.wire.usage import Usage
 
 #: A tool summary is one short line in a chat thread.
 SUMMARY_CHARS = 120
-
-
-@attrs.frozen
-class ToolEvent:
-    """One timeline row (§8): a tool call starting, or how it ended."""
-
-    id: str
-    name: str
-    state: ToolState
-    summary: str
-    at: float = attrs.field(factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "state": self.state,
-                "summary": self.summary, "at": self.at}
 
 
 def one_line(text: str, limit: int = SUMMARY_CHARS) -> str:
@@ -183,8 +167,9 @@ class Turn(abc.ABC):
         runner describe a process failure (exit status, timeout) in its words.
 
         Called only when the process ended without a timeout. The returned
-        outcome's ``reply`` is the raw text (``NO_REPLY`` is handled by the
-        runner); ``session_id``, ``usage`` may be set.
+        outcome's ``reply`` is the reply to send, said once by
+        :func:`prohost.engine.agent.reply.final_reply` (trimmed, ``None`` for
+        ``NO_REPLY``, capped); ``session_id``, ``usage`` may be set.
         """
 
     def resume_rejected(self, result: ProcessResult) -> bool:

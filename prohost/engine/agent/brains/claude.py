@@ -7,7 +7,7 @@ and fields appear with every release and none of them may break a run.
 
 What the CLI says about its account's usage limit (``rate_limit_event``, the
 synthetic ``rate_limit`` message, a limit-reached result) becomes ``Turn.limit``
-(see :mod:`prohost.engine.accounts.limits`); a ``rate_limit_event`` some versions wrote into the
+(see :mod:`prohost.engine.agent.limits`); a ``rate_limit_event`` some versions wrote into the
 middle of another line is split out and the cut line mended.
 
 Two behaviours of the real CLI shape this module:
@@ -34,20 +34,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from prohost.engine.accounts.limits import (
-    LimitNotice,
-    claude_limit_text,
-    claude_rate_limit,
-    merge,
-    recover_events,
-)
+from prohost.engine.accounts.limits import LimitNotice, merge
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
     McpError,
     McpWiring,
-    ToolEvent,
-    ToolState,
     Turn,
     check_mcp,
     decode_json_line,
@@ -55,12 +47,16 @@ from prohost.engine.agent.brains.base import (
     with_limit,
     write_private,
 )
-from prohost.engine.agent.brains.cmdline import has_flag, version_command
 from prohost.engine.agent.brains.summaries import activity, tool_summary
+from prohost.engine.agent.limits import claude_limit_text, claude_rate_limit, recover_events
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.agent.usage import Usage, from_claude_result
-from prohost.engine.run.prompt import final_reply
+from prohost.engine.agent.reply import final_reply
+from prohost.engine.agent.usage import from_claude_result
+from prohost.execline import has_flag, version_command
+from prohost.wire.outcomes import budget_reached, dollars
 from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.brains.claude")
 
@@ -92,7 +88,7 @@ class ClaudeTurn(Turn):
         #: --max-cost, for the report of a run that reached it.
         self._max_cost_usd = max_cost_usd
         #: The head of a line a ``rate_limit_event`` was written into, waiting for
-        #: the rest of that line (see :func:`prohost.engine.accounts.limits.recover_events`).
+        #: the rest of that line (see :func:`prohost.engine.agent.limits.recover_events`).
         self._broken: bytes | None = None
         #: Calls still running: id → (name, summary), oldest first.
         self._open: dict[str, tuple[str, str]] = {}
@@ -261,7 +257,7 @@ class ClaudeTurn(Turn):
         subtype = subtype if isinstance(subtype, str) else ""
         text = event.get("result")
         text = text if isinstance(text, str) else None
-        usage = self.usage().to_json()
+        usage = self.usage().known()
         # An API failure arrives as subtype "success" with is_error true (and its
         # HTTP status in api_error_status); a stopped run has an "error_…" subtype.
         failed = event.get("is_error") is True or subtype.startswith("error")
@@ -273,11 +269,7 @@ class ClaudeTurn(Turn):
         if subtype == "error_max_budget_usd":
             # §12: not retryable (it would spend as much again), with its session so
             # the conversation can go on, and what it spent.
-            spent = Usage.from_json(usage).cost_usd
-            budget = "its budget" if self._max_cost_usd is None \
-                else f"its budget of ${_dollars(self._max_cost_usd)}"
-            error = f"the run reached {budget}" + (
-                "" if spent is None else f" (it spent ${spent:.4f})")
+            error = budget_reached(self._max_cost_usd, None if usage is None else usage.cost_usd)
             return Outcome.failure(error, session_id=self.session_id, usage=usage)
         if failed:
             status = event.get("api_error_status")
@@ -353,11 +345,6 @@ class ClaudeTurn(Turn):
 _TRANSIENT_API_STATUSES = frozenset({500, 502, 503, 504, 529})
 
 
-def _dollars(usd: float) -> str:
-    """``2.5``, ``0.0001``: at most four decimals, as --max-cost takes them."""
-    return f"{usd:.4f}".rstrip("0").rstrip(".")
-
-
 class ClaudeBrain(Brain):
     """Claude Code in print mode, read as a stream of JSON events."""
 
@@ -388,7 +375,7 @@ class ClaudeBrain(Brain):
             extra.append("--dangerously-skip-permissions")
         if self.max_cost_usd is not None and not has_flag(line, "--max-budget-usd"):
             # Claude Code stops the run there (result subtype error_max_budget_usd).
-            extra.append(f"--max-budget-usd={_dollars(self.max_cost_usd)}")
+            extra.append(f"--max-budget-usd={dollars(self.max_cost_usd)}")
         if session_id is not None:
             extra.append(f"--resume={shlex.quote(session_id)}")
         words = " ".join(extra)

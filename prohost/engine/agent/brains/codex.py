@@ -21,7 +21,7 @@ and, when things go wrong, ``{"type":"error","message":…}`` (also used for
 transient "reconnecting" notices, so it is not fatal by itself) and
 ``{"type":"turn.failed","error":{"message":…}}``. At the account's usage limit
 both carry Codex's "You've hit your usage limit. … Try again at …" text, which
-becomes ``Turn.limit`` (see :mod:`prohost.engine.accounts.limits`). The reply is the text of the
+becomes ``Turn.limit`` (see :mod:`prohost.engine.agent.limits`). The reply is the text of the
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 
@@ -42,24 +42,15 @@ from typing import Any
 
 import attrs
 
-from prohost.engine.accounts.limits import codex_limit_text, codex_rate_limits, merge
+from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
     McpWiring,
-    ToolEvent,
-    ToolState,
     Turn,
     check_mcp,
     decode_json_line,
     with_limit,
-)
-from prohost.engine.agent.brains.cmdline import (
-    has_flag,
-    program_index,
-    split_command,
-    version_command,
-    word_spans,
 )
 from prohost.engine.agent.brains.codex_home import (
     CODEX_HOME_ENV,
@@ -68,10 +59,20 @@ from prohost.engine.agent.brains.codex_home import (
     toml_string,
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
+from prohost.engine.agent.limits import codex_limit_text, codex_rate_limits
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.agent.usage import Usage, from_codex_totals
-from prohost.engine.run.prompt import final_reply
+from prohost.engine.agent.reply import final_reply
+from prohost.engine.agent.usage import from_codex_totals
+from prohost.execline import (
+    has_flag,
+    program_index,
+    split_command,
+    version_command,
+    word_spans,
+)
 from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.brains.codex")
 
@@ -232,9 +233,8 @@ class CodexTurn(Turn):
                                    session_id=self.session_id)
         if self.reply is not None:
             if result.exit_code == 0:
-                return Outcome(ok=True, reply=final_reply(self.reply),
-                               session_id=self.session_id,
-                               usage=self.usage().to_json())
+                return Outcome(ok=True, reply=final_reply(self.reply), session_id=self.session_id,
+                               usage=self.usage().known())
             return None
         if self.last_error is not None:
             return Outcome.failure(self._with_limit(self.last_error),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
 from prohost.engine.agent.process import ProcessResult
-from prohost.engine.run.prompt import final_reply
+from prohost.engine.agent.reply import final_reply
 from prohost.wire.runs import Outcome
 
 

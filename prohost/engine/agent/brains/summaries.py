@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from prohost.engine.agent.brains.base import one_line
-from prohost.engine.agent.brains.cmdline import split_command
+from prohost.execline import split_command
 
 #: A tool argument longer than this many characters is a payload (file content, a
 #: prompt), not something that says what the call is about.

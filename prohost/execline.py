@@ -5,6 +5,11 @@ never re-joins the words it parsed, since quoting them again could change what
 ``$HOME``, ``~`` or a glob mean to the shell. So this module answers questions
 about the line (its words, its program, whether a flag is there) and gives word
 positions in the original text (:func:`word_spans`) for the edits.
+
+It sits below the engine, beside :mod:`prohost.options`: the brains
+(:mod:`prohost.engine.agent.brains`) build their command lines with it, and the
+flag parser refuses an ``--exec`` line a brain could not drive
+(:func:`shell_tail_problem`) without importing the engine.
 """
 
 from __future__ import annotations

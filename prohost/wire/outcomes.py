@@ -1,0 +1,127 @@
+"""The sentences a run's outcome says to the server (PROTOCOL.md §6, §7, §9, §12), in
+one place: the ``error`` of every failure the harness itself reports, so that a
+reader (or a server matching on them) finds them all here, and a test can name
+each one. What an agent CLI says of its own failure is the brain's
+(:mod:`prohost.engine.agent.brains`); what the harness says while preparing and
+spawning a run (§5) is :mod:`prohost.engine.run.execute`'s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+# --------------------------------------------------------------------------- §6 cancellation
+
+#: A ``cancel`` without a reason, and every ``heartbeat_ack.cancel``.
+DEFAULT_CANCEL_REASON = "cancelled by the server"
+
+
+def cancelled(reason: str) -> str:
+    """A cancelled run's error: ``cancelled: <reason>``."""
+    return f"cancelled: {reason}"
+
+
+# --------------------------------------------------------------------------- §7 results
+
+#: A run ``started`` but not ``finished`` when the harness started again.
+RESTARTED = "the harness restarted before this run finished"
+#: A run the ledger has as ``started`` that nothing in this process runs any more.
+INTERRUPTED = "the harness lost track of this run before it finished"
+#: A run the scheduler could not take (a ledger holding more queued runs than the cap).
+QUEUE_FULL = "the agent's queue is full; the run was not started"
+#: The agent exited 0 and its brain could read no reply from what it printed.
+NO_READABLE_REPLY = "the agent exited without a reply the harness could read"
+
+
+def internal_error(detail: str) -> str:
+    """A fault of the harness's own (retryable): ``internal error: <detail>``."""
+    return f"internal error: {detail}"
+
+
+def _plural(count: float, unit: str) -> str:
+    number = f"{count:g}"
+    return f"{number} {unit}" if number == "1" else f"{number} {unit}s"
+
+
+def human_duration(seconds: float) -> str:
+    """Say a limit in the unit a reader thinks in.
+
+    ``0`` (or less) is "no limit". Under two minutes it is seconds (but a minute is
+    "1 minute"); whole hours are
+    hours; anything else up to ten hours is whole minutes, rounded down so the
+    agent is never told it has more time than it has; beyond that, hours.
+    """
+    if seconds <= 0:
+        return "no limit"
+    if seconds < 60 or (seconds < 120 and seconds != 60):
+        return _plural(round(seconds, 1), "second")
+    if seconds % 3600 == 0:
+        return _plural(seconds // 3600, "hour")
+    if seconds < 10 * 3600:
+        return _plural(math.floor(seconds / 60), "minute")
+    return _plural(math.floor(seconds / 360) / 10, "hour")
+
+
+def limit_phrase(seconds: float) -> str:
+    """ "45 minutes" as in "the 45-minute limit"."""
+    number, _, unit = human_duration(seconds).partition(" ")
+    return f"{number}-{unit.removesuffix('s')}"
+
+
+def ran_too_long(timeout_s: float) -> str:
+    """The run's ``--timeout`` stopped the agent."""
+    return f"the agent ran longer than the {limit_phrase(timeout_s)} limit (--timeout)"
+
+
+def printed_nothing(idle_timeout_s: float) -> str:
+    """The run's ``--idle-timeout`` stopped the agent."""
+    return f"the agent printed nothing for {human_duration(idle_timeout_s)} (--idle-timeout)"
+
+
+def killed_by(signal: str, last_stderr_line: str | None = None) -> str:
+    """The agent died of ``signal`` (its name, ``SIGKILL``)."""
+    error = f"the agent was killed by {signal}"
+    return f"{error}: {last_stderr_line}" if last_stderr_line else error
+
+
+def exited_with(status: int | None, last_stderr_line: str | None = None) -> str:
+    """The agent exited with a status other than 0 and said nothing the brain read."""
+    error = f"the agent exited with status {status}"
+    return f"{error}: {last_stderr_line}" if last_stderr_line else error
+
+
+# --------------------------------------------------------------------------- §9 shutdown
+
+#: A queued run (or one waiting for an account) when the harness began to drain.
+NOT_STARTED = "the agent is shutting down; the run was not started"
+#: A running run at the second signal.
+STOPPED = "the agent was stopped"
+
+
+# --------------------------------------------------------------------------- §12 accounts
+
+
+def iso_time(epoch: float) -> str:
+    """An epoch time as ISO 8601 in UTC, to the second: ``2026-12-02T20:00:00Z``."""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def all_limited_reason(until: float | None) -> str:
+    """§12's words for "no account can take work", with the earliest reset (also the
+    503 ack's reason)."""
+    when = iso_time(until) if until is not None else "an unknown time"
+    return f"every account is at its usage limit until {when}"
+
+
+def dollars(usd: float) -> str:
+    """``2.5``, ``0.0001``: at most four decimals, as --max-cost takes them."""
+    return f"{usd:.4f}".rstrip("0").rstrip(".")
+
+
+def budget_reached(max_cost_usd: float | None, spent_usd: float | None) -> str:
+    """A run stopped at its ``--max-cost``: ``the run reached its budget of $<max-cost>
+    (it spent $<cost>)``, each part only when known."""
+    budget = "its budget" if max_cost_usd is None else f"its budget of ${dollars(max_cost_usd)}"
+    spent = "" if spent_usd is None else f" (it spent ${spent_usd:.4f})"
+    return f"the run reached {budget}{spent}"
