@@ -1,7 +1,7 @@
 """A reply is said once, by its brain (issue 26): trimmed, ``None`` for ``NO_REPLY``
-and capped in :func:`prohost.engine.agent.reply.final_reply`, which the runner
-passes on as it is. The plain brain used to cap its stdout and the runner cap the
-result again."""
+and capped in :func:`prohost.engine.agent.reply.final_reply`, which the Runner
+passes on as it is (through the production Runner's middle, tests/run_kit.py).
+The plain brain used to cap its stdout and the runner cap the result again."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import trio
 
 from prohost.engine.agent import reply as replies
 from prohost.engine.agent.brains.claude import ClaudeTurn
+from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER, final_reply
-from prohost.engine.run.execute import ExecSpec, execute_plain
+from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun
+from tests.run_kit import solo_runner
 
 AGENTS = Path(__file__).parent / "agents"
 RUN = AgentRun(run_id="run_once", completion_path="/c", text="hello")
@@ -49,7 +51,9 @@ async def test_the_plain_brains_reply_is_capped_once(
     spec = ExecSpec(command=command, workdir=tmp_path, timeout_s=0.0, idle_timeout_s=0.0,
                     parallel=False, secrets=())
     with trio.fail_after(15):
-        outcome = await execute_plain(RUN, spec, groups=groups)
+        async with solo_runner(tmp_path / "solo", spec, PlainBrain(command),
+                               groups=groups) as solo:
+            outcome = await solo.outcome(RUN)
     assert outcome.ok and outcome.reply is not None
     assert len(capped) == 1
     if name == "flood.py":  # 50 MiB printed: cut once, marked once

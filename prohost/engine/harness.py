@@ -2,8 +2,8 @@
 
 A run's life, and who owns each step::
 
-    delivery ─ admission: classify, ledger.admit, ack, scheduler.submit    (the reader)
-    scheduler ─ _work ─ runner: started, execute, finished, report         (one task)
+    delivery ─ admission: classify, steps.admit, hold, scheduler.submit, ack   (the reader)
+    scheduler ─ _work ─ runner: started, attempts, finished, report             (one task)
 
 Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
 stops the agent (the run is still reported: a cancel, a second signal) and
