@@ -25,7 +25,7 @@ from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery, Heartbeat, Status
 from prohost.wire.runs import parse_body
-from tests.kit import (
+from tests.kits.harness import (
     acks,
     finished,
     messages,

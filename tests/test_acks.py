@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kit import (
+from tests.kits.harness import (
     Running,
     ack_to,
     agent_command,

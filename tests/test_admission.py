@@ -26,7 +26,7 @@ from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.recovery import INTERRUPTED
 from prohost.engine.view.status_file import status_message
 from prohost.wire.runs import AgentRun, Outcome, parse_body
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 
 @pytest.mark.parametrize("left_as", ["accepted", "started", "finished"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from prohost.engine.repos.gitcmd import GIT_LOCATION_VARS
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 
 def _git_init(path: Path) -> Path:

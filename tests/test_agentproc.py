@@ -20,8 +20,8 @@ import trio
 import trio.testing
 
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from tests.kits.paths import AGENTS
 
-AGENTS = Path(__file__).parent / "agents"
 MIB = 1024 * 1024
 
 

@@ -14,9 +14,8 @@ from types import ModuleType
 import pytest
 import trio
 
-from tests.process_kit import alive
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from tests.kits.paths import SCRIPTS
+from tests.kits.process import alive
 
 
 def load_script(name: str) -> ModuleType:

@@ -10,7 +10,7 @@ import argparse
 import pytest
 import trio
 
-from tests.process_kit import alive
+from tests.kits.process import alive
 from tests.test_bench_e2e import load_script
 
 bench = load_script("bench_idle")

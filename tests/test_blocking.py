@@ -26,7 +26,7 @@ from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger import writer as ledger_module
 from prohost.options import Options
-from tests.kit import (
+from tests.kits.harness import (
     Gate,
     endpoints_for,
     finished,

@@ -21,8 +21,9 @@ from prohost.engine.agent.brains.cmdline import has_flag, split_command
 from prohost.engine.agent.brains.summaries import tool_summary
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.wire.runs import Mcp
+from tests.kits.paths import AGENTS
 
-FAKE = Path(__file__).parent / "agents" / "fake_claude.py"
+FAKE = AGENTS / "fake_claude.py"
 FAKE_EXEC = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
 SID = "8f5b2c1e-4a3d-4e6f-9b0a-1c2d3e4f5a6b"
 

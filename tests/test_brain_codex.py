@@ -25,8 +25,9 @@ from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun, Mcp
+from tests.kits.paths import AGENTS
 
-FAKE = Path(__file__).parent / "agents" / "fake_codex.py"
+FAKE = AGENTS / "fake_codex.py"
 FAKE_LINE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
 THREAD = "0199a213-81c0-7800-8aa1-bbab2a035a53"
 BYPASS = "--dangerously-bypass-approvals-and-sandbox"

@@ -18,7 +18,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
-from tests.kit import (
+from tests.kits.harness import (
     AGENTS,
     finished,
     messages,

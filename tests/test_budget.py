@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from tests.kit import finished, running_harness, running_server
+from tests.kits.harness import finished, running_harness, running_server
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kit import busy_and_queued, finished, gated_harness, messages, start_run
-from tests.process_kit import alive
+from tests.kits.harness import busy_and_queued, finished, gated_harness, messages, start_run
+from tests.kits.process import alive
 
 
 async def test_cancel_of_a_queued_and_of_a_running_run(tmp_path: Path) -> None:

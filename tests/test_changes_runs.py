@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 from tests.test_repos_harness import make_repo
 
 

@@ -231,7 +231,7 @@ def test_ctrl_c_outside_trio_exits_130(
 
 async def test_agent_pair_end_to_end(tmp_path: Path) -> None:
     """`prohost agent pair` as a user runs it, against a pairing endpoint on 127.0.0.1."""
-    from tests.asgi_kit import serving
+    from tests.kits.asgi import serving
     from tests.test_home import GOOD_ANSWER, pair_app, ws_url
 
     home = tmp_path / "home"

@@ -25,7 +25,7 @@ from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import decode_json_line
 from prohost.engine.supervisor.upkeep import probe_brain
 from prohost.engine.view.status_file import Facts
-from tests.kit import AGENTS, finished, running_harness, running_server
+from tests.kits.harness import AGENTS, finished, running_harness, running_server
 
 REPLIES = {"claude": "Hello from the fake Claude.", "codex": "Fixed: the fixture path was wrong."}
 VERSIONS = {"claude": "2.1.29 (Claude Code)", "codex": "codex-cli 0.0.0-fake"}

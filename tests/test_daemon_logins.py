@@ -24,8 +24,8 @@ import trio
 from prohost import cli
 from prohost.commands.daemon import install_daemon_command
 from prohost.commands.service import systemd_unit
-from tests.kit import finished, pair_home, running_server
-from tests.process_kit import harness_process
+from tests.kits.harness import finished, pair_home, running_server
+from tests.kits.process import harness_process
 from tests.test_daemon import _spec, fake_manager, fake_program, install_env, pair, parse_unit
 
 OAUTH = "sk-ant-oat01-OAUTH-SECRET-123"

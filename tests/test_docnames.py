@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.kits.paths import ROOT
+
 CHECKED = ["prohost/engine/run/heldrun.py"]
 NAME = re.compile(r"\bprohost(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 

@@ -28,7 +28,7 @@ from prohost.engine.ledger import Ledger, Recovery
 from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire.runs import Outcome
-from tests.kit import finished, running_harness, running_server
+from tests.kits.harness import finished, running_harness, running_server
 from tests.test_account_runs import folders, limit, seed
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations
 

@@ -18,8 +18,8 @@ from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import ExecSpec, execute_plain
 from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
+from tests.kits.paths import AGENTS
 
-AGENTS = Path(__file__).parent / "agents"
 RUN = AgentRun(run_id="run_exec_1", completion_path="/c", text="hello", author="dana")
 
 
@@ -281,7 +281,7 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
     from prohost.engine.ledger import RunState
     from prohost.engine.run.heldrun import HeldRun
     from prohost.wire.runs import Mcp
-    from tests.kit import running_harness, running_server
+    from tests.kits.harness import running_harness, running_server
 
     home = tmp_path / "home"
     record = tmp_path / "record.json"

@@ -20,7 +20,7 @@ import trio
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerHandle
-from tests.kit import finished, running_harness, running_server
+from tests.kits.harness import finished, running_harness, running_server
 from tests.test_account_runs import folders, limit
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 

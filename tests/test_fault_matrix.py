@@ -2,12 +2,12 @@
 fault a disk can throw at it, through the harness's real code.
 
 Modelled on SQLite's own I/O-error tests: one cell per (step, fault), the fault
-injected into that step's real ledger write (tests/ledger_kit.py ``FaultyLedger``,
+injected into that step's real ledger write (tests/kits/ledger.py ``FaultyLedger``,
 under the group commit), so that each write of a run fails once in some cell.
 Everything else is real: the production harness and runner, the reference server
 on 127.0.0.1, agent subprocesses (tests/agents/marker.py leaves one line per
 execution), the sqlite file. The kill -9 cells are in tests/test_ledger.py
-(tests/ledger_crash_child.py): they need a process to kill.
+(tests/kits/ledger_crash_child.py): they need a process to kill.
 
 Each cell asserts the invariants: the run is reported exactly once (or, when its
 ``reported`` step is what failed, stays in the outbox and a restart posts the same
@@ -41,10 +41,11 @@ from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.supervisor.recovery import RESTARTED
 from prohost.server import ServerHandle, faults
-from tests import kit
-from tests.kit import agent_command, finished, pair_home, running_harness, running_server
-from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
-from tests.process_kit import alive, kill_leftovers, wait_gone
+from tests.kits import harness as harness_kit
+from tests.kits.harness import agent_command, finished, pair_home, running_harness, running_server
+from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
+from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
+from tests.kits.process import alive, kill_leftovers, wait_gone
 from tests.test_account_runs import accounts_used, folders, limit
 from tests.test_brains_harness import FAKE_CLAUDE, claude_env
 
@@ -120,7 +121,7 @@ async def test_one_fault_at_one_step_of_a_run(
     command = agent_command("marker.py", marks)
     fault = Fault(STEP_WRITES[step], kind)
     disk = Disk(monkeypatch)
-    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     if step == "tombstone":
         # The prune runs at start (and daily): the fault is there from the open.
         monkeypatch.setattr(FaultyLedger, "fault", fault)
@@ -141,7 +142,7 @@ async def test_one_fault_at_one_step_of_a_run(
                 if step != "reported":
                     # Reported is reported: a redelivery (the server retrying a
                     # retryable failure) is answered 204, never run (§3, §7).
-                    again = await kit.ack_to(running, server.run(run_id).body_text, "again")
+                    again = await harness_kit.ack_to(running, server.run(run_id).body_text, "again")
                     assert again.status == 204, again
             assert fault.hit.is_set(), f"the {fault.what} write never happened"
             disks.cancel_scope.cancel()
@@ -192,7 +193,7 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
     home = tmp_path / "home"
     marks = tmp_path / "marks"
     fault = Fault("mark_finished", "disk_full", until_released=True)
-    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
                 server, home, exec_command=agent_command("marker.py", marks),
@@ -224,7 +225,7 @@ async def test_one_fault_at_the_account_limit_step(
     limit(accounts[0][1], time.time() + 3600)
     fault = Fault(STEP_WRITES["account limit"], kind)
     disk = Disk(monkeypatch)
-    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     with trio.fail_after(60):
         async with running_server() as server, trio.open_nursery() as disks:
             if kind == "hang":
@@ -252,8 +253,6 @@ async def test_one_fault_at_the_account_limit_step(
 
 # -- kill -9 just before or just after each step ----------------------------------
 
-CHILD = Path(__file__).with_name("ledger_crash_child.py")
-ROOT = Path(__file__).resolve().parent.parent
 #: Every (step, when) but two that leave the very same scene as another cell:
 #: just before ``finished`` is just after the session's commit (nothing is written
 #: between them), and just after the prune at start is a start with nothing to prune.
@@ -292,8 +291,8 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
     env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
     env["PROHOST_HOME"] = str(home)
     proc = await trio.lowlevel.open_process(
-        [sys.executable, str(CHILD), "harness", step, when, "agent", "run", "--exec", command,
-         "--concurrency", "1", "--machine", "t"],
+        [sys.executable, str(LEDGER_CRASH_CHILD), "harness", step, when,
+         "agent", "run", "--exec", command, "--concurrency", "1", "--machine", "t"],
         env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -393,7 +392,7 @@ async def test_the_second_signal_exits_in_its_window_while_a_write_hangs(
     marks = tmp_path / "marks"
     command = agent_command("marker.py", marks)
     fault = Fault(STEP_WRITES[step], "hang")
-    monkeypatch.setattr(kit, "Ledger", FaultyLedger)
+    monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     try:
         with trio.fail_after(60):
             async with running_server() as server:

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from prohost.home import LOCK_FILE, Credentials, save_credentials
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.kits.paths import ROOT
 
 
 def pair(home: Path) -> None:

@@ -17,7 +17,7 @@ also asserts that each of those answers was actually produced, so the fuzz
 reaches every branch of admission, not just the parser.
 
 The harness's one slot is taken by a run on another lane, held open by the test's
-agent (:class:`tests.kit.Gate`), so accepted runs stay queued and no other agent
+agent (:class:`tests.kits.harness.Gate`), so accepted runs stay queued and no other agent
 runs: the queue's length is the model's to know.
 """
 
@@ -43,7 +43,7 @@ from prohost.wire import intake
 from prohost.wire.protocol import Ack, Pong
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
-from tests.kit import Gate, Running, running_harness, running_server
+from tests.kits.harness import Gate, Running, running_harness, running_server
 
 MAX_QUEUED = 6
 EXAMPLES = 60

@@ -43,7 +43,7 @@ from prohost.wire import protocol
 from prohost.wire.intake import MAX_BODY_BYTES
 from prohost.wire.protocol import Ack, Delivery, Pong
 from prohost.wire.signature import sign
-from tests.kit import Running, running_harness, running_server
+from tests.kits.harness import Running, running_harness, running_server
 
 #: Every status §3 allows.
 STATUSES = frozenset({200, 204, 400, 401, 413, 503})

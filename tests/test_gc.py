@@ -272,7 +272,7 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prohost.engine.repos import collect
-    from tests.kit import finished, gated_harness
+    from tests.kits.harness import finished, gated_harness
 
     source = await make_repo(tmp_path / "app")
     remove_folder = collect._remove_folder

@@ -26,11 +26,11 @@ from prohost.engine.view.snapshot import (
     write_snapshot,
 )
 from prohost.home import InstanceLock, LockHeld, lock_held_message
-from tests.kit import finished, gated_harness
+from tests.kits.harness import finished, gated_harness
+from tests.kits.paths import ROOT
 from tests.test_gc import lanes
 from tests.test_worktrees import isolate_git, make_repo, worktree_paths
 
-TREE = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
 
 
@@ -45,7 +45,7 @@ async def run_gc(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     env["PROHOST_HOME"] = str(home)
     return await trio.run_process(
         [sys.executable, "-m", "prohost", "agent", "gc", "--older-than", "0", *args],
-        env=env, cwd=TREE, stdin=subprocess.DEVNULL, capture_stdout=True,
+        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, capture_stdout=True,
         capture_stderr=True, check=False,
     )
 

@@ -21,7 +21,7 @@ import trio
 from prohost.engine.blocking import StepTimedOut, run_bounded
 from prohost.engine.ledger import Admission, Ledger, LedgerError, Recovery, RunState, _Write
 from prohost.wire.runs import Outcome
-from tests.ledger_kit import Commits
+from tests.kits.ledger import Commits
 
 #: Bound on every wait for a thread in these tests (s); nothing here takes long.
 WAIT_S = 30.0

@@ -9,7 +9,7 @@ import trio
 from prohost import AGENT_HEADER_VALUE
 from prohost.engine.ledger import Ledger
 from prohost.wire.protocol import Heartbeat, Status
-from tests.kit import agent_command, finished, messages, running_harness, running_server
+from tests.kits.harness import agent_command, finished, messages, running_harness, running_server
 
 
 async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from prohost.home import (
     resolve_endpoints,
     save_credentials,
 )
-from tests.asgi_kit import lifespan, read_body, serving
+from tests.kits.asgi import lifespan, read_body, serving
 
 CREDS = Credentials(
     token="tok-SECRET-1",

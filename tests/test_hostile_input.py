@@ -31,7 +31,7 @@ from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Ack, Message, Pong
 from prohost.wire.signature import sign
-from tests.kit import (
+from tests.kits.harness import (
     Running,
     ack_to,
     agent_command,

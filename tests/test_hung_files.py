@@ -33,7 +33,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.view import status_file
 from prohost.options import Options
 from prohost.server import ServerHandle
-from tests.kit import (
+from tests.kits.harness import (
     Gate,
     endpoints_for,
     finished,

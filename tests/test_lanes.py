@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from tests.kit import busy_and_queued, finished, gated_harness, start_run
+from tests.kits.harness import busy_and_queued, finished, gated_harness, start_run
 
 
 async def test_one_lane_runs_in_order_and_never_overlaps(tmp_path: Path) -> None:

@@ -22,9 +22,8 @@ from prohost.engine.ledger import (
 )
 from prohost.engine.ledger import schema as ledger_schema
 from prohost.wire.runs import Outcome
-from tests.ledger_kit import Commits
-
-CHILD = Path(__file__).with_name("ledger_crash_child.py")
+from tests.kits.ledger import Commits
+from tests.kits.paths import LEDGER_CRASH_CHILD
 
 
 @pytest.fixture
@@ -154,7 +153,7 @@ def test_accept_order_stays_monotonic_after_pruning_the_newest(ledger: Ledger) -
 
 def test_every_committed_step_survives_sigkill(path: Path) -> None:
     child = subprocess.run(
-        [sys.executable, str(CHILD), str(path)],
+        [sys.executable, str(LEDGER_CRASH_CHILD), str(path)],
         capture_output=True,
         text=True,
         timeout=60,

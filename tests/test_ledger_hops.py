@@ -12,8 +12,14 @@ import pytest
 import trio
 
 from prohost.engine.ledger import RunState
-from tests.kit import agent_command, counted_steps, finished, running_harness, running_server
-from tests.ledger_kit import Commits
+from tests.kits.harness import (
+    agent_command,
+    counted_steps,
+    finished,
+    running_harness,
+    running_server,
+)
+from tests.kits.ledger import Commits
 
 REPLY = agent_command("reply.py", "done")
 

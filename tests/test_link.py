@@ -21,7 +21,7 @@ from prohost.engine.link.connection import BACKOFF_CAP_S, Link, Session, backoff
 from prohost.server import ServerHandle
 from prohost.wire import protocol
 from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, Pong, Status
-from tests.kit import finished, gated_harness, running_harness, running_server, start_run
+from tests.kits.harness import finished, gated_harness, running_harness, running_server, start_run
 
 
 def test_backoff_is_full_jitter_capped_at_30_s() -> None:

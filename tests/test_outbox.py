@@ -30,7 +30,7 @@ from prohost.engine.report.reporter import REQUEST_TIMEOUT_S, Reporter
 from prohost.engine.view.panel import describe_change, render
 from prohost.engine.view.snapshot import Snapshot
 from prohost.wire.runs import Outcome
-from tests.asgi_kit import lifespan, read_body, serving
+from tests.kits.asgi import lifespan, read_body, serving
 
 T = TypeVar("T")
 TOKEN = "tok_outbox_test"

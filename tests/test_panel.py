@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import attrs
 import pytest
@@ -26,6 +25,7 @@ from prohost.engine.view.panel import Panel, describe_change, render, use_panel
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import compact_duration, server_host
 from prohost.wire.protocol import AccountRow
+from tests.kits.paths import ROOT
 
 T0 = 1_700_000_000.0
 LONG = "Edit src/auth/session.py: " + "replace the token refresh with a sliding window " * 8
@@ -402,7 +402,7 @@ async def test_log_lines_print_above_the_live_panel(
 
 # --- the README's capture -------------------------------------------------------------------
 
-DOCS_CAPTURE = Path(__file__).resolve().parent.parent / "docs" / "panel.txt"
+DOCS_CAPTURE = ROOT / "docs" / "panel.txt"
 
 
 def docs_capture() -> str:

@@ -14,7 +14,7 @@ import trio
 
 from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admission, Ledger, RunState
 from prohost.wire.runs import Outcome
-from tests.kit import acks, delivery_frame, running_harness, running_server, wait_for_ack
+from tests.kits.harness import acks, delivery_frame, running_harness, running_server, wait_for_ack
 
 DAY = 86400.0
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.kit import finished, running_harness, running_server
+from tests.kits.harness import finished, running_harness, running_server
 
 #: Absolute, because the agent runs in the harness's workdir, not here.
 CLI_ROOT = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")).resolve()

@@ -26,7 +26,7 @@ from prohost.home import Credentials
 from prohost.options import Options
 from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome, parse_body
-from tests.kit import endpoints_for, finished, pair_home, running_server
+from tests.kits.harness import endpoints_for, finished, pair_home, running_server
 
 
 class PausedRecovery:

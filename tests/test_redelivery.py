@@ -8,7 +8,7 @@ while every account is limited; only a run new to it gets the 503, and a 503 for
 run the harness might know is sent only when the ledger cannot be read.
 
 Real parts: the reference server on 127.0.0.1, the production harness, the sqlite
-ledger, and the test-driven agent of tests/kit.py (:class:`tests.kit.Gate`).
+ledger, and the test-driven agent of tests/kits/harness.py (:class:`tests.kits.harness.Gate`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from prohost.engine.supervisor.admission import NOT_LOOKED_UP, NOT_RECORDED
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire import intake
 from prohost.wire.runs import parse_body
-from tests.kit import (
+from tests.kits.harness import (
     Running,
     ack_to,
     busy_and_queued,

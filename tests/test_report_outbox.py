@@ -34,7 +34,7 @@ from prohost.options import Options
 from prohost.server import ServerHandle
 from prohost.wire.protocol import Heartbeat
 from prohost.wire.runs import Outcome
-from tests.kit import (
+from tests.kits.harness import (
     Gate,
     Running,
     endpoints_for,

@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from prohost.engine.report.reporter import Reporter, Settlement
-from tests.asgi_kit import lifespan, read_body, serving
+from tests.kits.asgi import lifespan, read_body, serving
 
 TOKEN = "tok_s3cret_do_not_log"
 RUN = "run_01"

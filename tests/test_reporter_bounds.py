@@ -15,7 +15,7 @@ import httpx
 import trio
 
 from prohost.engine.report.reporter import Reporter, Settlement
-from tests.asgi_kit import lifespan, read_body, serving
+from tests.kits.asgi import lifespan, read_body, serving
 
 TOKEN = "tok_bounds"
 RUN = "run_b1"

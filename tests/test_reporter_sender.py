@@ -25,7 +25,7 @@ import trio
 
 from prohost.engine.report.reporter import DRAIN_BYTES, SNIPPET_CHARS, Reporter
 from prohost.engine.report.sender import Sender, open_sender
-from tests.asgi_kit import lifespan, read_body, serving
+from tests.kits.asgi import lifespan, read_body, serving
 from tests.test_reporter import (
     HANG,
     PATH,

@@ -13,9 +13,8 @@ import pytest
 
 from prohost import cli
 from prohost.options import OptionError, Options, options_from_args
+from tests.kits.paths import ROOT
 from tests.test_daemon import fake_manager, fake_program, install_env, pair, parse_unit, round_trip
-
-TREE = Path(__file__).resolve().parent.parent
 
 
 def checkouts(root: Path, *names: str) -> list[Path]:
@@ -97,5 +96,5 @@ def test_the_service_gets_every_repeated_repo(tmp_path: Path) -> None:
 
 
 def test_the_help_says_the_flag_repeats() -> None:
-    result = prohost(TREE, dict(os.environ), "agent", "run", "--help")
+    result = prohost(ROOT, dict(os.environ), "agent", "run", "--help")
     assert "given by repeating the flag" in " ".join(result.stdout.split())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 
 async def make_repo(path: Path) -> Path:

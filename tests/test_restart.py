@@ -2,11 +2,11 @@
 
 Every harness here is a real ``python -m prohost agent run`` subprocess on a home
 paired with the in-process reference server; its ledger is the real sqlite file
-in that home. The agents are the test's gated fakes (tests/kit.py ``Gate``).
+in that home. The agents are the test's gated fakes (tests/kits/harness.py ``Gate``).
 Nothing sleeps: the tests wait on server state, the Gate, the harness's log and
 process exits.
 
-The subprocess helpers are in tests/process_kit.py.
+The subprocess helpers are in tests/kits/process.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import trio
 from prohost.engine.ledger import RunState
 from prohost.engine.supervisor.recovery import RESTARTED
 from prohost.engine.supervisor.runqueue import NOT_STARTED
-from tests.kit import (
+from tests.kits.harness import (
     agent_command,
     busy_and_queued,
     finished,
@@ -31,7 +31,8 @@ from tests.kit import (
     running_server,
     start_run,
 )
-from tests.process_kit import (
+from tests.kits.paths import AGENTS
+from tests.kits.process import (
     alive,
     harness_process,
     kill_harness,
@@ -228,7 +229,7 @@ async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended
     # Named `claude`, so the harness picks the Claude brain (--brain auto).
     claude = tmp_path / "bin" / "claude"
     claude.parent.mkdir()
-    fake = Path(__file__).with_name("agents") / "fake_claude.py"
+    fake = AGENTS / "fake_claude.py"
     claude.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
                       f"{shlex.quote(str(fake))} \"$@\"\n")
     claude.chmod(0o755)

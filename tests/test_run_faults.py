@@ -24,7 +24,14 @@ from prohost.engine.agent.brains.claude import ClaudeTurn
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.repos.worktrees import WorktreeManager
-from tests.kit import AGENTS, Running, agent_command, finished, running_harness, running_server
+from tests.kits.harness import (
+    AGENTS,
+    Running,
+    agent_command,
+    finished,
+    running_harness,
+    running_server,
+)
 
 REPLY = agent_command("reply.py", "done")
 FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"

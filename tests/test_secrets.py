@@ -23,7 +23,7 @@ import trio
 
 from prohost.home import InstanceLock
 from prohost.logfile import log_path, log_to_file
-from tests.kit import AGENTS, finished, running_harness, running_server
+from tests.kits.harness import AGENTS, finished, running_harness, running_server
 
 MCP_TOKEN = "mcp-SECRET-5d1e0c"
 

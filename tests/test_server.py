@@ -26,7 +26,7 @@ from prohost.commands.send import api_base, send_command
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
 from prohost.wire.protocol import Ack, Heartbeat, Pong, Status
 from prohost.wire.signature import check
-from tests.kit import running_server
+from tests.kits.harness import running_server
 
 BIG = 8 * 1024 * 1024
 

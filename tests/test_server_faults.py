@@ -16,7 +16,7 @@ import trio
 import trio_websocket
 
 from prohost.server import ServerHandle, faults
-from tests.kit import running_harness, running_server
+from tests.kits.harness import running_harness, running_server
 from tests.test_server import ack, complete, harness, next_of
 
 ROUTES = [

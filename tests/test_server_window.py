@@ -19,7 +19,7 @@ import trio
 
 from prohost.server.state import DELIVERY_WINDOW, OUTBOX_SIZE, Connection, ServerState
 from prohost.wire.protocol import Ack
-from tests.kit import running_harness, running_server
+from tests.kits.harness import running_harness, running_server
 
 
 class Clock:

@@ -27,7 +27,7 @@ from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
-from tests.kit import AGENTS, Running, finished, running_harness, running_server
+from tests.kits.harness import AGENTS, Running, finished, running_harness, running_server
 from tests.test_brains_harness import Turnstile, seed_session
 
 

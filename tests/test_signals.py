@@ -1,6 +1,6 @@
 """§9 shutdown: the first, second and third SIGINT/SIGTERM sent to a real harness process.
 
-The harness is a ``python -m prohost agent run`` subprocess (see tests/process_kit.py
+The harness is a ``python -m prohost agent run`` subprocess (see tests/kits/process.py
 for the helpers); agents are the test's gated fakes. Nothing sleeps: the tests wait
 on server state, the Gate, the harness's log and process exits, and never assert how
 fast anything was.
@@ -20,8 +20,8 @@ from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, E
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.server import ServerHandle
 from prohost.wire.protocol import Heartbeat, Pong, Status
-from tests.kit import agent_command, busy_and_queued, finished, start_run
-from tests.process_kit import (
+from tests.kits.harness import agent_command, busy_and_queued, finished, start_run
+from tests.kits.process import (
     HarnessProcess,
     alive,
     gated_process,

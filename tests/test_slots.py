@@ -22,8 +22,8 @@ from prohost.engine.harness import Harness
 from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.link.connection import Endpoints
 from prohost.options import Options
-from tests.asgi_kit import lifespan, read_body, serving
-from tests.kit import Gate, busy_and_queued, pair_home, running_server
+from tests.kits.asgi import lifespan, read_body, serving
+from tests.kits.harness import Gate, busy_and_queued, pair_home, running_server
 
 
 class FailingCompletions:

@@ -30,10 +30,10 @@ import trio
 
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.ledger.schema import SOAK_DISK_FULL_ENV
+from tests.kits.paths import ROOT, SCRIPTS
 
-ROOT = Path(__file__).resolve().parent.parent
-SOAK = ROOT / "scripts" / "soak.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SOAK = SCRIPTS / "soak.py"
+sys.path.insert(0, str(SCRIPTS))
 
 from soaklib.plan import FAULT_RATES, digest, fault_counts, make_plan  # noqa: E402
 

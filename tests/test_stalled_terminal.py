@@ -22,8 +22,8 @@ import trio
 
 from prohost.engine.view.termout import BACKLOG_LIMIT_BYTES, NonBlockingOutput
 from prohost.wire.protocol import Heartbeat, Pong
-from tests.kit import finished, start_run
-from tests.process_kit import gated_process
+from tests.kits.harness import finished, start_run
+from tests.kits.process import gated_process
 
 #: Linux's fcntl to resize a pipe (not in the fcntl module before Python 3.10 on all builds).
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)

@@ -15,7 +15,13 @@ import trio
 
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger, LedgerError
-from tests.kit import agent_command, finished, gated_harness, running_harness, running_server
+from tests.kits.harness import (
+    agent_command,
+    finished,
+    gated_harness,
+    running_harness,
+    running_server,
+)
 
 
 class BodyUnreadable:

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from prohost.engine.harness import Harness
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 
 def picture(harness: Harness) -> tuple[Any, ...]:

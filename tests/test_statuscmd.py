@@ -159,7 +159,7 @@ def test_corrupt_file(tmp_path: Path) -> None:
 async def test_status_of_a_real_running_harness_and_after_it_exits(tmp_path: Path) -> None:
     from rich.console import Console as RichConsole
 
-    from tests.kit import gated_harness
+    from tests.kits.harness import gated_harness
 
     home = tmp_path / "home"
 

@@ -9,7 +9,7 @@ import trio.testing
 from prohost.engine.agent.brains.base import ToolEvent
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import BATCH_INTERVAL_S, TimelineBatcher
-from tests.kit import running_server
+from tests.kits.harness import running_server
 
 
 def event(n: int, state: str = "calling") -> ToolEvent:

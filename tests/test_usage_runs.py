@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from tests.kit import running_harness, running_server
+from tests.kits.harness import running_harness, running_server
 from tests.test_session_kept import CLAUDE, CODEX, install, turn
 
 #: One turn of the fake Codex (1200 input of which 200 cached, 345 output), in §7 keys.

@@ -23,9 +23,9 @@ from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
+from tests.kits.paths import AGENTS
 
 T = TypeVar("T")
-AGENTS = Path(__file__).parent / "agents"
 
 
 class CountingBounds(Bounds):

@@ -2,7 +2,7 @@
 bounds it, lanes queued behind a slow checkout wait for it instead of going
 read-only, a cancel mid-checkout is repaired, and the state is `preparing`
 meanwhile. Real git throughout; a slow checkout is one held on a fifo
-(tests/gitgate.py), never a sleep.
+(tests/kits/gitgate.py), never a sleep.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun, Outcome
-from tests.gitgate import gate_checkouts, gate_post_checkout
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits.gitgate import gate_checkouts, gate_post_checkout
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 from tests.test_worktrees import git, isolate_git, make_repo, only, worktree_paths
 
 

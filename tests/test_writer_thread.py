@@ -23,8 +23,8 @@ import trio.testing
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Admission, Ledger, LedgerError, RunState, _Write
 from prohost.engine.ledger.steps import WRITES_ONLY, LedgerSteps
-from tests import kit
-from tests.kit import agent_command, finished, running_harness, running_server
+from tests.kits import harness as harness_kit
+from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 WRITER = "prohost ledger writer"
 #: Bound on every wait for a thread here (s); nothing here takes long.
@@ -68,7 +68,7 @@ async def test_a_runs_ledger_writes_go_to_the_one_writer_thread_without_a_hop_ea
 
     monkeypatch.setattr(trio.to_thread, "run_sync", counting)
     monkeypatch.setattr(WatchedLedger, "appliers", [], raising=False)
-    monkeypatch.setattr(kit, "Ledger", WatchedLedger)
+    monkeypatch.setattr(harness_kit, "Ledger", WatchedLedger)
     home = tmp_path / "home"
     async with running_server() as server:
         async with running_harness(server, home, exec_command=agent_command("reply.py", "done"),

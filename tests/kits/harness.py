@@ -32,8 +32,7 @@ from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
 from prohost.wire.protocol import Ack, Message
 from prohost.wire.signature import sign
-
-AGENTS = Path(__file__).parent / "agents"
+from tests.kits.paths import AGENTS
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ import trio
 
 from prohost.engine.ledger import Ledger, LedgerRow
 from prohost.server import ServerHandle
-from tests.kit import Gate, acks, delivery_frame, pair_home, running_server, wait_for_ack
+from tests.kits.harness import Gate, acks, delivery_frame, pair_home, running_server, wait_for_ack
 
 
 class HarnessProcess:

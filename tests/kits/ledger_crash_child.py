@@ -8,7 +8,7 @@ committed here survived, and the uncommitted one did not.
 ``ledger_crash_child.py harness STEP WHEN ARGS...`` is the production harness
 (``python -m prohost ARGS...``, the runner's real steps) on a ledger that kills
 this process just ``before`` the transaction holding STEP's write begins, or just
-``after`` it committed (tests/ledger_kit.py ``FaultyLedger``). Used by the kill -9
+``after`` it committed (tests/kits/ledger.py ``FaultyLedger``). Used by the kill -9
 cells of tests/test_fault_matrix.py.
 """
 
@@ -20,8 +20,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-# Run as a script from the tree's root: `tests` must be importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run as a script (tests/kits/ledger_crash_child.py): the tree's root must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from prohost.engine.ledger import Ledger
 from prohost.wire.runs import Outcome
@@ -30,7 +30,7 @@ from prohost.wire.runs import Outcome
 def harness(step: str, when: str, args: list[str]) -> int:
     import prohost.commands.agent as agent_command
     from prohost.cli import main as cli_main
-    from tests.ledger_kit import STEP_WRITES, Fault, FaultyLedger
+    from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
 
     FaultyLedger.fault = Fault(STEP_WRITES[step], f"kill_{when}")
     # The CLI opens the ledger by this name; everything else is the production code.
