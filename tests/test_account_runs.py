@@ -20,11 +20,11 @@ import trio.testing
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate, all_limited_reason
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.ledger import Ledger
 from prohost.server import ServerHandle
 from prohost.wire import intake
 from prohost.wire.protocol import Delivery, Heartbeat, Status
-from prohost.wire.runs import parse_body
+from tests.kits.accounts import accounts_used, folders, limit, seed
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import (
     acks,
     finished,
@@ -33,27 +33,6 @@ from tests.kits.harness import (
     running_server,
     wall_clock_bound,
 )
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
-
-
-def folders(tmp_path: Path, *names: str) -> tuple[tuple[str, Path], ...]:
-    """One empty config folder per account name, as ``Options.accounts``."""
-    made = []
-    for name in names:
-        folder = tmp_path / f"cfg-{name}"
-        folder.mkdir()
-        made.append((name, folder))
-    return tuple(made)
-
-
-def limit(folder: Path, until: float) -> None:
-    """Make the fake CLI refuse work on this account until ``until``."""
-    (folder / "limit").write_text(f"{int(until)}\n")
-
-
-def accounts_used(tmp_path: Path) -> list[str]:
-    """Which account folder each invocation of the fake CLI ran with, by name."""
-    return [Path(i["config_dir"]).name.removeprefix("cfg-") for i in invocations(tmp_path)]
 
 
 def last_accounts(server: ServerHandle) -> dict[str, dict[str, Any]]:
@@ -142,18 +121,6 @@ async def test_a_lane_keeps_its_account_and_its_session_on_each(
         assert accounts_used(tmp_path) == ["a", "b", "a", "a", "b", "b", "a"]
         assert [resumed(i) for i in invocations(tmp_path)][-2:] == [
             moved["session_id"], first["session_id"]]
-
-
-def seed(home: Path, server: ServerHandle, run_ids: list[str],
-         limits: dict[str, float]) -> None:
-    """The ledger a restart finds: ``run_ids`` accepted, never started, and the
-    accounts' limits remembered."""
-    home.mkdir(parents=True, exist_ok=True)
-    with Ledger.open(home / "ledger.sqlite3") as ledger:
-        for run_id in run_ids:
-            body = server.run(run_id).body_text
-            ledger.admit(run_id, parse_body(body).lane, body, time.time())
-        ledger.save_account_limits(limits)
 
 
 async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wait_then_fail(

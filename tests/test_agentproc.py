@@ -1,4 +1,11 @@
-"""run_agent with real subprocesses: output, bounds, timeouts, group kills, cancellation."""
+"""run_agent with real subprocesses: output, bounds, timeouts, group kills, cancellation.
+
+On Linux run_agent waits on the agent's pipes and its leader's exit through one
+epoll instance (prohost/engine/agent/poll.py); elsewhere, or without pidfd, through
+a task per descriptor. Every behaviour must be the same with either, so every test
+here runs twice: ``[epoll]`` with the poller this machine would use, ``[tasks]``
+with epoll turned off.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.agent import poll
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from tests.kits.paths import AGENTS
 
@@ -43,6 +51,14 @@ async def run_here(
     options.setdefault("stdin_text", "")
     options.setdefault("env", env())
     return await run_agent(command, cwd=tmp_path, groups=groups, **options)
+
+
+@pytest.fixture(autouse=True, params=["epoll", "tasks"])
+def poller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which way run_agent waits: as it would here, or a task per descriptor."""
+    if request.param == "tasks":
+        monkeypatch.setattr(poll, "USE_EPOLL", False)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -4,31 +4,15 @@ process behind. No speed is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import trio
 
-from tests.kits.paths import SCRIPTS
 from tests.kits.process import alive
-
-
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` as a module (not a package: it imports its neighbours,
-    bench_e2e.py and bench_rest.py, by name)."""
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.kits.scripts import load_script
 
 bench = load_script("bench_e2e")
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from tests.kits.process import alive
-from tests.test_bench_e2e import load_script
+from tests.kits.scripts import load_script
 
 bench = load_script("bench_idle")
 

@@ -14,10 +14,17 @@ from typing import Any
 import trio
 import trio.testing
 
-from prohost.engine.ledger import Ledger
 from prohost.engine.run.heldrun import HeldRun
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
+from tests.kits.fake_clis import (
+    FAKE_CLAUDE,
+    Turnstile,
+    claude_env,
+    invocations,
+    resumed,
+    seed_session,
+)
 from tests.kits.harness import (
     AGENTS,
     finished,
@@ -26,25 +33,6 @@ from tests.kits.harness import (
     running_server,
     wall_clock_bound,
 )
-
-FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"
-
-
-def claude_env(tmp_path: Path, scenario: str = "reply", **extra: str) -> dict[str, str]:
-    return {**os.environ, "FAKE_CLAUDE_SCENARIO": scenario,
-            "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json"), **extra}
-
-
-def invocations(tmp_path: Path) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = json.loads((tmp_path / "record.json").read_text())
-    return result
-
-
-def resumed(invocation: dict[str, Any]) -> str | None:
-    for word in invocation["argv"]:
-        if word.startswith("--resume="):
-            return str(word.split("=", 1)[1])
-    return None
 
 
 async def test_a_lane_resumes_its_own_session_and_no_other(tmp_path: Path) -> None:
@@ -71,15 +59,6 @@ async def test_a_lane_resumes_its_own_session_and_no_other(tmp_path: Path) -> No
             assert isinstance(completions[0]["duration_ms"], int)
 
 
-def seed_session(home: Path, lane: str, session: str) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger.open(home / "ledger.sqlite3")
-    try:
-        ledger.save_session(lane, session, 0.0)
-    finally:
-        ledger.close()
-
-
 async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: Path) -> None:
     home = tmp_path / "home"
     seed_session(home, "conv:C1", "stale-session")
@@ -98,33 +77,6 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             await running.harness.wait_released(run_id)
             assert running.ledger is not None
             assert running.ledger.session_for("conv:C1") == fresh
-
-
-class Turnstile:
-    """The test's end of ``FAKE_CLAUDE_GATE``: each agent invocation, in the order they
-    connect, held until the test says go."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self._send, self._arrivals = trio.open_memory_channel[trio.SocketStream](10)
-
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        task_status.started()
-        await trio.serve_listeners(self._arrived, listeners)
-
-    async def _arrived(self, stream: trio.SocketStream) -> None:
-        await self._send.send(stream)
-        await trio.sleep_forever()  # the stream is the test's now; keep it open
-
-    async def next(self) -> trio.SocketStream:
-        """The next invocation, once it has started and is waiting."""
-        stream = await self._arrivals.receive()
-        line = b""
-        while not line.endswith(b"\n"):
-            line += await stream.receive_some()
-        return stream
 
 
 async def test_the_fresh_retry_shares_the_runs_deadline(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import trio
 
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 
 
 async def test_a_run_at_its_budget_is_reported_with_its_session_and_spend(

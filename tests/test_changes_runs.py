@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from tests.kits.harness import agent_command, finished, running_harness, running_server
-from tests.test_repos_harness import make_repo
+from tests.kits.repos import make_readme_repo
 
 
 async def turn(server: Any, text: str) -> dict[str, Any]:
@@ -25,11 +25,11 @@ async def git(path: Path, *args: str) -> str:
 
 
 async def test_each_turn_reports_only_what_it_changed(tmp_path: Path) -> None:
-    app = await make_repo(tmp_path / "code" / "app")
+    app = await make_readme_repo(tmp_path / "code" / "app")
     await trio.Path(app / "old.txt").write_text("x\n")
     await git(app, "add", "old.txt")
     await git(app, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "o")
-    lib = await make_repo(tmp_path / "code" / "lib")
+    lib = await make_readme_repo(tmp_path / "code" / "lib")
     base = (await git(app, "rev-parse", "HEAD")).strip()
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -70,8 +70,8 @@ async def test_each_turn_reports_only_what_it_changed(tmp_path: Path) -> None:
 
 
 async def test_a_checkout_that_could_not_be_prepared_is_an_error_entry(tmp_path: Path) -> None:
-    app = await make_repo(tmp_path / "code" / "app")
-    gone = await make_repo(tmp_path / "code" / "gone")
+    app = await make_readme_repo(tmp_path / "code" / "app")
+    gone = await make_readme_repo(tmp_path / "code" / "gone")
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=agent_command("editor.py"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -16,23 +15,10 @@ import trio
 from prohost import __version__, cli, logfile
 from prohost.home import InstanceLock, load_credentials
 from prohost.options import Options
+from tests.kits.program import run_cli
 
 DURATION = "a duration of 0 or more: seconds, or a number with s, m or h"
 CONCURRENCY = "a whole number from 1 to 16"
-
-
-def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(tmp_path / "home")
-    return subprocess.run(
-        [sys.executable, "-m", "prohost", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
@@ -232,7 +218,7 @@ def test_ctrl_c_outside_trio_exits_130(
 async def test_agent_pair_end_to_end(tmp_path: Path) -> None:
     """`prohost agent pair` as a user runs it, against a pairing endpoint on 127.0.0.1."""
     from tests.kits.asgi import serving
-    from tests.test_home import GOOD_ANSWER, pair_app, ws_url
+    from tests.kits.pairing import GOOD_ANSWER, pair_app, ws_url
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}

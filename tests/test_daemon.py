@@ -13,19 +13,15 @@ import os
 import plistlib
 import random
 import stat
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 import pytest
 
-from prohost import cli
 from prohost.commands import daemon, service
 from prohost.commands.daemon import install_daemon_command, uninstall_daemon_command
 from prohost.commands.service import (
     DaemonError,
-    ServiceSpec,
     harness_arguments,
     launchd_plist,
     service_label,
@@ -34,161 +30,21 @@ from prohost.commands.service import (
     unit_path,
 )
 from prohost.engine.report import reporter
-from prohost.home import Credentials, save_credentials
-from prohost.options import Options, options_from_args
-
-TOKEN = "tok-0123456789-SECRET"
-SECRET = "sec-9876543210-SECRET"
-
+from prohost.options import Options
+from tests.kits.daemon import (
+    SECRET,
+    TOKEN,
+    calls,
+    fake_manager,
+    fake_program,
+    install_env,
+    parse_run,
+    parse_unit,
+    round_trip,
+    spec_for,
+)
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def parse_run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Options:
-    ns = cli.build_parser().parse_args(argv)
-    return options_from_args(ns, env, cwd)
-
-
-def round_trip(program: list[str], env: Mapping[str, str], cwd: Path) -> Options:
-    """What the service would run: program must be `<this python> -m prohost agent run ...`."""
-    assert program[:3] == [sys.executable, "-m", "prohost"]
-    assert program[3:5] == ["agent", "run"]
-    return parse_run(program[3:], env, cwd)
-
-
-_C_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "s": " ", "r": "\r"}
-
-
-def _undouble(value: str, char: str, lone: str) -> str:
-    """``char`` doubled stands for one ``char``; a lone one would be ``lone`` (a
-    substitution systemd would make), which must not appear."""
-    out, i = [], 0
-    while i < len(value):
-        if value[i] == char:
-            assert value[i + 1 : i + 2] == char, f"{lone} in {value!r}"
-            out.append(char)
-            i += 2
-        else:
-            out.append(value[i])
-            i += 1
-    return "".join(out)
-
-
-def _specifiers(value: str) -> str:
-    """systemd's first pass over a value: %% is %, and no other specifier may appear."""
-    return _undouble(value, "%", "unescaped specifier")
-
-
-def systemd_split(value: str) -> list[str]:
-    """Words of a systemd value per systemd.syntax(7) "Quoting" (the subset with quotes,
-    C escapes \\n \\t \\\\ \\" \\' \\s \\xHH), after the specifier pass."""
-    value = _specifiers(value)
-    words: list[str] = []
-    i, n = 0, len(value)
-    while True:
-        while i < n and value[i] in " \t":
-            i += 1
-        if i >= n:
-            return words
-        word: list[str] = []
-        quote: str | None = None
-        while i < n:
-            char = value[i]
-            if quote is None and char in " \t":
-                break
-            if char == "\\":
-                nxt = value[i + 1]
-                if nxt == "x":
-                    word.append(chr(int(value[i + 2 : i + 4], 16)))
-                    i += 4
-                    continue
-                assert nxt in _C_ESCAPES, f"unknown escape \\{nxt} in {value!r}"
-                word.append(_C_ESCAPES[nxt])
-                i += 2
-                continue
-            if quote is None and char in "\"'":
-                quote = char
-            elif char == quote:
-                quote = None
-            else:
-                word.append(char)
-            i += 1
-        assert quote is None, f"unterminated quote in {value!r}"
-        words.append("".join(word))
-
-
-def exec_dollars(word: str) -> str:
-    """ExecStart's last pass: $$ is $, and a $NAME would be substituted (must not occur)."""
-    return _undouble(word, "$", "variable substitution")
-
-
-@attrs.frozen
-class ParsedUnit:
-    program: list[str]
-    working_directory: Path
-    environment: dict[str, str]
-    settings: dict[str, list[str]]
-
-
-def parse_unit(text: str) -> ParsedUnit:
-    settings: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if not line.strip() or line.startswith(("#", ";", "[")):
-            continue
-        key, _, value = line.partition("=")
-        settings.setdefault(key, []).append(value.strip())
-    (exec_start,) = settings["ExecStart"]
-    (workdir,) = settings["WorkingDirectory"]
-    environment = {}
-    for value in settings["Environment"]:
-        for assignment in systemd_split(value):
-            name, _, val = assignment.partition("=")
-            environment[name] = val
-    return ParsedUnit(
-        program=[exec_dollars(word) for word in systemd_split(exec_start)],
-        working_directory=Path(_specifiers(workdir)),
-        environment=environment,
-        settings=settings,
-    )
-
-
-def install_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """An installing shell: fake HOME, its own PROHOST_HOME, PATH = tmp/bin only."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    env = {
-        "HOME": str(tmp_path / "user"),
-        "PROHOST_HOME": str(tmp_path / "prohost home"),
-        "PATH": str(bin_dir),
-        "LANG": "C.UTF-8",
-    }
-    env.update(extra)
-    return env
-
-
-def fake_program(tmp_path: Path, name: str, body: str = "exit 0") -> Path:
-    path = tmp_path / "bin" / name
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(0o755)
-    return path
-
-
-def fake_manager(tmp_path: Path, name: str, exit_code: int = 0) -> Path:
-    """A systemctl/launchctl that records each call's arguments, one line per call."""
-    record = tmp_path / f"{name}.calls"
-    fake_program(tmp_path, name, f"printf '%s\\n' \"$*\" >> '{record}'\nexit {exit_code}")
-    return record
-
-
-def calls(record: Path) -> list[str]:
-    return record.read_text().splitlines() if record.exists() else []
-
-
-def pair(env: Mapping[str, str]) -> Path:
-    home = Path(env["PROHOST_HOME"])
-    save_credentials(home, Credentials(token=TOKEN, secret=SECRET, ws_url="ws://127.0.0.1:9/ws"))
-    return home
 
 
 def tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
@@ -472,24 +328,11 @@ def test_the_drain_window_matches_the_reporter() -> None:
 # --- install / uninstall with systemd -----------------------------------------------
 
 
-@pytest.fixture
-def paired(tmp_path: Path) -> dict[str, str]:
-    env = install_env(tmp_path)
-    pair(env)
-    fake_program(tmp_path, "claude")
-    return env
-
-
-def _spec(env: Mapping[str, str], tmp_path: Path, *flags: str) -> tuple[Options, ServiceSpec]:
-    options = parse_run(["agent", "run", *flags], env, tmp_path)
-    return options, service_spec(options, env)
-
-
 def test_print_writes_nothing(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_manager(tmp_path, "systemctl")
-    options, spec = _spec(paired, tmp_path, "--workdir", "not yet made", "--concurrency", "3")
+    options, spec = spec_for(paired, tmp_path, "--workdir", "not yet made", "--concurrency", "3")
     before = tree(tmp_path)
     assert install_daemon_command(options, print_only=True, env=paired, platform="linux") == 0
     assert tree(tmp_path) == before
@@ -506,7 +349,7 @@ def test_install_writes_the_unit_and_starts_it(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     record = fake_manager(tmp_path, "systemctl")
-    options, spec = _spec(paired, tmp_path, "--workdir", "work dir", "--concurrency", "2")
+    options, spec = spec_for(paired, tmp_path, "--workdir", "work dir", "--concurrency", "2")
     assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 0
     path = tmp_path / "user/.config/systemd/user" / f"{spec.label}.service"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
@@ -520,7 +363,7 @@ def test_install_writes_the_unit_and_starts_it(
     assert str(spec.log_path) in out
 
     # Installing again (new flags) restarts the running service instead of leaving it as is.
-    options, spec = _spec(paired, tmp_path, "--concurrency", "5")
+    options, spec = spec_for(paired, tmp_path, "--concurrency", "5")
     assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 0
     assert round_trip(parse_unit(path.read_text()).program, spec.environment, tmp_path) == (
         options
@@ -535,7 +378,7 @@ def test_install_writes_the_unit_and_starts_it(
 def test_a_unit_holding_an_api_key_is_private(tmp_path: Path, paired: dict[str, str]) -> None:
     fake_manager(tmp_path, "systemctl")
     env = {**paired, "ANTHROPIC_API_KEY": "sk-ant-secret"}
-    options, spec = _spec(env, tmp_path)
+    options, spec = spec_for(env, tmp_path)
     assert install_daemon_command(options, print_only=False, env=env, platform="linux") == 0
     assert stat.S_IMODE(unit_path(spec, "linux", env).stat().st_mode) == 0o600
 
@@ -555,7 +398,7 @@ def test_install_without_the_service_manager_says_what_to_run(
 ) -> None:
     """No systemctl (launchctl) on PATH: the unit is written all the same, and the
     error says where, and the command to run to load it."""
-    options, spec = _spec(paired, tmp_path)
+    options, spec = spec_for(paired, tmp_path)
     assert install_daemon_command(options, print_only=False, env=paired, platform=platform) == 1
     path = unit_path(spec, platform, paired)
     assert path.exists()
@@ -568,7 +411,7 @@ def test_install_when_systemctl_fails_says_what_to_run(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_manager(tmp_path, "systemctl", exit_code=1)
-    options, spec = _spec(paired, tmp_path)
+    options, spec = spec_for(paired, tmp_path)
     assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 1
     err = capsys.readouterr().err
     assert "`systemctl --user daemon-reload` failed" in err
@@ -592,7 +435,7 @@ def test_a_bad_flag_fails_the_install_not_the_daemon(
 ) -> None:
     record = fake_manager(tmp_path, "systemctl")
     (tmp_path / "a-file").write_text("")
-    options, _ = _spec(paired, tmp_path, *flags)
+    options, _ = spec_for(paired, tmp_path, *flags)
     before = tree(tmp_path)
     for print_only in (True, False):
         assert install_daemon_command(
@@ -637,7 +480,7 @@ def test_install_before_pairing_fails(
     env = install_env(tmp_path)
     fake_program(tmp_path, "claude")
     record = fake_manager(tmp_path, "systemctl")
-    options, spec = _spec(env, tmp_path)
+    options, spec = spec_for(env, tmp_path)
     assert install_daemon_command(options, print_only=False, env=env, platform="linux") == 1
     assert "not paired" in capsys.readouterr().err
     assert not unit_path(spec, "linux", env).exists()
@@ -648,7 +491,7 @@ def test_uninstall_stops_disables_and_removes(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     record = fake_manager(tmp_path, "systemctl")
-    options, spec = _spec(paired, tmp_path)
+    options, spec = spec_for(paired, tmp_path)
     assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 0
     path = unit_path(spec, "linux", paired)
     capsys.readouterr()
@@ -670,7 +513,7 @@ def test_uninstall_stops_disables_and_removes(
 def test_uninstall_keeps_the_unit_when_systemd_will_not_stop_it(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    options, spec = _spec(paired, tmp_path)
+    options, spec = spec_for(paired, tmp_path)
     path = unit_path(spec, "linux", paired)
     path.parent.mkdir(parents=True)
     path.write_text(systemd_unit(spec))
@@ -684,7 +527,7 @@ def test_uninstall_for_another_home_finds_nothing(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_manager(tmp_path, "systemctl")
-    options, _ = _spec(paired, tmp_path)
+    options, _ = spec_for(paired, tmp_path)
     assert install_daemon_command(options, print_only=False, env=paired, platform="linux") == 0
     assert uninstall_daemon_command(paired, tmp_path / "other home", platform="linux") == 0
     assert "no prohost service is installed" in capsys.readouterr().out
@@ -697,7 +540,7 @@ def test_launchd_install_and_uninstall(
     tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     record = fake_manager(tmp_path, "launchctl")
-    options, spec = _spec(paired, tmp_path, "--exec", "claude -p --model 'x y'")
+    options, spec = spec_for(paired, tmp_path, "--exec", "claude -p --model 'x y'")
     assert install_daemon_command(options, print_only=False, env=paired, platform="darwin") == 0
     path = tmp_path / "user/Library/LaunchAgents" / f"{spec.label}.plist"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644

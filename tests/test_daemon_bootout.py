@@ -16,15 +16,15 @@ import pytest
 
 from prohost.commands import daemon
 from prohost.commands.daemon import install_daemon_command
-from tests.test_daemon import _spec, calls, fake_manager, paired  # noqa: F401 (fixture)
+from tests.kits.daemon import calls, fake_manager, spec_for
 
 
 def test_a_launchd_reinstall_says_it_waits_for_the_drain_before_bootout(
-    tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str],  # noqa: F811
+    tmp_path: Path, paired: dict[str, str], capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     record = fake_manager(tmp_path, "launchctl")
-    options, spec = _spec(paired, tmp_path, "--timeout", "10m")
+    options, spec = spec_for(paired, tmp_path, "--timeout", "10m")
     assert install_daemon_command(options, print_only=False, env=paired, platform="darwin") == 0
     capsys.readouterr()
 

@@ -24,9 +24,9 @@ import trio
 from prohost import cli
 from prohost.commands.daemon import install_daemon_command
 from prohost.commands.service import systemd_unit
+from tests.kits.daemon import fake_manager, fake_program, install_env, pair, parse_unit, spec_for
 from tests.kits.harness import finished, pair_home, running_server
 from tests.kits.process import harness_process
-from tests.test_daemon import _spec, fake_manager, fake_program, install_env, pair, parse_unit
 
 OAUTH = "sk-ant-oat01-OAUTH-SECRET-123"
 GATEWAY = "gw-bearer-SECRET-456"
@@ -73,7 +73,7 @@ def test_the_headless_logins_reach_the_service_in_a_private_file(
     tmp_path: Path, shell: dict[str, str], capsys: pytest.CaptureFixture[str], platform: str
 ) -> None:
     fake_manager(tmp_path, "systemctl" if platform == "linux" else "launchctl")
-    options, spec = _spec(shell, tmp_path)
+    options, spec = spec_for(shell, tmp_path)
     assert install_daemon_command(options, print_only=False, env=shell, platform=platform) == 0
     if platform == "linux":
         path = tmp_path / "user/.config/systemd/user" / f"{spec.label}.service"
@@ -142,7 +142,7 @@ def test_an_api_key_beside_a_subscription_login_is_pointed_out(
         (tmp_path / "user/.claude").mkdir(parents=True)
         (tmp_path / "user/.claude/.credentials.json").write_text("{}")
     fake_program(tmp_path, "claude")
-    options, spec = _spec(env, tmp_path)
+    options, spec = spec_for(env, tmp_path)
     assert install_daemon_command(options, print_only=True, env=env, platform="linux") == 0
     captured = capsys.readouterr()
     assert "claude -p uses the API key" in captured.err

@@ -28,9 +28,9 @@ from prohost.engine.ledger import Ledger, Recovery
 from prohost.engine.run.progress import Progress
 from prohost.engine.supervisor.runqueue import NOT_STARTED
 from prohost.wire.runs import Outcome
+from tests.kits.accounts import folders, limit, seed
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations
 from tests.kits.harness import finished, running_harness, running_server
-from tests.test_account_runs import folders, limit, seed
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations
 
 HOUR = 3600.0
 NOT_STARTED_REPORT = {"ok": False, "retryable": True, "error": NOT_STARTED}

@@ -20,9 +20,9 @@ import trio
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.ledger import Ledger
 from prohost.server import ServerHandle
+from tests.kits.accounts import folders, limit
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
-from tests.test_account_runs import folders, limit
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env, invocations, resumed
 
 LANE = "conv:C1"
 HOUR = 3600.0

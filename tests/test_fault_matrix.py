@@ -42,12 +42,12 @@ from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.supervisor.recovery import RESTARTED
 from prohost.server import ServerHandle, faults
 from tests.kits import harness as harness_kit
+from tests.kits.accounts import accounts_used, folders, limit
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env
 from tests.kits.harness import agent_command, finished, pair_home, running_harness, running_server
 from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
 from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
 from tests.kits.process import alive, kill_leftovers, wait_gone
-from tests.test_account_runs import accounts_used, folders, limit
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env
 
 #: Steps of one plain run (the account limit and the tombstone have their own cells).
 RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",

@@ -11,7 +11,7 @@ import pytest
 from prohost.engine.view.snapshot import STATUS_FILE, read_snapshot, write_snapshot
 from prohost.files import write_atomically
 from prohost.home import Credentials, load_credentials, save_credentials
-from tests.test_panel import busy_snapshot
+from tests.kits.panel import busy_snapshot
 
 
 @pytest.fixture

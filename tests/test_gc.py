@@ -16,9 +16,9 @@ import trio.testing
 from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.repos.collect import GcEntry, collect_garbage
-from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
+from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager
 from prohost.engine.supervisor import upkeep
-from tests.test_worktrees import commit_file, git, isolate_git, make_repo, real, worktree_paths
+from tests.kits.repos import commit_file, git, isolate_git, lanes, make_repo, real, worktree_paths
 
 DAY = 86400.0
 LATER = 30 * DAY  # how far ahead `now` is put: every lane is then 30 days idle
@@ -27,29 +27,6 @@ LATER = 30 * DAY  # how far ahead `now` is put: every lane is then 30 days idle
 @pytest.fixture(autouse=True)
 def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isolate_git(tmp_path, monkeypatch)
-
-
-class Lanes:
-    """A home with one source repo and a worktree for each named lane."""
-
-    def __init__(self, home: Path, source: Path, paths: dict[str, Path]) -> None:
-        self.home = home
-        self.source = source
-        self.paths = paths
-
-    def folder(self, lane: str) -> Path:
-        return self.home / "worktrees" / lane_folder_name(lane)
-
-
-async def lanes(tmp_path: Path, *names: str) -> Lanes:
-    source = await make_repo(tmp_path / "app")
-    home = tmp_path / "home"
-    manager = WorktreeManager(home, [source])
-    paths = {}
-    for name in names:
-        (checkout,) = (await manager.prepare(name)).checkouts
-        paths[name] = Path(checkout.path)
-    return Lanes(home, source, paths)
 
 
 def by_lane(entries: list[GcEntry], field: str = "action") -> dict[str | None, str]:

@@ -28,8 +28,7 @@ from prohost.engine.view.snapshot import (
 from prohost.home import InstanceLock, LockHeld, lock_held_message
 from tests.kits.harness import finished, gated_harness
 from tests.kits.paths import ROOT
-from tests.test_gc import lanes
-from tests.test_worktrees import isolate_git, make_repo, worktree_paths
+from tests.kits.repos import isolate_git, lanes, make_repo, worktree_paths
 
 HOUR = 3600.0
 

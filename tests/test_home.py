@@ -9,7 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ from prohost.home import (
     resolve_endpoints,
     save_credentials,
 )
-from tests.kits.asgi import lifespan, read_body, serving
+from tests.kits.asgi import serving
+from tests.kits.pairing import GOOD_ANSWER, pair_app, ws_url
 
 CREDS = Credentials(
     token="tok-SECRET-1",
@@ -288,55 +288,6 @@ def test_lock_message_without_a_pid(tmp_path: Path) -> None:
 
 
 # --- pairing against a tiny ASGI server --------------------------------------------
-
-Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
-                 Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
-
-
-def pair_app(status: int, answer: object, seen: list[dict[str, Any]]) -> Asgi:
-    async def app(
-        scope: dict[str, Any],
-        receive: Callable[[], Awaitable[dict[str, Any]]],
-        send: Callable[[dict[str, Any]], Awaitable[None]],
-    ) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        body = await read_body(receive)
-        seen.append(
-            {
-                "method": scope["method"],
-                "path": scope["path"],
-                "headers": {k.decode(): v.decode() for k, v in scope["headers"]},
-                "json": json.loads(body),
-            }
-        )
-        payload = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
-
-    return app
-
-
-def ws_url(http_base: str) -> str:
-    """The agent socket URL a harness would be given for a server at ``http_base``."""
-    return "ws" + http_base.removeprefix("http") + "/v1/agent/ws"
-
-
-GOOD_ANSWER = {
-    "token": "tok-SECRET-1",
-    "secret": "sec-SECRET-2",
-    "ws_url": "ws://127.0.0.1:1/v1/agent/ws",
-    "api_url": "http://127.0.0.1:1",
-    "account": "acme",
-}
-
 
 async def pair_with(
     status: int, answer: object, home: Path, seen: list[dict[str, Any]] | None = None

@@ -33,6 +33,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.view import status_file
 from prohost.options import Options
 from prohost.server import ServerHandle
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env
 from tests.kits.harness import (
     Gate,
     endpoints_for,
@@ -43,7 +44,6 @@ from tests.kits.harness import (
     wait_rescued_late,
     wall_clock_bound,
 )
-from tests.test_brains_harness import FAKE_CLAUDE, claude_env
 
 MCP = {"url": "https://mcp.example/mcp", "token": "mcp-token-0123"}
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from prohost.commands.service import harness_arguments
 from prohost.options import OptionError, parse_max_cost
-from tests.test_cli import run_cli
-from tests.test_daemon import install_env, parse_run
+from tests.kits.daemon import install_env, parse_run
+from tests.kits.program import run_cli
 
 
 @pytest.mark.parametrize(("raw", "dollars"), [

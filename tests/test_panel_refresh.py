@@ -19,7 +19,7 @@ from rich.console import Console
 from prohost.engine.changes import Changes
 from prohost.engine.view.panel import CLOCK_TICK_S, LIVE_REFRESH_S, Panel, shown
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
-from tests.test_panel import T0, base, busy_snapshot, recording_console
+from tests.kits.panel import T0, base, busy_snapshot, recording_console
 
 
 def frames(console: Console) -> int:

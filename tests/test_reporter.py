@@ -9,84 +9,31 @@ take no real time.
 from __future__ import annotations
 
 import email.utils
-import itertools
 import json
 import logging
 import random
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
 
 from prohost.engine.report.reporter import Reporter, Settlement
-from tests.kits.asgi import lifespan, read_body, serving
-
-TOKEN = "tok_s3cret_do_not_log"
-RUN = "run_01"
-PATH = f"/v1/agent/runs/{RUN}/complete"
-PAYLOAD: dict[str, Any] = {
-    "run_id": RUN,
-    "ok": True,
-    "reply": "Fixed: the fixture path.",
-    "usage": {"input_tokens": 12},
-}
-
-Answer = tuple[int, dict[str, str], bytes]
-HANG: Answer = (0, {}, b"")  # never answer: the client's timeout has to fire
-
-
-@attrs.define
-class Seen:
-    at: float
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class ScriptedApp:
-    """An ASGI callable answering from a script; the last answer repeats."""
-
-    def __init__(self, *script: Answer) -> None:
-        self.script = list(script)
-        self.seen: list[Seen] = []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        body = await read_body(receive)
-        self.seen.append(
-            Seen(
-                at=trio.current_time(),
-                method=scope["method"],
-                path=scope["path"],
-                headers={k.decode().lower(): v.decode() for k, v in scope["headers"]},
-                body=body,
-            )
-        )
-        answer = self.script[min(len(self.seen), len(self.script)) - 1]
-        if answer is HANG:
-            await trio.sleep_forever()
-        status, headers, content = answer
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
-            }
-        )
-        await send({"type": "http.response.body", "body": content})
-
-    @property
-    def times(self) -> list[float]:
-        return [s.at for s in self.seen]
+from tests.kits.asgi import serving
+from tests.kits.reporter import (
+    HANG,
+    PATH,
+    PAYLOAD,
+    RUN,
+    TOKEN,
+    FixedRandom,
+    ScriptedApp,
+    free_port,
+    gaps,
+)
 
 
 @asynccontextmanager
@@ -95,25 +42,6 @@ async def reporter_for(
 ) -> AsyncIterator[tuple[Reporter, httpx.AsyncClient]]:
     async with serving(app) as base, httpx.AsyncClient() as client:
         yield Reporter(client, base, TOKEN, **kwargs), client
-
-
-class FixedRandom(random.Random):
-    """Jitter pinned to the top of its range, so backoff is exactly 1, 2, 4, ... 30 s."""
-
-    def random(self) -> float:
-        return 1.0
-
-
-def free_port() -> int:
-    """A port nobody listens on: bound, then closed."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def gaps(times: list[float]) -> list[float]:
-    return [round(b - a, 3) for a, b in itertools.pairwise(times)]
 
 
 async def test_delivered_first_time_with_headers_and_exact_body(autojump_clock: Any) -> None:

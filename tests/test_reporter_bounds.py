@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import tracemalloc
 from typing import Any
 
 import httpx
@@ -16,24 +15,12 @@ import trio
 
 from prohost.engine.report.reporter import Reporter, Settlement
 from tests.kits.asgi import lifespan, read_body, serving
+from tests.kits.reporter import BOUNDED_PATH as PATH
+from tests.kits.reporter import BOUNDED_PAYLOAD as PAYLOAD
+from tests.kits.reporter import BOUNDED_RUN as RUN
+from tests.kits.reporter import completed_holding_little
 
 TOKEN = "tok_bounds"
-RUN = "run_b1"
-PATH = f"/v1/agent/runs/{RUN}/complete"
-PAYLOAD: dict[str, Any] = {"run_id": RUN, "ok": True, "reply": "héllo ✓ " + "r" * 5000}
-
-
-async def completed_holding_little(reporter: Reporter) -> Settlement:
-    """Report once through ``reporter``; less than 8 MiB of memory may be held while
-    the answer is read, whatever it is."""
-    tracemalloc.start()
-    try:
-        result = await reporter.complete(RUN, PATH, PAYLOAD)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB held while reading the answer"
-    return result
 
 
 async def reported_to(app: Any) -> Settlement:

@@ -26,7 +26,7 @@ import trio
 from prohost.engine.report.reporter import DRAIN_BYTES, SNIPPET_CHARS, Reporter
 from prohost.engine.report.sender import Sender, open_sender
 from tests.kits.asgi import lifespan, read_body, serving
-from tests.test_reporter import (
+from tests.kits.reporter import (
     HANG,
     PATH,
     PAYLOAD,
@@ -34,10 +34,10 @@ from tests.test_reporter import (
     TOKEN,
     FixedRandom,
     ScriptedApp,
+    completed_holding_little,
     free_port,
     gaps,
 )
-from tests.test_reporter_bounds import completed_holding_little
 
 KINDS = ["transport", "client"]
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")

@@ -13,8 +13,8 @@ import pytest
 
 from prohost import cli
 from prohost.options import OptionError, Options, options_from_args
+from tests.kits.daemon import fake_manager, fake_program, install_env, pair, parse_unit, round_trip
 from tests.kits.paths import ROOT
-from tests.test_daemon import fake_manager, fake_program, install_env, pair, parse_unit, round_trip
 
 
 def checkouts(root: Path, *names: str) -> list[Path]:

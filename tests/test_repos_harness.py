@@ -11,16 +11,7 @@ import pytest
 import trio
 
 from tests.kits.harness import agent_command, finished, running_harness, running_server
-
-
-async def make_repo(path: Path) -> Path:
-    await trio.Path(path).mkdir(parents=True)
-    await trio.Path(path / "README.md").write_text("hello\n")
-    for args in (["init", "-q", "-b", "main"], ["add", "README.md"],
-                 ["-c", "user.name=t", "-c", "user.email=t@example.com",
-                  "commit", "-q", "-m", "first"]):
-        await trio.run_process(["git", "-C", str(path), *args])
-    return path
+from tests.kits.repos import make_readme_repo
 
 
 def reply_of(server: object, run_id: str) -> dict[str, object]:
@@ -31,7 +22,7 @@ def reply_of(server: object, run_id: str) -> dict[str, object]:
 
 
 async def test_each_conversation_works_in_its_own_persistent_checkout(tmp_path: Path) -> None:
-    source = await make_repo(tmp_path / "code" / "app")
+    source = await make_readme_repo(tmp_path / "code" / "app")
     home = tmp_path / "home"
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -59,7 +50,7 @@ async def test_each_conversation_works_in_its_own_persistent_checkout(tmp_path: 
 
 
 async def test_a_missing_checkout_is_read_only_and_the_run_goes_on(tmp_path: Path) -> None:
-    source = await make_repo(tmp_path / "code" / "app")
+    source = await make_readme_repo(tmp_path / "code" / "app")
     not_a_repo = tmp_path / "code" / "docs"
     not_a_repo.mkdir()
     with trio.fail_after(60):
@@ -75,7 +66,7 @@ async def test_a_missing_checkout_is_read_only_and_the_run_goes_on(tmp_path: Pat
 
 
 async def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
-    source = await make_repo(tmp_path / "code" / "app")
+    source = await make_readme_repo(tmp_path / "code" / "app")
     home = tmp_path / "home"
     with trio.fail_after(60):
         async with running_server() as server, running_harness(

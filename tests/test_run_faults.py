@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,8 @@ from prohost.engine.agent.brains.claude import ClaudeTurn
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.repos.worktrees import WorktreeManager
+from tests.kits.fake_clis import FAKE_CLAUDE
 from tests.kits.harness import (
-    AGENTS,
     Running,
     agent_command,
     finished,
@@ -34,7 +32,6 @@ from tests.kits.harness import (
 )
 
 REPLY = agent_command("reply.py", "done")
-FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"
 
 
 def reraise_once(original: Callable[..., Any], error: BaseException) -> Callable[..., Any]:

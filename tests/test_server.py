@@ -26,51 +26,12 @@ from prohost.commands.send import api_base, send_command
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
 from prohost.wire.protocol import Ack, Heartbeat, Pong, Status
 from prohost.wire.signature import check
+from tests.kits.fake_harness import ack, auth, complete, harness, next_of, send
 from tests.kits.harness import running_server
-
-BIG = 8 * 1024 * 1024
 
 #: Server settings for tests that watch redelivery: a delivery not acked within
 #: 10 s is sent again, and pings (every 100 s) stay out of the way.
 REDELIVERING: dict[str, Any] = {"heartbeat_s": 100, "redeliver_after_s": 10}
-
-
-def auth(creds: dict[str, str], machine: str = "m1") -> list[tuple[bytes, bytes]]:
-    return [
-        (b"Authorization", f"Bearer {creds['token']}".encode()),
-        (b"X-Prohost-Machine", machine.encode()),
-        (b"X-Prohost-Agent", b"prohost-python/test"),
-    ]
-
-
-@asynccontextmanager
-async def harness(creds: dict[str, str], machine: str = "m1") -> AsyncIterator[WebSocketConnection]:
-    """A connected fake harness; the server's ``hello`` has been read already."""
-    async with open_websocket_url(
-        creds["ws_url"], extra_headers=auth(creds, machine), max_message_size=BIG
-    ) as ws:
-        hello = json.loads(await ws.get_message())
-        assert hello["type"] == "hello"
-        yield ws
-
-
-async def next_of(ws: WebSocketConnection, kind: str) -> dict[str, Any]:
-    """The next message of type ``kind``, skipping the others (pings mostly)."""
-    while True:
-        message: dict[str, Any] = json.loads(await ws.get_message())
-        if message["type"] == kind:
-            return message
-
-
-async def send(ws: WebSocketConnection, **message: Any) -> None:
-    await ws.send_message(json.dumps(message))
-
-
-async def ack(
-    ws: WebSocketConnection, delivery: dict[str, Any], status: int = 200, reason: str = ""
-) -> None:
-    await send(ws, type="ack", id=delivery["id"], status=status,
-               reason=reason or f"status {status}")
 
 
 async def beat(ws: WebSocketConnection, seq: int, *run_ids: str) -> dict[str, Any]:
@@ -106,25 +67,6 @@ async def one_harness(
 def body_of(delivery: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(delivery["body"])
     return body
-
-
-async def complete(
-    server: ServerHandle,
-    creds: dict[str, str] | None,
-    run_id: str,
-    payload: Any = None,
-    *,
-    content: bytes | None = None,
-) -> httpx.Response:
-    headers = {"Idempotency-Key": run_id}
-    if creds is not None:
-        headers["Authorization"] = f"Bearer {creds['token']}"
-    if payload is None and content is None:
-        payload = {"run_id": run_id, "ok": True, "reply": "done"}
-    async with httpx.AsyncClient(base_url=server.http_url) as client:
-        return await client.post(
-            f"/v1/agent/runs/{run_id}/complete", json=payload, content=content, headers=headers
-        )
 
 
 # ---------------------------------------------------------------------- pairing and handshake

@@ -16,8 +16,8 @@ import trio
 import trio_websocket
 
 from prohost.server import ServerHandle, faults
+from tests.kits.fake_harness import ack, complete, harness, next_of
 from tests.kits.harness import running_harness, running_server
-from tests.test_server import ack, complete, harness, next_of
 
 ROUTES = [
     ("GET", "/v1/faults"),

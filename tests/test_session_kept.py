@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
@@ -27,60 +24,14 @@ from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
-from tests.kits.harness import AGENTS, Running, finished, running_harness, running_server
-from tests.test_brains_harness import Turnstile, seed_session
-
-
-@attrs.frozen
-class Cli:
-    """One fake agent CLI and the knobs of it these tests turn."""
-
-    name: str
-    script: str
-    record: str
-    refuse: str
-    #: A flag the CLI refuses "after an upgrade" (one the brain really appends).
-    refused_flag: str
-
-    def resumed(self, argv: list[str]) -> str | None:
-        """The session an invocation was asked to resume, from its arguments."""
-        if self.name == "claude":
-            for word in argv:
-                if word.startswith("--resume="):
-                    return word.split("=", 1)[1]
-            return None
-        return argv[argv.index("resume") + 1] if "resume" in argv else None
-
-
-CLAUDE = Cli("claude", "fake_claude.py", "FAKE_CLAUDE_RECORD", "FAKE_CLAUDE_REFUSE",
-             "--dangerously-skip-permissions")
-CODEX = Cli("codex", "fake_codex.py", "FAKE_CODEX_RECORD", "FAKE_CODEX_REFUSE",
-            "--skip-git-repo-check")
-
-
-def install(tmp_path: Path, cli: Cli) -> Path:
-    """The fake as a program called ``claude`` / ``codex``, as a user installs it."""
-    program = tmp_path / "bin" / cli.name
-    program.parent.mkdir(exist_ok=True)
-    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-                       f"{shlex.quote(str(AGENTS / cli.script))} \"$@\"\n")
-    program.chmod(0o755)
-    return program
+from tests.kits.fake_clis import CLAUDE, CODEX, Cli, Turnstile, install, seed_session, turn
+from tests.kits.harness import Running, finished, running_harness, running_server
 
 
 def invocations(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "record.json"
     found: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     return found
-
-
-async def turn(running: Running, text: str) -> dict[str, Any]:
-    """One turn of conversation C1, to its completion and the ledger's last step."""
-    run_id = await running.server.submit_run(text, conversation_id="C1")
-    await running.server.wait_until(finished(run_id))
-    # Released: the lane's session and `finished` are committed by now.
-    await running.harness.wait_released(run_id)
-    return running.server.run(run_id).completion or {}
 
 
 def saved_session(running: Running) -> str | None:

@@ -20,7 +20,7 @@ from rich.console import Console
 from prohost.commands.status import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, status_command
 from prohost.engine.view.snapshot import STATUS_FILE, Snapshot, write_snapshot
 from prohost.wire.protocol import AccountRow
-from tests.test_panel import assert_fits, busy_snapshot
+from tests.kits.panel import assert_fits, busy_snapshot
 
 
 def consoles() -> tuple[Console, Console]:

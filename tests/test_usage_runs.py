@@ -10,8 +10,8 @@ from pathlib import Path
 
 import trio
 
+from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
 from tests.kits.harness import running_harness, running_server
-from tests.test_session_kept import CLAUDE, CODEX, install, turn
 
 #: One turn of the fake Codex (1200 input of which 200 cached, 345 output), in §7 keys.
 CODEX_RUN = {"input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200,

@@ -21,7 +21,7 @@ from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun, Outcome
 from tests.kits.gitgate import gate_checkouts, gate_post_checkout
 from tests.kits.harness import agent_command, finished, running_harness, running_server
-from tests.test_worktrees import git, isolate_git, make_repo, only, worktree_paths
+from tests.kits.repos import git, isolate_git, make_repo, only, worktree_paths
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from prohost.engine.repos.collect import collect_garbage
 from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.prompt import Checkout, PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
-from tests.test_worktrees import (
+from tests.kits.repos import (
     git,
     isolate_git,
     make_repo,

@@ -1,14 +1,10 @@
-"""Per-conversation git worktrees (§5.1), on real repositories made in tmp_path.
-
-The git helpers at the top are shared with tests/test_gc.py.
-"""
+"""Per-conversation git worktrees (§5.1), on real repositories made in tmp_path
+(the git helpers are in tests/kits/repos.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,77 +21,12 @@ from prohost.engine.repos.worktrees import (
 )
 from prohost.engine.run.prompt import Checkout, CheckoutFailure
 from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
-
-USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
+from tests.kits.repos import commit_file, git, isolate_git, make_repo, only, real, worktree_paths
 
 
 @pytest.fixture(autouse=True)
 def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isolate_git(tmp_path, monkeypatch)
-
-
-def isolate_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No global or system git config of the machine running the tests (signing,
-    hook paths, advice) reaches these repositories."""
-    config = tmp_path / "gitconfig"
-    config.write_text(
-        "[user]\n\tname = Prohost Test\n\temail = test@example.invalid\n"
-        "[commit]\n\tgpgsign = false\n[advice]\n\tdetachedHead = false\n"
-    )
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR"):
-        monkeypatch.delenv(name, raising=False)
-
-
-async def git(cwd: Path, *args: str) -> str:
-    done = await trio.run_process(
-        ["git", "-C", str(cwd), *USER, *args],
-        stdin=subprocess.DEVNULL,
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode())
-    return done.stdout.decode()
-
-
-async def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
-    """A repository at ``path`` on branch main with one commit of ``files``."""
-    await trio.Path(path).mkdir(parents=True)
-    await git(path, "init", "-q", "-b", "main")
-    await git(path, "config", "user.name", "Prohost Test")
-    await git(path, "config", "user.email", "test@example.invalid")
-    for name, text in (files or {"README": f"{path.name}\n"}).items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    await git(path, "add", "-A")
-    await git(path, "commit", "-q", "-m", "first")
-    return path
-
-
-async def commit_file(repo: Path, name: str, text: str) -> str:
-    (repo / name).write_text(text)
-    await git(repo, "add", name)
-    await git(repo, "commit", "-q", "-m", f"add {name}")
-    return (await git(repo, "rev-parse", "HEAD")).strip()
-
-
-async def worktree_paths(source: Path) -> list[str]:
-    """What `git worktree list` of ``source`` lists, the main checkout included."""
-    out = await git(source, "worktree", "list", "--porcelain")
-    prefix = "worktree "
-    return [line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)]
-
-
-def real(*paths: Path) -> list[str]:
-    """As `git worktree list` shows them: symlinks resolved (macOS's /var), sorted."""
-    return sorted(os.path.realpath(path) for path in paths)
-
-
-def only(prepared_checkouts: tuple[Checkout, ...]) -> Path:
-    (checkout,) = prepared_checkouts
-    return Path(checkout.path)
 
 
 # --- preparing ---------------------------------------------------------------------
