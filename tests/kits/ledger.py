@@ -1,7 +1,7 @@
 """Test pieces for the run ledger: what sqlite itself did on the ledger's write
 connection (:class:`Commits`), and a ledger whose writes fail, hang or kill the
 process at a chosen step (:class:`FaultyLedger`), for the fault-point matrix
-(tests/test_fault_matrix.py) and the crash child (tests/kits/ledger_crash_child.py).
+(tests/engine/ledger/test_fault_matrix.py) and the crash child (tests/kits/ledger_crash_child.py).
 
 Faults are injected under the group commit, into the real write of the chosen step,
 so everything above it — the runner's real steps, its bounds, its reports — is the

@@ -2,14 +2,14 @@
 
 ``ledger_crash_child.py PATH`` walks several runs through every state, printing
 each committed step before the next, then dies with a write left uncommitted: the
-parent (tests/test_ledger.py) reopens the ledger and checks that every step
+parent (tests/engine/ledger/test_sqlite_ledger.py) reopens the ledger and checks that every step
 committed here survived, and the uncommitted one did not.
 
 ``ledger_crash_child.py harness STEP WHEN ARGS...`` is the production harness
 (``python -m prohost ARGS...``, the runner's real steps) on a ledger that kills
 this process just ``before`` the transaction holding STEP's write begins, or just
 ``after`` it committed (tests/kits/ledger.py ``FaultyLedger``). Used by the kill -9
-cells of tests/test_fault_matrix.py.
+cells of tests/engine/ledger/test_fault_matrix.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ injected into that step's real ledger write (tests/kits/ledger.py ``FaultyLedger
 under the group commit), so that each write of a run fails once in some cell.
 Everything else is real: the production harness and runner, the reference server
 on 127.0.0.1, agent subprocesses (tests/agents/marker.py leaves one line per
-execution), the sqlite file. The kill -9 cells are in tests/test_ledger.py
+execution), the sqlite file. The kill -9 cells are in tests/engine/ledger/test_sqlite_ledger.py
 (tests/kits/ledger_crash_child.py): they need a process to kill.
 
 Each cell asserts the invariants: the run is reported exactly once (or, when its

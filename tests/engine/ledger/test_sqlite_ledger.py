@@ -180,7 +180,7 @@ def test_every_committed_step_survives_sigkill(path: Path) -> None:
 
 
 # A kill -9 at each step of a run's life, through the runner's real steps, is in
-# tests/test_fault_matrix.py (the kill cells).
+# tests/engine/ledger/test_fault_matrix.py (the kill cells).
 
 
 def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
