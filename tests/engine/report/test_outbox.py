@@ -5,7 +5,7 @@ A real :class:`Reporter` posts to a scripted ASGI app served by hypercorn on
 loopback, and the outbox reads and closes a real sqlite ledger. The ledger steps
 run on the trio thread here (``SyncSteps``): under ``autojump_clock`` a worker
 thread's wait would let the clock jump over the step's own bound. The whole
-harness, with its worker threads, is tests/test_report_outbox.py.
+harness, with its worker threads, is tests/engine/report/test_outbox_in_runs.py.
 """
 
 from __future__ import annotations

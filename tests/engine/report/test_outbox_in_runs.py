@@ -7,7 +7,7 @@ unanswered until released), fake agents driven over a socket (tests/agents/gated
 a real sqlite ledger. The retry window is set to 0 (one attempt, then the outbox)
 and the outbox's timer to never, so that nothing here waits on a clock: the outbox
 is driven by reconnects, and its timer is tested on trio's virtual clock in
-tests/test_outbox.py. The 7-day limit is read on an injected wall clock.
+tests/engine/report/test_outbox.py. The 7-day limit is read on an injected wall clock.
 """
 
 from __future__ import annotations
