@@ -21,12 +21,10 @@ from prohost.engine.repos.worktrees import (
 )
 from prohost.engine.run.prompt import Checkout, CheckoutFailure
 from prohost.options import REPOS_USAGE, ReposFlagError, is_checkout, parse_repos
-from tests.kits.repos import commit_file, git, isolate_git, make_repo, only, real, worktree_paths
+from tests.kits.repos import commit_file, git, make_repo, only, real, worktree_paths
 
-
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolate_git(tmp_path, monkeypatch)
+#: No git configuration of the machine reaches this module's repositories.
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 # --- preparing ---------------------------------------------------------------------

@@ -28,14 +28,13 @@ from prohost.engine.view.snapshot import (
 from prohost.home import InstanceLock, LockHeld, lock_held_message
 from tests.kits.harness import finished, gated_harness
 from tests.kits.paths import ROOT
-from tests.kits.repos import isolate_git, lanes, make_repo, worktree_paths
+from tests.kits.repos import lanes, make_repo, worktree_paths
 
 HOUR = 3600.0
 
 
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolate_git(tmp_path, monkeypatch)
+#: No git configuration of the machine reaches this module's repositories.
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 async def run_gc(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

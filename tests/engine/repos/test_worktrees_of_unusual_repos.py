@@ -17,7 +17,6 @@ from prohost.engine.run.prompt import Checkout, PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 from tests.kits.repos import (
     git,
-    isolate_git,
     make_repo,
     only,
     real,
@@ -27,9 +26,8 @@ from tests.kits.repos import (
 RUN = AgentRun(run_id="run_1", completion_path="/c", text="work", conversation_id="C1")
 
 
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolate_git(tmp_path, monkeypatch)
+#: No git configuration of the machine reaches this module's repositories.
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 def prompt_for(checkouts: tuple[Checkout, ...]) -> str:

@@ -18,15 +18,14 @@ from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager
 from prohost.engine.supervisor import upkeep
-from tests.kits.repos import commit_file, git, isolate_git, lanes, make_repo, real, worktree_paths
+from tests.kits.repos import commit_file, git, lanes, make_repo, real, worktree_paths
 
 DAY = 86400.0
 LATER = 30 * DAY  # how far ahead `now` is put: every lane is then 30 days idle
 
 
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolate_git(tmp_path, monkeypatch)
+#: No git configuration of the machine reaches this module's repositories.
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 def by_lane(entries: list[GcEntry], field: str = "action") -> dict[str | None, str]:

@@ -21,12 +21,10 @@ from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun, Outcome
 from tests.kits.gitgate import gate_checkouts, gate_post_checkout
 from tests.kits.harness import agent_command, finished, running_harness, running_server
-from tests.kits.repos import git, isolate_git, make_repo, only, worktree_paths
+from tests.kits.repos import git, make_repo, only, worktree_paths
 
-
-@pytest.fixture(autouse=True)
-def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolate_git(tmp_path, monkeypatch)
+#: No git configuration of the machine reaches this module's repositories.
+pytestmark = pytest.mark.usefixtures("isolated_git")
 
 
 # --- the run's deadline (issue 20, point 2) -----------------------------------------
