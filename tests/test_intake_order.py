@@ -3,7 +3,8 @@
 ``intake.classify`` decides everything about the frame itself. The 503 of a drain
 or of every account being limited is not an ack it sends: it comes back as the
 run's ``refusal``, which admission applies only once the ledger has said it does
-not know the run (tests/test_redelivery.py drives that part through a harness).
+not know the run (tests/engine/supervisor/test_redelivery_never_503.py drives that part
+through a harness).
 """
 
 from __future__ import annotations

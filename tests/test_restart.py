@@ -182,8 +182,9 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
     """Issue 8, reproduction 8: SIGTERM as soon as the restarted harness prints its
     first line, while it recovers the ledger. Whenever it lands, §9 holds: the
     interrupted run is reported "restarted", the queued one "not started", and the
-    harness exits 0 only after both reports went out. (tests/test_recovery_drain.py
-    pins the drain inside the recovery every time.)"""
+    harness exits 0 only after both reports went out.
+    (tests/engine/supervisor/test_recovery_during_a_drain.py pins the drain inside the
+    recovery every time.)"""
     home = tmp_path / "home"
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):

@@ -2,7 +2,8 @@
 uses: a real sqlite ledger, scheduler (never run: a queued run stays queued), run
 queue, held-runs table and account book. Stand-ins: the session (collects the acks),
 ``take_on`` and ``settle`` (record). The unit-level counterpart of
-tests/test_redelivery.py and tests/test_admission.py."""
+tests/engine/supervisor/test_redelivery_never_503.py and
+tests/engine/supervisor/test_admission_in_runs.py."""
 
 from __future__ import annotations
 
