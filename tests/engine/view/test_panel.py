@@ -368,7 +368,8 @@ def test_docs_capture_is_current() -> None:
     if os.environ.get("PROHOST_WRITE_DOCS") == "1":
         DOCS_CAPTURE.write_text(docs_capture(), encoding="utf-8")
     assert DOCS_CAPTURE.read_text(encoding="utf-8") == docs_capture(), (
-        "docs/panel.txt is out of date: PROHOST_WRITE_DOCS=1 pytest tests/test_panel.py")
+        "docs/panel.txt is out of date: "
+        "PROHOST_WRITE_DOCS=1 pytest tests/engine/view/test_panel.py")
 
 
 # --- accounts (PROTOCOL.md §12) ------------------------------------------------------
