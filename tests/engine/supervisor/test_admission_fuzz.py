@@ -1,6 +1,6 @@
 """Property-based fuzzing of ledger-backed admission (PROTOCOL.md §3; issue 16).
 
-tests/test_fuzz_reader.py fuzzes the reader with ``--dry-run``, where no run is
+tests/wire/test_reader_fuzz.py fuzzes the reader with ``--dry-run``, where no run is
 ever held, reported or refused for a full queue. Here the production harness has a
 real sqlite ledger and ``--max-queued 6``, and Hypothesis makes the reference
 server send it deliveries of new runs, of runs it holds (queued) and of runs it

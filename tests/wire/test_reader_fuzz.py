@@ -16,7 +16,7 @@ test pings and waits for the pong (frames are handled in order), then checks:
 
 One trio run and one connection serve every example: Hypothesis runs in a worker
 thread and hands each example's frames to the trio loop. ``--dry-run`` keeps it
-fast (no ledger, no agents); tests/test_hostile_input.py runs the same inputs with
+fast (no ledger, no agents); tests/wire/test_hostile_input.py runs the same inputs with
 a ledger and real agents, and tests/engine/supervisor/test_admission_fuzz.py fuzzes
 what only a ledger answers (runs held, reported, a full queue, every account
 limited).
