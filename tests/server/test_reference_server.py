@@ -4,7 +4,7 @@ Real hypercorn on 127.0.0.1 port 0, a real trio-websocket client playing the
 harness, httpx for the HTTP API. Where a timer must pass (pings, redelivery) the
 test runs under ``autojump_clock`` and asserts only what arrives and in which
 order; the exact instants are asserted on the server's model with a clock set by
-hand, in tests/test_server_window.py.
+hand, in tests/server/test_delivery_window.py.
 """
 
 from __future__ import annotations
