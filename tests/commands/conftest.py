@@ -1,4 +1,4 @@
-"""Fixtures shared by test modules here; helpers are in tests/kits/."""
+"""Fixtures of the command line's tests; helpers are in tests/kits/ (daemon.py, program.py)."""
 
 from __future__ import annotations
 
