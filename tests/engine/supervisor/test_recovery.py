@@ -4,7 +4,7 @@ with its real steps, a real scheduler (not running: a queued run stays queued), 
 queue, held-runs table and account book. The one stand-in is ``settle``, which
 records what would be reported.
 
-tests/test_restart.py and tests/engine/supervisor/test_recovery_during_a_drain.py check
+tests/process/test_restart.py and tests/engine/supervisor/test_recovery_during_a_drain.py check
 the same through a harness; these pin each rule to this module.
 """
 
