@@ -374,14 +374,6 @@ async def test_pair_connection_refused(tmp_path: Path, capsys: pytest.CaptureFix
 # --- private files (issue 8, reproduction 6) -----------------------------------------
 
 
-@pytest.fixture
-def umask_022() -> Any:
-    """The common default umask, under which files and folders are world-readable."""
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
-
-
 def test_a_loose_home_is_narrowed_with_a_warning_and_its_files_are_private(
     tmp_path: Path, umask_022: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -28,13 +28,6 @@ from tests.kits.harness import AGENTS, finished, running_harness, running_server
 MCP_TOKEN = "mcp-SECRET-5d1e0c"
 
 
-@pytest.fixture
-def umask_022() -> Iterator[None]:
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
-
-
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 

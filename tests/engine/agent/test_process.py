@@ -62,13 +62,6 @@ def poller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 
 @pytest.fixture
-def groups() -> ProcessGroups:
-    groups = ProcessGroups()
-    groups.grace_s = 0.2  # the stubborn grandchildren make every stop use all of it
-    return groups
-
-
-@pytest.fixture
 def pidfile(tmp_path: Path) -> Iterator[Path]:
     """Where stubborn.py writes its grandchild's pid; the grandchild dies at teardown."""
     path = tmp_path / "grandchild.pid"

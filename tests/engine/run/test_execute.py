@@ -46,13 +46,6 @@ def spec(
     )
 
 
-@pytest.fixture
-def groups() -> ProcessGroups:
-    groups = ProcessGroups()
-    groups.grace_s = 0.2
-    return groups
-
-
 def base_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

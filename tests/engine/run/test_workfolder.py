@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
 import trio
 
 from prohost.engine.agent.brains.plain import PlainBrain
@@ -39,13 +38,6 @@ class CountingBounds(Bounds):
                         **kwargs: object) -> T:
         self.steps.append(what)
         return await super().file_step(fn, *args, what=what, **kwargs)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def groups() -> ProcessGroups:
-    groups = ProcessGroups()
-    groups.grace_s = 0.2
-    return groups
 
 
 def env_dump_spec(workdir: Path) -> ExecSpec:
