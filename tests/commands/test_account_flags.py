@@ -14,6 +14,8 @@ from prohost.options import (
     parse_limit_wait,
 )
 
+pytestmark = pytest.mark.protocol("§12")
+
 
 def test_an_account_is_a_name_and_an_absolute_existing_folder(tmp_path: Path) -> None:
     (tmp_path / "home" / ".claude-work").mkdir(parents=True)

@@ -177,6 +177,7 @@ def test_agent_run_hands_options_to_the_harness(
     assert logging.getLogger("prohost").getEffectiveLevel() == logging.DEBUG
 
 
+@pytest.mark.protocol("§1")
 def test_agent_run_defaults_and_environment(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Options] = []
 
@@ -215,6 +216,7 @@ def test_ctrl_c_outside_trio_exits_130(
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.protocol("§10")
 async def test_agent_pair_end_to_end(tmp_path: Path) -> None:
     """`prohost agent pair` as a user runs it, against a pairing endpoint on 127.0.0.1."""
     from tests.kits.asgi import serving

@@ -303,6 +303,7 @@ def test_labels_differ_per_home_and_are_stable(tmp_path: Path) -> None:
         unit_path(spec, "win32", env)
 
 
+@pytest.mark.protocol("§9")
 @pytest.mark.parametrize(
     ("timeout", "stop"), [("0", 3600), ("1s", 661), ("10m", 1260), ("5h", 3600), ("0.5", 661)]
 )
@@ -321,6 +322,7 @@ def test_stop_timeout_leaves_room_for_the_drain(tmp_path: Path, timeout: str, st
     assert "the first SIGTERM drains" in text
 
 
+@pytest.mark.protocol("§7", "§9")
 def test_the_drain_window_matches_the_reporter() -> None:
     assert service.COMPLETION_RETRY_S == reporter.DEFAULT_WINDOW_S
 

@@ -14,6 +14,8 @@ from prohost.options import OptionError, parse_max_cost
 from tests.kits.daemon import install_env, parse_run
 from tests.kits.program import run_cli
 
+pytestmark = pytest.mark.protocol("§12")
+
 
 @pytest.mark.parametrize(("raw", "dollars"), [
     ("2", 2.0), ("2.50", 2.5), ("$0.75", 0.75), (" .5 ", 0.5), ("0.0001", 0.0001),

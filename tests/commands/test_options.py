@@ -77,6 +77,7 @@ def test_parse_seconds_refuses(raw: str) -> None:
     assert repr(raw) in message
 
 
+@pytest.mark.protocol("§4")
 @pytest.mark.parametrize(
     ("raw", "count"), [("1", 1), ("4", 4), ("16", 16), ("04", 4), (" 8 ", 8), ("016", 16)]
 )
@@ -84,6 +85,7 @@ def test_parse_concurrency_accepts(raw: str, count: int) -> None:
     assert parse_concurrency(raw) == count
 
 
+@pytest.mark.protocol("§4")
 @pytest.mark.parametrize(
     "raw",
     ["", " ", "0", "00", "17", "100", "-1", "+4", "4x", "4.0", "1e1", "four", "²", "٤", "9" * 5000],
@@ -100,6 +102,7 @@ def ns(**values: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
+@pytest.mark.protocol("§4", "§5")
 def test_defaults(tmp_path: Path) -> None:
     home = tmp_path / "h"
     options = options_from_args(ns(), {"PROHOST_HOME": str(home)}, tmp_path)
@@ -166,6 +169,7 @@ def test_every_flag_reaches_options(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.protocol("§1")
 def test_url_from_environment(tmp_path: Path) -> None:
     env = {"PROHOST_HOME": str(tmp_path), "PROHOST_WS_URL": "wss://dev.example/v1/agent/ws"}
     assert options_from_args(ns(), env, tmp_path).url == "wss://dev.example/v1/agent/ws"
@@ -220,12 +224,14 @@ def test_options_is_frozen_and_self_checking(tmp_path: Path) -> None:
         Options(home=Path("relative"))
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize(("raw", "count"), [("1", 1), ("250", 250), (" 10000 ", 10_000),
                                             ("007", 7)])
 def test_parse_max_queued_accepts(raw: str, count: int) -> None:
     assert parse_max_queued(raw) == count
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize("raw", ["0", "10001", "-3", "1e3", "٤", "", "many", "99999999999"])
 def test_parse_max_queued_refuses(raw: str) -> None:
     with pytest.raises(OptionError) as caught:

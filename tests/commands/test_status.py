@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 from rich.console import Console
 
@@ -78,6 +79,7 @@ def test_json(tmp_path: Path) -> None:
     assert json.dumps(document, indent=2) == snapshot.to_json()
 
 
+@pytest.mark.protocol("§12")
 def test_accounts_in_the_picture_and_the_json(tmp_path: Path) -> None:
     reset = int(NOW) + 3600
     accounts = (AccountRow(name="work", state="warning", resets_at=reset, used_percent=80.0),

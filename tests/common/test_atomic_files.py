@@ -41,6 +41,7 @@ def test_the_status_file_is_replaced_whole_without_an_fsync(
     assert [path.name for path in tmp_path.iterdir()] == [STATUS_FILE]
 
 
+@pytest.mark.protocol("§10")
 def test_credentials_are_fsynced_with_their_folder(tmp_path: Path, fsyncs: list[int]) -> None:
     creds = Credentials(token="t0ken", secret="s3cret", ws_url="ws://127.0.0.1:1/ws")
     path = save_credentials(tmp_path, creds)

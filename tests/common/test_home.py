@@ -60,6 +60,7 @@ def test_prohost_home(tmp_path: Path) -> None:
 # --- credentials -------------------------------------------------------------------
 
 
+@pytest.mark.protocol("§10")
 def test_credentials_round_trip_is_0600_and_atomic(tmp_path: Path) -> None:
     home = tmp_path / "home"
     old_umask = os.umask(0)  # a file created without an explicit mode would be 0666 now
@@ -86,6 +87,7 @@ def test_credentials_round_trip_is_0600_and_atomic(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.protocol("§1")
 def test_credentials_repr_hides_the_secrets() -> None:
     text = repr(CREDS)
     assert "tok-SECRET-1" not in text
@@ -162,6 +164,7 @@ def test_credentials_ignore_unknown_fields(tmp_path: Path) -> None:
 NO_API = Credentials(token="t", secret="s", ws_url="wss://paired.example:444/v1/agent/ws")
 
 
+@pytest.mark.protocol("§1")
 @pytest.mark.parametrize(
     ("url", "creds", "expected"),
     [
@@ -188,6 +191,7 @@ def test_resolve_endpoints(
     assert resolve_endpoints(url, creds) == expected
 
 
+@pytest.mark.protocol("§1")
 @pytest.mark.parametrize(
     "url", ["http://h/ws", "https://h/ws", "ftp://h", "h:1/ws", "ws://", "ws://h:port/ws", ""]
 )
@@ -299,6 +303,7 @@ async def pair_with(
             return await pair_command("ABCD-1234", ws_url(base), "studio", home)
 
 
+@pytest.mark.protocol("§10")
 async def test_pair_saves_credentials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     seen: list[dict[str, Any]] = []
@@ -320,6 +325,7 @@ async def test_pair_saves_credentials(tmp_path: Path, capsys: pytest.CaptureFixt
         assert secret not in out + err
 
 
+@pytest.mark.protocol("§10")
 async def test_pair_refused_prints_the_servers_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -335,6 +341,7 @@ async def test_pair_refused_prints_the_servers_error(
     assert not home.exists()
 
 
+@pytest.mark.protocol("§10")
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [
@@ -356,6 +363,7 @@ async def test_pair_refuses_an_incomplete_answer(
     assert not home.exists()
 
 
+@pytest.mark.protocol("§10")
 async def test_pair_connection_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     # Bound but not listening: connecting is refused, and nobody else can take the port.

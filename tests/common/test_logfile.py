@@ -133,6 +133,7 @@ def _record(msg: str, *args: object, exc: bool = False) -> logging.LogRecord:
     return logging.LogRecord("prohost.link", logging.INFO, __file__, 1, msg, args, exc_info)
 
 
+@pytest.mark.protocol("§1")
 def test_redact_masks_message_and_args() -> None:
     masking = redact(TOKEN, SECRET, "")
     record = _record(f"token {TOKEN} in the message, %s and %r in args", SECRET, {"t": TOKEN})
@@ -146,6 +147,7 @@ def test_redact_masks_message_and_args() -> None:
     assert record.getMessage() == message
 
 
+@pytest.mark.protocol("§1")
 def test_redact_masks_tracebacks_and_bad_format_strings() -> None:
     masking = redact(TOKEN)
     record = _record("oops", exc=True)
@@ -159,6 +161,7 @@ def test_redact_masks_tracebacks_and_bad_format_strings() -> None:
     assert TOKEN not in record.getMessage()
 
 
+@pytest.mark.protocol("§1")
 def test_add_redaction_covers_child_loggers(tmp_path: Path) -> None:
     """On the handler, not the logger: a logger's filter misses its children's records."""
     path = log_to_file(tmp_path)

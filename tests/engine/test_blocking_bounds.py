@@ -82,6 +82,7 @@ async def test_a_cancel_does_not_interrupt_a_step_that_finishes() -> None:
     assert outer.cancelled_caught
 
 
+@pytest.mark.protocol("§9")
 async def test_hurry_cuts_short_steps_in_flight_and_later_ones(
     hang: threading.Event, autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -131,6 +132,7 @@ def hung_ledger(path: Path, hang: threading.Event) -> HungLedger:
     return ledger
 
 
+@pytest.mark.protocol("§7")
 def test_a_step_waits_for_an_abandoned_one_only_a_bounded_time(
     tmp_path: Path, hang: threading.Event, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -159,6 +161,7 @@ def test_a_step_waits_for_an_abandoned_one_only_a_bounded_time(
         assert row is not None and row.state is RunState.FINISHED
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
     tmp_path: Path, hang: threading.Event, mock_clock: trio.testing.MockClock,
 ) -> None:

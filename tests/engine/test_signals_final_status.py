@@ -10,6 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.protocol("§9")
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, threading

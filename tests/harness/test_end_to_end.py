@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost import AGENT_HEADER_VALUE
@@ -12,6 +13,7 @@ from prohost.wire.protocol import Heartbeat, Status
 from tests.kits.harness import agent_command, finished, messages, running_harness, running_server
 
 
+@pytest.mark.protocol("§5", "§7")
 async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with running_server() as server, running_harness(
@@ -35,6 +37,7 @@ async def test_a_run_is_executed_and_its_reply_posted(tmp_path: Path) -> None:
             assert AGENT_HEADER_VALUE.startswith("prohost-python/")
 
 
+@pytest.mark.protocol("§7")
 async def test_an_unreadable_ledger_row_is_closed_not_met_at_every_start(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

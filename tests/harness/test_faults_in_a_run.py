@@ -31,6 +31,8 @@ from tests.kits.harness import (
     running_server,
 )
 
+pytestmark = pytest.mark.protocol("§7")
+
 REPLY = agent_command("reply.py", "done")
 
 

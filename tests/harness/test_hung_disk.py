@@ -144,6 +144,7 @@ async def a_hung_step_then_a_restart(
         gate_nursery.cancel_scope.cancel()
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_a_hung_status_file_write(
     tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch,
@@ -158,6 +159,7 @@ async def test_a_hung_status_file_write(
     await a_hung_step_then_a_restart(tmp_path, disk, mock_clock, wait_for=started)
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_a_hung_status_file_removal(
     tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch,
@@ -171,6 +173,7 @@ async def test_a_hung_status_file_removal(
     await a_hung_step_then_a_restart(tmp_path, disk, mock_clock, wait_for=started)
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_a_hung_mkdir_of_the_working_folder(
     tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch,
@@ -184,6 +187,7 @@ async def test_a_hung_mkdir_of_the_working_folder(
     await a_hung_step_then_a_restart(tmp_path, disk, mock_clock, wait_for=hanging)
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_a_hung_removal_of_the_mcp_folder(
     tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch,
@@ -237,6 +241,7 @@ def _quiet_http(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="httpx")
 
 
+@pytest.mark.protocol("§9")
 async def test_a_hung_disk_under_the_daily_worktree_collection_gives_up_at_the_stop(
     tmp_path: Path, disk: HungDisk, mock_clock: trio.testing.MockClock,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,

@@ -25,6 +25,8 @@ from prohost.home import InstanceLock
 from prohost.logfile import log_path, log_to_file
 from tests.kits.harness import AGENTS, finished, running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§1", "§5")
+
 MCP_TOKEN = "mcp-SECRET-5d1e0c"
 
 

@@ -19,6 +19,8 @@ import trio
 
 from tests.kits.harness import finished, running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§5", "§12")
+
 #: Absolute, because the agent runs in the harness's workdir, not here.
 CLI_ROOT = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")).resolve()
 CLI_DIR = CLI_ROOT / "node_modules" / ".bin"

@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.ledger import RunState
@@ -42,6 +43,8 @@ from tests.kits.process import (
     until,
     wait_gone,
 )
+
+pytestmark = pytest.mark.protocol("§7")
 
 
 async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queued_runs_resume(
@@ -126,6 +129,7 @@ async def test_after_a_kill_a_finished_unreported_run_posts_its_saved_outcome(
             assert ledger_row(home, run_id).state is RunState.REPORTED
 
 
+@pytest.mark.protocol("§3")
 async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with trio.fail_after(60):
@@ -176,6 +180,7 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
                 assert server.run(run_id).ack_statuses == [200]
 
 
+@pytest.mark.protocol("§9")
 async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_and_exits_0(
     tmp_path: Path,
 ) -> None:
@@ -219,6 +224,7 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
                 assert ledger_row(home, run_id).state is RunState.REPORTED
 
 
+@pytest.mark.protocol("§5")
 async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended_with(
     tmp_path: Path,
 ) -> None:

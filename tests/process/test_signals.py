@@ -12,6 +12,7 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.harness import STOPPED
@@ -30,6 +31,8 @@ from tests.kits.process import (
     paired_with_gate,
     wait_gone,
 )
+
+pytestmark = pytest.mark.protocol("§9")
 
 
 def draining_since(server: ServerHandle) -> int | None:

@@ -85,6 +85,7 @@ def stalled_terminal() -> tuple[int, int]:
     return master, slave
 
 
+@pytest.mark.protocol("§2", "§3")
 @pytest.mark.parametrize(
     "stalled", [full_pipe, stalled_terminal], ids=["full-unread-pipe", "suspended-terminal"]
 )

@@ -98,6 +98,7 @@ def check_clean(tmp_path: Path, output: str, runs_planned: int) -> None:
             assert run["retryable"] is True, run
 
 
+@pytest.mark.protocol("§3", "§7", "§12")
 async def test_a_fast_soak_with_usage_limits_finds_nothing(tmp_path: Path) -> None:
     code, output, figures = await soak(
         tmp_path, "--runs", str(FAST_RUNS), "--seed", "1616", "--concurrency", "2",
@@ -112,6 +113,7 @@ async def test_a_fast_soak_with_usage_limits_finds_nothing(tmp_path: Path) -> No
     assert "accounting: 30 runs = " in output and " + 0 with no completion" in output
 
 
+@pytest.mark.protocol("§3", "§7", "§9", "§12")
 @pytest.mark.slow
 async def test_a_short_soak_with_every_fault_finds_nothing(tmp_path: Path) -> None:
     code, output, figures = await soak(

@@ -21,6 +21,8 @@ from prohost.server.state import DELIVERY_WINDOW, OUTBOX_SIZE, Connection, Serve
 from prohost.wire.protocol import Ack
 from tests.kits.harness import running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§11")
+
 
 class Clock:
     """A clock the test moves by hand (seconds)."""
@@ -69,6 +71,7 @@ def run_of(delivery: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------- the model's timers
 
 
+@pytest.mark.protocol("§2")
 async def test_pings_fall_due_every_heartbeat_from_the_connect() -> None:
     state, clock = model(heartbeat_s=7)
     peer = Peer(state, state.pair("m").token)
@@ -84,6 +87,7 @@ async def test_pings_fall_due_every_heartbeat_from_the_connect() -> None:
     ]
 
 
+@pytest.mark.protocol("§2")
 async def test_an_unacked_delivery_is_resent_after_exactly_redeliver_after_s() -> None:
     state, clock = model(redeliver_after_s=10, heartbeat_s=1000)
     token = state.pair("m").token
@@ -110,6 +114,7 @@ async def test_an_unacked_delivery_is_resent_after_exactly_redeliver_after_s() -
     assert run.state == "accepted" and state.counts["accepted"] == 1
 
 
+@pytest.mark.protocol("§3")
 async def test_a_503_comes_back_soon_then_less_often_and_never_marks_the_run_done() -> None:
     state, clock = model(redeliver_after_s=10, heartbeat_s=1000)
     peer = Peer(state, state.pair("m").token)

@@ -19,6 +19,8 @@ from prohost.server import ServerHandle, faults
 from tests.kits.fake_harness import ack, complete, harness, next_of
 from tests.kits.harness import running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§11")
+
 ROUTES = [
     ("GET", "/v1/faults"),
     ("GET", "/v1/faults/runs"),

@@ -29,6 +29,8 @@ from prohost.wire.signature import check
 from tests.kits.fake_harness import ack, auth, complete, harness, next_of, send
 from tests.kits.harness import running_server
 
+pytestmark = pytest.mark.protocol("§11")
+
 #: Server settings for tests that watch redelivery: a delivery not acked within
 #: 10 s is sent again, and pings (every 100 s) stay out of the way.
 REDELIVERING: dict[str, Any] = {"heartbeat_s": 100, "redeliver_after_s": 10}
@@ -72,6 +74,7 @@ def body_of(delivery: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- pairing and handshake
 
 
+@pytest.mark.protocol("§10")
 async def test_pairing_with_the_right_and_a_wrong_code() -> None:
     with trio.fail_after(10):
         async with (
@@ -105,6 +108,7 @@ async def test_pairing_with_the_right_and_a_wrong_code() -> None:
     assert [h.machine for h in server.state.harnesses.values()] == ["studio", "laptop"]
 
 
+@pytest.mark.protocol("§10")
 def test_generated_pairing_code_has_the_documented_shape() -> None:
     from prohost.server.state import generate_pairing_code
 
@@ -114,6 +118,7 @@ def test_generated_pairing_code_has_the_documented_shape() -> None:
     assert len(code) == 9
 
 
+@pytest.mark.protocol("§1")
 @pytest.mark.parametrize("token", [None, "not-a-paired-token"])
 async def test_upgrade_without_a_paired_token_is_refused_with_401(token: str | None) -> None:
     with trio.fail_after(10):
@@ -126,6 +131,7 @@ async def test_upgrade_without_a_paired_token_is_refused_with_401(token: str | N
     assert server.state.total_connects == 0
 
 
+@pytest.mark.protocol("§1")
 @pytest.mark.parametrize("status", [403, 503])
 async def test_handshake_status_knob_refuses_with_that_exact_status(status: int) -> None:
     with trio.fail_after(10):
@@ -141,6 +147,7 @@ async def test_handshake_status_knob_refuses_with_that_exact_status(status: int)
                 await server.wait_until(lambda s: s.connected == 1)
 
 
+@pytest.mark.protocol("§2")
 async def test_hello_comes_first_then_a_ping_every_heartbeat(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -188,6 +195,7 @@ async def test_silent_server_sends_nothing_but_keeps_reading(
 # ---------------------------------------------------------------------- deliveries
 
 
+@pytest.mark.protocol("§3")
 async def test_a_delivery_is_signed_and_carries_the_run_body() -> None:
     with trio.fail_after(10):
         async with one_harness() as (server, creds, ws):
@@ -227,6 +235,7 @@ async def test_a_run_submitted_before_any_harness_waits_for_one() -> None:
                 assert body_of(await next_of(ws, "delivery"))["run_id"] == run_id
 
 
+@pytest.mark.protocol("§2")
 async def test_unacked_delivery_is_sent_again_and_on_reconnect_but_not_after_an_ack(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -256,6 +265,7 @@ async def test_unacked_delivery_is_sent_again_and_on_reconnect_but_not_after_an_
     assert record.harness == creds["token"]
 
 
+@pytest.mark.protocol("§3")
 async def test_ack_503_is_redelivered_later_and_ack_400_fails_the_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -279,6 +289,7 @@ async def test_ack_503_is_redelivered_later_and_ack_400_fails_the_run(
     assert "body.text: expected str" in (server.run(bad).error or "")
 
 
+@pytest.mark.protocol("§3")
 async def test_a_503_moves_the_run_to_another_harness(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -345,6 +356,7 @@ async def test_a_conversation_moves_when_its_harness_is_gone() -> None:
 # ---------------------------------------------------------------------- cancel and heartbeats
 
 
+@pytest.mark.protocol("§6")
 async def test_cancelling_an_accepted_run_tells_its_harness_until_it_completes() -> None:
     with trio.fail_after(10):
         async with one_harness() as (server, creds, ws):
@@ -396,6 +408,7 @@ async def test_cancelling_a_run_before_it_is_accepted_stops_its_deliveries(
     assert server.run(run_id).state == "cancelled"
 
 
+@pytest.mark.protocol("§2")
 async def test_heartbeat_ack_lists_closed_and_unknown_runs() -> None:
     with trio.fail_after(10):
         async with one_harness() as (server, creds, ws):
@@ -448,6 +461,7 @@ async def test_status_and_every_message_are_recorded_in_order() -> None:
 # ---------------------------------------------------------------------- completions
 
 
+@pytest.mark.protocol("§7")
 async def test_completion_is_accepted_once_then_409() -> None:
     with trio.fail_after(10):
         async with one_harness() as (server, creds, ws):
@@ -475,6 +489,7 @@ async def test_completion_is_accepted_once_then_409() -> None:
     assert record.idempotency_keys == [run_id, run_id]
 
 
+@pytest.mark.protocol("§7")
 async def test_completion_errors_401_404_400() -> None:
     with trio.fail_after(10):
         async with running_server() as server:
@@ -514,6 +529,7 @@ async def test_completion_faults_are_answered_in_order_before_normal_handling() 
     assert server.run(run_id).state == "completed"
 
 
+@pytest.mark.protocol("§7", "§8")
 async def test_a_failed_completion_and_a_timeline() -> None:
     with trio.fail_after(10):
         async with running_server() as server:
@@ -550,6 +566,7 @@ async def test_a_failed_completion_and_a_timeline() -> None:
 # ---------------------------------------------------------------------- robustness
 
 
+@pytest.mark.protocol("§2")
 async def test_malformed_frames_do_not_end_the_connection() -> None:
     with trio.fail_after(10):
         async with one_harness() as (server, _creds, ws):

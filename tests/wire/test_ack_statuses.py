@@ -25,6 +25,8 @@ from tests.kits.harness import (
     wait_for_ack,
 )
 
+pytestmark = pytest.mark.protocol("§3")
+
 
 async def status_of(
     running: Running, body: Any, delivery_id: str = "d1", **frame_options: Any
@@ -153,6 +155,7 @@ async def test_413_beats_every_other_fault(tmp_path: Path, reply_agent: str) -> 
             assert status == 200
 
 
+@pytest.mark.protocol("§9")
 async def test_503_while_draining(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
@@ -175,6 +178,7 @@ async def test_503_while_draining(tmp_path: Path) -> None:
             await server.wait_until(finished(busy))
 
 
+@pytest.mark.protocol("§2")
 async def test_ping_is_answered_with_its_id_at_once(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with gated_harness(tmp_path) as (gate, running):
@@ -195,6 +199,7 @@ async def test_ping_is_answered_with_its_id_at_once(tmp_path: Path) -> None:
             await server.wait_until(finished(run_id))
 
 
+@pytest.mark.protocol("§2")
 async def test_unknown_types_fields_and_garbage_are_ignored(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with running_server() as server, running_harness(

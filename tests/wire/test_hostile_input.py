@@ -45,6 +45,8 @@ from tests.kits.harness import (
     start_run,
 )
 
+pytestmark = pytest.mark.protocol("§2")
+
 DEEP = 2_000  #: levels of nesting: over what Python's JSON parser can recurse through
 
 
@@ -98,6 +100,7 @@ async def test_reproduction_2_a_deeply_nested_frame_is_dropped(
             await still_serving(running, "deep")
 
 
+@pytest.mark.protocol("§3")
 async def test_reproduction_2_a_deeply_nested_body_is_400(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with replying_harness(tmp_path) as (_, running):
@@ -108,6 +111,7 @@ async def test_reproduction_2_a_deeply_nested_body_is_400(tmp_path: Path) -> Non
             await still_serving(running, "deep-body")
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize(
     ("field", "escape"),
     [("text", True), ("conversation_id", True), ("text", False), ("author", True)],
@@ -140,6 +144,7 @@ async def test_reproduction_3_a_lone_surrogate_is_400_naming_the_field(
 # --------------------------------------------------------------------------- bodies: 400
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
@@ -184,6 +189,7 @@ async def test_hostile_bodies_are_400_with_a_reason(
             assert server.state.total_connects == 1
 
 
+@pytest.mark.protocol("§3")
 async def test_a_256_byte_conversation_id_and_an_emoji_pair_are_fine(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with replying_harness(tmp_path) as (_, running):
@@ -211,6 +217,7 @@ async def test_odd_ping_ids_are_answered_and_never_crash(tmp_path: Path) -> None
             await still_serving(running, "pings")
 
 
+@pytest.mark.protocol("§3")
 async def test_odd_deliveries_are_acked_or_dropped_on_the_same_connection(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -261,6 +268,7 @@ async def test_odd_deliveries_are_acked_or_dropped_on_the_same_connection(
             await still_serving(running, "deliveries")
 
 
+@pytest.mark.protocol("§6")
 async def test_a_cancel_reason_with_a_lone_surrogate_is_reported_safely(
     tmp_path: Path,
 ) -> None:
@@ -298,6 +306,7 @@ async def test_a_bug_handling_one_message_is_logged_and_the_reader_goes_on(
 # --------------------------------------------------------------------------- queue cap
 
 
+@pytest.mark.protocol("§3")
 async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
     tmp_path: Path,
 ) -> None:
@@ -327,6 +336,7 @@ async def test_a_full_queue_refuses_new_runs_with_503_but_not_redeliveries(
 # --------------------------------------------------------------------------- status first
 
 
+@pytest.mark.protocol("§1")
 async def test_status_is_the_first_message_even_when_a_ping_and_a_refusal_follow_hello(
     tmp_path: Path,
 ) -> None:
@@ -384,6 +394,7 @@ class _TopOfRange(random.Random):
         return b
 
 
+@pytest.mark.protocol("§1")
 async def test_a_failed_tls_handshake_closes_its_tcp_stream() -> None:
     events: list[str] = []
     changed = trio.Event()

@@ -19,6 +19,8 @@ from prohost.wire import intake
 from prohost.wire.protocol import Delivery
 from prohost.wire.signature import sign
 
+pytestmark = pytest.mark.protocol("§3")
+
 SECRET = "pairing-secret"
 NOW = 1_764_668_400
 LIMITED = all_limited_reason(1_800_000_000)
@@ -49,6 +51,7 @@ REFUSING = [
 ]
 
 
+@pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize(("state", "refusal"), REFUSING)
 def test_a_valid_run_is_not_refused_here_but_carries_its_503_for_the_ledger_to_apply(
     state: dict[str, Any], refusal: str
@@ -64,6 +67,7 @@ def test_a_valid_run_in_the_normal_state_has_no_refusal() -> None:
     assert found.run is not None and found.refusal is None
 
 
+@pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize(("state", "refusal"), REFUSING)
 def test_413_then_401_then_400_outrank_the_503(state: dict[str, Any], refusal: str) -> None:
     huge = body(text="x" * intake.MAX_BODY_BYTES)
@@ -87,6 +91,7 @@ def test_413_then_401_then_400_outrank_the_503(state: dict[str, Any], refusal: s
     assert verdict(delivery(body()), **state).refusal == refusal
 
 
+@pytest.mark.protocol("§9", "§12")
 def test_an_event_other_than_agent_run_is_ignored_even_while_new_work_is_refused() -> None:
     found = verdict(delivery(body(), event="agent.ping"), draining=True, unavailable=LIMITED)
     assert found.status == 204 and found.run is None
@@ -98,6 +103,7 @@ def test_an_unverified_run_still_carries_its_refusal() -> None:
     assert found.refusal == intake.SHUTTING_DOWN
 
 
+@pytest.mark.protocol("§12")
 def test_a_long_limit_reason_is_cut_like_every_reason() -> None:
     found = verdict(delivery(body()), unavailable="x" * 10_000)
     assert found.refusal is not None and len(found.refusal) == intake.MAX_REASON_CHARS

@@ -46,6 +46,8 @@ from prohost.wire.protocol import Ack, Delivery, Pong
 from prohost.wire.signature import sign
 from tests.kits.harness import Running, running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§2", "§3")
+
 #: Every status §3 allows.
 STATUSES = frozenset({200, 204, 400, 401, 413, 503})
 #: Frames per example and examples per run: over 10,000 frames in all.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -33,6 +34,8 @@ from tests.kits.harness import (
     running_server,
     wall_clock_bound,
 )
+
+pytestmark = pytest.mark.protocol("§12")
 
 
 def last_accounts(server: ServerHandle) -> dict[str, dict[str, Any]]:
@@ -123,6 +126,7 @@ async def test_a_lane_keeps_its_account_and_its_session_on_each(
             moved["session_id"], first["session_id"]]
 
 
+@pytest.mark.protocol("§3")
 async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wait_then_fail(
     tmp_path: Path, mock_clock: trio.testing.MockClock,
 ) -> None:
@@ -219,6 +223,7 @@ async def test_a_restart_remembers_a_limit(tmp_path: Path) -> None:
             assert accounts_used(tmp_path) == ["work", "personal", "personal"]
 
 
+@pytest.mark.protocol("§2")
 async def test_heartbeats_name_the_account_of_a_running_run(tmp_path: Path) -> None:
     accounts = folders(tmp_path, "work")
     # The agent holds at FAKE_CLAUDE_GATE until told to go; nobody ever tells it
@@ -241,6 +246,7 @@ async def test_heartbeats_name_the_account_of_a_running_run(tmp_path: Path) -> N
             assert beat_of(server.state).account == "work"
 
 
+@pytest.mark.protocol("§3")
 def test_every_account_limited_is_a_503_in_section_3s_order() -> None:
     """413, 401 and 400 win; a run past them carries the 503 it gets if it is new."""
     reason = all_limited_reason(1_800_000_000)
@@ -254,6 +260,7 @@ def test_every_account_limited_is_a_503_in_section_3s_order() -> None:
                            unavailable=reason).status == 413
 
 
+@pytest.mark.protocol("§3")
 async def test_both_accounts_refusing_is_one_retryable_report_then_503s(
     tmp_path: Path, mock_clock: trio.testing.MockClock,
 ) -> None:

@@ -17,6 +17,8 @@ from prohost.engine.accounts.book import (
 )
 from prohost.engine.accounts.limits import LimitNotice
 
+pytestmark = pytest.mark.protocol("§12")
+
 T0 = 1_771_416_000.0
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§12")
 
 
 async def test_a_run_at_its_budget_is_reported_with_its_session_and_spend(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.agent.environment import scratch_folder
@@ -23,6 +24,8 @@ from prohost.server import ServerHandle
 from tests.kits.accounts import folders, limit
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§12")
 
 LANE = "conv:C1"
 HOUR = 3600.0
@@ -108,6 +111,7 @@ async def test_a_new_accounts_session_the_cli_refuses_is_replaced_by_a_fresh_one
     assert sessions_kept(home, "a", "b") == {"a": "sess-a", "b": fresh}
 
 
+@pytest.mark.protocol("§6")
 async def test_a_run_cancelled_while_waiting_to_fail_over_keeps_each_accounts_session(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -31,6 +32,8 @@ from prohost.wire.runs import Outcome
 from tests.kits.accounts import folders, limit, seed
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations
 from tests.kits.harness import finished, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§9", "§12")
 
 HOUR = 3600.0
 NOT_STARTED_REPORT = {"ok": False, "retryable": True, "error": NOT_STARTED}

@@ -25,6 +25,8 @@ from prohost.engine.accounts.limits import (
 )
 from prohost.engine.agent.brains.base import decode_json_line
 
+pytestmark = pytest.mark.protocol("§12")
+
 UTC = dt.UTC
 
 

@@ -14,10 +14,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.repos.gitcmd import GIT_LOCATION_VARS
 from tests.kits.harness import agent_command, finished, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§5")
 
 
 def _git_init(path: Path) -> Path:

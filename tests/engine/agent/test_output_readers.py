@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from prohost.engine.agent.output import STDERR_LINE_CHARS, LastLine, LineSplitter
 
+pytestmark = pytest.mark.protocol("§5")
+
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:
     """``data`` in chunks, cut at ``points`` (any order, repeats allowed)."""

@@ -30,6 +30,8 @@ from prohost.engine.agent import poll
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from tests.kits.paths import AGENTS
 
+pytestmark = pytest.mark.protocol("§5")
+
 MIB = 1024 * 1024
 
 
@@ -453,6 +455,7 @@ async def test_total_timeout_kills_the_group(
         await assert_gone(pidfile)
 
 
+@pytest.mark.protocol("§6")
 async def test_cancel_kills_the_group_and_reraises(
     tmp_path: Path, groups: ProcessGroups, pidfile: Path
 ) -> None:
@@ -487,6 +490,7 @@ async def _run_until_cancelled(
     await run_here(agent("stubborn.py", pidfile), tmp_path, groups, on_stdout_line=on_line)
 
 
+@pytest.mark.protocol("§9")
 async def test_kill_all_reaches_a_running_group(
     tmp_path: Path, groups: ProcessGroups, pidfile: Path
 ) -> None:
@@ -545,6 +549,7 @@ async def test_a_prompt_larger_than_the_pipe_is_fed_as_the_output_is_read(
     assert not result.stdout_truncated
 
 
+@pytest.mark.protocol("§7")
 async def test_a_limit_that_passed_during_on_spawn_stops_the_agent(
     tmp_path: Path, groups: ProcessGroups, mock_clock: trio.testing.MockClock
 ) -> None:
@@ -564,6 +569,7 @@ async def test_a_limit_that_passed_during_on_spawn_stops_the_agent(
     assert len(groups) == 0
 
 
+@pytest.mark.protocol("§7")
 async def test_a_failing_callback_stops_the_group_and_is_raised_as_is(
     tmp_path: Path, groups: ProcessGroups, pidfile: Path
 ) -> None:

@@ -18,6 +18,8 @@ import trio
 from prohost.engine.agent import procinfo
 from prohost.engine.agent.procinfo import process_belongs_to_run
 
+pytestmark = pytest.mark.protocol("§7")
+
 
 async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:
     data = b""

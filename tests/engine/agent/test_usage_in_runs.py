@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
 from tests.kits.harness import running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§7")
 
 #: One turn of the fake Codex (1200 input of which 200 cached, 345 output), in §7 keys.
 CODEX_RUN = {"input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from prohost.engine.agent.usage import KEYS, Usage, from_claude_result, from_codex_totals
+
+pytestmark = pytest.mark.protocol("§7")
 
 # The shape of Claude Code's stream-json `result` event (ResultMessage in
 # anthropics/claude-agent-sdk-python), as tests/agents/fake_claude.py prints it.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
 from tests.kits.harness import busy_and_queued, finished, gated_harness, start_run
+
+pytestmark = pytest.mark.protocol("§4")
 
 
 async def test_one_lane_runs_in_order_and_never_overlaps(tmp_path: Path) -> None:

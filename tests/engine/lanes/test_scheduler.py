@@ -20,6 +20,8 @@ from prohost.engine.lanes.scheduler import (
     SchedulerStatistics,
 )
 
+pytestmark = pytest.mark.protocol("§4")
+
 # ---------------------------------------------------------------------------
 # LaneQueue: the data structure on its own.
 # ---------------------------------------------------------------------------
@@ -95,6 +97,7 @@ def test_push_onto_a_busy_lane_waits_for_release() -> None:
     assert pop_key(q) == "a2"
 
 
+@pytest.mark.protocol("§6")
 def test_remove_queued_items() -> None:
     q = queue_of("a1", "b1", "a2", "a3")
     assert "a2" in q
@@ -132,6 +135,7 @@ def test_remove_every_item_of_a_lane_then_reuse_it() -> None:
     assert [pop_key(q), pop_key(q), q.pop_ready()] == ["b1", "a3", None]
 
 
+@pytest.mark.protocol("§9")
 def test_drain_returns_queued_items_in_accept_order_and_keeps_running_ones() -> None:
     q = queue_of("a1", "b1", "a2", "c1", "b2")
     assert pop_key(q) == "a1"
@@ -336,6 +340,7 @@ async def test_busy_lane_does_not_hold_up_others() -> None:
             assert not h.lane_overlap
 
 
+@pytest.mark.protocol("§6")
 async def test_remove_a_queued_item() -> None:
     with trio.fail_after(5):
         async with running_scheduler(1) as (sched, h):
@@ -350,6 +355,7 @@ async def test_remove_a_queued_item() -> None:
             assert h.started == ["a1", "c1"]
 
 
+@pytest.mark.protocol("§9")
 async def test_drain_stops_new_work_and_returns_the_queue() -> None:
     with trio.fail_after(5):
         async with running_scheduler(2) as (sched, h):
@@ -476,6 +482,7 @@ async def test_items_still_in_the_channel_can_be_removed_and_drained() -> None:
         assert h.started == ["a1"]
 
 
+@pytest.mark.protocol("§3")
 async def test_the_queue_cap_refuses_rather_than_blocks() -> None:
     h = Harness()
     sched: Scheduler[str] = Scheduler(1, h.work, queue_cap=2)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 import trio.testing
 
@@ -24,6 +25,8 @@ from prohost.engine.link.connection import Endpoints
 from prohost.options import Options
 from tests.kits.asgi import lifespan, read_body, serving
 from tests.kits.harness import Gate, busy_and_queued, pair_home, running_server
+
+pytestmark = pytest.mark.protocol("§4", "§7")
 
 
 class FailingCompletions:

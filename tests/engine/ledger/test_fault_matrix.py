@@ -49,6 +49,8 @@ from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
 from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
 from tests.kits.process import alive, kill_leftovers, wait_gone
 
+pytestmark = pytest.mark.protocol("§7")
+
 #: Steps of one plain run (the account limit and the tombstone have their own cells).
 RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
              "tombstone"]
@@ -111,6 +113,7 @@ async def settled_row(home: Path, run_id: str) -> Any:
         return ledger.get(run_id)
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize("kind", FAULTS)
 @pytest.mark.parametrize("step", RUN_STEPS)
 async def test_one_fault_at_one_step_of_a_run(
@@ -215,6 +218,7 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
         assert len(executions(marks, run_id)) == 1
 
 
+@pytest.mark.protocol("§12")
 @pytest.mark.parametrize("kind", FAULTS)
 async def test_one_fault_at_the_account_limit_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
@@ -381,6 +385,7 @@ async def kill_cell(tmp_path: Path, step: str, when: str, *, stubborn: bool = Fa
 # -- a hung write and the second signal's window ---------------------------------
 
 
+@pytest.mark.protocol("§9")
 @pytest.mark.parametrize("step", ["started", "process group", "finished"])
 async def test_the_second_signal_exits_in_its_window_while_a_write_hangs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock,

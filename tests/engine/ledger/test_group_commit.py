@@ -96,6 +96,7 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
 
 
+@pytest.mark.protocol("§7")
 async def test_sixteen_writes_waiting_together_share_one_commit(
     ledger: GatedLedger, path: Path
 ) -> None:
@@ -128,12 +129,14 @@ async def test_sixteen_writes_waiting_together_share_one_commit(
     assert after.writes - before.writes == 17
 
 
+@pytest.mark.protocol("§7")
 async def test_one_write_at_a_time_costs_one_commit_each(ledger: GatedLedger) -> None:
     for index in range(5):
         assert await in_thread(ledger.admit, f"run-{index}", "lane", "{}", 1.0) is Admission.NEW
     assert ledger.commits.counts() == (5, 5)
 
 
+@pytest.mark.protocol("§7")
 async def test_a_failing_write_fails_only_its_own_caller(
     ledger: GatedLedger, path: Path
 ) -> None:
@@ -184,6 +187,7 @@ async def test_reads_do_not_queue_behind_a_write_under_way(ledger: GatedLedger) 
         ledger.release.set()
 
 
+@pytest.mark.protocol("§7")
 async def test_a_caller_whose_bound_passes_gives_up_and_the_writer_applies_its_write(
     ledger: GatedLedger,
 ) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admission, Ledger, RunState
 from prohost.wire.runs import Outcome
 from tests.kits.harness import acks, delivery_frame, running_harness, running_server, wait_for_ack
+
+pytestmark = pytest.mark.protocol("§7")
 
 DAY = 86400.0
 
@@ -24,6 +27,7 @@ def test_the_windows_are_seven_and_thirty_days() -> None:
     assert KEEP_TOMBSTONES_S == 30 * DAY
 
 
+@pytest.mark.protocol("§3")
 def test_a_pruned_run_keeps_a_tombstone_that_still_refuses_it(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     reported_at = 1000 * DAY
@@ -69,6 +73,7 @@ def test_unreported_runs_are_never_pruned_however_old(tmp_path: Path) -> None:
             assert row is not None and row.body == "{}"
 
 
+@pytest.mark.protocol("§3")
 async def test_a_redelivery_of_a_pruned_run_is_204_and_never_runs(tmp_path: Path) -> None:
     """Through the real harness and server: run once, prune 8 days on, redeliver."""
     count = tmp_path / "runs.txt"

@@ -45,6 +45,7 @@ def outcome(reply: str = "done") -> str:
 # -- admission ----------------------------------------------------------------------
 
 
+@pytest.mark.protocol("§3", "§7")
 def test_admission_over_the_life_of_a_run(ledger: Ledger) -> None:
     body = '{"run_id": "run-1", "text": "héllo ☃"}'
     assert ledger.admit("run-1", "conv:C1", body, now=10.0) is Admission.NEW
@@ -76,6 +77,7 @@ def test_admission_over_the_life_of_a_run(ledger: Ledger) -> None:
     assert ledger.get("run-unknown") is None
 
 
+@pytest.mark.protocol("§3", "§7")
 def test_a_one_mebibyte_body_is_stored_exactly(ledger: Ledger) -> None:
     body = '{"text": "' + "é" * (512 * 1024 - 8) + '"}'
     assert len(body.encode()) > 1024 * 1024 - 32
@@ -84,6 +86,7 @@ def test_a_one_mebibyte_body_is_stored_exactly(ledger: Ledger) -> None:
     assert row is not None and row.body == body
 
 
+@pytest.mark.protocol("§7")
 async def test_concurrent_admits_from_threads_insert_once(ledger: Ledger) -> None:
     """The harness calls through trio.to_thread; one lock keeps each call whole."""
     with trio.fail_after(30):
@@ -108,6 +111,7 @@ async def test_concurrent_admits_from_threads_insert_once(ledger: Ledger) -> Non
 # -- recovery ------------------------------------------------------------------------
 
 
+@pytest.mark.protocol("§7")
 def test_recovery_classifies_each_state_in_accept_order(path: Path) -> None:
     with Ledger.open(path) as ledger:
         # Accept order deliberately differs from name order and from the clock.
@@ -135,6 +139,7 @@ def test_recovery_classifies_each_state_in_accept_order(path: Path) -> None:
     assert sorted(row.seq for row in recovery.pending) == [row.seq for row in recovery.pending]
 
 
+@pytest.mark.protocol("§7")
 def test_accept_order_stays_monotonic_after_pruning_the_newest(ledger: Ledger) -> None:
     ledger.admit("run-1", "lane", "{}", now=0.0)
     ledger.admit("run-2", "lane", "{}", now=0.0)
@@ -151,6 +156,7 @@ def test_accept_order_stays_monotonic_after_pruning_the_newest(ledger: Ledger) -
     assert first.seq < second.seq < third.seq
 
 
+@pytest.mark.protocol("§7")
 def test_every_committed_step_survives_sigkill(path: Path) -> None:
     child = subprocess.run(
         [sys.executable, str(LEDGER_CRASH_CHILD), str(path)],
@@ -183,6 +189,7 @@ def test_every_committed_step_survives_sigkill(path: Path) -> None:
 # tests/engine/ledger/test_fault_matrix.py (the kill cells).
 
 
+@pytest.mark.protocol("§7")
 def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
     ledger: Ledger, path: Path
 ) -> None:
@@ -211,6 +218,7 @@ def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
     assert commits.counts() == (5, 4)
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize("platform", ["darwin", "linux"])
 def test_on_macos_the_write_connection_asks_for_full_fsyncs(
     path: Path, platform: str, monkeypatch: pytest.MonkeyPatch
@@ -228,6 +236,7 @@ def test_on_macos_the_write_connection_asks_for_full_fsyncs(
 # -- pruning and sessions ------------------------------------------------------------
 
 
+@pytest.mark.protocol("§7")
 def test_prune_empties_only_old_reported_rows(ledger: Ledger) -> None:
     day = 86400.0
     now = 100 * day
@@ -253,6 +262,7 @@ def test_prune_empties_only_old_reported_rows(ledger: Ledger) -> None:
     assert ledger.get("old-accepted") is not None and ledger.get("old-finished") is not None
 
 
+@pytest.mark.protocol("§5")
 def test_sessions_save_replace_and_delete_per_lane(path: Path) -> None:
     with Ledger.open(path) as ledger:
         assert ledger.session_for("conv:A") is None
@@ -282,6 +292,7 @@ def _to_state(ledger: Ledger, run_id: str, state: RunState) -> None:
         ledger.mark_reported(run_id, "posted: 200", now=4.0)
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize(
     ("state", "move"),
     [
@@ -313,6 +324,7 @@ def test_moving_a_run_backwards_raises_and_changes_nothing(
     assert ledger.admit("run-2", "lane", "{}", now=10.0) is Admission.NEW
 
 
+@pytest.mark.protocol("§2", "§7")
 @pytest.mark.parametrize("state", [RunState.ACCEPTED, RunState.STARTED, RunState.FINISHED])
 def test_a_dropped_run_goes_to_reported_from_any_earlier_state(
     ledger: Ledger, state: RunState
@@ -388,6 +400,7 @@ def test_a_missing_folder_is_named(tmp_path: Path) -> None:
 # --- accounts (PROTOCOL.md §12) -------------------------------------------------------
 
 
+@pytest.mark.protocol("§5", "§12")
 def test_sessions_are_kept_per_lane_and_account(ledger: Ledger) -> None:
     ledger.save_turn("conv:C1", "work", "s-work", 1.0)
     ledger.save_turn("conv:C1", "personal", "s-personal", 2.0)
@@ -402,6 +415,7 @@ def test_sessions_are_kept_per_lane_and_account(ledger: Ledger) -> None:
     assert ledger.lane_account("conv:C1") == "work"
 
 
+@pytest.mark.protocol("§12")
 def test_the_default_account_keeps_the_sessions_of_before_accounts(ledger: Ledger) -> None:
     ledger.save_session("conv:C1", "old", 1.0)
     assert ledger.account_session("conv:C1", "default") == "old"
@@ -409,6 +423,7 @@ def test_the_default_account_keeps_the_sessions_of_before_accounts(ledger: Ledge
     assert ledger.session_for("conv:C1") == "new"
 
 
+@pytest.mark.protocol("§12")
 def test_limits_survive_a_reopen(path: Path) -> None:
     with Ledger.open(path) as first:
         first.save_account_limits({"work": 1000.0, "personal": 2000.5})

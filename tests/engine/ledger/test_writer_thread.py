@@ -119,6 +119,7 @@ async def test_sync_callers_keep_working_beside_the_writer_thread_and_after_it(
     assert states == {"run-1": "accepted", "run-2": "accepted", "run-3": "started"}
 
 
+@pytest.mark.protocol("§7", "§9")
 async def test_a_writer_thread_held_by_a_hung_disk_does_not_hold_the_exit(
     tmp_path: Path, mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -221,6 +222,7 @@ def _lanes(path: Path) -> set[str]:
         return {lane for (lane,) in other.execute("SELECT lane FROM lane_accounts")}
 
 
+@pytest.mark.protocol("§7")
 async def test_a_write_that_fails_half_way_leaves_nothing_alone_or_in_a_batch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:

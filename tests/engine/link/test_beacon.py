@@ -6,6 +6,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -32,6 +33,7 @@ def status(active: int) -> Status:
                   queued=0, draining=False)
 
 
+@pytest.mark.protocol("§1", "§2")
 async def test_status_then_heartbeat_then_both_as_due(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -75,6 +77,7 @@ async def test_status_then_heartbeat_then_both_as_due(
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.protocol("§2", "§3")
 async def test_a_full_queue_makes_a_heartbeat_far_below_4_mib() -> None:
     # 10,000 queued runs (the §3 cap) on 256-byte conversations: a heartbeat that
     # carried each one's lane would be over 3 MiB; only run_id and state go out.

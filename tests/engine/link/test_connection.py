@@ -24,6 +24,7 @@ from prohost.wire.protocol import MAX_MESSAGE_BYTES, Heartbeat, Hello, Message, 
 from tests.kits.harness import finished, gated_harness, running_harness, running_server, start_run
 
 
+@pytest.mark.protocol("§1")
 def test_backoff_is_full_jitter_capped_at_30_s() -> None:
     rng = random.Random(7)
     for attempt in range(12):
@@ -35,6 +36,7 @@ def test_backoff_is_full_jitter_capped_at_30_s() -> None:
     assert backoff_delay(10_000, rng) <= BACKOFF_CAP_S
 
 
+@pytest.mark.protocol("§1")
 async def test_a_dropped_socket_loses_nothing(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with gated_harness(tmp_path) as (gate, running):
@@ -63,6 +65,7 @@ async def dry_harness(tmp_path: Path, **server_config: Any) -> AsyncIterator[Ser
         yield server
 
 
+@pytest.mark.protocol("§2")
 async def test_a_silent_server_is_left_after_three_heartbeats(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -78,6 +81,7 @@ async def test_a_silent_server_is_left_after_three_heartbeats(
             assert 15 <= waited <= 15 + 0.5 + 0.1
 
 
+@pytest.mark.protocol("§2")
 async def test_heartbeats_keep_coming_every_period(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -92,6 +96,7 @@ async def test_heartbeats_keep_coming_every_period(
             assert all(abs(gap - 7) < 0.5 for gap in gaps)
 
 
+@pytest.mark.protocol("§1")
 @pytest.mark.parametrize("status", [401, 403])
 async def test_rejected_credentials_end_the_harness(
     tmp_path: Path, status: int, caplog: pytest.LogCaptureFixture
@@ -108,6 +113,7 @@ async def test_rejected_credentials_end_the_harness(
                        if r.levelno >= logging.ERROR) == 1
 
 
+@pytest.mark.protocol("§1")
 async def test_other_handshake_failures_are_retried(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -167,6 +173,7 @@ async def close_code_for(text: str) -> int | None:
     return code
 
 
+@pytest.mark.protocol("§2")
 async def test_a_message_over_4_mib_of_utf8_is_closed_with_1009() -> None:
     # Over 4 MiB as UTF-8 (two bytes a character), under 4 Mi characters: the whole
     # message arrives, and the link, counting bytes, closes with 1009.
@@ -176,12 +183,14 @@ async def test_a_message_over_4_mib_of_utf8_is_closed_with_1009() -> None:
         assert await close_code_for(too_big) == 1009  # "message too big", RFC 6455 §7.4.1
 
 
+@pytest.mark.protocol("§2")
 async def test_a_message_over_4_mi_characters_is_closed_with_1009() -> None:
     with trio.fail_after(60):
         text = json.dumps({"type": "ping", "id": "x" * MAX_MESSAGE_BYTES})
         assert await close_code_for(text) == 1009
 
 
+@pytest.mark.protocol("§1", "§2")
 async def test_after_a_message_over_4_mib_the_harness_reconnects(tmp_path: Path) -> None:
     too_big = json.dumps({"type": "ping", "id": "é" * (2 * 1024 * 1024)}, ensure_ascii=False)
     with trio.fail_after(60):

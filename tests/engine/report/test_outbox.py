@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import attrs
 import httpx
+import pytest
 import trio
 from rich.console import Console
 
@@ -31,6 +32,8 @@ from prohost.engine.view.panel import describe_change, render
 from prohost.engine.view.snapshot import Snapshot
 from prohost.wire.runs import Outcome
 from tests.kits.asgi import lifespan, read_body, serving
+
+pytestmark = pytest.mark.protocol("§7")
 
 T = TypeVar("T")
 TOKEN = "tok_outbox_test"

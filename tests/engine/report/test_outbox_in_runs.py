@@ -45,6 +45,8 @@ from tests.kits.harness import (
     start_run,
 )
 
+pytestmark = pytest.mark.protocol("§7")
+
 #: One attempt in the window, then the outbox; its timer never fires by itself.
 ONE_TRY = ReportTiming(window_s=0, retry_every_s=math.inf)
 DAY_S = 86400.0
@@ -236,6 +238,7 @@ async def test_an_outcome_older_than_7_days_found_at_start_is_dropped_not_posted
     assert not any(ids["fresh"] in line for line in errors)
 
 
+@pytest.mark.protocol("§4", "§6")
 async def test_a_cancelled_queued_run_holds_its_lane_until_its_report_settles(
     tmp_path: Path,
 ) -> None:
@@ -271,6 +274,7 @@ async def test_a_cancelled_queued_run_holds_its_lane_until_its_report_settles(
             await server.wait_until(finished(later))
 
 
+@pytest.mark.protocol("§4")
 async def test_a_recovered_outcome_holds_its_lane_until_its_report_settles(
     tmp_path: Path,
 ) -> None:
@@ -301,6 +305,7 @@ async def test_a_recovered_outcome_holds_its_lane_until_its_report_settles(
             await server.wait_until(finished(later))
 
 
+@pytest.mark.protocol("§9")
 async def test_a_drain_does_not_wait_for_a_report_the_server_will_not_take(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -35,6 +35,8 @@ from tests.kits.reporter import (
     gaps,
 )
 
+pytestmark = pytest.mark.protocol("§7")
+
 
 @asynccontextmanager
 async def reporter_for(
@@ -144,6 +146,7 @@ async def test_400_is_rejected_with_a_bounded_body_snippet(
         assert "reply too long" in caplog.text
 
 
+@pytest.mark.protocol("§1")
 async def test_token_echoed_by_the_server_never_reaches_detail_or_log(
     autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -243,6 +246,7 @@ async def test_cancelling_complete_stops_retrying(autojump_clock: Any) -> None:
             assert len(app.seen) == seen == 4  # at 0, 1, 3, 7 s; nothing after
 
 
+@pytest.mark.protocol("§8")
 async def test_timeline_post_success(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((204, {}, b""))
@@ -257,6 +261,7 @@ async def test_timeline_post_success(autojump_clock: Any) -> None:
         assert json.loads(seen.body) == {"run_id": RUN, "events": events}
 
 
+@pytest.mark.protocol("§8")
 async def test_timeline_post_failure_returns_false_after_two_tries(
     autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -269,6 +274,7 @@ async def test_timeline_post_failure_returns_false_after_two_tries(
         assert "timeline for run_01" in caplog.text
 
 
+@pytest.mark.protocol("§8")
 async def test_timeline_post_4xx_is_not_retried(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((404, {}, b""))
@@ -277,6 +283,7 @@ async def test_timeline_post_4xx_is_not_retried(autojump_clock: Any) -> None:
         assert len(app.seen) == 1
 
 
+@pytest.mark.protocol("§8")
 async def test_timeline_post_to_nobody_never_raises(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         async with httpx.AsyncClient() as client:
@@ -286,6 +293,7 @@ async def test_timeline_post_to_nobody_never_raises(autojump_clock: Any) -> None
             assert trio.current_time() - start < 15
 
 
+@pytest.mark.protocol("§8")
 async def test_timeline_post_to_a_hanging_server_is_bounded(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         app = ScriptedApp(HANG)

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from prohost.engine.report.reporter import Reporter, Settlement
@@ -19,6 +20,8 @@ from tests.kits.reporter import BOUNDED_PATH as PATH
 from tests.kits.reporter import BOUNDED_PAYLOAD as PAYLOAD
 from tests.kits.reporter import BOUNDED_RUN as RUN
 from tests.kits.reporter import completed_holding_little
+
+pytestmark = pytest.mark.protocol("§7")
 
 TOKEN = "tok_bounds"
 

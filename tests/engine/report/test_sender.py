@@ -149,6 +149,7 @@ def self_signed(folder: Path) -> tuple[Path, ssl.SSLContext]:
 # --- the harness's sender ----------------------------------------------------------
 
 
+@pytest.mark.protocol("§7", "§8")
 async def test_the_server_gets_the_same_request_from_the_transport_as_from_a_client(
     autojump_clock: Any,
 ) -> None:
@@ -236,6 +237,7 @@ async def test_no_proxy_alone_posts_directly() -> None:
 # --- the reporter's guarantees, over either ----------------------------------------
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_redirect_is_an_answer_not_followed(autojump_clock: Any, kind: str) -> None:
     with trio.fail_after(60):
@@ -246,6 +248,7 @@ async def test_a_redirect_is_an_answer_not_followed(autojump_clock: Any, kind: s
     assert [s.path for s in app.seen] == [PATH]
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize("kind", KINDS)
 async def test_an_error_keeps_a_bounded_snippet_and_retry_after_is_honoured(
     autojump_clock: Any, caplog: pytest.LogCaptureFixture, kind: str
@@ -262,6 +265,7 @@ async def test_an_error_keeps_a_bounded_snippet_and_retry_after_is_honoured(
     assert snippet.startswith("slow down") and len(snippet) == SNIPPET_CHARS
 
 
+@pytest.mark.protocol("§1", "§7")
 @pytest.mark.parametrize("kind", KINDS)
 async def test_the_token_echoed_back_is_never_logged(
     autojump_clock: Any, caplog: pytest.LogCaptureFixture, kind: str
@@ -276,6 +280,7 @@ async def test_the_token_echoed_back_is_never_logged(
     assert TOKEN not in caplog.text
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize("kind", KINDS)
 async def test_transport_failures_read_as_before(autojump_clock: Any, kind: str) -> None:
     """Refused, hanging, and a bad URL: the same settlements and one-line details."""
@@ -322,6 +327,7 @@ async def test_posts_share_one_kept_alive_connection(kind: str) -> None:
     assert len(set(clients)) == 1, clients
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("answer", ["endless", "gzip-bomb"])
 async def test_a_hostile_answer_is_read_only_to_a_bound(kind: str, answer: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 import trio.testing
 
@@ -10,6 +11,8 @@ from prohost.engine.agent.brains.base import ToolEvent
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import BATCH_INTERVAL_S, TimelineBatcher
 from tests.kits.harness import running_server
+
+pytestmark = pytest.mark.protocol("§8")
 
 
 def event(n: int, state: str = "calling") -> ToolEvent:

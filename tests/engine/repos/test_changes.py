@@ -7,11 +7,14 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import MAX_FILES, compare, take_state
+
+pytestmark = pytest.mark.protocol("§7")
 
 
 def git(repo: Path, *args: str) -> str:

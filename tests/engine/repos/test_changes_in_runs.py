@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.kits.harness import agent_command, finished, running_harness, running_server
 from tests.kits.repos import make_readme_repo
+
+pytestmark = pytest.mark.protocol("§7")
 
 
 async def turn(server: Any, text: str) -> dict[str, Any]:

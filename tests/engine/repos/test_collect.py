@@ -32,6 +32,7 @@ def by_lane(entries: list[GcEntry], field: str = "action") -> dict[str | None, s
     return {entry.lane: getattr(entry, field) for entry in entries}
 
 
+@pytest.mark.protocol("§5")
 async def test_clean_idle_worktrees_go_and_work_stays(tmp_path: Path) -> None:
     with trio.fail_after(20):
         setup = await lanes(tmp_path, "conv:clean", "conv:dirty", "conv:unmerged",
@@ -208,6 +209,7 @@ def test_parse_older_than_refuses(raw: str) -> None:
         parse_older_than(raw)
 
 
+@pytest.mark.protocol("§4", "§5")
 async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path) -> None:
     """The lane is held in the scheduler while its worktrees go (issue 8): a turn
     submitted meanwhile starts only once they are gone, and prepares them afresh."""
@@ -244,6 +246,7 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
         assert (setup.paths["conv:old"] / ".git").exists()  # and made it again
 
 
+@pytest.mark.protocol("§4")
 async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

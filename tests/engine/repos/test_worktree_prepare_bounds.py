@@ -24,7 +24,7 @@ from tests.kits.harness import agent_command, finished, running_harness, running
 from tests.kits.repos import git, make_repo, only, worktree_paths
 
 #: No git configuration of the machine reaches this module's repositories.
-pytestmark = pytest.mark.usefixtures("isolated_git")
+pytestmark = [pytest.mark.usefixtures("isolated_git"), pytest.mark.protocol("§5")]
 
 
 # --- the run's deadline (issue 20, point 2) -----------------------------------------
@@ -81,6 +81,7 @@ async def test_a_checkout_slower_than_the_timeout_fails_the_run_without_the_agen
         assert await git(only(again.checkouts), "status", "--porcelain") == ""
 
 
+@pytest.mark.protocol("§2")
 async def test_a_run_shows_preparing_while_its_checkout_is_made(tmp_path: Path) -> None:
     source = await make_repo(tmp_path / "code" / "app")
     gate = gate_checkouts(source, tmp_path / "gate")

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("isolated_git")
 # --- preparing ---------------------------------------------------------------------
 
 
+@pytest.mark.protocol("§5")
 async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_path: Path) -> None:
     with trio.fail_after(20):
         source = await make_repo(tmp_path / "code" / "app")
@@ -56,6 +57,7 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert sorted(await worktree_paths(source)) == real(source, wt_a, wt_b)
 
 
+@pytest.mark.protocol("§5")
 async def test_a_later_turn_finds_the_earlier_turns_work(tmp_path: Path) -> None:
     with trio.fail_after(20):
         source = await make_repo(tmp_path / "app")
@@ -74,6 +76,7 @@ async def test_a_later_turn_finds_the_earlier_turns_work(tmp_path: Path) -> None
         assert (await git(second, "symbolic-ref", "--short", "HEAD")).strip() == "fix-typo"
 
 
+@pytest.mark.protocol("§5")
 async def test_a_vanished_worktree_is_made_again(tmp_path: Path) -> None:
     with trio.fail_after(20):
         source = await make_repo(tmp_path / "app")
@@ -88,6 +91,7 @@ async def test_a_vanished_worktree_is_made_again(tmp_path: Path) -> None:
         assert sorted(await worktree_paths(source)) == real(source, path)
 
 
+@pytest.mark.protocol("§5")
 async def test_a_half_made_worktree_is_made_again(tmp_path: Path) -> None:
     """What a `git worktree add` killed mid-checkout leaves: git's "initializing" lock
     and a partial tree, in a folder no prepare ever handed to an agent."""
@@ -108,6 +112,7 @@ async def test_a_half_made_worktree_is_made_again(tmp_path: Path) -> None:
         assert sorted(await worktree_paths(source)) == real(source, path)
 
 
+@pytest.mark.protocol("§5")
 async def test_a_used_worktree_is_never_taken_for_a_half_made_one(tmp_path: Path) -> None:
     with trio.fail_after(20):
         source = await make_repo(tmp_path / "app")
@@ -119,6 +124,7 @@ async def test_a_used_worktree_is_never_taken_for_a_half_made_one(tmp_path: Path
         assert (path / "work").read_text() == "mine\n"
 
 
+@pytest.mark.protocol("§5")
 async def test_a_broken_worktree_that_was_used_is_moved_aside(tmp_path: Path) -> None:
     with trio.fail_after(20):
         source = await make_repo(tmp_path / "app")
@@ -133,6 +139,7 @@ async def test_a_broken_worktree_that_was_used_is_moved_aside(tmp_path: Path) ->
         assert (aside / "work").read_text() == "mine\n"
 
 
+@pytest.mark.protocol("§3", "§5")
 @pytest.mark.parametrize(
     "lane",
     ["../../etc", "..", ".", "a/b", "/", "conv:" + "x" * 500, "会話-ü", "", " ", "\x00\n",
@@ -152,6 +159,7 @@ async def test_any_lane_id_stays_inside_the_worktrees_folder(tmp_path: Path, lan
         assert marker["lane"] == lane
 
 
+@pytest.mark.protocol("§3", "§5")
 def test_lane_folder_names() -> None:
     lanes = ["../../etc", "a/b", "a:b", "a-b", "x" * 500, "会話-ü", "", "..", "conv:C42"]
     names = [lane_folder_name(lane) for lane in lanes]
@@ -163,6 +171,7 @@ def test_lane_folder_names() -> None:
     assert lane_folder_name("conv:C42").startswith("conv-C42-")
 
 
+@pytest.mark.protocol("§5")
 async def test_two_repos_with_one_name_get_distinct_worktrees(tmp_path: Path) -> None:
     with trio.fail_after(20):
         first = await make_repo(tmp_path / "work" / "app", {"which": "work\n"})
@@ -186,6 +195,7 @@ def test_names_that_differ_only_in_case_are_one_folder_on_macos(tmp_path: Path) 
     assert names[2] == "dots"
 
 
+@pytest.mark.protocol("§5")
 async def test_a_folder_left_by_another_repo_is_not_taken_over(tmp_path: Path) -> None:
     """--repos once named /old/app; now /new/app. The lane's "app" holds the old one's
     work: it is left alone and the new repo gets a name of its own."""
@@ -201,6 +211,7 @@ async def test_a_folder_left_by_another_repo_is_not_taken_over(tmp_path: Path) -
         assert (before / "wip").read_text() == "old work\n"
 
 
+@pytest.mark.protocol("§5")
 async def test_a_checkout_that_cannot_be_prepared_does_not_stop_the_others(
     tmp_path: Path,
 ) -> None:
@@ -222,6 +233,7 @@ async def test_a_checkout_that_cannot_be_prepared_does_not_stop_the_others(
         assert only_bad.failures == (CheckoutFailure(str(plain), "not a git checkout"),)
 
 
+@pytest.mark.protocol("§5")
 async def test_no_git_binary_is_a_failure_not_an_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,6 +248,7 @@ async def test_no_git_binary_is_a_failure_not_an_exception(
         )
 
 
+@pytest.mark.protocol("§5")
 async def test_eight_lanes_at_once_on_one_repo(tmp_path: Path) -> None:
     with trio.fail_after(25):
         files = {f"f{i}.txt": f"{i}\n" for i in range(50)}

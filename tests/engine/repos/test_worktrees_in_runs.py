@@ -21,6 +21,7 @@ def reply_of(server: object, run_id: str) -> dict[str, object]:
     return result
 
 
+@pytest.mark.protocol("§5")
 async def test_each_conversation_works_in_its_own_persistent_checkout(tmp_path: Path) -> None:
     source = await make_readme_repo(tmp_path / "code" / "app")
     home = tmp_path / "home"
@@ -49,6 +50,7 @@ async def test_each_conversation_works_in_its_own_persistent_checkout(tmp_path: 
     assert status.stdout == b""
 
 
+@pytest.mark.protocol("§5")
 async def test_a_missing_checkout_is_read_only_and_the_run_goes_on(tmp_path: Path) -> None:
     source = await make_readme_repo(tmp_path / "code" / "app")
     not_a_repo = tmp_path / "code" / "docs"

@@ -27,7 +27,7 @@ RUN = AgentRun(run_id="run_1", completion_path="/c", text="work", conversation_i
 
 
 #: No git configuration of the machine reaches this module's repositories.
-pytestmark = pytest.mark.usefixtures("isolated_git")
+pytestmark = [pytest.mark.usefixtures("isolated_git"), pytest.mark.protocol("§5")]
 
 
 def prompt_for(checkouts: tuple[Checkout, ...]) -> str:

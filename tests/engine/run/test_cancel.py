@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.wire.protocol import Pong
 from tests.kits.harness import busy_and_queued, finished, gated_harness, messages, start_run
 from tests.kits.process import alive
+
+pytestmark = pytest.mark.protocol("§6")
 
 
 async def test_cancel_of_a_queued_and_of_a_running_run(tmp_path: Path) -> None:
@@ -50,6 +53,7 @@ async def test_heartbeat_ack_cancel_stops_a_run(tmp_path: Path) -> None:
             assert completion["error"] == "cancelled: cancelled by the server"
 
 
+@pytest.mark.protocol("§2")
 async def test_runs_the_server_no_longer_knows_are_stopped_and_not_reported(
     tmp_path: Path,
 ) -> None:

@@ -20,6 +20,8 @@ from prohost.engine.run.prompt import MAX_REPLY_BYTES, REPLY_CUT_MARKER, PromptC
 from prohost.wire.runs import AgentRun
 from tests.kits.paths import AGENTS
 
+pytestmark = pytest.mark.protocol("§5")
+
 RUN = AgentRun(run_id="run_exec_1", completion_path="/c", text="hello", author="dana")
 
 
@@ -223,6 +225,7 @@ async def test_idle_timeout_message(tmp_path: Path, groups: ProcessGroups) -> No
     assert outcome.retryable is False
 
 
+@pytest.mark.protocol("§6")
 async def test_cancellation_propagates_after_the_group_is_gone(
     tmp_path: Path, groups: ProcessGroups
 ) -> None:
@@ -265,6 +268,7 @@ async def test_an_on_spawn_failure_is_the_callers_not_the_agents(
     assert len(groups) == 0
 
 
+@pytest.mark.protocol("§3")
 @pytest.mark.parametrize("run_id", ["..", "."])
 async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -> None:
     """Reproduction 1 of issue 8 at the runner: a run id of ``..`` (or ``.``) with an

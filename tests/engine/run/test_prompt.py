@@ -18,6 +18,8 @@ from prohost.engine.run.prompt import (
 )
 from prohost.wire.runs import AgentRun, ContextMessage
 
+pytestmark = pytest.mark.protocol("§5")
+
 FULL_RUN = AgentRun(
     run_id="run_01",
     completion_path="/v1/agent/runs/run_01/complete",

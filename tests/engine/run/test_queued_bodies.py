@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from prohost.engine.lanes.scheduler import Scheduler
@@ -84,6 +85,7 @@ async def test_runs_waiting_for_a_slot_are_held_light(tmp_path: Path) -> None:
             assert all(server.run(r).completion["reply"] == "done" for r in waiting)
 
 
+@pytest.mark.protocol("§4")
 async def test_at_most_limit_runs_submitted_to_start_at_once_can_wait() -> None:
     """What the scheduler promises to the run queue: an item "starts at once" only
     while fewer items wait than slots are free, on a lane with nothing running,

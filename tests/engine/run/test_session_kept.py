@@ -27,6 +27,8 @@ from prohost.wire.runs import AgentRun
 from tests.kits.fake_clis import CLAUDE, CODEX, Cli, Turnstile, install, seed_session, turn
 from tests.kits.harness import Running, finished, running_harness, running_server
 
+pytestmark = pytest.mark.protocol("§5")
+
 
 def invocations(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "record.json"
@@ -141,6 +143,7 @@ async def test_an_agent_that_cannot_be_spawned_keeps_the_session(tmp_path: Path)
     assert len(groups) == 0
 
 
+@pytest.mark.protocol("§6")
 async def test_a_run_cancelled_before_its_fresh_session_started_keeps_the_session(
     tmp_path: Path,
 ) -> None:

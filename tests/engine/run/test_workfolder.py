@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import trio
 
 from prohost.engine.agent.brains.plain import PlainBrain
@@ -23,6 +24,8 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.run.execute import ExecSpec, execute
 from prohost.wire.runs import AgentRun
 from tests.kits.paths import AGENTS
+
+pytestmark = pytest.mark.protocol("§5")
 
 T = TypeVar("T")
 

@@ -37,6 +37,8 @@ from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
 
+pytestmark = pytest.mark.protocol("§3")
+
 SECRET = "test-secret"
 
 
@@ -175,6 +177,7 @@ async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
     assert counting.used == [] and parts.queue.queued() == 1 and parts.taken_on == []
 
 
+@pytest.mark.protocol("§9")
 async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_started(
     ledger: Ledger,
 ) -> None:
@@ -200,6 +203,7 @@ async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_hold
     assert len(parts.runs) == 0 and parts.queue.queued() == 0  # take_on's job, not ours
 
 
+@pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize("state", ["draining", "limited", "queue full"])
 async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
     ledger: Ledger, state: str,
@@ -228,6 +232,7 @@ async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_
     assert ledger.get("fresh") is None and len(parts.runs) == 0
 
 
+@pytest.mark.protocol("§9")
 async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_up(
     ledger: Ledger,
 ) -> None:

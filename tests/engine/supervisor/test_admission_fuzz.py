@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +45,8 @@ from prohost.wire.protocol import Ack, Pong
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
 from tests.kits.harness import Gate, Running, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§3")
 
 MAX_QUEUED = 6
 EXAMPLES = 60

@@ -29,6 +29,7 @@ from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 
+@pytest.mark.protocol("§3", "§7")
 @pytest.mark.parametrize("left_as", ["accepted", "started", "finished"])
 async def test_a_redelivered_run_the_ledger_holds_but_nobody_runs_is_taken_on(
     tmp_path: Path, left_as: str
@@ -68,6 +69,7 @@ async def test_a_redelivered_run_the_ledger_holds_but_nobody_runs_is_taken_on(
             assert row is not None and row.state is RunState.REPORTED
 
 
+@pytest.mark.protocol("§3", "§7")
 async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
     tmp_path: Path,
 ) -> None:
@@ -157,6 +159,7 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
             assert harness.bodies.chars == 0
 
 
+@pytest.mark.protocol("§7")
 async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -35,6 +35,8 @@ from prohost.engine.supervisor.recovery import RESTARTED, Recovery
 from prohost.engine.supervisor.runqueue import NOT_STARTED, RunQueue
 from prohost.wire.runs import Outcome
 
+pytestmark = pytest.mark.protocol("§7")
+
 #: What the ``settle`` stand-in records: run id, outcome, recorded, finished_at.
 Settled = tuple[str, Outcome, bool, float | None]
 
@@ -115,6 +117,7 @@ async def test_recover_queues_accepted_reports_started_and_posts_finished(
     assert parts.settled == [restarted(STA), ("fin", DONE, True, NOW - 40)]
 
 
+@pytest.mark.protocol("§9")
 async def test_recover_while_draining_reports_accepted_runs_not_started(
     ledger: Ledger,
 ) -> None:
@@ -140,6 +143,7 @@ async def test_recover_closes_a_row_whose_body_cannot_be_read(ledger: Ledger) ->
     assert ledger.recover().pending == []  # not met again at the next start
 
 
+@pytest.mark.protocol("§12")
 async def test_recover_restores_the_account_limits_the_ledger_remembers(
     ledger: Ledger,
 ) -> None:
@@ -201,6 +205,7 @@ async def test_resume_unheld_takes_on_an_accepted_row_and_leaves_a_reported_one(
     assert parts.queue.queued() == 1 and parts.settled == []
 
 
+@pytest.mark.protocol("§9")
 async def test_the_sweep_reports_an_unheld_unreported_row_once(ledger: Ledger) -> None:
     row(ledger, "fin", RunState.FINISHED)
     row(ledger, "held", RunState.ACCEPTED)
@@ -228,6 +233,7 @@ class Unreadable:
         return getattr(self._ledger, name)
 
 
+@pytest.mark.protocol("§9")
 async def test_ledger_settled_is_false_when_the_ledger_cannot_be_read(
     ledger: Ledger,
 ) -> None:
@@ -235,6 +241,7 @@ async def test_ledger_settled_is_false_when_the_ledger_cannot_be_read(
     assert await build(ledger, steps=steps).recovery.ledger_settled() is False
 
 
+@pytest.mark.protocol("§9")
 async def test_ledger_settled_only_when_nothing_but_outbox_rows_are_left(
     ledger: Ledger,
 ) -> None:

@@ -28,6 +28,8 @@ from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome, parse_body
 from tests.kits.harness import endpoints_for, finished, pair_home, running_server
 
+pytestmark = pytest.mark.protocol("§7", "§9")
+
 
 class PausedRecovery:
     """The real ledger, except that ``recover`` tells the test it has begun and then

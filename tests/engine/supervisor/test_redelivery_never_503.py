@@ -37,6 +37,8 @@ from tests.kits.harness import (
     run_body,
 )
 
+pytestmark = pytest.mark.protocol("§3")
+
 
 async def redelivered(running: Running, run_id: str, delivery_id: str) -> tuple[int, str]:
     """The ack to ``run_id``'s own body, delivered again (signed as the server signs)."""
@@ -60,6 +62,7 @@ def refuse_new_work(running: Running, state: str) -> str:
     return intake.QUEUE_FULL
 
 
+@pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize("state", ["draining", "queue full", "limited"])
 async def test_a_run_held_or_reported_here_is_never_answered_503(
     tmp_path: Path, state: str
@@ -120,6 +123,7 @@ class UnreadableLedger:
         return getattr(self._ledger, name)
 
 
+@pytest.mark.protocol("§9")
 async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_run_does_not(
     tmp_path: Path,
 ) -> None:
@@ -226,6 +230,7 @@ async def test_the_ledgers_answer_costs_no_extra_worker_thread_hop(
             assert gate.started == [busy]
 
 
+@pytest.mark.protocol("§9")
 async def test_while_draining_a_run_the_ledger_has_but_nobody_holds_is_answered_and_reported(
     tmp_path: Path,
 ) -> None:

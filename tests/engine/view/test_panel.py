@@ -381,6 +381,7 @@ def two_accounts(reset: float) -> tuple[AccountRow, ...]:
                        used_percent=None))
 
 
+@pytest.mark.protocol("§12")
 def test_the_accounts_line_shows_use_and_limits() -> None:
     reset = T0 + 3600
     clock = time.strftime("%H:%M", time.localtime(reset))
@@ -392,6 +393,7 @@ def test_the_accounts_line_shows_use_and_limits() -> None:
     assert "accounts" not in plain
 
 
+@pytest.mark.protocol("§12")
 def test_describe_change_says_when_an_account_is_limited_and_back() -> None:
     reset = T0 + 3600
     clock = time.strftime("%H:%M", time.localtime(reset))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -35,6 +36,7 @@ from tests.kits.harness import (
 )
 
 
+@pytest.mark.protocol("§4", "§5")
 async def test_a_lane_resumes_its_own_session_and_no_other(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -59,6 +61,7 @@ async def test_a_lane_resumes_its_own_session_and_no_other(tmp_path: Path) -> No
             assert isinstance(completions[0]["duration_ms"], int)
 
 
+@pytest.mark.protocol("§5")
 async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: Path) -> None:
     home = tmp_path / "home"
     seed_session(home, "conv:C1", "stale-session")
@@ -79,6 +82,7 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             assert running.ledger.session_for("conv:C1") == fresh
 
 
+@pytest.mark.protocol("§5")
 async def test_the_fresh_retry_shares_the_runs_deadline(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
@@ -116,6 +120,7 @@ async def test_the_fresh_retry_shares_the_runs_deadline(
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.protocol("§8")
 async def test_tool_calls_reach_the_timeline_before_the_completion(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -178,6 +183,7 @@ async def test_mcp_config_is_private_and_removed_after_the_run(tmp_path: Path) -
             assert not (home / "runs" / run_id).exists()
 
 
+@pytest.mark.protocol("§5")
 async def test_the_agent_environment(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -192,6 +198,7 @@ async def test_the_agent_environment(tmp_path: Path) -> None:
             assert seen["claudecode_set"] is False
 
 
+@pytest.mark.protocol("§2")
 async def test_status_names_the_brain_its_version_and_model(tmp_path: Path) -> None:
     # A program really called `claude`, so `--brain auto` and `claude --version` see it.
     program = tmp_path / "bin" / "claude"
@@ -212,6 +219,7 @@ async def test_status_names_the_brain_its_version_and_model(tmp_path: Path) -> N
             assert "timeline" in status.features
 
 
+@pytest.mark.protocol("§2")
 def test_a_running_runs_heartbeat_entry_carries_its_activity() -> None:
     held = HeldRun.of(parse_body(json.dumps(
         {"run_id": "r1", "completion_path": "/v1/x", "text": "", "conversation_id": "C"})))
@@ -222,6 +230,7 @@ def test_a_running_runs_heartbeat_entry_carries_its_activity() -> None:
                                   activity="Bash: pytest -q")
 
 
+@pytest.mark.protocol("§5")
 async def test_codex_threads_are_resumed_per_lane(tmp_path: Path) -> None:
     fake = AGENTS / "fake_codex.py"
     program = tmp_path / "bin" / "codex"

@@ -110,6 +110,7 @@ def feed_all(turn: ClaudeTurn, *lines: bytes) -> list[ToolEvent]:
 # --- reading the stream ------------------------------------------------------------
 
 
+@pytest.mark.protocol("§5")
 def test_init_sets_session_model_and_started() -> None:
     turn = ClaudeTurn()
     assert turn.feed(INIT) == []
@@ -117,6 +118,7 @@ def test_init_sets_session_model_and_started() -> None:
         SID, "claude-sonnet-4-5-20250929", True)
 
 
+@pytest.mark.protocol("§5", "§7")
 def test_a_successful_result_is_the_reply_with_usage_and_cost() -> None:
     turn = ClaudeTurn()
     feed_all(turn, INIT, assistant({"type": "text", "text": "Working on it"}), result("Done: 3"))
@@ -131,6 +133,7 @@ def test_a_successful_result_is_the_reply_with_usage_and_cost() -> None:
     assert turn.last_text == "Working on it"
 
 
+@pytest.mark.protocol("§2", "§8")
 def test_a_tool_call_is_timed_with_its_summary_and_sets_activity() -> None:
     turn = ClaudeTurn()
     turn.feed(INIT)
@@ -147,6 +150,7 @@ def test_a_tool_call_is_timed_with_its_summary_and_sets_activity() -> None:
     assert done[0].to_json()["state"] == "done"
 
 
+@pytest.mark.protocol("§2", "§8")
 def test_a_failed_tool_result_is_an_error_row_and_activity_follows_open_calls() -> None:
     turn = ClaudeTurn()
     feed_all(turn, INIT, assistant(tool_use("Read", {"file_path": "/a.py"}, "toolu_a"),
@@ -161,6 +165,7 @@ def test_a_failed_tool_result_is_an_error_row_and_activity_follows_open_calls() 
     assert turn.feed(tool_result("toolu_unknown")) == []
 
 
+@pytest.mark.protocol("§8")
 @pytest.mark.parametrize(
     ("name", "arguments", "summary"),
     [
@@ -193,11 +198,13 @@ def test_tool_summaries(name: str, arguments: Any, summary: str) -> None:
     assert tool_summary(name, arguments) == summary
 
 
+@pytest.mark.protocol("§8")
 def test_a_long_summary_is_one_cut_line() -> None:
     summary = tool_summary("Bash", {"command": "echo " + "word " * 100})
     assert len(summary) == 120 and summary.endswith("…") and "\n" not in summary
 
 
+@pytest.mark.protocol("§5")
 def test_unknown_events_and_garbage_are_skipped_without_raising() -> None:
     turn = ClaudeTurn()
     junk = [
@@ -227,6 +234,7 @@ def test_unknown_events_and_garbage_are_skipped_without_raising() -> None:
     assert outcome is not None and outcome.reply == "fine"
 
 
+@pytest.mark.protocol("§12")
 def test_a_rate_limit_event_is_read_without_changing_the_outcome() -> None:
     turn = ClaudeTurn()
     assert feed_all(turn, INIT, RATE_LIMIT, assistant({"type": "text", "text": "hi"}),
@@ -236,6 +244,7 @@ def test_a_rate_limit_event_is_read_without_changing_the_outcome() -> None:
     assert outcome is not None and outcome.ok and outcome.reply == "hi"
 
 
+@pytest.mark.protocol("§12")
 def test_a_rejected_rate_limit_says_when_it_resets() -> None:
     turn = ClaudeTurn()
     rejected = RATE_LIMIT.replace(b'"status":"allowed"', b'"status":"rejected"')
@@ -248,6 +257,7 @@ def test_a_rejected_rate_limit_says_when_it_resets() -> None:
     assert "resets at 2026-02-18 05:00 UTC" in outcome.error
 
 
+@pytest.mark.protocol("§5")
 def test_a_five_mib_line_is_read() -> None:
     turn = ClaudeTurn()
     huge = assistant({"type": "text", "text": "x" * (5 * 1024 * 1024)},
@@ -258,6 +268,7 @@ def test_a_five_mib_line_is_read() -> None:
     assert turn.last_text is not None and len(turn.last_text) == 5 * 1024 * 1024
 
 
+@pytest.mark.protocol("§5")
 def test_a_subagents_text_is_not_the_last_text() -> None:
     turn = ClaudeTurn()
     feed_all(turn, INIT, assistant({"type": "text", "text": "main"}),
@@ -265,6 +276,7 @@ def test_a_subagents_text_is_not_the_last_text() -> None:
     assert turn.last_text == "main"
 
 
+@pytest.mark.protocol("§5")
 def test_a_signed_out_cli_is_a_clear_failure_never_a_reply() -> None:
     turn = ClaudeTurn()
     text = "Invalid API key · Please run /login"
@@ -277,6 +289,7 @@ def test_a_signed_out_cli_is_a_clear_failure_never_a_reply() -> None:
     assert outcome.session_id == SID
 
 
+@pytest.mark.protocol("§5")
 @pytest.mark.parametrize(
     ("event", "expected"),
     [
@@ -302,6 +315,7 @@ def test_error_results_are_failures_naming_what_happened(event: bytes, expected:
     assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
 
 
+@pytest.mark.protocol("§5")
 def test_no_result_event() -> None:
     turn = ClaudeTurn()
     feed_all(turn, INIT, assistant({"type": "text", "text": "I was about\nto say"}))
@@ -319,6 +333,7 @@ def test_no_result_event() -> None:
     assert ClaudeTurn().finish(process(0)) is not None
 
 
+@pytest.mark.protocol("§5")
 def test_resume_rejected() -> None:
     def rejected(*lines: bytes, **kwargs: Any) -> bool:
         turn = ClaudeTurn()
@@ -348,6 +363,7 @@ def test_resume_rejected() -> None:
 # --- the command line --------------------------------------------------------------
 
 
+@pytest.mark.protocol("§5")
 def test_command_adds_the_stream_flags_once() -> None:
     brain = ClaudeBrain("claude -p")
     assert brain.name == "claude" and brain.streams
@@ -355,6 +371,7 @@ def test_command_adds_the_stream_flags_once() -> None:
         "claude -p --output-format stream-json --verbose --dangerously-skip-permissions")
 
 
+@pytest.mark.protocol("§5")
 @pytest.mark.parametrize(
     "exec_line",
     [
@@ -367,12 +384,14 @@ def test_command_does_not_duplicate_flags_the_user_gave(exec_line: str) -> None:
     assert ClaudeBrain(exec_line).command(session_id=None, mcp=None) == exec_line
 
 
+@pytest.mark.protocol("§5")
 def test_command_keeps_the_users_words_exactly() -> None:
     exec_line = "ANTHROPIC_MODEL='x y'  claude   -p --model \"opus\""
     command = ClaudeBrain(exec_line).command(session_id=None, mcp=None)
     assert command.startswith(exec_line + " ")
 
 
+@pytest.mark.protocol("§5")
 def test_command_adds_print_mode_when_missing() -> None:
     command = ClaudeBrain("claude --model opus").command(session_id=None, mcp=None)
     assert split_command(command) == [
@@ -380,6 +399,7 @@ def test_command_adds_print_mode_when_missing() -> None:
         "--dangerously-skip-permissions"]
 
 
+@pytest.mark.protocol("§5")
 def test_safe_tools_and_a_chosen_permission_mode_keep_permissions() -> None:
     safe = ClaudeBrain("claude -p", safe_tools=True).command(session_id=None, mcp=None)
     assert not has_flag(safe, "--dangerously-skip-permissions")
@@ -388,6 +408,7 @@ def test_safe_tools_and_a_chosen_permission_mode_keep_permissions() -> None:
     assert not has_flag(chosen, "--dangerously-skip-permissions")
 
 
+@pytest.mark.protocol("§5")
 @pytest.mark.parametrize("session_id", [SID, "a b", "it's; rm -rf /", "$(touch x)", "-x"])
 def test_resume_is_one_quoted_word(session_id: str) -> None:
     command = ClaudeBrain("claude -p").command(session_id=session_id, mcp=None)
@@ -395,6 +416,7 @@ def test_resume_is_one_quoted_word(session_id: str) -> None:
     assert ClaudeBrain("claude -p").command(session_id=None, mcp=None).count("--resume") == 0
 
 
+@pytest.mark.protocol("§5")
 def test_mcp_args_come_last_and_quoted() -> None:
     wiring = McpWiring(args=("--mcp-config", "/tmp/run dir/mcp.json"))
     command = ClaudeBrain("claude -p").command(session_id="s1", mcp=wiring)
@@ -506,6 +528,7 @@ def recorded(tmp_path: Path) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.protocol("§5", "§7")
 async def test_end_to_end_reply(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(tmp_path, "reply")
@@ -524,6 +547,7 @@ async def test_end_to_end_reply(tmp_path: Path) -> None:
     assert entry["claudecode_set"] is False
 
 
+@pytest.mark.protocol("§8")
 async def test_end_to_end_tool_call_timeline(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(tmp_path, "tool")
@@ -535,6 +559,7 @@ async def test_end_to_end_tool_call_timeline(tmp_path: Path) -> None:
     assert outcome is not None and outcome.reply == "Hello from the fake Claude."
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_noise_is_skipped(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(tmp_path, "noise")
@@ -543,6 +568,7 @@ async def test_end_to_end_noise_is_skipped(tmp_path: Path) -> None:
     assert outcome is not None and outcome.ok and outcome.reply == "Hello from the fake Claude."
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_rate_limit_event(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(tmp_path, "rate_limit")
@@ -551,6 +577,7 @@ async def test_end_to_end_rate_limit_event(tmp_path: Path) -> None:
     assert outcome is not None and outcome.ok
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_huge_line(tmp_path: Path) -> None:
     with trio.fail_after(30):
         turn, result, _ = await attempt(tmp_path, "huge_line")
@@ -560,6 +587,7 @@ async def test_end_to_end_huge_line(tmp_path: Path) -> None:
     assert outcome is not None and outcome.ok and outcome.reply == "Hello from the fake Claude."
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_signed_out_is_a_failure(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(tmp_path, "is_error", session_id=SID)
@@ -571,6 +599,7 @@ async def test_end_to_end_signed_out_is_a_failure(tmp_path: Path) -> None:
     assert "not logged in" in outcome.error
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_unknown_session_is_rejected_then_fresh_works(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(tmp_path, "no_session", session_id="gone-1")
@@ -601,6 +630,7 @@ async def test_end_to_end_mcp_config_reaches_the_cli(tmp_path: Path) -> None:
         "Authorization": "Bearer tok-1"}
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_errors_forever_is_stopped_by_the_deadline(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(
@@ -612,6 +642,7 @@ async def test_end_to_end_errors_forever_is_stopped_by_the_deadline(tmp_path: Pa
     assert turn.finish(result) is None  # the runner describes a stopped process
 
 
+@pytest.mark.protocol("§5")
 async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path) -> None:
     from prohost.engine.run.execute import ExecSpec, Progress, execute
     from prohost.wire.runs import AgentRun
@@ -649,6 +680,7 @@ async def test_through_execute_a_rejected_resume_is_retried_fresh(tmp_path: Path
 NOON = 1771416000.0
 
 
+@pytest.mark.protocol("§12")
 def test_an_allowed_warning_is_a_warning_with_its_use() -> None:
     turn = ClaudeTurn()
     warning = RATE_LIMIT.replace(b'"status":"allowed"',
@@ -661,6 +693,7 @@ def test_an_allowed_warning_is_a_warning_with_its_use() -> None:
     assert turn.limit.resets_at == 1771390800
 
 
+@pytest.mark.protocol("§12")
 def test_the_newer_limit_text_ends_the_run_limited_with_its_reset() -> None:
     turn = ClaudeTurn(clock=lambda: NOON)
     text = "You've hit your limit · resets 8pm (Europe/Paris)"
@@ -676,6 +709,7 @@ def test_the_newer_limit_text_ends_the_run_limited_with_its_reset() -> None:
     assert turn.ended_by_limit(outcome)
 
 
+@pytest.mark.protocol("§12")
 def test_the_legacy_limit_result_is_limited_even_when_not_marked_an_error() -> None:
     turn = ClaudeTurn(clock=lambda: NOON)
     feed_all(turn, INIT, result("Claude AI usage limit reached|1771430400"))
@@ -684,6 +718,7 @@ def test_the_legacy_limit_result_is_limited_even_when_not_marked_an_error() -> N
     assert turn.limit.resets_at == 1771430400
 
 
+@pytest.mark.protocol("§12")
 def test_a_limit_text_without_a_readable_time_is_limited_without_one() -> None:
     turn = ClaudeTurn(clock=lambda: NOON)
     feed_all(turn, INIT, assistant({"type": "text", "text": "Rate limited."}, error="rate_limit"),
@@ -695,6 +730,7 @@ def test_a_limit_text_without_a_readable_time_is_limited_without_one() -> None:
     assert "Claude usage limit reached; it did not say when it resets" in outcome.error
 
 
+@pytest.mark.protocol("§12")
 def test_a_reply_that_quotes_a_limit_message_is_not_a_limit() -> None:
     turn = ClaudeTurn(clock=lambda: NOON)
     reply = "I added handling for \"You've hit your limit · resets 8pm\" to the parser."
@@ -704,6 +740,7 @@ def test_a_reply_that_quotes_a_limit_message_is_not_a_limit() -> None:
     assert not turn.ended_by_limit(outcome)
 
 
+@pytest.mark.protocol("§12")
 def test_a_success_despite_a_rejected_event_did_not_end_by_the_limit() -> None:
     turn = ClaudeTurn()
     rejected = RATE_LIMIT.replace(b'"status":"allowed"', b'"status":"rejected"')
@@ -714,6 +751,7 @@ def test_a_success_despite_a_rejected_event_did_not_end_by_the_limit() -> None:
     assert not turn.ended_by_limit(outcome)
 
 
+@pytest.mark.protocol("§12")
 def test_other_failures_did_not_end_by_the_limit() -> None:
     turn = ClaudeTurn()
     feed_all(turn, INIT, RATE_LIMIT, result("Something broke", is_error=True))
@@ -727,6 +765,7 @@ def split_around_rate_limit(event_line: bytes, cut: int) -> tuple[bytes, bytes]:
     return event_line[:cut] + RATE_LIMIT, event_line[cut:]
 
 
+@pytest.mark.protocol("§5", "§12")
 def test_a_rate_limit_event_inside_the_reply_line_loses_neither() -> None:
     reply = "The build is fixed: the fixture path was wrong and is now relative."
     whole = assistant({"type": "text", "text": reply})
@@ -744,6 +783,7 @@ def test_a_rate_limit_event_inside_the_reply_line_loses_neither() -> None:
     assert outcome is not None and outcome.ok and outcome.reply == reply
 
 
+@pytest.mark.protocol("§12")
 def test_a_split_line_whose_rest_never_comes_is_dropped_quietly() -> None:
     whole = assistant({"type": "text", "text": "partial answer"})
     first, _ = split_around_rate_limit(whole, whole.index(b"answer"))
@@ -763,6 +803,7 @@ def account_env(tmp_path: Path, name: str, **files: str) -> dict[str, str]:
     return fake_env(tmp_path, "reply", CLAUDE_CONFIG_DIR=str(folder))
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_a_limited_account_refuses_in_the_real_shape(tmp_path: Path) -> None:
     resets = 1771430400  # 2026-02-18 16:00 UTC: a whole hour, as the CLI gives it
     with trio.fail_after(20):
@@ -781,6 +822,7 @@ async def test_end_to_end_a_limited_account_refuses_in_the_real_shape(tmp_path: 
     assert entry["config_dir"] == str(tmp_path / "work")
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_the_legacy_limit_text(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(
@@ -791,6 +833,7 @@ async def test_end_to_end_the_legacy_limit_text(tmp_path: Path) -> None:
     assert turn.limit is not None and turn.limit.resets_at == 1771430400
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_an_account_near_its_limit_warns_and_still_replies(
         tmp_path: Path) -> None:
     with trio.fail_after(20):
@@ -802,6 +845,7 @@ async def test_end_to_end_an_account_near_its_limit_warns_and_still_replies(
     assert turn.limit.used_percent == pytest.approx(41.0)
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_an_account_without_limit_files_reports_nothing(tmp_path: Path) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(tmp_path, "reply", env=account_env(tmp_path, "free"))
@@ -809,6 +853,7 @@ async def test_end_to_end_an_account_without_limit_files_reports_nothing(tmp_pat
     assert outcome is not None and outcome.ok and turn.limit is None
 
 
+@pytest.mark.protocol("§12")
 def test_a_run_at_its_budget_says_the_budget_and_the_spend_and_keeps_its_session() -> None:
     # §12: not retryable, with its session (the conversation goes on) and usage.
     turn = ClaudeBrain("claude -p", max_cost_usd=0.03).new_turn()
@@ -820,6 +865,7 @@ def test_a_run_at_its_budget_says_the_budget_and_the_spend_and_keeps_its_session
     assert outcome.usage is not None and outcome.usage["cost_usd"] == 0.0342
 
 
+@pytest.mark.protocol("§7")
 @pytest.mark.parametrize(("status", "retryable"), [(529, True), (500, True), (400, False),
                                                    (None, False)])
 def test_an_api_failure_reported_as_success_with_is_error_is_a_failure(
@@ -834,6 +880,7 @@ def test_an_api_failure_reported_as_success_with_is_error_is_a_failure(
     assert outcome.error == "API Error: 529 Overloaded"
 
 
+@pytest.mark.protocol("§12")
 def test_the_budget_reaches_claude_code_as_max_budget_usd() -> None:
     brain = ClaudeBrain("claude -p", max_cost_usd=2.5)
     assert "--max-budget-usd=2.5" in brain.command(session_id=None, mcp=None)

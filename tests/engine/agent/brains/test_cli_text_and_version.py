@@ -41,6 +41,7 @@ def install(folder: Path, name: str) -> Path:
     return program
 
 
+@pytest.mark.protocol("§5", "§7")
 @pytest.mark.parametrize("scenario", ["lone_surrogate", "bad_byte"])
 @pytest.mark.parametrize("cli", ["claude", "codex"])
 async def test_a_reply_with_text_that_is_not_unicode_is_delivered_mended(
@@ -60,6 +61,7 @@ async def test_a_reply_with_text_that_is_not_unicode_is_delivered_mended(
     assert completion["session_id"]
 
 
+@pytest.mark.protocol("§5")
 def test_a_whole_escaped_emoji_is_kept() -> None:
     # Only a *lone* surrogate is replaced: an escaped pair is one character.
     event = decode_json_line(b'{"result":"ok \\ud83d\\ude00","lone":"\\uDE00\\ud83d"}')

@@ -62,6 +62,7 @@ words_st = st.lists(
 )
 
 
+@pytest.mark.protocol("§5")
 @given(words=words_st, gaps=st.lists(st.sampled_from([" ", "  ", "\t"]), min_size=6, max_size=6))
 def test_word_spans_find_each_word_where_the_user_wrote_it(
     words: list[str], gaps: list[str],

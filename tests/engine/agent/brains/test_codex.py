@@ -89,6 +89,7 @@ def states(events: list[ToolEvent]) -> list[tuple[str, str, str, str]]:
 
 # --- the parser ---------------------------------------------------------------
 
+@pytest.mark.protocol("§5", "§7")
 def test_a_plain_reply_with_its_thread_and_usage() -> None:
     turn = CodexTurn()
     assert feed_all(turn, STARTED, TURN_STARTED, REASONING, message("Done."), COMPLETED) == []
@@ -100,6 +101,7 @@ def test_a_plain_reply_with_its_thread_and_usage() -> None:
     assert outcome.usage == RUN_USAGE
 
 
+@pytest.mark.protocol("§5")
 def test_the_reply_is_the_last_agent_message() -> None:
     turn = CodexTurn()
     feed_all(turn, STARTED, message("Looking…", "item_1"),
@@ -109,6 +111,7 @@ def test_the_reply_is_the_last_agent_message() -> None:
     assert outcome is not None and outcome.reply == "Final answer."
 
 
+@pytest.mark.protocol("§8")
 def test_a_command_is_called_then_done_or_error() -> None:
     turn = CodexTurn()
     events = feed_all(turn, STARTED, command("item.started"))
@@ -127,6 +130,7 @@ def test_a_command_is_called_then_done_or_error() -> None:
     assert turn.feed(command("item.completed", status="declined"))[0].state == "error"
 
 
+@pytest.mark.protocol("§2")
 def test_activity_is_the_latest_tool_still_running() -> None:
     turn = CodexTurn()
     turn.feed(command("item.started", "item_1", cmd="make test"))
@@ -141,6 +145,7 @@ def test_activity_is_the_latest_tool_still_running() -> None:
     assert turn.activity is None
 
 
+@pytest.mark.protocol("§8")
 def test_a_long_or_multiline_command_is_one_short_line() -> None:
     turn = CodexTurn()
     script = "python - <<'EOF'\n" + "print('x')\n" * 100 + "EOF"
@@ -153,6 +158,7 @@ def test_a_long_or_multiline_command_is_one_short_line() -> None:
     assert plain.summary == "git status --short"
 
 
+@pytest.mark.protocol("§8")
 def test_mcp_tool_calls() -> None:
     turn = CodexTurn()
     events = feed_all(turn, mcp_call("item.started", "in_progress"),
@@ -166,6 +172,7 @@ def test_mcp_tool_calls() -> None:
     assert turn.activity == "thinking"
 
 
+@pytest.mark.protocol("§8")
 def test_file_changes_name_their_paths() -> None:
     turn = CodexTurn()
     changes = [{"path": "/w/src/app.py", "kind": "update"}, {"path": "/w/NEW.md", "kind": "add"}]
@@ -179,6 +186,7 @@ def test_file_changes_name_their_paths() -> None:
     assert (failed.state, failed.summary) == ("error", "/w/src/app.py")
 
 
+@pytest.mark.protocol("§8")
 def test_web_searches_show_their_query() -> None:
     turn = CodexTurn()
     [started] = turn.feed(item("item.started", id="item_5", type="web_search", query="",
@@ -191,6 +199,7 @@ def test_web_searches_show_their_query() -> None:
     ]
 
 
+@pytest.mark.protocol("§5")
 def test_unknown_and_quiet_kinds_are_ignored() -> None:
     turn = CodexTurn()
     quiet = [
@@ -212,6 +221,7 @@ def test_unknown_and_quiet_kinds_are_ignored() -> None:
     assert turn.activity is None and turn.reply is None
 
 
+@pytest.mark.protocol("§5")
 @pytest.mark.parametrize("raw", [
     b"", b"   ", b"not json", b"Reading prompt from stdin...", b"[1, 2]", b"{not json",
     b'"a string"', b"\xff\xfe{\x00", b'{"type":"item.completed","item":"text"}',
@@ -228,6 +238,7 @@ def test_garbage_never_raises(raw: bytes) -> None:
     assert turn.reply is None and turn.session_id is None
 
 
+@pytest.mark.protocol("§5")
 def test_a_five_mebibyte_line() -> None:
     turn = CodexTurn()
     huge = command("item.completed", output="x" * (5 * MIB), exit_code=0, status="completed")
@@ -237,6 +248,7 @@ def test_a_five_mebibyte_line() -> None:
 
 # --- finish and resume_rejected ----------------------------------------------
 
+@pytest.mark.protocol("§5")
 def test_turn_failed_is_the_failure() -> None:
     turn = CodexTurn()
     feed_all(turn, STARTED, line({"type": "error", "message": "Reconnecting... 1/5"}),
@@ -250,6 +262,7 @@ def test_turn_failed_is_the_failure() -> None:
     assert outcome.session_id == THREAD
 
 
+@pytest.mark.protocol("§5")
 def test_an_error_event_without_a_message_is_the_failure() -> None:
     turn = CodexTurn()
     feed_all(turn, STARTED, line({"type": "error", "message": "stream disconnected"}))
@@ -258,6 +271,7 @@ def test_an_error_event_without_a_message_is_the_failure() -> None:
     assert outcome.session_id == THREAD
 
 
+@pytest.mark.protocol("§5")
 def test_a_transient_error_before_a_reply_does_not_fail_it() -> None:
     turn = CodexTurn()
     feed_all(turn, STARTED, line({"type": "error", "message": "Reconnecting... 1/5"}),
@@ -266,6 +280,7 @@ def test_a_transient_error_before_a_reply_does_not_fail_it() -> None:
     assert outcome is not None and outcome.ok and outcome.reply == "Done."
 
 
+@pytest.mark.protocol("§5")
 def test_no_reply_after_a_process_failure_is_left_to_the_runner() -> None:
     turn = CodexTurn()
     turn.feed(STARTED)
@@ -276,6 +291,7 @@ def test_no_reply_after_a_process_failure_is_left_to_the_runner() -> None:
     assert turn.finish(ended(3)) is None
 
 
+@pytest.mark.protocol("§5")
 def test_a_clean_exit_without_a_reply_is_a_failure() -> None:
     turn = CodexTurn()
     feed_all(turn, STARTED, TURN_STARTED, COMPLETED)
@@ -291,6 +307,7 @@ NO_ROLLOUT = ("Error: thread/resume: thread/resume failed: no rollout found for 
               "abc (code -32600)")
 
 
+@pytest.mark.protocol("§5")
 def test_resume_rejected() -> None:
     assert CodexTurn().resume_rejected(ended(1, NO_ROLLOUT))
     assert CodexTurn().resume_rejected(ended(1, "No saved session found with ID abc."))
@@ -309,6 +326,7 @@ def test_resume_rejected() -> None:
 
 # --- command lines ------------------------------------------------------------
 
+@pytest.mark.protocol("§5")
 def test_codex_gets_the_exec_subcommand() -> None:
     assert CodexBrain("codex").command(session_id=None, mcp=None) == f"codex exec {ADDED}"
     assert CodexBrain("codex exec").command(session_id=None, mcp=None) == f"codex exec {ADDED}"
@@ -316,6 +334,7 @@ def test_codex_gets_the_exec_subcommand() -> None:
             == f"/opt/bin/codex exec {ADDED}")
 
 
+@pytest.mark.protocol("§5")
 def test_the_users_words_are_kept_as_written() -> None:
     def cmd(line: str) -> str:
         return CodexBrain(line).command(session_id=None, mcp=None)
@@ -329,6 +348,7 @@ def test_the_users_words_are_kept_as_written() -> None:
     assert cmd("my-codex --profile ci") == f"my-codex --profile ci {ADDED}"
 
 
+@pytest.mark.protocol("§5")
 def test_flags_are_not_repeated() -> None:
     line = f"codex exec --json --skip-git-repo-check {BYPASS}"
     assert CodexBrain(line).command(session_id=None, mcp=None) == f"{line} -"
@@ -336,12 +356,14 @@ def test_flags_are_not_repeated() -> None:
         "codex exec --yolo --json --skip-git-repo-check -")
 
 
+@pytest.mark.protocol("§5")
 def test_a_chosen_sandbox_and_safe_tools_are_honoured() -> None:
     assert BYPASS not in CodexBrain("codex", safe_tools=True).command(session_id=None, mcp=None)
     for line in ("codex --sandbox workspace-write", "codex -s read-only", "codex --full-auto"):
         assert BYPASS not in CodexBrain(line).command(session_id=None, mcp=None)
 
 
+@pytest.mark.protocol("§5")
 def test_later_turns_resume_the_thread() -> None:
     brain = CodexBrain("codex")
     assert brain.command(session_id=THREAD, mcp=None) == (
@@ -352,6 +374,7 @@ def test_later_turns_resume_the_thread() -> None:
     assert "resume" not in brain.command(session_id="--last", mcp=None)
 
 
+@pytest.mark.protocol("§5")
 def test_mcp_wiring_goes_before_resume_and_is_quoted(tmp_path: Path) -> None:
     brain = CodexBrain("codex")
     wiring = brain.wire_mcp(Mcp(url="https://chat.example/mcp?x=1&y='2'", token="s3cret"),
@@ -514,6 +537,7 @@ async def attempt(brain: CodexBrain, tmp_path: Path, groups: ProcessGroups, scen
     return turn, result, events
 
 
+@pytest.mark.protocol("§5", "§7")
 async def test_end_to_end_reply(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups, "reply")
@@ -528,6 +552,7 @@ async def test_end_to_end_reply(tmp_path: Path, groups: ProcessGroups) -> None:
     assert record["env"]["PROHOST_RUN_ID"] == "run_01"
 
 
+@pytest.mark.protocol("§5", "§8")
 async def test_end_to_end_tool_and_noise(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(20):
         turn, result, events = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups, "tool")
@@ -542,6 +567,7 @@ async def test_end_to_end_tool_and_noise(tmp_path: Path, groups: ProcessGroups) 
     assert noisy_outcome.reply == "Fixed: the fixture path was wrong."
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_huge_line(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(30):
         turn, result, events = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups,
@@ -552,6 +578,7 @@ async def test_end_to_end_huge_line(tmp_path: Path, groups: ProcessGroups) -> No
     assert outcome is not None and outcome.ok and outcome.reply
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_turn_failed(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(20):
         turn, result, _ = await attempt(CodexBrain(FAKE_LINE), tmp_path, groups, "failed",
@@ -565,6 +592,7 @@ async def test_end_to_end_turn_failed(tmp_path: Path, groups: ProcessGroups) -> 
     assert outcome.session_id == THREAD
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_unknown_thread_then_fresh(tmp_path: Path,
                                                     groups: ProcessGroups) -> None:
     brain = CodexBrain(FAKE_LINE)
@@ -581,6 +609,7 @@ async def test_end_to_end_unknown_thread_then_fresh(tmp_path: Path,
     assert outcome is not None and outcome.ok and outcome.session_id == THREAD
 
 
+@pytest.mark.protocol("§5")
 async def test_errors_forever_stop_at_the_deadline(tmp_path: Path,
                                                    groups: ProcessGroups) -> None:
     with trio.fail_after(20):
@@ -603,6 +632,7 @@ def codex_on_disk(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.protocol("§5")
 async def test_end_to_end_codex_program_with_mcp_resumes_through_the_overlay(
         tmp_path: Path, groups: ProcessGroups, codex_on_disk: Path) -> None:
     """Two turns, each with its own overlay (removed after it, as after a run): the
@@ -639,6 +669,7 @@ async def test_end_to_end_codex_program_with_mcp_resumes_through_the_overlay(
     assert brain.version_command() == f"{shlex.quote(str(codex_on_disk))} --version"
 
 
+@pytest.mark.protocol("§5")
 async def test_through_execute_a_stale_thread_is_retried_fresh(
     tmp_path: Path, groups: ProcessGroups, codex_on_disk: Path,
 ) -> None:
@@ -673,6 +704,7 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
 NOON = 1771416000.0
 
 
+@pytest.mark.protocol("§12")
 def test_a_usage_limit_error_marks_the_turn_limited_until_its_time() -> None:
     turn = CodexTurn(clock=lambda: NOON)
     said = "You've hit your usage limit. Try again at Feb 18th, 2026 1:05 PM (UTC)."
@@ -686,6 +718,7 @@ def test_a_usage_limit_error_marks_the_turn_limited_until_its_time() -> None:
     assert outcome.error == f"{said} (Codex usage limit reached; it resets at 2026-02-18 13:05 UTC)"
 
 
+@pytest.mark.protocol("§12")
 def test_a_transient_error_is_not_a_limit() -> None:
     turn = CodexTurn(clock=lambda: NOON)
     feed_all(turn, STARTED, line({"type": "error", "message": "Reconnecting... 1/5"}),
@@ -695,6 +728,7 @@ def test_a_transient_error_is_not_a_limit() -> None:
     assert not turn.ended_by_limit(outcome)
 
 
+@pytest.mark.protocol("§12")
 @pytest.mark.parametrize("wrap", [
     # The protocol Event of older `codex exec --json`.
     lambda body: {"id": "0", "msg": body},
@@ -715,6 +749,7 @@ def test_rate_limit_figures_in_a_token_count_event(wrap: Any) -> None:
     assert turn.limit.used_percent == 81.0 and turn.limit.resets_at == 1771430400
 
 
+@pytest.mark.protocol("§12")
 @pytest.mark.parametrize("raw", [
     b'{"type":"token_count","rate_limits":"full"}',
     b'{"id":"0","msg":{"type":"token_count","rate_limits":{"primary":[1]}}}',
@@ -727,6 +762,7 @@ def test_odd_limit_shapes_are_not_fatal(raw: bytes) -> None:
     assert turn.feed(raw) == []
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_a_limited_account_fails_with_its_reset(
         tmp_path: Path, groups: ProcessGroups) -> None:
     home = tmp_path / "personal"
@@ -748,6 +784,7 @@ async def test_end_to_end_a_limited_account_fails_with_its_reset(
     assert recorded(tmp_path)["codex_home"] == str(home)
 
 
+@pytest.mark.protocol("§12")
 async def test_end_to_end_an_account_near_its_limit_still_replies(
         tmp_path: Path, groups: ProcessGroups) -> None:
     home = tmp_path / "work"
@@ -762,6 +799,7 @@ async def test_end_to_end_an_account_near_its_limit_still_replies(
     assert turn.limit.used_percent == 92.0
 
 
+@pytest.mark.protocol("§7")
 def test_a_resumed_threads_run_reports_its_own_share_of_the_totals() -> None:
     # turn.completed carries the thread's running totals (openai/codex #17539).
     turn = CodexTurn()
