@@ -17,11 +17,23 @@ from tests.kits.scripts import load_script
 bench = load_script("bench_e2e")
 
 
-async def sleepers() -> set[int]:
-    """Live ``sleep 3600`` processes (the RSS phase's agents; others' too)."""
+async def sleepers(tmp_path: Path) -> set[int]:
+    """Live ``sleep 3600`` processes of a harness whose home is under ``tmp_path``
+    (the RSS phase's agents: an agent inherits the harness's ``PROHOST_HOME``). Other
+    tests' are not counted: with tests running in parallel, a git hook's ``sleep
+    3600`` in a test beside this one may start and end at any moment."""
     found = await trio.run_process(["pgrep", "-f", "^sleep 3600$"], capture_stdout=True,
                                    check=False)
-    return {int(pid) for pid in found.stdout.split() if alive(int(pid))}
+    home = f"PROHOST_HOME={tmp_path}".encode()
+    ours = set()
+    for pid in map(int, found.stdout.split()):
+        try:
+            environ = (await trio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+        except OSError:  # gone already
+            continue
+        if any(entry.startswith(home) for entry in environ) and alive(pid):
+            ours.add(pid)
+    return ours
 
 
 async def test_throughput_phase_completes_every_run_and_times_each_probe_ack(
@@ -68,14 +80,14 @@ async def test_throughput_phase_runs_the_least_harness_in_the_harness_place(
 async def test_rss_phase_waits_for_the_full_queue_and_kills_the_busy_agents(
     tmp_path: Path,
 ) -> None:
-    before = await sleepers()
+    before = await sleepers(tmp_path)
     with trio.fail_after(60):
         result = await bench.rss_with_queue(tmp_path, 5)
     assert result["active"] == bench.CONCURRENCY
     assert result["queued"] == 5
     assert result["rss_kib"] >= result["idle_rss_kib"] > 0
     # The 16 `sleep 3600` agents were killed with the harness.
-    assert await sleepers() <= before
+    assert await sleepers(tmp_path) <= before
 
 
 async def test_floor_pipe_runs_every_spawn_and_post_and_counts_the_client_cpu(
