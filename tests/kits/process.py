@@ -2,8 +2,8 @@
 
 ``python -m prohost agent run`` on a home paired with the in-process reference
 server, its log captured, and helpers to wait for processes to be gone, read the
-ledger and redeliver runs. Used by tests/process/test_restart.py, tests/process/test_signals.py and
-tests/process/test_stalled_terminal.py.
+ledger and redeliver runs. Used by the tests in tests/process/, and by a few others
+that start a harness process.
 """
 
 from __future__ import annotations
