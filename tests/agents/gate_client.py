@@ -1,4 +1,4 @@
-"""The agent's end of the test's Gate (tests/kit.py), shared by the gated fakes.
+"""The agent's end of the test's Gate (tests/kits/harness.py), shared by the gated fakes.
 
 An agent script imports it from its own folder (Python puts a script's folder on
 ``sys.path``).

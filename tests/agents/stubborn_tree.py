@@ -4,7 +4,7 @@
 
 Starts a grandchild that ignores SIGTERM and sleeps, writes "<own pid> <grandchild
 pid>" to PIDFILE (atomically), reads the prompt, then says ``start <run id> <pid>`` to
-127.0.0.1:PORT (the protocol of tests/kit.py's Gate) and sleeps until killed, whatever
+127.0.0.1:PORT (the protocol of tests/kits/harness.py's Gate) and sleeps until killed, whatever
 the test says or whether it goes away. The agent itself dies on SIGTERM unless
 ``--leader-ignores-term``; the grandchild only ever dies by SIGKILL.
 """

@@ -1,0 +1,239 @@
+"""Strict parsing of `agent run` flags into Options (pure: no files, no network)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import attrs
+import pytest
+
+from prohost.options import (
+    DEFAULT_EXEC,
+    DEFAULT_IDLE_TIMEOUT_S,
+    MAX_CONCURRENCY,
+    OptionError,
+    Options,
+    options_from_args,
+    parse_concurrency,
+    parse_max_queued,
+    parse_seconds,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [
+        ("600", 600.0),
+        ("0", 0.0),
+        ("0s", 0.0),
+        ("90s", 90.0),
+        ("1.5m", 90.0),
+        ("15m", 900.0),
+        ("2h", 7200.0),
+        ("0.5", 0.5),
+        (".5h", 1800.0),
+        ("007", 7.0),
+        (" 30s ", 30.0),
+    ],
+)
+def test_parse_seconds_accepts(raw: str, seconds: float) -> None:
+    assert parse_seconds("--timeout", raw) == seconds
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        " ",
+        "-5",
+        "-1h",
+        "+5",
+        "nan",
+        "inf",
+        "-inf",
+        "1e3",
+        "abc",
+        "5x",
+        "5 m",
+        "5ms",
+        "5d",
+        "5M",
+        "m",
+        "1.2.3",
+        "٣",  # a digit, but not an ASCII one
+        "9" * 400,  # finite digits, infinite float
+        "0x10",
+    ],
+)
+def test_parse_seconds_refuses(raw: str) -> None:
+    with pytest.raises(OptionError) as info:
+        parse_seconds("--idle-timeout", raw)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("--idle-timeout must be a duration of 0 or more")
+    assert "s, m or h" in message
+    assert repr(raw) in message
+
+
+@pytest.mark.protocol("§4")
+@pytest.mark.parametrize(
+    ("raw", "count"), [("1", 1), ("4", 4), ("16", 16), ("04", 4), (" 8 ", 8), ("016", 16)]
+)
+def test_parse_concurrency_accepts(raw: str, count: int) -> None:
+    assert parse_concurrency(raw) == count
+
+
+@pytest.mark.protocol("§4")
+@pytest.mark.parametrize(
+    "raw",
+    ["", " ", "0", "00", "17", "100", "-1", "+4", "4x", "4.0", "1e1", "four", "²", "٤", "9" * 5000],
+)
+def test_parse_concurrency_refuses(raw: str) -> None:
+    with pytest.raises(OptionError) as info:
+        parse_concurrency(raw)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"--concurrency must be a whole number from 1 to {MAX_CONCURRENCY}")
+
+
+def ns(**values: object) -> argparse.Namespace:
+    return argparse.Namespace(**values)
+
+
+@pytest.mark.protocol("§4", "§5")
+def test_defaults(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    options = options_from_args(ns(), {"PROHOST_HOME": str(home)}, tmp_path)
+    assert options.home == home
+    assert options.exec_command == DEFAULT_EXEC == "claude -p"
+    assert options.url is None
+    assert options.machine  # the host name
+    assert options.workdir == home / "workspace"
+    assert options.timeout_s == 0.0
+    assert options.idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S == 900.0
+    assert options.concurrency == 1
+    assert options.dry_run is False
+    assert options.allow_unverified is False
+    assert not home.exists()  # pure: nothing created
+
+
+def test_home_defaults_to_dot_prohost(tmp_path: Path) -> None:
+    options = options_from_args(ns(), {"HOME": str(tmp_path)}, Path("/"))
+    assert options.home == tmp_path / ".prohost"
+
+
+def test_relative_home_and_workdir_are_made_absolute(tmp_path: Path) -> None:
+    options = options_from_args(
+        ns(workdir="proj/../code"), {"PROHOST_HOME": "rel-home"}, tmp_path
+    )
+    assert options.home == tmp_path / "rel-home"
+    assert options.workdir == tmp_path / "code"
+    assert options.workdir.is_absolute()
+
+
+def test_tilde_workdir_is_expanded_from_home(tmp_path: Path) -> None:
+    env = {"PROHOST_HOME": str(tmp_path / "h"), "HOME": str(tmp_path / "me")}
+    options = options_from_args(ns(workdir="~/code"), env, Path("/"))
+    assert options.workdir == tmp_path / "me" / "code"
+
+
+def test_every_flag_reaches_options(tmp_path: Path) -> None:
+    options = options_from_args(
+        ns(
+            exec_command="codex exec",
+            url="ws://127.0.0.1:9/v1/agent/ws",
+            machine="studio",
+            workdir=str(tmp_path / "w"),
+            timeout="2h",
+            idle_timeout="0",
+            concurrency="4",
+            dry_run=True,
+            allow_unverified=True,
+        ),
+        {"PROHOST_HOME": str(tmp_path)},
+        tmp_path,
+    )
+    assert options == Options(
+        home=tmp_path,
+        exec_command="codex exec",
+        url="ws://127.0.0.1:9/v1/agent/ws",
+        machine="studio",
+        workdir=tmp_path / "w",
+        timeout_s=7200.0,
+        idle_timeout_s=0.0,
+        concurrency=4,
+        dry_run=True,
+        allow_unverified=True,
+    )
+
+
+@pytest.mark.protocol("§1")
+def test_url_from_environment(tmp_path: Path) -> None:
+    env = {"PROHOST_HOME": str(tmp_path), "PROHOST_WS_URL": "wss://dev.example/v1/agent/ws"}
+    assert options_from_args(ns(), env, tmp_path).url == "wss://dev.example/v1/agent/ws"
+    # --url wins over the environment.
+    flagged = options_from_args(ns(url="ws://localhost:1/ws"), env, tmp_path)
+    assert flagged.url == "ws://localhost:1/ws"
+    # An empty variable is the same as an unset one.
+    empty = {"PROHOST_HOME": str(tmp_path), "PROHOST_WS_URL": ""}
+    assert options_from_args(ns(), empty, tmp_path).url is None
+
+
+@pytest.mark.parametrize(
+    ("values", "env", "flag"),
+    [
+        ({"url": "http://example.com"}, {}, "--url"),
+        ({"url": "ws://"}, {}, "--url"),
+        ({}, {"PROHOST_WS_URL": "example.com"}, "$PROHOST_WS_URL"),
+        ({"machine": ""}, {}, "--machine"),
+        ({"machine": "a\nb"}, {}, "--machine"),
+        ({"machine": "x" * 129}, {}, "--machine"),
+        ({"exec_command": "  "}, {}, "--exec"),
+        ({"workdir": ""}, {}, "--workdir"),
+        ({"timeout": "-5"}, {}, "--timeout"),
+        ({"idle_timeout": "soon"}, {}, "--idle-timeout"),
+        ({"concurrency": "17"}, {}, "--concurrency"),
+    ],
+)
+def test_bad_values_name_their_flag(
+    tmp_path: Path, values: dict[str, str], env: dict[str, str], flag: str
+) -> None:
+    with pytest.raises(OptionError) as info:
+        options_from_args(ns(**values), {"PROHOST_HOME": str(tmp_path), **env}, tmp_path)
+    assert str(info.value).startswith(f"{flag} must be")
+    assert "\n" not in str(info.value)
+
+
+def test_options_is_frozen_and_self_checking(tmp_path: Path) -> None:
+    options = Options(home=tmp_path)
+    assert options.workdir == tmp_path / "workspace"
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        options.concurrency = 2  # type: ignore[misc]
+    for bad in (
+        {"concurrency": 0},
+        {"concurrency": MAX_CONCURRENCY + 1},
+        {"timeout_s": -1.0},
+        {"idle_timeout_s": math.inf},
+        {"workdir": Path("relative")},
+    ):
+        with pytest.raises(ValueError):
+            Options(home=tmp_path, **bad)
+    with pytest.raises(ValueError):
+        Options(home=Path("relative"))
+
+
+@pytest.mark.protocol("§3")
+@pytest.mark.parametrize(("raw", "count"), [("1", 1), ("250", 250), (" 10000 ", 10_000),
+                                            ("007", 7)])
+def test_parse_max_queued_accepts(raw: str, count: int) -> None:
+    assert parse_max_queued(raw) == count
+
+
+@pytest.mark.protocol("§3")
+@pytest.mark.parametrize("raw", ["0", "10001", "-3", "1e3", "٤", "", "many", "99999999999"])
+def test_parse_max_queued_refuses(raw: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        parse_max_queued(raw)
+    assert str(caught.value) == f"--max-queued must be a whole number from 1 to 10000 (got {raw!r})"

@@ -1,0 +1,68 @@
+"""A run's ``usage`` (§7) through the whole harness, with the fake CLIs speaking the
+real ones' shapes: the protocol's keys, Codex's running totals turned into each
+run's own figures across a resumed session (and a restart), failed runs included,
+and today's spend in the status snapshot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
+from tests.kits.harness import running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§7")
+
+#: One turn of the fake Codex (1200 input of which 200 cached, 345 output), in §7 keys.
+CODEX_RUN = {"input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200,
+             "turns": 1}
+
+
+async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    program = install(tmp_path, CODEX)
+    codex_home = tmp_path / "codex-home"  # where the fake keeps each thread's turns
+    codex_home.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(codex_home)}
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with running_server() as server:
+            async with running_harness(server, home, exec_command=str(program),
+                                       env=env) as running:
+                one = await turn(running, "turn 1")
+                two = await turn(running, "turn 2")
+            async with running_harness(server, home, exec_command=str(program),
+                                       env=env) as restarted:
+                three = await turn(restarted, "turn 3")
+                snapshot = restarted.harness.snapshot()
+    assert one["session_id"] == two["session_id"] == three["session_id"]
+    # The thread's totals grew to 3 × 1200 input; each report has one turn's share.
+    assert one["usage"] == two["usage"] == three["usage"] == CODEX_RUN
+    assert "cost_usd" not in one["usage"]  # Codex prints no cost: none is made up
+    # Today's spend was counted again from the ledger after the restart.
+    [account, *_] = snapshot.spend_today
+    assert (account.runs, account.input_tokens, account.output_tokens) == (3, 3000, 1035)
+    assert account.cost_usd is None
+
+
+async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(
+    tmp_path: Path,
+) -> None:
+    program = install(tmp_path, CLAUDE)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program),
+            env={**os.environ, "FAKE_CLAUDE_SCENARIO": "is_error"},
+        ) as running:
+            failed = await turn(running, "with a bad key")
+            finished = running.harness.snapshot().finished
+    assert failed["ok"] is False
+    assert failed["usage"] == {"input_tokens": 150, "output_tokens": 75,
+                               "cache_read_tokens": 1500, "cache_write_tokens": 500,
+                               "cost_usd": 0, "turns": 1,
+                               "model": "claude-sonnet-4-5-20250929"}
+    assert finished[0].tokens == 225 and finished[0].cost_usd == 0

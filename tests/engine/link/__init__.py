@@ -1,0 +1,2 @@
+"""Tests of engine/link/ (PROTOCOL.md §1–§2): the connection (dial, reconnect,
+liveness, oversize frames, rejected credentials) and the beacon (status, heartbeats)."""

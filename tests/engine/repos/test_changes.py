@@ -1,0 +1,187 @@
+"""What a run changed in a checkout (PROTOCOL.md §7 ``changes``), with real git:
+the state taken when the run begins, compared when it ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from prohost.engine.blocking import Bounds
+from prohost.engine.repos import changes
+from prohost.engine.repos.changes import MAX_FILES, CheckoutState, take_state
+from prohost.wire.protocol import converter
+
+
+async def compare(before: CheckoutState, **kwargs: Any) -> Any:
+    """The entry as the completion sends it (§7's JSON)."""
+    return converter.unstructure(await changes.compare(before, **kwargs))
+
+pytestmark = pytest.mark.protocol("§7")
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, env=env,
+                          capture_output=True, text=True).stdout
+
+
+def make_repo(path: Path, files: dict[str, str | bytes] | None = None) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, content in (files or {}).items():
+        write(path / name, content)
+    if files:
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", "start")
+    return path
+
+
+def write(path: Path, content: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+
+
+def by_path(entry: dict[str, object]) -> dict[str, dict[str, object]]:
+    files = entry["files"]
+    assert isinstance(files, list)
+    return {row["path"]: row for row in files}
+
+
+async def test_a_run_lists_what_it_changed_committed_or_not_with_line_counts(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "app", {"src/app.py": "a\nb\nc\n", "old.txt": "x\n",
+                                        "gone.txt": "bye\n", "README": "hi\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    write(repo / "src/app.py", "a\nB\nc\nd\n")           # modified, committed below
+    git(repo, "add", "src/app.py")
+    git(repo, "commit", "-q", "-m", "fix")
+    write(repo / "notes/plan.md", "1\n2\n3\n")           # added, untracked
+    (repo / "gone.txt").unlink()                          # deleted, uncommitted
+    git(repo, "mv", "old.txt", "new.txt")                 # renamed, staged only
+
+    entry = await compare(before, bounds=Bounds())
+
+    assert entry["repo"] == "app" and entry["branch"] == "main"
+    assert entry["base"] == before.commit and entry["head"] == git(repo, "rev-parse",
+                                                                   "HEAD").strip()
+    assert entry["commits"] == 1 and entry["more_files"] == 0
+    files = by_path(entry)
+    assert list(files) == sorted(files)
+    assert files["src/app.py"] == {"path": "src/app.py", "change": "modified",
+                                   "added": 2, "removed": 1, "committed": True}
+    assert files["notes/plan.md"] == {"path": "notes/plan.md", "change": "added",
+                                      "added": 3, "removed": 0, "committed": False}
+    assert files["gone.txt"] == {"path": "gone.txt", "change": "deleted", "added": 0,
+                                 "removed": 1, "committed": False}
+    assert files["new.txt"] == {"path": "new.txt", "change": "renamed", "from": "old.txt",
+                                "added": 0, "removed": 0, "committed": False}
+    assert "README" not in files
+
+
+async def test_what_an_earlier_turn_left_is_not_listed_again(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    first = await take_state("app", repo, bounds=Bounds())
+    write(repo / "left.txt", "from the first turn\n")   # uncommitted, stays
+    write(repo / "a.txt", "2\n")
+    assert set(by_path(await compare(first, bounds=Bounds()))) == {"left.txt", "a.txt"}
+
+    second = await take_state("app", repo, bounds=Bounds())
+    write(repo / "b.txt", "the second turn's\n")
+    entry = await compare(second, bounds=Bounds())
+    assert set(by_path(entry)) == {"b.txt"}
+    assert entry["base"] == entry["head"] == first.commit and entry["commits"] == 0
+
+
+async def test_the_checkout_the_agent_sees_is_untouched(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    write(repo / "a.txt", "2\n")
+    write(repo / "new.txt", "n\n")
+    git(repo, "add", "a.txt")
+    index = repo / ".git" / "index"
+    status, staged = git(repo, "status", "--porcelain"), index.read_bytes()
+    before = await take_state("app", repo, bounds=Bounds())
+    await compare(before, bounds=Bounds())
+    assert git(repo, "status", "--porcelain") == status
+    assert index.read_bytes() == staged
+
+
+async def test_binary_files_have_no_line_counts(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"img.bin": b"\0\1\2"})
+    before = await take_state("app", repo, bounds=Bounds())
+    write(repo / "img.bin", b"\0\3\4\5")
+    row = by_path(await compare(before, bounds=Bounds()))["img.bin"]
+    assert (row["change"], row["added"], row["removed"]) == ("modified", None, None)
+
+
+async def test_more_than_100_files_are_counted_not_listed(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"keep": "k\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    for i in range(MAX_FILES + 7):
+        write(repo / f"f{i:03}.txt", f"{i}\n")
+    entry = await compare(before, bounds=Bounds())
+    files = entry["files"]
+    assert isinstance(files, list) and len(files) == MAX_FILES
+    assert entry["more_files"] == 7
+    assert [row["path"] for row in files] == [f"f{i:03}.txt" for i in range(MAX_FILES)]
+
+
+async def test_a_repository_with_no_commit_yet(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "empty")
+    before = await take_state("empty", repo, bounds=Bounds())
+    assert before.error is None and before.commit is None
+    write(repo / "first.txt", "hello\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    entry = await compare(before, bounds=Bounds())
+    assert entry["base"] is None and entry["commits"] == 1
+    assert by_path(entry)["first.txt"]["committed"] is True
+
+
+async def test_a_detached_head_has_no_branch(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    git(repo, "checkout", "-q", "--detach")
+    before = await take_state("app", repo, bounds=Bounds())
+    write(repo / "a.txt", "2\n")
+    entry = await compare(before, bounds=Bounds())
+    assert entry["branch"] is None and set(by_path(entry)) == {"a.txt"}
+
+
+async def test_a_checkout_that_cannot_be_read_gets_an_error_entry(tmp_path: Path) -> None:
+    not_a_repo = tmp_path / "plain"
+    not_a_repo.mkdir()
+    before = await take_state("plain", not_a_repo, bounds=Bounds())
+    assert before.error is not None
+    entry = await compare(before, bounds=Bounds())
+    assert set(entry) == {"repo", "error"} and entry["repo"] == "plain"
+    assert "not a git repository" in str(entry["error"])
+
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    state = await take_state("app", repo, bounds=Bounds())
+    (repo / ".git").rename(tmp_path / "moved-away")  # the worktree vanished meanwhile
+    entry = await compare(state, bounds=Bounds())
+    assert set(entry) == {"repo", "error"}
+
+
+async def test_a_checkout_too_slow_to_read_is_an_error_within_the_bound(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    # A fsmonitor hook that never answers: git waits on it, the bound does not.
+    hook = tmp_path / "hang.sh"
+    hook.write_text("#!/bin/sh\nexec sleep 3600\n")
+    hook.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(hook))
+    state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
+    assert state.error == "reading the checkout took longer than 5 s"
