@@ -227,7 +227,8 @@ class Outcome:
         # The one place every completion is made (posted first, or again from the
         # outbox): whatever reached the outcome (a path, the reply, a stderr line, a
         # session id, an error) goes out as valid UTF-8, or it could never be sent.
-        return encodable({"run_id": run_id, **keys})
+        completion: dict[str, Any] = encodable({"run_id": run_id, **keys})
+        return completion
 
     def to_json(self) -> str:
         """The outcome as the ledger keeps it (every field, ``null`` included)."""
