@@ -276,3 +276,18 @@ async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
     entry = await compare(state, bounds=Bounds(), limit_s=5.0)
     assert entry["head"] == head
     assert entry["truncated"] == "listing its files took longer than 5 s"
+
+
+async def test_an_error_names_the_checkout_never_its_local_path(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "wt" / "app", {"a.txt": "1\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    (tmp_path / "wt").rename(tmp_path / "elsewhere")  # the worktree vanished meanwhile
+    entry = await compare(before, bounds=Bounds())
+    assert set(entry) == {"repo", "error"}
+    assert str(tmp_path) not in entry["error"] and "app" in entry["error"]
+
+
+def test_the_home_is_written_as_prohost_home() -> None:
+    said = "could not create /srv/ph/worktrees/lane-1: No space left on device"
+    assert changes.without_paths(said, "/srv/code/app", "app", home="/srv/ph") == (
+        "could not create $PROHOST_HOME/worktrees/lane-1: No space left on device")
