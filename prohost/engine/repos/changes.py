@@ -288,7 +288,7 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
         return entry
     with trio.move_on_at(deadline) as scope:
         try:
-            return await _files(entry, before, where, base_env, bounds, deadline)
+            return await _files(entry, before, where, base_env, bounds, deadline, limit_s)
         except (GitError, OSError) as exc:
             return attrs.evolve(entry, truncated=f"its files could not be read: "
                                                  f"{_said(exc, before.path, before.repo)}")
@@ -306,7 +306,8 @@ async def _header(where: str, base: str | None, head: str | None,
 
 
 async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
-                 env: Mapping[str, str], bounds: Bounds, deadline: float) -> CheckoutChanges:
+                 env: Mapping[str, str], bounds: Bounds, deadline: float,
+                 limit_s: float) -> CheckoutChanges:
     assert before.seen is not None
     old, new = before.seen, (await _seen(where, env, bounds, deadline, keep=False))[0]
     moved: dict[str, tuple[str | None, str | None]] = {}
@@ -356,8 +357,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
     with trio.move_on_at(deadline) as scope:
         counts = await _counts(listed, changed, renamed, before, where, env, bounds, deadline)
     if scope.cancelled_caught:
-        entry = attrs.evolve(entry, truncated="counting its lines took longer than "
-                                              f"{CHANGES_LIMIT_S:g} s")
+        entry = attrs.evolve(entry, truncated=f"counting its lines took longer than "
+                                              f"{limit_s:g} s")
         counts = {}
     return attrs.evolve(entry, files=[
         attrs.evolve(row, path=shown(row.path),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.errors import last_line
+from prohost.errors import LAST_LINE_CHARS, last_line
 
 #: A `git worktree add` checks out the whole tree (and runs the repo's post-checkout
 #: hook, LFS smudging included), so it gets five minutes; everything else is quick.
@@ -126,7 +126,7 @@ def _reason(stderr: bytes) -> str:
     errors = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()
               if line.startswith("error: ")]
     if errors and last and last.startswith("fatal: ") and errors[-1] != last:
-        return f"{errors[-1]} ({last})"
+        return f"{errors[-1][:LAST_LINE_CHARS]} ({last})"
     return last
 
 
