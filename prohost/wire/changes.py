@@ -3,9 +3,10 @@ shape (taking them is :mod:`prohost.engine.repos.changes`'s job).
 
 An entry is either a :class:`CheckoutChanges` (``repo``, ``branch``, ``base``,
 ``head``, ``commits``, ``files``, ``more_files``: every key sent, ``null`` where
-§7 says so) or an :class:`UnreadableCheckout` (``repo`` and ``error`` only). A
-file's ``from`` is sent only for a rename. The converter reads an entry back
-(from the ledger) by its ``error`` key.
+§7 says so; ``truncated`` only when the list was cut short) or an
+:class:`UnreadableCheckout` (``repo`` and ``error`` only). A file's ``from`` is
+sent only for a rename. The converter reads an entry back (from the ledger) by its
+``error`` key.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class CheckoutChanges:
     files: list[FileChange]
     #: How many more files changed than ``files`` lists.
     more_files: int
+    #: Why ``files`` stops short (the bound, or a file that could not be read);
+    #: sent only then.
+    truncated: str | None = None
 
 
 @attrs.frozen
@@ -69,6 +73,10 @@ converter.register_unstructure_hook(
                                          from_=override(rename="from")))
 converter.register_structure_hook(
     FileChange, make_dict_structure_fn(FileChange, converter, from_=override(rename="from")))
+
+converter.register_unstructure_hook(
+    CheckoutChanges, make_dict_unstructure_fn(CheckoutChanges, converter,
+                                              truncated=override(omit_if_default=True)))
 
 
 def _entry(data: Any, _: object) -> ChangeEntry:

@@ -178,6 +178,23 @@ def parse_body(body: str) -> AgentRun:
     return run
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(data: Any) -> Any:
+    """``data`` (JSON values) with every lone surrogate in its strings and keys
+    written as U+FFFD: a name decoded with ``os.fsdecode`` holds one for each byte
+    that is not UTF-8, and text holding one cannot be encoded as UTF-8."""
+    if isinstance(data, str):
+        return _LONE_SURROGATE.sub("\ufffd", data) if _lone_surrogate(data) is not None \
+            else data
+    if isinstance(data, dict):
+        return {encodable(key): encodable(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [encodable(item) for item in data]
+    return data
+
+
 @attrs.frozen
 class Outcome:
     """What a run ended with: the completion to post, minus the ``run_id``.
@@ -207,7 +224,11 @@ class Outcome:
     def completion(self, run_id: str) -> dict[str, Any]:
         """The JSON object POSTed to the completion path (§7)."""
         keys: dict[str, Any] = (_SUCCEEDED if self.ok else _FAILED)(self)
-        return {"run_id": run_id, **keys}
+        # The one place every completion is made (posted first, or again from the
+        # outbox): whatever reached the outcome (a path, the reply, a stderr line, a
+        # session id, an error) goes out as valid UTF-8, or it could never be sent.
+        completion: dict[str, Any] = encodable({"run_id": run_id, **keys})
+        return completion
 
     def to_json(self) -> str:
         """The outcome as the ledger keeps it (every field, ``null`` included)."""

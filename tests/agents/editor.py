@@ -3,7 +3,8 @@
 The request is a list of words, each an action on every checkout in
 $PROHOST_RUN_REPOS, in order: ``append:PATH`` adds a line to PATH, ``create:PATH``
 writes a new file, ``delete:PATH`` removes one, ``move:OLD:NEW`` renames with git,
-``binary:PATH`` writes bytes that are not text, ``commit`` commits everything
+``binary:PATH`` writes bytes that are not text, ``badname:PATH`` writes a file
+whose name is PATH then the byte 0xff (not UTF-8), ``commit`` commits everything
 tracked and staged (``git commit -a``); a move of a path a checkout does not have is
 skipped there. It replies with what it did.
 """
@@ -37,6 +38,9 @@ for name in sorted(os.listdir(folder)) if folder else []:
         elif action == "binary":
             with open(path, "wb") as file:
                 file.write(b"\0\1\2\3")
+        elif action == "badname":
+            with open(os.fsencode(path) + b"\xff", "w") as file:
+                file.write("a name that is not UTF-8\n")
         elif action == "delete":
             os.remove(path)
         elif action == "move":

@@ -1,24 +1,33 @@
 """What a run changed in each checkout of its lane (PROTOCOL.md §7, ``changes``; the
 entries' shape is :mod:`prohost.wire.changes`).
 
-When a run begins, each lane worktree's state is taken: its commit, and a tree of
-its working files (tracked, modified and untracked; ignored files are not work)
-written through a temporary index (``GIT_INDEX_FILE``) and ``git write-tree``. That
-touches nothing the agent sees: the worktree's own index, files and refs stay as
-they were; only objects are added to the store, where git's own gc treats them like
-any other loose object. When the run ends the same is taken again, and the two trees
-are compared: what an earlier turn left uncommitted is in both, so it is not listed
-again; what this run changed is, committed or not.
+When a run begins, each lane worktree's state is taken without writing anything
+(no object, no index, no ref): its commit, and what ``git status`` (with
+``--no-optional-locks``, so the worktree's own index is never refreshed; its
+racy-clean check is git's own, on the real index) lists as differing from that
+commit, each such path with its content's blob id hashed here from the working file
+(git's own hashing of ``blob <size>\\0<bytes>``, never written to the store) and,
+for small ones, its bytes kept in memory for the line counts. When the run ends the
+same is taken again, with the commits' difference (``diff-tree --raw``): a path
+whose content is the same at both ends is not listed, so what an earlier turn left
+uncommitted is not listed again; what this run changed is, committed or not.
+Renames are exact ones (a deleted path's content added under another). Line counts
+come from ``git diff --no-index`` of the two contents copied into a private
+temporary folder (outside the repository), for the listed files only.
 
 Each checkout is bounded (:data:`CHANGES_LIMIT_S` for the start, the same for the
-end), and a checkout that cannot be read gets an ``error`` entry instead: the report
-never waits longer than that, and never fails for it.
+end). A checkout that cannot be read at all gets an ``error`` entry; one too slow to
+list keeps ``branch``, ``base``, ``head`` and ``commits`` and says why its files are
+cut short (``truncated``). No text names a local path (:func:`without_paths`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
@@ -42,145 +51,436 @@ CHANGES_LIMIT_S = 5.0
 MAX_FILES = 100
 #: git's empty tree: the "before" of a repository with no commit yet.
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+#: A file's bytes are kept at the start (for its line counts at the end) up to this
+#: size, and all of a checkout's up to the second.
+KEEP_FILE_BYTES = 1 << 20
+KEEP_TOTAL_BYTES = 16 << 20
+#: Files larger than this are not copied for counting: their counts are ``null``.
+COUNT_FILE_BYTES = 32 << 20
 
-_CHANGE_KINDS: dict[str, ChangeKind] = {"A": "added", "M": "modified", "D": "deleted",
-                                         "R": "renamed", "T": "modified", "C": "added"}
+_NO_MODE = "000000"
+#: A value naming a nested repository (an untracked folder holding its own ``.git``).
+_NESTED = "nested repository"
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+@attrs.frozen
+class Seen:
+    """One path that ``git status`` listed: its value in the commit (``None`` when
+    not there) and in the working tree (``None`` when absent), each ``mode:id``."""
+
+    head: str | None
+    work: str | None
 
 
 @attrs.frozen
 class CheckoutState:
     """One checkout as it was at a moment: its commit (``None`` before the first
-    one) and the tree of its working files; or why it could not be read."""
+    one) and the paths differing from it; or why it could not be read."""
 
     #: The folder name the report shows (never a local path).
     repo: str
     path: Path
     commit: str | None = None
-    tree: str | None = None
+    #: Paths differing from ``commit`` (``None`` when they could not be listed).
+    seen: Mapping[str, Seen] | None = None
+    #: Some of those paths' bytes (small files), for line counts.
+    kept: Mapping[str, bytes] = attrs.field(factory=dict)
     error: str | None = None
+    #: Why ``seen`` is missing although the commit is known.
+    truncated: str | None = None
+
+
+def without_paths(text: str, path: Path | str, repo: str,
+                  home: Path | str | None = None) -> str:
+    """``text`` naming neither the worktree ``path`` (written as the checkout's
+    name) nor ``home`` (written as ``$PROHOST_HOME``) nor the user's home (``~``)."""
+    places = [(os.fspath(path), repo), (os.path.realpath(path), repo)]
+    if home is not None:
+        places += [(os.fspath(home), "$PROHOST_HOME"), (os.path.realpath(home), "$PROHOST_HOME")]
+    user_home = os.path.expanduser("~")
+    if user_home not in ("", "/", "~"):
+        places.append((user_home, "~"))
+    for where, name in sorted(places, key=lambda pair: -len(pair[0])):
+        if where and where != "/":
+            text = text.replace(where, name)
+    return text
 
 
 async def take_state(repo: str, path: Path, *, bounds: Bounds,
                      limit_s: float = CHANGES_LIMIT_S,
                      env: Mapping[str, str] | None = None) -> CheckoutState:
     """The state of the worktree at ``path`` now, within ``limit_s``; a state with
-    ``error`` set when it cannot be read (not a checkout, git failing, too slow).
-    Its two small file steps (a private copy of the index, removed after) go
-    through ``bounds``, the harness's.
+    ``error`` set when it cannot be read (not a checkout, git failing, too slow to
+    give even its commit), with ``truncated`` when its files could not be listed in
+    time. Reading the working files goes through ``bounds``, the harness's.
 
     Cancelled: the git command running is killed with its group (as
-    :func:`prohost.engine.repos.gitcmd.git`), the private copy is removed (shielded,
-    bounded); nothing in the worktree has changed.
+    :func:`prohost.engine.repos.gitcmd.git`); nothing was written anywhere.
     """
-    with trio.move_on_after(limit_s) as scope:
+    deadline = trio.current_time() + limit_s
+    where, base_env = os.fspath(path), git_env(env)
+    with trio.move_on_at(deadline) as scope:
         try:
-            return await _state(repo, path, env, bounds, trio.current_time() + limit_s)
+            commit = await _commit(where, base_env)
         except (GitError, OSError) as exc:
-            return CheckoutState(repo, path, error=_said(exc))
-    assert scope.cancelled_caught
-    return CheckoutState(repo, path, error=f"reading the checkout took longer than "
-                                           f"{limit_s:g} s")
+            return CheckoutState(repo, path, error=_said(exc, path, repo))
+    if scope.cancelled_caught:
+        return CheckoutState(repo, path, error=f"reading the checkout took longer than "
+                                               f"{limit_s:g} s")
+    with trio.move_on_at(deadline) as scope:
+        try:
+            seen, kept = await _seen(where, base_env, bounds, deadline, keep=True)
+        except (GitError, OSError) as exc:
+            return CheckoutState(repo, path, commit=commit,
+                                 truncated=f"its files could not be read at the start: "
+                                           f"{_said(exc, path, repo)}")
+        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept)
+    return CheckoutState(repo, path, commit=commit,
+                         truncated=f"listing its files at the start took longer than "
+                                   f"{limit_s:g} s")
 
 
-async def _state(repo: str, path: Path, env: Mapping[str, str] | None, bounds: Bounds,
-                 deadline: float) -> CheckoutState:
-    where = os.fspath(path)
-    base_env = git_env(env)
+async def _commit(where: str, env: Mapping[str, str]) -> str | None:
     # First: this fails plainly ("not a git repository") where nothing else would.
-    index = (await git("-C", where, "rev-parse", "--path-format=absolute",
-                       "--git-path", "index", env=base_env)).strip()
-    head = await _optional(git("-C", where, "rev-parse", "--verify", "-q", "HEAD^{commit}",
-                               env=base_env))  # None: no commit yet
-    # Start from a copy of the worktree's own index (read, never written) so that
-    # git's stat cache spares it hashing every unchanged file again.
-    folder = await bounds.file_step(_private_index, index, what="copying a git index",
-                                    limit_s=max(0.0, deadline - trio.current_time()))
-    try:
-        private = {**base_env, "GIT_INDEX_FILE": os.path.join(folder, "index")}
-        await git("-C", where, "add", "-A", ".", env=private)
-        tree = (await git("-C", where, "write-tree", env=private)).strip()
-    finally:
-        # Shielded by Bounds, and bounded: a leftover in the temporary folder is
-        # the worst a hung disk makes of it.
-        await bounds.file_step(shutil.rmtree, folder, True, what="removing a git index copy",
-                               limit_s=1.0)
-    return CheckoutState(repo, path, commit=head, tree=tree)
+    await git("-C", where, "rev-parse", "--git-dir", env=env)
+    return await _optional(git("-C", where, "rev-parse", "--verify", "-q", "HEAD^{commit}",
+                               env=env))  # None: no commit yet
 
 
-def _private_index(index: str) -> str:
-    """Blocking: a new private folder holding a copy of ``index`` as ``index`` (none
-    when the worktree has none yet: git then starts from an empty one)."""
-    folder = tempfile.mkdtemp(prefix="prohost-changes-")
+async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float, *,
+                keep: bool) -> tuple[dict[str, Seen], dict[str, bytes]]:
+    """Every path ``git status`` lists as differing from the commit, with its values
+    (see :class:`Seen`), and (``keep``) the bytes of the small ones."""
+    out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
+                    "--untracked-files=all", "--no-renames", "--ignore-submodules=none",
+                    env=env)
+    heads: dict[str, str | None] = {}
+    work: dict[str, str | None] = {}
+    to_read: list[str] = []
+    fields = out.split("\0")
+    i = 0
+    while i < len(fields):
+        field = fields[i]
+        i += 1
+        if not field:
+            continue
+        kind = field[:1]
+        if kind == "?":
+            name = field[2:]
+            if name.endswith("/"):  # a folder with a .git of its own: one entry
+                name = name.rstrip("/")
+                heads.setdefault(name, None)
+                work[name] = _NESTED
+            else:
+                heads.setdefault(name, None)
+                to_read.append(name)
+            continue
+        if kind == "1":
+            parts = field.split(" ", 8)
+            _, _xy, sub, m_head, _m_index, m_work, h_head, h_index, name = parts
+        elif kind == "2":  # not asked for (--no-renames), read all the same
+            parts = field.split(" ", 9)
+            _, _xy, sub, m_head, _m_index, m_work, h_head, h_index, _score, name = parts
+            i += 1  # the old path
+        elif kind == "u":
+            parts = field.split(" ", 10)
+            _, _xy, sub, _m1, _m2, _m3, m_work, h_head, _h2, h_index, name = parts
+            m_head = "100644"
+        else:
+            continue
+        heads[name] = None if m_head == _NO_MODE else f"{m_head}:{h_head}"
+        if m_work == _NO_MODE:
+            work[name] = None
+        elif sub.startswith("S"):
+            commit = h_index
+            if sub[1] == "C":
+                commit = await _optional(git("-C", os.path.join(where, name), "rev-parse",
+                                             "HEAD", env=env)) or "unknown"
+            dirty = "+dirty" if "M" in sub[2:] or "U" in sub[2:] else ""
+            work[name] = f"160000:{commit}{dirty}"
+        else:
+            to_read.append(name)
+    read, kept = await bounds.file_step(
+        _read_all, where, to_read, keep, what="reading a checkout's changed files",
+        limit_s=max(0.0, deadline - trio.current_time()))
+    work.update(read)
+    return {name: Seen(heads.get(name), work.get(name)) for name in work}, kept
+
+
+def _read_all(where: str, names: list[str], keep: bool,
+              ) -> tuple[dict[str, str | None], dict[str, bytes]]:
+    """Blocking: each working file's ``mode:blob id`` (``None``: gone), and the bytes
+    of the small ones when ``keep``."""
+    values: dict[str, str | None] = {}
+    kept: dict[str, bytes] = {}
+    total = 0
+    for name in names:
+        data, mode = _content(os.path.join(where, name))
+        if data is None:
+            values[name] = None if mode is None else f"{mode}:{_NESTED}"
+            continue
+        values[name] = f"{mode}:{_blob_id(data)}"
+        if keep and len(data) <= KEEP_FILE_BYTES and total + len(data) <= KEEP_TOTAL_BYTES:
+            kept[name] = data
+            total += len(data)
+    return values, kept
+
+
+def _content(path: str) -> tuple[bytes | None, str | None]:
+    """Blocking: a working file's bytes as git stores them (a symlink's target) and
+    its git mode; ``(None, None)`` when it is gone, ``(None, "040000")`` for a
+    folder."""
     try:
-        shutil.copyfile(index, os.path.join(folder, "index"))
+        info = os.lstat(path)
     except FileNotFoundError:
-        pass
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return folder
+        return None, None
+    if stat.S_ISLNK(info.st_mode):
+        return os.fsencode(os.readlink(path)), "120000"
+    if stat.S_ISDIR(info.st_mode):
+        return None, "040000"
+    with open(path, "rb") as file:
+        data = file.read()
+    return data, "100755" if info.st_mode & stat.S_IXUSR else "100644"
 
 
-def _said(exc: Exception) -> str:
-    """One line for a checkout that could not be read."""
+def _blob_id(data: bytes) -> str:
+    """The id git gives these bytes as a blob (nothing is written)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _said(exc: Exception, path: Path | str, repo: str) -> str:
+    """One line for a checkout that could not be read, naming no local path."""
     if isinstance(exc, GitError):
-        return str(exc)
-    return f"could not read the checkout: {getattr(exc, 'strerror', None) or exc}"
+        said = str(exc)
+    else:
+        said = f"could not read the checkout: {getattr(exc, 'strerror', None) or exc}"
+    return without_paths(said, path, repo)
 
 
 async def compare(before: CheckoutState, *, bounds: Bounds,
                   limit_s: float = CHANGES_LIMIT_S,
                   env: Mapping[str, str] | None = None) -> ChangeEntry:
     """The §7 ``changes`` entry for one checkout: what changed since ``before``,
-    taking its state again now, within ``limit_s``.
+    taking its state again now, within ``limit_s``. Its commits come first; its
+    files, as far as the bound lets them (``truncated`` says why they stop short).
 
     Cancelled: as :func:`take_state`.
     """
     if before.error is not None:
         return UnreadableCheckout(before.repo, before.error)
-    with trio.move_on_after(limit_s) as scope:
+    deadline = trio.current_time() + limit_s
+    where, base_env = os.fspath(before.path), git_env(env)
+    with trio.move_on_at(deadline) as scope:
         try:
-            after = await _state(before.repo, before.path, env, bounds,
-                                 trio.current_time() + limit_s)
-            return await _entry(before, after, git_env(env))
+            head = await _commit(where, base_env)
+            header = await _header(where, before.commit, head, base_env)
         except (GitError, OSError) as exc:
-            return UnreadableCheckout(before.repo, _said(exc))
-    assert scope.cancelled_caught
-    return UnreadableCheckout(before.repo,
-                              f"reading the checkout took longer than {limit_s:g} s")
+            return UnreadableCheckout(before.repo, _said(exc, before.path, before.repo))
+    if scope.cancelled_caught:
+        return UnreadableCheckout(before.repo,
+                                  f"reading the checkout took longer than {limit_s:g} s")
+    branch, commits = header
+    entry = CheckoutChanges(repo=before.repo, branch=branch, base=before.commit, head=head,
+                            commits=commits, files=[], more_files=0,
+                            truncated=before.truncated)
+    if before.seen is None:
+        return entry
+    with trio.move_on_at(deadline) as scope:
+        try:
+            return await _files(entry, before, where, base_env, bounds, deadline, limit_s)
+        except (GitError, OSError) as exc:
+            return attrs.evolve(entry, truncated=f"its files could not be read: "
+                                                 f"{_said(exc, before.path, before.repo)}")
+    return attrs.evolve(entry, truncated=f"listing its files took longer than {limit_s:g} s")
 
 
-async def _entry(before: CheckoutState, after: CheckoutState,
-                 env: Mapping[str, str]) -> CheckoutChanges:
-    where = os.fspath(after.path)
-    assert before.tree is not None and after.tree is not None
+async def _header(where: str, base: str | None, head: str | None,
+                  env: Mapping[str, str]) -> tuple[str | None, int]:
     branch = await _optional(git("-C", where, "symbolic-ref", "--short", "-q", "HEAD",
                                  env=env))  # None: detached
-    head = after.commit
     if head is None:
-        commits = 0
-    elif before.commit is None:
-        commits = int(await git("-C", where, "rev-list", "--count", head, env=env))
-    else:
-        commits = int(await git("-C", where, "rev-list", "--count",
-                                f"{before.commit}..{head}", env=env))
-    kinds = _name_status(await git("-C", where, "diff-tree", "-r", "-M", "-z",
-                                   "--name-status", before.tree, after.tree, env=env))
-    counts = _numstat(await git("-C", where, "diff-tree", "-r", "-M", "-z", "--numstat",
-                                before.tree, after.tree, env=env))
-    head_tree = f"{head}^{{tree}}" if head is not None else EMPTY_TREE
-    uncommitted = set(_paths(await git("-C", where, "diff-tree", "-r", "-z", "--name-only",
-                                       head_tree, after.tree, env=env)))
-    files = []
-    for path in sorted(kinds):
-        change, old = kinds[path]
-        added, removed = counts.get(path, (None, None))
-        committed = path not in uncommitted and (old is None or old not in uncommitted)
-        files.append(FileChange(path=path, change=change, added=added, removed=removed,
-                                committed=committed, from_=old))
-    return CheckoutChanges(repo=after.repo, branch=branch, base=before.commit, head=head,
-                           commits=commits, files=files[:MAX_FILES],
-                           more_files=max(0, len(files) - MAX_FILES))
+        return branch, 0
+    span = head if base is None else f"{base}..{head}"
+    return branch, int(await git("-C", where, "rev-list", "--count", span, env=env))
+
+
+async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
+                 env: Mapping[str, str], bounds: Bounds, deadline: float,
+                 limit_s: float) -> CheckoutChanges:
+    assert before.seen is not None
+    old, new = before.seen, (await _seen(where, env, bounds, deadline, keep=False))[0]
+    moved: dict[str, tuple[str | None, str | None]] = {}
+    if entry.head is not None and entry.head != entry.base:
+        moved = _raw(await git("-C", where, "diff-tree", "-r", "-z", "--no-renames",
+                               "--raw", entry.base or EMPTY_TREE, entry.head, env=env))
+
+    def was(name: str) -> str | None:
+        if name in old:
+            return old[name].work
+        if name in moved:
+            return moved[name][0]
+        return new[name].head
+
+    def head_now(name: str) -> str | None:
+        if name in new:
+            return new[name].head
+        if name in moved:
+            return moved[name][1]
+        return old[name].head
+
+    def now(name: str) -> str | None:
+        return new[name].work if name in new else head_now(name)
+
+    changed = {name: (was(name), now(name)) for name in {*old, *new, *moved}}
+    changed = {name: pair for name, pair in changed.items() if pair[0] != pair[1]}
+    # Exact renames: a path gone whose content (a file's) another path gained.
+    gone = {pair[0]: name for name, pair in sorted(changed.items())
+            if pair[1] is None and pair[0] is not None and _is_file(pair[0])}
+    renamed: dict[str, str] = {}
+    for name, (then, value) in sorted(changed.items()):
+        if then is None and value is not None and value in gone:
+            renamed[name] = gone.pop(value)
+    for name in renamed.values():
+        del changed[name]
+    files: list[FileChange] = []
+    for name in sorted(changed):
+        then, value = changed[name]
+        source = renamed.get(name)
+        change: ChangeKind = ("renamed" if source is not None else "added" if then is None
+                              else "deleted" if value is None else "modified")
+        committed = value == head_now(name) and (source is None or head_now(source) is None)
+        files.append(FileChange(path=name, change=change, added=None, removed=None,
+                                committed=committed, from_=source))
+    listed = files[:MAX_FILES]
+    entry = attrs.evolve(entry, files=listed, more_files=len(files) - len(listed))
+    with trio.move_on_at(deadline) as scope:
+        counts = await _counts(listed, changed, renamed, before, where, env, bounds, deadline)
+    if scope.cancelled_caught:
+        entry = attrs.evolve(entry, truncated=f"counting its lines took longer than "
+                                              f"{limit_s:g} s")
+        counts = {}
+    return attrs.evolve(entry, files=[
+        attrs.evolve(row, path=shown(row.path),
+                     from_=None if row.from_ is None else shown(row.from_),
+                     added=counts.get(row.path, (None, None))[0],
+                     removed=counts.get(row.path, (None, None))[1]) for row in listed])
+
+
+def shown(name: str) -> str:
+    """A path as §7 sends it: U+FFFD for each byte that is not UTF-8 (``os.fsdecode``
+    made each such byte a lone surrogate)."""
+    return _ESCAPED_BYTE.sub("\ufffd", name) if not name.isascii() else name
+
+
+def _is_file(value: str) -> bool:
+    return value.startswith(("100644:", "100755:", "120000:"))
+
+
+async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | None, str | None]],
+                  renamed: Mapping[str, str], before: CheckoutState, where: str,
+                  env: Mapping[str, str], bounds: Bounds, deadline: float,
+                  ) -> dict[str, tuple[int | None, int | None]]:
+    """Each listed file's lines added and removed (``None`` for binary files, and
+    where a side's content is not known: a large file left changed by an earlier
+    turn); one ``git diff --no-index`` of the two sides copied aside."""
+    sides: dict[int, tuple[bytes | None, bytes | None]] = {}
+    for index, row in enumerate(listed):
+        then, value = changed[row.path]
+        if (then is not None and not _is_file(then)) or (value is not None
+                                                          and not _is_file(value)):
+            continue  # a submodule or nested repository: no lines
+        if row.from_ is not None:
+            sides[index] = (b"", b"")  # an exact rename
+            continue
+        old: bytes | None = b""
+        if then is not None:
+            if before.seen is not None and row.path in before.seen:
+                old = before.kept.get(row.path)
+            else:
+                old = (await git("-C", where, "cat-file", "blob", then.split(":", 1)[1],
+                                 env=env)).encode("utf-8", "surrogateescape")
+        if old is None:
+            continue
+        sides[index] = (old, None if value is None else b"")
+    if not sides:
+        return {}
+    folder = await bounds.file_step(tempfile.mkdtemp, "", "prohost-changes-",
+                                    what="making a folder for line counts", limit_s=1.0)
+    try:
+        laid = await bounds.file_step(_lay_out, folder, where, listed, sides,
+                                      what="copying changed files for line counts",
+                                      limit_s=max(0.0, deadline - trio.current_time()))
+        out = await _no_index_numstat(folder, env)
+    finally:
+        await bounds.file_step(shutil.rmtree, folder, True,
+                               what="removing the line counts' folder", limit_s=1.0)
+    found: dict[str, tuple[int | None, int | None]] = {}
+    for index, counts in out.items():
+        found[listed[index].path] = counts
+    for index in laid:
+        found.setdefault(listed[index].path, (0, 0))
+    return found
+
+
+def _lay_out(folder: str, where: str, listed: list[FileChange],
+             sides: Mapping[int, tuple[bytes | None, bytes | None]]) -> list[int]:
+    """Blocking: ``folder/a/<index>`` and ``folder/b/<index>``, the two sides of each
+    listed file (a side absent where the file is); the indexes laid out (a file too
+    large to copy, or gone meanwhile, is not)."""
+    laid = []
+    for side in ("a", "b"):
+        os.mkdir(os.path.join(folder, side))
+    for index, (old, new) in sides.items():
+        if listed[index].from_ is not None:
+            laid.append(index)
+            continue
+        data = None
+        if new is not None:
+            data, _ = _content(os.path.join(where, listed[index].path))
+            if data is None or len(data) > COUNT_FILE_BYTES:
+                continue
+            with open(os.path.join(folder, "b", str(index)), "wb") as file:
+                file.write(data)
+        if old:
+            with open(os.path.join(folder, "a", str(index)), "wb") as file:
+                file.write(old)
+        laid.append(index)
+    return laid
+
+
+async def _no_index_numstat(folder: str, env: Mapping[str, str],
+                            ) -> dict[int, tuple[int | None, int | None]]:
+    # Exit status 1: the two sides differ.
+    out = await git("-C", folder, "diff", "--no-index", "--no-renames", "--numstat",
+                    "-z", "a", "b", env=env, ok_codes=(0, 1))
+    # Each ``added<TAB>removed<TAB>`` then the two sides' names (``/dev/null`` for an
+    # absent one): ``a/<index>``, ``b/<index>``.
+    found: dict[int, tuple[int | None, int | None]] = {}
+    fields = out.split("\0")
+    i = 0
+    while i + 2 < len(fields) and fields[i]:
+        added, removed, _ = fields[i].split("\t", 2)
+        name = fields[i + 2] if fields[i + 2] != "/dev/null" else fields[i + 1]
+        i += 3
+        index = name.rpartition("/")[2]
+        if index.isdigit():
+            found[int(index)] = (None if added == "-" else int(added),
+                                 None if removed == "-" else int(removed))
+    return found
+
+
+def _raw(text: str) -> dict[str, tuple[str | None, str | None]]:
+    """``diff-tree --raw -z``: ``:mA mB idA idB S`` then the path."""
+    fields = text.split("\0")
+    found: dict[str, tuple[str | None, str | None]] = {}
+    i = 0
+    while i + 1 < len(fields) and fields[i].startswith(":"):
+        m_a, m_b, id_a, id_b, _ = fields[i][1:].split(" ", 4)
+        found[fields[i + 1]] = (None if m_a == _NO_MODE else f"{m_a}:{id_a}",
+                                None if m_b == _NO_MODE else f"{m_b}:{id_b}")
+        i += 2
+    return found
 
 
 async def _optional(command: Awaitable[str]) -> str | None:
@@ -208,43 +508,3 @@ async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[st
     found = [await compare(state, bounds=bounds, env=env) for state in states]
     return found + [UnreadableCheckout(name, f"no private worktree: {why}")
                     for name, why in unready]
-
-
-def _name_status(text: str) -> dict[str, tuple[ChangeKind, str | None]]:
-    """``--name-status -z``: status, then one path (two for a rename or copy)."""
-    fields = text.split("\0")
-    found: dict[str, tuple[ChangeKind, str | None]] = {}
-    i = 0
-    while i < len(fields) and fields[i]:
-        status = fields[i]
-        kind = _CHANGE_KINDS.get(status[:1], "modified")
-        if status[:1] in ("R", "C"):
-            old, new = fields[i + 1], fields[i + 2]
-            found[new] = (kind, old if status[:1] == "R" else None)
-            i += 3
-        else:
-            found[fields[i + 1]] = (kind, None)
-            i += 2
-    return found
-
-
-def _numstat(text: str) -> dict[str, tuple[int | None, int | None]]:
-    """``--numstat -z``: ``added<TAB>removed<TAB>path`` or, for a rename,
-    ``added<TAB>removed<TAB>`` then the old and new paths; ``-`` for binary files."""
-    fields = text.split("\0")
-    found: dict[str, tuple[int | None, int | None]] = {}
-    i = 0
-    while i < len(fields) and fields[i]:
-        added, removed, path = fields[i].split("\t", 2)
-        if path:
-            i += 1
-        else:  # a rename: the two paths follow
-            path = fields[i + 2]
-            i += 3
-        found[path] = (None if added == "-" else int(added),
-                       None if removed == "-" else int(removed))
-    return found
-
-
-def _paths(text: str) -> list[str]:
-    return [path for path in text.split("\0") if path]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from prohost.errors import last_line
+from prohost.errors import LAST_LINE_CHARS, last_line
 
 #: A `git worktree add` checks out the whole tree (and runs the repo's post-checkout
 #: hook, LFS smudging included), so it gets five minutes; everything else is quick.
@@ -83,11 +83,13 @@ async def _kill_group(process: trio.Process) -> None:
 
 
 async def git(
-    *args: str, timeout_s: float = GIT_TIMEOUT_S, env: Mapping[str, str] | None = None
+    *args: str, timeout_s: float = GIT_TIMEOUT_S, env: Mapping[str, str] | None = None,
+    ok_codes: tuple[int, ...] = (0,),
 ) -> str:
     """Run ``git *args``; return its stdout (decoded as file names are), or raise
-    :class:`GitError`. On cancellation or timeout git and every process it started
-    are killed (it runs in a process group of its own) before this returns.
+    :class:`GitError` (for an exit status not in ``ok_codes``). On cancellation or
+    timeout git and every process it started are killed (it runs in a process group
+    of its own) before this returns.
 
     Cancelled: the group is killed with SIGKILL (trio's ``deliver_cancel``), the
     process is reaped, and the cancellation propagates."""
@@ -111,10 +113,21 @@ async def git(
             raise GitError(f"could not run git: {exc.strerror or exc}") from None
     if scope.cancelled_caught:
         raise GitTimedOut(f"git {what} took longer than {timeout_s:g} s and was stopped")
-    if done.returncode != 0:
-        reason = last_line(done.stderr) or f"git {what} exited with status {done.returncode}"
+    if done.returncode not in ok_codes:
+        reason = _reason(done.stderr) or f"git {what} exited with status {done.returncode}"
         raise GitError(reason)
     return os.fsdecode(done.stdout)
+
+
+def _reason(stderr: bytes) -> str:
+    """git's own reason, in one line: its last line, after the ``error:`` line that
+    said why when the last is only the ``fatal:`` conclusion (``adding files failed``)."""
+    last = last_line(stderr)
+    errors = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()
+              if line.startswith("error: ")]
+    if errors and last and last.startswith("fatal: ") and errors[-1] != last:
+        return f"{errors[-1][:LAST_LINE_CHARS]} ({last})"
+    return last
 
 
 def real_path(path: Path | str) -> str:

@@ -8,12 +8,13 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.changes import CheckoutState, changes_of, states_of
+from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, without_paths
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
-from prohost.wire.changes import ChangeEntry
+from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
 
 log = logging.getLogger("prohost.execute")
@@ -56,8 +57,11 @@ class LaneCheckouts:
         self._before = await states_of([(c.name, Path(c.path)) for c in prepared.checkouts],
                                        bounds=self.bounds, env=self.env)
         names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
-        self._unready = [(names.get(f.source, Path(f.source).name), f.reason)
-                         for f in prepared.failures]
+        self._unready = []
+        for failure in prepared.failures:
+            name = names.get(failure.source, Path(failure.source).name)
+            self._unready.append((name, without_paths(failure.reason, failure.source, name,
+                                                      home=worktrees.root.parent)))
         return True
 
     async def changes(self) -> list[ChangeEntry] | None:
@@ -68,8 +72,26 @@ class LaneCheckouts:
         """
         if self.worktrees is None or self.prepared is None:
             return None
-        changes = await changes_of(self._before, self._unready, bounds=self.bounds,
-                                   env=self.env)
+        changes = [self._private(entry) for entry in await changes_of(
+            self._before, self._unready, bounds=self.bounds, env=self.env)]
         order = {name: index for index, name in enumerate(self.worktrees.names)}
         changes.sort(key=lambda entry: order.get(entry.repo, len(order)))
         return changes
+
+    def _private(self, entry: ChangeEntry) -> ChangeEntry:
+        """``entry`` naming no local path (§7): the person's own checkouts by their
+        names, ``$PROHOST_HOME`` (where the worktrees are) by that word."""
+        worktrees = self.worktrees
+        assert worktrees is not None
+        home = worktrees.root.parent
+
+        def said(text: str) -> str:
+            for source, name in zip(worktrees.repos, worktrees.names, strict=True):
+                text = without_paths(text, source, name)
+            return without_paths(text, home, "$PROHOST_HOME", home=home)
+
+        if isinstance(entry, UnreadableCheckout):
+            return UnreadableCheckout(entry.repo, said(entry.error))
+        if isinstance(entry, CheckoutChanges) and entry.truncated is not None:
+            return attrs.evolve(entry, truncated=said(entry.truncated))
+        return entry

@@ -36,15 +36,26 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
-def _tally(entries: list[Mapping[str, Any]]) -> tuple[int, int, int, int]:
-    """Files changed, lines added, lines removed and commits over ``entries``."""
+def _tally(entries: list[Mapping[str, Any]]) -> tuple[int, int, int, int, int]:
+    """Files changed, lines added and removed, commits, and how many files those
+    lines cover over ``entries``: only the listed files have counts (at most 100 a
+    checkout; ``more_files`` has none)."""
     rows = [row for entry in entries for row in _list(entry, "files")
             if isinstance(row, Mapping)]
     files = len(rows) + sum(_count(entry.get("more_files")) or 0 for entry in entries)
     added = sum(_count(row.get("added")) or 0 for row in rows)
     removed = sum(_count(row.get("removed")) or 0 for row in rows)
     commits = sum(_count(entry.get("commits")) or 0 for entry in entries)
-    return files, added, removed, commits
+    return files, added, removed, commits, len(rows)
+
+
+def _lines(total: int, added: int, removed: int, listed: int) -> str:
+    """``3 files (+12 −2)``; when some files are not listed, what the lines cover:
+    ``250 files (+12 −2 in the 100 listed)``."""
+    counts = f"+{added:,} −{removed:,}"
+    if listed < total:
+        counts += f" in the {listed:,} listed"
+    return f"{_plural(total, 'file')} ({counts})"
 
 
 def files_line(entry: Mapping[str, Any]) -> str:
@@ -54,15 +65,21 @@ def files_line(entry: Mapping[str, Any]) -> str:
     error = _text(entry, "error")
     if error is not None:
         return f"{repo}: could not be read ({error})"
-    total, added, removed, commits = _tally([entry])
-    if not total and not commits:
+    total, added, removed, commits, listed = _tally([entry])
+    truncated = _text(entry, "truncated")
+    if not total and truncated is not None:
+        text = f"{repo}: files not listed"
+    elif not total and not commits:
         return f"{repo}: nothing changed"
-    text = f"{repo}: {_plural(total, 'file')} (+{added:,} −{removed:,})"
+    else:
+        text = f"{repo}: {_lines(total, added, removed, listed)}"
     if commits:
         branch = _text(entry, "branch")
         text += f", {_plural(commits, 'commit')}"
         if branch is not None:
             text += f" on {branch}"
+    if truncated is not None:
+        text += f" ({truncated})"
     return text
 
 
@@ -98,15 +115,16 @@ def changes_lines(changes: object) -> list[str]:
 
 def changes_summary(changes: object) -> str | None:
     """Every checkout together, in a few words: ``3 files (+12 −2), 1 commit``,
-    ``nothing changed``, ``2 unreadable``; ``None`` without ``changes``."""
+    ``nothing changed``, ``2 unreadable``; ``None`` without ``changes``. Lines are
+    those of the listed files (``+12 −2 in the 100 listed`` when some are not)."""
     if not isinstance(changes, list):
         return None
     entries = [entry for entry in changes if isinstance(entry, Mapping)]
     unreadable = sum(1 for entry in entries if _text(entry, "error") is not None)
-    total, added, removed, commits = _tally(entries)
+    total, added, removed, commits, listed = _tally(entries)
     parts = []
     if total:
-        parts.append(f"{_plural(total, 'file')} (+{added:,} −{removed:,})")
+        parts.append(_lines(total, added, removed, listed))
     if commits:
         parts.append(_plural(commits, "commit"))
     if unreadable:

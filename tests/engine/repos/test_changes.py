@@ -174,14 +174,120 @@ async def test_a_checkout_that_cannot_be_read_gets_an_error_entry(tmp_path: Path
     assert set(entry) == {"repo", "error"}
 
 
-async def test_a_checkout_too_slow_to_read_is_an_error_within_the_bound(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock,
+# Issue 28: told truly, without touching the person's repository.
+
+
+def objects(repo: Path) -> str:
+    """What the object store holds: `git count-objects -v`, every line."""
+    return git(repo, "count-objects", "-v")
+
+
+async def test_a_same_size_edit_in_the_second_of_a_commit_is_seen(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "one\n"})
+    git(repo, "config", "core.trustctime", "false")
+    before = await take_state("app", repo, bounds=Bounds())
+    # The agent commits, then edits the file again within the same second: the same
+    # size and times, which only git's racy-clean check (the index's own mtime is
+    # that second too) tells apart. Written here as times set a minute back.
+    stamp = (repo / "a.txt").stat().st_mtime_ns - 60 * 10**9
+    write(repo / "a.txt", "two\n")
+    os.utime(repo / "a.txt", ns=(stamp, stamp))
+    git(repo, "commit", "-qam", "two")
+    write(repo / "a.txt", "six\n")
+    os.utime(repo / "a.txt", ns=(stamp, stamp))
+    os.utime(repo / ".git" / "index", ns=(stamp, stamp))
+    entry = await compare(before, bounds=Bounds())
+    assert by_path(entry)["a.txt"]["committed"] is False
+
+
+async def test_taking_the_changes_writes_no_object_and_leaves_the_index_alone(
+    tmp_path: Path,
 ) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    # A fsmonitor hook that never answers: git waits on it, the bound does not.
+    write(repo / "a.txt", "2\n")
+    git(repo, "add", "a.txt")
+    write(repo / "left.txt", "an earlier turn's\n")
+    store, index = objects(repo), (repo / ".git" / "index").read_bytes()
+    status = git(repo, "status", "--porcelain=v2", "-z")
+    before = await take_state("app", repo, bounds=Bounds())
+    write(repo / "big.txt", "line\n" * 200_000)
+    write(repo / "left.txt", "an earlier turn's\nand this one's\n")
+    entry = await compare(before, bounds=Bounds())
+    assert objects(repo) == store
+    assert (repo / ".git" / "index").read_bytes() == index
+    files = by_path(entry)
+    assert files["big.txt"]["added"] == 200_000
+    assert (files["left.txt"]["added"], files["left.txt"]["removed"]) == (1, 0)
+    assert set(files) == {"big.txt", "left.txt"}
+    (repo / "big.txt").unlink()
+    write(repo / "left.txt", "an earlier turn's\n")
+    assert git(repo, "status", "--porcelain=v2", "-z") == status
+
+
+async def test_an_empty_nested_repository_is_one_entry(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    git(repo, "init", "-q", "scratch")
+    write(repo / "b.txt", "b\n")
+    entry = await compare(before, bounds=Bounds())
+    assert "error" not in entry
+    assert by_path(entry)["scratch"] == {"path": "scratch", "change": "added", "added": None,
+                                         "removed": None, "committed": False}
+    assert set(by_path(entry)) == {"scratch", "b.txt"}
+
+
+async def test_a_name_that_is_not_utf8_goes_out_with_u_fffd(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    (repo / os.fsdecode(b"bad\xff.txt")).write_bytes(b"x\n")
+    entry = await compare(before, bounds=Bounds())
+    assert entry["files"] == [{"path": "bad\ufffd.txt", "change": "added", "added": 1,
+                               "removed": 0, "committed": False}]
+
+
+@pytest.fixture
+def patient_clock() -> trio.testing.MockClock:
+    """A clock that jumps ahead only when nothing has happened for a while: git's
+    quick commands finish in real time, a hung one meets its bound at once."""
+    return trio.testing.MockClock(autojump_threshold=0.3)
+
+
+async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
+    tmp_path: Path, patient_clock: trio.testing.MockClock,
+) -> None:
+    repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
+    # A fsmonitor hook that never answers: git status waits on it, the bound does not.
     hook = tmp_path / "hang.sh"
     hook.write_text("#!/bin/sh\nexec sleep 3600\n")
     hook.chmod(0o755)
     git(repo, "config", "core.fsmonitor", str(hook))
+    head = git(repo, "rev-parse", "HEAD").strip()
     state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
-    assert state.error == "reading the checkout took longer than 5 s"
+    assert state.error is None and state.commit == head
+    entry = await compare(state, bounds=Bounds(), limit_s=5.0)
+    assert (entry["repo"], entry["branch"], entry["base"], entry["head"], entry["commits"]) \
+        == ("app", "main", head, head, 0)
+    assert entry["files"] == [] and entry["more_files"] == 0
+    assert entry["truncated"] == "listing its files at the start took longer than 5 s"
+
+    git(repo, "config", "--unset", "core.fsmonitor")
+    state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
+    git(repo, "config", "core.fsmonitor", str(hook))
+    entry = await compare(state, bounds=Bounds(), limit_s=5.0)
+    assert entry["head"] == head
+    assert entry["truncated"] == "listing its files took longer than 5 s"
+
+
+async def test_an_error_names_the_checkout_never_its_local_path(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "wt" / "app", {"a.txt": "1\n"})
+    before = await take_state("app", repo, bounds=Bounds())
+    (tmp_path / "wt").rename(tmp_path / "elsewhere")  # the worktree vanished meanwhile
+    entry = await compare(before, bounds=Bounds())
+    assert set(entry) == {"repo", "error"}
+    assert str(tmp_path) not in entry["error"] and "app" in entry["error"]
+
+
+def test_the_home_is_written_as_prohost_home() -> None:
+    said = "could not create /srv/ph/worktrees/lane-1: No space left on device"
+    assert changes.without_paths(said, "/srv/code/app", "app", home="/srv/ph") == (
+        "could not create $PROHOST_HOME/worktrees/lane-1: No space left on device")

@@ -86,3 +86,17 @@ async def test_a_checkout_that_could_not_be_prepared_is_an_error_entry(tmp_path:
     assert set(done["changes"][0]) == {"repo", "error"}
     assert "no private worktree" in done["changes"][0]["error"]
     assert done["changes"][1]["files"][0]["path"] == "x.txt"
+
+
+async def test_a_file_name_that_is_not_utf8_is_reported_with_u_fffd(tmp_path: Path) -> None:
+    """Issue 27 point 1: the completion arrives (it once could never be encoded)."""
+    app = await make_readme_repo(tmp_path / "code" / "app")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("editor.py"), repos=(app,),
+        ):
+            done = await turn(server, "badname:bad")
+    assert done["ok"], done
+    assert done["changes"][0]["files"] == [
+        {"path": "bad\ufffd", "change": "added", "added": 1, "removed": 0,
+         "committed": False}]

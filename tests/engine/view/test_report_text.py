@@ -47,7 +47,7 @@ def test_binary_renamed_and_many_files() -> None:
          "committed": True},
         {"path": "new.py", "from": "old.py", "change": "renamed", "added": 0, "removed": 0,
          "committed": True}]}
-    assert files_line(entry) == "app: 7 files (+0 −0)"
+    assert files_line(entry) == "app: 7 files (+0 −0 in the 2 listed)"
     assert file_lines(entry, most=1) == ["M img.png (binary)", "… and 6 more files"]
     assert file_lines(entry)[1] == "R new.py ← old.py +0 −0"
     assert files_line({"repo": "app", "files": [], "commits": 0}) == "app: nothing changed"

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Benchmark what a run changed (§7 ``changes``) against the git commands it is made of.
+
+Usage: .venv/bin/python scripts/bench_changes.py [--files N] [--scale F] [--keep]
+
+One generated repository (``--files`` tracked files, 50,000 by default, one commit),
+and in one run, for each case, from a clean worktree:
+
+* **10 changed**: ten tracked files edited;
+* **10,000 modified**: that many tracked files edited;
+* **10,000 untracked**: that many new files;
+* **one 50 MB file**: one new file of 50 MB of text.
+
+(``--scale`` shrinks the counts and sizes, for a smoke run.) Each case times the
+state taken before the change (``take_state``) and the comparison after it
+(``compare``), against ``git status --porcelain=v2 -z`` plus ``git diff --numstat
+-z`` on the same worktree at the same moment (the least a harness could do to learn
+the same), and prints each as a ratio. The store's object count (``git
+count-objects -v``) is checked unchanged after each case: nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from prohost.engine.blocking import Bounds
+from prohost.engine.repos.changes import compare, take_state
+from prohost.engine.repos.gitcmd import git_env
+from prohost.wire.protocol import converter
+
+USER = ["-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
+
+
+def git(path: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(path), *args], check=True, env=git_env(),
+                          capture_output=True).stdout.decode("utf-8", "replace")
+
+
+def tracked(index: int) -> str:
+    return f"pkg{index // 500}/mod{index // 50}/file{index}.py"
+
+
+def make_repo(path: Path, files: int) -> None:
+    """``files`` files of a few hundred bytes, 50 to a folder, committed once."""
+    for index in range(files):
+        name = path / tracked(index)
+        name.parent.mkdir(parents=True, exist_ok=True)
+        name.write_text(f"# file {index}\n" + "x = 1\n" * 40)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    # No auto gc: it would pack in the background, during the cases, and the store's
+    # count would change for a reason of its own. Packed here, once, instead.
+    git(path, *USER, "-c", "gc.auto=0", "commit", "-q", "-m", "generated")
+    git(path, "config", "gc.auto", "0")
+    git(path, "gc", "-q")
+
+
+def cases(files: int, scale: float) -> dict[str, Any]:
+    many = max(1, int(10_000 * scale))
+
+    def edit(path: Path, count: int) -> None:
+        for index in range(0, files, max(1, files // count))[:count]:
+            with open(path / tracked(index), "a") as file:
+                file.write("y = 2\n")
+
+    def untracked(path: Path) -> None:
+        for index in range(many):
+            name = path / "new" / f"d{index // 100}" / f"n{index}.txt"
+            name.parent.mkdir(parents=True, exist_ok=True)
+            name.write_text(f"new {index}\n")
+
+    def big(path: Path) -> None:
+        line = b"a line of a big generated text file, sixty-four bytes or so..\n"
+        with open(path / "big.txt", "wb") as file:
+            for _ in range(max(1, int(50 * 2**20 * scale)) // len(line)):
+                file.write(line)
+
+    return {
+        "10 changed": lambda path: edit(path, 10),
+        f"{many:,} modified": lambda path: edit(path, many),
+        f"{many:,} untracked": untracked,
+        f"one {max(1, int(50 * scale))} MB file": big,
+    }
+
+
+def plain(path: Path) -> float:
+    start = time.perf_counter()
+    git(path, "--no-optional-locks", "status", "--porcelain=v2", "-z",
+        "--untracked-files=all")
+    git(path, "--no-optional-locks", "diff", "--numstat", "-z", "HEAD")
+    return time.perf_counter() - start
+
+
+async def one_case(path: Path, change: Any) -> dict[str, Any]:
+    git(path, "checkout", "-q", "--", ".")
+    git(path, "clean", "-qfdx")
+    store = git(path, "count-objects", "-v")
+    start = time.perf_counter()
+    before = await take_state("bench", path, bounds=Bounds())
+    state_s = time.perf_counter() - start
+    plain_before_s = plain(path)
+    change(path)
+    start = time.perf_counter()
+    entry = converter.unstructure(await compare(before, bounds=Bounds()))
+    compare_s = time.perf_counter() - start
+    plain_after_s = plain(path)
+    return {
+        "state_s": state_s, "plain_before_s": plain_before_s,
+        "compare_s": compare_s, "plain_after_s": plain_after_s,
+        "state_ratio": state_s / plain_before_s, "compare_ratio": compare_s / plain_after_s,
+        "files": len(entry.get("files", [])) + entry.get("more_files", 0),
+        "truncated": entry.get("truncated"), "error": entry.get("error"),
+        "objects_unchanged": git(path, "count-objects", "-v") == store,
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="prohost-bench-changes-"))
+    try:
+        repo = folder / "repo"
+        repo.mkdir()
+        make_repo(repo, args.files)
+        return {name: await one_case(repo, change)
+                for name, change in cases(args.files, args.scale).items()}
+    finally:
+        if args.keep:
+            print(f"kept {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def print_report(figures: dict[str, Any]) -> None:
+    print(f"{'case':<20} {'state s':>8} {'ratio':>6} {'compare s':>10} {'ratio':>6} "
+          f"{'files':>7}  objects   note")
+    for name, row in figures.items():
+        note = row["error"] or row["truncated"] or ""
+        print(f"{name:<20} {row['state_s']:>8.3f} {row['state_ratio']:>6.1f} "
+              f"{row['compare_s']:>10.3f} {row['compare_ratio']:>6.1f} {row['files']:>7,}  "
+              f"{'same' if row['objects_unchanged'] else 'CHANGED':<9} {note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--files", type=int, default=50_000)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    figures = trio.run(main_async, args)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print_report(figures)
+
+
+if __name__ == "__main__":
+    main()
