@@ -25,7 +25,7 @@ from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
 from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S, LedgerSteps
-from prohost.engine.report.outbox import Outbox
+from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue, Settle
@@ -139,10 +139,12 @@ class Recovery:
         """Hold a ledger row's run again and take it on from where the ledger has it:
         a saved outcome is reported as it is, an accepted run is queued (or, during
         a drain, reported not started), and a run that had started is reported with
-        ``interrupted`` (retryable), since nothing in this process is running it."""
+        ``interrupted`` (retryable), since nothing in this process is running it. A
+        saved outcome that cannot be read back is reported as
+        :data:`~prohost.wire.outcomes.UNREADABLE_OUTCOME` (retryable)."""
         self.runs.hold(held)
         if row.state is RunState.FINISHED and row.outcome is not None:
-            self.settle(held, Outcome.from_json(row.outcome), recorded=True,
+            self.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
                         finished_at=row.finished_at)
         elif row.state is not RunState.ACCEPTED:
             self.settle(held, Outcome.failure(interrupted, retryable=True))
