@@ -39,6 +39,12 @@ def internal_error(detail: str) -> str:
     return f"internal error: {detail}"
 
 
+#: A ``finished`` row whose saved outcome cannot be read back at restart (a ledger
+#: written by another version, or damaged): the run is reported retryable, since
+#: what it did is lost to the harness, not to the request.
+UNREADABLE_OUTCOME = internal_error("the saved outcome could not be read")
+
+
 def _plural(count: float, unit: str) -> str:
     number = f"{count:g}"
     return f"{number} {unit}" if number == "1" else f"{number} {unit}s"

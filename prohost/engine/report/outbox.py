@@ -33,10 +33,11 @@ from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.report.reporter import DEFAULT_WINDOW_S, Reporter, Settlement
+from prohost.wire.outcomes import UNREADABLE_OUTCOME
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import Outcome
 
-__all__ = ["MAX_AGE_S", "RETRY_EVERY_S", "Outbox", "ReportTiming"]
+__all__ = ["MAX_AGE_S", "RETRY_EVERY_S", "Outbox", "ReportTiming", "saved_outcome"]
 
 log = logging.getLogger("prohost.runner")
 
@@ -45,6 +46,24 @@ RETRY_EVERY_S = 300.0
 #: A report still unsettled this long after its run finished is dropped (seconds,
 #: wall clock, from the ledger's ``finished_at``; §7).
 MAX_AGE_S = 7 * 86400.0
+
+
+def saved_outcome(run_id: str, text: str) -> Outcome:
+    """The outcome a ``finished`` row saved; when it cannot be read back,
+    :data:`~prohost.wire.outcomes.UNREADABLE_OUTCOME` (retryable, logged).
+
+    Read at a restart's recovery and at each try here: raised from either, one
+    damaged row (another version's, or a disk's) would stop every start of the
+    harness, or the outbox with every report waiting in it.
+    """
+    try:
+        return Outcome.from_json(text)
+    # ValueError: not JSON, or not an outcome (DecodeError); TypeError: sqlite's loose
+    # typing let a non-text value in; RecursionError: JSON nested past the stack.
+    except (ValueError, TypeError, RecursionError) as exc:
+        log.error("run %s: its saved outcome cannot be read (%s); reporting it as an "
+                  "internal error", run_id, exc)
+        return Outcome.failure(UNREADABLE_OUTCOME, retryable=True)
 
 
 @attrs.frozen
@@ -192,7 +211,7 @@ class Outbox:
                             "start reports it", run_id, row.state.value)
             # Else settled some other way meanwhile (or pruned): nothing to post.
             return True
-        payload = Outcome.from_json(row.outcome).completion(run_id)
+        payload = saved_outcome(run_id, row.outcome).completion(run_id)
         settlement = await self.reporter.post_once(run_id, waiting.completion_path, payload)
         if settlement.kind == "gave_up":
             return settlement.status is not None

@@ -25,7 +25,7 @@ from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
 from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S, LedgerSteps
-from prohost.engine.report.outbox import Outbox
+from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue, Settle
@@ -139,10 +139,12 @@ class Recovery:
         """Hold a ledger row's run again and take it on from where the ledger has it:
         a saved outcome is reported as it is, an accepted run is queued (or, during
         a drain, reported not started), and a run that had started is reported with
-        ``interrupted`` (retryable), since nothing in this process is running it."""
+        ``interrupted`` (retryable), since nothing in this process is running it. A
+        saved outcome that cannot be read back is reported as
+        :data:`~prohost.wire.outcomes.UNREADABLE_OUTCOME` (retryable)."""
         self.runs.hold(held)
         if row.state is RunState.FINISHED and row.outcome is not None:
-            self.settle(held, Outcome.from_json(row.outcome), recorded=True,
+            self.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
                         finished_at=row.finished_at)
         elif row.state is not RunState.ACCEPTED:
             self.settle(held, Outcome.failure(interrupted, retryable=True))
@@ -254,16 +256,24 @@ def spent(finished: list[tuple[float, str]]) -> list[tuple[str | None, Any, floa
 def kill_leftover(row: LedgerRow) -> None:
     """Kill the agent a previous harness left running for ``row``'s run, if any.
 
-    By the group the ledger recorded when it has one; else (the harness died
-    between the spawn and the group's commit) by the run's marker in the agent's
-    environment (:func:`prohost.engine.agent.procinfo.groups_of_run`).
+    By the group the ledger recorded, when it still is the run's agent, and always
+    also by the run's marker in the agents' environment
+    (:func:`prohost.engine.agent.procinfo.groups_of_run`): the recorded group is
+    only the last one committed. A harness that died between an agent's spawn and
+    the commit of its group left either no group or an earlier attempt's (dead, or
+    reused by another process) while a later attempt's agent (a fail-over to another
+    account, a fresh-session retry) lives on; reported "restarted" and retried by
+    the server, the run would then run twice at once.
 
     Blocking (it may read /proc or run ps): call it in a worker thread.
     """
-    if row.pgid is not None:
-        groups = [row.pgid] if process_belongs_to_run(row.pgid, row.run_id) else []
-    else:
-        groups = groups_of_run(row.run_id)
+    groups = []
+    if row.pgid is not None and process_belongs_to_run(row.pgid, row.run_id):
+        groups.append(row.pgid)
+    # Searched even when the recorded group is live: an attempt's agent outlives
+    # the group commit that would have named it, and searching costs one /proc
+    # scan per interrupted run, at start only.
+    groups += [pgid for pgid in groups_of_run(row.run_id) if pgid not in groups]
     for pgid in groups:
         log.warning("killing the agent of run %s left from the previous harness (group %d)",
                     row.run_id, pgid)

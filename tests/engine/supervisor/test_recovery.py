@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +158,15 @@ async def test_recover_restores_the_account_limits_the_ledger_remembers(
     assert parts.book.limits(NOW) == {"a": NOW + 600, "b": NOW + 3600}
 
 
-@pytest.mark.parametrize("recorded_group", [True, False])
-async def test_recover_kills_the_agent_a_previous_harness_left_running(
-    ledger: Ledger, recorded_group: bool,
-) -> None:
-    # Says "ready" once it runs (its environment is readable), then waits for stdin.
+@asynccontextmanager
+async def stand_in_agent(run_id: str) -> AsyncIterator[trio.Process]:
+    """A process in a group of its own, started with ``PROHOST_RUN_ID=<run_id>`` as
+    an agent is, yielded once it runs (its environment is readable); it waits for
+    stdin to close, then ends by itself with 0. Killed on the way out if alive."""
     code = "import sys; print('ready', flush=True); sys.stdin.read()"
     agent = await trio.lowlevel.open_process(
         [sys.executable, "-c", code], start_new_session=True,
-        env={**os.environ, "PROHOST_RUN_ID": STA},
+        env={**os.environ, "PROHOST_RUN_ID": run_id},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert agent.stdin is not None and agent.stdout is not None
     try:
@@ -175,14 +176,7 @@ async def test_recover_kills_the_agent_a_previous_harness_left_running(
             assert chunk, "the stand-in agent ended before it was ready"
             line += chunk
         assert line == b"ready\n"
-        row(ledger, STA, RunState.STARTED)
-        if recorded_group:
-            ledger.record_pgid(STA, agent.pid)
-        parts = build(ledger)
-        await parts.recovery.recover()
-        await agent.stdin.aclose()  # left alive, it would now end by itself, with 0
-        assert await agent.wait() == -signal.SIGKILL
-        assert parts.settled == [restarted(STA)]
+        yield agent
     finally:
         with trio.CancelScope(shield=True):
             if agent.returncode is None:
@@ -190,6 +184,62 @@ async def test_recover_kills_the_agent_a_previous_harness_left_running(
                 await agent.wait()
             await agent.stdin.aclose()
             await agent.stdout.aclose()
+
+
+async def ended_by_itself(agent: trio.Process) -> int:
+    """Close ``agent``'s stdin and return its exit status: 0 if it was alive until
+    now, ``-SIGKILL`` if recovery killed it."""
+    assert agent.stdin is not None
+    await agent.stdin.aclose()
+    return await agent.wait()
+
+
+@pytest.mark.parametrize("recorded_group", ["its own", "none"])
+async def test_recover_kills_the_agent_a_previous_harness_left_running(
+    ledger: Ledger, recorded_group: str,
+) -> None:
+    async with stand_in_agent(STA) as agent:
+        row(ledger, STA, RunState.STARTED)
+        if recorded_group == "its own":
+            ledger.record_pgid(STA, agent.pid)
+        parts = build(ledger)
+        await parts.recovery.recover()
+        assert await ended_by_itself(agent) == -signal.SIGKILL
+        assert parts.settled == [restarted(STA)]
+
+
+async def test_recover_kills_a_later_attempt_whose_group_was_not_recorded(
+    ledger: Ledger,
+) -> None:
+    # Issue 27: a fail-over or fresh-session retry spawned a second agent, and the
+    # harness died before its group was committed: the ledger still names the first
+    # attempt's group, long gone.
+    first = await trio.lowlevel.open_process([sys.executable, "-c", "pass"],
+                                             start_new_session=True)
+    assert await first.wait() == 0  # reaped: its group is gone
+    async with stand_in_agent(STA) as second:
+        row(ledger, STA, RunState.STARTED)
+        ledger.record_pgid(STA, first.pid)
+        parts = build(ledger)
+        await parts.recovery.recover()
+        assert await ended_by_itself(second) == -signal.SIGKILL
+        assert parts.settled == [restarted(STA)]
+
+
+async def test_recover_kills_the_run_s_agent_not_the_one_that_reused_its_group(
+    ledger: Ledger,
+) -> None:
+    # The recorded group's number now belongs to another run's live agent: that one
+    # is left alone, and the run's own agent, in a group never recorded, is found.
+    other = f"other-{uuid.uuid4().hex}"
+    async with stand_in_agent(other) as reused, stand_in_agent(STA) as agent:
+        row(ledger, STA, RunState.STARTED)
+        ledger.record_pgid(STA, reused.pid)
+        parts = build(ledger)
+        await parts.recovery.recover()
+        assert await ended_by_itself(agent) == -signal.SIGKILL
+        assert await ended_by_itself(reused) == 0
+        assert parts.settled == [restarted(STA)]
 
 
 async def test_resume_unheld_takes_on_an_accepted_row_and_leaves_a_reported_one(
