@@ -54,7 +54,8 @@ LABEL_PREFIX = "ai.prohost.agent"
 
 #: How long the reporter keeps retrying a completion
 #: (prohost.engine.report.reporter.DEFAULT_WINDOW_S).
-#: Not imported: that would pull httpx into `--print`. tests/commands/test_install_daemon.py checks they agree.
+#: Not imported: that would pull httpx into `--print`.
+#: tests/commands/test_install_daemon.py checks they agree.
 COMPLETION_RETRY_S = 600
 #: Beyond the retry window: the ledger write, closing the socket, a last heartbeat.
 DRAIN_SLACK_S = 60
