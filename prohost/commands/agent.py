@@ -7,18 +7,22 @@ status 1, so a daemon's log says what to fix instead of showing a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import trio
 from rich.console import Console
 
 from prohost.engine import lognames, signals
-from prohost.engine.harness import Harness
+from prohost.engine.agent.process import ProcessGroups, kill_children
+from prohost.engine.harness import STOP_WINDOW_S, Harness
 from prohost.engine.ledger import Ledger, LedgerError
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.report.sender import open_sender
@@ -39,6 +43,10 @@ log = logging.getLogger("prohost.agent")
 progress_log = logging.getLogger(lognames.RUNS)
 
 LEDGER_FILE = "ledger.sqlite3"
+
+#: ``time.monotonic()`` by which the process must have exited: the second signal's
+#: 5 s window (§9); None until a second signal is obeyed.
+_stop_deadline: float | None = None
 
 
 def run_agent_command(
@@ -92,9 +100,64 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
         try:
             return trio.run(main, options, endpoints, ledger)
         finally:
-            ledger.close()
+            _close_ledger(ledger)
     finally:
         lock.release()
+
+
+def _close_ledger(ledger: Ledger) -> None:
+    """Close the ledger; after a second signal, only for what is left of its window.
+
+    Closing waits for a write under way, and a hung disk can hold that for as long
+    as it hangs. Abandoning it is safe: every step is its own transaction, durable
+    or not, and the next start reads whatever the file holds (§7). The closing
+    thread is a daemon; the stop's watchdog (:func:`_watch_the_stop`) ends the
+    process at the window's end whatever it is still doing.
+    """
+    if _stop_deadline is None:
+        ledger.close()
+        return
+    closer = threading.Thread(target=ledger.close, name="prohost-ledger-close", daemon=True)
+    closer.start()
+    closer.join(max(0.0, _stop_deadline - time.monotonic()))
+    if closer.is_alive():
+        log.warning("the run ledger is still busy with a write that does not return (a hung "
+                    "disk?); leaving it to the process exit: every step already written "
+                    "stays, and the next start reads the rest")
+        _exit_now(signals.STOPPED_STATUS)
+
+
+def _watch_the_stop(groups: ProcessGroups) -> None:
+    """Make §9's 5 s hold whatever the disk does: a thread that, at the end of the
+    second signal's window, kills every agent (spawned or still being spawned) and
+    ends the process at once, even if trio is still waiting for a thread that
+    cannot be abandoned (a spawn's ``Popen`` whose child hangs in ``chdir``)."""
+    global _stop_deadline
+    if _stop_deadline is not None:
+        return
+    _stop_deadline = time.monotonic() + STOP_WINDOW_S
+
+    def watch() -> None:
+        deadline = _stop_deadline or 0.0
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(left)  # a daemon thread's timer, not a wait for an event
+        log.error("the stop's %.0f s are over and the harness is still waiting (a hung "
+                  "disk or a spawn that does not return?); exiting now: what was not "
+                  "reported stays in the ledger for the next start", STOP_WINDOW_S)
+        groups.kill_all(signal.SIGKILL)
+        _exit_now(signals.STOPPED_STATUS)
+
+    threading.Thread(target=watch, name="prohost-stop-watchdog", daemon=True).start()
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code`` at once, agents first (none may outlive it)."""
+    kill_children()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 async def supervise(
@@ -150,6 +213,7 @@ def _obey(count: int, signum: int, harness: Harness, *, early: bool) -> None:
         harness.drain()
     elif count == 2:
         log.warning("%s again: stopping the running agents", name)
+        _watch_the_stop(harness.groups)
         harness.stop()
     else:
         log.error("%s a third time: killing every agent and exiting now", name)
