@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import trio
 from rich.console import Console
@@ -23,7 +24,7 @@ from rich.console import Console
 from prohost.engine import lognames, signals
 from prohost.engine.agent.process import ProcessGroups, kill_children
 from prohost.engine.harness import STOP_WINDOW_S, Harness
-from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.ledger import Ledger, LedgerError, LedgerUnavailable
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel
@@ -43,6 +44,11 @@ log = logging.getLogger("prohost.agent")
 progress_log = logging.getLogger(lognames.RUNS)
 
 LEDGER_FILE = "ledger.sqlite3"
+#: Space kept beside the ledger so that it can be opened on a full disk: opening a
+#: WAL database creates its ``-shm`` index, 32 KiB of real blocks. Random bytes, so
+#: that no compressing filesystem stores it in less.
+RESERVE_FILE = "ledger.reserve"
+RESERVE_BYTES = 32 * 1024
 
 #: ``time.monotonic()`` by which the process must have exited: the second signal's
 #: 5 s window (§9); None until a second signal is obeyed.
@@ -93,7 +99,7 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
         return 1
     try:
         try:
-            ledger = Ledger.open(options.home / LEDGER_FILE)
+            ledger = _open_ledger(options.home)
         except LedgerError as exc:
             print(f"prohost: {exc}", file=sys.stderr)
             return 1
@@ -103,6 +109,50 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
             _close_ledger(ledger)
     finally:
         lock.release()
+
+
+def _open_ledger(home: Path) -> Ledger:
+    """Open the home's ledger, on a full disk too: a harness started there comes up,
+    answers 503 for what it cannot record and recovers when space returns, like one
+    that was already running (issue 27). For that it gives the ledger the space its
+    reserve kept; the reserve is made again at the next start that has the room.
+    """
+    reserve = home / RESERVE_FILE
+    try:
+        ledger = Ledger.open(home / LEDGER_FILE)
+    except LedgerUnavailable as exc:
+        if not reserve.exists():
+            raise
+        log.warning("%s; using the space kept for it (%s)", exc, reserve)
+        reserve.unlink()
+        ledger = Ledger.open(home / LEDGER_FILE)
+        log.warning("the disk is full (%s): deliveries the ledger cannot record are "
+                    "answered 503 (the server sends them again) until space returns", home)
+        return ledger
+    _keep_reserve(reserve)
+    return ledger
+
+
+def _keep_reserve(reserve: Path) -> None:
+    """Make the ledger's reserve if it is missing; on a disk without the room, say so."""
+    try:
+        if reserve.stat().st_size >= RESERVE_BYTES:
+            return
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, os.urandom(RESERVE_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            reserve.unlink()
+        log.warning("could not keep %d KiB in reserve for the ledger in %s (%s): if this "
+                    "disk fills up, prohost cannot be started on it until it has room",
+                    RESERVE_BYTES // 1024, reserve, exc.strerror or exc)
 
 
 def _close_ledger(ledger: Ledger) -> None:

@@ -140,6 +140,16 @@ class _SoakDiskFull(sqlite3.Connection):
         return super().execute(sql, parameters)
 
 
+#: sqlite's primary result code for "file is not a database": the only error, with a
+#: newer schema and a foreign database, that proves the file unusable.
+_SQLITE_NOTADB = 26
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger cannot be opened now (disk full, read-only, I/O error), though
+    nothing says the file is damaged: try again once the disk has recovered."""
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     control = os.environ.get(SOAK_DISK_FULL_ENV)
     hang = os.environ.get(TEST_HUNG_DISK_ENV)
@@ -244,5 +254,14 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
                 f"the run ledger {path} is locked by another process ({exc}); is another "
                 "prohost running with the same PROHOST_HOME?"
             ) from exc
-        raise LedgerError(f"{path} is not a usable prohost run ledger ({exc}): {aside}") from exc
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_NOTADB:
+            raise LedgerError(
+                f"{path} is not a usable prohost run ledger ({exc}): {aside}") from exc
+        # A full, read-only or failing disk: the file is not known to be damaged, and
+        # moving it aside would forget every run it holds.
+        raise LedgerUnavailable(
+            f"cannot open the run ledger {path} now ({exc}): is its disk full, read-only "
+            "or failing? Free some space (or repair the disk) and prohost opens it; keep "
+            "the file: it holds every run this harness accepted, started or finished"
+        ) from exc
 
