@@ -121,10 +121,11 @@ def _open_ledger(home: Path) -> Ledger:
     try:
         ledger = Ledger.open(home / LEDGER_FILE)
     except LedgerUnavailable as exc:
-        if not reserve.exists():
-            raise
+        try:
+            reserve.unlink()  # a read-only disk refuses this too: then exc stands
+        except OSError:
+            raise exc from None
         log.warning("%s; using the space kept for it (%s)", exc, reserve)
-        reserve.unlink()
         ledger = Ledger.open(home / LEDGER_FILE)
         log.warning("the disk is full (%s): deliveries the ledger cannot record are "
                     "answered 503 (the server sends them again) until space returns", home)
