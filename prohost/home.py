@@ -305,6 +305,13 @@ class InstanceLock:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            # The pid is only for a second harness's message: the flock is what
+            # counts, and a harness must come up on a full disk (it answers 503 for
+            # what it cannot record, and recovers when space returns).
+            logging.getLogger("prohost.home").warning(
+                "could not write this harness's pid into %s (%s); the home is locked all "
+                "the same", path, exc.strerror or exc)
         except BaseException:
             os.close(fd)
             raise

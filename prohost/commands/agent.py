@@ -7,19 +7,24 @@ status 1, so a daemon's log says what to fix instead of showing a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import trio
 from rich.console import Console
 
 from prohost.engine import lognames, signals
-from prohost.engine.harness import Harness
-from prohost.engine.ledger import Ledger, LedgerError
+from prohost.engine.agent.process import ProcessGroups, kill_children
+from prohost.engine.harness import STOP_WINDOW_S, Harness
+from prohost.engine.ledger import Ledger, LedgerError, LedgerUnavailable
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel
@@ -39,6 +44,15 @@ log = logging.getLogger("prohost.agent")
 progress_log = logging.getLogger(lognames.RUNS)
 
 LEDGER_FILE = "ledger.sqlite3"
+#: Space kept beside the ledger so that it can be opened on a full disk: opening a
+#: WAL database creates its ``-shm`` index, 32 KiB of real blocks. Random bytes, so
+#: that no compressing filesystem stores it in less.
+RESERVE_FILE = "ledger.reserve"
+RESERVE_BYTES = 32 * 1024
+
+#: ``time.monotonic()`` by which the process must have exited: the second signal's
+#: 5 s window (§9); None until a second signal is obeyed.
+_stop_deadline: float | None = None
 
 
 def run_agent_command(
@@ -85,16 +99,116 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
         return 1
     try:
         try:
-            ledger = Ledger.open(options.home / LEDGER_FILE)
+            ledger = _open_ledger(options.home)
         except LedgerError as exc:
             print(f"prohost: {exc}", file=sys.stderr)
             return 1
         try:
             return trio.run(main, options, endpoints, ledger)
         finally:
-            ledger.close()
+            _close_ledger(ledger)
     finally:
         lock.release()
+
+
+def _open_ledger(home: Path) -> Ledger:
+    """Open the home's ledger, on a full disk too: a harness started there comes up,
+    answers 503 for what it cannot record and recovers when space returns, like one
+    that was already running (issue 27). For that it gives the ledger the space its
+    reserve kept; the reserve is made again at the next start that has the room.
+    """
+    reserve = home / RESERVE_FILE
+    try:
+        ledger = Ledger.open(home / LEDGER_FILE)
+    except LedgerUnavailable as exc:
+        try:
+            reserve.unlink()  # a read-only disk refuses this too: then exc stands
+        except OSError:
+            raise exc from None
+        log.warning("%s; using the space kept for it (%s)", exc, reserve)
+        ledger = Ledger.open(home / LEDGER_FILE)
+        log.warning("the disk is full (%s): deliveries the ledger cannot record are "
+                    "answered 503 (the server sends them again) until space returns", home)
+        return ledger
+    _keep_reserve(reserve)
+    return ledger
+
+
+def _keep_reserve(reserve: Path) -> None:
+    """Make the ledger's reserve if it is missing; on a disk without the room, say so."""
+    try:
+        if reserve.stat().st_size >= RESERVE_BYTES:
+            return
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, os.urandom(RESERVE_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            reserve.unlink()
+        log.warning("could not keep %d KiB in reserve for the ledger in %s (%s): if this "
+                    "disk fills up, prohost cannot be started on it until it has room",
+                    RESERVE_BYTES // 1024, reserve, exc.strerror or exc)
+
+
+def _close_ledger(ledger: Ledger) -> None:
+    """Close the ledger; after a second signal, only for what is left of its window.
+
+    Closing waits for a write under way, and a hung disk can hold that for as long
+    as it hangs. Abandoning it is safe: every step is its own transaction, durable
+    or not, and the next start reads whatever the file holds (§7). The closing
+    thread is a daemon; the stop's watchdog (:func:`_watch_the_stop`) ends the
+    process at the window's end whatever it is still doing.
+    """
+    if _stop_deadline is None:
+        ledger.close()
+        return
+    closer = threading.Thread(target=ledger.close, name="prohost-ledger-close", daemon=True)
+    closer.start()
+    closer.join(max(0.0, _stop_deadline - time.monotonic()))
+    if closer.is_alive():
+        log.warning("the run ledger is still busy with a write that does not return (a hung "
+                    "disk?); leaving it to the process exit: every step already written "
+                    "stays, and the next start reads the rest")
+        _exit_now(signals.STOPPED_STATUS)
+
+
+def _watch_the_stop(groups: ProcessGroups) -> None:
+    """Make §9's 5 s hold whatever the disk does: a thread that, at the end of the
+    second signal's window, kills every agent (spawned or still being spawned) and
+    ends the process at once, even if trio is still waiting for a thread that
+    cannot be abandoned (a spawn's ``Popen`` whose child hangs in ``chdir``)."""
+    global _stop_deadline
+    if _stop_deadline is not None:
+        return
+    _stop_deadline = time.monotonic() + STOP_WINDOW_S
+
+    def watch() -> None:
+        deadline = _stop_deadline or 0.0
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(left)  # a daemon thread's timer, not a wait for an event
+        log.error("the stop's %.0f s are over and the harness is still waiting (a hung "
+                  "disk or a spawn that does not return?); exiting now: what was not "
+                  "reported stays in the ledger for the next start", STOP_WINDOW_S)
+        groups.kill_all(signal.SIGKILL)
+        _exit_now(signals.STOPPED_STATUS)
+
+    threading.Thread(target=watch, name="prohost-stop-watchdog", daemon=True).start()
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code`` at once, agents first (none may outlive it)."""
+    kill_children()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 async def supervise(
@@ -150,6 +264,7 @@ def _obey(count: int, signum: int, harness: Harness, *, early: bool) -> None:
         harness.drain()
     elif count == 2:
         log.warning("%s again: stopping the running agents", name)
+        _watch_the_stop(harness.groups)
         harness.stop()
     else:
         log.error("%s a third time: killing every agent and exiting now", name)

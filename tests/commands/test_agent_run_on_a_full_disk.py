@@ -1,24 +1,29 @@
-"""``prohost agent run`` on a home whose disk cannot take a write: one clear line and
-exit 1, never a traceback (found by the soak, issue 16: a harness started while its
-home's tmpfs was full died in ``InstanceLock.acquire`` with ENOSPC).
+"""``prohost agent run`` on a home whose disk is full (issue 16, then issue 27).
 
-The harness is the real command in a subprocess; the full disk is a real one:
-``/dev/full`` (every write fails ENOSPC) behind the lock file, and, where the tests
-may mount (root), a tmpfs filled to the last byte.
+A home that holds a ledger comes up on a full disk: it says the disk is full,
+answers 503 for what it cannot record, and runs the next delivery once space
+returns, every earlier row still there. A home that never had a ledger cannot
+create one: one clear line and exit 1, never a traceback, never the advice to move
+a ledger aside. The full disk is a real tmpfs filled to the last byte (root only).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
-from prohost.home import LOCK_FILE, Credentials, save_credentials
+from prohost.engine.ledger import RunState
+from prohost.home import Credentials, save_credentials
+from tests.kits.harness import finished, start_run
 from tests.kits.paths import ROOT
+from tests.kits.process import harness_process, ledger_row, paired_with_gate
 
 
 def pair(home: Path) -> None:
@@ -63,22 +68,65 @@ def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
         assert not home.is_mount()
 
 
-def check_refused(result: subprocess.CompletedProcess[str], home: Path) -> None:
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    assert f"prohost: cannot set up its home {home}" in result.stderr, result.stderr
-    assert "is the disk full or read-only?" in result.stderr
-
-
-def test_a_lock_file_that_cannot_be_written_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    pair(home)
-    (home / LOCK_FILE).symlink_to("/dev/full")
-    check_refused(start(home), home)
-
-
-def test_a_full_home_is_one_line_and_exit_1(full_tmpfs: Path) -> None:
+def test_a_full_home_that_never_had_a_ledger_says_so_and_exits_1(full_tmpfs: Path) -> None:
+    """No ledger can be created there (and no reserve was ever kept): one line that
+    says the disk is full, and never that a ledger should be moved aside."""
     pair(full_tmpfs)
     fill(full_tmpfs / "filler")
-    check_refused(start(full_tmpfs), full_tmpfs)
+    result = start(full_tmpfs)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot open the run ledger {full_tmpfs / 'ledger.sqlite3'} now" in result.stderr
+    assert "is its disk full" in result.stderr
+    assert "move it aside" not in result.stderr
+
+
+@pytest.fixture
+def full_home_mount(tmp_path: Path) -> Iterator[Path]:
+    """An empty tmpfs of 4 MiB as the home (the test fills it), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(home)],
+                   check=True)
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=True)
+
+
+@pytest.mark.protocol("§7")
+async def test_a_harness_started_on_a_full_disk_comes_up_answers_503_and_recovers(
+    full_home_mount: Path,
+) -> None:
+    """Issue 27, point 8: no harness could start while its home's disk was full, and
+    the message advised moving the ledger aside (forgetting every run in it)."""
+    home = full_home_mount
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            async with harness_process(server, home, gate.command) as first:
+                earlier = await start_run(server, gate, "before the disk filled")
+                await gate.release(earlier)
+                await server.wait_until(finished(earlier))
+                first.send_signal(signal.SIGTERM)
+                assert await first.wait_clean_exit() == 0
+
+            fill(home / "filler")
+            async with harness_process(server, home, gate.command) as harness:
+                await harness.wait_log("disk is full")
+                run_id = await server.submit_run("while the disk is full")
+                await server.wait_until(lambda s: 503 in s.runs[run_id].ack_statuses)
+                assert gate.started == [earlier]
+
+                (home / "filler").unlink()  # space returns
+                await gate.wait_started(run_id)
+                await gate.release(run_id)
+                await server.wait_until(finished(run_id))
+                assert server.run(run_id).completion["ok"] is True
+                harness.send_signal(signal.SIGTERM)
+                assert await harness.wait_clean_exit() == 0
+                assert not any("move it aside" in line for line in harness.log)
+
+    for done in (earlier, run_id):
+        assert ledger_row(home, done).state is RunState.REPORTED

@@ -20,6 +20,8 @@ at a 16-wide backlog, tasks and scheduler trips were a good part of a run's CPU.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import os
@@ -86,6 +88,48 @@ class ProcessGroups:
 
     def __contains__(self, pgid: object) -> bool:
         return pgid in self._pgids
+
+
+#: A fault hook for tests that run the harness as a subprocess: when this variable
+#: names a FIFO, every spawned child reads it to its end between its fork and its
+#: exec, as a child whose ``chdir`` into a hung folder never returns: the spawn
+#: (``Popen``, in a worker thread nobody can abandon) blocks until the FIFO's writer
+#: closes it.
+TEST_HUNG_SPAWN_ENV = "PROHOST_TEST_HUNG_SPAWN_FIFO"
+
+
+def _hang_on(fifo: str) -> None:
+    with open(fifo, "rb") as hung:
+        hung.read()
+
+
+def kill_children() -> None:
+    """SIGKILL every child of this process, and the group of each that leads one.
+
+    For the very end of a stop (§9): a spawn caught between its fork and its exec
+    (``chdir`` into a hung folder) is in no :class:`ProcessGroups` yet, and would
+    otherwise exec its agent after the harness is gone. Reads ``/proc`` (Linux);
+    elsewhere it does nothing.
+    """
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and int(fields[1]) == me:
+            pid = int(entry)
+            if int(fields[2]) == pid:  # its own group: start_new_session
+                _killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @attrs.frozen
@@ -370,6 +414,7 @@ async def run_agent(
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
+    hang = os.environ.get(TEST_HUNG_SPAWN_ENV)
     proc = await trio.lowlevel.open_process(
         ["/bin/sh", "-c", command],
         stdin=subprocess.PIPE,
@@ -378,6 +423,7 @@ async def run_agent(
         cwd=cwd,
         env=dict(env),
         start_new_session=True,
+        preexec_fn=functools.partial(_hang_on, hang) if hang else None,
     )
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid

@@ -99,7 +99,7 @@ from prohost.engine.ledger.rows import (
     RunState,
     UnreportedRuns,
 )
-from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION
+from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION, LedgerUnavailable
 from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Ledger
 from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
 
@@ -116,6 +116,7 @@ __all__ = [
     "LedgerOrderError",
     "LedgerRow",
     "LedgerStatistics",
+    "LedgerUnavailable",
     "RunState",
     "UnreportedRuns",
     "_Write",

@@ -117,22 +117,42 @@ FILE_MODE = 0o600
 #: COMMIT fails as on a full disk while that file exists. Unset, as everywhere but in
 #: the soak's harnesses, nothing changes (the connection is sqlite3's own).
 SOAK_DISK_FULL_ENV = "PROHOST_SOAK_DISK_FULL_FILE"
+#: A fault hook for tests that run the harness as a subprocess: when this variable
+#: names a path, every ledger COMMIT made while a FIFO exists there first opens it for
+#: reading, which blocks until something opens it for writing — a disk that hangs.
+TEST_HUNG_DISK_ENV = "PROHOST_TEST_HUNG_DISK_FIFO"
 
 
 class _SoakDiskFull(sqlite3.Connection):
     """A connection whose COMMIT fails with SQLITE_FULL's message while the soak's
-    control file exists (see :data:`SOAK_DISK_FULL_ENV`)."""
+    control file exists (see :data:`SOAK_DISK_FULL_ENV`), or hangs while the tests'
+    FIFO exists (see :data:`TEST_HUNG_DISK_ENV`)."""
 
     control = ""
+    hang = ""
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        if sql == "COMMIT" and os.path.exists(self.control):
+        if sql == "COMMIT" and self.hang and os.path.exists(self.hang):
+            with open(self.hang, "rb"):
+                pass
+        if sql == "COMMIT" and self.control and os.path.exists(self.control):
             raise sqlite3.OperationalError("database or disk is full")
         return super().execute(sql, parameters)
 
 
+#: sqlite's primary result code for "file is not a database": the only error, with a
+#: newer schema and a foreign database, that proves the file unusable.
+_SQLITE_NOTADB = 26
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger cannot be opened now (disk full, read-only, I/O error), though
+    nothing says the file is damaged: try again once the disk has recovered."""
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     control = os.environ.get(SOAK_DISK_FULL_ENV)
+    hang = os.environ.get(TEST_HUNG_DISK_ENV)
     try:
         # isolation_level=None: transactions are begun explicitly, so the sqlite3
         # module never opens one behind our back and never leaves one open.
@@ -141,10 +161,11 @@ def _connect(path: Path) -> sqlite3.Connection:
             timeout=_BUSY_TIMEOUT_MS / 1000,
             isolation_level=None,
             check_same_thread=False,
-            factory=_SoakDiskFull if control else sqlite3.Connection,
+            factory=_SoakDiskFull if control or hang else sqlite3.Connection,
         )
         if isinstance(conn, _SoakDiskFull):
             conn.control = control or ""
+            conn.hang = hang or ""
         return conn
     except sqlite3.Error as exc:
         raise LedgerError(
@@ -233,5 +254,14 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
                 f"the run ledger {path} is locked by another process ({exc}); is another "
                 "prohost running with the same PROHOST_HOME?"
             ) from exc
-        raise LedgerError(f"{path} is not a usable prohost run ledger ({exc}): {aside}") from exc
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_NOTADB:
+            raise LedgerError(
+                f"{path} is not a usable prohost run ledger ({exc}): {aside}") from exc
+        # A full, read-only or failing disk: the file is not known to be damaged, and
+        # moving it aside would forget every run it holds.
+        raise LedgerUnavailable(
+            f"cannot open the run ledger {path} now ({exc}): is its disk full, read-only "
+            "or failing? Free some space (or repair the disk) and prohost opens it; keep "
+            "the file: it holds every run this harness accepted, started or finished"
+        ) from exc
 
