@@ -100,7 +100,7 @@ from prohost.engine.ledger.rows import (
     UnreportedRuns,
 )
 from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION
-from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Ledger
+from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, AdmitTicket, Ledger
 from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
 
 __all__ = [
@@ -110,6 +110,7 @@ __all__ = [
     "KEEP_TOMBSTONES_S",
     "LOCK_WAIT_S",
     "SCHEMA_VERSION",
+    "AdmitTicket",
     "Admitted",
     "Ledger",
     "LedgerError",

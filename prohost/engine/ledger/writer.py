@@ -105,6 +105,9 @@ class GroupCommit:
         #: write queued) and its stop go through ``_wakes``.
         self._serving = False
         self._wakes: queue.SimpleQueue[object] = queue.SimpleQueue()
+        #: Runs whose ``accepted`` row is being taken back (``Ledger.withdraw``), and
+        #: how many such deletes are queued for each: reads do not show them.
+        self._withdrawing: dict[str, int] = {}
 
     def close(self) -> None:
         """Apply the writes still queued, fsync them, and close the file.
@@ -186,12 +189,13 @@ class GroupCommit:
         return result
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
-                             what: str) -> bool:
+                             what: str, notify: Callable[[], None] | None = None) -> bool:
         """Queue ``fn`` as a non-durable write for the writer at work, without waiting
         and without a worker thread: True once it is queued (that writer, or the caller
         it hands its role to, applies it before the role ends — see :meth:`_lead`),
         False when no writer is at work (nothing is queued; write it with
-        :meth:`_write` then). Its errors are logged, like any write nobody waits for.
+        :meth:`_write` then). Its errors are logged, like any write nobody waits for;
+        ``notify`` is called once it is settled (in the thread that settles it).
 
         Never blocks on I/O (only the queue's own lock), so the trio thread may call it.
         """
@@ -200,7 +204,9 @@ class GroupCommit:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
             if not (self._writing or self._serving):
                 return False
-            self._queue.append(_Write(fn, what, durable=False, waits=False))
+            write = _Write(fn, what, durable=False, waits=False)
+            write.notify = notify
+            self._queue.append(write)
         if self._serving:
             self._wakes.put(None)
         return True
