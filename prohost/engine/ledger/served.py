@@ -24,7 +24,12 @@ threads, so that a read never waits behind an fsync (WAL).
 A hung disk holds this thread as it held a leading worker thread: later jobs queue,
 their trio callers give up at their bound (:class:`prohost.engine.blocking.StepTimedOut`),
 and the thread applies them whenever the disk answers — each write still a whole
-transaction or savepoint, so the file stays consistent.
+transaction or savepoint, so the file stays consistent (an ``accepted`` write given
+up on is withdrawn first: :meth:`prohost.engine.ledger.Ledger.withdraw`).
+
+A bug in the thread's own loop does not end it (:meth:`ServedCommit.serve`): the
+round it held fails at once and it goes on; failing again and again, it hands
+the steps back to worker threads, and says so.
 """
 
 from __future__ import annotations
