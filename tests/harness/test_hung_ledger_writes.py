@@ -26,6 +26,7 @@ import trio.testing
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger import steps as steps_module
+from prohost.engine.ledger import writer as writer_module
 from prohost.engine.supervisor.admission import NOT_RECORDED
 from tests.kits import harness as harness_kit
 from tests.kits.harness import (
@@ -131,6 +132,42 @@ async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
                 assert harness.admission.unavailable(time.time()) is not None
                 # From now on, a second of real idleness leaps to the next deadline:
                 # a lookup that waited behind the hung write would meet its bound.
+                mock_clock.autojump_threshold = 1.0
+                sent = trio.current_time()
+                ack = await ack_to(running, body, "d_again")
+                answered = trio.current_time() - sent
+                mock_clock.autojump_threshold = float("inf")
+                assert (ack.status, ack.reason) == (204, "already reported")
+                assert answered < BOUND_S
+                fault.release.set()
+    finally:
+        fault.release.set()
+
+
+@pytest.mark.protocol("§3")
+async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New work is not refused, so the delivery would be a ledger write, queued
+    behind the hung one; the writer being stalled, the ledger's last commit answers
+    first. (``STALLED_S`` is set to 0 here: real seconds pass only in ms here.)"""
+    monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        body = run_body("r_done")
+        ledger.admit("r_done", "lane", json.dumps(body), time.time())
+        ledger.mark_reported("r_done", "completed: 200", time.time())
+    fault = hanging(monkeypatch, "save_account_limits")
+    try:
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, home, exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            harness = running.harness
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(harness.steps.save_limits, {"other": time.time() + 60})
+                await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                assert harness.admission.unavailable(time.time()) is None
                 mock_clock.autojump_threshold = 1.0
                 sent = trio.current_time()
                 ack = await ack_to(running, body, "d_again")

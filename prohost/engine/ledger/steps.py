@@ -242,6 +242,11 @@ class LedgerSteps:
         return await self._read(self.ledger.committed, run_id,
                                 what=f"looking run {run_id} up in the ledger")
 
+    def stalled(self) -> bool:
+        """The ledger's writer has been applying one batch for a while (a slow or hung
+        disk): a write queued now would wait for it. No I/O: the trio thread may ask."""
+        return self.ledger.stalled()
+
     async def lookup(self, run_id: str) -> LedgerRow | None:
         """The ledger's row of ``run_id``, if it has one (a read; it first waits for
         what is queued). Raises as :meth:`admit`. Cancelled: as :meth:`_read`."""

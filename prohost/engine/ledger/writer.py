@@ -9,6 +9,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,11 @@ LOCK_WAIT_S = 30.0
 #: How long :meth:`Ledger.close` waits for the lock (s). By then nothing but a step
 #: abandoned on a hung disk can hold it, and the process is about to exit.
 CLOSE_WAIT_S = 2.0
+
+#: A batch applying for longer than this (s) says the disk is slow or hung
+#: (:meth:`GroupCommit.stalled`): admission then answers a run the ledger has already
+#: reported from its last commit rather than queue a write behind that batch.
+STALLED_S = 1.0
 
 _T = TypeVar("_T")
 
@@ -108,6 +114,8 @@ class GroupCommit:
         #: Runs whose ``accepted`` row is being taken back (``Ledger.withdraw``), and
         #: how many such deletes are queued for each: reads do not show them.
         self._withdrawing: dict[str, int] = {}
+        #: When the batch being applied began (``time.monotonic()``), if one is.
+        self._applying_since: float | None = None
 
     def close(self) -> None:
         """Apply the writes still queued, fsync them, and close the file.
@@ -145,6 +153,12 @@ class GroupCommit:
                     self._reader = None
             finally:
                 self._read_lock.release()
+
+    def stalled(self) -> bool:
+        """A batch has been applying for :data:`STALLED_S` or longer (a slow or hung
+        disk): a write queued now waits for it. Never blocks."""
+        since = self._applying_since
+        return since is not None and time.monotonic() - since >= STALLED_S
 
     def statistics(self) -> LedgerStatistics:
         """The ledger's counters now (see :class:`LedgerStatistics`)."""
@@ -287,6 +301,14 @@ class GroupCommit:
         if all(w.fn is _nothing for w in batch):
             self._settle(batch)  # flushes only: nothing to commit
             return
+        self._applying_since = time.monotonic()
+        try:
+            self._apply_batch(conn, batch, force_durable=force_durable)
+        finally:
+            self._applying_since = None
+
+    def _apply_batch(self, conn: sqlite3.Connection, batch: list[_Write], *,
+                     force_durable: bool) -> None:
         durable = force_durable or any(w.durable for w in batch)
         try:
             if durable != self._synchronous_full:

@@ -163,6 +163,17 @@ class Admission(Intake):
         if refusal is not None:
             return await self._known_or_refused(run, refusal, unreadable=NOT_LOOKED_UP,
                                                 why=why)
+        if steps.stalled():
+            # A write hangs (or crawls): ours would queue behind it for up to its
+            # bound. A run the ledger has reported is answered 204 from the last
+            # commit, at once (issue 27, point 6); any other run still needs the
+            # write's answer.
+            try:
+                row = await steps.known(run.run_id)
+            except (LedgerError, OSError):
+                row = None
+            if row is not None and row.state is RunState.REPORTED:
+                return intake.IGNORED, "already reported"
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); past its bound the write is withdrawn
