@@ -44,6 +44,7 @@ import trio
 
 from prohost.engine.ledger import writer as _writer
 from prohost.engine.ledger.rows import LedgerError
+from prohost.engine.ledger.schema import _rollback
 from prohost.engine.ledger.writer import GroupCommit, _capturing, _Write
 
 log = logging.getLogger("prohost.ledger")
@@ -315,6 +316,14 @@ class ServedCommit(GroupCommit):
         batch, state.batch = state.batch, []
         with self._mu:
             unsettled = [write for write in batch if not write.done]
+        # A transaction the failure left open would make every later BEGIN fail:
+        # none of its writes is settled yet, so none of it may stay.
+        if self._lock.acquire(timeout=_writer.LOCK_WAIT_S):
+            try:
+                if self._conn is not None:
+                    _rollback(self._conn)
+            finally:
+                self._lock.release()
         if unsettled:
             self._settle(unsettled, error=failed)
         for job in state.jobs:
