@@ -238,12 +238,16 @@ class Ledger(SessionRows):
         """The run's row as last committed, or ``None`` — without waiting for what is
         queued (reads never wait behind a write: issue 27, point 6). A row being
         taken back (:meth:`withdraw`) is ``None`` already."""
+        # Looked at before the read too: a delete that commits (and stops being
+        # counted) while the read runs may have been read before it committed.
+        with self._mu:
+            hidden = run_id in self._withdrawing
         with self._locked() as conn:
             found = conn.execute(
                 f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
         with self._mu:
-            if run_id in self._withdrawing:
+            if hidden or run_id in self._withdrawing:
                 return None
         return None if found is None else _row(found)
 
@@ -334,6 +338,8 @@ class Ledger(SessionRows):
         (a drain asks this to find what is still unreported).
         """
         self._flush()
+        with self._mu:
+            hidden = set(self._withdrawing)  # (see committed: before the read too)
         with self._locked() as conn:
             rows = [
                 _row(values)
@@ -344,7 +350,8 @@ class Ledger(SessionRows):
             ]
         with self._mu:
             # Rows being taken back (withdraw) were answered 503: never run them here.
-            rows = [row for row in rows if row.run_id not in self._withdrawing]
+            hidden.update(self._withdrawing)
+        rows = [row for row in rows if row.run_id not in hidden]
         return UnreportedRuns(
             pending=[row for row in rows if row.state is RunState.ACCEPTED],
             interrupted=[row for row in rows if row.state is RunState.STARTED],
