@@ -19,7 +19,8 @@ writer at work (a worker thread of ``trio.to_thread``); when it is done it hands
 role to the first waiting caller, whose write the next batch carries. So one write
 at a time costs one transaction, as it always did, and 16 busy lanes share one
 commit instead of queueing for 16. Reads go to a second connection (WAL lets it read
-the last commit while a write is under way) and never queue behind writes.
+the last commit while a write is under way); :meth:`Ledger.committed` never queues
+behind writes, while ``get`` and ``recover`` first wait for what is queued.
 
 Durable (``synchronous=FULL``: the commit fsyncs the WAL) or not. A batch that holds a
 durable write is committed with ``FULL``; a batch of only non-durable writes with
@@ -78,7 +79,10 @@ the queue (or in the batch under way) and the writer applies it whenever the dis
 answers — writes are whole transactions, so the file stays consistent — while the
 abandoned caller's thread waits at most :data:`LOCK_WAIT_S` and then gives up; the
 step's durability is merely unknown, and the next start reads the ledger (§7) and
-reports whatever it finds. Nobody else touches the write connection meanwhile: a
+reports whatever it finds. The one exception is ``accepted``: its delivery is then
+answered 503, so the write is withdrawn (:meth:`Ledger.withdraw`: it inserts nothing
+when applied, or its row is deleted by the next commit), and the run is never run
+here. Nobody else touches the write connection meanwhile: a
 later writer waits for it at most :data:`LOCK_WAIT_S`, then fails every write it
 holds with :class:`LedgerError`.
 
@@ -100,7 +104,7 @@ from prohost.engine.ledger.rows import (
     UnreportedRuns,
 )
 from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION, LedgerUnavailable
-from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Ledger
+from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, AdmitTicket, Ledger
 from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
 
 __all__ = [
@@ -110,6 +114,7 @@ __all__ = [
     "KEEP_TOMBSTONES_S",
     "LOCK_WAIT_S",
     "SCHEMA_VERSION",
+    "AdmitTicket",
     "Admitted",
     "Ledger",
     "LedgerError",

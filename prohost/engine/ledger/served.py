@@ -24,11 +24,17 @@ threads, so that a read never waits behind an fsync (WAL).
 A hung disk holds this thread as it held a leading worker thread: later jobs queue,
 their trio callers give up at their bound (:class:`prohost.engine.blocking.StepTimedOut`),
 and the thread applies them whenever the disk answers — each write still a whole
-transaction or savepoint, so the file stays consistent.
+transaction or savepoint, so the file stays consistent (an ``accepted`` write given
+up on is withdrawn first: :meth:`prohost.engine.ledger.Ledger.withdraw`).
+
+A bug in the thread's own loop does not end it (:meth:`ServedCommit.serve`): the
+round it held fails at once and it goes on; failing again and again, it hands
+the steps back to worker threads, and says so.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -38,7 +44,14 @@ import trio
 
 from prohost.engine.ledger import writer as _writer
 from prohost.engine.ledger.rows import LedgerError
+from prohost.engine.ledger.schema import _rollback
 from prohost.engine.ledger.writer import GroupCommit, _capturing, _Write
+
+log = logging.getLogger("prohost.ledger")
+
+#: The writer thread's loop failing this many times in a row, without one round
+#: completed between, ends it: steps fall back to worker threads (logged).
+FAILURES_BEFORE_FALLBACK = 3
 
 #: Sent to the writer thread to end it (:meth:`ServedCommit.stop_serving`).
 _STOP = object()
@@ -79,8 +92,8 @@ class Job:
     Filled by the writer thread before ``wake`` is called; read by the caller after.
     """
 
-    __slots__ = ("args", "error", "fn", "returned", "then", "then_error", "token", "wake",
-                 "writes")
+    __slots__ = ("args", "error", "fn", "queued", "returned", "then", "then_error", "token",
+                 "wake", "woken", "writes")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
                  token: trio.lowlevel.TrioToken, wake: Callable[[], None], *,
@@ -99,11 +112,15 @@ class Job:
         self.returned: Any = None
         #: What the call raised before any write was queued (say, an ``OSError``).
         self.error: BaseException | None = None
+        #: Its writes are queued (their settling wakes it); it was settled.
+        self.queued = False
+        self.woken = False
 
     def settled(self) -> None:
         """Every write of the job is settled: in the writer thread, wake the caller
         with the rest of the round's (one ``run_sync_soon`` per round, not per job:
         each is a wake-up of the trio thread); in any other thread, at once."""
+        self.woken = True
         pending: list[Job] | None = getattr(_round, "jobs", None)
         if pending is not None:
             pending.append(self)
@@ -138,6 +155,19 @@ class Job:
         if self.returned is None and waited:
             return waited[-1].result
         return self.returned
+
+
+class _Serving:
+    """What the writer thread's current round holds, for :meth:`ServedCommit._fail_round`."""
+
+    __slots__ = ("batch", "jobs", "rounds", "stopping")
+
+    def __init__(self) -> None:
+        self.stopping = False
+        #: Rounds completed since the last failure.
+        self.rounds = 0
+        self.jobs: list[Job] = []
+        self.batch: list[_Write] = []
 
 
 class ServedCommit(GroupCommit):
@@ -179,31 +209,135 @@ class ServedCommit(GroupCommit):
     def serve(self) -> None:
         """The writer thread's body, after :meth:`begin_serving`: take the jobs and
         wake-ups waiting, apply every write queued, in batches, until stopped (or
-        closed) with nothing left; callers then lead again as without it."""
-        stopping = False
+        closed) with nothing left; callers then lead again as without it.
+
+        An unexpected exception in its loop (a prohost bug) does not end it: what
+        that round held — jobs taken, a batch taken and not settled — is failed
+        with :class:`LedgerError` at once (their callers hear now, not at their
+        bound), it is logged, and the loop goes on with what is queued (issue 27,
+        point 5). Should anything still end the thread, it stops serving on its way
+        out, so that callers lead again rather than wait for a thread that is gone.
+        """
+        state = _Serving()
         _round.jobs = []
-        while True:
-            item = self._wakes.get()
-            jobs: list[Job] = []
+        failed_in_a_row = 0
+        try:
+            while not self._serve_rounds(state):
+                # _serve_rounds failed: fail what its round held, then go on.
+                self._fail_round(state)
+                failed_in_a_row = 0 if state.rounds else failed_in_a_row + 1
+                state.rounds = 0
+                if failed_in_a_row >= FAILURES_BEFORE_FALLBACK:
+                    self._fall_back()
+                    return
+        finally:
+            _round.jobs = None
+            with self._mu:
+                self._serving = False  # (already, unless something ended it early)
+
+    def _fall_back(self) -> None:
+        """The loop fails before it can take anything, again and again: stop serving
+        (steps go to worker threads, which lead the group commit as without the
+        thread; the next one applies what is queued) and fail the jobs still
+        waiting for this thread."""
+        with self._mu:
+            self._serving = False
+            left: list[Job] = []
             while True:
-                if item is _STOP:
-                    stopping = True
-                elif isinstance(item, Job):
-                    jobs.append(item)
                 try:
                     item = self._wakes.get_nowait()
                 except queue.Empty:
                     break
-            self._queue_jobs(jobs)
+                if isinstance(item, Job):
+                    left.append(item)
+        log.error("the ledger's writer thread keeps failing (a prohost bug); ledger "
+                  "steps fall back to worker threads, each leading the group commit")
+        failed = LedgerError(f"the run ledger {self.path}'s writer thread failed (a "
+                             "prohost bug; logged); try again")
+        for job in left:
+            job.error = failed
+            job.settled()
+        # Writes already queued (jobs taken before) have no caller to lead: lead
+        # once here, as a worker thread would, through the plain group commit.
+        with self._mu:
+            lead = bool(self._queue) and not self._writing
+            if lead:
+                self._writing = True
+        if lead:
+            try:
+                self._lead()
+            except Exception:
+                log.exception("the ledger's writer thread could not apply what was queued")
+                with self._mu:
+                    stranded, self._queue = self._queue, []
+                    self._writing = False
+                self._settle(stranded, error=failed)
+        _end_round()
+
+    def _serve_rounds(self, state: _Serving) -> bool:
+        """Rounds until stopped with nothing left (True); False, logged, when one
+        failed unexpectedly (``state`` says what it held)."""
+        try:
+            while True:
+                item = self._wakes.get()
+                state.jobs = []
+                while True:
+                    if item is _STOP:
+                        state.stopping = True
+                    elif isinstance(item, Job):
+                        state.jobs.append(item)
+                    try:
+                        item = self._wakes.get_nowait()
+                    except queue.Empty:
+                        break
+                self._queue_jobs(state.jobs)
+                _end_round()
+                while self._take_and_apply(state):
+                    _end_round()  # a batch's callers go on while the next one commits
+                state.jobs = []
+                state.rounds += 1
+                with self._mu:
+                    if ((state.stopping or self._closed) and not self._queue
+                            and not self._writing and self._wakes.empty()):
+                        # Under _mu: a submit sees it, or was seen above.
+                        self._serving = False
+                        return True
+        except Exception:
+            log.exception("the ledger's writer thread failed (a prohost bug); the writes "
+                          "it held fail, and it goes on serving")
+            return False
+
+    def _fail_round(self, state: _Serving) -> None:
+        """After a failed round: settle with an error every job taken and every
+        write of the batch taken that nothing settled, wake their callers, and look
+        at the queue again at once (what was queued is still there)."""
+        failed = LedgerError(f"the run ledger {self.path}'s writer thread failed (a "
+                             "prohost bug; logged); try again")
+        batch, state.batch = state.batch, []
+        with self._mu:
+            unsettled = [write for write in batch if not write.done]
+        # A transaction the failure left open would make every later BEGIN fail:
+        # none of its writes is settled yet, so none of it may stay.
+        if self._lock.acquire(timeout=_writer.LOCK_WAIT_S):
+            try:
+                if self._conn is not None:
+                    _rollback(self._conn)
+            finally:
+                self._lock.release()
+        if unsettled:
+            self._settle(unsettled, error=failed)
+        for job in state.jobs:
+            if not job.queued and not job.woken:
+                if job.error is None:
+                    job.error = failed
+                job.settled()
+        state.jobs = []
+        try:
             _end_round()
-            while self._take_and_apply():
-                _end_round()  # a batch's callers go on while the next one commits
-            with self._mu:
-                if ((stopping or self._closed) and not self._queue and not self._writing
-                        and self._wakes.empty()):
-                    self._serving = False
-                    break
-        _round.jobs = None
+        except Exception:
+            log.exception("the ledger's writer thread could not wake its callers")
+            _round.jobs = []
+        self._wakes.put(None)
 
     def _queue_jobs(self, jobs: list[Job]) -> None:
         """Make each job's calls with their writes collected, then queue the writes,
@@ -224,6 +358,7 @@ class ServedCommit(GroupCommit):
                     # Woken once its last write is settled (_settle), whatever the batch.
                     job.writes[-1].notify = job.settled
                     self._queue.extend(job.writes)
+                    job.queued = True
                 else:
                     if self._closed and job.error is None and job.writes:
                         job.error = LedgerError(
@@ -232,7 +367,7 @@ class ServedCommit(GroupCommit):
         for job in ready:
             job.settled()
 
-    def _take_and_apply(self) -> bool:
+    def _take_and_apply(self, state: _Serving | None = None) -> bool:
         """One batch; False when there was none to take (the queue empty, or a caller
         that was the writer before the thread began still is: it wakes the thread
         when it is done, so batches stay in order)."""
@@ -241,6 +376,8 @@ class ServedCommit(GroupCommit):
                 return False
             batch, self._queue = self._queue, []
             self._writing = True
+        if state is not None:
+            state.batch = batch  # failed by _fail_round should this raise
         try:
             if not self._lock.acquire(timeout=_writer.LOCK_WAIT_S):
                 # Only a step abandoned on a hung disk holds the connection this long.
@@ -257,6 +394,8 @@ class ServedCommit(GroupCommit):
         finally:
             with self._mu:
                 self._writing = False
+        if state is not None:
+            state.batch = []
         return True
 
 

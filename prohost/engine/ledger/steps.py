@@ -52,6 +52,7 @@ from prohost.engine.ledger import (
     UnreportedRuns,
 )
 from prohost.engine.ledger.served import Job
+from prohost.engine.ledger.store import AdmitTicket
 
 log = logging.getLogger("prohost.runner")
 
@@ -206,11 +207,45 @@ class LedgerSteps:
         had of ``run_id`` if anything.
 
         Raises what stopped it (:class:`LedgerError`, ``OSError``,
-        :class:`StepTimedOut` past the bound): the delivery is then refused. Cancelled:
-        as :meth:`_write`.
+        :class:`StepTimedOut` past the bound): the delivery is then refused (503).
+        Past the bound the write is first withdrawn (:meth:`Ledger.withdraw`), so
+        that the 503 means "not recorded" for good: a write still queued behind a
+        hung one inserts nothing when the disk answers, and a row whose own commit
+        was under way is deleted by the next commit (issue 27, point 3).
+        Cancelled: as :meth:`_write` (a write begun is finished, within its bound,
+        and not withdrawn: no 503 is sent for it, and its redelivery finds it).
         """
-        return await self._write(self.ledger.admit, run_id, lane, body, time.time(),
-                                 what=f"recording run {run_id} in the ledger")
+        now = time.time()
+        ticket = AdmitTicket(run_id, now)
+        what = f"recording run {run_id} in the ledger"
+        try:
+            return await self._write(functools.partial(self.ledger.admit, ticket=ticket),
+                                     run_id, lane, body, now, what=what)
+        except StepTimedOut:
+            if not self.ledger.withdraw(ticket, queue_only=True):
+                # The disk answered meanwhile and no writer is at work: delete it in
+                # a worker thread (never a writer-thread job: withdraw's own _write
+                # must block, not be collected).
+                try:
+                    await self._read(self.ledger.withdraw, ticket,
+                                     what=f"withdrawing run {run_id} from the ledger")
+                except (LedgerError, OSError) as exc:
+                    log.error("ledger: run %s could not be withdrawn: %s", run_id, exc)
+            raise
+
+    async def known(self, run_id: str) -> LedgerRow | None:
+        """The ledger's row of ``run_id`` as last committed, if it has one: a read
+        on the read connection that never waits for what is queued, so a hung write
+        cannot hold it (issue 27, point 6). Enough for admission (see
+        :meth:`prohost.engine.supervisor.admission.Admission.admit`); a row being
+        withdrawn is not shown. Raises as :meth:`admit`. Cancelled: as :meth:`_read`."""
+        return await self._read(self.ledger.committed, run_id,
+                                what=f"looking run {run_id} up in the ledger")
+
+    def stalled(self) -> bool:
+        """The ledger's writer has been applying one batch for a while (a slow or hung
+        disk): a write queued now would wait for it. No I/O: the trio thread may ask."""
+        return self.ledger.stalled()
 
     async def lookup(self, run_id: str) -> LedgerRow | None:
         """The ledger's row of ``run_id``, if it has one (a read; it first waits for

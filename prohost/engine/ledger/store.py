@@ -45,6 +45,26 @@ KEEP_BODIES_S = 7 * 86400.0
 KEEP_TOMBSTONES_S = 30 * 86400.0
 
 
+class AdmitTicket:
+    """One ``admit`` call's claim on its ``accepted`` row, so that a delivery answered
+    503 after the write outlived its bound can take the row back (issue 27, point 3:
+    a 503 tells the server to run it elsewhere, so it must mean "not recorded", for
+    good). Guarded by the ledger's queue lock; see :meth:`Ledger.withdraw`."""
+
+    __slots__ = ("inserting", "now", "run_id", "seq", "withdrawn")
+
+    def __init__(self, run_id: str, now: float) -> None:
+        self.run_id = run_id
+        self.now = now
+        #: The caller gave up: a write not yet applied must not insert the row.
+        self.withdrawn = False
+        #: The write got past that check and inserts the row (whether its
+        #: transaction commits is the disk's to say).
+        self.inserting = False
+        #: The row's ``seq`` once inserted (its transaction may still roll back).
+        self.seq: int | None = None
+
+
 class Ledger(SessionRows):
     """The on-disk ledger of runs and of agent sessions per lane.
 
@@ -113,13 +133,18 @@ class Ledger(SessionRows):
 
     # -- runs ------------------------------------------------------------------------
 
-    def admit(self, run_id: str, lane: str, body: str, now: float) -> Admitted:
+    def admit(self, run_id: str, lane: str, body: str, now: float, *,
+              ticket: AdmitTicket | None = None) -> Admitted:
         """Record a delivered run as accepted, unless its ``run_id`` is already here.
 
         Returns :attr:`Admitted.NEW` after the new row is durable (the ack may be sent
         then), :attr:`Admitted.HELD` when the run is in the ledger but not yet
         reported, :attr:`Admitted.REPORTED` when it has been reported. Never inserts a
         ``run_id`` twice.
+
+        With a ``ticket``, a caller that gives up on the call can take the row back
+        (:meth:`withdraw`); a write withdrawn before it is applied raises
+        :class:`LedgerOrderError` and inserts nothing.
         """
 
         def write(conn: sqlite3.Connection) -> Admitted:
@@ -128,14 +153,103 @@ class Ledger(SessionRows):
                 if RunState(found[0]) is RunState.REPORTED:
                     return Admitted.REPORTED
                 return Admitted.HELD
-            conn.execute(
+            if ticket is not None:
+                # Decided under the queue lock, against withdraw(): either the caller
+                # gave up first and nothing is inserted, or withdraw() learns that
+                # the row may land and deletes it in a later write.
+                with self._mu:
+                    if ticket.withdrawn:
+                        raise LedgerOrderError(
+                            f"run {run_id!r} was withdrawn before it was recorded (its "
+                            "delivery was answered 503)")
+                    ticket.inserting = True
+            inserted = conn.execute(
                 "INSERT INTO runs (run_id, lane, body, state, accepted_at) VALUES (?, ?, ?, ?, ?)",
                 (run_id, lane, body, RunState.ACCEPTED.value, now),
             )
+            if ticket is not None:
+                with self._mu:
+                    ticket.seq = inserted.lastrowid
             return Admitted.NEW
 
         admission: Admitted = self._write(write, what="admit")
         return admission
+
+    def withdraw(self, ticket: AdmitTicket, *, queue_only: bool = False) -> bool:
+        """Take back the ``accepted`` row of an ``admit`` whose caller gave up (its
+        delivery is answered 503), so that no start or redelivery ever runs it here.
+
+        Two cases, told apart under the queue lock against the write itself:
+
+        - the write was not applied yet (queued behind a hung one, the common case):
+          it is marked withdrawn and, when the disk answers, inserts nothing. Airtight:
+          nothing was ever written, so no crash can bring the row back.
+        - the write is being applied or was (its own COMMIT is what hangs, or it
+          landed just as the bound passed): a write that deletes the row — only that
+          row, and only while it is still ``accepted`` — is queued behind it, and
+          until it is applied :meth:`committed` and :meth:`recover` do not show the
+          run. A later ``admit`` of the same run is queued after that delete and finds
+          nothing. The one gap: the process dying between the two commits leaves the
+          row, which the next start runs; no write can close that gap, since the disk
+          that hangs is the one the refusal would have to be written to.
+
+        ``queue_only`` (for the trio thread, never blocks on I/O): True once done or
+        queued for the writer at work; False when the delete is needed and no writer
+        is at work (nothing was queued: call again without it, in a worker thread).
+        Without it the delete is written here (not durable: it survives the process,
+        and every later durable commit fsyncs it). Returns True then.
+        """
+        run_id = ticket.run_id
+        with self._mu:
+            ticket.withdrawn = True
+            if not ticket.inserting:
+                return True
+            self._withdrawing[run_id] = self._withdrawing.get(run_id, 0) + 1
+
+        def delete(conn: sqlite3.Connection) -> None:
+            with self._mu:
+                seq = ticket.seq
+            if seq is not None:
+                conn.execute("DELETE FROM runs WHERE seq = ? AND run_id = ? AND state = ?",
+                             (seq, run_id, RunState.ACCEPTED.value))
+
+        def done() -> None:
+            with self._mu:
+                left = self._withdrawing.get(run_id, 1) - 1
+                if left > 0:
+                    self._withdrawing[run_id] = left
+                else:
+                    self._withdrawing.pop(run_id, None)
+
+        log.warning("run %s: its accepted row is being taken back (its delivery was "
+                    "answered 503)", run_id)
+        if queue_only:
+            if self._queue_behind_writer(delete, what="withdraw", notify=done):
+                return True
+            done()  # nothing queued: the caller calls again, which counts it again
+            return False
+        try:
+            self._write(delete, what="withdraw", durable=False, waits=True)
+        finally:
+            done()
+        return True
+
+    def committed(self, run_id: str) -> LedgerRow | None:
+        """The run's row as last committed, or ``None`` — without waiting for what is
+        queued (reads never wait behind a write: issue 27, point 6). A row being
+        taken back (:meth:`withdraw`) is ``None`` already."""
+        # Looked at before the read too: a delete that commits (and stops being
+        # counted) while the read runs may have been read before it committed.
+        with self._mu:
+            hidden = run_id in self._withdrawing
+        with self._locked() as conn:
+            found = conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        with self._mu:
+            if hidden or run_id in self._withdrawing:
+                return None
+        return None if found is None else _row(found)
 
     def get(self, run_id: str) -> LedgerRow | None:
         """The run's row, or ``None`` when the ledger does not hold it (never, or pruned).
@@ -224,6 +338,8 @@ class Ledger(SessionRows):
         (a drain asks this to find what is still unreported).
         """
         self._flush()
+        with self._mu:
+            hidden = set(self._withdrawing)  # (see committed: before the read too)
         with self._locked() as conn:
             rows = [
                 _row(values)
@@ -232,6 +348,10 @@ class Ledger(SessionRows):
                     (RunState.REPORTED.value,),
                 )
             ]
+        with self._mu:
+            # Rows being taken back (withdraw) were answered 503: never run them here.
+            hidden.update(self._withdrawing)
+        rows = [row for row in rows if row.run_id not in hidden]
         return UnreportedRuns(
             pending=[row for row in rows if row.state is RunState.ACCEPTED],
             interrupted=[row for row in rows if row.state is RunState.STARTED],

@@ -9,6 +9,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,11 @@ LOCK_WAIT_S = 30.0
 #: How long :meth:`Ledger.close` waits for the lock (s). By then nothing but a step
 #: abandoned on a hung disk can hold it, and the process is about to exit.
 CLOSE_WAIT_S = 2.0
+
+#: A batch applying for longer than this (s) says the disk is slow or hung
+#: (:meth:`GroupCommit.stalled`): admission then answers a run the ledger has already
+#: reported from its last commit rather than queue a write behind that batch.
+STALLED_S = 1.0
 
 _T = TypeVar("_T")
 
@@ -105,6 +111,11 @@ class GroupCommit:
         #: write queued) and its stop go through ``_wakes``.
         self._serving = False
         self._wakes: queue.SimpleQueue[object] = queue.SimpleQueue()
+        #: Runs whose ``accepted`` row is being taken back (``Ledger.withdraw``), and
+        #: how many such deletes are queued for each: reads do not show them.
+        self._withdrawing: dict[str, int] = {}
+        #: When the batch being applied began (``time.monotonic()``), if one is.
+        self._applying_since: float | None = None
 
     def close(self) -> None:
         """Apply the writes still queued, fsync them, and close the file.
@@ -142,6 +153,12 @@ class GroupCommit:
                     self._reader = None
             finally:
                 self._read_lock.release()
+
+    def stalled(self) -> bool:
+        """A batch has been applying for :data:`STALLED_S` or longer (a slow or hung
+        disk): a write queued now waits for it. Never blocks."""
+        since = self._applying_since
+        return since is not None and time.monotonic() - since >= STALLED_S
 
     def statistics(self) -> LedgerStatistics:
         """The ledger's counters now (see :class:`LedgerStatistics`)."""
@@ -186,12 +203,13 @@ class GroupCommit:
         return result
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
-                             what: str) -> bool:
+                             what: str, notify: Callable[[], None] | None = None) -> bool:
         """Queue ``fn`` as a non-durable write for the writer at work, without waiting
         and without a worker thread: True once it is queued (that writer, or the caller
         it hands its role to, applies it before the role ends — see :meth:`_lead`),
         False when no writer is at work (nothing is queued; write it with
-        :meth:`_write` then). Its errors are logged, like any write nobody waits for.
+        :meth:`_write` then). Its errors are logged, like any write nobody waits for;
+        ``notify`` is called once it is settled (in the thread that settles it).
 
         Never blocks on I/O (only the queue's own lock), so the trio thread may call it.
         """
@@ -200,7 +218,9 @@ class GroupCommit:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
             if not (self._writing or self._serving):
                 return False
-            self._queue.append(_Write(fn, what, durable=False, waits=False))
+            write = _Write(fn, what, durable=False, waits=False)
+            write.notify = notify
+            self._queue.append(write)
         if self._serving:
             self._wakes.put(None)
         return True
@@ -281,6 +301,14 @@ class GroupCommit:
         if all(w.fn is _nothing for w in batch):
             self._settle(batch)  # flushes only: nothing to commit
             return
+        self._applying_since = time.monotonic()
+        try:
+            self._apply_batch(conn, batch, force_durable=force_durable)
+        finally:
+            self._applying_since = None
+
+    def _apply_batch(self, conn: sqlite3.Connection, batch: list[_Write], *,
+                     force_durable: bool) -> None:
         durable = force_durable or any(w.durable for w in batch)
         try:
             if durable != self._synchronous_full:

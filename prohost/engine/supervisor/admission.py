@@ -163,14 +163,29 @@ class Admission(Intake):
         if refusal is not None:
             return await self._known_or_refused(run, refusal, unreadable=NOT_LOOKED_UP,
                                                 why=why)
+        if steps.stalled():
+            # A write hangs (or crawls): ours would queue behind it for up to its
+            # bound. A run the ledger has reported is answered 204 from the last
+            # commit, at once (issue 27, point 6); any other run still needs the
+            # write's answer.
+            try:
+                row = await steps.known(run.run_id)
+            except (LedgerError, OSError):
+                row = None
+            if row is not None and row.state is RunState.REPORTED:
+                return intake.IGNORED, "already reported"
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
-            # lock (prohost.engine.ledger); the delivery is then refused, and redelivered.
+            # lock (prohost.engine.ledger); past its bound the write is withdrawn
+            # (LedgerSteps.admit), so the 503 below means "not recorded", for good,
+            # and the server may send the run elsewhere (issue 27, point 3).
             admitted = await steps.admit(run.run_id, run.lane, body)
         except StepTimedOut as exc:
-            # A hung disk: a read would hang as long again, with every delivery behind it.
+            # A hung write. The read does not queue behind it (the read connection
+            # sees the last commit): a run already reported is still 204, one the
+            # ledger holds 200, and only a run it does not know gets the 503.
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
-            return intake.DRAINING, NOT_RECORDED
+            return await self._known_or_refused(run, NOT_RECORDED, unreadable=NOT_RECORDED)
         except (LedgerError, OSError) as exc:
             log.error("could not record run %s in the ledger: %s", run.run_id, exc)
             # A full or read-only disk may still be read: a run the ledger already
@@ -192,14 +207,34 @@ class Admission(Intake):
         503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too)
         when the ledger cannot be read.
 
-        Cancelled: as :meth:`LedgerSteps.lookup` (a read: nothing is left half done).
+        Cancelled: as :meth:`LedgerSteps.known` (a read: nothing is left half done).
         """
+        # What is committed is enough here, so the read never waits behind a queued
+        # or hung write (issue 27, point 6): deliveries are answered one at a time
+        # (Harness.on_message awaits each), so no other delivery's ``accepted``
+        # write is queued now but one abandoned at its bound — answered 503 and
+        # withdrawn, so "not known" is the truth for it (LedgerSteps.admit). Every
+        # run acked 200 before is held in memory (answered above, without the
+        # ledger) or has its ``accepted`` row committed (the 200 waits for it). So
+        # a committed ``reported`` is 204 and no committed row is 503, at once.
+        # Only a row committed unreported for a run no longer held may be behind
+        # its queued (non-durable) ``reported``: that one rare case asks again
+        # after what is queued, and should that not answer within its bound, the
+        # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
+        # the server redelivering, and it is not run again).
         try:
-            row = await self.steps.lookup(run.run_id)
+            row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
             log.error("run %s refused with 503: the ledger could not be read (%s)",
                       run.run_id, exc)
             return intake.DRAINING, unreadable
+        if row is not None and row.state is not RunState.REPORTED and \
+                run.run_id not in self.runs:
+            try:
+                row = await self.steps.lookup(run.run_id) or row
+            except (LedgerError, OSError) as exc:
+                log.error("run %s: its ledger row could not be read again (%s); "
+                          "answering from the last commit", run.run_id, exc)
         if row is not None:
             return await self._known(run.run_id, row.state is RunState.REPORTED)
         # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
@@ -217,5 +252,11 @@ class Admission(Intake):
         if reported:
             return intake.IGNORED, "already reported"
         if run_id not in self.runs:
-            await self.take_on(run_id)
+            try:
+                await self.take_on(run_id)
+            except (LedgerError, OSError) as exc:
+                # The ledger holds it all the same: the answer stays 200 (never 503
+                # for a run held here, §3); its next redelivery or start takes it on.
+                log.error("run %s: could not take it on from the ledger now (%s)",
+                          run_id, exc)
         return intake.ACCEPTED, "already accepted"

@@ -66,15 +66,16 @@ class Wrapped:
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._ledger, name)
-        if not callable(real):  # a property (``serving``): not a method looked up
+        if not callable(real) or name == "stalled":
+            # A property (``serving``) or a look at memory (``stalled``): no lookup.
             return real
         self.used.append(name)
 
-        def call(*args: object) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
             self.meanwhile()
             if name in self._failing:
                 raise LedgerError(f"{name} failed (test)")
-            return real(*args)
+            return real(*args, **kwargs)
         return call
 
 
@@ -245,7 +246,8 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
     await deliver(parts, "held")
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.queue.draining = True
-    parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("get",)))  # type: ignore[arg-type]
+    # Admission reads the last commit (issue 27, point 6): that read fails.
+    parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("committed",)))  # type: ignore[arg-type]
     assert await deliver(parts, "done", "d2") == (intake.DRAINING, NOT_LOOKED_UP)
     # A run held here is answered from memory, whatever the ledger says.
     assert await deliver(parts, "held", "d3") == (intake.ACCEPTED, "already accepted")

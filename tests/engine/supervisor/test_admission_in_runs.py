@@ -89,8 +89,8 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
             self._ledger = ledger
             self.failed = 0
 
-        def admit(self, *args: Any) -> Any:
-            result = self._ledger.admit(*args)
+        def admit(self, *args: Any, **kwargs: Any) -> Any:
+            result = self._ledger.admit(*args, **kwargs)
             if not self.failed:
                 self.failed += 1
                 raise LedgerError("disk I/O error after the commit (test)")

@@ -119,6 +119,8 @@ class UnreadableLedger:
         self.reads += 1
         raise LedgerError("disk I/O error on a read (test)")
 
+    committed = get
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ledger, name)
 
@@ -194,7 +196,7 @@ class FullDisk:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
-    def admit(self, *args: Any) -> Any:
+    def admit(self, *args: Any, **kwargs: Any) -> Any:
         raise LedgerError("database or disk is full (test)")
 
     def __getattr__(self, name: str) -> Any:

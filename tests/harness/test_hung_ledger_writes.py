@@ -1,0 +1,180 @@
+"""A ledger write that hangs in the writer thread, seen from the wire (issue 27,
+points 3 and 6).
+
+- A run answered 503 because its ``accepted`` write outlived its bound is never run
+  here, even once the disk answers and the write goes through: 503 tells the server
+  to send it elsewhere.
+- A redelivery of a run already reported is answered 204 at once while a write
+  hangs: its lookup reads what is committed and does not queue behind the write.
+
+Real parts: the reference server on 127.0.0.1, the production harness, its sqlite
+ledger with a write that blocks on a ``threading.Event`` inside the writer thread
+(:class:`tests.kits.ledger.FaultyLedger`). Time is trio's mock clock: still until
+the write hangs, then leaping only while the harness waits (see each test).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from prohost.engine.accounts.limits import LimitNotice
+from prohost.engine.ledger import Ledger
+from prohost.engine.ledger import steps as steps_module
+from prohost.engine.ledger import writer as writer_module
+from prohost.engine.supervisor.admission import NOT_RECORDED
+from tests.kits import harness as harness_kit
+from tests.kits.harness import (
+    ack_to,
+    agent_command,
+    run_body,
+    running_harness,
+    running_server,
+    wall_clock_bound,
+)
+from tests.kits.ledger import Fault, FaultyLedger
+
+#: Bound on every real wait for a thread here (s).
+WAIT_S = 30.0
+#: The ledger steps' bound here (virtual s): shorter than the heartbeats' 15 s, so
+#: that leaping to it does not leap past the connection's silence limit too.
+BOUND_S = 5.0
+
+
+def hanging(monkeypatch: pytest.MonkeyPatch, what: str) -> Fault:
+    """From now on the harness's ledger is a real one whose first write ``what``
+    hangs (inside the writer's transaction) until the fault is released."""
+    fault = Fault(what, "hang")
+    monkeypatch.setattr(steps_module, "LEDGER_STEP_TIMEOUT_S", BOUND_S)
+
+    class HungLedger(FaultyLedger):
+        pass
+
+    HungLedger.fault = fault
+    monkeypatch.setattr(harness_kit, "Ledger", HungLedger)
+    return fault
+
+
+@pytest.mark.protocol("§3", "§7")
+async def test_a_run_answered_503_on_a_hung_write_is_never_run_here(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "home"
+    fault = hanging(monkeypatch, "admit")
+    try:
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, home, exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            assert isinstance(running.ledger, FaultyLedger)
+            async with trio.open_nursery() as nursery:
+                acked = trio.Event()
+                statuses: list[tuple[int, str]] = []
+
+                async def deliver() -> None:
+                    ack = await ack_to(running, run_body("r_hung"), "d_hung")
+                    statuses.append((ack.status, ack.reason))
+                    acked.set()
+
+                nursery.start_soon(deliver)
+                await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                # The write hangs in the writer thread: from now on every wait takes
+                # its whole bound.
+                sent = trio.current_time()
+                mock_clock.autojump_threshold = 0
+                await acked.wait()
+                mock_clock.autojump_threshold = float("inf")
+            assert statuses == [(503, NOT_RECORDED)]
+            assert trio.current_time() - sent >= BOUND_S
+            # The disk answers: the abandoned write goes through now ...
+            fault.release.set()
+            # ... (recover() first waits for every write queued, that one included)
+            found = await trio.to_thread.run_sync(running.ledger.recover)
+            assert "r_hung" not in [row.run_id for row in found.pending]
+            assert running.harness.held.get("r_hung") is None
+    finally:
+        fault.release.set()
+    # What the next start reads (§7): the run is not there to be run.
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        assert ledger.get("r_hung") is None
+        assert ledger.recover().pending == []
+
+
+@pytest.mark.protocol("§3", "§12")
+async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every account limited, so the redelivery is asked of the ledger (a new run
+    would get 503); the ledger's writer thread hangs on a write meanwhile."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        body = run_body("r_done")
+        ledger.admit("r_done", "lane", json.dumps(body), time.time())
+        ledger.mark_reported("r_done", "completed: 200", time.time())
+    fault = hanging(monkeypatch, "save_account_limits")
+    try:
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, home, exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            harness = running.harness
+            async with trio.open_nursery() as nursery:
+                until = time.time() + 3600
+                harness.book.report("default", LimitNotice(state="limited", resets_at=until),
+                                    time.time())
+                # A write for the writer thread that hangs there (whichever comes first).
+                nursery.start_soon(harness.steps.save_limits, {"other": until})
+                await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                assert harness.admission.unavailable(time.time()) is not None
+                # From now on, a second of real idleness leaps to the next deadline:
+                # a lookup that waited behind the hung write would meet its bound.
+                mock_clock.autojump_threshold = 1.0
+                sent = trio.current_time()
+                ack = await ack_to(running, body, "d_again")
+                answered = trio.current_time() - sent
+                mock_clock.autojump_threshold = float("inf")
+                assert (ack.status, ack.reason) == (204, "already reported")
+                assert answered < BOUND_S
+                fault.release.set()
+    finally:
+        fault.release.set()
+
+
+@pytest.mark.protocol("§3")
+async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New work is not refused, so the delivery would be a ledger write, queued
+    behind the hung one; the writer being stalled, the ledger's last commit answers
+    first. (``STALLED_S`` is set to 0 here: real seconds pass only in ms here.)"""
+    monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        body = run_body("r_done")
+        ledger.admit("r_done", "lane", json.dumps(body), time.time())
+        ledger.mark_reported("r_done", "completed: 200", time.time())
+    fault = hanging(monkeypatch, "save_account_limits")
+    try:
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, home, exec_command=agent_command("reply.py", "ran"),
+        ) as running:
+            harness = running.harness
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(harness.steps.save_limits, {"other": time.time() + 60})
+                await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                assert harness.admission.unavailable(time.time()) is None
+                mock_clock.autojump_threshold = 1.0
+                sent = trio.current_time()
+                ack = await ack_to(running, body, "d_again")
+                answered = trio.current_time() - sent
+                mock_clock.autojump_threshold = float("inf")
+                assert (ack.status, ack.reason) == (204, "already reported")
+                assert answered < BOUND_S
+                fault.release.set()
+    finally:
+        fault.release.set()
