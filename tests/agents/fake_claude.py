@@ -29,7 +29,9 @@ sets for an account), whatever the scenario:
   message ``You've hit your limit · resets 8pm (UTC)``, a ``rate_limit_event`` with
   ``"status":"rejected"`` and that ``resetsAt``, a failed result carrying the same
   text, exit 1. With ``legacy`` after the epoch the text is the older
-  ``Claude AI usage limit reached|<epoch>``.
+  ``Claude AI usage limit reached|<epoch>``. With ``spent`` after the epoch the
+  limit comes after some work: an assistant text first, and the failed result
+  says what that cost (``total_cost_usd``: ``COST``).
 - a file ``used_percent`` (a number) adds an ``allowed_warning``
   ``rate_limit_event`` with that utilization right after init.
 
@@ -294,11 +296,15 @@ def limit_reached(session: Session, spec: str) -> int:
     else:
         text = f"You've hit your limit · resets {resets_text(epoch)}"
     session.init()
+    cost: dict[str, Any] = {}
+    if "spent" in words[1:]:
+        session.assistant([{"type": "text", "text": "Working on it, one step at a time."}])
+        cost["total_cost_usd"] = COST
     # The synthetic message the CLI makes up for a refused request: model
     # "<synthetic>", error "rate_limit" (github.com/anthropics/claude-code/issues/40485).
     session.assistant([{"type": "text", "text": text}], model="<synthetic>", error="rate_limit")
     session.rate_limit(status="rejected", utilization=None, resets_at=epoch)
-    session.result(text, is_error=True)
+    session.result(text, is_error=True, **cost)
     return 1
 
 

@@ -268,7 +268,8 @@ class CodexBrain(Brain):
     name = "codex"
     streams = True
 
-    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
         line = _with_exec_subcommand(self.exec_line)
         added: list[str] = []
         if not has_flag(line, "--json", "--experimental-json"):
