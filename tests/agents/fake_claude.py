@@ -20,6 +20,10 @@ errors_forever  error lines on stderr until killed
 lone_surrogate  like ``reply``, the text ending in half an emoji, which the CLI's
                 ``JSON.stringify`` writes as the escape ``\\ud83d`` (ES2019)
 bad_byte        like ``reply``, the text holding a byte that is not UTF-8 (0xFF)
+subagent        like ``reply``, but a subagent (another model) worked too: the
+                result's ``usage`` is the main loop's alone while ``modelUsage``
+                and ``total_cost_usd`` count every model (``SUBAGENT_MODEL_USAGE``;
+                the subagent's own stream events are left out)
 
 Per account, driven by the config folder in ``CLAUDE_CONFIG_DIR`` (what prohost
 sets for an account), whatever the scenario:
@@ -74,6 +78,17 @@ MODEL = "claude-sonnet-4-5-20250929"
 COST = 0.0342
 VERSION = "2.1.29"
 HUGE_BYTES = 5 * 1024 * 1024
+#: The ``subagent`` scenario's ``modelUsage``: the main model's figures grew by the
+#: subagent's share, and a second model ran; the costs add up to ``COST``.
+SUBAGENT_MODEL_USAGE = {
+    MODEL: {"inputTokens": 350, "outputTokens": 115, "cacheReadInputTokens": 4500,
+            "cacheCreationInputTokens": 500, "webSearchRequests": 0, "costUSD": 0.03,
+            "contextWindow": 200000, "maxOutputTokens": 64000},
+    "claude-haiku-4-5-20251001": {
+        "inputTokens": 1200, "outputTokens": 300, "cacheReadInputTokens": 0,
+        "cacheCreationInputTokens": 800, "webSearchRequests": 0, "costUSD": 0.0042,
+        "contextWindow": 200000, "maxOutputTokens": 64000},
+}
 
 
 def option(argv: list[str], name: str) -> str | None:
@@ -399,6 +414,10 @@ def main() -> int:
         session.init()
         session.assistant([{"type": "text", "text": reply}])
         session.result(reply)
+    elif scenario == "subagent":
+        session.init()
+        session.assistant([{"type": "text", "text": reply}])
+        session.result(reply, modelUsage=SUBAGENT_MODEL_USAGE)
     elif scenario == "tool":
         tool_run(session, reply)
     elif scenario == "noise":

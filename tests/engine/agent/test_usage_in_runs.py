@@ -66,3 +66,23 @@ async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(
                                "cost_usd": 0, "turns": 1,
                                "model": "claude-sonnet-4-5-20250929"}
     assert finished[0].tokens == 225 and finished[0].cost_usd == 0
+
+
+async def test_claude_tokens_count_every_model_the_subagents_included(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 7: the result's ``usage`` is the main loop's alone; the
+    tokens reported are ``modelUsage`` summed over every model (the subagent's
+    too), like the cost, with ``input_tokens`` leaving out cache reads and writes."""
+    program = install(tmp_path, CLAUDE)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program),
+            env={**os.environ, "FAKE_CLAUDE_SCENARIO": "subagent"},
+        ) as running:
+            done = await turn(running, "ask a subagent")
+    assert done["ok"] is True
+    assert done["usage"] == {"input_tokens": 1550, "output_tokens": 415,
+                             "cache_read_tokens": 4500, "cache_write_tokens": 1300,
+                             "cost_usd": 0.0342, "turns": 1,
+                             "model": "claude-sonnet-4-5-20250929"}
