@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prohost.engine.view.changelines import describe_change
 from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
 from tests.kits.harness import running_harness, running_server
 
@@ -86,3 +87,24 @@ async def test_claude_tokens_count_every_model_the_subagents_included(
                              "cache_read_tokens": 4500, "cache_write_tokens": 1300,
                              "cost_usd": 0.0342, "turns": 1,
                              "model": "claude-sonnet-4-5-20250929"}
+
+
+async def test_the_plain_log_says_what_a_finished_run_cost_and_how_long_it_took(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 10: without a panel, a run's ✓ line says its tokens and cost
+    as the panel's row does, and a run of under a second did not take "0 s"."""
+    program = install(tmp_path, CLAUDE)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program),
+        ) as running:
+            before = running.harness.snapshot()
+            await turn(running, "hello")
+            after = running.harness.snapshot()
+    [row] = after.finished
+    assert row.duration_s is not None and row.duration_s < 10
+    took = f"{round(row.duration_s * 1000)} ms" if row.duration_s < 1 \
+        else f"{row.duration_s:.1f} s"
+    [line] = [line for line in describe_change(before, after) if line.startswith("✓")]
+    assert line == f"✓ run {row.run_id} (C1) finished in {took}: 225 tokens · $0.0342"
