@@ -465,6 +465,13 @@ class Runner:
                     setup, progress, on_spawn, timeline)
                 tally.spent += result.spent
                 tally.totals = result.session_totals
+                if (tally.totals is None and setup.brain.running_totals and result.started
+                        and result.session_id is not None):
+                    # Codex reports a turn's usage only when it completes: the
+                    # session's totals went on from the last known ones, so the
+                    # next turn's difference holds this one's too, and says so (§7).
+                    known = before if result.session_id == session and before else Usage()
+                    tally.totals = attrs.evolve(known, includes_earlier_turns=True)
                 await self.gate.learned(account, result.limit)
                 outcome, limited = result.outcome, result.ended_by_limit
                 following = None

@@ -50,6 +50,32 @@ async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_re
     assert account.cost_usd is None
 
 
+async def test_a_codex_turn_after_a_failed_one_says_it_includes_the_earlier_turn(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 8: Codex prints no usage for a failed turn, but its thread
+    counts the tokens; the next turn's difference holds both turns, and says so with
+    ``includes_earlier_turns``. The turn after that is its own again."""
+    program = install(tmp_path, CODEX)
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(codex_home)}
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            one = await turn(running, "turn 1")
+            (codex_home / "fail_turn").write_text("1\n")
+            failed = await turn(running, "turn 2")
+            three = await turn(running, "turn 3")
+            four = await turn(running, "turn 4")
+    assert one["usage"] == four["usage"] == CODEX_RUN
+    assert failed["ok"] is False and "usage" not in failed  # Codex said nothing
+    assert three["usage"] == {"input_tokens": 2000, "output_tokens": 690,
+                              "cache_read_tokens": 400, "turns": 1,
+                              "includes_earlier_turns": True}
+
+
 async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(
     tmp_path: Path,
 ) -> None:
