@@ -20,7 +20,8 @@ from cattrs.gen import make_dict_unstructure_fn
 
 from prohost.wire.protocol import converter
 
-#: The protocol's keys, in the order they are sent.
+#: The protocol's figures, in the order they are sent (then the flag
+#: ``includes_earlier_turns``, only when true).
 KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
         "cost_usd", "turns", "model")
 _COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
@@ -40,6 +41,9 @@ class Usage:
     cost_usd: float | None = None
     turns: int | None = None
     model: str | None = None
+    #: ``True``: the figures also hold an earlier turn's, which its CLI reported
+    #: nothing for (a failed Codex turn); ``None`` otherwise (the key is then absent).
+    includes_earlier_turns: bool | None = None
 
     def __add__(self, other: Usage) -> Usage:
         """Two attempts of one run, summed; the later attempt's model wins."""
@@ -47,6 +51,7 @@ class Usage:
             **{key: _sum(getattr(self, key), getattr(other, key)) for key in _COUNTS},
             cost_usd=_sum(self.cost_usd, other.cost_usd),
             model=other.model or self.model,
+            includes_earlier_turns=self.includes_earlier_turns or other.includes_earlier_turns,
         )
 
     def since(self, earlier: Usage) -> Usage:
@@ -79,7 +84,9 @@ class Usage:
             return cls()
         return cls(**{key: valid_count(data.get(key)) for key in _COUNTS},
                    cost_usd=valid_cost(data.get("cost_usd")),
-                   model=valid_model(data.get("model")))
+                   model=valid_model(data.get("model")),
+                   includes_earlier_turns=True if data.get("includes_earlier_turns") is True
+                   else None)
 
 
 _NOTHING = Usage()

@@ -20,6 +20,10 @@ errors_forever  error lines on stderr until killed
 lone_surrogate  like ``reply``, the text ending in half an emoji, which the CLI's
                 ``JSON.stringify`` writes as the escape ``\\ud83d`` (ES2019)
 bad_byte        like ``reply``, the text holding a byte that is not UTF-8 (0xFF)
+subagent        like ``reply``, but a subagent (another model) worked too: the
+                result's ``usage`` is the main loop's alone while ``modelUsage``
+                and ``total_cost_usd`` count every model (``SUBAGENT_MODEL_USAGE``;
+                the subagent's own stream events are left out)
 
 Per account, driven by the config folder in ``CLAUDE_CONFIG_DIR`` (what prohost
 sets for an account), whatever the scenario:
@@ -29,7 +33,9 @@ sets for an account), whatever the scenario:
   message ``You've hit your limit · resets 8pm (UTC)``, a ``rate_limit_event`` with
   ``"status":"rejected"`` and that ``resetsAt``, a failed result carrying the same
   text, exit 1. With ``legacy`` after the epoch the text is the older
-  ``Claude AI usage limit reached|<epoch>``.
+  ``Claude AI usage limit reached|<epoch>``. With ``spent`` after the epoch the
+  limit comes after some work: an assistant text first, and the failed result
+  says what that cost (``total_cost_usd``: ``COST``).
 - a file ``used_percent`` (a number) adds an ``allowed_warning``
   ``rate_limit_event`` with that utilization right after init.
 
@@ -72,6 +78,17 @@ MODEL = "claude-sonnet-4-5-20250929"
 COST = 0.0342
 VERSION = "2.1.29"
 HUGE_BYTES = 5 * 1024 * 1024
+#: The ``subagent`` scenario's ``modelUsage``: the main model's figures grew by the
+#: subagent's share, and a second model ran; the costs add up to ``COST``.
+SUBAGENT_MODEL_USAGE = {
+    MODEL: {"inputTokens": 350, "outputTokens": 115, "cacheReadInputTokens": 4500,
+            "cacheCreationInputTokens": 500, "webSearchRequests": 0, "costUSD": 0.03,
+            "contextWindow": 200000, "maxOutputTokens": 64000},
+    "claude-haiku-4-5-20251001": {
+        "inputTokens": 1200, "outputTokens": 300, "cacheReadInputTokens": 0,
+        "cacheCreationInputTokens": 800, "webSearchRequests": 0, "costUSD": 0.0042,
+        "contextWindow": 200000, "maxOutputTokens": 64000},
+}
 
 
 def option(argv: list[str], name: str) -> str | None:
@@ -294,11 +311,15 @@ def limit_reached(session: Session, spec: str) -> int:
     else:
         text = f"You've hit your limit · resets {resets_text(epoch)}"
     session.init()
+    cost: dict[str, Any] = {}
+    if "spent" in words[1:]:
+        session.assistant([{"type": "text", "text": "Working on it, one step at a time."}])
+        cost["total_cost_usd"] = COST
     # The synthetic message the CLI makes up for a refused request: model
     # "<synthetic>", error "rate_limit" (github.com/anthropics/claude-code/issues/40485).
     session.assistant([{"type": "text", "text": text}], model="<synthetic>", error="rate_limit")
     session.rate_limit(status="rejected", utilization=None, resets_at=epoch)
-    session.result(text, is_error=True)
+    session.result(text, is_error=True, **cost)
     return 1
 
 
@@ -393,6 +414,10 @@ def main() -> int:
         session.init()
         session.assistant([{"type": "text", "text": reply}])
         session.result(reply)
+    elif scenario == "subagent":
+        session.init()
+        session.assistant([{"type": "text", "text": reply}])
+        session.result(reply, modelUsage=SUBAGENT_MODEL_USAGE)
     elif scenario == "tool":
         tool_run(session, reply)
     elif scenario == "noise":

@@ -27,6 +27,11 @@ account), whatever the scenario:
   (the local time; ``Sep 3rd, 2025 4:05 PM`` on another day), exit 1.
 - a file ``used_percent`` (a number) adds a ``token_count`` event with those
   rate-limit figures before the reply.
+- a file ``fail_turn`` (removed as it is read) makes this one turn fail after some
+  work: a command item, an ``error`` and a ``turn.failed``, exit 1. Like codex, it
+  prints no usage for a failed turn (no ``turn.completed``), while the thread's
+  rollout file still counts the turn's tokens, so the next ``turn.completed``'s
+  running totals include them.
 
 With ``CODEX_HOME`` set, threads live there as codex keeps them: a new thread (a
 fresh id) writes ``sessions/<id>.jsonl``, and ``exec resume <id>`` of a thread with
@@ -269,6 +274,18 @@ def main() -> None:
                         "resets_at": int(time.time()) + 3600},
             "secondary": {"used_percent": 12.0, "window_minutes": 10080,
                           "resets_at": int(time.time()) + 86400 * 5}}}})
+    if account_file("fail_turn") is not None:
+        os.remove(os.path.join(os.environ["CODEX_HOME"], "fail_turn"))
+        command = "/bin/bash -lc 'pytest -q'"
+        emit({"type": "item.started",
+              "item": command_item("item_0", command, "", None, "in_progress")})
+        emit({"type": "item.completed",
+              "item": command_item("item_0", command, "3 passed in 0.01s\n", 0, "completed")})
+        running_totals(thread_id)  # the thread counts the turn; the stream does not
+        message = "stream disconnected before completion: Connection reset by peer"
+        emit({"type": "error", "message": message})
+        emit({"type": "turn.failed", "error": {"message": message}})
+        sys.exit(1)
     if scenario == "failed":
         message = "You've hit your usage limit. Try again later."
         emit({"type": "error", "message": message})

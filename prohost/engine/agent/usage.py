@@ -7,6 +7,14 @@
   ``usage.cache_read_input_tokens``, ``usage.cache_creation_input_tokens``,
   ``total_cost_usd`` and ``num_turns``; the model is named by the ``system``/``init``
   event. Its ``input_tokens`` counts only what was not read from the cache.
+  ``usage`` is the main loop's alone: a subagent's tokens (the Task tool) are not
+  in it, while ``total_cost_usd`` and ``modelUsage`` are the whole process's. So the
+  token counts come from ``modelUsage`` (model name → ``inputTokens``,
+  ``outputTokens``, ``cacheReadInputTokens``, ``cacheCreationInputTokens``,
+  ``costUSD``; the keys as tests/agents/fake_claude.py prints them — the recorded
+  real output in tests/agents/recorded/ has only an empty ``modelUsage``), summed
+  over every model (a count no model gives: ``usage``'s); ``inputTokens`` excludes the cache
+  reads and writes as ``usage.input_tokens`` does.
 - Codex's ``turn.completed`` (``codex exec --json``; ``Usage`` in openai/codex
   ``codex-rs/exec/src/exec_events.rs``) carries ``input_tokens``,
   ``cached_input_tokens`` and ``output_tokens`` as the *thread's running totals*
@@ -32,15 +40,33 @@ def from_claude_result(event: Mapping[str, Any], model: str | None = None) -> Us
     one its ``init`` event named."""
     raw = event.get("usage")
     usage: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    models = event.get("modelUsage")
+    per_model = [figures for figures in models.values() if isinstance(figures, Mapping)] \
+        if isinstance(models, Mapping) else []
+
+    def tokens(total_key: str, main_key: str) -> int | None:
+        # Every model the process used, its subagents' included (issue 28 point
+        # 7); a count no model gives is the main loop's.
+        summed = _summed(per_model, total_key)
+        return summed if summed is not None else valid_count(usage.get(main_key))
+
     return Usage(
-        input_tokens=valid_count(usage.get("input_tokens")),
-        output_tokens=valid_count(usage.get("output_tokens")),
-        cache_read_tokens=valid_count(usage.get("cache_read_input_tokens")),
-        cache_write_tokens=valid_count(usage.get("cache_creation_input_tokens")),
+        input_tokens=tokens("inputTokens", "input_tokens"),
+        output_tokens=tokens("outputTokens", "output_tokens"),
+        cache_read_tokens=tokens("cacheReadInputTokens", "cache_read_input_tokens"),
+        cache_write_tokens=tokens("cacheCreationInputTokens", "cache_creation_input_tokens"),
         cost_usd=valid_cost(event.get("total_cost_usd")),
         turns=valid_count(event.get("num_turns")),
         model=valid_model(model),
     )
+
+
+def _summed(per_model: list[Mapping[str, Any]], key: str) -> int | None:
+    """``key`` added up over the models that give it as a valid count (``None``:
+    none does)."""
+    counts = [count for figures in per_model
+              if (count := valid_count(figures.get(key))) is not None]
+    return sum(counts) if counts else None
 
 
 def from_codex_totals(usage: object, model: str | None = None) -> Usage:

@@ -103,6 +103,10 @@ class Attempt:
     #: For a CLI that reports its session's running totals (Codex): what the
     #: resumed session had reached before this attempt.
     usage_before: Usage | None = None
+    #: What the attempt may spend: what is left of the run's ``--max-cost`` after
+    #: its earlier attempts (§12: the budget caps the run, not each attempt);
+    #: ``None``: no budget, or all of it.
+    max_cost_usd: float | None = None
 
 
 @attrs.frozen
@@ -128,6 +132,8 @@ class AttemptResult:
     limit: LimitNotice | None = None
     #: It failed because its account reached its usage limit: another may take it.
     ended_by_limit: bool = False
+    #: The CLI stopped it at its budget (§12): the runner words the failure.
+    reached_budget: bool = False
 
 
 class ToolEventSink(Protocol):
@@ -168,7 +174,8 @@ async def execute(
         return _result(first, first, first.spent)
     log.info("run %s: the agent did not take session %s; trying a fresh one",
              attempt.run.run_id, attempt.session_id)
-    fresh = await _try(attempt, setup, progress, on_spawn, timeline, None)
+    fresh = await _try(attempt, setup, progress, on_spawn, timeline, None,
+                       max_cost_usd=left_of(attempt.max_cost_usd, first.spent))
     spent = first.spent + fresh.spent
     if fresh.turn.started:  # a new session replaces the refused one
         return _result(fresh, fresh, spent)
@@ -223,12 +230,22 @@ def _result(reported: _Tried, last: _Tried, spent: Usage, *,
         session_totals=last.turn.session_totals() if last.spawned else None,
         limit=last.turn.limit if last.spawned else None,
         ended_by_limit=last.ended_by_limit,
+        reached_budget=reported.spawned and reported.turn.reached_budget,
     )
+
+
+def left_of(budget_usd: float | None, spent: Usage) -> float | None:
+    """What is left of ``budget_usd`` after ``spent`` (at least 0, to the cent's
+    hundredth the CLI is given); ``None``: no budget."""
+    if budget_usd is None:
+        return None
+    return max(0.0, round(budget_usd - (spent.cost_usd or 0.0), 4))
 
 
 async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                on_spawn: Callable[[int], Awaitable[None]], timeline: ToolEventSink | None,
-               session_id: str | None, *, again: bool = False) -> _Tried:
+               session_id: str | None, *, again: bool = False,
+               max_cost_usd: float | None = None) -> _Tried:
     """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
     When no agent could start in a working folder made by an earlier run (it was
     removed since), the folder is made again and the spawn tried once more
@@ -237,6 +254,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
     Cancelled: as :func:`execute` (the attempt's process group is gone first).
     """
     brain, spec = setup.brain, setup.spec
+    if max_cost_usd is None:
+        max_cost_usd = attempt.max_cost_usd
     turn = brain.new_turn()
     if session_id is not None and attempt.usage_before is not None:
         turn.usage_before = attempt.usage_before
@@ -261,7 +280,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
 
     try:
         result = await run_agent(
-            brain.command(session_id=session_id, mcp=attempt.wiring),
+            brain.command(session_id=session_id, mcp=attempt.wiring,
+                          max_cost_usd=max_cost_usd),
             stdin_text=attempt.prompt,
             cwd=spec.workdir,
             env=attempt.env,
@@ -287,7 +307,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                 exc = made
             else:
                 return await _try(attempt, setup, progress, on_spawn, timeline, session_id,
-                                  again=True)
+                                  again=True, max_cost_usd=max_cost_usd)
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.

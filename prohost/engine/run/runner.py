@@ -59,6 +59,7 @@ from prohost.engine.run.execute import (
     AttemptResult,
     ToolEventSink,
     execute,
+    left_of,
 )
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
@@ -70,7 +71,7 @@ from prohost.engine.run.staging import (
     wire_mcp,
 )
 from prohost.wire.changes import ChangeEntry
-from prohost.wire.outcomes import internal_error, limit_phrase
+from prohost.wire.outcomes import budget_reached, internal_error, limit_phrase
 from prohost.wire.runs import Outcome
 from prohost.wire.usage import Usage
 
@@ -454,21 +455,49 @@ class Runner:
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
                 tally.totals = None
+                # §12: --max-cost caps the run, all its attempts together; each
+                # attempt is a new CLI process counting from zero, so it is given
+                # what the earlier ones left.
+                budget = left_of(setup.brain.max_cost_usd, tally.spent)
                 result = await execute(
-                    Attempt(run, prompt, attempt_env, session, deadline, wiring, before),
+                    Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
+                            max_cost_usd=budget),
                     setup, progress, on_spawn, timeline)
                 tally.spent += result.spent
                 tally.totals = result.session_totals
+                if (tally.totals is None and setup.brain.running_totals and result.started
+                        and result.session_id is not None):
+                    # Codex reports a turn's usage only when it completes: the
+                    # session's totals went on from the last known ones, so the
+                    # next turn's difference holds this one's too, and says so (§7).
+                    known = before if result.session_id == session and before else Usage()
+                    tally.totals = attrs.evolve(known, includes_earlier_turns=True)
                 await self.gate.learned(account, result.limit)
-                following = await self._next_account(held, account, result, tried, deadline)
+                outcome, limited = result.outcome, result.ended_by_limit
+                following = None
+                if result.reached_budget:
+                    outcome = self._over_budget(outcome, tally)
+                elif limited and left_of(setup.brain.max_cost_usd, tally.spent) == 0:
+                    # Nothing left for another account: the run ends at its budget
+                    # (not retryable: it would spend as much again).
+                    outcome, limited = self._over_budget(outcome, tally), False
+                else:
+                    following = await self._next_account(held, account, result, tried,
+                                                         deadline)
                 if following is None:
-                    return ended(result.outcome, changes=await checkouts.changes(),
+                    return ended(outcome, changes=await checkouts.changes(),
                                  ran=True, session_id=result.session_id,
                                  account=account.name, totals=tally.totals,
-                                 limited=result.ended_by_limit)
+                                 limited=limited)
                 account, session = following
         finally:
             await remove_scratch(run, scratch, setup.bounds)
+
+    def _over_budget(self, said: Outcome, tally: _Tally) -> Outcome:
+        """The run reached its budget (§12): the budget in force and what the whole
+        run spent, the figure its ``usage.cost_usd`` says, not the last attempt's."""
+        return attrs.evolve(said, ok=False, retryable=False, reply=None, error=budget_reached(
+            self.setup.brain.budget_in_force(), tally.spent.cost_usd))
 
     async def _next_account(self, held: HeldRun, account: Account, result: AttemptResult,
                             tried: set[str], deadline: float

@@ -7,13 +7,15 @@ snapshots instead of drawing them; the words are :mod:`prohost.engine.view.statu
 
 from __future__ import annotations
 
-from prohost.engine.view.snapshot import Snapshot
+from prohost.engine.view.snapshot import FinishedRow, Snapshot
 from prohost.engine.view.statustext import (
     account_text,
     brain_line,
     clean,
     compact_duration,
+    cost_text,
     server_host,
+    tokens_text,
 )
 
 
@@ -39,6 +41,25 @@ def _connection_line(snapshot: Snapshot) -> str:
 
 def _run_name(run_id: str, conversation: str | None) -> str:
     return f"run {run_id}" + (f" ({clean(conversation)})" if conversation else "")
+
+
+def did_text(row: FinishedRow) -> str:
+    """``3 files (+12 −2), 1 commit · 12.3k tokens · $0.04``: what a run did, as far
+    as its report said (the panel's words, and the plain log's)."""
+    parts = [row.changes] if row.changes else []
+    if row.tokens:
+        parts.append(f"{tokens_text(row.tokens)} tokens")
+    if row.cost_usd is not None:
+        parts.append(cost_text(row.cost_usd))
+    return " · ".join(parts)
+
+
+def _took(seconds: float) -> str:
+    """``40 ms``, ``9.8 s``, then as :func:`compact_duration`: a run of under a
+    second did not take ``0 s``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    return f"{seconds:.1f} s" if seconds < 10 else compact_duration(seconds)
 
 
 def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
@@ -75,9 +96,12 @@ def describe_change(previous: Snapshot | None, current: Snapshot) -> list[str]:
     # The snapshot keeps finished runs newest first; the log reads oldest first.
     for done in reversed(newly_finished):
         name = _run_name(done.run_id, done.conversation)
-        took = "" if done.duration_s is None else compact_duration(done.duration_s)
+        took = "" if done.duration_s is None else _took(done.duration_s)
         if done.ok:
-            lines.append(f"✓ {name} finished" + (f" in {took}" if took else ""))
+            # What it changed and cost, as the panel's row says (issue 28 point 10).
+            did = did_text(done)
+            lines.append(f"✓ {name} finished" + (f" in {took}" if took else "")
+                         + (f": {did}" if did else ""))
         else:
             lines.append(f"✗ {name} failed" + (f" after {took}" if took else "")
                          + f": {clean(done.error or 'no reason given')}")

@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from prohost.engine.changes import Changes
-from prohost.engine.view.changelines import describe_change
+from prohost.engine.view.changelines import describe_change, did_text
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import (
     RUN_ID_SHOWN,
@@ -40,12 +40,10 @@ from prohost.engine.view.statustext import (
     brain_line,
     clean,
     compact_duration,
-    cost_text,
     server_host,
     short_ago,
     short_run_id,
     spend_line,
-    tokens_text,
     waiting_reports_text,
 )
 
@@ -186,15 +184,8 @@ def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
     return table
 
 
-def _did(row: FinishedRow) -> str:
-    """``3 files (+12 −2), 1 commit · 12.3k tokens · $0.04``: what a run did, as far
-    as its report said."""
-    parts = [row.changes] if row.changes else []
-    if row.tokens:
-        parts.append(f"{tokens_text(row.tokens)} tokens")
-    if row.cost_usd is not None:
-        parts.append(cost_text(row.cost_usd))
-    return " · ".join(parts)
+#: What a run did (its changes, tokens and cost): the plain log says the same.
+_did = did_text
 
 
 def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:

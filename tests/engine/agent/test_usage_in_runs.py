@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prohost.engine.view.changelines import describe_change
 from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
 from tests.kits.harness import running_harness, running_server
 
@@ -49,6 +50,32 @@ async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_re
     assert account.cost_usd is None
 
 
+async def test_a_codex_turn_after_a_failed_one_says_it_includes_the_earlier_turn(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 8: Codex prints no usage for a failed turn, but its thread
+    counts the tokens; the next turn's difference holds both turns, and says so with
+    ``includes_earlier_turns``. The turn after that is its own again."""
+    program = install(tmp_path, CODEX)
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(codex_home)}
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            one = await turn(running, "turn 1")
+            (codex_home / "fail_turn").write_text("1\n")
+            failed = await turn(running, "turn 2")
+            three = await turn(running, "turn 3")
+            four = await turn(running, "turn 4")
+    assert one["usage"] == four["usage"] == CODEX_RUN
+    assert failed["ok"] is False and "usage" not in failed  # Codex said nothing
+    assert three["usage"] == {"input_tokens": 2000, "output_tokens": 690,
+                              "cache_read_tokens": 400, "turns": 1,
+                              "includes_earlier_turns": True}
+
+
 async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(
     tmp_path: Path,
 ) -> None:
@@ -66,3 +93,44 @@ async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(
                                "cost_usd": 0, "turns": 1,
                                "model": "claude-sonnet-4-5-20250929"}
     assert finished[0].tokens == 225 and finished[0].cost_usd == 0
+
+
+async def test_claude_tokens_count_every_model_the_subagents_included(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 7: the result's ``usage`` is the main loop's alone; the
+    tokens reported are ``modelUsage`` summed over every model (the subagent's
+    too), like the cost, with ``input_tokens`` leaving out cache reads and writes."""
+    program = install(tmp_path, CLAUDE)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program),
+            env={**os.environ, "FAKE_CLAUDE_SCENARIO": "subagent"},
+        ) as running:
+            done = await turn(running, "ask a subagent")
+    assert done["ok"] is True
+    assert done["usage"] == {"input_tokens": 1550, "output_tokens": 415,
+                             "cache_read_tokens": 4500, "cache_write_tokens": 1300,
+                             "cost_usd": 0.0342, "turns": 1,
+                             "model": "claude-sonnet-4-5-20250929"}
+
+
+async def test_the_plain_log_says_what_a_finished_run_cost_and_how_long_it_took(
+    tmp_path: Path,
+) -> None:
+    """Issue 28 point 10: without a panel, a run's ✓ line says its tokens and cost
+    as the panel's row does, and a run of under a second did not take "0 s"."""
+    program = install(tmp_path, CLAUDE)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program),
+        ) as running:
+            before = running.harness.snapshot()
+            await turn(running, "hello")
+            after = running.harness.snapshot()
+    [row] = after.finished
+    assert row.duration_s is not None and row.duration_s < 10
+    took = f"{round(row.duration_s * 1000)} ms" if row.duration_s < 1 \
+        else f"{row.duration_s:.1f} s"
+    [line] = [line for line in describe_change(before, after) if line.startswith("✓")]
+    assert line == f"✓ run {row.run_id} (C1) finished in {took}: 225 tokens · $0.0342"

@@ -147,6 +147,9 @@ class Turn(abc.ABC):
     #: For a CLI that reports its session's running totals (Codex): what the
     #: resumed session had reached before this attempt (set before it starts).
     usage_before: Usage = Usage()
+    #: The CLI stopped the attempt at its budget (``--max-cost``, §12): the runner
+    #: then says the run's budget and what the whole run spent.
+    reached_budget: bool = False
 
     def feed(self, line: bytes) -> list[ToolEvent]:
         """Read one stdout line; return the timeline events it produced."""
@@ -220,8 +223,17 @@ class Brain(abc.ABC):
         self.max_cost_usd = max_cost_usd
 
     @abc.abstractmethod
-    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
-        """The shell command line for one attempt (the prompt goes to stdin)."""
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
+        """The shell command line for one attempt (the prompt goes to stdin).
+        ``max_cost_usd``: what this attempt may spend, what is left of the run's
+        ``--max-cost`` (``None``: all of it); only a brain that :attr:`bounds_cost`
+        reads it."""
+
+    def budget_in_force(self) -> float | None:
+        """The budget the CLI is held to, for the words of a run that reached it:
+        ``--max-cost`` unless the user's own ``--exec`` line sets one that wins."""
+        return self.max_cost_usd
 
     @abc.abstractmethod
     def new_turn(self) -> Turn:

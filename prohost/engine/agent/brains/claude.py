@@ -52,11 +52,11 @@ from prohost.engine.agent.limits import claude_limit_text, claude_rate_limit, re
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_claude_result
-from prohost.execline import has_flag, version_command
+from prohost.execline import has_flag, split_command, version_command
 from prohost.wire.outcomes import budget_reached, dollars
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
-from prohost.wire.usage import Usage
+from prohost.wire.usage import Usage, valid_cost
 
 log = logging.getLogger("prohost.brains.claude")
 
@@ -269,6 +269,7 @@ class ClaudeTurn(Turn):
         if subtype == "error_max_budget_usd":
             # §12: not retryable (it would spend as much again), with its session so
             # the conversation can go on, and what it spent.
+            self.reached_budget = True
             error = budget_reached(self._max_cost_usd, None if usage is None else usage.cost_usd)
             return Outcome.failure(error, session_id=self.session_id, usage=usage)
         if failed:
@@ -340,6 +341,13 @@ class ClaudeTurn(Turn):
         return not self.started and result.exit_code is not None and result.exit_code != 0
 
 
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 #: HTTP statuses of Anthropic's API that say "not now" rather than "never": a run
 #: that failed with one is reported retryable.
 _TRANSIENT_API_STATUSES = frozenset({500, 502, 503, 504, 529})
@@ -352,7 +360,8 @@ class ClaudeBrain(Brain):
     streams = True
     bounds_cost = True
 
-    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
         # The user's line is kept byte for byte and only appended to: reparsing and
         # re-quoting it could change what their shell words mean.
         line = self.exec_line
@@ -373,9 +382,12 @@ class ClaudeBrain(Brain):
             # Nobody is at a terminal to approve a tool call, so a permission
             # prompt would just deny it; a user who chose a mode keeps theirs.
             extra.append("--dangerously-skip-permissions")
-        if self.max_cost_usd is not None and not has_flag(line, "--max-budget-usd"):
+        budget = self.max_cost_usd if max_cost_usd is None else max_cost_usd
+        if budget is not None and not has_flag(line, "--max-budget-usd"):
             # Claude Code stops the run there (result subtype error_max_budget_usd).
-            extra.append(f"--max-budget-usd={dollars(self.max_cost_usd)}")
+            # Each attempt is a new process that counts from zero, so after a
+            # fail-over it gets what is left of the run's budget (§12).
+            extra.append(f"--max-budget-usd={dollars(budget)}")
         if session_id is not None:
             extra.append(f"--resume={shlex.quote(session_id)}")
         words = " ".join(extra)
@@ -386,7 +398,21 @@ class ClaudeBrain(Brain):
         return f"{line} {words}".rstrip() if words else line
 
     def new_turn(self) -> ClaudeTurn:
-        return ClaudeTurn(max_cost_usd=self.max_cost_usd)
+        return ClaudeTurn(max_cost_usd=self.budget_in_force())
+
+    def budget_in_force(self) -> float | None:
+        # A --max-budget-usd of the user's own stays on the line (command() adds
+        # none), so that is the budget the CLI stops at.
+        words = split_command(self.exec_line)
+        for index, word in enumerate(words):
+            value = None
+            if word == "--max-budget-usd" and index + 1 < len(words):
+                value = words[index + 1]
+            elif word.startswith("--max-budget-usd="):
+                value = word.split("=", 1)[1]
+            if value is not None:
+                return valid_cost(_number(value))
+        return self.max_cost_usd
 
     def version_command(self) -> str | None:
         return version_command(self.exec_line)

@@ -220,7 +220,11 @@ class CodexTurn(Turn):
         # resumed thread had before (§7); one `codex exec` is one turn.
         if self.totals is None:
             return Usage()
-        return attrs.evolve(self.totals.since(self.usage_before), turns=1)
+        # A turn in between that failed reported nothing: its tokens are in this
+        # difference, and the report says so (§7).
+        earlier = True if self.usage_before.includes_earlier_turns else None
+        return attrs.evolve(self.totals.since(self.usage_before), turns=1,
+                            includes_earlier_turns=earlier)
 
     def session_totals(self) -> Usage | None:
         return self.totals
@@ -268,7 +272,8 @@ class CodexBrain(Brain):
     name = "codex"
     streams = True
 
-    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
         line = _with_exec_subcommand(self.exec_line)
         added: list[str] = []
         if not has_flag(line, "--json", "--experimental-json"):

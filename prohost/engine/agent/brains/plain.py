@@ -19,7 +19,8 @@ class PlainTurn(Turn):
 class PlainBrain(Brain):
     name = "plain"
 
-    def command(self, *, session_id: str | None, mcp: McpWiring | None) -> str:
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
         return self.exec_line
 
     def new_turn(self) -> Turn:
