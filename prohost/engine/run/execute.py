@@ -311,9 +311,13 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.
+        # The folder is named here, in the local log; the server hears the flag
+        # (§7: no text sent to it names a local path).
+        log.warning("run %s: could not start the agent in %s: %s", attempt.run.run_id,
+                    spec.workdir, exc)
         return _Tried(Outcome.failure(
-            f"could not start the agent in {spec.workdir}: {exc.strerror or exc}"),
-            turn, session_id)
+            "could not start the agent in the working directory (--workdir): "
+            f"{exc.strerror or type(exc).__name__}"), turn, session_id)
     return _read(result, turn, session_id, attempt.deadline, setup)
 
 

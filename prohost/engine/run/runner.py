@@ -420,9 +420,12 @@ class Runner:
             # that needs the folder is not attempted.
             await setup.spec.folder.ensure(setup.bounds)
         except OSError as exc:
+            # Named in the local log; the server hears the flag (§7: no local path).
+            log.warning("run %s: could not create the working directory %s: %s",
+                        run.run_id, setup.spec.workdir, exc)
             return ended(Outcome.failure(
-                f"could not create the working directory {setup.spec.workdir}: "
-                f"{exc.strerror or exc}"), changes=await checkouts.changes())
+                "could not create the working directory (--workdir): "
+                f"{exc.strerror or type(exc).__name__}"), changes=await checkouts.changes())
         # Named by a digest of the run id, never the id itself (§3).
         scratch = scratch_folder(self.scratch_root, run.run_id)
         # Durable, and waited for before the agent's output is: a restart after a

@@ -6,6 +6,7 @@ run). Pure steps and bounded file steps; none of them knows the runner.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,8 @@ from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
+
+log = logging.getLogger("prohost.execute")
 
 #: Bound on removing a run's MCP folder after the run (s): it holds a few small
 #: files, and the run's report waits for it.
@@ -74,8 +77,11 @@ async def wire_mcp(run: AgentRun, brain: Brain, folder: Path, env: Mapping[str, 
         return await bounds.file_step(brain.wire_mcp, run.mcp, folder, env,
                                       what="writing the run's MCP configuration")
     except OSError as exc:
-        raise McpError(f"could not write its configuration in {folder}: "
-                       f"{exc.strerror or exc}") from None
+        # The folder is the harness's own; the server hears no local path (§7).
+        log.warning("run %s: could not write its MCP configuration in %s: %s",
+                    run.run_id, folder, exc)
+        raise McpError("could not write its configuration in the run's private folder: "
+                       f"{exc.strerror or type(exc).__name__}") from None
 
 
 async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds) -> None:

@@ -208,7 +208,8 @@ async def test_unusable_workdir_is_a_failure_not_an_exception(
         outcome = await execute_plain(RUN, spec("true", in_the_way), groups=groups)
     assert not outcome.ok
     assert outcome.error is not None
-    assert outcome.error.startswith(f"could not create the working directory {in_the_way}")
+    assert outcome.error.startswith("could not create the working directory (--workdir): ")
+    assert str(tmp_path) not in outcome.error  # §7: no local path goes to the server
     assert outcome.retryable is False
 
 
@@ -223,7 +224,9 @@ async def test_spawn_failure_is_a_failure_not_an_exception(
                                       base_env=huge_env)
     assert not outcome.ok
     assert outcome.error is not None
-    assert outcome.error.startswith(f"could not start the agent in {tmp_path}")
+    assert outcome.error.startswith(
+        "could not start the agent in the working directory (--workdir): ")
+    assert str(tmp_path) not in outcome.error  # §7: no local path goes to the server
     assert len(groups) == 0
 
 

@@ -140,7 +140,8 @@ async def test_an_agent_that_cannot_be_spawned_keeps_the_session(tmp_path: Path)
             outcome = await solo.outcome(run, session_id="kept-session")
     assert outcome.ok is False
     assert outcome.error is not None
-    assert outcome.error.startswith(f"could not start the agent in {tmp_path / 'work'}")
+    assert outcome.error.startswith(
+        "could not start the agent in the working directory (--workdir): ")
     assert outcome.session_id == "kept-session"
     assert len(groups) == 0
 

@@ -101,10 +101,11 @@ async def test_a_working_folder_removed_between_runs_is_made_again(
 
 
 async def test_a_working_folder_replaced_by_a_file_fails_the_run_clearly(
-    tmp_path: Path, groups: ProcessGroups
+    tmp_path: Path, groups: ProcessGroups, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Removed and replaced by a file: the run fails (not the harness) with a line
-    naming the folder, and the run after the file is gone runs again."""
+    naming the flag (the server never hears a local path, §7; the log names the
+    folder), and the run after the file is gone runs again."""
     workdir = tmp_path / "workspace"
     spec, bounds = env_dump_spec(workdir), CountingBounds()
     await run_once(spec, bounds, groups, 0)
@@ -116,6 +117,7 @@ async def test_a_working_folder_replaced_by_a_file_fails_the_run_clearly(
     assert not outcome.ok
     assert outcome.error is not None
     assert outcome.error.startswith("could not "), outcome.error
-    assert str(workdir) in outcome.error
+    assert "(--workdir)" in outcome.error and str(tmp_path) not in outcome.error
+    assert str(workdir) in caplog.text
     workdir.unlink()
     assert await run_once(spec, bounds, groups, 2) == str(workdir)
