@@ -11,10 +11,13 @@
   in it, while ``total_cost_usd`` and ``modelUsage`` are the whole process's. So the
   token counts come from ``modelUsage`` (model name → ``inputTokens``,
   ``outputTokens``, ``cacheReadInputTokens``, ``cacheCreationInputTokens``,
-  ``costUSD``; the keys as tests/agents/fake_claude.py prints them — the recorded
-  real output in tests/agents/recorded/ has only an empty ``modelUsage``), summed
-  over every model (a count no model gives: ``usage``'s); ``inputTokens`` excludes the cache
-  reads and writes as ``usage.input_tokens`` does.
+  ``costUSD``: checked in the real Claude Code 2.1.197 binary, which keeps one such
+  record per model and adds each API response's ``input_tokens``, ``output_tokens``,
+  ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` to it, and in the
+  ``ModelUsage`` type of ``@anthropic-ai/claude-agent-sdk``'s ``sdk.d.ts``; the
+  recorded real output in tests/agents/recorded/ has only an empty ``modelUsage``),
+  summed over every model (a count no model gives: ``usage``'s); ``inputTokens``
+  excludes the cache reads and writes as ``usage.input_tokens`` does.
 - Codex's ``turn.completed`` (``codex exec --json``; ``Usage`` in openai/codex
   ``codex-rs/exec/src/exec_events.rs``) carries ``input_tokens``,
   ``cached_input_tokens`` and ``output_tokens`` as the *thread's running totals*
