@@ -373,8 +373,7 @@ class Runner:
                                    "an outcome to report")
             progress = held.progress
             usage = None
-            if (tally.totals is None and tally.attempt is not None
-                    and progress.session_id is not None):
+            if tally.totals is None and progress.session_id is not None:
                 # The stopped turn printed no totals (§7): as for a failed one.
                 share = await self._unreported(held.run_id, progress.session_id, tally)
                 usage = None if share is None else tally.spent + share
@@ -579,7 +578,8 @@ class Runner:
 
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step` (a read).
         """
-        assert tally.attempt is not None
+        if tally.attempt is None:  # no attempt of a CLI reporting running totals
+            return None
         resumed, before, env = tally.attempt
         known = before if session_id == resumed and before is not None else Usage()
         brain = self.setup.brain

@@ -25,6 +25,10 @@ becomes ``Turn.limit`` (see :mod:`prohost.engine.agent.limits`). The reply is th
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 
+A turn that does not complete prints no usage; the thread's running totals are
+then read from Codex's session rollout file (:meth:`CodexBrain.recorded_totals`,
+called by the runner after the attempt).
+
 A run's MCP token reaches Codex through a private overlay of its CODEX_HOME
 (:mod:`prohost.engine.agent.brains.codex_home`); the one-line summaries of its items
 come from :mod:`prohost.engine.agent.brains.summaries`.
