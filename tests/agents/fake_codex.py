@@ -31,13 +31,21 @@ account), whatever the scenario:
   work: a command item, an ``error`` and a ``turn.failed``, exit 1. Like codex, it
   prints no usage for a failed turn (no ``turn.completed``), while the thread's
   rollout file still counts the turn's tokens, so the next ``turn.completed``'s
-  running totals include them.
+  running totals include them. Holding ``big``, a 300 KiB command output is recorded
+  in the rollout file after the turn's token count.
+- a file ``hang_turn`` (removed as it is read) makes this one turn do the same work
+  (its tokens counted in the rollout file) and then hang until it is killed (a
+  run's timeout, a cancel); ``big`` as for ``fail_turn``.
 
 With ``CODEX_HOME`` set, threads live there as codex keeps them: a new thread (a
-fresh id) writes ``sessions/<id>.jsonl``, and ``exec resume <id>`` of a thread with
-no such file fails like codex's "no rollout found" (codex-rs/core's rollout
-recorder). Each turn's usage is kept in that file too, and ``turn.completed`` reports
-the thread's running totals, as codex does. The ``[mcp_servers.prohost]`` table of
+fresh id) writes its session rollout file
+``sessions/YYYY/MM/DD/rollout-YYYY-MM-DDThh-mm-ss-<id>.jsonl`` (``precompute_log_file_info``
+in openai/codex ``codex-rs/core/src/rollout/recorder.rs``), its first line a
+``session_meta``, and ``exec resume <id>`` of a thread with no such file fails like
+codex's "no rollout found". Each model response appends a ``token_count`` event
+with the thread's running totals (``RolloutLine``/``RolloutItem::EventMsg``/
+``TokenCountEvent`` of ``codex-rs/protocol/src/protocol.rs``), and ``turn.completed``
+reports those totals, as codex does. The ``[mcp_servers.prohost]`` table of
 ``$CODEX_HOME/config.toml`` is recorded as ``mcp_server`` (how codex would call the
 run's MCP server).
 
@@ -53,6 +61,7 @@ option value exits 2 with a clap-style message.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -124,20 +133,89 @@ def parse(argv: list[str]) -> dict[str, object]:
 TURN_USAGE = {"input_tokens": 1200, "cached_input_tokens": 200, "output_tokens": 345}
 
 
-def running_totals(thread_id: str) -> dict[str, int]:
-    """The thread's totals after this turn, as turn.completed carries them (openai/codex
-    ``usage_from_last_total``, issue #17539): with ``CODEX_HOME``, each turn's usage is
-    kept in the thread's rollout file and the totals are their sum; without it, one
-    turn's."""
+def rollout_path(thread_id: str) -> str | None:
+    """The thread's rollout file in ``$CODEX_HOME`` (``None``: no CODEX_HOME, or no
+    such thread)."""
     home = os.environ.get("CODEX_HOME")
     if not home:
+        return None
+    found = sorted(glob.glob(os.path.join(home, "sessions", "*", "*", "*",
+                                          f"rollout-*-{thread_id}.jsonl")))
+    return found[-1] if found else None
+
+
+def new_rollout(home: str, thread_id: str) -> None:
+    """A new thread's rollout file, where and as codex writes it."""
+    now = time.localtime()
+    folder = os.path.join(home, "sessions", time.strftime("%Y", now),
+                          time.strftime("%m", now), time.strftime("%d", now))
+    os.makedirs(folder, exist_ok=True)
+    name = f"rollout-{time.strftime('%Y-%m-%dT%H-%M-%S', now)}-{thread_id}.jsonl"
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as rollout:
+        rollout.write(rollout_line("session_meta", {
+            "id": thread_id, "timestamp": stamp(), "cwd": os.getcwd(),
+            "originator": "codex_exec", "cli_version": "0.0.0-fake", "source": "exec",
+            "model_provider": "openai"}))
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+
+
+def rollout_line(kind: str, payload: dict[str, object]) -> str:
+    """One ``RolloutLine``: a timestamp and a ``RolloutItem`` tagged type/payload."""
+    return json.dumps({"timestamp": stamp(), "type": kind, "payload": payload},
+                      separators=(",", ":")) + "\n"
+
+
+def token_usage(input_tokens: int, cached: int, output: int) -> dict[str, int]:
+    """``TokenUsage`` as serde prints it."""
+    return {"input_tokens": input_tokens, "cached_input_tokens": cached,
+            "output_tokens": output, "reasoning_output_tokens": 0,
+            "total_tokens": input_tokens + output}
+
+
+def running_totals(thread_id: str) -> dict[str, int]:
+    """The thread's totals after this turn's model response, as turn.completed
+    carries them (openai/codex ``usage_from_last_total``, issue #17539): with
+    ``CODEX_HOME``, the last ``token_count`` of the thread's rollout file plus this
+    response's usage, appended to the file as codex does; without it, one turn's."""
+    path = rollout_path(thread_id)
+    if path is None:
         return dict(TURN_USAGE)
-    path = os.path.join(home, "sessions", f"{thread_id}.jsonl")
+    totals = {key: 0 for key in TURN_USAGE}
     with open(path, "a+", encoding="utf-8") as rollout:
-        rollout.write(json.dumps({"type": "turn_usage", **TURN_USAGE}) + "\n")
         rollout.seek(0)
-        turns = [json.loads(line) for line in rollout if '"turn_usage"' in line]
-    return {key: sum(turn[key] for turn in turns) for key in TURN_USAGE}
+        for line in rollout:
+            event = json.loads(line)
+            payload = event.get("payload") or {}
+            if event.get("type") == "event_msg" and payload.get("type") == "token_count" \
+                    and payload.get("info"):
+                total = payload["info"]["total_token_usage"]
+                totals = {key: total[key] for key in TURN_USAGE}
+        totals = {key: totals[key] + TURN_USAGE[key] for key in TURN_USAGE}
+        last = token_usage(TURN_USAGE["input_tokens"], TURN_USAGE["cached_input_tokens"],
+                           TURN_USAGE["output_tokens"])
+        rollout.write(rollout_line("event_msg", {
+            "type": "token_count",
+            "info": {"total_token_usage": token_usage(totals["input_tokens"],
+                                                      totals["cached_input_tokens"],
+                                                      totals["output_tokens"]),
+                     "last_token_usage": last, "model_context_window": 272000},
+            "rate_limits": None}))
+    return totals
+
+
+def big_output(thread_id: str) -> None:
+    """A command's 300 KiB output recorded after the turn's token count (a
+    ``response_item``: ``ResponseItem::FunctionCallOutput``), so that the count is no
+    longer in the rollout file's last 256 KiB."""
+    path = rollout_path(thread_id)
+    assert path is not None
+    with open(path, "a", encoding="utf-8") as rollout:
+        rollout.write(rollout_line("response_item", {
+            "type": "function_call_output", "call_id": "call_1",
+            "output": "x" * (300 * 1024)}))
 
 
 def reply_events(thread_id: str, reply: str, *, first_item: int = 0) -> list[dict[str, object]]:
@@ -227,8 +305,7 @@ def main() -> None:
     thread_id = str(resume) if resume else THREAD_ID
     home = os.environ.get("CODEX_HOME")
     if home:
-        sessions = os.path.join(home, "sessions")
-        if resume and not os.path.exists(os.path.join(sessions, f"{resume}.jsonl")):
+        if resume and rollout_path(str(resume)) is None:
             sys.stderr.write(
                 f"Error: thread/resume: thread/resume failed: no rollout found for thread "
                 f"id {resume} (code -32600)\n"
@@ -236,10 +313,7 @@ def main() -> None:
             sys.exit(1)
         if not resume:
             thread_id = str(uuid.uuid4())
-            os.makedirs(sessions, exist_ok=True)
-            with open(os.path.join(sessions, f"{thread_id}.jsonl"), "w",
-                      encoding="utf-8") as rollout:
-                rollout.write(json.dumps({"type": "session_meta", "id": thread_id}) + "\n")
+            new_rollout(home, thread_id)
 
     if scenario == "errors_forever":
         while True:
@@ -274,7 +348,8 @@ def main() -> None:
                         "resets_at": int(time.time()) + 3600},
             "secondary": {"used_percent": 12.0, "window_minutes": 10080,
                           "resets_at": int(time.time()) + 86400 * 5}}}})
-    if account_file("fail_turn") is not None:
+    failing = account_file("fail_turn")
+    if failing is not None:
         os.remove(os.path.join(os.environ["CODEX_HOME"], "fail_turn"))
         command = "/bin/bash -lc 'pytest -q'"
         emit({"type": "item.started",
@@ -282,10 +357,23 @@ def main() -> None:
         emit({"type": "item.completed",
               "item": command_item("item_0", command, "3 passed in 0.01s\n", 0, "completed")})
         running_totals(thread_id)  # the thread counts the turn; the stream does not
+        if failing == "big":
+            big_output(thread_id)
         message = "stream disconnected before completion: Connection reset by peer"
         emit({"type": "error", "message": message})
         emit({"type": "turn.failed", "error": {"message": message}})
         sys.exit(1)
+    hanging = account_file("hang_turn")
+    if hanging is not None:
+        os.remove(os.path.join(os.environ["CODEX_HOME"], "hang_turn"))
+        command = "/bin/bash -lc 'pytest -q'"
+        emit({"type": "item.started",
+              "item": command_item("item_0", command, "", None, "in_progress")})
+        running_totals(thread_id)
+        if hanging == "big":
+            big_output(thread_id)
+        while True:
+            time.sleep(1)
     if scenario == "failed":
         message = "You've hit your usage limit. Try again later."
         emit({"type": "error", "message": message})

@@ -25,6 +25,9 @@
   is the difference from what the session had reached before it. Its
   ``input_tokens`` includes the cached ones, which are taken out here so that
   ``input_tokens`` means the same for both CLIs. Codex prints no cost.
+- Codex's session rollout file (``$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread
+  id>.jsonl``) holds the same running totals for a turn that never completed: see
+  :func:`from_codex_rollout_line`.
 
 Everything read from a CLI is checked: a count that is not a non-negative integer,
 or a cost that is not a non-negative finite number, is left out, never raised.
@@ -32,6 +35,7 @@ or a cost that is not a non-negative finite number, is left out, never raised.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,3 +85,44 @@ def from_codex_totals(usage: object, model: str | None = None) -> Usage:
     fresh = None if given is None else given - min(given, cached or 0)
     return Usage(input_tokens=fresh, output_tokens=valid_count(raw.get("output_tokens")),
                  cache_read_tokens=cached, model=valid_model(model))
+
+
+def from_codex_rollout_line(line: bytes | str) -> Usage | None:
+    """The thread's running totals from one line of a Codex session rollout file, or
+    ``None`` when the line is not a token count that carries them.
+
+    The shapes, as openai/codex writes them (read at commit 035416b):
+    ``codex-rs/core/src/rollout/recorder.rs`` writes each line as ``RolloutLineRef``
+    (``{"timestamp": …}`` flattened with a ``RolloutItem``), and
+    ``codex-rs/core/src/rollout/policy.rs`` (``should_persist_event_msg``) keeps
+    ``EventMsg::TokenCount``; ``codex-rs/protocol/src/protocol.rs`` has ``RolloutItem``
+    tagged ``type``/``payload`` (``event_msg``), ``EventMsg`` tagged ``type``
+    (``token_count``), ``TokenCountEvent {info: Option<TokenUsageInfo>, rate_limits}``,
+    ``TokenUsageInfo {total_token_usage, last_token_usage, model_context_window}`` and
+    ``TokenUsage {input_tokens, cached_input_tokens, output_tokens,
+    reasoning_output_tokens, total_tokens}``::
+
+        {"timestamp":"2025-10-28T12:00:03.120Z","type":"event_msg","payload":{
+         "type":"token_count","info":{"total_token_usage":{"input_tokens":2400,
+         "cached_input_tokens":400,"output_tokens":690,"reasoning_output_tokens":0,
+         "total_tokens":3090},"last_token_usage":{…},"model_context_window":272000},
+         "rate_limits":null}}
+
+    ``total_token_usage`` is the thread's running total (``append_last_usage`` adds
+    each model response's ``last_token_usage`` to it), the figure ``turn.completed``
+    carries too; ``info`` is ``null`` before the first response."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, Mapping) or event.get("type") != "event_msg":
+        return None
+    payload = event.get("payload")
+    if not isinstance(payload, Mapping) or payload.get("type") != "token_count":
+        return None
+    info = payload.get("info")
+    total = info.get("total_token_usage") if isinstance(info, Mapping) else None
+    if not isinstance(total, Mapping):
+        return None
+    usage = from_codex_totals(total)
+    return None if usage.known() is None else usage

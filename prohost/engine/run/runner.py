@@ -36,7 +36,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -109,6 +109,19 @@ class _Tally:
     spent: Usage = attrs.field(factory=Usage)
     #: The last finished attempt's session running totals (a CLI reporting those).
     totals: Usage | None = None
+    #: The attempt under way (or last made), for a CLI reporting running totals:
+    #: the session it resumed, what that session had reached before, and the
+    #: account's environment (where the CLI keeps its sessions).
+    attempt: tuple[str | None, Usage | None, Mapping[str, str]] | None = None
+
+
+@runtime_checkable
+class _RecordsTotals(Protocol):
+    """A brain whose CLI also records its session's running totals on disk, so a
+    turn that printed none (failed, timed out, stopped) can still be counted
+    (:meth:`prohost.engine.agent.brains.codex.CodexBrain.recorded_totals`)."""
+
+    def recorded_totals(self, session_id: str, env: Mapping[str, str]) -> Usage | None: ...
 
 
 @attrs.frozen
@@ -359,9 +372,14 @@ class Runner:
                 raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
                                    "an outcome to report")
             progress = held.progress
+            usage = None
+            if tally.totals is None and progress.session_id is not None:
+                # The stopped turn printed no totals (§7): as for a failed one.
+                share = await self._unreported(held.run_id, progress.session_id, tally)
+                usage = None if share is None else tally.spent + share
             return _Ending(held.stop_outcome, ran=progress.attempts > 0,
                            session_id=progress.session_id, account=progress.account,
-                           totals=tally.totals)
+                           totals=tally.totals, usage=usage)
         return ending
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: _Tally) -> _Ending:
@@ -438,7 +456,8 @@ class Runner:
         try:
             while True:
                 progress.account = account.name
-                attempt_env = {**env, **account.env(setup.brain.name)}
+                account_env = {**env, **account.env(setup.brain.name)}
+                attempt_env = dict(account_env)
                 try:
                     # Per account: a brain may build its configuration over the
                     # account's own folder (Codex's CODEX_HOME overlay).
@@ -458,6 +477,8 @@ class Runner:
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
                 tally.totals = None
+                if setup.brain.running_totals:
+                    tally.attempt = (session, before, account_env)
                 # §12: --max-cost caps the run, all its attempts together; each
                 # attempt is a new CLI process counting from zero, so it is given
                 # what the earlier ones left.
@@ -470,11 +491,9 @@ class Runner:
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started
                         and result.session_id is not None):
-                    # Codex reports a turn's usage only when it completes: the
-                    # session's totals went on from the last known ones, so the
-                    # next turn's difference holds this one's too, and says so (§7).
-                    known = before if result.session_id == session and before else Usage()
-                    tally.totals = attrs.evolve(known, includes_earlier_turns=True)
+                    share = await self._unreported(run.run_id, result.session_id, tally)
+                    if share is not None:
+                        tally.spent += share
                 await self.gate.learned(account, result.limit)
                 outcome, limited = result.outcome, result.ended_by_limit
                 following = None
@@ -547,6 +566,39 @@ class Runner:
             log.warning("run %s: could not read session %s's usage so far: %s",
                         run_id, session_id, exc)
             return Usage()
+
+    async def _unreported(self, run_id: str, session_id: str, tally: _Tally) -> Usage | None:
+        """This attempt's share of ``session_id``'s running totals when its CLI
+        printed none (Codex reports a turn's usage only when it completes): read
+        from where the CLI records them (Codex's session rollout file), less what
+        the session had reached before (§7), and ``tally.totals`` set to them. When
+        they cannot be read, ``None``, and ``tally.totals`` says the session went on
+        from the last known totals, so that the next turn's difference, which then
+        holds this one's tokens too, says so (``includes_earlier_turns``).
+
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step` (a read).
+        """
+        if tally.attempt is None:  # no attempt of a CLI reporting running totals
+            return None
+        resumed, before, env = tally.attempt
+        known = before if session_id == resumed and before is not None else Usage()
+        brain = self.setup.brain
+        recorded = None
+        if isinstance(brain, _RecordsTotals):
+            try:
+                # Abandoning it is safe: a read of the CLI's own file.
+                recorded = await self.setup.bounds.file_step(
+                    brain.recorded_totals, session_id, env,
+                    what="reading the agent's session totals", limit_s=5.0)
+            except OSError as exc:
+                log.warning("run %s: could not read session %s's totals where the "
+                            "agent records them: %s", run_id, session_id, exc)
+        if recorded is None:
+            tally.totals = attrs.evolve(known, includes_earlier_turns=True)
+            return None
+        tally.totals = recorded
+        earlier = True if known.includes_earlier_turns else None
+        return attrs.evolve(recorded.since(known), turns=1, includes_earlier_turns=earlier)
 
     async def _finish(self, held: HeldRun, outcome: Outcome,
                       turn: LaneTurn | None = None) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from prohost.engine.view.changelines import describe_change
 from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
-from tests.kits.harness import running_harness, running_server
+from tests.kits.harness import Running, finished, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§7")
 
@@ -50,16 +51,26 @@ async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_re
     assert account.cost_usd is None
 
 
-async def test_a_codex_turn_after_a_failed_one_says_it_includes_the_earlier_turn(
+def codex_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    codex_home = tmp_path / "codex-home"  # where the fake keeps each thread's rollout
+    codex_home.mkdir()
+    return {**os.environ, "CODEX_HOME": str(codex_home)}, codex_home
+
+
+#: What a turn whose rollout file was not read leaves to the next one (§7): both
+#: turns' tokens, said so.
+TWO_CODEX_TURNS = {"input_tokens": 2000, "output_tokens": 690, "cache_read_tokens": 400,
+                   "turns": 1, "includes_earlier_turns": True}
+
+
+async def test_a_failed_codex_turn_reports_the_tokens_its_rollout_file_counted(
     tmp_path: Path,
 ) -> None:
-    """Issue 28 point 8: Codex prints no usage for a failed turn, but its thread
-    counts the tokens; the next turn's difference holds both turns, and says so with
-    ``includes_earlier_turns``. The turn after that is its own again."""
+    """Issue 28 point 8: Codex prints no usage for a failed turn, but records the
+    thread's totals in its session rollout file: the failed run reports its share
+    from there, and the next turn is its own again (no ``includes_earlier_turns``)."""
     program = install(tmp_path, CODEX)
-    codex_home = tmp_path / "codex-home"
-    codex_home.mkdir()
-    env = {**os.environ, "CODEX_HOME": str(codex_home)}
+    env, codex_home = codex_env(tmp_path)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=str(program), env=env,
@@ -68,12 +79,103 @@ async def test_a_codex_turn_after_a_failed_one_says_it_includes_the_earlier_turn
             (codex_home / "fail_turn").write_text("1\n")
             failed = await turn(running, "turn 2")
             three = await turn(running, "turn 3")
+    assert failed["ok"] is False and failed["error"].startswith("stream disconnected")
+    assert one["usage"] == failed["usage"] == three["usage"] == CODEX_RUN
+
+
+async def test_when_the_rollout_file_does_not_say_the_next_turn_includes_the_failed_one(
+    tmp_path: Path,
+) -> None:
+    """The failed turn's token count is not in the rollout file's tail (a big
+    command output after it): the failed run has no ``usage``, and the next turn's
+    figures hold both turns and say so (§7). The turn after that is its own again."""
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            one = await turn(running, "turn 1")
+            (codex_home / "fail_turn").write_text("big\n")
+            failed = await turn(running, "turn 2")
+            three = await turn(running, "turn 3")
             four = await turn(running, "turn 4")
     assert one["usage"] == four["usage"] == CODEX_RUN
-    assert failed["ok"] is False and "usage" not in failed  # Codex said nothing
-    assert three["usage"] == {"input_tokens": 2000, "output_tokens": 690,
-                              "cache_read_tokens": 400, "turns": 1,
-                              "includes_earlier_turns": True}
+    assert failed["ok"] is False and "usage" not in failed
+    assert three["usage"] == TWO_CODEX_TURNS
+
+
+async def test_a_timed_out_codex_turn_reports_the_tokens_its_rollout_file_counted(
+    tmp_path: Path,
+) -> None:
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env, timeout_s=4.0,
+        ) as running:
+            one = await turn(running, "turn 1")
+            (codex_home / "hang_turn").write_text("1\n")
+            timed_out = await turn(running, "turn 2")
+            three = await turn(running, "turn 3")
+    assert timed_out["ok"] is False and "4-second limit" in timed_out["error"], timed_out["error"]
+    assert one["usage"] == timed_out["usage"] == three["usage"] == CODEX_RUN
+
+
+async def cancelled_turn(running: Running, codex_home: Path) -> dict[str, Any]:
+    """A turn of C1 cancelled by its sender once the fake Codex has counted its
+    tokens (its second token count in the thread's rollout file) and hangs."""
+    run_id = await running.server.submit_run("turn 2", conversation_id="C1")
+
+    def counts() -> int:
+        [rollout] = codex_home.glob("sessions/*/*/*/rollout-*.jsonl")
+        return rollout.read_text().count('"token_count"')
+
+    for _ in range(1200):  # polled: the fake Codex is another process
+        if await trio.to_thread.run_sync(counts) >= 2:
+            break
+        await trio.sleep(0.05)
+    await running.server.cancel_run(run_id, "never mind")
+    await running.server.wait_until(finished(run_id))
+    await running.harness.wait_released(run_id)
+    return running.server.run(run_id).completion or {}
+
+
+async def test_a_cancelled_codex_turn_reports_the_tokens_its_rollout_file_counted(
+    tmp_path: Path,
+) -> None:
+    """A stopped turn (its run's exec scope cancelled) printed no usage either: it
+    reports its share from the rollout file, and the next turn is its own. Before,
+    the next turn reported every earlier turn of the thread, unflagged."""
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            one = await turn(running, "turn 1")
+            (codex_home / "hang_turn").write_text("1\n")
+            cancelled = await cancelled_turn(running, codex_home)
+            three = await turn(running, "turn 3")
+    assert cancelled["error"] == "cancelled: never mind"
+    assert one["usage"] == cancelled["usage"] == three["usage"] == CODEX_RUN
+
+
+async def test_after_a_cancelled_turn_the_rollout_does_not_tell_the_next_turn_says_so(
+    tmp_path: Path,
+) -> None:
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            await turn(running, "turn 1")
+            (codex_home / "hang_turn").write_text("big\n")
+            cancelled = await cancelled_turn(running, codex_home)
+            three = await turn(running, "turn 3")
+    assert cancelled["error"] == "cancelled: never mind" and "usage" not in cancelled
+    assert three["usage"] == TWO_CODEX_TURNS
 
 
 async def test_claude_usage_in_the_protocols_keys_also_for_a_failed_run(

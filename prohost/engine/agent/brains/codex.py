@@ -25,6 +25,10 @@ becomes ``Turn.limit`` (see :mod:`prohost.engine.agent.limits`). The reply is th
 last completed ``agent_message`` item, which is what ``codex exec`` itself
 writes for ``--output-last-message``.
 
+A turn that does not complete prints no usage; the thread's running totals are
+then read from Codex's session rollout file (:meth:`CodexBrain.recorded_totals`,
+called by the runner after the attempt).
+
 A run's MCP token reaches Codex through a private overlay of its CODEX_HOME
 (:mod:`prohost.engine.agent.brains.codex_home`); the one-line summaries of its items
 come from :mod:`prohost.engine.agent.brains.summaries`.
@@ -56,6 +60,7 @@ from prohost.engine.agent.brains.codex_home import (
     CODEX_HOME_ENV,
     codex_home,
     codex_overlay,
+    rollout_totals,
     toml_string,
 )
 from prohost.engine.agent.brains.summaries import CODEX_TOOL_NAMES, activity, item_summary
@@ -307,6 +312,15 @@ class CodexBrain(Brain):
         return line + " " + " ".join(shlex.quote(word) for word in added)
 
     running_totals = True
+
+    def recorded_totals(self, session_id: str, env: Mapping[str, str]) -> Usage | None:
+        """The thread's running totals as Codex last recorded them in its session
+        rollout file, in the CODEX_HOME ``env`` names (the account's: a run's overlay
+        links to its ``sessions``), for a turn that printed no ``turn.completed``
+        (failed, timed out, stopped): ``None`` when the file or a token count in it
+        is missing. Raises :class:`OSError` when it cannot be read. Blocking file I/O
+        (its tail only): call it in a worker thread."""
+        return rollout_totals(codex_home(env), session_id)
 
     def new_turn(self) -> Turn:
         return CodexTurn()

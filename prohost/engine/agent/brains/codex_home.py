@@ -16,11 +16,15 @@ in a worker thread.
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 from prohost.engine.agent.brains.base import MCP_SERVER_NAME, McpError, write_private
+from prohost.engine.agent.usage import from_codex_rollout_line
+from prohost.wire.usage import Usage
 
 #: Codex's configuration folder (login, config.toml, sessions, logs).
 CODEX_HOME_ENV = "CODEX_HOME"
@@ -76,6 +80,54 @@ def codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
             (overlay / entry.name).symlink_to(entry)
     write_private(overlay / "config.toml", combined)
     return overlay
+
+
+#: A thread id as Codex names it (a UUID); anything else is never looked for.
+_THREAD_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,99}")
+#: Of a rollout file, only this much of its end is read: a thread's file grows
+#: with every turn (a command's output is kept in it), and the last token count is
+#: written after the turn's last model response, near the end.
+ROLLOUT_TAIL_BYTES = 256 * 1024
+
+
+def find_rollout(home: Path, thread_id: str) -> Path | None:
+    """The thread's session rollout file in ``home``, newest first, or ``None``.
+
+    Where Codex keeps it (openai/codex ``codex-rs/core/src/rollout/recorder.rs``,
+    ``precompute_log_file_info``, read at commit 035416b):
+    ``sessions/YYYY/MM/DD/rollout-YYYY-MM-DDThh-mm-ss-<thread id>.jsonl``, the
+    folder and time those of the thread's start (local time); a resumed thread
+    appends to the same file. Blocking (a directory listing): call it in a worker
+    thread."""
+    if not _THREAD_ID.fullmatch(thread_id):
+        return None
+    found = sorted((home / "sessions").glob(f"*/*/*/rollout-*-{thread_id}.jsonl"),
+                   reverse=True)
+    return found[0] if found else None
+
+
+def rollout_totals(home: Path, thread_id: str) -> Usage | None:
+    """The thread's running totals as its rollout file last recorded them (the last
+    ``token_count`` event in its last :data:`ROLLOUT_TAIL_BYTES`), or ``None`` when
+    there is no such file or event. Raises :class:`OSError` when the file cannot be
+    read. Blocking: call it in a worker thread."""
+    path = find_rollout(home, thread_id)
+    if path is None:
+        return None
+    with path.open("rb") as rollout:
+        size = os.fstat(rollout.fileno()).st_size
+        start = max(0, size - ROLLOUT_TAIL_BYTES)
+        rollout.seek(start)
+        tail = rollout.read(ROLLOUT_TAIL_BYTES)
+    lines = tail.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first one is cut
+    for line in reversed(lines):
+        if b"token_count" in line:
+            totals = from_codex_rollout_line(line)
+            if totals is not None:
+                return totals
+    return None
 
 
 def toml_string(value: str) -> str:

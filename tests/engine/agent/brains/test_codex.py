@@ -21,6 +21,7 @@ import trio
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring
 from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
+from prohost.engine.agent.brains.codex_home import ROLLOUT_TAIL_BYTES, find_rollout
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.usage import from_codex_totals
@@ -669,7 +670,7 @@ async def test_end_to_end_codex_program_with_mcp_resumes_through_the_overlay(
         shutil.rmtree(folder)
     assert argv[-3:] == ["resume", threads[0], "-"]
     assert threads[1] == threads[0]
-    assert (base / "sessions" / f"{threads[0]}.jsonl").exists()
+    assert find_rollout(base, threads[0]) is not None
     assert brain.version_command() == f"{shlex.quote(str(codex_on_disk))} --version"
 
 
@@ -691,7 +692,7 @@ async def test_through_execute_a_stale_thread_is_retried_fresh(
             outcome = await solo.outcome(run, session_id="stale-thread")
     assert outcome.ok and outcome.reply == "Fixed: the fixture path was wrong."
     assert outcome.session_id is not None
-    assert (base / "sessions" / f"{outcome.session_id}.jsonl").exists()
+    assert find_rollout(base, outcome.session_id) is not None
     record = recorded(tmp_path)
     assert "resume" not in record["argv"]
     assert record["env"] == {"PROHOST_RUN_ID": "run_01", "PROHOST_PAIRED_RUN": "1",
@@ -817,3 +818,73 @@ def test_a_resumed_threads_run_reports_its_own_share_of_the_totals() -> None:
     totals = turn.session_totals()
     assert totals is not None and totals.to_json() == {
         "input_tokens": 1000, "output_tokens": 345, "cache_read_tokens": 200}
+
+
+# -- the session rollout file (issue 28 point 8) -------------------------------------
+
+THREAD = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+
+
+def token_count(input_tokens: int, cached: int, output: int) -> str:
+    """A rollout line of ``EventMsg::TokenCount`` as codex writes it (see
+    :func:`prohost.engine.agent.usage.from_codex_rollout_line`)."""
+    usage = {"input_tokens": input_tokens, "cached_input_tokens": cached,
+             "output_tokens": output, "reasoning_output_tokens": 0,
+             "total_tokens": input_tokens + output}
+    return json.dumps({"timestamp": "2025-10-28T12:00:03.120Z", "type": "event_msg",
+                       "payload": {"type": "token_count", "info": {
+                           "total_token_usage": usage, "last_token_usage": usage,
+                           "model_context_window": 272000}, "rate_limits": None}})
+
+
+def write_rollout(home: Path, *lines: str, day: str = "2025/10/28") -> Path:
+    folder = home / "sessions" / day
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rollout-{day.replace('/', '-')}T12-00-00-{THREAD}.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.protocol("§7")
+def test_the_rollout_files_last_token_count_is_the_threads_totals(tmp_path: Path) -> None:
+    meta = json.dumps({"timestamp": "2025-10-28T12:00:00.000Z", "type": "session_meta",
+                       "payload": {"id": THREAD, "cwd": "/w"}})
+    no_info = json.dumps({"timestamp": "t", "type": "event_msg", "payload": {
+        "type": "token_count", "info": None, "rate_limits": None}})
+    message = json.dumps({"timestamp": "t", "type": "event_msg", "payload": {
+        "type": "agent_message", "message": "token_count"}})
+    write_rollout(tmp_path, meta, token_count(1200, 200, 345), token_count(2400, 400, 690),
+                  no_info, message, "{not json")
+    brain = CodexBrain("codex")
+    totals = brain.recorded_totals(THREAD, {"CODEX_HOME": str(tmp_path)})
+    assert totals == from_codex_totals({"input_tokens": 2400, "cached_input_tokens": 400,
+                                        "output_tokens": 690})
+    # Another day's file of the same thread (resumed later): the newest folder wins.
+    write_rollout(tmp_path, meta, token_count(3600, 600, 1035), day="2025/11/02")
+    assert brain.recorded_totals(THREAD, {"CODEX_HOME": str(tmp_path)}) == \
+        from_codex_totals({"input_tokens": 3600, "cached_input_tokens": 600,
+                           "output_tokens": 1035})
+
+
+@pytest.mark.protocol("§7")
+def test_only_the_rollout_files_tail_is_read(tmp_path: Path) -> None:
+    big = json.dumps({"timestamp": "t", "type": "response_item", "payload": {
+        "type": "function_call_output", "call_id": "c", "output": "x" * ROLLOUT_TAIL_BYTES}})
+    write_rollout(tmp_path, token_count(1200, 200, 345), big)
+    brain = CodexBrain("codex")
+    env = {"CODEX_HOME": str(tmp_path)}
+    assert brain.recorded_totals(THREAD, env) is None  # beyond the tail: not known
+    # A count cut at the tail's start is not read as a count.
+    line = token_count(1200, 200, 345)
+    write_rollout(tmp_path, line, "y" * (ROLLOUT_TAIL_BYTES - len(line) // 2))
+    assert brain.recorded_totals(THREAD, env) is None
+
+
+@pytest.mark.protocol("§7")
+def test_no_rollout_file_or_an_odd_thread_id_is_not_known(tmp_path: Path) -> None:
+    brain = CodexBrain("codex")
+    env = {"CODEX_HOME": str(tmp_path)}
+    assert brain.recorded_totals(THREAD, env) is None
+    write_rollout(tmp_path, token_count(1200, 200, 345))
+    assert brain.recorded_totals("*", env) is None
+    assert brain.recorded_totals("../" + THREAD, env) is None
