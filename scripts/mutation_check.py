@@ -325,7 +325,8 @@ def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
     took = time.monotonic() - began
     if done.returncode == 0:
         return True, "", took
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.MULTILINE)
+    # "FAILED path::test[param with spaces] - message"
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
     if failed:
         return False, failed[0], took
     tail = (done.stdout + done.stderr).strip().splitlines()[-3:]

@@ -113,7 +113,7 @@ async def settled_row(home: Path, run_id: str) -> Any:
         return ledger.get(run_id)
 
 
-@pytest.mark.protocol("§3")
+@pytest.mark.protocol("§3", "§7")
 @pytest.mark.parametrize("kind", FAULTS)
 @pytest.mark.parametrize("step", RUN_STEPS)
 async def test_one_fault_at_one_step_of_a_run(
@@ -166,6 +166,10 @@ async def test_one_fault_at_one_step_of_a_run(
             if step in NEVER_SKIPPED:
                 assert first["ok"] is False and first["retryable"] is True
                 assert first["error"].startswith("internal error: "), first
+                # ... and names the step that failed, not a later one that tripped
+                # over it (a `started` write's error swallowed: the agent spawned,
+                # then `record_pgid` refused a row still `accepted`; issue 27.9).
+                assert f"the ledger step {STEP_WRITES[step]}" in first["error"], first
             else:
                 assert first["ok"] is True and first["reply"] == "done", first
             assert server.run(run_id).completion_posts == 1
