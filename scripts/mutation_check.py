@@ -24,9 +24,11 @@ still applies to today's code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -317,20 +319,29 @@ def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "2", "-p", "no:cacheprovider",
            *TESTS]
     began = time.monotonic()
-    try:
-        done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
-                              timeout=timeout_s, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return False, f"(hung: no result in {timeout_s:.0f} s)", time.monotonic() - began
+    # Its own session, so that a hung run is ended with every worker and agent.
+    with subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            return False, f"(hung: no result in {timeout_s:.0f} s)", time.monotonic() - began
+        finally:
+            # Whatever a test left behind in the session goes too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
     took = time.monotonic() - began
-    if done.returncode == 0:
+    if child.returncode == 0:
         return True, "", took
     # "FAILED path::test[param with spaces] - message"
-    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.MULTILINE)
     if failed:
         return False, failed[0], took
-    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-    return False, f"(pytest exit {done.returncode}: {' / '.join(tail)})", took
+    tail = (out + err).strip().splitlines()[-3:]
+    return False, f"(pytest exit {child.returncode}: {' / '.join(tail)})", took
 
 
 def main(argv: list[str] | None = None) -> int:
