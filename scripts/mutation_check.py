@@ -337,7 +337,7 @@ def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
     if child.returncode == 0:
         return True, "", took
     # "FAILED path::test[param with spaces] - message"
-    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (tests/.+?)(?: - .*)?$", out, re.MULTILINE)
     if failed:
         return False, failed[0], took
     tail = (out + err).strip().splitlines()[-3:]
@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         print("no breakage chosen", file=sys.stderr)
         return 2
+    # Stopped: the temporary copy is removed, and the test run's session killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[tuple[str, str, str, str]] = []
     bad = 0
     began = time.monotonic()
