@@ -21,6 +21,7 @@ docs/reliability.md ("Fault-point matrix") has the table of cells.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -36,6 +37,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.agent.procinfo import groups_of_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
@@ -108,6 +110,20 @@ class Disk:
                 scope.deadline = -math.inf
 
 
+async def no_process_of_run(run_id: str, within_s: float = 5.0) -> bool:
+    """Whether every process started with the run's ``PROHOST_RUN_ID`` is gone (within
+    ``within_s``); those still there are killed, so none outlives the test."""
+    with trio.move_on_after(within_s):
+        for _ in range(10_000):  # a /proc scan, then a pause: no event says "gone"
+            if not await trio.to_thread.run_sync(groups_of_run, run_id):
+                return True
+            await trio.sleep(0.05)
+    for pgid in groups_of_run(run_id):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return False
+
+
 async def settled_row(home: Path, run_id: str) -> Any:
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         return ledger.get(run_id)
@@ -121,7 +137,9 @@ async def test_one_fault_at_one_step_of_a_run(
 ) -> None:
     home = tmp_path / "home"
     marks = tmp_path / "marks"
-    command = agent_command("marker.py", marks)
+    # At the group step the agent holds until killed: one left running when its
+    # group could not be written would not end by itself (issue 27.9).
+    command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
     fault = Fault(STEP_WRITES[step], kind)
     disk = Disk(monkeypatch)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
@@ -160,9 +178,11 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert len(pids) <= 1, pids
             else:
                 assert len(pids) == 1, pids
-            # No agent outlives its run.
+            # No agent outlives its run: neither one that left its mark, nor any
+            # process carrying the run's id (killed before or after its mark).
             for pid in pids:
                 assert await wait_gone(pid), f"agent {pid} outlived its run"
+            assert await no_process_of_run(run_id)
             if step in NEVER_SKIPPED:
                 assert first["ok"] is False and first["retryable"] is True
                 assert first["error"].startswith("internal error: "), first
