@@ -158,6 +158,9 @@ async def test_one_fault_at_one_step_of_a_run(
                 # A refused delivery (its `accepted` failed) comes back by itself.
                 await server.wait_until(finished(run_id))
                 await running.harness.wait_until(lambda h: run_id not in h.held)
+                # Gone while the harness is still up (its exit kills every group
+                # it started, which would hide one left running).
+                assert await no_process_of_run(run_id)
                 first = server.run(run_id).completion
                 assert first is not None
                 if step != "reported":
