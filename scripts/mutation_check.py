@@ -140,15 +140,21 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "agent left running when its group write fails",
-        _one(PROCESS,
-             "            try:\n"
-             "                if self.on_spawn is not None:\n"
-             "                    await self.on_spawn(self.pgid)\n"
-             "                await self._wait_leader()\n",
-             "            if self.on_spawn is not None:\n"
-             "                await self.on_spawn(self.pgid)\n"
-             "            try:\n"
-             "                await self._wait_leader()\n"),
+        # Two edits: `run_process`'s own `finally` kills the group too (defence in
+        # depth); with only the first, nothing a test can see changes.
+        (Edit(PROCESS,
+              "            try:\n"
+              "                if self.on_spawn is not None:\n"
+              "                    await self.on_spawn(self.pgid)\n"
+              "                await self._wait_leader()\n",
+              "            if self.on_spawn is not None:\n"
+              "                await self.on_spawn(self.pgid)\n"
+              "            try:\n"
+              "                await self._wait_leader()\n"),
+         Edit(PROCESS,
+              "        # Whatever happened above, nothing of this group may outlive the call.\n"
+              "        _killpg(pgid, signal.SIGKILL)\n",
+              "        pass\n")),
         "the group of a run reported as an internal error keeps running",
     ),
     Breakage(
