@@ -21,6 +21,7 @@ docs/reliability.md ("Fault-point matrix") has the table of cells.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -36,6 +37,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.agent.procinfo import groups_of_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.harness import STOP_WINDOW_S
 from prohost.engine.ledger import Ledger, RunState
@@ -108,12 +110,26 @@ class Disk:
                 scope.deadline = -math.inf
 
 
+async def no_process_of_run(run_id: str, within_s: float = 5.0) -> bool:
+    """Whether every process started with the run's ``PROHOST_RUN_ID`` is gone (within
+    ``within_s``); those still there are killed, so none outlives the test."""
+    with trio.move_on_after(within_s):
+        for _ in range(10_000):  # a /proc scan, then a pause: no event says "gone"
+            if not await trio.to_thread.run_sync(groups_of_run, run_id):
+                return True
+            await trio.sleep(0.05)
+    for pgid in groups_of_run(run_id):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return False
+
+
 async def settled_row(home: Path, run_id: str) -> Any:
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         return ledger.get(run_id)
 
 
-@pytest.mark.protocol("§3")
+@pytest.mark.protocol("§3", "§7")
 @pytest.mark.parametrize("kind", FAULTS)
 @pytest.mark.parametrize("step", RUN_STEPS)
 async def test_one_fault_at_one_step_of_a_run(
@@ -121,7 +137,9 @@ async def test_one_fault_at_one_step_of_a_run(
 ) -> None:
     home = tmp_path / "home"
     marks = tmp_path / "marks"
-    command = agent_command("marker.py", marks)
+    # At the group step the agent holds until killed: one left running when its
+    # group could not be written would not end by itself (issue 27.9).
+    command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
     fault = Fault(STEP_WRITES[step], kind)
     disk = Disk(monkeypatch)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
@@ -140,6 +158,9 @@ async def test_one_fault_at_one_step_of_a_run(
                 # A refused delivery (its `accepted` failed) comes back by itself.
                 await server.wait_until(finished(run_id))
                 await running.harness.wait_until(lambda h: run_id not in h.held)
+                # Gone while the harness is still up (its exit kills every group
+                # it started, which would hide one left running).
+                assert await no_process_of_run(run_id)
                 first = server.run(run_id).completion
                 assert first is not None
                 if step != "reported":
@@ -160,12 +181,18 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert len(pids) <= 1, pids
             else:
                 assert len(pids) == 1, pids
-            # No agent outlives its run.
+            # No agent outlives its run: neither one that left its mark, nor any
+            # process carrying the run's id (killed before or after its mark).
             for pid in pids:
                 assert await wait_gone(pid), f"agent {pid} outlived its run"
+            assert await no_process_of_run(run_id)
             if step in NEVER_SKIPPED:
                 assert first["ok"] is False and first["retryable"] is True
                 assert first["error"].startswith("internal error: "), first
+                # ... and names the step that failed, not a later one that tripped
+                # over it (a `started` write's error swallowed: the agent spawned,
+                # then `record_pgid` refused a row still `accepted`; issue 27.9).
+                assert f"the ledger step {STEP_WRITES[step]}" in first["error"], first
             else:
                 assert first["ok"] is True and first["reply"] == "done", first
             assert server.run(run_id).completion_posts == 1
