@@ -326,6 +326,25 @@ def where(root: Path, breakage: Breakage) -> str:
     return ", ".join(places)
 
 
+def _sweep(copy: Path) -> None:
+    """Kill what a broken copy's tests left running in sessions of their own (the
+    agent a breakage leaves alive leads its own group, out of the run's session):
+    every process whose command line names the copy. Linux's /proc; elsewhere none."""
+    mark = str(copy).encode()
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    named = mark in cmdline.read()
+            except OSError:
+                continue
+            if named:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry), signal.SIGKILL)
+
+
 def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
     """Run :data:`TESTS` in ``copy``: (passed, the first failing test or why, seconds)."""
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
@@ -346,6 +365,7 @@ def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
             # Whatever a test left behind in the session goes too.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
+            _sweep(copy)
     took = time.monotonic() - began
     if child.returncode == 0:
         return True, "", took
