@@ -498,11 +498,11 @@ class Runner:
                 outcome, limited = result.outcome, result.ended_by_limit
                 following = None
                 if result.reached_budget:
-                    outcome = self._over_budget(outcome, tally)
+                    outcome = self._over_budget(tally)
                 elif limited and left_of(setup.brain.max_cost_usd, tally.spent) == 0:
                     # Nothing left for another account: the run ends at its budget
                     # (not retryable: it would spend as much again).
-                    outcome, limited = self._over_budget(outcome, tally), False
+                    outcome, limited = self._over_budget(tally), False
                 else:
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
@@ -515,11 +515,13 @@ class Runner:
         finally:
             await remove_scratch(run, scratch, setup.bounds)
 
-    def _over_budget(self, said: Outcome, tally: _Tally) -> Outcome:
-        """The run reached its budget (§12): the budget in force and what the whole
-        run spent, the figure its ``usage.cost_usd`` says, not the last attempt's."""
-        return attrs.evolve(said, ok=False, retryable=False, reply=None, error=budget_reached(
-            self.setup.brain.budget_in_force(), tally.spent.cost_usd))
+    def _over_budget(self, tally: _Tally) -> Outcome:
+        """The run reached its budget (§12), in words of its own: the budget in force
+        and what the whole run spent, the figure its ``usage.cost_usd`` says, not the
+        last attempt's. The rest (session, usage, duration, account) is added where
+        every outcome is finished, :meth:`_Ending.outcome`."""
+        return Outcome.failure(budget_reached(self.setup.brain.budget_in_force(),
+                                              tally.spent.cost_usd))
 
     async def _next_account(self, held: HeldRun, account: Account, result: AttemptResult,
                             tried: set[str], deadline: float
