@@ -458,7 +458,8 @@ class WorktreeManager:
             if start.how == "unborn":
                 # The worktree is on an unborn branch of its own: the agent's first
                 # commit creates it, as in a fresh `git init`. (Cancelled just before
-                # this, the worktree stays detached at the empty stand-in commit,
-                # which the prompt's "create a branch" covers.)
+                # this, the worktree stays detached at the empty stand-in commit:
+                # still a place to work, and its commits show as "on no branch",
+                # which collection keeps.)
                 await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
         return start.how == "unborn"
