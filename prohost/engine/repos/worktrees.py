@@ -183,8 +183,9 @@ class Checkout:
     name: str
     path: str
     source: str
-    #: The lane's branch, ``prohost/<lane folder>``, the worktree was made on
-    #: (the agent may have switched since, in an earlier turn).
+    #: The branch the worktree is on as the agent gets it: the lane's,
+    #: ``prohost/<lane folder>``, unless the agent switched in an earlier turn;
+    #: ``None``: a detached HEAD.
     branch: str | None = None
     #: The worktree was just made and ``branch`` is unborn: the original has no
     #: commit yet, and the agent's first commit creates the branch.
@@ -238,7 +239,8 @@ class WorktreeManager:
         self.names = checkout_names(self.repos)
         self._locks: dict[str, trio.Lock] = {}
         # A checkout's common dir only changes if it is re-cloned; asking once per
-        # source keeps a reused worktree at one git process per turn.
+        # source keeps a reused worktree at two git processes per turn (what it
+        # is, which branch it is on).
         self._common_dirs: dict[Path, str] = {}
 
     @property
@@ -343,18 +345,51 @@ class WorktreeManager:
                 # killed while making it, so nothing in it is anyone's work.
                 state = "junk"
             unborn = False
+            branch: str | None = lane_branch(folder.name)
             if state != "ready":
                 unborn = await self._create(source, path, state)
+            else:
+                branch = await self._branch_of(path, lane_branch(folder.name))
             # git leaves a worktree's submodules empty, and git's own documentation
             # advises against checking them out in a linked worktree: the agent is told.
             submodules = await self._file(os.path.lexists, path / ".gitmodules")
             return Checkout(name=name, path=str(path), source=str(source),
-                            branch=lane_branch(folder.name), unborn=unborn,
+                            branch=branch, unborn=unborn,
                             has_submodules=submodules)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
+
+    async def _branch_of(self, path: Path, own: str) -> str | None:
+        """The branch the reused worktree at ``path`` is on (``None``: a detached
+        HEAD), for the prompt to say truly. A detached worktree whose lane has no
+        branch yet (made by a version that detached them) is put on it first: the
+        same commit and files, now with a name in the original repository."""
+        out = await git("-C", str(path), "symbolic-ref", "--quiet", "--short", "HEAD",
+                        ok_codes=(0, 1))
+        if out.strip():
+            return out.strip()
+        try:
+            # Never moved when the branch exists: the agent detached on purpose.
+            await git("-C", str(path), "rev-parse", "--verify", "--quiet",
+                      f"refs/heads/{own}")
+            return None
+        except GitTimedOut:
+            raise
+        except GitError:
+            pass
+        try:
+            # `checkout -b` keeps the index and the files as they are.
+            await git("-C", str(path), "checkout", "--quiet", "-b", own)
+        except GitTimedOut:
+            raise
+        except GitError as exc:
+            # Still a usable worktree: it stays detached, as before.
+            log.warning("could not put %s on the branch %s: %s", path, own, exc)
+            return None
+        log.info("put the worktree %s on the branch %s", path, own)
+        return own
 
     async def _common_dir(self, source: Path) -> str:
         cached = self._common_dirs.get(source)

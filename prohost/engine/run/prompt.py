@@ -168,6 +168,8 @@ def _isolation_lines(context: PromptContext) -> list[str]:
                       f"      (instead of {checkout.source})"]
             if checkout.branch is not None:
                 lines += [f"      on its own branch {checkout.branch}"]
+            else:
+                lines += ["      on a detached HEAD (no branch)"]
             if checkout.unborn:
                 lines += ["      The original has no commit yet: that branch does not exist",
                           "      until your first commit creates it."]

@@ -109,3 +109,39 @@ async def test_a_branch_name_git_refuses_is_said_plainly(tmp_path: Path) -> None
         # git is the judge: what it refuses is said, not passed to `worktree add`.
         with pytest.raises(GitError, match=r"does not accept 'prohost/a\.\.b' as a branch"):
             await start_point(str(source), "a..b")
+
+
+async def test_a_detached_worktree_of_an_earlier_version_is_put_on_its_branch(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(30):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        # What an earlier version made: a detached worktree, with the agent's commit
+        # and an uncommitted file in it.
+        path = manager.lane_folder("conv:C1") / "app"
+        await git(source, "worktree", "add", "--detach", str(path), "HEAD")
+        work = await commit_file(path, "a.txt", "turn 1\n")
+        (path / "draft.txt").write_text("not yet\n")
+        prepared = await manager.prepare("conv:C1")
+        assert prepared.checkouts[0].branch == branch_of("conv:C1")
+        assert (await git(path, "symbolic-ref", "--short", "HEAD")).strip() == branch_of("conv:C1")
+        assert (await git(source, "rev-parse", branch_of("conv:C1"))).strip() == work
+        assert (path / "draft.txt").read_text() == "not yet\n"
+
+
+async def test_a_worktree_the_agent_detached_is_left_so_and_said_so(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        path = only((await manager.prepare("conv:C1")).checkouts)
+        await git(path, "switch", "-q", "--detach")
+        again = await manager.prepare("conv:C1")
+        assert again.checkouts[0].branch is None
+        detached = await trio.run_process(["git", "-C", str(path), "symbolic-ref", "-q", "HEAD"],
+                                          check=False)
+        assert detached.returncode == 1
+        prompt = build_prompt(AgentRun(run_id="r", completion_path="/c", text="go"),
+                              PromptContext(timeout_s=0, idle_timeout_s=0, parallel=False,
+                                            checkouts=again.checkouts))
+        assert "      on a detached HEAD (no branch)" in prompt
