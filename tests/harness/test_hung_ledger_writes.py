@@ -178,3 +178,53 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
                 fault.release.set()
     finally:
         fault.release.set()
+
+
+@pytest.mark.protocol("§3")
+async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hangs(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27, point 6, for a run not yet reported: its ``accepted`` row went
+    through but its ack did not, so nothing here holds it. Its redelivery while a
+    write hangs is answered 200 at once from the last commit, and the run is taken
+    on (it runs, once) when the disk answers. (``STALLED_S`` is 0 here: real seconds
+    pass only in ms.)"""
+    monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
+    home = tmp_path / "home"
+    fault = hanging(monkeypatch, "save_account_limits")
+    gate = harness_kit.Gate()
+    try:
+        async with wall_clock_bound(120), trio.open_nursery() as outer:
+            await outer.start(gate.serve)
+            async with running_server() as server, running_harness(
+                server, home, exec_command=gate.command,
+            ) as running:
+                harness = running.harness
+                ledger = running.ledger
+                assert ledger is not None
+                body = run_body("r_known")
+                # Recorded by a delivery whose ack never went out: in the ledger's
+                # last commit, held by nothing here.
+                await trio.to_thread.run_sync(
+                    ledger.admit, "r_known", "lane", json.dumps(body), time.time())
+                assert harness.held.get("r_known") is None
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(harness.steps.save_limits,
+                                       {"other": time.time() + 60})
+                    await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                    mock_clock.autojump_threshold = 1.0
+                    sent = trio.current_time()
+                    ack = await ack_to(running, body, "d_again")
+                    answered = trio.current_time() - sent
+                    mock_clock.autojump_threshold = float("inf")
+                    assert (ack.status, ack.reason) == (200, "already accepted")
+                    assert answered < BOUND_S
+                    assert gate.started == []
+                    # The disk answers: the run is taken on after its ack, and runs.
+                    fault.release.set()
+                await gate.wait_started("r_known")
+                await gate.release("r_known")
+                assert gate.started == ["r_known"]
+            outer.cancel_scope.cancel()
+    finally:
+        fault.release.set()

@@ -125,12 +125,18 @@ class Admission(Intake):
 
     def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
                  runs: HeldRuns, queue: RunQueue, steps: LedgerSteps,
-                 take_on: Callable[[str], Awaitable[None]]) -> None:
+                 take_on: Callable[[str], Awaitable[None]],
+                 later: Callable[[Callable[[str], Awaitable[None]], str], None] | None = None,
+                 ) -> None:
         super().__init__(secret=secret, policy=policy, queue=queue)
         self.book = book
         self.runs = runs
         self.steps = steps
         self.take_on = take_on
+        #: Starts a task in the harness's nursery (``later(fn, run_id)``): a take-on
+        #: that would wait behind a hung write is done there, after the ack. Without
+        #: it the ack waits for the take-on (within its bound), as before.
+        self.later = later
 
     def unavailable(self, now: float) -> str | None:
         """No account can take a new run: the server had better send it elsewhere
@@ -172,8 +178,10 @@ class Admission(Intake):
                 row = await steps.known(run.run_id)
             except (LedgerError, OSError):
                 row = None
-            if row is not None and row.state is RunState.REPORTED:
-                return intake.IGNORED, "already reported"
+            if row is not None:
+                # Unreported: held here in the last commit, so 200 whatever is
+                # queued behind it (taken on once the disk answers, see _known).
+                return await self._known(run.run_id, row.state is RunState.REPORTED)
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); past its bound the write is withdrawn
@@ -221,7 +229,9 @@ class Admission(Intake):
         # its queued (non-durable) ``reported``: that one rare case asks again
         # after what is queued, and should that not answer within its bound, the
         # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
-        # the server redelivering, and it is not run again).
+        # the server redelivering, and it is not run again). While a write hangs
+        # (stalled) it is not asked again: 200 at once, and the take-on, which
+        # reads after what is queued, follows the ack (_known).
         try:
             row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
@@ -229,7 +239,7 @@ class Admission(Intake):
                       run.run_id, exc)
             return intake.DRAINING, unreadable
         if row is not None and row.state is not RunState.REPORTED and \
-                run.run_id not in self.runs:
+                run.run_id not in self.runs and not self.steps.stalled():
             try:
                 row = await self.steps.lookup(run.run_id) or row
             except (LedgerError, OSError) as exc:
@@ -246,12 +256,20 @@ class Admission(Intake):
         if nothing here holds it (a delivery whose ack never went out, or a report
         that failed) rather than leaving it for the next start.
 
+        While a ledger write hangs (``steps.stalled()``) the take-on, which waits
+        for what is queued, is started after the ack instead (``later``).
+
         Cancelled: as ``take_on``
         (:meth:`prohost.engine.supervisor.recovery.Recovery.resume_unheld`).
         """
         if reported:
             return intake.IGNORED, "already reported"
-        if run_id not in self.runs:
+        if run_id not in self.runs and self.steps.stalled() and self.later is not None:
+            # Taking it on reads the row after what is queued (a queued
+            # ``reported`` must not be missed), and a write hangs: the ack goes
+            # now and the run is taken on once the disk answers (issue 27, point 6).
+            self.later(self._take_on_later, run_id)
+        elif run_id not in self.runs:
             try:
                 await self.take_on(run_id)
             except (LedgerError, OSError) as exc:
@@ -260,3 +278,13 @@ class Admission(Intake):
                 log.error("run %s: could not take it on from the ledger now (%s)",
                           run_id, exc)
         return intake.ACCEPTED, "already accepted"
+
+    async def _take_on_later(self, run_id: str) -> None:
+        """``take_on`` after the ack, in the harness's nursery: a failure is logged
+        (the ledger holds the run all the same; its next redelivery or start takes
+        it on). Cancelled: as ``take_on``."""
+        try:
+            await self.take_on(run_id)
+        except (LedgerError, OSError) as exc:
+            log.error("run %s: could not take it on from the ledger (%s); its next "
+                      "redelivery or start does", run_id, exc)
