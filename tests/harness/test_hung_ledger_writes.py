@@ -16,8 +16,13 @@ the write hangs, then leaping only while the harness waits (see each test).
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -35,9 +40,12 @@ from tests.kits.harness import (
     run_body,
     running_harness,
     running_server,
+    wait_for_ack,
     wall_clock_bound,
 )
 from tests.kits.ledger import Fault, FaultyLedger
+
+_T = TypeVar("_T")
 
 #: Bound on every real wait for a thread here (s).
 WAIT_S = 30.0
@@ -228,3 +236,126 @@ async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hang
             outer.cancel_scope.cancel()
     finally:
         fault.release.set()
+
+
+class CommitHangs(Ledger):
+    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
+    transaction (as a hung COMMIT would), until ``release``; a write that would take
+    a row back afterwards (``withdraw``, as prohost once did) hangs for good, so
+    that the moment between the row's commit and any later one stays open."""
+
+    holding = threading.Event()
+    release = threading.Event()
+    later = threading.Event()  # a write after the admit hangs: the gap is open
+    never = threading.Event()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
+               durable: bool = True, waits: bool | None = None) -> _T:
+        if what == "admit" and not self.holding.is_set():
+            fn = _hung_until(fn, self.holding, self.release)
+        elif what == "withdraw":
+            fn = _hung_until(fn, self.later, self.never)
+        return super()._write(fn, what=what, durable=durable, waits=waits)
+
+    def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
+                             what: str, notify: Callable[[], None] | None = None) -> bool:
+        if what == "withdraw":
+            fn = _hung_until(fn, self.later, self.never)
+        return super()._queue_behind_writer(fn, what=what, notify=notify)
+
+
+def _hung_until(fn: Callable[[sqlite3.Connection], _T], hanging: threading.Event,
+                release: threading.Event) -> Callable[[sqlite3.Connection], _T]:
+    def write(conn: sqlite3.Connection) -> _T:
+        result = fn(conn)
+        hanging.set()
+        release.wait(WAIT_S)
+        return result
+
+    return write
+
+
+async def _harness_until_cancelled(
+    server: harness_kit.ServerHandle, home: Path, command: str, *,
+    task_status: trio.TaskStatus[harness_kit.Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A running harness on ``home`` (its agents ``command``) until cancelled."""
+    async with running_harness(server, home, exec_command=command) as running:
+        task_status.started(running)
+        await trio.sleep_forever()
+
+
+@pytest.mark.protocol("§3", "§7")
+async def test_a_delivery_is_never_answered_503_while_its_row_may_still_land(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27, point 3, the crash gap: the ``accepted`` write's own transaction is
+    under way when its bound passes. Were the delivery answered 503 then, the row
+    could land when the disk answers and a ``kill -9`` before any later commit (the
+    files copied at that moment, as the kill leaves them) would have the next start
+    run a run the server was told to send elsewhere. The ack waits for the disk
+    instead: 200 once the row landed, and the next start agrees."""
+    monkeypatch.setattr(steps_module, "LEDGER_STEP_TIMEOUT_S", BOUND_S)
+
+    class Hung(CommitHangs):
+        holding, release = threading.Event(), threading.Event()
+        later, never = threading.Event(), threading.Event()
+
+    monkeypatch.setattr(harness_kit, "Ledger", Hung)
+    home, after_kill = tmp_path / "home", tmp_path / "after-kill"
+    statuses: list[int] = []
+    try:
+        async with wall_clock_bound(120), running_server() as server:
+            # The run, once taken on, waits at the gate: never done before the "kill".
+            gate = harness_kit.Gate()
+            async with trio.open_nursery() as gates:
+                await gates.start(gate.serve)
+                running = await gates.start(_harness_until_cancelled, server, home,
+                                            gate.command)
+                async with trio.open_nursery() as nursery:
+                    async def deliver() -> None:
+                        ack = await ack_to(running, run_body("r_gap"), "d_gap")
+                        statuses.append(ack.status)
+
+                    nursery.start_soon(deliver)
+                    await trio.to_thread.run_sync(Hung.holding.wait, WAIT_S)
+                    # Past the bound (and twice over): no answer is true yet.
+                    mock_clock.autojump_threshold = 0
+                    await trio.sleep(2 * BOUND_S)
+                    mock_clock.autojump_threshold = float("inf")
+                    before_the_disk_answered = list(statuses)
+                    Hung.release.set()  # the disk answers: the row lands
+                    # Then either the ack comes, or a write after the row hangs.
+                    async with trio.open_nursery() as race:
+                        async def acked() -> None:
+                            if before_the_disk_answered:
+                                await trio.sleep_forever()  # answered: wait for the gap
+                            await wait_for_ack(server, "d_gap")
+                            race.cancel_scope.cancel()
+
+                        async def gap_open() -> None:
+                            await trio.to_thread.run_sync(Hung.later.wait, WAIT_S,
+                                                          abandon_on_cancel=True)
+                            race.cancel_scope.cancel()
+
+                        race.start_soon(acked)
+                        race.start_soon(gap_open)
+                    # kill -9 now: what the next start finds is the files as they are.
+                    after_kill.mkdir(mode=0o700)
+                    for name in ("ledger.sqlite3", "ledger.sqlite3-wal"):
+                        shutil.copy2(home / name, after_kill / name)
+                    nursery.cancel_scope.cancel()
+                Hung.never.set()
+                gates.cancel_scope.cancel()
+        monkeypatch.setattr(harness_kit, "Ledger", Ledger)
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, after_kill, exec_command=agent_command("reply.py", "ran"),
+        ) as restarted:
+            runs_it = restarted.harness.held.get("r_gap") is not None
+    finally:
+        Hung.release.set()
+        Hung.never.set()
+    # The ack and the next start agree: a run answered 503 is not taken on.
+    assert (503 in statuses) is not runs_it
+    assert before_the_disk_answered == []
+    assert statuses == [200] and runs_it

@@ -23,16 +23,19 @@ redelivers, and the ledger answers "already accepted".
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import attrs
+import trio
+import trio_websocket
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import Admitted, LedgerError, RunState
+from prohost.engine.ledger import Admitted, AdmitTicket, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
@@ -51,6 +54,17 @@ NOT_RECORDED = "the agent could not record the run; try again later"
 #: The 503 reason when the ledger cannot say whether it knows a run (§3: only then
 #: may a run the harness might know be refused).
 NOT_LOOKED_UP = "the agent could not read its run ledger; try again later"
+
+
+class AckLater(Exception):
+    """No ack can be sent for the delivery yet: an ``accepted`` write of its run is
+    under way and may still land, so neither 200 (it may fail) nor 503 (it may
+    land, and the run would run here and elsewhere) is true yet (issue 27, point 3).
+    ``answer`` waits for the disk and returns the ack then."""
+
+    def __init__(self, answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        super().__init__("the ack waits for a ledger write under way")
+        self.answer = answer
 
 
 @attrs.frozen
@@ -100,8 +114,20 @@ class Intake:
         if verdict.unverified:
             log.warning("accepted run %s without a valid signature (%s) because of "
                         "--allow-unverified", run.run_id, verdict.unverified)
-        status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
+        try:
+            status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
+        except AckLater as later:
+            await self.ack_later(session, delivery.id, later.answer)
+            return
         await session.send(Ack(id=delivery.id, status=status, reason=reason))
+
+    async def ack_later(self, session: Session, delivery_id: str,
+                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        """Send the ack ``answer`` returns once it can be known. Here, waiting for it
+        (:class:`Admission` sends it from a task of its own, so that the reader
+        goes on meanwhile). Cancelled: no ack is sent; the server redelivers."""
+        status, reason = await answer()
+        await session.send(Ack(id=delivery_id, status=status, reason=reason))
 
     def unavailable(self, now: float) -> str | None:
         """Why no new run can be taken now beside a drain (§12), if so."""
@@ -185,7 +211,8 @@ class Admission(Intake):
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); past its bound the write is withdrawn
-            # (LedgerSteps.admit), so the 503 below means "not recorded", for good,
+            # if it was not applied, or else the ack waits for it
+            # (_known_or_refused), so a 503 below means "not recorded", for good,
             # and the server may send the run elsewhere (issue 27, point 3).
             admitted = await steps.admit(run.run_id, run.lane, body)
         except StepTimedOut as exc:
@@ -209,20 +236,60 @@ class Admission(Intake):
             progress_log.info("accepted run %s on %s", held.run_id, held.lane)
         return intake.ACCEPTED, "accepted"
 
+    async def ack_later(self, session: Session, delivery_id: str,
+                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        """The ack, once the disk has said whether the run's ``accepted`` write
+        landed, sent from a task of the harness (``later``) so that the reader
+        answers other deliveries (and pings) meanwhile; inline without ``later``.
+        Cancelled: no ack is sent (the server redelivers, and the redelivery is
+        answered from the ledger, or waits likewise)."""
+        if self.later is None:
+            await super().ack_later(session, delivery_id, answer)
+            return
+
+        async def send(_: str) -> None:
+            status, reason = await answer()
+            try:
+                await session.send(Ack(id=delivery_id, status=status, reason=reason))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio_websocket.ConnectionClosed) as exc:
+                # The connection dropped meanwhile: the server redelivers.
+                log.warning("delivery %s: its ack (%d) could not be sent (%s); the "
+                            "server sends it again", intake.shown(delivery_id), status, exc)
+
+        self.later(send, delivery_id)
+
     async def _known_or_refused(self, run: AgentRun, refusal: str, *,
                                 unreadable: str, why: str | None = None) -> tuple[int, str]:
         """While new work is refused: the ledger's answer for a run it knows, else the
         503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too)
         when the ledger cannot be read.
 
+        Raises :class:`AckLater` while an ``accepted`` write of the run is under way:
+        its row may still land, so no answer is true yet (issue 27, point 3).
+
         Cancelled: as :meth:`LedgerSteps.known` (a read: nothing is left half done).
         """
+        # A 503 means "not recorded", for good: every accepted write of the run not
+        # applied yet is withdrawn first (it will insert nothing, so no crash can
+        # bring its row back), and while one is inserting its row in a transaction
+        # the disk has not settled, the answer waits for the disk (whatever it
+        # says then, the last commit below is final for this run). Withdrawn, or
+        # a delete queued behind such a row, would not do: a kill -9 between that
+        # row's commit and the delete's leaves a run answered 503 for the next
+        # start to run.
+        under_way = self.steps.under_way(run.run_id)
+        if under_way:
+            log.warning("run %s: its ledger write is still under way (a slow or hung "
+                        "disk?); its delivery is answered once the disk has said "
+                        "whether it was recorded", run.run_id)
+            raise AckLater(functools.partial(self._once_settled, run, under_way, refusal,
+                                             unreadable=unreadable, why=why))
         # What is committed is enough here, so the read never waits behind a queued
-        # or hung write (issue 27, point 6): deliveries are answered one at a time
-        # (Harness.on_message awaits each), so no other delivery's ``accepted``
-        # write is queued now but one abandoned at its bound — answered 503 and
-        # withdrawn, so "not known" is the truth for it (LedgerSteps.admit). Every
-        # run acked 200 before is held in memory (answered above, without the
+        # or hung write (issue 27, point 6): every ``accepted`` write of this run
+        # still queued was just withdrawn, and none is under way, so the last
+        # commit is final for this run: "not known" there is the truth, for good.
+        # Every run acked 200 before is held in memory (answered above, without the
         # ledger) or has its ``accepted`` row committed (the 200 waits for it). So
         # a committed ``reported`` is 204 and no committed row is 503, at once.
         # Only a row committed unreported for a run no longer held may be behind
@@ -250,6 +317,20 @@ class Admission(Intake):
         # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
         log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
         return intake.DRAINING, refusal
+
+    async def _once_settled(self, run: AgentRun, under_way: list[AdmitTicket],
+                            refusal: str, *, unreadable: str,
+                            why: str | None) -> tuple[int, str]:
+        """:meth:`_known_or_refused` once the disk has settled ``under_way`` (and any
+        write of the run found under way then). Cancelled: nothing is answered."""
+        while True:
+            await self.steps.settled(under_way)
+            try:
+                return await self._known_or_refused(run, refusal, unreadable=unreadable,
+                                                    why=why)
+            except AckLater:
+                # Another delivery's write of the run got under way meanwhile.
+                under_way = self.steps.under_way(run.run_id)
 
     async def _known(self, run_id: str, reported: bool) -> tuple[int, str]:
         """The ack for a run the ledger has: 204 once reported, else 200, taking it on
