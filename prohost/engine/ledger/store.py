@@ -28,6 +28,7 @@ from prohost.engine.ledger.rows import (
 from prohost.engine.ledger.schema import (
     _BUSY_TIMEOUT_MS,
     FILE_MODE,
+    LedgerUnavailable,
     _close_all,
     _connect,
     _make_private,
@@ -170,6 +171,36 @@ class Ledger(SessionRows):
         if reader is None:
             raise RuntimeError("prohost bug: the ledger's read connection was not opened")
         return cls(path, conn, reader)
+
+    @classmethod
+    def open_alone(cls, path: Path) -> Ledger:
+        """Open an existing ledger on a disk with no room left for its shared-memory
+        index (opening a WAL file creates ``-shm``, 32 KiB of new blocks): one
+        connection, in sqlite's exclusive locking mode, keeps that index in this
+        process's memory instead, and nothing else needs a new block until a write.
+        So a harness started on a full disk comes up, answers 503 for what it cannot
+        record, and records again once space returns (issue 27, point 8). Reads share
+        that connection with the writes (they wait for a write under way) until the
+        next start opens the file the usual way.
+
+        Raises as :meth:`open`; a missing file is not created.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise LedgerUnavailable(f"cannot open the run ledger {path}: it does not exist")
+        conn = _connect(path)
+        try:
+            # Before the first read: only then does sqlite keep the WAL index in
+            # memory (never creating -shm).
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            _prepare(conn, path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise LedgerError(f"cannot open the run ledger {path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn, conn)
 
     def __enter__(self) -> Ledger:
         return self

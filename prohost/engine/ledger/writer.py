@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prohost.engine.ledger.rows import LedgerError, LedgerStatistics
 from prohost.engine.ledger.schema import _rollback
@@ -103,13 +103,18 @@ class GroupCommit:
                  reader: sqlite3.Connection) -> None:
         """Use :meth:`open`."""
         self.path = path
+        #: One connection for both (``Ledger.open_alone``, a full disk): reads then
+        #: take the write lock too — re-entrant, for a read the writer makes itself
+        #: once its commit is done — so they never see a write not yet committed.
+        alone = reader is conn
         #: The write connection; only the holder of ``_lock`` uses it.
         self._conn: sqlite3.Connection | None = conn
-        self._lock = threading.Lock()
+        self._lock: threading.Lock = (
+            cast(threading.Lock, threading.RLock()) if alone else threading.Lock())
         #: The read connection (WAL: reads the last commit, never waits for a write);
         #: only the holder of ``_read_lock`` uses it.
         self._reader: sqlite3.Connection | None = reader
-        self._read_lock = threading.Lock()
+        self._read_lock = self._lock if alone else threading.Lock()
         #: Guards the queue and the fields below; never held across I/O.
         self._mu = threading.Lock()
         self._queue: list[_Write] = []
