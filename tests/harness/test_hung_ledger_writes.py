@@ -189,15 +189,20 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
 
 
 @pytest.mark.protocol("§3")
+@pytest.mark.parametrize("refused", [False, True], ids=["normal state", "accounts limited"])
 async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hangs(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    refused: bool,
 ) -> None:
     """Issue 27, point 6, for a run not yet reported: its ``accepted`` row went
     through but its ack did not, so nothing here holds it. Its redelivery while a
     write hangs is answered 200 at once from the last commit, and the run is taken
-    on (it runs, once) when the disk answers. (``STALLED_S`` is 0 here: real seconds
-    pass only in ms.)"""
-    monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
+    on (it runs, once) when the disk answers. In the normal state the delivery
+    would be a write, so the last commit answers first once the writer is stalled
+    (``STALLED_S`` is 0 here: real seconds pass only in ms); with every account
+    limited it is asked of the last commit anyway, stalled or not."""
+    if not refused:
+        monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
     home = tmp_path / "home"
     fault = hanging(monkeypatch, "save_account_limits")
     gate = harness_kit.Gate()
@@ -216,10 +221,14 @@ async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hang
                 await trio.to_thread.run_sync(
                     ledger.admit, "r_known", "lane", json.dumps(body), time.time())
                 assert harness.held.get("r_known") is None
+                if refused:
+                    harness.book.report("default", LimitNotice(
+                        state="limited", resets_at=time.time() + 3600), time.time())
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(harness.steps.save_limits,
                                        {"other": time.time() + 60})
                     await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                    assert (harness.admission.unavailable(time.time()) is not None) is refused
                     mock_clock.autojump_threshold = 1.0
                     sent = trio.current_time()
                     ack = await ack_to(running, body, "d_again")
@@ -228,8 +237,12 @@ async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hang
                     assert (ack.status, ack.reason) == (200, "already accepted")
                     assert answered < BOUND_S
                     assert gate.started == []
-                    # The disk answers: the run is taken on after its ack, and runs.
+                    # The disk answers: the run is taken on after its ack, and runs
+                    # (once an account can take it).
                     fault.release.set()
+                if refused:
+                    outer.cancel_scope.cancel()
+                    return
                 await gate.wait_started("r_known")
                 await gate.release("r_known")
                 assert gate.started == ["r_known"]

@@ -296,9 +296,10 @@ class Admission(Intake):
         # its queued (non-durable) ``reported``: that one rare case asks again
         # after what is queued, and should that not answer within its bound, the
         # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
-        # the server redelivering, and it is not run again). While a write hangs
-        # (stalled) it is not asked again: 200 at once, and the take-on, which
-        # reads after what is queued, follows the ack (_known).
+        # the server redelivering, and it is not run again). In the harness
+        # (``later``) it is not asked again at all, so that no answer waits behind
+        # a write: 200 at once, and the take-on, which reads after what is queued
+        # (and so sees such a ``reported``), follows the ack (_known).
         try:
             row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
@@ -306,7 +307,7 @@ class Admission(Intake):
                       run.run_id, exc)
             return intake.DRAINING, unreadable
         if row is not None and row.state is not RunState.REPORTED and \
-                run.run_id not in self.runs and not self.steps.stalled():
+                run.run_id not in self.runs and self.later is None:
             try:
                 row = await self.steps.lookup(run.run_id) or row
             except (LedgerError, OSError) as exc:
@@ -337,18 +338,19 @@ class Admission(Intake):
         if nothing here holds it (a delivery whose ack never went out, or a report
         that failed) rather than leaving it for the next start.
 
-        While a ledger write hangs (``steps.stalled()``) the take-on, which waits
-        for what is queued, is started after the ack instead (``later``).
+        With ``later`` (the harness) the take-on, which waits for what is queued
+        (a hung write would hold it), is started after the ack instead.
 
         Cancelled: as ``take_on``
         (:meth:`prohost.engine.supervisor.recovery.Recovery.resume_unheld`).
         """
         if reported:
             return intake.IGNORED, "already reported"
-        if run_id not in self.runs and self.steps.stalled() and self.later is not None:
+        if run_id not in self.runs and self.later is not None:
             # Taking it on reads the row after what is queued (a queued
-            # ``reported`` must not be missed), and a write hangs: the ack goes
-            # now and the run is taken on once the disk answers (issue 27, point 6).
+            # ``reported`` must not be missed), which a hung write would hold: the
+            # ack goes now, and the run is taken on after it — at once, or once
+            # the disk answers (issue 27, point 6).
             self.later(self._take_on_later, run_id)
         elif run_id not in self.runs:
             try:
