@@ -159,9 +159,10 @@ class Admission(Intake):
         self.runs = runs
         self.steps = steps
         self.take_on = take_on
-        #: Starts a task in the harness's nursery (``later(fn, run_id)``): a take-on
-        #: that would wait behind a hung write is done there, after the ack. Without
-        #: it the ack waits for the take-on (within its bound), as before.
+        #: Starts a task in the harness's nursery (``later(fn, arg)``): what would
+        #: hold the reader behind a write is done there — a take-on, after the ack;
+        #: an ack that waits for the disk (:class:`AckLater`). Without it (a test's
+        #: bare admission) both are awaited in place.
         self.later = later
 
     def unavailable(self, now: float) -> str | None:
