@@ -147,30 +147,36 @@ async def test_one_fault_at_one_step_of_a_run(
     if step == "tombstone":
         # The prune runs at start (and daily): the fault is there from the open.
         monkeypatch.setattr(FaultyLedger, "fault", fault)
+    checked = False
     with trio.fail_after(60):
-        async with running_server() as server, trio.open_nursery() as disks:
-            if kind == "hang":
-                disks.start_soon(disk.hang_then_answer, fault)
-            async with running_harness(server, home, exec_command=command,
-                                       concurrency=1) as running:
-                assert isinstance(running.ledger, FaultyLedger)
-                running.ledger.fault = fault if step != "tombstone" else None
-                run_id = await server.submit_run("work", conversation_id="C1")
-                # A refused delivery (its `accepted` failed) comes back by itself.
-                await server.wait_until(finished(run_id))
-                await running.harness.wait_until(lambda h: run_id not in h.held)
-                # Gone while the harness is still up (its exit kills every group
-                # it started, which would hide one left running).
-                assert await no_process_of_run(run_id)
-                first = server.run(run_id).completion
-                assert first is not None
-                if step != "reported":
-                    # Reported is reported: a redelivery (the server retrying a
-                    # retryable failure) is answered 204, never run (§3, §7).
-                    again = await harness_kit.ack_to(running, server.run(run_id).body_text, "again")
-                    assert again.status == 204, again
-            assert fault.hit.is_set(), f"the {fault.what} write never happened"
-            disks.cancel_scope.cancel()
+        async with running_server() as server:
+            # The disk's nursery is closed before the checks: cancelled, it would
+            # cancel their first await too, and absorb that, so that no check
+            # after it ever ran (which hid a swallowed `started` error; issue 27.9).
+            async with trio.open_nursery() as disks:
+                if kind == "hang":
+                    disks.start_soon(disk.hang_then_answer, fault)
+                async with running_harness(server, home, exec_command=command,
+                                           concurrency=1) as running:
+                    assert isinstance(running.ledger, FaultyLedger)
+                    running.ledger.fault = fault if step != "tombstone" else None
+                    run_id = await server.submit_run("work", conversation_id="C1")
+                    # A refused delivery (its `accepted` failed) comes back by itself.
+                    await server.wait_until(finished(run_id))
+                    await running.harness.wait_until(lambda h: run_id not in h.held)
+                    # Gone while the harness is still up (its exit kills every group
+                    # it started, which would hide one left running).
+                    assert await no_process_of_run(run_id)
+                    first = server.run(run_id).completion
+                    assert first is not None
+                    if step != "reported":
+                        # Reported is reported: a redelivery (the server retrying a
+                        # retryable failure) is answered 204, never run (§3, §7).
+                        again = await harness_kit.ack_to(running, server.run(run_id).body_text,
+                                                         "again")
+                        assert again.status == 204, again
+                assert fault.hit.is_set(), f"the {fault.what} write never happened"
+                disks.cancel_scope.cancel()
 
             # Never executed twice; and before a durable `started`, never at all.
             # (Killed as soon as its group could not be written, the agent may not
@@ -214,6 +220,8 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert server.run(run_id).completion == first
                 assert (await settled_row(home, run_id)).state is RunState.REPORTED
             assert executions(marks, run_id) == pids
+            checked = True
+    assert checked  # every check above ran (none skipped by a cancellation)
 
 
 async def test_an_outcome_is_posted_only_once_finished_is_written(
