@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -111,6 +110,51 @@ class Disk:
                 scope.deadline = -math.inf
 
 
+class Spawns:
+    """Every agent the harness in this process spawns, by its ``PROHOST_RUN_ID``,
+    counted at the spawn itself (the ``open_process`` of
+    :func:`prohost.engine.agent.process.run_agent`): an agent killed before it could
+    leave its mark counts all the same (issue 27.9). The processes are kept, so a
+    test can see how each ended."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._by_run: dict[str, list[trio.Process]] = {}
+        original = trio.lowlevel.open_process
+
+        async def open_process(command: Any, **options: Any) -> trio.Process:
+            proc = await original(command, **options)
+            run_id = (options.get("env") or {}).get("PROHOST_RUN_ID")
+            if run_id is not None and command[:2] == ["/bin/sh", "-c"]:
+                self._by_run.setdefault(run_id, []).append(proc)
+            return proc
+
+        monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
+
+    def of(self, run_id: str) -> list[trio.Process]:
+        return list(self._by_run.get(run_id, []))
+
+
+#: What the disk says, in each kind of fault (after "could not be written: ").
+_DISK_SAYS = {
+    "disk_full": "the run ledger {ledger} failed: database or disk is full",
+    "oserror": "[Errno 28] No space left on device",
+    "hang": "{what} did not finish within its bound and was abandoned (a hung or failing "
+            "disk?); whether it took effect is unknown, and the next start repairs it",
+}
+
+
+def internal_error(step: str, kind: str, home: Path) -> str:
+    """The exact error a run reports when ``kind`` hits the never-skipped ``step``."""
+    write = STEP_WRITES[step]
+    if (step, kind) == ("started", "hang"):
+        # The bound is on the one hand-off of `started` and the session read.
+        return ("internal error: StepTimedOut: " + _DISK_SAYS["hang"].format(
+            what="the ledger step mark_started, or reading the lane's session"))
+    says = _DISK_SAYS[kind].format(ledger=home / "ledger.sqlite3",
+                                   what=f"the ledger step {write}")
+    return f"internal error: StepNotWritten: the ledger step {write} could not be written: {says}"
+
+
 async def no_process_of_run(run_id: str, within_s: float = 5.0) -> bool:
     """Whether every process started with the run's ``PROHOST_RUN_ID`` is gone (within
     ``within_s``); those still there are killed, so none outlives the test."""
@@ -143,6 +187,7 @@ async def test_one_fault_at_one_step_of_a_run(
     command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
     fault = Fault(STEP_WRITES[step], kind)
     disk = Disk(monkeypatch)
+    spawns = Spawns(monkeypatch)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     if step == "tombstone":
         # The prune runs at start (and daily): the fault is there from the open.
@@ -178,31 +223,31 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert fault.hit.is_set(), f"the {fault.what} write never happened"
                 disks.cancel_scope.cancel()
 
-            # Never executed twice; and before a durable `started`, never at all.
-            # (Killed as soon as its group could not be written, the agent may not
-            # have got as far as leaving its mark.)
+            # Spawned once, or never before a durable `started`: counted at the spawn
+            # itself, so an agent killed before it could leave its mark counts too.
+            # Never executed twice (its marks).
+            agents = spawns.of(run_id)
+            assert len(agents) == (0 if step in BEFORE_SPAWN else 1), agents
             pids = executions(marks, run_id)
-            if step in BEFORE_SPAWN:
-                assert pids == []
-            elif step == "process group":
-                assert len(pids) <= 1, pids
-            else:
-                assert len(pids) == 1, pids
+            assert len(pids) <= len(agents), pids
+            for agent in agents:
+                code = await agent.wait()
+                if step == "process group":
+                    # It holds until killed: seen killed, not gone by itself.
+                    assert code in (-signal.SIGTERM, -signal.SIGKILL), code
+                else:
+                    assert code == 0, code
             # No agent outlives its run: neither one that left its mark, nor any
             # process carrying the run's id (killed before or after its mark).
             for pid in pids:
                 assert await wait_gone(pid), f"agent {pid} outlived its run"
             assert await no_process_of_run(run_id)
             if step in NEVER_SKIPPED:
-                assert first["ok"] is False and first["retryable"] is True
-                assert first["error"].startswith("internal error: "), first
-                # ... and names the step that failed, not a later one that tripped
-                # over it (a `started` write's error swallowed: the agent spawned,
-                # then `record_pgid` refused a row still `accepted`; issue 27.9).
-                # The step's name right after the exception's type: a later step's
-                # error may quote this one's fault further on.
-                assert re.match(rf"internal error: \w+: the ledger step {STEP_WRITES[step]}\b",
-                                first["error"]), first
+                # The whole text, which names the step that failed, not a later one
+                # that tripped over it (a `started` write's error swallowed: the
+                # agent spawned, then `record_pgid` refused a row still `accepted`).
+                assert first == {**first, "ok": False, "retryable": True,
+                                 "error": internal_error(step, kind, home)}, first
             else:
                 assert first["ok"] is True and first["reply"] == "done", first
             assert server.run(run_id).completion_posts == 1
@@ -220,6 +265,7 @@ async def test_one_fault_at_one_step_of_a_run(
                 assert server.run(run_id).completion == first
                 assert (await settled_row(home, run_id)).state is RunState.REPORTED
             assert executions(marks, run_id) == pids
+            assert len(spawns.of(run_id)) == len(agents)
             checked = True
     assert checked  # every check above ran (none skipped by a cancellation)
 
