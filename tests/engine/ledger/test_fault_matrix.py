@@ -12,9 +12,10 @@ execution), the sqlite file. The kill -9 cells are in tests/engine/ledger/test_s
 Each cell asserts the invariants: the run is reported exactly once (or, when its
 ``reported`` step is what failed, stays in the outbox and a restart posts the same
 outcome once more, which the server takes as a duplicate); it is never executed
-twice; no agent process outlives it. A hung write is never waited out: the test
-sees it hang, then expires its bound the way the bound itself (or the second
-signal's ``hurry``) would (:func:`expire_bounds`), then lets the disk answer.
+twice; no agent process outlives it. A hung write is never waited out in real
+time: the test sees it hang, then moves trio's mock clock on by the production
+bound (30 s, :class:`Disk`), the step gives up on it as it would, and the disk
+answers.
 
 docs/reliability.md ("Fault-point matrix") has the table of cells.
 """
@@ -56,6 +57,8 @@ pytestmark = pytest.mark.protocol("§7")
 RUN_STEPS = ["accepted", "started", "process group", "session", "finished", "reported",
              "tombstone"]
 FAULTS = ["disk_full", "oserror", "hang"]
+#: The production bound on one ledger step (s; prohost.engine.ledger.steps).
+LEDGER_STEP_BOUND_S = 30.0
 #: §9's promise for the second signal (s): not the harness's own constant, which a
 #: breakage could lengthen.
 SECOND_SIGNAL_S = 5.0
@@ -74,24 +77,27 @@ def executions(marks: Path, run_id: str) -> list[int]:
 
 
 class Disk:
-    """Plays the disk for a ``hang`` fault: once the write hangs, its bound passes
-    (every bounded step in flight is expired, as its deadline or the second
-    signal's ``hurry`` would), and once a step has given up on it
-    (:class:`StepTimedOut`), the disk answers again."""
+    """Plays the disk for a ``hang`` fault: once the write hangs, the production
+    bound on a ledger step (30 s, written here: a breakage could lengthen the
+    harness's own constant) passes on trio's mock clock, and once a step has given
+    up on it (:class:`StepTimedOut`), the disk answers again."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.bounds: list[Bounds] = []
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock) -> None:
+        self.clock = clock
         self.gave_up = trio.Event()
+        #: How long the step waited for the hung write (s, trio's clock).
+        self.waited_s = math.nan
         original = Bounds.run
         disk = self
 
         async def run(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
                       what: str) -> Any:
-            if self not in disk.bounds:
-                disk.bounds.append(self)
+            began = trio.current_time()
             try:
                 return await original(self, fn, *args, limit_s=limit_s, what=what)
             except StepTimedOut:
+                if not disk.gave_up.is_set():
+                    disk.waited_s = trio.current_time() - began
                 disk.gave_up.set()
                 raise
 
@@ -102,14 +108,10 @@ class Disk:
         if fault.what != "mark_reported":
             # (`reported` is queued behind the writer, and nobody waits for it.)
             await trio.testing.wait_all_tasks_blocked()
-            self.expire_bounds()
-            await self.gave_up.wait()
+            self.clock.jump(LEDGER_STEP_BOUND_S)
+            with trio.fail_after(5):  # a step not bounded at 30 s fails here, soon
+                await self.gave_up.wait()
         fault.release.set()
-
-    def expire_bounds(self) -> None:
-        for bounds in self.bounds:
-            for scope in bounds._in_flight:
-                scope.deadline = -math.inf
 
 
 class Spawns:
@@ -180,15 +182,17 @@ async def settled_row(home: Path, run_id: str) -> Any:
 @pytest.mark.parametrize("kind", FAULTS)
 @pytest.mark.parametrize("step", RUN_STEPS)
 async def test_one_fault_at_one_step_of_a_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, kind: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock,
+    step: str, kind: str,
 ) -> None:
+    mock_clock.rate = 1.0  # real time, but for the jump past a hung write's bound
     home = tmp_path / "home"
     marks = tmp_path / "marks"
     # At the group step the agent holds until killed: one left running when its
     # group could not be written would not end by itself (issue 27.9).
     command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
     fault = Fault(STEP_WRITES[step], kind)
-    disk = Disk(monkeypatch)
+    disk = Disk(monkeypatch, mock_clock)
     spawns = Spawns(monkeypatch)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     if step == "tombstone":
@@ -224,6 +228,11 @@ async def test_one_fault_at_one_step_of_a_run(
                         assert again.status == 204, again
                 assert fault.hit.is_set(), f"the {fault.what} write never happened"
                 disks.cancel_scope.cancel()
+            if kind == "hang" and step != "reported":
+                # Given up at the production bound, on trio's clock: no sooner, and
+                # not held past it.
+                assert LEDGER_STEP_BOUND_S <= disk.waited_s < LEDGER_STEP_BOUND_S + 1.0, \
+                    disk.waited_s
 
             # Spawned once, or never before a durable `started`: counted at the spawn
             # itself, so an agent killed before it could leave its mark counts too.
@@ -308,14 +317,16 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
 @pytest.mark.protocol("§12")
 @pytest.mark.parametrize("kind", FAULTS)
 async def test_one_fault_at_the_account_limit_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock,
+    kind: str,
 ) -> None:
     """Account ``work`` is at its usage limit: its attempt says so, the limits are
     saved (the fault hits that write), and the run moves to ``personal`` (§12)."""
+    mock_clock.rate = 1.0
     accounts = folders(tmp_path, "work", "personal")
     limit(accounts[0][1], time.time() + 3600)
     fault = Fault(STEP_WRITES["account limit"], kind)
-    disk = Disk(monkeypatch)
+    disk = Disk(monkeypatch, mock_clock)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     with trio.fail_after(60):
         async with running_server() as server, trio.open_nursery() as disks:
