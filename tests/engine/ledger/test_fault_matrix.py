@@ -362,6 +362,10 @@ KILL_CELLS = [(step, when) for step in ["accepted", "started", "process group", 
                                         "finished", "reported", "tombstone"]
               for when in ["before", "after"]
               if (step, when) not in {("finished", "before"), ("tombstone", "after")}]
+#: Cells whose run has no durable `started` when the harness dies (or, at the prune
+#: at start, is submitted after): the restart runs it, once.
+RUN_BY_THE_RESTART = {("accepted", "before"), ("accepted", "after"), ("started", "before"),
+                      ("tombstone", "before")}
 #: Cells whose agent holds until it is killed: the restart must kill it.
 HOLD = {("started", "after"), ("process group", "before"), ("process group", "after")}
 #: Cells where the restart must find the run interrupted: it had started, and its
@@ -410,26 +414,31 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(("step", "when"), KILL_CELLS)
 async def test_a_kill_just_before_or_after_one_step_of_a_run(
-    tmp_path: Path, step: str, when: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, when: str
 ) -> None:
     # Where the restart must kill the agent, the agent is silent: one that writes
     # to its dead harness's pipes dies of EPIPE, and would hide who killed it.
-    await kill_cell(tmp_path, step, when, stubborn=(step, when) == ("process group", "after"))
+    await kill_cell(tmp_path, monkeypatch, step, when,
+                    stubborn=(step, when) == ("process group", "after"))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-async def test_a_kill_between_the_spawn_and_its_group_leaves_no_agent(tmp_path: Path) -> None:
-    await kill_cell(tmp_path, "process group", "before", stubborn=True, gone_within_s=2.0)
+async def test_a_kill_between_the_spawn_and_its_group_leaves_no_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await kill_cell(tmp_path, monkeypatch, "process group", "before", stubborn=True,
+                    gone_within_s=2.0)
 
 
-async def kill_cell(tmp_path: Path, step: str, when: str, *, stubborn: bool = False,
-                    gone_within_s: float = 10.0) -> None:
+async def kill_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, when: str, *,
+                    stubborn: bool = False, gone_within_s: float = 10.0) -> None:
     """One kill cell; with ``stubborn``, an agent that holds whatever its prompt.
     ``gone_within_s`` only bounds a failure (an agent nobody killed)."""
     home = tmp_path / "home"
     marks = tmp_path / "marks"
     command = agent_command("marker.py", marks, *(["--hold"] if stubborn else []))
     cell = (step, when)
+    spawns = Spawns(monkeypatch)  # the restart's (the killed harness is a child)
     run_id = None
     try:
         with trio.fail_after(60):
@@ -466,6 +475,8 @@ async def kill_cell(tmp_path: Path, step: str, when: str, *, stubborn: bool = Fa
                 # Reported once; only a kill between the POST and its `reported`
                 # posts the saved outcome again, which the server takes as a duplicate.
                 assert record.completion_posts == (2 if cell == ("reported", "before") else 1)
+                # The restart runs only a run that never started: counted at the spawn.
+                assert len(spawns.of(run_id)) == (1 if cell in RUN_BY_THE_RESTART else 0)
                 pids = executions(marks, run_id)
                 if step == "started" and when == "after":
                     assert pids == []  # `started`, then killed before the spawn
