@@ -22,7 +22,6 @@ docs/reliability.md ("Fault-point matrix") has the table of cells.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -38,7 +37,6 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.agent.procinfo import groups_of_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import Ledger, RunState
 from prohost.server import ServerHandle, faults
@@ -46,6 +44,7 @@ from prohost.wire.outcomes import RESTARTED
 from tests.kits import harness as harness_kit
 from tests.kits.accounts import accounts_used, folders, limit
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env
+from tests.kits.faults import Spawns, internal_error, no_process_of_run
 from tests.kits.harness import agent_command, finished, pair_home, running_harness, running_server
 from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
 from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
@@ -112,65 +111,6 @@ class Disk:
             with trio.fail_after(5):  # a step not bounded at 30 s fails here, soon
                 await self.gave_up.wait()
         fault.release.set()
-
-
-class Spawns:
-    """Every agent the harness in this process spawns, by its ``PROHOST_RUN_ID``,
-    counted at the spawn itself (the ``open_process`` of
-    :func:`prohost.engine.agent.process.run_agent`): an agent killed before it could
-    leave its mark counts all the same (issue 27.9). The processes are kept, so a
-    test can see how each ended."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self._by_run: dict[str, list[trio.Process]] = {}
-        original = trio.lowlevel.open_process
-
-        async def open_process(command: Any, **options: Any) -> trio.Process:
-            proc = await original(command, **options)
-            run_id = (options.get("env") or {}).get("PROHOST_RUN_ID")
-            if run_id is not None and command[:2] == ["/bin/sh", "-c"]:
-                self._by_run.setdefault(run_id, []).append(proc)
-            return proc
-
-        monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
-
-    def of(self, run_id: str) -> list[trio.Process]:
-        return list(self._by_run.get(run_id, []))
-
-
-#: What the disk says, in each kind of fault (after "could not be written: ").
-_DISK_SAYS = {
-    "disk_full": "the run ledger {ledger} failed: database or disk is full",
-    "oserror": "[Errno 28] No space left on device",
-    "hang": "{what} did not finish within its bound and was abandoned (a hung or failing "
-            "disk?); whether it took effect is unknown, and the next start repairs it",
-}
-
-
-def internal_error(step: str, kind: str, home: Path) -> str:
-    """The exact error a run reports when ``kind`` hits the never-skipped ``step``."""
-    write = STEP_WRITES[step]
-    if (step, kind) == ("started", "hang"):
-        # The bound is on the one hand-off of `started` and the session read.
-        return ("internal error: StepTimedOut: " + _DISK_SAYS["hang"].format(
-            what="the ledger step mark_started, or reading the lane's session"))
-    says = _DISK_SAYS[kind].format(ledger=home / "ledger.sqlite3",
-                                   what=f"the ledger step {write}")
-    return f"internal error: StepNotWritten: the ledger step {write} could not be written: {says}"
-
-
-async def no_process_of_run(run_id: str, within_s: float = 5.0) -> bool:
-    """Whether every process started with the run's ``PROHOST_RUN_ID`` is gone (within
-    ``within_s``); those still there are killed, so none outlives the test."""
-    with trio.move_on_after(within_s):
-        for _ in range(10_000):  # a /proc scan, then a pause: no event says "gone"
-            if not await trio.to_thread.run_sync(groups_of_run, run_id):
-                return True
-            await trio.sleep(0.05)
-    for pgid in groups_of_run(run_id):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    return False
 
 
 async def settled_row(home: Path, run_id: str) -> Any:

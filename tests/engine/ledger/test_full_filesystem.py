@@ -34,8 +34,8 @@ import trio.testing
 
 from prohost.engine.ledger import Ledger, RunState
 from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten
-from tests.engine.ledger.test_fault_matrix import Spawns, internal_error, no_process_of_run
 from tests.kits import harness as harness_kit
+from tests.kits.faults import Spawns, internal_error, no_process_of_run
 from tests.kits.harness import agent_command, finished, running_harness, running_server
 
 pytestmark = [
