@@ -15,6 +15,7 @@ In-process use::
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,6 +39,14 @@ class ServerConfig:
     redeliver_after_s: float = 10.0
     #: Generated (format ``ABCD-1234``) when None.
     pairing_code: str | None = None
+    #: How many times a retryable failure is submitted again as a new run (§11;
+    #: ``prohost server --retries``); 0 keeps a run's first completion as its end.
+    retries: int = 0
+    #: The first retry's wait (seconds); each further one doubles it, to 30 s.
+    retry_first_s: float = 1.0
+    #: Where pairings are kept across restarts (``prohost server --state``); None:
+    #: in memory only.
+    state_dir: Path | None = None
     #: Serve the soak's fault hooks under ``/v1/faults`` (:mod:`prohost.server.faults`).
     faults: bool = False
 
@@ -148,6 +157,8 @@ async def serve(
         pairing_code=config.pairing_code or generate_pairing_code(),
         heartbeat_s=config.heartbeat_s,
         redeliver_after_s=config.redeliver_after_s,
+        retries=config.retries,
+        retry_first_s=config.retry_first_s,
     )
     state.faults.enabled = config.faults
     stop = trio.Event()

@@ -254,9 +254,16 @@ class App:
             raise HttpError(400, "code is required (a string like ABCD-1234)")
         if machine is not None and not isinstance(machine, str):
             raise HttpError(400, "machine must be a string")
-        if not self.state.code_matches(code):
+        try:
+            harness = self.state.pair_with_code(code, machine or "unnamed")
+        except OSError as exc:
+            log.error("cannot save the pairing: %s", exc)
+            raise HttpError(500, "the server could not save the pairing; see its log") from None
+        if harness is None:
+            if self.state.code_was_used(code):
+                raise HttpError(403, "this pairing code was used already (a code works "
+                                     "once); the server's log shows the next one")
             raise HttpError(403, "wrong pairing code")
-        harness = self.state.pair(machine or "unnamed")
         http_url, ws_url = _urls_from_host(scope, self.state)
         return 200, self.state.credentials(harness, http_url=http_url, ws_url=ws_url), {}
 
