@@ -224,6 +224,9 @@ def build_parser() -> ArgumentParser:
         help="pair this machine with your account using a one-time code",
         description="Trade a one-time pairing code for this machine's credentials, saved "
         "in $PROHOST_HOME/credentials.json (mode 0600).",
+        epilog="Exit status: 0 paired; 1 the pairing failed (nothing was saved); 2 a bad "
+        "flag, or a harness is running on this $PROHOST_HOME (its credentials are not "
+        "replaced and the code is not spent: stop it first).",
     )
     pair.add_argument(
         "--code", metavar="CODE", required=True,
@@ -344,6 +347,24 @@ def build_parser() -> ArgumentParser:
     server.add_argument(
         "--port", metavar="PORT", default=str(DEFAULT_SERVER_PORT),
         help=f"TCP port to listen on, 0 for any free one (default: {DEFAULT_SERVER_PORT})",
+    )
+    server.add_argument(
+        "--state", metavar="DIR",
+        help="folder where the pairings are kept, so harnesses stay paired when the server "
+        "restarts (pairings.json, mode 0600); a relative path is taken from the current "
+        "directory (default: $PROHOST_HOME/server, i.e. ~/.prohost/server)",
+    )
+    server.add_argument(
+        "--no-state", action="store_true",
+        help="keep the pairings in memory only: every harness pairs again after a restart "
+        "(for throwaway servers in tests)",
+    )
+    server.add_argument(
+        "--retries", metavar="N", default="5",
+        help="how many times a run that failed retryable (handed back \"not started\" by a "
+        "draining harness, \"restarted\", \"internal error\") is submitted again as a new "
+        "run, to the next harness that connects, after 1 s, 2 s, 4 s… (at most 30 s); "
+        "`prohost runs show ID` follows it; 0: never (default: 5)",
     )
     server.add_argument(
         "--faults", action="store_true",

@@ -33,6 +33,8 @@ PAIR_VALUES = {
 SERVER_VALUES = {
     "--host": "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0",
     "--port": "a port number from 0 to 65535 (0 picks a free one)",
+    "--state": "a folder for the server's pairings, e.g. ~/.prohost/server",
+    "--retries": "a whole number from 0 to 100, e.g. 5",
 }
 
 
@@ -168,14 +170,33 @@ def _parse_port(parser: argparse.ArgumentParser, raw: str) -> int:
     parser.error(f"--port must be {SERVER_VALUES['--port']} (got {raw!r})")
 
 
+def _server_state_dir(ns: argparse.Namespace) -> Path | None:
+    """--state, else $PROHOST_HOME/server; None with --no-state."""
+    from prohost.home import prohost_home
+
+    if ns.no_state:
+        if ns.state is not None:
+            ns.parser.error("--state and --no-state contradict each other; give one")
+        return None
+    if ns.state is None:
+        return prohost_home(os.environ, Path.cwd()) / "server"
+    if not ns.state.strip():
+        ns.parser.error(f"--state must be {SERVER_VALUES['--state']} (got an empty one)")
+    return Path(os.path.expanduser(ns.state.strip())).absolute()
+
+
 def server(ns: argparse.Namespace) -> int:
     import trio
 
     port = _parse_port(ns.parser, ns.port)
+    raw = ns.retries.strip()
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= 100):
+        ns.parser.error(f"--retries must be {SERVER_VALUES['--retries']} (got {ns.retries!r})")
+    state_dir = _server_state_dir(ns)
     setup_logging(ns.verbose)
     from prohost.server.main import run_server_command
 
-    return trio.run(run_server_command, ns.host, port, ns.faults)
+    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, int(raw))
 
 
 def send(ns: argparse.Namespace) -> int:
