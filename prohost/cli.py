@@ -254,8 +254,10 @@ def build_parser() -> ArgumentParser:
         "panel shows them.",
         epilog="Exit status: 0 an agent is running; 1 none is running (or its status file "
         "is unreadable); 3 its process exists but its status has not been updated for 30 s "
-        'or more (it may be hung). With --json, the snapshot is printed with "running" and '
-        '"age_s" added; when no agent is running it is {"running": false, ...}.',
+        "or more (it may be hung); 4 an agent is running but has never connected to its "
+        "server (a wrong --url, a server that is down: its log says why). "
+        'With --json, the snapshot is printed with "running" and "age_s" added; when no '
+        'agent is running it is {"running": false, ...}.',
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.set_defaults(handler=cli_handlers.agent_status, parser=status)
