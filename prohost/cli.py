@@ -9,6 +9,7 @@ implementations are imported only when they run (:mod:`prohost.cli_handlers`), s
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,19 @@ DEFAULT_SERVER_PORT = 8765
 DEFAULT_SEND_SERVER = f"http://{DEFAULT_SERVER_HOST}:{DEFAULT_SERVER_PORT}"
 
 _EXPECTED_ONE = re.compile(r"argument (?P<flags>[^:]+): expected one argument")
+_INVALID_CHOICE = re.compile(r"argument (?P<arg>[^:]+): invalid choice: '(?P<given>[^']*)' "
+                             r"\(choose from (?P<choices>.*)\)")
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def closest(given: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` that ``given`` most likely misspells or shortens, if any.
+    (argparse's own ``suggest_on_error`` arrived in Python 3.14; this runs on 3.11.)"""
+    starting = [name for name in known if name.startswith(given) and len(given) >= 3]
+    if len(starting) == 1:
+        return starting[0]
+    matches = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return matches[0] if matches else None
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -56,7 +70,23 @@ class ArgumentParser(argparse.ArgumentParser):
             for flag in match["flags"].split("/"):
                 if flag in self.value_descriptions:
                     return f"{flag} needs a value: {self.value_descriptions[flag]}"
+        choice = _INVALID_CHOICE.fullmatch(message)
+        if choice:
+            guess = closest(choice["given"], re.findall(r"'([^']*)'", choice["choices"]))
+            if guess is not None:
+                return f"{message}; did you mean {guess!r}?"
+        if message.startswith(_UNRECOGNIZED):
+            return _UNRECOGNIZED + " ".join(
+                self._with_guess(word) for word in message[len(_UNRECOGNIZED):].split(" "))
         return message
+
+    def _with_guess(self, word: str) -> str:
+        """An unknown word of the command line, with the flag it probably meant."""
+        if not word.startswith("--"):
+            return word
+        flags = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        guess = closest(word.split("=", 1)[0], flags)
+        return word if guess is None else f"{word} (did you mean {guess}?)"
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(self.explain(message).splitlines())
