@@ -210,6 +210,41 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
     )
 
 
+def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
+    """``prohost runs show|cancel ID``: a run on the reference server, by id."""
+    runs = commands.add_parser(
+        "runs", prog="prohost runs", help="look up or cancel a run on the reference server",
+        description="Look up or cancel a run on the reference server by its id (the one "
+        "`prohost send` printed).",
+    )
+    runs.set_defaults(handler=None, parser=runs)
+    verbs = runs.add_subparsers(title="commands", metavar="COMMAND", parser_class=ArgumentParser)
+    for verb, summary in (
+        ("show", "print a run: its state, machine, reply or error, and any retry of it"),
+        ("cancel", "cancel a run: a queued one never starts, a running one is stopped"),
+    ):
+        parser = verbs.add_parser(
+            verb, prog=f"prohost runs {verb}", value_descriptions=_SEND_VALUES, help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog="Exit status: 0 done; 1 the server could not be reached, has no such "
+            "run" + (", or the run has ended already." if verb == "cancel" else "."),
+        )
+        parser.add_argument("run_id", metavar="ID", help="the run's id, e.g. run_0123abcd")
+        parser.add_argument(
+            "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
+            help=f"the reference server's http:// URL (default: {DEFAULT_SEND_SERVER})",
+        )
+        if verb == "show":
+            parser.add_argument("--json", action="store_true",
+                                help="print the server's JSON for the run, for scripts")
+        else:
+            parser.add_argument("--reason", metavar="TEXT",
+                                help="why, passed to the run's report (default: "
+                                "\"cancelled by the user\")")
+        _add_verbose(parser)
+        parser.set_defaults(handler=cli_handlers.runs_verb, parser=parser, verb=verb)
+
+
 def build_parser() -> ArgumentParser:
     """The whole ``prohost`` argument tree (no side effects; safe to call in tests)."""
     host = default_machine_name()
@@ -413,6 +448,10 @@ def build_parser() -> ArgumentParser:
         help="send a message to the reference server as a new agent run",
         description="Send TEXT to a reference server, which delivers it to a connected "
         "harness as an agent run.",
+        epilog="Exit status: 0 sent (with --wait: the run completed); 1 the run failed or "
+        "was cancelled, or the server could not be reached; 3 --fail-without-harness and "
+        "no harness is connected; 130 Ctrl-C while waiting (the run goes on at the server: "
+        "`prohost runs show ID`).",
     )
     send.add_argument(
         "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
@@ -428,9 +467,17 @@ def build_parser() -> ArgumentParser:
         help="wait for the run to finish and print its reply (default: print the run id "
         "and return at once)",
     )
+    send.add_argument(
+        "--fail-without-harness", action="store_true",
+        help="with --wait: give up (exit 3) when no harness is connected to take the run, "
+        "instead of saying so and waiting for one; the run stays queued on the server "
+        "(default: wait)",
+    )
     send.add_argument("text", metavar="TEXT", help="the message for the agent")
     _add_verbose(send)
     send.set_defaults(handler=cli_handlers.send, parser=send)
+
+    _add_runs(commands)
 
     demo = commands.add_parser(
         "demo",

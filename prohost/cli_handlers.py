@@ -205,7 +205,20 @@ def send(ns: argparse.Namespace) -> int:
     setup_logging(ns.verbose)
     from prohost.commands.send import send_command
 
-    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait)
+    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait, 600,
+                    ns.fail_without_harness)
+
+
+def runs_verb(ns: argparse.Namespace) -> int:
+    """``prohost runs show|cancel ID``."""
+    import trio
+
+    setup_logging(ns.verbose)
+    from prohost.commands.runs import runs_cancel_command, runs_show_command
+
+    if ns.verb == "show":
+        return trio.run(runs_show_command, ns.server, ns.run_id, ns.json)
+    return trio.run(runs_cancel_command, ns.server, ns.run_id, ns.reason)
 
 
 def demo(ns: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ Routes (PROTOCOL.md §7, §8, §10, §11):
 - ``POST /v1/agent/runs/<id>/complete``     a run's result (Bearer token)
 - ``POST /v1/agent/runs/<id>/timeline``     a run's tool-call events (Bearer token)
 - ``POST /v1/runs``, ``GET /v1/runs``, ``GET /v1/runs/<id>``, ``DELETE /v1/runs/<id>``
+- ``GET  /v1/status``                       the harnesses connected now (for ``send --wait``)
 - ``/v1/faults/…``                          the soak's fault hooks, only with ``--faults``
   (:mod:`prohost.server.faults`)
 
@@ -185,6 +186,9 @@ class App:
             if parts[4] == "timeline":
                 allow("POST")
                 return await self._timeline(scope, receive, parts[3])
+        if parts == ["v1", "status"]:
+            allow("GET")
+            return 200, self.state.status_view(), {}
         if parts == ["v1", "runs"]:
             allow("GET", "POST")
             if method == "GET":

@@ -495,6 +495,18 @@ class ServerState(Deliveries):
 
     # ------------------------------------------------------------------ views
 
+    def status_view(self) -> dict[str, Any]:
+        """What ``GET /v1/status`` shows: who is connected now (never a token)."""
+        return {
+            "connected": self.connected,
+            "paired": len(self.harnesses),
+            "harnesses": [
+                {"machine": conn.machine, "draining": conn.draining}
+                for conn in self.connections.values()
+            ],
+            "runs": dict(self.counts),
+        }
+
     def run_view(self, run: RunRecord) -> dict[str, Any]:
         """What ``GET /v1/runs/<id>`` shows (never a token)."""
         harness = self.harnesses.get(run.harness) if run.harness else None

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prohost.commands.send import send_command
 from prohost.server.state import ServerState
 from prohost.wire.outcomes import NOT_STARTED
 from tests.kits.harness import Gate, busy_and_queued, finished, running_harness, running_server
@@ -72,3 +73,29 @@ async def test_retries_stop_after_the_limit_and_are_off_by_default() -> None:
         run = server.state.add_run("hello", "C")
         server.state.record_completion(run, {"ok": False, "error": "x", "retryable": True})
         assert run.retried_as is None
+
+
+async def test_send_wait_follows_the_retry_to_its_reply(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with running_server(retries=1, retry_first_s=0.05) as server:
+        state = server.state
+        status: list[int] = []
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                status.append(await send_command(server.http_url, "hi", "C", wait=True,
+                                                 timeout_s=30))
+
+            nursery.start_soon(send)
+            await server.wait_until(lambda s: len(s.runs) == 1)
+            [first] = state.runs.values()
+            state.record_completion(first, {"ok": False, "error": NOT_STARTED,
+                                            "retryable": True})
+            assert first.retried_as is not None
+            state.record_completion(state.runs[first.retried_as],
+                                    {"ok": True, "reply": "second time lucky"})
+    assert status == [0]
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [first.run_id, "second time lucky"]
+    assert f"the server retries it as {first.retried_as}; waiting for that" in err
