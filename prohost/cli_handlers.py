@@ -172,14 +172,22 @@ def _parse_port(parser: argparse.ArgumentParser, raw: str) -> int:
 
 def _server_state_dir(ns: argparse.Namespace) -> Path | None:
     """--state, else $PROHOST_HOME/server; None with --no-state."""
-    from prohost.home import prohost_home
+    from prohost.home import make_private_home, prohost_home
 
     if ns.no_state:
         if ns.state is not None:
             ns.parser.error("--state and --no-state contradict each other; give one")
         return None
     if ns.state is None:
-        return prohost_home(os.environ, Path.cwd()) / "server"
+        home = prohost_home(os.environ, Path.cwd())
+        try:
+            # The home a harness would make, as private as the harness makes it.
+            make_private_home(home)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            ns.parser.error(f"cannot make {home} for the server's pairings ({reason}); give "
+                            "--state DIR or --no-state")
+        return home / "server"
     if not ns.state.strip():
         ns.parser.error(f"--state must be {SERVER_VALUES['--state']} (got an empty one)")
     return Path(os.path.expanduser(ns.state.strip())).absolute()

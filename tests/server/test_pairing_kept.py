@@ -109,3 +109,17 @@ async def test_pair_refuses_to_replace_a_running_harnesss_credentials(tmp_path: 
                                     "--url", server.ws_url, env=clean_env(home))
             assert allowed.returncode == 0, allowed.stderr
             assert (home / "credentials.json").read_bytes() != before
+
+
+async def test_a_damaged_state_file_is_named_and_nothing_starts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / PAIRINGS_FILE).write_text("{not json")
+    with trio.fail_after(60):
+        started = await prohost("server", "--port", "0", "--state", str(state),
+                                env=clean_env(tmp_path / "home"))
+    assert started.returncode == 1
+    assert started.stdout == b""  # no banner: it never listened
+    line = started.stderr.decode().strip()
+    assert line.startswith(f"prohost server: error: {state / PAIRINGS_FILE} is damaged (")
+    assert line.endswith("move it away to start with no pairings")
