@@ -169,7 +169,7 @@ class ServerState(Deliveries):
         used, self.pairing_code = self.pairing_code, generate_pairing_code()
         self.used_codes.add(used.upper())
         harness = self.pair(machine)
-        log.warning("pairing code %s is used up (by %s); the next pairing code is %s",
+        log.info("pairing code %s is used up (by %s); the next pairing code is %s",
                     used, machine, self.pairing_code)
         return harness
 
