@@ -166,11 +166,11 @@ class ServerState(Deliveries):
         shoulder) in. The next code is logged; None for a wrong or used code."""
         if not self.code_matches(code):
             return None
+        harness = self.pair(machine)  # raises (code unspent) when it cannot be saved
         used, self.pairing_code = self.pairing_code, generate_pairing_code()
         self.used_codes.add(used.upper())
-        harness = self.pair(machine)
         log.info("pairing code %s is used up (by %s); the next pairing code is %s",
-                    used, machine, self.pairing_code)
+                 used, machine, self.pairing_code)
         return harness
 
     def code_was_used(self, code: str) -> bool:

@@ -9,6 +9,7 @@ status, ``prohost agent run`` and ``prohost agent status`` as subprocesses).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,7 @@ class Watched:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def wait(self, predicate: type[object] | object) -> LinkStatistics:
-        assert callable(predicate)
+    async def wait(self, predicate: Callable[[LinkStatistics], bool]) -> LinkStatistics:
         while not predicate(stats := self.link.statistics()):
             await self._changed.wait()
         return stats
