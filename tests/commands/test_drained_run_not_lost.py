@@ -15,13 +15,15 @@ import pytest
 import trio
 
 from tests.kits.harness import Gate
-from tests.kits.process import HarnessProcess
+from tests.kits.process import HarnessProcess, kill_leftovers
 from tests.kits.serverproc import ServerProcess, clean_env, prohost, server_process
 
 pytestmark = pytest.mark.protocol("§9", "§11")
 
 
 async def start_harness(nursery: trio.Nursery, home: Path, gate: Gate) -> HarnessProcess:
+    """``prohost agent run`` on ``home`` whose agents are the Gate's; killed (with its
+    agents) when ``nursery`` ends, however the test ends."""
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "prohost", "agent", "run", "--exec", gate.command,
          "--concurrency", "1", "--machine", "t", "--no-panel"],
@@ -29,6 +31,18 @@ async def start_harness(nursery: trio.Nursery, home: Path, gate: Gate) -> Harnes
         stderr=subprocess.PIPE)
     harness = HarnessProcess(proc)
     nursery.start_soon(harness.read_log)
+
+    async def kill_at_the_end() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            kill_leftovers(gate.pids.values())
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+
+    nursery.start_soon(kill_at_the_end)
     return harness
 
 
