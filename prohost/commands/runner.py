@@ -43,6 +43,8 @@ LEDGER_FILE = "ledger.sqlite3"
 DEFAULT_LIMIT = 20
 #: How often ``agent logs -f`` looks for new lines (s).
 FOLLOW_POLL_S = 0.5
+#: How often ``agent stop --now`` reads the status file while it waits for a drain.
+STATUS_POLL_S = 0.1
 
 
 # --- agent stop ------------------------------------------------------------------------
@@ -98,7 +100,13 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         return EXIT_NONE
     waiter = _ExitWaiter(pid)
     try:
-        for _ in range(_signals_to_send(home, now)):
+        sends = _signals_to_send(home, now)
+        for sent in range(sends):
+            if sent:
+                # A second signal sent before the harness has handled the first one
+                # is merged into it (the kernel keeps one pending signal of a kind):
+                # wait until its status says it is draining.
+                _wait_draining(home, pid, waiter)
             os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         waiter.close()
@@ -121,6 +129,25 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
     return EXIT_OK
 
 
+#: How long ``agent stop --now`` waits for the harness to say it drains before it
+#: sends the second signal anyway (its status file is rewritten within a second).
+DRAIN_SEEN_S = 10.0
+
+
+def _wait_draining(home: Path, pid: int, waiter: _ExitWaiter) -> None:
+    """Return once the harness's status file says it drains (or stops), it has
+    exited, or :data:`DRAIN_SEEN_S` have passed."""
+    deadline = time.monotonic() + DRAIN_SEEN_S
+    while time.monotonic() < deadline and not waiter.exited(STATUS_POLL_S):
+        try:
+            snapshot = read_snapshot(home)
+        except (ValueError, OSError):
+            continue
+        if snapshot is None or snapshot.pid != pid \
+                or snapshot.connection in ("draining", "stopping"):
+            return
+
+
 class _ExitWaiter:
     """Waits for another process to exit: on its pidfd where the kernel has them
     (no polling, no pid reuse), else by the home's lock being released."""
@@ -133,11 +160,20 @@ class _ExitWaiter:
             self.fd = os.pidfd_open(pid)
 
     def wait(self) -> None:
+        while not self.exited(None):
+            pass
+
+    def exited(self, timeout_s: float | None) -> bool:
+        """Whether the process has exited, waiting up to ``timeout_s`` (None: until
+        it has)."""
         if self.fd is not None:
-            select.select([self.fd], [], [])
-            return
-        while _alive(self.pid):  # pragma: no cover - a kernel without pidfds (macOS)
-            time.sleep(FOLLOW_POLL_S)
+            ready, _, _ = select.select([self.fd], [], [], timeout_s)
+            return bool(ready)
+        # A kernel without pidfds (macOS): look every little while.
+        if not _alive(self.pid):  # pragma: no cover
+            return True
+        time.sleep(FOLLOW_POLL_S if timeout_s is None else timeout_s)  # pragma: no cover
+        return not _alive(self.pid)  # pragma: no cover
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
