@@ -115,6 +115,8 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
     if now:
         print(f"stopping the running agents of pid {pid} (within 5 s) …", file=out, flush=True)
     else:
+        # Said once the harness says so too (its status file, for `agent status`).
+        _wait_draining(home, pid, waiter)
         print(f"draining pid {pid}: it finishes the runs in progress and takes no new "
               f"ones; `prohost agent stop --now` stops them …", file=out, flush=True)
     try:

@@ -84,6 +84,14 @@ async def test_stop_drains_the_harness_and_waits_until_it_has_exited(tmp_path: P
             line = await stop.wait_line("draining pid")
             assert f"pid {harness.proc.pid}" in line
             await harness.wait_log("draining: finishing 1 running run(s)")
+            # From another shell Ctrl-C cannot reach the harness: status names the
+            # command that can (issue 31, point 9). The column is how long the agent
+            # has been quiet, not a countdown.
+            status = (await prohost(home, "agent", "status")).stdout.decode()
+            assert "; `prohost agent stop --now` stops them" in status, status
+            assert "Ctrl-C" not in status
+            header = next(line for line in status.splitlines() if "conversation" in line)
+            assert header.split()[-1] == "quiet" and "idle" not in header
             # It drains: the run in progress goes on, and `stop` waits for it.
             assert stop.proc.returncode is None and harness.proc.returncode is None
             await gate.release(busy, "finished")

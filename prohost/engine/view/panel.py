@@ -130,8 +130,8 @@ def _notes(snapshot: Snapshot, now: float, *, here: bool) -> list[RenderableType
     if snapshot.connection == "draining":
         # Ctrl-C only means something in the harness's own terminal.
         how = "Ctrl-C again" if here else "`prohost agent stop --now`"
-        notes.append(Text("finishing the runs in progress, accepting no new ones "
-                          f"({how} stops them)", style="cyan",
+        notes.append(Text(f"finishing its runs, taking no new ones; {how} stops them",
+                          style="cyan",
                           no_wrap=True, overflow="ellipsis"))
     elif snapshot.connection == "stopping":
         notes.append(Text("stopping the running agents", style="red",

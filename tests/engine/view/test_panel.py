@@ -35,6 +35,13 @@ def picture(snapshot: Snapshot, *, now: float | None = None) -> str:
     return console.export_text()
 
 
+def picture_here(snapshot: Snapshot) -> str:
+    """As the live panel draws it, in the harness's own terminal."""
+    console = recording_console()
+    console.print(render(snapshot, here=True))
+    return console.export_text()
+
+
 # --- pictures ------------------------------------------------------------------------
 
 
@@ -105,7 +112,11 @@ def test_reconnecting_shows_the_countdown_and_the_last_error() -> None:
 def test_draining() -> None:
     text = picture(busy_snapshot(connection="draining", queued=0))
     assert text.splitlines()[0].startswith("◐ draining")
-    assert "accepting no new ones" in text
+    assert "taking no new ones; `prohost agent stop --now` stops them" in text
+    # Only in the harness's own terminal is Ctrl-C the way to stop them.
+    here = picture_here(busy_snapshot(connection="draining", queued=0))
+    assert "taking no new ones; Ctrl-C again stops them" in here
+    assert_fits(here)
     assert "C42" in text
     assert_fits(text)
     assert "no runs left" in picture(base(connection="draining"))
