@@ -448,6 +448,11 @@ def build_parser() -> ArgumentParser:
         help="run a local end-to-end demo (reference server, harness and a fake agent)",
         description="Run a self-contained demo on this machine.",
     )
+    demo.add_argument(
+        "--keep", action="store_true",
+        help="leave the demo's repository (each conversation's work on its own branch) "
+        "and home behind, and print where they are (default: remove them)",
+    )
     _add_verbose(demo)
     demo.set_defaults(handler=cli_handlers.demo, parser=demo)
     return top

@@ -231,4 +231,4 @@ def demo(ns: argparse.Namespace) -> int:
     # On a terminal the demo draws the live panel; log lines must then go through
     # its console to print above it.
     setup_logging(ns.verbose, console=console if use_panel(console, False) else None)
-    return demo_main(console)
+    return demo_main(console, keep=ns.keep)
