@@ -4,6 +4,7 @@ with ``--keep``, say where its work is)."""
 from __future__ import annotations
 
 import os
+import pty
 import re
 import subprocess
 import sys
@@ -154,3 +155,40 @@ def test_the_version_probe_asks_the_program_actually_run() -> None:
     assert version_command("bash -c cat") is None
     # A program that is not an interpreter is asked itself, as before.
     assert version_command("claude -p") == "claude --version"
+
+
+def test_the_demo_s_last_frame_on_a_terminal_says_it_drained(tmp_path: Path) -> None:
+    """On a terminal the demo draws the live panel; its last frame is the finished
+    harness's, not "draining … no heartbeat yet" (issue 31, point 9)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "COLUMNS": "100", "LINES": "50", "TERM": "xterm",
+           "PROHOST_HOME": str(tmp_path / "untouched"), "TMPDIR": str(tmp_path / "tmp")}
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "prohost", "demo"], env=env,
+                                stdin=follower, stdout=follower, stderr=follower)
+        os.close(follower)
+        follower = -1
+        screen = bytearray()
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            screen += chunk
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    text = screen.decode("utf-8", "replace")
+    results = text.rindex("prohost demo results")
+    # The last frame drawn before the results is the finished one.
+    assert "✓ drained" in text[:results]
+    last = text[text.rindex("✓ drained", 0, results):results]
+    assert "exited: every run it took has finished" in last
+    assert "no heartbeat yet" not in last and "draining" not in last and "Ctrl-C" not in last
+    # While it ran, the activity column showed the stand-in's tool calls.
+    assert re.search(r"(Read: README\.md|Grep: TODO|Edit: notes\.md|Bash: git commit)", text)
