@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from prohost.commands.runner import _signals_to_send
+from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.view.snapshot import write_snapshot
 from prohost.logfile import log_path
 from tests.kits.harness import finished, start_run
@@ -194,5 +195,13 @@ async def test_runs_lists_the_ledger_newest_first(tmp_path: Path) -> None:
             assert first in text[1] and text[1].startswith("✓") and "C1" in text[1]
             shown = await prohost(home, "agent", "runs", "--show", second)
             assert shown.returncode == 0 and "status 3" in shown.stdout.decode()
+            assert "stderr    (none kept)" in shown.stdout.decode()
+            # A kept tail (written where the runner keeps it) is shown with the run.
+            write_tail(home, second, b"x" * 100_000 + b"\nTraceback: the real cause\n")
+            shown = await prohost(home, "agent", "runs", "--show", second, "--json")
+            document = json.loads(shown.stdout)
+            assert document["run_id"] == second
+            assert document["stderr"].endswith("Traceback: the real cause\n")
+            assert len(document["stderr"]) == 64 * 1024
             missing = await prohost(home, "agent", "runs", "--show", "run_nope")
             assert missing.returncode == 1
