@@ -3,6 +3,7 @@ with ``--keep``, say where its work is)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -109,7 +110,23 @@ def test_demo_keep_leaves_the_repository_and_names_its_branches(tmp_path: Path) 
         listed = subprocess.run([sys.executable, "-m", "prohost", "agent", "runs", "--json"],
                                 env={**os.environ, "PROHOST_HOME": str(home)},
                                 capture_output=True, text=True, check=True)
-        assert listed.stdout.count('"run_id"') == 12
+        runs = json.loads(listed.stdout)
+        assert len(runs) == 12
+        # Each run says where it left its checkout: its conversation's branch and
+        # the commit it made there (issue 31, point 6).
+        for run in runs:
+            [checkout] = run["checkouts"]
+            assert checkout["repo"] == "demo-repo"
+            assert checkout["branch"] in branches
+            assert re.fullmatch(r"[0-9a-f]{40}", checkout["head"])
+        newest = runs[0]["checkouts"][0]
+        tip = subprocess.run(["git", "-C", str(repo), "rev-parse", newest["branch"]],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert newest["head"] == tip
+        text = subprocess.run([sys.executable, "-m", "prohost", "agent", "runs"],
+                              env={**os.environ, "PROHOST_HOME": str(home)},
+                              capture_output=True, text=True, check=True).stdout
+        assert f"{newest['branch']}@{tip[:10]}" in text.splitlines()[0]
         assert f"rm -rf {folder}" in out
         assert folder.parent == tmp_path / "tmp"
     finally:

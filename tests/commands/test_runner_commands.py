@@ -8,6 +8,7 @@ harness's log lines and the commands' own output lines.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import attrs
 import pytest
 import trio
 
-from prohost.commands.runner import _signals_to_send
+from prohost.commands.runner import _signals_to_send, logs_command
 from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.view.snapshot import write_snapshot
 from prohost.logfile import log_path
@@ -205,3 +206,32 @@ async def test_runs_lists_the_ledger_newest_first(tmp_path: Path) -> None:
             assert len(document["stderr"]) == 64 * 1024
             missing = await prohost(home, "agent", "runs", "--show", "run_nope")
             assert missing.returncode == 1
+
+
+def test_logs_follow_goes_on_across_a_rotation(tmp_path: Path) -> None:
+    """`agent logs -f` reads what is appended, finishes the rotated file, then goes on
+    with the new one from its start. The steps happen between its looks (the
+    ``keep_following`` hook), so nothing waits."""
+    path = log_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("one\n")
+    out = io.StringIO()
+    looks = 0
+
+    def keep_following() -> bool:
+        nonlocal looks
+        looks += 1
+        if looks == 1:
+            with path.open("a") as log:
+                log.write("two\n")
+        elif looks == 2:
+            rotated = path.with_name(path.name + ".1")
+            path.rename(rotated)
+            with rotated.open("a") as log:
+                log.write("three\n")  # written just before the handler switched files
+            path.write_text("four\n")
+        # Bounded, so that a follower that misses the rotation fails, not hangs.
+        return "four" not in out.getvalue() and looks < 10
+
+    assert logs_command(tmp_path, follow=True, out=out, keep_following=keep_following) == 0
+    assert out.getvalue() == "one\ntwo\nthree\nfour\n"
