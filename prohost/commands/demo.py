@@ -154,21 +154,25 @@ async def run_demo(console: Console, *, keep: bool = False) -> int:
 
 
 def _say_kept(folder: Path, home: Path, repo: Path | None, console: Console) -> None:
-    """Where the kept demo is, and how to look at it."""
-    console.print(f"kept in {folder}:", soft_wrap=True)
+    """Where the kept demo is, and how to look at it: one fact a line, the commands
+    whole (long paths wrap, but copy as one line)."""
+    say = functools.partial(console.print, soft_wrap=True, highlight=False)
+    say(f"kept in {folder}:")
     if repo is not None:
-        console.print(f"  repository {repo}", soft_wrap=True)
         listed = subprocess.run(
             ["git", "-C", str(repo), "branch", "--list", "--format=%(refname:short)",
              "prohost/*"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
             check=False)
-        for branch in listed.stdout.split():
-            # Each conversation's work is on its own branch (its worktree's).
-            console.print(f"    branch {branch}: git -C {repo} log --oneline main..{branch}",
-                          soft_wrap=True, highlight=False)
-    console.print(f"  home {home}: PROHOST_HOME={home} prohost agent runs", soft_wrap=True,
-                  highlight=False)
-    console.print(f"remove it with: rm -rf {folder}", soft_wrap=True, highlight=False)
+        branches = listed.stdout.split()
+        # Each conversation's work is on its own branch (its worktree's).
+        say(f"  repository {repo}, one branch per conversation:")
+        for branch in branches:
+            say(f"    {branch}")
+        if branches:
+            say(f"  see one:   git -C {repo} log --oneline main..{branches[0]}")
+    command = "prohost" if shutil.which("prohost") else f"{sys.executable} -m prohost"
+    say(f"  its runs:  PROHOST_HOME={home} {command} agent runs")
+    say(f"  remove it: rm -rf {folder}")
 
 
 async def _submit_all(server: ServerHandle, console: Console) -> list[str]:

@@ -112,6 +112,11 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         waiter.close()
         print(f"prohost agent pid {pid} has exited.", file=out)
         return EXIT_OK
+    except PermissionError:
+        waiter.close()
+        print(f"prohost: the agent on {home} (pid {pid}) belongs to another user: stop it "
+              "as that user (or as its service)", file=err)
+        return EXIT_NONE
     if now:
         print(f"stopping the running agents of pid {pid} (within 5 s) …", file=out, flush=True)
     else:

@@ -93,20 +93,22 @@ def test_demo_keep_leaves_the_repository_and_names_its_branches(tmp_path: Path) 
     folder = Path(kept[1])
     try:
         repo = folder / "demo-repo"
-        assert f"  repository {repo}" in out
+        assert f"  repository {repo}, one branch per conversation:" in out
         branches = subprocess.run(
             ["git", "-C", str(repo), "branch", "--list", "--format=%(refname:short)",
              "prohost/*"], capture_output=True, text=True, check=True).stdout.split()
         # One branch per conversation, each named in the output with a way to see it.
         assert len(branches) == 4
+        assert f"  see one:   git -C {repo} log --oneline main..{branches[0]}" in out
         for branch in branches:
-            assert f"branch {branch}: git -C {repo} log --oneline main..{branch}" in out
+            assert f"\n    {branch}\n" in out
             log = subprocess.run(["git", "-C", str(repo), "log", "--oneline",
                                   f"main..{branch}"], capture_output=True, text=True,
                                  check=True).stdout.splitlines()
             assert len(log) == 3  # three turns, one commit each
         home = folder / "home"
-        assert f"PROHOST_HOME={home} prohost agent runs" in out
+        runs_line = rf"  its runs:  PROHOST_HOME={re.escape(str(home))} .*prohost agent runs\n"
+        assert re.search(runs_line, out)
         listed = subprocess.run([sys.executable, "-m", "prohost", "agent", "runs", "--json"],
                                 env={**os.environ, "PROHOST_HOME": str(home)},
                                 capture_output=True, text=True, check=True)
@@ -127,7 +129,7 @@ def test_demo_keep_leaves_the_repository_and_names_its_branches(tmp_path: Path) 
                               env={**os.environ, "PROHOST_HOME": str(home)},
                               capture_output=True, text=True, check=True).stdout
         assert f"{newest['branch']}@{tip[:10]}" in text.splitlines()[0]
-        assert f"rm -rf {folder}" in out
+        assert f"  remove it: rm -rf {folder}" in out
         assert folder.parent == tmp_path / "tmp"
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=True)
