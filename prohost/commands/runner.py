@@ -43,7 +43,7 @@ LEDGER_FILE = "ledger.sqlite3"
 DEFAULT_LIMIT = 20
 #: How often ``agent logs -f`` looks for new lines (s).
 FOLLOW_POLL_S = 0.5
-#: How often ``agent stop --now`` reads the status file while it waits for a drain.
+#: How often ``agent stop`` reads the status file while it waits for a drain.
 STATUS_POLL_S = 0.1
 
 
@@ -100,14 +100,11 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         return EXIT_NONE
     waiter = _ExitWaiter(pid)
     try:
-        sends = _signals_to_send(home, now)
-        for sent in range(sends):
-            if sent:
-                # A second signal sent before the harness has handled the first one
-                # is merged into it (the kernel keeps one pending signal of a kind):
-                # wait until its status says it is draining.
-                _wait_draining(home, pid, waiter)
-            os.kill(pid, signal.SIGTERM)
+        # Two different signals: a second one of the same kind sent before the
+        # harness has handled the first is merged into it (one pending signal of a
+        # kind), and §9 counts SIGINT and SIGTERM alike.
+        for signum in (signal.SIGTERM, signal.SIGINT)[:_signals_to_send(home, now)]:
+            os.kill(pid, signum)
     except ProcessLookupError:
         waiter.close()
         print(f"prohost agent pid {pid} has exited.", file=out)
@@ -136,14 +133,15 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
     return EXIT_OK
 
 
-#: How long ``agent stop --now`` waits for the harness to say it drains before it
-#: sends the second signal anyway (its status file is rewritten within a second).
+#: How long ``agent stop`` waits for the harness to say it drains before it says
+#: so itself (its status file is rewritten within a second of a change).
 DRAIN_SEEN_S = 10.0
 
 
 def _wait_draining(home: Path, pid: int, waiter: _ExitWaiter) -> None:
     """Return once the harness's status file says it drains (or stops), it has
-    exited, or :data:`DRAIN_SEEN_S` have passed."""
+    exited, or :data:`DRAIN_SEEN_S` have passed: ``agent status`` then agrees with
+    what ``agent stop`` said."""
     deadline = time.monotonic() + DRAIN_SEEN_S
     while time.monotonic() < deadline and not waiter.exited(STATUS_POLL_S):
         try:

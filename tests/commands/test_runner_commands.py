@@ -128,6 +128,23 @@ async def test_stop_now_stops_the_running_agents(tmp_path: Path) -> None:
                for entry in harness.log)
 
 
+async def test_now_after_a_drain_is_the_second_signal_not_a_third(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with gated_process(home) as (gate, server, harness), \
+                trio.open_nursery() as nursery:
+            await start_run(server, gate, "work", conversation_id="C1")
+            drain = await start(nursery, home, "agent", "stop")
+            # Said once the harness's status says it drains.
+            await drain.wait_line("draining pid")
+            stopped = await prohost(home, "agent", "stop", "--now")
+            assert stopped.returncode == 0, stopped.stderr
+            assert await harness.wait_clean_exit() == 130
+            assert await drain.proc.wait() == 0
+    assert any("again: stopping the running agents" in entry for entry in harness.log)
+    assert not any("a third time" in entry for entry in harness.log)
+
+
 @pytest.mark.parametrize(("connection", "now", "signals"), [
     ("connected", False, 1), ("connected", True, 2),
     # --now after a drain is the second signal; a third would kill at once (§9).
