@@ -8,9 +8,11 @@ harness's log lines and the commands' own output lines.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -252,3 +254,41 @@ def test_logs_follow_goes_on_across_a_rotation(tmp_path: Path) -> None:
 
     assert logs_command(tmp_path, follow=True, out=out, keep_following=keep_following) == 0
     assert out.getvalue() == "one\ntwo\nthree\nfour\n"
+
+
+async def test_with_the_live_panel_the_log_file_still_says_what_ran(tmp_path: Path) -> None:
+    """In a terminal the panel shows each run, so its progress lines stay off the
+    screen; the log file still gets them, as the service's does."""
+    home = tmp_path / "home"
+    leader, follower = pty.openpty()
+    with trio.fail_after(60):
+        try:
+            async with gated_process(home, output=follower) as (gate, server, harness), \
+                    trio.open_nursery() as nursery:
+                os.close(follower)
+                follower = -1
+                screen = trio.lowlevel.FdStream(leader)
+                leader = -1
+                shown = bytearray()
+
+                async def read_screen() -> None:
+                    with contextlib.suppress(trio.BrokenResourceError, OSError):
+                        while chunk := await screen.receive_some():
+                            shown.extend(chunk)
+
+                nursery.start_soon(read_screen)
+                busy = await start_run(server, gate, "work", conversation_id="C1")
+                await gate.release(busy, "done")
+                await server.wait_until(finished(busy))
+                assert (await prohost(home, "agent", "stop")).returncode == 0
+                assert await harness.proc.wait() == 0
+                nursery.cancel_scope.cancel()
+        finally:
+            for fd in (leader, follower):
+                if fd >= 0:
+                    os.close(fd)
+    text = log_path(home).read_text()
+    assert f"✓ run {busy} finished" in text
+    assert "drained: every run has finished" in text
+    # The live panel drew (cursor moves), and the progress lines were kept off it.
+    assert b"\x1b[" in shown and f"✓ run {busy} finished".encode() not in shown
