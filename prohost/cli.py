@@ -210,7 +210,8 @@ def build_parser() -> ArgumentParser:
         help="connect to the server and run the agent requests it sends",
         description="Connect to the server's agent socket, accept agent runs, run the local "
         "agent CLI on each, and post the replies back. Stop with Ctrl-C: the first one "
-        "finishes the runs in progress, the second stops them.",
+        "finishes the runs in progress, the second stops them (from another shell: "
+        "`prohost agent stop`, and `--now`).",
         epilog="Durations are seconds, or a number with s, m or h: 600, 90s, 1.5m, 15m, 2h. "
         "$PROHOST_HOME (default ~/.prohost) holds the credentials, the run ledger and the "
         "lock that keeps one agent per home.",
