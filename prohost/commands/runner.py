@@ -306,13 +306,13 @@ def _show(home: Path, run: PastRun, *, as_json: bool, out: TextIO) -> int:
     if stderr is None:
         out.write("stderr    (none kept)\n")
     else:
-        out.write(f"stderr    (last {len(stderr.encode('utf-8')) // 1024 or 1} KiB or less):\n")
+        out.write("stderr    (its end, 64 KiB at most):\n")
         out.write(stderr if stderr.endswith("\n") else stderr + "\n")
     return EXIT_OK
 
 
 def _run_line(run: PastRun) -> str:
-    """One run on one line, short enough for 80 columns in its usual form."""
+    """One run on one line, for reading and for grep: its error's first line only."""
     mark = "·" if run.ok is None else "✓" if run.ok else "✗"
     parts = [mark, _when(run.accepted_at), run.run_id, run.conversation_id or "-", run.state]
     if run.duration_ms is not None:
