@@ -108,6 +108,8 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
 
 
 _GC_VALUES = {"--older-than": "a number of days of 0 or more, e.g. 14 or 0.5"}
+_LOGS_VALUES = {"--lines": "a number of lines, 0 or more, e.g. 100"}
+_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50", "--show": "a run id"}
 
 
 def _add_run_flags(parser: ArgumentParser, host: str) -> None:
@@ -273,7 +275,8 @@ def build_parser() -> ArgumentParser:
         help="connect to the server and run the agent requests it sends",
         description="Connect to the server's agent socket, accept agent runs, run the local "
         "agent CLI on each, and post the replies back. Stop with Ctrl-C: the first one "
-        "finishes the runs in progress, the second stops them.",
+        "finishes the runs in progress, the second stops them (from another shell: "
+        "`prohost agent stop`, and `--now`).",
         epilog="Durations are seconds, or a number with s, m or h: 600, 90s, 1.5m, 15m, 2h. "
         "$PROHOST_HOME (default ~/.prohost) holds the credentials, the run ledger and the "
         "lock that keeps one agent per home.",
@@ -326,6 +329,67 @@ def build_parser() -> ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.set_defaults(handler=cli_handlers.agent_status, parser=status)
+
+    stop = agent_commands.add_parser(
+        "stop",
+        prog="prohost agent stop",
+        help="drain the agent harness running on this machine and wait until it has exited",
+        description="Signal the `prohost agent run` on this $PROHOST_HOME to drain, as a "
+        "first Ctrl-C does: it finishes the runs in progress, takes no new ones and exits. "
+        "Waits until its process has exited.",
+        epilog="Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
+        "interrupted while waiting (the harness carries on).",
+    )
+    stop.add_argument(
+        "--now", action="store_true",
+        help="stop the running agents too, as a second Ctrl-C does (the harness exits "
+        "within 5 s; a stopped run is reported failed and retryable)",
+    )
+    stop.set_defaults(handler=cli_handlers.agent_stop, parser=stop)
+
+    logs = agent_commands.add_parser(
+        "logs",
+        prog="prohost agent logs",
+        value_descriptions=_LOGS_VALUES,
+        help="print the agent harness's log file ($PROHOST_HOME/logs/agent.log)",
+        description="Print the log that `prohost agent run` (in a terminal or as a service) "
+        "writes to $PROHOST_HOME/logs/agent.log, rotated by size.",
+        epilog="Exit status: 0 printed; 1 there is no log yet.",
+    )
+    logs.add_argument(
+        "-f", "--follow", action="store_true",
+        help="then keep printing the lines as they are written, across rotations, "
+        "until Ctrl-C",
+    )
+    logs.add_argument(
+        "-n", "--lines", metavar="N",
+        help="print only the last N lines of the file (default: all of it)",
+    )
+    logs.set_defaults(handler=cli_handlers.agent_logs, parser=logs)
+
+    runs = agent_commands.add_parser(
+        "runs",
+        prog="prohost agent runs",
+        value_descriptions=_RUNS_VALUES,
+        help="list the runs this machine has accepted, newest first (from its ledger)",
+        description="List the runs in this $PROHOST_HOME's run ledger, newest first: when "
+        "each was accepted, its id, conversation, state, duration, cost, and the branch "
+        "and commit it left each checkout on. Read-only: safe beside a running harness.",
+        epilog="Runs are kept 30 days (their bodies and outcomes 7). With --json, one JSON "
+        "array of objects with run_id, conversation_id, state, ok, error, accepted_at, "
+        "started_at, finished_at, duration_ms, account, cost_usd and checkouts (repo, "
+        "branch, head each). Exit status: 0 listed; 1 the ledger cannot be read, or "
+        "--show names no run in it.",
+    )
+    runs.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    runs.add_argument(
+        "--limit", metavar="N", help="list at most the N newest runs (default: 20)",
+    )
+    runs.add_argument(
+        "--show", metavar="ID",
+        help="print one run in full, with the last 64 KiB of its agent's stderr",
+    )
+    runs.set_defaults(handler=cli_handlers.agent_runs, parser=runs)
 
     gc_parser = agent_commands.add_parser(
         "gc",
@@ -484,6 +548,11 @@ def build_parser() -> ArgumentParser:
         prog="prohost demo",
         help="run a local end-to-end demo (reference server, harness and a fake agent)",
         description="Run a self-contained demo on this machine.",
+    )
+    demo.add_argument(
+        "--keep", action="store_true",
+        help="leave the demo's repository (each conversation's work on its own branch) "
+        "and home behind, and print where they are (default: remove them)",
     )
     _add_verbose(demo)
     demo.set_defaults(handler=cli_handlers.demo, parser=demo)

@@ -140,6 +140,40 @@ def agent_status(ns: argparse.Namespace) -> int:
     return status_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json)
 
 
+def _count(parser: argparse.ArgumentParser, flag: str, raw: str | None,
+           minimum: int) -> int | None:
+    if raw is None:
+        return None
+    digits = raw.strip()
+    if digits.isascii() and digits.isdigit() and int(digits) >= minimum:
+        return int(digits)
+    parser.error(f"{flag} must be a whole number of {minimum} or more (got {raw!r})")
+
+
+def agent_stop(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import stop_command
+    from prohost.home import prohost_home
+
+    return stop_command(prohost_home(os.environ, Path.cwd()), now=ns.now)
+
+
+def agent_logs(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import logs_command
+    from prohost.home import prohost_home
+
+    lines = _count(ns.parser, "--lines", ns.lines, 0)
+    return logs_command(prohost_home(os.environ, Path.cwd()), follow=ns.follow, lines=lines)
+
+
+def agent_runs(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import DEFAULT_LIMIT, runs_command
+    from prohost.home import prohost_home
+
+    limit = _count(ns.parser, "--limit", ns.limit, 1)
+    return runs_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json,
+                        limit=DEFAULT_LIMIT if limit is None else limit, show=ns.show)
+
+
 def agent_pair(ns: argparse.Namespace) -> int:
     import trio
 
@@ -239,4 +273,4 @@ def demo(ns: argparse.Namespace) -> int:
     # On a terminal the demo draws the live panel; log lines must then go through
     # its console to print above it.
     setup_logging(ns.verbose, console=console if use_panel(console, False) else None)
-    return demo_main(console)
+    return demo_main(console, keep=ns.keep)
