@@ -35,6 +35,7 @@ from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES
+from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.blocking import Bounds
 from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
@@ -65,13 +66,16 @@ class ExecSpec:
     folder: WorkFolder = attrs.field(
         eq=False, default=attrs.Factory(lambda spec: WorkFolder(spec.workdir), takes_self=True))
     """``workdir``, made once for every run of this spec."""
+    stderr_home: Path | None = None
+    """Where each run's stderr tail is kept (``$PROHOST_HOME``); ``None``: nowhere."""
 
     @classmethod
     def from_options(cls, options: Options, secrets: tuple[str, ...]) -> ExecSpec:
         """The spec ``agent run``'s flags describe."""
         return cls(command=options.exec_command, workdir=options.workdir,
                    timeout_s=options.timeout_s, idle_timeout_s=options.idle_timeout_s,
-                   parallel=options.concurrency > 1, secrets=secrets)
+                   parallel=options.concurrency > 1, secrets=secrets,
+                   stderr_home=options.home)
 
 
 @attrs.frozen(eq=False)
@@ -326,7 +330,24 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         return _Tried(Outcome.failure(
             f"could not start the agent in {where}: "
             f"{exc.strerror or type(exc).__name__}"), turn, session_id)
+    await _keep_stderr(attempt.run.run_id, result, setup)
     return _read(result, turn, session_id, attempt.deadline, setup)
+
+
+async def _keep_stderr(run_id: str, result: ProcessResult, setup: AgentSetup) -> None:
+    """Keep the attempt's stderr tail for ``agent runs --show`` (a later attempt's
+    replaces it). Never raises: it is for a person, not for the run.
+
+    Cancelled: as :meth:`Bounds.file_step` (abandoning a plain file write is safe).
+    """
+    home = setup.spec.stderr_home
+    if home is None or not result.stderr_tail:
+        return
+    try:
+        await setup.bounds.file_step(write_tail, home, run_id, result.stderr_tail,
+                                     what="keeping the agent's stderr")
+    except OSError as exc:
+        log.warning("run %s: could not keep its agent's stderr: %s", run_id, exc)
 
 
 def _read(result: ProcessResult, turn: Turn, session_id: str | None, deadline: float,
