@@ -480,10 +480,11 @@ class Runner:
                 tally.totals = None
                 if setup.brain.running_totals:
                     tally.attempt = (session, before, account_env)
-                # §12: --max-cost caps the run, all its attempts together; each
+                # §12: the budget caps the run, all its attempts together; each
                 # attempt is a new CLI process counting from zero, so it is given
-                # what the earlier ones left.
-                budget = left_of(setup.brain.max_cost_usd, tally.spent)
+                # what the earlier ones left. The budget is the one the CLI obeys:
+                # --max-cost's, or the user's own --max-budget-usd in --exec.
+                budget = left_of(setup.brain.budget_in_force(), tally.spent)
                 result = await execute(
                     Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
                             max_cost_usd=budget, cwd=workdir_for(setup.spec, checkouts.prepared)),
@@ -500,7 +501,7 @@ class Runner:
                 following = None
                 if result.reached_budget:
                     outcome = self._over_budget(tally)
-                elif limited and left_of(setup.brain.max_cost_usd, tally.spent) == 0:
+                elif limited and left_of(setup.brain.budget_in_force(), tally.spent) == 0:
                     # Nothing left for another account: the run ends at its budget
                     # (not retryable: it would spend as much again).
                     outcome, limited = self._over_budget(tally), False
