@@ -47,6 +47,7 @@ from prohost.wire.changes import (
     FileChange,
     UnreadableCheckout,
 )
+from prohost.wire.outcomes import without_local_paths
 
 #: How long taking one checkout's state may last, at the start and at the end (s).
 CHANGES_LIMIT_S = 5.0
@@ -103,16 +104,10 @@ def without_paths(text: str, path: Path | str, repo: str,
                   home: Path | str | None = None) -> str:
     """``text`` naming neither the worktree ``path`` (written as the checkout's
     name) nor ``home`` (written as ``$PROHOST_HOME``) nor the user's home (``~``)."""
-    places = [(os.fspath(path), repo), (os.path.realpath(path), repo)]
+    places: list[tuple[Path | str, str]] = [(path, repo)]
     if home is not None:
-        places += [(os.fspath(home), "$PROHOST_HOME"), (os.path.realpath(home), "$PROHOST_HOME")]
-    user_home = os.path.expanduser("~")
-    if user_home not in ("", "/", "~"):
-        places.append((user_home, "~"))
-    for where, name in sorted(places, key=lambda pair: -len(pair[0])):
-        if where and where != "/":
-            text = text.replace(where, name)
-    return text
+        places.append((home, "$PROHOST_HOME"))
+    return without_local_paths(text, places)
 
 
 async def take_state(repo: str, path: Path, *, bounds: Bounds,

@@ -72,7 +72,12 @@ from prohost.engine.run.staging import (
     workdir_for,
 )
 from prohost.wire.changes import ChangeEntry
-from prohost.wire.outcomes import budget_reached, internal_error, limit_phrase
+from prohost.wire.outcomes import (
+    budget_reached,
+    internal_error,
+    limit_phrase,
+    without_local_paths,
+)
 from prohost.wire.runs import Outcome
 from prohost.wire.usage import Usage
 
@@ -168,6 +173,11 @@ class _Ending:
         # The lane's next turn resumes whatever session this one ended with, failed
         # or not; a rejected session that was replaced is forgotten here too.
         return LaneTurn(lane, self.account, self.session_id, totals)
+
+
+def _paths_of(exc: BaseException) -> list[object]:
+    """The paths an exception names, for those no known place covers."""
+    return [getattr(exc, "filename", None), getattr(exc, "filename2", None)]
 
 
 class Runner:
@@ -340,13 +350,29 @@ class Runner:
         else:
             log.error("run %s failed inside the harness; reporting it as an internal "
                       "error", held.run_id, exc_info=exc)
-        message = one_line(str(exc), INTERNAL_ERROR_CHARS)
+        message = str(exc)
         for secret in self.setup.spec.secrets:
             if secret:
                 message = message.replace(secret, "<secret>")
+        # §7: no local path in any text sent to the server; scrubbed before the
+        # line is cut, so that no path is left cut in half.
+        message = one_line(without_local_paths(message, self._places(), _paths_of(exc)),
+                           INTERNAL_ERROR_CHARS)
         error = internal_error(f"{type(exc).__name__}: {message}" if message
                                else type(exc).__name__)
         return Outcome.failure(error, retryable=True)
+
+    def _places(self) -> list[tuple[Path, str]]:
+        """The local folders an internal error's text may name, each with the words
+        the server reads instead (:func:`without_local_paths`)."""
+        # The scratch root is $PROHOST_HOME/runs (the composition root's), so its
+        # parent is the home, which holds the ledger and the worktrees too.
+        places = [(self.scratch_root.parent, "$PROHOST_HOME"),
+                  (self.setup.spec.workdir, "<workdir>")]
+        if self.worktrees is not None:
+            # The person's repositories, by their names in the report (§7 ``repo``).
+            places += zip(self.worktrees.repos, self.worktrees.names, strict=True)
+        return places
 
     async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
                        tally: _Tally) -> _Ending:
