@@ -250,7 +250,9 @@ class Runner:
         problem = await self.bodies.load(held, self.steps.read_body)
         if problem is not None:
             release_slot()
-            await self.settle_only(held, Outcome.failure(internal_error(problem),
+            # An OSError reading the ledger names its file: §7, no local path.
+            said = without_local_paths(problem, self._places())
+            await self.settle_only(held, Outcome.failure(internal_error(said),
                                                          retryable=True), recorded=False)
             return
         run = held.run
