@@ -41,6 +41,7 @@ from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.options import Options
+from prohost.wire.outcomes import budget_reached
 from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
@@ -140,7 +141,8 @@ class AttemptResult:
     limit: LimitNotice | None = None
     #: It failed because its account reached its usage limit: another may take it.
     ended_by_limit: bool = False
-    #: The CLI stopped it at its budget (§12): the runner words the failure.
+    #: The CLI stopped it at its budget, or nothing was left of the budget to start
+    #: it with (§12): the runner words the failure.
     reached_budget: bool = False
 
 
@@ -177,13 +179,23 @@ async def execute(
     (``progress.session_id`` says which session the agent had).
     """
     progress.session_id = attempt.session_id
+    if attempt.max_cost_usd == 0:
+        # Nothing left of the run's budget (§12: it covers every attempt): a CLI
+        # given 0 would start and spend all the same, so none is started.
+        return AttemptResult(outcome=Outcome.failure(budget_reached(None, None)),
+                             session_id=attempt.session_id, reached_budget=True)
     first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id)
     if not first.rejected:
         return _result(first, first, first.spent)
+    left = left_of(attempt.max_cost_usd, first.spent)
+    if left == 0:
+        # The refused resume spent what was left: the run ends at its budget, with
+        # no fresh session started for nothing.
+        return attrs.evolve(_result(first, first, first.spent), reached_budget=True)
     log.info("run %s: the agent did not take session %s; trying a fresh one",
              attempt.run.run_id, attempt.session_id)
     fresh = await _try(attempt, setup, progress, on_spawn, timeline, None,
-                       max_cost_usd=left_of(attempt.max_cost_usd, first.spent))
+                       max_cost_usd=left)
     spent = first.spent + fresh.spent
     if fresh.turn.started:  # a new session replaces the refused one
         return _result(fresh, fresh, spent)
