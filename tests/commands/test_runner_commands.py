@@ -215,8 +215,10 @@ async def test_runs_lists_the_ledger_newest_first(tmp_path: Path) -> None:
             assert first in text[1] and text[1].startswith("✓") and "C1" in text[1]
             shown = await prohost(home, "agent", "runs", "--show", second)
             assert shown.returncode == 0 and "status 3" in shown.stdout.decode()
-            assert "stderr    (none kept)" in shown.stdout.decode()
-            # A kept tail (written where the runner keeps it) is shown with the run.
+            # The harness kept the failed agent's stderr with the run.
+            assert "stderr    (its end, 64 KiB at most):\nthe gate told me to fail\n" \
+                in shown.stdout.decode()
+            # A longer tail (written where the runner keeps it) is shown by its end.
             write_tail(home, second, b"x" * 100_000 + b"\nTraceback: the real cause\n")
             shown = await prohost(home, "agent", "runs", "--show", second, "--json")
             document = json.loads(shown.stdout)
