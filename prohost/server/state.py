@@ -427,7 +427,7 @@ class ServerState(Deliveries):
         run_id = self.deliveries.get(ack.id)
         run = self.runs.get(run_id) if run_id else None
         if run is None:
-            log.info("connection %d acked an unknown delivery %s", conn.id, ack.id)
+            log.info("connection %d acked an unknown delivery %r", conn.id, ack.id)  # hostile text: repr
             return
         now = self.clock()
         run.acks.append(AckRecord(ack.id, conn.id, ack.status, ack.reason, now))
