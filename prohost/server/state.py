@@ -427,7 +427,8 @@ class ServerState(Deliveries):
         run_id = self.deliveries.get(ack.id)
         run = self.runs.get(run_id) if run_id else None
         if run is None:
-            log.info("connection %d acked an unknown delivery %r", conn.id, ack.id)  # hostile text: repr
+            # A hostile id (a lone surrogate) is shown by its repr, never as it stands.
+            log.info("connection %d acked an unknown delivery %r", conn.id, ack.id)
             return
         now = self.clock()
         run.acks.append(AckRecord(ack.id, conn.id, ack.status, ack.reason, now))
