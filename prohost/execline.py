@@ -63,6 +63,48 @@ def program_name(line: str) -> str:
     return "" if index is None else os.path.basename(words[index])
 
 
+#: Command lines that start an agent speaking the Agent Client Protocol on its
+#: stdio, which ``--brain auto`` drives with the ACP brain: the program's base name
+#: and the word after it that selects ACP mode (``None``: the program only speaks
+#: ACP). One list; the README's brain table shows it. Also found after ``npx``/
+#: ``bunx``/``pnpx`` (``npx @zed-industries/codex-acp``), by the package's name.
+ACP_COMMANDS: tuple[tuple[str, str | None], ...] = (
+    ("gemini", "--acp"),                 # Gemini CLI
+    ("gemini", "--experimental-acp"),    # Gemini CLI before 0.2x
+    ("qwen", "--acp"),                   # Qwen Code
+    ("qwen", "--experimental-acp"),
+    ("copilot", "--acp"),                # GitHub Copilot CLI
+    ("opencode", "acp"),                 # OpenCode
+    ("goose", "acp"),                    # Goose
+    ("cursor-agent", "acp"),             # Cursor CLI
+    ("kimi", "--acp"),                   # Kimi CLI
+    ("claude-code-acp", None),           # Claude Code through Zed's adapter
+    ("claude-agent-acp", None),          # the same adapter, renamed upstream
+    ("codex-acp", None),                 # Codex through Zed's adapter
+)
+_PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
+
+
+def speaks_acp(line: str) -> bool:
+    """Whether ``line`` starts an agent in ACP mode (:data:`ACP_COMMANDS`)."""
+    words = split_command(line)
+    index = program_index(words)
+    if index is None:
+        return False
+    program = os.path.basename(words[index])
+    rest = words[index + 1:]
+    if program in _PACKAGE_RUNNERS:
+        # npx [-y] @scope/name[@version] …: the package is the program.
+        packages = [word for word in rest if not word.startswith("-")]
+        if not packages:
+            return False
+        package = packages[0]
+        rest = rest[rest.index(package) + 1:]
+        program = package.rsplit("/", 1)[-1].split("@", 1)[0]
+    return any(program == name and (mode is None or mode in rest)
+               for name, mode in ACP_COMMANDS)
+
+
 def program_span(line: str) -> tuple[int, int] | None:
     """Where in ``line`` the program's word is (start, end), by the rule of
     :func:`program_index`; ``None`` when it runs none. ``line[:end]`` is the
