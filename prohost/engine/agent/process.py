@@ -83,11 +83,9 @@ class Conversation(Protocol):
 
     def interrupt(self) -> bool:
         """The group is about to be stopped (a limit passed, or the run was
-        cancelled): ask the agent to wind down (ACP ``session/cancel``). ``True``:
-        it was asked, so the stop first waits, briefly, for :meth:`settled`."""
-
-    def settled(self) -> bool:
-        """The agent answered the interruption (or has nothing left to answer)."""
+        cancelled): ask the agent to wind down (ACP ``session/cancel``, then
+        end-of-file once it has answered). ``True``: it was asked, so the stop
+        first waits, briefly, for the agent to exit by itself."""
 
 
 class ProcessGroups:
@@ -350,14 +348,14 @@ class _Watch:
     async def _stop(self) -> None:
         """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
 
-        A conversation is first asked to wind down, and given up to half the
-        grace to answer (ACP: the prompt returns ``cancelled``) while its output
-        is still read. Unbounded by itself: callers put it under a deadline.
+        A conversation is first asked to wind down, and the agent given up to half
+        the grace to answer and exit (ACP: the prompt returns ``cancelled``, stdin
+        ends, and the agent saves its session as it leaves) while its output is
+        still read. Unbounded by itself: callers put it under a deadline.
         """
         if self.conversation is not None and not self.exited and self.conversation.interrupt():
-            talk = self.conversation
             with trio.move_on_after(self.groups.grace_s / 2):
-                await self._pump(lambda: self.exited or talk.settled())
+                await self._pump(lambda: self.exited)
         _killpg(self.pgid, signal.SIGTERM)
         with trio.move_on_after(self.groups.grace_s):
             await self._pump(self._gone)

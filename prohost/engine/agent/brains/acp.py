@@ -166,6 +166,7 @@ class AcpTurn(Turn):
         return True
 
     def settled(self) -> bool:
+        """The prompt was answered (or the conversation failed): nothing is pending."""
         return self._phase is _Phase.DONE
 
     # ---------------------------------------------------------------- reading
