@@ -31,7 +31,8 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 - ``ask_fs``: asks the client for ``fs/read_text_file`` and says what it got back
 - ``exit_early``: exits 0 right after the prompt arrives, without answering
 
-Every message it receives is appended, one JSON per line, to ``FAKE_ACP_RECORD``
+With ``FAKE_ACP_LINGER`` set it does not exit at end-of-file (it waits to be
+stopped). Every message it receives is appended, one JSON per line, to ``FAKE_ACP_RECORD``
 when that names a file (with ``{"event": "eof"}`` at end-of-file).
 """
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -265,6 +267,8 @@ def main() -> None:
     while True:
         message = receive()
         if message is None:
+            if os.environ.get("FAKE_ACP_LINGER"):
+                time.sleep(3600)  # stays after end-of-file, until it is stopped
             return
         method = message.get("method")
         if method is None or "id" not in message:
