@@ -69,7 +69,6 @@ from prohost.engine.agent.brains.base import Brain, McpWiring, Turn, one_line, w
 from prohost.engine.agent.brains.summaries import activity
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, final_reply
-from prohost.execline import version_command
 from prohost.wire.outcomes import ACP_NO_ANSWER, acp_stopped, acp_version
 from prohost.wire.runs import Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
@@ -219,7 +218,7 @@ class AcpTurn(Turn):
         elif method == "session/prompt":
             reason = answer.get("stopReason")
             self.stop_reason = reason if isinstance(reason, str) else "end_turn"
-            self._read_tokens(answer.get("usage"))
+            self._read_tokens(answer.get("usage"), answer.get("_meta"))
             self._end()
 
     def _refused(self, method: str, error: rpc.RpcError) -> None:
@@ -254,9 +253,7 @@ class AcpTurn(Turn):
     def _opened(self, session: str, answer: dict[str, Any]) -> None:
         self._session = self.session_id = session
         self.started = True
-        models = answer.get("models")
-        if isinstance(models, dict):
-            self.model = valid_model(models.get("currentModelId")) or self.model
+        self.model = _model(answer) or self.model
         self._phase = _Phase.PROMPTING
         self.activity = "thinking"
         self._send("session/prompt", {
@@ -382,10 +379,17 @@ class AcpTurn(Turn):
         else:
             self.activity = "thinking"
 
-    def _read_tokens(self, usage: object) -> None:
+    def _read_tokens(self, usage: object, meta: object) -> None:
         """The turn's tokens from the prompt response's ``usage`` (an unstable part
-        of ACP v1: read when present, never required)."""
+        of ACP v1: read when present, never required), else from Gemini CLI's
+        ``_meta.quota.token_count`` (``{"input_tokens": …, "output_tokens": …}``,
+        seen from @google/gemini-cli 0.61)."""
         if not isinstance(usage, dict):
+            quota = meta.get("quota") if isinstance(meta, dict) else None
+            counts = quota.get("token_count") if isinstance(quota, dict) else None
+            if isinstance(counts, dict):
+                self._tokens = Usage(input_tokens=valid_count(counts.get("input_tokens")),
+                                     output_tokens=valid_count(counts.get("output_tokens")))
             return
         self._tokens = Usage(
             input_tokens=valid_count(usage.get("inputTokens")),
@@ -482,6 +486,24 @@ class AcpTurn(Turn):
         return one_line(with_limit(error, self.limit, "the account's"), _ERROR_CHARS)
 
 
+def _model(answer: dict[str, Any]) -> str | None:
+    """The model a session setup response names: ``models.currentModelId`` (an
+    unstable part of v1 Gemini CLI sends), else the current value of the ``model``
+    config option (``configOptions``, v1) unless it is only ``default``."""
+    models = answer.get("models")
+    if isinstance(models, dict):
+        named = valid_model(models.get("currentModelId"))
+        if named is not None:
+            return named
+    options = answer.get("configOptions")
+    for option in options if isinstance(options, list) else []:
+        if isinstance(option, dict) and option.get("category") == "model":
+            value = valid_model(option.get("currentValue"))
+            if value is not None and value != "default":
+                return value
+    return None
+
+
 class AcpBrain(Brain):
     """An agent spoken to over ACP; ``--exec`` is the command that starts it in ACP
     mode (``gemini --acp``, ``opencode acp``…), run as written."""
@@ -500,4 +522,7 @@ class AcpBrain(Brain):
         return AcpTurn(safe_tools=self.safe_tools)
 
     def version_command(self) -> str | None:
-        return version_command(self.exec_line)
+        # Not ``<program> --version``: the ACP adapters (claude-agent-acp,
+        # codex-acp) take no such flag and start serving ACP instead; an agent's
+        # version comes in its initialize answer (agentInfo), not asked apart.
+        return None
