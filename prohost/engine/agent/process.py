@@ -510,8 +510,9 @@ async def run_agent(
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
-    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace)
-    inside a shielded scope bounded at ``groups.grace_s + 2`` seconds, then the
+    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace;
+    with a conversation, first its wind-down, up to half the grace) inside a
+    shielded scope bounded at ``groups.grace_s + 2`` seconds (plus the wind-down), then the
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """

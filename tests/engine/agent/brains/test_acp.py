@@ -331,3 +331,46 @@ def test_auto_leaves_other_lines_alone(line: str) -> None:
 def test_every_listed_program_is_recognised() -> None:
     for program, mode in ACP_COMMANDS:
         assert speaks_acp(program if mode is None else f"{program} {mode}")
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", **message}).encode()
+
+
+def test_tool_calls_are_the_activity_while_they_run() -> None:
+    turn = AcpBrain(FAKE_ACP).new_turn()
+    sent: list[bytes] = []
+
+    class Pipe:
+        def write(self, data: bytes) -> None:
+            sent.append(data)
+
+        def close(self) -> None:
+            sent.append(b"EOF")
+
+    turn.conversation(PROMPT, None, Path("/tmp")).open(Pipe())
+    turn.feed(line({"id": 0, "result": {"protocolVersion": 1, "agentCapabilities": {}}}))
+    turn.feed(line({"id": 1, "result": {"sessionId": "s1"}}))
+    assert turn.activity == "thinking" and turn.session_id == "s1"
+
+    def update(body: dict[str, Any]) -> list[ToolEvent]:
+        return turn.feed(line({"method": "session/update",
+                               "params": {"sessionId": "s1", "update": body}}))
+
+    update({"sessionUpdate": "tool_call", "toolCallId": "a", "title": "Reading app.py",
+            "kind": "read", "status": "pending"})
+    assert turn.activity == "Read: Reading app.py"
+    update({"sessionUpdate": "tool_call", "toolCallId": "b", "title": "pytest -q",
+            "kind": "execute", "status": "in_progress"})
+    assert turn.activity == "Execute: pytest -q"
+    ended = update({"sessionUpdate": "tool_call_update", "toolCallId": "b",
+                    "status": "failed"})
+    assert [(e.id, e.state) for e in ended] == [("b", "error")]
+    assert turn.activity == "Read: Reading app.py"
+    update({"sessionUpdate": "tool_call_update", "toolCallId": "a", "status": "completed"})
+    assert turn.activity == "thinking"
+    # An update for a call never announced posts nothing that would dangle.
+    assert update({"sessionUpdate": "tool_call_update", "toolCallId": "zz",
+                   "status": "completed"}) == []
+    turn.feed(line({"id": 2, "result": {"stopReason": "end_turn"}}))
+    assert turn.activity is None and sent[-1] == b"EOF"

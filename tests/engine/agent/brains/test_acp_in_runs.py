@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from prohost.engine.agent import process
+from prohost.wire.outcomes import STOPPED
 from tests.engine.agent.brains.test_acp import FAKE_ACP, acp_env
 from tests.kits.harness import finished, running_harness, running_server
 
@@ -100,3 +101,25 @@ async def test_an_agent_that_stays_after_its_answer_is_stopped_and_the_run_succe
             completion = server.run(run_id).completion or {}
             assert completion["ok"] is True, completion
             assert completion["reply"] == "Hello from the fake ACP agent."
+
+
+@pytest.mark.protocol("§9")
+async def test_the_second_signal_asks_the_acp_agent_to_cancel_within_the_stop_window(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
+            env=acp_env(tmp_path, "hang"),
+        ) as running:
+            run_id = await server.submit_run("take your time", conversation_id="C1")
+            await server.wait_until(lambda state: bool(state.runs[run_id].timeline))
+            stopped_at = trio.current_time()
+            running.harness.stop()
+            await server.wait_until(
+                lambda state: state.runs[run_id].completion is not None)
+            assert trio.current_time() - stopped_at < 5  # §9's window
+            completion = server.run(run_id).completion or {}
+            assert completion["error"] == STOPPED
+            assert completion["session_id"].startswith("sess_")
+            assert received(tmp_path)[-2:] == ["session/cancel", "eof"]
