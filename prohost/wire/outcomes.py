@@ -121,6 +121,11 @@ def acp_stopped(reason: str) -> str:
 ACP_NO_ANSWER = "the agent ended the ACP connection before it answered the prompt"
 
 
+#: The run carries an MCP server and the agent takes none over HTTP.
+ACP_NO_HTTP_MCP = ("the run's MCP server could not be given to the agent: it does not "
+                   "take MCP servers over HTTP (ACP mcpCapabilities.http)")
+
+
 def acp_version(version: object) -> str:
     """The agent answered ``initialize`` with a protocol version other than 1."""
     return (f"the agent speaks ACP protocol version {version!r}; prohost speaks version 1")

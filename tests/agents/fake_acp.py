@@ -31,6 +31,7 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 - ``ask_fs``: asks the client for ``fs/read_text_file`` and says what it got back
 - ``exit_early``: exits 0 right after the prompt arrives, without answering
 
+With ``FAKE_ACP_NO_HTTP_MCP`` set it says it takes no MCP servers over HTTP.
 With ``FAKE_ACP_LINGER`` set it does not exit at end-of-file (it waits to be
 stopped). Every message it receives is appended, one JSON per line, to ``FAKE_ACP_RECORD``
 when that names a file (with ``{"event": "eof"}`` at end-of-file).
@@ -286,7 +287,8 @@ def main() -> None:
                     "loadSession": CAPS in ("load", "both"),
                     "promptCapabilities": {"image": False, "audio": False,
                                            "embeddedContext": False},
-                    "mcpCapabilities": {"http": True, "sse": False},
+                    "mcpCapabilities": {"http": not os.environ.get("FAKE_ACP_NO_HTTP_MCP"),
+                                        "sse": False},
                     "sessionCapabilities": session_caps,
                 },
                 "authMethods": [],

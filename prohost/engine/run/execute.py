@@ -278,7 +278,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         spawned = True
         await on_spawn(pgid)
 
-    conversation = turn.conversation(attempt.prompt, session_id, spec.workdir)
+    conversation = turn.conversation(attempt.prompt, session_id, spec.workdir, attempt.wiring)
     try:
         result = await run_agent(
             brain.command(session_id=session_id, mcp=attempt.wiring,

@@ -9,8 +9,8 @@ conversation over its stdin and stdout, JSON-RPC 2.0 one message per line
 
     → initialize {protocolVersion: 1, clientCapabilities: {fs: none, terminal: false}}
     ← {protocolVersion: 1, agentCapabilities: {loadSession, sessionCapabilities.resume…}}
-    → session/load | session/resume {sessionId, cwd, mcpServers: []}   (the lane's session)
-      or session/new {cwd, mcpServers: []}
+    → session/load | session/resume {sessionId, cwd, mcpServers}   (the lane's session)
+      or session/new {cwd, mcpServers}     (mcpServers: the run's MCP server, over HTTP)
     → session/prompt {sessionId, prompt: [{type: text, text: <the harness's prompt>}]}
     ← session/update … (agent_message_chunk, tool_call, usage_update…)
     ← session/request_permission → answered at once
@@ -57,7 +57,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +65,20 @@ from prohost import __version__
 from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains import acp_rpc as rpc
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
-from prohost.engine.agent.brains.base import Brain, McpWiring, Turn, one_line, with_limit
+from prohost.engine.agent.brains.base import (
+    MCP_SERVER_NAME,
+    Brain,
+    McpWiring,
+    Turn,
+    check_mcp,
+    one_line,
+    with_limit,
+)
 from prohost.engine.agent.brains.summaries import activity
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, final_reply
-from prohost.wire.outcomes import ACP_NO_ANSWER, acp_stopped, acp_version
-from prohost.wire.runs import Outcome
+from prohost.wire.outcomes import ACP_NO_ANSWER, ACP_NO_HTTP_MCP, acp_stopped, acp_version
+from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
 from prohost.wire.usage import Usage, valid_cost, valid_count, valid_model
 
@@ -110,6 +118,8 @@ class AcpTurn(Turn):
         self._prompt = ""
         self._cwd = ""
         self._resume: str | None = None
+        #: The run's MCP servers, as ACP ``McpServer`` objects.
+        self._servers: list[dict[str, Any]] = []
         self._next_id = 0
         #: Our requests not yet answered: id → method.
         self._pending: dict[rpc.MessageId, str] = {}
@@ -138,9 +148,11 @@ class AcpTurn(Turn):
 
     # ---------------------------------------------------------------- Conversation
 
-    def conversation(self, prompt: str, session_id: str | None, cwd: Path) -> Conversation:
+    def conversation(self, prompt: str, session_id: str | None, cwd: Path,
+                     mcp: McpWiring | None = None) -> Conversation:
         self._prompt = prompt
         self._cwd = os.path.abspath(cwd)
+        self._servers = [dict(server) for server in mcp.servers] if mcp is not None else []
         # A session id that looks like an option could only come from a damaged
         # ledger; ACP would take it, but the agent's own store might not.
         self._resume = session_id or None
@@ -203,6 +215,11 @@ class AcpTurn(Turn):
                 return
             capabilities = answer.get("agentCapabilities")
             self._capabilities = capabilities if isinstance(capabilities, dict) else {}
+            mcp = self._capabilities.get("mcpCapabilities")
+            if self._servers and not (isinstance(mcp, dict) and mcp.get("http") is True):
+                # Fail closed, as every brain does with an MCP server it cannot wire.
+                self._fail(ACP_NO_HTTP_MCP)
+                return
             self._open_session()
         elif method == "session/new":
             session = answer.get("sessionId")
@@ -232,7 +249,7 @@ class AcpTurn(Turn):
                      method, self._resume, text)
             self._fresh = True
             self._phase = _Phase.OPENING
-            self._send("session/new", {"cwd": self._cwd, "mcpServers": []})
+            self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
             return
         self._fail(f"the agent failed {method}: {text}")
 
@@ -240,7 +257,7 @@ class AcpTurn(Turn):
         self._phase = _Phase.OPENING
         sessions = self._capabilities.get("sessionCapabilities")
         if self._resume is not None:
-            params = {"sessionId": self._resume, "cwd": self._cwd, "mcpServers": []}
+            params = {"sessionId": self._resume, "cwd": self._cwd, "mcpServers": self._servers}
             if self._capabilities.get("loadSession") is True:
                 self._send("session/load", params)
                 return
@@ -248,7 +265,7 @@ class AcpTurn(Turn):
                 self._send("session/resume", params)
                 return
             self._fresh = True  # it can take no session back: a new one
-        self._send("session/new", {"cwd": self._cwd, "mcpServers": []})
+        self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
 
     def _opened(self, session: str, answer: dict[str, Any]) -> None:
         self._session = self.session_id = session
@@ -520,6 +537,16 @@ class AcpBrain(Brain):
 
     def new_turn(self) -> AcpTurn:
         return AcpTurn(safe_tools=self.safe_tools)
+
+    def wire_mcp(self, mcp: Mcp, folder: Path,
+                 env: Mapping[str, str] | None = None) -> McpWiring:
+        """The run's MCP server as an ACP HTTP ``McpServer`` for ``session/new``
+        (its token in an ``Authorization`` header): it reaches the agent on its
+        stdin, never on a command line or in a file. Nothing is written."""
+        check_mcp(mcp, transport="ACP agents are given MCP servers over HTTP")
+        headers = [{"name": "Authorization", "value": f"Bearer {mcp.token}"}] if mcp.token else []
+        return McpWiring(servers=({"type": "http", "name": MCP_SERVER_NAME, "url": mcp.url,
+                                   "headers": headers},))
 
     def version_command(self) -> str | None:
         # Not ``<program> --version``: the ACP adapters (claude-agent-acp,

@@ -92,6 +92,9 @@ class McpWiring:
 
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = attrs.field(factory=dict)
+    #: Servers a brain hands its agent in its own protocol rather than on the
+    #: command line (ACP ``McpServer`` objects for ``session/new``).
+    servers: tuple[Mapping[str, Any], ...] = ()
 
 
 class McpError(Exception):
@@ -179,12 +182,12 @@ class Turn(abc.ABC):
         """Whether this attempt failed because the resumed session is unknown."""
         return False
 
-    def conversation(self, prompt: str, session_id: str | None,
-                     cwd: Path) -> Conversation | None:
+    def conversation(self, prompt: str, session_id: str | None, cwd: Path,
+                     mcp: McpWiring | None = None) -> Conversation | None:
         """For a brain that talks with its agent over stdin while it runs (ACP): the
         conversation that carries ``prompt`` in ``session_id`` (``None``: a new
-        session) with the agent working in ``cwd``. ``None`` (the default): the
-        prompt is written to stdin, then end-of-file."""
+        session) with the agent working in ``cwd`` and the run's ``mcp`` wiring.
+        ``None`` (the default): the prompt is written to stdin, then end-of-file."""
         return None
 
     def ended_by_limit(self, outcome: Outcome | None) -> bool:

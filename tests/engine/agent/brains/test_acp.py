@@ -21,11 +21,12 @@ import trio
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
+from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.execline import ACP_COMMANDS, speaks_acp
-from prohost.wire.outcomes import ACP_NO_ANSWER, acp_stopped, acp_version
-from prohost.wire.runs import Outcome
+from prohost.wire.outcomes import ACP_NO_ANSWER, ACP_NO_HTTP_MCP, acp_stopped, acp_version
+from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
 from tests.kits.paths import AGENTS
@@ -69,7 +70,8 @@ def read(done: Talk, turn: AcpTurn, line: bytes) -> None:
 async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None = None,
                before: Usage | None = None, safe_tools: bool = False,
                deadline: float = math.inf, groups: ProcessGroups | None = None,
-               talk_to: Talk | None = None, **env: str) -> Talk:
+               talk_to: Talk | None = None, mcp: McpWiring | None = None,
+               **env: str) -> Talk:
     """One attempt of the ACP brain with the fake agent playing ``scenario``."""
     (tmp_path / "record.jsonl").unlink(missing_ok=True)
     turn = AcpBrain(FAKE_ACP, safe_tools=safe_tools).new_turn()
@@ -81,7 +83,7 @@ async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None =
         FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=acp_env(tmp_path, scenario, **env),
         groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,
         on_stdout_line=lambda line: read(done, turn, line),
-        conversation=turn.conversation(PROMPT, session, tmp_path))
+        conversation=turn.conversation(PROMPT, session, tmp_path, mcp))
     done.result = result
     if result.timed_out is None:
         done.outcome = turn.finish(result)
@@ -374,3 +376,43 @@ def test_tool_calls_are_the_activity_while_they_run() -> None:
                    "status": "completed"}) == []
     turn.feed(line({"id": 2, "result": {"stopReason": "end_turn"}}))
     assert turn.activity is None and sent[-1] == b"EOF"
+
+
+@pytest.mark.parametrize("caps", ["load", "none"])
+async def test_the_runs_mcp_server_goes_to_the_session_over_http(
+    tmp_path: Path, caps: str,
+) -> None:
+    wiring = AcpBrain(FAKE_ACP).wire_mcp(Mcp(url="http://127.0.0.1:9/mcp", token="t0k3n"),
+                                         tmp_path)
+    first = await talk(tmp_path, mcp=wiring, FAKE_ACP_CAPS=caps)
+    assert first.outcome is not None
+    second = await talk(tmp_path, session=first.outcome.session_id, mcp=wiring,
+                        FAKE_ACP_CAPS=caps)
+    expected = [{"type": "http", "name": "prohost", "url": "http://127.0.0.1:9/mcp",
+                 "headers": [{"name": "Authorization", "value": "Bearer t0k3n"}]}]
+    for done in (first, second):
+        setup = done.record()[1]
+        assert setup["method"] in ("session/new", "session/load")
+        assert setup["params"]["mcpServers"] == expected
+
+
+async def test_an_agent_without_http_mcp_fails_a_run_with_an_mcp_server_closed(
+    tmp_path: Path,
+) -> None:
+    wiring = AcpBrain(FAKE_ACP).wire_mcp(Mcp(url="http://127.0.0.1:9/mcp"), tmp_path)
+    done = await talk(tmp_path, mcp=wiring, FAKE_ACP_NO_HTTP_MCP="1")
+    assert done.outcome is not None and done.outcome.error == ACP_NO_HTTP_MCP
+    assert done.methods() == ["initialize", "eof"]
+
+
+def test_the_mcp_wiring_is_neither_argv_nor_env_nor_a_file(tmp_path: Path) -> None:
+    wiring = AcpBrain(FAKE_ACP).wire_mcp(Mcp(url="http://127.0.0.1:9/mcp", token="t0k3n"),
+                                         tmp_path)
+    assert wiring.args == () and dict(wiring.env) == {}
+    assert list(tmp_path.iterdir()) == []
+    assert AcpBrain(FAKE_ACP).command(session_id=None, mcp=wiring) == FAKE_ACP
+
+
+def test_an_mcp_url_an_agent_cannot_reach_is_refused_before_the_spawn(tmp_path: Path) -> None:
+    with pytest.raises(McpError):
+        AcpBrain(FAKE_ACP).wire_mcp(Mcp(url="ftp://example.org/mcp"), tmp_path)

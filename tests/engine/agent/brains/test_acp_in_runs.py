@@ -123,3 +123,22 @@ async def test_the_second_signal_asks_the_acp_agent_to_cancel_within_the_stop_wi
             assert completion["error"] == STOPPED
             assert completion["session_id"].startswith("sess_")
             assert received(tmp_path)[-2:] == ["session/cancel", "eof"]
+
+
+@pytest.mark.protocol("§5")
+async def test_a_runs_mcp_server_reaches_an_acp_agent_in_its_session(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
+            env=acp_env(tmp_path),
+        ):
+            run_id = await server.submit_run(
+                "use the tools", conversation_id="C1",
+                mcp={"url": "http://127.0.0.1:9/mcp", "token": "t0k3n"})
+            await server.wait_until(finished(run_id))
+            assert (server.run(run_id).completion or {}).get("ok")
+    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    setup = next(json.loads(line) for line in lines if "session/new" in line)
+    assert setup["params"]["mcpServers"] == [
+        {"type": "http", "name": "prohost", "url": "http://127.0.0.1:9/mcp",
+         "headers": [{"name": "Authorization", "value": "Bearer t0k3n"}]}]
