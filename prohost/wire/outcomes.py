@@ -126,6 +126,13 @@ ACP_NO_HTTP_MCP = ("the run's MCP server could not be given to the agent: it doe
                    "take MCP servers over HTTP (ACP mcpCapabilities.http)")
 
 
+def acp_signed_out(detail: str) -> str:
+    """The agent answered "authentication required" (ACP error -32000): nobody is
+    logged in to it on this machine, and the harness does not log in for anyone."""
+    return (f"the agent is not logged in on this machine ({detail}); log in with the "
+            "agent's own command there, and try again")
+
+
 def acp_version(version: object) -> str:
     """The agent answered ``initialize`` with a protocol version other than 1."""
     return (f"the agent speaks ACP protocol version {version!r}; prohost speaks version 1")

@@ -31,10 +31,12 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 - ``ask_fs``: asks the client for ``fs/read_text_file`` and says what it got back
 - ``exit_early``: exits 0 right after the prompt arrives, without answering
 
-With ``FAKE_ACP_NO_HTTP_MCP`` set it says it takes no MCP servers over HTTP.
-With ``FAKE_ACP_LINGER`` set it does not exit at end-of-file (it waits to be
-stopped). Every message it receives is appended, one JSON per line, to ``FAKE_ACP_RECORD``
-when that names a file (with ``{"event": "eof"}`` at end-of-file).
+With ``FAKE_ACP_AUTH`` set every session setup answers -32000 "Authentication
+required" (an agent nobody logged in to). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
+it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
+end-of-file (it waits to be stopped). Every message it receives is appended, one
+JSON per line, to ``FAKE_ACP_RECORD`` when that names a file (with
+``{"event": "eof"}`` at end-of-file).
 """
 
 from __future__ import annotations
@@ -233,6 +235,10 @@ def open_session(message: dict[str, Any]) -> None:
     if not isinstance(params.get("cwd"), str) or not os.path.isabs(params["cwd"]) or not (
             isinstance(params.get("mcpServers"), list)):
         invalid(message["id"], "cwd (absolute) and mcpServers are required")
+        return
+    if os.environ.get("FAKE_ACP_AUTH"):
+        send({"id": message["id"], "error": {"code": -32000,
+                                             "message": "Authentication required"}})
         return
     if method == "session/new":
         session = f"sess_{uuid.uuid4().hex[:12]}"

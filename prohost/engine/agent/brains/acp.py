@@ -77,7 +77,13 @@ from prohost.engine.agent.brains.base import (
 from prohost.engine.agent.brains.summaries import activity
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, final_reply
-from prohost.wire.outcomes import ACP_NO_ANSWER, ACP_NO_HTTP_MCP, acp_stopped, acp_version
+from prohost.wire.outcomes import (
+    ACP_NO_ANSWER,
+    ACP_NO_HTTP_MCP,
+    acp_signed_out,
+    acp_stopped,
+    acp_version,
+)
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
 from prohost.wire.usage import Usage, valid_cost, valid_count, valid_model
@@ -250,6 +256,9 @@ class AcpTurn(Turn):
             self._fresh = True
             self._phase = _Phase.OPENING
             self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
+            return
+        if error.code == rpc.AUTH_REQUIRED:
+            self._fail(acp_signed_out(text))
             return
         self._fail(f"the agent failed {method}: {text}")
 

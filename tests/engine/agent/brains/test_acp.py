@@ -25,7 +25,13 @@ from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.execline import ACP_COMMANDS, speaks_acp
-from prohost.wire.outcomes import ACP_NO_ANSWER, ACP_NO_HTTP_MCP, acp_stopped, acp_version
+from prohost.wire.outcomes import (
+    ACP_NO_ANSWER,
+    ACP_NO_HTTP_MCP,
+    acp_signed_out,
+    acp_stopped,
+    acp_version,
+)
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
@@ -416,3 +422,10 @@ def test_the_mcp_wiring_is_neither_argv_nor_env_nor_a_file(tmp_path: Path) -> No
 def test_an_mcp_url_an_agent_cannot_reach_is_refused_before_the_spawn(tmp_path: Path) -> None:
     with pytest.raises(McpError):
         AcpBrain(FAKE_ACP).wire_mcp(Mcp(url="ftp://example.org/mcp"), tmp_path)
+
+
+async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
+    done = await talk(tmp_path, FAKE_ACP_AUTH="1")
+    assert done.outcome is not None
+    assert done.outcome.error == acp_signed_out("Authentication required")
+    assert done.turn.session_id is None  # the lane keeps its session
