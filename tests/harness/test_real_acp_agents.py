@@ -8,8 +8,9 @@ pointed at :class:`tests.kits.mock_models.MockModel` by their documented setting
 ``GOOGLE_GEMINI_BASE_URL`` with an API key). Each is driven by ``--brain auto``
 (its command line must be recognised as ACP) through two turns of one
 conversation, the second in the first's session (the model must see the first
-turn again), and a cancel while the model is answering. Claude Code also asks
-for a permission (the mock model calls its Bash tool), which the brain grants.
+turn again), and a cancel while the model is answering; and a turn where the
+mock model calls the agent's shell tool with a command that makes a file, which
+each agent asks permission for and the brain grants.
 Without the installed agents the tests skip and say why.
 """
 
@@ -136,13 +137,12 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 assert len(running.harness.groups) == 0
 
 
-async def test_claude_code_asks_for_a_permission_and_the_brain_grants_it(
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent: str) -> None:
     model = MockModel(reply=REPLY)
     with trio.fail_after(180):
         async with serving(model) as url:
-            exec_command, env = setup_for("claude", url, tmp_path)
+            exec_command, env = setup_for(agent, url, tmp_path)
             async with running_server() as server, running_harness(
                 server, tmp_path / "home", exec_command=exec_command, env=env,
                 timeout_s=120,

@@ -7,8 +7,9 @@ settings (``ANTHROPIC_BASE_URL``, a Codex ``model_providers`` entry,
 ``GOOGLE_GEMINI_BASE_URL``) completes a turn without a network or a login.
 
 A request whose conversation asks for ``RUN_A_TOOL`` gets a shell tool call first
-(Anthropic ``tool_use`` of ``Bash``), and the text once the tool's result comes
-back. With ``hold`` set, every answer waits for it: a turn the test cancels.
+(Anthropic ``tool_use`` of ``Bash``, Codex's ``exec_command`` asking to leave its
+sandbox, Gemini's ``run_shell_command``), and the text once the tool's result
+comes back. With ``hold`` set, every answer waits for it: a turn the test cancels.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import trio
 from tests.kits.asgi import lifespan, read_body
 
 TOOL_WORD = "RUN_A_TOOL"
+#: The shell command the tool call runs: it leaves a file, so it needs a permission.
+TOOL_COMMAND = "touch made-by-the-tool && echo mock-tool-ran"
 
 
 @attrs.define
@@ -76,8 +79,7 @@ class MockModel:
         block: dict[str, Any]
         if tool:
             block = {"type": "tool_use", "id": "toolu_mock1", "name": "Bash",
-                     "input": {"command": "touch made-by-the-tool && echo mock-tool-ran",
-                               "description": "Make a file"}}
+                     "input": {"command": TOOL_COMMAND, "description": "Make a file"}}
         else:
             block = {"type": "text", "text": self.reply}
         if not request.get("stream"):
@@ -111,6 +113,26 @@ class MockModel:
         await _sse(send, events)
 
     async def _responses(self, send: Any, request: dict[str, Any]) -> None:
+        given = json.dumps(request.get("input", ""))
+        if TOOL_WORD in given and "function_call_output" not in given:
+            # Codex's exec_command, asking to leave its sandbox: Codex asks first.
+            call = {"type": "function_call", "id": "fc_mock", "call_id": "call_mock1",
+                    "name": "exec_command", "status": "completed",
+                    "arguments": json.dumps({"cmd": TOOL_COMMAND,
+                                             "sandbox_permissions": "require_escalated",
+                                             "justification": "Make a file"})}
+            await _sse(send, [
+                ("response.created", {"type": "response.created",
+                                      "response": {"id": "resp_tool", "status": "in_progress"}}),
+                ("response.output_item.done", {"type": "response.output_item.done",
+                                               "output_index": 0, "item": call}),
+                ("response.completed", {"type": "response.completed", "response": {
+                    "id": "resp_tool", "status": "completed", "output": [call],
+                    "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                              "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": 0}}}}),
+            ])
+            return
         item = {"type": "message", "role": "assistant", "id": "msg_mock", "status": "completed",
                 "content": [{"type": "output_text", "text": self.reply, "annotations": []}]}
         usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
@@ -131,7 +153,12 @@ class MockModel:
         ])
 
     async def _gemini(self, send: Any, path: str, request: dict[str, Any]) -> None:
-        answer = {"candidates": [{"content": {"parts": [{"text": self.reply}], "role": "model"},
+        given = json.dumps(request.get("contents", ""))
+        part: dict[str, Any] = {"text": self.reply}
+        if TOOL_WORD in given and "functionResponse" not in given:
+            part = {"functionCall": {"name": "run_shell_command", "args": {
+                "command": TOOL_COMMAND, "description": "Make a file"}}}
+        answer = {"candidates": [{"content": {"parts": [part], "role": "model"},
                                   "finishReason": "STOP", "index": 0}],
                   "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5,
                                     "totalTokenCount": 15},

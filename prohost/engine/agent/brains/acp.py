@@ -149,6 +149,8 @@ class AcpTurn(Turn):
         self._tokens = Usage()
         #: Tool calls still open: id → (name, summary), oldest first.
         self._open: dict[str, tuple[str, str]] = {}
+        #: Tool calls that ended (an update after the end posts nothing).
+        self._ended: set[str] = set()
         #: Lines that were not JSON-RPC messages (an agent logging on stdout).
         self.garbage = 0
 
@@ -198,7 +200,7 @@ class AcpTurn(Turn):
             if isinstance(message, rpc.Response):
                 self._response(message)
             elif isinstance(message, rpc.Request):
-                self._request(message)
+                return self._request(message)
             elif message.method == "session/update":
                 return self._update(message.params)
         except Exception:
@@ -287,14 +289,18 @@ class AcpTurn(Turn):
             "prompt": [{"type": "text", "text": self._prompt}],
         })
 
-    def _request(self, message: rpc.Request) -> None:
+    def _request(self, message: rpc.Request) -> list[ToolEvent]:
         if message.method == "session/request_permission":
             self._write(rpc.result(message.id, {"outcome": self._permission(message.params)}))
-            return
+            call = message.params.get("toolCall")
+            # The call asked about may not have been announced yet (Gemini CLI
+            # announces such a call only here): it is on the timeline from now.
+            return self._tool_update(call) if isinstance(call, dict) else []
         # fs/* and terminal/* were not offered (see the module's notes); anything
         # else is unknown here. An answer keeps the agent from waiting for one.
         self._write(rpc.error(message.id, rpc.METHOD_NOT_FOUND,
                               f"prohost does not offer {message.method}"))
+        return []
 
     def _permission(self, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to ``session/request_permission``: the agent's allow option
@@ -366,8 +372,10 @@ class AcpTurn(Turn):
 
     def _tool_call(self, update: dict[str, Any]) -> list[ToolEvent]:
         call_id = update.get("toolCallId")
-        if not isinstance(call_id, str) or not call_id:
+        if not isinstance(call_id, str) or not call_id or call_id in self._ended:
             return []
+        if call_id in self._open:
+            return self._tool_update(update)  # announced already (by a permission)
         kind = update.get("kind")
         name = _KIND_NAMES.get(kind, "Tool") if isinstance(kind, str) else "Tool"
         title = update.get("title")
@@ -383,9 +391,13 @@ class AcpTurn(Turn):
 
     def _tool_update(self, update: dict[str, Any]) -> list[ToolEvent]:
         call_id = update.get("toolCallId")
-        if not isinstance(call_id, str) or call_id not in self._open:
-            return []
         title = update.get("title")
+        if not isinstance(call_id, str) or call_id in self._ended:
+            return []
+        if call_id not in self._open:
+            # Never announced by a tool_call: with a title it is announced now;
+            # without one, an ending alone would dangle on the timeline.
+            return self._tool_call(update) if isinstance(title, str) and title else []
         if isinstance(title, str) and title.strip():
             self._open[call_id] = (self._open[call_id][0], one_line(title))
         ended = self._ending(call_id, update.get("status"))
@@ -396,6 +408,7 @@ class AcpTurn(Turn):
         if status not in ("completed", "failed"):
             return None
         name, summary = self._open.pop(call_id)
+        self._ended.add(call_id)
         state: ToolState = "done" if status == "completed" else "error"
         return ToolEvent(id=call_id, name=name, state=state, summary=summary)
 

@@ -345,20 +345,31 @@ def line(message: dict[str, Any]) -> bytes:
     return json.dumps({"jsonrpc": "2.0", **message}).encode()
 
 
-def test_tool_calls_are_the_activity_while_they_run() -> None:
-    turn = AcpBrain(FAKE_ACP).new_turn()
-    sent: list[bytes] = []
+class Pipe:
+    """A StdinPipe that keeps what is written."""
 
-    class Pipe:
-        def write(self, data: bytes) -> None:
-            sent.append(data)
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
 
-        def close(self) -> None:
-            sent.append(b"EOF")
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
 
-    turn.conversation(PROMPT, None, Path("/tmp")).open(Pipe())
+    def close(self) -> None:
+        self.sent.append(b"EOF")
+
+
+def prompting_turn() -> tuple[AcpTurn, Pipe]:
+    """A turn fed the answers that open session ``s1``: it has sent its prompt."""
+    turn, pipe = AcpBrain(FAKE_ACP).new_turn(), Pipe()
+    turn.conversation(PROMPT, None, Path("/tmp")).open(pipe)
     turn.feed(line({"id": 0, "result": {"protocolVersion": 1, "agentCapabilities": {}}}))
     turn.feed(line({"id": 1, "result": {"sessionId": "s1"}}))
+    return turn, pipe
+
+
+def test_tool_calls_are_the_activity_while_they_run() -> None:
+    turn, pipe = prompting_turn()
+    sent = pipe.sent
     assert turn.activity == "thinking" and turn.session_id == "s1"
 
     def update(body: dict[str, Any]) -> list[ToolEvent]:
@@ -429,3 +440,28 @@ async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
     assert done.outcome is not None
     assert done.outcome.error == acp_signed_out("Authentication required")
     assert done.turn.session_id is None  # the lane keeps its session
+
+
+def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -> None:
+    """Gemini CLI 0.61 sends no tool_call for a call that needs a permission: the
+    request's toolCall, then a tool_call_update when it is done."""
+    turn, _ = prompting_turn()
+    asked = turn.feed(line({"id": 0, "method": "session/request_permission", "params": {
+        "sessionId": "s1",
+        "toolCall": {"toolCallId": "run_1", "status": "pending", "title": "touch x",
+                     "kind": "execute"},
+        "options": [{"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"}]}}))
+    assert [(e.id, e.name, e.state, e.summary) for e in asked] == [
+        ("run_1", "Execute", "calling", "touch x")]
+    again = turn.feed(line({"method": "session/update", "params": {"sessionId": "s1", "update": {
+        "sessionUpdate": "tool_call", "toolCallId": "run_1", "title": "touch x",
+        "kind": "execute", "status": "in_progress"}}}))
+    assert again == []  # announced already
+    done = turn.feed(line({"method": "session/update", "params": {"sessionId": "s1", "update": {
+        "sessionUpdate": "tool_call_update", "toolCallId": "run_1", "status": "completed",
+        "title": "touch x"}}}))
+    assert [(e.id, e.state) for e in done] == [("run_1", "done")]
+    late = turn.feed(line({"method": "session/update", "params": {"sessionId": "s1", "update": {
+        "sessionUpdate": "tool_call_update", "toolCallId": "run_1", "status": "completed",
+        "title": "touch x"}}}))
+    assert late == []
