@@ -381,22 +381,23 @@ class _Watch:
                     if self.exited:
                         self.poller.forget(EXIT)
                 else:
-                    self._feed()
-                    if not self.unsent:
-                        self.poller.forget(fd)
-                        self.writing = False
-                        if self.close_when_sent:
-                            self._end_stdin()  # end-of-file: the whole prompt is there
+                    self._send_queued()
 
     def _send_queued(self) -> None:
-        """Write what is queued now, and have the poller report when more fits."""
+        """Write what is queued now; have the poller report stdin while more is
+        queued than fits, and end it once all is written and end-of-file is due."""
         self._feed()
-        if not self.unsent:
-            if self.close_when_sent and not self.stdin_closed:
-                self._end_stdin()
-        elif not self.writing and not self.stdin_closed:
-            self.writing = True
-            self.poller.write(self.stdin.fileno())
+        if self.unsent:
+            if not self.writing and not self.stdin_closed:
+                self.writing = True
+                self.poller.write(self.stdin.fileno())
+            return
+        if self.writing:
+            # Forgotten before any close: a poller must never hold a closed fd.
+            self.writing = False
+            self.poller.forget(self.stdin.fileno())
+        if self.close_when_sent and not self.stdin_closed:
+            self._end_stdin()  # end-of-file: the whole prompt is there
 
     def _end_stdin(self) -> None:
         self.stdin_closed = True

@@ -18,6 +18,7 @@ import attrs
 import pytest
 import trio
 
+from prohost.engine.agent import poll
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
@@ -39,6 +40,14 @@ from tests.kits.paths import AGENTS
 
 FAKE_ACP = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_acp.py'))}"
 PROMPT = "Please say hello.\n\nReply with exactly NO_REPLY to send nothing."
+
+
+@pytest.fixture(autouse=True, params=["epoll", "tasks"])
+def poller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which way run_agent waits (both hold stdin open for a conversation)."""
+    if request.param == "tasks":
+        monkeypatch.setattr(poll, "USE_EPOLL", False)
+    return str(request.param)
 
 
 @attrs.define
