@@ -1,11 +1,13 @@
 """Real ACP agents through the harness, against a mock model on 127.0.0.1.
 
 Claude Code (``@agentclientprotocol/claude-agent-acp``), Codex
-(``@zed-industries/codex-acp``) and Gemini CLI (``@google/gemini-cli``, ``gemini
---acp``) are installed by ``.ci/run`` with npm into ``$PROHOST_REAL_CLIS`` and
-pointed at :class:`tests.kits.mock_models.MockModel` by their documented settings
+(``@zed-industries/codex-acp``), Gemini CLI (``@google/gemini-cli``, ``gemini
+--acp``) and Qwen Code (``@qwen-code/qwen-code``, ``qwen --acp``) are installed by
+``.ci/run`` with npm into ``$PROHOST_REAL_CLIS`` and pointed at
+:class:`tests.kits.mock_models.MockModel` by their documented settings
 (``ANTHROPIC_BASE_URL``; a ``model_providers`` entry in ``CODEX_HOME/config.toml``;
-``GOOGLE_GEMINI_BASE_URL`` with an API key). Each is driven by ``--brain auto``
+``GOOGLE_GEMINI_BASE_URL`` with an API key; ``QWEN_DEFAULT_AUTH_TYPE=openai`` with
+``OPENAI_BASE_URL``). Each is driven by ``--brain auto``
 (its command line must be recognised as ACP) through two turns of one
 conversation, the second in the first's session (the model must see the first
 turn again), and a cancel while the model is answering; and a turn where the
@@ -41,6 +43,7 @@ AGENTS = {
     "codex": ("codex-acp", ""),
     # A named model: "auto" would first ask a routing model for a JSON verdict.
     "gemini": ("gemini", " --acp -m gemini-2.5-flash"),
+    "qwen": ("qwen", " --acp"),
 }
 
 
@@ -49,7 +52,7 @@ AGENTS = {
 #: sessions found for this project" (starting the session's chat recording over
 #: before it reads it, as it looks from its bundle), so every turn falls back to a
 #: new session there, as §5 says it must.
-RESUMES = frozenset({"claude", "codex"})
+RESUMES = frozenset({"claude", "codex", "qwen"})
 
 
 def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
@@ -79,6 +82,10 @@ def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
             f'name = "mock"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
             'env_key = "MOCK_API_KEY"\n')
         env.update(CODEX_HOME=str(codex_home), MOCK_API_KEY="mock-key")
+    elif agent == "qwen":
+        # Qwen Code's documented OpenAI-compatible provider settings.
+        env.update(QWEN_DEFAULT_AUTH_TYPE="openai", OPENAI_API_KEY="mock-key",
+                   OPENAI_BASE_URL=f"{url}/v1", OPENAI_MODEL="mock-model")
     else:
         settings = user / ".gemini"
         settings.mkdir()

@@ -1,6 +1,6 @@
 """A mock model endpoint on 127.0.0.1 for real agent CLIs: the Anthropic Messages
-API (``POST /v1/messages``), the OpenAI Responses API (``POST /v1/responses``) and
-the Gemini API (``POST /v1beta/models/<model>:streamGenerateContent`` and
+API (``POST /v1/messages``), the OpenAI Responses API (``POST /v1/responses``), the
+OpenAI Chat Completions API (``POST /v1/chat/completions``) and the Gemini API (``POST /v1beta/models/<model>:streamGenerateContent`` and
 ``:generateContent``), each answering with a fixed text, streamed the way each API
 streams (server-sent events), so that an agent pointed at it by its documented
 settings (``ANTHROPIC_BASE_URL``, a Codex ``model_providers`` entry,
@@ -60,6 +60,8 @@ class MockModel:
             await self._anthropic(send, request)
         elif path.endswith("/responses"):
             await self._responses(send, request)
+        elif path.endswith("/chat/completions"):
+            await self._chat(send, request)
         elif ":streamGenerateContent" in path or ":generateContent" in path:
             await self._gemini(send, path, request)
         else:
@@ -152,6 +154,31 @@ class MockModel:
                 "id": "resp_mock", "status": "completed", "usage": usage, "output": [item]}}),
         ])
 
+    async def _chat(self, send: Any, request: dict[str, Any]) -> None:
+        """OpenAI Chat Completions (Qwen Code with an OpenAI-compatible provider)."""
+        given = json.dumps(request.get("messages", ""))
+        tool = TOOL_WORD in given and '"role": "tool"' not in given
+        delta: dict[str, Any] = {"role": "assistant", "content": self.reply}
+        if tool:
+            delta = {"role": "assistant", "content": None, "tool_calls": [{
+                "index": 0, "id": "call_mock1", "type": "function",
+                "function": {"name": "run_shell_command", "arguments": json.dumps(
+                    {"command": TOOL_COMMAND, "description": "Make a file"})}}]}
+        finish = "tool_calls" if tool else "stop"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        head = {"id": "chatcmpl-mock", "created": 0, "model": request.get("model", "mock")}
+        if not request.get("stream"):
+            message = {key: value for key, value in delta.items() if key != "index"}
+            await _json(send, {**head, "object": "chat.completion", "usage": usage, "choices": [
+                {"index": 0, "message": message, "finish_reason": finish}]})
+            return
+        chunk = {**head, "object": "chat.completion.chunk"}
+        await _sse(send, [
+            ("", {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}),
+            ("", {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+                  "usage": usage}),
+        ], done=True)
+
     async def _gemini(self, send: Any, path: str, request: dict[str, Any]) -> None:
         given = json.dumps(request.get("contents", ""))
         part: dict[str, Any] = {"text": self.reply}
@@ -177,7 +204,8 @@ async def _json(send: Any, body: dict[str, Any], status: int = 200) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-async def _sse(send: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
+async def _sse(send: Any, events: list[tuple[str, dict[str, Any]]], *,
+               done: bool = False) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"),
                             (b"cache-control", b"no-cache")]})
@@ -185,4 +213,4 @@ async def _sse(send: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
         head = f"event: {name}\n" if name else ""
         await send({"type": "http.response.body", "more_body": True,
                     "body": f"{head}data: {json.dumps(data)}\n\n".encode()})
-    await send({"type": "http.response.body", "body": b""})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n" if done else b""})
