@@ -1,14 +1,15 @@
 """A mock model endpoint on 127.0.0.1 for real agent CLIs: the Anthropic Messages
 API (``POST /v1/messages``), the OpenAI Responses API (``POST /v1/responses``), the
-OpenAI Chat Completions API (``POST /v1/chat/completions``) and the Gemini API (``POST /v1beta/models/<model>:streamGenerateContent`` and
-``:generateContent``), each answering with a fixed text, streamed the way each API
-streams (server-sent events), so that an agent pointed at it by its documented
-settings (``ANTHROPIC_BASE_URL``, a Codex ``model_providers`` entry,
+OpenAI Chat Completions API (``POST /v1/chat/completions``) and the Gemini API
+(``POST /v1beta/models/<model>:streamGenerateContent`` and ``:generateContent``),
+each answering with a fixed text, streamed the way each API streams (server-sent
+events), so that an agent pointed at it by its documented settings
+(``ANTHROPIC_BASE_URL``, a Codex ``model_providers`` entry, ``OPENAI_BASE_URL``,
 ``GOOGLE_GEMINI_BASE_URL``) completes a turn without a network or a login.
 
 A request whose conversation asks for ``RUN_A_TOOL`` gets a shell tool call first
 (Anthropic ``tool_use`` of ``Bash``, Codex's ``exec_command`` asking to leave its
-sandbox, Gemini's ``run_shell_command``), and the text once the tool's result
+sandbox, Gemini's and Qwen's ``run_shell_command``), and the text once the tool's result
 comes back. With ``hold`` set, every answer waits for it: a turn the test cancels.
 """
 
