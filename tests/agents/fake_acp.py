@@ -31,6 +31,8 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 - ``ask_fs``: asks the client for ``fs/read_text_file`` and says what it got back
 - ``exit_early``: exits 0 right after the prompt arrives, without answering
 
+``FAKE_ACP_NAME`` is the ``agentInfo.name`` it gives; with ``FAKE_ACP_COST_PER_PROCESS``
+set its cost total counts from its own start, as the Claude Code adapter's does.
 With ``FAKE_ACP_AUTH`` set every session setup answers -32000 "Authentication
 required" (an agent nobody logged in to). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
@@ -56,6 +58,8 @@ CAPS = os.environ.get("FAKE_ACP_CAPS", "load")
 REPLY = os.environ.get("FAKE_ACP_REPLY")
 
 _cancelled = False
+#: What this process has spent (FAKE_ACP_COST_PER_PROCESS reports it as the total).
+_spent = 0.0
 
 
 def record(message: dict[str, Any]) -> None:
@@ -218,9 +222,12 @@ def prompt_turn(message: dict[str, Any]) -> None:
         said.append("".join(parts))
     if scenario == "garbage":
         print("WARN: more noise on stdout", flush=True)
+    global _spent
     data["cost"] = round(data["cost"] + 0.25, 6)
+    _spent += 0.25
+    total = _spent if os.environ.get("FAKE_ACP_COST_PER_PROCESS") else data["cost"]
     update(session, {"sessionUpdate": "usage_update", "used": 1200 * len(data["history"]),
-                     "size": 200000, "cost": {"amount": data["cost"], "currency": "USD"}})
+                     "size": 200000, "cost": {"amount": total, "currency": "USD"}})
     data["history"].append({"role": "agent", "text": "".join(said)})
     save(session, data)
     response: dict[str, Any] = {"stopReason": stop}
@@ -298,7 +305,8 @@ def main() -> None:
                     "sessionCapabilities": session_caps,
                 },
                 "authMethods": [],
-                "agentInfo": {"name": "fake-acp", "version": "1.0.0"},
+                "agentInfo": {"name": os.environ.get("FAKE_ACP_NAME", "fake-acp"),
+                              "version": "1.0.0"},
             }})
         elif method in ("session/new", "session/load", "session/resume"):
             open_session(message)

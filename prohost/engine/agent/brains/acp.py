@@ -48,7 +48,8 @@ Design choices, in DESIGN terms:
   reject option.
 * **Cost**: ``usage_update.cost`` is the session's running total; the run's share
   is this turn's last total less the previous turn's (kept in the ledger with the
-  session, as Codex's totals are: ``running_totals``).
+  session, as Codex's totals are: ``running_totals``); for an agent known to count
+  it from its own start instead (the Claude Code adapter), all of it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ _KIND_NAMES = {
     "switch_mode": "Mode",
 }
 
+#: Agents whose ``usage_update.cost`` counts from their own start, not over the
+#: session's life: the Claude Code adapter sends the Claude Agent SDK's
+#: ``total_cost_usd``, which a new process (a loaded session) starts at 0 again
+#: (``acp-agent.js`` of @agentclientprotocol/claude-agent-acp 0.101). Their whole
+#: total is the run's; the session's earlier turns are no part of it.
+_COST_SINCE_START = frozenset({
+    "@agentclientprotocol/claude-agent-acp",
+    "@zed-industries/claude-agent-acp",
+    "@zed-industries/claude-code-acp",
+})
+
 _ALLOW = ("allow_once", "allow_always")
 _REJECT = ("reject_once", "reject_always")
 
@@ -135,6 +147,8 @@ class AcpTurn(Turn):
         self._session: str | None = None
         #: The load or resume was refused: the new session's cost counts from 0.
         self._fresh = False
+        #: The agent's cost counts from its own start (:data:`_COST_SINCE_START`).
+        self._fresh_cost = False
         self._text: list[str] = []
         self._text_bytes = 0
         self._cut = False
@@ -223,6 +237,9 @@ class AcpTurn(Turn):
                 return
             capabilities = answer.get("agentCapabilities")
             self._capabilities = capabilities if isinstance(capabilities, dict) else {}
+            info = answer.get("agentInfo")
+            if isinstance(info, dict) and info.get("name") in _COST_SINCE_START:
+                self._fresh_cost = True
             mcp = self._capabilities.get("mcpCapabilities")
             if self._servers and not (isinstance(mcp, dict) and mcp.get("http") is True):
                 # Fail closed, as every brain does with an MCP server it cannot wire.
@@ -470,7 +487,7 @@ class AcpTurn(Turn):
     def usage(self) -> Usage:
         cost = None
         if self._cost_total is not None:
-            before = None if self._fresh else self.usage_before.cost_usd
+            before = None if self._fresh or self._fresh_cost else self.usage_before.cost_usd
             share = self._cost_total - before if before is not None else self._cost_total
             # A total below the last one is a new session behind the same id.
             cost = round(share if share >= 0 else self._cost_total, 6)
@@ -490,7 +507,7 @@ class AcpTurn(Turn):
         if self._cost_total is not None:
             return Usage(cost_usd=self._cost_total)
         # Nothing said this turn: the session's total is what it was.
-        before = None if self._fresh else self.usage_before.cost_usd
+        before = None if self._fresh or self._fresh_cost else self.usage_before.cost_usd
         return Usage(cost_usd=before)
 
     def finish(self, result: ProcessResult) -> Outcome | None:

@@ -474,3 +474,15 @@ def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -
         "sessionUpdate": "tool_call_update", "toolCallId": "run_1", "status": "completed",
         "title": "touch x"}}}))
     assert late == []
+
+
+async def test_the_claude_adapters_cost_counts_from_its_own_start(tmp_path: Path) -> None:
+    env = {"FAKE_ACP_NAME": "@agentclientprotocol/claude-agent-acp",
+           "FAKE_ACP_COST_PER_PROCESS": "1"}
+    first = await talk(tmp_path, **env)
+    assert first.outcome is not None and first.outcome.usage is not None
+    second = await talk(tmp_path, session=first.outcome.session_id,
+                        before=first.turn.session_totals(), **env)
+    assert second.outcome is not None and second.outcome.usage is not None
+    # Its total is this process's spend: all of it is the run's.
+    assert first.outcome.usage.cost_usd == second.outcome.usage.cost_usd == 0.25
