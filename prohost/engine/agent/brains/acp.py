@@ -503,7 +503,10 @@ class AcpTurn(Turn):
 
     def session_totals(self) -> Usage | None:
         if self._session is None:
-            return None
+            # No session opened: the lane's (when it has one) is as it was. Saying
+            # nothing would make the runner take this turn for one whose spending
+            # went unreported (includes_earlier_turns on the next one).
+            return self.usage_before if self._resume is not None else None
         if self._cost_total is not None:
             return Usage(cost_usd=self._cost_total)
         # Nothing said this turn: the session's total is what it was.

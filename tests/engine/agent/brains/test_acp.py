@@ -445,10 +445,13 @@ def test_an_mcp_url_an_agent_cannot_reach_is_refused_before_the_spawn(tmp_path: 
 
 
 async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
-    done = await talk(tmp_path, FAKE_ACP_AUTH="1")
+    done = await talk(tmp_path, session="sess_kept", before=Usage(cost_usd=1.5),
+                      FAKE_ACP_AUTH="1")
     assert done.outcome is not None
     assert done.outcome.error == acp_signed_out("Authentication required")
-    assert done.turn.session_id is None  # the lane keeps its session
+    # The lane keeps its session, and that session's totals as they were.
+    assert done.turn.session_id is None
+    assert done.turn.session_totals() == Usage(cost_usd=1.5)
 
 
 def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -> None:
