@@ -267,7 +267,12 @@ class AcpTurn(Turn):
         text = error.text()
         self.last_error = text
         self._limit(text)
-        if method in ("session/load", "session/resume") and not self._fresh:
+        if error.code == rpc.AUTH_REQUIRED:
+            # Not the session's fault: a new one would be refused the same way.
+            self._fail(acp_signed_out(text))
+            return
+        limited = self.limit is not None and self.limit.state == "limited"
+        if method in ("session/load", "session/resume") and not self._fresh and not limited:
             # The agent does not have the lane's session (any more): a new one,
             # once, in this same process and deadline (§5.5).
             log.info("the agent refused %s of session %s (%s); starting a new one",
@@ -275,9 +280,6 @@ class AcpTurn(Turn):
             self._fresh = True
             self._phase = _Phase.OPENING
             self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
-            return
-        if error.code == rpc.AUTH_REQUIRED:
-            self._fail(acp_signed_out(text))
             return
         self._fail(f"the agent failed {method}: {text}")
 

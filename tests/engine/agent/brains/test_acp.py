@@ -452,6 +452,7 @@ async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
     # The lane keeps its session, and that session's totals as they were.
     assert done.turn.session_id is None
     assert done.turn.session_totals() == Usage(cost_usd=1.5)
+    assert done.methods() == ["initialize", "session/load", "eof"]  # no new one tried
 
 
 def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -> None:
