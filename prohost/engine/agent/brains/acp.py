@@ -175,8 +175,6 @@ class AcpTurn(Turn):
         self._prompt = prompt
         self._cwd = os.path.abspath(cwd)
         self._servers = [dict(server) for server in mcp.servers] if mcp is not None else []
-        # A session id that looks like an option could only come from a damaged
-        # ledger; ACP would take it, but the agent's own store might not.
         self._resume = session_id or None
         return self
 
@@ -255,10 +253,10 @@ class AcpTurn(Turn):
         elif method in ("session/load", "session/resume"):
             # session/load's result is null in the v1 docs and an object in the
             # schema: both are a loaded session.
-            assert self._resume is not None
-            self._opened(self._resume, answer)
+            self._opened(self._resume or "", answer)
         elif method == "session/prompt":
             reason = answer.get("stopReason")
+            # Required by the schema; an answer without one still ended the turn.
             self.stop_reason = reason if isinstance(reason, str) else "end_turn"
             self._read_tokens(answer.get("usage"), answer.get("_meta"))
             self._end()
@@ -348,8 +346,7 @@ class AcpTurn(Turn):
         if kind == "agent_message_chunk":
             self._chunk(update)
         elif kind == "agent_thought_chunk":
-            self.activity = next(reversed([activity(*call) for call in self._open.values()]),
-                                 "thinking")
+            self._set_activity()  # the latest open tool, else "thinking"
         elif kind == "tool_call":
             return self._tool_call(update)
         elif kind == "tool_call_update":
