@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,9 +33,8 @@ from prohost.wire.outcomes import (
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
-from tests.kits.paths import AGENTS
+from tests.kits.acp import FAKE_ACP, acp_env
 
-FAKE_ACP = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_acp.py'))}"
 PROMPT = "Please say hello.\n\nReply with exactly NO_REPLY to send nothing."
 
 
@@ -67,12 +63,6 @@ class Talk:
 
     def methods(self) -> list[str]:
         return [m.get("method") or m.get("event") or "response" for m in self.record()]
-
-
-def acp_env(tmp_path: Path, scenario: str = "reply", **extra: str) -> dict[str, str]:
-    return {**os.environ, "FAKE_ACP_SCENARIO": scenario,
-            "FAKE_ACP_STATE": str(tmp_path / "sessions"),
-            "FAKE_ACP_RECORD": str(tmp_path / "record.jsonl"), **extra}
 
 
 def read(done: Talk, turn: AcpTurn, line: bytes) -> None:

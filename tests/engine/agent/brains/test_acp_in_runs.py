@@ -13,7 +13,7 @@ import trio
 
 from prohost.engine.agent import process
 from prohost.wire.outcomes import STOPPED
-from tests.engine.agent.brains.test_acp import FAKE_ACP, acp_env
+from tests.kits.acp import FAKE_ACP, acp_env
 from tests.kits.harness import finished, running_harness, running_server
 
 
