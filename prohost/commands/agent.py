@@ -116,6 +116,8 @@ def _open_ledger(home: Path) -> Ledger:
     answers 503 for what it cannot record and recovers when space returns, like one
     that was already running (issue 27). For that it gives the ledger the space its
     reserve kept; the reserve is made again at the next start that has the room.
+    With no reserve (a home from before it), the ledger is opened alone, its WAL
+    index in memory (:meth:`Ledger.open_alone`).
     """
     reserve = home / RESERVE_FILE
     try:
@@ -123,10 +125,20 @@ def _open_ledger(home: Path) -> Ledger:
     except LedgerUnavailable as exc:
         try:
             reserve.unlink()  # a read-only disk refuses this too: then exc stands
+        except FileNotFoundError:
+            # No reserve (a home from before it, or a disk that never had room for
+            # one): the ledger alone, its WAL index in this process's memory.
+            try:
+                ledger = Ledger.open_alone(home / LEDGER_FILE)
+            except LedgerError:
+                raise exc from None
+            log.warning("%s; opened it without its shared index instead (until the "
+                        "next start, reads wait for a write under way)", exc)
         except OSError:
             raise exc from None
-        log.warning("%s; using the space kept for it (%s)", exc, reserve)
-        ledger = Ledger.open(home / LEDGER_FILE)
+        else:
+            log.warning("%s; using the space kept for it (%s)", exc, reserve)
+            ledger = Ledger.open(home / LEDGER_FILE)
         log.warning("the disk is full (%s): deliveries the ledger cannot record are "
                     "answered 503 (the server sends them again) until space returns", home)
         return ledger

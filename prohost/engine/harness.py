@@ -160,7 +160,8 @@ class Harness:
                 bounds=self.bounds)
             self.admission = Admission(
                 secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
-                steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy)
+                steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy,
+                later=lambda fn, run_id: self._running_nursery().start_soon(fn, run_id))
         outbox = self.outbox
         self.stopping = False
         self.exit_code = 0

@@ -69,6 +69,7 @@ from prohost.engine.run.staging import (
     prompt_for,
     remove_scratch,
     wire_mcp,
+    workdir_for,
 )
 from prohost.wire.changes import ChangeEntry
 from prohost.wire.outcomes import budget_reached, internal_error, limit_phrase
@@ -485,7 +486,7 @@ class Runner:
                 budget = left_of(setup.brain.max_cost_usd, tally.spent)
                 result = await execute(
                     Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
-                            max_cost_usd=budget),
+                            max_cost_usd=budget, cwd=workdir_for(setup.spec, checkouts.prepared)),
                     setup, progress, on_spawn, timeline)
                 tally.spent += result.spent
                 tally.totals = result.session_totals

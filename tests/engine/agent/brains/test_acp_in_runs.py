@@ -15,6 +15,7 @@ from prohost.engine.agent import process
 from prohost.wire.outcomes import STOPPED
 from tests.kits.acp import FAKE_ACP, acp_env
 from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.repos import make_readme_repo
 
 
 def received(tmp_path: Path) -> list[str]:
@@ -142,3 +143,24 @@ async def test_a_runs_mcp_server_reaches_an_acp_agent_in_its_session(tmp_path: P
     assert setup["params"]["mcpServers"] == [
         {"type": "http", "name": "prohost", "url": "http://127.0.0.1:9/mcp",
          "headers": [{"name": "Authorization", "value": "Bearer t0k3n"}]}]
+
+
+@pytest.mark.protocol("§5")
+async def test_with_repos_the_acp_session_works_in_the_conversations_worktree(
+    tmp_path: Path,
+) -> None:
+    source = await make_readme_repo(tmp_path / "code" / "app")
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, home, exec_command=FAKE_ACP, brain="acp", env=acp_env(tmp_path),
+            repos=(source,),
+        ):
+            run_id = await server.submit_run("hello", conversation_id="C1")
+            await server.wait_until(finished(run_id))
+            assert (server.run(run_id).completion or {}).get("ok")
+    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    setup = next(json.loads(line) for line in lines if "session/new" in line)
+    # The session's cwd is where the agent starts (§5.3), not --workdir.
+    cwd = Path(setup["params"]["cwd"])
+    assert cwd.name == "app" and str(cwd).startswith(str(home / "worktrees"))
