@@ -322,6 +322,8 @@ async def test_a_timeout_also_asks_the_agent_to_cancel(tmp_path: Path) -> None:
     "copilot --acp", "opencode acp", "goose acp", "cursor-agent acp",
     "claude-code-acp", "/usr/local/bin/claude-agent-acp", "codex-acp",
     "npx -y @zed-industries/codex-acp@0.3.1", "env FOO=1 gemini --acp",
+    "npx @google/gemini-cli --acp", "npx @opencode/cli@2.0.23 acp", "kimi acp",
+    "npx @github/copilot@1.0.80 --acp",
 ])
 def test_auto_chooses_acp_for_the_known_command_lines(line: str) -> None:
     assert speaks_acp(line)
@@ -329,7 +331,8 @@ def test_auto_chooses_acp_for_the_known_command_lines(line: str) -> None:
 
 
 @pytest.mark.parametrize("line", ["gemini", "gemini -p hi", "opencode run x", "claude -p",
-                                  "codex exec", "echo --acp", "npx", ""])
+                                  "codex exec", "echo --acp", "npx", "",
+                                  "npx @opencode/cli run", "npx @google/gemini-cli"])
 def test_auto_leaves_other_lines_alone(line: str) -> None:
     assert not speaks_acp(line)
     assert not isinstance(brain_for("auto", line), AcpBrain)
@@ -337,7 +340,8 @@ def test_auto_leaves_other_lines_alone(line: str) -> None:
 
 def test_every_listed_program_is_recognised() -> None:
     for program, mode in ACP_COMMANDS:
-        assert speaks_acp(program if mode is None else f"{program} {mode}")
+        line = program if mode is None else f"{program} {mode}"
+        assert speaks_acp(f"npx {line}" if program.startswith("@") else line)
 
 
 def line(message: dict[str, Any]) -> bytes:
