@@ -2,12 +2,13 @@
 
 Claude Code (``@agentclientprotocol/claude-agent-acp``), Codex
 (``@zed-industries/codex-acp``), Gemini CLI (``@google/gemini-cli``, ``gemini
---acp``) and Qwen Code (``@qwen-code/qwen-code``, ``qwen --acp``) are installed by
-``.ci/run`` with npm into ``$PROHOST_REAL_CLIS`` and pointed at
-:class:`tests.kits.mock_models.MockModel` by their documented settings
-(``ANTHROPIC_BASE_URL``; a ``model_providers`` entry in ``CODEX_HOME/config.toml``;
-``GOOGLE_GEMINI_BASE_URL`` with an API key; ``QWEN_DEFAULT_AUTH_TYPE=openai`` with
-``OPENAI_BASE_URL``). Each is driven by ``--brain auto``
+--acp``), Qwen Code (``@qwen-code/qwen-code``, ``qwen --acp``) and OpenCode
+(``opencode-ai``, ``opencode acp``) are installed by ``.ci/run`` with npm into
+``$PROHOST_REAL_CLIS`` and pointed at :class:`tests.kits.mock_models.MockModel` by
+their documented settings (``ANTHROPIC_BASE_URL``; a ``model_providers`` entry in
+``CODEX_HOME/config.toml``; ``GOOGLE_GEMINI_BASE_URL`` with an API key;
+``QWEN_DEFAULT_AUTH_TYPE=openai`` with ``OPENAI_BASE_URL``; a provider in
+``~/.config/opencode/opencode.json``). Each is driven by ``--brain auto``
 (its command line must be recognised as ACP) through two turns of one
 conversation, the second in the first's session (the model must see the first
 turn again), and a cancel while the model is answering; and a turn where the
@@ -44,6 +45,7 @@ AGENTS = {
     # A named model: "auto" would first ask a routing model for a JSON verdict.
     "gemini": ("gemini", " --acp -m gemini-2.5-flash"),
     "qwen": ("qwen", " --acp"),
+    "opencode": ("opencode", " acp"),
 }
 
 
@@ -52,7 +54,7 @@ AGENTS = {
 #: sessions found for this project" (starting the session's chat recording over
 #: before it reads it, as it looks from its bundle), so every turn falls back to a
 #: new session there, as §5 says it must.
-RESUMES = frozenset({"claude", "codex", "qwen"})
+RESUMES = frozenset({"claude", "codex", "opencode", "qwen"})
 
 
 def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
@@ -82,6 +84,17 @@ def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
             f'name = "mock"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
             'env_key = "MOCK_API_KEY"\n')
         env.update(CODEX_HOME=str(codex_home), MOCK_API_KEY="mock-key")
+    elif agent == "opencode":
+        # OpenCode's documented custom provider (an OpenAI-compatible endpoint),
+        # with its shell tool set to ask first. It fetches the provider's npm
+        # package at its first start: the registry .ci/run installed it from.
+        config = user / ".config" / "opencode"
+        config.mkdir(parents=True)
+        (config / "opencode.json").write_text(json.dumps({
+            "provider": {"mock": {"npm": "@ai-sdk/openai-compatible", "name": "Mock",
+                                  "options": {"baseURL": f"{url}/v1", "apiKey": "mock-key"},
+                                  "models": {"mock-model": {"name": "Mock"}}}},
+            "model": "mock/mock-model", "permission": {"bash": "ask"}}))
     elif agent == "qwen":
         # Qwen Code's documented OpenAI-compatible provider settings.
         env.update(QWEN_DEFAULT_AUTH_TYPE="openai", OPENAI_API_KEY="mock-key",

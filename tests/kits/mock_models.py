@@ -9,8 +9,9 @@ events), so that an agent pointed at it by its documented settings
 
 A request whose conversation asks for ``RUN_A_TOOL`` gets a shell tool call first
 (Anthropic ``tool_use`` of ``Bash``, Codex's ``exec_command`` asking to leave its
-sandbox, Gemini's and Qwen's ``run_shell_command``), and the text once the tool's result
-comes back. With ``hold`` set, every answer waits for it: a turn the test cancels.
+sandbox, Gemini's and Qwen's ``run_shell_command``, OpenCode's ``bash``), and the
+text once the tool's result comes back. With ``hold`` set, every answer waits for
+it: a turn the test cancels.
 """
 
 from __future__ import annotations
@@ -159,11 +160,15 @@ class MockModel:
         """OpenAI Chat Completions (Qwen Code with an OpenAI-compatible provider)."""
         given = json.dumps(request.get("messages", ""))
         tool = TOOL_WORD in given and '"role": "tool"' not in given
+        offered = {(entry.get("function") or {}).get("name")
+                   for entry in request.get("tools") or [] if isinstance(entry, dict)}
+        # Qwen Code's shell tool, or OpenCode's.
+        shell = "bash" if "bash" in offered else "run_shell_command"
         delta: dict[str, Any] = {"role": "assistant", "content": self.reply}
         if tool:
             delta = {"role": "assistant", "content": None, "tool_calls": [{
                 "index": 0, "id": "call_mock1", "type": "function",
-                "function": {"name": "run_shell_command", "arguments": json.dumps(
+                "function": {"name": shell, "arguments": json.dumps(
                     {"command": TOOL_COMMAND, "description": "Make a file"})}}]}
         finish = "tool_calls" if tool else "stop"
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
