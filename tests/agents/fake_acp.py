@@ -12,7 +12,8 @@ its history and running cost): ``session/load`` of a known session replays the
 history as ``user_message_chunk``/``agent_message_chunk`` updates and answers
 ``null`` (as the v1 docs show); ``session/resume`` answers ``{}``; an unknown
 session gets ``-32002`` "Resource not found". Which of the two it offers is
-``FAKE_ACP_CAPS``: ``load`` (default), ``resume``, ``both`` or ``none``.
+``FAKE_ACP_CAPS``: ``load`` (default), ``resume``, ``both`` or ``none``; or
+``broken_resume``: both announced, but ``session/resume`` is "Method not found".
 
 The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 
@@ -255,7 +256,8 @@ def open_session(message: dict[str, Any]) -> None:
             "models": {"currentModelId": "fake-model-1",
                        "availableModels": [{"modelId": "fake-model-1", "name": "Fake"}]}}})
         return
-    allowed = {"session/load": CAPS in ("load", "both"),
+    # "broken_resume": resume announced, but only load is there (Qwen Code 0.15).
+    allowed = {"session/load": CAPS in ("load", "both", "broken_resume"),
                "session/resume": CAPS in ("resume", "both")}
     if not allowed[method]:
         send({"id": message["id"], "error": {"code": -32601, "message": "Method not found"}})
@@ -292,12 +294,12 @@ def main() -> None:
                 invalid(message["id"], "protocolVersion is required")
                 continue
             session_caps: dict[str, Any] = {}
-            if CAPS in ("resume", "both"):
+            if CAPS in ("resume", "both", "broken_resume"):
                 session_caps["resume"] = {}
             send({"id": message["id"], "result": {
                 "protocolVersion": int(os.environ.get("FAKE_ACP_VERSION", "1")),
                 "agentCapabilities": {
-                    "loadSession": CAPS in ("load", "both"),
+                    "loadSession": CAPS in ("load", "both", "broken_resume"),
                     "promptCapabilities": {"image": False, "audio": False,
                                            "embeddedContext": False},
                     "mcpCapabilities": {"http": not os.environ.get("FAKE_ACP_NO_HTTP_MCP"),

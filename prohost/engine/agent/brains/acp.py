@@ -9,7 +9,7 @@ conversation over its stdin and stdout, JSON-RPC 2.0 one message per line
 
     → initialize {protocolVersion: 1, clientCapabilities: {fs: none, terminal: false}}
     ← {protocolVersion: 1, agentCapabilities: {loadSession, sessionCapabilities.resume…}}
-    → session/load | session/resume {sessionId, cwd, mcpServers}   (the lane's session)
+    → session/resume | session/load {sessionId, cwd, mcpServers}   (the lane's session)
       or session/new {cwd, mcpServers}     (mcpServers: the run's MCP server, over HTTP)
     → session/prompt {sessionId, prompt: [{type: text, text: <the harness's prompt>}]}
     ← session/update … (agent_message_chunk, tool_call, usage_update…)
@@ -17,8 +17,8 @@ conversation over its stdin and stdout, JSON-RPC 2.0 one message per line
     ← {stopReason: end_turn | max_tokens | max_turn_requests | refusal | cancelled}
     then stdin is closed and the agent exits (within LINGER_S, else it is stopped).
 
-The lane's session is loaded (``session/load``, which replays the history: none of
-it is the reply) or resumed (``session/resume``) when the agent offers either;
+The lane's session is resumed (``session/resume``) or, when the agent offers only
+that, loaded (``session/load``, which replays the history: none of it is the reply);
 when it offers neither, or rejects the session, a new one is started in the same
 process, inside the same deadline (§5.5). A stop of the run (cancel, ``--timeout``,
 ``--idle-timeout``, the second signal) first sends ``session/cancel`` and waits a
@@ -269,6 +269,13 @@ class AcpTurn(Turn):
             # Not the session's fault: a new one would be refused the same way.
             self._fail(acp_signed_out(text))
             return
+        if (method == "session/resume" and error.code == rpc.METHOD_NOT_FOUND
+                and self._capabilities.get("loadSession") is True):
+            # Offered but not there (Qwen Code 0.15 announces resume and answers
+            # "Method not found"): that says nothing of the session; load it.
+            self._send("session/load", {"sessionId": self._resume, "cwd": self._cwd,
+                                        "mcpServers": self._servers})
+            return
         limited = self.limit is not None and self.limit.state == "limited"
         if method in ("session/load", "session/resume") and not self._fresh and not limited:
             # The agent does not have the lane's session (any more): a new one,
@@ -286,11 +293,13 @@ class AcpTurn(Turn):
         sessions = self._capabilities.get("sessionCapabilities")
         if self._resume is not None:
             params = {"sessionId": self._resume, "cwd": self._cwd, "mcpServers": self._servers}
-            if self._capabilities.get("loadSession") is True:
-                self._send("session/load", params)
-                return
+            # Resume first: it takes the session back without replaying its whole
+            # history over stdout, all of which a load's reader would only skip.
             if isinstance(sessions, dict) and isinstance(sessions.get("resume"), dict):
                 self._send("session/resume", params)
+                return
+            if self._capabilities.get("loadSession") is True:
+                self._send("session/load", params)
                 return
             self._fresh = True  # it can take no session back: a new one
         self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})

@@ -122,9 +122,11 @@ async def test_a_turn_is_initialize_a_new_session_and_one_text_prompt(tmp_path: 
 
 
 @pytest.mark.protocol("§5")
-@pytest.mark.parametrize("caps", ["load", "resume"])
+@pytest.mark.parametrize(("caps", "method"), [("load", "load"), ("resume", "resume"),
+                                              ("both", "resume"),
+                                              ("broken_resume", "resume")])
 async def test_the_next_turn_takes_the_session_back_and_pays_only_its_share(
-    tmp_path: Path, caps: str,
+    tmp_path: Path, caps: str, method: str,
 ) -> None:
     first = await talk(tmp_path, FAKE_ACP_CAPS=caps)
     assert first.outcome is not None
@@ -133,7 +135,9 @@ async def test_the_next_turn_takes_the_session_back_and_pays_only_its_share(
     second = await talk(tmp_path, session=session, before=totals, FAKE_ACP_CAPS=caps)
     assert second.outcome is not None and second.outcome.ok
     assert second.outcome.session_id == session
-    assert second.methods()[1] == f"session/{caps}"
+    assert second.methods()[1] == f"session/{method}"
+    if caps == "broken_resume":  # then loaded: the session was not refused
+        assert second.methods()[2] == "session/load"
     # The replayed history of a load is never part of the reply.
     assert second.outcome.reply == "Hello from the fake ACP agent."
     assert second.outcome.usage is not None and second.outcome.usage.cost_usd == 0.25
