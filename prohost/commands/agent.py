@@ -36,7 +36,7 @@ from prohost.home import (
     lock_held_message,
     resolve_endpoints,
 )
-from prohost.logfile import add_redaction
+from prohost.logfile import FileLogHandler, add_redaction, log_to_file
 from prohost.login_env import log_secrets
 from prohost.options import Options
 
@@ -79,6 +79,7 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
     except (CredentialsError, ValueError) as exc:
         print(f"prohost: {exc}", file=sys.stderr)
         return 1
+    _log_to_file(options.home)
     # Every handler is in place by now; from here on neither secret can reach a log,
     # nor the agent CLIs' logins the service passes on (an API key in an error line).
     add_redaction(creds.token, creds.secret, *log_secrets(os.environ))
@@ -109,6 +110,22 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
             _close_ledger(ledger)
     finally:
         lock.release()
+
+
+def _log_to_file(home: Path) -> None:
+    """Log to the home's rotated file in the foreground too, as the service does
+    (``PROHOST_LOG=file`` set it up already then), so ``prohost agent logs`` finds
+    every harness's log in one place. The terminal keeps its own lines as well.
+    A home where the file cannot be made (read-only, full) still runs: the
+    terminal has the log."""
+    prohost = logging.getLogger("prohost")
+    if any(isinstance(handler, FileLogHandler) for handler in prohost.handlers):
+        return
+    try:
+        log_to_file(home, level=min(logging.INFO, prohost.getEffectiveLevel()))
+    except OSError as exc:
+        log.warning("cannot write the log file under %s (%s): logging to the terminal only",
+                    home, exc.strerror or exc)
 
 
 def _open_ledger(home: Path) -> Ledger:
@@ -246,12 +263,30 @@ async def supervise(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_obey_signals, receiver, harness, early)
                 if console is not None:
-                    progress_log.setLevel(logging.WARNING)  # the panel says it instead
+                    _progress_to_the_file_only(live)  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live,
                                                  changes=harness.state_changed).run)
                 code = await harness.run()
                 nursery.cancel_scope.cancel()
     return code
+
+
+class _NotProgress(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(lognames.RUNS)
+
+
+def _progress_to_the_file_only(live: bool) -> None:
+    """Keep the per-run progress lines off the terminal, where the panel shows the
+    same: with the live panel they still reach the log file (``agent logs`` shows
+    what ran); without it, the plain panel logs each change, to both."""
+    if not live:
+        progress_log.setLevel(logging.WARNING)
+        return
+    quiet = _NotProgress()
+    for handler in logging.getLogger().handlers:  # the terminal's (setup_logging)
+        if quiet not in handler.filters:
+            handler.addFilter(quiet)
 
 
 async def _obey_signals(

@@ -329,7 +329,11 @@ class Harness:
                 self.exit_code = self.exit_code or 1
                 self._done.set()
                 return
-        log.info("drained: every run has finished and reported")
+        if self.stopping:
+            # Runs were stopped, not finished: "drained" would be untrue (issue 31).
+            log.info("stopped: every run that was running was stopped and reported")
+        else:
+            log.info("drained: every run has finished and reported")
         self._done.set()
 
     # ------------------------------------------------------------------ link handler

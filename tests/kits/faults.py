@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,22 +43,22 @@ class Spawns:
 
 #: What the disk says, in each kind of fault (after "could not be written: ").
 _DISK_SAYS = {
-    "disk_full": "the run ledger {ledger} failed: database or disk is full",
+    "disk_full": "the run ledger $PROHOST_HOME/ledger.sqlite3 failed: database or disk is full",
     "oserror": "[Errno 28] No space left on device",
     "hang": "{what} did not finish within its bound and was abandoned (a hung or failing "
             "disk?); whether it took effect is unknown, and the next start repairs it",
 }
 
 
-def internal_error(step: str, kind: str, home: Path) -> str:
-    """The exact error a run reports when ``kind`` hits the never-skipped ``step``."""
+def internal_error(step: str, kind: str) -> str:
+    """The exact error a run reports when ``kind`` hits the never-skipped ``step`` (the
+    ledger named as `$PROHOST_HOME/…`: §7, no local path goes to the server)."""
     write = STEP_WRITES[step]
     if (step, kind) == ("started", "hang"):
         # The bound is on the one hand-off of `started` and the session read.
         return ("internal error: StepTimedOut: " + _DISK_SAYS["hang"].format(
             what="the ledger step mark_started, or reading the lane's session"))
-    says = _DISK_SAYS[kind].format(ledger=home / "ledger.sqlite3",
-                                   what=f"the ledger step {write}")
+    says = _DISK_SAYS[kind].format(what=f"the ledger step {write}")
     return f"internal error: StepNotWritten: the ledger step {write} could not be written: {says}"
 
 

@@ -164,6 +164,8 @@ class Admission(Intake):
         #: an ack that waits for the disk (:class:`AckLater`). Without it (a test's
         #: bare admission) both are awaited in place.
         self.later = later
+        #: Runs already refused (and logged) during this drain; a drain ends the process.
+        self._refused_draining: set[str] = set()
 
     def unavailable(self, now: float) -> str | None:
         """No account can take a new run: the server had better send it elsewhere
@@ -316,6 +318,16 @@ class Admission(Intake):
                           "answering from the last commit", run.run_id, exc)
         if row is not None:
             return await self._known(run.run_id, row.state is RunState.REPORTED)
+        if refusal == intake.SHUTTING_DOWN:
+            # The server offers a refused run again within seconds, over and over
+            # while the drain lasts: the first refusal is news, the rest are not.
+            first = run.run_id not in self._refused_draining
+            self._refused_draining.add(run.run_id)
+            (log.info if first else log.debug)(
+                "run %s refused with 503: %s%s", run.run_id, why or refusal,
+                " (the server will offer it elsewhere; its further offers are not logged)"
+                if first else "")
+            return intake.DRAINING, refusal
         # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
         log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
         return intake.DRAINING, refusal

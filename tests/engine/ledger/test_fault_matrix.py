@@ -198,7 +198,7 @@ async def test_one_fault_at_one_step_of_a_run(
                 # that tripped over it (a `started` write's error swallowed: the
                 # agent spawned, then `record_pgid` refused a row still `accepted`).
                 assert first == {**first, "ok": False, "retryable": True,
-                                 "error": internal_error(step, kind, home)}, first
+                                 "error": internal_error(step, kind)}, first
             else:
                 assert first["ok"] is True and first["reply"] == "done", first
             assert server.run(run_id).completion_posts == 1

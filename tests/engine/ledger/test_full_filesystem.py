@@ -222,7 +222,7 @@ async def test_a_run_whose_started_commit_meets_a_full_disk_is_reported_as_the_m
             assert FillingLedger.finished_tries == 2
             first = server.run(run_id).completion
             assert first == {**(first or {}), "ok": False, "retryable": True,
-                             "error": internal_error("started", "disk_full", home)}, first
+                             "error": internal_error("started", "disk_full")}, first
             assert spawns.of(run_id) == []
             assert await no_process_of_run(run_id)
             assert server.run(run_id).completion_posts == 1
