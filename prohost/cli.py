@@ -153,8 +153,9 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "--brain", metavar="NAME",
         help="how to drive the agent CLI: claude (stream-json, sessions resumed per "
         "conversation, tool calls on the timeline), codex (codex exec --json, threads "
-        "resumed), plain (any command; its stdout is the reply), or auto: chosen from the "
-        "program --exec runs (default: auto)",
+        "resumed), acp (an agent spoken to over the Agent Client Protocol: gemini --acp, "
+        "opencode acp, …), plain (any command; its stdout is the reply), or auto: chosen "
+        "from the program --exec runs (default: auto)",
     )
     parser.add_argument(
         "--safe-tools", "--no-skip-permissions", dest="safe_tools", action="store_true",

@@ -64,6 +64,57 @@ def program_name(line: str) -> str:
     return "" if index is None else os.path.basename(words[index])
 
 
+#: Command lines that start an agent speaking the Agent Client Protocol on its
+#: stdio, which ``--brain auto`` drives with the ACP brain: the program's base name
+#: and a word after it that selects ACP mode (``None``: the program only speaks
+#: ACP). One list; the README's brain table shows it. After ``npx``/``bunx``/``pnpx``
+#: the package is the program, by its name or its base name
+#: (``npx -y @zed-industries/codex-acp``, ``npx @google/gemini-cli --acp``). The
+#: modes are those of the ACP registry (agentclientprotocol/registry, each agent's
+#: ``agent.json``) and the agents' own documentation.
+ACP_COMMANDS: tuple[tuple[str, str | None], ...] = (
+    ("gemini", "--acp"),                 # Gemini CLI
+    ("gemini", "--experimental-acp"),    # Gemini CLI, older builds
+    ("@google/gemini-cli", "--acp"),
+    ("qwen", "--acp"),                   # Qwen Code
+    ("qwen", "--experimental-acp"),
+    ("@qwen-code/qwen-code", "--acp"),
+    ("copilot", "--acp"),                # GitHub Copilot CLI (npm @github/copilot)
+    ("opencode", "acp"),                 # OpenCode
+    ("@opencode/cli", "acp"),
+    ("goose", "acp"),                    # Goose
+    ("cursor-agent", "acp"),             # Cursor CLI
+    ("kimi", "acp"),                     # Kimi CLI
+    ("kimi", "--acp"),                   # Kimi CLI, older builds
+    ("claude-code-acp", None),           # Claude Code through Zed's adapter
+    ("claude-agent-acp", None),          # the same adapter, renamed upstream
+    ("codex-acp", None),                 # Codex through Zed's adapter
+)
+_PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
+
+
+def speaks_acp(line: str) -> bool:
+    """Whether ``line`` starts an agent in ACP mode (:data:`ACP_COMMANDS`)."""
+    words = split_command(line)
+    index = program_index(words)
+    if index is None:
+        return False
+    names = {os.path.basename(words[index])}
+    rest = words[index + 1:]
+    if names & _PACKAGE_RUNNERS:
+        # npx [-y] @scope/name[@version] …: the package is the program.
+        packages = [word for word in rest if not word.startswith("-")]
+        if not packages:
+            return False
+        package = packages[0]
+        rest = rest[rest.index(package) + 1:]
+        scope = "@" if package.startswith("@") else ""
+        name = scope + package.removeprefix("@").split("@", 1)[0]
+        names = {name, name.rsplit("/", 1)[-1]}
+    return any(program in names and (mode is None or mode in rest)
+               for program, mode in ACP_COMMANDS)
+
+
 def program_span(line: str) -> tuple[int, int] | None:
     """Where in ``line`` the program's word is (start, end), by the rule of
     :func:`program_index`; ``None`` when it runs none. ``line[:end]`` is the

@@ -35,7 +35,7 @@ MAX_MACHINE_LEN = 128
 #: How long a queued run waits for an account's usage limit to reset before it is
 #: reported retryable (seconds; PROTOCOL.md §12's default of 15 minutes).
 DEFAULT_LIMIT_WAIT_S = 900.0
-BRAIN_CHOICES = ("auto", "claude", "codex", "plain")
+BRAIN_CHOICES = ("auto", "acp", "claude", "codex", "plain")
 
 CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
 DURATION_RANGE = (
@@ -52,7 +52,7 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--timeout": DURATION_RANGE,
     "--idle-timeout": DURATION_RANGE,
     "--concurrency": CONCURRENCY_RANGE,
-    "--brain": "one of auto, claude, codex, plain",
+    "--brain": "one of auto, acp, claude, codex, plain",
     "--repos": "a comma-separated list of git checkouts, e.g. --repos ~/code/app",
     "--account": "NAME=DIR: an account name and the agent's config folder, "
                  "e.g. --account work=~/.claude-work",

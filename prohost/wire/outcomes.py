@@ -131,6 +131,47 @@ def exited_with(status: int | None, last_stderr_line: str | None = None) -> str:
     return f"{error}: {last_stderr_line}" if last_stderr_line else error
 
 
+# --------------------------------------------------------------------------- §5.5 ACP agents
+
+#: What an ACP agent's stop reason other than ``end_turn`` says (§5.5): the run
+#: failed, and trying it again as it is would end the same way (not retryable).
+ACP_STOP_REASONS = {
+    "refusal": "the agent refused to continue (ACP stop reason: refusal)",
+    "max_tokens": "the agent reached its maximum number of tokens before it finished "
+                  "(ACP stop reason: max_tokens)",
+    "max_turn_requests": "the agent reached its maximum number of model requests for one "
+                         "turn before it finished (ACP stop reason: max_turn_requests)",
+    "cancelled": "the agent cancelled the turn by itself (ACP stop reason: cancelled)",
+}
+
+
+def acp_stopped(reason: str) -> str:
+    """The failure for an ACP ``stopReason`` other than ``end_turn``."""
+    known = ACP_STOP_REASONS.get(reason)
+    return known or f"the agent stopped with a reason prohost does not know ({reason!r})"
+
+
+#: The agent ended the conversation (exit 0) before it answered the prompt.
+ACP_NO_ANSWER = "the agent ended the ACP connection before it answered the prompt"
+
+
+#: The run carries an MCP server and the agent takes none over HTTP.
+ACP_NO_HTTP_MCP = ("the run's MCP server could not be given to the agent: it does not "
+                   "take MCP servers over HTTP (ACP mcpCapabilities.http)")
+
+
+def acp_signed_out(detail: str) -> str:
+    """The agent answered "authentication required" (ACP error -32000): nobody is
+    logged in to it on this machine, and the harness does not log in for anyone."""
+    return (f"the agent is not logged in on this machine ({detail}); log in with the "
+            "agent's own command there, and try again")
+
+
+def acp_version(version: object) -> str:
+    """The agent answered ``initialize`` with a protocol version other than 1."""
+    return (f"the agent speaks ACP protocol version {version!r}; prohost speaks version 1")
+
+
 # --------------------------------------------------------------------------- §9 shutdown
 
 #: A queued run (or one waiting for an account) when the harness began to drain.

@@ -94,7 +94,7 @@ def _random_flags(rng: random.Random) -> list[str]:
         "--timeout": ["0", "1", "0.25", ".5h", "3m", "86400"],
         "--idle-timeout": ["0", "900", "1.75", "10m"],
         "--concurrency": ["1", "2", "09", "16"],
-        "--brain": ["auto", "claude", "codex", "plain"],
+        "--brain": ["auto", "acp", "claude", "codex", "plain"],
     }
     args: list[str] = []
     for flag, values in pools.items():

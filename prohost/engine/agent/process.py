@@ -29,7 +29,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 import trio
@@ -54,6 +54,38 @@ DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 _DRAIN_S = 2.0
 
 TimedOut = Literal["total", "idle"]
+
+#: Time an agent that has said all it had to (its conversation closed stdin) gets
+#: to exit by itself before its group is stopped; the run is not a timeout then.
+LINGER_S = 5.0
+
+
+class StdinPipe(Protocol):
+    """The agent's stdin as a :class:`Conversation` writes it."""
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; it is written as the agent reads (never blocks, never
+        raises: once stdin is closed, or the agent closed it, it is dropped)."""
+
+    def close(self) -> None:
+        """End-of-file once everything queued is written: the conversation is over,
+        and the agent has :data:`LINGER_S` to exit before its group is stopped."""
+
+
+class Conversation(Protocol):
+    """A brain that talks with its agent over stdin while it runs (the ACP brain)
+    instead of writing one prompt and end-of-file. It reads through
+    ``on_stdout_line`` and writes through the :class:`StdinPipe` it is given, all
+    from the task watching the agent, so it must be quick and must not raise."""
+
+    def open(self, stdin: StdinPipe) -> None:
+        """The process exists: start talking (its output is read from now on)."""
+
+    def interrupt(self) -> bool:
+        """The group is about to be stopped (a limit passed, or the run was
+        cancelled): ask the agent to wind down (ACP ``session/cancel``, then
+        end-of-file once it has answered). ``True``: it was asked, so the stop
+        first waits, briefly, for the agent to exit by itself."""
 
 
 class ProcessGroups:
@@ -189,8 +221,18 @@ class _Watch:
         on_spawn: Callable[[int], Awaitable[None]] | None,
         on_stdout_line: Callable[[bytes], None] | None,
         on_output: Callable[[float], None] | None = None,
+        conversation: Conversation | None = None,
     ) -> None:
         self.proc = proc
+        self.conversation = conversation
+        #: stdin gets end-of-file once what is queued is written (a conversation
+        #: says when; a prompt is all there is).
+        self.close_when_sent = conversation is None
+        self.writing = False
+        self.stdin_closed = False
+        #: When a conversation that closed stdin stops waiting for the agent to exit.
+        self.linger_until = math.inf
+        self.scope: trio.CancelScope | None = None
         self.stdin = _pipe(proc.stdin, "stdin")
         self.stdout_fd = _pipe(proc.stdout, "stdout").fileno()
         self.stderr_fd = _pipe(proc.stderr, "stderr").fileno()
@@ -219,11 +261,10 @@ class _Watch:
         try:
             self.poller.read(self.stdout_fd)
             self.poller.read(self.stderr_fd)
-            self._feed()
-            if not self.unsent:
-                self.stdin.close()
+            if self.conversation is not None:
+                self.conversation.open(self)
             else:
-                self.poller.write(self.stdin.fileno())
+                self._send_queued()
             try:
                 if self.on_spawn is not None:
                     await self.on_spawn(self.pgid)
@@ -236,7 +277,7 @@ class _Watch:
             except BaseException:
                 # The pipes are still drained while the group stops, both so an agent
                 # blocked on a full pipe can die and so end-of-file can say it is gone.
-                with trio.move_on_after(self.groups.grace_s + 2, shield=True):
+                with trio.move_on_after(self._stop_bound(), shield=True):
                     await self._stop()
                 raise
         finally:
@@ -268,19 +309,26 @@ class _Watch:
         passed by then stops the group at once.
         """
         while True:
-            with trio.CancelScope(deadline=self._limit()):
+            with trio.CancelScope(deadline=self._limit()) as self.scope:
                 await self._pump(lambda: self.exited)
                 return
             # Only this scope's own deadline gets here: a cancellation of the run
             # is not caught by it, and goes on to run()'s shielded stop.
             now = trio.current_time()
+            if now >= self.linger_until and now < self.deadline:
+                # The conversation was over and the agent did not exit: not a
+                # limit of the run, so no timed_out.
+                with trio.move_on_after(self._stop_bound()):
+                    await self._stop()
+                await self._pump(lambda: self.exited)
+                return
             if now >= self.deadline:
                 self.timed_out = "total"
             elif self.idle_timeout_s > 0 and now >= self.last_output + self.idle_timeout_s:
                 self.timed_out = "idle"
             else:
                 continue  # output came since the scope was armed
-            with trio.move_on_after(self.groups.grace_s + 2):
+            with trio.move_on_after(self._stop_bound()):
                 await self._stop()
             # SIGKILLed by now, unless the stop ran out of time before the grace did
             # (only waiting for the pipes can take that long): it is exiting.
@@ -289,15 +337,28 @@ class _Watch:
 
     def _limit(self) -> float:
         """When the leader must be stopped, unless output comes before then."""
+        limit = min(self.deadline, self.linger_until)
         if self.idle_timeout_s > 0:
-            return min(self.deadline, self.last_output + self.idle_timeout_s)
-        return self.deadline
+            return min(limit, self.last_output + self.idle_timeout_s)
+        return limit
+
+    def _stop_bound(self) -> float:
+        """How long a stop may take: the grace, the wait for a conversation to
+        wind down (half the grace at most), and the pipes."""
+        winding = self.groups.grace_s / 2 if self.conversation is not None else 0.0
+        return self.groups.grace_s + winding + 2
 
     async def _stop(self) -> None:
         """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
 
-        Unbounded by itself: callers put it under a deadline.
+        A conversation is first asked to wind down, and the agent given up to half
+        the grace to answer and exit (ACP: the prompt returns ``cancelled``, stdin
+        ends, and the agent saves its session as it leaves) while its output is
+        still read. Unbounded by itself: callers put it under a deadline.
         """
+        if self.conversation is not None and not self.exited and self.conversation.interrupt():
+            with trio.move_on_after(self.groups.grace_s / 2):
+                await self._pump(lambda: self.exited)
         _killpg(self.pgid, signal.SIGTERM)
         with trio.move_on_after(self.groups.grace_s):
             await self._pump(self._gone)
@@ -323,13 +384,48 @@ class _Watch:
                     if self.exited:
                         self.poller.forget(EXIT)
                 else:
-                    self._feed()
-                    if not self.unsent:
-                        self.poller.forget(fd)
-                        self.stdin.close()  # end-of-file: the whole prompt is there
+                    self._send_queued()
+
+    def _send_queued(self) -> None:
+        """Write what is queued now; have the poller report stdin while more is
+        queued than fits, and end it once all is written and end-of-file is due."""
+        self._feed()
+        if self.unsent:
+            if not self.writing and not self.stdin_closed:
+                self.writing = True
+                self.poller.write(self.stdin.fileno())
+            return
+        if self.writing:
+            # Forgotten before any close: a poller must never hold a closed fd.
+            self.writing = False
+            self.poller.forget(self.stdin.fileno())
+        if self.close_when_sent and not self.stdin_closed:
+            self._end_stdin()  # end-of-file: the whole prompt is there
+
+    def _end_stdin(self) -> None:
+        self.stdin_closed = True
+        self.stdin.close()
+
+    def write(self, data: bytes) -> None:
+        """:class:`StdinPipe`: queue ``data`` for the agent's stdin."""
+        if self.stdin_closed or self.close_when_sent:
+            return  # end-of-file was asked for: nothing more goes in
+        self.unsent = memoryview(bytes(self.unsent) + data)
+        self._send_queued()
+
+    def close(self) -> None:
+        """:class:`StdinPipe`: end-of-file after what is queued; the agent then
+        has :data:`LINGER_S` to exit by itself."""
+        if self.close_when_sent:
+            return
+        self.close_when_sent = True
+        self.linger_until = trio.current_time() + LINGER_S
+        if self.scope is not None:
+            self.scope.deadline = min(self.scope.deadline, self.linger_until)
+        self._send_queued()
 
     def _feed(self) -> None:
-        if not self.unsent:
+        if not self.unsent or self.stdin_closed:
             return
         try:
             sent = os.write(self.stdin.fileno(), self.unsent)
@@ -392,6 +488,7 @@ async def run_agent(
     on_stdout_line: Callable[[bytes], None] | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     on_output: Callable[[float], None] | None = None,
+    conversation: Conversation | None = None,
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
@@ -410,10 +507,16 @@ async def run_agent(
     skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
     every read from either stream (what the idle timer counts from).
 
+    With a ``conversation``, ``stdin_text`` is not written: the conversation talks
+    with the agent over stdin (see :class:`Conversation`), is asked to wind it down
+    before any stop, and says when stdin ends; the agent then has
+    :data:`LINGER_S` to exit, after which its group is stopped (not a timeout).
+
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
-    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace)
-    inside a shielded scope bounded at ``groups.grace_s + 2`` seconds, then the
+    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace;
+    with a conversation, first its wind-down, up to half the grace) inside a
+    shielded scope bounded at ``groups.grace_s + 2`` seconds (plus the wind-down), then the
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
@@ -434,7 +537,7 @@ async def run_agent(
     try:
         watch = _Watch(
             proc,
-            stdin_data=stdin_text.encode("utf-8"),
+            stdin_data=b"" if conversation is not None else stdin_text.encode("utf-8"),
             groups=groups,
             deadline=deadline,
             idle_timeout_s=idle_timeout_s,
@@ -443,6 +546,7 @@ async def run_agent(
             on_spawn=on_spawn,
             on_stdout_line=on_stdout_line,
             on_output=on_output,
+            conversation=conversation,
         )
         return await watch.run()
     finally:

@@ -299,6 +299,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         spawned = True
         await on_spawn(pgid)
 
+    conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring)
     try:
         result = await run_agent(
             brain.command(session_id=session_id, mcp=attempt.wiring,
@@ -315,6 +316,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             on_spawn=spawned_as,
             on_stdout_line=read_line if brain.streams else None,
             on_output=lambda at: setattr(progress, "last_output", at),
+            conversation=conversation,
         )
     except OSError as exc:
         if spawned:

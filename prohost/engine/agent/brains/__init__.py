@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, Turn
 from prohost.engine.agent.brains.plain import PlainBrain
-from prohost.execline import program_name
+from prohost.execline import program_name, speaks_acp
 
 __all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "Turn", "brain_for"]
 
-BRAIN_NAMES = ("auto", "claude", "codex", "plain")
+BRAIN_NAMES = ("auto", "acp", "claude", "codex", "plain")
 
 
 def brain_for(choice: str, exec_line: str, *, safe_tools: bool = False,
@@ -36,7 +36,14 @@ class BudgetRefused(ValueError):
 def _brain_for(choice: str, exec_line: str, *, safe_tools: bool) -> Brain:
     if choice == "auto":
         program = program_name(exec_line)
-        choice = program if program in ("claude", "codex") else "plain"
+        if speaks_acp(exec_line):
+            choice = "acp"
+        else:
+            choice = program if program in ("claude", "codex") else "plain"
+    if choice == "acp":
+        from prohost.engine.agent.brains.acp import AcpBrain
+
+        return AcpBrain(exec_line, safe_tools=safe_tools)
     if choice == "claude":
         from prohost.engine.agent.brains.claude import ClaudeBrain
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import attrs
 
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.process import ProcessResult
+from prohost.engine.agent.process import Conversation, ProcessResult
 from prohost.execline import split_command
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
@@ -92,6 +92,9 @@ class McpWiring:
 
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = attrs.field(factory=dict)
+    #: Servers a brain hands its agent in its own protocol rather than on the
+    #: command line (ACP ``McpServer`` objects for ``session/new``).
+    servers: tuple[Mapping[str, Any], ...] = ()
 
 
 class McpError(Exception):
@@ -178,6 +181,14 @@ class Turn(abc.ABC):
     def resume_rejected(self, result: ProcessResult) -> bool:
         """Whether this attempt failed because the resumed session is unknown."""
         return False
+
+    def conversation(self, prompt: str, session_id: str | None, cwd: Path,
+                     mcp: McpWiring | None = None) -> Conversation | None:
+        """For a brain that talks with its agent over stdin while it runs (ACP): the
+        conversation that carries ``prompt`` in ``session_id`` (``None``: a new
+        session) with the agent working in ``cwd`` and the run's ``mcp`` wiring.
+        ``None`` (the default): the prompt is written to stdin, then end-of-file."""
+        return None
 
     def ended_by_limit(self, outcome: Outcome | None) -> bool:
         """Whether this attempt failed because its account reached its usage limit

@@ -1,0 +1,605 @@
+"""The ACP brain: any agent that speaks the Agent Client Protocol v1 on its stdio.
+
+Gemini CLI (``gemini --acp``), Qwen Code, Copilot CLI, OpenCode, Goose, Cursor, and
+Claude Code and Codex through their adapters speak ACP (the protocol:
+agentclientprotocol/agent-client-protocol, ``docs/protocol/v1``,
+``schema/v1/schema.json``). Each attempt is one agent process and one
+conversation over its stdin and stdout, JSON-RPC 2.0 one message per line
+(:mod:`prohost.engine.agent.brains.acp_rpc`)::
+
+    → initialize {protocolVersion: 1, clientCapabilities: {fs: none, terminal: false}}
+    ← {protocolVersion: 1, agentCapabilities: {loadSession, sessionCapabilities.resume…}}
+    → session/resume | session/load {sessionId, cwd, mcpServers}   (the lane's session)
+      or session/new {cwd, mcpServers}     (mcpServers: the run's MCP server, over HTTP)
+    → session/prompt {sessionId, prompt: [{type: text, text: <the harness's prompt>}]}
+    ← session/update … (agent_message_chunk, tool_call, usage_update…)
+    ← session/request_permission → answered at once
+    ← {stopReason: end_turn | max_tokens | max_turn_requests | refusal | cancelled}
+    then stdin is closed and the agent exits (within LINGER_S, else it is stopped).
+
+The lane's session is resumed (``session/resume``) or, when the agent offers only
+that, loaded (``session/load``, which replays the history: none of it is the reply);
+when it offers neither, or rejects the session, a new one is started in the same
+process, inside the same deadline (§5.5). A stop of the run (cancel, ``--timeout``,
+``--idle-timeout``, the second signal) first sends ``session/cancel`` and waits a
+little for the prompt to return (:class:`~prohost.engine.agent.process.Conversation`).
+
+Design choices, in DESIGN terms:
+
+* **Dependency: none.** The official Python SDK (``agent-client-protocol``,
+  ``import acp``) runs on asyncio and validates with pydantic. This program is
+  trio with attrs/cattrs and watches every agent from one task without threads
+  (:mod:`prohost.engine.agent.process`); the SDK would need trio-asyncio or a
+  thread with its own loop per run, a second model layer beside attrs, and its own
+  subprocess spawn, bypassing the one spawn that puts every agent in its process
+  group and confinement (§13). The part of ACP a headless client uses is six
+  methods and a handful of update kinds; a small synchronous JSON-RPC reader fed
+  line by line, with attrs types for the messages, is less code than the glue
+  and keeps the "one task, bounded memory, never raise on input" rules.
+* **fs and terminal: not offered.** ``fs/read_text_file``/``fs/write_text_file``
+  and ``terminal/*`` would be done by the harness's own process, outside the
+  agent's sandbox (§13) and process group, so the harness would have to re-check
+  every path and command against the confinement. Declining them costs nothing:
+  every ACP agent has its own file and shell tools (they run confined, as the
+  agent does), and the protocol requires agents to work without them.
+* **Permissions** are answered at once: nobody is at a terminal. By default with
+  the agent's own allow option (``allow_once`` before ``allow_always``, which
+  could write a lasting rule into the agent's settings); with ``--safe-tools`` its
+  reject option.
+* **Cost**: ``usage_update.cost`` is the session's running total; the run's share
+  is this turn's last total less the previous turn's (kept in the ledger with the
+  session, as Codex's totals are: ``running_totals``); for an agent known to count
+  it from its own start instead (the Claude Code adapter), all of it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prohost import __version__
+from prohost.engine.accounts.limits import merge
+from prohost.engine.agent.brains import acp_rpc as rpc
+from prohost.engine.agent.brains.acp_limits import acp_limit_text
+from prohost.engine.agent.brains.base import (
+    MCP_SERVER_NAME,
+    Brain,
+    McpWiring,
+    Turn,
+    check_mcp,
+    one_line,
+    with_limit,
+)
+from prohost.engine.agent.brains.summaries import activity
+from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
+from prohost.engine.agent.reply import MAX_REPLY_BYTES, final_reply
+from prohost.wire.outcomes import (
+    ACP_NO_ANSWER,
+    ACP_NO_HTTP_MCP,
+    acp_signed_out,
+    acp_stopped,
+    acp_version,
+)
+from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.usage import Usage, valid_cost, valid_count, valid_model
+
+log = logging.getLogger("prohost.brains.acp")
+
+PROTOCOL_VERSION = 1
+
+#: How long an error text may be in a failure (characters).
+_ERROR_CHARS = 2000
+
+#: Tool kinds (ACP ``ToolKind``) as the timeline names them.
+_KIND_NAMES = {
+    "read": "Read", "edit": "Edit", "delete": "Delete", "move": "Move",
+    "search": "Search", "execute": "Execute", "think": "Think", "fetch": "Fetch",
+    "switch_mode": "Mode",
+}
+
+#: Agents whose ``usage_update.cost`` counts from their own start, not over the
+#: session's life: the Claude Code adapter sends the Claude Agent SDK's
+#: ``total_cost_usd``, which a new process (a loaded session) starts at 0 again
+#: (``acp-agent.js`` of @agentclientprotocol/claude-agent-acp 0.101). Their whole
+#: total is the run's; the session's earlier turns are no part of it.
+_COST_SINCE_START = frozenset({
+    "@agentclientprotocol/claude-agent-acp",
+    "@zed-industries/claude-agent-acp",
+    "@zed-industries/claude-code-acp",
+})
+
+_ALLOW = ("allow_once", "allow_always")
+_REJECT = ("reject_once", "reject_always")
+
+
+class _Phase(enum.Enum):
+    STARTING = "initialize"
+    OPENING = "session setup"
+    PROMPTING = "prompt"
+    DONE = "done"
+
+
+class AcpTurn(Turn):
+    """One attempt's conversation with an ACP agent, and its reading."""
+
+    def __init__(self, *, safe_tools: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._safe_tools = safe_tools
+        self._clock = clock
+        self._stdin: StdinPipe | None = None
+        self._prompt = ""
+        self._cwd = ""
+        self._resume: str | None = None
+        #: The run's MCP servers, as ACP ``McpServer`` objects.
+        self._servers: list[dict[str, Any]] = []
+        self._next_id = 0
+        #: Our requests not yet answered: id → method.
+        self._pending: dict[rpc.MessageId, str] = {}
+        self._phase = _Phase.STARTING
+        self._capabilities: dict[str, Any] = {}
+        #: The session to prompt, once open (also ``session_id`` then).
+        self._session: str | None = None
+        #: The load or resume was refused: the new session's cost counts from 0.
+        self._fresh = False
+        #: The agent's cost counts from its own start (:data:`_COST_SINCE_START`).
+        self._fresh_cost = False
+        self._text: list[str] = []
+        self._text_bytes = 0
+        self._cut = False
+        self._paragraph = False
+        self._message_id: object = None
+        self.stop_reason: str | None = None
+        #: A failure the agent answered with (a JSON-RPC error, a wrong version).
+        self.error: str | None = None
+        self._cancel_sent = False
+        #: The session's running cost total (USD) as last reported this turn.
+        self._cost_total: float | None = None
+        self._tokens = Usage()
+        #: Tool calls still open: id → (name, summary), oldest first.
+        self._open: dict[str, tuple[str, str]] = {}
+        #: Tool calls that ended (an update after the end posts nothing).
+        self._ended: set[str] = set()
+        #: Lines that were not JSON-RPC messages (an agent logging on stdout).
+        self.garbage = 0
+
+    # ---------------------------------------------------------------- Conversation
+
+    def conversation(self, prompt: str, session_id: str | None, cwd: Path,
+                     mcp: McpWiring | None = None) -> Conversation:
+        self._prompt = prompt
+        self._cwd = os.path.abspath(cwd)
+        self._servers = [dict(server) for server in mcp.servers] if mcp is not None else []
+        self._resume = session_id or None
+        return self
+
+    def open(self, stdin: StdinPipe) -> None:
+        self._stdin = stdin
+        self._send("initialize", {
+            "protocolVersion": PROTOCOL_VERSION,
+            "clientCapabilities": {
+                "fs": {"readTextFile": False, "writeTextFile": False},
+                "terminal": False,
+            },
+            "clientInfo": {"name": "prohost", "title": "prohost", "version": __version__},
+        })
+
+    def interrupt(self) -> bool:
+        if self._phase is not _Phase.PROMPTING or self._session is None or self._cancel_sent:
+            return False
+        self._cancel_sent = True
+        self._write(rpc.notification("session/cancel", {"sessionId": self._session}))
+        return True
+
+    def settled(self) -> bool:
+        """The prompt was answered (or the conversation failed): nothing is pending."""
+        return self._phase is _Phase.DONE
+
+    # ---------------------------------------------------------------- reading
+
+    def feed(self, line: bytes) -> list[ToolEvent]:
+        try:
+            message = rpc.read_message(line)
+            if message is None:
+                if line.strip():
+                    self.garbage += 1
+                return []
+            if isinstance(message, rpc.Response):
+                self._response(message)
+            elif isinstance(message, rpc.Request):
+                return self._request(message)
+            elif message.method == "session/update":
+                return self._update(message.params)
+        except Exception:
+            # A shape no agent was seen to send costs that message, not the run.
+            log.debug("skipped an ACP message it could not read", exc_info=True)
+        return []
+
+    def _response(self, message: rpc.Response) -> None:
+        method = self._pending.pop(message.id, None)
+        if method is None:
+            return  # not ours, or answered twice
+        if message.error is not None:
+            self._refused(method, message.error)
+            return
+        answer = message.result if isinstance(message.result, dict) else {}
+        if method == "initialize":
+            version = answer.get("protocolVersion")
+            if version != PROTOCOL_VERSION:
+                self._fail(acp_version(version))
+                return
+            capabilities = answer.get("agentCapabilities")
+            self._capabilities = capabilities if isinstance(capabilities, dict) else {}
+            info = answer.get("agentInfo")
+            if isinstance(info, dict) and info.get("name") in _COST_SINCE_START:
+                self._fresh_cost = True
+            mcp = self._capabilities.get("mcpCapabilities")
+            if self._servers and not (isinstance(mcp, dict) and mcp.get("http") is True):
+                # Fail closed, as every brain does with an MCP server it cannot wire.
+                self._fail(ACP_NO_HTTP_MCP)
+                return
+            self._open_session()
+        elif method == "session/new":
+            session = answer.get("sessionId")
+            if not isinstance(session, str) or not session:
+                self._fail("the agent answered session/new without a session id")
+                return
+            self._opened(session, answer)
+        elif method in ("session/load", "session/resume"):
+            # session/load's result is null in the v1 docs and an object in the
+            # schema: both are a loaded session.
+            self._opened(self._resume or "", answer)
+        elif method == "session/prompt":
+            reason = answer.get("stopReason")
+            # Required by the schema; an answer without one still ended the turn.
+            self.stop_reason = reason if isinstance(reason, str) else "end_turn"
+            self._read_tokens(answer.get("usage"), answer.get("_meta"))
+            self._end()
+
+    def _refused(self, method: str, error: rpc.RpcError) -> None:
+        text = error.text()
+        self.last_error = text
+        self._limit(text)
+        if error.code == rpc.AUTH_REQUIRED:
+            # Not the session's fault: a new one would be refused the same way.
+            self._fail(acp_signed_out(text))
+            return
+        if (method == "session/resume" and error.code == rpc.METHOD_NOT_FOUND
+                and self._capabilities.get("loadSession") is True):
+            # Offered but not there (Qwen Code 0.15 announces resume and answers
+            # "Method not found"): that says nothing of the session; load it.
+            self._send("session/load", {"sessionId": self._resume, "cwd": self._cwd,
+                                        "mcpServers": self._servers})
+            return
+        limited = self.limit is not None and self.limit.state == "limited"
+        if method in ("session/load", "session/resume") and not self._fresh and not limited:
+            # The agent does not have the lane's session (any more): a new one,
+            # once, in this same process and deadline (§5.5).
+            log.info("the agent refused %s of session %s (%s); starting a new one",
+                     method, self._resume, text)
+            self._fresh = True
+            self._phase = _Phase.OPENING
+            self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
+            return
+        self._fail(f"the agent failed {method}: {text}")
+
+    def _open_session(self) -> None:
+        self._phase = _Phase.OPENING
+        sessions = self._capabilities.get("sessionCapabilities")
+        if self._resume is not None:
+            params = {"sessionId": self._resume, "cwd": self._cwd, "mcpServers": self._servers}
+            # Resume first: it takes the session back without replaying its whole
+            # history over stdout, all of which a load's reader would only skip.
+            if isinstance(sessions, dict) and isinstance(sessions.get("resume"), dict):
+                self._send("session/resume", params)
+                return
+            if self._capabilities.get("loadSession") is True:
+                self._send("session/load", params)
+                return
+            self._fresh = True  # it can take no session back: a new one
+        self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
+
+    def _opened(self, session: str, answer: dict[str, Any]) -> None:
+        self._session = self.session_id = session
+        self.started = True
+        self.model = _model(answer) or self.model
+        self._phase = _Phase.PROMPTING
+        self.activity = "thinking"
+        self._send("session/prompt", {
+            "sessionId": session,
+            "prompt": [{"type": "text", "text": self._prompt}],
+        })
+
+    def _request(self, message: rpc.Request) -> list[ToolEvent]:
+        if message.method == "session/request_permission":
+            self._write(rpc.result(message.id, {"outcome": self._permission(message.params)}))
+            call = message.params.get("toolCall")
+            # The call asked about may not have been announced yet (Gemini CLI
+            # announces such a call only here): it is on the timeline from now.
+            return self._tool_update(call) if isinstance(call, dict) else []
+        # fs/* and terminal/* were not offered (see the module's notes); anything
+        # else is unknown here. An answer keeps the agent from waiting for one.
+        self._write(rpc.error(message.id, rpc.METHOD_NOT_FOUND,
+                              f"prohost does not offer {message.method}"))
+        return []
+
+    def _permission(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The answer to ``session/request_permission``: the agent's allow option
+        (reject with ``--safe-tools``); ``cancelled`` once the turn is being
+        cancelled, as ACP requires, or when no option fits."""
+        options = params.get("options")
+        if self._cancel_sent or not isinstance(options, list):
+            return {"outcome": "cancelled"}
+        for kind in _REJECT if self._safe_tools else _ALLOW:
+            for option in options:
+                if isinstance(option, dict) and option.get("kind") == kind:
+                    option_id = option.get("optionId")
+                    if isinstance(option_id, str):
+                        return {"outcome": "selected", "optionId": option_id}
+        return {"outcome": "cancelled"}
+
+    def _update(self, params: dict[str, Any]) -> list[ToolEvent]:
+        if self._phase is not _Phase.PROMPTING:
+            # A session/load replays the whole history first: none of it is this
+            # turn's (not its reply, tools, or cost).
+            return []
+        update = params.get("update")
+        if not isinstance(update, dict):
+            return []
+        kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":
+            self._chunk(update)
+        elif kind == "agent_thought_chunk":
+            self._set_activity()  # the latest open tool, else "thinking"
+        elif kind == "tool_call":
+            return self._tool_call(update)
+        elif kind == "tool_call_update":
+            return self._tool_update(update)
+        elif kind == "usage_update":
+            cost = update.get("cost")
+            if isinstance(cost, dict) and str(cost.get("currency", "")).upper() == "USD":
+                amount = valid_cost(cost.get("amount"))
+                if amount is not None:
+                    self._cost_total = amount
+        return []
+
+    def _chunk(self, update: dict[str, Any]) -> None:
+        content = update.get("content")
+        if not isinstance(content, dict) or content.get("type") != "text":
+            return
+        text = content.get("text")
+        if not isinstance(text, str) or not text:
+            return
+        message_id = update.get("messageId")
+        if message_id is not None and message_id != self._message_id:
+            # A new message of the turn: a paragraph of its own.
+            if self._message_id is not None:
+                self._paragraph = True
+            self._message_id = message_id
+        if self._paragraph and self._text and not self._text[-1].endswith("\n\n"):
+            text = "\n\n" + text
+        self._paragraph = False
+        if self._cut:
+            return
+        size = len(text.encode("utf-8", errors="replace"))
+        if self._text_bytes + size > MAX_REPLY_BYTES:
+            # Memory stays bounded whatever the agent says; the reply is cut anyway.
+            text = text.encode("utf-8", errors="replace")[
+                : MAX_REPLY_BYTES - self._text_bytes].decode("utf-8", errors="ignore")
+            self._cut = True
+        self._text.append(text)
+        self._text_bytes += size
+
+    def _tool_call(self, update: dict[str, Any]) -> list[ToolEvent]:
+        call_id = update.get("toolCallId")
+        if not isinstance(call_id, str) or not call_id or call_id in self._ended:
+            return []
+        if call_id in self._open:
+            return self._tool_update(update)  # announced already (by a permission)
+        kind = update.get("kind")
+        name = _KIND_NAMES.get(kind, "Tool") if isinstance(kind, str) else "Tool"
+        title = update.get("title")
+        summary = one_line(title) if isinstance(title, str) else ""
+        self._paragraph = True  # text after a tool call is a new paragraph
+        events = [ToolEvent(id=call_id, name=name, state="calling", summary=summary)]
+        self._open[call_id] = (name, summary)
+        ended = self._ending(call_id, update.get("status"))
+        if ended is not None:
+            events.append(ended)
+        self._set_activity()
+        return events
+
+    def _tool_update(self, update: dict[str, Any]) -> list[ToolEvent]:
+        call_id = update.get("toolCallId")
+        title = update.get("title")
+        if not isinstance(call_id, str) or call_id in self._ended:
+            return []
+        if call_id not in self._open:
+            # Never announced by a tool_call: with a title it is announced now;
+            # without one, an ending alone would dangle on the timeline.
+            return self._tool_call(update) if isinstance(title, str) and title else []
+        if isinstance(title, str) and title.strip():
+            self._open[call_id] = (self._open[call_id][0], one_line(title))
+        ended = self._ending(call_id, update.get("status"))
+        self._set_activity()
+        return [ended] if ended is not None else []
+
+    def _ending(self, call_id: str, status: object) -> ToolEvent | None:
+        if status not in ("completed", "failed"):
+            return None
+        name, summary = self._open.pop(call_id)
+        self._ended.add(call_id)
+        state: ToolState = "done" if status == "completed" else "error"
+        return ToolEvent(id=call_id, name=name, state=state, summary=summary)
+
+    def _set_activity(self) -> None:
+        if self._open:
+            self.activity = activity(*next(reversed(self._open.values())))
+        else:
+            self.activity = "thinking"
+
+    def _read_tokens(self, usage: object, meta: object) -> None:
+        """The turn's tokens from the prompt response's ``usage`` (an unstable part
+        of ACP v1: read when present, never required), else from Gemini CLI's
+        ``_meta.quota.token_count`` (``{"input_tokens": …, "output_tokens": …}``,
+        seen from @google/gemini-cli 0.61)."""
+        if not isinstance(usage, dict):
+            quota = meta.get("quota") if isinstance(meta, dict) else None
+            counts = quota.get("token_count") if isinstance(quota, dict) else None
+            if isinstance(counts, dict):
+                self._tokens = Usage(input_tokens=valid_count(counts.get("input_tokens")),
+                                     output_tokens=valid_count(counts.get("output_tokens")))
+            return
+        self._tokens = Usage(
+            input_tokens=valid_count(usage.get("inputTokens")),
+            output_tokens=valid_count(usage.get("outputTokens")),
+            cache_read_tokens=valid_count(usage.get("cachedReadTokens")),
+            cache_write_tokens=valid_count(usage.get("cachedWriteTokens")),
+        )
+
+    def _limit(self, text: str) -> None:
+        notice = acp_limit_text(text, self._clock())
+        if notice is not None:
+            self.limit = merge(self.limit, notice)
+
+    # ---------------------------------------------------------------- writing
+
+    def _send(self, method: str, params: dict[str, Any]) -> None:
+        message_id = self._next_id
+        self._next_id += 1
+        self._pending[message_id] = method
+        self._write(rpc.request(message_id, method, params))
+
+    def _write(self, data: bytes) -> None:
+        if self._stdin is not None:
+            self._stdin.write(data)
+
+    def _fail(self, error: str) -> None:
+        self.error = error
+        self._end()
+
+    def _end(self) -> None:
+        """The conversation is over: end-of-file, and the agent exits."""
+        self._phase = _Phase.DONE
+        self.activity = None
+        if self._stdin is not None:
+            self._stdin.close()
+
+    # ---------------------------------------------------------------- the outcome
+
+    def usage(self) -> Usage:
+        cost = None
+        if self._cost_total is not None:
+            before = None if self._fresh or self._fresh_cost else self.usage_before.cost_usd
+            share = self._cost_total - before if before is not None else self._cost_total
+            # A total below the last one is a new session behind the same id.
+            cost = round(share if share >= 0 else self._cost_total, 6)
+        return Usage(
+            input_tokens=self._tokens.input_tokens,
+            output_tokens=self._tokens.output_tokens,
+            cache_read_tokens=self._tokens.cache_read_tokens,
+            cache_write_tokens=self._tokens.cache_write_tokens,
+            cost_usd=cost,
+            turns=1 if self.stop_reason is not None else None,
+            model=self.model,
+        )
+
+    def session_totals(self) -> Usage | None:
+        if self._session is None:
+            # No session opened: the lane's (when it has one) is as it was. Saying
+            # nothing would make the runner take this turn for one whose spending
+            # went unreported (includes_earlier_turns on the next one).
+            return self.usage_before if self._resume is not None else None
+        if self._cost_total is not None:
+            return Usage(cost_usd=self._cost_total)
+        # Nothing said this turn: the session's total is what it was.
+        before = None if self._fresh or self._fresh_cost else self.usage_before.cost_usd
+        return Usage(cost_usd=before)
+
+    def finish(self, result: ProcessResult) -> Outcome | None:
+        usage = self.usage().known()
+        if self.error is not None:
+            return Outcome.failure(self._said(self.error), session_id=self.session_id,
+                                   usage=usage)
+        if self.stop_reason == "end_turn":
+            reply = final_reply("".join(self._text), cut=self._cut)
+            return Outcome(ok=True, reply=reply, session_id=self.session_id, usage=usage)
+        if self.stop_reason is not None:
+            return Outcome.failure(acp_stopped(self.stop_reason), session_id=self.session_id,
+                                   usage=usage)
+        # No answer to the prompt: the agent died (or hung up) first.
+        if result.last_stderr_line:
+            self._limit(result.last_stderr_line)
+        if result.exit_code != 0:
+            if self.limit is not None and self.limit.state == "limited":
+                return Outcome.failure(self._said(result.last_stderr_line or ACP_NO_ANSWER),
+                                       session_id=self.session_id, usage=usage)
+            return None  # the runner names the exit status and the last stderr line
+        error = ACP_NO_ANSWER
+        if self.garbage:
+            error += f"; {self.garbage} line(s) on its stdout were not ACP messages"
+        if result.overlong_lines:
+            error += f"; {result.overlong_lines} over-long line(s) were skipped"
+        if result.last_stderr_line:
+            error += f"; its last error: {result.last_stderr_line}"
+        return Outcome.failure(error, session_id=self.session_id, usage=usage)
+
+    def _said(self, error: str) -> str:
+        return one_line(with_limit(error, self.limit, "the account's"), _ERROR_CHARS)
+
+
+def _model(answer: dict[str, Any]) -> str | None:
+    """The model a session setup response names: ``models.currentModelId`` (an
+    unstable part of v1 Gemini CLI sends), else the current value of the ``model``
+    config option (``configOptions``, v1) unless it is only ``default``."""
+    models = answer.get("models")
+    if isinstance(models, dict):
+        named = valid_model(models.get("currentModelId"))
+        if named is not None:
+            return named
+    options = answer.get("configOptions")
+    for option in options if isinstance(options, list) else []:
+        if isinstance(option, dict) and option.get("category") == "model":
+            value = valid_model(option.get("currentValue"))
+            if value is not None and value != "default":
+                return value
+    return None
+
+
+class AcpBrain(Brain):
+    """An agent spoken to over ACP; ``--exec`` is the command that starts it in ACP
+    mode (``gemini --acp``, ``opencode acp``…), run as written."""
+
+    name = "acp"
+    streams = True
+    running_totals = True
+    no_budget_because = "ACP has no way to tell an agent what it may spend"
+
+    def command(self, *, session_id: str | None, mcp: McpWiring | None,
+                max_cost_usd: float | None = None) -> str:
+        # Everything else (the session, the prompt) goes over the protocol.
+        return self.exec_line
+
+    def new_turn(self) -> AcpTurn:
+        return AcpTurn(safe_tools=self.safe_tools)
+
+    def wire_mcp(self, mcp: Mcp, folder: Path,
+                 env: Mapping[str, str] | None = None) -> McpWiring:
+        """The run's MCP server as an ACP HTTP ``McpServer`` for ``session/new``
+        (its token in an ``Authorization`` header): it reaches the agent on its
+        stdin, never on a command line or in a file. Nothing is written."""
+        check_mcp(mcp, transport="ACP agents are given MCP servers over HTTP")
+        headers = [{"name": "Authorization", "value": f"Bearer {mcp.token}"}] if mcp.token else []
+        return McpWiring(servers=({"type": "http", "name": MCP_SERVER_NAME, "url": mcp.url,
+                                   "headers": headers},))
+
+    def version_command(self) -> str | None:
+        # Not ``<program> --version``: the ACP adapters (claude-agent-acp,
+        # codex-acp) take no such flag and start serving ACP instead; an agent's
+        # version comes in its initialize answer (agentInfo), not asked apart.
+        return None

@@ -1,0 +1,179 @@
+"""Real ACP agents through the harness, against a mock model on 127.0.0.1.
+
+Claude Code (``@agentclientprotocol/claude-agent-acp``), Codex
+(``@zed-industries/codex-acp``), Gemini CLI (``@google/gemini-cli``, ``gemini
+--acp``), Qwen Code (``@qwen-code/qwen-code``, ``qwen --acp``) and OpenCode
+(``opencode-ai``, ``opencode acp``) are installed by ``.ci/run`` with npm into
+``$PROHOST_REAL_CLIS`` and pointed at :class:`tests.kits.mock_models.MockModel` by
+their documented settings (``ANTHROPIC_BASE_URL``; a ``model_providers`` entry in
+``CODEX_HOME/config.toml``; ``GOOGLE_GEMINI_BASE_URL`` with an API key;
+``QWEN_DEFAULT_AUTH_TYPE=openai`` with ``OPENAI_BASE_URL``; a provider in
+``~/.config/opencode/opencode.json``). Each is driven by ``--brain auto``
+(its command line must be recognised as ACP) through two turns of one
+conversation, the second in the first's session (the model must see the first
+turn again), and a cancel while the model is answering; and a turn where the
+mock model calls the agent's shell tool with a command that makes a file, which
+each agent asks permission for and the brain grants.
+Without the installed agents the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.kits.asgi import serving
+from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.mock_models import TOOL_WORD, MockModel
+
+pytestmark = pytest.mark.protocol("§5", "§6")
+
+CLI_ROOT = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")).resolve()
+CLI_DIR = CLI_ROOT / "node_modules" / ".bin"
+REPLY = "Hello from the mock model."
+
+#: The agent's program in CLI_DIR and the rest of its ACP command line.
+AGENTS = {
+    "claude": ("claude-agent-acp", ""),
+    "codex": ("codex-acp", ""),
+    # A named model: "auto" would first ask a routing model for a JSON verdict.
+    "gemini": ("gemini", " --acp -m gemini-2.5-flash"),
+    "qwen": ("qwen", " --acp"),
+    "opencode": ("opencode", " acp"),
+}
+
+
+#: The agents whose session/load or session/resume takes the conversation back.
+#: Gemini CLI 0.61 answers its own saved session's session/load with "No previous
+#: sessions found for this project" (starting the session's chat recording over
+#: before it reads it, as it looks from its bundle), so every turn falls back to a
+#: new session there, as §5 says it must.
+RESUMES = frozenset({"claude", "codex", "opencode", "qwen"})
+
+
+def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
+    """The ``--exec`` line and the environment that point ``agent`` at ``url``."""
+    program, rest = AGENTS[agent]
+    path = CLI_DIR / program
+    if not path.exists():
+        pytest.skip(f"{program} is not installed in {CLI_DIR} "
+                    "(.ci/run installs it with npm; npm was missing or offline)")
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "CODEX", "GEMINI",
+                                  "GOOGLE_"))}
+    user = home / "user-home"
+    user.mkdir(parents=True)
+    env["HOME"] = str(user)
+    if agent == "claude":
+        # IS_SANDBOX: CI containers run as root, where Claude Code refuses to start
+        # its sessions (the adapter allows its bypass mode) unless told it is in a
+        # sandbox.
+        env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="mock-key", IS_SANDBOX="1")
+    elif agent == "codex":
+        codex_home = home / "codex-home"
+        codex_home.mkdir()
+        (codex_home / "config.toml").write_text(
+            'model = "mock-model"\nmodel_provider = "mock"\n'
+            "[model_providers.mock]\n"
+            f'name = "mock"\nbase_url = "{url}/v1"\nwire_api = "responses"\n'
+            'env_key = "MOCK_API_KEY"\n')
+        env.update(CODEX_HOME=str(codex_home), MOCK_API_KEY="mock-key")
+    elif agent == "opencode":
+        # OpenCode's documented custom provider (an OpenAI-compatible endpoint),
+        # with its shell tool set to ask first. It fetches the provider's npm
+        # package at its first start: the registry .ci/run installed it from.
+        config = user / ".config" / "opencode"
+        config.mkdir(parents=True)
+        (config / "opencode.json").write_text(json.dumps({
+            "provider": {"mock": {"npm": "@ai-sdk/openai-compatible", "name": "Mock",
+                                  "options": {"baseURL": f"{url}/v1", "apiKey": "mock-key"},
+                                  "models": {"mock-model": {"name": "Mock"}}}},
+            "model": "mock/mock-model", "permission": {"bash": "ask"}}))
+    elif agent == "qwen":
+        # Qwen Code's documented OpenAI-compatible provider settings.
+        env.update(QWEN_DEFAULT_AUTH_TYPE="openai", OPENAI_API_KEY="mock-key",
+                   OPENAI_BASE_URL=f"{url}/v1", OPENAI_MODEL="mock-model")
+    else:
+        settings = user / ".gemini"
+        settings.mkdir()
+        (settings / "settings.json").write_text(json.dumps(
+            {"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+        env.update(GOOGLE_GEMINI_BASE_URL=url, GEMINI_API_KEY="mock-key")
+    return shlex.quote(str(path)) + rest, env
+
+
+def asked_with(model: MockModel, words: str) -> Callable[[], bool]:
+    return lambda: any(words in json.dumps(body) for _, body in model.requests)
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
+    tmp_path: Path, agent: str,
+) -> None:
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(240):
+        async with serving(model) as url:
+            exec_command, env = setup_for(agent, url, tmp_path)
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env,
+                timeout_s=120,
+            ) as running:
+                first = await server.submit_run("first turn: remember PELICAN",
+                                                conversation_id="C1")
+                await server.wait_until(finished(first))
+                before = len(model.requests)
+                second = await server.submit_run("second turn", conversation_id="C1")
+                await server.wait_until(finished(second))
+                one, two = (server.run(r).completion or {} for r in (first, second))
+                assert one.get("ok") and two.get("ok"), (one, two)
+                assert str(one["reply"]).endswith(REPLY), one
+                assert one["session_id"] and two["session_id"]
+                later = json.dumps([body for _, body in model.requests[before:]])
+                assert "second turn" in later
+                if agent in RESUMES:
+                    # The second turn's requests carry the first turn: the session
+                    # was really taken back, not only its id.
+                    assert two["session_id"] == one["session_id"]
+                    assert "PELICAN" in later
+
+                model.hold = trio.Event()
+                third = await server.submit_run("third turn", conversation_id="C1")
+                await model.held.wait()
+                await server.cancel_run(third, "stop it")
+                await server.wait_until(lambda state: state.runs[third].completion is not None)
+                model.hold.set()
+                cancelled = server.run(third).completion or {}
+                assert cancelled["error"] == "cancelled: stop it"
+                assert cancelled["session_id"]
+                if agent in RESUMES:
+                    assert cancelled["session_id"] == one["session_id"]
+                await running.harness.wait_released(third)
+                assert len(running.harness.groups) == 0
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent: str) -> None:
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for(agent, url, tmp_path)
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env,
+                timeout_s=120,
+            ):
+                run_id = await server.submit_run(f"please {TOOL_WORD}", conversation_id="C1")
+                await server.wait_until(finished(run_id))
+                completion = server.run(run_id).completion or {}
+                assert completion.get("ok"), completion
+                # The tool ran (its output went back to the model, its file is
+                # there): a command that changes files is asked for, and allowed.
+                assert asked_with(model, "mock-tool-ran")()
+                assert (tmp_path / "home" / "workspace" / "made-by-the-tool").exists()
+                timeline = server.run(run_id).timeline
+                assert [e["state"] for e in timeline] == ["calling", "done"], timeline
