@@ -216,6 +216,9 @@ class Outcome:
     #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
     #: no agent ran (the run never started).
     account: str | None = None
+    #: The agent ran confined (§13, §7 ``confined``); ``None`` (not sent) when no
+    #: agent was spawned.
+    confined: bool | None = None
 
     @classmethod
     def failure(cls, error: str, *, retryable: bool = False, **extra: Any) -> Outcome:

@@ -36,6 +36,7 @@ import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
+from prohost.engine.sandbox import Confinement
 
 log = logging.getLogger("prohost.agentproc")
 
@@ -101,6 +102,23 @@ TEST_HUNG_SPAWN_ENV = "PROHOST_TEST_HUNG_SPAWN_FIFO"
 def _hang_on(fifo: str) -> None:
     with open(fifo, "rb") as hung:
         hung.read()
+
+
+def _in_child(hang: str | None, confine: Callable[[], None] | None
+              ) -> Callable[[], None] | None:
+    """What the child runs between fork and exec: the test hook's hang, then the
+    confinement's own step (the hook first: it opens a FIFO the confinement may
+    hide)."""
+    if hang is None:
+        return confine
+    if confine is None:
+        return functools.partial(_hang_on, hang)
+
+    def both() -> None:
+        _hang_on(hang)
+        confine()
+
+    return both
 
 
 def kill_children() -> None:
@@ -389,8 +407,14 @@ async def run_agent(
     on_stdout_line: Callable[[bytes], None] | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     on_output: Callable[[float], None] | None = None,
+    confinement: Confinement | None = None,
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
+
+    With a ``confinement`` (PROTOCOL.md §13), the shell starts confined, and so
+    does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, its
+    ``pass_fds`` are inherited, its ``preexec`` runs in the child before exec. The
+    caller closes it (it may spawn again with it).
 
     The process runs in ``cwd`` with exactly ``env``, gets ``stdin_text`` (UTF-8) on
     stdin and then end-of-file, and is stopped (SIGTERM to the group, SIGKILL
@@ -414,16 +438,23 @@ async def run_agent(
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
-    hang = os.environ.get(TEST_HUNG_SPAWN_ENV)
+    hang = os.environ.get(TEST_HUNG_SPAWN_ENV) or None
+    prefix: tuple[str, ...] = ()
+    pass_fds: tuple[int, ...] = ()
+    preexec = None
+    if confinement is not None:
+        prefix, pass_fds, preexec = (confinement.argv_prefix, confinement.pass_fds,
+                                     confinement.preexec)
     proc = await trio.lowlevel.open_process(
-        ["/bin/sh", "-c", command],
+        [*prefix, "/bin/sh", "-c", command],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=cwd,
         env=dict(env),
         start_new_session=True,
-        preexec_fn=functools.partial(_hang_on, hang) if hang else None,
+        pass_fds=pass_fds,
+        preexec_fn=_in_child(hang, preexec),
     )
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid

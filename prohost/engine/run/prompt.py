@@ -51,6 +51,9 @@ class PromptContext:
     """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
     checkouts: tuple[Checkout, ...] = ()
     checkout_failures: tuple[CheckoutFailure, ...] = ()
+    #: The agent runs confined (§13); ``workdir`` is its working directory.
+    confined: bool = False
+    workdir: str | None = None
 
 
 def one_line(text: str) -> str:
@@ -175,6 +178,7 @@ def _isolation_lines(context: PromptContext) -> list[str]:
             "  runs read them. Do not run `git worktree add`, `remove`, `move` or",
             "  `prune` yourself.",
         ]
+    lines += _confinement_lines(context)
     if context.checkout_failures:
         lines += [
             "- No private checkout could be prepared for:",
@@ -184,6 +188,26 @@ def _isolation_lines(context: PromptContext) -> list[str]:
             "  needed a change there.",
         ]
     return lines
+
+
+def _confinement_lines(context: PromptContext) -> list[str]:
+    """Where a confined agent may write (§13), so that it does not spend turns
+    finding out."""
+    if not context.confined:
+        return []
+    if context.checkouts:
+        places = ["  your checkouts above (with their git data: commit on branches",
+                  "  named prohost/..., the only ones you can create or move),"]
+    else:
+        places = [f"  the working directory {context.workdir},"]
+    return [
+        "- You are confined: you can write only in",
+        *places,
+        "  $TMPDIR (private to this run, removed after it), your CLI's own settings",
+        "  folder and the usual caches. The rest of this machine is read-only to",
+        "  you, and $PROHOST_HOME and secrets such as ~/.ssh are hidden: a write or",
+        "  read refused there (permission denied) is this, not something to fix.",
+    ]
 
 
 def _reply_lines() -> list[str]:

@@ -53,6 +53,14 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
+from prohost.engine.run.confine import (
+    ConfinementFailed,
+    RunConfinement,
+    RunPlaces,
+    Sandbox,
+    confine,
+    confined_env,
+)
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -71,8 +79,8 @@ from prohost.engine.run.staging import (
     wire_mcp,
 )
 from prohost.wire.changes import ChangeEntry
-from prohost.wire.outcomes import budget_reached, internal_error, limit_phrase
-from prohost.wire.runs import Outcome
+from prohost.wire.outcomes import NOT_CONFINED, budget_reached, internal_error, limit_phrase
+from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.runner")
@@ -144,6 +152,8 @@ class _Ending:
     #: The last account reached its usage limit: someone may still use the answer
     #: from another account, later (a limit is never the run's own fault).
     limited: bool = False
+    #: The run's agent was spawned confined or not (§13); ``None``: none spawned.
+    confined: bool | None = None
 
     def outcome(self) -> Outcome:
         """The outcome reported: made here, and only here, from what ended the run."""
@@ -156,6 +166,7 @@ class _Ending:
             duration_ms=said.duration_ms if self.duration_ms is None else self.duration_ms,
             changes=said.changes if self.changes is None else self.changes,
             retryable=said.retryable or self.limited,
+            confined=said.confined if self.confined is None else self.confined,
         )
 
     def lane_turn(self, lane: str) -> LaneTurn | None:
@@ -194,8 +205,11 @@ class Runner:
         on_outcome: Callable[[HeldRun, Outcome], None],
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.setup = setup
+        #: How agents are confined (§13); ``None``: they are not (``--sandbox off``).
+        self.sandbox = sandbox
         self.steps = steps
         self.reporter = reporter
         #: Reports that outlived their retry window, tried again (§7).
@@ -322,8 +336,14 @@ class Runner:
             progress = held.progress
             ending = _Ending(self._internal_error(held, exc), ran=progress.attempts > 0,
                              session_id=progress.session_id, account=progress.account,
-                             totals=tally.totals)
+                             totals=tally.totals, confined=self._confined(progress.attempts))
         return ending.outcome(), ending.lane_turn(held.lane)
+
+    def _confined(self, spawns: int) -> bool | None:
+        """The completion's ``confined`` (§7) after ``spawns`` spawns of the agent."""
+        if not spawns:
+            return None
+        return self.sandbox is not None and self.sandbox.confines
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -379,7 +399,8 @@ class Runner:
                 usage = None if share is None else tally.spent + share
             return _Ending(held.stop_outcome, ran=progress.attempts > 0,
                            session_id=progress.session_id, account=progress.account,
-                           totals=tally.totals, usage=usage)
+                           totals=tally.totals, usage=usage,
+                           confined=self._confined(progress.attempts))
         return ending
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: _Tally) -> _Ending:
@@ -431,7 +452,8 @@ class Runner:
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
             held.move_to("running", self._on_change)
-        prompt = prompt_for(run, setup.spec, checkouts.prepared)
+        prompt = prompt_for(run, setup.spec, checkouts.prepared,
+                            confined=self.sandbox is not None and self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
         try:
             # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
@@ -473,6 +495,16 @@ class Runner:
                         account=progress.account, totals=tally.totals)
                 if wiring is not None:
                     attempt_env.update(wiring.env)
+                try:
+                    confined = await self._confine(run, checkouts, scratch, attempt_env,
+                                                   deadline)
+                except ConfinementFailed as exc:
+                    # Never unconfined in its place: the run fails, saying why (§13).
+                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
+                                 changes=await checkouts.changes(), ran=bool(tried),
+                                 session_id=session if tried else None,
+                                 account=progress.account, totals=tally.totals)
+                attempt_env = confined_env(attempt_env, confined)
                 before = None
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
@@ -483,10 +515,16 @@ class Runner:
                 # attempt is a new CLI process counting from zero, so it is given
                 # what the earlier ones left.
                 budget = left_of(setup.brain.max_cost_usd, tally.spent)
-                result = await execute(
-                    Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
-                            max_cost_usd=budget),
-                    setup, progress, on_spawn, timeline)
+                try:
+                    result = await execute(
+                        Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
+                                max_cost_usd=budget,
+                                confinement=None if confined is None
+                                else confined.confinement),
+                        setup, progress, on_spawn, timeline)
+                finally:
+                    if confined is not None:
+                        confined.close()
                 tally.spent += result.spent
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started
@@ -510,10 +548,27 @@ class Runner:
                     return ended(outcome, changes=await checkouts.changes(),
                                  ran=True, session_id=result.session_id,
                                  account=account.name, totals=tally.totals,
-                                 limited=limited)
+                                 limited=limited,
+                                 confined=(confined is not None) if result.started
+                                 else None)
                 account, session = following
         finally:
-            await remove_scratch(run, scratch, setup.bounds)
+            await remove_scratch(run, scratch, setup.bounds,
+                                 made=self.sandbox is not None and self.sandbox.confines)
+
+    async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
+                       env: Mapping[str, str], deadline: float) -> RunConfinement | None:
+        """The attempt's confinement (§13), ``None`` when runs are not confined;
+        raises :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
+        if self.sandbox is None:
+            return None
+        prepared = checkouts.prepared
+        places = RunPlaces(
+            workdir=None if self.worktrees is not None else self.setup.spec.workdir,
+            worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
+            lane_folder=prepared.folder if prepared else None,
+            scratch=scratch, brain=self.setup.brain.name, env=env)
+        return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:
         """The run reached its budget (§12), in words of its own: the budget in force
