@@ -31,7 +31,7 @@ from tests.kits.harness import (
     running_server,
     start_run,
 )
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.process import (
     alive,
     harness_process,
@@ -231,7 +231,7 @@ async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended
     the turn's `finished`: once the server has the turn's result, it is on disk, and
     a harness killed then resumes it for the conversation's next turn."""
     home = tmp_path / "home"
-    record = tmp_path / "record.json"
+    record = logs_folder(tmp_path) / "record.json"
     # Named `claude`, so the harness picks the Claude brain (--brain auto).
     claude = tmp_path / "bin" / "claude"
     claude.parent.mkdir()

@@ -496,7 +496,9 @@ class Runner:
                 if wiring is not None:
                     attempt_env.update(wiring.env)
                 try:
-                    confined = await self._confine(run, checkouts, scratch, attempt_env,
+                    # The account's own folders (a brain's MCP overlay of them is in
+                    # the scratch folder, granted as a whole).
+                    confined = await self._confine(run, checkouts, scratch, account_env,
                                                    deadline)
                 except ConfinementFailed as exc:
                     # Never unconfined in its place: the run fails, saying why (§13).
