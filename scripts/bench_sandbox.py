@@ -10,8 +10,9 @@ a worktree inside) is built in a temporary folder; then, in the same run:
 - a spawn of ``/bin/true`` waited to its exit, four ways, interleaved round by round
   so drift hits each the same: the unconfined floor (subprocess's vfork path), a
   no-op ``preexec_fn`` (what a preexec alone costs: subprocess forks instead of
-  vforking), the confinement's preexec, and — for comparison only — a throwaway
-  thread that confines itself and spawns without a preexec (no code in the child).
+  vforking), the confinement's preexec, and
+  ``Confinement.spawn_from_a_confined_thread`` (a throwaway thread that confines
+  itself and spawns without a preexec: no code in the child).
 
 Each figure is the median; ratios are to the unconfined floor. Prints lines of text.
 """
@@ -24,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,22 +62,15 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def spawn(preexec: Callable[[], None] | None) -> None:
-    subprocess.Popen(["/bin/true"], preexec_fn=preexec).wait()
+    # As the harness spawns an agent: its own session, pipes for its output.
+    subprocess.Popen(["/bin/true"], preexec_fn=preexec, start_new_session=True,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE).communicate()
 
 
 def spawn_from_confined_thread(confinement: Confinement) -> None:
-    """The no-code-in-the-child alternative: a fresh thread enters the domain (it is
-    per thread), spawns on subprocess's vfork path, and ends."""
-    assert confinement.preexec is not None
-    enter = confinement.preexec
-
-    def work() -> None:
-        enter()
-        spawn(None)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
+    """The no-code-in-the-child way: a fresh thread enters the domain (it is per
+    thread), spawns on subprocess's vfork path, and ends."""
+    confinement.spawn_from_a_confined_thread(lambda: spawn(None))
 
 
 def main() -> None:

@@ -18,15 +18,19 @@ start and see it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import attrs
 
 from prohost.engine.sandbox import landlock, seatbelt
 from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
+
+T = TypeVar("T")
 
 
 @attrs.define
@@ -44,6 +48,38 @@ class Confinement:
     preexec: Callable[[], None] | None = None
     confined: bool = False
     _ruleset: landlock.Ruleset | None = None
+
+    def spawn_from_a_confined_thread(self, start: Callable[[], T]) -> T:
+        """``start()`` (a spawn, e.g. ``subprocess.Popen(...)`` without ``preexec``)
+        called on a fresh thread that has entered the domain first; its result.
+
+        The alternative to ``preexec`` that runs no code in the child: subprocess
+        keeps its vfork path (a preexec forces a full fork), and nothing but C runs
+        between fork and exec. Only that thread is confined, and it ends with the
+        call. Blocking (it joins the thread): call it in a worker thread. Raises
+        what ``start`` raises, or ``OSError`` when the domain cannot be entered (then
+        ``start`` is never called). Unconfined or seatbelt: ``start()`` is called
+        here (the seatbelt's ``argv_prefix`` is still the caller's to add).
+        """
+        if self._ruleset is None:
+            return start()
+        fd = self._ruleset.fd
+        result: list[T] = []
+        failure: list[BaseException] = []
+
+        def confined() -> None:
+            try:
+                landlock.restrict_this_thread(fd)
+                result.append(start())
+            except BaseException as error:  # handed to the caller's thread below
+                failure.append(error)
+
+        thread = threading.Thread(target=confined, name="prohost-confined-spawn")
+        thread.start()
+        thread.join()
+        if failure:
+            raise failure[0]
+        return result[0]
 
     def close(self) -> None:
         """Release the ruleset (after the last spawn that uses this confinement)."""

@@ -164,3 +164,30 @@ def test_the_ruleset_descriptor_does_not_reach_the_program(home: Home) -> None:
                               preexec_fn=confinement.preexec, capture_output=True, text=True,
                               check=True)
     assert done.stdout.strip() == "['0', '1', '2', '3']"  # 3: listdir's own descriptor
+
+
+def test_a_spawn_from_a_confined_thread_is_confined_and_the_rest_is_not(home: Home) -> None:
+    marker = home.root / "from-thread"
+    with prepare(home.policy(), SUPPORT) as confinement:
+        done = confinement.spawn_from_a_confined_thread(lambda: subprocess.run(
+            ["sh", "-c", f"echo x > {marker} || echo denied; cat {home.root}/.ssh/id_ed25519"
+                         f" || echo hidden; echo y > {home.work}/from-thread && echo wrote"],
+            capture_output=True, text=True, check=False))
+    assert done.stdout.split() == ["denied", "hidden", "wrote"]
+    assert not marker.exists()
+    # This process (and its next thread) is not confined.
+    marker.write_text("still free\n")
+    assert (home.root / ".ssh" / "id_ed25519").read_text() == "PRIVATE KEY\n"
+
+
+def test_a_confined_thread_that_cannot_enter_the_domain_never_spawns(home: Home) -> None:
+    confinement = prepare(home.policy(), SUPPORT)
+    ruleset = confinement._ruleset
+    assert ruleset is not None
+    os.close(ruleset.fd)  # the kernel will refuse restrict_self: EBADF
+    spawned: list[bool] = []
+    with pytest.raises(OSError) as caught:
+        confinement.spawn_from_a_confined_thread(lambda: spawned.append(True))
+    assert caught.value.errno == 9  # EBADF
+    assert spawned == []
+    ruleset.fd = -1
