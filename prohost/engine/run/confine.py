@@ -36,7 +36,6 @@ readable, so ``ls $PROHOST_RUN_REPOS`` works) and the usual secrets, unless an
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,8 +189,9 @@ def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
     writable.append(places.scratch)
     writable += agent_folders(places.brain, places.env, sandbox.user_home)
     home = sandbox.user_home
-    writable += [home / cache for cache in defaults.CACHES if (home / cache).exists()]
-    writable += [Path(device) for device in defaults.DEVICES if os.path.exists(device)]
+    # One that does not exist gets no grant (the library drops it).
+    writable += [home / cache for cache in defaults.CACHES]
+    writable += [Path(device) for device in defaults.DEVICES]
     writable += sandbox.allow_write
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
     return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden))
