@@ -5,14 +5,18 @@ their git work in the same checkout. One switches branch under the other, one
 commits the other's half-edited files, and ``git stash`` pops into the wrong run.
 So every lane gets, for each ``--repos`` checkout, a worktree of its own::
 
-    $PROHOST_HOME/worktrees/<lane folder>/<repo name>      (a `git worktree add --detach`)
+    $PROHOST_HOME/worktrees/<lane folder>/<repo name>      (on the branch prohost/<lane folder>)
     $PROHOST_HOME/worktrees/<lane folder>/.prohost-lane    (lane id and last use, for GC)
 
 A worktree persists across the lane's turns: a branch or an uncommitted change in
-it is the conversation's own earlier work, so later turns reuse it as it is. The
-lane folder goes into ``PROHOST_RUN_REPOS`` for the agent. A repository with no
-commit yet gets an unborn branch instead of a detached HEAD
-(:mod:`prohost.engine.repos.startpoint`).
+it is the conversation's own earlier work, so later turns reuse it as it is. Each
+is made on the lane's own branch, ``prohost/<lane folder>``, so the work has a
+name in the original repository (``git log prohost/conv-…``, merge it, push it):
+the branch is made from the source's ``HEAD`` the first time and checked out
+again when a collected worktree of the lane is made anew, so nothing committed
+is lost (:mod:`prohost.engine.repos.startpoint`; a repository with no commit yet
+gets the branch unborn). The lane folder goes into ``PROHOST_RUN_REPOS`` for the
+agent, and the agent starts in the first listed checkout's worktree (§5.3).
 
 Preparing never raises for a repository that cannot be prepared: the run goes on,
 and the prompt names that checkout as read-only
@@ -44,7 +48,7 @@ import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
-from prohost.engine.repos.startpoint import start_point
+from prohost.engine.repos.startpoint import lane_branch, start_point
 from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
@@ -179,9 +183,13 @@ class Checkout:
     name: str
     path: str
     source: str
-    #: The branch it was just put on because the original has no commit yet
-    #: (unborn until the agent's first commit); ``None``: a detached HEAD.
-    new_branch: str | None = None
+    #: The branch the worktree is on as the agent gets it: the lane's,
+    #: ``prohost/<lane folder>``, unless the agent switched in an earlier turn;
+    #: ``None``: a detached HEAD.
+    branch: str | None = None
+    #: The worktree was just made and ``branch`` is unborn: the original has no
+    #: commit yet, and the agent's first commit creates the branch.
+    unborn: bool = False
     #: The original has submodules, which are empty folders in the private worktree.
     has_submodules: bool = False
 
@@ -202,6 +210,9 @@ class PreparedCheckouts:
     """The lane's folder when at least one checkout is ready (for ``PROHOST_RUN_REPOS``)."""
     checkouts: tuple[Checkout, ...]
     failures: tuple[CheckoutFailure, ...]
+    first: Checkout | None = None
+    """The worktree of the first listed checkout, where the agent starts (§5.3);
+    ``None`` when that one could not be prepared."""
 
 
 State = Literal["ready", "absent", "half-made", "empty", "broken", "foreign", "junk"]
@@ -228,7 +239,8 @@ class WorktreeManager:
         self.names = checkout_names(self.repos)
         self._locks: dict[str, trio.Lock] = {}
         # A checkout's common dir only changes if it is re-cloned; asking once per
-        # source keeps a reused worktree at one git process per turn.
+        # source keeps a reused worktree at two git processes per turn (what it
+        # is, which branch it is on).
         self._common_dirs: dict[Path, str] = {}
 
     @property
@@ -296,8 +308,10 @@ class WorktreeManager:
                 )
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
+        first = results[0] if results and isinstance(results[0], Checkout) else None
         return PreparedCheckouts(
-            folder=folder if checkouts else None, checkouts=checkouts, failures=failures
+            folder=folder if checkouts else None, checkouts=checkouts, failures=failures,
+            first=first,
         )
 
     async def _prepare_one(
@@ -330,18 +344,52 @@ class WorktreeManager:
                 # Unusable and never handed to an agent: a prepare was cancelled or
                 # killed while making it, so nothing in it is anyone's work.
                 state = "junk"
-            new_branch = None
+            unborn = False
+            branch: str | None = lane_branch(folder.name)
             if state != "ready":
-                new_branch = await self._create(source, path, state)
+                unborn = await self._create(source, path, state)
+            else:
+                branch = await self._branch_of(path, lane_branch(folder.name))
             # git leaves a worktree's submodules empty, and git's own documentation
             # advises against checking them out in a linked worktree: the agent is told.
             submodules = await self._file(os.path.lexists, path / ".gitmodules")
             return Checkout(name=name, path=str(path), source=str(source),
-                            new_branch=new_branch, has_submodules=submodules)
+                            branch=branch, unborn=unborn,
+                            has_submodules=submodules)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
+
+    async def _branch_of(self, path: Path, own: str) -> str | None:
+        """The branch the reused worktree at ``path`` is on (``None``: a detached
+        HEAD), for the prompt to say truly. A detached worktree whose lane has no
+        branch yet (made by a version that detached them) is put on it first: the
+        same commit and files, now with a name in the original repository."""
+        out = await git("-C", str(path), "symbolic-ref", "--quiet", "--short", "HEAD",
+                        ok_codes=(0, 1))
+        if out.strip():
+            return out.strip()
+        try:
+            # Never moved when the branch exists: the agent detached on purpose.
+            await git("-C", str(path), "rev-parse", "--verify", "--quiet",
+                      f"refs/heads/{own}")
+            return None
+        except GitTimedOut:
+            raise
+        except GitError:
+            pass
+        try:
+            # `checkout -b` keeps the index and the files as they are.
+            await git("-C", str(path), "checkout", "--quiet", "-b", own)
+        except GitTimedOut:
+            raise
+        except GitError as exc:
+            # Still a usable worktree: it stays detached, as before.
+            log.warning("could not put %s on the branch %s: %s", path, own, exc)
+            return None
+        log.info("put the worktree %s on the branch %s", path, own)
+        return own
 
     async def _common_dir(self, source: Path) -> str:
         cached = self._common_dirs.get(source)
@@ -391,10 +439,10 @@ class WorktreeManager:
             return "ready"
         return "half-made" if reason.strip() == "initializing" else "ready"
 
-    async def _create(self, source: Path, path: Path, state: State) -> str | None:
-        """Make the worktree at ``path``, clearing what ``state`` says is in the way.
-        Returns the branch it is on when ``source`` has no commit yet, else ``None``
-        (a detached HEAD at the source's commit)."""
+    async def _create(self, source: Path, path: Path, state: State) -> bool:
+        """Make the worktree at ``path`` on the lane's branch, clearing what
+        ``state`` says is in the way. Returns whether that branch is unborn
+        (``source`` has no commit yet)."""
         log.debug("making the worktree %s of %s (found: %s)", path, source, state)
         if state == "empty":
             await self._file(path.rmdir)
@@ -417,25 +465,36 @@ class WorktreeManager:
                         await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
                 if await self._file(os.path.lexists, path):
                     await self._file(shutil.rmtree, path)
-            start, branch = await start_point(src, path.parent.name)
-            add = ["-C", src, "worktree", "add", str(path), start]
-            if branch is None:
-                add.insert(4, "--detach")
+            start = await start_point(src, path.parent.name)
             try:
-                await git(*add, timeout_s=GIT_ADD_TIMEOUT_S)
+                await git("-C", src, "worktree", "add", *start.add_args(str(path)),
+                          timeout_s=GIT_ADD_TIMEOUT_S)
             except GitTimedOut:
                 raise
             except GitError:
                 # Most likely a registration whose folder vanished ("missing but
-                # already registered"). Pruned only now, and under the lock: a
-                # prune also forgets the person's own worktrees whose folders are
-                # missing (an unmounted disk), so it is not run unasked.
+                # already registered", or the lane's branch still "checked out" in
+                # it). Pruned only now, and under the lock: a prune also forgets
+                # the person's own worktrees whose folders are missing (an
+                # unmounted disk), so it is not run unasked.
                 await git("-C", src, "worktree", "prune")
-                await git(*add, timeout_s=GIT_ADD_TIMEOUT_S)
-            if start != branch and branch is not None:
+                # Asked again: the failed add may have made the branch after all.
+                start = await start_point(src, path.parent.name)
+                try:
+                    await git("-C", src, "worktree", "add", *start.add_args(str(path)),
+                              timeout_s=GIT_ADD_TIMEOUT_S)
+                except GitTimedOut:
+                    raise
+                except GitError as exc:
+                    # Typically the branch is checked out elsewhere (someone ran
+                    # `git checkout prohost/…` in the original): said as such.
+                    raise GitError(f"could not check out its branch {start.branch}: "
+                                   f"{exc}") from None
+            if start.how == "unborn":
                 # The worktree is on an unborn branch of its own: the agent's first
                 # commit creates it, as in a fresh `git init`. (Cancelled just before
-                # this, the worktree stays detached at the empty stand-in commit,
-                # which the prompt's "create a branch" covers.)
-                await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{branch}")
-        return branch
+                # this, the worktree stays detached at the empty stand-in commit:
+                # still a place to work, and its commits show as "on no branch",
+                # which collection keeps.)
+                await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
+        return start.how == "unborn"

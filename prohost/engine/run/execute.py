@@ -113,6 +113,10 @@ class Attempt:
     #: The confinement its agent is spawned in (PROTOCOL.md §13); ``None``: none.
     #: The runner made it and closes it.
     confinement: Confinement | None = None
+    #: Where the agent starts (§5.3): the conversation's worktree of the first
+    #: ``--repos`` checkout (:func:`prohost.engine.run.staging.workdir_for`);
+    #: ``None``: the spec's ``--workdir``.
+    cwd: Path | None = None
 
 
 @attrs.frozen
@@ -260,6 +264,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
     Cancelled: as :func:`execute` (the attempt's process group is gone first).
     """
     brain, spec = setup.brain, setup.spec
+    cwd = attempt.cwd if attempt.cwd is not None else spec.workdir
     if max_cost_usd is None:
         max_cost_usd = attempt.max_cost_usd
     turn = brain.new_turn()
@@ -289,7 +294,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             brain.command(session_id=session_id, mcp=attempt.wiring,
                           max_cost_usd=max_cost_usd),
             stdin_text=attempt.prompt,
-            cwd=spec.workdir,
+            cwd=cwd,
             env=attempt.env,
             groups=setup.groups,
             deadline=attempt.deadline,
@@ -312,7 +317,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         if spawned:
             raise  # from on_spawn: the caller's own failure, not the agent's
         folder = spec.folder
-        if isinstance(exc, FileNotFoundError) and folder.made and not again:
+        in_workdir = cwd == spec.workdir
+        if isinstance(exc, FileNotFoundError) and in_workdir and folder.made and not again:
             folder.forget()  # made by an earlier run, maybe removed since
             try:
                 await folder.ensure(setup.bounds)
@@ -327,9 +333,11 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         # The folder is named here, in the local log; the server hears the flag
         # (§7: no text sent to it names a local path).
         log.warning("run %s: could not start the agent in %s: %s", attempt.run.run_id,
-                    spec.workdir, exc)
+                    cwd, exc)
+        where = ("the working directory (--workdir)" if in_workdir
+                 else "its private checkout of the first --repos entry")
         return _Tried(Outcome.failure(
-            "could not start the agent in the working directory (--workdir): "
+            f"could not start the agent in {where}: "
             f"{exc.strerror or type(exc).__name__}"), turn, session_id)
     return _read(result, turn, session_id, attempt.deadline, setup)
 

@@ -54,6 +54,9 @@ class PromptContext:
     #: The agent runs confined (§13); ``workdir`` is its working directory.
     confined: bool = False
     workdir: str | None = None
+    starts_in: Checkout | None = None
+    """The checkout whose worktree is the agent's working directory (the first
+    listed, §5.3); ``None``: it works in ``--workdir``."""
 
 
 def one_line(text: str) -> str:
@@ -142,7 +145,15 @@ def _time_budget_lines(context: PromptContext) -> list[str]:
 
 def _isolation_lines(context: PromptContext) -> list[str]:
     lines: list[str] = []
-    if context.parallel:
+    if context.parallel and context.starts_in is not None:
+        # Its working directory is its own worktree: only files outside it are shared.
+        lines += [
+            "- Other conversations may be running on this machine at the same time,",
+            "  as other processes of you. Outside your private checkouts, give any",
+            "  scratch file a name unique to this run, and do not change a file or a",
+            "  git branch you did not create in this conversation.",
+        ]
+    elif context.parallel:
         lines += [
             "- Other conversations may be running on this machine at the same time,",
             "  as other processes of you, in this same working directory. Give any",
@@ -158,22 +169,30 @@ def _isolation_lines(context: PromptContext) -> list[str]:
         for checkout in context.checkouts:
             lines += [f"    {checkout.name}: {checkout.path}",
                       f"      (instead of {checkout.source})"]
-            if checkout.new_branch is not None:
-                lines += ["      The original has no commit yet: this checkout is on the new",
-                          f"      branch {checkout.new_branch}, which your first commit creates."]
+            if checkout.branch is not None:
+                lines += [f"      on its own branch {checkout.branch}"]
+            else:
+                lines += ["      on a detached HEAD (no branch)"]
+            if checkout.unborn:
+                lines += ["      The original has no commit yet: that branch does not exist",
+                          "      until your first commit creates it."]
             if checkout.has_submodules:
                 lines += ["      Its submodules are not checked out here (their folders are",
                           "      empty): read them in the original, and do not change them."]
         lines += [
             "  They are worktrees private to this conversation and they persist",
             "  between its runs, so a branch or an uncommitted change you find in one",
-            "  is your own earlier work here. Each started on a detached HEAD at the",
-            "  original's commit when the conversation began and is never updated",
-            "  for you: create a branch of your own before committing work that",
-            "  should last. A branch checked out elsewhere (such as the original's)",
-            "  cannot be checked out here.",
+            "  is your own earlier work here. Each was put on its own branch, named",
+            "  above, made from the original's commit when the conversation began",
+            "  and never updated for you. Commit work that should last on it: the",
+            "  branch lives in the original repository, where the person can see,",
+            "  merge or push it. A branch checked out elsewhere (such as the",
+            "  original's) cannot be checked out here.",
             "  Wherever your other instructions name an original as the place to",
             "  work, use its private path above instead.",
+            *([f"  You start in the first one, {context.starts_in.name}: your working directory",
+               "  is its private path, not the original."]
+              if context.starts_in is not None else []),
             "  Never switch branches, commit, or edit files in the originals: other",
             "  runs read them. Do not run `git worktree add`, `remove`, `move` or",
             "  `prune` yourself.",
@@ -196,8 +215,9 @@ def _confinement_lines(context: PromptContext) -> list[str]:
     if not context.confined:
         return []
     if context.checkouts:
-        places = ["  your checkouts above (with their git data: commit on branches",
-                  "  named prohost/..., the only ones you can create or move),"]
+        places = ["  your checkouts above (and their git data: you can commit on their",
+                  "  branches; a branch you create must be named prohost/..., no other",
+                  "  can be created or moved),"]
     else:
         places = [f"  the working directory {context.workdir},"]
     return [

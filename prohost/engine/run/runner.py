@@ -77,6 +77,7 @@ from prohost.engine.run.staging import (
     prompt_for,
     remove_scratch,
     wire_mcp,
+    workdir_for,
 )
 from prohost.wire.changes import ChangeEntry
 from prohost.wire.outcomes import NOT_CONFINED, budget_reached, internal_error, limit_phrase
@@ -521,6 +522,7 @@ class Runner:
                     result = await execute(
                         Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
                                 max_cost_usd=budget,
+                                cwd=workdir_for(setup.spec, checkouts.prepared),
                                 confinement=None if confined is None
                                 else confined.confinement),
                         setup, progress, on_spawn, timeline)

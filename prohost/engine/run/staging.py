@@ -41,8 +41,18 @@ def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None
             checkout_failures=prepared.failures if prepared else (),
             confined=confined,
             workdir=str(spec.workdir),
+            starts_in=prepared.first if prepared else None,
         ),
     )
+
+
+def workdir_for(spec: ExecSpec, prepared: PreparedCheckouts | None) -> Path:
+    """Where the agent of a run starts (§5.3): with ``--repos``, the conversation's
+    worktree of the first listed checkout, so that a plain agent's edits land in
+    its own checkout; else (or when that one could not be prepared) ``--workdir``."""
+    if prepared is not None and prepared.first is not None:
+        return Path(prepared.first.path)
+    return spec.workdir
 
 
 def env_for(run: AgentRun, spec: ExecSpec, base_env: Mapping[str, str],

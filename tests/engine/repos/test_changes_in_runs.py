@@ -3,6 +3,7 @@ real git, a plain agent that edits its private worktree, the reference server.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ async def test_each_turn_reports_only_what_it_changed(tmp_path: Path) -> None:
     assert first["ok"], first
     assert [entry["repo"] for entry in first["changes"]] == ["app", "lib"]
     app1 = first["changes"][0]
+    # The conversation's worktrees are on its own branch, named after its folder.
+    (lane_folder,) = os.listdir(tmp_path / "home" / "worktrees")
     assert (app1["branch"], app1["base"], app1["commits"], app1["more_files"]) == (
-        None, base, 1, 0)
+        f"prohost/{lane_folder}", base, 1, 0)
     assert app1["head"] != base
     assert app1["files"] == [
         {"path": "README.md", "change": "modified", "added": 1, "removed": 0,

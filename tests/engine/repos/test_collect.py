@@ -39,6 +39,8 @@ async def test_clean_idle_worktrees_go_and_work_stays(tmp_path: Path) -> None:
                             "conv:branch", "conv:recent", "conv:busy")
         paths = setup.paths
         (paths["conv:dirty"] / "notes.txt").write_text("untracked work\n")
+        # Off the lane's branch: a commit on a detached HEAD is on no branch.
+        await git(paths["conv:unmerged"], "switch", "-q", "--detach")
         await commit_file(paths["conv:unmerged"], "x.txt", "on a detached HEAD\n")
         await git(paths["conv:branch"], "switch", "-q", "-c", "feature")
         await commit_file(paths["conv:branch"], "y.txt", "on a branch of its own\n")

@@ -45,12 +45,21 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         wt_a, wt_b = only(a.checkouts), only(b.checkouts)
         assert wt_a != wt_b
         assert a.folder == home / "worktrees" / lane_folder_name("conv:A") == wt_a.parent
-        assert a.checkouts[0] == Checkout(name="app", path=str(wt_a), source=str(source))
+        branch_a = f"prohost/{lane_folder_name('conv:A')}"
+        branch_b = f"prohost/{lane_folder_name('conv:B')}"
+        assert a.checkouts[0] == Checkout(name="app", path=str(wt_a), source=str(source),
+                                          branch=branch_a)
+        assert a.first == a.checkouts[0]
+        assert b.checkouts[0].branch == branch_b
 
         commit_a = await commit_file(wt_a, "a.txt", "from A\n")
         commit_b = await commit_file(wt_b, "b.txt", "from B\n")
         assert commit_a != commit_b
         assert not (wt_a / "b.txt").exists() and not (wt_b / "a.txt").exists()
+        # Each conversation's commit is on its own branch, in the original's refs.
+        assert (await git(source, "rev-parse", branch_a)).strip() == commit_a
+        assert (await git(source, "rev-parse", branch_b)).strip() == commit_b
+        assert (await git(source, "rev-parse", f"{branch_a}^")).strip() == head
         # The original: same commit, same branch, no new files, nothing changed.
         assert (await git(source, "rev-parse", "HEAD")).strip() == head
         assert (await git(source, "symbolic-ref", "--short", "HEAD")).strip() == "main"

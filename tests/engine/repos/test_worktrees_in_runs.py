@@ -95,3 +95,55 @@ async def test_parallel_runs_without_repos_are_warned_about_once(
             pass
     lines = [r.getMessage() for r in caplog.records if "share every checkout" in r.getMessage()]
     assert len(lines) == 1
+
+
+#: A plain agent that works where it is put: it says where that is and commits a file.
+COMMITTING_AGENT = (
+    "pwd && echo \"$PROHOST_RUN_ID\" > agent.txt && git add agent.txt && "
+    "git -c user.name=agent -c user.email=agent@example.invalid -c commit.gpgsign=false "
+    "commit -q -m \"from $PROHOST_RUN_ID\""
+)
+
+
+async def git_out(path: Path, *args: str) -> str:
+    done = await trio.run_process(["git", "-C", str(path), *args], capture_stdout=True)
+    return done.stdout.decode().strip()
+
+
+@pytest.mark.protocol("§5")
+async def test_a_plain_agent_works_and_commits_in_its_conversations_branch(
+    tmp_path: Path,
+) -> None:
+    source = await make_readme_repo(tmp_path / "code" / "app")
+    lib = await make_readme_repo(tmp_path / "code" / "lib")
+    head = await git_out(source, "rev-parse", "HEAD")
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, home, exec_command=COMMITTING_AGENT, repos=(source, lib),
+            workdir=tmp_path / "workspace",
+        ):
+            first = await server.submit_run("work", conversation_id="C1")
+            other = await server.submit_run("work", conversation_id="C2")
+            await server.wait_until(finished(first, other))
+            completions = [server.run(r).completion for r in (first, other)]
+    worktrees = home / "worktrees"
+    for run_id, completion in zip((first, other), completions, strict=True):
+        assert completion is not None and completion["ok"], completion
+        # It started in its conversation's worktree of the first checkout, not --workdir.
+        where = Path(await trio.Path(completion["reply"]).resolve())
+        assert where.name == "app" and where.parent.parent == worktrees.resolve()
+        # Its commit is on its own branch, in the original repository's refs.
+        branch = f"prohost/{where.parent.name}"
+        assert await git_out(source, "log", "-1", "--format=%s", branch) == f"from {run_id}"
+        assert await git_out(source, "rev-parse", f"{branch}^") == head
+        (app,) = [c for c in completion["changes"] if c["repo"] == "app"]
+        assert app["branch"] == branch and app["commits"] == 1
+    # Two conversations, two branches.
+    assert len(os.listdir(worktrees)) == 2
+    assert len((await git_out(source, "branch", "--list", "prohost/*")).splitlines()) == 2
+    # The original checkout: same commit, same branch, nothing changed.
+    assert await git_out(source, "rev-parse", "HEAD") == head
+    assert await git_out(source, "symbolic-ref", "--short", "HEAD") == "main"
+    assert await git_out(source, "status", "--porcelain") == ""
+    assert not (tmp_path / "workspace" / "agent.txt").exists()

@@ -57,15 +57,15 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
         (checkout,) = prepared.checkouts
         path = Path(checkout.path)
         branch = f"prohost/{lane_folder_name('conv:C1')}"
-        assert checkout.new_branch == branch
+        assert checkout.branch == branch and checkout.unborn
         # Nothing in the person's repository changed: no branch, HEAD still unborn.
         assert await git(source, "for-each-ref") == ""
         assert "No commits yet" in await git(path, "status")
         assert (await git(path, "symbolic-ref", "HEAD")).strip() == f"refs/heads/{branch}"
 
         prompt = prompt_for(prepared.checkouts)
-        assert "The original has no commit yet: this checkout is on the new" in prompt
-        assert f"branch {branch}, which your first commit creates." in prompt
+        assert f"on its own branch {branch}" in prompt
+        assert "The original has no commit yet: that branch does not exist" in prompt
         assert "No private checkout could be prepared" not in prompt
 
         # The agent edits and commits there, as in a fresh `git init`.
@@ -78,10 +78,11 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
 
         # The next turn finds that work; another conversation gets its own branch.
         again = await manager.prepare("conv:C1")
-        assert only(again.checkouts) == path and again.checkouts[0].new_branch is None
+        assert only(again.checkouts) == path and not again.checkouts[0].unborn
         other = await manager.prepare("conv:C2")
         assert other.failures == ()
-        assert other.checkouts[0].new_branch == f"prohost/{lane_folder_name('conv:C2')}"
+        assert other.checkouts[0].branch == f"prohost/{lane_folder_name('conv:C2')}"
+        assert other.checkouts[0].unborn
         assert sorted(await worktree_paths(source)) == real(
             source, path, Path(other.checkouts[0].path))
 

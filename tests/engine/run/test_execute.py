@@ -348,3 +348,42 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
             after = {path for path in home.rglob("*") if path.is_file()}
             assert before <= after
             assert (other / "mcp.json").read_text() == "{}\n"
+
+
+@pytest.mark.protocol("§5")
+async def test_a_vanished_private_checkout_is_a_failure_that_says_so(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    # The attempt starts in the conversation's worktree (§5.3), which is gone by
+    # the spawn: the failure names it, and --workdir is not made in its stead.
+    workdir = tmp_path / "workspace"
+    exec_spec = spec("pwd", workdir)
+    attempt = Attempt(RUN, "hi", env_for(RUN, exec_spec, base_env(), None), None, math.inf,
+                      cwd=tmp_path / "worktrees" / "conv-C1" / "app")
+    with trio.fail_after(10):
+        result = await execute(attempt, AgentSetup(PlainBrain("pwd"), exec_spec, groups),
+                               Progress(), noop_spawn)
+    assert result.outcome.error == (
+        "could not start the agent in its private checkout of the first --repos entry: "
+        "No such file or directory")
+    assert not workdir.exists()
+
+
+@pytest.mark.protocol("§5")
+async def test_the_attempt_runs_in_its_cwd_not_the_workdir(
+    tmp_path: Path, groups: ProcessGroups
+) -> None:
+    private = tmp_path / "worktrees" / "conv-C1" / "app"
+    private.mkdir(parents=True)
+    exec_spec = spec("pwd", tmp_path / "workspace")
+    attempt = Attempt(RUN, "hi", env_for(RUN, exec_spec, base_env(), None), None, math.inf,
+                      cwd=private)
+    with trio.fail_after(10):
+        result = await execute(attempt, AgentSetup(PlainBrain("pwd"), exec_spec, groups),
+                               Progress(), noop_spawn)
+    assert result.outcome.reply is not None
+    assert await trio.Path(result.outcome.reply).resolve() == await trio.Path(private).resolve()
+
+
+async def noop_spawn(pgid: int) -> None:
+    """An ``on_spawn`` with nothing to record."""

@@ -94,15 +94,19 @@ About this run (from the harness that started you, not from the sender):
   each stands in for the original named after it:
     app: /home/me/.prohost/worktrees/conv-C42/app
       (instead of /home/me/code/app)
+      on its own branch prohost/conv-C42
   They are worktrees private to this conversation and they persist
   between its runs, so a branch or an uncommitted change you find in one
-  is your own earlier work here. Each started on a detached HEAD at the
-  original's commit when the conversation began and is never updated
-  for you: create a branch of your own before committing work that
-  should last. A branch checked out elsewhere (such as the original's)
-  cannot be checked out here.
+  is your own earlier work here. Each was put on its own branch, named
+  above, made from the original's commit when the conversation began
+  and never updated for you. Commit work that should last on it: the
+  branch lives in the original repository, where the person can see,
+  merge or push it. A branch checked out elsewhere (such as the
+  original's) cannot be checked out here.
   Wherever your other instructions name an original as the place to
   work, use its private path above instead.
+  You start in the first one, app: your working directory
+  is its private path, not the original.
   Never switch branches, commit, or edit files in the originals: other
   runs read them. Do not run `git worktree add`, `remove`, `move` or
   `prune` yourself.
@@ -130,17 +134,18 @@ def test_bare_prompt_without_limits() -> None:
 
 def test_prompt_with_checkouts() -> None:
     run = AgentRun(run_id="run_03", completion_path="/c", text="ship it", author="dana")
+    app = Checkout(
+        name="app",
+        path="/home/me/.prohost/worktrees/conv-C42/app",
+        source="/home/me/code/app",
+        branch="prohost/conv-C42",
+    )
     context = PromptContext(
         timeout_s=2700,
         idle_timeout_s=0,
         parallel=False,
-        checkouts=(
-            Checkout(
-                name="app",
-                path="/home/me/.prohost/worktrees/conv-C42/app",
-                source="/home/me/code/app",
-            ),
-        ),
+        checkouts=(app,),
+        starts_in=app,
         checkout_failures=(
             CheckoutFailure(source="/home/me/code/lib", reason="not a git checkout"),
         ),
@@ -220,3 +225,17 @@ def test_cap_reply_marks_text_cut_upstream() -> None:
 )
 def test_human_duration(seconds: float, said: str) -> None:
     assert human_duration(seconds) == said
+
+
+def test_an_agent_started_in_its_checkout_is_not_told_it_shares_its_folder() -> None:
+    app = Checkout(name="app", path="/w/conv-C1/app", source="/code/app",
+                   branch="prohost/conv-C1")
+    shared = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0,
+                                                  parallel=True, checkouts=(app,)))
+    own = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0, parallel=True,
+                                               checkouts=(app,), starts_in=app))
+    assert "in this same working directory" in shared
+    assert "You start in the first one" not in shared
+    assert "in this same working directory" not in own
+    assert "as other processes of you. Outside your private checkouts, give any" in own
+    assert "You start in the first one, app: your working directory" in own
