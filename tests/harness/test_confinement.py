@@ -109,6 +109,7 @@ async def test_a_confined_run_writes_and_commits_only_in_its_own_places(
         "commit:commit:$PROHOST_RUN_REPOS/app",
         "write:tmp:$TMPDIR/scratch.txt",
         f"write:original:{world.source / 'README'}",
+        f"write:original_branch:{world.source / '.git' / 'refs' / 'heads' / 'main'}",
         f"write:dotfile:{world.user / '.profile'}",
         f"write:new_in_home:{world.user / 'new.txt'}",
         f"write:other_conversation:{world.worktree('B') / 'README'}",
@@ -130,7 +131,7 @@ async def test_a_confined_run_writes_and_commits_only_in_its_own_places(
             completion = await turn(server, "A")
     assert results(completion) == {
         "own": "ok", "commit": "ok", "tmp": "ok",
-        "original": "EACCES", "dotfile": "EACCES", "new_in_home": "EACCES",
+        "original": "EACCES", "original_branch": "EACCES", "dotfile": "EACCES", "new_in_home": "EACCES",
         "other_conversation": "EACCES", "prohost_home": "EACCES",
         "credentials": "EACCES", "ssh_key": "EACCES", "ssh_folder": "EACCES",
         "grandchild": "EACCES", "source": "ok",
