@@ -234,8 +234,12 @@ class Outcome:
         return completion
 
     def to_json(self) -> str:
-        """The outcome as the ledger keeps it (every field, ``null`` included)."""
-        return json.dumps(converter.unstructure(self), separators=(",", ":"))
+        """The outcome as the ledger keeps it (every field, ``null`` included, but
+        an unknown ``confined``: an outcome without it is kept as before it existed)."""
+        data = converter.unstructure(self)
+        if data.get("confined") is None:
+            data.pop("confined", None)
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Outcome:

@@ -131,7 +131,8 @@ async def test_a_confined_run_writes_and_commits_only_in_its_own_places(
             completion = await turn(server, "A")
     assert results(completion) == {
         "own": "ok", "commit": "ok", "tmp": "ok",
-        "original": "EACCES", "original_branch": "EACCES", "dotfile": "EACCES", "new_in_home": "EACCES",
+        "original": "EACCES", "original_branch": "EACCES",
+        "dotfile": "EACCES", "new_in_home": "EACCES",
         "other_conversation": "EACCES", "prohost_home": "EACCES",
         "credentials": "EACCES", "ssh_key": "EACCES", "ssh_folder": "EACCES",
         "grandchild": "EACCES", "source": "ok",
