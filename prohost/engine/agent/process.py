@@ -194,7 +194,7 @@ class _Watch:
 
     def __init__(
         self,
-        proc: trio.Process,
+        proc: trio.Process | _Child,
         *,
         stdin_data: bytes,
         groups: ProcessGroups,
@@ -445,17 +445,22 @@ async def run_agent(
     if confinement is not None:
         prefix, pass_fds, preexec = (confinement.argv_prefix, confinement.pass_fds,
                                      confinement.preexec)
-    proc = await trio.lowlevel.open_process(
-        [*prefix, "/bin/sh", "-c", command],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-        pass_fds=pass_fds,
-        preexec_fn=_in_child(hang, preexec),
-    )
+    argv = [*prefix, "/bin/sh", "-c", command]
+    proc: trio.Process | _Child
+    if confinement is not None and preexec is not None and hang is None:
+        proc = await _spawn_confined(confinement, argv, cwd=cwd, env=env, pass_fds=pass_fds)
+    else:
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=pass_fds,
+            preexec_fn=_in_child(hang, preexec),
+        )
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid
     groups.add(pgid)
@@ -481,6 +486,65 @@ async def run_agent(
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if isinstance(stream, trio.lowlevel.FdStream):
                 stream.close()
+
+
+class _Child:
+    """A child spawned from a confined thread: what :class:`_Watch` reads of a
+    :class:`trio.Process` (its pid, pipes and exit status), over the ``Popen``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: trio.lowlevel.FdStream,
+                 stdout: trio.lowlevel.FdStream, stderr: trio.lowlevel.FdStream) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it has exited (and it is reaped then), else ``None``."""
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        """Return its exit status once it has exited (for the poller without
+        pidfds). Cancelled: the waiting thread is abandoned; it ends with the child."""
+        return await trio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
+
+
+async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Path,
+                          env: Mapping[str, str], pass_fds: tuple[int, ...]) -> _Child:
+    """Spawn ``argv`` as ``run_agent`` does, from a fresh thread that entered the
+    confinement first (:meth:`Confinement.spawn_from_a_confined_thread`), so that
+    subprocess keeps its ``vfork`` path: a ``preexec`` forces a full ``fork``, which
+    in a harness of tens of MiB cost several milliseconds per run (docs/security.md,
+    "Cost"). Raises ``OSError`` as a spawn does, and what entering the confinement
+    raises.
+
+    Cancelled: not before the child exists (the spawn cannot be abandoned, as with
+    :func:`trio.lowlevel.open_process`); then as the caller's.
+    """
+    stdin_child, stdin_ours = os.pipe()
+    stdout_ours, stdout_child = os.pipe()
+    stderr_ours, stderr_child = os.pipe()
+    ours = [stdin_ours, stdout_ours, stderr_ours]
+    try:
+        child_env = dict(env)
+
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
+                                    stderr=stderr_child, cwd=cwd, env=child_env,
+                                    start_new_session=True, pass_fds=pass_fds)
+
+        popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
+                                              spawn)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_child, stdout_child, stderr_child):
+            os.close(fd)
+    return _Child(popen, *(trio.lowlevel.FdStream(fd) for fd in ours))
 
 
 def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:

@@ -49,7 +49,7 @@ from tests.kits.accounts import accounts_used, folders, limit
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env
 from tests.kits.harness import agent_command, finished, pair_home, running_harness, running_server
 from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
-from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
+from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT, logs_folder
 from tests.kits.process import alive, kill_leftovers, wait_gone
 
 pytestmark = pytest.mark.protocol("§7")
@@ -137,7 +137,7 @@ async def test_one_fault_at_one_step_of_a_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, kind: str
 ) -> None:
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     # At the group step the agent holds until killed: one left running when its
     # group could not be written would not end by itself (issue 27.9).
     command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
@@ -225,7 +225,7 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
     # drain's sweep) then reported the run a second time, as "restarted" (the
     # full-disk soak's bad reports).
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     fault = Fault("mark_finished", "disk_full", until_released=True)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     with trio.fail_after(60):
@@ -327,7 +327,9 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
     env["PROHOST_HOME"] = str(home)
     proc = await trio.lowlevel.open_process(
         [sys.executable, str(LEDGER_CRASH_CHILD), "harness", step, when,
-         "agent", "run", "--exec", command, "--concurrency", "1", "--machine", "t"],
+         "agent", "run", "--exec", command, "--concurrency", "1", "--machine", "t",
+         # Confined, as by default (§13): marker.py writes into the logs folder only.
+         "--allow-write", str(logs_folder(home.parent))],
         env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -360,7 +362,7 @@ async def kill_cell(tmp_path: Path, step: str, when: str, *, stubborn: bool = Fa
     """One kill cell; with ``stubborn``, an agent that holds whatever its prompt.
     ``gone_within_s`` only bounds a failure (an agent nobody killed)."""
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     command = agent_command("marker.py", marks, *(["--hold"] if stubborn else []))
     cell = (step, when)
     run_id = None
@@ -425,7 +427,7 @@ async def test_the_second_signal_exits_in_its_window_while_a_write_hangs(
     """The window is passed in virtual time (the clock runs, and jumps 5 s)."""
     mock_clock.rate = 1.0
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     command = agent_command("marker.py", marks)
     fault = Fault(STEP_WRITES[step], "hang")
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
