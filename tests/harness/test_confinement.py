@@ -219,3 +219,41 @@ async def test_status_says_how_runs_are_confined(world: World) -> None:
         ) as running:
             snapshot = running.harness.snapshot()
     assert snapshot.confinement == f"confined ({probe().detail})"
+
+
+def _cannot_prepare(policy: object, support: object) -> None:
+    raise OSError(12, "Cannot allocate memory")
+
+
+def _cannot_enter(ruleset_fd: int) -> None:
+    raise OSError(1, "Operation not permitted")
+
+
+@pytest.mark.parametrize("breakage", ["prepare", "apply"])
+async def test_a_confinement_that_cannot_be_made_fails_the_run_unstarted(
+    world: World, monkeypatch: pytest.MonkeyPatch, breakage: str,
+) -> None:
+    """Never unconfined by accident (§13): when the rules cannot be made, or the
+    spawning thread cannot enter them (both made to fail in the library's Python,
+    not in the kernel), the run fails saying so, and its agent never ran."""
+    from prohost.engine.run import confine
+    from prohost.engine.sandbox import landlock
+
+    if breakage == "prepare":
+        monkeypatch.setattr(confine, "prepare", _cannot_prepare)
+    else:
+        monkeypatch.setattr(landlock, "restrict_this_thread", _cannot_enter)
+    ran = world.logs / "ran.txt"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=prober(f"write:ran:{ran}"), brain="plain",
+            env=world.env,
+        ):
+            completion = await turn(server, "A")
+    assert completion["ok"] is False
+    reason = {"prepare": "Cannot allocate memory",
+              "apply": "entering the confinement failed: [Errno 1] Operation not permitted"}
+    assert completion["error"] == (
+        f"the agent could not be confined, so it was not started: {reason[breakage]}")
+    assert not ran.exists()
+    assert "confined" not in completion  # no agent was spawned (§7)

@@ -517,8 +517,8 @@ async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Pat
     confinement first (:meth:`Confinement.spawn_from_a_confined_thread`), so that
     subprocess keeps its ``vfork`` path: a ``preexec`` forces a full ``fork``, which
     in a harness of tens of MiB cost several milliseconds per run (docs/security.md,
-    "Cost"). Raises ``OSError`` as a spawn does, and what entering the confinement
-    raises.
+    "Cost"). Raises ``OSError`` as a spawn does, and ``SubprocessError`` when the
+    confinement cannot be entered (nothing is spawned then).
 
     Cancelled: not before the child exists (the spawn cannot be abandoned, as with
     :func:`trio.lowlevel.open_process`); then as the caller's.
@@ -529,14 +529,23 @@ async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Pat
     ours = [stdin_ours, stdout_ours, stderr_ours]
     try:
         child_env = dict(env)
+        tried: list[bool] = []
 
         def spawn() -> subprocess.Popen[bytes]:
+            tried.append(True)
             return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
                                     stderr=stderr_child, cwd=cwd, env=child_env,
                                     start_new_session=True, pass_fds=pass_fds)
 
-        popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
-                                              spawn)
+        try:
+            popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
+                                                  spawn)
+        except OSError as exc:
+            if tried:
+                raise  # the spawn's own failure (a missing cwd, …)
+            # The thread could not enter the confinement, so nothing was spawned: the
+            # same failure as a preexec's, never one of the working directory.
+            raise subprocess.SubprocessError(f"entering the confinement failed: {exc}") from exc
     except BaseException:
         for fd in ours:
             os.close(fd)
