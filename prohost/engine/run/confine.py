@@ -39,6 +39,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -220,6 +221,11 @@ class _Making:
     def make(self, sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
         tmpdir = places.scratch / TMP_NAME
         make_private_folder(tmpdir)
+        if places.workdir is not None:
+            # A grant needs the folder (one that does not exist gets none): made here
+            # too, since an early confinement is made before the runner makes it,
+            # and one removed between runs is made again.
+            places.workdir.mkdir(parents=True, exist_ok=True)
         confinement = prepare(policy_for(sandbox, places), support)
         with self._lock:
             if self._abandoned:
@@ -269,6 +275,70 @@ async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
     except BaseException:
         making.abandon()
         raise
+
+
+class EarlyConfinement:
+    """A run's confinement begun before the steps that come ahead of its spawn (its
+    ``started`` fsync, its prompt), so that making it costs the run no time when
+    its places are known from the start (no ``--repos``). Taken by the attempt
+    (:meth:`take`), or thrown away (:meth:`discard`); one made after either is
+    closed where it was made, never leaked."""
+
+    def __init__(self, sandbox: Sandbox, places: RunPlaces) -> None:
+        support = sandbox.support
+        assert support is not None and support.kind is not None
+        self.places = places
+        self.taken = False
+        self._making = _Making()
+        self._done = trio.Event()
+        #: The thread's ``outcome.Outcome`` (trio's own type), once delivered.
+        self._result: Any = None
+        self._began = trio.current_time()
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: Any) -> None:
+            self._result = result
+            token.run_sync_soon(self._done.set)
+
+        making = self._making
+        # A thread of trio's cache, as to_thread's are; its result comes back
+        # through deliver (in that thread), which wakes :meth:`take`.
+        trio.lowlevel.start_thread_soon(
+            lambda: making.make(sandbox, support, places), deliver)
+
+    async def take(self, deadline: float) -> RunConfinement:
+        """The confinement, once made: by ``deadline`` (trio time) and within the
+        file steps' bound from when it began; raises :class:`ConfinementFailed`.
+
+        Cancelled: it is abandoned (closed when its thread finishes).
+        """
+        self.taken = True
+        with trio.move_on_at(min(deadline, self._began + FILE_STEP_TIMEOUT_S)):
+            try:
+                await self._done.wait()
+            except BaseException:
+                self._making.abandon()
+                raise
+        if self._result is None:
+            self._making.abandon()
+            log.warning("could not confine the agent: preparing it took too long")
+            raise ConfinementFailed("preparing it did not finish in time")
+        try:
+            made: RunConfinement = self._result.unwrap()
+            return made
+        except ConfinementFailed:
+            raise
+        except Exception as exc:
+            log.warning("could not confine the agent: %s", exc)
+            if isinstance(exc, OSError):
+                raise ConfinementFailed(exc.strerror or type(exc).__name__) from None
+            raise ConfinementFailed(type(exc).__name__) from None
+
+    def discard(self) -> None:
+        """Not taken after all (the run ended before its attempt): close it, now
+        or when its thread finishes."""
+        if not self.taken:
+            self._making.abandon()
 
 
 def confined_env(env: Mapping[str, str], confined: RunConfinement | None) -> dict[str, str]:

@@ -55,6 +55,7 @@ from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
     ConfinementFailed,
+    EarlyConfinement,
     RunConfinement,
     RunPlaces,
     Sandbox,
@@ -405,6 +406,29 @@ class Runner:
         return ending
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: _Tally) -> _Ending:
+        """:meth:`_begin`, with the run's confinement begun first when its places
+        are known from the start (no ``--repos``): made while ``started`` is
+        written, it costs the run no time. Cancelled: as :meth:`_begin`; one not
+        taken is closed, and its scratch folder removed."""
+        early = None
+        sandbox = self.sandbox
+        if sandbox is not None and sandbox.confines and self.worktrees is None:
+            early = EarlyConfinement(sandbox, RunPlaces(
+                workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
+                scratch=scratch_folder(self.scratch_root, held.run.run_id),
+                brain=self.setup.brain.name,
+                env={**self.env, **account.env(self.setup.brain.name)}))
+        try:
+            return await self._begin(held, timeline, account, tally, early)
+        finally:
+            if early is not None and not early.taken:
+                early.discard()
+                await remove_scratch(held.run, early.places.scratch, self.setup.bounds,
+                                     made=True)
+
+    async def _begin(self, held: HeldRun, timeline: ToolEventSink | None,
+                     account: Account, tally: _Tally,
+                     early: EarlyConfinement | None) -> _Ending:
         """``started``, then the run's checkouts, prompt and working folder, then its
         attempts on ``account`` and, while each ends at its account's usage limit,
         on the next account the book offers (fresh session there; none left: wait
@@ -500,7 +524,7 @@ class Runner:
                     # The account's own folders (a brain's MCP overlay of them is in
                     # the scratch folder, granted as a whole).
                     confined = await self._confine(run, checkouts, scratch, account_env,
-                                                   deadline)
+                                                   deadline, None if tried else early)
                 except ConfinementFailed as exc:
                     # Never unconfined in its place: the run fails, saying why (§13).
                     return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
@@ -561,11 +585,15 @@ class Runner:
                                  made=self.sandbox is not None and self.sandbox.confines)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
-                       env: Mapping[str, str], deadline: float) -> RunConfinement | None:
-        """The attempt's confinement (§13), ``None`` when runs are not confined;
-        raises :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
+                       env: Mapping[str, str], deadline: float,
+                       early: EarlyConfinement | None = None) -> RunConfinement | None:
+        """The attempt's confinement (§13), ``None`` when runs are not confined:
+        ``early``'s when the run's first attempt has one; raises
+        :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
         if self.sandbox is None:
             return None
+        if early is not None:
+            return await early.take(deadline)
         prepared = checkouts.prepared
         places = RunPlaces(
             workdir=None if self.worktrees is not None else self.setup.spec.workdir,
