@@ -191,3 +191,11 @@ def test_a_confined_thread_that_cannot_enter_the_domain_never_spawns(home: Home)
     assert caught.value.errno == 9  # EBADF
     assert spawned == []
     ruleset.fd = -1
+
+
+def test_a_writable_file_is_written_in_place_not_replaced_beside(home: Home) -> None:
+    config = home.root / ".agent.json"
+    config.write_text("{}\n")
+    policy = home.policy(writable=[config])
+    assert attempt(policy, "write", config) == "ok"
+    assert attempt(policy, "write", home.root / ".agent.json.tmp") in DENIED_WRITE
