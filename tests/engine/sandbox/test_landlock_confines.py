@@ -199,3 +199,11 @@ def test_a_writable_file_is_written_in_place_not_replaced_beside(home: Home) -> 
     policy = home.policy(writable=[config])
     assert attempt(policy, "write", config) == "ok"
     assert attempt(policy, "write", home.root / ".agent.json.tmp") in DENIED_WRITE
+
+
+def test_a_grant_named_through_a_link_is_made_on_its_target(home: Home) -> None:
+    (home.root / "work-link").symlink_to(home.work)
+    policy = Policy(writable=(home.root / "work-link",), hidden=(home.root / ".ssh",))
+    assert policy.resolved().writable == (home.work,)
+    assert attempt(policy, "write", home.work / "through-link") == "ok"
+    assert attempt(policy, "write", home.root / "notes.txt") in DENIED_WRITE
