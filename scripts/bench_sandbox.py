@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,17 +74,29 @@ def spawn_from_confined_thread(confinement: Confinement) -> None:
     confinement.spawn_from_a_confined_thread(lambda: spawn(None))
 
 
+def spawn_from_fresh_thread() -> None:
+    """What a fresh thread alone costs (the confined thread's own floor)."""
+    thread = threading.Thread(target=lambda: spawn(None))
+    thread.start()
+    thread.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spawns", type=int, default=200)
+    parser.add_argument("--ballast-mb", type=int, default=0,
+                        help="memory to hold while spawning, as a harness's size (a fork "
+                             "copies the page tables, a vfork does not)")
     args = parser.parse_args()
+    ballast = bytearray(args.ballast_mb << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touched, so the pages exist
     support = probe()
     print(f"support: {support.kind} {support.detail or support.reason}")
     if support.kind != "landlock":
         return
     with tempfile.TemporaryDirectory() as folder:
         home, policy = make_home(Path(folder))
-        print(f"home entries: {len(os.listdir(home))}")
+        print(f"home entries: {len(os.listdir(home))}; ballast {len(ballast) >> 20} MiB")
         prepares = []
         for _ in range(30):
             start = time.perf_counter()
@@ -99,6 +112,7 @@ def main() -> None:
                 "no-op preexec_fn": lambda: spawn(lambda: None),
                 "confined preexec": lambda: spawn(confined),
                 "confined thread, no preexec": lambda: spawn_from_confined_thread(confinement),
+                "unconfined fresh thread": lambda: spawn_from_fresh_thread(),
             }
             times: dict[str, list[float]] = {name: [] for name in ways}
             for _ in range(args.spawns):

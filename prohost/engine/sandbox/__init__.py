@@ -2,9 +2,12 @@
 
 :func:`probe` says what this machine offers (Landlock on Linux, ``sandbox-exec`` on
 macOS); :func:`prepare` turns a :class:`Policy` into a :class:`Confinement` a spawn
-applies (a ``preexec`` on Linux, an ``argv_prefix`` on macOS). :mod:`.defaults`
+applies (on Linux a ``preexec``, or better a spawn from a confined thread:
+:meth:`Confinement.spawn_from_a_confined_thread`, and for trio
+:func:`.trio_spawn.open_process`; on macOS an ``argv_prefix``). :mod:`.defaults`
 lists the usual secrets, caches and device files. Nothing here imports the rest of
-prohost: the harness decides each run's places and hands them in.
+prohost: the harness decides each run's places and hands them in. (``trio_spawn``
+is not imported here, so the rest needs no trio.)
 """
 
 from prohost.engine.sandbox import defaults, seatbelt

@@ -37,10 +37,15 @@ T = TypeVar("T")
 class Confinement:
     """What a spawn needs to start its process confined; close it after the spawn.
 
-    Pass ``preexec`` as ``preexec_fn`` and prefix the command with ``argv_prefix``.
-    ``pass_fds`` is always empty today: the preexec runs before subprocess closes
-    the child's descriptors, so the ruleset's descriptor need not reach the program
-    (passing it would hand the agent a descriptor it has no use for).
+    Prefix the command with ``argv_prefix`` (macOS), and on Linux either pass
+    ``preexec`` as ``preexec_fn``, or — cheaper, and no code in the child — make the
+    spawn inside :meth:`spawn_from_a_confined_thread`. A ``preexec_fn`` makes
+    subprocess fork instead of vfork, and a fork's cost grows with the parent's size
+    (``scripts/bench_sandbox.py``: about +2 ms over a 0.8 ms spawn for a small
+    process, +7.5 ms with 150 MiB held; the thread adds about 0.4 ms, whatever the
+    size). ``pass_fds`` is always empty: the preexec runs before subprocess closes
+    the child's descriptors, and the thread's domain needs no descriptor at all, so
+    the ruleset never reaches the program.
     """
 
     argv_prefix: tuple[str, ...] = ()

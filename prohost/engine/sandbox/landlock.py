@@ -172,8 +172,9 @@ def child_step(ruleset_fd: int) -> Callable[[], None]:
 
     subprocess's ``preexec_fn`` is unsafe in a threaded parent because the child is
     a copy of one thread of a process whose other threads may have held locks at the
-    fork (the import lock, a logging handler's lock, libc's stdio): code that takes
-    one of those hangs forever. This function takes none: everything it needs is
+    fork: code that takes one of those hangs forever. (Python itself takes the import
+    lock and logging's locks around such a fork; any other lock, a library's or
+    libc's, is the hazard.) This function takes none: everything it needs is
     resolved now, in the parent (the two ctypes function pointers, every argument
     as a prebuilt ctypes integer, the exception it raises), so in the child it only
     makes two foreign calls and compares their results. No import, no logging, no

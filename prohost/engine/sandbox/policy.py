@@ -27,6 +27,10 @@ class Policy:
     readable grant names something inside it. A hidden place *inside* a writable or
     readable grant cannot be hidden (Landlock only adds rights): the grant wins.
 
+    A writable *file* (``~/.claude.json``) can be written in place, but a program
+    that replaces it atomically (a temporary file beside it, then a rename) needs
+    its folder writable; grant the folder, or give the program its own.
+
     Paths may be given unresolved (``~`` is not expanded: give ``$HOME`` as the
     harness sees it). A path that does not exist when the run is prepared gets no
     grant: a writable folder must be made before :func:`~.prepare` (granting its

@@ -191,3 +191,19 @@ def test_a_confined_thread_that_cannot_enter_the_domain_never_spawns(home: Home)
     assert caught.value.errno == 9  # EBADF
     assert spawned == []
     ruleset.fd = -1
+
+
+def test_a_writable_file_is_written_in_place_not_replaced_beside(home: Home) -> None:
+    config = home.root / ".agent.json"
+    config.write_text("{}\n")
+    policy = home.policy(writable=[config])
+    assert attempt(policy, "write", config) == "ok"
+    assert attempt(policy, "write", home.root / ".agent.json.tmp") in DENIED_WRITE
+
+
+def test_a_grant_named_through_a_link_is_made_on_its_target(home: Home) -> None:
+    (home.root / "work-link").symlink_to(home.work)
+    policy = Policy(writable=(home.root / "work-link",), hidden=(home.root / ".ssh",))
+    assert policy.resolved().writable == (home.work,)
+    assert attempt(policy, "write", home.work / "through-link") == "ok"
+    assert attempt(policy, "write", home.root / "notes.txt") in DENIED_WRITE
