@@ -9,6 +9,7 @@ implementations are imported only when they run (:mod:`prohost.cli_handlers`), s
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,19 @@ DEFAULT_SERVER_PORT = 8765
 DEFAULT_SEND_SERVER = f"http://{DEFAULT_SERVER_HOST}:{DEFAULT_SERVER_PORT}"
 
 _EXPECTED_ONE = re.compile(r"argument (?P<flags>[^:]+): expected one argument")
+_INVALID_CHOICE = re.compile(r"argument (?P<arg>[^:]+): invalid choice: '(?P<given>[^']*)' "
+                             r"\(choose from (?P<choices>.*)\)")
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def closest(given: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` that ``given`` most likely misspells or shortens, if any.
+    (argparse's own ``suggest_on_error`` arrived in Python 3.14; this runs on 3.11.)"""
+    starting = [name for name in known if name.startswith(given) and len(given) >= 3]
+    if len(starting) == 1:
+        return starting[0]
+    matches = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return matches[0] if matches else None
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -56,7 +70,23 @@ class ArgumentParser(argparse.ArgumentParser):
             for flag in match["flags"].split("/"):
                 if flag in self.value_descriptions:
                     return f"{flag} needs a value: {self.value_descriptions[flag]}"
+        choice = _INVALID_CHOICE.fullmatch(message)
+        if choice:
+            guess = closest(choice["given"], re.findall(r"'([^']*)'", choice["choices"]))
+            if guess is not None:
+                return f"{message}; did you mean {guess!r}?"
+        if message.startswith(_UNRECOGNIZED):
+            return _UNRECOGNIZED + " ".join(
+                self._with_guess(word) for word in message[len(_UNRECOGNIZED):].split(" "))
         return message
+
+    def _with_guess(self, word: str) -> str:
+        """An unknown word of the command line, with the flag it probably meant."""
+        if not word.startswith("--"):
+            return word
+        flags = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        guess = closest(word.split("=", 1)[0], flags)
+        return word if guess is None else f"{word} (did you mean {guess}?)"
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(self.explain(message).splitlines())
@@ -78,6 +108,8 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
 
 
 _GC_VALUES = {"--older-than": "a number of days of 0 or more, e.g. 14 or 0.5"}
+_LOGS_VALUES = {"--lines": "a number of lines, 0 or more, e.g. 100"}
+_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50", "--show": "a run id"}
 
 
 def _add_run_flags(parser: ArgumentParser, host: str) -> None:
@@ -201,6 +233,41 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
     )
 
 
+def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
+    """``prohost runs show|cancel ID``: a run on the reference server, by id."""
+    runs = commands.add_parser(
+        "runs", prog="prohost runs", help="look up or cancel a run on the reference server",
+        description="Look up or cancel a run on the reference server by its id (the one "
+        "`prohost send` printed).",
+    )
+    runs.set_defaults(handler=None, parser=runs)
+    verbs = runs.add_subparsers(title="commands", metavar="COMMAND", parser_class=ArgumentParser)
+    for verb, summary in (
+        ("show", "print a run: its state, machine, reply or error, and any retry of it"),
+        ("cancel", "cancel a run: a queued one never starts, a running one is stopped"),
+    ):
+        parser = verbs.add_parser(
+            verb, prog=f"prohost runs {verb}", value_descriptions=_SEND_VALUES, help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog="Exit status: 0 done; 1 the server could not be reached, has no such "
+            "run" + (", or the run has ended already." if verb == "cancel" else "."),
+        )
+        parser.add_argument("run_id", metavar="ID", help="the run's id, e.g. run_0123abcd")
+        parser.add_argument(
+            "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
+            help=f"the reference server's http:// URL (default: {DEFAULT_SEND_SERVER})",
+        )
+        if verb == "show":
+            parser.add_argument("--json", action="store_true",
+                                help="print the server's JSON for the run, for scripts")
+        else:
+            parser.add_argument("--reason", metavar="TEXT",
+                                help="why, passed to the run's report (default: "
+                                "\"cancelled by the user\")")
+        _add_verbose(parser)
+        parser.set_defaults(handler=cli_handlers.runs_verb, parser=parser, verb=verb)
+
+
 def build_parser() -> ArgumentParser:
     """The whole ``prohost`` argument tree (no side effects; safe to call in tests)."""
     host = default_machine_name()
@@ -229,7 +296,8 @@ def build_parser() -> ArgumentParser:
         help="connect to the server and run the agent requests it sends",
         description="Connect to the server's agent socket, accept agent runs, run the local "
         "agent CLI on each, and post the replies back. Stop with Ctrl-C: the first one "
-        "finishes the runs in progress, the second stops them.",
+        "finishes the runs in progress, the second stops them (from another shell: "
+        "`prohost agent stop`, and `--now`).",
         epilog="Durations are seconds, or a number with s, m or h: 600, 90s, 1.5m, 15m, 2h. "
         "$PROHOST_HOME (default ~/.prohost) holds the credentials, the run ledger and the "
         "lock that keeps one agent per home.",
@@ -245,6 +313,9 @@ def build_parser() -> ArgumentParser:
         help="pair this machine with your account using a one-time code",
         description="Trade a one-time pairing code for this machine's credentials, saved "
         "in $PROHOST_HOME/credentials.json (mode 0600).",
+        epilog="Exit status: 0 paired; 1 the pairing failed (nothing was saved); 2 a bad "
+        "flag, or a harness is running on this $PROHOST_HOME (its credentials are not "
+        "replaced and the code is not spent: stop it first).",
     )
     pair.add_argument(
         "--code", metavar="CODE", required=True,
@@ -272,11 +343,74 @@ def build_parser() -> ArgumentParser:
         "panel shows them.",
         epilog="Exit status: 0 an agent is running; 1 none is running (or its status file "
         "is unreadable); 3 its process exists but its status has not been updated for 30 s "
-        'or more (it may be hung). With --json, the snapshot is printed with "running" and '
-        '"age_s" added; when no agent is running it is {"running": false, ...}.',
+        "or more (it may be hung); 4 an agent is running but has never connected to its "
+        "server (a wrong --url, a server that is down: its log says why). "
+        'With --json, the snapshot is printed with "running" and "age_s" added; when no '
+        'agent is running it is {"running": false, ...}.',
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.set_defaults(handler=cli_handlers.agent_status, parser=status)
+
+    stop = agent_commands.add_parser(
+        "stop",
+        prog="prohost agent stop",
+        help="drain the agent harness running on this machine and wait until it has exited",
+        description="Signal the `prohost agent run` on this $PROHOST_HOME to drain, as a "
+        "first Ctrl-C does: it finishes the runs in progress, takes no new ones and exits. "
+        "Waits until its process has exited.",
+        epilog="Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
+        "interrupted while waiting (the harness carries on).",
+    )
+    stop.add_argument(
+        "--now", action="store_true",
+        help="stop the running agents too, as a second Ctrl-C does (the harness exits "
+        "within 5 s; a stopped run is reported failed and retryable)",
+    )
+    stop.set_defaults(handler=cli_handlers.agent_stop, parser=stop)
+
+    logs = agent_commands.add_parser(
+        "logs",
+        prog="prohost agent logs",
+        value_descriptions=_LOGS_VALUES,
+        help="print the agent harness's log file ($PROHOST_HOME/logs/agent.log)",
+        description="Print the log that `prohost agent run` (in a terminal or as a service) "
+        "writes to $PROHOST_HOME/logs/agent.log, rotated by size.",
+        epilog="Exit status: 0 printed; 1 there is no log yet.",
+    )
+    logs.add_argument(
+        "-f", "--follow", action="store_true",
+        help="then keep printing the lines as they are written, across rotations, "
+        "until Ctrl-C",
+    )
+    logs.add_argument(
+        "-n", "--lines", metavar="N",
+        help="print only the last N lines of the file (default: all of it)",
+    )
+    logs.set_defaults(handler=cli_handlers.agent_logs, parser=logs)
+
+    runs = agent_commands.add_parser(
+        "runs",
+        prog="prohost agent runs",
+        value_descriptions=_RUNS_VALUES,
+        help="list the runs this machine has accepted, newest first (from its ledger)",
+        description="List the runs in this $PROHOST_HOME's run ledger, newest first: when "
+        "each was accepted, its id, conversation, state, duration, cost, and the branch "
+        "and commit it left each checkout on. Read-only: safe beside a running harness.",
+        epilog="Runs are kept 30 days (their bodies and outcomes 7). With --json, one JSON "
+        "array of objects with run_id, conversation_id, state, ok, error, accepted_at, "
+        "started_at, finished_at, duration_ms, account, cost_usd and checkouts (repo, "
+        "branch, head each). Exit status: 0 listed; 1 the ledger cannot be read, or "
+        "--show names no run in it.",
+    )
+    runs.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    runs.add_argument(
+        "--limit", metavar="N", help="list at most the N newest runs (default: 20)",
+    )
+    runs.add_argument(
+        "--show", metavar="ID",
+        help="print one run in full, with the last 64 KiB of its agent's stderr",
+    )
+    runs.set_defaults(handler=cli_handlers.agent_runs, parser=runs)
 
     gc_parser = agent_commands.add_parser(
         "gc",
@@ -367,6 +501,24 @@ def build_parser() -> ArgumentParser:
         help=f"TCP port to listen on, 0 for any free one (default: {DEFAULT_SERVER_PORT})",
     )
     server.add_argument(
+        "--state", metavar="DIR",
+        help="folder where the pairings are kept, so harnesses stay paired when the server "
+        "restarts (pairings.json, mode 0600); a relative path is taken from the current "
+        "directory (default: $PROHOST_HOME/server, i.e. ~/.prohost/server)",
+    )
+    server.add_argument(
+        "--no-state", action="store_true",
+        help="keep the pairings in memory only: every harness pairs again after a restart "
+        "(for throwaway servers in tests)",
+    )
+    server.add_argument(
+        "--retries", metavar="N", default="5",
+        help="how many times a run that failed retryable (handed back \"not started\" by a "
+        "draining harness, \"restarted\", \"internal error\") is submitted again as a new "
+        "run, to the next harness that connects, after 1 s, 2 s, 4 s… (at most 30 s); "
+        "`prohost runs show ID` follows it; 0: never (default: 5)",
+    )
+    server.add_argument(
         "--faults", action="store_true",
         help="serve the fault hooks under /v1/faults (for soak tests; see below). Without "
         "this flag those routes do not exist (404)",
@@ -381,6 +533,10 @@ def build_parser() -> ArgumentParser:
         help="send a message to the reference server as a new agent run",
         description="Send TEXT to a reference server, which delivers it to a connected "
         "harness as an agent run.",
+        epilog="Exit status: 0 sent (with --wait: the run completed); 1 the run failed or "
+        "was cancelled, or the server could not be reached; 3 --fail-without-harness and "
+        "no harness is connected; 130 Ctrl-C while waiting (the run goes on at the server: "
+        "`prohost runs show ID`).",
     )
     send.add_argument(
         "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
@@ -396,15 +552,28 @@ def build_parser() -> ArgumentParser:
         help="wait for the run to finish and print its reply (default: print the run id "
         "and return at once)",
     )
+    send.add_argument(
+        "--fail-without-harness", action="store_true",
+        help="with --wait: give up (exit 3) when no harness is connected to take the run, "
+        "instead of saying so and waiting for one; the run stays queued on the server "
+        "(default: wait)",
+    )
     send.add_argument("text", metavar="TEXT", help="the message for the agent")
     _add_verbose(send)
     send.set_defaults(handler=cli_handlers.send, parser=send)
+
+    _add_runs(commands)
 
     demo = commands.add_parser(
         "demo",
         prog="prohost demo",
         help="run a local end-to-end demo (reference server, harness and a fake agent)",
         description="Run a self-contained demo on this machine.",
+    )
+    demo.add_argument(
+        "--keep", action="store_true",
+        help="leave the demo's repository (each conversation's work on its own branch) "
+        "and home behind, and print where they are (default: remove them)",
     )
     _add_verbose(demo)
     demo.set_defaults(handler=cli_handlers.demo, parser=demo)

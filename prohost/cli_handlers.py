@@ -33,6 +33,8 @@ PAIR_VALUES = {
 SERVER_VALUES = {
     "--host": "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0",
     "--port": "a port number from 0 to 65535 (0 picks a free one)",
+    "--state": "a folder for the server's pairings, e.g. ~/.prohost/server",
+    "--retries": "a whole number from 0 to 100, e.g. 5",
 }
 
 
@@ -155,6 +157,40 @@ def agent_status(ns: argparse.Namespace) -> int:
     return status_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json)
 
 
+def _count(parser: argparse.ArgumentParser, flag: str, raw: str | None,
+           minimum: int) -> int | None:
+    if raw is None:
+        return None
+    digits = raw.strip()
+    if digits.isascii() and digits.isdigit() and int(digits) >= minimum:
+        return int(digits)
+    parser.error(f"{flag} must be a whole number of {minimum} or more (got {raw!r})")
+
+
+def agent_stop(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import stop_command
+    from prohost.home import prohost_home
+
+    return stop_command(prohost_home(os.environ, Path.cwd()), now=ns.now)
+
+
+def agent_logs(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import logs_command
+    from prohost.home import prohost_home
+
+    lines = _count(ns.parser, "--lines", ns.lines, 0)
+    return logs_command(prohost_home(os.environ, Path.cwd()), follow=ns.follow, lines=lines)
+
+
+def agent_runs(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import DEFAULT_LIMIT, runs_command
+    from prohost.home import prohost_home
+
+    limit = _count(ns.parser, "--limit", ns.limit, 1)
+    return runs_command(prohost_home(os.environ, Path.cwd()), as_json=ns.json,
+                        limit=DEFAULT_LIMIT if limit is None else limit, show=ns.show)
+
+
 def agent_pair(ns: argparse.Namespace) -> int:
     import trio
 
@@ -185,14 +221,41 @@ def _parse_port(parser: argparse.ArgumentParser, raw: str) -> int:
     parser.error(f"--port must be {SERVER_VALUES['--port']} (got {raw!r})")
 
 
+def _server_state_dir(ns: argparse.Namespace) -> Path | None:
+    """--state, else $PROHOST_HOME/server; None with --no-state."""
+    from prohost.home import make_private_home, prohost_home
+
+    if ns.no_state:
+        if ns.state is not None:
+            ns.parser.error("--state and --no-state contradict each other; give one")
+        return None
+    if ns.state is None:
+        home = prohost_home(os.environ, Path.cwd())
+        try:
+            # The home a harness would make, as private as the harness makes it.
+            make_private_home(home)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            ns.parser.error(f"cannot make {home} for the server's pairings ({reason}); give "
+                            "--state DIR or --no-state")
+        return home / "server"
+    if not ns.state.strip():
+        ns.parser.error(f"--state must be {SERVER_VALUES['--state']} (got an empty one)")
+    return Path(os.path.expanduser(ns.state.strip())).absolute()
+
+
 def server(ns: argparse.Namespace) -> int:
     import trio
 
     port = _parse_port(ns.parser, ns.port)
+    raw = ns.retries.strip()
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= 100):
+        ns.parser.error(f"--retries must be {SERVER_VALUES['--retries']} (got {ns.retries!r})")
+    state_dir = _server_state_dir(ns)
     setup_logging(ns.verbose)
     from prohost.server.main import run_server_command
 
-    return trio.run(run_server_command, ns.host, port, ns.faults)
+    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, int(raw))
 
 
 def send(ns: argparse.Namespace) -> int:
@@ -201,7 +264,20 @@ def send(ns: argparse.Namespace) -> int:
     setup_logging(ns.verbose)
     from prohost.commands.send import send_command
 
-    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait)
+    return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait, 600,
+                    ns.fail_without_harness)
+
+
+def runs_verb(ns: argparse.Namespace) -> int:
+    """``prohost runs show|cancel ID``."""
+    import trio
+
+    setup_logging(ns.verbose)
+    from prohost.commands.runs import runs_cancel_command, runs_show_command
+
+    if ns.verb == "show":
+        return trio.run(runs_show_command, ns.server, ns.run_id, ns.json)
+    return trio.run(runs_cancel_command, ns.server, ns.run_id, ns.reason)
 
 
 def demo(ns: argparse.Namespace) -> int:
@@ -214,4 +290,4 @@ def demo(ns: argparse.Namespace) -> int:
     # On a terminal the demo draws the live panel; log lines must then go through
     # its console to print above it.
     setup_logging(ns.verbose, console=console if use_panel(console, False) else None)
-    return demo_main(console)
+    return demo_main(console, keep=ns.keep)

@@ -15,6 +15,7 @@ flag parser refuses an ``--exec`` line a brain could not drive
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -72,13 +73,66 @@ def program_span(line: str) -> tuple[int, int] | None:
     return None if index is None else spans[index][:2]
 
 
+#: Programs that run a script, module or package named by a later word: the agent is
+#: that script, so its version is the script's own, never the interpreter's (the
+#: demo's agent was shown as ``claude Python 3.11.7``).
+INTERPRETERS = frozenset({"python", "python3", "pypy", "pypy3", "node", "nodejs", "bun",
+                          "ruby", "perl", "php", "sh", "bash", "zsh", "npx", "bunx",
+                          "pnpx", "uvx"})
+_VERSIONED_PYTHON = re.compile(r"(python|pypy)\d+(\.\d+)*")
+#: An interpreter's options that take the next word as their value.
+_INTERPRETER_VALUE_OPTIONS = frozenset({"-W", "-X", "-r", "--require", "-p", "--package",
+                                        "--from", "--with"})
+#: Options after which the program is code on the line, not a file: no version to ask.
+_INLINE_CODE_OPTIONS = frozenset({"-c", "-e", "--eval", "--command"})
+
+
+def is_interpreter(program: str) -> bool:
+    """Whether ``program`` (a word or path) runs a script named after it."""
+    name = os.path.basename(program)
+    return name in INTERPRETERS or _VERSIONED_PYTHON.fullmatch(name) is not None
+
+
+def script_index(words: Sequence[str], program: int) -> int | None:
+    """For an interpreter at ``words[program]``, which word names what it runs (the
+    script, the package, or for ``-m`` the module); ``None`` when the line runs
+    code given inline (``-c``), reads it from stdin, or names none."""
+    skip_value = False
+    for index in range(program + 1, len(words)):
+        word = words[index]
+        if skip_value:
+            skip_value = False
+            continue
+        if word in _INLINE_CODE_OPTIONS or word == "-":
+            return None
+        if word == "-m":
+            return index + 1 if index + 1 < len(words) else None
+        if word.startswith("-"):
+            skip_value = word in _INTERPRETER_VALUE_OPTIONS
+            continue
+        return index
+    return None
+
+
 def version_command(line: str) -> str | None:
-    """``line`` cut after its program, plus ``--version``: the version comes from the
-    program that will really run, with its ``NAME=value`` words and launchers, and
-    ``$HOME/bin/claude`` or ``~/bin/codex`` still expanded by the shell (re-quoting
-    the parsed word would make ``$HOME`` a literal directory name)."""
-    span = program_span(line)
-    return None if span is None else line[: span[1]] + " --version"
+    """``line`` cut after the program it really runs, plus ``--version``: the program,
+    or for an interpreter (:data:`INTERPRETERS`) the script, module or package it runs
+    (``python agent.py --version``, ``npx pkg --version``); ``None`` when that is
+    code on the line or nothing. The cut keeps the ``NAME=value`` words and
+    launchers, and ``$HOME/bin/claude`` or ``~/bin/codex`` still expanded by the
+    shell (re-quoting the parsed word would make ``$HOME`` a literal directory
+    name)."""
+    spans = word_spans(line)
+    words = [word for _, _, word in spans]
+    index = program_index(words)
+    if index is None:
+        return None
+    if is_interpreter(words[index]):
+        script = script_index(words, index)
+        if script is None:
+            return None
+        index = script
+    return line[: spans[index][1]] + " --version"
 
 
 def has_flag(line: str, *flags: str) -> bool:

@@ -61,6 +61,10 @@ def wants_file_logging(env: Mapping[str, str]) -> bool:
     return env.get(LOG_ENV, "").strip().lower() == LOG_TO_FILE
 
 
+#: The record :meth:`PrivateRotatingFileHandler.flush` names when a flush fails.
+_FLUSHING = logging.makeLogRecord({"msg": "flushing the log file"})
+
+
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A RotatingFileHandler whose every file, the ones it creates at rollover included,
     is 0600 from the moment it exists, whatever the umask.
@@ -68,6 +72,43 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     It writes in whichever thread calls it: :class:`FileLogHandler`'s listener, so
     never the trio thread.
     """
+
+    #: Whether the last write failed (said once on stderr until one succeeds again).
+    _failing = False
+    _erred = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._erred = False
+        super().emit(record)
+        if self._failing and not self._erred:
+            self._failing = False  # the disk has room again: the next failure is said
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """One line on stderr when the file cannot be written (a full disk), not
+        logging's traceback per record: the harness goes on, and its terminal or
+        journal still has every line."""
+        self._erred = True
+        if self._failing:
+            return
+        self._failing = True
+        error = sys.exc_info()[1]
+        reason = getattr(error, "strerror", None) or error
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"prohost: cannot write the log file {self.baseFilename} "
+                             f"({reason}); its lines are lost until it can be written\n")
+            sys.stderr.flush()
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            self.handleError(_FLUSHING)
+
+    def close(self) -> None:
+        # Closing writes what is buffered: on a full disk those lines are lost
+        # (said already), and the exit goes on.
+        with contextlib.suppress(OSError):
+            super().close()
 
     def _open(self) -> TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark what a run changed (§7 ``changes``) against the git commands it is made of.
 
-Usage: .venv/bin/python scripts/bench_changes.py [--files N] [--scale F] [--keep]
+Usage: .venv/bin/python scripts/bench_changes.py [--files N] [--scale F] [--repeat N] [--keep]
 
 One generated repository (``--files`` tracked files, 50,000 by default, one commit),
 and in one run, for each case, from a clean worktree:
@@ -15,7 +15,9 @@ and in one run, for each case, from a clean worktree:
 state taken before the change (``take_state``) and the comparison after it
 (``compare``), against ``git status --porcelain=v2 -z`` plus ``git diff --numstat
 -z`` on the same worktree at the same moment (the least a harness could do to learn
-the same), and prints each as a ratio. The store's object count (``git
+the same), and prints each as a ratio: the median of ``--repeat`` such pairs, each
+pair run back to back, so that a machine busy with something else weighs on both
+sides of a ratio alike. The store's object count (``git
 count-objects -v``) is checked unchanged after each case: nothing is written.
 """
 
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import trio
@@ -101,23 +104,30 @@ def plain(path: Path) -> float:
     return time.perf_counter() - start
 
 
-async def one_case(path: Path, change: Any) -> dict[str, Any]:
+async def one_case(path: Path, change: Any, repeat: int) -> dict[str, Any]:
+    """One case: ``repeat`` pairs of (ours, the floor) before the change and after
+    it, each pair back to back so that both meet the same machine; the medians."""
     git(path, "checkout", "-q", "--", ".")
     git(path, "clean", "-qfdx")
     store = git(path, "count-objects", "-v")
-    start = time.perf_counter()
-    before = await take_state("bench", path, bounds=Bounds())
-    state_s = time.perf_counter() - start
-    plain_before_s = plain(path)
+    states: list[tuple[float, float]] = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        before = await take_state("bench", path, bounds=Bounds())
+        states.append((time.perf_counter() - start, plain(path)))
     change(path)
-    start = time.perf_counter()
-    entry = converter.unstructure(await compare(before, bounds=Bounds()))
-    compare_s = time.perf_counter() - start
-    plain_after_s = plain(path)
+    compares: list[tuple[float, float]] = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        entry = converter.unstructure(await compare(before, bounds=Bounds()))
+        compares.append((time.perf_counter() - start, plain(path)))
     return {
-        "state_s": state_s, "plain_before_s": plain_before_s,
-        "compare_s": compare_s, "plain_after_s": plain_after_s,
-        "state_ratio": state_s / plain_before_s, "compare_ratio": compare_s / plain_after_s,
+        "state_s": median(ours for ours, _ in states),
+        "plain_before_s": median(floor for _, floor in states),
+        "compare_s": median(ours for ours, _ in compares),
+        "plain_after_s": median(floor for _, floor in compares),
+        "state_ratio": median(ours / floor for ours, floor in states),
+        "compare_ratio": median(ours / floor for ours, floor in compares),
         "files": len(entry.get("files", [])) + entry.get("more_files", 0),
         "truncated": entry.get("truncated"), "error": entry.get("error"),
         "objects_unchanged": git(path, "count-objects", "-v") == store,
@@ -130,7 +140,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         repo = folder / "repo"
         repo.mkdir()
         make_repo(repo, args.files)
-        return {name: await one_case(repo, change)
+        return {name: await one_case(repo, change, args.repeat)
                 for name, change in cases(args.files, args.scale).items()}
     finally:
         if args.keep:
@@ -154,6 +164,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="pairs (ours, the floor) per measure; the medians are shown")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     figures = trio.run(main_async, args)

@@ -671,7 +671,8 @@ class ServerProcess:
 @asynccontextmanager
 async def prohost_server(tmp: Path, name: str) -> AsyncIterator[ServerProcess]:
     """``prohost server`` on 127.0.0.1, a free port; stopped when the block ends."""
-    argv = [sys.executable, "-m", "prohost", "server", "--host", "127.0.0.1", "--port", "0"]
+    argv = [sys.executable, "-m", "prohost", "server", "--host", "127.0.0.1", "--port", "0",
+            "--no-state"]
     async with started("server", argv, tmp / name, stdout=subprocess.PIPE) as child:
         if child.proc.stdout is None:
             raise RuntimeError("the server has no stdout pipe")

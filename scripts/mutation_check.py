@@ -2,12 +2,14 @@
 """The mutation check (issue 27, point 9): does the fault matrix catch what it claims?
 
 Usage: .venv/bin/python scripts/mutation_check.py [--quick] [--only NAME ...] [--list]
+                                                  [--workers N] [--timeout S]
 
 Each breakage below is a named, exact textual edit of the production code (``prohost/…``)
 that breaks one promise of docs/reliability.md ("nothing lost, nothing twice"). One at
 a time, the edit is applied to a temporary copy of the tree (never to this one), and
 the fault matrix and its neighbours (:data:`TESTS`, a fixed list) run against that
-copy with ``-x -q -n 2``. The breakage is *caught* when a test fails (or the run hangs
+copy with ``-x -q -n 2`` (``--workers``: another count, 1 to leave a shared
+machine's other CPU alone). The breakage is *caught* when a test fails (or the run hangs
 past its time limit, which CI would see as well).
 
 A table is printed: breakage, where (file and edited line), caught or not, and by
@@ -16,7 +18,8 @@ which test. Exit 1 when a breakage is not caught, or when an edit no longer appl
 stays true). Before the breakages, the untouched copy runs once: if it fails, the
 check means nothing, and it exits 2.
 
-``--quick``: only the breakages of :data:`QUICK` (for CI's slow step).
+``--quick``: only the breakages of :data:`QUICK`. ``--only NAME`` (repeatable): only
+that breakage, to see on its own what catches it (or why nothing does).
 tests/scripts/test_mutation_check.py checks, in every default run, that every edit
 still applies to today's code.
 """
@@ -256,6 +259,7 @@ QUICK: tuple[str, ...] = (
 #: The fault matrix and its neighbours, run against each broken copy.
 TESTS: tuple[str, ...] = (
     "tests/engine/ledger/test_fault_matrix.py",
+    "tests/engine/ledger/test_full_filesystem.py",
     "tests/engine/ledger/test_writer_thread.py",
     "tests/engine/ledger/test_writer_restarts.py",
     "tests/engine/ledger/test_group_commit.py",
@@ -345,11 +349,12 @@ def _sweep(copy: Path) -> None:
                     os.kill(int(entry), signal.SIGKILL)
 
 
-def run_tests(copy: Path, timeout_s: float) -> tuple[bool, str, float]:
-    """Run :data:`TESTS` in ``copy``: (passed, the first failing test or why, seconds)."""
+def run_tests(copy: Path, timeout_s: float, workers: int = 2) -> tuple[bool, str, float]:
+    """Run :data:`TESTS` in ``copy`` with ``workers`` pytest-xdist workers: (passed,
+    the first failing test or why, seconds)."""
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "2", "-p", "no:cacheprovider",
-           *TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", str(workers), "-p",
+           "no:cacheprovider", *TESTS]
     began = time.monotonic()
     # Its own session, so that a hung run is ended with every worker and agent.
     with subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE,
@@ -383,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="only this breakage (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the breakages and exit")
+    parser.add_argument("--workers", type=int, default=2, metavar="N",
+                        help="pytest-xdist workers per test run (default 2)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per test run (default: 3 × the clean run + 60)")
     args = parser.parse_args(argv)
@@ -412,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         print(f"clean run of {len(TESTS)} test files…", flush=True)
-        ok, why, clean_s = run_tests(copy, args.timeout or 1800)
+        ok, why, clean_s = run_tests(copy, args.timeout or 1800, args.workers)
         if not ok:
             print(f"the untouched tree fails: {why}; the check means nothing", file=sys.stderr)
             return 2
@@ -432,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                     path = copy / e.path
                     path.write_text(path.read_text(encoding="utf-8").replace(e.old, e.new, 1),
                                     encoding="utf-8")
-                ok, by, took = run_tests(copy, timeout_s)
+                ok, by, took = run_tests(copy, timeout_s, args.workers)
             finally:
                 for rel, text in originals.items():
                     (copy / rel).write_text(text, encoding="utf-8")

@@ -36,7 +36,7 @@ from prohost.home import (
     lock_held_message,
     resolve_endpoints,
 )
-from prohost.logfile import add_redaction
+from prohost.logfile import FileLogHandler, add_redaction, log_to_file
 from prohost.login_env import log_secrets
 from prohost.options import Options
 
@@ -79,6 +79,7 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
     except (CredentialsError, ValueError) as exc:
         print(f"prohost: {exc}", file=sys.stderr)
         return 1
+    _log_to_file(options.home)
     # Every handler is in place by now; from here on neither secret can reach a log,
     # nor the agent CLIs' logins the service passes on (an API key in an error line).
     add_redaction(creds.token, creds.secret, *log_secrets(os.environ))
@@ -111,11 +112,29 @@ def _run_agent(options: Options, *, console: Console | None, live: bool) -> int:
         lock.release()
 
 
+def _log_to_file(home: Path) -> None:
+    """Log to the home's rotated file in the foreground too, as the service does
+    (``PROHOST_LOG=file`` set it up already then), so ``prohost agent logs`` finds
+    every harness's log in one place. The terminal keeps its own lines as well.
+    A home where the file cannot be made (read-only, full) still runs: the
+    terminal has the log."""
+    prohost = logging.getLogger("prohost")
+    if any(isinstance(handler, FileLogHandler) for handler in prohost.handlers):
+        return
+    try:
+        log_to_file(home, level=min(logging.INFO, prohost.getEffectiveLevel()))
+    except OSError as exc:
+        log.warning("cannot write the log file under %s (%s): logging to the terminal only",
+                    home, exc.strerror or exc)
+
+
 def _open_ledger(home: Path) -> Ledger:
     """Open the home's ledger, on a full disk too: a harness started there comes up,
     answers 503 for what it cannot record and recovers when space returns, like one
     that was already running (issue 27). For that it gives the ledger the space its
     reserve kept; the reserve is made again at the next start that has the room.
+    With no reserve (a home from before it), the ledger is opened alone, its WAL
+    index in memory (:meth:`Ledger.open_alone`).
     """
     reserve = home / RESERVE_FILE
     try:
@@ -123,10 +142,20 @@ def _open_ledger(home: Path) -> Ledger:
     except LedgerUnavailable as exc:
         try:
             reserve.unlink()  # a read-only disk refuses this too: then exc stands
+        except FileNotFoundError:
+            # No reserve (a home from before it, or a disk that never had room for
+            # one): the ledger alone, its WAL index in this process's memory.
+            try:
+                ledger = Ledger.open_alone(home / LEDGER_FILE)
+            except LedgerError:
+                raise exc from None
+            log.warning("%s; opened it without its shared index instead (until the "
+                        "next start, reads wait for a write under way)", exc)
         except OSError:
             raise exc from None
-        log.warning("%s; using the space kept for it (%s)", exc, reserve)
-        ledger = Ledger.open(home / LEDGER_FILE)
+        else:
+            log.warning("%s; using the space kept for it (%s)", exc, reserve)
+            ledger = Ledger.open(home / LEDGER_FILE)
         log.warning("the disk is full (%s): deliveries the ledger cannot record are "
                     "answered 503 (the server sends them again) until space returns", home)
         return ledger
@@ -234,12 +263,30 @@ async def supervise(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_obey_signals, receiver, harness, early)
                 if console is not None:
-                    progress_log.setLevel(logging.WARNING)  # the panel says it instead
+                    _progress_to_the_file_only(live)  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live,
                                                  changes=harness.state_changed).run)
                 code = await harness.run()
                 nursery.cancel_scope.cancel()
     return code
+
+
+class _NotProgress(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(lognames.RUNS)
+
+
+def _progress_to_the_file_only(live: bool) -> None:
+    """Keep the per-run progress lines off the terminal, where the panel shows the
+    same: with the live panel they still reach the log file (``agent logs`` shows
+    what ran); without it, the plain panel logs each change, to both."""
+    if not live:
+        progress_log.setLevel(logging.WARNING)
+        return
+    quiet = _NotProgress()
+    for handler in logging.getLogger().handlers:  # the terminal's (setup_logging)
+        if quiet not in handler.filters:
+            handler.addFilter(quiet)
 
 
 async def _obey_signals(

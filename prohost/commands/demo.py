@@ -8,22 +8,26 @@ scheduler at concurrency 4, real processes, the ledger, HTTP completions — and
 table of the results is printed at the end. With git installed, a small repository
 in the temporary home is passed as ``--repos``: each conversation gets its own
 worktree, the stand-in edits and commits there, and the table shows what each run
-changed. Nothing is left behind.
+changed. Nothing is left behind, unless ``--keep`` asks for the repository (each
+conversation's work on its branch ``prohost/<lane folder>``) and the home.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from prohost.engine import lognames
 from prohost.engine.harness import Harness
@@ -54,19 +58,29 @@ CONVERSATIONS = {
 DEMO_DEADLINE_S = 50.0
 
 
-def main(console: Console | None = None) -> int:
-    """Run the demo; 0 when every run came back, 1 otherwise."""
+def main(console: Console | None = None, *, keep: bool = False) -> int:
+    """Run the demo; 0 when every run came back, 1 otherwise. ``keep``: leave its
+    folder (repository and home) behind, and say where."""
     # The server's own bookkeeping would drown the harness's progress lines.
     logging.getLogger("prohost.server").setLevel(logging.WARNING)
-    return trio.run(run_demo, console or Console())
+    return trio.run(functools.partial(run_demo, console or Console(), keep=keep))
 
 
-async def run_demo(console: Console) -> int:
+@contextlib.contextmanager
+def _demo_folder(keep: bool) -> Iterator[str]:
+    """A fresh temporary folder, removed at the end unless ``keep``."""
+    if keep:
+        yield tempfile.mkdtemp(prefix="prohost-demo-")
+        return
+    with tempfile.TemporaryDirectory(prefix="prohost-demo-") as tmp:
+        yield tmp
+
+
+async def run_demo(console: Console, *, keep: bool = False) -> int:
     """The demo in the caller's trio run. Cancelling it stops the server and the
-    harness (their agents are killed) and removes the temporary home."""
-    with tempfile.TemporaryDirectory(prefix="prohost-demo-") as tmp, trio.fail_after(
-        DEMO_DEADLINE_S
-    ):
+    harness (their agents are killed) and removes the temporary home (unless
+    ``keep``)."""
+    with _demo_folder(keep) as tmp, trio.fail_after(DEMO_DEADLINE_S):
         home = Path(tmp) / "home"
         repo = await trio.to_thread.run_sync(_demo_repository, Path(tmp) / "demo-repo", console)
         async with trio.open_nursery() as nursery:
@@ -131,7 +145,34 @@ async def run_demo(console: Console) -> int:
                 ledger.close()
             ok = _print_results(server, run_ids, console)
             server.shutdown()
+        if keep:
+            await trio.to_thread.run_sync(_say_kept, Path(tmp), home, repo, console)
+        else:
+            console.print("[dim]`prohost demo --keep` leaves its repository and home to "
+                          "look at afterwards[/]", soft_wrap=True)
     return 0 if ok else 1
+
+
+def _say_kept(folder: Path, home: Path, repo: Path | None, console: Console) -> None:
+    """Where the kept demo is, and how to look at it: one fact a line, the commands
+    whole (long paths wrap, but copy as one line)."""
+    say = functools.partial(console.print, soft_wrap=True, highlight=False)
+    say(f"kept in {folder}:")
+    if repo is not None:
+        listed = subprocess.run(
+            ["git", "-C", str(repo), "branch", "--list", "--format=%(refname:short)",
+             "prohost/*"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            check=False)
+        branches = listed.stdout.split()
+        # Each conversation's work is on its own branch (its worktree's).
+        say(f"  repository {repo}, one branch per conversation:")
+        for branch in branches:
+            say(f"    {branch}")
+        if branches:
+            say(f"  see one:   git -C {repo} log --oneline main..{branches[0]}")
+    command = "prohost" if shutil.which("prohost") else f"{sys.executable} -m prohost"
+    say(f"  its runs:  PROHOST_HOME={home} {command} agent runs")
+    say(f"  remove it: rm -rf {folder}")
 
 
 async def _submit_all(server: ServerHandle, console: Console) -> list[str]:
@@ -141,33 +182,38 @@ async def _submit_all(server: ServerHandle, console: Console) -> list[str]:
         for conversation, texts in CONVERSATIONS.items():
             run_ids.append(await server.submit_run(texts[turn], conversation_id=conversation,
                                                    author="demo"))
-    console.print(f"submitted {len(run_ids)} runs across {len(CONVERSATIONS)} conversations; "
-                  "the harness runs up to 4 at once, one at a time per conversation")
+    console.print(f"submitted {len(run_ids)} runs in {len(CONVERSATIONS)} conversations: up to "
+                  "4 run at once, one at a time in each")
     return run_ids
 
 
 def _print_results(server: ServerHandle, run_ids: list[str], console: Console) -> bool:
-    table = Table(title="prohost demo results",
-                  caption="usage: pretend figures the demo's stand-in agent reports")
-    for column in ("run", "conversation", "state", "seconds", "changes", "usage", "reply"):
-        table.add_column(column, overflow="fold" if column == "reply" else "ellipsis")
-    ok = True
+    """Two lines per run, each cut (never wrapped) at the terminal's width: at 80
+    columns a table of seven columns wrapped its cells one word per line."""
+    console.print(Text("prohost demo results", style="bold"))
+    completed = 0
     for run_id in run_ids:
         record = server.run(run_id)
         completion = record.completion or {}
-        ok = ok and record.state == "completed"
+        done = record.state == "completed"
+        completed += done
         duration = completion.get("duration_ms")
-        table.add_row(
-            run_id,
-            record.conversation_id or "-",
-            record.state,
-            f"{duration / 1000:.1f}" if isinstance(duration, int) else "-",
-            changes_summary(completion.get("changes")) or "-",
-            _usage_cell(completion.get("usage")),
-            str(completion.get("reply") or completion.get("error") or "")[:70],
-        )
-    console.print(table)
-    return ok
+        line = Text("✓ " if done else "✗ ", style="green" if done else "red")
+        line.append(f"{_cut(record.conversation_id or run_id, 14):<14} ")
+        line.append(f"{duration / 1000:>4.1f} s  " if isinstance(duration, int) else "   - s  ")
+        line.append(f"{_cut(changes_summary(completion.get('changes')) or '-', 26):<26}  ")
+        line.append(_usage_cell(completion.get("usage")), style="dim")
+        reply = " ".join(str(completion.get("reply") or completion.get("error") or "").split())
+        for text in (line, Text(f"  {reply}", style="" if done else "red")):
+            console.print(text, no_wrap=True, overflow="ellipsis", crop=True)
+    console.print(Text("usage: pretend figures the demo's stand-in agent reports",
+                       style="dim"))
+    console.print(f"{completed} of {len(run_ids)} runs completed")
+    return completed == len(run_ids)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _demo_repository(path: Path, console: Console) -> Path | None:

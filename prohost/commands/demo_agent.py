@@ -2,8 +2,9 @@
 
 It stands in for `claude -p` so the demo needs no login and no network, and speaks
 Claude Code's ``--output-format stream-json`` the way the claude brain reads it: an
-``init`` event (its session, resumed with ``--resume``), an assistant message per
-step of pretend work (which keeps the idle timer fed and shows in the panel), and a
+``init`` event (its session, resumed with ``--resume``), a pretend tool call and its
+result per step of pretend work (which keeps the idle timer fed and shows in the
+panel's activity column), and a
 ``result`` with the reply and **pretend** usage figures (model
 ``demo-pretend-model``): nothing here costs anything.
 
@@ -25,6 +26,14 @@ from pathlib import Path
 
 #: The model the stand-in says it is: its usage figures are made up.
 PRETEND_MODEL = "demo-pretend-model"
+
+#: The pretend tool calls it reports, one per step, as Claude Code names them.
+PRETEND_TOOLS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("Read", {"file_path": "README.md"}),
+    ("Grep", {"pattern": "TODO"}),
+    ("Edit", {"file_path": "notes.md"}),
+    ("Bash", {"command": "git commit -m 'Note the request'"}),
+)
 
 #: Who the stand-in's commits are by.
 AUTHOR = {"GIT_AUTHOR_NAME": "prohost demo agent", "GIT_AUTHOR_EMAIL": "demo@prohost.invalid",
@@ -88,12 +97,20 @@ def main() -> int:
     _emit({"type": "system", "subtype": "init", "session_id": session, "model": PRETEND_MODEL,
            "tools": [], "cwd": os.getcwd()})
     work_s = random.uniform(0.5, 2.5)
-    steps = 4
-    for step in range(1, steps + 1):
+    steps = len(PRETEND_TOOLS)
+    for step, (tool, arguments) in enumerate(PRETEND_TOOLS, 1):
+        # A tool call and its result, as Claude Code reports them: the panel's
+        # activity column and the run's timeline show each one while it "runs".
+        call_id = f"toolu_demo_{step}"
         _emit({"type": "assistant", "session_id": session, "message": {
             "model": PRETEND_MODEL, "role": "assistant",
-            "content": [{"type": "text", "text": f"Step {step} of {steps} of pretend work"}]}})
-        time.sleep(work_s / steps)
+            "content": [{"type": "text", "text": f"Step {step} of {steps} of pretend work"},
+                        {"type": "tool_use", "id": call_id, "name": tool,
+                         "input": arguments}]}})
+        time.sleep(work_s / steps)  # pretend work: the demo's agent, not a test's wait
+        _emit({"type": "user", "session_id": session, "message": {
+            "role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                         "content": "ok (pretend)"}]}})
     _edit_checkouts(run_id, request)
     reply = f"Pretend answer to: {request[:100]}"
     words = len(prompt.split())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -11,11 +14,19 @@ import httpx
 import trio
 
 from prohost import AGENT_HEADER_VALUE
-from prohost.home import credentials_from_json, resolve_endpoints, save_credentials
+from prohost.home import (
+    LOCK_FILE,
+    LockHeld,
+    credentials_from_json,
+    resolve_endpoints,
+    save_credentials,
+)
 
 log = logging.getLogger("prohost.pair")
 
 PAIR_TIMEOUT_S = 30.0
+#: A harness runs on the home: pairing now would pull its credentials from under it.
+EXIT_HARNESS_RUNNING = 2
 _MAX_ERROR_TEXT = 300
 
 
@@ -43,7 +54,58 @@ def _server_error_text(response: httpx.Response) -> str:
     return _one_line(response.text) or "(no explanation in the response)"
 
 
+def _running_message(err: LockHeld, home: Path) -> str:
+    who = f"a prohost agent (pid {err.pid})" if err.pid else "a prohost agent"
+    stop = f"stop it first (Ctrl-C where it runs, or kill {err.pid})" if err.pid else (
+        f"stop it first (`lsof {err.path}` shows it)")
+    return (
+        f"{who} is running with PROHOST_HOME={home}; pairing now would replace the "
+        f"credentials it uses. Either {stop} and pair again, or pair another home: "
+        f"PROHOST_HOME=/some/other/dir prohost agent pair ... (nothing was sent; the "
+        f"code is still unused)"
+    )
+
+
 async def pair_command(code: str, url: str | None, machine: str, home: Path) -> int:
+    """Pair this machine unless a harness runs on ``home`` (exit 2, before the code
+    is spent); see :func:`_pair` for the rest. The home's lock, when it has one, is
+    held while pairing, so no harness starts on half-written credentials either.
+
+    Cancelled: as :func:`_pair`; the lock is given up.
+    """
+    try:
+        fd = _hold_existing_lock(home)
+    except LockHeld as err:
+        print(f"prohost agent pair: error: {_running_message(err, home)}", file=sys.stderr)
+        return EXIT_HARNESS_RUNNING
+    try:
+        return await _pair(code, url, machine, home)
+    finally:
+        if fd is not None:
+            os.close(fd)  # gives the flock up
+
+
+def _hold_existing_lock(home: Path) -> int | None:
+    """Take the home's lock (:class:`prohost.home.InstanceLock`'s flock) if the home
+    has a lock file, and return its descriptor; raise :class:`LockHeld` when a
+    harness holds it. Creates nothing: a pairing that fails leaves no trace."""
+    path = home / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None  # no lock file (or none we may open): no harness ran here
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LockHeld(int(text) if text.isdigit() else None, path) from None
+        return None
+    return fd
+
+
+async def _pair(code: str, url: str | None, machine: str, home: Path) -> int:
     """Pair this machine: POST the code, save the credentials, return the exit code.
 
     ``url`` is ``--url`` or ``$PROHOST_WS_URL`` (None: the built-in default); the

@@ -1,8 +1,14 @@
 """``prohost send``: submit a request to a reference server (PROTOCOL.md §11).
 
 Prints the new run's id; with ``wait``, polls the run until it ends and prints its
-reply (``(no reply)`` when the agent chose not to answer). Every failure is one
-line on stderr and exit status 1.
+reply (``(no reply)`` when the agent chose not to answer). A run the server retries
+(a retryable failure, submitted again as a new run) is followed to its end.
+
+While the run waits for a harness and none is connected, it says so once (a person
+would otherwise wait in silence forever) and keeps waiting; with
+``fail_without_harness`` it gives up instead (exit 3, the run left queued). Ctrl-C
+says the run goes on at the server (exit 130). Every other failure is one line on
+stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ from prohost.engine.view.reporttext import changes_lines, file_lines, files_line
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "closed"})
 POLL_FIRST_S = 0.2
 POLL_MAX_S = 2.0
+EXIT_NO_HARNESS = 3
+EXIT_INTERRUPTED = 130
 
 
 class SendError(Exception):
     """A one-line reason why ``prohost send`` failed."""
+
+
+class NoHarness(Exception):
+    """``--fail-without-harness``: the run waits and no harness is connected."""
 
 
 def api_base(server: str) -> str:
@@ -53,18 +65,58 @@ def _answer(response: httpx.Response, what: str) -> dict[str, Any]:
     return data
 
 
-async def _wait_for_end(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+def _say(line: str) -> None:
+    print(f"prohost send: {line}", file=sys.stderr, flush=True)
+
+
+async def _connected(client: httpx.AsyncClient) -> int | None:
+    """How many harnesses the server has now (None: a server without ``/v1/status``)."""
+    answer = await client.get("/v1/status")
+    if not answer.is_success:
+        return None
+    data = answer.json()
+    count = data.get("connected") if isinstance(data, dict) else None
+    return count if isinstance(count, int) else None
+
+
+async def _wait_for_end(
+    client: httpx.AsyncClient, following: list[str], fail_without_harness: bool
+) -> dict[str, Any]:
+    """Poll the last run of ``following`` until it ends; a retry the server made of
+    it is appended and followed. Cancelled: stops polling; nothing changes."""
     delay = POLL_FIRST_S
+    told_alone = False
     while True:
+        run_id = following[-1]
         run = _answer(await client.get(f"/v1/runs/{run_id}"), f"reading run {run_id}")
-        if run.get("state") in TERMINAL_STATES:
+        state = run.get("state")
+        retry = run.get("retried_as")
+        if state in TERMINAL_STATES and isinstance(retry, str):
+            _say(f"run {run_id} failed ({run.get('error')}); the server retries it as "
+                 f"{retry}; waiting for that")
+            following.append(retry)
+            continue
+        if state in TERMINAL_STATES:
             return run
+        if state == "queued":
+            connected = await _connected(client)
+            if connected == 0 and fail_without_harness:
+                raise NoHarness(run_id)
+            if connected == 0 and not told_alone:
+                told_alone = True
+                _say(f"no harness is connected to the server: run {run_id} waits there "
+                     "until one connects (start one with `prohost agent run`); still "
+                     "waiting (Ctrl-C stops waiting; the run stays on the server)")
+            elif connected and told_alone:
+                told_alone = False
+                _say("a harness connected; waiting for the run")
         await trio.sleep(delay)
         delay = min(POLL_MAX_S, delay * 1.5)
 
 
 async def _send(
-    base: str, text: str, conversation: str | None, wait: bool, timeout_s: float
+    base: str, text: str, conversation: str | None, wait: bool, timeout_s: float,
+    fail_without_harness: bool = False,
 ) -> int:
     async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
         created = _answer(
@@ -78,10 +130,24 @@ async def _send(
         if not wait:
             return 0
         run: dict[str, Any] | None = None
-        with trio.move_on_after(timeout_s):
-            run = await _wait_for_end(client, run_id)
+        following = [run_id]
+        try:
+            with trio.move_on_after(timeout_s):
+                run = await _wait_for_end(client, following, fail_without_harness)
+        except KeyboardInterrupt:
+            _say(f"stopped waiting; run {following[-1]} goes on at the server "
+                 f"(`prohost runs show {following[-1]}` to look, `prohost runs cancel "
+                 f"{following[-1]}` to stop it)")
+            return EXIT_INTERRUPTED
+        except NoHarness:
+            _say(f"no harness is connected to the server, so run {following[-1]} cannot "
+                 "start; it stays queued there and runs when one connects "
+                 f"(`prohost runs cancel {following[-1]}` drops it)")
+            return EXIT_NO_HARNESS
         if run is None:
-            raise SendError(f"run {run_id} did not finish within {timeout_s:g} s")
+            raise SendError(f"run {following[-1]} did not finish within {timeout_s:g} s; it "
+                            f"goes on at the server (`prohost runs show {following[-1]}`)")
+        run_id = following[-1]
     state = run.get("state")
     if state == "completed":
         reply = run.get("reply")
@@ -112,16 +178,17 @@ def what_the_run_did(run: dict[str, Any]) -> list[str]:
 
 
 async def send_command(
-    server: str, text: str, conversation: str | None, wait: bool, timeout_s: float = 600
+    server: str, text: str, conversation: str | None, wait: bool, timeout_s: float = 600,
+    fail_without_harness: bool = False,
 ) -> int:
     """Submit ``text`` (in ``conversation``) to ``server``; see the module docstring.
 
     Cancelled (Ctrl-C): the request or the polling stops; a run already submitted
-    stays on the server and goes on there.
+    stays on the server and goes on there (and, while waiting, says so).
     """
     try:
         base = api_base(server)
-        return await _send(base, text, conversation, wait, timeout_s)
+        return await _send(base, text, conversation, wait, timeout_s, fail_without_harness)
     except SendError as exc:
         message = str(exc)
     except httpx.TransportError as exc:

@@ -7,7 +7,9 @@ and prints the same picture as the live panel.
 
 Exit status: 0 a harness is running and its status is current; 1 none is running
 (no file, or its process is gone) or the file is unreadable; 3 the process exists
-but has not updated its status for longer than ``STALE_AFTER_S`` (hung?).
+but has not updated its status for longer than ``STALE_AFTER_S`` (hung?); 4 it is
+running but has never connected to its server (still trying: a wrong ``--url``, a
+server that is down), so a script that checks the exit status is not told "fine".
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prohost.wire.protocol import converter
 EXIT_RUNNING = 0
 EXIT_NOT_RUNNING = 1
 EXIT_STALE = 3
+EXIT_NEVER_CONNECTED = 4
 
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (it may belong to someone else)."""
@@ -83,11 +86,14 @@ def status_command(
             ), soft_wrap=True)
         return EXIT_NOT_RUNNING
     stale = age > STALE_AFTER_S
+    # "connecting" is what a harness shows until its first connection is greeted
+    # (the link counts no failures before that: prohost.engine.link.connection).
+    fine = EXIT_NEVER_CONNECTED if snapshot.connection == "connecting" else EXIT_RUNNING
     if as_json:
         document = _json_document(snapshot, running=True, age=age)
         document["stale"] = stale
         _print_json(out, document)
-        return EXIT_STALE if stale else EXIT_RUNNING
+        return EXIT_STALE if stale else fine
     if stale:
         out.print(
             f"[bold yellow]⚠ pid {snapshot.pid} has not updated {escape(str(home / STATUS_FILE))}"
@@ -98,7 +104,10 @@ def status_command(
         out.print(render(snapshot))
         return EXIT_STALE
     out.print(render(snapshot, now=current))
-    return EXIT_RUNNING
+    if fine == EXIT_NEVER_CONNECTED:
+        err.print(Text("prohost agent status: the agent has not connected to its server "
+                       "yet (exit status 4); its log says why"), soft_wrap=True)
+    return fine
 
 
 def _json_document(snapshot: Snapshot, *, running: bool, age: float) -> dict[str, Any]:

@@ -164,7 +164,8 @@ class Harness:
                 bounds=self.bounds)
             self.admission = Admission(
                 secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
-                steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy)
+                steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy,
+                later=lambda fn, run_id: self._running_nursery().start_soon(fn, run_id))
         outbox = self.outbox
         self.stopping = False
         self.exit_code = 0
@@ -346,7 +347,11 @@ class Harness:
                 self.exit_code = self.exit_code or 1
                 self._done.set()
                 return
-        log.info("drained: every run has finished and reported")
+        if self.stopping:
+            # Runs were stopped, not finished: "drained" would be untrue (issue 31).
+            log.info("stopped: every run that was running was stopped and reported")
+        else:
+            log.info("drained: every run has finished and reported")
         self._done.set()
 
     # ------------------------------------------------------------------ link handler

@@ -15,6 +15,7 @@ In-process use::
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -23,9 +24,10 @@ import trio
 from prohost.server import faults
 from prohost.server.app import App, run_dispatcher
 from prohost.server.listener import GOING_AWAY, serve_generations
+from prohost.server.pairings import StateError, load_pairings
 from prohost.server.state import WS_PATH, RunRecord, ServerState, generate_pairing_code
 
-__all__ = ["ServerConfig", "ServerHandle", "ServerState", "serve"]
+__all__ = ["ServerConfig", "ServerHandle", "ServerState", "StateError", "serve"]
 
 
 @attrs.define
@@ -38,6 +40,14 @@ class ServerConfig:
     redeliver_after_s: float = 10.0
     #: Generated (format ``ABCD-1234``) when None.
     pairing_code: str | None = None
+    #: How many times a retryable failure is submitted again as a new run (§11;
+    #: ``prohost server --retries``); 0 keeps a run's first completion as its end.
+    retries: int = 0
+    #: The first retry's wait (seconds); each further one doubles it, to 30 s.
+    retry_first_s: float = 1.0
+    #: Where pairings are kept across restarts (``prohost server --state``); None:
+    #: in memory only.
+    state_dir: Path | None = None
     #: Serve the soak's fault hooks under ``/v1/faults`` (:mod:`prohost.server.faults`).
     faults: bool = False
 
@@ -48,9 +58,13 @@ class ServerHandle:
 
     http_url: str
     ws_url: str
-    pairing_code: str
     state: ServerState
     _stop: trio.Event
+
+    @property
+    def pairing_code(self) -> str:
+        """The code that pairs the next machine (a new one after each use)."""
+        return self.state.pairing_code
 
     def pair(self, machine: str) -> dict[str, str]:
         """What ``POST /v1/agent/pair`` answers to the right code: the credentials."""
@@ -142,13 +156,21 @@ async def serve(
     """Run the server until cancelled or ``handle.shutdown()``.
 
     ``task_status.started`` gets the :class:`ServerHandle` once the port is bound.
+    Raises :class:`StateError` (before binding) when ``config.state_dir`` holds a
+    pairings file that cannot be read.
     Cancelled: the listener and every connection end at once (no close frames).
     """
     state = ServerState(
         pairing_code=config.pairing_code or generate_pairing_code(),
         heartbeat_s=config.heartbeat_s,
         redeliver_after_s=config.redeliver_after_s,
+        retries=config.retries,
+        retry_first_s=config.retry_first_s,
+        state_dir=config.state_dir,
     )
+    if config.state_dir is not None:
+        # Before binding: a damaged state file is said at once, not after a pairing.
+        state.harnesses.update(load_pairings(config.state_dir))
     state.faults.enabled = config.faults
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -166,5 +188,5 @@ async def serve(
         state.ws_url = "ws" + state.http_url.removeprefix("http") + WS_PATH
         nursery.start_soon(run_dispatcher, state)
         task_status.started(
-            ServerHandle(state.http_url, state.ws_url, state.pairing_code, state, stop)
+            ServerHandle(state.http_url, state.ws_url, state, stop)
         )

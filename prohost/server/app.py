@@ -13,6 +13,7 @@ Routes (PROTOCOL.md §7, §8, §10, §11):
 - ``POST /v1/agent/runs/<id>/complete``     a run's result (Bearer token)
 - ``POST /v1/agent/runs/<id>/timeline``     a run's tool-call events (Bearer token)
 - ``POST /v1/runs``, ``GET /v1/runs``, ``GET /v1/runs/<id>``, ``DELETE /v1/runs/<id>``
+- ``GET  /v1/status``                       the harnesses connected now (for ``send --wait``)
 - ``/v1/faults/…``                          the soak's fault hooks, only with ``--faults``
   (:mod:`prohost.server.faults`)
 
@@ -185,6 +186,9 @@ class App:
             if parts[4] == "timeline":
                 allow("POST")
                 return await self._timeline(scope, receive, parts[3])
+        if parts == ["v1", "status"]:
+            allow("GET")
+            return 200, self.state.status_view(), {}
         if parts == ["v1", "runs"]:
             allow("GET", "POST")
             if method == "GET":
@@ -254,9 +258,16 @@ class App:
             raise HttpError(400, "code is required (a string like ABCD-1234)")
         if machine is not None and not isinstance(machine, str):
             raise HttpError(400, "machine must be a string")
-        if not self.state.code_matches(code):
+        try:
+            harness = self.state.pair_with_code(code, machine or "unnamed")
+        except OSError as exc:
+            log.error("cannot save the pairing: %s", exc)
+            raise HttpError(500, "the server could not save the pairing; see its log") from None
+        if harness is None:
+            if self.state.code_was_used(code):
+                raise HttpError(403, "this pairing code was used already (a code works "
+                                     "once); the server's log shows the next one")
             raise HttpError(403, "wrong pairing code")
-        harness = self.state.pair(machine or "unnamed")
         http_url, ws_url = _urls_from_host(scope, self.state)
         return 200, self.state.credentials(harness, http_url=http_url, ws_url=ws_url), {}
 

@@ -144,6 +144,11 @@ class RunRecord:
     error: str | None = None
     #: The latest entry for this run in a harness heartbeat.
     last_beat: dict[str, Any] | None = None
+    #: 1 for a run as submitted; n + 1 for the run that retries attempt n.
+    attempt: int = 1
+    #: The run this one retries (its retryable failure), and the run that retries this.
+    retry_of: str | None = None
+    retried_as: str | None = None
 
     @property
     def delivery_count(self) -> int:

@@ -23,12 +23,14 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
 from prohost.server.fault_hooks import FaultHooks
+from prohost.server.pairings import save_pairings
 from prohost.server.records import (
     DELIVERY_WINDOW,
     FEATURES,
@@ -73,6 +75,13 @@ log = logging.getLogger("prohost.server")
 #: or the harness's queue is full), so the run comes back soon, not never.
 BUSY_RETRY_FIRST_S = 0.5
 
+#: The wait before a retryable failure is submitted again doubles with each attempt,
+#: up to this (seconds), like a harness's own backoff (§1, §7).
+RETRY_CAP_S = 30.0
+
+#: Body fields that belong to one run_id; a retry gets its own (:meth:`ServerState.add_run`).
+_PER_RUN_FIELDS = frozenset({"run_id", "completion_path", "timeline_path", "created_at"})
+
 
 @attrs.define(eq=False)
 class ServerState(Deliveries):
@@ -80,6 +89,11 @@ class ServerState(Deliveries):
     # ---- knobs tests flip at run time
     heartbeat_s: float = 15.0
     redeliver_after_s: float = 10.0
+    #: How many times a run that failed retryable (§7: not started in a drain, the
+    #: harness restarted, an internal error) is submitted again as a new run; 0: never.
+    retries: int = 0
+    #: The wait before the first retry; each further one doubles it (to RETRY_CAP_S).
+    retry_first_s: float = 1.0
     #: Unacked deliveries one connection may have at once.
     window: int = DELIVERY_WINDOW
     #: Send nothing at all (no hello, pings, acks, deliveries) while still reading.
@@ -92,6 +106,10 @@ class ServerState(Deliveries):
     faults: FaultHooks = attrs.field(factory=FaultHooks)
     #: The server's clock (seconds); trio's unless a test gives its own.
     clock: Callable[[], float] = trio.current_time
+    #: Where pairings are saved (:mod:`prohost.server.pairings`); None: memory only.
+    state_dir: Path | None = None
+    #: Pairing codes already traded for credentials (upper case), to say so.
+    used_codes: set[str] = attrs.field(factory=set)
     # ---- where the server listens (set once bound)
     http_url: str = ""
     ws_url: str = ""
@@ -142,7 +160,26 @@ class ServerState(Deliveries):
         given = code.strip().upper().encode()
         return hmac.compare_digest(given, self.pairing_code.upper().encode())
 
+    def pair_with_code(self, code: str, machine: str) -> Harness | None:
+        """Pair ``machine`` if ``code`` is the current pairing code, which is then used
+        up: a one-time code must not let a second machine (whoever read it over a
+        shoulder) in. The next code is logged; None for a wrong or used code."""
+        if not self.code_matches(code):
+            return None
+        harness = self.pair(machine)  # raises (code unspent) when it cannot be saved
+        used, self.pairing_code = self.pairing_code, generate_pairing_code()
+        self.used_codes.add(used.upper())
+        log.info("pairing code %s is used up (by %s); the next pairing code is %s",
+                 used, machine, self.pairing_code)
+        return harness
+
+    def code_was_used(self, code: str) -> bool:
+        return code.strip().upper() in self.used_codes
+
     def pair(self, machine: str) -> Harness:
+        """A new pairing, saved to the state folder (when there is one) before it is
+        answered: credentials a harness holds must outlive a restart of the server.
+        Raises OSError when it cannot be saved (then nothing is paired)."""
         harness = Harness(
             token="pht_" + secrets.token_urlsafe(24),
             secret=secrets.token_hex(32),
@@ -150,6 +187,14 @@ class ServerState(Deliveries):
             paired_at=time.time(),
         )
         self.harnesses[harness.token] = harness
+        if self.state_dir is not None:
+            try:
+                # Synchronous on the server's one thread: pairing is rare and the
+                # file small; the answer must wait for it to be durable anyway.
+                save_pairings(self.state_dir, self.harnesses)
+            except OSError:
+                del self.harnesses[harness.token]
+                raise
         log.info("paired %s", machine)
         self.changed()
         return harness
@@ -252,7 +297,32 @@ class ServerState(Deliveries):
             error = payload.get("error")
             run.error = error if isinstance(error, str) else "the run failed"
         log.info("run %s %s", run.run_id, run.state)
+        if run.state == "failed" and payload.get("retryable") is True:
+            self._retry(run)
         self.changed()
+
+    def _retry(self, run: RunRecord) -> None:
+        """Submit a retryable failure again, as a new run after a backoff, the way a
+        real server would: a new run_id, because a harness never runs a run_id in its
+        ledger twice (§7), so the same one would be answered 204 and lost."""
+        if run.attempt > self.retries:
+            if self.retries:
+                log.warning("run %s failed retryable after %d attempts; not retried again",
+                            run.run_id, run.attempt)
+            return
+        extra = {k: v for k, v in run.body.items() if k not in _PER_RUN_FIELDS}
+        text = extra.pop("text", "")
+        extra.pop("conversation_id", None)
+        retry = self.add_run(text if isinstance(text, str) else "", run.conversation_id, extra)
+        retry.attempt = run.attempt + 1
+        retry.retry_of = run.run_id
+        run.retried_as = retry.run_id
+        delay = min(RETRY_CAP_S, self.retry_first_s * 2 ** (run.attempt - 1))
+        # The entry add_run queued is skipped once due_at moves (window.py).
+        retry.due_at = self.clock() + delay
+        self._queue.schedule(retry.run_id, retry.due_at)
+        log.info("run %s failed retryable (%s); retrying it as %s in %.1f s (attempt %d)",
+                 run.run_id, run.error, retry.run_id, delay, retry.attempt)
 
     # ------------------------------------------------------------------ connections
 
@@ -425,6 +495,18 @@ class ServerState(Deliveries):
 
     # ------------------------------------------------------------------ views
 
+    def status_view(self) -> dict[str, Any]:
+        """What ``GET /v1/status`` shows: who is connected now (never a token)."""
+        return {
+            "connected": self.connected,
+            "paired": len(self.harnesses),
+            "harnesses": [
+                {"machine": conn.machine, "draining": conn.draining}
+                for conn in self.connections.values()
+            ],
+            "runs": dict(self.counts),
+        }
+
     def run_view(self, run: RunRecord) -> dict[str, Any]:
         """What ``GET /v1/runs/<id>`` shows (never a token)."""
         harness = self.harnesses.get(run.harness) if run.harness else None
@@ -446,5 +528,9 @@ class ServerState(Deliveries):
             # What the run changed and used (§7), as its report said.
             "changes": run.completion.get("changes") if run.completion else None,
             "usage": run.completion.get("usage") if run.completion else None,
+            # A retryable failure submitted again (§11): follow retried_as to its end.
+            "attempt": run.attempt,
+            "retry_of": run.retry_of,
+            "retried_as": run.retried_as,
         }
         return view

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
+from collections.abc import Iterable
 
 # --------------------------------------------------------------------------- §6 cancellation
 
@@ -40,6 +42,38 @@ NOT_CONFINED = "the agent could not be confined, so it was not started"
 def internal_error(detail: str) -> str:
     """A fault of the harness's own (retryable): ``internal error: <detail>``."""
     return f"internal error: {detail}"
+
+
+#: What an absolute path no place names becomes in a text for the server (§7).
+LOCAL_PATH = "<local path>"
+
+
+def without_local_paths(text: str, places: Iterable[tuple[os.PathLike[str] | str, str]],
+                        paths: Iterable[object] = ()) -> str:
+    """``text`` naming no local path (§7: no text sent to the server does): each
+    ``(path, name)`` of ``places`` written as its name (its real path too; the
+    longest first, so a folder inside another keeps its own name), the user's home
+    as ``~``, and then each of ``paths`` still absolute (an ``OSError``'s
+    ``filename``, say) as :data:`LOCAL_PATH`."""
+    pairs: list[tuple[str, str]] = []
+    for where, name in places:
+        for form in (os.fspath(where), os.path.realpath(where)):
+            pairs.append((form.rstrip("/") or "/", name))
+    user_home = os.path.expanduser("~")
+    if user_home not in ("", "/", "~"):
+        pairs += [(user_home, "~"), (os.path.realpath(user_home), "~")]
+    for where, name in sorted(pairs, key=lambda pair: -len(pair[0])):
+        if where != "/":
+            text = text.replace(where, name)
+    for path in paths:
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if isinstance(path, str) and os.path.isabs(path):
+            scrubbed = without_local_paths(path, places)
+            for form in {path, scrubbed}:
+                if os.path.isabs(form) and form != "/":
+                    text = text.replace(form, LOCAL_PATH)
+    return text
 
 
 #: A ``finished`` row whose saved outcome cannot be read back at restart (a ledger

@@ -149,7 +149,7 @@ class Soak(Pressure, Faults):
         """Start the server on a free port of 127.0.0.1, read its banner, pair the
         harness's home. Cancelled: the server is left to the end-of-soak cleanup."""
         argv = [sys.executable, "-m", "prohost", "server", "--host", "127.0.0.1",
-                "--port", "0", "--faults"]
+                "--port", "0", "--faults", "--no-state", "--retries", "0"]
         self.server = await start_child("server", argv, self.out / "server.log", _base_env())
         nursery = self._need_nursery()
         nursery.start_soon(self.server.pump)

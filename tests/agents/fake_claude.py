@@ -47,7 +47,7 @@ JSON file that gets one entry per invocation (a list): argv, the prompt, selecte
 environment variables and, for ``--mcp-config``, the config's content and mode.
 ``--version`` prints a version the way the CLI does.
 
-``--max-budget-usd X`` below what a run costs here (``COST``, $0.0342) stops the
+``--max-budget-usd X`` (its last one) below what a run costs here (``COST``, $0.0342) stops the
 run the way the CLI does at its budget: init, the assistant's text, then a result
 with ``subtype: "error_max_budget_usd"``, ``is_error: true``, no ``result`` text and
 what it spent in ``total_cost_usd`` (the ResultMessage shape of
@@ -96,13 +96,15 @@ SUBAGENT_MODEL_USAGE = {
 
 
 def option(argv: list[str], name: str) -> str | None:
-    """The value of ``--name value`` or ``--name=value``."""
+    """The value of ``--name value`` or ``--name=value``; the last one when given
+    more than once, as the CLI (commander.js) takes it."""
+    found = None
     for index, word in enumerate(argv):
         if word == name and index + 1 < len(argv):
-            return argv[index + 1]
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return None
+            found = argv[index + 1]
+        elif word.startswith(name + "="):
+            found = word.split("=", 1)[1]
+    return found
 
 
 

@@ -16,8 +16,13 @@ the write hangs, then leaping only while the harness waits (see each test).
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -35,9 +40,12 @@ from tests.kits.harness import (
     run_body,
     running_harness,
     running_server,
+    wait_for_ack,
     wall_clock_bound,
 )
 from tests.kits.ledger import Fault, FaultyLedger
+
+_T = TypeVar("_T")
 
 #: Bound on every real wait for a thread here (s).
 WAIT_S = 30.0
@@ -178,3 +186,189 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
                 fault.release.set()
     finally:
         fault.release.set()
+
+
+@pytest.mark.protocol("§3")
+@pytest.mark.parametrize("refused", [False, True], ids=["normal state", "accounts limited"])
+async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hangs(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    refused: bool,
+) -> None:
+    """Issue 27, point 6, for a run not yet reported: its ``accepted`` row went
+    through but its ack did not, so nothing here holds it. Its redelivery while a
+    write hangs is answered 200 at once from the last commit, and the run is taken
+    on (it runs, once) when the disk answers. In the normal state the delivery
+    would be a write, so the last commit answers first once the writer is stalled
+    (``STALLED_S`` is 0 here: real seconds pass only in ms); with every account
+    limited it is asked of the last commit anyway, stalled or not."""
+    if not refused:
+        monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
+    home = tmp_path / "home"
+    fault = hanging(monkeypatch, "save_account_limits")
+    gate = harness_kit.Gate()
+    try:
+        async with wall_clock_bound(120), trio.open_nursery() as outer:
+            await outer.start(gate.serve)
+            async with running_server() as server, running_harness(
+                server, home, exec_command=gate.command,
+            ) as running:
+                harness = running.harness
+                ledger = running.ledger
+                assert ledger is not None
+                body = run_body("r_known")
+                # Recorded by a delivery whose ack never went out: in the ledger's
+                # last commit, held by nothing here.
+                await trio.to_thread.run_sync(
+                    ledger.admit, "r_known", "lane", json.dumps(body), time.time())
+                assert harness.held.get("r_known") is None
+                if refused:
+                    harness.book.report("default", LimitNotice(
+                        state="limited", resets_at=time.time() + 3600), time.time())
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(harness.steps.save_limits,
+                                       {"other": time.time() + 60})
+                    await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
+                    assert (harness.admission.unavailable(time.time()) is not None) is refused
+                    mock_clock.autojump_threshold = 1.0
+                    sent = trio.current_time()
+                    ack = await ack_to(running, body, "d_again")
+                    answered = trio.current_time() - sent
+                    mock_clock.autojump_threshold = float("inf")
+                    assert (ack.status, ack.reason) == (200, "already accepted")
+                    assert answered < BOUND_S
+                    assert gate.started == []
+                    # The disk answers: the run is taken on after its ack, and runs
+                    # (once an account can take it).
+                    fault.release.set()
+                if refused:
+                    outer.cancel_scope.cancel()
+                    return
+                await gate.wait_started("r_known")
+                await gate.release("r_known")
+                assert gate.started == ["r_known"]
+            outer.cancel_scope.cancel()
+    finally:
+        fault.release.set()
+
+
+class CommitHangs(Ledger):
+    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
+    transaction (as a hung COMMIT would), until ``release``; a write that would take
+    a row back afterwards (``withdraw``, as prohost once did) hangs for good, so
+    that the moment between the row's commit and any later one stays open."""
+
+    holding = threading.Event()
+    release = threading.Event()
+    later = threading.Event()  # a write after the admit hangs: the gap is open
+    never = threading.Event()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
+               durable: bool = True, waits: bool | None = None) -> _T:
+        if what == "admit" and not self.holding.is_set():
+            fn = _hung_until(fn, self.holding, self.release)
+        elif what == "withdraw":
+            fn = _hung_until(fn, self.later, self.never)
+        return super()._write(fn, what=what, durable=durable, waits=waits)
+
+    def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
+                             what: str, notify: Callable[[], None] | None = None) -> bool:
+        if what == "withdraw":
+            fn = _hung_until(fn, self.later, self.never)
+        return super()._queue_behind_writer(fn, what=what, notify=notify)
+
+
+def _hung_until(fn: Callable[[sqlite3.Connection], _T], hanging: threading.Event,
+                release: threading.Event) -> Callable[[sqlite3.Connection], _T]:
+    def write(conn: sqlite3.Connection) -> _T:
+        result = fn(conn)
+        hanging.set()
+        release.wait(WAIT_S)
+        return result
+
+    return write
+
+
+async def _harness_until_cancelled(
+    server: harness_kit.ServerHandle, home: Path, command: str, *,
+    task_status: trio.TaskStatus[harness_kit.Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A running harness on ``home`` (its agents ``command``) until cancelled."""
+    async with running_harness(server, home, exec_command=command) as running:
+        task_status.started(running)
+        await trio.sleep_forever()
+
+
+@pytest.mark.protocol("§3", "§7")
+async def test_a_delivery_is_never_answered_503_while_its_row_may_still_land(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27, point 3, the crash gap: the ``accepted`` write's own transaction is
+    under way when its bound passes. Were the delivery answered 503 then, the row
+    could land when the disk answers and a ``kill -9`` before any later commit (the
+    files copied at that moment, as the kill leaves them) would have the next start
+    run a run the server was told to send elsewhere. The ack waits for the disk
+    instead: 200 once the row landed, and the next start agrees."""
+    monkeypatch.setattr(steps_module, "LEDGER_STEP_TIMEOUT_S", BOUND_S)
+
+    class Hung(CommitHangs):
+        holding, release = threading.Event(), threading.Event()
+        later, never = threading.Event(), threading.Event()
+
+    monkeypatch.setattr(harness_kit, "Ledger", Hung)
+    home, after_kill = tmp_path / "home", tmp_path / "after-kill"
+    statuses: list[int] = []
+    try:
+        async with wall_clock_bound(120), running_server() as server:
+            # The run, once taken on, waits at the gate: never done before the "kill".
+            gate = harness_kit.Gate()
+            async with trio.open_nursery() as gates:
+                await gates.start(gate.serve)
+                running = await gates.start(_harness_until_cancelled, server, home,
+                                            gate.command)
+                async with trio.open_nursery() as nursery:
+                    async def deliver() -> None:
+                        ack = await ack_to(running, run_body("r_gap"), "d_gap")
+                        statuses.append(ack.status)
+
+                    nursery.start_soon(deliver)
+                    await trio.to_thread.run_sync(Hung.holding.wait, WAIT_S)
+                    # Past the bound (and twice over): no answer is true yet.
+                    mock_clock.autojump_threshold = 0
+                    await trio.sleep(2 * BOUND_S)
+                    mock_clock.autojump_threshold = float("inf")
+                    before_the_disk_answered = list(statuses)
+                    Hung.release.set()  # the disk answers: the row lands
+                    # Then either the ack comes, or a write after the row hangs.
+                    async with trio.open_nursery() as race:
+                        async def acked() -> None:
+                            if before_the_disk_answered:
+                                await trio.sleep_forever()  # answered: wait for the gap
+                            await wait_for_ack(server, "d_gap")
+                            race.cancel_scope.cancel()
+
+                        async def gap_open() -> None:
+                            await trio.to_thread.run_sync(Hung.later.wait, WAIT_S,
+                                                          abandon_on_cancel=True)
+                            race.cancel_scope.cancel()
+
+                        race.start_soon(acked)
+                        race.start_soon(gap_open)
+                    # kill -9 now: what the next start finds is the files as they are.
+                    after_kill.mkdir(mode=0o700)
+                    for name in ("ledger.sqlite3", "ledger.sqlite3-wal"):
+                        shutil.copy2(home / name, after_kill / name)
+                    nursery.cancel_scope.cancel()
+                Hung.never.set()
+                gates.cancel_scope.cancel()
+        monkeypatch.setattr(harness_kit, "Ledger", Ledger)
+        async with wall_clock_bound(120), running_server() as server, running_harness(
+            server, after_kill, exec_command=agent_command("reply.py", "ran"),
+        ) as restarted:
+            runs_it = restarted.harness.held.get("r_gap") is not None
+    finally:
+        Hung.release.set()
+        Hung.never.set()
+    # The ack and the next start agree: a run answered 503 is not taken on.
+    assert (503 in statuses) is not runs_it
+    assert before_the_disk_answered == []
+    assert statuses == [200] and runs_it

@@ -46,10 +46,11 @@ def busy_snapshot(**changes: object) -> Snapshot:
         runs=(
             RunRow(run_id="run_3f2a9c1e4b5d", lane="conv:C42", conversation="C42",
                    state="running", elapsed_s=192.0,
-                   activity="Edit src/auth/session.py", idle_left_s=840.0),
+                   activity="Edit src/auth/session.py", quiet_s=60.0, idle_limit_s=900.0),
             RunRow(run_id="run_77aa01bc9e2f", lane="run:run_77aa01bc9e2f", conversation=None,
                    state="running", elapsed_s=45.0,
-                   activity="Bash: pytest -q tests/test_session.py", idle_left_s=38.0),
+                   activity="Bash: pytest -q tests/test_session.py", quiet_s=862.0,
+                   idle_limit_s=900.0),
             RunRow(run_id="run_0b1c2d3e4f5a", lane="conv:C7", conversation="C7",
                    state="reporting", elapsed_s=3900.0),
         ),

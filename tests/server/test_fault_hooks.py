@@ -68,7 +68,7 @@ async def test_without_the_flag_every_fault_route_is_404_and_changes_nothing() -
 
 async def test_the_command_line_flag_turns_the_hooks_on_and_help_documents_them() -> None:
     async def fault_status(*flags: str) -> int:
-        command = [sys.executable, "-m", "prohost", "server", "--port", "0", *flags]
+        command = [sys.executable, "-m", "prohost", "server", "--port", "0", "--no-state", *flags]
         process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
         try:
             assert process.stdout is not None

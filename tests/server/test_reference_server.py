@@ -97,15 +97,16 @@ async def test_pairing_with_the_right_and_a_wrong_code() -> None:
     assert set(creds) == {"token", "secret", "ws_url", "api_url", "account"}
     assert creds["ws_url"] == server.ws_url
     assert creds["api_url"] == server.http_url
-    assert again.status_code == 200
-    assert again.json()["token"] != creds["token"]
-    assert again.json()["secret"] != creds["secret"]
+    # A code works once (issue 31 point 4): the next machine needs the next code.
+    assert again.status_code == 403
+    assert "used already" in again.json()["error"]
+    assert server.pairing_code != "ABCD-1234"
     assert wrong.status_code == 403
     assert "wrong pairing code" in wrong.json()["error"]
     assert missing.status_code == 400
     assert "code" in missing.json()["error"]
     assert garbage.status_code == 400
-    assert [h.machine for h in server.state.harnesses.values()] == ["studio", "laptop"]
+    assert [h.machine for h in server.state.harnesses.values()] == ["studio"]
 
 
 @pytest.mark.protocol("§10")

@@ -431,7 +431,7 @@ async def test_a_failed_tls_handshake_closes_its_tcp_stream() -> None:
                 link = Link(f"wss://127.0.0.1:{port}/v1/agent/ws", [], _Handler(),
                             rng=_TopOfRange(), on_change=link_changed)
                 nursery.start_soon(link.run)
-                while "closed 1" not in events or not link.statistics().failures:
+                while "closed 1" not in events or not link.statistics().attempts_failed:
                     await changed.wait()
                 nursery.cancel_scope.cancel()
     finally:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from prohost.engine.agent.stderrtail import StderrTail
+
 # The process runner's name: a dropped line is part of watching the agent.
 log = logging.getLogger("prohost.agentproc")
 
@@ -80,8 +82,12 @@ class LastLine:
     def __init__(self) -> None:
         self._current = bytearray()
         self._last = b""
+        #: The stream's last 64 KiB, for ``agent runs --show`` (kept with the run by
+        #: :func:`prohost.engine.agent.stderrtail.write_tail`).
+        self.tail = StderrTail()
 
     def feed(self, chunk: bytes | bytearray) -> None:
+        self.tail.feed(chunk)
         parts = bytes(chunk).split(b"\n")
         self._extend(parts[0])
         if len(parts) == 1:

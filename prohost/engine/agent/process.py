@@ -167,6 +167,8 @@ class ProcessResult:
     duration_s: float
     overlong_lines: int = 0
     """Stdout lines longer than ``max_line_bytes`` that ``on_stdout_line`` never saw."""
+    stderr_tail: bytes = b""
+    """The last 64 KiB of stderr, kept with the run (:mod:`prohost.engine.agent.stderrtail`)."""
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -270,6 +272,7 @@ class _Watch:
             timed_out=self.timed_out,
             duration_s=trio.current_time() - self.started_at,
             overlong_lines=self.lines.dropped if self.lines is not None else 0,
+            stderr_tail=self.stderr.tail.data(),
         )
 
     async def _wait_leader(self) -> None:

@@ -79,10 +79,20 @@ the queue (or in the batch under way) and the writer applies it whenever the dis
 answers — writes are whole transactions, so the file stays consistent — while the
 abandoned caller's thread waits at most :data:`LOCK_WAIT_S` and then gives up; the
 step's durability is merely unknown, and the next start reads the ledger (§7) and
-reports whatever it finds. The one exception is ``accepted``: its delivery is then
-answered 503, so the write is withdrawn (:meth:`Ledger.withdraw`: it inserts nothing
-when applied, or its row is deleted by the next commit), and the run is never run
-here. Nobody else touches the write connection meanwhile: a
+reports whatever it finds. The one exception is ``accepted``, since a 503 tells the
+server to run the run elsewhere: a 503 must mean "not recorded", for good, across a
+``kill -9`` at any point (issue 27, point 3). So before any 503 for a run,
+:meth:`Ledger.withdraw_admits` withdraws every ``accepted`` write of it not applied
+yet — it inserts nothing when the disk answers; nothing was written, so no crash can
+bring a row back — and a write already inserting its row in a transaction the disk
+has not settled holds the ack back (:class:`prohost.engine.supervisor.admission.AckLater`,
+sent from a task of its own, so the reader goes on) until the disk says whether it
+landed; the last commit then answers, for good: 200 for a row there, 503 for none.
+(Taking a landed row back with a later delete, as prohost once did, cannot close
+it: a ``kill -9`` between the row's commit and the delete's leaves a run answered
+503 for the next start to run, and the delete is written to the disk that hangs.
+Nor can a row inserted "unconfirmed" and confirmed before the 200: the confirming
+write can be the one under way at the bound.) Nobody else touches the write connection meanwhile: a
 later writer waits for it at most :data:`LOCK_WAIT_S`, then fails every write it
 holds with :class:`LedgerError`.
 

@@ -25,7 +25,8 @@ A hung disk holds this thread as it held a leading worker thread: later jobs que
 their trio callers give up at their bound (:class:`prohost.engine.blocking.StepTimedOut`),
 and the thread applies them whenever the disk answers — each write still a whole
 transaction or savepoint, so the file stays consistent (an ``accepted`` write given
-up on is withdrawn first: :meth:`prohost.engine.ledger.Ledger.withdraw`).
+up on is withdrawn before a 503, or the 503 waits for it:
+:meth:`prohost.engine.ledger.Ledger.withdraw_admits`).
 
 A bug in the thread's own loop does not end it (:meth:`ServedCommit.serve`): the
 round it held fails at once and it goes on; failing again and again, it hands

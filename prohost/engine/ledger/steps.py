@@ -207,31 +207,36 @@ class LedgerSteps:
         had of ``run_id`` if anything.
 
         Raises what stopped it (:class:`LedgerError`, ``OSError``,
-        :class:`StepTimedOut` past the bound): the delivery is then refused (503).
-        Past the bound the write is first withdrawn (:meth:`Ledger.withdraw`), so
-        that the 503 means "not recorded" for good: a write still queued behind a
-        hung one inserts nothing when the disk answers, and a row whose own commit
-        was under way is deleted by the next commit (issue 27, point 3).
-        Cancelled: as :meth:`_write` (a write begun is finished, within its bound,
-        and not withdrawn: no 503 is sent for it, and its redelivery finds it).
+        :class:`StepTimedOut` past the bound). Before the delivery is then refused
+        (503), :meth:`under_way` must say that no write of the run can still land
+        (issue 27, point 3).
+        Cancelled: as :meth:`_write` (a write begun is finished, within its bound:
+        no ack is sent for it, and its redelivery finds it or waits for it).
         """
         now = time.time()
         ticket = AdmitTicket(run_id, now)
-        what = f"recording run {run_id} in the ledger"
-        try:
-            return await self._write(functools.partial(self.ledger.admit, ticket=ticket),
-                                     run_id, lane, body, now, what=what)
-        except StepTimedOut:
-            if not self.ledger.withdraw(ticket, queue_only=True):
-                # The disk answered meanwhile and no writer is at work: delete it in
-                # a worker thread (never a writer-thread job: withdraw's own _write
-                # must block, not be collected).
-                try:
-                    await self._read(self.ledger.withdraw, ticket,
-                                     what=f"withdrawing run {run_id} from the ledger")
-                except (LedgerError, OSError) as exc:
-                    log.error("ledger: run %s could not be withdrawn: %s", run_id, exc)
-            raise
+        # Known before the call is queued: a 503 decided while it waits in the
+        # writer thread's queue withdraws it.
+        self.ledger.expect_admit(ticket)
+        return await self._write(functools.partial(self.ledger.admit, ticket=ticket),
+                                 run_id, lane, body, now,
+                                 what=f"recording run {run_id} in the ledger")
+
+    def under_way(self, run_id: str) -> list[AdmitTicket]:
+        """Before a 503 for ``run_id``: every ``accepted`` write of it not applied yet
+        is withdrawn (it will insert nothing), and the ones whose transaction is
+        under way are returned — while any is, a 503 could be followed by the row
+        landing (:meth:`Ledger.withdraw_admits`). No I/O: the trio thread may ask."""
+        return self.ledger.withdraw_admits(run_id)
+
+    async def settled(self, tickets: list[AdmitTicket]) -> None:
+        """Wait until the disk has said whether each of ``tickets`` landed — with no
+        bound: whatever the ack of their run says before that could be wrong.
+        Cancelled: at once (the waiting thread is abandoned; it ends when the disk
+        answers)."""
+        for ticket in tickets:
+            if not ticket.done.is_set():
+                await trio.to_thread.run_sync(ticket.done.wait, abandon_on_cancel=True)
 
     async def known(self, run_id: str) -> LedgerRow | None:
         """The ledger's row of ``run_id`` as last committed, if it has one: a read

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -27,6 +28,7 @@ from prohost.engine.ledger.rows import (
 from prohost.engine.ledger.schema import (
     _BUSY_TIMEOUT_MS,
     FILE_MODE,
+    LedgerUnavailable,
     _close_all,
     _connect,
     _make_private,
@@ -34,6 +36,7 @@ from prohost.engine.ledger.schema import (
     _sidecar,
 )
 from prohost.engine.ledger.sessions import SessionRows
+from prohost.engine.ledger.writer import Settling
 
 log = logging.getLogger("prohost.ledger")
 
@@ -46,23 +49,72 @@ KEEP_TOMBSTONES_S = 30 * 86400.0
 
 
 class AdmitTicket:
-    """One ``admit`` call's claim on its ``accepted`` row, so that a delivery answered
-    503 after the write outlived its bound can take the row back (issue 27, point 3:
-    a 503 tells the server to run it elsewhere, so it must mean "not recorded", for
-    good). Guarded by the ledger's queue lock; see :meth:`Ledger.withdraw`."""
+    """One ``admit`` call's claim on its ``accepted`` row, so that a delivery is never
+    answered 503 while that row may still land (issue 27, point 3: a 503 tells the
+    server to run it elsewhere, so it must mean "not recorded", for good — across a
+    ``kill -9`` at any point too). Its fields are guarded by the ledger's queue
+    lock; see :meth:`Ledger.withdraw_admits`."""
 
-    __slots__ = ("inserting", "now", "run_id", "seq", "withdrawn")
+    __slots__ = ("done", "inserting", "landed", "now", "run_id", "withdrawn")
 
     def __init__(self, run_id: str, now: float) -> None:
         self.run_id = run_id
         self.now = now
-        #: The caller gave up: a write not yet applied must not insert the row.
+        #: A 503 is on its way: the write, when applied, must not insert the row.
         self.withdrawn = False
-        #: The write got past that check and inserts the row (whether its
-        #: transaction commits is the disk's to say).
+        #: The write got past that check and inserts the row: from then on only the
+        #: disk says whether it lands, so no 503 may be sent until it has said.
         self.inserting = False
-        #: The row's ``seq`` once inserted (its transaction may still roll back).
-        self.seq: int | None = None
+        #: Settled: the write's transaction committed (``landed``: with this row in
+        #: it) or failed, or the write was never applied.
+        self.done = threading.Event()
+        self.landed = False
+
+
+class _AdmitWrite(Settling):
+    """The write of :meth:`Ledger.admit`: inserts the run unless the ledger has it
+    or the ticket was withdrawn first; told how it settled (:class:`Settling`)."""
+
+    def __init__(self, ledger: Ledger, ticket: AdmitTicket, lane: str, body: str) -> None:
+        self.ledger = ledger
+        self.ticket = ticket
+        self.lane = lane
+        self.body = body
+
+    def __call__(self, conn: sqlite3.Connection) -> Admitted:
+        ticket = self.ticket
+        run_id = ticket.run_id
+        self.ledger._settling(self)  # (told how the write settles, whatever wraps this)
+        found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if found is not None:
+            if RunState(found[0]) is RunState.REPORTED:
+                return Admitted.REPORTED
+            return Admitted.HELD
+        # Decided under the queue lock, against withdraw_admits(): either a 503 was
+        # decided first and nothing is inserted, or no 503 is sent until this
+        # write's transaction has settled.
+        with self.ledger._mu:
+            if ticket.withdrawn:
+                raise LedgerOrderError(
+                    f"run {run_id!r} was withdrawn before it was recorded (its "
+                    "delivery is answered 503)")
+            ticket.inserting = True
+        conn.execute(
+            "INSERT INTO runs (run_id, lane, body, state, accepted_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, self.lane, self.body, RunState.ACCEPTED.value, ticket.now),
+        )
+        return Admitted.NEW
+
+    def settled(self, committed: bool) -> None:
+        """(Under the queue lock.) Forget the ticket; wake whoever waits on it."""
+        ticket = self.ticket
+        ticket.landed = committed and ticket.inserting
+        waiting = self.ledger._admits.get(ticket.run_id, [])
+        if ticket in waiting:
+            waiting.remove(ticket)
+        if not waiting:
+            self.ledger._admits.pop(ticket.run_id, None)
+        ticket.done.set()
 
 
 class Ledger(SessionRows):
@@ -120,6 +172,36 @@ class Ledger(SessionRows):
             raise RuntimeError("prohost bug: the ledger's read connection was not opened")
         return cls(path, conn, reader)
 
+    @classmethod
+    def open_alone(cls, path: Path) -> Ledger:
+        """Open an existing ledger on a disk with no room left for its shared-memory
+        index (opening a WAL file creates ``-shm``, 32 KiB of new blocks): one
+        connection, in sqlite's exclusive locking mode, keeps that index in this
+        process's memory instead, and nothing else needs a new block until a write.
+        So a harness started on a full disk comes up, answers 503 for what it cannot
+        record, and records again once space returns (issue 27, point 8). Reads share
+        that connection with the writes (they wait for a write under way) until the
+        next start opens the file the usual way.
+
+        Raises as :meth:`open`; a missing file is not created.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise LedgerUnavailable(f"cannot open the run ledger {path}: it does not exist")
+        conn = _connect(path)
+        try:
+            # Before the first read: only then does sqlite keep the WAL index in
+            # memory (never creating -shm).
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            _prepare(conn, path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise LedgerError(f"cannot open the run ledger {path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn, conn)
+
     def __enter__(self) -> Ledger:
         return self
 
@@ -142,113 +224,69 @@ class Ledger(SessionRows):
         reported, :attr:`Admitted.REPORTED` when it has been reported. Never inserts a
         ``run_id`` twice.
 
-        With a ``ticket``, a caller that gives up on the call can take the row back
-        (:meth:`withdraw`); a write withdrawn before it is applied raises
-        :class:`LedgerOrderError` and inserts nothing.
+        Until it settles, the call's ``ticket`` (one is made when none is given) is
+        what :meth:`withdraw_admits` finds: a write withdrawn before it is applied
+        raises :class:`LedgerOrderError` and inserts nothing.
         """
-
-        def write(conn: sqlite3.Connection) -> Admitted:
-            found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if found is not None:
-                if RunState(found[0]) is RunState.REPORTED:
-                    return Admitted.REPORTED
-                return Admitted.HELD
-            if ticket is not None:
-                # Decided under the queue lock, against withdraw(): either the caller
-                # gave up first and nothing is inserted, or withdraw() learns that
-                # the row may land and deletes it in a later write.
-                with self._mu:
-                    if ticket.withdrawn:
-                        raise LedgerOrderError(
-                            f"run {run_id!r} was withdrawn before it was recorded (its "
-                            "delivery was answered 503)")
-                    ticket.inserting = True
-            inserted = conn.execute(
-                "INSERT INTO runs (run_id, lane, body, state, accepted_at) VALUES (?, ?, ?, ?, ?)",
-                (run_id, lane, body, RunState.ACCEPTED.value, now),
-            )
-            if ticket is not None:
-                with self._mu:
-                    ticket.seq = inserted.lastrowid
-            return Admitted.NEW
-
-        admission: Admitted = self._write(write, what="admit")
+        if ticket is None:
+            ticket = AdmitTicket(run_id, now)
+        write = _AdmitWrite(self, ticket, lane, body)
+        self.expect_admit(ticket)
+        try:
+            admission: Admitted = self._write(write, what="admit")
+        except BaseException:
+            with self._mu:
+                if not ticket.inserting:
+                    # Failed or refused without inserting: nothing to wait for.
+                    ticket.withdrawn = True
+                    write.settled(False)
+            raise
         return admission
 
-    def withdraw(self, ticket: AdmitTicket, *, queue_only: bool = False) -> bool:
-        """Take back the ``accepted`` row of an ``admit`` whose caller gave up (its
-        delivery is answered 503), so that no start or redelivery ever runs it here.
-
-        Two cases, told apart under the queue lock against the write itself:
-
-        - the write was not applied yet (queued behind a hung one, the common case):
-          it is marked withdrawn and, when the disk answers, inserts nothing. Airtight:
-          nothing was ever written, so no crash can bring the row back.
-        - the write is being applied or was (its own COMMIT is what hangs, or it
-          landed just as the bound passed): a write that deletes the row — only that
-          row, and only while it is still ``accepted`` — is queued behind it, and
-          until it is applied :meth:`committed` and :meth:`recover` do not show the
-          run. A later ``admit`` of the same run is queued after that delete and finds
-          nothing. The one gap: the process dying between the two commits leaves the
-          row, which the next start runs; no write can close that gap, since the disk
-          that hangs is the one the refusal would have to be written to.
-
-        ``queue_only`` (for the trio thread, never blocks on I/O): True once done or
-        queued for the writer at work; False when the delete is needed and no writer
-        is at work (nothing was queued: call again without it, in a worker thread).
-        Without it the delete is written here (not durable: it survives the process,
-        and every later durable commit fsyncs it). Returns True then.
-        """
-        run_id = ticket.run_id
+    def expect_admit(self, ticket: AdmitTicket) -> None:
+        """Make ``ticket``'s ``admit`` known to :meth:`withdraw_admits` from now on,
+        before the call is made (a job for the writer thread makes it later, maybe
+        after a 503 for its run was decided). Idempotent; never blocks on I/O."""
         with self._mu:
-            ticket.withdrawn = True
-            if not ticket.inserting:
-                return True
-            self._withdrawing[run_id] = self._withdrawing.get(run_id, 0) + 1
+            if ticket.done.is_set() or ticket.withdrawn:
+                return
+            waiting = self._admits.setdefault(ticket.run_id, [])
+            if ticket not in waiting:
+                waiting.append(ticket)
 
-        def delete(conn: sqlite3.Connection) -> None:
-            with self._mu:
-                seq = ticket.seq
-            if seq is not None:
-                conn.execute("DELETE FROM runs WHERE seq = ? AND run_id = ? AND state = ?",
-                             (seq, run_id, RunState.ACCEPTED.value))
+    def withdraw_admits(self, run_id: str) -> list[AdmitTicket]:
+        """Before a 503 for ``run_id``: make sure no ``accepted`` row of it can land
+        unseen. Never blocks on I/O (the trio thread may call it).
 
-        def done() -> None:
-            with self._mu:
-                left = self._withdrawing.get(run_id, 1) - 1
-                if left > 0:
-                    self._withdrawing[run_id] = left
+        Every ``admit`` of the run not yet applied (queued behind a hung write, or
+        given up on by a caller whose connection dropped) is withdrawn: it inserts
+        nothing when applied. Airtight, since nothing was written, so no crash can
+        bring a row back. Returns the others: admits whose write is inserting the
+        row in a transaction not settled yet. While any is returned, no 503 may be
+        sent — that row may still land, and nothing written after it could be
+        relied on to take it back (the disk that hangs is the one it would be
+        written to, and a ``kill -9`` can come first). Wait for each
+        (``ticket.done``), then read the last commit: a row there is answered
+        200 (or 204); none, and a 503 is safe.
+        """
+        with self._mu:
+            under_way = []
+            for ticket in self._admits.pop(run_id, []):
+                if ticket.inserting:
+                    under_way.append(ticket)
                 else:
-                    self._withdrawing.pop(run_id, None)
-
-        log.warning("run %s: its accepted row is being taken back (its delivery was "
-                    "answered 503)", run_id)
-        if queue_only:
-            if self._queue_behind_writer(delete, what="withdraw", notify=done):
-                return True
-            done()  # nothing queued: the caller calls again, which counts it again
-            return False
-        try:
-            self._write(delete, what="withdraw", durable=False, waits=True)
-        finally:
-            done()
-        return True
+                    ticket.withdrawn = True  # forgotten: it can only fail now
+            if under_way:
+                self._admits[run_id] = list(under_way)
+            return under_way
 
     def committed(self, run_id: str) -> LedgerRow | None:
         """The run's row as last committed, or ``None`` — without waiting for what is
-        queued (reads never wait behind a write: issue 27, point 6). A row being
-        taken back (:meth:`withdraw`) is ``None`` already."""
-        # Looked at before the read too: a delete that commits (and stops being
-        # counted) while the read runs may have been read before it committed.
-        with self._mu:
-            hidden = run_id in self._withdrawing
+        queued (reads never wait behind a write: issue 27, point 6)."""
         with self._locked() as conn:
             found = conn.execute(
                 f"SELECT {_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
-        with self._mu:
-            if hidden or run_id in self._withdrawing:
-                return None
         return None if found is None else _row(found)
 
     def get(self, run_id: str) -> LedgerRow | None:
@@ -338,8 +376,6 @@ class Ledger(SessionRows):
         (a drain asks this to find what is still unreported).
         """
         self._flush()
-        with self._mu:
-            hidden = set(self._withdrawing)  # (see committed: before the read too)
         with self._locked() as conn:
             rows = [
                 _row(values)
@@ -348,10 +384,6 @@ class Ledger(SessionRows):
                     (RunState.REPORTED.value,),
                 )
             ]
-        with self._mu:
-            # Rows being taken back (withdraw) were answered 503: never run them here.
-            hidden.update(self._withdrawing)
-        rows = [row for row in rows if row.run_id not in hidden]
         return UnreportedRuns(
             pending=[row for row in rows if row.state is RunState.ACCEPTED],
             interrupted=[row for row in rows if row.state is RunState.STARTED],

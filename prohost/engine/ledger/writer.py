@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prohost.engine.ledger.rows import LedgerError, LedgerStatistics
 from prohost.engine.ledger.schema import _rollback
@@ -45,7 +45,7 @@ class _Write:
     """
 
     __slots__ = ("cut", "done", "durable", "error", "fn", "lead", "notify", "result",
-                 "waits", "wake", "what")
+                 "settling", "waits", "wake", "what")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], Any], what: str, *,
                  durable: bool, waits: bool, blocks: bool = True) -> None:
@@ -70,6 +70,18 @@ class _Write:
         #: The writer thread commits the batch up to this write before the rest
         #: (prohost.engine.ledger.served).
         self.cut = False
+        #: Told how the write settled, if it asked while applied (:class:`Settling`).
+        self.settling: Settling | None = None
+
+
+class Settling:
+    """What a write function hands :meth:`GroupCommit._settling` while it is applied,
+    to be told how its write settled: :meth:`settled` is called once, under the
+    ledger's queue lock (it must not take it), by the thread that settles it."""
+
+    def settled(self, committed: bool) -> None:
+        """``committed``: the write's transaction committed and the write raised
+        nothing; False when it failed, was rolled back or was never applied."""
 
 
 #: Per thread: the writes being collected instead of queued (``writes``; unset or
@@ -91,13 +103,18 @@ class GroupCommit:
                  reader: sqlite3.Connection) -> None:
         """Use :meth:`open`."""
         self.path = path
+        #: One connection for both (``Ledger.open_alone``, a full disk): reads then
+        #: take the write lock too — re-entrant, for a read the writer makes itself
+        #: once its commit is done — so they never see a write not yet committed.
+        alone = reader is conn
         #: The write connection; only the holder of ``_lock`` uses it.
         self._conn: sqlite3.Connection | None = conn
-        self._lock = threading.Lock()
+        self._lock: threading.Lock = (
+            cast(threading.Lock, threading.RLock()) if alone else threading.Lock())
         #: The read connection (WAL: reads the last commit, never waits for a write);
         #: only the holder of ``_read_lock`` uses it.
         self._reader: sqlite3.Connection | None = reader
-        self._read_lock = threading.Lock()
+        self._read_lock = self._lock if alone else threading.Lock()
         #: Guards the queue and the fields below; never held across I/O.
         self._mu = threading.Lock()
         self._queue: list[_Write] = []
@@ -111,9 +128,11 @@ class GroupCommit:
         #: write queued) and its stop go through ``_wakes``.
         self._serving = False
         self._wakes: queue.SimpleQueue[object] = queue.SimpleQueue()
-        #: Runs whose ``accepted`` row is being taken back (``Ledger.withdraw``), and
-        #: how many such deletes are queued for each: reads do not show them.
-        self._withdrawing: dict[str, int] = {}
+        #: The ``accepted`` writes not settled yet, by run (``Ledger.admit``): a 503
+        #: waits for those whose transaction is under way (``Ledger.withdraw_admits``).
+        self._admits: dict[str, list[Any]] = {}
+        #: The write being applied (only the holder of ``_lock`` uses it).
+        self._applied: _Write | None = None
         #: When the batch being applied began (``time.monotonic()``), if one is.
         self._applying_since: float | None = None
 
@@ -325,6 +344,7 @@ class GroupCommit:
                     continue
                 if not alone:
                     conn.execute("SAVEPOINT step")
+                self._applied = write
                 try:
                     write.result = write.fn(conn)
                 except LedgerError as exc:
@@ -366,6 +386,8 @@ class GroupCommit:
                     write.error = error
                 write.done = True
                 self._writes += write.fn is not _nothing
+                if write.settling is not None:
+                    write.settling.settled(write.error is None)
         for write in batch:
             if write.wake is not None:
                 write.wake.set()
@@ -374,6 +396,14 @@ class GroupCommit:
                           write.error, write.what)
             if write.notify is not None:
                 write.notify()
+
+    def _settling(self, settling: Settling) -> None:
+        """From a write function being applied: have ``settling`` told how its write
+        settles (whatever wraps the function)."""
+        write = self._applied
+        if write is None:
+            raise RuntimeError("prohost bug: _settling called outside a write")
+        write.settling = settling
 
     def _flush(self) -> None:
         """Return once every write queued before the call is committed (a no-op

@@ -46,6 +46,9 @@ LIVENESS_PERIODS = 3
 #: How long a local close may take before the socket is simply dropped.
 CLOSE_TIMEOUT_S = 2.0
 
+#: Where the server's agent socket is (§1); named when an upgrade is answered 404.
+WS_PATH = "/v1/agent/ws"
+
 #: Failures of one connection attempt that are answered by reconnecting.
 _RECOVERABLE = (
     OSError,
@@ -133,9 +136,16 @@ class LinkStatistics:
     connected: bool
     url: str
     connects: int
+    #: Connections lost, and attempts that failed, since the first connection was
+    #: greeted; 0 until then, so whoever shows it says "connecting", never
+    #: "reconnecting", to a harness that has never reached its server.
     failures: int
     reconnect_at: float | None
     last_error: str | None
+    #: Whether any connection was ever greeted (``hello``) in this process.
+    ever_connected: bool = False
+    #: Every attempt that failed or ended, whether or not one ever succeeded.
+    attempts_failed: int = 0
 
 
 def enable_keepalive(sock: trio.socket.SocketType) -> None:
@@ -176,9 +186,12 @@ class Link:
         self._attempt = 0
         self._connects = 0
         self._failures = 0
+        self._attempts_failed = 0
+        self._ever_connected = False
         self._connected = False
         self._reconnect_at: float | None = None
         self._last_error: str | None = None
+        self._connects_greeted = 0
         self._liveness: trio.CancelScope | None = None
         self._heartbeat_s = protocol.HEARTBEAT_DEFAULT_S
 
@@ -190,6 +203,8 @@ class Link:
             failures=self._failures,
             reconnect_at=self._reconnect_at,
             last_error=self._last_error,
+            ever_connected=self._ever_connected,
+            attempts_failed=self._attempts_failed,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -201,17 +216,28 @@ class Link:
         """
         task_status.started()
         while True:
+            greeted_before = self._connects_greeted
             error = await self._connect_once()
             self._connected = False
-            self._failures += 1
+            self._attempts_failed += 1
+            if self._ever_connected:
+                self._failures += 1
             self._last_error = error
             delay = backoff_delay(self._attempt, self._rng)
             self._attempt += 1
             self._reconnect_at = trio.current_time() + delay
             self._on_change()
-            log.warning(
-                "connection to %s lost (%s); reconnecting in %.1f s", self.url, error, delay
-            )
+            # "lost" only for a connection that was up: a harness that never got
+            # through must not read as one that had a server and lost it.
+            if self._connects_greeted > greeted_before:
+                log.warning("connection to %s lost (%s); reconnecting in %.1f s",
+                            self.url, error, delay)
+            elif self._ever_connected:
+                log.warning("could not reconnect to %s (%s); trying again in %.1f s",
+                            self.url, error, delay)
+            else:
+                log.warning("could not connect to %s (%s); trying again in %.1f s",
+                            self.url, error, delay)
             await trio.sleep(delay)
             self._reconnect_at = None
 
@@ -238,6 +264,11 @@ class Link:
         if isinstance(exc, trio_websocket.ConnectionRejected):
             if exc.status_code in (401, 403):
                 raise CredentialsRejected(exc.status_code) from None
+            if exc.status_code == 404:
+                # The natural mistake: the server's address without the socket's path.
+                if urlsplit(self.url).path.rstrip("/") != WS_PATH:
+                    return f"the server answered 404 at {self.url}: is the path {WS_PATH}?"
+                return f"the server answered 404 at {self.url}: it has no agent socket there"
             return f"the server refused the upgrade with HTTP {exc.status_code}"
         if isinstance(exc, trio_websocket.ConnectionClosed):
             reason = exc.reason
@@ -368,6 +399,8 @@ class Link:
             if session is None:
                 self._attempt = 0
                 self._connected = True
+                self._ever_connected = True
+                self._connects_greeted += 1
                 session = Session(ws, message, self._connects)
                 log.info("connected to %s", self.url)
                 self._on_change()

@@ -11,9 +11,12 @@ for small ones, its bytes kept in memory for the line counts. When the run ends 
 same is taken again, with the commits' difference (``diff-tree --raw``): a path
 whose content is the same at both ends is not listed, so what an earlier turn left
 uncommitted is not listed again; what this run changed is, committed or not.
-Renames are exact ones (a deleted path's content added under another). Line counts
-come from ``git diff --no-index`` of the two contents copied into a private
-temporary folder (outside the repository), for the listed files only.
+Renames are exact ones (a deleted path's content added under another). An untracked
+file at the end is read only where its content could matter (it had a value at the
+start or in the base commit, or some path is gone and it may be that one renamed).
+Line counts are for the listed files only: a file added or deleted whole is counted
+here as git counts it; the others by one ``git diff --no-index`` of the two contents
+copied into a private temporary folder (outside the repository).
 
 Each checkout is bounded (:data:`CHANGES_LIMIT_S` for the start, the same for the
 end). A checkout that cannot be read at all gets an ``error`` entry; one too slow to
@@ -44,6 +47,7 @@ from prohost.wire.changes import (
     FileChange,
     UnreadableCheckout,
 )
+from prohost.wire.outcomes import without_local_paths
 
 #: How long taking one checkout's state may last, at the start and at the end (s).
 CHANGES_LIMIT_S = 5.0
@@ -61,6 +65,11 @@ COUNT_FILE_BYTES = 32 << 20
 _NO_MODE = "000000"
 #: A value naming a nested repository (an untracked folder holding its own ``.git``).
 _NESTED = "nested repository"
+#: The value of an untracked file not read (yet): present, content unknown. It
+#: equals no real value, so it only ever says "differs from nothing".
+_UNREAD = "100644:unread"
+#: Lines added and removed (``None``: binary, or not known).
+_Counts = tuple[int | None, int | None]
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
@@ -95,16 +104,10 @@ def without_paths(text: str, path: Path | str, repo: str,
                   home: Path | str | None = None) -> str:
     """``text`` naming neither the worktree ``path`` (written as the checkout's
     name) nor ``home`` (written as ``$PROHOST_HOME``) nor the user's home (``~``)."""
-    places = [(os.fspath(path), repo), (os.path.realpath(path), repo)]
+    places: list[tuple[Path | str, str]] = [(path, repo)]
     if home is not None:
-        places += [(os.fspath(home), "$PROHOST_HOME"), (os.path.realpath(home), "$PROHOST_HOME")]
-    user_home = os.path.expanduser("~")
-    if user_home not in ("", "/", "~"):
-        places.append((user_home, "~"))
-    for where, name in sorted(places, key=lambda pair: -len(pair[0])):
-        if where and where != "/":
-            text = text.replace(where, name)
-    return text
+        places.append((home, "$PROHOST_HOME"))
+    return without_local_paths(text, places)
 
 
 async def take_state(repo: str, path: Path, *, bounds: Bounds,
@@ -130,7 +133,7 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
                                                f"{limit_s:g} s")
     with trio.move_on_at(deadline) as scope:
         try:
-            seen, kept = await _seen(where, base_env, bounds, deadline, keep=True)
+            seen, kept, _ = await _seen(where, base_env, bounds, deadline, keep=True)
         except (GitError, OSError) as exc:
             return CheckoutState(repo, path, commit=commit,
                                  truncated=f"its files could not be read at the start: "
@@ -149,15 +152,20 @@ async def _commit(where: str, env: Mapping[str, str]) -> str | None:
 
 
 async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float, *,
-                keep: bool) -> tuple[dict[str, Seen], dict[str, bytes]]:
+                keep: bool, defer_untracked: bool = False,
+                ) -> tuple[dict[str, Seen], dict[str, bytes], list[str]]:
     """Every path ``git status`` lists as differing from the commit, with its values
-    (see :class:`Seen`), and (``keep``) the bytes of the small ones."""
+    (see :class:`Seen`), and (``keep``) the bytes of the small ones. With
+    ``defer_untracked``, untracked files are not read: their value is
+    :data:`_UNREAD` and their names come third, for :func:`_fill` to read the few
+    whose content matters."""
     out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
                     "--untracked-files=all", "--no-renames", "--ignore-submodules=none",
                     env=env)
     heads: dict[str, str | None] = {}
     work: dict[str, str | None] = {}
     to_read: list[str] = []
+    unread: list[str] = []
     fields = out.split("\0")
     i = 0
     while i < len(fields):
@@ -174,7 +182,11 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
                 work[name] = _NESTED
             else:
                 heads.setdefault(name, None)
-                to_read.append(name)
+                if defer_untracked:
+                    work[name] = _UNREAD
+                    unread.append(name)
+                else:
+                    to_read.append(name)
             continue
         if kind == "1":
             parts = field.split(" ", 8)
@@ -205,7 +217,7 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
         _read_all, where, to_read, keep, what="reading a checkout's changed files",
         limit_s=max(0.0, deadline - trio.current_time()))
     work.update(read)
-    return {name: Seen(heads.get(name), work.get(name)) for name in work}, kept
+    return {name: Seen(heads.get(name), work.get(name)) for name in work}, kept, unread
 
 
 def _read_all(where: str, names: list[str], keep: bool,
@@ -309,7 +321,9 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
                  env: Mapping[str, str], bounds: Bounds, deadline: float,
                  limit_s: float) -> CheckoutChanges:
     assert before.seen is not None
-    old, new = before.seen, (await _seen(where, env, bounds, deadline, keep=False))[0]
+    old = before.seen
+    new, _, unread = await _seen(where, env, bounds, deadline, keep=False,
+                                 defer_untracked=True)
     moved: dict[str, tuple[str | None, str | None]] = {}
     if entry.head is not None and entry.head != entry.base:
         moved = _raw(await git("-C", where, "diff-tree", "-r", "-z", "--no-renames",
@@ -332,30 +346,50 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
     def now(name: str) -> str | None:
         return new[name].work if name in new else head_now(name)
 
-    changed = {name: (was(name), now(name)) for name in {*old, *new, *moved}}
-    changed = {name: pair for name, pair in changed.items() if pair[0] != pair[1]}
+    def differing() -> dict[str, tuple[str | None, str | None]]:
+        pairs = {name: (was(name), now(name)) for name in {*old, *new, *moved}}
+        return {name: pair for name, pair in pairs.items() if pair[0] != pair[1]}
+
+    changed = differing()
+    # An untracked file's content matters only where it may equal something: a value
+    # it had at the start or in the base commit (then it may be unchanged), or a path
+    # gone (it may be that path renamed). The others are added whatever they hold,
+    # and reading thousands of them would be most of the time spent.
+    if unread:
+        any_gone = any(then is not None and value is None and _is_file(then)
+                       for then, value in changed.values())
+        needed = unread if any_gone else [name for name in unread
+                                          if name in old or name in moved]
+        if needed:
+            read, _ = await bounds.file_step(
+                _read_all, where, needed, False, what="reading a checkout's new files",
+                limit_s=max(0.0, deadline - trio.current_time()))
+            for name, value in read.items():
+                new[name] = Seen(new[name].head, value)
+            changed = differing()
     # Exact renames: a path gone whose content (a file's) another path gained.
     gone = {pair[0]: name for name, pair in sorted(changed.items())
             if pair[1] is None and pair[0] is not None and _is_file(pair[0])}
     renamed: dict[str, str] = {}
-    for name, (then, value) in sorted(changed.items()):
-        if then is None and value is not None and value in gone:
-            renamed[name] = gone.pop(value)
-    for name in renamed.values():
-        del changed[name]
-    files: list[FileChange] = []
-    for name in sorted(changed):
+    if gone:
+        for name, (then, value) in sorted(changed.items()):
+            if then is None and value is not None and value in gone:
+                renamed[name] = gone.pop(value)
+        for name in renamed.values():
+            del changed[name]
+    names = sorted(changed)
+    listed: list[FileChange] = []
+    for name in names[:MAX_FILES]:  # only the listed ones are described
         then, value = changed[name]
         source = renamed.get(name)
         change: ChangeKind = ("renamed" if source is not None else "added" if then is None
                               else "deleted" if value is None else "modified")
         committed = value == head_now(name) and (source is None or head_now(source) is None)
-        files.append(FileChange(path=name, change=change, added=None, removed=None,
-                                committed=committed, from_=source))
-    listed = files[:MAX_FILES]
-    entry = attrs.evolve(entry, files=listed, more_files=len(files) - len(listed))
+        listed.append(FileChange(path=name, change=change, added=None, removed=None,
+                                 committed=committed, from_=source))
+    entry = attrs.evolve(entry, files=listed, more_files=len(names) - len(listed))
     with trio.move_on_at(deadline) as scope:
-        counts = await _counts(listed, changed, renamed, before, where, env, bounds, deadline)
+        counts = await _counts(listed, changed, before, where, env, bounds, deadline)
     if scope.cancelled_caught:
         entry = attrs.evolve(entry, truncated=f"counting its lines took longer than "
                                               f"{limit_s:g} s")
@@ -378,75 +412,115 @@ def _is_file(value: str) -> bool:
 
 
 async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | None, str | None]],
-                  renamed: Mapping[str, str], before: CheckoutState, where: str,
-                  env: Mapping[str, str], bounds: Bounds, deadline: float,
-                  ) -> dict[str, tuple[int | None, int | None]]:
+                  before: CheckoutState, where: str, env: Mapping[str, str], bounds: Bounds,
+                  deadline: float) -> dict[str, tuple[int | None, int | None]]:
     """Each listed file's lines added and removed (``None`` for binary files, and
     where a side's content is not known: a large file left changed by an earlier
-    turn); one ``git diff --no-index`` of the two sides copied aside."""
-    sides: dict[int, tuple[bytes | None, bytes | None]] = {}
+    turn, or one larger than :data:`COUNT_FILE_BYTES`). A file added or deleted
+    whole is counted here, as git counts it; the files changed on both sides by one
+    ``git diff --no-index`` of the two sides copied aside."""
+    sides: dict[int, bytes | None] = {}  # the old side (None: absent); the new is read
     for index, row in enumerate(listed):
         then, value = changed[row.path]
         if (then is not None and not _is_file(then)) or (value is not None
                                                           and not _is_file(value)):
             continue  # a submodule or nested repository: no lines
         if row.from_ is not None:
-            sides[index] = (b"", b"")  # an exact rename
+            sides[index] = None  # an exact rename: counted (0, 0) below
             continue
-        old: bytes | None = b""
+        old: bytes | None = None
         if then is not None:
             if before.seen is not None and row.path in before.seen:
                 old = before.kept.get(row.path)
+                if old is None:
+                    continue  # too large to have been kept
             else:
                 old = (await git("-C", where, "cat-file", "blob", then.split(":", 1)[1],
                                  env=env)).encode("utf-8", "surrogateescape")
-        if old is None:
-            continue
-        sides[index] = (old, None if value is None else b"")
+        sides[index] = old
     if not sides:
         return {}
+    counted, both = await bounds.file_step(
+        _read_sides, where, listed, changed, sides, what="reading changed files for line counts",
+        limit_s=max(0.0, deadline - trio.current_time()))
+    found = {listed[index].path: counts for index, counts in counted.items()}
+    if not both:
+        return found
     folder = await bounds.file_step(tempfile.mkdtemp, "", "prohost-changes-",
                                     what="making a folder for line counts", limit_s=1.0)
     try:
-        laid = await bounds.file_step(_lay_out, folder, where, listed, sides,
-                                      what="copying changed files for line counts",
-                                      limit_s=max(0.0, deadline - trio.current_time()))
+        await bounds.file_step(_lay_out, folder, both,
+                               what="copying changed files for line counts",
+                               limit_s=max(0.0, deadline - trio.current_time()))
         out = await _no_index_numstat(folder, env)
     finally:
         await bounds.file_step(shutil.rmtree, folder, True,
                                what="removing the line counts' folder", limit_s=1.0)
-    found: dict[str, tuple[int | None, int | None]] = {}
-    for index, counts in out.items():
-        found[listed[index].path] = counts
-    for index in laid:
-        found.setdefault(listed[index].path, (0, 0))
+    for index in both:
+        found[listed[index].path] = out.get(index, (0, 0))
     return found
 
 
-def _lay_out(folder: str, where: str, listed: list[FileChange],
-             sides: Mapping[int, tuple[bytes | None, bytes | None]]) -> list[int]:
+def _read_sides(where: str, listed: list[FileChange],
+                changed: Mapping[str, tuple[str | None, str | None]],
+                sides: Mapping[int, bytes | None],
+                ) -> tuple[dict[int, _Counts], dict[int, tuple[bytes, bytes]]]:
+    """Blocking: the counts of the listed files with one side only (added or deleted
+    whole, or an exact rename), and the two sides of the others, by index. A file
+    too large to count, or gone meanwhile, is in neither."""
+    counted: dict[int, _Counts] = {}
+    both: dict[int, tuple[bytes, bytes]] = {}
+    for index, old in sides.items():
+        row = listed[index]
+        if row.from_ is not None:
+            counted[index] = (0, 0)
+            continue
+        new = b""
+        if changed[row.path][1] is not None:
+            data = _small_content(os.path.join(where, row.path))
+            if data is None:
+                continue
+            new = data
+        if not old or not new:
+            lines_old, lines_new = _lines(old or b""), _lines(new)
+            if lines_old is None or lines_new is None:
+                counted[index] = (None, None)  # binary, as git says "-"
+            else:
+                counted[index] = (lines_new, lines_old)
+        else:
+            both[index] = (old, new)
+    return counted, both
+
+
+def _small_content(path: str) -> bytes | None:
+    """Blocking: as :func:`_content`, without reading a file larger than
+    :data:`COUNT_FILE_BYTES` (``None`` then, and when it is gone or a folder)."""
+    try:
+        if os.lstat(path).st_size > COUNT_FILE_BYTES:
+            return None
+    except FileNotFoundError:
+        return None
+    data, _ = _content(path)
+    return data if data is not None and len(data) <= COUNT_FILE_BYTES else None
+
+
+def _lines(data: bytes) -> int | None:
+    """The lines git's numstat counts for a file added or deleted whole; ``None``
+    for a binary one (a NUL in its first 8,000 bytes: git's own test)."""
+    if b"\0" in data[:8000]:
+        return None
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _lay_out(folder: str, both: Mapping[int, tuple[bytes, bytes]]) -> None:
     """Blocking: ``folder/a/<index>`` and ``folder/b/<index>``, the two sides of each
-    listed file (a side absent where the file is); the indexes laid out (a file too
-    large to copy, or gone meanwhile, is not)."""
-    laid = []
+    file changed on both."""
     for side in ("a", "b"):
         os.mkdir(os.path.join(folder, side))
-    for index, (old, new) in sides.items():
-        if listed[index].from_ is not None:
-            laid.append(index)
-            continue
-        data = None
-        if new is not None:
-            data, _ = _content(os.path.join(where, listed[index].path))
-            if data is None or len(data) > COUNT_FILE_BYTES:
-                continue
-            with open(os.path.join(folder, "b", str(index)), "wb") as file:
+    for index, (old, new) in both.items():
+        for side, data in (("a", old), ("b", new)):
+            with open(os.path.join(folder, side, str(index)), "wb") as file:
                 file.write(data)
-        if old:
-            with open(os.path.join(folder, "a", str(index)), "wb") as file:
-                file.write(old)
-        laid.append(index)
-    return laid
 
 
 async def _no_index_numstat(folder: str, env: Mapping[str, str],

@@ -36,13 +36,14 @@ from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES
+from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.blocking import Bounds
 from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.workfolder import WorkFolder
 from prohost.engine.sandbox import Confinement
 from prohost.options import Options
-from prohost.wire.outcomes import NOT_CONFINED
+from prohost.wire.outcomes import NOT_CONFINED, budget_reached
 from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
@@ -68,13 +69,16 @@ class ExecSpec:
     folder: WorkFolder = attrs.field(
         eq=False, default=attrs.Factory(lambda spec: WorkFolder(spec.workdir), takes_self=True))
     """``workdir``, made once for every run of this spec."""
+    stderr_home: Path | None = None
+    """Where each run's stderr tail is kept (``$PROHOST_HOME``); ``None``: nowhere."""
 
     @classmethod
     def from_options(cls, options: Options, secrets: tuple[str, ...]) -> ExecSpec:
         """The spec ``agent run``'s flags describe."""
         return cls(command=options.exec_command, workdir=options.workdir,
                    timeout_s=options.timeout_s, idle_timeout_s=options.idle_timeout_s,
-                   parallel=options.concurrency > 1, secrets=secrets)
+                   parallel=options.concurrency > 1, secrets=secrets,
+                   stderr_home=options.home)
 
 
 @attrs.frozen(eq=False)
@@ -142,7 +146,8 @@ class AttemptResult:
     limit: LimitNotice | None = None
     #: It failed because its account reached its usage limit: another may take it.
     ended_by_limit: bool = False
-    #: The CLI stopped it at its budget (§12): the runner words the failure.
+    #: The CLI stopped it at its budget, or nothing was left of the budget to start
+    #: it with (§12): the runner words the failure.
     reached_budget: bool = False
 
 
@@ -179,13 +184,23 @@ async def execute(
     (``progress.session_id`` says which session the agent had).
     """
     progress.session_id = attempt.session_id
+    if attempt.max_cost_usd == 0:
+        # Nothing left of the run's budget (§12: it covers every attempt): a CLI
+        # given 0 would start and spend all the same, so none is started.
+        return AttemptResult(outcome=Outcome.failure(budget_reached(None, None)),
+                             session_id=attempt.session_id, reached_budget=True)
     first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id)
     if not first.rejected:
         return _result(first, first, first.spent)
+    left = left_of(attempt.max_cost_usd, first.spent)
+    if left == 0:
+        # The refused resume spent what was left: the run ends at its budget, with
+        # no fresh session started for nothing.
+        return attrs.evolve(_result(first, first, first.spent), reached_budget=True)
     log.info("run %s: the agent did not take session %s; trying a fresh one",
              attempt.run.run_id, attempt.session_id)
     fresh = await _try(attempt, setup, progress, on_spawn, timeline, None,
-                       max_cost_usd=left_of(attempt.max_cost_usd, first.spent))
+                       max_cost_usd=left)
     spent = first.spent + fresh.spent
     if fresh.turn.started:  # a new session replaces the refused one
         return _result(fresh, fresh, spent)
@@ -339,7 +354,24 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         return _Tried(Outcome.failure(
             f"could not start the agent in {where}: "
             f"{exc.strerror or type(exc).__name__}"), turn, session_id)
+    await _keep_stderr(attempt.run.run_id, result, setup)
     return _read(result, turn, session_id, attempt.deadline, setup)
+
+
+async def _keep_stderr(run_id: str, result: ProcessResult, setup: AgentSetup) -> None:
+    """Keep the attempt's stderr tail for ``agent runs --show`` (a later attempt's
+    replaces it). Never raises: it is for a person, not for the run.
+
+    Cancelled: as :meth:`Bounds.file_step` (abandoning a plain file write is safe).
+    """
+    home = setup.spec.stderr_home
+    if home is None or not result.stderr_tail:
+        return
+    try:
+        await setup.bounds.file_step(write_tail, home, run_id, result.stderr_tail,
+                                     what="keeping the agent's stderr")
+    except OSError as exc:
+        log.warning("run %s: could not keep its agent's stderr: %s", run_id, exc)
 
 
 def _read(result: ProcessResult, turn: Turn, session_id: str | None, deadline: float,

@@ -81,7 +81,13 @@ from prohost.engine.run.staging import (
     workdir_for,
 )
 from prohost.wire.changes import ChangeEntry
-from prohost.wire.outcomes import NOT_CONFINED, budget_reached, internal_error, limit_phrase
+from prohost.wire.outcomes import (
+    NOT_CONFINED,
+    budget_reached,
+    internal_error,
+    limit_phrase,
+    without_local_paths,
+)
 from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.usage import Usage
 
@@ -182,6 +188,11 @@ class _Ending:
         return LaneTurn(lane, self.account, self.session_id, totals)
 
 
+def _paths_of(exc: BaseException) -> list[object]:
+    """The paths an exception names, for those no known place covers."""
+    return [getattr(exc, "filename", None), getattr(exc, "filename2", None)]
+
+
 class Runner:
     """Executes and reports runs; shared by every run of one harness.
 
@@ -255,7 +266,9 @@ class Runner:
         problem = await self.bodies.load(held, self.steps.read_body)
         if problem is not None:
             release_slot()
-            await self.settle_only(held, Outcome.failure(internal_error(problem),
+            # An OSError reading the ledger names its file: §7, no local path.
+            said = without_local_paths(problem, self._places())
+            await self.settle_only(held, Outcome.failure(internal_error(said),
                                                          retryable=True), recorded=False)
             return
         run = held.run
@@ -361,13 +374,29 @@ class Runner:
         else:
             log.error("run %s failed inside the harness; reporting it as an internal "
                       "error", held.run_id, exc_info=exc)
-        message = one_line(str(exc), INTERNAL_ERROR_CHARS)
+        message = str(exc)
         for secret in self.setup.spec.secrets:
             if secret:
                 message = message.replace(secret, "<secret>")
+        # §7: no local path in any text sent to the server; scrubbed before the
+        # line is cut, so that no path is left cut in half.
+        message = one_line(without_local_paths(message, self._places(), _paths_of(exc)),
+                           INTERNAL_ERROR_CHARS)
         error = internal_error(f"{type(exc).__name__}: {message}" if message
                                else type(exc).__name__)
         return Outcome.failure(error, retryable=True)
+
+    def _places(self) -> list[tuple[Path, str]]:
+        """The local folders an internal error's text may name, each with the words
+        the server reads instead (:func:`without_local_paths`)."""
+        # The scratch root is $PROHOST_HOME/runs (the composition root's), so its
+        # parent is the home, which holds the ledger and the worktrees too.
+        places = [(self.scratch_root.parent, "$PROHOST_HOME"),
+                  (self.setup.spec.workdir, "<workdir>")]
+        if self.worktrees is not None:
+            # The person's repositories, by their names in the report (§7 ``repo``).
+            places += zip(self.worktrees.repos, self.worktrees.names, strict=True)
+        return places
 
     async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
                        tally: _Tally) -> _Ending:
@@ -538,10 +567,11 @@ class Runner:
                 tally.totals = None
                 if setup.brain.running_totals:
                     tally.attempt = (session, before, account_env)
-                # §12: --max-cost caps the run, all its attempts together; each
+                # §12: the budget caps the run, all its attempts together; each
                 # attempt is a new CLI process counting from zero, so it is given
-                # what the earlier ones left.
-                budget = left_of(setup.brain.max_cost_usd, tally.spent)
+                # what the earlier ones left. The budget is the one the CLI obeys:
+                # --max-cost's, or the user's own --max-budget-usd in --exec.
+                budget = left_of(setup.brain.budget_in_force(), tally.spent)
                 try:
                     result = await execute(
                         Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
@@ -565,7 +595,7 @@ class Runner:
                 following = None
                 if result.reached_budget:
                     outcome = self._over_budget(tally)
-                elif limited and left_of(setup.brain.max_cost_usd, tally.spent) == 0:
+                elif limited and left_of(setup.brain.budget_in_force(), tally.spent) == 0:
                     # Nothing left for another account: the run ends at its budget
                     # (not retryable: it would spend as much again).
                     outcome, limited = self._over_budget(tally), False

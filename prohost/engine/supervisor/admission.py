@@ -23,16 +23,19 @@ redelivers, and the ledger answers "already accepted".
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import attrs
+import trio
+import trio_websocket
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.blocking import StepTimedOut
-from prohost.engine.ledger import Admitted, LedgerError, RunState
+from prohost.engine.ledger import Admitted, AdmitTicket, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
@@ -51,6 +54,17 @@ NOT_RECORDED = "the agent could not record the run; try again later"
 #: The 503 reason when the ledger cannot say whether it knows a run (§3: only then
 #: may a run the harness might know be refused).
 NOT_LOOKED_UP = "the agent could not read its run ledger; try again later"
+
+
+class AckLater(Exception):
+    """No ack can be sent for the delivery yet: an ``accepted`` write of its run is
+    under way and may still land, so neither 200 (it may fail) nor 503 (it may
+    land, and the run would run here and elsewhere) is true yet (issue 27, point 3).
+    ``answer`` waits for the disk and returns the ack then."""
+
+    def __init__(self, answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        super().__init__("the ack waits for a ledger write under way")
+        self.answer = answer
 
 
 @attrs.frozen
@@ -100,8 +114,20 @@ class Intake:
         if verdict.unverified:
             log.warning("accepted run %s without a valid signature (%s) because of "
                         "--allow-unverified", run.run_id, verdict.unverified)
-        status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
+        try:
+            status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
+        except AckLater as later:
+            await self.ack_later(session, delivery.id, later.answer)
+            return
         await session.send(Ack(id=delivery.id, status=status, reason=reason))
+
+    async def ack_later(self, session: Session, delivery_id: str,
+                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        """Send the ack ``answer`` returns once it can be known. Here, waiting for it
+        (:class:`Admission` sends it from a task of its own, so that the reader
+        goes on meanwhile). Cancelled: no ack is sent; the server redelivers."""
+        status, reason = await answer()
+        await session.send(Ack(id=delivery_id, status=status, reason=reason))
 
     def unavailable(self, now: float) -> str | None:
         """Why no new run can be taken now beside a drain (§12), if so."""
@@ -125,12 +151,21 @@ class Admission(Intake):
 
     def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
                  runs: HeldRuns, queue: RunQueue, steps: LedgerSteps,
-                 take_on: Callable[[str], Awaitable[None]]) -> None:
+                 take_on: Callable[[str], Awaitable[None]],
+                 later: Callable[[Callable[[str], Awaitable[None]], str], None] | None = None,
+                 ) -> None:
         super().__init__(secret=secret, policy=policy, queue=queue)
         self.book = book
         self.runs = runs
         self.steps = steps
         self.take_on = take_on
+        #: Starts a task in the harness's nursery (``later(fn, arg)``): what would
+        #: hold the reader behind a write is done there — a take-on, after the ack;
+        #: an ack that waits for the disk (:class:`AckLater`). Without it (a test's
+        #: bare admission) both are awaited in place.
+        self.later = later
+        #: Runs already refused (and logged) during this drain; a drain ends the process.
+        self._refused_draining: set[str] = set()
 
     def unavailable(self, now: float) -> str | None:
         """No account can take a new run: the server had better send it elsewhere
@@ -172,12 +207,15 @@ class Admission(Intake):
                 row = await steps.known(run.run_id)
             except (LedgerError, OSError):
                 row = None
-            if row is not None and row.state is RunState.REPORTED:
-                return intake.IGNORED, "already reported"
+            if row is not None:
+                # Unreported: held here in the last commit, so 200 whatever is
+                # queued behind it (taken on once the disk answers, see _known).
+                return await self._known(run.run_id, row.state is RunState.REPORTED)
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); past its bound the write is withdrawn
-            # (LedgerSteps.admit), so the 503 below means "not recorded", for good,
+            # if it was not applied, or else the ack waits for it
+            # (_known_or_refused), so a 503 below means "not recorded", for good,
             # and the server may send the run elsewhere (issue 27, point 3).
             admitted = await steps.admit(run.run_id, run.lane, body)
         except StepTimedOut as exc:
@@ -201,27 +239,70 @@ class Admission(Intake):
             progress_log.info("accepted run %s on %s", held.run_id, held.lane)
         return intake.ACCEPTED, "accepted"
 
+    async def ack_later(self, session: Session, delivery_id: str,
+                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        """The ack, once the disk has said whether the run's ``accepted`` write
+        landed, sent from a task of the harness (``later``) so that the reader
+        answers other deliveries (and pings) meanwhile; inline without ``later``.
+        Cancelled: no ack is sent (the server redelivers, and the redelivery is
+        answered from the ledger, or waits likewise)."""
+        if self.later is None:
+            await super().ack_later(session, delivery_id, answer)
+            return
+
+        async def send(_: str) -> None:
+            status, reason = await answer()
+            try:
+                await session.send(Ack(id=delivery_id, status=status, reason=reason))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio_websocket.ConnectionClosed) as exc:
+                # The connection dropped meanwhile: the server redelivers.
+                log.warning("delivery %s: its ack (%d) could not be sent (%s); the "
+                            "server sends it again", intake.shown(delivery_id), status, exc)
+
+        self.later(send, delivery_id)
+
     async def _known_or_refused(self, run: AgentRun, refusal: str, *,
                                 unreadable: str, why: str | None = None) -> tuple[int, str]:
         """While new work is refused: the ledger's answer for a run it knows, else the
         503 ``refusal`` (logged with ``why``, if given); ``unreadable`` (a 503 too)
         when the ledger cannot be read.
 
+        Raises :class:`AckLater` while an ``accepted`` write of the run is under way:
+        its row may still land, so no answer is true yet (issue 27, point 3).
+
         Cancelled: as :meth:`LedgerSteps.known` (a read: nothing is left half done).
         """
+        # A 503 means "not recorded", for good: every accepted write of the run not
+        # applied yet is withdrawn first (it will insert nothing, so no crash can
+        # bring its row back), and while one is inserting its row in a transaction
+        # the disk has not settled, the answer waits for the disk (whatever it
+        # says then, the last commit below is final for this run). Withdrawn, or
+        # a delete queued behind such a row, would not do: a kill -9 between that
+        # row's commit and the delete's leaves a run answered 503 for the next
+        # start to run.
+        under_way = self.steps.under_way(run.run_id)
+        if under_way:
+            log.warning("run %s: its ledger write is still under way (a slow or hung "
+                        "disk?); its delivery is answered once the disk has said "
+                        "whether it was recorded", run.run_id)
+            raise AckLater(functools.partial(self._once_settled, run, under_way, refusal,
+                                             unreadable=unreadable, why=why))
         # What is committed is enough here, so the read never waits behind a queued
-        # or hung write (issue 27, point 6): deliveries are answered one at a time
-        # (Harness.on_message awaits each), so no other delivery's ``accepted``
-        # write is queued now but one abandoned at its bound — answered 503 and
-        # withdrawn, so "not known" is the truth for it (LedgerSteps.admit). Every
-        # run acked 200 before is held in memory (answered above, without the
+        # or hung write (issue 27, point 6): every ``accepted`` write of this run
+        # still queued was just withdrawn, and none is under way, so the last
+        # commit is final for this run: "not known" there is the truth, for good.
+        # Every run acked 200 before is held in memory (answered above, without the
         # ledger) or has its ``accepted`` row committed (the 200 waits for it). So
         # a committed ``reported`` is 204 and no committed row is 503, at once.
         # Only a row committed unreported for a run no longer held may be behind
         # its queued (non-durable) ``reported``: that one rare case asks again
         # after what is queued, and should that not answer within its bound, the
         # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
-        # the server redelivering, and it is not run again).
+        # the server redelivering, and it is not run again). In the harness
+        # (``later``) it is not asked again at all, so that no answer waits behind
+        # a write: 200 at once, and the take-on, which reads after what is queued
+        # (and so sees such a ``reported``), follows the ack (_known).
         try:
             row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
@@ -229,7 +310,7 @@ class Admission(Intake):
                       run.run_id, exc)
             return intake.DRAINING, unreadable
         if row is not None and row.state is not RunState.REPORTED and \
-                run.run_id not in self.runs:
+                run.run_id not in self.runs and self.later is None:
             try:
                 row = await self.steps.lookup(run.run_id) or row
             except (LedgerError, OSError) as exc:
@@ -237,21 +318,54 @@ class Admission(Intake):
                           "answering from the last commit", run.run_id, exc)
         if row is not None:
             return await self._known(run.run_id, row.state is RunState.REPORTED)
+        if refusal == intake.SHUTTING_DOWN:
+            # The server offers a refused run again within seconds, over and over
+            # while the drain lasts: the first refusal is news, the rest are not.
+            first = run.run_id not in self._refused_draining
+            self._refused_draining.add(run.run_id)
+            (log.info if first else log.debug)(
+                "run %s refused with 503: %s%s", run.run_id, why or refusal,
+                " (the server will offer it elsewhere; its further offers are not logged)"
+                if first else "")
+            return intake.DRAINING, refusal
         # scripts/soak.py counts "refused with 503: every account …" and "… already queued".
         log.warning("run %s refused with 503: %s", run.run_id, why or refusal)
         return intake.DRAINING, refusal
+
+    async def _once_settled(self, run: AgentRun, under_way: list[AdmitTicket],
+                            refusal: str, *, unreadable: str,
+                            why: str | None) -> tuple[int, str]:
+        """:meth:`_known_or_refused` once the disk has settled ``under_way`` (and any
+        write of the run found under way then). Cancelled: nothing is answered."""
+        while True:
+            await self.steps.settled(under_way)
+            try:
+                return await self._known_or_refused(run, refusal, unreadable=unreadable,
+                                                    why=why)
+            except AckLater:
+                # Another delivery's write of the run got under way meanwhile.
+                under_way = self.steps.under_way(run.run_id)
 
     async def _known(self, run_id: str, reported: bool) -> tuple[int, str]:
         """The ack for a run the ledger has: 204 once reported, else 200, taking it on
         if nothing here holds it (a delivery whose ack never went out, or a report
         that failed) rather than leaving it for the next start.
 
+        With ``later`` (the harness) the take-on, which waits for what is queued
+        (a hung write would hold it), is started after the ack instead.
+
         Cancelled: as ``take_on``
         (:meth:`prohost.engine.supervisor.recovery.Recovery.resume_unheld`).
         """
         if reported:
             return intake.IGNORED, "already reported"
-        if run_id not in self.runs:
+        if run_id not in self.runs and self.later is not None:
+            # Taking it on reads the row after what is queued (a queued
+            # ``reported`` must not be missed), which a hung write would hold: the
+            # ack goes now, and the run is taken on after it — at once, or once
+            # the disk answers (issue 27, point 6).
+            self.later(self._take_on_later, run_id)
+        elif run_id not in self.runs:
             try:
                 await self.take_on(run_id)
             except (LedgerError, OSError) as exc:
@@ -260,3 +374,13 @@ class Admission(Intake):
                 log.error("run %s: could not take it on from the ledger now (%s)",
                           run_id, exc)
         return intake.ACCEPTED, "already accepted"
+
+    async def _take_on_later(self, run_id: str) -> None:
+        """``take_on`` after the ack, in the harness's nursery: a failure is logged
+        (the ledger holds the run all the same; its next redelivery or start takes
+        it on). Cancelled: as ``take_on``."""
+        try:
+            await self.take_on(run_id)
+        except (LedgerError, OSError) as exc:
+            log.error("run %s: could not take it on from the ledger (%s); its next "
+                      "redelivery or start does", run_id, exc)

@@ -36,7 +36,10 @@ def _connection_line(snapshot: Snapshot) -> str:
     if snapshot.connection == "draining":
         return f"draining: finishing {running} run{'s' if running != 1 else ''}, " \
                "accepting no new ones"
-    return f"stopping {running} run{'s' if running != 1 else ''}"
+    if snapshot.connection == "stopping":
+        return f"stopping {running} run{'s' if running != 1 else ''}"
+    return {"drained": "drained: every run finished", "stopped": "stopped"}.get(
+        snapshot.connection, "exited")
 
 
 def _run_name(run_id: str, conversation: str | None) -> str:

@@ -33,7 +33,7 @@ from rich.text import Text
 
 from prohost.engine.changes import Changes
 from prohost.engine.view.changelines import describe_change, did_text
-from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
+from prohost.engine.view.snapshot import Connection, FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import (
     RUN_ID_SHOWN,
     accounts_line,
@@ -87,7 +87,11 @@ def _status_text(snapshot: Snapshot, drift: float) -> Text:
         return Text(f"↻ reconnecting{when}", style="bold yellow")
     if connection == "draining":
         return Text("◐ draining", style="bold cyan")
-    return Text("■ stopping", style="bold red")
+    if connection == "stopping":
+        return Text("■ stopping", style="bold red")
+    if connection == "drained":
+        return Text("✓ drained", style="bold green")
+    return Text(f"■ {connection}", style="bold red")
 
 
 def _header(snapshot: Snapshot, drift: float) -> RenderableType:
@@ -102,17 +106,18 @@ def _header(snapshot: Snapshot, drift: float) -> RenderableType:
 
 def _counts(snapshot: Snapshot, drift: float) -> Text:
     parts = [f"slots {snapshot.slots_used}/{snapshot.slots}", f"queued {snapshot.queued}"]
-    if snapshot.connection in ("connected", "draining", "stopping"):
-        age = _aged(snapshot.heartbeat_age_s, drift)
-        parts.append(
-            "no heartbeat yet" if age is None else f"heartbeat {compact_duration(age)} ago"
-        )
+    age = _aged(snapshot.heartbeat_age_s, drift)
+    if snapshot.connection == "connected" and age is None:
+        parts.append("no heartbeat yet")
+    elif snapshot.connection in ("connected", "draining", "stopping") and age is not None:
+        # A drain closes the connection at its end: then there is no heartbeat to age.
+        parts.append(f"heartbeat {compact_duration(age)} ago")
     parts.append(f"pid {snapshot.pid}")
     parts.append(f"prohost {snapshot.version}")
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
 
 
-def _notes(snapshot: Snapshot, now: float) -> list[RenderableType]:
+def _notes(snapshot: Snapshot, now: float, *, here: bool) -> list[RenderableType]:
     notes: list[RenderableType] = []
     waiting = waiting_reports_text(snapshot.reports_waiting, snapshot.reports_waiting_since,
                                    now)
@@ -128,11 +133,22 @@ def _notes(snapshot: Snapshot, now: float) -> list[RenderableType]:
         notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
                           no_wrap=True, overflow="ellipsis"))
     if snapshot.connection == "draining":
-        notes.append(Text("finishing the runs in progress, accepting no new ones "
-                          "(Ctrl-C again stops them)", style="cyan",
+        # Ctrl-C only means something in the harness's own terminal.
+        how = "Ctrl-C again" if here else "`prohost agent stop --now`"
+        notes.append(Text(f"finishing its runs, taking no new ones; {how} stops them",
+                          style="cyan",
                           no_wrap=True, overflow="ellipsis"))
     elif snapshot.connection == "stopping":
         notes.append(Text("stopping the running agents", style="red",
+                          no_wrap=True, overflow="ellipsis"))
+    elif snapshot.connection == "drained":
+        notes.append(Text("exited: every run it took has finished", style="green",
+                          no_wrap=True, overflow="ellipsis"))
+    elif snapshot.connection == "stopped":
+        notes.append(Text("exited: the agents still running were stopped", style="red",
+                          no_wrap=True, overflow="ellipsis"))
+    elif snapshot.connection == "exited":
+        notes.append(Text("exited (its log says why)", style="red",
                           no_wrap=True, overflow="ellipsis"))
     return notes
 
@@ -151,10 +167,14 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
     table.add_column("state", no_wrap=True, width=9)
     table.add_column("elapsed", no_wrap=True, justify="right", width=7)
     table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
-    table.add_column("idle", no_wrap=True, justify="right", width=6)
+    # How long the agent has printed nothing: a run that goes quiet is stopped once
+    # this reaches --idle-timeout (shown in yellow in its last minute).
+    table.add_column("quiet", no_wrap=True, justify="right", width=6)
     for row in runs:
         elapsed = _aged(row.elapsed_s, drift)
-        idle = _counted(row.idle_left_s, drift)
+        quiet = _aged(row.quiet_s, drift)
+        near = quiet is not None and row.idle_limit_s is not None \
+            and row.idle_limit_s - quiet < 60
         table.add_row(
             # A run outside any conversation is its own lane: its id names it.
             Text(clean(row.conversation), style="") if row.conversation
@@ -163,8 +183,8 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             "—" if elapsed is None else compact_duration(elapsed),
             Text(clean(row.activity or ""), style="dim"),
-            Text("" if idle is None else compact_duration(idle),
-                 style="bold yellow" if idle is not None and idle < 60 else ""),
+            Text("" if quiet is None else compact_duration(quiet),
+                 style="bold yellow" if near else ""),
         )
     return table
 
@@ -193,12 +213,14 @@ def _recent(finished: Sequence[FinishedRow], now: float) -> Table:
 _did = did_text
 
 
-def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
+def render(snapshot: Snapshot, *, now: float | None = None,
+           here: bool = False) -> RenderableType:
     """The panel's picture of ``snapshot``.
 
     ``now`` (wall-clock seconds) ages the snapshot's clocks to that moment:
     elapsed and heartbeat ages grow, countdowns shrink. By default the picture
-    is of the instant the snapshot was taken.
+    is of the instant the snapshot was taken. ``here``: drawn in the harness's
+    own terminal (where Ctrl-C reaches it), not by ``agent status``.
     """
     current = snapshot.taken_at if now is None else now
     # A snapshot read from disk is up to a few seconds old; never age it backwards.
@@ -212,11 +234,11 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
     spend = spend_line(snapshot.spend_today)
     if spend is not None:
         parts.append(Text(spend, style="dim", no_wrap=True, overflow="ellipsis"))
-    parts.extend(_notes(snapshot, current))
+    parts.extend(_notes(snapshot, current, here=here))
     parts.append(Text(""))
     if snapshot.runs:
         parts.append(_runs_table(snapshot.runs, drift))
-    elif snapshot.connection in ("draining", "stopping"):
+    elif snapshot.connection in ("draining", "stopping", "drained", "stopped", "exited"):
         parts.append(Text("no runs left", style="dim"))
     else:
         parts.append(Text("waiting for runs", style="dim"))
@@ -225,6 +247,19 @@ def render(snapshot: Snapshot, *, now: float | None = None) -> RenderableType:
         parts.append(Text("recent", style="bold"))
         parts.append(_recent(snapshot.finished, current))
     return Group(*parts)
+
+
+def finished(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` as the harness's last picture, once it has finished: a drain
+    that ended says so, as does a stop, and no clock of a closed connection is
+    left running ("draining … no heartbeat yet" would be untrue by then)."""
+    ended: Connection = "exited"
+    if snapshot.connection in ("draining", "drained"):
+        ended = "drained"
+    elif snapshot.connection in ("stopping", "stopped"):
+        ended = "stopped"
+    return attrs.evolve(snapshot, connection=ended, heartbeat_age_s=None,
+                        reconnect_in_s=None)
 
 
 def _whole(seconds: float | None) -> int | None:
@@ -245,7 +280,7 @@ def shown(snapshot: Snapshot) -> Snapshot:
         reports_waiting_since=_whole(None if snapshot.reports_waiting_since is None
                                      else taken - snapshot.reports_waiting_since),
         runs=tuple(attrs.evolve(row, elapsed_s=_whole(row.elapsed_s),
-                                idle_left_s=_whole(row.idle_left_s))
+                                quiet_s=_whole(row.quiet_s))
                    for row in snapshot.runs),
         finished=tuple(attrs.evolve(row, finished_at=math.floor(taken - row.finished_at))
                        for row in snapshot.finished),
@@ -295,7 +330,7 @@ class Panel:
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
         snapshot = self.source()
         live = Live(
-            render(snapshot),
+            render(snapshot, here=True),
             console=self.console,
             # auto_refresh would start rich's refresh thread; this task refreshes instead.
             auto_refresh=False,
@@ -316,7 +351,7 @@ class Panel:
             # Everything here is synchronous, so a cancellation cannot interrupt it
             # (no shield needed); stop() always runs, restoring the cursor and streams.
             try:
-                live.update(render(self.source()))
+                live.update(render(finished(self.source()), here=True))
             except Exception:
                 log.debug("could not draw the last frame", exc_info=True)
             finally:
@@ -352,7 +387,7 @@ class Panel:
                 snapshot = self.source()
                 picture = (shown(snapshot), self.console.size)
                 if picture != drawn:
-                    live.update(render(snapshot), refresh=True)
+                    live.update(render(snapshot, here=True), refresh=True)
                     drawn = picture
             except Exception:
                 log.exception("the status panel failed; the harness carries on without it")

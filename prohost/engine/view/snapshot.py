@@ -25,7 +25,9 @@ STATUS_FILE = "status.json"
 REFRESH_S = 5.0
 STALE_AFTER_S = 30.0
 
-Connection = Literal["connecting", "connected", "reconnecting", "draining", "stopping"]
+Connection = Literal["connecting", "connected", "reconnecting", "draining", "stopping",
+                     # Only in the panel's last frame, once the harness has finished:
+                     "drained", "stopped", "exited"]
 
 
 @attrs.frozen
@@ -37,8 +39,12 @@ class RunRow:
     #: Seconds since the run started executing (None while queued).
     elapsed_s: float | None = None
     activity: str | None = None
-    #: Seconds left before the idle timeout stops it (None: no idle limit or not running).
-    idle_left_s: float | None = None
+    #: Seconds since the agent last printed anything, on stdout or stderr (None: not
+    #: running, or nothing read yet).
+    quiet_s: float | None = None
+    #: The idle timeout (--idle-timeout) that stops it once ``quiet_s`` reaches it
+    #: (None: no idle limit).
+    idle_limit_s: float | None = None
 
 
 @attrs.frozen

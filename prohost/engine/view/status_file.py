@@ -156,15 +156,16 @@ def take_snapshot(seen: Observed) -> Snapshot:
         if held.state == "queued" and held.waiting_until is None:
             continue
         started = held.started_at
-        idle_left = None
+        quiet = None
         last = held.progress.last_output
-        if held.state == "running" and last is not None and idle_timeout_s > 0:
-            idle_left = max(0.0, last + idle_timeout_s - now)
+        if held.state == "running" and last is not None:
+            quiet = max(0.0, now - last)
         rows.append(RunRow(
             run_id=held.run_id, lane=held.lane, conversation=held.conversation_id,
             state=held.state,
             elapsed_s=None if started is None else max(0.0, time.time() - started),
-            activity=held.beat().activity, idle_left_s=idle_left,
+            activity=held.beat().activity, quiet_s=quiet,
+            idle_limit_s=idle_timeout_s if idle_timeout_s > 0 else None,
         ))
     last_heartbeat_at = seen.last_heartbeat_at()
     return Snapshot(

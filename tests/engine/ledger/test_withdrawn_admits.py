@@ -1,10 +1,11 @@
-"""An ``accepted`` write abandoned at its bound is withdrawn (issue 27, point 3):
-its delivery is answered 503, so the run must never be run here.
+"""A 503 for a run means "not recorded", for good (issue 27, point 3): before it,
+every ``accepted`` write of the run not applied yet is withdrawn (it inserts
+nothing when the disk answers), and a write whose own transaction is under way
+holds the answer back until the disk has said whether its row landed — then the
+last commit is final for the run, whatever is killed when.
 
-The common case — the write still queued behind a hung one, so it inserts nothing
-when the disk answers — is seen on the wire in tests/harness/test_hung_ledger_writes.py.
-Here the other: the write's own transaction is under way (its row inserted, its
-commit hanging) when the bound passes; the row lands, and the next commit deletes it.
+The wire, and the next start after a kill at the gap, are in
+tests/harness/test_hung_ledger_writes.py.
 
 Real parts: a sqlite file, the ledger's writer thread, a write held on a
 ``threading.Event`` inside the writer's transaction; trio's mock clock leaps to the
@@ -33,7 +34,8 @@ WAIT_S = 30.0
 
 class CommitHangs(Ledger):
     """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
-    transaction (as a hung COMMIT would)."""
+    transaction (as a hung COMMIT would): ``holding`` once it hangs, until
+    ``release``."""
 
     holding: threading.Event
     release: threading.Event
@@ -53,9 +55,35 @@ class CommitHangs(Ledger):
         return super()._write(fn, what=what, durable=durable, waits=waits)
 
 
+async def gave_up(steps: LedgerSteps, run_id: str, mock_clock: trio.testing.MockClock,
+                  hung: threading.Event) -> None:
+    """``steps.admit(run_id)`` until its bound passes (it must), once ``hung`` says
+    the ledger's writer hangs."""
+    async with trio.open_nursery() as nursery:
+        abandoned = trio.Event()
+
+        async def admit() -> None:
+            with pytest.raises(StepTimedOut):
+                await steps.admit(run_id, "lane", "{}")
+            abandoned.set()
+
+        nursery.start_soon(admit)
+        await trio.to_thread.run_sync(hung.wait, WAIT_S)
+        mock_clock.autojump_threshold = 0
+        await abandoned.wait()
+        mock_clock.autojump_threshold = float("inf")
+
+
+async def abandoned_at_its_bound(steps: LedgerSteps, run_id: str) -> None:
+    """``steps.admit(run_id)``, given up at its bound (its write lands or not)."""
+    with pytest.raises(StepTimedOut):
+        await steps.admit(run_id, "lane", "{}")
+
+
 @pytest.mark.protocol("§3", "§7")
-async def test_a_row_whose_commit_was_under_way_at_the_bound_is_taken_back(
-    tmp_path: Path, mock_clock: trio.testing.MockClock,
+@pytest.mark.parametrize("served", [True, False], ids=["writer thread", "worker threads"])
+async def test_an_admit_whose_commit_is_under_way_holds_the_answer_until_it_lands(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, served: bool,
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
     ledger = CommitHangs.open(path)
@@ -63,26 +91,53 @@ async def test_a_row_whose_commit_was_under_way_at_the_bound_is_taken_back(
     try:
         steps = LedgerSteps(ledger, Bounds())
         async with trio.open_nursery() as writer:
-            await writer.start(steps.writer)
-            gave_up: list[BaseException] = []
+            if served:
+                await writer.start(steps.writer)
+            await gave_up(steps, "r1", mock_clock, ledger.holding)
+            # Its row may still land: no 503 may be sent now, and it is not withdrawn.
+            under_way = steps.under_way("r1")
+            assert len(under_way) == 1 and not under_way[0].withdrawn
+            assert not under_way[0].done.is_set()
+            ledger.release.set()  # the disk answers
+            await steps.settled(under_way)
+            assert under_way[0].landed
+            # Settled: the last commit is final for the run (it holds it: 200).
+            assert steps.under_way("r1") == []
+            row = await steps.known("r1")
+            assert row is not None and row.run_id == "r1"
+            writer.cancel_scope.cancel()
+    finally:
+        ledger.release.set()
+        ledger.close()
+    with Ledger.open(path) as reopened:
+        assert [row.run_id for row in reopened.recover().pending] == ["r1"]
 
-            async def admit() -> None:
-                try:
-                    await steps.admit("r1", "lane", "{}")
-                except StepTimedOut as exc:
-                    gave_up.append(exc)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(admit)
-                await trio.to_thread.run_sync(ledger.holding.wait, WAIT_S)
-                mock_clock.autojump_threshold = 0
-            mock_clock.autojump_threshold = float("inf")
-            assert gave_up  # the delivery is answered 503
-            # The disk answers: the row commits, then the delete queued behind it.
+@pytest.mark.protocol("§3", "§7")
+@pytest.mark.parametrize("served", [True, False], ids=["writer thread", "worker threads"])
+async def test_an_admit_queued_behind_a_hung_write_is_withdrawn_and_inserts_nothing(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, served: bool,
+) -> None:
+    """The 503's common case: another run's write hangs and this one waits behind
+    it. Withdrawn at once, it inserts nothing when the disk answers — no later
+    commit is needed, so no kill can leave its row behind."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = CommitHangs.open(path)
+    ledger.holding, ledger.release = threading.Event(), threading.Event()
+    try:
+        steps = LedgerSteps(ledger, Bounds())
+        async with trio.open_nursery() as writer:
+            if served:
+                await writer.start(steps.writer)
+            writer.start_soon(abandoned_at_its_bound, steps, "r0")
+            await trio.to_thread.run_sync(ledger.holding.wait, WAIT_S)
+            behind = threading.Event()  # (the writer already hangs)
+            behind.set()
+            await gave_up(steps, "r1", mock_clock, behind)
+            assert steps.under_way("r1") == []  # withdrawn: a 503 is safe now
             ledger.release.set()
             found = await trio.to_thread.run_sync(ledger.recover)  # waits for both
-            assert found.pending == []
-            assert ledger.get("r1") is None
+            assert [row.run_id for row in found.pending] == ["r0"]
             # A redelivery is recorded afresh (and acked 200 then).
             assert await steps.admit("r1", "lane", "{}") is Admitted.NEW
             writer.cancel_scope.cancel()
@@ -90,40 +145,4 @@ async def test_a_row_whose_commit_was_under_way_at_the_bound_is_taken_back(
         ledger.release.set()
         ledger.close()
     with Ledger.open(path) as reopened:
-        pending = reopened.recover().pending
-        assert [row.run_id for row in pending] == ["r1"] and len(pending) == 1
-
-
-@pytest.mark.protocol("§3", "§7")
-async def test_without_the_writer_thread_the_row_is_taken_back_too(
-    tmp_path: Path, mock_clock: trio.testing.MockClock,
-) -> None:
-    """A bare LedgerSteps (no writer thread: the admit's worker thread leads the group
-    commit and hangs in it): the delete is queued behind it, hidden from reads
-    until applied, and applied once the disk answers."""
-    ledger = CommitHangs.open(tmp_path / "ledger.sqlite3")
-    ledger.holding, ledger.release = threading.Event(), threading.Event()
-    try:
-        steps = LedgerSteps(ledger, Bounds())
-        async with trio.open_nursery() as nursery:
-            gave_up: list[BaseException] = []
-
-            async def admit() -> None:
-                try:
-                    await steps.admit("r1", "lane", "{}")
-                except StepTimedOut as exc:
-                    gave_up.append(exc)
-
-            nursery.start_soon(admit)
-            await trio.to_thread.run_sync(ledger.holding.wait, WAIT_S)
-            mock_clock.autojump_threshold = 0
-        mock_clock.autojump_threshold = float("inf")
-        assert gave_up
-        assert ledger.statistics().queued == 1  # the delete, behind the hung write
-        ledger.release.set()
-        found = await trio.to_thread.run_sync(ledger.recover)
-        assert found.pending == [] and ledger.get("r1") is None
-        assert await steps.known("r1") is None
-    finally:
-        ledger.release.set()
-        ledger.close()
+        assert [row.run_id for row in reopened.recover().pending] == ["r0", "r1"]

@@ -124,7 +124,7 @@ async def test_other_handshake_failures_are_retried(
                 server, tmp_path, exec_command="true", connected=False, dry_run=True
             ) as running:
                 began = trio.current_time()
-                await running.harness.wait_until(lambda h: h.link.statistics().failures >= 5)
+                await running.harness.wait_until(lambda h: h.link.statistics().attempts_failed >= 5)
                 # Backed off (not spinning), but within the ceilings 0.5 + 1 + 2 + 4 s.
                 assert 0 < trio.current_time() - began <= 7.5
                 server.state.handshake_status = None

@@ -19,7 +19,7 @@ async def test_every_case_runs_and_writes_no_object(
     bench = load_script("bench_changes")
     with trio.fail_after(60):
         figures = await bench.main_async(argparse.Namespace(files=60, scale=0.002,
-                                                            keep=False))
+                                                            keep=False, repeat=2))
     assert list(figures) == ["10 changed", "20 modified", "20 untracked", "one 1 MB file"]
     assert [row["files"] for row in figures.values()] == [10, 20, 20, 1]
     assert all(row["objects_unchanged"] and row["error"] is None

@@ -35,6 +35,13 @@ def picture(snapshot: Snapshot, *, now: float | None = None) -> str:
     return console.export_text()
 
 
+def picture_here(snapshot: Snapshot) -> str:
+    """As the live panel draws it, in the harness's own terminal."""
+    console = recording_console()
+    console.print(render(snapshot, here=True))
+    return console.export_text()
+
+
 # --- pictures ------------------------------------------------------------------------
 
 
@@ -46,11 +53,13 @@ def test_connected_with_runs() -> None:
         assert fact in first
     assert "slots 3/4 · queued 3 · heartbeat 4 s ago" in text
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
-    assert "running" in rows["C42"] and "3m12s" in rows["C42"] and "14m00s" in rows["C42"]
+    # The last column is how long the agent has been quiet, not a countdown (issue 31).
+    assert rows["C42"].split()[-1] == "1m00s"
+    assert "running" in rows["C42"] and "3m12s" in rows["C42"]
     assert "Edit src/auth/session.py" in rows["C42"]
     assert "run_3f2a9…" in rows["C42"]
     # A run outside any conversation is named by its run id.
-    assert "45 s" in rows["run_77aa01bc9…"] and "38 s" in rows["run_77aa01bc9…"]
+    assert "45 s" in rows["run_77aa01bc9…"] and rows["run_77aa01bc9…"].endswith("14m22s")
     assert "reporting" in rows["C7"] and "1h05m" in rows["C7"]
     assert "recent" in rows
     assert "C40" in rows["✓"] and "3m12s" in rows["✓"] and "2 min ago" in rows["✓"]
@@ -65,7 +74,7 @@ def test_long_activity_conversation_and_error_are_cut_to_80_columns() -> None:
         machine="m" * 60,
         runs=(RunRow(run_id="r" * 60, lane="conv:" + "c" * 90, conversation="c" * 90,
                      state="running", elapsed_s=400_000.0, activity=LONG,
-                     idle_left_s=12.0),),
+                     quiet_s=12.0),),
         finished=(FinishedRow(run_id="run_x", conversation="x" * 70, ok=False,
                               error="Traceback:\n" + "boom " * 60, duration_s=3.0,
                               finished_at=T0 - 10),),
@@ -103,7 +112,11 @@ def test_reconnecting_shows_the_countdown_and_the_last_error() -> None:
 def test_draining() -> None:
     text = picture(busy_snapshot(connection="draining", queued=0))
     assert text.splitlines()[0].startswith("◐ draining")
-    assert "accepting no new ones" in text
+    assert "taking no new ones; `prohost agent stop --now` stops them" in text
+    # Only in the harness's own terminal is Ctrl-C the way to stop them.
+    here = picture_here(busy_snapshot(connection="draining", queued=0))
+    assert "taking no new ones; Ctrl-C again stops them" in here
+    assert_fits(here)
     assert "C42" in text
     assert_fits(text)
     assert "no runs left" in picture(base(connection="draining"))
@@ -126,7 +139,7 @@ def test_idle() -> None:
 def test_now_ages_the_clocks() -> None:
     text = picture(busy_snapshot(), now=T0 + 60)
     assert "4m12s" in text  # elapsed 192 s + 60
-    assert "13m00s" in text  # idle left 840 s - 60
+    assert "2m00s" in text  # quiet for 60 s + 60
     assert "heartbeat 1m04s ago" in text
     assert "3 min ago" in text  # the ok run finished 120 s before the snapshot
 
@@ -164,7 +177,7 @@ def test_describe_change_through_a_run_lifetime() -> None:
 
     # Only the clocks moved: nothing to say.
     later = base(slots_used=1, heartbeat_age_s=9.0,
-                 runs=(attrs.evolve(row, state="running", elapsed_s=50.0, idle_left_s=3.0,
+                 runs=(attrs.evolve(row, state="running", elapsed_s=50.0, quiet_s=3.0,
                                     activity="Read README.md"),))
     assert describe_change(running, later) == []
 
@@ -320,8 +333,12 @@ async def test_live_panel_starts_and_stops_without_threads(
     assert (sys.stdout, sys.stderr) == (stdout, stderr)  # redirection undone
     text = console.export_text()
     # The last frame stays on screen, and it is the state at the moment it stopped.
-    last = text[text.rindex("◐ draining"):]
-    assert "● connected" not in last
+    # Drawn once the harness has finished: a drain that ended says so, with no
+    # heartbeat clock or Ctrl-C hint left over (issue 31).
+    last = text[text.rindex("✓ drained"):]
+    assert "● connected" not in last and "◐ draining" not in last
+    assert "heartbeat" not in last and "Ctrl-C" not in last
+    assert "every run it took has finished" in last
     assert "C42" in last and "recent" in last
     if not terminal:  # (a terminal's frames are joined by cursor moves, which export drops)
         assert_fits(text)

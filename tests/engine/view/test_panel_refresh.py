@@ -136,18 +136,18 @@ async def test_a_running_agents_activity_is_drawn_within_a_refresh(
 
 def test_shown_differs_exactly_when_the_picture_does() -> None:
     row = RunRow(run_id="run_1", lane="conv:C1", conversation="C1", state="running",
-                 elapsed_s=5.2, activity="Bash", idle_left_s=100.4)
+                 elapsed_s=5.2, activity="Bash", quiet_s=100.4)
     done = FinishedRow(run_id="run_0", conversation="C0", ok=True, error=None,
                        duration_s=3.0, finished_at=T0 - 7.5)
     snapshot = base(runs=(row,), finished=(done,), heartbeat_age_s=4.2)
     # A third of a second later every clock shows the same whole second.
     later = base(taken_at=T0 + 0.3, heartbeat_age_s=4.5, finished=(done,),
-                 runs=(attrs.evolve(row, elapsed_s=5.5, idle_left_s=100.1),))
+                 runs=(attrs.evolve(row, elapsed_s=5.5, quiet_s=100.7),))
     assert shown(later) == shown(snapshot)
     # Each clock's next second is a new picture: elapsed, idle, heartbeat, "… ago".
     for moved in (
         attrs.evolve(later, runs=(attrs.evolve(later.runs[0], elapsed_s=6.0),)),
-        attrs.evolve(later, runs=(attrs.evolve(later.runs[0], idle_left_s=99.9),)),
+        attrs.evolve(later, runs=(attrs.evolve(later.runs[0], quiet_s=101.0),)),
         attrs.evolve(later, heartbeat_age_s=5.0),
         attrs.evolve(later, taken_at=T0 + 0.6),
     ):

@@ -383,10 +383,14 @@ class ClaudeBrain(Brain):
             # prompt would just deny it; a user who chose a mode keeps theirs.
             extra.append("--dangerously-skip-permissions")
         budget = self.max_cost_usd if max_cost_usd is None else max_cost_usd
-        if budget is not None and not has_flag(line, "--max-budget-usd"):
+        users = self._users_budget()
+        if budget is not None and (not has_flag(line, "--max-budget-usd")
+                                   or (users is not None and budget < users)):
             # Claude Code stops the run there (result subtype error_max_budget_usd).
             # Each attempt is a new process that counts from zero, so after a
-            # fail-over it gets what is left of the run's budget (§12).
+            # fail-over it gets what is left of the run's budget (§12), the user's
+            # own --max-budget-usd included: appended after theirs, which it
+            # overrides (commander.js keeps an option's last value).
             extra.append(f"--max-budget-usd={dollars(budget)}")
         if session_id is not None:
             extra.append(f"--resume={shlex.quote(session_id)}")
@@ -401,8 +405,13 @@ class ClaudeBrain(Brain):
         return ClaudeTurn(max_cost_usd=self.budget_in_force())
 
     def budget_in_force(self) -> float | None:
-        # A --max-budget-usd of the user's own stays on the line (command() adds
-        # none), so that is the budget the CLI stops at.
+        # A --max-budget-usd of the user's own stays on the line, so that is the
+        # run's budget (command() adds one only for what is left of it).
+        users = self._users_budget()
+        return self.max_cost_usd if users is None else users
+
+    def _users_budget(self) -> float | None:
+        """The amount of a ``--max-budget-usd`` in the user's own ``--exec`` line."""
         words = split_command(self.exec_line)
         for index, word in enumerate(words):
             value = None
@@ -412,7 +421,7 @@ class ClaudeBrain(Brain):
                 value = word.split("=", 1)[1]
             if value is not None:
                 return valid_cost(_number(value))
-        return self.max_cost_usd
+        return None
 
     def version_command(self) -> str | None:
         return version_command(self.exec_line)

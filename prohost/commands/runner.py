@@ -1,0 +1,331 @@
+"""``prohost agent stop``, ``agent logs`` and ``agent runs``: the runner's everyday
+commands beside a harness, from another shell or a script.
+
+None of them talks to the harness over a socket. ``stop`` finds the harness by the
+home's lock (:class:`prohost.home.InstanceLock`: held by the harness, with its pid
+in the file) and signals it as Ctrl-C would (§9); ``logs`` reads its rotated log
+file; ``runs`` reads the run ledger read-only (:mod:`prohost.engine.ledger.history`)
+and the stderr tails kept beside it (:mod:`prohost.engine.agent.stderrtail`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from prohost.engine.agent.stderrtail import read_tail
+from prohost.engine.ledger.history import PastRun, read_history
+from prohost.engine.ledger.rows import LedgerError
+from prohost.engine.view.snapshot import read_snapshot
+from prohost.home import LOCK_FILE
+from prohost.logfile import log_path
+
+EXIT_OK = 0
+#: ``agent stop``: no harness runs on this home; ``agent logs``: no log yet;
+#: ``agent runs --show``: no such run.
+EXIT_NONE = 1
+#: ``agent stop`` interrupted (Ctrl-C) while it waited: the harness carries on.
+EXIT_INTERRUPTED = 130
+
+LEDGER_FILE = "ledger.sqlite3"
+#: ``agent runs`` without ``--limit``: a screenful, newest first.
+DEFAULT_LIMIT = 20
+#: How often ``agent logs -f`` looks for new lines (s).
+FOLLOW_POLL_S = 0.5
+#: How often ``agent stop`` reads the status file while it waits for a drain.
+STATUS_POLL_S = 0.1
+
+
+# --- agent stop ------------------------------------------------------------------------
+
+
+def harness_pid(home: Path) -> int | None:
+    """The pid of the harness holding ``home``'s lock, or ``None`` when none holds it.
+
+    The lock, not status.json: the kernel drops it with its holder however that
+    dies, so a lock that is held means a live process. The file is only opened to
+    test the lock (never created, never written).
+    """
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() and int(text) > 0 else None
+        return None  # we got it: nobody holds it (closing the descriptor gives it back)
+    finally:
+        os.close(fd)
+
+
+def _signals_to_send(home: Path, now: bool) -> int:
+    """How many SIGTERMs make the harness do what was asked (§9 counts them): one
+    drains; ``--now`` is the second, so one more than it has had already, as its
+    status file says (a harness already stopping gets none: a third would kill)."""
+    try:
+        snapshot = read_snapshot(home)
+    except (ValueError, OSError):
+        snapshot = None
+    connection = None if snapshot is None else snapshot.connection
+    if not now:
+        return 0 if connection in ("draining", "stopping") else 1
+    return {"stopping": 0, "draining": 1}.get(connection or "", 2)
+
+
+def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
+                 err: TextIO | None = None) -> int:
+    """Signal the harness on ``home`` to drain (``now``: to stop its agents), then
+    wait until its process has exited; the exit status (see the module's EXIT_*)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    pid = harness_pid(home)
+    if pid is None:
+        print(f"No prohost agent is running for {home}.", file=err)
+        return EXIT_NONE
+    waiter = _ExitWaiter(pid)
+    try:
+        # Two different signals: a second one of the same kind sent before the
+        # harness has handled the first is merged into it (one pending signal of a
+        # kind), and §9 counts SIGINT and SIGTERM alike.
+        for signum in (signal.SIGTERM, signal.SIGINT)[:_signals_to_send(home, now)]:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        waiter.close()
+        print(f"prohost agent pid {pid} has exited.", file=out)
+        return EXIT_OK
+    except PermissionError:
+        waiter.close()
+        print(f"prohost: the agent on {home} (pid {pid}) belongs to another user: stop it "
+              "as that user (or as its service)", file=err)
+        return EXIT_NONE
+    if now:
+        print(f"stopping the running agents of pid {pid} (within 5 s) …", file=out, flush=True)
+    else:
+        # Said once the harness says so too (its status file, for `agent status`).
+        _wait_draining(home, pid, waiter)
+        print(f"draining pid {pid}: it finishes the runs in progress and takes no new "
+              f"ones; `prohost agent stop --now` stops them …", file=out, flush=True)
+    try:
+        waiter.wait()
+    except KeyboardInterrupt:
+        print(f"\nno longer waiting; pid {pid} carries on "
+              f"({'stopping' if now else 'draining'})", file=err)
+        return EXIT_INTERRUPTED
+    finally:
+        waiter.close()
+    print(f"prohost agent pid {pid} has exited.", file=out)
+    return EXIT_OK
+
+
+#: How long ``agent stop`` waits for the harness to say it drains before it says
+#: so itself (its status file is rewritten within a second of a change).
+DRAIN_SEEN_S = 10.0
+
+
+def _wait_draining(home: Path, pid: int, waiter: _ExitWaiter) -> None:
+    """Return once the harness's status file says it drains (or stops), it has
+    exited, or :data:`DRAIN_SEEN_S` have passed: ``agent status`` then agrees with
+    what ``agent stop`` said."""
+    deadline = time.monotonic() + DRAIN_SEEN_S
+    while time.monotonic() < deadline and not waiter.exited(STATUS_POLL_S):
+        try:
+            snapshot = read_snapshot(home)
+        except (ValueError, OSError):
+            continue
+        if snapshot is None or snapshot.pid != pid \
+                or snapshot.connection in ("draining", "stopping"):
+            return
+
+
+class _ExitWaiter:
+    """Waits for another process to exit: on its pidfd where the kernel has them
+    (no polling, no pid reuse), else by the home's lock being released."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            # Opened before the signal: the pid cannot be reused while we hold it.
+            self.fd = os.pidfd_open(pid)
+
+    def wait(self) -> None:
+        while not self.exited(None):
+            pass
+
+    def exited(self, timeout_s: float | None) -> bool:
+        """Whether the process has exited, waiting up to ``timeout_s`` (None: until
+        it has)."""
+        if self.fd is not None:
+            ready, _, _ = select.select([self.fd], [], [], timeout_s)
+            return bool(ready)
+        # A kernel without pidfds (macOS): look every little while.
+        if not _alive(self.pid):  # pragma: no cover
+            return True
+        time.sleep(FOLLOW_POLL_S if timeout_s is None else timeout_s)  # pragma: no cover
+        return not _alive(self.pid)  # pragma: no cover
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:  # pragma: no cover - only without pidfds
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- agent logs ------------------------------------------------------------------------
+
+
+def logs_command(home: Path, *, follow: bool, lines: int | None = None,
+                 out: TextIO | None = None, err: TextIO | None = None,
+                 keep_following: Callable[[], bool] = lambda: True) -> int:
+    """Print the harness's log file (its last ``lines`` lines); with ``follow``, then
+    every line added to it, across rotations, until interrupted."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    path = log_path(home)
+    try:
+        handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open to follow
+    except FileNotFoundError:
+        print(f"No log yet at {path}: `prohost agent run` (and the service) write it "
+              "once they start.", file=err)
+        return EXIT_NONE
+    try:
+        text = handle.read()
+        shown = text.splitlines(keepends=True)
+        if lines is not None:
+            shown = shown[-lines:] if lines else []
+        out.write("".join(shown))
+        out.flush()
+        if not follow:
+            return EXIT_OK
+        try:
+            _follow(path, handle, out, keep_following)
+        except KeyboardInterrupt:
+            return EXIT_OK
+        return EXIT_OK
+    finally:
+        handle.close()
+
+
+def _follow(path: Path, handle: TextIO, out: TextIO, keep_following: Callable[[], bool]) -> None:
+    """Print what is appended to ``path``; when the file is rotated (a new inode at
+    that name), finish the old one and go on with the new one from its start."""
+    inode = os.fstat(handle.fileno()).st_ino
+    while keep_following():
+        chunk = handle.read()
+        if chunk:
+            out.write(chunk)
+            out.flush()
+            continue
+        try:
+            current = path.stat().st_ino
+        except FileNotFoundError:
+            current = inode  # between the rename and the new file: look again
+        if current != inode:
+            handle.close()
+            handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+            inode = os.fstat(handle.fileno()).st_ino
+            continue
+        time.sleep(FOLLOW_POLL_S)  # a file has no "written to" event on every platform
+
+
+# --- agent runs ------------------------------------------------------------------------
+
+
+def runs_command(home: Path, *, as_json: bool, limit: int | None, show: str | None = None,
+                 out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Print the run history of ``home``'s ledger, newest first (or one run with
+    ``show``); read-only, beside a running harness or without one."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        runs = read_history(home / LEDGER_FILE, run_id=show,
+                            limit=None if show else limit)
+    except LedgerError as exc:
+        print(f"prohost: {exc}", file=err)
+        return EXIT_NONE
+    if show is not None:
+        if not runs:
+            print(f"No run {show!r} in the ledger of {home} (it was never accepted here, "
+                  "or it was pruned: runs are kept 30 days).", file=err)
+            return EXIT_NONE
+        return _show(home, runs[0], as_json=as_json, out=out)
+    if as_json:
+        out.write(json.dumps([run.to_json() for run in runs], indent=2) + "\n")
+        return EXIT_OK
+    if not runs:
+        print(f"No runs yet in {home / LEDGER_FILE}.", file=out)
+        return EXIT_OK
+    for run in runs:
+        out.write(_run_line(run) + "\n")
+    return EXIT_OK
+
+
+def _show(home: Path, run: PastRun, *, as_json: bool, out: TextIO) -> int:
+    stderr = read_tail(home, run.run_id)
+    if as_json:
+        document = run.to_json()
+        document["stderr"] = stderr
+        out.write(json.dumps(document, indent=2) + "\n")
+        return EXIT_OK
+    out.write(_run_line(run) + "\n")
+    out.write(f"accepted  {_when(run.accepted_at)}\n")
+    if run.started_at is not None:
+        out.write(f"started   {_when(run.started_at)}\n")
+    if run.finished_at is not None:
+        out.write(f"finished  {_when(run.finished_at)}\n")
+    if run.error:
+        out.write(f"error     {run.error}\n")
+    for checkout in run.checkouts:
+        out.write(f"checkout  {checkout.repo}: branch {checkout.branch or '(detached)'}, "
+                  f"head {checkout.head or '(none)'}\n")
+    if stderr is None:
+        out.write("stderr    (none kept)\n")
+    else:
+        out.write("stderr    (its end, 64 KiB at most):\n")
+        out.write(stderr if stderr.endswith("\n") else stderr + "\n")
+    return EXIT_OK
+
+
+def _run_line(run: PastRun) -> str:
+    """One run on one line, for reading and for grep: its error's first line only."""
+    mark = "·" if run.ok is None else "✓" if run.ok else "✗"
+    parts = [mark, _when(run.accepted_at), run.run_id, run.conversation_id or "-", run.state]
+    if run.duration_ms is not None:
+        parts.append(f"{run.duration_ms / 1000:.1f}s")
+    if run.cost_usd is not None:
+        parts.append(f"${run.cost_usd:.2f}")
+    for checkout in run.checkouts:
+        if checkout.branch or checkout.head:
+            parts.append(f"{checkout.branch or 'detached'}@{(checkout.head or '')[:10]}")
+    if run.error:
+        parts.append(run.error.splitlines()[0][:120] if run.error.strip() else run.error)
+    return " ".join(parts)
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,105 @@
+"""``prohost runs show|cancel ID``: look up or cancel a run on a reference server
+(PROTOCOL.md §11: ``GET`` and ``DELETE /v1/runs/<id>``).
+
+Exit status: 0 done; 1 the server could not be reached, has no such run, or (cancel)
+the run has ended already. Every failure is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import httpx
+
+from prohost.commands.send import SendError, api_base, what_the_run_did
+
+
+def _fail(verb: str, message: str) -> int:
+    print(f"prohost runs {verb}: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _error_of(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    detail = data.get("error") if isinstance(data, dict) else None
+    return str(detail or response.text.strip()[:200] or response.reason_phrase)
+
+
+def run_lines(run: dict[str, Any]) -> list[str]:
+    """A run as a person reads it: what it is, where it stands, how it ended."""
+    lines = [f"run {run.get('run_id')}: {run.get('state')}"]
+    attempt = run.get("attempt")
+    fields = (("conversation", run.get("conversation_id")), ("machine", run.get("machine")),
+              ("deliveries", run.get("deliveries")),
+              ("attempt", attempt if isinstance(attempt, int) and attempt > 1 else None),
+              ("retry of", run.get("retry_of")), ("activity", run.get("activity")))
+    lines.extend(f"  {name}: {value}" for name, value in fields if value is not None)
+    text = run.get("text")
+    if isinstance(text, str):
+        lines.append(f"  text: {text if len(text) <= 200 else text[:199] + '…'}")
+    if run.get("cancel_requested") and run.get("state") not in ("cancelled",):
+        lines.append("  cancel requested: the harness is stopping it")
+    if isinstance(run.get("reply"), str):
+        lines.append("  reply:")
+        lines.extend(f"    {line}" for line in str(run["reply"]).splitlines() or [""])
+    if run.get("error"):
+        lines.append(f"  error: {run['error']}")
+    if isinstance(run.get("retried_as"), str):
+        retry = run["retried_as"]
+        lines.append(f"  retried as {retry} (the failure was retryable): "
+                     f"prohost runs show {retry}")
+    lines.extend(what_the_run_did(run))
+    return lines
+
+
+async def runs_show_command(server: str, run_id: str, as_json: bool) -> int:
+    """Print run ``run_id`` as ``server`` has it. Cancelled: the request stops;
+    nothing was changed."""
+    try:
+        base = api_base(server)
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+            response = await client.get(f"/v1/runs/{run_id}")
+    except SendError as exc:
+        return _fail("show", str(exc))
+    except httpx.HTTPError as exc:
+        return _fail("show", f"cannot reach the server at {server}: {exc or type(exc).__name__}")
+    if not response.is_success:
+        return _fail("show", f"the server answered {response.status_code}: {_error_of(response)}")
+    run = response.json()
+    if as_json:
+        print(json.dumps(run, indent=2), flush=True)
+    else:
+        print("\n".join(run_lines(run)), flush=True)
+    return 0
+
+
+async def runs_cancel_command(server: str, run_id: str, reason: str | None) -> int:
+    """Cancel run ``run_id`` on ``server`` (a queued run never starts; a running one is
+    stopped by its harness and reported cancelled). Cancelled: the request stops; the
+    server may or may not have heard it (``runs show`` tells)."""
+    try:
+        base = api_base(server)
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+            response = await client.request(
+                "DELETE", f"/v1/runs/{run_id}",
+                json={"reason": reason} if reason else None)
+    except SendError as exc:
+        return _fail("cancel", str(exc))
+    except httpx.HTTPError as exc:
+        return _fail("cancel",
+                     f"cannot reach the server at {server}: {exc or type(exc).__name__}")
+    if not response.is_success:
+        return _fail("cancel",
+                     f"the server answered {response.status_code}: {_error_of(response)}")
+    run = response.json()
+    if run.get("state") == "cancelled":
+        print(f"run {run_id} cancelled", flush=True)
+    else:
+        print(f"run {run_id}: cancel sent; its harness is stopping it "
+              f"(`prohost runs show {run_id}` says when it has)", flush=True)
+    return 0

@@ -1,0 +1,93 @@
+"""``prohost agent run`` on a full disk, on a home that has no ``ledger.reserve``
+(issue 27, point 8): a home made by a prohost from before the reserve, or one whose
+disk never had the room for it. Its ledger cannot be opened the usual way (the WAL
+index, ``-shm``, needs 32 KiB of new blocks), and its ``agent.lock`` is empty (a
+clean exit empties it), so writing the pid needs a new block too. It must come up
+all the same, say the disk is full, answer 503 for what it cannot record, and run
+it once space returns — never advising to move the ledger aside. The full disk is a
+real tmpfs filled to the last byte (root only).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost.engine.ledger import RunState
+from tests.kits.harness import finished, start_run
+from tests.kits.process import harness_process, ledger_row, paired_with_gate
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until its filesystem has no byte left."""
+    with open(path, "wb", buffering=0) as file:
+        for size in (1 << 20, 1):
+            try:
+                while True:
+                    file.write(b"\0" * size)
+            except OSError:
+                continue
+
+
+@pytest.fixture
+def home_mount(tmp_path: Path) -> Iterator[Path]:
+    """An empty tmpfs of 4 MiB as the home (the test fills it), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs",
+                        str(home)], check=True, capture_output=True)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc.stderr.decode(errors='replace')}")
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=True)
+
+
+@pytest.mark.protocol("§7")
+async def test_a_home_without_a_reserve_starts_on_a_full_disk_and_recovers(
+    home_mount: Path,
+) -> None:
+    home = home_mount
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            async with harness_process(server, home, gate.command) as first:
+                earlier = await start_run(server, gate, "before the disk filled")
+                await gate.release(earlier)
+                await server.wait_until(finished(earlier))
+                first.send_signal(signal.SIGTERM)
+                assert await first.wait_clean_exit() == 0
+
+            # As a prohost from before the reserve left it: no reserve, the lock
+            # emptied by the clean exit, the ledger closed (no -wal, no -shm).
+            (home / "ledger.reserve").unlink()
+            assert (home / "agent.lock").stat().st_size == 0
+            assert sorted(p.name for p in home.glob("ledger.sqlite3*")) == ["ledger.sqlite3"]
+            fill(home / "filler")
+            async with harness_process(server, home, gate.command) as harness:
+                await harness.wait_log("disk is full")
+                run_id = await server.submit_run("while the disk is full")
+                await server.wait_until(lambda s: 503 in s.runs[run_id].ack_statuses)
+                assert gate.started == [earlier]
+
+                (home / "filler").unlink()  # space returns
+                await gate.wait_started(run_id)
+                await gate.release(run_id)
+                await server.wait_until(finished(run_id))
+                assert server.run(run_id).completion["ok"] is True
+                harness.send_signal(signal.SIGTERM)
+                assert await harness.wait_clean_exit() == 0
+                assert not any("move it aside" in line for line in harness.log)
+                assert not any("Traceback" in line for line in harness.log)
+
+    for done in (earlier, run_id):
+        assert ledger_row(home, done).state is RunState.REPORTED
