@@ -197,6 +197,27 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "(1 to 10000; default: 10000)",
     )
     parser.add_argument(
+        "--sandbox", metavar="MODE",
+        help="confine each agent and everything it starts (Landlock on Linux, sandbox-exec "
+        "on macOS) so that it can write only its run's places (its working directory or "
+        "its conversation's worktrees, a private TMPDIR, its CLI's config folder, the "
+        "usual caches) and cannot read $PROHOST_HOME or the usual secrets (~/.ssh, "
+        "~/.aws, ...): auto confines where the system can and otherwise says so once at "
+        "start; required refuses to start (exit 2) where it cannot; off runs agents "
+        "unconfined (default: auto; see docs/security.md)",
+    )
+    parser.add_argument(
+        "--allow-write", dest="allow_write", metavar="PATH", action="append",
+        help="also let confined agents write (and read) this existing file or folder, "
+        "e.g. a log folder or ~/.m2; repeat it for each (default: none)",
+    )
+    parser.add_argument(
+        "--allow-read", dest="allow_read", metavar="PATH", action="append",
+        help="also let confined agents read this existing file or folder, even one hidden "
+        "by default, e.g. --allow-read ~/.ssh to push over SSH; repeat it for each "
+        "(default: none)",
+    )
+    parser.add_argument(
         "--no-panel", action="store_true",
         help="log one plain line per change instead of drawing the live status panel "
         "(the default when stdout is not a terminal, e.g. under a service manager)",

@@ -55,6 +55,21 @@ def _check_budget(parser: argparse.ArgumentParser, options: Options) -> None:
         parser.error(str(exc))
 
 
+def _check_sandbox(parser: argparse.ArgumentParser, options: Options) -> None:
+    """--sandbox required where the system cannot confine agents (§13): exit 2 with
+    the reason and what to do. Asked of the system as the harness will ask it."""
+    if options.sandbox != "required":
+        return
+    from prohost.engine.sandbox import probe
+
+    support = probe()
+    if support.kind is None:
+        parser.error(f"--sandbox required: this system cannot confine agents: "
+                     f"{support.reason}. Run on a system that can (Linux 5.13 or later "
+                     "with Landlock enabled, or macOS), or use --sandbox auto to run them "
+                     "unconfined, said at start and in each completion")
+
+
 def agent_run(ns: argparse.Namespace) -> int:
     from prohost.options import options_from_args
 
@@ -64,6 +79,7 @@ def agent_run(ns: argparse.Namespace) -> int:
     except OptionError as exc:
         parser.error(str(exc))
     _check_budget(parser, options)
+    _check_sandbox(parser, options)
     from rich.console import Console
 
     from prohost.engine.view.panel import use_panel
@@ -104,6 +120,7 @@ def agent_install_daemon(ns: argparse.Namespace) -> int:
     except (OptionError, ValueError) as exc:
         parser.error(str(exc))
     _check_budget(parser, options)
+    _check_sandbox(parser, options)
     setup_logging(ns.verbose)
     return install_daemon_command(options, print_only=ns.print_only, env=os.environ,
                                   pass_env=pass_env)

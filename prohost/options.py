@@ -36,6 +36,9 @@ MAX_MACHINE_LEN = 128
 #: reported retryable (seconds; PROTOCOL.md §12's default of 15 minutes).
 DEFAULT_LIMIT_WAIT_S = 900.0
 BRAIN_CHOICES = ("auto", "acp", "claude", "codex", "plain")
+#: --sandbox: confine every agent where the OS can (auto), refuse to start where it
+#: cannot (required), or never (off). PROTOCOL.md §13.
+SANDBOX_CHOICES = ("auto", "required", "off")
 
 CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
 DURATION_RANGE = (
@@ -58,6 +61,11 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
                  "e.g. --account work=~/.claude-work",
     "--limit-wait": DURATION_RANGE,
     "--max-queued": MAX_QUEUED_RANGE,
+    "--sandbox": "one of auto, required, off",
+    "--allow-write": "an existing file or folder a confined agent may also write, "
+                     "e.g. --allow-write ~/.m2",
+    "--allow-read": "an existing file or folder a confined agent may also read, "
+                    "e.g. --allow-read ~/.ssh",
 }
 """What each ``agent run`` value flag accepts, for "this flag needs a value" errors."""
 
@@ -173,6 +181,14 @@ class Options:
     #: --max-cost: what one run may spend, in US dollars (§12); None: no budget.
     max_cost_usd: float | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.gt(0.0), attrs.validators.le(MAX_COST_USD)]))
+    #: --sandbox: auto, required or off (PROTOCOL.md §13).
+    sandbox: str = attrs.field(default="auto", validator=attrs.validators.in_(SANDBOX_CHOICES))
+    #: --allow-write PATH, in the order given: absolute, existing; a confined run may
+    #: write each (and read it).
+    allow_write: tuple[Path, ...] = ()
+    #: --allow-read PATH: absolute, existing; a confined run may read each, even
+    #: where it would be hidden (``~/.ssh`` for pushing over SSH).
+    allow_read: tuple[Path, ...] = ()
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -281,6 +297,9 @@ def options_from_args(
     max_cost_usd = None if raw_max_cost is None else parse_max_cost(raw_max_cost)
 
     brain = parse_brain(getattr(ns, "brain", None))
+    sandbox = parse_sandbox(getattr(ns, "sandbox", None))
+    allow_write = parse_allowed("--allow-write", getattr(ns, "allow_write", None) or [], env, cwd)
+    allow_read = parse_allowed("--allow-read", getattr(ns, "allow_read", None) or [], env, cwd)
     problem = shell_tail_problem(brain, exec_command)
     if problem is not None:
         raise OptionError(problem)
@@ -303,7 +322,39 @@ def options_from_args(
         limit_wait_s=limit_wait_s,
         max_queued=max_queued,
         max_cost_usd=max_cost_usd,
+        sandbox=sandbox,
+        allow_write=allow_write,
+        allow_read=allow_read,
     )
+
+
+def parse_sandbox(raw: str | None) -> str:
+    """``--sandbox``: one of :data:`SANDBOX_CHOICES` (default ``auto``)."""
+    if raw is None:
+        return "auto"
+    if raw not in SANDBOX_CHOICES:
+        raise OptionError(f"--sandbox must be one of {', '.join(SANDBOX_CHOICES)} (got {raw!r})")
+    return raw
+
+
+def parse_allowed(flag: str, raws: Sequence[str], env: Mapping[str, str],
+                  cwd: Path) -> tuple[Path, ...]:
+    """Every ``--allow-write`` or ``--allow-read`` path: absolute, ``~`` expanded,
+    each once, and existing. A missing path is an error, not a grant of nothing: a
+    typo would otherwise surface only when a run's write is refused, far away. (The
+    grant itself is made on the real path, when a run is confined: a link never
+    widens it.)"""
+    paths: list[Path] = []
+    for raw in raws:
+        if not raw.strip():
+            raise OptionError(f"{flag} must be {VALUE_DESCRIPTIONS[flag]} (got an empty path)")
+        path = _expand_path(raw.strip(), env, cwd)
+        if not os.path.exists(path):
+            raise OptionError(f"{flag} {path}: no such file or folder; create it first, or "
+                              "fix the path")
+        if path not in paths:
+            paths.append(path)
+    return tuple(paths)
 
 
 def parse_brain(raw: str | None) -> str:

@@ -976,7 +976,10 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
         least_argv = [sys.executable, "-c", FLOOR_PROTOCOL_CLIENT, inbox.url, str(samples + 1),
                       "1", SECRET, str(tmp / "floor-protocol-rest" / "ledger.sqlite3"),
                       deliveries.url, agent]
-        async with started("harness", harness_argv(agent, concurrency=1), home) as harness, \
+        # The agent writes its marks into the fifo: a confined run (the default,
+        # PROTOCOL.md §13) may, because the harness names it (--allow-write).
+        rest_argv = [*harness_argv(agent, concurrency=1), "--allow-write", str(marks.path)]
+        async with started("harness", rest_argv, home) as harness, \
                 started("floor-protocol", least_argv, tmp / "floor-protocol-rest") as least, \
                 trio.open_nursery() as inner:
             relay.check = partial(harness_healthy, harness, relay)

@@ -73,7 +73,8 @@ PASSED_VARIABLES = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE")
 EXPRESSED_FIELDS = frozenset({
     "home", "exec_command", "url", "machine", "workdir", "timeout_s", "idle_timeout_s",
     "concurrency", "dry_run", "allow_unverified", "brain", "safe_tools", "repos",
-    "accounts", "limit_wait_s", "max_queued", "max_cost_usd",
+    "accounts", "limit_wait_s", "max_queued", "max_cost_usd", "sandbox", "allow_write",
+    "allow_read",
 })
 
 
@@ -151,6 +152,17 @@ def harness_arguments(options: Options) -> list[str]:
     if max_cost_usd is not None:
         # Four decimals read back to the same float as parse_max_cost made of them.
         args += _flag("--max-cost", f"{max_cost_usd:.4f}".rstrip("0").rstrip("."))
+    sandbox: str = getattr(options, "sandbox", "auto")
+    if sandbox != "auto":
+        args += _flag("--sandbox", sandbox)
+    for flag, paths in (("--allow-write", getattr(options, "allow_write", ())),
+                        ("--allow-read", getattr(options, "allow_read", ()))):
+        for path in paths:
+            # The flag strips its value; a path that trims to another reads back wrong.
+            if str(path) != str(path).strip():
+                raise DaemonError(f"{flag} cannot name {str(path)!r}: the flag trims spaces; "
+                                  "link it to a plainer path")
+            args += _flag(flag, str(path))
     return args
 
 

@@ -45,6 +45,7 @@ from prohost.engine.report.outbox import Outbox, ReportTiming
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
@@ -104,6 +105,8 @@ class Harness:
         self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools,
                                max_cost_usd=options.max_cost_usd)
         self.env = dict(os.environ if env is None else env)
+        #: How agents are confined (§13): the system asked once, here.
+        self.sandbox = Sandbox.start(options, self.env)
         self.groups = ProcessGroups()
         self.bounds = Bounds()  # every blocking file step's; stop() hurries them
         self.steps = None if ledger is None else LedgerSteps(ledger, self.bounds)
@@ -153,6 +156,7 @@ class Harness:
                 env=self.env, worktrees=self.worktrees, scratch_root=self.scratch_root,
                 on_change=self.changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies, clock=clock,
+                sandbox=self.sandbox if options.sandbox != "off" else None,
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,
@@ -173,7 +177,8 @@ class Harness:
             runs=self.held, book=self.book, clock=clock, link=self.link.statistics,
             scheduler=self.scheduler.statistics, outbox=outbox,
             last_heartbeat_at=lambda: self.beacon.last_heartbeat_at,
-            draining=lambda: self.queue.draining, stopping=lambda: self.stopping)
+            draining=lambda: self.queue.draining, stopping=lambda: self.stopping,
+            confinement=self.sandbox.describe())
         self.beacon = Beacon(functools.partial(status_message, self.observed),
                              functools.partial(heartbeat_runs, self.held, outbox))
         self.chores = Chores(
@@ -229,6 +234,7 @@ class Harness:
                     # settle (§7).
                     nursery.start_soon(self.outbox.run)
                 self.chores.start(nursery)
+                self._say_confinement()
                 task_status.started(self)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
@@ -239,6 +245,18 @@ class Harness:
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
         return self.exit_code
+
+    def _say_confinement(self) -> None:
+        """Say once, at start, whether agents run confined (§13): a warning when
+        ``--sandbox auto`` finds the system cannot (runs go on unconfined)."""
+        if self.sandbox.confines:
+            log.info("agents run %s", self.sandbox.describe())
+        elif self.options.sandbox == "off":
+            log.info("agents run unconfined (--sandbox off)")
+        else:
+            log.warning("agents run NOT confined: %s; each completion says "
+                        "\"confined\": false (use --sandbox required to refuse to run "
+                        "unconfined)", self.sandbox.describe().removeprefix("NOT confined: "))
 
     async def _guard_link(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The link, until cancelled or closed by the end of a drain.

@@ -309,6 +309,8 @@ class App:
             raise HttpError(400, "expected a JSON object")
         if not isinstance(payload.get("ok"), bool):
             raise HttpError(400, "ok is required (true or false)")
+        if not isinstance(payload.get("confined", False), bool):
+            raise HttpError(400, "confined must be true or false when given (§7)")
         if payload.get("run_id", run_id) != run_id:
             raise HttpError(400, f"run_id {payload.get('run_id')!r} does not match the path")
         if run.completion is not None:

@@ -34,6 +34,9 @@ INTERRUPTED = "the harness lost track of this run before it finished"
 QUEUE_FULL = "the agent's queue is full; the run was not started"
 #: The agent exited 0 and its brain could read no reply from what it printed.
 NO_READABLE_REPLY = "the agent exited without a reply the harness could read"
+#: A run whose confinement (§13) could not be made or applied: its agent never ran,
+#: and never runs unconfined in its place. Followed by ``: <why>``.
+NOT_CONFINED = "the agent could not be confined, so it was not started"
 
 
 def internal_error(detail: str) -> str:

@@ -216,6 +216,9 @@ class Outcome:
     #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
     #: no agent ran (the run never started).
     account: str | None = None
+    #: The agent ran confined (§13, §7 ``confined``); ``None`` (not sent) when no
+    #: agent was spawned.
+    confined: bool | None = None
 
     @classmethod
     def failure(cls, error: str, *, retryable: bool = False, **extra: Any) -> Outcome:
@@ -231,8 +234,12 @@ class Outcome:
         return completion
 
     def to_json(self) -> str:
-        """The outcome as the ledger keeps it (every field, ``null`` included)."""
-        return json.dumps(converter.unstructure(self), separators=(",", ":"))
+        """The outcome as the ledger keeps it (every field, ``null`` included, but
+        an unknown ``confined``: an outcome without it is kept as before it existed)."""
+        data = converter.unstructure(self)
+        if data.get("confined") is None:
+            data.pop("confined", None)
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Outcome:

@@ -58,6 +58,9 @@ start the way the CLI (commander.js) refuses a flag it does not know, before it
 prints any event: ``error: unknown option '<the file's content>'`` on stderr, exit
 1 (github.com/cline/cline/issues/4566); it is still recorded (FAKE_CLAUDE_RECORD).
 A test creates and removes the file to break one turn of a running harness.
+
+``FAKE_AGENT_TOOL`` is a shell command line the fake runs as its Bash tool would,
+a child of its own process; what it prints (stripped) is the reply.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 import uuid
@@ -356,6 +360,14 @@ def wait_for_the_gate(port: int) -> None:
             sys.exit(3)
 
 
+def run_tool(command: str) -> str:
+    """What the agent's shell tool prints for ``command`` (``FAKE_AGENT_TOOL``): run
+    as the real CLI runs its Bash tool, as a child of the CLI's process."""
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip()
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if "--version" in argv:
@@ -374,6 +386,8 @@ def main() -> int:
     if gate := os.environ.get("FAKE_CLAUDE_GATE"):
         wait_for_the_gate(int(gate))
     reply = os.environ.get("FAKE_CLAUDE_REPLY", "Hello from the fake Claude.")
+    if tool := os.environ.get("FAKE_AGENT_TOOL"):
+        reply = run_tool(tool)
     session = Session(argv)
     limit = account_file("limit")
     if limit is not None:

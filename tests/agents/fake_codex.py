@@ -57,6 +57,8 @@ first) refuses to start the way clap refuses a flag it does not know, before any
 event: ``error: unexpected argument '<the file's content>' found``, exit 2.
 Arguments are checked the way codex's parser would: an unknown flag or a missing
 option value exits 2 with a clap-style message.
+``FAKE_AGENT_TOOL`` is a shell command line the fake runs as its shell tool would,
+a child of its own process; what it prints (stripped) is the reply.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import sys
 import time
 import tomllib
@@ -297,6 +300,10 @@ def main() -> None:
 
     scenario = os.environ.get("FAKE_CODEX_SCENARIO", "reply")
     reply = os.environ.get("FAKE_CODEX_REPLY", "Fixed: the fixture path was wrong.")
+    if tool := os.environ.get("FAKE_AGENT_TOOL"):
+        # What its shell tool prints, run as the real CLI runs one: a child of it.
+        reply = subprocess.run(["/bin/sh", "-c", tool], capture_output=True, text=True,
+                               check=False).stdout.strip()
     if scenario == "lone_surrogate":
         reply += " " + LONE_SURROGATE
     elif scenario == "bad_byte":

@@ -44,6 +44,7 @@ from tests.kits.harness import (
     wait_rescued_late,
     wall_clock_bound,
 )
+from tests.kits.paths import logs_folder
 
 MCP = {"url": "https://mcp.example/mcp", "token": "mcp-token-0123"}
 
@@ -215,8 +216,7 @@ async def test_mcp_folders_left_behind_are_swept_at_start(
     left.mkdir(parents=True, mode=0o700)
     (left / "mcp.json").write_text('{"token": "left"}')
     (left / "mcp.json").chmod(0o600)
-    mine = tmp_path / "mine"
-    mine.mkdir()
+    mine = logs_folder(tmp_path)
     # Not a run's folder: the sweep leaves it alone.
     (home / "runs" / "notes").mkdir()
     async with running_server() as server, running_harness(

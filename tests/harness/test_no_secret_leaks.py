@@ -24,6 +24,7 @@ import trio
 from prohost.home import InstanceLock
 from prohost.logfile import log_path, log_to_file
 from tests.kits.harness import AGENTS, finished, running_harness, running_server
+from tests.kits.paths import logs_folder
 
 pytestmark = pytest.mark.protocol("§1", "§5")
 
@@ -63,12 +64,13 @@ async def test_no_secret_in_logs_argv_environment_or_readable_files(
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
     os.chmod(home, 0o755)
-    dump = tmp_path / "dump.jsonl"
+    logs = logs_folder(tmp_path)
+    dump = logs / "dump.jsonl"
     script = {"plain": "reply.py", "claude": "fake_claude.py", "codex": "fake_codex.py"}[brain]
     command = _wrapped(tmp_path, brain if brain != "plain" else "agent", script)
     # Codex's folder of its own: its MCP token goes into a private overlay of it.
     env = {**os.environ, "SECRET_DUMP": str(dump), "CODEX_HOME": str(tmp_path / "codex"),
-           "FAKE_CODEX_RECORD": str(tmp_path / "codex-record.json")}
+           "FAKE_CODEX_RECORD": str(logs / "codex-record.json")}
     with trio.fail_after(60):
         async with running_server() as server:
             # As `prohost agent run` does: the lock (which makes the home private)
@@ -122,7 +124,7 @@ async def test_no_secret_in_logs_argv_environment_or_readable_files(
             assert not carriers, f"the {name} is in the agent's environment: {carriers}"
     if brain == "codex":
         # Codex had the token all the same: in the overlay's private config.toml.
-        turns = json.loads((tmp_path / "codex-record.json").read_text())
+        turns = json.loads((logs / "codex-record.json").read_text())
         assert turns[-1]["mcp_server"]["http_headers"] == {
             "Authorization": f"Bearer {MCP_TOKEN}"}
         assert not any(MCP_TOKEN in p.read_text() for p in (tmp_path / "codex").rglob("*")

@@ -19,7 +19,7 @@ import trio
 
 from tests.kits.harness import finished, running_harness, running_server
 
-pytestmark = pytest.mark.protocol("§5", "§12")
+pytestmark = pytest.mark.protocol("§5", "§12", "§13")
 
 #: Absolute, because the agent runs in the harness's workdir, not here.
 CLI_ROOT = Path(os.environ.get("PROHOST_REAL_CLIS", ".cache/agent-clis")).resolve()
@@ -88,6 +88,9 @@ async def error_of_a_failed_run(
             assert record.completion is not None
             assert "reply" not in record.completion
             assert record.completion["account"] == "first"
+            # Confined, as by default (§13), and not failed by it: its own reason.
+            assert record.completion["confined"] is True
+            assert "permission denied" not in record.completion["error"].lower()
             await running.harness.wait_released(run_id)
             assert len(running.harness.groups) == 0
     error: str = record.completion["error"]

@@ -19,7 +19,7 @@ import trio
 
 from prohost.engine.ledger import Ledger
 from tests.kits.harness import Running, finished
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 
 #: tests/agents/fake_claude.py as an ``--exec`` line.
 FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_claude.py'))}"
@@ -27,14 +27,16 @@ FAKE_CLAUDE = f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'fake_cl
 
 def claude_env(tmp_path: Path, scenario: str = "reply", **extra: str) -> dict[str, str]:
     """The environment that makes the fake Claude play ``scenario`` and record each
-    invocation in ``tmp_path/record.json``."""
+    invocation in ``record.json`` of ``tmp_path``'s logs folder (which the kits let
+    a confined run write)."""
     return {**os.environ, "FAKE_CLAUDE_SCENARIO": scenario,
-            "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json"), **extra}
+            "FAKE_CLAUDE_RECORD": str(logs_folder(tmp_path) / "record.json"), **extra}
 
 
 def invocations(tmp_path: Path) -> list[dict[str, Any]]:
     """Every invocation the fake Claude recorded (see :func:`claude_env`)."""
-    result: list[dict[str, Any]] = json.loads((tmp_path / "record.json").read_text())
+    result: list[dict[str, Any]] = json.loads(
+        (logs_folder(tmp_path) / "record.json").read_text())
     return result
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from prohost.engine.agent import process as agent_process
 from prohost.engine.agent.procinfo import groups_of_run
 from tests.kits.ledger import STEP_WRITES
 
@@ -25,7 +26,7 @@ class Spawns:
     test can see how each ended."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self._by_run: dict[str, list[trio.Process]] = {}
+        self._by_run: dict[str, list[Any]] = {}
         original = trio.lowlevel.open_process
 
         async def open_process(command: Any, **options: Any) -> trio.Process:
@@ -36,8 +37,20 @@ class Spawns:
             return proc
 
         monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
+        # A confined agent (the default, PROTOCOL.md §13) is spawned from a confined
+        # thread instead, not through trio's open_process: counted there too.
+        spawn_confined = agent_process._spawn_confined
 
-    def of(self, run_id: str) -> list[trio.Process]:
+        async def spawned_confined(confinement: Any, argv: list[str], **options: Any) -> Any:
+            proc = await spawn_confined(confinement, argv, **options)
+            run_id = (options.get("env") or {}).get("PROHOST_RUN_ID")
+            if run_id is not None and "/bin/sh" in argv:
+                self._by_run.setdefault(run_id, []).append(proc)
+            return proc
+
+        monkeypatch.setattr(agent_process, "_spawn_confined", spawned_confined)
+
+    def of(self, run_id: str) -> list[Any]:
         return list(self._by_run.get(run_id, []))
 
 

@@ -32,7 +32,7 @@ from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
 from prohost.wire.protocol import Ack, Message
 from prohost.wire.signature import sign
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 
 
 @asynccontextmanager
@@ -138,8 +138,14 @@ async def running_harness(
     clock: Callable[[], float] = time.time,
     **option_fields: Any,
 ) -> AsyncIterator[Running]:
-    """The production harness in this trio run; waits for it to connect by default."""
+    """The production harness in this trio run; waits for it to connect by default.
+
+    Its agents run confined, as by default (PROTOCOL.md §13); a fake that records
+    what it saw writes into :func:`logs_folder` of the home's parent, which the
+    kit opens with ``--allow-write`` unless the test says what to allow itself.
+    """
     creds = pair_home(server, home)
+    option_fields.setdefault("allow_write", (logs_folder(home.parent),))
     options = Options(home=home, machine="test", **option_fields)
     ledger = None if options.dry_run else Ledger.open(home / "ledger.sqlite3")
     exit_code: list[int] = []

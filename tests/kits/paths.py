@@ -15,3 +15,12 @@ AGENTS = TESTS / "agents"
 SCRIPTS = ROOT / "scripts"
 #: The child that dies by SIGKILL at a chosen point of the ledger's life.
 LEDGER_CRASH_CHILD = TESTS / "kits" / "ledger_crash_child.py"
+
+
+def logs_folder(tmp_path: Path) -> Path:
+    """The folder a test's fake agents log into (made here). Agents run confined
+    (PROTOCOL.md §13): the kits that start a harness name this folder with
+    ``--allow-write``, and nothing else of ``tmp_path`` is opened to them."""
+    folder = tmp_path / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import trio
 from prohost.engine.ledger import Ledger, LedgerRow
 from prohost.server import ServerHandle
 from tests.kits.harness import Gate, acks, delivery_frame, pair_home, running_server, wait_for_ack
+from tests.kits.paths import logs_folder
 
 
 class HarnessProcess:
@@ -93,8 +94,10 @@ async def harness_process(
     connected: bool = True,
     extra_env: Mapping[str, str] | None = None,
     output: int | None = None,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[HarnessProcess]:
-    """Start a harness on ``home`` (already paired) and wait until it is connected
+    """Start a harness on ``home`` (already paired), with ``extra_args`` after its
+    flags, and wait until it is connected
     (with ``connected=False``, hand it over as soon as the process is started).
     With ``output`` (a file descriptor), its stdout and stderr go there and its log
     is not read.
@@ -108,7 +111,9 @@ async def harness_process(
     connects = server.state.total_connects
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "prohost", "agent", "run", "--exec", command,
-         "--concurrency", str(concurrency), "--machine", "t"],
+         "--concurrency", str(concurrency), "--machine", "t",
+         # Confined, as by default (§13): the fakes log into this folder only.
+         "--allow-write", str(logs_folder(home.parent)), *extra_args],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL if output is None else output,

@@ -31,7 +31,7 @@ from tests.kits.harness import (
     running_server,
     start_run,
 )
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.process import (
     alive,
     harness_process,
@@ -46,6 +46,12 @@ from tests.kits.process import (
 pytestmark = pytest.mark.protocol("§7")
 
 
+
+def hardy_reads(home: Path) -> list[str]:
+    """hardy.py reads the harness's ledger to see its process group recorded: a
+    confined run sees nothing of ``$PROHOST_HOME`` (§13) unless it is opened to it."""
+    return ["--allow-read", str(home)]
+
 async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queued_runs_resume(
     tmp_path: Path,
 ) -> None:
@@ -53,7 +59,8 @@ async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queue
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
-            async with harness_process(server, home, command) as first:
+            async with harness_process(server, home, command,
+                                       extra_args=hardy_reads(home)) as first:
                 # One slot, and it is taken: the waiting runs are accepted but never start.
                 busy, waiting = await busy_and_queued(server, gate, "B", "C")
                 await kill_harness(server, first)
@@ -68,7 +75,8 @@ async def test_after_a_kill_the_interrupted_run_is_reported_and_killed_and_queue
             assert [ledger_row(home, r).state for r in waiting] == [RunState.ACCEPTED] * 2
             assert gate.started == [busy]
 
-            async with harness_process(server, home, command) as second:
+            async with harness_process(server, home, command,
+                                       extra_args=hardy_reads(home)) as second:
                 assert await wait_gone(agent_pid), "the leftover agent is still alive"
                 # The accepted runs run now, in the order accepted; `busy` never
                 # runs again.
@@ -134,7 +142,8 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
-            async with harness_process(server, home, command) as first:
+            async with harness_process(server, home, command,
+                                       extra_args=hardy_reads(home)) as first:
                 done = await start_run(server, gate, "quick", conversation_id="D")
                 await gate.release(done, "quick answer")
                 await server.wait_until(finished(done))
@@ -147,7 +156,8 @@ async def test_after_a_kill_redeliveries_are_never_executed_twice(tmp_path: Path
             # Keep the interrupted run's restart report unsettled for now (Retry-After
             # keeps the retries from hammering), so it stays `finished` in the ledger.
             server.state.completion_faults.extend([(503, {"Retry-After": "1"})] * 100)
-            async with harness_process(server, home, command) as second:
+            async with harness_process(server, home, command,
+                                       extra_args=hardy_reads(home)) as second:
                 await server.wait_until(lambda s: s.runs[interrupted].completion_posts > 0)
                 await gate.wait_started(pending)
 
@@ -193,11 +203,13 @@ async def test_a_first_signal_as_the_restarted_harness_starts_reports_both_runs_
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):
             command = agent_command("hardy.py", gate.port)
-            async with harness_process(server, home, command) as first:
+            async with harness_process(server, home, command,
+                                       extra_args=hardy_reads(home)) as first:
                 busy, [queued] = await busy_and_queued(server, gate, "B")
                 await kill_harness(server, first)
 
-            async with harness_process(server, home, command, connected=False) as second:
+            async with harness_process(server, home, command, connected=False,
+                                       extra_args=hardy_reads(home)) as second:
                 await second.wait_first_line()
                 second.send_signal(signal.SIGTERM)
 
@@ -231,7 +243,7 @@ async def test_after_a_kill_the_next_turn_resumes_the_session_the_last_one_ended
     the turn's `finished`: once the server has the turn's result, it is on disk, and
     a harness killed then resumes it for the conversation's next turn."""
     home = tmp_path / "home"
-    record = tmp_path / "record.json"
+    record = logs_folder(tmp_path) / "record.json"
     # Named `claude`, so the harness picks the Claude brain (--brain auto).
     claude = tmp_path / "bin" / "claude"
     claude.parent.mkdir()

@@ -24,6 +24,7 @@ from prohost.server import ServerHandle
 from prohost.wire.outcomes import NOT_STARTED, STOPPED
 from prohost.wire.protocol import Heartbeat, Pong, Status
 from tests.kits.harness import agent_command, busy_and_queued, finished, start_run
+from tests.kits.paths import logs_folder
 from tests.kits.process import (
     HarnessProcess,
     alive,
@@ -111,7 +112,7 @@ async def test_first_signal_drains(tmp_path: Path) -> None:
 
 async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    pidfile = tmp_path / "tree.pids"
+    pidfile = logs_folder(tmp_path) / "tree.pids"
     pids: list[int] = []
     with trio.fail_after(60):
         async with paired_with_gate(home, also_kill=pids) as (gate, server):
@@ -129,10 +130,11 @@ async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> N
                     assert await harness.proc.wait() == 130
 
             # Reported before the harness exited, not left for the next start.
-            # The agent had started: the completion names its account (§12).
+            # The agent had started: the completion names its account (§12) and
+            # says it ran confined (§13, the default).
             assert server.run(run_id).completion == {
                 "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True,
-                "account": "default"}
+                "account": "default", "confined": True}
             assert server.run(run_id).completion_posts == 1
             assert ledger_row(home, run_id).state is RunState.REPORTED
             # The grandchild ignores SIGTERM: only the SIGKILL after the grace ends it.
@@ -221,7 +223,7 @@ async def test_a_spawn_that_hangs_does_not_hold_the_second_signal_past_5_s(
 
 async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    pidfile = tmp_path / "tree.pids"
+    pidfile = logs_folder(tmp_path) / "tree.pids"
     pids: list[int] = []
     with trio.fail_after(60):
         async with paired_with_gate(home, also_kill=pids) as (gate, server):

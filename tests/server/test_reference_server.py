@@ -511,6 +511,22 @@ async def test_completion_errors_401_404_400() -> None:
     assert server.run(run_id).completion is None
 
 
+@pytest.mark.protocol("§7", "§13")
+async def test_completion_confined_is_kept_and_must_be_a_bool() -> None:
+    with trio.fail_after(10):
+        async with running_server() as server:
+            creds = server.pair("m1")
+            run_id = await server.submit_run("hi")
+            wrong = await complete(server, creds, run_id,
+                                   {"run_id": run_id, "ok": True, "reply": "x", "confined": "yes"})
+            right = await complete(server, creds, run_id,
+                                   {"run_id": run_id, "ok": True, "reply": "x", "confined": False})
+    assert wrong.status_code == 400 and "confined" in wrong.json()["error"]
+    assert right.status_code == 200
+    completion = server.run(run_id).completion
+    assert completion is not None and completion["confined"] is False
+
+
 async def test_completion_faults_are_answered_in_order_before_normal_handling() -> None:
     with trio.fail_after(10):
         async with running_server() as server:

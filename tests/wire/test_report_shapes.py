@@ -71,3 +71,12 @@ def test_a_tool_event_is_its_timeline_row() -> None:
     assert list(event.to_json().items()) == [
         ("id", "toolu_1"), ("name", "Bash"), ("state", "done"), ("summary", "pytest -q"),
         ("at", 1.5)]
+
+
+@pytest.mark.protocol("§13")
+def test_confined_is_sent_when_known_and_absent_when_no_agent_spawned() -> None:
+    assert "confined" not in Outcome(ok=True, reply="x").completion("r")
+    assert Outcome(ok=True, reply="x", confined=True).completion("r")["confined"] is True
+    failed = Outcome.failure("stopped", confined=False)
+    assert failed.completion("r")["confined"] is False
+    assert Outcome.from_json(failed.to_json()) == failed

@@ -52,7 +52,18 @@ class Poller(Protocol):
         """Release what the poller holds; the descriptors it reported stay open."""
 
 
-def poller_for(proc: trio.Process) -> Poller:
+class Child(Protocol):
+    """What a poller needs of the process it watches: a :class:`trio.Process`, or
+    the harness's own record of a child spawned from a confined thread
+    (:mod:`prohost.engine.agent.process`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def wait(self) -> int: ...
+
+
+def poller_for(proc: Child) -> Poller:
     """The cheapest poller that works here, watching ``proc``'s exit from the start."""
     if USE_EPOLL:
         try:
@@ -92,7 +103,7 @@ class _Epoll:
 
 
 class _Tasks:
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: Child) -> None:
         self._proc = proc
         self._waits: dict[int, Callable[[int], Awaitable[object]]] = {EXIT: self._exited}
 

@@ -36,6 +36,7 @@ import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
+from prohost.engine.sandbox import Confinement
 
 log = logging.getLogger("prohost.agentproc")
 
@@ -135,6 +136,23 @@ def _hang_on(fifo: str) -> None:
         hung.read()
 
 
+def _in_child(hang: str | None, confine: Callable[[], None] | None
+              ) -> Callable[[], None] | None:
+    """What the child runs between fork and exec: the test hook's hang, then the
+    confinement's own step (the hook first: it opens a FIFO the confinement may
+    hide)."""
+    if hang is None:
+        return confine
+    if confine is None:
+        return functools.partial(_hang_on, hang)
+
+    def both() -> None:
+        _hang_on(hang)
+        confine()
+
+    return both
+
+
 def kill_children() -> None:
     """SIGKILL every child of this process, and the group of each that leads one.
 
@@ -210,7 +228,7 @@ class _Watch:
 
     def __init__(
         self,
-        proc: trio.Process,
+        proc: trio.Process | _Child,
         *,
         stdin_data: bytes,
         groups: ProcessGroups,
@@ -489,8 +507,14 @@ async def run_agent(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     on_output: Callable[[float], None] | None = None,
     conversation: Conversation | None = None,
+    confinement: Confinement | None = None,
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
+
+    With a ``confinement`` (PROTOCOL.md §13), the shell starts confined, and so
+    does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, its
+    ``pass_fds`` are inherited, its ``preexec`` runs in the child before exec. The
+    caller closes it (it may spawn again with it).
 
     The process runs in ``cwd`` with exactly ``env``, gets ``stdin_text`` (UTF-8) on
     stdin and then end-of-file, and is stopped (SIGTERM to the group, SIGKILL
@@ -520,17 +544,29 @@ async def run_agent(
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
-    hang = os.environ.get(TEST_HUNG_SPAWN_ENV)
-    proc = await trio.lowlevel.open_process(
-        ["/bin/sh", "-c", command],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-        preexec_fn=functools.partial(_hang_on, hang) if hang else None,
-    )
+    hang = os.environ.get(TEST_HUNG_SPAWN_ENV) or None
+    prefix: tuple[str, ...] = ()
+    pass_fds: tuple[int, ...] = ()
+    preexec = None
+    if confinement is not None:
+        prefix, pass_fds, preexec = (confinement.argv_prefix, confinement.pass_fds,
+                                     confinement.preexec)
+    argv = [*prefix, "/bin/sh", "-c", command]
+    proc: trio.Process | _Child
+    if confinement is not None and preexec is not None and hang is None:
+        proc = await _spawn_confined(confinement, argv, cwd=cwd, env=env, pass_fds=pass_fds)
+    else:
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=pass_fds,
+            preexec_fn=_in_child(hang, preexec),
+        )
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid
     groups.add(pgid)
@@ -557,6 +593,74 @@ async def run_agent(
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if isinstance(stream, trio.lowlevel.FdStream):
                 stream.close()
+
+
+class _Child:
+    """A child spawned from a confined thread: what :class:`_Watch` reads of a
+    :class:`trio.Process` (its pid, pipes and exit status), over the ``Popen``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: trio.lowlevel.FdStream,
+                 stdout: trio.lowlevel.FdStream, stderr: trio.lowlevel.FdStream) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it has exited (and it is reaped then), else ``None``."""
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        """Return its exit status once it has exited (for the poller without
+        pidfds). Cancelled: the waiting thread is abandoned; it ends with the child."""
+        return await trio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
+
+
+async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Path,
+                          env: Mapping[str, str], pass_fds: tuple[int, ...]) -> _Child:
+    """Spawn ``argv`` as ``run_agent`` does, from a fresh thread that entered the
+    confinement first (:meth:`Confinement.spawn_from_a_confined_thread`), so that
+    subprocess keeps its ``vfork`` path: a ``preexec`` forces a full ``fork``, which
+    in a harness of tens of MiB cost several milliseconds per run (docs/security.md,
+    "Cost"). Raises ``OSError`` as a spawn does, and ``SubprocessError`` when the
+    confinement cannot be entered (nothing is spawned then).
+
+    Cancelled: not before the child exists (the spawn cannot be abandoned, as with
+    :func:`trio.lowlevel.open_process`); then as the caller's.
+    """
+    stdin_child, stdin_ours = os.pipe()
+    stdout_ours, stdout_child = os.pipe()
+    stderr_ours, stderr_child = os.pipe()
+    ours = [stdin_ours, stdout_ours, stderr_ours]
+    try:
+        child_env = dict(env)
+        tried: list[bool] = []
+
+        def spawn() -> subprocess.Popen[bytes]:
+            tried.append(True)
+            return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
+                                    stderr=stderr_child, cwd=cwd, env=child_env,
+                                    start_new_session=True, pass_fds=pass_fds)
+
+        try:
+            popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
+                                                  spawn)
+        except OSError as exc:
+            if tried:
+                raise  # the spawn's own failure (a missing cwd, …)
+            # The thread could not enter the confinement, so nothing was spawned: the
+            # same failure as a preexec's, never one of the working directory.
+            raise subprocess.SubprocessError(f"entering the confinement failed: {exc}") from exc
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_child, stdout_child, stderr_child):
+            os.close(fd)
+    return _Child(popen, *(trio.lowlevel.FdStream(fd) for fd in ours))
 
 
 def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:

@@ -24,6 +24,7 @@ exception, except cancellation (the caller reports it, §6) and a failure of
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -40,8 +41,9 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.run.ending import failure_from_result
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.workfolder import WorkFolder
+from prohost.engine.sandbox import Confinement
 from prohost.options import Options
-from prohost.wire.outcomes import budget_reached
+from prohost.wire.outcomes import NOT_CONFINED, budget_reached
 from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
@@ -112,6 +114,9 @@ class Attempt:
     #: its earlier attempts (§12: the budget caps the run, not each attempt);
     #: ``None``: no budget, or all of it.
     max_cost_usd: float | None = None
+    #: The confinement its agent is spawned in (PROTOCOL.md §13); ``None``: none.
+    #: The runner made it and closes it.
+    confinement: Confinement | None = None
     #: Where the agent starts (§5.3): the conversation's worktree of the first
     #: ``--repos`` checkout (:func:`prohost.engine.run.staging.workdir_for`);
     #: ``None``: the spec's ``--workdir``.
@@ -317,7 +322,14 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             on_stdout_line=read_line if brain.streams else None,
             on_output=lambda at: setattr(progress, "last_output", at),
             conversation=conversation,
+            confinement=attempt.confinement,
         )
+    except subprocess.SubprocessError as exc:
+        # Only the child's step before exec raises this (Popen's "Exception occurred
+        # in preexec_fn"): the confinement could not be applied, so nothing ran, and
+        # nothing runs unconfined in its place.
+        log.warning("run %s: could not confine the agent: %s", attempt.run.run_id, exc)
+        return _Tried(Outcome.failure(f"{NOT_CONFINED}: {exc}"), turn, session_id)
     except OSError as exc:
         if spawned:
             raise  # from on_spawn: the caller's own failure, not the agent's

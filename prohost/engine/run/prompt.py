@@ -51,6 +51,9 @@ class PromptContext:
     """Other runs may execute on this machine at the same time (``--concurrency`` > 1)."""
     checkouts: tuple[Checkout, ...] = ()
     checkout_failures: tuple[CheckoutFailure, ...] = ()
+    #: The agent runs confined (§13); ``workdir`` is its working directory.
+    confined: bool = False
+    workdir: str | None = None
     starts_in: Checkout | None = None
     """The checkout whose worktree is the agent's working directory (the first
     listed, §5.3); ``None``: it works in ``--workdir``."""
@@ -194,6 +197,7 @@ def _isolation_lines(context: PromptContext) -> list[str]:
             "  runs read them. Do not run `git worktree add`, `remove`, `move` or",
             "  `prune` yourself.",
         ]
+    lines += _confinement_lines(context)
     if context.checkout_failures:
         lines += [
             "- No private checkout could be prepared for:",
@@ -203,6 +207,27 @@ def _isolation_lines(context: PromptContext) -> list[str]:
             "  needed a change there.",
         ]
     return lines
+
+
+def _confinement_lines(context: PromptContext) -> list[str]:
+    """Where a confined agent may write (§13), so that it does not spend turns
+    finding out."""
+    if not context.confined:
+        return []
+    if context.checkouts:
+        places = ["  your checkouts above (and their git data: you can commit on their",
+                  "  branches; a branch you create must be named prohost/..., no other",
+                  "  can be created or moved),"]
+    else:
+        places = [f"  the working directory {context.workdir},"]
+    return [
+        "- You are confined: you can write only in",
+        *places,
+        "  $TMPDIR (private to this run, removed after it), your CLI's own settings",
+        "  folder and the usual caches. The rest of this machine is read-only to",
+        "  you, and $PROHOST_HOME and secrets such as ~/.ssh are hidden: a write or",
+        "  read refused there (permission denied) is this, not something to fix.",
+    ]
 
 
 def _reply_lines() -> list[str]:

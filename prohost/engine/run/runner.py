@@ -53,6 +53,15 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
+from prohost.engine.run.confine import (
+    ConfinementFailed,
+    EarlyConfinement,
+    RunConfinement,
+    RunPlaces,
+    Sandbox,
+    confine,
+    confined_env,
+)
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -73,12 +82,13 @@ from prohost.engine.run.staging import (
 )
 from prohost.wire.changes import ChangeEntry
 from prohost.wire.outcomes import (
+    NOT_CONFINED,
     budget_reached,
     internal_error,
     limit_phrase,
     without_local_paths,
 )
-from prohost.wire.runs import Outcome
+from prohost.wire.runs import AgentRun, Outcome
 from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.runner")
@@ -150,6 +160,8 @@ class _Ending:
     #: The last account reached its usage limit: someone may still use the answer
     #: from another account, later (a limit is never the run's own fault).
     limited: bool = False
+    #: The run's agent was spawned confined or not (§13); ``None``: none spawned.
+    confined: bool | None = None
 
     def outcome(self) -> Outcome:
         """The outcome reported: made here, and only here, from what ended the run."""
@@ -162,6 +174,7 @@ class _Ending:
             duration_ms=said.duration_ms if self.duration_ms is None else self.duration_ms,
             changes=said.changes if self.changes is None else self.changes,
             retryable=said.retryable or self.limited,
+            confined=said.confined if self.confined is None else self.confined,
         )
 
     def lane_turn(self, lane: str) -> LaneTurn | None:
@@ -205,8 +218,11 @@ class Runner:
         on_outcome: Callable[[HeldRun, Outcome], None],
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.setup = setup
+        #: How agents are confined (§13); ``None``: they are not (``--sandbox off``).
+        self.sandbox = sandbox
         self.steps = steps
         self.reporter = reporter
         #: Reports that outlived their retry window, tried again (§7).
@@ -335,8 +351,14 @@ class Runner:
             progress = held.progress
             ending = _Ending(self._internal_error(held, exc), ran=progress.attempts > 0,
                              session_id=progress.session_id, account=progress.account,
-                             totals=tally.totals)
+                             totals=tally.totals, confined=self._confined(progress.attempts))
         return ending.outcome(), ending.lane_turn(held.lane)
+
+    def _confined(self, spawns: int) -> bool | None:
+        """The completion's ``confined`` (§7) after ``spawns`` spawns of the agent."""
+        if not spawns:
+            return None
+        return self.sandbox is not None and self.sandbox.confines
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -408,10 +430,34 @@ class Runner:
                 usage = None if share is None else tally.spent + share
             return _Ending(held.stop_outcome, ran=progress.attempts > 0,
                            session_id=progress.session_id, account=progress.account,
-                           totals=tally.totals, usage=usage)
+                           totals=tally.totals, usage=usage,
+                           confined=self._confined(progress.attempts))
         return ending
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: _Tally) -> _Ending:
+        """:meth:`_begin`, with the run's confinement begun first when its places
+        are known from the start (no ``--repos``): made while ``started`` is
+        written, it costs the run no time. Cancelled: as :meth:`_begin`; one not
+        taken is closed, and its scratch folder removed."""
+        early = None
+        sandbox = self.sandbox
+        if sandbox is not None and sandbox.confines and self.worktrees is None:
+            early = EarlyConfinement(sandbox, RunPlaces(
+                workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
+                scratch=scratch_folder(self.scratch_root, held.run.run_id),
+                brain=self.setup.brain.name,
+                env={**self.env, **account.env(self.setup.brain.name)}))
+        try:
+            return await self._begin(held, timeline, account, tally, early)
+        finally:
+            if early is not None and not early.taken:
+                early.discard()
+                await remove_scratch(held.run, early.places.scratch, self.setup.bounds,
+                                     made=True)
+
+    async def _begin(self, held: HeldRun, timeline: ToolEventSink | None,
+                     account: Account, tally: _Tally,
+                     early: EarlyConfinement | None) -> _Ending:
         """``started``, then the run's checkouts, prompt and working folder, then its
         attempts on ``account`` and, while each ends at its account's usage limit,
         on the next account the book offers (fresh session there; none left: wait
@@ -460,7 +506,8 @@ class Runner:
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
             held.move_to("running", self._on_change)
-        prompt = prompt_for(run, setup.spec, checkouts.prepared)
+        prompt = prompt_for(run, setup.spec, checkouts.prepared,
+                            confined=self.sandbox is not None and self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
         try:
             # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
@@ -502,6 +549,18 @@ class Runner:
                         account=progress.account, totals=tally.totals)
                 if wiring is not None:
                     attempt_env.update(wiring.env)
+                try:
+                    # The account's own folders (a brain's MCP overlay of them is in
+                    # the scratch folder, granted as a whole).
+                    confined = await self._confine(run, checkouts, scratch, account_env,
+                                                   deadline, None if tried else early)
+                except ConfinementFailed as exc:
+                    # Never unconfined in its place: the run fails, saying why (§13).
+                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
+                                 changes=await checkouts.changes(), ran=bool(tried),
+                                 session_id=session if tried else None,
+                                 account=progress.account, totals=tally.totals)
+                attempt_env = confined_env(attempt_env, confined)
                 before = None
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
@@ -513,10 +572,17 @@ class Runner:
                 # what the earlier ones left. The budget is the one the CLI obeys:
                 # --max-cost's, or the user's own --max-budget-usd in --exec.
                 budget = left_of(setup.brain.budget_in_force(), tally.spent)
-                result = await execute(
-                    Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
-                            max_cost_usd=budget, cwd=workdir_for(setup.spec, checkouts.prepared)),
-                    setup, progress, on_spawn, timeline)
+                try:
+                    result = await execute(
+                        Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
+                                max_cost_usd=budget,
+                                cwd=workdir_for(setup.spec, checkouts.prepared),
+                                confinement=None if confined is None
+                                else confined.confinement),
+                        setup, progress, on_spawn, timeline)
+                finally:
+                    if confined is not None:
+                        confined.close()
                 tally.spent += result.spent
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started
@@ -540,10 +606,31 @@ class Runner:
                     return ended(outcome, changes=await checkouts.changes(),
                                  ran=True, session_id=result.session_id,
                                  account=account.name, totals=tally.totals,
-                                 limited=limited)
+                                 limited=limited,
+                                 confined=(confined is not None) if result.started
+                                 else None)
                 account, session = following
         finally:
-            await remove_scratch(run, scratch, setup.bounds)
+            await remove_scratch(run, scratch, setup.bounds,
+                                 made=self.sandbox is not None and self.sandbox.confines)
+
+    async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
+                       env: Mapping[str, str], deadline: float,
+                       early: EarlyConfinement | None = None) -> RunConfinement | None:
+        """The attempt's confinement (§13), ``None`` when runs are not confined:
+        ``early``'s when the run's first attempt has one; raises
+        :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
+        if self.sandbox is None:
+            return None
+        if early is not None:
+            return await early.take(deadline)
+        prepared = checkouts.prepared
+        places = RunPlaces(
+            workdir=None if self.worktrees is not None else self.setup.spec.workdir,
+            worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
+            lane_folder=prepared.folder if prepared else None,
+            scratch=scratch, brain=self.setup.brain.name, env=env)
+        return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:
         """The run reached its budget (§12), in words of its own: the budget in force

@@ -26,9 +26,11 @@ log = logging.getLogger("prohost.execute")
 SCRATCH_REMOVE_S = 5.0
 
 
-def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None) -> str:
+def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None,
+               *, confined: bool = False) -> str:
     """The prompt every attempt of ``run`` gets (§5.2), naming its private
-    checkouts and those that could not be made."""
+    checkouts and those that could not be made, and where it may write when it
+    runs ``confined`` (§13)."""
     return build_prompt(
         run,
         PromptContext(
@@ -37,6 +39,8 @@ def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None
             parallel=spec.parallel,
             checkouts=prepared.checkouts if prepared else (),
             checkout_failures=prepared.failures if prepared else (),
+            confined=confined,
+            workdir=str(spec.workdir),
             starts_in=prepared.first if prepared else None,
         ),
     )
@@ -94,8 +98,11 @@ async def wire_mcp(run: AgentRun, brain: Brain, folder: Path, env: Mapping[str, 
                        f"{exc.strerror or type(exc).__name__}") from None
 
 
-async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds) -> None:
-    """Remove the run's MCP folder, also after a configuration that failed half-way
+async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds, *,
+                         made: bool = False) -> None:
+    """Remove the run's MCP folder (and the private ``TMPDIR`` of a confined run,
+    ``made``: it is removed whatever the agent left in it), also after a
+    configuration that failed half-way
     (the folder is this run's alone: see
     :func:`prohost.engine.agent.environment.scratch_folder`). Never raises.
 
@@ -104,8 +111,8 @@ async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds) -> None:
     behind (with its 0600 token) is swept at the next start
     (:mod:`prohost.engine.supervisor.upkeep`).
     """
-    if run.mcp is None:
+    if run.mcp is None and not made:
         return
     with contextlib.suppress(OSError):
         await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
-                               what="removing the run's MCP folder")
+                               what="removing the run's scratch folder")

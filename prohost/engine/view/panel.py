@@ -124,6 +124,11 @@ def _notes(snapshot: Snapshot, now: float, *, here: bool) -> list[RenderableType
     if waiting is not None:
         notes.append(Text(f"⚠ {waiting}; retried every 5 min", style="yellow",
                           no_wrap=True, overflow="ellipsis"))
+    if snapshot.confinement is not None:
+        confined = snapshot.confinement.startswith("confined")
+        notes.append(Text(snapshot.confinement if confined else f"⚠ {snapshot.confinement}",
+                          style="dim" if confined else "yellow", no_wrap=True,
+                          overflow="ellipsis"))
     if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
         notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
                           no_wrap=True, overflow="ellipsis"))

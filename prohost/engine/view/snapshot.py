@@ -84,6 +84,9 @@ class Snapshot:
     finished: tuple[FinishedRow, ...] = ()
     #: Every agent account and its usage-limit state (PROTOCOL.md §12).
     accounts: tuple[AccountRow, ...] = ()
+    #: ``confined (Landlock ABI 7)`` or ``NOT confined: <reason>`` (§13); ``None``:
+    #: a harness from before confinement.
+    confinement: str | None = None
     #: Reports that outlived their retry window and wait in the ledger's outbox (§7),
     #: and when the oldest of their runs finished (epoch s; None when none waits).
     reports_waiting: int = 0

@@ -130,6 +130,8 @@ class Observed:
     stopping: Callable[[], bool]
     #: Reports waiting past their window (§7); ``None`` in a dry run.
     outbox: Outbox | None = None
+    #: ``confined (Landlock ABI 7)`` or ``NOT confined: <reason>`` (§13).
+    confinement: str | None = None
 
 
 def take_snapshot(seen: Observed) -> Snapshot:
@@ -176,6 +178,7 @@ def take_snapshot(seen: Observed) -> Snapshot:
         brain=seen.brain.name,
         brain_version=seen.facts.brain_version,
         model=seen.facts.model,
+        confinement=seen.confinement,
         slots=stats.limit,
         slots_used=stats.running,
         queued=stats.queued,

@@ -35,6 +35,7 @@ from tests.kits.harness import (
     running_server,
     wall_clock_bound,
 )
+from tests.kits.paths import logs_folder
 
 pytestmark = pytest.mark.protocol("§12")
 
@@ -170,7 +171,7 @@ async def test_with_every_account_limited_deliveries_get_503_and_queued_runs_wai
             for run_id in queued:
                 assert server.run(run_id).completion == {
                     "run_id": run_id, "ok": False, "retryable": True, "error": reason}
-            assert not (tmp_path / "record.json").exists()
+            assert not (logs_folder(tmp_path) / "record.json").exists()
             assert [row.state for row in messages(server.state, Status)[-1].accounts] == [
                 "limited", "limited"]
 

@@ -32,6 +32,7 @@ from prohost.wire.runs import Outcome
 from tests.kits.accounts import folders, limit, seed
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations
 from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.paths import logs_folder
 
 pytestmark = pytest.mark.protocol("§9", "§12")
 
@@ -109,7 +110,7 @@ async def test_a_drain_reports_the_runs_waiting_for_an_account_at_once(tmp_path:
                 record = server.run(run_id)
                 assert record.completion == {"run_id": run_id, **NOT_STARTED_REPORT}
                 assert record.completion_posts == 1
-            assert not (tmp_path / "record.json").exists(), "no agent was started"
+            assert not (logs_folder(tmp_path) / "record.json").exists(), "no agent was started"
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
 

@@ -47,7 +47,7 @@ from tests.kits.fake_clis import FAKE_CLAUDE, claude_env
 from tests.kits.faults import Spawns, internal_error, no_process_of_run
 from tests.kits.harness import agent_command, finished, pair_home, running_harness, running_server
 from tests.kits.ledger import STEP_WRITES, Fault, FaultyLedger
-from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT
+from tests.kits.paths import LEDGER_CRASH_CHILD, ROOT, logs_folder
 from tests.kits.process import alive, kill_leftovers, wait_gone
 
 pytestmark = pytest.mark.protocol("§7")
@@ -127,7 +127,7 @@ async def test_one_fault_at_one_step_of_a_run(
 ) -> None:
     mock_clock.rate = 1.0  # real time, but for the jump past a hung write's bound
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     # At the group step the agent holds until killed: one left running when its
     # group could not be written would not end by itself (issue 27.9).
     command = agent_command("marker.py", marks, *(["--hold"] if step == "process group" else []))
@@ -230,7 +230,7 @@ async def test_an_outcome_is_posted_only_once_finished_is_written(
     # drain's sweep) then reported the run a second time, as "restarted" (the
     # full-disk soak's bad reports).
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     fault = Fault("mark_finished", "disk_full", until_released=True)
     monkeypatch.setattr(harness_kit, "Ledger", FaultyLedger)
     with trio.fail_after(60):
@@ -338,7 +338,9 @@ async def crash_child(server: ServerHandle, home: Path, command: str, step: str,
     env["PROHOST_HOME"] = str(home)
     proc = await trio.lowlevel.open_process(
         [sys.executable, str(LEDGER_CRASH_CHILD), "harness", step, when,
-         "agent", "run", "--exec", command, "--concurrency", "1", "--machine", "t"],
+         "agent", "run", "--exec", command, "--concurrency", "1", "--machine", "t",
+         # Confined, as by default (§13): marker.py writes into the logs folder only.
+         "--allow-write", str(logs_folder(home.parent))],
         env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -375,7 +377,7 @@ async def kill_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, 
     """One kill cell; with ``stubborn``, an agent that holds whatever its prompt.
     ``gone_within_s`` only bounds a failure (an agent nobody killed)."""
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     command = agent_command("marker.py", marks, *(["--hold"] if stubborn else []))
     cell = (step, when)
     spawns = Spawns(monkeypatch)  # the restart's (the killed harness is a child)
@@ -444,7 +446,7 @@ async def test_the_second_signal_exits_in_its_window_while_a_write_hangs(
     measured on the harness's exit, the event the test waits for."""
     mock_clock.rate = 1.0
     home = tmp_path / "home"
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     command = agent_command("marker.py", marks)
     fault = Fault(STEP_WRITES[step], "hang")
     spawns = Spawns(monkeypatch)

@@ -37,6 +37,7 @@ from prohost.engine.ledger.steps import LedgerSteps, StepNotWritten
 from tests.kits import harness as harness_kit
 from tests.kits.faults import Spawns, internal_error, no_process_of_run
 from tests.kits.harness import agent_command, finished, running_harness, running_server
+from tests.kits.paths import logs_folder
 
 pytestmark = [
     pytest.mark.protocol("§7"),
@@ -204,7 +205,7 @@ async def test_a_run_whose_started_commit_meets_a_full_disk_is_reported_as_the_m
     small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home = small_disk  # the whole home on the small disk, as in the soak
-    marks = tmp_path / "marks"
+    marks = logs_folder(tmp_path) / "marks"
     command = agent_command("marker.py", marks)
     spawns = Spawns(monkeypatch)
     monkeypatch.setattr(harness_kit, "Ledger", FillingLedger)

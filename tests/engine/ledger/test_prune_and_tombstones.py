@@ -16,6 +16,7 @@ import trio
 from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admitted, Ledger, RunState
 from prohost.wire.runs import Outcome
 from tests.kits.harness import acks, delivery_frame, running_harness, running_server, wait_for_ack
+from tests.kits.paths import logs_folder
 
 pytestmark = pytest.mark.protocol("§7")
 
@@ -76,7 +77,7 @@ def test_unreported_runs_are_never_pruned_however_old(tmp_path: Path) -> None:
 @pytest.mark.protocol("§3")
 async def test_a_redelivery_of_a_pruned_run_is_204_and_never_runs(tmp_path: Path) -> None:
     """Through the real harness and server: run once, prune 8 days on, redeliver."""
-    count = tmp_path / "runs.txt"
+    count = logs_folder(tmp_path) / "runs.txt"
     # Every execution leaves a line, so a second one cannot go unnoticed.
     command = f"sh -c 'echo run >> {count}; echo done'"
     with trio.fail_after(60):

@@ -28,7 +28,7 @@ from prohost.engine.run.progress import Progress
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.engine.run.staging import env_for, prompt_for
 from prohost.wire.runs import AgentRun, Outcome
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.runner import solo_runner
 
 pytestmark = pytest.mark.protocol("§5")
@@ -315,7 +315,7 @@ async def test_a_wire_run_id_never_names_a_folder(tmp_path: Path, run_id: str) -
     from tests.kits.harness import running_harness, running_server
 
     home = tmp_path / "home"
-    record = tmp_path / "record.json"
+    record = logs_folder(tmp_path) / "record.json"
     env = {**os.environ, "FAKE_CLAUDE_SCENARIO": "reply", "FAKE_CLAUDE_RECORD": str(record)}
     fake_claude = agent("fake_claude.py")
     with trio.fail_after(60):

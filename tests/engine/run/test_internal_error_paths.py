@@ -27,7 +27,7 @@ async def test_an_internal_error_names_no_local_path(
     home, workdir = tmp_path / "home", tmp_path / "work"
     elsewhere = "/srv/prohost-elsewhere/notes.txt"
 
-    def failing_step(*_: Any) -> str:
+    def failing_step(*_: Any, **__: Any) -> str:
         # A step failing on a file of the harness's home, naming another path too
         # (as os.rename does), and the working directory in its words.
         raise PermissionError(errno.EACCES, f"Permission denied under {workdir}",

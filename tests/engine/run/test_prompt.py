@@ -239,3 +239,26 @@ def test_an_agent_started_in_its_checkout_is_not_told_it_shares_its_folder() -> 
     assert "in this same working directory" not in own
     assert "as other processes of you. Outside your private checkouts, give any" in own
     assert "You start in the first one, app: your working directory" in own
+
+
+@pytest.mark.protocol("§13")
+def test_a_confined_agent_is_told_where_it_may_write() -> None:
+    app = Checkout(name="app", path="/p/worktrees/conv-C42/app", source="/code/app",
+                   branch="prohost/conv-C42")
+    plain = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0,
+                                                  parallel=False, confined=True,
+                                                  workdir="/p/workspace"))
+    assert ("- You are confined: you can write only in\n"
+            "  the working directory /p/workspace,\n"
+            "  $TMPDIR (private to this run, removed after it), your CLI's own settings\n"
+            ) in plain
+    assert "$PROHOST_HOME and secrets such as ~/.ssh are hidden" in plain
+    repos = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0,
+                                                  parallel=False, confined=True,
+                                                  workdir="/p/workspace", checkouts=(app,),
+                                                  starts_in=app))
+    assert "  your checkouts above (and their git data: you can commit on their\n" in repos
+    assert "/p/workspace" not in repos  # with --repos, --workdir is no run's place
+    unconfined = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0,
+                                                      parallel=False, workdir="/p/w"))
+    assert "confined" not in unconfined

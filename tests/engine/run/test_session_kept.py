@@ -26,13 +26,14 @@ from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun
 from tests.kits.fake_clis import CLAUDE, CODEX, Cli, Turnstile, install, seed_session, turn
 from tests.kits.harness import Running, finished, running_harness, running_server
+from tests.kits.paths import logs_folder
 from tests.kits.runner import solo_runner
 
 pytestmark = pytest.mark.protocol("§5")
 
 
 def invocations(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "record.json"
+    path = logs_folder(tmp_path) / "record.json"
     found: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     return found
 
@@ -51,7 +52,8 @@ async def test_a_turn_the_cli_cannot_start_keeps_the_conversations_session(
     refuse = tmp_path / "refuse"
     codex_home = tmp_path / "codex-home"  # where the fake codex keeps its threads
     codex_home.mkdir()
-    env = {**os.environ, cli.record: str(tmp_path / "record.json"), cli.refuse: str(refuse),
+    env = {**os.environ, cli.record: str(logs_folder(tmp_path) / "record.json"),
+           cli.refuse: str(refuse),
            "CODEX_HOME": str(codex_home)}
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -108,7 +110,7 @@ async def test_a_codex_thread_it_no_longer_has_is_replaced_by_a_fresh_one(
     codex_home.mkdir()
     home = tmp_path / "home"
     seed_session(home, "conv:C1", "0199a213-0000-7000-8000-000000000000")
-    env = {**os.environ, CODEX.record: str(tmp_path / "record.json"),
+    env = {**os.environ, CODEX.record: str(logs_folder(tmp_path) / "record.json"),
            "CODEX_HOME": str(codex_home)}
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
@@ -157,7 +159,7 @@ async def test_a_run_cancelled_before_its_fresh_session_started_keeps_the_sessio
     seed_session(home, "conv:C1", "old-session")
     turnstile = Turnstile()
     env = {**os.environ, "FAKE_CLAUDE_SCENARIO": "no_session",
-           "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
+           "FAKE_CLAUDE_RECORD": str(logs_folder(tmp_path) / "record.json")}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(turnstile.serve)

@@ -28,6 +28,7 @@ from prohost.engine.view.status_file import status_message
 from prohost.wire.outcomes import INTERRUPTED
 from prohost.wire.runs import AgentRun, Outcome, parse_body
 from tests.kits.harness import agent_command, finished, running_harness, running_server
+from tests.kits.paths import logs_folder
 
 
 @pytest.mark.protocol("§3", "§7")
@@ -129,7 +130,7 @@ async def test_a_queued_run_is_held_light_and_runs_with_its_whole_body(
     of them would be most of the harness's memory), not even once heartbeats and the
     status have listed it; past the budget for queued texts, not even its text. When
     it starts, its body comes back whole (from the ledger, past the budget)."""
-    prompt_file = tmp_path / "prompt.txt"
+    prompt_file = logs_folder(tmp_path) / "prompt.txt"
     text = "the whole request, " + "x" * 4096
     with trio.fail_after(60):
         async with running_server() as server, running_harness(

@@ -34,6 +34,7 @@ from tests.kits.harness import (
     running_server,
     wall_clock_bound,
 )
+from tests.kits.paths import logs_folder
 
 
 @pytest.mark.protocol("§4", "§5")
@@ -161,7 +162,7 @@ async def test_a_run_whose_mcp_cannot_be_prepared_never_starts_the_agent(
             assert completion["ok"] is False
             assert "MCP" in completion["error"]
             assert "t0k3n" not in completion["error"]
-            assert not (tmp_path / "record.json").exists()  # never spawned
+            assert not (logs_folder(tmp_path) / "record.json").exists()  # never spawned
 
 
 async def test_mcp_config_is_private_and_removed_after_the_run(tmp_path: Path) -> None:
@@ -239,7 +240,7 @@ async def test_codex_threads_are_resumed_per_lane(tmp_path: Path) -> None:
                        ' "$@"\n')
     program.chmod(0o755)
     env = {**os.environ, "FAKE_CODEX_SCENARIO": "tool",
-           "FAKE_CODEX_RECORD": str(tmp_path / "record.json")}
+           "FAKE_CODEX_RECORD": str(logs_folder(tmp_path) / "record.json")}
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, tmp_path / "home", exec_command=str(program), env=env,

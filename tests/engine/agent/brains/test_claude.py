@@ -22,7 +22,7 @@ from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
 from prohost.wire.timeline import ToolEvent
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 
 FAKE = AGENTS / "fake_claude.py"
 FAKE_EXEC = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
@@ -491,7 +491,7 @@ def fake_env(tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "FAKE_CLAUDE_SCENARIO": scenario,
-        "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json"),
+        "FAKE_CLAUDE_RECORD": str(logs_folder(tmp_path) / "record.json"),
         "PROHOST_RUN_ID": "run_c1",
         "PROHOST_PAIRED_RUN": "1",
         **extra,
@@ -526,7 +526,7 @@ async def attempt(
 
 
 def recorded(tmp_path: Path) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = json.loads((tmp_path / "record.json").read_text())
+    entries: list[dict[str, Any]] = json.loads((logs_folder(tmp_path) / "record.json").read_text())
     return entries
 
 

@@ -28,7 +28,7 @@ from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun, Mcp
 from prohost.wire.timeline import ToolEvent
-from tests.kits.paths import AGENTS
+from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.runner import solo_runner
 
 FAKE = AGENTS / "fake_codex.py"
@@ -512,7 +512,7 @@ def fake_env(tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "FAKE_CODEX_SCENARIO": scenario,
-        "FAKE_CODEX_RECORD": str(tmp_path / "record.json"),
+        "FAKE_CODEX_RECORD": str(logs_folder(tmp_path) / "record.json"),
         "PROHOST_RUN_ID": "run_01",
         "PROHOST_PAIRED_RUN": "1",
         **extra,
@@ -521,7 +521,7 @@ def fake_env(tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
 
 def recorded(tmp_path: Path) -> dict[str, Any]:
     # The last invocation's entry.
-    data: dict[str, Any] = json.loads((tmp_path / "record.json").read_text())[-1]
+    data: dict[str, Any] = json.loads((logs_folder(tmp_path) / "record.json").read_text())[-1]
     return data
 
 

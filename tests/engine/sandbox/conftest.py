@@ -1,0 +1,103 @@
+"""Fixtures of the sandbox room's tests: a made-up home, and a confined child."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+import pytest
+
+from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, Policy, defaults, prepare, probe
+
+SUPPORT = probe()
+needs_landlock = pytest.mark.skipif(
+    SUPPORT.kind != "landlock", reason=f"no Landlock here: {SUPPORT.reason or SUPPORT.detail}")
+
+
+@attrs.frozen
+class Home:
+    """A home folder laid out like a person's, under the test's tmp_path."""
+
+    root: Path
+    #: A run's writable place (a worktree, say).
+    work: Path
+    #: Read-only to runs: an original checkout.
+    original: Path
+    #: The harness's own folder, hidden, with a run's writable worktree inside.
+    prohost: Path
+    worktree: Path
+
+    def policy(self, *, writable: Sequence[Path] = (), readable: Sequence[Path] = (),
+               hidden: Sequence[Path] = ()) -> Policy:
+        """The harness's usual policy for this home, plus what a test adds."""
+        return Policy(
+            writable=(self.work, self.worktree, *defaults.devices(), *writable),
+            readable=tuple(readable),
+            hidden=(*defaults.secrets(self.root), self.prohost, *hidden))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Home:
+    root = tmp_path / "home"
+    for folder in (".ssh", ".aws", ".config/gh", "src", "work", "original",
+                   ".local/share/prohost/worktrees/lane-a", ".cache"):
+        (root / folder).mkdir(parents=True)
+    (root / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    (root / ".ssh" / "known_hosts").write_text("example.com ssh-ed25519 AAAA\n")
+    (root / ".aws" / "credentials").write_text("[default]\n")
+    (root / ".config" / "gh" / "hosts.yml").write_text("token: x\n")
+    (root / ".local" / "share" / "prohost" / "credentials.json").write_text("{}\n")
+    (root / "notes.txt").write_text("a note\n")
+    (root / "src" / "readme").write_text("readable\n")
+    (root / "original" / "file").write_text("original\n")
+    prohost = root / ".local" / "share" / "prohost"
+    return Home(root=root, work=root / "work", original=root / "original", prohost=prohost,
+                worktree=prohost / "worktrees" / "lane-a")
+
+
+def run_confined(policy: Policy, script: str, **options: object
+                 ) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` started confined by ``policy``, its output captured."""
+    with prepare(policy, SUPPORT) as confinement:
+        assert confinement.confined
+        return subprocess.run(["sh", "-c", script], preexec_fn=confinement.preexec,
+                              pass_fds=confinement.pass_fds, capture_output=True,
+                              text=True, check=False, timeout=60, **options)  # type: ignore[call-overload]
+
+
+#: A child that tries one file operation and prints the errno's name (or ``ok``).
+PROBE = """
+import errno, os, sys
+op, path = sys.argv[1], sys.argv[2]
+try:
+    if op == "read":
+        open(path).read()
+    elif op == "write":
+        open(path, "a").write("x")
+    elif op == "list":
+        os.listdir(path)
+    print("ok")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"""
+
+
+def attempt(policy: Policy, op: str, path: Path) -> str:
+    """What a confined child got from ``op`` on ``path``: ``ok`` or an errno name."""
+    with prepare(policy, SUPPORT) as confinement:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, op, str(path)],
+                              preexec_fn=confinement.preexec, capture_output=True,
+                              text=True, check=True, timeout=60)
+    return done.stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _no_simulated_absence(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # A developer's shell may have the test hook set; these tests need the real probe.
+    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
+    yield
+
+

@@ -1,0 +1,58 @@
+"""What the probe says about this machine, and its test-only simulated absence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, Policy, prepare, probe
+from prohost.engine.sandbox.landlock import handled_rights
+
+
+def test_a_simulated_absence_gives_no_kind_and_an_unconfined_preparation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    support = probe()
+    assert support.kind is None
+    assert support.reason.endswith(f"(simulated for a test: {SIMULATE_ABSENT_ENV}=1)")
+    with prepare(Policy(writable=(tmp_path,), hidden=(tmp_path / "h",)), support) as conf:
+        assert not conf.confined
+        assert (conf.argv_prefix, conf.pass_fds, conf.preexec) == ((), (), None)
+
+
+def test_any_other_value_of_the_hook_is_the_real_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "0")
+    assert "simulated" not in probe().reason
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Landlock is Linux's")
+def test_on_linux_the_probe_names_the_landlock_abi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
+    support = probe()
+    lsm = Path("/sys/kernel/security/lsm")
+    if support.kind is None:
+        assert "Landlock" in support.reason
+        return
+    assert support.kind == "landlock"
+    abi = int(support.detail.removeprefix("Landlock ABI "))
+    assert abi >= 1
+    if lsm.exists():
+        assert "landlock" in lsm.read_text()
+
+
+def test_the_handled_rights_follow_the_abi() -> None:
+    assert handled_rights(1) == (1 << 13) - 1
+    assert handled_rights(2) == handled_rights(1) | 1 << 13  # REFER
+    assert handled_rights(3) == handled_rights(4) == handled_rights(2) | 1 << 14  # TRUNCATE
+    assert handled_rights(5) == handled_rights(7) == handled_rights(3) | 1 << 15  # IOCTL_DEV
+
+
+def test_an_unconfined_preparation_still_spawns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    with prepare(Policy(), probe()) as conf:
+        done = subprocess.run(["sh", "-c", "echo ran"], preexec_fn=conf.preexec,
+                              capture_output=True, text=True, check=True)
+    assert done.stdout == "ran\n"

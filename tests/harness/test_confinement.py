@@ -1,0 +1,259 @@
+"""Runs are confined by default (PROTOCOL.md §13), through the real harness.
+
+Everything is real: the reference server, the harness, the ledger, git, the
+kernel's Landlock. The agent is ``tests/agents/prober.py``, run as the plain
+brain's whole agent or as the Bash tool of the fake Claude and the fake Codex
+(``FAKE_AGENT_TOOL``): it tries each write, read and commit and replies with the
+errno it met, the agent's own error. ``$HOME`` is a folder of the test's, with a
+``~/.ssh`` key in it; the harness's home holds its credentials and ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from prohost.engine.repos.worktrees import lane_folder_name
+from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.paths import AGENTS, logs_folder
+from tests.kits.repos import isolate_git, make_repo
+
+pytestmark = [
+    pytest.mark.protocol("§13"),
+    pytest.mark.skipif(probe().kind != "landlock",
+                       reason=f"this system cannot confine with Landlock: {probe().reason}"),
+]
+
+PROBER = AGENTS / "prober.py"
+FAKE_CLAUDE = AGENTS / "fake_claude.py"
+FAKE_CODEX = AGENTS / "fake_codex.py"
+
+
+def prober(*ops: str) -> str:
+    return shlex.join([sys.executable, str(PROBER), *ops])
+
+
+class World:
+    """A machine as a person has it: a home with secrets and dotfiles, a checkout,
+    and the harness's own home beside them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.user = tmp_path / "user"
+        (self.user / ".ssh").mkdir(parents=True)
+        (self.user / ".ssh" / "id_ed25519").write_text("a private key\n")
+        (self.user / ".ssh" / "config").write_text("Host *\n")
+        (self.user / ".profile").write_text("export EDITOR=vi\n")
+        self.home = tmp_path / "home"
+        self.source = tmp_path / "src" / "app"
+        self.logs = logs_folder(tmp_path)
+        self.env = {**os.environ, "HOME": str(self.user),
+                    "GIT_AUTHOR_NAME": "Agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+                    "GIT_COMMITTER_NAME": "Agent",
+                    "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
+        self.env.pop(SIMULATE_ABSENT_ENV, None)
+
+    def worktree(self, conversation: str) -> Path:
+        return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    isolate_git(tmp_path, monkeypatch)
+    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
+    yield World(tmp_path)
+
+
+def results(completion: dict[str, Any] | None) -> dict[str, str]:
+    """The prober's ``NAME=RESULT`` lines, from the run's reply."""
+    assert completion is not None and completion["ok"] is True, completion
+    return dict(line.split("=", 1) for line in completion["reply"].splitlines())
+
+
+def agent_for(brain: str, tool: str, env: dict[str, str]) -> str:
+    """The ``--exec`` line that runs ``tool`` as ``brain``'s agent (or its tool)."""
+    if brain == "plain":
+        return tool
+    env["FAKE_AGENT_TOOL"] = tool
+    script = FAKE_CLAUDE if brain == "claude" else FAKE_CODEX
+    return shlex.join([sys.executable, str(script)])
+
+
+async def turn(server: Any, conversation: str) -> dict[str, Any]:
+    run_id = await server.submit_run("probe", conversation_id=conversation)
+    await server.wait_until(finished(run_id))
+    completion: dict[str, Any] = server.run(run_id).completion
+    return completion
+
+
+@pytest.mark.parametrize("brain", ["plain", "claude", "codex"])
+async def test_a_confined_run_writes_and_commits_only_in_its_own_places(
+    world: World, brain: str,
+) -> None:
+    """Its worktree and commits there work; the original checkout, a dotfile in
+    ``$HOME``, another conversation's worktree and ``$PROHOST_HOME`` are refused
+    with EACCES; ``$PROHOST_HOME``'s credentials and ``~/.ssh`` cannot be read; a
+    grandchild is as confined; its private ``TMPDIR`` works."""
+    await make_repo(world.source)
+    tool = prober(
+        "write:own:$PROHOST_RUN_REPOS/app/notes.txt",
+        "commit:commit:$PROHOST_RUN_REPOS/app",
+        "write:tmp:$TMPDIR/scratch.txt",
+        f"write:original:{world.source / 'README'}",
+        f"write:original_branch:{world.source / '.git' / 'refs' / 'heads' / 'main'}",
+        f"write:dotfile:{world.user / '.profile'}",
+        f"write:new_in_home:{world.user / 'new.txt'}",
+        f"write:other_conversation:{world.worktree('B') / 'README'}",
+        f"write:prohost_home:{world.home / 'planted.txt'}",
+        f"read:credentials:{world.home / 'credentials.json'}",
+        f"read:ssh_key:{world.user / '.ssh' / 'id_ed25519'}",
+        f"read:ssh_folder:{world.user / '.ssh'}",
+        f"child:grandchild:{world.user / '.profile'}",
+        f"read:source:{world.source / 'README'}",
+    )
+    env = dict(world.env)
+    command = agent_for(brain, tool, env)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain=brain, env=env,
+            repos=(world.source,),
+        ):
+            await turn(server, "B")  # B's worktree now exists
+            completion = await turn(server, "A")
+    assert results(completion) == {
+        "own": "ok", "commit": "ok", "tmp": "ok",
+        "original": "EACCES", "original_branch": "EACCES",
+        "dotfile": "EACCES", "new_in_home": "EACCES",
+        "other_conversation": "EACCES", "prohost_home": "EACCES",
+        "credentials": "EACCES", "ssh_key": "EACCES", "ssh_folder": "EACCES",
+        "grandchild": "EACCES", "source": "ok",
+    }
+    assert completion["confined"] is True
+    assert (world.user / ".profile").read_text() == "export EDITOR=vi\n"
+    assert not (world.home / "planted.txt").exists()
+    # The commit is in the shared repository, on the worktree's HEAD.
+    log = (world.worktree("A") / "from-the-agent.txt").read_text()
+    assert log == "a change the agent commits\n"
+
+
+async def test_allow_write_and_allow_read_open_exactly_what_they_name(world: World) -> None:
+    """Without --repos the working directory is the run's; --allow-write opens one
+    folder (not its sibling), --allow-read one file of ``~/.ssh`` (not the key)."""
+    shared = world.tmp / "shared"
+    sibling = world.tmp / "shared-not"
+    shared.mkdir()
+    sibling.mkdir()
+    workdir = world.tmp / "work"
+    tool = prober(
+        f"write:workdir:{workdir / 'out.txt'}",
+        f"write:allowed:{shared / 'out.txt'}",
+        f"write:sibling:{sibling / 'out.txt'}",
+        f"read:allowed_read:{world.user / '.ssh' / 'config'}",
+        f"write:allowed_read_write:{world.user / '.ssh' / 'config'}",
+        f"read:ssh_key:{world.user / '.ssh' / 'id_ed25519'}",
+    )
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=tool, brain="plain", env=world.env,
+            workdir=workdir, allow_write=(shared, world.logs),
+            allow_read=(world.user / ".ssh" / "config",),
+        ):
+            completion = await turn(server, "A")
+    assert results(completion) == {
+        "workdir": "ok", "allowed": "ok", "sibling": "EACCES", "allowed_read": "ok",
+        "allowed_read_write": "EACCES", "ssh_key": "EACCES",
+    }
+
+
+async def test_sandbox_off_runs_as_before(world: World) -> None:
+    """``--sandbox off``: nothing is refused, and the completion says so."""
+    tool = prober(f"write:dotfile:{world.user / '.profile'}",
+                  f"read:credentials:{world.home / 'credentials.json'}")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=tool, brain="plain", env=world.env,
+            sandbox="off",
+        ):
+            completion = await turn(server, "A")
+    assert results(completion) == {"dotfile": "ok", "credentials": "ok"}
+    assert completion["confined"] is False
+
+
+async def test_auto_without_support_warns_once_and_reports_unconfined(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where the system cannot confine (simulated at the probe), ``auto`` says so
+    once at start and in each completion, and runs as before."""
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    caplog.set_level(logging.INFO, logger="prohost")
+    tool = prober(f"write:dotfile:{world.user / '.profile'}")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=tool, brain="plain", env=world.env,
+        ) as running:
+            first = await turn(server, "A")
+            second = await turn(server, "B")
+            snapshot = running.harness.snapshot()
+    assert results(first) == {"dotfile": "ok"}
+    assert first["confined"] is False and second["confined"] is False
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "NOT confined" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert snapshot.confinement is not None
+    assert snapshot.confinement.startswith("NOT confined: ")
+
+
+async def test_status_says_how_runs_are_confined(world: World) -> None:
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=prober(), brain="plain", env=world.env,
+        ) as running:
+            snapshot = running.harness.snapshot()
+    assert snapshot.confinement == f"confined ({probe().detail})"
+
+
+def _cannot_prepare(policy: object, support: object) -> None:
+    raise OSError(12, "Cannot allocate memory")
+
+
+def _cannot_enter(ruleset_fd: int) -> None:
+    raise OSError(1, "Operation not permitted")
+
+
+@pytest.mark.parametrize("breakage", ["prepare", "apply"])
+async def test_a_confinement_that_cannot_be_made_fails_the_run_unstarted(
+    world: World, monkeypatch: pytest.MonkeyPatch, breakage: str,
+) -> None:
+    """Never unconfined by accident (§13): when the rules cannot be made, or the
+    spawning thread cannot enter them (both made to fail in the library's Python,
+    not in the kernel), the run fails saying so, and its agent never ran."""
+    from prohost.engine.run import confine
+    from prohost.engine.sandbox import landlock
+
+    if breakage == "prepare":
+        monkeypatch.setattr(confine, "prepare", _cannot_prepare)
+    else:
+        monkeypatch.setattr(landlock, "restrict_this_thread", _cannot_enter)
+    ran = world.logs / "ran.txt"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=prober(f"write:ran:{ran}"), brain="plain",
+            env=world.env,
+        ):
+            completion = await turn(server, "A")
+    assert completion["ok"] is False
+    reason = {"prepare": "Cannot allocate memory",
+              "apply": "entering the confinement failed: [Errno 1] Operation not permitted"}
+    assert completion["error"] == (
+        f"the agent could not be confined, so it was not started: {reason[breakage]}")
+    assert not ran.exists()
+    assert "confined" not in completion  # no agent was spawned (§7)
