@@ -3,11 +3,10 @@
 :func:`probe` says what this machine offers (Landlock on Linux, ``sandbox-exec`` on
 macOS); :func:`prepare` turns a :class:`Policy` into a :class:`Confinement` a spawn
 applies (on Linux a ``preexec``, or better a spawn from a confined thread:
-:meth:`Confinement.spawn_from_a_confined_thread`, and for trio
-:func:`.trio_spawn.open_process`; on macOS an ``argv_prefix``). :mod:`.defaults`
-lists the usual secrets, caches and device files. Nothing here imports the rest of
-prohost: the harness decides each run's places and hands them in. (``trio_spawn``
-is not imported here, so the rest needs no trio.)
+:meth:`Confinement.spawn_from_a_confined_thread`, which the harness's spawn uses:
+:func:`prohost.engine.agent.process.run_agent`; on macOS an ``argv_prefix``).
+:mod:`.defaults` lists the usual secrets, caches and device files. Nothing here
+imports the rest of prohost: the harness decides each run's places and hands them in.
 """
 
 from prohost.engine.sandbox import defaults, seatbelt
