@@ -33,7 +33,7 @@ from prohost.wire.outcomes import (
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
-from tests.kits.acp import FAKE_ACP, acp_env
+from tests.kits.acp import FAKE_ACP, acp_env, record_of
 
 PROMPT = "Please say hello.\n\nReply with exactly NO_REPLY to send nothing."
 
@@ -78,12 +78,12 @@ async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None =
                talk_to: Talk | None = None, mcp: McpWiring | None = None,
                **env: str) -> Talk:
     """One attempt of the ACP brain with the fake agent playing ``scenario``."""
-    (tmp_path / "record.jsonl").unlink(missing_ok=True)
+    record_of(tmp_path).unlink(missing_ok=True)
     turn = AcpBrain(FAKE_ACP, safe_tools=safe_tools).new_turn()
     if before is not None:
         turn.usage_before = before
     done = talk_to if talk_to is not None else Talk(turn)
-    done.turn, done.record_path = turn, tmp_path / "record.jsonl"
+    done.turn, done.record_path = turn, record_of(tmp_path)
     result = await run_agent(
         FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=acp_env(tmp_path, scenario, **env),
         groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,

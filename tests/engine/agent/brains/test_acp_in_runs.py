@@ -13,13 +13,13 @@ import trio
 
 from prohost.engine.agent import process
 from prohost.wire.outcomes import STOPPED
-from tests.kits.acp import FAKE_ACP, acp_env
+from tests.kits.acp import FAKE_ACP, acp_env, record_of
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.repos import make_readme_repo
 
 
 def received(tmp_path: Path) -> list[str]:
-    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    lines = record_of(tmp_path).read_text().splitlines()
     return [json.loads(line).get("method") or json.loads(line).get("event") or "response"
             for line in lines]
 
@@ -138,7 +138,7 @@ async def test_a_runs_mcp_server_reaches_an_acp_agent_in_its_session(tmp_path: P
                 mcp={"url": "http://127.0.0.1:9/mcp", "token": "t0k3n"})
             await server.wait_until(finished(run_id))
             assert (server.run(run_id).completion or {}).get("ok")
-    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    lines = record_of(tmp_path).read_text().splitlines()
     setup = next(json.loads(line) for line in lines if "session/new" in line)
     assert setup["params"]["mcpServers"] == [
         {"type": "http", "name": "prohost", "url": "http://127.0.0.1:9/mcp",
@@ -159,7 +159,7 @@ async def test_with_repos_the_acp_session_works_in_the_conversations_worktree(
             run_id = await server.submit_run("hello", conversation_id="C1")
             await server.wait_until(finished(run_id))
             assert (server.run(run_id).completion or {}).get("ok")
-    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    lines = record_of(tmp_path).read_text().splitlines()
     setup = next(json.loads(line) for line in lines if "session/new" in line)
     # The session's cwd is where the agent starts (§5.3), not --workdir.
     cwd = Path(setup["params"]["cwd"])
