@@ -95,24 +95,50 @@ _PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
 
 def speaks_acp(line: str) -> bool:
     """Whether ``line`` starts an agent in ACP mode (:data:`ACP_COMMANDS`)."""
+    return acp_program(line) is not None
+
+
+#: Which agent each program of :data:`ACP_COMMANDS` is: a confined run is granted
+#: that agent's own folders (prohost.engine.sandbox.defaults.AGENT_FOLDERS).
+_ACP_AGENTS = {
+    "gemini": "gemini", "@google/gemini-cli": "gemini",
+    "qwen": "qwen", "@qwen-code/qwen-code": "qwen",
+    "copilot": "copilot", "opencode": "opencode", "@opencode/cli": "opencode",
+    "goose": "goose", "cursor-agent": "cursor", "kimi": "kimi",
+    "claude-code-acp": "claude", "claude-agent-acp": "claude", "codex-acp": "codex",
+}
+
+
+def acp_agent(line: str) -> str | None:
+    """Which agent an ACP command line starts (``gemini``, ``claude``, …), or ``None``
+    when ``line`` is not one of :data:`ACP_COMMANDS`."""
+    program = acp_program(line)
+    return None if program is None else _ACP_AGENTS.get(program)
+
+
+def acp_program(line: str) -> str | None:
+    """The program of :data:`ACP_COMMANDS` that ``line`` starts in ACP mode, as
+    that table names it; ``None`` when it starts none."""
     words = split_command(line)
     index = program_index(words)
     if index is None:
-        return False
+        return None
     names = {os.path.basename(words[index])}
     rest = words[index + 1:]
     if names & _PACKAGE_RUNNERS:
         # npx [-y] @scope/name[@version] …: the package is the program.
         packages = [word for word in rest if not word.startswith("-")]
         if not packages:
-            return False
+            return None
         package = packages[0]
         rest = rest[rest.index(package) + 1:]
         scope = "@" if package.startswith("@") else ""
         name = scope + package.removeprefix("@").split("@", 1)[0]
         names = {name, name.rsplit("/", 1)[-1]}
-    return any(program in names and (mode is None or mode in rest)
-               for program, mode in ACP_COMMANDS)
+    for program, mode in ACP_COMMANDS:
+        if program in names and (mode is None or mode in rest):
+            return program
+    return None
 
 
 def program_span(line: str) -> tuple[int, int] | None:

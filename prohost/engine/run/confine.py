@@ -115,7 +115,9 @@ class RunPlaces:
     lane_folder: Path | None
     #: The run's scratch folder (MCP configuration, TMPDIR).
     scratch: Path
-    #: The brain's name (claude, codex, plain): whose config folder is granted.
+    #: Whose own folders are granted: the brain's name (claude, codex, plain), or
+    #: for the ACP brain the agent its command starts (gemini, claude, …; ``acp``
+    #: when it is none of the known ones: nothing of its own is granted then).
     brain: str
     #: The attempt's environment (its account's CLAUDE_CONFIG_DIR / CODEX_HOME).
     env: Mapping[str, str]
@@ -151,9 +153,17 @@ def git_places(worktree: Path) -> list[Path]:
 def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[Path]:
     """The agent CLI's own folder (and file) for the account in ``env``. A CLI's
     folder is made when missing (the CLI would make it; a rule needs it to exist);
-    a plain agent gets those of either CLI that exist. Blocking."""
+    a plain agent gets those of either CLI that exist; an ACP agent (``brain`` is then
+    the agent, :func:`prohost.execline.acp_agent`) those of
+    :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS`, or Claude's or Codex's
+    for their adapters. Blocking."""
     folders: list[Path] = []
     files: list[Path] = []
+    if brain in defaults.AGENT_FOLDERS:
+        folders = [user_home / folder for folder in defaults.AGENT_FOLDERS[brain]]
+        for folder in folders:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return folders
     if brain in ("claude", "plain"):
         configured = env.get("CLAUDE_CONFIG_DIR")
         if configured:

@@ -80,6 +80,7 @@ from prohost.engine.run.staging import (
     wire_mcp,
     workdir_for,
 )
+from prohost.execline import acp_agent
 from prohost.wire.changes import ChangeEntry
 from prohost.wire.outcomes import (
     NOT_CONFINED,
@@ -223,6 +224,11 @@ class Runner:
         self.setup = setup
         #: How agents are confined (§13); ``None``: they are not (``--sandbox off``).
         self.sandbox = sandbox
+        #: Whose own folders a confined run is granted: the brain's, or for the ACP
+        #: brain the agent its command line starts (each has folders of its own).
+        self._agent = setup.brain.name
+        if setup.brain.name == "acp":
+            self._agent = acp_agent(setup.spec.command) or "acp"
         self.steps = steps
         self.reporter = reporter
         #: Reports that outlived their retry window, tried again (§7).
@@ -445,7 +451,7 @@ class Runner:
             early = EarlyConfinement(sandbox, RunPlaces(
                 workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
                 scratch=scratch_folder(self.scratch_root, held.run.run_id),
-                brain=self.setup.brain.name,
+                brain=self._agent,
                 env={**self.env, **account.env(self.setup.brain.name)}))
         try:
             return await self._begin(held, timeline, account, tally, early)
@@ -629,7 +635,7 @@ class Runner:
             workdir=None if self.worktrees is not None else self.setup.spec.workdir,
             worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
             lane_folder=prepared.folder if prepared else None,
-            scratch=scratch, brain=self.setup.brain.name, env=env)
+            scratch=scratch, brain=self._agent, env=env)
         return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:

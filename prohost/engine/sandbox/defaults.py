@@ -91,3 +91,20 @@ def caches(home: Path) -> tuple[Path, ...]:
 def devices() -> tuple[Path, ...]:
     """:data:`DEVICES` as paths."""
     return tuple(Path(name) for name in DEVICES)
+
+
+#: Each ACP agent's own folders under the home (prohost.execline.acp_agent names the
+#: agent), granted writable to a confined run of that agent: its settings, sessions
+#: and logs live there, and it will not start when it cannot write them. (Claude
+#: Code's and Codex's folders, which an account can move, are chosen in
+#: prohost.engine.run.confine.agent_folders.) XDG locations, as these CLIs use them.
+AGENT_FOLDERS: dict[str, tuple[str, ...]] = {
+    "gemini": (".gemini",),
+    "qwen": (".qwen",),
+    "opencode": (".local/share/opencode", ".config/opencode", ".local/state/opencode",
+                 ".cache/opencode"),
+    "goose": (".config/goose", ".local/share/goose", ".local/state/goose"),
+    "copilot": (".copilot",),
+    "cursor": (".cursor",),
+    "kimi": (".kimi",),
+}

@@ -22,7 +22,9 @@ from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
-from prohost.execline import ACP_COMMANDS, speaks_acp
+from prohost.engine.run.confine import agent_folders
+from prohost.engine.sandbox import defaults
+from prohost.execline import ACP_COMMANDS, acp_agent, speaks_acp
 from prohost.wire.outcomes import (
     ACP_NO_ANSWER,
     ACP_NO_HTTP_MCP,
@@ -346,6 +348,21 @@ def test_every_listed_program_is_recognised() -> None:
     for program, mode in ACP_COMMANDS:
         line = program if mode is None else f"{program} {mode}"
         assert speaks_acp(f"npx {line}" if program.startswith("@") else line)
+
+
+def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
+        tmp_path: Path) -> None:
+    # A confined ACP agent that cannot write its own folders does not start (issue 29):
+    # each listed program is an agent of AGENT_FOLDERS, or an adapter of Claude or Codex.
+    for program, mode in ACP_COMMANDS:
+        line = program if mode is None else f"{program} {mode}"
+        agent = acp_agent(f"npx -y {line}" if program.startswith("@") else line)
+        assert agent in {*defaults.AGENT_FOLDERS, "claude", "codex"}, program
+    assert acp_agent("npx -y @google/gemini-cli@0.61 --acp") == "gemini"
+    assert acp_agent("claude-agent-acp") == "claude" and acp_agent("gemini") is None
+    granted = agent_folders("opencode", {}, tmp_path)
+    assert granted == [tmp_path / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
+    assert all(folder.is_dir() for folder in granted)
 
 
 def line(message: dict[str, Any]) -> bytes:
