@@ -71,7 +71,12 @@ class Soak(Pressure, Faults):
         self.limit_wait_s = limit_wait_s
         self.disk_mode = disk_mode
         self.accounts_dir = out / "accounts"
-        self.refusals_path = out / "refusals.txt"
+        #: What the stand-in agents write (their starts and refusals): the one folder
+        #: outside a run's own places that the harness opens to its confined agents
+        #: (``--allow-write``, PROTOCOL.md §13); confinement stays on, as by default.
+        self.marks = out / "marks"
+        self.marks.mkdir(parents=True, exist_ok=True)
+        self.refusals_path = self.marks / "refusals.txt"
         self.hold_path = out / "hold"
         #: Whether the opening burst got its 503 "queue full" (None: not over yet).
         self.burst_refused: bool | None = None
@@ -81,7 +86,7 @@ class Soak(Pressure, Faults):
         self.max_seconds = max_seconds
         self.marker = f"soakmark-{secrets.token_hex(6)}"
         self.home = out / "home"
-        self.starts_path = out / "starts.txt"
+        self.starts_path = self.marks / "starts.txt"
         self.audit: dict[str, dict[str, Any]] = {}
         self._audit_changed = trio.Event()
         self.harness: Child | None = None
@@ -230,7 +235,7 @@ class Soak(Pressure, Faults):
         argv = [sys.executable, "-m", "prohost", "agent", "run", "--url", self.ws_url,
                 "--brain", "claude", "--exec", agent, "--concurrency", str(self.concurrency),
                 "--max-queued", str(self.max_queued), "--machine", "soak", "--no-panel",
-                "--limit-wait", f"{self.limit_wait_s:g}"]
+                "--limit-wait", f"{self.limit_wait_s:g}", "--allow-write", str(self.marks)]
         for name, folder in self.account_folders().items():
             argv += ["--account", f"{name}={folder}"]
         env = _base_env() | {"PROHOST_HOME": str(self.home)}
