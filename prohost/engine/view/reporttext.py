@@ -132,6 +132,28 @@ def changes_summary(changes: object) -> str | None:
     return ", ".join(parts) or "nothing changed"
 
 
+def where_text(changes: object) -> str | None:
+    """Where each checkout that changed now is: ``app on prohost/conv-1 at
+    1a2b3c4d5e6f``, ``; ``-joined (``detached`` for no branch); ``None`` when none
+    changed. The reply line's answer to "where is the agent's work?" (issue 31)."""
+    if not isinstance(changes, list):
+        return None
+    places = []
+    for entry in changes:
+        if not isinstance(entry, Mapping) or _text(entry, "error") is not None:
+            continue
+        files, _, _, commits, _ = _tally([entry])
+        if not files and not commits:
+            continue
+        branch = _text(entry, "branch")
+        head = _text(entry, "head")
+        place = f"{_text(entry, 'repo') or '?'} on {branch or 'a detached HEAD'}"
+        if head is not None:
+            place += f" at {head[:12]}"
+        places.append(place)
+    return "; ".join(places) or None
+
+
 def usage_line(usage: object) -> str | None:
     """``1,200 in · 380 out tokens (900 cached) · $0.0123 · 3 turns · model``; ``None``
     when nothing is known."""

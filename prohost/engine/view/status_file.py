@@ -32,7 +32,7 @@ from prohost.engine.lanes.scheduler import SchedulerStatistics
 from prohost.engine.link.connection import LinkStatistics
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
-from prohost.engine.view.reporttext import changes_summary
+from prohost.engine.view.reporttext import changes_summary, where_text
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -99,7 +99,7 @@ class Facts:
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
             # The few words are read from the §7 JSON, as for any report.
-            finished_at=now, changes=changes_summary(converter.unstructure(outcome.changes)),
+            finished_at=now, changes=_changes_text(converter.unstructure(outcome.changes)),
             tokens=tokens,
             cost_usd=usage.cost_usd,
         ))
@@ -107,6 +107,14 @@ class Facts:
             self.spend.add(outcome.account, outcome.usage, now)
         # Not announced here: the runner moves the run to "reporting" right after,
         # and that one change notice covers both.
+
+
+def _changes_text(changes: object) -> str | None:
+    """``1 file (+3 −0), 1 commit in app on prohost/conv-1 at 1a2b3c4d5e6f``: what
+    a run changed and where that work now is, for the reply line (panel and log)."""
+    summary = changes_summary(changes)
+    where = where_text(changes)
+    return summary if summary is None or where is None else f"{summary} in {where}"
 
 
 @attrs.frozen(eq=False)
