@@ -24,7 +24,7 @@ import trio
 from prohost import __version__
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.spend import DailySpend
+from prohost.engine.accounts.spend import DailySpend, SpendRow
 from prohost.engine.agent.brains.base import Brain
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
@@ -197,8 +197,16 @@ def take_snapshot(seen: Observed) -> Snapshot:
         accounts=tuple(account_rows(seen.book, seen.clock)),
         reports_waiting=0 if seen.outbox is None else len(seen.outbox),
         reports_waiting_since=None if seen.outbox is None else seen.outbox.oldest(),
-        spend_today=tuple(seen.facts.spend.rows(time.time())),
+        spend_today=_spend_rows(seen.facts.spend.rows(time.time())),
     )
+
+
+def _spend_rows(rows: list[SpendRow]) -> tuple[SpendRow, ...]:
+    """Today's rows for the snapshot: the all-accounts row (``account`` null) only
+    when there are several accounts; with one it repeated that account's numbers,
+    and ``agent status --json`` read as two spends (issue 31, point 11)."""
+    accounts = [row for row in rows if row.account is not None]
+    return tuple(accounts if len(accounts) == 1 else rows)
 
 
 async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
