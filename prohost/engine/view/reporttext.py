@@ -1,4 +1,4 @@
-"""What a report's ``changes`` and ``usage`` (PROTOCOL.md §7) say, in a few words
+"""What a report's ``changes`` and ``usage`` (docs/protocol.md §7) say, in a few words
 for people: ``prohost send --wait``, ``agent status`` and the panel share these.
 
 They read JSON that came over the network (a server's runs API) or from the ledger,

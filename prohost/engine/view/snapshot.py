@@ -82,7 +82,7 @@ class Snapshot:
     heartbeat_age_s: float | None = None
     runs: tuple[RunRow, ...] = ()
     finished: tuple[FinishedRow, ...] = ()
-    #: Every agent account and its usage-limit state (PROTOCOL.md §12).
+    #: Every agent account and its usage-limit state (docs/protocol.md §12).
     accounts: tuple[AccountRow, ...] = ()
     #: Reports that outlived their retry window and wait in the ledger's outbox (§7),
     #: and when the oldest of their runs finished (epoch s; None when none waits).
