@@ -73,6 +73,12 @@ def test_an_interpreter_with_a_missing_script_is_refused(tmp_path: Path) -> None
              "--exec", "agent.py", "no file")
 
 
+def test_a_shell_running_code_on_the_line_passes(tmp_path: Path) -> None:
+    # `-lc` is `-l -c`: what follows is code for the shell, not a script's name.
+    result = _run(tmp_path, "--exec", "bash -lc 'cat'")
+    assert result.returncode == NOT_PAIRED, result
+
+
 def test_an_interpreter_with_its_script_passes(tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
     script.write_text("print('hi')\n")

@@ -61,11 +61,12 @@ class Background:
             return next((line for line in self.lines if all(t in line for t in texts)), None)
 
         with self._changed:
-            ok = self._changed.wait_for(lambda: found() is not None or self._open == 0,
-                                        timeout=LINE_WAIT_S)
+            self._changed.wait_for(lambda: found() is not None or self._open == 0,
+                                   timeout=LINE_WAIT_S)
             line = found()
         if line is None:
-            raise AssertionError(f"{self.argv} never wrote {texts!r} (ended: {not ok or 1}); "
+            ended = "it exited" if self._open == 0 else f"not within {LINE_WAIT_S:.0f} s"
+            raise AssertionError(f"{self.argv} never wrote {texts!r} ({ended}); "
                                  "it wrote:\n" + "\n".join(self.lines))
         return line
 
