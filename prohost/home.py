@@ -236,7 +236,7 @@ def http_base_from_ws(url: str) -> str:
 
 
 def resolve_endpoints(flag_or_env_url: str | None, creds: Credentials | None) -> tuple[str, str]:
-    """``(ws_url, api_base)`` per PROTOCOL.md §1.
+    """``(ws_url, api_base)`` per docs/protocol.md §1.
 
     An explicit URL (``--url`` or ``$PROHOST_WS_URL``) wins and the API base is
     derived from it, so pointing at a development server never sends results to

@@ -17,11 +17,11 @@ printed as a ratio to a floor (or a budget) taken in the same run:
    (``getrusage(RUSAGE_SELF)``: all its threads, not its children) per run, from
    after one uncounted run (its imports and first connection, as the harness's
    start-up is left out of 3). Throughput and CPU are also reported against it.
-   (d) floor-ledger: floor-pipe plus the four durable ledger steps PROTOCOL.md §7
+   (d) floor-ledger: floor-pipe plus the four durable ledger steps docs/protocol.md §7
    asks of a run (accepted with the body, started, the process group, finished),
    each a commit with its fsync, group-committed by one writer thread: no target,
    it shows what part of the gap to floor-pipe durability alone accounts for.
-   (e) floor-protocol: floor-ledger plus the rest of what PROTOCOL.md asks of a run
+   (e) floor-protocol: floor-ledger plus the rest of what docs/protocol.md asks of a run
    (``bench_protocol_floor.py``): each run arrives as a signed delivery frame from a
    server process (at most 16 unacked), is decoded, checked (HMAC, timestamp),
    recorded and acked; its agent is spawned in a new session; its outcome is POSTed
@@ -1020,7 +1020,7 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
                                    headers={"Idempotency-Key": f"floor-{n}"})).raise_for_status()
                 post_floor = inbox.arrived[f"floor-{n}"] - began
                 # floor-protocol at rest, after the same pause as a run and through the
-                # same stamps: the least any harness of PROTOCOL.md does for this run,
+                # same stamps: the least any harness of docs/protocol.md does for this run,
                 # in a process of its own.
                 await trio.sleep(REST_PAUSE_S)
                 mark = len(marks.events)
@@ -1185,7 +1185,7 @@ def ratios(figures: dict[str, Any]) -> list[dict[str, Any]]:
                      "measured": f"{machine_ms:.2f} ms", "against": f"floor-pipe {pipe_ms:.2f} ms",
                      "ratio": machine_ms / pipe_ms, "target": "-", "met": None})
     # No target for these: floor-ledger says how much of the gap to floor-pipe the
-    # ledger's durability (§7) accounts for, floor-protocol all that PROTOCOL.md asks
+    # ledger's durability (§7) accounts for, floor-protocol all that docs/protocol.md asks
     # of a run (neither has anything of prohost in it), and the least harness end to
     # end is that in the harness's place (the same server, relay, runs, probes, load).
     for floor_key, name, short in (("floor_ledger", "floor-ledger", "floor-ledger"),

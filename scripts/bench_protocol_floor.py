@@ -1,5 +1,5 @@
 """Floor (e) of ``scripts/bench_e2e.py``, floor-protocol: the least that any harness
-speaking PROTOCOL.md must do per run, with nothing of prohost in it.
+speaking docs/protocol.md must do per run, with nothing of prohost in it.
 
 floor-ledger (d) runs an agent, makes the four durable steps §7 waits for and POSTs
 the output. A harness must also take each run off its WebSocket and answer it:
@@ -255,7 +255,7 @@ trio.run(main)
 
 def signed_delivery(delivery_id: str, run_id: str, text: str, completion_path: str,
                     secret: str = SECRET) -> str:
-    """A delivery frame as PROTOCOL.md §2–3 has it, signed with ``secret``."""
+    """A delivery frame as docs/protocol.md §2–3 has it, signed with ``secret``."""
     body = json.dumps({"run_id": run_id, "conversation_id": f"conv-{run_id}",
                        "kind": "message", "completion_path": completion_path,
                        "timeline_path": None, "text": text, "author": "bench", "context": [],

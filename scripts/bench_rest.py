@@ -140,7 +140,7 @@ class Ledger:
 #: harness's are left out.
 #:
 #: With a ledger file (floor-ledger), each run also makes the four durable steps
-#: PROTOCOL.md §7 asks of any harness — ``accepted`` with the body, ``started``, the
+#: docs/protocol.md §7 asks of any harness — ``accepted`` with the body, ``started``, the
 #: process group, ``finished`` with the outcome — each a commit with its fsync (WAL,
 #: ``synchronous=FULL``) before the next, group-committed by one writer thread fed by
 #: a ``queue.SimpleQueue`` that wakes trio once per batch, as the harness's ledger

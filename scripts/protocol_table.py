@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The table in docs/protocol.md from each PROTOCOL.md section to the tests of its rules.
+"""The table in docs/protocol.md from each of its sections to the tests of its rules.
 
 Usage: .venv/bin/python scripts/protocol_table.py [--check]
 
@@ -37,7 +37,7 @@ BEGIN = (f"<!-- BEGIN protocol-table: made by `{COMMAND}` from the tests' "
          "@pytest.mark.protocol marks; do not edit by hand -->")
 END = "<!-- END protocol-table -->"
 
-#: PROTOCOL.md's sections, as its headings name them.
+#: docs/protocol.md's sections, as its headings name them.
 SECTIONS = {
     "§1": "Connection",
     "§2": "Messages",
@@ -56,7 +56,7 @@ SECTIONS = {
 
 
 class MarkError(Exception):
-    """A ``protocol`` mark that names no section, or one PROTOCOL.md does not have."""
+    """A ``protocol`` mark that names no section, or one docs/protocol.md does not have."""
 
 
 class _Plugin:
@@ -87,7 +87,7 @@ def _collect_here(out: Path) -> int:
 
 def collect() -> dict[str, list[str]]:
     """Each test that carries a protocol mark (its node id, without parameters), with
-    its sections in PROTOCOL.md's order; tests of one function are one entry."""
+    its sections in docs/protocol.md's order; tests of one function are one entry."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "marks.json"
         done = subprocess.run(

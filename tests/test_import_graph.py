@@ -45,7 +45,7 @@ ROOMS: tuple[tuple[Room, ...], ...] = (
     (("engine base", ("engine/__init__.py", "engine/blocking.py", "engine/changes.py",
                       "engine/lognames.py", "engine/signals.py")),),
     (("process base", ("options.py", "execline.py", "repospec.py", "home.py", "logfile.py",
-                       "login_env.py")),
+                       "login_env.py", "startchecks.py")),
      ("server", ("server/",))),
     (("wire", ("wire/",)),),
     (("base", ("__init__.py", "errors.py", "files.py")),),

@@ -39,6 +39,7 @@ from prohost.home import (
 from prohost.logfile import FileLogHandler, add_redaction, log_to_file
 from prohost.login_env import log_secrets
 from prohost.options import Options
+from prohost.startchecks import start_problems
 
 log = logging.getLogger("prohost.agent")
 progress_log = logging.getLogger(lognames.RUNS)
@@ -63,8 +64,16 @@ def run_agent_command(
     With a ``console``, the status panel is drawn on it (``live``) or its changes
     are logged one line each. From here to the process's exit SIGINT/SIGTERM
     follow §9 (see :mod:`prohost.engine.signals`); ``python -m prohost`` installed the
-    handlers even earlier, before its imports.
+    handlers even earlier, before its imports. Exit status 2 when
+    :func:`prohost.startchecks.start_problems` finds a flag every run would fail on.
     """
+    # Settings under which every run would fail are refused before anything starts,
+    # by the same checks as install-daemon's (issue 31, point 2).
+    problems = start_problems(options, os.environ.get("PATH", os.defpath))
+    if problems:
+        for problem in problems:
+            print(f"prohost agent run: error: {problem}", file=sys.stderr)
+        return 2
     signals.install()
     code = _run_agent(options, console=console, live=live)
     signals.pause_for_tests()

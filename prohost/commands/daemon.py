@@ -54,74 +54,9 @@ from prohost.files import write_atomically
 from prohost.home import CredentialsError, InstanceLock, LockHeld, load_credentials
 from prohost.login_env import carried, login_notes, subscription_login
 from prohost.options import Options
-
-#: Words after which the program is not the first word of --exec: not checkable here.
-_SHELL_WORDS = frozenset({
-    "env", "exec", "command", "nice", "nohup", "time", "sudo", "cd", "export", "source", ".",
-    "eval", "set", "if", "for", "while", "until", "case", "{", "(", "!", "builtin",
-})
-_SHELL_SYNTAX = frozenset("$`()<>|;&*?[]{}~")
-
+from prohost.startchecks import start_problems
 
 # --- checks before anything is written ----------------------------------------------
-
-
-def _program_word(exec_command: str) -> str | None:
-    """The program --exec runs, or None when it is a shell construct this cannot follow."""
-    try:
-        words = shlex.split(exec_command)
-    except ValueError:
-        return None
-    for word in words:
-        if "=" in word.split("/", 1)[0] and not word.startswith(("/", ".")):
-            continue  # NAME=value before the command
-        if word in _SHELL_WORDS or any(char in _SHELL_SYNTAX for char in word):
-            return None
-        return word
-    return None
-
-
-def check_exec(options: Options, service_path: str) -> str | None:
-    """Why the agent program would not start under the service, or None.
-
-    A failure, not a warning: the service would connect, accept every run and fail
-    each one with "command not found" in the chat, far from the person who can fix it.
-    """
-    word = _program_word(options.exec_command)
-    if word is None:
-        return None  # a shell construct (`cd x && claude`): the shell decides; not guessed at
-    if "/" in word:
-        # The agent runs in the workdir, so that is where a relative path points.
-        candidate = options.workdir / word
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return None
-        return (
-            f"--exec runs {word}, which is not an executable file"
-            + ("" if word.startswith("/") else f" (taken from the workdir, {options.workdir})")
-            + "; give its absolute path"
-        )
-    if shutil.which(word, path=service_path) is not None:
-        return None
-    return (
-        f"--exec runs {word!r}, which is not on the PATH the service will get ({service_path}); "
-        f"install it, give its absolute path in --exec, or run `{INSTALL}` from a shell "
-        "whose PATH finds it"
-    )
-
-
-def check_repos(options: Options) -> list[str]:
-    """``--repos`` entries that are not git checkouts (the daemon would serve runs without them)."""
-    problems = []
-    for repo in getattr(options, "repos", ()):
-        if not (Path(repo) / ".git").exists():
-            problems.append(f"--repos: {repo} is not a git checkout")
-    return problems
-
-
-def _check_workdir(options: Options) -> str | None:
-    if options.workdir.exists() and not options.workdir.is_dir():
-        return f"--workdir {options.workdir} exists and is not a directory"
-    return None
 
 
 def _check_python(spec: ServiceSpec) -> str | None:
@@ -212,17 +147,15 @@ def install_daemon_command(
         _err(str(exc))
         return 1
 
-    problems = [
-        problem
-        for problem in (_check_workdir(options), check_exec(options, spec.environment["PATH"]))
-        if problem
-    ]
-    problems += check_repos(options)
+    # The same checks as `agent run` (prohost.startchecks), against the PATH the
+    # service will get; exit 2 like any other bad flag.
+    problems = start_problems(options, spec.environment["PATH"],
+                              "the PATH the service will get")
     if problems:
         for problem in problems:
             _err(problem)
         print(f"nothing was {'printed' if print_only else 'installed'}.", file=sys.stderr)
-        return 1
+        return 2
 
     for note in login_notes(spec.environment, env, subscription_login=subscription_login(env)):
         print(f"note: {note}", file=sys.stderr)

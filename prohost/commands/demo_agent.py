@@ -10,7 +10,7 @@ panel's activity column), and a
 
 In each private worktree the harness gives its conversation (``PROHOST_RUN_REPOS``,
 with ``--repos``) it notes the request in ``notes.md`` and commits that, and leaves
-a scratch file uncommitted: what a report's ``changes`` then shows (PROTOCOL.md §7).
+a scratch file uncommitted: what a report's ``changes`` then shows (docs/protocol.md §7).
 """
 
 from __future__ import annotations

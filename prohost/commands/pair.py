@@ -109,7 +109,7 @@ async def _pair(code: str, url: str | None, machine: str, home: Path) -> int:
     """Pair this machine: POST the code, save the credentials, return the exit code.
 
     ``url`` is ``--url`` or ``$PROHOST_WS_URL`` (None: the built-in default); the
-    pairing API base is derived from it as PROTOCOL.md §1 says. Errors are one
+    pairing API base is derived from it as docs/protocol.md §1 says. Errors are one
     line on stderr and exit code 1; nothing is written unless pairing succeeded.
     The token and secret are never printed or logged.
 

@@ -1,5 +1,5 @@
 """``prohost runs show|cancel ID``: look up or cancel a run on a reference server
-(PROTOCOL.md §11: ``GET`` and ``DELETE /v1/runs/<id>``).
+(docs/protocol.md §11: ``GET`` and ``DELETE /v1/runs/<id>``).
 
 Exit status: 0 done; 1 the server could not be reached, has no such run, or (cancel)
 the run has ended already. Every failure is one line on stderr.

@@ -1,4 +1,4 @@
-"""``prohost send``: submit a request to a reference server (PROTOCOL.md §11).
+"""``prohost send``: submit a request to a reference server (docs/protocol.md §11).
 
 Prints the new run's id; with ``wait``, polls the run until it ends and prints its
 reply (``(no reply)`` when the agent chose not to answer). A run the server retries

@@ -119,7 +119,7 @@ class Harness:
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
                          on_change=self.changed)
         self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
-        #: The agent accounts (--account) and their usage limits (PROTOCOL.md §12).
+        #: The agent accounts (--account) and their usage limits (docs/protocol.md §12).
         self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()

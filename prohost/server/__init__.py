@@ -1,5 +1,5 @@
 """The reference server: what ``prohost server``, the demo, the benchmarks and the
-tests run against. It speaks PROTOCOL.md from the server side, on one port, with
+tests run against. It speaks docs/protocol.md from the server side, on one port, with
 hypercorn's trio worker serving :class:`prohost.server.app.App`.
 
 In-process use::

@@ -6,7 +6,7 @@ must control exact statuses, including the status of a refused WebSocket upgrade
 plumbing under the routes (headers, bounded bodies, errors that carry a status)
 is :mod:`prohost.server.asgi`.
 
-Routes (PROTOCOL.md §7, §8, §10, §11):
+Routes (docs/protocol.md §7, §8, §10, §11):
 
 - ``GET  /v1/agent/ws``                     the harness WebSocket (Bearer token)
 - ``POST /v1/agent/pair``                   pairing code → credentials

@@ -43,7 +43,7 @@ from prohost.server.state import ServerState
 from prohost.wire.protocol import Delivery, encode
 from prohost.wire.signature import sign
 
-#: Statuses a storm may answer: the ones a harness must retry (PROTOCOL.md §7).
+#: Statuses a storm may answer: the ones a harness must retry (docs/protocol.md §7).
 STORM_STATUSES = (408, 429, 500, 502, 503, 504)
 #: Longest listener restart accepted (seconds); the soak uses a few seconds.
 MAX_DOWN_S = 300.0

@@ -1,4 +1,4 @@
-"""Classifying one delivery into its ack status (PROTOCOL.md §3).
+"""Classifying one delivery into its ack status (docs/protocol.md §3).
 
 Pure: no I/O, no clock of its own, so every rule is testable on its own and the
 reader can never be made to raise by what a server sends. The ledger's part of the
@@ -72,7 +72,7 @@ def classify(
     for what a body may not hold). The ledger's 200/204 for a run it knows come
     next, and only then the refusal, or the 503 of a full queue: the harness's to
     apply (:mod:`prohost.engine.supervisor.admission`). ``unavailable`` is the 503 reason when
-    no agent account can take work (PROTOCOL.md §12).
+    no agent account can take work (docs/protocol.md §12).
     """
     body = delivery.body
     # "surrogatepass": a lone surrogate counts as the 3 bytes it would take; the

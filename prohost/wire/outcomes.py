@@ -1,4 +1,4 @@
-"""The sentences a run's outcome says to the server (PROTOCOL.md §6, §7, §9, §12), in
+"""The sentences a run's outcome says to the server (docs/protocol.md §6, §7, §9, §12), in
 one place: the ``error`` of every failure the harness itself reports, so that a
 reader (or a server matching on them) finds them all here, and a test can name
 each one. What an agent CLI says of its own failure is the brain's

@@ -1,4 +1,4 @@
-"""Every WebSocket message of PROTOCOL.md §2, and the one converter that reads them.
+"""Every WebSocket message of docs/protocol.md §2, and the one converter that reads them.
 
 Both sides use this module: the harness decodes what the server sends, and the
 reference server decodes what the harness sends. Decoding is strict about types

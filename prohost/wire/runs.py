@@ -1,4 +1,4 @@
-"""The ``agent.run`` body (PROTOCOL.md §3), its validation, lanes, and run outcomes.
+"""The ``agent.run`` body (docs/protocol.md §3), its validation, lanes, and run outcomes.
 
 A run's body is validated once, when its delivery is classified; everything after
 that works with the frozen :class:`AgentRun`. Validation errors name the field and
@@ -213,7 +213,7 @@ class Outcome:
     usage: Usage | None = None
     #: What the run changed in each checkout of its lane (§7; only with --repos).
     changes: list[ChangeEntry] | None = None
-    #: The account that ran the reported attempt (PROTOCOL.md §12); ``None`` when
+    #: The account that ran the reported attempt (docs/protocol.md §12); ``None`` when
     #: no agent ran (the run never started).
     account: str | None = None
     #: The agent ran confined (§13, §7 ``confined``); ``None`` (not sent) when no

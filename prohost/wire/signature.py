@@ -1,4 +1,4 @@
-"""Delivery signatures (PROTOCOL.md §3): HMAC-SHA256 over ``"{timestamp}.{body}"``."""
+"""Delivery signatures (docs/protocol.md §3): HMAC-SHA256 over ``"{timestamp}.{body}"``."""
 
 from __future__ import annotations
 

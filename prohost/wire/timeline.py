@@ -1,4 +1,4 @@
-"""A run's timeline row (PROTOCOL.md §8): one tool call starting, or how it ended.
+"""A run's timeline row (docs/protocol.md §8): one tool call starting, or how it ended.
 
 The brains make them from their CLI's stream (:mod:`prohost.engine.agent.brains`);
 the reporter posts them in batches (:mod:`prohost.engine.report.timeline`).

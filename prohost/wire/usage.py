@@ -1,4 +1,4 @@
-"""A run's usage as a completion says it (PROTOCOL.md §7 ``usage``): the shape.
+"""A run's usage as a completion says it (docs/protocol.md §7 ``usage``): the shape.
 
 What each agent CLI calls these figures, and how its output becomes a
 :class:`Usage`, is the agent's knowledge (:mod:`prohost.engine.agent.usage`); this

@@ -4,7 +4,7 @@ agent.py --starts FILE --sleeps FILE --refusals FILE --hold FILE --marker TOKEN 
 
 It speaks just enough of Claude Code's ``-p --output-format stream-json`` for the
 harness's Claude brain, so that usage limits can be part of the soak (only a brain
-that reads the CLI's output learns an account's limit, PROTOCOL.md §12):
+that reads the CLI's output learns an account's limit, docs/protocol.md §12):
 
 1. While the file ``limit`` in its account folder (``CLAUDE_CONFIG_DIR``) holds a
    reset epoch still in the future, it refuses the run the way the CLI does at its

@@ -34,7 +34,7 @@ FAULT_RATES: dict[str, int] = {
 ACCOUNTS = ("work", "personal")
 #: At least this many of each fault kind, however few the runs ("a few of each").
 MIN_PER_KIND = 2
-#: Storm answers: the statuses a harness must retry (PROTOCOL.md §7).
+#: Storm answers: the statuses a harness must retry (docs/protocol.md §7).
 STORM_STATUSES = (408, 429, 500, 502, 503)
 #: Runs with no conversation (their lane is ``run:<id>``), as a fraction.
 NO_CONVERSATION = 0.1

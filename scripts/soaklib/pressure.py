@@ -1,5 +1,5 @@
 """Faults of the harness's surroundings rather than its links: an account's usage
-limit (PROTOCOL.md §12) and a full disk under its home (§3, §7).
+limit (docs/protocol.md §12) and a full disk under its home (§3, §7).
 
 **Usage limits.** The harness runs with two accounts (:data:`soaklib.plan.ACCOUNTS`),
 each a folder under the output folder. A limit fault writes a reset epoch into

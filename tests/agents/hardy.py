@@ -11,7 +11,7 @@ away it exits 3. Unlike gated.py:
 - before it says ``start`` it waits until the harness's run ledger
   ($PROHOST_HOME/ledger.sqlite3) has recorded this process group for the run. A
   test that kills the harness as soon as the agent says ``start`` therefore knows
-  the restarted harness has what it needs to find this agent (PROTOCOL.md §7).
+  the restarted harness has what it needs to find this agent (docs/protocol.md §7).
   It waits at most 30 s, then says ``start`` anyway (the test checks the ledger).
 """
 

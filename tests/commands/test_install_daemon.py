@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from prohost.commands import daemon, service
+from prohost.commands import service
 from prohost.commands.daemon import install_daemon_command, uninstall_daemon_command
 from prohost.commands.service import (
     DaemonError,
@@ -31,6 +31,7 @@ from prohost.commands.service import (
 )
 from prohost.engine.report import reporter
 from prohost.options import Options
+from prohost.startchecks import exec_problem
 from tests.kits.daemon import (
     SECRET,
     TOKEN,
@@ -442,7 +443,7 @@ def test_a_bad_flag_fails_the_install_not_the_daemon(
     for print_only in (True, False):
         assert install_daemon_command(
             options, print_only=print_only, env=paired, platform="linux"
-        ) == 1
+        ) == 2
         out, err = capsys.readouterr()
         assert out == ""
         assert complaint in err
@@ -461,7 +462,7 @@ def test_exec_checks(tmp_path: Path) -> None:
     path = str(tmp_path / "bin")
 
     def check(line: str) -> str | None:
-        return daemon.check_exec(Options(home=home, workdir=work, exec_command=line), path)
+        return exec_problem(Options(home=home, workdir=work, exec_command=line), path)
 
     assert check("claude -p") is None
     assert check("FOO=1 claude -p") is None
@@ -470,7 +471,9 @@ def test_exec_checks(tmp_path: Path) -> None:
     # Shell constructs are the shell's business: not guessed at.
     assert check("cd /x && claude -p") is None
     assert check("$AGENT -p") is None
-    assert check("env X=1 whatever") is None
+    # A launcher's program is the one checked (prohost.execline.program_index).
+    assert check("env X=1 whatever") is not None
+    assert check("env X=1 claude") is None
     assert check("codex exec") is not None
     assert check("/nope/agent") is not None
 

@@ -1,4 +1,4 @@
-"""``--max-cost USD`` (PROTOCOL.md §12): parsed strictly, refused with exit 2 and one
+"""``--max-cost USD`` (docs/protocol.md §12): parsed strictly, refused with exit 2 and one
 line, and carried by ``install-daemon`` into the service's command line."""
 
 from __future__ import annotations

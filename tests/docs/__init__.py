@@ -1,2 +1,2 @@
 """Tests of docs/ and of the prose in the code: names that resolve, and the table of
-PROTOCOL.md sections to tests in docs/protocol.md."""
+docs/protocol.md sections to tests in docs/protocol.md."""

@@ -1,4 +1,4 @@
-"""docs/protocol.md's table from each PROTOCOL.md section to its tests is made from the
+"""docs/protocol.md's table from each of its sections to its tests is made from the
 tests' ``@pytest.mark.protocol`` marks (scripts/protocol_table.py): here it is made
 again in memory, from pytest's own collection of the whole suite, and compared."""
 
@@ -25,5 +25,5 @@ def test_the_protocol_table_is_current_and_every_section_but_13_has_tests() -> N
     diff = "\n".join(difflib.unified_diff(found.splitlines(), expected.splitlines(),
                                           "docs/protocol.md", "the tests' marks", lineterm=""))
     assert found == expected, (
-        f"docs/protocol.md's table of tests by PROTOCOL.md section is stale: run "
+        f"docs/protocol.md's table of tests by section is stale: run "
         f"{protocol_table.COMMAND}\n{diff}")

@@ -59,7 +59,7 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def two_accounts(tmp_path: Path) -> tuple[tuple[str, Path], ...]:
-    """Two logins in folders of their own (PROTOCOL.md §12), both empty: each run
+    """Two logins in folders of their own (docs/protocol.md §12), both empty: each run
     must still go to one of them, with the CLI pointed at its folder."""
     accounts = []
     for name in ("first", "second"):

@@ -1,4 +1,4 @@
-"""Agent accounts for tests (PROTOCOL.md §12): a config folder per account, the
+"""Agent accounts for tests (docs/protocol.md §12): a config folder per account, the
 fake CLI's usage limit switched on in one, which account each invocation ran with,
 and a ledger seeded the way a restart finds it.
 """

@@ -1,4 +1,4 @@
-"""A pairing endpoint for tests (PROTOCOL.md §10): an ASGI app answering every
+"""A pairing endpoint for tests (docs/protocol.md §10): an ASGI app answering every
 request with a scripted status and answer, and recording what it was sent.
 """
 

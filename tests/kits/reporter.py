@@ -1,4 +1,4 @@
-"""Scripted HTTP servers for the reporter's tests (PROTOCOL.md §7, §8): an ASGI app
+"""Scripted HTTP servers for the reporter's tests (docs/protocol.md §7, §8): an ASGI app
 answering from a script and recording each request with the trio time it arrived, a
 pinned jitter, a port nobody listens on, and a report made while the memory it holds
 is measured.

@@ -744,7 +744,7 @@ async def test_send_waits_for_the_reply(
         assert lines[1:] == [printed]
 
 
-#: A completion's §7 extras, as PROTOCOL.md's example has them.
+#: A completion's §7 extras, as docs/protocol.md's example has them.
 WHAT_IT_DID = {
     "usage": {"input_tokens": 1200, "output_tokens": 380, "cache_read_tokens": 900,
               "cache_write_tokens": 50, "cost_usd": 0.0123, "turns": 3,

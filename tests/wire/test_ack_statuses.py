@@ -1,4 +1,4 @@
-"""Every ack status of PROTOCOL.md §3, as the server sees it over the real socket."""
+"""Every ack status of docs/protocol.md §3, as the server sees it over the real socket."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 27 point 1: whatever reaches a completion can be sent (PROTOCOL.md §7,
+"""Issue 27 point 1: whatever reaches a completion can be sent (docs/protocol.md §7,
 "every string in a completion is valid UTF-8, always")."""
 
 from __future__ import annotations

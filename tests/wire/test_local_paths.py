@@ -1,4 +1,4 @@
-"""No text sent to the server names a local path (PROTOCOL.md §7):
+"""No text sent to the server names a local path (docs/protocol.md §7):
 :func:`without_local_paths`, which the runner's internal errors go through."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the reader and intake (issue 8, PROTOCOL.md §2–§3).
+"""Property-based fuzzing of the reader and intake (issue 8, docs/protocol.md §2–§3).
 
 The production :class:`Harness` (its :class:`Link`, decoder, intake) is connected
 to the reference server on 127.0.0.1, and Hypothesis makes the server send it

@@ -1,4 +1,4 @@
-"""Agent accounts and which one a run gets (PROTOCOL.md §12), as pure logic.
+"""Agent accounts and which one a run gets (docs/protocol.md §12), as pure logic.
 
 An :class:`AccountBook` knows each account's last reported usage and limit and
 answers "which account should this run use?". It does no I/O and reads no clock:

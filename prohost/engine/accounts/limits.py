@@ -1,4 +1,4 @@
-"""What one attempt learned about its account's usage limit (PROTOCOL.md §12): the
+"""What one attempt learned about its account's usage limit (docs/protocol.md §12): the
 account book's input. Reading it out of what a CLI prints is the agent's job
 (:mod:`prohost.engine.agent.limits`); this module holds only the notice and how
 two notices of one attempt combine, so the book needs nothing of the agent.

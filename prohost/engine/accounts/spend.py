@@ -1,5 +1,5 @@
 """What the agent accounts spent today: runs, tokens and cost per account, from the
-``usage`` of each run's outcome (PROTOCOL.md §7), for ``agent status`` and the panel.
+``usage`` of each run's outcome (docs/protocol.md §7), for ``agent status`` and the panel.
 
 "Today" is the local calendar day of the machine (what a person reading the panel
 means by it); the tally starts again at local midnight. A restart reads the day's

@@ -1,5 +1,5 @@
 """A run's usage read from what each agent CLI prints, into the protocol's keys
-(PROTOCOL.md §7 ``usage``; the shape is :class:`prohost.wire.usage.Usage`).
+(docs/protocol.md §7 ``usage``; the shape is :class:`prohost.wire.usage.Usage`).
 
 - Claude Code's ``result`` event (stream-json; the shape of ``ResultMessage`` in
   anthropics/claude-agent-sdk-python ``types.py``) carries this invocation's own

@@ -1,4 +1,4 @@
-"""Which accepted runs execute now, and which wait (PROTOCOL.md §4).
+"""Which accepted runs execute now, and which wait (docs/protocol.md §4).
 
 The rule that protects an answer: **two runs on one lane never overlap, and they
 start in the order they arrived.** A lane is a conversation; each turn resumes the

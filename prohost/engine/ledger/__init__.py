@@ -1,6 +1,6 @@
 """The run ledger: every run's life on disk, so nothing is run twice and nothing is lost.
 
-PROTOCOL.md §3 and §7. A run is written ``accepted`` (with its signed body) before its
+docs/protocol.md §3 and §7. A run is written ``accepted`` (with its signed body) before its
 delivery is acked, ``started`` just before its agent is spawned, ``finished`` with the
 outcome to post (the ledger is the outbox), and ``reported`` once the report settled.
 After a crash or ``kill -9`` the next start can tell exactly what to do with every run

@@ -55,7 +55,7 @@ _MIGRATIONS: list[list[str]] = [
         """,
     ],
     [
-        # Accounts (PROTOCOL.md §12). The `sessions` table above stays the implicit
+        # Accounts (docs/protocol.md §12). The `sessions` table above stays the implicit
         # default account's, as it was before accounts existed; a named account's
         # sessions are kept per lane AND account, so a lane that moves to another
         # account and back finds its old session there again.
@@ -88,7 +88,7 @@ _MIGRATIONS: list[list[str]] = [
     [
         # A session's running usage totals, for a CLI that reports those rather than
         # a turn's own figures (Codex's turn.completed): the next turn of the session
-        # reports the difference (PROTOCOL.md §7 ``usage``).
+        # reports the difference (docs/protocol.md §7 ``usage``).
         """
         CREATE TABLE session_usage (
             session_id TEXT PRIMARY KEY,

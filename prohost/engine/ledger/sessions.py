@@ -1,6 +1,6 @@
 """The ledger's rows beside the runs: each lane's agent session (per account), the
 account each lane last used, accounts remembered at their usage limit, and a
-session's running usage totals (PROTOCOL.md §7, §12). See :mod:`prohost.engine.ledger`.
+session's running usage totals (docs/protocol.md §7, §12). See :mod:`prohost.engine.ledger`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class SessionRows(ServedCommit):
 
         self._write(write, what="save_session", durable=durable)
 
-    # -- accounts (PROTOCOL.md §12) -------------------------------------------------
+    # -- accounts (docs/protocol.md §12) -------------------------------------------------
 
     def account_session(self, lane: str, account: str) -> str | None:
         """The session the lane's last turn on ``account`` ended with, if any."""

@@ -2,7 +2,7 @@
 named method per step (admit, lookup, started, record_pgid, finished, reported,
 the sessions, the limits, the reads at start, prune), each bounded, and each
 choosing in its own code which thread it takes and how durable it is — with as
-few thread hand-offs per run as the durability rules allow (PROTOCOL.md §7).
+few thread hand-offs per run as the durability rules allow (docs/protocol.md §7).
 Nothing outside :mod:`prohost.engine.ledger` calls the :class:`Ledger` itself.
 
 While the harness runs, every write step is a job for the ledger's one writer

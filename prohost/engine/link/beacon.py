@@ -1,4 +1,4 @@
-"""What the harness tells the server without being asked (PROTOCOL.md §2).
+"""What the harness tells the server without being asked (docs/protocol.md §2).
 
 On every connection: ``status`` first, then a ``heartbeat``; afterwards a
 heartbeat every ``heartbeat_s`` (also with no runs: it is the harness's liveness)

@@ -1,4 +1,4 @@
-"""The WebSocket link to the server (PROTOCOL.md §1–§2).
+"""The WebSocket link to the server (docs/protocol.md §1–§2).
 
 The link dials out, says who it is, and then keeps one rule above all others: the
 reader never waits on a run. It reads a frame, hands it to the harness (which

@@ -1,4 +1,4 @@
-"""Posting a run's result, and its timeline, to the server (PROTOCOL.md §7, §8).
+"""Posting a run's result, and its timeline, to the server (docs/protocol.md §7, §8).
 
 A completion is the only thing the person waiting in the thread sees, so it is
 retried through the kinds of failure that pass on their own (a restarting server,

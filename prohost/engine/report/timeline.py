@@ -1,4 +1,4 @@
-"""A run's tool calls, posted to its timeline in batches (PROTOCOL.md §8).
+"""A run's tool calls, posted to its timeline in batches (docs/protocol.md §8).
 
 The brain's reader hands events over synchronously from the task reading the
 agent's stdout, so :meth:`TimelineBatcher.add` only appends: the agent is never

@@ -1,4 +1,4 @@
-"""What a run changed in each checkout of its lane (PROTOCOL.md §7, ``changes``; the
+"""What a run changed in each checkout of its lane (docs/protocol.md §7, ``changes``; the
 entries' shape is :mod:`prohost.wire.changes`).
 
 When a run begins, each lane worktree's state is taken without writing anything

@@ -1,4 +1,4 @@
-"""A run's private checkouts (``--repos``, PROTOCOL.md §5.1 and §7 ``changes``):
+"""A run's private checkouts (``--repos``, docs/protocol.md §5.1 and §7 ``changes``):
 prepared within the run's deadline, their state taken before the agent runs, and
 what the run changed in each of them once it has ended."""
 

@@ -39,7 +39,7 @@ class Progress:
     waiting_until: float | None = None
     #: What the run prepares before its agent can start, for heartbeats.
     preparing: str | None = None
-    #: The account the current (or last) attempt runs on (PROTOCOL.md §12);
+    #: The account the current (or last) attempt runs on (docs/protocol.md §12);
     #: ``None`` until the first attempt.
     account: str | None = None
     session_id: str | None = None

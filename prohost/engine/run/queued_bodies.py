@@ -1,4 +1,4 @@
-"""The bodies of queued runs, kept light (PROTOCOL.md §3: up to 10,000 queued).
+"""The bodies of queued runs, kept light (docs/protocol.md §3: up to 10,000 queued).
 
 A queued :class:`~prohost.engine.run.heldrun.HeldRun` keeps no parsed body: only the
 text it was delivered in, and that only while the queued runs' texts fit a budget.

@@ -1,4 +1,4 @@
-"""One run from dispatch to settled report, in its own cancel scopes (PROTOCOL.md §5–§7).
+"""One run from dispatch to settled report, in its own cancel scopes (docs/protocol.md §5–§7).
 
 The supervisor (:mod:`prohost.engine.harness`) decides *which* run goes; the
 :class:`Runner` owns the run from then on: its state, its steps in order (each
@@ -247,7 +247,7 @@ class Runner:
 
     @property
     def book(self) -> AccountBook:
-        """The agent accounts and their limits (PROTOCOL.md §12), the gate's."""
+        """The agent accounts and their limits (docs/protocol.md §12), the gate's."""
         return self.gate.book
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:

@@ -1,4 +1,4 @@
-"""What a report's ``changes`` and ``usage`` (PROTOCOL.md §7) say, in a few words
+"""What a report's ``changes`` and ``usage`` (docs/protocol.md §7) say, in a few words
 for people: ``prohost send --wait``, ``agent status`` and the panel share these.
 
 They read JSON that came over the network (a server's runs API) or from the ledger,
@@ -130,6 +130,28 @@ def changes_summary(changes: object) -> str | None:
     if unreadable:
         parts.append(f"{unreadable} unreadable")
     return ", ".join(parts) or "nothing changed"
+
+
+def where_text(changes: object) -> str | None:
+    """Where each checkout that changed now is: ``app on prohost/conv-1 at
+    1a2b3c4d5e6f``, ``; ``-joined (``detached`` for no branch); ``None`` when none
+    changed. The reply line's answer to "where is the agent's work?" (issue 31)."""
+    if not isinstance(changes, list):
+        return None
+    places = []
+    for entry in changes:
+        if not isinstance(entry, Mapping) or _text(entry, "error") is not None:
+            continue
+        files, _, _, commits, _ = _tally([entry])
+        if not files and not commits:
+            continue
+        branch = _text(entry, "branch")
+        head = _text(entry, "head")
+        place = f"{_text(entry, 'repo') or '?'} on {branch or 'a detached HEAD'}"
+        if head is not None:
+            place += f" at {head[:12]}"
+        places.append(place)
+    return "; ".join(places) or None
 
 
 def usage_line(usage: object) -> str | None:

@@ -82,7 +82,7 @@ class Snapshot:
     heartbeat_age_s: float | None = None
     runs: tuple[RunRow, ...] = ()
     finished: tuple[FinishedRow, ...] = ()
-    #: Every agent account and its usage-limit state (PROTOCOL.md §12).
+    #: Every agent account and its usage-limit state (docs/protocol.md §12).
     accounts: tuple[AccountRow, ...] = ()
     #: ``confined (Landlock ABI 7)`` or ``NOT confined: <reason>`` (§13); ``None``:
     #: a harness from before confinement.

@@ -24,7 +24,7 @@ import trio
 from prohost import __version__
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
-from prohost.engine.accounts.spend import DailySpend
+from prohost.engine.accounts.spend import DailySpend, SpendRow
 from prohost.engine.agent.brains.base import Brain
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
@@ -32,7 +32,7 @@ from prohost.engine.lanes.scheduler import SchedulerStatistics
 from prohost.engine.link.connection import LinkStatistics
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun
-from prohost.engine.view.reporttext import changes_summary
+from prohost.engine.view.reporttext import changes_summary, where_text
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STATUS_FILE,
@@ -99,7 +99,7 @@ class Facts:
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
             # The few words are read from the §7 JSON, as for any report.
-            finished_at=now, changes=changes_summary(converter.unstructure(outcome.changes)),
+            finished_at=now, changes=_changes_text(converter.unstructure(outcome.changes)),
             tokens=tokens,
             cost_usd=usage.cost_usd,
         ))
@@ -107,6 +107,14 @@ class Facts:
             self.spend.add(outcome.account, outcome.usage, now)
         # Not announced here: the runner moves the run to "reporting" right after,
         # and that one change notice covers both.
+
+
+def _changes_text(changes: object) -> str | None:
+    """``1 file (+3 −0), 1 commit in app on prohost/conv-1 at 1a2b3c4d5e6f``: what
+    a run changed and where that work now is, for the reply line (panel and log)."""
+    summary = changes_summary(changes)
+    where = where_text(changes)
+    return summary if summary is None or where is None else f"{summary} in {where}"
 
 
 @attrs.frozen(eq=False)
@@ -192,8 +200,16 @@ def take_snapshot(seen: Observed) -> Snapshot:
         accounts=tuple(account_rows(seen.book, seen.clock)),
         reports_waiting=0 if seen.outbox is None else len(seen.outbox),
         reports_waiting_since=None if seen.outbox is None else seen.outbox.oldest(),
-        spend_today=tuple(seen.facts.spend.rows(time.time())),
+        spend_today=_spend_rows(seen.facts.spend.rows(time.time())),
     )
+
+
+def _spend_rows(rows: list[SpendRow]) -> tuple[SpendRow, ...]:
+    """Today's rows for the snapshot: the all-accounts row (``account`` null) only
+    when there are several accounts; with one it repeated that account's numbers,
+    and ``agent status --json`` read as two spends (issue 31, point 11)."""
+    accounts = [row for row in rows if row.account is not None]
+    return tuple(accounts if len(accounts) == 1 else rows)
 
 
 async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
@@ -210,25 +226,38 @@ async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
     # One thread at most: a write a hung disk left behind holds the token, so the
     # next ones time out waiting for it instead of piling up threads.
     writer = trio.CapacityLimiter(1)
-    try:
+    # A change during the pause after a write must still be written after it: waiting
+    # for the next notice only then missed it for REFRESH_S (a harness that had just
+    # connected and run a run still showed "connecting" to `agent status`).
+    changed = [trio.Event()]
+
+    async def note_changes() -> None:
         while True:
-            snapshot = take()
-            try:
-                # Abandoning is safe: a write to a temporary file and a rename
-                # over status.json; at worst a stale picture is left, which
-                # `agent status` tells by its age and pid.
-                await bounds.file_step(write_snapshot, home, snapshot,
-                                       limit_s=STATUS_FILE_WRITE_S, limiter=writer,
-                                       what=f"writing {home / STATUS_FILE}")
-            except OSError as exc:
-                log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-            written.notify()
-            await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
-            # Elapsed times move while runs execute; otherwise only changes matter.
-            with trio.move_on_after(
-                STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
-            ):
-                await changes.wait()
+            await changes.wait()
+            changed[0].set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(note_changes)
+            while True:
+                changed[0] = trio.Event()  # changes from here on make the next write
+                snapshot = take()
+                try:
+                    # Abandoning is safe: a write to a temporary file and a rename
+                    # over status.json; at worst a stale picture is left, which
+                    # `agent status` tells by its age and pid.
+                    await bounds.file_step(write_snapshot, home, snapshot,
+                                           limit_s=STATUS_FILE_WRITE_S, limiter=writer,
+                                           what=f"writing {home / STATUS_FILE}")
+                except OSError as exc:
+                    log.warning("could not write %s: %s", home / STATUS_FILE, exc)
+                written.notify()
+                await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
+                # Elapsed times move while runs execute; otherwise only changes matter.
+                with trio.move_on_after(
+                    STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
+                ):
+                    await changed[0].wait()
     finally:
         # Shielded by Bounds.run, and bounded (by the second signal's deadline too).
         with contextlib.suppress(OSError):

@@ -1,4 +1,4 @@
-"""Several agent accounts through the whole harness (PROTOCOL.md §12).
+"""Several agent accounts through the whole harness (docs/protocol.md §12).
 
 The harness is the production one against the reference server; the agent is
 tests/agents/fake_claude.py as a real subprocess, and each account is a temp

@@ -1,4 +1,4 @@
-"""Choosing an agent account for a run and tracking its limits (PROTOCOL.md §12)."""
+"""Choosing an agent account for a run and tracking its limits (docs/protocol.md §12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run at its ``--max-cost`` budget (PROTOCOL.md §12), through the whole harness
+"""A run at its ``--max-cost`` budget (docs/protocol.md §12), through the whole harness
 and the fake Claude CLI: reported failed, not retryable, saying the budget and the
 spend, with its session (the next turn resumes it) and its usage."""
 

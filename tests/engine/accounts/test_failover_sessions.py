@@ -1,5 +1,5 @@
 """A fail-over resumes the lane's session on the new account, never another account's
-(PROTOCOL.md §12 "Failing over"; issue 16 point 7).
+(docs/protocol.md §12 "Failing over"; issue 16 point 7).
 
 Sessions live in an account's own configuration folder: a session id from one
 account means nothing on another, and the CLI there either refuses it or, worse,

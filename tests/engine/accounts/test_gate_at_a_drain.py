@@ -1,4 +1,4 @@
-"""A drain hands back the runs waiting for an account at once (PROTOCOL.md §9, §12;
+"""A drain hands back the runs waiting for an account at once (docs/protocol.md §9, §12;
 issue 16 point 5).
 
 While every account is at its usage limit, a run waits at the account gate for the

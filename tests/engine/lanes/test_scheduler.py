@@ -1,4 +1,4 @@
-"""The lane scheduler (PROTOCOL.md §4): the pure LaneQueue, then the trio Scheduler."""
+"""The lane scheduler (docs/protocol.md §4): the pure LaneQueue, then the trio Scheduler."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A slot is for an agent, not for a report (PROTOCOL.md §4, issue 11).
+"""A slot is for an agent, not for a report (docs/protocol.md §4, issue 11).
 
 The production harness with ``--concurrency 1``, gated agents, and the reference
 server for the WebSocket; completions go to a small ASGI app that answers a run's

@@ -1,4 +1,4 @@
-"""Exactly once survives the prune (issue 8, reproduction 7; PROTOCOL.md §3, §7).
+"""Exactly once survives the prune (issue 8, reproduction 7; docs/protocol.md §3, §7).
 
 Reported runs keep their body and outcome 7 days, then a tombstone (run id, state,
 when reported) until 30 days after the report. A real sqlite file, the clock passed

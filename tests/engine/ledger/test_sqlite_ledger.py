@@ -1,4 +1,4 @@
-"""The run ledger (PROTOCOL.md §3, §7) against real sqlite files and real processes."""
+"""The run ledger (docs/protocol.md §3, §7) against real sqlite files and real processes."""
 
 from __future__ import annotations
 
@@ -397,7 +397,7 @@ def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     assert str(path) in str(caught.value)
 
 
-# --- accounts (PROTOCOL.md §12) -------------------------------------------------------
+# --- accounts (docs/protocol.md §12) -------------------------------------------------------
 
 
 @pytest.mark.protocol("§5", "§12")

@@ -1,2 +1,2 @@
-"""Tests of engine/link/ (PROTOCOL.md §1–§2): the connection (dial, reconnect,
+"""Tests of engine/link/ (docs/protocol.md §1–§2): the connection (dial, reconnect,
 liveness, oversize frames, rejected credentials) and the beacon (status, heartbeats)."""

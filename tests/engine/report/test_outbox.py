@@ -1,4 +1,4 @@
-"""The outbox's own clock (PROTOCOL.md §7): a report that outlived its window is
+"""The outbox's own clock (docs/protocol.md §7): a report that outlived its window is
 posted again every 5 minutes until it settles, exactly once, on trio's virtual clock.
 
 A real :class:`Reporter` posts to a scripted ASGI app served by hypercorn on

@@ -1,4 +1,4 @@
-"""Reports the server cannot take for longer than their window (PROTOCOL.md §7), and
+"""Reports the server cannot take for longer than their window (docs/protocol.md §7), and
 reports that hold their lane though their run never executed (§4), end to end.
 
 The real harness, the reference server on loopback (its fault hooks: ``storm``

@@ -1,4 +1,4 @@
-"""Completion and timeline posting (PROTOCOL.md §7, §8) against a real HTTP server.
+"""Completion and timeline posting (docs/protocol.md §7, §8) against a real HTTP server.
 
 The server is hypercorn on 127.0.0.1 port 0 in the test's own nursery, serving a
 tiny scripted ASGI app that records every request with the trio time it arrived.

@@ -1,5 +1,5 @@
 """What the reporter reads of the server's answer: never more than a bound, whatever
-the server sends (PROTOCOL.md §7), and what it sends, identical on every attempt.
+the server sends (docs/protocol.md §7), and what it sends, identical on every attempt.
 
 Against a real HTTP server (hypercorn on 127.0.0.1 port 0) serving a small ASGI app.
 """

@@ -1,4 +1,4 @@
-"""What a run changed in a checkout (PROTOCOL.md §7 ``changes``), with real git:
+"""What a run changed in a checkout (docs/protocol.md §7 ``changes``), with real git:
 the state taken when the run begins, compared when it ends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 28 point 5: what the totals cover, and submodules (PROTOCOL.md §7
+"""Issue 28 point 5: what the totals cover, and submodules (docs/protocol.md §7
 ``changes``), with real git for the submodules."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run's budget covers all its attempts (PROTOCOL.md §12), the user's own
+"""A run's budget covers all its attempts (docs/protocol.md §12), the user's own
 ``--max-budget-usd`` in ``--exec`` included: the next attempt is given what is left
 of it, none is started when nothing is, and the error quotes that amount with the
 figure ``usage.cost_usd`` says. Through the whole harness, the reference server and

@@ -1,2 +1,2 @@
-"""Tests of engine/supervisor/ (PROTOCOL.md §3, §7 restart, §9): admission (never
+"""Tests of engine/supervisor/ (docs/protocol.md §3, §7 restart, §9): admission (never
 503 for a known run), its fuzzing, and recovery at a restart and during a drain."""

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of ledger-backed admission (PROTOCOL.md §3; issue 16).
+"""Property-based fuzzing of ledger-backed admission (docs/protocol.md §3; issue 16).
 
 tests/wire/test_reader_fuzz.py fuzzes the reader with ``--dry-run``, where no run is
 ever held, reported or refused for a full queue. Here the production harness has a

@@ -1,5 +1,5 @@
 """A redelivery of a run this harness holds or has reported is answered by the ledger
-in every state (PROTOCOL.md §3, issue 16 point 2).
+in every state (docs/protocol.md §3, issue 16 point 2).
 
 A 503 tells the server to send the run elsewhere; sent elsewhere while it is queued
 or running here, it runs twice. So a run this harness is running, has queued or

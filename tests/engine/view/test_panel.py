@@ -389,7 +389,7 @@ def test_docs_capture_is_current() -> None:
         "PROHOST_WRITE_DOCS=1 pytest tests/engine/view/test_panel.py")
 
 
-# --- accounts (PROTOCOL.md §12) ------------------------------------------------------
+# --- accounts (docs/protocol.md §12) ------------------------------------------------------
 
 
 def two_accounts(reset: float) -> tuple[AccountRow, ...]:

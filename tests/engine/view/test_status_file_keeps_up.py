@@ -1,0 +1,39 @@
+"""The status file catches a change made during its pause between writes.
+
+It is rewritten at most once a second. A change during that pause used to wait for
+the next notice, up to REFRESH_S (5 s) later: a harness that had just connected and
+finished a run still showed "connecting" to `agent status` (exit 4), which the
+README's newcomer path ran into. Real clock: the writes are in worker threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from prohost.engine.blocking import Bounds
+from prohost.engine.changes import Changes
+from prohost.engine.view.snapshot import REFRESH_S, read_snapshot
+from prohost.engine.view.status_file import STATUS_FILE_MIN_INTERVAL_S, keep_status_file
+from tests.kits.panel import base
+
+
+async def test_a_change_during_the_pause_is_written_after_it(tmp_path: Path) -> None:
+    changes, written = Changes(), Changes()
+    current = [base(connection="connecting")]
+    async with trio.open_nursery() as nursery:
+        first = written.wait
+        nursery.start_soon(lambda: keep_status_file(
+            lambda: current[0], changes=changes, written=written, home=tmp_path,
+            bounds=Bounds()))
+        await first()
+        started = trio.current_time()
+        current[0] = base(connection="connected")
+        changes.notify()  # during the pause that follows the first write
+        await written.wait()
+        took = trio.current_time() - started
+        snapshot = read_snapshot(tmp_path)
+        assert snapshot is not None and snapshot.connection == "connected"
+        assert took < STATUS_FILE_MIN_INTERVAL_S + (REFRESH_S - STATUS_FILE_MIN_INTERVAL_S) / 2
+        nursery.cancel_scope.cancel()
