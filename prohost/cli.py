@@ -187,7 +187,7 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "--max-cost", metavar="USD",
         help="what one run may spend, in US dollars (e.g. 2.50): Claude Code stops the "
         "run there and it is reported failed, with its session so the conversation can "
-        "go on (PROTOCOL.md §12); refused for a brain that cannot bound its cost "
+        "go on (docs/protocol.md §12); refused for a brain that cannot bound its cost "
         "(default: no budget)",
     )
     parser.add_argument(

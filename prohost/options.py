@@ -33,11 +33,11 @@ DEFAULT_EXEC = "claude -p"
 DEFAULT_IDLE_TIMEOUT_S = 900.0
 MAX_MACHINE_LEN = 128
 #: How long a queued run waits for an account's usage limit to reset before it is
-#: reported retryable (seconds; PROTOCOL.md §12's default of 15 minutes).
+#: reported retryable (seconds; docs/protocol.md §12's default of 15 minutes).
 DEFAULT_LIMIT_WAIT_S = 900.0
 BRAIN_CHOICES = ("auto", "acp", "claude", "codex", "plain")
 #: --sandbox: confine every agent where the OS can (auto), refuse to start where it
-#: cannot (required), or never (off). PROTOCOL.md §13.
+#: cannot (required), or never (off). docs/protocol.md §13.
 SANDBOX_CHOICES = ("auto", "required", "off")
 
 CONCURRENCY_RANGE = f"a whole number from 1 to {MAX_CONCURRENCY}"
@@ -168,7 +168,7 @@ class Options:
     safe_tools: bool = False
     #: --repos: absolute checkouts each conversation gets a private worktree of.
     repos: tuple[Path, ...] = ()
-    #: --account NAME=DIR, in the order given: the agent CLI's logins (PROTOCOL.md
+    #: --account NAME=DIR, in the order given: the agent CLI's logins (docs/protocol.md
     #: §12). Empty: the one implicit ``default`` account, environment unchanged.
     accounts: tuple[tuple[str, Path], ...] = ()
     #: --limit-wait: how long a queued run waits for a usage limit to reset (s).
@@ -181,7 +181,7 @@ class Options:
     #: --max-cost: what one run may spend, in US dollars (§12); None: no budget.
     max_cost_usd: float | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.gt(0.0), attrs.validators.le(MAX_COST_USD)]))
-    #: --sandbox: auto, required or off (PROTOCOL.md §13).
+    #: --sandbox: auto, required or off (docs/protocol.md §13).
     sandbox: str = attrs.field(default="auto", validator=attrs.validators.in_(SANDBOX_CHOICES))
     #: --allow-write PATH, in the order given: absolute, existing; a confined run may
     #: write each (and read it).

@@ -977,7 +977,7 @@ async def latency_at_rest(tmp: Path, samples: int) -> dict[str, Any]:
                       "1", SECRET, str(tmp / "floor-protocol-rest" / "ledger.sqlite3"),
                       deliveries.url, agent]
         # The agent writes its marks into the fifo: a confined run (the default,
-        # PROTOCOL.md §13) may, because the harness names it (--allow-write).
+        # docs/protocol.md §13) may, because the harness names it (--allow-write).
         rest_argv = [*harness_argv(agent, concurrency=1), "--allow-write", str(marks.path)]
         async with started("harness", rest_argv, home) as harness, \
                 started("floor-protocol", least_argv, tmp / "floor-protocol-rest") as least, \

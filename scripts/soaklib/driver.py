@@ -73,7 +73,7 @@ class Soak(Pressure, Faults):
         self.accounts_dir = out / "accounts"
         #: What the stand-in agents write (their starts and refusals): the one folder
         #: outside a run's own places that the harness opens to its confined agents
-        #: (``--allow-write``, PROTOCOL.md §13); confinement stays on, as by default.
+        #: (``--allow-write``, docs/protocol.md §13); confinement stays on, as by default.
         self.marks = out / "marks"
         self.marks.mkdir(parents=True, exist_ok=True)
         self.refusals_path = self.marks / "refusals.txt"

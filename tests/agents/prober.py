@@ -12,7 +12,7 @@ from the environment (``$PROHOST_RUN_REPOS``, ``$TMPDIR``). Prints one line
   agent's grandchild when the agent is this script, or a tool's when a fake CLI
   runs it).
 
-For confinement tests (PROTOCOL.md §13): the results are the agent's own errors,
+For confinement tests (docs/protocol.md §13): the results are the agent's own errors,
 as a confined agent would meet them.
 """
 

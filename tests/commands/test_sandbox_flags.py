@@ -1,4 +1,4 @@
-"""``--sandbox``, ``--allow-write`` and ``--allow-read`` (PROTOCOL.md §13): parsed
+"""``--sandbox``, ``--allow-write`` and ``--allow-read`` (docs/protocol.md §13): parsed
 strictly (exit 2 with one line), explained by ``--help``, refused where
 ``required`` cannot be met, and carried by ``install-daemon`` into the service."""
 

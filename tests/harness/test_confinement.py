@@ -1,4 +1,4 @@
-"""Runs are confined by default (PROTOCOL.md §13), through the real harness.
+"""Runs are confined by default (docs/protocol.md §13), through the real harness.
 
 Everything is real: the reference server, the harness, the ledger, git, the
 kernel's Landlock. The agent is ``tests/agents/prober.py``, run as the plain

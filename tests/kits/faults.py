@@ -37,7 +37,7 @@ class Spawns:
             return proc
 
         monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
-        # A confined agent (the default, PROTOCOL.md §13) is spawned from a confined
+        # A confined agent (the default, docs/protocol.md §13) is spawned from a confined
         # thread instead, not through trio's open_process: counted there too.
         spawn_confined = agent_process._spawn_confined
 

@@ -140,7 +140,7 @@ async def running_harness(
 ) -> AsyncIterator[Running]:
     """The production harness in this trio run; waits for it to connect by default.
 
-    Its agents run confined, as by default (PROTOCOL.md §13); a fake that records
+    Its agents run confined, as by default (docs/protocol.md §13); a fake that records
     what it saw writes into :func:`logs_folder` of the home's parent, which the
     kit opens with ``--allow-write`` unless the test says what to allow itself.
     """

@@ -19,7 +19,7 @@ LEDGER_CRASH_CHILD = TESTS / "kits" / "ledger_crash_child.py"
 
 def logs_folder(tmp_path: Path) -> Path:
     """The folder a test's fake agents log into (made here). Agents run confined
-    (PROTOCOL.md §13): the kits that start a harness name this folder with
+    (docs/protocol.md §13): the kits that start a harness name this folder with
     ``--allow-write``, and nothing else of ``tmp_path`` is opened to them."""
     folder = tmp_path / "logs"
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Spawning and watching one agent process group (PROTOCOL.md §5.3–5.4, §6, §9).
+"""Spawning and watching one agent process group (docs/protocol.md §5.3–5.4, §6, §9).
 
 An agent CLI is not one process. ``claude -p`` starts MCP servers, a test runner
 starts workers, and a careless agent leaves a dev server running in the
@@ -511,7 +511,7 @@ async def run_agent(
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
-    With a ``confinement`` (PROTOCOL.md §13), the shell starts confined, and so
+    With a ``confinement`` (docs/protocol.md §13), the shell starts confined, and so
     does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, its
     ``pass_fds`` are inherited, its ``preexec`` runs in the child before exec. The
     caller closes it (it may spawn again with it).

@@ -1,4 +1,4 @@
-"""A run's places, as the confinement grants them (PROTOCOL.md §13).
+"""A run's places, as the confinement grants them (docs/protocol.md §13).
 
 One job: say which paths a run's agent may write, read or not see at all, and
 have the OS library (:mod:`prohost.engine.sandbox`) make that a confinement its

@@ -114,7 +114,7 @@ class Attempt:
     #: its earlier attempts (§12: the budget caps the run, not each attempt);
     #: ``None``: no budget, or all of it.
     max_cost_usd: float | None = None
-    #: The confinement its agent is spawned in (PROTOCOL.md §13); ``None``: none.
+    #: The confinement its agent is spawned in (docs/protocol.md §13); ``None``: none.
     #: The runner made it and closes it.
     confinement: Confinement | None = None
     #: Where the agent starts (§5.3): the conversation's worktree of the first

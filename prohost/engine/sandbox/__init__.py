@@ -1,4 +1,4 @@
-"""Confinement of a run's whole process tree (PROTOCOL.md §13), the OS-facing part.
+"""Confinement of a run's whole process tree (docs/protocol.md §13), the OS-facing part.
 
 :func:`probe` says what this machine offers (Landlock on Linux, ``sandbox-exec`` on
 macOS); :func:`prepare` turns a :class:`Policy` into a :class:`Confinement` a spawn

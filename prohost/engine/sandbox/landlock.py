@@ -12,7 +12,7 @@ add risk and no safety.
 
 ABI coverage: the handled filesystem rights are masked to what the running ABI
 knows (REFER from ABI 2, TRUNCATE from 3, IOCTL_DEV from 5); ABI 4's network
-rights are not handled (the network is not confined, PROTOCOL.md §13); ABI 6's
+rights are not handled (the network is not confined, docs/protocol.md §13); ABI 6's
 scopes (abstract UNIX sockets, signals) are left off, because they would cut the
 agent off from the harness's own processes' sockets and from signalling what it
 did not start itself, which no rule of §13 asks for; ABI 7's audit flags are not
