@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
+from prohost.commands.status import pid_alive
 from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
@@ -175,25 +176,15 @@ class _ExitWaiter:
             ready, _, _ = select.select([self.fd], [], [], timeout_s)
             return bool(ready)
         # A kernel without pidfds (macOS): look every little while.
-        if not _alive(self.pid):  # pragma: no cover
+        if not pid_alive(self.pid):  # pragma: no cover
             return True
         time.sleep(FOLLOW_POLL_S if timeout_s is None else timeout_s)  # pragma: no cover
-        return not _alive(self.pid)  # pragma: no cover
+        return not pid_alive(self.pid)  # pragma: no cover
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
-
-
-def _alive(pid: int) -> bool:  # pragma: no cover - only without pidfds
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- agent logs ------------------------------------------------------------------------
