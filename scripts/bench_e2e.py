@@ -666,6 +666,10 @@ class ServerProcess:
         self.http_url = http_url
         self.ws_url = ws_url
         self.code = code
+        #: The token and secret of the first pairing: a pairing code works once
+        #: (docs/protocol.md §10), so later harnesses of the same run, one at a time,
+        #: get the same credentials.
+        self.paired: tuple[str, str] | None = None
 
 
 @asynccontextmanager
@@ -693,14 +697,18 @@ async def pair(
 ) -> tuple[str, str]:
     """Pair over HTTP as ``prohost agent pair`` would, but save ``ws_url`` (the relay)
     as the socket to dial; results go to ``api_url`` if given, else straight to the
-    server's. Returns the token and the secret."""
-    answer = await client.post(f"{server.http_url}/v1/agent/pair",
-                               json={"code": server.code, "machine": "bench"})
-    answer.raise_for_status()
-    data = answer.json()
-    save_credentials(home, Credentials(token=data["token"], secret=data["secret"],
+    server's. Returns the token and the secret. The code works once: a second home
+    paired with the same server gets the first pairing's credentials."""
+    if server.paired is None:
+        answer = await client.post(f"{server.http_url}/v1/agent/pair",
+                                   json={"code": server.code, "machine": "bench"})
+        answer.raise_for_status()
+        data = answer.json()
+        server.paired = (data["token"], data["secret"])
+    token, secret = server.paired
+    save_credentials(home, Credentials(token=token, secret=secret,
                                        ws_url=ws_url, api_url=api_url or server.http_url))
-    return data["token"], data["secret"]
+    return token, secret
 
 
 async def submit_runs(
