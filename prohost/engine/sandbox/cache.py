@@ -97,8 +97,9 @@ class RuleCache:
     """The harness's cache of run rules, given to :func:`~.confinement.prepare`
     as ``Support.rules``; :meth:`close` it at exit."""
 
-    def __init__(self, max_held: int = MAX_HELD) -> None:
+    def __init__(self, max_held: int = MAX_HELD, recent_ns: int = RECENT_NS) -> None:
         self._lock = threading.Lock()
+        self._recent_ns = recent_ns
         self._walks: dict[tuple[str, ...], _Walk] = {}
         self._held: dict[str, _Held] = {}
         self._max_held = max_held
@@ -192,7 +193,8 @@ class RuleCache:
         folders: list[tuple[str, _Signature]] = []
         began = time.time_ns()
         granted = complement(hidden, lambda folder: folders.append((folder, _signature(folder))))
-        recent = any(signature is not None and began - max(signature[3], signature[4]) < RECENT_NS
+        recent = any(signature is not None
+                     and began - max(signature[3], signature[4]) < self._recent_ns
                      for _, signature in folders)
         if len(self._walks) >= MAX_WALKS:
             self._walks.clear()
