@@ -6,11 +6,12 @@ paths; only the run's own places differ. :meth:`RuleCache.prepare` makes exactly
 the rules :func:`~.confinement.prepare_anew` makes, but keeps, for the harness's
 lifetime:
 
-- **the walk's result**, with each listed folder's ``lstat`` taken just before it
-  was listed. A later run stats those folders again (one ``lstat`` each, about a
-  dozen) and reuses the result only when every one is unchanged (device, inode,
-  mode, mtime and ctime). That is enough because the result depends only on which
-  entries those folders hold and on whether each is a link: adding, removing or
+- **the walk's result**, folder by folder, with each listed folder's ``lstat``
+  taken just before it was listed. A later run stats those folders again (one
+  ``lstat`` each, about a dozen) and lists again only those that changed (device,
+  inode, mode, mtime or ctime): a busy ``/tmp`` costs its own listing, not the
+  home's. That is enough because what a folder adds to the result depends only on
+  which entries it holds and on whether each is a link: adding, removing or
   renaming an entry (a new ``~/notes.txt``, a ``~/.ssh`` made later, a link
   retargeted, which is a removal and a creation) changes its folder's mtime and
   ctime, and a change of the folder's permissions (a listing that failed, or now
@@ -18,11 +19,12 @@ lifetime:
   every run (a link to one, retargeted, changes the key). A folder's times come
   from a coarse clock, so a change within the same tick as the last one leaves
   them equal: a folder changed less than :data:`RECENT_NS` before it was listed
-  is not trusted, and the walk is made again next time (git's "racily clean").
+  is not trusted, and is listed again next time (git's "racily clean").
 - **the open ``O_PATH`` descriptors** of the granted paths, so a run adds its
-  rules without opening anything it already has. A descriptor found by a walk that
-  was reused still names what its folder's entry names (its folder is unchanged);
-  any other (the run's own places, the caches, a walk made again) is checked with
+  rules without opening anything it already has. A descriptor of an entry of a
+  folder not listed again still names what that entry names (the folder is
+  unchanged); any other (the run's own places, the caches, an entry of a folder
+  listed again) is checked with
   one ``lstat`` against the descriptor's device and inode (which cannot be reused
   while it is held open) and opened again when it differs. Descriptors no run
   asked for in the last preparation are closed, so they are bounded by one run's
@@ -32,7 +34,7 @@ What it relies on: a filesystem that updates a folder's times when its entries
 change (POSIX asks it; local filesystems, tmpfs and overlayfs do) and whose clock
 is the machine's (within :data:`RECENT_NS`). A filesystem mounted *on* a granted
 entry after it was opened is not seen: the rule stays on the folder it covers, so
-that run reads less, never more (the next walk made again sees it).
+that run reads less, never more (a listing of its folder made again sees it).
 
 One lock: preparations wait for each other (each is about a millisecond). One that
 cannot have it within :data:`LOCK_WAIT_S` (another stuck on a hung filesystem) is
@@ -49,7 +51,7 @@ import time
 import attrs
 
 from prohost.engine.sandbox import landlock
-from prohost.engine.sandbox.confinement import Confinement, complement, prepare_anew
+from prohost.engine.sandbox.confinement import Confinement, Walk, prepare_anew
 from prohost.engine.sandbox.policy import Policy, real_paths
 from prohost.engine.sandbox.probe import Support
 
@@ -68,13 +70,21 @@ _Signature = tuple[int, int, int, int, int] | None
 
 
 @attrs.define
-class _Walk:
-    """One complement walk: what it granted and how its folders looked."""
+class _Listed:
+    """What the walk granted of one folder's entries, and how the folder looked."""
 
     granted: list[str]
-    folders: list[tuple[str, _Signature]]
-    #: A folder had changed just before it was listed: not to be reused.
+    signature: _Signature
+    #: It had changed just before it was listed: to be listed again next time.
     recent: bool
+
+
+@attrs.define
+class _Kept:
+    """One set of hidden places' walk: its plan, and each folder as last listed."""
+
+    walk: Walk
+    listed: dict[str, _Listed] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -100,12 +110,13 @@ class RuleCache:
     def __init__(self, max_held: int = MAX_HELD, recent_ns: int = RECENT_NS) -> None:
         self._lock = threading.Lock()
         self._recent_ns = recent_ns
-        self._walks: dict[tuple[str, ...], _Walk] = {}
+        self._walks: dict[tuple[str, ...], _Kept] = {}
         self._held: dict[str, _Held] = {}
         self._max_held = max_held
         self._abi: int | None = None
         self._closed = False
-        #: How many walks were made and reused (for the tests and the bench).
+        #: Preparations that listed a folder again, and those that listed none
+        #: (for the tests and the bench).
         self.walks_made = 0
         self.walks_reused = 0
 
@@ -157,14 +168,14 @@ class RuleCache:
         # it cannot be opened.
         hidden = tuple(real_paths(policy.hidden))
         readable, writable = real_paths(policy.readable), real_paths(policy.writable)
-        rest, reused = self._complement(hidden)
+        rest = self._complement(hidden)
         if self._abi is None:
             self._abi = landlock.abi_version()  # the running kernel's: it does not change
         ruleset = landlock.Ruleset(self._abi)
         used: set[str] = set()
         opened: list[int] = []  # past MAX_HELD: closed after this preparation
         try:
-            grants = [(path, landlock.READ, reused) for path in rest]
+            grants = [(path, landlock.READ, trusted) for path, trusted in rest]
             grants += [(path, landlock.READ, False) for path in readable]
             grants += [(path, ruleset.handled, False) for path in writable]
             for path, rights, trusted in grants:
@@ -183,24 +194,37 @@ class RuleCache:
         return Confinement(preexec=landlock.child_step(ruleset.fd), confined=True,
                            ruleset=ruleset)
 
-    def _complement(self, hidden: tuple[str, ...]) -> tuple[list[str], bool]:
-        """The walk's result, and whether it was reused (its folders unchanged)."""
+    def _complement(self, hidden: tuple[str, ...]) -> list[tuple[str, bool]]:
+        """The walk's result, each path with whether it is *trusted*: found in a
+        folder unchanged since it was last listed (only changed ones are listed
+        again: ``/tmp`` changing often does not cost the home's listing)."""
+        if not hidden:
+            return [("/", False)]
         kept = self._walks.get(hidden)
-        if kept is not None and not kept.recent and all(
-                _signature(folder) == signature for folder, signature in kept.folders):
+        if kept is None:
+            if len(self._walks) >= MAX_WALKS:
+                self._walks.clear()
+            kept = self._walks[hidden] = _Kept(Walk.over(hidden))
+        now = time.time_ns()
+        granted: list[tuple[str, bool]] = []
+        relisted = False
+        for folder in kept.walk.folders:
+            # Before the listing: a change during it shows next time.
+            signature = _signature(folder)
+            last = kept.listed.get(folder)
+            if last is not None and not last.recent and last.signature == signature:
+                granted += [(path, True) for path in last.granted]
+                continue
+            relisted = True
+            recent = (signature is not None
+                      and now - max(signature[3], signature[4]) < self._recent_ns)
+            listed = kept.listed[folder] = _Listed(kept.walk.entries(folder), signature, recent)
+            granted += [(path, False) for path in listed.granted]
+        if relisted:
+            self.walks_made += 1
+        else:
             self.walks_reused += 1
-            return kept.granted, True
-        folders: list[tuple[str, _Signature]] = []
-        began = time.time_ns()
-        granted = complement(hidden, lambda folder: folders.append((folder, _signature(folder))))
-        recent = any(signature is not None
-                     and began - max(signature[3], signature[4]) < self._recent_ns
-                     for _, signature in folders)
-        if len(self._walks) >= MAX_WALKS:
-            self._walks.clear()
-        self._walks[hidden] = _Walk(granted, folders, recent)
-        self.walks_made += 1
-        return granted, False
+        return granted
 
     def _descriptor(self, path: str, trusted: bool, opened: list[int]) -> _Held | None:
         """An ``O_PATH`` descriptor of ``path`` as it is now (``None``: gone, or a link).

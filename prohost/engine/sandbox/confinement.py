@@ -152,31 +152,52 @@ def readable_rest(real: Policy) -> list[Path]:
     return [Path(path) for path in complement([str(place) for place in real.hidden])]
 
 
-def complement(hidden_places: Sequence[str],
-               listing: Callable[[str], None] | None = None) -> list[str]:
+def complement(hidden_places: Sequence[str]) -> list[str]:
     """:func:`readable_rest` as plain strings: a run pays this walk at every spawn
     it is not cached for, and ``pathlib``'s comparisons made it ten times slower.
-
-    ``listing(folder)`` is called just before each folder is listed (the cache
-    stats it there: :mod:`.cache`). Blocking.
-    """
+    Blocking."""
     if not hidden_places:
         return ["/"]
-    hidden = set(hidden_places)
-    inside = tuple(place.rstrip("/") + "/" for place in hidden)
-    ancestors: set[str] = set()
-    for place in hidden_places:
-        ancestors.update(_parents(place))
+    walk = Walk.over(hidden_places)
     granted: list[str] = []
-    for folder in sorted(ancestors):
-        if folder.startswith(inside):
-            continue  # nothing inside a hidden place is granted by the walk
-        if listing is not None:
-            listing(folder)
+    for folder in walk.folders:
+        granted += walk.entries(folder)
+    return granted
+
+
+@attrs.frozen
+class Walk:
+    """The complement walk's plan for a set of hidden places: which folders it
+    lists, and what it keeps of each one's entries (the cache lists them one by
+    one: :mod:`.cache`)."""
+
+    hidden: frozenset[str]
+    #: Each hidden place with a trailing ``/``: what lies inside one.
+    inside: tuple[str, ...]
+    ancestors: frozenset[str]
+    #: The folders listed, in order: the ancestors not inside a hidden place.
+    folders: tuple[str, ...]
+
+    @classmethod
+    def over(cls, hidden_places: Sequence[str]) -> Walk:
+        """The plan for ``hidden_places`` (real, absolute paths; not empty)."""
+        hidden = frozenset(hidden_places)
+        inside = tuple(place.rstrip("/") + "/" for place in hidden)
+        ancestors: set[str] = set()
+        for place in hidden_places:
+            ancestors.update(_parents(place))
+        # Nothing inside a hidden place is granted by the walk.
+        folders = tuple(folder for folder in sorted(ancestors) if not folder.startswith(inside))
+        return cls(hidden, inside, frozenset(ancestors), folders)
+
+    def entries(self, folder: str) -> list[str]:
+        """What the walk grants of ``folder``'s entries now. Blocking."""
         try:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
+            return []
+        granted: list[str] = []
+        hidden, ancestors, inside = self.hidden, self.ancestors, self.inside
         for entry in entries:
             path = entry.path
             if path in hidden or path in ancestors or path.startswith(inside):
@@ -184,7 +205,7 @@ def complement(hidden_places: Sequence[str],
             if entry.is_symlink():
                 continue
             granted.append(path)
-    return granted
+        return granted
 
 
 def _parents(place: str) -> list[str]:
