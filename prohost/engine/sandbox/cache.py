@@ -28,7 +28,8 @@ lifetime:
   one ``lstat`` against the descriptor's device and inode (which cannot be reused
   while it is held open) and opened again when it differs. Descriptors no run
   asked for in the last preparation are closed, so they are bounded by one run's
-  grants, and by :data:`MAX_HELD` in all; :meth:`RuleCache.close` closes them all.
+  grants, and by :data:`MAX_HELD` (and a quarter of ``RLIMIT_NOFILE``) in all;
+  :meth:`RuleCache.close` closes them all.
 
 What it relies on: a filesystem that updates a folder's times when its entries
 change (POSIX asks it; local filesystems, tmpfs and overlayfs do) and whose clock
@@ -44,6 +45,7 @@ made uncached instead, as before. No thread of its own.
 from __future__ import annotations
 
 import os
+import resource
 import stat
 import threading
 import time
@@ -58,8 +60,10 @@ from prohost.engine.sandbox.probe import Support
 #: A folder changed less than this before it was listed is listed again next time
 #: (its times' clock is coarse: a second change in the same tick would not show).
 RECENT_NS = 2_000_000_000
-#: Most descriptors held at once; past it a grant's descriptor is opened for the
-#: run and closed after it, as without the cache.
+#: Most descriptors held at once, and at most a quarter of the process's limit
+#: (``RLIMIT_NOFILE``'s soft one: often 1,024, shared with 16 agents' pipes and the
+#: sockets); past it a grant's descriptor is opened for the run and closed after
+#: it, as without the cache.
 MAX_HELD = 1024
 #: How long a preparation waits for another before it is made uncached.
 LOCK_WAIT_S = 1.0
@@ -107,7 +111,10 @@ class RuleCache:
     """The harness's cache of run rules, given to :func:`~.confinement.prepare`
     as ``Support.rules``; :meth:`close` it at exit."""
 
-    def __init__(self, max_held: int = MAX_HELD, recent_ns: int = RECENT_NS) -> None:
+    def __init__(self, max_held: int | None = None, recent_ns: int = RECENT_NS) -> None:
+        if max_held is None:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            max_held = MAX_HELD if soft == resource.RLIM_INFINITY else min(MAX_HELD, soft // 4)
         self._lock = threading.Lock()
         self._recent_ns = recent_ns
         self._walks: dict[tuple[str, ...], _Kept] = {}
@@ -229,7 +236,7 @@ class RuleCache:
     def _descriptor(self, path: str, trusted: bool, opened: list[int]) -> _Held | None:
         """An ``O_PATH`` descriptor of ``path`` as it is now (``None``: gone, or a link).
 
-        ``trusted``: found by a reused walk, so a held one is still its entry."""
+        ``trusted``: an entry of a folder not listed again, so a held one is still it."""
         held = self._held.get(path)
         if held is not None:
             if trusted:

@@ -199,3 +199,18 @@ def test_a_folder_changed_just_before_it_was_listed_is_listed_again(home: Home) 
         assert (fresh.walks_made, fresh.walks_reused) == (2, 0)
     finally:
         fresh.close()
+
+
+@needs_landlock
+def test_at_most_a_quarter_of_the_descriptor_limit_is_held(
+        home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (12, 4096))
+    small = RuleCache()
+    monkeypatch.undo()
+    try:
+        assert attempt(cached(small), home.policy(), "read", home.root / "src" / "readme") == "ok"
+        assert small.held == 3
+    finally:
+        small.close()
