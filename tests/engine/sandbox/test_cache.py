@@ -59,14 +59,13 @@ def test_unchanged_folders_are_not_listed_again_nor_granted_paths_opened_again(
     policy = home.policy()
     aged(home.root)
     prepare(policy, cached(cache)).close()
-    held = cache.held
-    fds = set(os.listdir("/proc/self/fd"))
+    assert cache.held > 10
+    others = len(os.listdir("/proc/self/fd")) - cache.held
     for _ in range(3):  # /tmp may change under a shared machine: once is enough
         prepare(policy, cached(cache)).close()
     assert cache.walks_reused >= 1
-    assert held > 10
-    assert cache.held == held
-    assert set(os.listdir("/proc/self/fd")) == fds  # the same descriptors, none leaked
+    # Only the kept ones stay open (their number follows a shared /tmp's entries).
+    assert len(os.listdir("/proc/self/fd")) - cache.held == others
 
 
 @needs_landlock
