@@ -6,7 +6,9 @@ A made-up home (~50 entries, the default secrets present, a ``$PROHOST_HOME`` wi
 a worktree inside) is built in a temporary folder; then, in the same run:
 
 - ``prepare()``: resolving the policy, walking the folders on the way to each hidden
-  place and adding every Landlock rule (what a run pays in a worker thread);
+  place and adding every Landlock rule (what a run pays in a worker thread), made
+  anew, then with the harness's :class:`RuleCache` (issue 29: what runs share is
+  kept); and the uncached one's parts (resolve, walk, open and add each rule);
 - a spawn of ``/bin/true`` waited to its exit, four ways, interleaved round by round
   so drift hits each the same: the unconfined floor (subprocess's vfork path), a
   no-op ``preexec_fn`` (what a preexec alone costs: subprocess forks instead of
@@ -32,8 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prohost.engine.sandbox import Policy, defaults, prepare, probe
-from prohost.engine.sandbox.confinement import Confinement
+import attrs
+
+from prohost.engine.sandbox import Policy, RuleCache, Support, defaults, landlock, prepare, probe
+from prohost.engine.sandbox.confinement import Confinement, complement, prepare_anew
 
 
 def make_home(root: Path) -> tuple[Path, Policy]:
@@ -81,12 +85,48 @@ def spawn_from_fresh_thread() -> None:
     thread.join()
 
 
+def report_prepare(policy: Policy, support: Support) -> None:
+    """prepare()'s median, anew and cached, and the parts of one made anew."""
+    cache = RuleCache()
+    kept = attrs.evolve(support, rules=cache)
+    parts: dict[str, list[float]] = {name: [] for name in (
+        "anew", "cached", "  resolve", "  walk", "  open + add rules")}
+    count = 0
+    for _ in range(100):
+        parts["anew"].append(timed(lambda: prepare_anew(policy, support).close()))
+        parts["cached"].append(timed(lambda: prepare(policy, kept).close()))
+        start = time.perf_counter()
+        real = policy.resolved()
+        resolved = time.perf_counter()
+        rest = complement([str(place) for place in real.hidden])
+        walked = time.perf_counter()
+        ruleset = landlock.Ruleset(landlock.abi_version())
+        paths = [(path, landlock.READ) for path in rest]
+        paths += [(str(path), landlock.READ) for path in real.readable]
+        paths += [(str(path), ruleset.handled) for path in real.writable]
+        for path, rights in paths:
+            ruleset.allow(path, rights)
+        ruleset.close()
+        parts["  resolve"].append(resolved - start)
+        parts["  walk"].append(walked - resolved)
+        parts["  open + add rules"].append(time.perf_counter() - walked)
+        count = len(paths)
+    cache.close()
+    print(f"prepare(), {count} rules ({cache.walks_reused} of 100 cached ones listed no "
+          "folder again: a folder changed in the last 2 s is listed again):")
+    for name, values in parts.items():
+        print(f"  {name:20s} median {statistics.median(values) * 1e3:6.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spawns", type=int, default=200)
     parser.add_argument("--ballast-mb", type=int, default=0,
                         help="memory to hold while spawning, as a harness's size (a fork "
                              "copies the page tables, a vfork does not)")
+    parser.add_argument("--folder", default=None,
+                        help="where to make the home (default: the temporary folder; "
+                        "a busy one, as a shared /tmp, is listed again by the cache)")
     args = parser.parse_args()
     ballast = bytearray(args.ballast_mb << 20)
     ballast[::4096] = b"x" * len(ballast[::4096])  # touched, so the pages exist
@@ -94,16 +134,11 @@ def main() -> None:
     print(f"support: {support.kind} {support.detail or support.reason}")
     if support.kind != "landlock":
         return
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory(dir=args.folder) as folder:
         home, policy = make_home(Path(folder))
+        time.sleep(2.5)  # past the cache's "changed just now" window (RECENT_NS)
         print(f"home entries: {len(os.listdir(home))}; ballast {len(ballast) >> 20} MiB")
-        prepares = []
-        for _ in range(30):
-            start = time.perf_counter()
-            prepare(policy, support).close()
-            prepares.append(time.perf_counter() - start)
-        print(f"prepare(): median {statistics.median(prepares) * 1e3:.2f} ms, "
-              f"max {max(prepares) * 1e3:.2f} ms")
+        report_prepare(policy, support)
         with prepare(policy, support) as confinement:
             assert confinement.preexec is not None
             confined = confinement.preexec

@@ -244,6 +244,7 @@ class Harness:
             self._done.set()
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
+            self.sandbox.close()  # the descriptors its rule cache holds
         return self.exit_code
 
     def _say_confinement(self) -> None:

@@ -46,7 +46,7 @@ import trio
 
 from prohost.engine.agent.environment import make_private_folder
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
-from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
+from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, defaults, prepare, probe
 from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
@@ -83,10 +83,19 @@ class Sandbox:
         """The harness's sandbox for ``options``: the system asked unless ``off``.
         Never refuses: ``required`` is checked by the command line before (exit 2)."""
         support = None if options.sandbox == "off" else probe()
+        if support is not None and support.kind == "landlock":
+            # What runs' rules have in common, kept for the harness's lifetime
+            # (issue 29); closed by close() at its exit.
+            support = attrs.evolve(support, rules=RuleCache())
         home = env.get("HOME")
         return cls(mode=options.sandbox, support=support, allow_write=options.allow_write,
                    allow_read=options.allow_read, home=options.home,
                    user_home=Path(home) if home else Path.home())
+
+    def close(self) -> None:
+        """Close what the support's rule cache holds (the harness's exit; never waits)."""
+        if self.support is not None and self.support.rules is not None:
+            self.support.rules.close()
 
     @property
     def confines(self) -> bool:

@@ -130,16 +130,22 @@ class Ruleset:
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
                 return False
-            wanted = rights & self.handled
-            if not stat.S_ISDIR(mode):
-                wanted &= _FILE_RIGHTS
-            attr = _PathBeneathAttr(wanted, fd)
-            _check(_syscall(ctypes.c_long(_ADD_RULE), ctypes.c_int(self.fd),
-                            ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(attr),
-                            ctypes.c_uint32(0)))
+            self.allow_opened(fd, directory=stat.S_ISDIR(mode), rights=rights)
             return True
         finally:
             os.close(fd)
+
+    def allow_opened(self, fd: int, *, directory: bool, rights: int) -> None:
+        """Grant ``rights`` beneath what ``fd`` (an ``O_PATH`` descriptor of a file
+        or folder, never a link) is; the caller keeps and closes ``fd``: the kernel
+        holds its own reference to the object once the rule is added."""
+        wanted = rights & self.handled
+        if not directory:
+            wanted &= _FILE_RIGHTS
+        attr = _PathBeneathAttr(wanted, fd)
+        _check(_syscall(ctypes.c_long(_ADD_RULE), ctypes.c_int(self.fd),
+                        ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(attr),
+                        ctypes.c_uint32(0)))
 
     def close(self) -> None:
         """Close the ruleset's descriptor (after every spawn that uses it)."""

@@ -8,6 +8,7 @@ hidden as ``~/.ssh`` is, because the rules are made on where it leads).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import attrs
@@ -57,10 +58,82 @@ class Policy:
 
 
 def _real(paths: tuple[Path, ...]) -> tuple[Path, ...]:
-    seen: dict[Path, None] = {}
+    return tuple(Path(path) for path in real_paths(paths))
+
+
+def real_paths(paths: tuple[Path, ...] | list[str]) -> list[str]:
+    """Each of ``paths`` made real as ``os.path.realpath(os.path.abspath(...))``
+    does it, each once, in order. Blocking.
+
+    One memo for them all: a policy's ~40 paths share most of their folders
+    (``/``, ``/home``, ``~``…), which ``os.path.realpath`` would lstat again for
+    each path (most of what resolving a run's policy cost, issue 29).
+    """
+    memo: dict[str, str] = {"/": "/"}
+    seen: dict[str, None] = {}
     for path in paths:
-        seen.setdefault(Path(os.path.realpath(os.path.abspath(path))), None)
-    return tuple(seen)
+        absolute = os.path.abspath(path)
+        try:
+            real = _resolve(absolute, memo)
+        except _Loop:
+            real = os.path.realpath(absolute)  # its own answer for a loop of links
+        seen.setdefault(real, None)
+    return list(seen)
+
+
+class _Loop(Exception):
+    pass
+
+
+#: As many links as a path may go through (the kernel's own limit).
+_MAX_LINKS = 40
+
+
+def _resolve(absolute: str, memo: dict[str, str]) -> str:
+    """``absolute`` (normalized: no ``.``, ``..`` or doubled ``/``) made real."""
+    known = memo.get(absolute)
+    if known is not None:
+        return known
+    parent, _, name = absolute.rpartition("/")
+    real = _resolve(parent or "/", memo)
+    known = _step(real, real + name if real == "/" else real + "/" + name, memo, 0)
+    memo[absolute] = known
+    return known
+
+
+def _walk(real: str, rest: str, memo: dict[str, str], links: int) -> str:
+    """``rest`` (a link's target) resolved from the real folder ``real``, as
+    ``os.path.realpath`` (not strict) does: a component that cannot be lstat'ed is
+    taken as it is, ``..`` goes to the parent of what is resolved so far."""
+    for name in rest.split("/"):
+        if not name or name == ".":
+            continue
+        if name == "..":
+            real = os.path.dirname(real)
+            continue
+        real = _step(real, os.path.join(real, name), memo, links)
+    return real
+
+
+def _step(real: str, candidate: str, memo: dict[str, str], links: int) -> str:
+    """``candidate`` (an entry of the real folder ``real``) made real."""
+    known = memo.get(candidate)
+    if known is not None:
+        return known
+    try:
+        mode = os.lstat(candidate).st_mode
+    except OSError:
+        known = candidate
+    else:
+        if not stat.S_ISLNK(mode):
+            known = candidate
+        elif links >= _MAX_LINKS:
+            raise _Loop
+        else:
+            target = os.readlink(candidate)
+            known = _walk("/" if target.startswith("/") else real, target, memo, links + 1)
+    memo[candidate] = known
+    return known
 
 
 def _existing(paths: tuple[Path, ...]) -> tuple[Path, ...]:

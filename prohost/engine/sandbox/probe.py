@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -19,6 +19,17 @@ SIMULATE_ABSENT_ENV = "PROHOST_TEST_SANDBOX_ABSENT"
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
 
+class Rules(Protocol):
+    """What :class:`Support` may carry to keep runs' rules (``cache.RuleCache``;
+    named by its shape here, so that this module imports no other of the room)."""
+
+    def prepare(self, policy: Any, support: Support) -> Any:
+        """The confinement for ``policy``, as ``confinement.prepare_anew`` makes it."""
+
+    def close(self) -> None:
+        """Release what it keeps."""
+
+
 @attrs.frozen
 class Support:
     """How runs can be confined here: ``kind`` ``None`` when they cannot, and why."""
@@ -28,6 +39,10 @@ class Support:
     detail: str = ""
     #: Why not, in a sentence a person understands; empty when ``kind`` is set.
     reason: str = ""
+    #: Where :func:`~.confinement.prepare` keeps what runs' rules have in common
+    #: (Landlock only; ``None``: every preparation made anew). The harness gives its
+    #: own (``Sandbox.start``) and closes it at exit.
+    rules: Rules | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def probe() -> Support:
