@@ -85,6 +85,11 @@ async def test_a_run_held_or_reported_here_is_never_answered_503(
                 # The drain hands the queued run back: reported "not started", and its
                 # redelivery then gets the ledger's 204.
                 await harness.wait_released(queued)
+                # Its `reported` row is queued for the writer without a wait, and a
+                # redelivery is answered from the last commit (issue 27.6): a lookup,
+                # which waits for what is queued, makes that commit the ledger's.
+                row = await harness.steps.lookup(queued)
+                assert row is not None and row.state is RunState.REPORTED
                 assert await redelivered(running, queued, "again-queued") == (
                     204, "already reported")
                 completion = server.run(queued).completion
