@@ -72,53 +72,37 @@ def program_name(line: str) -> str:
 #: (``npx -y @zed-industries/codex-acp``, ``npx @google/gemini-cli --acp``). The
 #: modes are those of the ACP registry (agentclientprotocol/registry, each agent's
 #: ``agent.json``) and the agents' own documentation.
-ACP_COMMANDS: tuple[tuple[str, str | None], ...] = (
-    ("gemini", "--acp"),                 # Gemini CLI
-    ("gemini", "--experimental-acp"),    # Gemini CLI, older builds
-    ("@google/gemini-cli", "--acp"),
-    ("qwen", "--acp"),                   # Qwen Code
-    ("qwen", "--experimental-acp"),
-    ("@qwen-code/qwen-code", "--acp"),
-    ("copilot", "--acp"),                # GitHub Copilot CLI (npm @github/copilot)
-    ("opencode", "acp"),                 # OpenCode
-    ("@opencode/cli", "acp"),
-    ("goose", "acp"),                    # Goose
-    ("cursor-agent", "acp"),             # Cursor CLI
-    ("kimi", "acp"),                     # Kimi CLI
-    ("kimi", "--acp"),                   # Kimi CLI, older builds
-    ("claude-code-acp", None),           # Claude Code through Zed's adapter
-    ("claude-agent-acp", None),          # the same adapter, renamed upstream
-    ("codex-acp", None),                 # Codex through Zed's adapter
+ACP_COMMANDS: tuple[tuple[str, str | None, str], ...] = (
+    # (program, the word that puts it in ACP mode or None, the agent: whose own
+    # folders a confined run gets, prohost.engine.sandbox.defaults.AGENT_FOLDERS)
+    ("gemini", "--acp", "gemini"),                  # Gemini CLI
+    ("gemini", "--experimental-acp", "gemini"),     # Gemini CLI, older builds
+    ("@google/gemini-cli", "--acp", "gemini"),
+    ("qwen", "--acp", "qwen"),                      # Qwen Code
+    ("qwen", "--experimental-acp", "qwen"),
+    ("@qwen-code/qwen-code", "--acp", "qwen"),
+    ("copilot", "--acp", "copilot"),                # GitHub Copilot CLI (npm @github/copilot)
+    ("opencode", "acp", "opencode"),                # OpenCode
+    ("@opencode/cli", "acp", "opencode"),
+    ("goose", "acp", "goose"),                      # Goose
+    ("cursor-agent", "acp", "cursor"),              # Cursor CLI
+    ("kimi", "acp", "kimi"),                        # Kimi CLI
+    ("kimi", "--acp", "kimi"),                      # Kimi CLI, older builds
+    ("claude-code-acp", None, "claude"),            # Claude Code through Zed's adapter
+    ("claude-agent-acp", None, "claude"),           # the same adapter, renamed upstream
+    ("codex-acp", None, "codex"),                   # Codex through Zed's adapter
 )
 _PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
 
 
 def speaks_acp(line: str) -> bool:
     """Whether ``line`` starts an agent in ACP mode (:data:`ACP_COMMANDS`)."""
-    return acp_program(line) is not None
-
-
-#: Which agent each program of :data:`ACP_COMMANDS` is: a confined run is granted
-#: that agent's own folders (prohost.engine.sandbox.defaults.AGENT_FOLDERS).
-_ACP_AGENTS = {
-    "gemini": "gemini", "@google/gemini-cli": "gemini",
-    "qwen": "qwen", "@qwen-code/qwen-code": "qwen",
-    "copilot": "copilot", "opencode": "opencode", "@opencode/cli": "opencode",
-    "goose": "goose", "cursor-agent": "cursor", "kimi": "kimi",
-    "claude-code-acp": "claude", "claude-agent-acp": "claude", "codex-acp": "codex",
-}
+    return acp_agent(line) is not None
 
 
 def acp_agent(line: str) -> str | None:
-    """Which agent an ACP command line starts (``gemini``, ``claude``, …), or ``None``
-    when ``line`` is not one of :data:`ACP_COMMANDS`."""
-    program = acp_program(line)
-    return None if program is None else _ACP_AGENTS.get(program)
-
-
-def acp_program(line: str) -> str | None:
-    """The program of :data:`ACP_COMMANDS` that ``line`` starts in ACP mode, as
-    that table names it; ``None`` when it starts none."""
+    """Which agent an ACP command line starts (``gemini``, ``claude``, …: the third
+    column of :data:`ACP_COMMANDS`), or ``None`` when it starts none in ACP mode."""
     words = split_command(line)
     index = program_index(words)
     if index is None:
@@ -135,9 +119,9 @@ def acp_program(line: str) -> str | None:
         scope = "@" if package.startswith("@") else ""
         name = scope + package.removeprefix("@").split("@", 1)[0]
         names = {name, name.rsplit("/", 1)[-1]}
-    for program, mode in ACP_COMMANDS:
+    for program, mode, agent in ACP_COMMANDS:
         if program in names and (mode is None or mode in rest):
-            return program
+            return agent
     return None
 
 

@@ -297,7 +297,7 @@ class InstanceLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = _read_pid(fd)
+            holder = read_lock_pid(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise LockHeld(holder, path) from None
@@ -344,7 +344,8 @@ class InstanceLock:
         self.release()
 
 
-def _read_pid(fd: int) -> int | None:
+def read_lock_pid(fd: int) -> int | None:
+    """The pid a harness wrote into its open ``agent.lock`` (``fd``), if it reads as one."""
     try:
         text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
     except OSError:

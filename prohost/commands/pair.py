@@ -18,6 +18,7 @@ from prohost.home import (
     LOCK_FILE,
     LockHeld,
     credentials_from_json,
+    read_lock_pid,
     resolve_endpoints,
     save_credentials,
 )
@@ -97,10 +98,10 @@ def _hold_existing_lock(home: Path) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        pid = read_lock_pid(fd)
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise LockHeld(int(text) if text.isdigit() else None, path) from None
+            raise LockHeld(pid, path) from None
         return None
     return fd
 

@@ -29,7 +29,7 @@ from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.view.snapshot import read_snapshot
-from prohost.home import LOCK_FILE
+from prohost.home import LOCK_FILE, read_lock_pid
 from prohost.logfile import log_path
 
 EXIT_OK = 0
@@ -68,8 +68,7 @@ def harness_pid(home: Path) -> int | None:
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() and int(text) > 0 else None
+            return read_lock_pid(fd)
         return None  # we got it: nobody holds it (closing the descriptor gives it back)
     finally:
         os.close(fd)

@@ -67,6 +67,11 @@ class AgentRun:
         return f"run:{self.run_id}"
 
 
+def conversation_of(lane: str) -> str | None:
+    """The conversation a lane (:attr:`AgentRun.lane`) is for; ``None`` for a run's own."""
+    return lane[len(CONVERSATION_LANE):] if lane.startswith(CONVERSATION_LANE) else None
+
+
 def path_problem(path: str) -> str | None:
     """Why ``path`` may not be used as an API path, or ``None`` when it is fine.
 

@@ -24,6 +24,7 @@ from prohost.home import Credentials, save_credentials
 from tests.kits.harness import finished, start_run
 from tests.kits.paths import ROOT
 from tests.kits.process import harness_process, ledger_row, paired_with_gate
+from tests.kits.tmpfs import fill, mounted_tmpfs
 
 
 def pair(home: Path) -> None:
@@ -42,30 +43,12 @@ def start(home: Path) -> subprocess.CompletedProcess[str]:
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
 
-def fill(path: Path) -> None:
-    """Write ``path`` until its filesystem has no byte left."""
-    with open(path, "wb", buffering=0) as file:
-        for size in (1 << 20, 1):
-            try:
-                while True:
-                    file.write(b"\0" * size)
-            except OSError:
-                continue
-
-
 @pytest.fixture
 def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; the /dev/full case covers the rest")
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(home)],
-                   check=True)
-    try:
+    # Without root the /dev/full case covers the rest.
+    with mounted_tmpfs(tmp_path / "home", "1m") as home:
         yield home
-    finally:
-        subprocess.run(["umount", str(home)], check=True)
-        assert not home.is_mount()
+    assert not home.is_mount()
 
 
 def test_a_full_home_that_never_had_a_ledger_says_so_and_exits_1(full_tmpfs: Path) -> None:

@@ -10,9 +10,7 @@ real tmpfs filled to the last byte (root only).
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,35 +20,14 @@ import trio
 from prohost.engine.ledger import RunState
 from tests.kits.harness import finished, start_run
 from tests.kits.process import harness_process, ledger_row, paired_with_gate
-
-
-def fill(path: Path) -> None:
-    """Write ``path`` until its filesystem has no byte left."""
-    with open(path, "wb", buffering=0) as file:
-        for size in (1 << 20, 1):
-            try:
-                while True:
-                    file.write(b"\0" * size)
-            except OSError:
-                continue
+from tests.kits.tmpfs import fill, mounted_tmpfs
 
 
 @pytest.fixture
 def home_mount(tmp_path: Path) -> Iterator[Path]:
     """An empty tmpfs of 4 MiB as the home (the test fills it), unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs",
-                        str(home)], check=True, capture_output=True)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot mount a tmpfs here: {exc.stderr.decode(errors='replace')}")
-    try:
+    with mounted_tmpfs(tmp_path / "home", "4m") as home:
         yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=True)
 
 
 @pytest.mark.protocol("§7")

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from prohost.engine.ledger.rows import LedgerError
-from prohost.wire.runs import CONVERSATION_LANE
+from prohost.wire.runs import conversation_of
 
 #: How long a read waits for a writer that holds the file's lock (ms): a WAL reader
 #: rarely waits at all; this only covers a checkpoint's brief exclusive moments.
@@ -55,20 +55,8 @@ class PastRun:
 
     def to_json(self) -> dict[str, Any]:
         """The object ``agent runs --json`` prints for it (keys as the README lists)."""
-        return {
-            "run_id": self.run_id,
-            "conversation_id": self.conversation_id,
-            "state": self.state,
-            "ok": self.ok,
-            "error": self.error,
-            "accepted_at": self.accepted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "duration_ms": self.duration_ms,
-            "account": self.account,
-            "cost_usd": self.cost_usd,
-            "checkouts": [attrs.asdict(checkout) for checkout in self.checkouts],
-        }
+        # JSON wants a list where the record keeps a tuple.
+        return {**attrs.asdict(self), "checkouts": [attrs.asdict(c) for c in self.checkouts]}
 
 
 def read_history(path: Path, *, limit: int | None = None,
@@ -130,8 +118,8 @@ def _past_run(run_id: str, lane: str, body: str, state: str, accepted_at: float,
 
 def _conversation(lane: str, body: str) -> str | None:
     # The lane says it even once the body is pruned (until the tombstone empties it).
-    if lane.startswith(CONVERSATION_LANE):
-        return lane[len(CONVERSATION_LANE):]
+    if (from_lane := conversation_of(lane)) is not None:
+        return from_lane
     conversation = _json_object(body).get("conversation_id")
     return conversation if isinstance(conversation, str) else None
 

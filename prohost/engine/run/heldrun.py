@@ -18,7 +18,7 @@ import trio
 
 from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
-from prohost.wire.runs import CONVERSATION_LANE, AgentRun, Outcome
+from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
 __all__ = ["HeldRun"]
 
@@ -85,8 +85,7 @@ class HeldRun:
     @property
     def conversation_id(self) -> str | None:
         """The conversation of the run's lane (§4), without its body."""
-        return self.lane[len(CONVERSATION_LANE):] \
-            if self.lane.startswith(CONVERSATION_LANE) else None
+        return conversation_of(self.lane)
 
     @property
     def exec_scope(self) -> trio.CancelScope:

@@ -117,39 +117,39 @@ def _counts(snapshot: Snapshot, drift: float) -> Text:
     return Text(" · ".join(parts), style="dim", no_wrap=True, overflow="ellipsis")
 
 
+#: The note under the header once the harness stops taking runs, by its state.
+_ENDING_NOTES = {
+    "stopping": ("stopping the running agents", "red"),
+    "drained": ("exited: every run it took has finished", "green"),
+    "stopped": ("exited: the agents still running were stopped", "red"),
+    "exited": ("exited (its log says why)", "red"),
+}
+
+
+def _line(text: str, style: str) -> Text:
+    """One note: a single line, cut rather than wrapped."""
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis")
+
+
 def _notes(snapshot: Snapshot, now: float, *, here: bool) -> list[RenderableType]:
     notes: list[RenderableType] = []
     waiting = waiting_reports_text(snapshot.reports_waiting, snapshot.reports_waiting_since,
                                    now)
     if waiting is not None:
-        notes.append(Text(f"⚠ {waiting}; retried every 5 min", style="yellow",
-                          no_wrap=True, overflow="ellipsis"))
+        notes.append(_line(f"⚠ {waiting}; retried every 5 min", "yellow"))
     if snapshot.confinement is not None:
         confined = snapshot.confinement.startswith("confined")
-        notes.append(Text(snapshot.confinement if confined else f"⚠ {snapshot.confinement}",
-                          style="dim" if confined else "yellow", no_wrap=True,
-                          overflow="ellipsis"))
+        notes.append(_line(snapshot.confinement, "dim") if confined
+                     else _line(f"⚠ {snapshot.confinement}", "yellow"))
     if snapshot.connection in ("reconnecting", "connecting") and snapshot.last_error:
-        notes.append(Text(f"last error: {clean(snapshot.last_error)}", style="yellow",
-                          no_wrap=True, overflow="ellipsis"))
+        notes.append(_line(f"last error: {clean(snapshot.last_error)}", "yellow"))
     if snapshot.connection == "draining":
         # Ctrl-C only means something in the harness's own terminal.
         how = "Ctrl-C again" if here else "`prohost agent stop --now`"
-        notes.append(Text(f"finishing its runs, taking no new ones; {how} stops them",
-                          style="cyan",
-                          no_wrap=True, overflow="ellipsis"))
-    elif snapshot.connection == "stopping":
-        notes.append(Text("stopping the running agents", style="red",
-                          no_wrap=True, overflow="ellipsis"))
-    elif snapshot.connection == "drained":
-        notes.append(Text("exited: every run it took has finished", style="green",
-                          no_wrap=True, overflow="ellipsis"))
-    elif snapshot.connection == "stopped":
-        notes.append(Text("exited: the agents still running were stopped", style="red",
-                          no_wrap=True, overflow="ellipsis"))
-    elif snapshot.connection == "exited":
-        notes.append(Text("exited (its log says why)", style="red",
-                          no_wrap=True, overflow="ellipsis"))
+        notes.append(_line(f"finishing its runs, taking no new ones; {how} stops them",
+                           "cyan"))
+    elif snapshot.connection in _ENDING_NOTES:
+        notes.append(_line(*_ENDING_NOTES[snapshot.connection]))
     return notes
 
 

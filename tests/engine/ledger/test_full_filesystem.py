@@ -21,7 +21,6 @@ import errno
 import functools
 import os
 import sqlite3
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from tests.kits import harness as harness_kit
 from tests.kits.faults import Spawns, internal_error, no_process_of_run
 from tests.kits.harness import agent_command, finished, running_harness, running_server
 from tests.kits.paths import logs_folder
+from tests.kits.tmpfs import mounted_tmpfs
 
 pytestmark = [
     pytest.mark.protocol("§7"),
@@ -53,21 +53,8 @@ WAIT_S = 30.0
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs mounted for the test, unmounted after it whatever happened."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                              capture_output=True, text=True, timeout=30)
-    except OSError as exc:
-        pytest.skip(f"no mount command here: {exc}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root only): {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            # Something still holds a file open on it (a test that failed): detach it.
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def fill(disk: Path) -> Path:

@@ -345,7 +345,7 @@ def test_auto_leaves_other_lines_alone(line: str) -> None:
 
 
 def test_every_listed_program_is_recognised() -> None:
-    for program, mode in ACP_COMMANDS:
+    for program, mode, _agent in ACP_COMMANDS:
         line = program if mode is None else f"{program} {mode}"
         assert speaks_acp(f"npx {line}" if program.startswith("@") else line)
 
@@ -354,7 +354,7 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
         tmp_path: Path) -> None:
     # A confined ACP agent that cannot write its own folders does not start (issue 29):
     # each listed program is an agent of AGENT_FOLDERS, or an adapter of Claude or Codex.
-    for program, mode in ACP_COMMANDS:
+    for program, mode, _agent in ACP_COMMANDS:
         line = program if mode is None else f"{program} {mode}"
         agent = acp_agent(f"npx -y {line}" if program.startswith("@") else line)
         assert agent in {*defaults.AGENT_FOLDERS, "claude", "codex"}, program
