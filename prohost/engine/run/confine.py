@@ -162,7 +162,8 @@ def git_places(worktree: Path) -> list[Path]:
 def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[Path]:
     """The agent CLI's own folder (and file) for the account in ``env``. A CLI's
     folder is made when missing (the CLI would make it; a rule needs it to exist);
-    a plain agent gets those of either CLI that exist; an ACP agent (``brain`` is then
+    a plain agent gets those of either CLI that exist (all are named: the library
+    grants only what exists); an ACP agent (``brain`` is then
     the agent, :func:`prohost.execline.acp_agent`) those of
     :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS`, or Claude's or Codex's
     for their adapters. Blocking."""
@@ -181,13 +182,15 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[P
             folders.append(user_home / ".claude")
             # Claude Code writes it through a temporary file beside it and falls back
             # to writing it in place when that is refused: the file alone is enough.
-            if (user_home / ".claude.json").is_file():
-                files.append(user_home / ".claude.json")
+            # Named whether or not it exists (the library grants only what does):
+            # the policy depends on the run alone, so one made ahead stays the
+            # run's (prohost.engine.run.spares).
+            files.append(user_home / ".claude.json")
     if brain in ("codex", "plain"):
         configured = env.get("CODEX_HOME")
         folders.append(Path(configured) if configured else user_home / ".codex")
     if brain == "plain":
-        return [place for place in (*folders, *files) if place.exists()]
+        return [*folders, *files]  # those that exist are granted (see above)
     for folder in folders:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return [*folders, *files]
@@ -228,7 +231,7 @@ class RunConfinement:
         self.confinement.close()
 
 
-class _Making:
+class Making:
     """One confinement being made in a worker thread that may be abandoned: one
     finished after its caller gave up is closed there, never leaked."""
 
@@ -237,15 +240,28 @@ class _Making:
         self._abandoned = False
         self.made: RunConfinement | None = None
 
-    def make(self, sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
+    def make(self, sandbox: Sandbox, support: Support, places: RunPlaces,
+             ahead: RunConfinement | None = None) -> RunConfinement:
+        """The run's confinement: ``ahead`` (one made for the same places before the
+        run came, :mod:`prohost.engine.run.spares`) while nothing it was made from
+        has changed, else one made now (``ahead`` closed). Blocking."""
         tmpdir = places.scratch / TMP_NAME
-        make_private_folder(tmpdir)
-        if places.workdir is not None:
-            # A grant needs the folder (one that does not exist gets none): made here
-            # too, since an early confinement is made before the runner makes it,
-            # and one removed between runs is made again.
-            places.workdir.mkdir(parents=True, exist_ok=True)
-        confinement = prepare(policy_for(sandbox, places), support)
+        confinement = None
+        if ahead is not None:
+            if ahead.confinement.still_right():
+                confinement = ahead.confinement
+                log.debug("confined with the rules made ahead")
+            else:
+                ahead.close()
+                log.debug("the rules made ahead were out of date: made anew")
+        if confinement is None:
+            make_private_folder(tmpdir)
+            if places.workdir is not None:
+                # A grant needs the folder (one that does not exist gets none): made
+                # here too, since an early confinement is made before the runner
+                # makes it, and one removed between runs is made again.
+                places.workdir.mkdir(parents=True, exist_ok=True)
+            confinement = prepare(policy_for(sandbox, places), support)
         with self._lock:
             if self._abandoned:
                 confinement.close()
@@ -274,7 +290,7 @@ async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
     support = sandbox.support
     if support is None or support.kind is None:
         return None
-    making = _Making()
+    making = Making()
     limit_s = max(0.0, min(FILE_STEP_TIMEOUT_S, deadline - trio.current_time()))
     try:
         return await bounds.file_step(making.make, sandbox, support, places,
@@ -303,12 +319,16 @@ class EarlyConfinement:
     (:meth:`take`), or thrown away (:meth:`discard`); one made after either is
     closed where it was made, never leaked."""
 
-    def __init__(self, sandbox: Sandbox, places: RunPlaces) -> None:
+    def __init__(self, sandbox: Sandbox, places: RunPlaces,
+                 ahead: RunConfinement | None = None) -> None:
+        """Begin it for ``places``; with ``ahead`` (made before for the same places,
+        its scratch folder theirs), only check that one is still right, and make it
+        anew if not."""
         support = sandbox.support
         assert support is not None and support.kind is not None
         self.places = places
         self.taken = False
-        self._making = _Making()
+        self._making = Making()
         self._done = trio.Event()
         #: The thread's ``outcome.Outcome`` (trio's own type), once delivered.
         self._result: Any = None
@@ -323,7 +343,7 @@ class EarlyConfinement:
         # A thread of trio's cache, as to_thread's are; its result comes back
         # through deliver (in that thread), which wakes :meth:`take`.
         trio.lowlevel.start_thread_soon(
-            lambda: making.make(sandbox, support, places), deliver)
+            lambda: making.make(sandbox, support, places, ahead), deliver)
 
     async def take(self, deadline: float) -> RunConfinement:
         """The confinement, once made: by ``deadline`` (trio time) and within the

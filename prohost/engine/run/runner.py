@@ -72,6 +72,7 @@ from prohost.engine.run.execute import (
 )
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
+from prohost.engine.run.spares import Spares
 from prohost.engine.run.staging import (
     env_for,
     mcp_folder,
@@ -220,10 +221,13 @@ class Runner:
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
         sandbox: Sandbox | None = None,
+        spares: Spares | None = None,
     ) -> None:
         self.setup = setup
         #: How agents are confined (§13); ``None``: they are not (``--sandbox off``).
         self.sandbox = sandbox
+        #: Confinements made ahead, while idle (none: each run makes its own).
+        self.spares = spares
         #: Whose own folders a confined run is granted: the brain's, or for the ACP
         #: brain the agent its command line starts (each has folders of its own).
         self._agent = setup.brain.name
@@ -298,6 +302,8 @@ class Runner:
                 await self._report(held, outcome)
         finally:
             release_slot()
+            if self.spares is not None:
+                self.spares.want()  # the next run's confinement, made while idle
         if held.dropped:
             await self.record_dropped(held)
 
@@ -448,11 +454,14 @@ class Runner:
         early = None
         sandbox = self.sandbox
         if sandbox is not None and sandbox.confines and self.worktrees is None:
-            early = EarlyConfinement(sandbox, RunPlaces(
+            places = RunPlaces(
                 workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
                 scratch=scratch_folder(self.scratch_root, held.run.run_id),
                 brain=self._agent,
-                env={**self.env, **account.env(self.setup.brain.name)}))
+                env={**self.env, **account.env(self.setup.brain.name)})
+            # One made ahead brings its own scratch folder: the run's from now on.
+            early = (EarlyConfinement(sandbox, places) if self.spares is None
+                     else self.spares.early(places))
         try:
             return await self._begin(held, timeline, account, tally, early)
         finally:
@@ -526,8 +535,9 @@ class Runner:
             return ended(Outcome.failure(
                 "could not create the working directory (--workdir): "
                 f"{exc.strerror or type(exc).__name__}"), changes=await checkouts.changes())
-        # Named by a digest of the run id, never the id itself (§3).
-        scratch = scratch_folder(self.scratch_root, run.run_id)
+        # Named by a digest of the run id (a spare's: random), never the id itself (§3).
+        scratch = (early.places.scratch if early is not None
+                   else scratch_folder(self.scratch_root, run.run_id))
         # Durable, and waited for before the agent's output is: a restart after a
         # kill -9 finds and kills this group only if it was written (§7). Raising
         # (the write failed or outlived its bound) makes the attempt kill the

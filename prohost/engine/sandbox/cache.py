@@ -54,7 +54,7 @@ import attrs
 
 from prohost.engine.sandbox import landlock
 from prohost.engine.sandbox.confinement import Confinement, Walk, prepare_anew
-from prohost.engine.sandbox.policy import Policy, real_paths
+from prohost.engine.sandbox.policy import Policy, real_pairs, real_paths
 from prohost.engine.sandbox.probe import Support
 
 #: A folder changed less than this before it was listed is listed again next time
@@ -174,21 +174,21 @@ class RuleCache:
         # cached preparation): a grant that does not exist is dropped below, where
         # it cannot be opened.
         hidden = tuple(real_paths(policy.hidden))
-        readable, writable = real_paths(policy.readable), real_paths(policy.writable)
-        rest = self._complement(hidden)
+        readable_pairs, writable_pairs = real_pairs(policy.readable), real_pairs(policy.writable)
+        rest, folders = self._complement(hidden)
         if self._abi is None:
             self._abi = landlock.abi_version()  # the running kernel's: it does not change
         ruleset = landlock.Ruleset(self._abi)
-        used: set[str] = set()
+        used: dict[str, tuple[int, int]] = {}
         opened: list[int] = []  # past MAX_HELD: closed after this preparation
         try:
             grants = [(path, landlock.READ, trusted) for path, trusted in rest]
-            grants += [(path, landlock.READ, False) for path in readable]
-            grants += [(path, ruleset.handled, False) for path in writable]
+            grants += [(path, landlock.READ, False) for path in _once(readable_pairs)]
+            grants += [(path, ruleset.handled, False) for path in _once(writable_pairs)]
             for path, rights, trusted in grants:
                 held = self._descriptor(path, trusted, opened)
                 if held is not None:
-                    used.add(path)
+                    used[path] = (held.device, held.inode)
                     ruleset.allow_opened(held.fd, directory=held.directory, rights=rights)
         except BaseException:
             ruleset.close()
@@ -198,15 +198,25 @@ class RuleCache:
                 os.close(fd)
             for path in [path for path in self._held if path not in used]:
                 os.close(self._held.pop(path).fd)
+        stamp = None
+        if folders is not None:
+            stamp = Stamp(hidden_given=tuple(str(place) for place in policy.hidden),
+                          hidden=hidden, folders=folders,
+                          places=tuple((given, used.get(real))
+                                       for given, real in (*readable_pairs, *writable_pairs)))
         return Confinement(preexec=landlock.child_step(ruleset.fd), confined=True,
-                           ruleset=ruleset)
+                           ruleset=ruleset, stamp=stamp)
 
-    def _complement(self, hidden: tuple[str, ...]) -> list[tuple[str, bool]]:
+    def _complement(self, hidden: tuple[str, ...]
+                    ) -> tuple[list[tuple[str, bool]], tuple[tuple[str, _Signature], ...] | None]:
         """The walk's result, each path with whether it is *trusted*: found in a
         folder unchanged since it was last listed (only changed ones are listed
-        again: ``/tmp`` changing often does not cost the home's listing)."""
+        again: ``/tmp`` changing often does not cost the home's listing); and each
+        listed folder with the signature its entries were granted from (``None``
+        when one had changed just before it was listed: a :class:`Stamp` cannot
+        vouch for it)."""
         if not hidden:
-            return [("/", False)]
+            return [("/", False)], ()
         kept = self._walks.get(hidden)
         if kept is None:
             if len(self._walks) >= MAX_WALKS:
@@ -214,6 +224,7 @@ class RuleCache:
             kept = self._walks[hidden] = _Kept(Walk.over(hidden))
         now = time.time_ns()
         granted: list[tuple[str, bool]] = []
+        signatures: list[tuple[str, _Signature]] | None = []
         relisted = False
         for folder in kept.walk.folders:
             # Before the listing: a change during it shows next time.
@@ -221,17 +232,20 @@ class RuleCache:
             last = kept.listed.get(folder)
             if last is not None and not last.recent and last.signature == signature:
                 granted += [(path, True) for path in last.granted]
-                continue
-            relisted = True
-            recent = (signature is not None
-                      and now - max(signature[3], signature[4]) < self._recent_ns)
-            listed = kept.listed[folder] = _Listed(kept.walk.entries(folder), signature, recent)
-            granted += [(path, False) for path in listed.granted]
+            else:
+                relisted = True
+                recent = (signature is not None
+                          and now - max(signature[3], signature[4]) < self._recent_ns)
+                last = kept.listed[folder] = _Listed(kept.walk.entries(folder), signature,
+                                                     recent)
+                granted += [(path, False) for path in last.granted]
+            if signatures is not None:
+                signatures = None if last.recent else [*signatures, (folder, signature)]
         if relisted:
             self.walks_made += 1
         else:
             self.walks_reused += 1
-        return granted
+        return granted, None if signatures is None else tuple(signatures)
 
     def _descriptor(self, path: str, trusted: bool, opened: list[int]) -> _Held | None:
         """An ``O_PATH`` descriptor of ``path`` as it is now (``None``: gone, or a link).
@@ -269,3 +283,52 @@ class RuleCache:
         else:
             opened.append(fd)
         return fresh
+
+
+def _once(pairs: list[tuple[str, str]]) -> list[str]:
+    """The real paths of ``pairs``, each once, in order."""
+    return list(dict.fromkeys(real for _, real in pairs))
+
+
+@attrs.frozen
+class Stamp:
+    """What a cached preparation was made from, to tell later, cheaply, whether the
+    same policy would be given exactly the same rules now (:meth:`holds`): the
+    harness makes a run's confinement ahead, while it is idle, and checks it at the
+    run's start (``prohost.engine.run.spares``).
+
+    It holds when the hidden places resolve as they did (so the walk's plan is the
+    same), every folder the walk listed still has the signature its entries were
+    granted from (so the same entries: see the module), and every readable and
+    writable place given still names the very file or folder (device and inode)
+    that was granted, or still names nothing where nothing was. The identities
+    cannot be another object's by reuse of an inode number: the ruleset holds a
+    reference to every object it grants (as the cache's descriptors do), so none
+    of them is freed while the confinement lives.
+    """
+
+    #: The policy's hidden places as given, and as they resolved.
+    hidden_given: tuple[str, ...]
+    hidden: tuple[str, ...]
+    #: Each folder the walk lists, with the signature its grants come from.
+    folders: tuple[tuple[str, _Signature], ...]
+    #: Each readable and writable place as given (absolute), with the device and
+    #: inode of what was granted there (``None``: nothing was, it did not exist).
+    places: tuple[tuple[str, tuple[int, int] | None], ...]
+
+    def holds(self) -> bool:
+        """Whether the rules made then are still exactly right. Blocking: a few
+        dozen ``stat`` calls, a fraction of a preparation."""
+        for folder, signature in self.folders:
+            if _signature(folder) != signature:
+                return False
+        for place, granted in self.places:
+            try:
+                found = os.stat(place)
+            except OSError:
+                now = None
+            else:
+                now = (found.st_dev, found.st_ino)
+            if now != granted:
+                return False
+        return tuple(real_paths(list(self.hidden_given))) == self.hidden

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -31,6 +31,14 @@ from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
 
 T = TypeVar("T")
+
+
+class Stamped(Protocol):
+    """What a confinement was made from (``cache.Stamp``, named by its shape here:
+    the cache imports this module)."""
+
+    def holds(self) -> bool:
+        """Whether the same policy would be given the same rules now."""
 
 
 @attrs.define
@@ -53,6 +61,15 @@ class Confinement:
     preexec: Callable[[], None] | None = None
     confined: bool = False
     _ruleset: landlock.Ruleset | None = None
+    #: What its rules were made from, when the rule cache made them (``cache.Stamp``).
+    stamp: Stamped | None = None
+
+    def still_right(self) -> bool:
+        """Whether its rules are exactly those a preparation of the same policy
+        would make now (nothing they were made from has changed since); ``False``
+        when that cannot be told (made without the cache) or it is closed.
+        Blocking: call it in a worker thread."""
+        return self._ruleset is not None and self.stamp is not None and self.stamp.holds()
 
     def spawn_from_a_confined_thread(self, start: Callable[[], T]) -> T:
         """``start()`` (a spawn, e.g. ``subprocess.Popen(...)`` without ``preexec``)

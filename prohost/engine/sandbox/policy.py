@@ -69,16 +69,23 @@ def real_paths(paths: tuple[Path, ...] | list[str]) -> list[str]:
     (``/``, ``/home``, ``~``…), which ``os.path.realpath`` would lstat again for
     each path (most of what resolving a run's policy cost, issue 29).
     """
+    return list(dict.fromkeys(real for _, real in real_pairs(paths)))
+
+
+def real_pairs(paths: tuple[Path, ...] | list[str]) -> list[tuple[str, str]]:
+    """Each of ``paths`` (absolute, as a string) with its real path, in order, one
+    memo for them all (as :func:`real_paths`, which keeps only the real ones, each
+    once). Blocking."""
     memo: dict[str, str] = {"/": "/"}
-    seen: dict[str, None] = {}
+    pairs: list[tuple[str, str]] = []
     for path in paths:
         absolute = os.path.abspath(path)
         try:
             real = _resolve(absolute, memo)
         except _Loop:
             real = os.path.realpath(absolute)  # its own answer for a loop of links
-        seen.setdefault(real, None)
-    return list(seen)
+        pairs.append((absolute, real))
+    return pairs
 
 
 class _Loop(Exception):
