@@ -13,6 +13,7 @@ import logging
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,34 @@ async def test_a_file_made_after_the_rules_were_made_ahead_is_readable_by_the_ne
             assert await turn(server, "B") == {**CONFINED, "notes.txt": "ok"}
             assert spares.taken == 1
     assert used_ahead(caplog) == 0
+
+
+async def test_each_spawn_is_made_from_the_thread_readied_with_its_rules(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread that enters a run's confinement is started while the run's rules
+    are checked (beside its ``started`` fsync), not at its spawn; none is left once
+    the harness exits."""
+    from prohost.engine.sandbox import Confinement
+
+    usual: list[bool] = []
+    plain = Confinement.spawn_from_a_confined_thread
+
+    def counted(self: Confinement, start: Any) -> Any:
+        usual.append(True)
+        return plain(self, start)
+
+    monkeypatch.setattr(Confinement, "spawn_from_a_confined_thread", counted)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, machine.home, exec_command=machine.agent(), brain="plain",
+            env=machine.env, workdir=machine.workdir, allow_write=(machine.logs,),
+        ) as running:
+            spares = running.harness.spares
+            assert spares is not None
+            assert await turn(server, "A") == CONFINED
+            await spares.wait_made(1)
+            assert await turn(server, "B") == CONFINED
+    assert usual == []
+    assert [thread for thread in threading.enumerate()
+            if thread.name == "prohost-confined-spawn"] == []

@@ -645,8 +645,10 @@ async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Pat
                                     start_new_session=True, pass_fds=pass_fds)
 
         try:
-            popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
-                                                  spawn)
+            popen = await _spawn_readied(confinement, spawn)
+            if popen is None:
+                popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
+                                                      spawn)
         except OSError as exc:
             if tried:
                 raise  # the spawn's own failure (a missing cwd, …)
@@ -661,6 +663,38 @@ async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Pat
         for fd in (stdin_child, stdout_child, stderr_child):
             os.close(fd)
     return _Child(popen, *(trio.lowlevel.FdStream(fd) for fd in ours))
+
+
+async def _spawn_readied(confinement: Confinement,
+                         spawn: Callable[[], subprocess.Popen[bytes]]
+                         ) -> subprocess.Popen[bytes] | None:
+    """``spawn()`` made from the confinement's readied thread, which entered its
+    domain while the run waited for other things (:meth:`Confinement.ready_spawner`):
+    the spawn then costs what :func:`trio.lowlevel.open_process`'s worker thread
+    does, and no thread of its own. ``None`` when there is no such thread. Raises
+    what the spawn raises, or ``OSError`` without spawning when the thread could
+    not enter the domain.
+
+    Cancelled: not before the child exists (the wait is shielded, as trio's spawn
+    is); it is then the caller's to stop.
+    """
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    delivered: list[tuple[subprocess.Popen[bytes] | None, BaseException | None]] = []
+
+    def deliver(popen: subprocess.Popen[bytes] | None, error: BaseException | None) -> None:
+        delivered.append((popen, error))
+        token.run_sync_soon(done.set)
+
+    if not confinement.spawn_soon(spawn, deliver):
+        return None
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    popen, error = delivered[0]
+    if error is not None:
+        raise error
+    assert popen is not None
+    return popen
 
 
 def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:

@@ -241,10 +241,13 @@ class Making:
         self.made: RunConfinement | None = None
 
     def make(self, sandbox: Sandbox, support: Support, places: RunPlaces,
-             ahead: RunConfinement | None = None) -> RunConfinement:
+             ahead: RunConfinement | None = None, *, spawner: bool = True
+             ) -> RunConfinement:
         """The run's confinement: ``ahead`` (one made for the same places before the
         run came, :mod:`prohost.engine.run.spares`) while nothing it was made from
-        has changed, else one made now (``ahead`` closed). Blocking."""
+        has changed, else one made now (``ahead`` closed). With ``spawner``, the
+        thread its spawn will be made from is readied too (the run is about to
+        spawn; a spare made ahead is not). Blocking."""
         tmpdir = places.scratch / TMP_NAME
         confinement = None
         if ahead is not None:
@@ -262,6 +265,8 @@ class Making:
                 # makes it, and one removed between runs is made again.
                 places.workdir.mkdir(parents=True, exist_ok=True)
             confinement = prepare(policy_for(sandbox, places), support)
+        if spawner:
+            confinement.ready_spawner()
         with self._lock:
             if self._abandoned:
                 confinement.close()

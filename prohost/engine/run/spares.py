@@ -24,6 +24,7 @@ theirs for the interpreter).
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import shutil
@@ -137,8 +138,9 @@ class Spares:
             latest, scratch=self._root / secrets.token_hex(SCRATCH_NAME_CHARS // 2))
         making = Making()
         try:
-            made = await self._bounds.file_step(making.make, self._sandbox, support, places,
-                                                what="confining the next run ahead")
+            made = await self._bounds.file_step(
+                functools.partial(making.make, self._sandbox, support, places, spawner=False),
+                what="confining the next run ahead")
         except Exception as exc:
             making.abandon()
             # The next run makes its own, as without spares; its folder, if made, goes.

@@ -29,6 +29,7 @@ import attrs
 from prohost.engine.sandbox import landlock, seatbelt
 from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
+from prohost.engine.sandbox.spawner import Deliver, Spawner
 
 T = TypeVar("T")
 
@@ -63,6 +64,23 @@ class Confinement:
     _ruleset: landlock.Ruleset | None = None
     #: What its rules were made from, when the rule cache made them (``cache.Stamp``).
     stamp: Stamped | None = None
+    _spawner: Spawner | None = None
+
+    def ready_spawner(self) -> None:
+        """Start the thread its next spawn will be made from (:mod:`.spawner`): it
+        enters the domain now, while the caller has other things to wait for, so
+        that :meth:`spawn_soon` costs the spawn no thread of its own. Nothing where
+        it confines by a ruleset of its own (seatbelt, unconfined). Never blocks."""
+        if self._ruleset is not None and self._spawner is None:
+            self._spawner = Spawner(self._ruleset.fd)
+
+    def spawn_soon(self, start: Callable[[], T], deliver: Deliver) -> bool:
+        """Have the readied thread (:meth:`ready_spawner`) call ``start()`` and
+        ``deliver`` its outcome, from that thread (an ``OSError`` without ``start``
+        called when the domain could not be entered). ``False`` when there is no
+        such thread (none readied, used, or ended unused): then spawn with
+        :meth:`spawn_from_a_confined_thread`. Never blocks."""
+        return self._spawner is not None and self._spawner.give(start, deliver)
 
     def still_right(self) -> bool:
         """Whether its rules are exactly those a preparation of the same policy
@@ -104,7 +122,11 @@ class Confinement:
         return result[0]
 
     def close(self) -> None:
-        """Release the ruleset (after the last spawn that uses this confinement)."""
+        """Release the ruleset (after the last spawn that uses this confinement), and
+        end and join its readied thread (within a second: it is waiting, or done)."""
+        if self._spawner is not None:
+            self._spawner.close()
+            self._spawner = None
         if self._ruleset is not None:
             self._ruleset.close()
             self._ruleset = None
