@@ -35,7 +35,10 @@ account), whatever the scenario:
   in the rollout file after the turn's token count.
 - a file ``hang_turn`` (removed as it is read) makes this one turn do the same work
   (its tokens counted in the rollout file) and then hang until it is killed (a
-  run's timeout, a cancel); ``big`` as for ``fail_turn``.
+  run's timeout, a cancel); ``big`` as for ``fail_turn``. With ``FAKE_CODEX_GATE``
+  (a port on 127.0.0.1), once that work is all in the rollout file, it connects
+  there and says ``start <run id> <pid>`` (the Turnstile of tests/kits/fake_clis.py),
+  so that a test stops it only while it hangs; it exits 3 if the test goes away.
 
 With ``CODEX_HOME`` set, threads live there as codex keeps them: a new thread (a
 fresh id) writes its session rollout file
@@ -71,7 +74,9 @@ import sys
 import time
 import tomllib
 import uuid
+from typing import NoReturn
 
+from gate_client import announce
 from json_lines import BAD_BYTE, LONE_SURROGATE, emit
 
 THREAD_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
@@ -274,6 +279,19 @@ def retry_time(epoch: int) -> str:
     return f"{time.strftime('%b', moment)} {day}{suffix}, {moment.tm_year} {clock}"
 
 
+def hang() -> NoReturn:
+    """Hang until killed. With ``FAKE_CODEX_GATE``, tell the test first that the
+    turn's work is done and it hangs now: a test that stops it once it hears so never
+    stops it halfway through that work (say between the token count and the big
+    output after it), whatever the load. A test that goes away ends it (exit 3)."""
+    if gate := os.environ.get("FAKE_CODEX_GATE"):
+        with announce(int(gate)) as conn:
+            conn.recv(1)  # until the test closes its end; a stop kills it first
+        sys.exit(3)
+    while True:
+        time.sleep(1)
+
+
 def main() -> None:
     args = parse(sys.argv[1:])
     prompt = sys.stdin.read() if args["prompt_arg"] in (None, "-") else str(args["prompt_arg"])
@@ -379,8 +397,7 @@ def main() -> None:
         running_totals(thread_id)
         if hanging == "big":
             big_output(thread_id)
-        while True:
-            time.sleep(1)
+        hang()
     if scenario == "failed":
         message = "You've hit your usage limit. Try again later."
         emit({"type": "error", "message": message})

@@ -6,6 +6,8 @@ and today's spend in the status snapshot."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 import trio
 
 from prohost.engine.view.changelines import describe_change
-from tests.kits.fake_clis import CLAUDE, CODEX, install, turn
+from tests.kits.fake_clis import CLAUDE, CODEX, Turnstile, install, turn
 from tests.kits.harness import Running, finished, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§7")
@@ -122,19 +124,30 @@ async def test_a_timed_out_codex_turn_reports_the_tokens_its_rollout_file_counte
     assert one["usage"] == timed_out["usage"] == three["usage"] == CODEX_RUN
 
 
-async def cancelled_turn(running: Running, codex_home: Path) -> dict[str, Any]:
-    """A turn of C1 cancelled by its sender once the fake Codex has counted its
-    tokens (its second token count in the thread's rollout file) and hangs."""
+@asynccontextmanager
+async def hanging_codex(tmp_path: Path) -> AsyncIterator[tuple[Running, Path, Turnstile]]:
+    """A harness running the fake Codex, whose hung turns (``hang_turn``) say at
+    the returned turnstile when they hang (``FAKE_CODEX_GATE``), and its CODEX_HOME."""
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    turnstile = Turnstile()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(turnstile.serve)
+        env["FAKE_CODEX_GATE"] = str(turnstile.port)
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=str(program), env=env,
+        ) as running:
+            yield running, codex_home, turnstile
+        nursery.cancel_scope.cancel()
+
+
+async def cancelled_turn(running: Running, turnstile: Turnstile) -> dict[str, Any]:
+    """A turn of C1 cancelled by its sender once the fake Codex hangs, all its
+    work (its token count, and any output after it) in the thread's rollout file.
+    Cancelled any sooner, what the harness reads there would depend on how far
+    the fake had got."""
     run_id = await running.server.submit_run("turn 2", conversation_id="C1")
-
-    def counts() -> int:
-        [rollout] = codex_home.glob("sessions/*/*/*/rollout-*.jsonl")
-        return rollout.read_text().count('"token_count"')
-
-    for _ in range(1200):  # polled: the fake Codex is another process
-        if await trio.to_thread.run_sync(counts) >= 2:
-            break
-        await trio.sleep(0.05)
+    await turnstile.next()
     await running.server.cancel_run(run_id, "never mind")
     await running.server.wait_until(finished(run_id))
     await running.harness.wait_released(run_id)
@@ -147,15 +160,11 @@ async def test_a_cancelled_codex_turn_reports_the_tokens_its_rollout_file_counte
     """A stopped turn (its run's exec scope cancelled) printed no usage either: it
     reports its share from the rollout file, and the next turn is its own. Before,
     the next turn reported every earlier turn of the thread, unflagged."""
-    program = install(tmp_path, CODEX)
-    env, codex_home = codex_env(tmp_path)
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=str(program), env=env,
-        ) as running:
+        async with hanging_codex(tmp_path) as (running, codex_home, turnstile):
             one = await turn(running, "turn 1")
             (codex_home / "hang_turn").write_text("1\n")
-            cancelled = await cancelled_turn(running, codex_home)
+            cancelled = await cancelled_turn(running, turnstile)
             three = await turn(running, "turn 3")
     assert cancelled["error"] == "cancelled: never mind"
     assert one["usage"] == cancelled["usage"] == three["usage"] == CODEX_RUN
@@ -164,15 +173,11 @@ async def test_a_cancelled_codex_turn_reports_the_tokens_its_rollout_file_counte
 async def test_after_a_cancelled_turn_the_rollout_does_not_tell_the_next_turn_says_so(
     tmp_path: Path,
 ) -> None:
-    program = install(tmp_path, CODEX)
-    env, codex_home = codex_env(tmp_path)
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=str(program), env=env,
-        ) as running:
+        async with hanging_codex(tmp_path) as (running, codex_home, turnstile):
             await turn(running, "turn 1")
             (codex_home / "hang_turn").write_text("big\n")
-            cancelled = await cancelled_turn(running, codex_home)
+            cancelled = await cancelled_turn(running, turnstile)
             three = await turn(running, "turn 3")
     assert cancelled["error"] == "cancelled: never mind" and "usage" not in cancelled
     assert three["usage"] == TWO_CODEX_TURNS
