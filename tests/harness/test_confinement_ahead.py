@@ -157,19 +157,27 @@ async def test_a_file_made_after_the_rules_were_made_ahead_is_readable_by_the_ne
 async def test_each_spawn_is_made_from_the_thread_readied_with_its_rules(
     machine: Machine, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The thread that enters a run's confinement is started while the run's rules
-    are checked (beside its ``started`` fsync), not at its spawn; none is left once
-    the harness exits."""
+    """The thread that enters a run's confinement is started before its spawn (with
+    the rules made ahead, while the harness was idle; else beside the run's
+    ``started`` fsync), and a run that takes rules made ahead has them checked by
+    their watch, without a ``stat`` or a thread of its own; none is left once the
+    harness exits."""
     from prohost.engine.sandbox import Confinement
 
     usual: list[bool] = []
-    plain = Confinement.spawn_from_a_confined_thread
+    checked: list[bool] = []
+    plain, still_right = Confinement.spawn_from_a_confined_thread, Confinement.still_right
 
     def counted(self: Confinement, start: Any) -> Any:
         usual.append(True)
         return plain(self, start)
 
+    def counted_check(self: Confinement) -> bool:
+        checked.append(True)
+        return still_right(self)
+
     monkeypatch.setattr(Confinement, "spawn_from_a_confined_thread", counted)
+    monkeypatch.setattr(Confinement, "still_right", counted_check)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, machine.home, exec_command=machine.agent(), brain="plain",
@@ -180,6 +188,6 @@ async def test_each_spawn_is_made_from_the_thread_readied_with_its_rules(
             assert await turn(server, "A") == CONFINED
             await spares.wait_made(1)
             assert await turn(server, "B") == CONFINED
-    assert usual == []
+    assert usual == [] and checked == []
     assert [thread for thread in threading.enumerate()
             if thread.name == "prohost-confined-spawn"] == []

@@ -322,29 +322,54 @@ class EarlyConfinement:
     ``started`` fsync, its prompt), so that making it costs the run no time when
     its places are known from the start (no ``--repos``). Taken by the attempt
     (:meth:`take`), or thrown away (:meth:`discard`); one made after either is
-    closed where it was made, never leaked."""
+    closed where it was made, never leaked.
+
+    With one made ahead (:mod:`prohost.engine.run.spares`), its own readied thread
+    checks that it is still right (no thread is started for the run); when it is
+    not, it is closed and one is made anew, in the same scratch folder."""
 
     def __init__(self, sandbox: Sandbox, places: RunPlaces,
                  ahead: RunConfinement | None = None) -> None:
         """Begin it for ``places``; with ``ahead`` (made before for the same places,
-        its scratch folder theirs), only check that one is still right, and make it
-        anew if not."""
+        its scratch folder theirs), only check that one is still right."""
         support = sandbox.support
         assert support is not None and support.kind is not None
         self.places = places
         self.taken = False
+        self._sandbox, self._support = sandbox, support
         self._making = Making()
         self._done = trio.Event()
-        #: The thread's ``outcome.Outcome`` (trio's own type), once delivered.
+        #: The making thread's ``outcome.Outcome`` (trio's own type), once delivered.
         self._result: Any = None
+        #: The readied thread's answer for ``ahead``: (still right, what it raised).
+        self._checked: tuple[object, BaseException | None] | None = None
+        self._ahead: RunConfinement | None = None
         self._began = trio.current_time()
-        token = trio.lowlevel.current_trio_token()
+        self._token = trio.lowlevel.current_trio_token()
+        if ahead is not None:
+            unchanged = ahead.confinement.unchanged()
+            if unchanged is not None:
+                # Its watch answers at once, and no thread is needed at all.
+                self._ahead, self._checked = ahead, (unchanged, None)
+                self._done.set()
+                return
+            if ahead.confinement.check_soon(self._deliver_check):
+                self._ahead = ahead
+                return
+        self._make(ahead)
+
+    def _deliver_check(self, right: object, error: BaseException | None) -> None:
+        self._checked = (right, error)
+        self._token.run_sync_soon(self._done.set)
+
+    def _make(self, ahead: RunConfinement | None) -> None:
+        token, done = self._token, self._done
+        sandbox, support, places, making = self._sandbox, self._support, self.places, self._making
 
         def deliver(result: Any) -> None:
             self._result = result
-            token.run_sync_soon(self._done.set)
+            token.run_sync_soon(done.set)
 
-        making = self._making
         # A thread of trio's cache, as to_thread's are; its result comes back
         # through deliver (in that thread), which wakes :meth:`take`.
         trio.lowlevel.start_thread_soon(
@@ -360,11 +385,23 @@ class EarlyConfinement:
         with trio.move_on_at(min(deadline, self._began + FILE_STEP_TIMEOUT_S)):
             try:
                 await self._done.wait()
+                ahead = self._ahead
+                if ahead is not None and self._checked is not None:
+                    right, error = self._checked
+                    if right is True and error is None:
+                        log.debug("confined with the rules made ahead")
+                        return ahead
+                    self._ahead = None
+                    ahead.close()
+                    log.debug("the rules made ahead were out of date: made anew")
+                    self._done = trio.Event()
+                    self._make(None)
+                    await self._done.wait()
             except BaseException:
-                self._making.abandon()
+                self.discard(taken=True)
                 raise
         if self._result is None:
-            self._making.abandon()
+            self.discard(taken=True)
             log.warning("could not confine the agent: preparing it took too long")
             raise ConfinementFailed("preparing it did not finish in time")
         try:
@@ -378,11 +415,15 @@ class EarlyConfinement:
                 raise ConfinementFailed(exc.strerror or type(exc).__name__) from None
             raise ConfinementFailed(type(exc).__name__) from None
 
-    def discard(self) -> None:
-        """Not taken after all (the run ended before its attempt): close it, now
-        or when its thread finishes."""
-        if not self.taken:
-            self._making.abandon()
+    def discard(self, *, taken: bool = False) -> None:
+        """Not taken after all (the run ended before its attempt; or ``taken``, its
+        taking failed): close it, now or when its thread finishes."""
+        if self.taken and not taken:
+            return
+        if self._ahead is not None:
+            self._ahead.close()  # joins its thread: a check it has begun ends first
+            self._ahead = None
+        self._making.abandon()
 
 
 def confined_env(env: Mapping[str, str], confined: RunConfinement | None) -> dict[str, str]:

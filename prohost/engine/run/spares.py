@@ -141,6 +141,9 @@ class Spares:
             made = await self._bounds.file_step(
                 functools.partial(making.make, self._sandbox, support, places, spawner=False),
                 what="confining the next run ahead")
+            # Told of any change from now on, the run that takes it needs no check.
+            await self._bounds.file_step(made.confinement.watch_for_changes,
+                                         what="watching what the next run's rules depend on")
         except Exception as exc:
             making.abandon()
             # The next run makes its own, as without spares; its folder, if made, goes.
@@ -156,6 +159,9 @@ class Spares:
                 old.made.close()
                 await self._remove(old.places.scratch)
             self._kept.clear()
+        # Its thread enters its domain now and waits, so that the run that takes it
+        # starts none: the thread checks it is still right, then spawns.
+        made.confinement.ready_spawner(first_wait_s=None)
         self._kept[kind] = _Spare(places, made)
         self.made += 1
         self._made_one.set()

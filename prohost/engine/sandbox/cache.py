@@ -54,8 +54,9 @@ import attrs
 
 from prohost.engine.sandbox import landlock
 from prohost.engine.sandbox.confinement import Confinement, Walk, prepare_anew
-from prohost.engine.sandbox.policy import Policy, real_pairs, real_paths
+from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_pairs, real_paths
 from prohost.engine.sandbox.probe import Support
+from prohost.engine.sandbox.watch import Watch, is_local
 
 #: A folder changed less than this before it was listed is listed again next time
 #: (its times' clock is coarse: a second change in the same tick would not show).
@@ -173,8 +174,10 @@ class RuleCache:
         # As Policy.resolved(), on strings (pathlib's parsing was a third of a
         # cached preparation): a grant that does not exist is dropped below, where
         # it cannot be opened.
-        hidden = tuple(real_paths(policy.hidden))
-        readable_pairs, writable_pairs = real_pairs(policy.readable), real_pairs(policy.writable)
+        looked_up: set[str] = set()
+        hidden = tuple(_once(real_pairs(policy.hidden, looked_up)))
+        readable_pairs = real_pairs(policy.readable, looked_up)
+        writable_pairs = real_pairs(policy.writable, looked_up)
         rest, folders = self._complement(hidden)
         if self._abi is None:
             self._abi = landlock.abi_version()  # the running kernel's: it does not change
@@ -203,7 +206,8 @@ class RuleCache:
             stamp = Stamp(hidden_given=tuple(str(place) for place in policy.hidden),
                           hidden=hidden, folders=folders,
                           places=tuple((given, used.get(real))
-                                       for given, real in (*readable_pairs, *writable_pairs)))
+                                       for given, real in (*readable_pairs, *writable_pairs)),
+                          looked_up=None if UNKNOWN in looked_up else tuple(sorted(looked_up)))
         return Confinement(preexec=landlock.child_step(ruleset.fd), confined=True,
                            ruleset=ruleset, stamp=stamp)
 
@@ -315,6 +319,40 @@ class Stamp:
     #: Each readable and writable place as given (absolute), with the device and
     #: inode of what was granted there (``None``: nothing was, it did not exist).
     places: tuple[tuple[str, tuple[int, int] | None], ...]
+    #: Every entry resolving the places looked up (its real folder's path plus its
+    #: name; ``None``: not known, a loop of links): what :meth:`watch` watches
+    #: besides the listed folders.
+    looked_up: tuple[str, ...] | None = None
+
+    def watch(self) -> Watch | None:
+        """A :class:`~.watch.Watch` on everything the rules depend on, begun now and
+        checked after it began (so no change can fall between the check and the
+        watch); ``None`` when that cannot be (a folder on a network filesystem, no
+        inotify left, a loop of links) or the rules are out of date already.
+        Blocking."""
+        if self.looked_up is None:
+            return None
+        folders: dict[str, set[str] | None] = {}
+        for folder, _signature_then in self.folders:
+            folders[folder] = None
+        for entry in self.looked_up:
+            folder, _, name = entry.rpartition("/")
+            named = folders.setdefault(folder or "/", set())
+            if named is not None:
+                named.add(name)
+        # A missing folder needs no watch: its parent's (whole, or for its name)
+        # sees it made.
+        existing = {folder: names for folder, names in folders.items() if os.path.isdir(folder)}
+        if not all(is_local(folder) for folder in existing):
+            return None
+        try:
+            watch = Watch(existing)
+        except OSError:
+            return None
+        if not self.holds():
+            watch.close()
+            return None
+        return watch
 
     def holds(self) -> bool:
         """Whether the rules made then are still exactly right. Blocking: a few

@@ -29,7 +29,8 @@ import attrs
 from prohost.engine.sandbox import landlock, seatbelt
 from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
-from prohost.engine.sandbox.spawner import Deliver, Spawner
+from prohost.engine.sandbox.spawner import WAIT_S, Deliver, Spawner
+from prohost.engine.sandbox.watch import Watch
 
 T = TypeVar("T")
 
@@ -40,6 +41,9 @@ class Stamped(Protocol):
 
     def holds(self) -> bool:
         """Whether the same policy would be given the same rules now."""
+
+    def watch(self) -> Watch | None:
+        """A watch on what the rules depend on, begun now and checked (or ``None``)."""
 
 
 @attrs.define
@@ -65,14 +69,43 @@ class Confinement:
     #: What its rules were made from, when the rule cache made them (``cache.Stamp``).
     stamp: Stamped | None = None
     _spawner: Spawner | None = None
+    _watch: Watch | None = None
 
-    def ready_spawner(self) -> None:
+    def watch_for_changes(self) -> bool:
+        """Begin watching what its rules were made from (:mod:`.watch`), so that
+        :meth:`unchanged` can later say, without a syscall that could block, whether
+        they are still right. ``False`` when that cannot be (no stamp, a network
+        filesystem, out of date already). Blocking: call it in a worker thread."""
+        if self._ruleset is None or self.stamp is None or self._watch is not None:
+            return False
+        self._watch = self.stamp.watch()
+        return self._watch is not None
+
+    def unchanged(self) -> bool | None:
+        """Whether its rules are still right, as its watch says (``None``: it has
+        none; then ask :meth:`still_right`). Never blocks: it reads the events the
+        kernel has queued."""
+        if self._watch is None or self._ruleset is None:
+            return None
+        return self._watch.quiet()
+
+    def ready_spawner(self, *, first_wait_s: float | None = WAIT_S) -> None:
         """Start the thread its next spawn will be made from (:mod:`.spawner`): it
         enters the domain now, while the caller has other things to wait for, so
-        that :meth:`spawn_soon` costs the spawn no thread of its own. Nothing where
-        it confines by a ruleset of its own (seatbelt, unconfined). Never blocks."""
+        that :meth:`spawn_soon` costs the spawn no thread of its own. It waits
+        ``first_wait_s`` for its first job (``None``: until closed, for one made
+        ahead). Nothing where it confines by a ruleset of its own (seatbelt,
+        unconfined). Never blocks."""
         if self._ruleset is not None and self._spawner is None:
-            self._spawner = Spawner(self._ruleset.fd)
+            self._spawner = Spawner(self._ruleset.fd, first_wait_s=first_wait_s)
+
+    def check_soon(self, deliver: Deliver) -> bool:
+        """Have the readied thread tell whether this confinement is still right
+        (:meth:`still_right`, whose ``stat`` calls its domain does not restrict)
+        and ``deliver`` the answer, from that thread; it then waits for the spawn.
+        ``False`` when there is no such thread free. Never blocks."""
+        return self._spawner is not None and self._spawner.give(self.still_right, deliver,
+                                                                last=False)
 
     def spawn_soon(self, start: Callable[[], T], deliver: Deliver) -> bool:
         """Have the readied thread (:meth:`ready_spawner`) call ``start()`` and
@@ -127,6 +160,9 @@ class Confinement:
         if self._spawner is not None:
             self._spawner.close()
             self._spawner = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         if self._ruleset is not None:
             self._ruleset.close()
             self._ruleset = None

@@ -72,20 +72,35 @@ def real_paths(paths: tuple[Path, ...] | list[str]) -> list[str]:
     return list(dict.fromkeys(real for _, real in real_pairs(paths)))
 
 
-def real_pairs(paths: tuple[Path, ...] | list[str]) -> list[tuple[str, str]]:
+def real_pairs(paths: tuple[Path, ...] | list[str], looked_up: set[str] | None = None
+               ) -> list[tuple[str, str]]:
     """Each of ``paths`` (absolute, as a string) with its real path, in order, one
     memo for them all (as :func:`real_paths`, which keeps only the real ones, each
-    once). Blocking."""
+    once). ``looked_up`` gets every entry the resolution looked up, each as the
+    real folder it is in plus its name: what the answers depend on (a change of any
+    other entry leaves them as they are; ``None`` when a loop of links made one
+    fall back to ``os.path.realpath``). Blocking."""
     memo: dict[str, str] = {"/": "/"}
+    stepped: set[str] = set()
     pairs: list[tuple[str, str]] = []
+    loop = False
     for path in paths:
         absolute = os.path.abspath(path)
         try:
-            real = _resolve(absolute, memo)
+            real = _resolve(absolute, memo, stepped)
         except _Loop:
             real = os.path.realpath(absolute)  # its own answer for a loop of links
+            loop = True
         pairs.append((absolute, real))
+    if looked_up is not None:
+        looked_up.update(stepped)
+        if loop:
+            looked_up.add(UNKNOWN)
     return pairs
+
+
+#: In ``looked_up``: a loop of links was met, so what the answers depend on is not known.
+UNKNOWN = "\0"
 
 
 class _Loop(Exception):
@@ -96,19 +111,19 @@ class _Loop(Exception):
 _MAX_LINKS = 40
 
 
-def _resolve(absolute: str, memo: dict[str, str]) -> str:
+def _resolve(absolute: str, memo: dict[str, str], stepped: set[str]) -> str:
     """``absolute`` (normalized: no ``.``, ``..`` or doubled ``/``) made real."""
     known = memo.get(absolute)
     if known is not None:
         return known
     parent, _, name = absolute.rpartition("/")
-    real = _resolve(parent or "/", memo)
-    known = _step(real, real + name if real == "/" else real + "/" + name, memo, 0)
+    real = _resolve(parent or "/", memo, stepped)
+    known = _step(real, real + name if real == "/" else real + "/" + name, memo, 0, stepped)
     memo[absolute] = known
     return known
 
 
-def _walk(real: str, rest: str, memo: dict[str, str], links: int) -> str:
+def _walk(real: str, rest: str, memo: dict[str, str], links: int, stepped: set[str]) -> str:
     """``rest`` (a link's target) resolved from the real folder ``real``, as
     ``os.path.realpath`` (not strict) does: a component that cannot be lstat'ed is
     taken as it is, ``..`` goes to the parent of what is resolved so far."""
@@ -118,15 +133,17 @@ def _walk(real: str, rest: str, memo: dict[str, str], links: int) -> str:
         if name == "..":
             real = os.path.dirname(real)
             continue
-        real = _step(real, os.path.join(real, name), memo, links)
+        real = _step(real, os.path.join(real, name), memo, links, stepped)
     return real
 
 
-def _step(real: str, candidate: str, memo: dict[str, str], links: int) -> str:
+def _step(real: str, candidate: str, memo: dict[str, str], links: int,
+          stepped: set[str]) -> str:
     """``candidate`` (an entry of the real folder ``real``) made real."""
     known = memo.get(candidate)
     if known is not None:
         return known
+    stepped.add(candidate)
     try:
         mode = os.lstat(candidate).st_mode
     except OSError:
@@ -138,7 +155,8 @@ def _step(real: str, candidate: str, memo: dict[str, str], links: int) -> str:
             raise _Loop
         else:
             target = os.readlink(candidate)
-            known = _walk("/" if target.startswith("/") else real, target, memo, links + 1)
+            known = _walk("/" if target.startswith("/") else real, target, memo, links + 1,
+                          stepped)
     memo[candidate] = known
     return known
 

@@ -77,16 +77,62 @@ def _policy(home: Home) -> Policy:
     return home.policy(writable=[home.root / "src" / "deep", home.root / "src" / "later"])
 
 
+def watched(cache: RuleCache, policy: Policy) -> Confinement:
+    """:func:`made_ahead`, watched for changes from then on."""
+    for _ in range(5):
+        confinement = made_ahead(cache, policy)
+        if confinement.watch_for_changes() and confinement.unchanged():
+            return confinement
+        confinement.close()
+    raise AssertionError("nothing changed, yet the watch never began quiet")
+
+
+@pytest.mark.parametrize("how", ["stat", "watch"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_change_makes_the_rules_made_ahead_out_of_date(
-        settled: Home, cache: RuleCache, change: str) -> None:
+        settled: Home, cache: RuleCache, change: str, how: str) -> None:
+    """Told by ``stat`` calls at the run's start, or by the watch begun when the
+    rules were made (read without a syscall that could block)."""
     (settled.root / ".gnupg").symlink_to(settled.root / "original")
     (settled.root / "src" / "deep").mkdir()
     aged(settled.root, settled.root / "src")
     policy = _policy(settled)
-    with made_ahead(cache, policy) as ahead:
+    with (made_ahead if how == "stat" else watched)(cache, policy) as ahead:
         CHANGES[change](settled)
-        assert not ahead.still_right()
+        if how == "stat":
+            assert not ahead.still_right()
+        else:
+            assert ahead.unchanged() is False
+            assert ahead.unchanged() is False  # once changed, always
+
+
+def test_changes_that_leave_the_rules_as_they_are_leave_the_watch_quiet(
+        settled: Home, cache: RuleCache) -> None:
+    """The harness writes its status file beside its runs' folders and its ledger
+    grows; the person edits a file in their home: none of it changes a grant, so
+    none of it makes the next run's rules be made again."""
+    with watched(cache, settled.policy()) as ahead:
+        (settled.prohost / "status.json").write_text("{}\n")
+        (settled.prohost / "status.json").rename(settled.prohost / "status.old")
+        with (settled.root / "notes.txt").open("a") as notes:
+            notes.write("an edit\n")
+        (settled.root / "notes.txt").chmod(0o600)
+        (settled.work / "made-by-a-run").write_text("x")
+        assert ahead.unchanged() is True
+        assert ahead.still_right()
+
+
+def test_nothing_on_a_network_filesystem_is_watched(
+        home: Home, cache: RuleCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another machine's changes to an NFS home never reach inotify: the rules are
+    then checked with ``stat`` calls (``unchanged`` says it does not know)."""
+    from prohost.engine.sandbox import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "is_local", lambda path: not path.startswith(
+        str(home.root)))
+    with made_ahead(cache, home.policy()) as ahead:
+        assert not ahead.watch_for_changes()
+        assert ahead.unchanged() is None
 
 
 def test_rules_made_ahead_that_are_still_right_confine_as_new_ones(

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
+import attrs
 
-from prohost.engine.sandbox import prepare, spawner
+from prohost.engine.sandbox import RuleCache, prepare
 from tests.engine.sandbox.conftest import SUPPORT, Home, needs_landlock
 
 pytestmark = needs_landlock
@@ -70,11 +70,9 @@ def test_an_unused_readied_thread_ends_with_its_confinement(home: Home) -> None:
     assert spawner_threads() == []
 
 
-def test_a_readied_thread_that_waited_too_long_takes_no_spawn(
-        home: Home, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spawner, "WAIT_S", 0.0)
+def test_a_readied_thread_that_waited_too_long_takes_no_spawn(home: Home) -> None:
     with prepare(home.policy(), SUPPORT) as confinement:
-        confinement.ready_spawner()
+        confinement.ready_spawner(first_wait_s=0.0)
         [thread] = spawner_threads()
         thread.join(60)  # it gives up at once
         assert not thread.is_alive()
@@ -105,3 +103,33 @@ def test_unconfined_there_is_no_thread_to_ready(home: Home) -> None:
     unconfined.ready_spawner()
     assert spawner_threads() == []
     assert not unconfined.spawn_soon(lambda: None, Delivered())
+
+
+def test_a_thread_readied_ahead_checks_its_rules_then_spawns(home: Home) -> None:
+    """Made ahead, it waits with no bound; the run that takes it has it check the
+    rules first (from inside the domain: its ``stat`` calls are not refused), then
+    spawn; closed unused after a check, it ends."""
+    cache = RuleCache(recent_ns=0)
+    try:
+        support = attrs.evolve(SUPPORT, rules=cache)
+        with prepare(home.policy(), support) as ahead:
+            ahead.ready_spawner(first_wait_s=None)
+            checked = Delivered()
+            assert ahead.check_soon(checked)
+            assert checked.done.wait(60)
+            assert checked.error is None and checked.thread == "prohost-confined-spawn"
+            assert isinstance(checked.result, bool)  # a shared /tmp may have changed
+            spawned = Delivered()
+            assert ahead.spawn_soon(lambda: subprocess.run(
+                ["sh", "-c", f"cat {home.root}/.ssh/id_ed25519 || echo hidden"],
+                capture_output=True, text=True, check=False), spawned)
+            assert spawned.done.wait(60)
+            assert spawned.result.stdout.split() == ["hidden"]
+        with prepare(home.policy(), support) as unused:
+            unused.ready_spawner(first_wait_s=None)
+            checked = Delivered()
+            assert unused.check_soon(checked)
+            assert checked.done.wait(60)
+    finally:
+        cache.close()
+    assert spawner_threads() == []
