@@ -279,12 +279,19 @@ class Child:
         SIGKILL every agent group it had spawned. Cancelled: never returns half done
         (shielded, bounded by 2 × STOP_GRACE_S)."""
         with trio.CancelScope(shield=True):
-            agents = children_of(self.pid) if self.proc.returncode is None else []
             if self.proc.returncode is None and self.graceful:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.send_signal(signal.SIGTERM)
                 with trio.move_on_after(STOP_GRACE_S):
                     await self.proc.wait()
+            agents = []
+            if self.proc.returncode is None:
+                # Stopped first, it can start no agent while they are listed: a run
+                # counted active may not have spawned its agent yet, and one spawned
+                # after the listing would outlive the bench (its parent killed).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGSTOP)
+                agents = children_of(self.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
             with trio.move_on_after(STOP_GRACE_S):
