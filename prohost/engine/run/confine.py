@@ -240,31 +240,20 @@ class Making:
         self._abandoned = False
         self.made: RunConfinement | None = None
 
-    def make(self, sandbox: Sandbox, support: Support, places: RunPlaces,
-             ahead: RunConfinement | None = None, *, spawner: bool = True
-             ) -> RunConfinement:
-        """The run's confinement: ``ahead`` (one made for the same places before the
-        run came, :mod:`prohost.engine.run.spares`) while nothing it was made from
-        has changed, else one made now (``ahead`` closed). With ``spawner``, the
-        thread its spawn will be made from is readied too (the run is about to
-        spawn; a spare made ahead is not). Blocking."""
+    def make(self, sandbox: Sandbox, support: Support, places: RunPlaces, *,
+             spawner: bool = True) -> RunConfinement:
+        """The run's confinement, made now; with ``spawner``, the thread its spawn
+        will be made from is started too (the run is about to spawn; one made
+        ahead, :mod:`prohost.engine.run.spares`, has its own started when kept).
+        Blocking."""
         tmpdir = places.scratch / TMP_NAME
-        confinement = None
-        if ahead is not None:
-            if ahead.confinement.still_right():
-                confinement = ahead.confinement
-                log.debug("confined with the rules made ahead")
-            else:
-                ahead.close()
-                log.debug("the rules made ahead were out of date: made anew")
-        if confinement is None:
-            make_private_folder(tmpdir)
-            if places.workdir is not None:
-                # A grant needs the folder (one that does not exist gets none): made
-                # here too, since an early confinement is made before the runner
-                # makes it, and one removed between runs is made again.
-                places.workdir.mkdir(parents=True, exist_ok=True)
-            confinement = prepare(policy_for(sandbox, places), support)
+        make_private_folder(tmpdir)
+        if places.workdir is not None:
+            # A grant needs the folder (one that does not exist gets none): made here
+            # too, since an early confinement is made before the runner makes it,
+            # and one removed between runs is made again.
+            places.workdir.mkdir(parents=True, exist_ok=True)
+        confinement = prepare(policy_for(sandbox, places), support)
         if spawner:
             confinement.ready_spawner()
         with self._lock:
@@ -324,9 +313,10 @@ class EarlyConfinement:
     (:meth:`take`), or thrown away (:meth:`discard`); one made after either is
     closed where it was made, never leaked.
 
-    With one made ahead (:mod:`prohost.engine.run.spares`), its own readied thread
-    checks that it is still right (no thread is started for the run); when it is
-    not, it is closed and one is made anew, in the same scratch folder."""
+    With one made ahead (:mod:`prohost.engine.run.spares`), its watch says at once
+    whether it is still right, or else its own readied thread checks (no thread is
+    started for the run either way); when it is not, it is closed and one is made
+    anew, in the same scratch folder."""
 
     def __init__(self, sandbox: Sandbox, places: RunPlaces,
                  ahead: RunConfinement | None = None) -> None:
@@ -356,13 +346,14 @@ class EarlyConfinement:
             if ahead.confinement.check_soon(self._deliver_check):
                 self._ahead = ahead
                 return
-        self._make(ahead)
+            ahead.close()  # neither can tell: made anew, in its scratch folder
+        self._make()
 
     def _deliver_check(self, right: object, error: BaseException | None) -> None:
         self._checked = (right, error)
         self._token.run_sync_soon(self._done.set)
 
-    def _make(self, ahead: RunConfinement | None) -> None:
+    def _make(self) -> None:
         token, done = self._token, self._done
         sandbox, support, places, making = self._sandbox, self._support, self.places, self._making
 
@@ -373,7 +364,7 @@ class EarlyConfinement:
         # A thread of trio's cache, as to_thread's are; its result comes back
         # through deliver (in that thread), which wakes :meth:`take`.
         trio.lowlevel.start_thread_soon(
-            lambda: making.make(sandbox, support, places, ahead), deliver)
+            lambda: making.make(sandbox, support, places), deliver)
 
     async def take(self, deadline: float) -> RunConfinement:
         """The confinement, once made: by ``deadline`` (trio time) and within the
@@ -395,7 +386,7 @@ class EarlyConfinement:
                     ahead.close()
                     log.debug("the rules made ahead were out of date: made anew")
                     self._done = trio.Event()
-                    self._make(None)
+                    self._make()
                     await self._done.wait()
             except BaseException:
                 self.discard(taken=True)

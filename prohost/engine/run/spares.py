@@ -8,12 +8,15 @@ a run's places do not depend on its conversation: its working directory, the
 agent's folders for its account, the caches, and a scratch folder of its own. So
 once a run is over, the next one's confinement is made ahead, with a scratch
 folder of its own (named like a run's, 32 hex digits, so that the sweep at start
-removes one a crash left behind), and the next run with the same places takes it:
-its early confinement (:class:`~prohost.engine.run.confine.EarlyConfinement`)
-then only checks, with a few dozen ``stat`` calls, that nothing it was made from
-has changed (:meth:`prohost.engine.sandbox.Confinement.still_right`), and makes
-it anew in the same scratch folder when something has. A run is never given
-rules other than those its own preparation would make at its start.
+removes one a crash left behind), the thread that will spawn its agent is started
+inside its domain, and everything its rules were made from is watched
+(:meth:`prohost.engine.sandbox.Confinement.watch_for_changes`). The next run with
+the same places takes it: its early confinement
+(:class:`~prohost.engine.run.confine.EarlyConfinement`) reads the watch without
+blocking (where nothing could be watched, the waiting thread checks with ``stat``
+calls: :meth:`~prohost.engine.sandbox.Confinement.still_right`), and makes it anew
+in the same scratch folder when something has changed. A run is never given rules
+other than those its own preparation would make at its start.
 
 One spare per kind of run (its places but the scratch folder), at most
 :data:`MAX_KINDS`; made by one task (:meth:`Spares.serve`, in the harness's
