@@ -14,6 +14,8 @@ import os
 import shlex
 import sys
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 import trio
 
 from prohost.engine.run import confine
+from prohost.engine.run.spares import Spares
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, RuleCache, probe
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.paths import AGENTS, logs_folder
@@ -84,6 +87,19 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Machine:
     return Machine(tmp_path)
 
 
+@asynccontextmanager
+async def harness_of(machine: Machine, agent: str) -> AsyncIterator[tuple[Any, Spares]]:
+    """The reference server and a harness running ``agent`` in ``machine``'s working
+    directory (no ``--repos``: its runs' confinements are made ahead)."""
+    async with running_server() as server, running_harness(
+        server, machine.home, exec_command=agent, brain="plain", env=machine.env,
+        workdir=machine.workdir, allow_write=(machine.logs,),
+    ) as running:
+        spares = running.harness.spares
+        assert spares is not None
+        yield server, spares
+
+
 def results(completion: dict[str, Any] | None) -> dict[str, str]:
     assert completion is not None and completion["ok"] is True, completion
     assert completion["confined"] is True
@@ -108,12 +124,7 @@ async def test_the_next_run_takes_the_rules_made_ahead_and_is_confined_the_same(
     same refusals as the first. Nothing of it is left once the harness exits."""
     caplog.set_level(logging.DEBUG, logger="prohost.confine")
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, machine.home, exec_command=machine.agent(), brain="plain",
-            env=machine.env, workdir=machine.workdir, allow_write=(machine.logs,),
-        ) as running:
-            spares = running.harness.spares
-            assert spares is not None
+        async with harness_of(machine, machine.agent()) as (server, spares):
             machine.age()
             assert await turn(server, "A") == CONFINED
             # A shared / or /tmp (folders the rules list) may change under the
@@ -139,12 +150,7 @@ async def test_a_file_made_after_the_rules_were_made_ahead_is_readable_by_the_ne
     caplog.set_level(logging.DEBUG, logger="prohost.confine")
     notes = machine.user / "notes.txt"
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, machine.home, exec_command=machine.agent(notes), brain="plain",
-            env=machine.env, workdir=machine.workdir, allow_write=(machine.logs,),
-        ) as running:
-            spares = running.harness.spares
-            assert spares is not None
+        async with harness_of(machine, machine.agent(notes)) as (server, spares):
             machine.age()
             assert await turn(server, "A") == {**CONFINED, "notes.txt": "ENOENT"}
             await spares.wait_made(1)
@@ -179,12 +185,7 @@ async def test_each_spawn_is_made_from_the_thread_readied_with_its_rules(
     monkeypatch.setattr(Confinement, "spawn_from_a_confined_thread", counted)
     monkeypatch.setattr(Confinement, "still_right", counted_check)
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, machine.home, exec_command=machine.agent(), brain="plain",
-            env=machine.env, workdir=machine.workdir, allow_write=(machine.logs,),
-        ) as running:
-            spares = running.harness.spares
-            assert spares is not None
+        async with harness_of(machine, machine.agent()) as (server, spares):
             assert await turn(server, "A") == CONFINED
             await spares.wait_made(1)
             assert await turn(server, "B") == CONFINED

@@ -3,49 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 
-from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, prepare
+from prohost.engine.sandbox import Policy, RuleCache, Support, prepare
 from prohost.engine.sandbox.cache import _signature
 from prohost.engine.sandbox.policy import real_paths
-from tests.engine.sandbox.conftest import PROBE, SUPPORT, Home, needs_landlock
-
-DENIED_READ = {"EACCES", "ENOENT"}
-
-
-@pytest.fixture
-def cache() -> Iterator[RuleCache]:
-    # Trusts a folder however recently it changed: the tests make them just now,
-    # and each change they check also moves a folder's mtime off the old one set
-    # by ``aged`` (see there), so no clock tick can hide it.
-    kept = RuleCache(recent_ns=0)
-    yield kept
-    kept.close()
-
-
-def cached(cache: RuleCache) -> Support:
-    return attrs.evolve(SUPPORT, rules=cache)
-
-
-def aged(*folders: Path) -> None:
-    """Give ``folders`` an mtime long past: an entry added or removed later sets it
-    to now, which differs whatever the clock's grain."""
-    for folder in folders:
-        os.utime(folder, ns=(1_000_000_000, 1_000_000_000))
-
-
-def tried(confinement: Confinement, op: str, path: Path) -> str:
-    """What a child confined by ``confinement`` got from ``op`` on ``path``."""
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, op, str(path)],
-                          preexec_fn=confinement.preexec, capture_output=True, text=True,
-                          check=True, timeout=60)
-    return done.stdout.strip()
+from tests.engine.sandbox.conftest import DENIED_READ, Home, aged, cached, needs_landlock, tried
 
 
 def attempt(support: Support, policy: Policy, op: str, path: Path) -> str:

@@ -5,31 +5,24 @@ them only while they are still right (``prohost.engine.run.spares``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import attrs
 import pytest
 
-from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, prepare
+from prohost.engine.sandbox import Confinement, Policy, RuleCache, prepare
 from prohost.engine.sandbox.confinement import prepare_anew
-from tests.engine.sandbox.conftest import SUPPORT, Home, needs_landlock
-from tests.engine.sandbox.test_cache import DENIED_READ, aged, tried
+from tests.engine.sandbox.conftest import (
+    DENIED_READ,
+    SUPPORT,
+    Home,
+    aged,
+    cached,
+    needs_landlock,
+    tried,
+)
 
 pytestmark = needs_landlock
-
-
-@pytest.fixture
-def cache() -> Iterator[RuleCache]:
-    # Trusts a folder however recently it changed (see test_cache's fixture): each
-    # change made below moves an aged folder's mtime off the one it had.
-    kept = RuleCache(recent_ns=0)
-    yield kept
-    kept.close()
-
-
-def cached(cache: RuleCache) -> Support:
-    return attrs.evolve(SUPPORT, rules=cache)
 
 
 def made_ahead(cache: RuleCache, policy: Policy) -> Confinement:
