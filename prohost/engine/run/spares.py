@@ -137,6 +137,12 @@ class Spares:
         support = self._sandbox.support
         if latest is None or kind is None or kind in self._kept or support is None:
             return
+        if len(self._kept) >= MAX_KINDS:  # kinds that seldom repeat: start afresh
+            old, self._kept = list(self._kept.values()), {}
+            for spare in old:
+                spare.made.close()
+            for spare in old:
+                await self._remove(spare.places.scratch)
         places = attrs.evolve(
             latest, scratch=self._root / secrets.token_hex(SCRATCH_NAME_CHARS // 2))
         making = Making()
@@ -157,11 +163,6 @@ class Spares:
         except BaseException:
             making.abandon()
             raise
-        if len(self._kept) >= MAX_KINDS:
-            for old in self._kept.values():
-                old.made.close()
-                await self._remove(old.places.scratch)
-            self._kept.clear()
         # Its thread enters its domain now and waits, so that the run that takes it
         # starts none: the thread checks it is still right, then spawns.
         made.confinement.ready_spawner(first_wait_s=None)
