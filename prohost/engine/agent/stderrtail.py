@@ -9,8 +9,10 @@ harmless: the file is written once, when the run's process has ended, without an
 fsync and off the ledger's writer thread.
 
 It is pruned with the run: a tail is removed once its run's body would be (the
-ledger empties a reported run after :data:`KEEP_S`), each time a new tail is
-written, so the folder never holds more than a week of runs.
+ledger empties a reported run after :data:`KEEP_S`), by the first tail written
+after :data:`PRUNE_EVERY_S` since the last prune, so the folder holds about a
+week of runs. Not at every write: a busy harness keeps tens of thousands of tails,
+and listing them all at each run's end would cost that run a scan of the folder.
 
 File names are a hash of the run id (as the per-run scratch folders are): a run id
 is the server's text and must never become a path.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import time
 from pathlib import Path
@@ -30,6 +33,13 @@ TAIL_DIR = "stderr"
 #: A tail is removed this long after it was written: the ledger's KEEP_BODIES_S
 #: (a reported run's body and outcome are emptied then).
 KEEP_S = 7 * 86400.0
+#: A written tail prunes the folder when the last prune is at least this old.
+PRUNE_EVERY_S = 3600.0
+
+#: When each folder was last pruned by :func:`write_tail` (this process's clock:
+#: a harness prunes at its first run's end, then hourly). Worker threads share it;
+#: a prune made twice by a race is only a wasted listing.
+_last_pruned: dict[Path, float] = {}
 
 
 class StderrTail:
@@ -59,8 +69,9 @@ def tail_path(home: Path, run_id: str) -> Path:
 
 def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None) -> None:
     """Keep ``data`` (the tail) as ``run_id``'s stderr, then prune tails past
-    :data:`KEEP_S`. Blocking file work (run it in a thread); raises ``OSError``.
-    An empty stderr leaves no file."""
+    :data:`KEEP_S` if the folder was not pruned in the last :data:`PRUNE_EVERY_S`.
+    Blocking file work (run it in a thread); raises ``OSError``. An empty stderr
+    leaves no file."""
     folder = home / TAIL_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     if data:
@@ -68,7 +79,10 @@ def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as handle:
             handle.write(data[-TAIL_BYTES:])
-    prune_tails(home, now=now)
+    at = time.time() if now is None else now
+    if at - _last_pruned.get(folder, -math.inf) >= PRUNE_EVERY_S:
+        _last_pruned[folder] = at
+        prune_tails(home, now=at)
 
 
 def prune_tails(home: Path, *, now: float | None = None) -> int:

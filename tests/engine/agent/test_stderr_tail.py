@@ -11,6 +11,7 @@ from pathlib import Path
 from prohost.engine.agent.output import LastLine
 from prohost.engine.agent.stderrtail import (
     KEEP_S,
+    PRUNE_EVERY_S,
     TAIL_BYTES,
     StderrTail,
     prune_tails,
@@ -54,9 +55,12 @@ def test_a_tail_is_a_private_file_named_by_a_hash_and_pruned_after_the_body(
     # An empty stderr leaves no file.
     write_tail(tmp_path, "quiet", b"", now=now)
     assert read_tail(tmp_path, "quiet") is None
-    # Older than a run's body is kept: removed by the next write (or a prune).
+    # Older than a run's body is kept: removed by the first write an hour after
+    # the last prune (not by every write: the folder may hold a week of runs).
     os.utime(path, (now - KEEP_S - 1, now - KEEP_S - 1))
-    write_tail(tmp_path, "fresh", b"new\n", now=now)
+    write_tail(tmp_path, "fresh", b"new\n", now=now + 1)
+    assert read_tail(tmp_path, "run/../../evil") == "boom\n"
+    write_tail(tmp_path, "later", b"later\n", now=now + PRUNE_EVERY_S)
     assert read_tail(tmp_path, "run/../../evil") is None
     assert read_tail(tmp_path, "fresh") == "new\n"
-    assert prune_tails(tmp_path, now=now + KEEP_S + 1) == 1
+    assert prune_tails(tmp_path, now=now + KEEP_S + 2) == 2
