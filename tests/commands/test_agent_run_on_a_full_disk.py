@@ -24,7 +24,7 @@ from prohost.home import Credentials, save_credentials
 from tests.kits.harness import finished, start_run
 from tests.kits.paths import ROOT
 from tests.kits.process import harness_process, ledger_row, paired_with_gate
-from tests.kits.tmpfs import fill, mounted_tmpfs
+from tests.kits.tmpfs import fill, mounted_tmpfs, run_through_a_full_disk
 
 
 def pair(home: Path) -> None:
@@ -95,21 +95,7 @@ async def test_a_harness_started_on_a_full_disk_comes_up_answers_503_and_recover
                 first.send_signal(signal.SIGTERM)
                 assert await first.wait_clean_exit() == 0
 
-            fill(home / "filler")
-            async with harness_process(server, home, gate.command) as harness:
-                await harness.wait_log("disk is full")
-                run_id = await server.submit_run("while the disk is full")
-                await server.wait_until(lambda s: 503 in s.runs[run_id].ack_statuses)
-                assert gate.started == [earlier]
-
-                (home / "filler").unlink()  # space returns
-                await gate.wait_started(run_id)
-                await gate.release(run_id)
-                await server.wait_until(finished(run_id))
-                assert server.run(run_id).completion["ok"] is True
-                harness.send_signal(signal.SIGTERM)
-                assert await harness.wait_clean_exit() == 0
-                assert not any("move it aside" in line for line in harness.log)
+            run_id = await run_through_a_full_disk(server, gate, home, earlier)
 
     for done in (earlier, run_id):
         assert ledger_row(home, done).state is RunState.REPORTED

@@ -20,7 +20,7 @@ import trio
 from prohost.engine.ledger import RunState
 from tests.kits.harness import finished, start_run
 from tests.kits.process import harness_process, ledger_row, paired_with_gate
-from tests.kits.tmpfs import fill, mounted_tmpfs
+from tests.kits.tmpfs import mounted_tmpfs, run_through_a_full_disk
 
 
 @pytest.fixture
@@ -49,22 +49,7 @@ async def test_a_home_without_a_reserve_starts_on_a_full_disk_and_recovers(
             (home / "ledger.reserve").unlink()
             assert (home / "agent.lock").stat().st_size == 0
             assert sorted(p.name for p in home.glob("ledger.sqlite3*")) == ["ledger.sqlite3"]
-            fill(home / "filler")
-            async with harness_process(server, home, gate.command) as harness:
-                await harness.wait_log("disk is full")
-                run_id = await server.submit_run("while the disk is full")
-                await server.wait_until(lambda s: 503 in s.runs[run_id].ack_statuses)
-                assert gate.started == [earlier]
-
-                (home / "filler").unlink()  # space returns
-                await gate.wait_started(run_id)
-                await gate.release(run_id)
-                await server.wait_until(finished(run_id))
-                assert server.run(run_id).completion["ok"] is True
-                harness.send_signal(signal.SIGTERM)
-                assert await harness.wait_clean_exit() == 0
-                assert not any("move it aside" in line for line in harness.log)
-                assert not any("Traceback" in line for line in harness.log)
+            run_id = await run_through_a_full_disk(server, gate, home, earlier)
 
     for done in (earlier, run_id):
         assert ledger_row(home, done).state is RunState.REPORTED

@@ -7,8 +7,13 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+from prohost.server import ServerHandle
+from tests.kits.harness import Running, running_harness, running_server
 from tests.kits.paths import AGENTS, logs_folder
 
 #: tests/agents/fake_acp.py as an ``--exec`` line.
@@ -29,3 +34,17 @@ def acp_env(tmp_path: Path, scenario: str = "reply", **extra: str) -> dict[str, 
 def record_of(tmp_path: Path) -> Path:
     """Where the fake agent of :func:`acp_env` records every message it is sent."""
     return logs_folder(tmp_path) / "record.jsonl"
+
+
+@asynccontextmanager
+async def acp_harness(tmp_path: Path, scenario: str = "reply", *, home: Path | None = None,
+                      **options: Any) -> AsyncIterator[tuple[ServerHandle, Running]]:
+    """The reference server and a harness (its home ``tmp_path / "home"`` unless
+    ``home``) whose agent is the fake ACP agent playing ``scenario``; ``options``:
+    more harness options, or ``FAKE_ACP_*`` variables for the agent."""
+    extra = {key: options.pop(key) for key in list(options) if key.startswith("FAKE_ACP_")}
+    async with running_server() as server, running_harness(
+        server, home if home is not None else tmp_path / "home", exec_command=FAKE_ACP,
+        brain="acp", env=acp_env(tmp_path, scenario, **extra), **options,
+    ) as running:
+        yield server, running

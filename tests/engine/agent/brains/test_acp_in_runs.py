@@ -13,8 +13,8 @@ import trio
 
 from prohost.engine.agent import process
 from prohost.wire.outcomes import STOPPED
-from tests.kits.acp import FAKE_ACP, acp_env, record_of
-from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.acp import acp_harness, record_of
+from tests.kits.harness import finished
 from tests.kits.repos import make_readme_repo
 
 
@@ -34,9 +34,7 @@ async def test_a_conversation_is_one_acp_session_and_each_turn_pays_its_share(
         # Two harnesses one after the other on the same home: the session and its
         # running cost survive the restart in the ledger.
         for turn in ("turn 1", "turn 2"):
-            async with running_server() as server, running_harness(
-                server, home, exec_command=FAKE_ACP, brain="acp", env=acp_env(tmp_path),
-            ):
+            async with acp_harness(tmp_path, home=home) as (server, _):
                 run_id = await server.submit_run(turn, conversation_id="C1")
                 await server.wait_until(finished(run_id))
                 completions.append(server.run(run_id).completion or {})
@@ -53,10 +51,7 @@ async def test_a_conversation_is_one_acp_session_and_each_turn_pays_its_share(
 @pytest.mark.protocol("§8")
 async def test_tool_calls_of_an_acp_agent_reach_the_timeline(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
-            env=acp_env(tmp_path, "tools"),
-        ):
+        async with acp_harness(tmp_path, "tools") as (server, _):
             run_id = await server.submit_run("run the tests", conversation_id="C1")
             await server.wait_until(finished(run_id))
             timeline = server.run(run_id).timeline
@@ -72,10 +67,7 @@ async def test_a_cancelled_acp_run_asks_the_agent_to_cancel_and_keeps_its_sessio
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
-            env=acp_env(tmp_path, "hang"),
-        ):
+        async with acp_harness(tmp_path, "hang") as (server, _):
             run_id = await server.submit_run("take your time", conversation_id="C1")
             await server.wait_until(lambda state: bool(state.runs[run_id].timeline))
             await server.cancel_run(run_id, "the user changed their mind")
@@ -93,10 +85,7 @@ async def test_an_agent_that_stays_after_its_answer_is_stopped_and_the_run_succe
 ) -> None:
     monkeypatch.setattr(process, "LINGER_S", 0.5)
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
-            env=acp_env(tmp_path, FAKE_ACP_LINGER="1"),
-        ):
+        async with acp_harness(tmp_path, FAKE_ACP_LINGER="1") as (server, _):
             run_id = await server.submit_run("hello", conversation_id="C1")
             await server.wait_until(finished(run_id))
             completion = server.run(run_id).completion or {}
@@ -109,10 +98,7 @@ async def test_the_second_signal_asks_the_acp_agent_to_cancel_within_the_stop_wi
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
-            env=acp_env(tmp_path, "hang"),
-        ) as running:
+        async with acp_harness(tmp_path, "hang") as (server, running):
             run_id = await server.submit_run("take your time", conversation_id="C1")
             await server.wait_until(lambda state: bool(state.runs[run_id].timeline))
             stopped_at = trio.current_time()
@@ -129,10 +115,7 @@ async def test_the_second_signal_asks_the_acp_agent_to_cancel_within_the_stop_wi
 @pytest.mark.protocol("§5")
 async def test_a_runs_mcp_server_reaches_an_acp_agent_in_its_session(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=FAKE_ACP, brain="acp",
-            env=acp_env(tmp_path),
-        ):
+        async with acp_harness(tmp_path) as (server, _):
             run_id = await server.submit_run(
                 "use the tools", conversation_id="C1",
                 mcp={"url": "http://127.0.0.1:9/mcp", "token": "t0k3n"})
@@ -152,10 +135,7 @@ async def test_with_repos_the_acp_session_works_in_the_conversations_worktree(
     source = await make_readme_repo(tmp_path / "code" / "app")
     home = tmp_path / "home"
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, home, exec_command=FAKE_ACP, brain="acp", env=acp_env(tmp_path),
-            repos=(source,),
-        ):
+        async with acp_harness(tmp_path, home=home, repos=(source,)) as (server, _):
             run_id = await server.submit_run("hello", conversation_id="C1")
             await server.wait_until(finished(run_id))
             assert (server.run(run_id).completion or {}).get("ok")
