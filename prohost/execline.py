@@ -92,7 +92,10 @@ ACP_COMMANDS: tuple[tuple[str, str | None, str], ...] = (
     ("claude-agent-acp", None, "claude"),           # the same adapter, renamed upstream
     ("codex-acp", None, "codex"),                   # Codex through Zed's adapter
 )
-_PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx"})
+#: Interpreters whose next word is a package to fetch and run, not a file.
+PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx", "uvx"})
+#: Shells, whose ``-c`` may come in a cluster (``-lc``, ``-ic``).
+SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh"})
 
 
 def speaks_acp(line: str) -> bool:
@@ -109,13 +112,13 @@ def acp_agent(line: str) -> str | None:
         return None
     names = {os.path.basename(words[index])}
     rest = words[index + 1:]
-    if names & _PACKAGE_RUNNERS:
-        # npx [-y] @scope/name[@version] …: the package is the program.
-        packages = [word for word in rest if not word.startswith("-")]
-        if not packages:
+    if names & PACKAGE_RUNNERS:
+        # npx [-y] @scope/name[@version] …: the package is the program (an
+        # option's value, `--package foo`, is not).
+        script = script_index(words, index)
+        if script is None:
             return None
-        package = packages[0]
-        rest = rest[rest.index(package) + 1:]
+        package, rest = words[script], words[script + 1:]
         scope = "@" if package.startswith("@") else ""
         name = scope + package.removeprefix("@").split("@", 1)[0]
         names = {name, name.rsplit("/", 1)[-1]}
@@ -123,15 +126,6 @@ def acp_agent(line: str) -> str | None:
         if program in names and (mode is None or mode in rest):
             return agent
     return None
-
-
-def program_span(line: str) -> tuple[int, int] | None:
-    """Where in ``line`` the program's word is (start, end), by the rule of
-    :func:`program_index`; ``None`` when it runs none. ``line[:end]`` is the
-    program with what comes before it (assignments, launchers), as written."""
-    spans = word_spans(line)
-    index = program_index([word for _, _, word in spans])
-    return None if index is None else spans[index][:2]
 
 
 #: Programs that run a script, module or package named by a later word: the agent is
@@ -157,7 +151,9 @@ def is_interpreter(program: str) -> bool:
 def script_index(words: Sequence[str], program: int) -> int | None:
     """For an interpreter at ``words[program]``, which word names what it runs (the
     script, the package, or for ``-m`` the module); ``None`` when the line runs
-    code given inline (``-c``), reads it from stdin, or names none."""
+    code given inline (``-c``, or a shell's cluster ``-lc``), reads it from stdin,
+    or names none."""
+    shell = os.path.basename(words[program]) in SHELLS
     skip_value = False
     for index in range(program + 1, len(words)):
         word = words[index]
@@ -166,6 +162,8 @@ def script_index(words: Sequence[str], program: int) -> int | None:
             continue
         if word in _INLINE_CODE_OPTIONS or word == "-":
             return None
+        if shell and word.startswith("-") and not word.startswith("--") and "c" in word:
+            return None  # `bash -lc 'claude -p'`: the next word is code, not a script
         if word == "-m":
             return index + 1 if index + 1 < len(words) else None
         if word.startswith("-"):

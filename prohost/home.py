@@ -35,6 +35,8 @@ from prohost.files import write_atomically
 
 CREDENTIALS_FILE = "credentials.json"
 LOCK_FILE = "agent.lock"
+#: The run ledger (sqlite), in the home.
+LEDGER_FILE = "ledger.sqlite3"
 WORKSPACE_DIR = "workspace"
 RUNS_DIR = "runs"
 #: Mode of the home and of runs/ (octal): this user only.

@@ -19,7 +19,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from prohost.execline import is_interpreter, program_index, script_index, split_command
+from prohost.execline import (
+    PACKAGE_RUNNERS,
+    is_interpreter,
+    program_index,
+    script_index,
+    split_command,
+)
 from prohost.options import Options
 from prohost.repospec import is_checkout
 
@@ -33,10 +39,6 @@ SHELL_BUILTINS = frozenset({
 #: A program word with any of these is expanded by the shell (``$AGENT``, ``~/bin/x``,
 #: a glob): its value is not known here, so it is not checked.
 _SHELL_SYNTAX = frozenset("$`()<>|;&*?[]{}~")
-#: Shells, whose ``-c`` may come in a cluster (``-lc``, ``-ic``).
-_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh"})
-#: Interpreters whose next word is a package to fetch, not a file.
-_PACKAGE_RUNNERS = frozenset({"npx", "bunx", "pnpx", "uvx"})
 
 
 def exec_problem(options: Options, path: str, path_name: str = "the PATH") -> str | None:
@@ -63,16 +65,11 @@ def exec_problem(options: Options, path: str, path_name: str = "the PATH") -> st
     elif shutil.which(word, path=path) is None:
         return (f"--exec runs {word!r}, which is not on {path_name} ({path}); install it, "
                 "or give its absolute path in --exec")
-    if not is_interpreter(word) or os.path.basename(word) in _PACKAGE_RUNNERS:
+    if not is_interpreter(word) or os.path.basename(word) in PACKAGE_RUNNERS:
         return None
     script = script_index(words, index)
     if script is None or words[script - 1] == "-m":
         return None  # code on the line, stdin, or a module: nothing to look for
-    if os.path.basename(word) in _SHELLS and any(
-        flag.startswith("-") and not flag.startswith("--") and "c" in flag
-        for flag in words[index + 1:script]
-    ):
-        return None  # `bash -lc 'claude -p'`: the word after is code, not a script
     name = words[script]
     if any(char in _SHELL_SYNTAX for char in name) or (base / name).is_file():
         return None

@@ -29,6 +29,7 @@ from prohost.engine.link.connection import Endpoints
 from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel
 from prohost.home import (
+    LEDGER_FILE,
     CredentialsError,
     InstanceLock,
     LockHeld,
@@ -44,7 +45,6 @@ from prohost.startchecks import start_problems
 log = logging.getLogger("prohost.agent")
 progress_log = logging.getLogger(lognames.RUNS)
 
-LEDGER_FILE = "ledger.sqlite3"
 #: Space kept beside the ledger so that it can be opened on a full disk: opening a
 #: WAL database creates its ``-shm`` index, 32 KiB of real blocks. Random bytes, so
 #: that no compressing filesystem stores it in less.

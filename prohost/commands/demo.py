@@ -37,7 +37,7 @@ from prohost.engine.report.sender import open_sender
 from prohost.engine.view.panel import Panel, use_panel
 from prohost.engine.view.reporttext import changes_summary
 from prohost.engine.view.statustext import cost_text, tokens_text
-from prohost.home import Credentials, resolve_endpoints, save_credentials
+from prohost.home import LEDGER_FILE, Credentials, resolve_endpoints, save_credentials
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
 from prohost.wire.usage import Usage
@@ -107,7 +107,7 @@ async def run_demo(console: Console, *, keep: bool = False) -> int:
                 idle_timeout_s=30,
                 repos=(repo,) if repo is not None else (),
             )
-            ledger = Ledger.open(home / "ledger.sqlite3")
+            ledger = Ledger.open(home / LEDGER_FILE)
             try:
                 async with open_sender() as client:
                     harness = Harness(

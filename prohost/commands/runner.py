@@ -29,7 +29,7 @@ from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.view.snapshot import read_snapshot
-from prohost.home import LOCK_FILE, read_lock_pid
+from prohost.home import LEDGER_FILE, LOCK_FILE, read_lock_pid
 from prohost.logfile import log_path
 
 EXIT_OK = 0
@@ -39,7 +39,6 @@ EXIT_NONE = 1
 #: ``agent stop`` interrupted (Ctrl-C) while it waited: the harness carries on.
 EXIT_INTERRUPTED = 130
 
-LEDGER_FILE = "ledger.sqlite3"
 #: ``agent runs`` without ``--limit``: a screenful, newest first.
 DEFAULT_LIMIT = 20
 #: How often ``agent logs -f`` looks for new lines (s).
@@ -223,24 +222,28 @@ def logs_command(home: Path, *, follow: bool, lines: int | None = None,
 
 def _follow(path: Path, handle: TextIO, out: TextIO, keep_following: Callable[[], bool]) -> None:
     """Print what is appended to ``path``; when the file is rotated (a new inode at
-    that name), finish the old one and go on with the new one from its start."""
+    that name), finish the old one and go on with the new one from its start. The
+    file open when it returns (or raises) is closed here; ``handle`` may be it."""
     inode = os.fstat(handle.fileno()).st_ino
-    while keep_following():
-        chunk = handle.read()
-        if chunk:
-            out.write(chunk)
-            out.flush()
-            continue
-        try:
-            current = path.stat().st_ino
-        except FileNotFoundError:
-            current = inode  # between the rename and the new file: look again
-        if current != inode:
-            handle.close()
-            handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
-            inode = os.fstat(handle.fileno()).st_ino
-            continue
-        time.sleep(FOLLOW_POLL_S)  # a file has no "written to" event on every platform
+    try:
+        while keep_following():
+            chunk = handle.read()
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                continue
+            try:
+                current = path.stat().st_ino
+            except FileNotFoundError:
+                current = inode  # between the rename and the new file: look again
+            if current != inode:
+                handle.close()
+                handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                inode = os.fstat(handle.fileno()).st_ino
+                continue
+            time.sleep(FOLLOW_POLL_S)  # a file has no "written to" event on every platform
+    finally:
+        handle.close()
 
 
 # --- agent runs ------------------------------------------------------------------------

@@ -172,6 +172,8 @@ def test_the_version_probe_asks_the_program_actually_run() -> None:
     assert version_command("python -c 'print(1)'") is None
     assert version_command("node") is None
     assert version_command("bash -c cat") is None
+    # A shell's clustered -c: code too (asking it would start the agent itself).
+    assert version_command("bash -lc 'claude -p'") is None
     # A program that is not an interpreter is asked itself, as before.
     assert version_command("claude -p") == "claude --version"
 

@@ -256,7 +256,9 @@ class _Watch:
         self.stderr_fd = _pipe(proc.stderr, "stderr").fileno()
         self.on_output = on_output
         self.pgid = proc.pid
-        self.unsent = memoryview(stdin_data)
+        #: What is queued for stdin and not written yet (appended to in place: an
+        #: agent that reads slowly must not make each write copy the whole queue).
+        self.unsent = bytearray(stdin_data)
         self.groups = groups
         self.deadline = deadline
         self.idle_timeout_s = idle_timeout_s
@@ -428,7 +430,7 @@ class _Watch:
         """:class:`StdinPipe`: queue ``data`` for the agent's stdin."""
         if self.stdin_closed or self.close_when_sent:
             return  # end-of-file was asked for: nothing more goes in
-        self.unsent = memoryview(bytes(self.unsent) + data)
+        self.unsent += data
         self._send_queued()
 
     def close(self) -> None:
@@ -451,7 +453,7 @@ class _Watch:
             return  # the pipe is full: the agent has not read yet
         except OSError:
             sent = len(self.unsent)  # EPIPE: it exited, or closed stdin, without reading it all
-        self.unsent = self.unsent[sent:]
+        del self.unsent[:sent]
 
     def _heard(self) -> None:
         self.last_output = trio.current_time()
@@ -512,9 +514,9 @@ async def run_agent(
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
     With a ``confinement`` (docs/protocol.md §13), the shell starts confined, and so
-    does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, its
-    ``pass_fds`` are inherited, its ``preexec`` runs in the child before exec. The
-    caller closes it (it may spawn again with it).
+    does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, and on
+    Linux the spawn is made from a thread in its domain. The caller closes it (it
+    may spawn again with it).
 
     The process runs in ``cwd`` with exactly ``env``, gets ``stdin_text`` (UTF-8) on
     stdin and then end-of-file, and is stopped (SIGTERM to the group, SIGKILL
@@ -546,15 +548,13 @@ async def run_agent(
     """
     hang = os.environ.get(TEST_HUNG_SPAWN_ENV) or None
     prefix: tuple[str, ...] = ()
-    pass_fds: tuple[int, ...] = ()
     preexec = None
     if confinement is not None:
-        prefix, pass_fds, preexec = (confinement.argv_prefix, confinement.pass_fds,
-                                     confinement.preexec)
+        prefix, preexec = confinement.argv_prefix, confinement.preexec
     argv = [*prefix, "/bin/sh", "-c", command]
     proc: trio.Process | _Child
     if confinement is not None and preexec is not None and hang is None:
-        proc = await _spawn_confined(confinement, argv, cwd=cwd, env=env, pass_fds=pass_fds)
+        proc = await _spawn_confined(confinement, argv, cwd=cwd, env=env)
     else:
         proc = await trio.lowlevel.open_process(
             argv,
@@ -564,7 +564,6 @@ async def run_agent(
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
-            pass_fds=pass_fds,
             preexec_fn=_in_child(hang, preexec),
         )
     # start_new_session makes the child a session and group leader: pgid == pid.
@@ -619,7 +618,7 @@ class _Child:
 
 
 async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Path,
-                          env: Mapping[str, str], pass_fds: tuple[int, ...]) -> _Child:
+                          env: Mapping[str, str]) -> _Child:
     """Spawn ``argv`` as ``run_agent`` does, from a fresh thread that entered the
     confinement first (:meth:`Confinement.spawn_from_a_confined_thread`), so that
     subprocess keeps its ``vfork`` path: a ``preexec`` forces a full ``fork``, which
@@ -642,7 +641,7 @@ async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Pat
             tried.append(True)
             return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
                                     stderr=stderr_child, cwd=cwd, env=child_env,
-                                    start_new_session=True, pass_fds=pass_fds)
+                                    start_new_session=True)
 
         try:
             popen = await _spawn_readied(confinement, spawn)

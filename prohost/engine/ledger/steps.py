@@ -100,6 +100,10 @@ class LedgerSteps:
         #: The harness's bounds (its other file steps share them); the second signal
         #: hurries them.
         self.bounds = bounds if bounds is not None else Bounds()
+        #: The threads that wait for an ``accepted`` write to settle (:meth:`settled`):
+        #: apart from trio's default limiter, which the ledger steps use; past 16 the
+        #: others wait for one in trio, holding no thread.
+        self._settling = trio.CapacityLimiter(16)
 
     async def writer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                      ) -> None:
@@ -236,7 +240,10 @@ class LedgerSteps:
         answers)."""
         for ticket in tickets:
             if not ticket.done.is_set():
-                await trio.to_thread.run_sync(ticket.done.wait, abandon_on_cancel=True)
+                # A hung disk holds one such thread per redelivery waiting: they
+                # must not starve the ledger steps of trio's threads.
+                await trio.to_thread.run_sync(ticket.done.wait, abandon_on_cancel=True,
+                                              limiter=self._settling)
 
     async def known(self, run_id: str) -> LedgerRow | None:
         """The ledger's row of ``run_id`` as last committed, if it has one: a read

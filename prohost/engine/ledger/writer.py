@@ -352,6 +352,8 @@ class GroupCommit:
                 except Exception as exc:  # a bug or a constraint: this write alone fails
                     write.error = LedgerError(f"the run ledger {self.path} failed: {exc}")
                     write.error.__cause__ = exc
+                finally:
+                    self._applied = None  # _settling is for the write being applied only
                 if alone:
                     continue
                 if write.error is not None:

@@ -294,16 +294,21 @@ async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
         raise
     except Exception as exc:
         making.abandon()
-        # The local log names the paths; the server hears no local path (§7).
-        log.warning("could not confine the agent: %s", exc)
-        if isinstance(exc, StepTimedOut):
-            raise ConfinementFailed("preparing it did not finish in time") from None
-        if isinstance(exc, OSError):
-            raise ConfinementFailed(exc.strerror or type(exc).__name__) from None
-        raise ConfinementFailed(type(exc).__name__) from None
+        raise _failure(exc) from None
     except BaseException:
         making.abandon()
         raise
+
+
+def _failure(exc: Exception) -> ConfinementFailed:
+    """Why a confinement could not be made, as the run's error says it: logged with
+    its paths here, while the server hears no local path (§7)."""
+    log.warning("could not confine the agent: %s", exc)
+    if isinstance(exc, StepTimedOut):
+        return ConfinementFailed("preparing it did not finish in time")
+    if isinstance(exc, OSError):
+        return ConfinementFailed(exc.strerror or type(exc).__name__)
+    return ConfinementFailed(type(exc).__name__)
 
 
 class EarlyConfinement:
@@ -401,10 +406,7 @@ class EarlyConfinement:
         except ConfinementFailed:
             raise
         except Exception as exc:
-            log.warning("could not confine the agent: %s", exc)
-            if isinstance(exc, OSError):
-                raise ConfinementFailed(exc.strerror or type(exc).__name__) from None
-            raise ConfinementFailed(type(exc).__name__) from None
+            raise _failure(exc) from None
 
     def discard(self, *, taken: bool = False) -> None:
         """Not taken after all (the run ended before its attempt; or ``taken``, its

@@ -124,12 +124,8 @@ class Spares:
                 self._wanted = trio.Event()
                 await self._make_one()
         finally:
-            kept, self._kept = list(self._kept.values()), {}
-            for spare in kept:
-                spare.made.close()
             with trio.CancelScope(shield=True):
-                for spare in kept:
-                    await self._remove(spare.places.scratch)
+                await self._drop_all()
 
     async def _make_one(self) -> None:
         latest = self._latest
@@ -138,11 +134,7 @@ class Spares:
         if latest is None or kind is None or kind in self._kept or support is None:
             return
         if len(self._kept) >= MAX_KINDS:  # kinds that seldom repeat: start afresh
-            old, self._kept = list(self._kept.values()), {}
-            for spare in old:
-                spare.made.close()
-            for spare in old:
-                await self._remove(spare.places.scratch)
+            await self._drop_all()
         places = attrs.evolve(
             latest, scratch=self._root / secrets.token_hex(SCRATCH_NAME_CHARS // 2))
         making = Making()
@@ -176,6 +168,14 @@ class Spares:
         bench: making one is the harness's own business). Cancelled: nothing to undo."""
         while self.made < count:
             await self._made_one.wait()
+
+    async def _drop_all(self) -> None:
+        """Close every kept spare, then remove their folders (bounded steps)."""
+        kept, self._kept = list(self._kept.values()), {}
+        for spare in kept:
+            spare.made.close()
+        for spare in kept:
+            await self._remove(spare.places.scratch)
 
     async def _remove(self, scratch: Path) -> None:
         try:

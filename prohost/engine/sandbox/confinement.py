@@ -56,13 +56,12 @@ class Confinement:
     subprocess fork instead of vfork, and a fork's cost grows with the parent's size
     (``scripts/bench_sandbox.py``: about +2 ms over a 0.8 ms spawn for a small
     process, +7.5 ms with 150 MiB held; the thread adds about 0.4 ms, whatever the
-    size). ``pass_fds`` is always empty: the preexec runs before subprocess closes
-    the child's descriptors, and the thread's domain needs no descriptor at all, so
-    the ruleset never reaches the program.
+    size). Neither passes the ruleset's descriptor to the child: the preexec runs
+    before subprocess closes the child's descriptors, and the thread's domain needs
+    no descriptor at all, so the ruleset never reaches the program.
     """
 
     argv_prefix: tuple[str, ...] = ()
-    pass_fds: tuple[int, ...] = ()
     preexec: Callable[[], None] | None = None
     confined: bool = False
     _ruleset: landlock.Ruleset | None = None

@@ -74,7 +74,7 @@ def run_confined(policy: Policy, script: str, **options: object
     with prepare(policy, SUPPORT) as confinement:
         assert confinement.confined
         return subprocess.run(["sh", "-c", script], preexec_fn=confinement.preexec,
-                              pass_fds=confinement.pass_fds, capture_output=True,
+                              capture_output=True,
                               text=True, check=False, timeout=60, **options)  # type: ignore[call-overload]
 
 

@@ -20,7 +20,7 @@ def test_a_simulated_absence_gives_no_kind_and_an_unconfined_preparation(
     assert support.reason.endswith(f"(simulated for a test: {SIMULATE_ABSENT_ENV}=1)")
     with prepare(Policy(writable=(tmp_path,), hidden=(tmp_path / "h",)), support) as conf:
         assert not conf.confined
-        assert (conf.argv_prefix, conf.pass_fds, conf.preexec) == ((), (), None)
+        assert (conf.argv_prefix, conf.preexec) == ((), None)
 
 
 def test_any_other_value_of_the_hook_is_the_real_probe(monkeypatch: pytest.MonkeyPatch) -> None:

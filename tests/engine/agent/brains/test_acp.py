@@ -359,6 +359,8 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
         agent = acp_agent(f"npx -y {line}" if program.startswith("@") else line)
         assert agent in {*defaults.AGENT_FOLDERS, "claude", "codex"}, program
     assert acp_agent("npx -y @google/gemini-cli@0.61 --acp") == "gemini"
+    # An option's value is not the package.
+    assert acp_agent("npx --package foo @zed-industries/codex-acp") == "codex"
     assert acp_agent("claude-agent-acp") == "claude" and acp_agent("gemini") is None
     granted = agent_folders("opencode", {}, tmp_path)
     assert granted == [tmp_path / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
