@@ -44,7 +44,8 @@ from typing import Generic, TypeVar
 
 import trio
 
-__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "Elsewhere", "StepTimedOut", "run_bounded"]
+__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "Elsewhere", "StepTimedOut", "run_bounded",
+           "wake_from_thread"]
 
 log = logging.getLogger("prohost.blocking")
 
@@ -53,6 +54,18 @@ T = TypeVar("T")
 #: Bound on one file step outside the ledger (a mkdir, an rmtree, status.json; s).
 #: Each is a few local syscalls: longer means the disk is in trouble.
 FILE_STEP_TIMEOUT_S = 30.0
+
+def wake_from_thread(token: trio.lowlevel.TrioToken, wake: Callable[[], object]) -> None:
+    """From a thread that is not trio's: ``wake()`` soon in trio's thread, or
+    nothing when that trio run is over. A thread trio stopped waiting for (a run
+    that ended first, a test whose trio run returned) can finish after it; then
+    nobody waits for the wake, and raising there would only print a traceback
+    from a thread nobody reads."""
+    try:
+        token.run_sync_soon(wake)
+    except trio.RunFinishedError:
+        return  # (not contextlib.suppress: this is every ledger step's path, and cheaper)
+
 
 class StepTimedOut(TimeoutError):
     """A blocking step did not finish within its bound and was abandoned.

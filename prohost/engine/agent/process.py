@@ -36,6 +36,7 @@ import trio
 
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
+from prohost.engine.blocking import wake_from_thread
 from prohost.engine.sandbox import Confinement
 
 log = logging.getLogger("prohost.agentproc")
@@ -683,7 +684,7 @@ async def _spawn_readied(confinement: Confinement,
 
     def deliver(popen: subprocess.Popen[bytes] | None, error: BaseException | None) -> None:
         delivered.append((popen, error))
-        token.run_sync_soon(done.set)
+        wake_from_thread(token, done.set)
 
     if not confinement.spawn_soon(spawn, deliver):
         return None

@@ -35,6 +35,7 @@ the steps back to worker threads, and says so.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -43,6 +44,7 @@ from typing import Any
 
 import trio
 
+from prohost.engine.blocking import wake_from_thread
 from prohost.engine.ledger import writer as _writer
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.ledger.schema import _rollback
@@ -69,10 +71,7 @@ def _wake(jobs: list[Job]) -> None:
         job._read_then()
         by_token.setdefault(job.token, []).append(job.wake)
     for token, wakes in by_token.items():
-        try:
-            token.run_sync_soon(_call_all, wakes)
-        except trio.RunFinishedError:
-            continue
+        wake_from_thread(token, functools.partial(_call_all, wakes))
 
 
 def _end_round() -> None:

@@ -37,12 +37,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 import trio
 
-from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut
+from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut, wake_from_thread
 from prohost.engine.ledger import (
     Admitted,
     Ledger,
@@ -130,7 +130,7 @@ class LedgerSteps:
             except Exception:
                 log.exception("the ledger's writer thread failed (a prohost bug)")
             finally:
-                _wake(token, ended.set)
+                wake_from_thread(token, ended.set)
 
         thread = threading.Thread(target=serve, name="prohost ledger writer", daemon=True)
         thread.start()
@@ -464,11 +464,3 @@ class LedgerSteps:
         return await self._write(self.ledger.prune, time.time(), older_than_s,
                                  what="pruning the ledger")
 
-
-def _wake(token: trio.lowlevel.TrioToken, wake: Callable[[], Any]) -> None:
-    """From another thread: ``wake()`` in the trio thread, unless trio's run is over
-    (then nobody waits for it)."""
-    try:
-        token.run_sync_soon(wake)
-    except trio.RunFinishedError:
-        return  # (not contextlib.suppress: this is every step's path, and cheaper)

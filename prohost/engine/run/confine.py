@@ -45,7 +45,7 @@ import attrs
 import trio
 
 from prohost.engine.agent.environment import make_private_folder
-from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
+from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut, wake_from_thread
 from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, defaults, prepare, probe
 from prohost.options import Options
 
@@ -356,7 +356,7 @@ class EarlyConfinement:
 
     def _deliver_check(self, right: object, error: BaseException | None) -> None:
         self._checked = (right, error)
-        self._token.run_sync_soon(self._done.set)
+        wake_from_thread(self._token, self._done.set)
 
     def _make(self) -> None:
         token, done = self._token, self._done
@@ -364,7 +364,7 @@ class EarlyConfinement:
 
         def deliver(result: Any) -> None:
             self._result = result
-            token.run_sync_soon(done.set)
+            wake_from_thread(token, done.set)
 
         # A thread of trio's cache, as to_thread's are; its result comes back
         # through deliver (in that thread), which wakes :meth:`take`.
