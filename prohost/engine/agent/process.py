@@ -4,8 +4,11 @@ An agent CLI is not one process. ``claude -p`` starts MCP servers, a test runner
 starts workers, and a careless agent leaves a dev server running in the
 background. So every agent runs as the leader of its own session and process
 group, and every signal goes to the whole group. The leader exiting is not the
-end of the run's processes either, so the group is swept with SIGKILL after the
-leader has gone, however it went.
+end of the run's processes either: what it left in its group is sent SIGTERM and
+given the grace to end by itself, its output still read (an ACP adapter's CLI
+saves the session the next run resumes as it leaves: killed at once, under load it
+had saved nothing), and then the group is swept with SIGKILL, however the leader
+went. An empty group costs no wait.
 
 Output is read as it comes, on both streams, into bounded buffers: an agent that
 prints 50 MiB costs the harness the first ``max_stdout_bytes`` of stdout and one
@@ -34,6 +37,7 @@ from typing import Literal, Protocol
 import attrs
 import trio
 
+from prohost.engine.agent import procinfo
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
 from prohost.engine.blocking import wake_from_thread
@@ -56,6 +60,11 @@ DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 _DRAIN_S = 2.0
 
 TimedOut = Literal["total", "idle"]
+
+#: After the leader's exit, the first pause before looking again whether what it
+#: left in its group has ended, and the longest (doubled each time between) (s).
+_FIRST_LOOK_S = 0.005
+_LAST_LOOK_S = 0.1
 
 #: Time an agent that has said all it had to (its conversation closed stdin) gets
 #: to exit by itself before its group is stopped; the run is not a timeout then.
@@ -204,6 +213,18 @@ class ProcessResult:
     """The last 64 KiB of stderr, kept with the run (:mod:`prohost.engine.agent.stderrtail`)."""
 
 
+async def _group_lives(pgid: int) -> bool:
+    """Whether group ``pgid`` holds a process that has not finished (a zombie has).
+    Cancelled: as ``trio.to_thread.run_sync`` with ``abandon_on_cancel``; the
+    thread's reading of ``/proc`` ends by itself."""
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False  # no process in it at all (or, impossibly, not ours)
+    return await trio.to_thread.run_sync(procinfo.group_has_live_members, pgid,
+                                         abandon_on_cancel=True)
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -291,6 +312,7 @@ class _Watch:
                     await self.on_spawn(self.pgid)
                 await self._wait_leader()
                 # The leader is gone; anything it left in its group goes too.
+                await self._let_the_rest_end()
                 _killpg(self.pgid, signal.SIGKILL)
                 if self.open_pipes:
                     with trio.move_on_after(_DRAIN_S):
@@ -355,6 +377,27 @@ class _Watch:
             # (only waiting for the pipes can take that long): it is exiting.
             await self._pump(lambda: self.exited)
             return
+
+    async def _let_the_rest_end(self) -> None:
+        """After the leader's exit: SIGTERM what it left in its group, and wait up
+        to the grace for it to end by itself, reading the pipes meanwhile (a member
+        blocked on a full pipe could not end). Returns at once when nothing but
+        zombies is left, the usual case; the caller's SIGKILL sweeps the rest.
+
+        Cancelled: stops waiting; the caller's stop sweeps the group.
+        """
+        if not await _group_lives(self.pgid):
+            return
+        _killpg(self.pgid, signal.SIGTERM)
+        pause = _FIRST_LOOK_S
+        with trio.move_on_after(self.groups.grace_s):
+            while True:
+                with trio.move_on_after(pause):
+                    await self._pump(lambda: not self.open_pipes)
+                    await trio.sleep_forever()  # nothing left to read: only the pause
+                if not await _group_lives(self.pgid):
+                    return
+                pause = min(2 * pause, _LAST_LOOK_S)
 
     def _limit(self) -> float:
         """When the leader must be stopped, unless output comes before then."""

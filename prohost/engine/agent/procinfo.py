@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["groups_of_run", "process_belongs_to_run"]
+__all__ = ["group_has_live_members", "groups_of_run", "process_belongs_to_run"]
 
 #: How many times an empty ``/proc/<pid>/environ`` of a live process is read again
 #: before the process is taken as not ours (count).
@@ -90,6 +90,32 @@ def groups_of_run(run_id: str) -> list[int]:
     return found
 
 
+def group_has_live_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` still holds a process that is not a zombie.
+
+    For the sweep after an agent's leader exits: a zombie has finished, and one
+    whose parent is gone may wait long to be reaped (a container whose init reaps
+    nothing), so it must not keep the harness waiting. ``True`` where that cannot be
+    told (no ``/proc`` and no ``ps``): the caller's bound then ends the wait.
+
+    Blocking (reads ``/proc``, or runs ``ps`` on macOS): call it from a thread.
+    """
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
+        return any(group == pgid and state not in _FINISHED
+                   for _, state, group in _proc_states())
+    if sys.platform == "darwin":
+        for line in _ps(["-A", "-o", "pgid=,stat="]).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == str(pgid) and parts[1][:1] not in _FINISHED:
+                return True
+        return False
+    return True
+
+
+#: ``/proc/<pid>/stat`` and ``ps`` state letters of a process that has ended.
+_FINISHED = frozenset("ZX")
+
+
 def _every_process() -> list[tuple[int, int]]:
     """Every visible process as (pid, process group): /proc on Linux, ps on macOS."""
     if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
@@ -101,7 +127,12 @@ def _every_process() -> list[tuple[int, int]]:
 
 def _proc_processes() -> list[tuple[int, int]]:
     """Every process in ``/proc`` as (pid, process group) (Linux)."""
-    pairs = []
+    return [(pid, group) for pid, _, group in _proc_states()]
+
+
+def _proc_states() -> list[tuple[int, str, int]]:
+    """Every process in ``/proc`` as (pid, state letter, process group) (Linux)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -113,8 +144,8 @@ def _proc_processes() -> list[tuple[int, int]]:
         # so the fields are counted from the last ')': state, ppid, pgrp.
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and fields[2].isdigit():
-            pairs.append((int(entry), int(fields[2])))
-    return pairs
+            found.append((int(entry), fields[0], int(fields[2])))
+    return found
 
 
 def _ps_processes() -> list[tuple[int, int]]:

@@ -1,0 +1,113 @@
+"""What an agent leaves in its process group when it exits (run_agent, real processes).
+
+An ACP adapter exits at the end of its conversation and its CLI, sent SIGTERM,
+writes the session's transcript as it leaves; swept with SIGKILL the moment the
+adapter was gone, under load the CLI had written nothing, and the next run could
+not resume the session (CI: the real claude-agent-acp answered the second turn's
+session/resume "Resource not found"). So what is left gets SIGTERM and the grace
+to end; a zombie, which has ended, does not make the harness wait.
+
+The grace is 600 s here and each test gives up after 60: a harness that waited for
+the whole grace fails it (a bound on a hang, not a measure of speed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from prohost.engine.agent.process import ProcessGroups, run_agent
+from tests.kits.paths import AGENTS
+
+pytestmark = [pytest.mark.protocol("§5"),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
+
+GRACE_S = 600.0
+GIVE_UP_S = 60.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture
+def patient_groups() -> ProcessGroups:
+    groups = ProcessGroups()
+    groups.grace_s = GRACE_S
+    return groups
+
+
+async def run(command: str, tmp_path: Path, groups: ProcessGroups) -> bytes:
+    """run_agent's stdout; it fails the test if it waits for the grace."""
+    with trio.move_on_after(GIVE_UP_S) as waited:
+        result = await run_agent(command, stdin_text="", cwd=tmp_path, groups=groups,
+                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert not waited.cancelled_caught, "the harness waited for the grace"
+    assert result.exit_code == 0
+    return result.stdout
+
+
+async def test_what_the_agent_leaves_gets_to_save_its_work_before_the_sweep(
+    tmp_path: Path, patient_groups: ProcessGroups,
+) -> None:
+    saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
+    command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
+                          str(saved), str(pidfile)])
+    try:
+        stdout = await run(command, tmp_path, patient_groups)
+        assert stdout == b"ready\n"
+        # Told to stop, it saved: SIGKILLed at once, it had not.
+        assert saved.read_text() == "saved"
+        assert state(int(pidfile.read_text())) in (None, "Z")  # it has ended
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def state(pid: int) -> str | None:
+    """``pid``'s state letter (``None``: gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+@contextlib.contextmanager
+def orphans_come_to_this_process() -> Iterator[None]:
+    """This process as the subreaper that never reaps: the container whose init is
+    the harness (``docker run`` without ``--init``), where an agent's orphans stay
+    zombies in its group."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        pytest.skip(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+async def test_a_zombie_left_in_the_group_does_not_hold_the_harness(
+    tmp_path: Path, patient_groups: ProcessGroups,
+) -> None:
+    # The leader's child has exited and nobody reaps it: once the leader is gone it
+    # is this process's zombie, in the agent's group, until the test reaps it.
+    # (Not subprocess.Popen: its finalizer would reap the child as the leader exits.)
+    leader = ("import os; child = os.fork() or os._exit(0)\n"
+              "os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)\n"
+              "print(child, flush=True)")
+    with orphans_come_to_this_process():
+        stdout = await run(shlex.join([sys.executable, "-c", leader]), tmp_path,
+                                 patient_groups)
+        zombie = int(stdout)
+        try:
+            assert state(zombie) == "Z"
+        finally:
+            await trio.to_thread.run_sync(os.waitpid, zombie, 0)
