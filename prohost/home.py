@@ -258,13 +258,61 @@ def resolve_endpoints(flag_or_env_url: str | None, creds: Credentials | None) ->
 # --- single-instance lock ----------------------------------------------------------
 
 
-class LockHeld(Exception):
-    """Another process holds this home's lock; ``pid`` is its pid when it recorded one."""
+#: What holds a home's lock, written after its pid: a harness (``agent run``), or
+#: ``agent gc``, which holds it while it removes worktrees. A file with a pid alone
+#: was written by a harness of an earlier version.
+HARNESS = "harness"
+GC = "gc"
 
-    def __init__(self, pid: int | None, path: Path) -> None:
+
+class LockHeld(Exception):
+    """Another process holds this home's lock; ``pid`` is its pid when it recorded
+    one, ``kind`` what it is (:data:`HARNESS` or :data:`GC`; ``None``: not recorded)."""
+
+    def __init__(self, pid: int | None, path: Path, kind: str | None = HARNESS) -> None:
         super().__init__(f"{path} is held by pid {pid}" if pid else f"{path} is held")
         self.pid = pid
         self.path = path
+        self.kind = kind
+
+
+def take_lock(path: Path, *, create: bool, shared: bool = False) -> int | None:
+    """Open the lock file ``path`` and take its ``flock`` without waiting; the
+    descriptor that holds it (closing it gives the lock back). ``None`` when there
+    is no lock file and ``create`` is false (no harness ever ran there: nothing is
+    made). Raises :class:`LockHeld` when another process holds it, else what
+    opening or locking raised. ``shared``: only to tell whether it is held, never
+    to keep it. The one way every command asks: a copy of it had drifted."""
+    flags = os.O_CLOEXEC | (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as exc:
+        pid, kind = read_lock_holder(fd)
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LockHeld(pid, path, kind) from None
+        raise
+    return fd
+
+
+def lock_holder(home: Path) -> LockHeld | None:
+    """Who holds ``home``'s lock (its pid and kind, each ``None`` when not recorded),
+    or ``None`` when nobody does. The lock, not status.json: the kernel drops it
+    with its holder however that dies, so a lock that is held means a live process.
+    Creates and writes nothing."""
+    try:
+        fd = take_lock(home / LOCK_FILE, create=False, shared=True)
+    except LockHeld as held:
+        return held
+    if fd is not None:
+        os.close(fd)  # we got it: nobody holds it
+    return None
 
 
 class InstanceLock:
@@ -272,8 +320,9 @@ class InstanceLock:
 
     ``flock`` rather than a pid file: the kernel drops the lock when the holder
     dies however it dies (``kill -9`` included), so there is never a stale lock to
-    clean up. The pid written into the file is only for the message telling the
-    user who holds it. The lock file is never deleted: unlinking it would let a
+    clean up. The pid and kind written into the file are only for the message
+    telling the user who holds it (and for ``agent stop``, which signals a harness
+    and nothing else). The lock file is never deleted: unlinking it would let a
     third process lock a fresh inode while the second still holds the old one.
     The descriptor is not inherited by child processes (Python's default), so an
     agent left running cannot keep the home locked.
@@ -284,8 +333,9 @@ class InstanceLock:
         self.path = path
 
     @classmethod
-    def acquire(cls, home: Path) -> InstanceLock:
-        """Take the lock without waiting; raise :class:`LockHeld` if another process has it.
+    def acquire(cls, home: Path, *, kind: str = HARNESS) -> InstanceLock:
+        """Take the lock without waiting, as ``kind`` (:data:`HARNESS`, :data:`GC`);
+        raise :class:`LockHeld` if another process has it.
 
         Makes the home private first (:func:`make_private_home`), and its ``runs/``
         0700 whatever the umask: the per-run folders in it hold MCP configurations.
@@ -295,18 +345,11 @@ class InstanceLock:
         runs.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
         os.chmod(runs, PRIVATE_DIR_MODE)
         path = home / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = read_lock_pid(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockHeld(holder, path) from None
-            raise
+        fd = take_lock(path, create=True)
+        assert fd is not None  # made if missing
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()} {kind}\n".encode(), 0)
         except OSError as exc:
             # The pid is only for a second harness's message: the flock is what
             # counts, and a harness must come up on a full disk (it answers 503 for
@@ -346,17 +389,25 @@ class InstanceLock:
         self.release()
 
 
-def read_lock_pid(fd: int) -> int | None:
-    """The pid a harness wrote into its open ``agent.lock`` (``fd``), if it reads as one."""
+def read_lock_holder(fd: int) -> tuple[int | None, str | None]:
+    """The pid and kind written into the open ``agent.lock`` (``fd``), each ``None``
+    when it does not read as one; a pid alone is an earlier harness's."""
     try:
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        words = os.pread(fd, 64, 0).decode("ascii", "replace").split()
     except OSError:
-        return None
-    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
+        return None, None
+    if not words or not (words[0].isascii() and words[0].isdigit()) or int(words[0]) <= 0:
+        return None, None
+    if len(words) == 1:
+        return int(words[0]), HARNESS
+    return int(words[0]), words[1] if words[1] in (HARNESS, GC) and len(words) == 2 else None
 
 
 def lock_held_message(err: LockHeld, home: Path) -> str:
     """What to tell someone who started a second harness on the same home."""
+    if err.kind == GC:
+        return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
+                f"PROHOST_HOME={home} and holds it meanwhile; start again once it is done")
     who = f"(pid {err.pid})" if err.pid else "(its pid is not recorded)"
     stop = f"stop it (kill {err.pid})" if err.pid else f"stop it (`lsof {err.path}` shows it)"
     return (

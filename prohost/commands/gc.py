@@ -39,7 +39,7 @@ from prohost.engine.view.snapshot import (
     read_snapshot,
 )
 from prohost.engine.view.statustext import human_ago
-from prohost.home import LOCK_FILE, InstanceLock, LockHeld
+from prohost.home import GC, LOCK_FILE, InstanceLock, LockHeld
 
 DEFAULT_OLDER_THAN_DAYS = 14.0
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
@@ -159,7 +159,7 @@ def _lock_or_holder(home: Path) -> tuple[InstanceLock | None, RunningHarness | N
     if not os.path.lexists(home / WORKTREES_DIR):
         return None
     try:
-        return InstanceLock.acquire(home), None
+        return InstanceLock.acquire(home, kind=GC), None
     except LockHeld as held:
         return None, RunningHarness(home, held.pid)
 

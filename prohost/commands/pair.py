@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -15,12 +13,13 @@ import trio
 
 from prohost import AGENT_HEADER_VALUE
 from prohost.home import (
+    GC,
     LOCK_FILE,
     LockHeld,
     credentials_from_json,
-    read_lock_pid,
     resolve_endpoints,
     save_credentials,
+    take_lock,
 )
 
 log = logging.getLogger("prohost.pair")
@@ -56,6 +55,10 @@ def _server_error_text(response: httpx.Response) -> str:
 
 
 def _running_message(err: LockHeld, home: Path) -> str:
+    if err.kind == GC:
+        return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
+                f"PROHOST_HOME={home}; pair again once it is done (nothing was sent; the "
+                f"code is still unused)")
     who = f"a prohost agent (pid {err.pid})" if err.pid else "a prohost agent"
     stop = f"stop it first (Ctrl-C where it runs, or kill {err.pid})" if err.pid else (
         f"stop it first (`lsof {err.path}` shows it)")
@@ -90,20 +93,12 @@ def _hold_existing_lock(home: Path) -> int | None:
     """Take the home's lock (:class:`prohost.home.InstanceLock`'s flock) if the home
     has a lock file, and return its descriptor; raise :class:`LockHeld` when a
     harness holds it. Creates nothing: a pairing that fails leaves no trace."""
-    path = home / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDWR)
+        return take_lock(home / LOCK_FILE, create=False)
+    except LockHeld:
+        raise
     except OSError:
-        return None  # no lock file (or none we may open): no harness ran here
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        pid = read_lock_pid(fd)
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise LockHeld(pid, path) from None
-        return None
-    return fd
+        return None  # a lock file we may not open: no harness of ours ran here
 
 
 async def _pair(code: str, url: str | None, machine: str, home: Path) -> int:

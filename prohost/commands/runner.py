@@ -11,8 +11,6 @@ and the stderr tails kept beside it (:mod:`prohost.engine.agent.stderrtail`).
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import select
@@ -29,7 +27,7 @@ from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.view.snapshot import read_snapshot
-from prohost.home import LEDGER_FILE, LOCK_FILE, read_lock_pid
+from prohost.home import GC, LEDGER_FILE, lock_holder
 from prohost.logfile import log_path
 
 EXIT_OK = 0
@@ -48,29 +46,6 @@ STATUS_POLL_S = 0.1
 
 
 # --- agent stop ------------------------------------------------------------------------
-
-
-def harness_pid(home: Path) -> int | None:
-    """The pid of the harness holding ``home``'s lock, or ``None`` when none holds it.
-
-    The lock, not status.json: the kernel drops it with its holder however that
-    dies, so a lock that is held means a live process. The file is only opened to
-    test the lock (never created, never written).
-    """
-    try:
-        fd = os.open(home / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return read_lock_pid(fd)
-        return None  # we got it: nobody holds it (closing the descriptor gives it back)
-    finally:
-        os.close(fd)
 
 
 def _signals_to_send(home: Path, now: bool) -> int:
@@ -93,10 +68,20 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
     wait until its process has exited; the exit status (see the module's EXIT_*)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    pid = harness_pid(home)
-    if pid is None:
+    held = lock_holder(home)
+    if held is None:
         print(f"No prohost agent is running for {home}.", file=err)
         return EXIT_NONE
+    if held.kind == GC:
+        print(f"prohost: `prohost agent gc` (pid {held.pid}) holds {home}, not an agent: "
+              "it ends by itself once it has removed the worktrees it collects", file=err)
+        return EXIT_NONE
+    if held.pid is None:
+        print(f"prohost: a process holds {held.path} but did not record its pid (its disk "
+              f"may have been full as it started), so it cannot be told to stop: `lsof "
+              f"{held.path}` shows it; `kill PID` then drains it", file=err)
+        return EXIT_NONE
+    pid = held.pid
     waiter = _ExitWaiter(pid)
     try:
         # Two different signals: a second one of the same kind sent before the

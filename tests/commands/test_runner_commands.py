@@ -27,6 +27,7 @@ from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.view.snapshot import write_snapshot
 from prohost.logfile import log_path
 from tests.kits.harness import finished, start_run
+from tests.kits.lockholder import signalled, start_holder, stop_holder
 from tests.kits.panel import base
 from tests.kits.process import gated_process, wait_gone
 
@@ -145,6 +146,27 @@ async def test_now_after_a_drain_is_the_second_signal_not_a_third(tmp_path: Path
             assert await drain.proc.wait() == 0
     assert any("again: stopping the running agents" in entry for entry in harness.log)
     assert not any("a third time" in entry for entry in harness.log)
+
+
+@pytest.mark.parametrize("kind", ["gc", "unrecorded"])
+async def test_stop_signals_only_a_harness_whose_pid_it_knows(tmp_path: Path, kind: str) -> None:
+    # `agent gc` holds the home while it removes worktrees: a TERM would stop it half
+    # way. A harness whose pid could not be written (a full disk) is running all the
+    # same: "none is running" would be false.
+    home = tmp_path / "home"
+    holder = start_holder(home, kind)  # type: ignore[arg-type]
+    try:
+        stopped = await prohost(home, "agent", "stop")
+        assert not signalled(holder)
+    finally:
+        stop_holder(holder)
+    assert stopped.returncode == 1
+    said = stopped.stderr.decode()
+    assert "No prohost agent is running" not in said
+    if kind == "gc":
+        assert f"`prohost agent gc` (pid {holder.pid}) holds {home}, not an agent" in said
+    else:
+        assert "did not record its pid" in said and f"lsof {home / 'agent.lock'}" in said
 
 
 @pytest.mark.parametrize(("connection", "now", "signals"), [

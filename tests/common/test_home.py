@@ -7,8 +7,6 @@ import logging
 import os
 import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +24,14 @@ from prohost.home import (
     http_base_from_ws,
     load_credentials,
     lock_held_message,
+    lock_holder,
     prohost_home,
+    read_lock_holder,
     resolve_endpoints,
     save_credentials,
 )
 from tests.kits.asgi import serving
+from tests.kits.lockholder import start_holder, stop_holder
 from tests.kits.pairing import GOOD_ANSWER, pair_app, ws_url
 
 CREDS = Credentials(
@@ -202,38 +203,6 @@ def test_http_base_from_ws_refuses_other_urls(url: str) -> None:
 
 # --- the single-instance lock ------------------------------------------------------
 
-HOLDER = """
-import sys
-from pathlib import Path
-from prohost.home import InstanceLock
-lock = InstanceLock.acquire(Path(sys.argv[1]))
-print("locked", flush=True)
-sys.stdin.read()
-"""
-
-
-def start_holder(home: Path) -> subprocess.Popen[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(home)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None
-    # Blocks until the child holds the lock (or dies, which reads as "").
-    assert child.stdout.readline() == "locked\n"
-    return child
-
-
-def stop_holder(child: subprocess.Popen[str]) -> None:
-    if child.poll() is None:
-        child.kill()
-    child.wait(timeout=30)
-    for pipe in (child.stdin, child.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
 def test_lock_held_by_another_process(tmp_path: Path) -> None:
     home = tmp_path / "home"
     child = start_holder(home)
@@ -255,7 +224,7 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
 
     with InstanceLock.acquire(home) as lock:
         assert lock.held
-        assert (home / "agent.lock").read_text() == f"{os.getpid()}\n"
+        assert (home / "agent.lock").read_text() == f"{os.getpid()} harness\n"
     assert not lock.held
 
 
@@ -282,6 +251,40 @@ def test_lock_in_one_process(tmp_path: Path) -> None:
     lock.release()  # idempotent
     assert (tmp_path / "agent.lock").read_text() == ""  # no pid of a process that let go
     InstanceLock.acquire(tmp_path).release()
+
+
+def test_who_holds_the_lock_is_read_back_with_what_it_is(tmp_path: Path) -> None:
+    assert lock_holder(tmp_path) is None  # no lock file: nothing is made either
+    assert not (tmp_path / "agent.lock").exists()
+    for kind, pid_recorded in (("harness", True), ("gc", True), ("unrecorded", False)):
+        child = start_holder(tmp_path, kind)  # type: ignore[arg-type]
+        try:
+            held = lock_holder(tmp_path)
+            assert held is not None
+            assert held.pid == (child.pid if pid_recorded else None)
+            assert held.kind == (kind if pid_recorded else None)
+        finally:
+            stop_holder(child)
+        assert lock_holder(tmp_path) is None
+
+
+def test_a_lock_file_with_a_pid_alone_is_an_earlier_harness_s(tmp_path: Path) -> None:
+    path = tmp_path / "agent.lock"
+    for text, expected in (("123\n", (123, "harness")), ("123 gc\n", (123, "gc")),
+                           ("123 harness\n", (123, "harness")), ("123 other\n", (123, None)),
+                           ("", (None, None)), ("0\n", (None, None)), ("x gc", (None, None))):
+        path.write_text(text)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert read_lock_holder(fd) == expected, text
+        finally:
+            os.close(fd)
+
+
+def test_a_gc_holding_the_home_is_named_to_a_second_harness(tmp_path: Path) -> None:
+    message = lock_held_message(LockHeld(42, tmp_path / "agent.lock", "gc"), tmp_path)
+    assert "`prohost agent gc` (pid 42)" in message
+    assert "start again once it is done" in message
 
 
 def test_lock_message_without_a_pid(tmp_path: Path) -> None:

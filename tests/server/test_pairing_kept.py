@@ -23,6 +23,7 @@ from prohost.options import Options
 from prohost.server import ServerConfig, serve
 from prohost.server.pairings import PAIRINGS_FILE
 from tests.kits.harness import pair_home, running_server
+from tests.kits.lockholder import start_holder, stop_holder
 from tests.kits.process import harness_process
 from tests.kits.serverproc import clean_env, prohost, server_process
 
@@ -109,6 +110,23 @@ async def test_pair_refuses_to_replace_a_running_harnesss_credentials(tmp_path: 
                                     "--url", server.ws_url, env=clean_env(home))
             assert allowed.returncode == 0, allowed.stderr
             assert (home / "credentials.json").read_bytes() != before
+
+
+async def test_pair_waits_for_a_gc_holding_the_home_and_says_so(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with running_server() as server:
+            holder = start_holder(home, "gc")
+            try:
+                refused = await prohost("agent", "pair", "--code", server.pairing_code,
+                                        "--url", server.ws_url, env=clean_env(home))
+            finally:
+                stop_holder(holder)
+            assert refused.returncode == 2
+            message = refused.stderr.decode()
+            assert f"`prohost agent gc` (pid {holder.pid}) is removing worktrees" in message
+            assert "pair again once it is done" in message
+            assert not (home / "credentials.json").exists()
 
 
 async def test_a_damaged_state_file_is_named_and_nothing_starts(tmp_path: Path) -> None:

@@ -181,8 +181,9 @@ async def test_without_a_harness_gc_collects_holding_the_lock(
             with pytest.raises(LockHeld) as caught:
                 InstanceLock.acquire(setup.home)
             refused.append(caught.value.pid)
-            # What `agent run` prints then names the likely culprit.
-            assert "if it is `prohost agent gc`" in lock_held_message(caught.value, setup.home)
+            # What `agent run` prints then names it: the lock says it is a gc.
+            assert f"`prohost agent gc` (pid {os.getpid()}) is removing worktrees" in \
+                lock_held_message(caught.value, setup.home)
             return await real_collect(*args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(gc, "collect_garbage", collect_while_a_harness_starts)
