@@ -6,6 +6,7 @@ one as its later runs), so the two preparations cannot drift apart unseen."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -218,3 +219,15 @@ def test_a_grant_named_through_a_link_is_made_on_its_target(home: Home, confine:
     assert policy.resolved().writable == (home.work,)
     assert confine.attempt(policy, "write", home.work / "through-link") == "ok"
     assert confine.attempt(policy, "write", home.root / "notes.txt") in DENIED_WRITE
+
+
+def test_a_grant_that_cannot_be_looked_up_refuses_the_confinement_every_way(
+        home: Home, confine: Confiner) -> None:
+    # A lookup that fails otherwise than "no such file" (here a name longer than
+    # any; a loop of links or a folder without search permission fail the same
+    # way): the harness's cache never dropped such a grant silently, and the
+    # uncached preparation (its fallback) now resolves and grants as it does.
+    policy = home.policy(writable=[home.root / ("x" * 300)])
+    with pytest.raises(OSError) as caught:
+        confine(policy).close()
+    assert caught.value.errno == errno.ENAMETOOLONG
