@@ -53,8 +53,8 @@ import time
 import attrs
 
 from prohost.engine.sandbox import landlock
-from prohost.engine.sandbox.confinement import Confinement, Walk, prepare_anew
-from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_pairs, real_paths
+from prohost.engine.sandbox.confinement import Confinement, Places, Walk, prepare_anew
+from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_paths
 from prohost.engine.sandbox.probe import Support
 from prohost.engine.sandbox.watch import Watch, is_local
 
@@ -171,24 +171,22 @@ class RuleCache:
         self._held.clear()
 
     def _prepare(self, policy: Policy) -> Confinement:
-        # As Policy.resolved(), on strings (pathlib's parsing was a third of a
-        # cached preparation): a grant that does not exist is dropped below, where
-        # it cannot be opened.
-        looked_up: set[str] = set()
-        hidden = tuple(_once(real_pairs(policy.hidden, looked_up)))
-        readable_pairs = real_pairs(policy.readable, looked_up)
-        writable_pairs = real_pairs(policy.writable, looked_up)
-        rest, folders = self._complement(hidden)
+        # Resolved and granted as prepare_anew does (one Places for both): what is
+        # kept only spares it listing and opening again.
+        places = Places.of(policy)
+        rest, folders = self._complement(places.hidden)
         if self._abi is None:
             self._abi = landlock.abi_version()  # the running kernel's: it does not change
         ruleset = landlock.Ruleset(self._abi)
         used: dict[str, tuple[int, int]] = {}
         opened: list[int] = []  # past MAX_HELD: closed after this preparation
         try:
-            grants = [(path, landlock.READ, trusted) for path, trusted in rest]
-            grants += [(path, landlock.READ, False) for path in _once(readable_pairs)]
-            grants += [(path, ruleset.handled, False) for path in _once(writable_pairs)]
-            for path, rights, trusted in grants:
+            rules = places.rules([path for path, _ in rest], write=ruleset.handled)
+            for index, (path, rights) in enumerate(rules):
+                # Places.rules puts the walk's result first, in its order: only those
+                # of its entries found in a folder not listed again are trusted (a
+                # readable or writable place is checked, even one of those entries).
+                trusted = index < len(rest) and rest[index][1]
                 held = self._descriptor(path, trusted, opened)
                 if held is not None:
                     used[path] = (held.device, held.inode)
@@ -203,10 +201,11 @@ class RuleCache:
                 os.close(self._held.pop(path).fd)
         stamp = None
         if folders is not None:
+            looked_up = places.looked_up
             stamp = Stamp(hidden_given=tuple(str(place) for place in policy.hidden),
-                          hidden=hidden, folders=folders,
+                          hidden=places.hidden, folders=folders,
                           places=tuple((given, used.get(real))
-                                       for given, real in (*readable_pairs, *writable_pairs)),
+                                       for given, real in (*places.readable, *places.writable)),
                           looked_up=None if UNKNOWN in looked_up else tuple(sorted(looked_up)))
         return Confinement(preexec=landlock.child_step(ruleset.fd), confined=True,
                            ruleset=ruleset, stamp=stamp)
@@ -287,11 +286,6 @@ class RuleCache:
         else:
             opened.append(fd)
         return fresh
-
-
-def _once(pairs: list[tuple[str, str]]) -> list[str]:
-    """The real paths of ``pairs``, each once, in order."""
-    return list(dict.fromkeys(real for _, real in pairs))
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, TypeVar
@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 import attrs
 
 from prohost.engine.sandbox import landlock, seatbelt
-from prohost.engine.sandbox.policy import Policy
+from prohost.engine.sandbox.policy import Policy, real_pairs
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
 from prohost.engine.sandbox.spawner import WAIT_S, Deliver, Spawner
 from prohost.engine.sandbox.watch import Watch
@@ -194,15 +194,15 @@ def prepare_anew(policy: Policy, support: Support) -> Confinement:
     """:func:`prepare` without a cache: everything resolved, listed and opened now."""
     if support.kind is None:
         return Confinement()
-    real = policy.resolved()
     if support.kind == "seatbelt":
-        return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(real)),
+        return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
+    places = Places.of(policy)
     abi = landlock.abi_version()
     ruleset = landlock.Ruleset(abi)
     try:
-        for path, rights in grants(real, write=ruleset.handled):
-            ruleset.allow(str(path), rights)
+        for path, rights in places.rules(complement(places.hidden), write=ruleset.handled):
+            ruleset.allow(path, rights)
     except BaseException:
         ruleset.close()
         raise
@@ -210,15 +210,50 @@ def prepare_anew(policy: Policy, support: Support) -> Confinement:
                        ruleset=ruleset)
 
 
-def grants(real: Policy, *, write: int) -> list[tuple[Path, int]]:
-    """Each path and the rights it is given for ``real`` (a resolved policy).
+@attrs.frozen
+class Places:
+    """A policy's places made real, as both preparations make a run's Landlock
+    rules from them: :func:`prepare_anew` and the rule cache (:mod:`.cache`) share
+    this resolution and :meth:`rules`, so they cannot grant one policy differently.
 
-    ``write`` is every right the ruleset handles. Blocking (it lists folders).
+    As :meth:`Policy.resolved`, on strings (pathlib's parsing was a third of a
+    cached preparation), with one difference: a readable or writable place that
+    does not exist is kept here, and gets no rule where it cannot be opened (a
+    lookup that fails otherwise, a loop of links say, fails the preparation).
     """
-    found: list[tuple[Path, int]] = [(path, landlock.READ) for path in readable_rest(real)]
-    found += [(path, landlock.READ) for path in real.readable]
-    found += [(path, write) for path in real.writable]
-    return found
+
+    #: The hidden places, real, each once (kept even when missing: see Policy).
+    hidden: tuple[str, ...]
+    #: Each readable, then writable, place as given (absolute) with its real path.
+    readable: tuple[tuple[str, str], ...]
+    writable: tuple[tuple[str, str], ...]
+    #: Every entry the resolution looked up (``policy.UNKNOWN`` among them when a
+    #: loop of links was met): what the real paths depend on.
+    looked_up: frozenset[str]
+
+    @classmethod
+    def of(cls, policy: Policy) -> Places:
+        """``policy``'s places resolved now. Blocking: it reads the filesystem."""
+        looked_up: set[str] = set()
+        hidden = tuple(_once(real_pairs(policy.hidden, looked_up)))
+        readable = tuple(real_pairs(policy.readable, looked_up))
+        writable = tuple(real_pairs(policy.writable, looked_up))
+        return cls(hidden, readable, writable, frozenset(looked_up))
+
+    def rules(self, rest: Sequence[str], *, write: int) -> list[tuple[str, int]]:
+        """Each path the ruleset grants, with its rights, in the order they are
+        added: ``rest`` (the walk's result for :attr:`hidden`) first and in its
+        order, read and execute; then each readable place, read and execute; then
+        each writable one, ``write`` (every right the ruleset handles)."""
+        found = [(path, landlock.READ) for path in rest]
+        found += [(path, landlock.READ) for path in _once(self.readable)]
+        found += [(path, write) for path in _once(self.writable)]
+        return found
+
+
+def _once(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """The real paths of ``pairs``, each once, in order."""
+    return list(dict.fromkeys(real for _, real in pairs))
 
 
 def readable_rest(real: Policy) -> list[Path]:

@@ -21,6 +21,7 @@ from prohost.engine.sandbox import (
     prepare,
     probe,
 )
+from prohost.engine.sandbox.confinement import prepare_anew
 
 SUPPORT = probe()
 needs_landlock = pytest.mark.skipif(
@@ -68,16 +69,6 @@ def home(tmp_path: Path) -> Home:
                 worktree=prohost / "worktrees" / "lane-a")
 
 
-def run_confined(policy: Policy, script: str, **options: object
-                 ) -> subprocess.CompletedProcess[str]:
-    """``sh -c script`` started confined by ``policy``, its output captured."""
-    with prepare(policy, SUPPORT) as confinement:
-        assert confinement.confined
-        return subprocess.run(["sh", "-c", script], preexec_fn=confinement.preexec,
-                              capture_output=True,
-                              text=True, check=False, timeout=60, **options)  # type: ignore[call-overload]
-
-
 #: A child that tries one file operation and prints the errno's name (or ``ok``).
 PROBE = """
 import errno, os, sys
@@ -94,14 +85,70 @@ except OSError as error:
     print(errno.errorcode[error.errno])
 """
 
+#: The ways a run's Landlock rules are made, each a :class:`Confiner`'s ``way``.
+WAYS = ("anew", "cached", "warm")
 
-def attempt(policy: Policy, op: str, path: Path) -> str:
-    """What a confined child got from ``op`` on ``path``: ``ok`` or an errno name."""
-    with prepare(policy, SUPPORT) as confinement:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, op, str(path)],
-                              preexec_fn=confinement.preexec, capture_output=True,
-                              text=True, check=True, timeout=60)
-    return done.stdout.strip()
+
+@attrs.define
+class Confiner:
+    """Makes a test's confinements one way of the harness's two preparations, so
+    that a test of what a confined child may do checks each of them:
+
+    - ``anew``: :func:`~prohost.engine.sandbox.confinement.prepare_anew`, nothing kept;
+    - ``cached``: :func:`prepare` with a fresh :class:`RuleCache` as the harness
+      gives it (``Support.rules``): ``RuleCache._prepare`` listing and opening all;
+    - ``warm``: the second confinement for the same policy from one cache, made
+      from what the first kept (the walk's folders, nothing changed since, are not
+      listed again, and the kept descriptors are reused): what the harness's later
+      runs get.
+
+    Each confinement has a cache of its own: a change a test makes between two of
+    them is then seen whatever the clock's grain (the cache's staleness is
+    ``test_cache.py``'s and ``test_made_ahead.py``'s).
+    """
+
+    way: str
+    caches: list[RuleCache] = attrs.field(factory=list)
+
+    def __call__(self, policy: Policy) -> Confinement:
+        """A confinement for ``policy``, made this way; close it after use."""
+        if self.way == "anew":
+            return prepare_anew(policy, SUPPORT)
+        # warm: trusts folders however recently changed, so its second preparation
+        # reuses the walk of tmp_path's fresh folders too (nothing changes between).
+        cache = RuleCache() if self.way == "cached" else RuleCache(recent_ns=0)
+        self.caches.append(cache)
+        if self.way == "warm":
+            prepare(policy, cached(cache)).close()
+            assert cache.held, "the first preparation kept nothing"
+        confinement = prepare(policy, cached(cache))
+        # Made by the cache's own path, not by its uncached fallback (which holds none).
+        assert cache.held, "the cache made no rules of its own"
+        return confinement
+
+    def attempt(self, policy: Policy, op: str, path: Path) -> str:
+        """What a confined child got from ``op`` on ``path``: ``ok`` or an errno name."""
+        with self(policy) as confinement:
+            assert confinement.confined
+            return tried(confinement, op, path)
+
+    def run(self, policy: Policy, script: str, **options: object
+            ) -> subprocess.CompletedProcess[str]:
+        """``sh -c script`` started confined by ``policy``, its output captured."""
+        with self(policy) as confinement:
+            assert confinement.confined
+            return subprocess.run(["sh", "-c", script], preexec_fn=confinement.preexec,
+                                  capture_output=True, text=True, check=False, timeout=60,
+                                  **options)  # type: ignore[call-overload]
+
+
+@pytest.fixture(params=WAYS)
+def confine(request: pytest.FixtureRequest) -> Iterator[Confiner]:
+    """A :class:`Confiner` for each way a run's rules are made."""
+    confiner = Confiner(request.param)
+    yield confiner
+    for cache in confiner.caches:
+        cache.close()
 
 
 @pytest.fixture(autouse=True)
