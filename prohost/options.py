@@ -35,6 +35,8 @@ MAX_MACHINE_LEN = 128
 #: How long a queued run waits for an account's usage limit to reset before it is
 #: reported retryable (seconds; docs/protocol.md §12's default of 15 minutes).
 DEFAULT_LIMIT_WAIT_S = 900.0
+#: --brain: the agent CLIs prohost can drive (auto: chosen from --exec's program). The
+#: one list: prohost.engine.agent.brains imports it (this room is below the engine's).
 BRAIN_CHOICES = ("auto", "acp", "claude", "codex", "plain")
 #: --sandbox: confine every agent where the OS can (auto), refuse to start where it
 #: cannot (required), or never (off). docs/protocol.md §13.
@@ -55,7 +57,7 @@ VALUE_DESCRIPTIONS: dict[str, str] = {
     "--timeout": DURATION_RANGE,
     "--idle-timeout": DURATION_RANGE,
     "--concurrency": CONCURRENCY_RANGE,
-    "--brain": "one of auto, acp, claude, codex, plain",
+    "--brain": f"one of {', '.join(BRAIN_CHOICES)}",
     "--repos": "a comma-separated list of git checkouts, e.g. --repos ~/code/app",
     "--account": "NAME=DIR: an account name and the agent's config folder, "
                  "e.g. --account work=~/.claude-work",
@@ -330,10 +332,15 @@ def options_from_args(
 
 def parse_sandbox(raw: str | None) -> str:
     """``--sandbox``: one of :data:`SANDBOX_CHOICES` (default ``auto``)."""
+    return _parse_choice("--sandbox", raw, SANDBOX_CHOICES, "auto")
+
+
+def _parse_choice(flag: str, raw: str | None, choices: Sequence[str], default: str) -> str:
+    """``flag``'s value: one of ``choices``, or ``default`` when the flag is not given."""
     if raw is None:
-        return "auto"
-    if raw not in SANDBOX_CHOICES:
-        raise OptionError(f"--sandbox must be one of {', '.join(SANDBOX_CHOICES)} (got {raw!r})")
+        return default
+    if raw not in choices:
+        raise OptionError(f"{flag} must be one of {', '.join(choices)} (got {raw!r})")
     return raw
 
 
@@ -359,11 +366,7 @@ def parse_allowed(flag: str, raws: Sequence[str], env: Mapping[str, str],
 
 def parse_brain(raw: str | None) -> str:
     """``--brain``: one of :data:`BRAIN_CHOICES` (default ``auto``)."""
-    if raw is None:
-        return "auto"
-    if raw not in BRAIN_CHOICES:
-        raise OptionError(f"--brain must be one of {', '.join(BRAIN_CHOICES)} (got {raw!r})")
-    return raw
+    return _parse_choice("--brain", raw, BRAIN_CHOICES, "auto")
 
 
 #: An account name: it appears in status, heartbeats and the panel.

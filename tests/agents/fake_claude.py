@@ -12,7 +12,8 @@ is_error        init, the CLI's synthetic "Invalid API key · Please run /login"
                 message and a result with ``is_error: true``; exit 1
 no_session      with ``--resume``: the CLI's "No conversation found with session ID"
                 result (no ``result`` field) and stderr line, exit 1, no init;
-                without ``--resume``: like ``reply``
+                without ``--resume``: like ``reply``. ``FAKE_CLAUDE_REFUSED_COST``
+                (dollars) makes that refusal say it spent so much (``total_cost_usd``)
 rate_limit      like ``reply`` with a ``rate_limit_event`` in the middle
 huge_line       init, one 5 MiB assistant line, then a normal result
 noise           like ``tool`` with non-JSON lines between the events
@@ -403,7 +404,7 @@ def main() -> int:
             "is_error": True,
             "num_turns": 0,
             "session_id": session.id,
-            "total_cost_usd": 0,
+            "total_cost_usd": json.loads(os.environ.get("FAKE_CLAUDE_REFUSED_COST", "0")),
             "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0,
                       "cache_read_input_tokens": 0, "output_tokens": 0,
                       "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},

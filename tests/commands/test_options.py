@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -16,8 +17,10 @@ from prohost.options import (
     OptionError,
     Options,
     options_from_args,
+    parse_brain,
     parse_concurrency,
     parse_max_queued,
+    parse_sandbox,
     parse_seconds,
 )
 
@@ -237,3 +240,25 @@ def test_parse_max_queued_refuses(raw: str) -> None:
     with pytest.raises(OptionError) as caught:
         parse_max_queued(raw)
     assert str(caught.value) == f"--max-queued must be a whole number from 1 to 10000 (got {raw!r})"
+
+
+@pytest.mark.parametrize(("parse", "choices"), [
+    (parse_brain, ("auto", "acp", "claude", "codex", "plain")),
+    (parse_sandbox, ("auto", "required", "off")),
+])
+def test_a_choice_flag_takes_one_of_its_choices_and_defaults_to_auto(
+        parse: Callable[[str | None], str], choices: tuple[str, ...]) -> None:
+    assert parse(None) == "auto"
+    for choice in choices:
+        assert parse(choice) == choice
+
+
+@pytest.mark.parametrize(("parse", "message"), [
+    (parse_brain, "--brain must be one of auto, acp, claude, codex, plain (got 'Claude')"),
+    (parse_sandbox, "--sandbox must be one of auto, required, off (got 'Claude')"),
+])
+def test_a_choice_flag_refuses_anything_else_naming_the_choices(
+        parse: Callable[[str | None], str], message: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        parse("Claude")
+    assert str(caught.value) == message

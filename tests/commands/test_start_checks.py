@@ -9,6 +9,7 @@ passes reaches the next step of a start, which on an unpaired home is exit 1
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,11 @@ def test_a_program_on_the_path_passes(tmp_path: Path) -> None:
 
 
 def test_a_shell_builtin_passes(tmp_path: Path) -> None:
-    result = _run(tmp_path, "--exec", "cd / && cat")
+    # `export`, not `cd`: some systems ship `cd` as a program too (macOS's
+    # /usr/bin/cd), which would pass without the builtin rule. Nothing on this PATH
+    # is called `export`, so only that rule lets this line through.
+    assert shutil.which("export") is None
+    result = _run(tmp_path, "--exec", "export FOO=1 && cat")
     assert result.returncode == NOT_PAIRED, result
 
 

@@ -43,9 +43,16 @@ def scratch_folder(root: Path, run_id: str) -> Path:
     removes (§3: no body field is ever used as a file or folder name). A hex
     digest cannot hold a separator, a dot, NUL, or run over 255 bytes.
     """
+    return root / run_digest(run_id)
+
+
+def run_digest(run_id: str) -> str:
+    """The name a run's own file or folder is given (its scratch folder, its kept
+    stderr): :data:`SCRATCH_NAME_CHARS` hex digits of a digest of the run id. A name
+    made once stays the same, so files an earlier harness left are found again."""
     # surrogatepass: a run id is JSON text, which can carry a lone surrogate.
-    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return root / digest[:SCRATCH_NAME_CHARS]
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[
+        :SCRATCH_NAME_CHARS]
 
 
 def make_private_folder(path: Path) -> None:

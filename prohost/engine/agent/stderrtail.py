@@ -14,24 +14,28 @@ after :data:`PRUNE_EVERY_S` since the last prune, so the folder holds about a
 week of runs. Not at every write: a busy harness keeps tens of thousands of tails,
 and listing them all at each run's end would cost that run a scan of the folder.
 
-File names are a hash of the run id (as the per-run scratch folders are): a run id
-is the server's text and must never become a path.
+File names are a hash of the run id, the per-run scratch folders' own
+(:func:`~prohost.engine.agent.environment.run_digest`): a run id is the server's
+text and must never become a path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import time
 from pathlib import Path
 
+from prohost.engine.agent.environment import run_digest
+
 #: How much of a run's stderr is kept: its end, where a failing CLI says why.
 TAIL_BYTES = 64 * 1024
 TAIL_DIR = "stderr"
 #: A tail is removed this long after it was written: the ledger's KEEP_BODIES_S
-#: (a reported run's body and outcome are emptied then).
+#: (a reported run's body and outcome are emptied then). A copy, not an import: the
+#: agent and ledger rooms are peers, which never import each other
+#: (docs/architecture.md); tests/engine/agent/test_stderr_tail.py keeps them equal.
 KEEP_S = 7 * 86400.0
 #: A written tail prunes the folder when the last prune is at least this old.
 PRUNE_EVERY_S = 3600.0
@@ -63,8 +67,7 @@ class StderrTail:
 
 
 def tail_path(home: Path, run_id: str) -> Path:
-    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return home / TAIL_DIR / f"{digest}.log"
+    return home / TAIL_DIR / f"{run_digest(run_id)}.log"
 
 
 def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None) -> None:

@@ -95,6 +95,9 @@ def read_history(path: Path, *, limit: int | None = None,
 def _past_run(run_id: str, lane: str, body: str, state: str, accepted_at: float,
               started_at: float | None, finished_at: float | None,
               outcome_text: str | None) -> PastRun:
+    # Field by field, not Outcome.from_json: that refuses a whole outcome for one bad
+    # field (another version's shape, a damaged row), and the row would lose its
+    # error and account too (tests/engine/ledger/test_history.py).
     outcome = _json_object(outcome_text)
     usage = outcome.get("usage")
     cost = usage.get("cost_usd") if isinstance(usage, dict) else None
@@ -125,6 +128,10 @@ def _conversation(lane: str, body: str) -> str | None:
 
 
 def _checkouts(changes: Any) -> Iterator[CheckoutHead]:
+    # Not shared with view.reporttext.where_text, though it reads the same entries:
+    # that one escapes control characters for a terminal, shows only the checkouts
+    # that changed and a missing repo as "?"; this one keeps the raw text for --json
+    # and every checkout that was read.
     if not isinstance(changes, list):
         return
     for entry in changes:

@@ -3,11 +3,13 @@ private file per run under $PROHOST_HOME/stderr, and pruned with the run's body.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import time
 from pathlib import Path
 
+from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.output import LastLine
 from prohost.engine.agent.stderrtail import (
     KEEP_S,
@@ -19,6 +21,7 @@ from prohost.engine.agent.stderrtail import (
     tail_path,
     write_tail,
 )
+from prohost.engine.ledger import KEEP_BODIES_S
 
 
 def test_the_tail_keeps_the_last_bytes_whatever_the_chunks() -> None:
@@ -64,3 +67,17 @@ def test_a_tail_is_a_private_file_named_by_a_hash_and_pruned_after_the_body(
     assert read_tail(tmp_path, "run/../../evil") is None
     assert read_tail(tmp_path, "fresh") == "new\n"
     assert prune_tails(tmp_path, now=now + KEEP_S + 2) == 2
+
+
+def test_a_tail_is_named_as_its_runs_scratch_folder_and_kept_as_long_as_its_body(
+    tmp_path: Path,
+) -> None:
+    """One digest names both (a tail written by an earlier harness is still found:
+    the name is the one it always was), and a tail lives as long as the ledger keeps
+    the run's body (a copy of the ledger's constant: the rooms are peers)."""
+    for run_id in ("run_1", "run/../../evil", "a\ud800b"):
+        name = tail_path(tmp_path, run_id).name
+        assert name == scratch_folder(tmp_path / "runs", run_id).name + ".log"
+    assert tail_path(tmp_path, "run_1").name == (
+        hashlib.sha256(b"run_1").hexdigest()[:32] + ".log")
+    assert KEEP_S == KEEP_BODIES_S

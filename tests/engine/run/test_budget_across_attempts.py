@@ -21,7 +21,7 @@ from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
 from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun
 from tests.kits.accounts import folders
-from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations
+from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§12")
@@ -111,3 +111,30 @@ async def test_an_attempt_with_nothing_left_is_not_started(
     assert spawned == [] and not (tmp_path / "record.json").exists()
     assert result.reached_budget and not result.started
     assert result.session_id == "a-session"  # the lane keeps its session
+
+
+async def test_a_refused_resume_that_spent_what_was_left_starts_no_fresh_session(
+    tmp_path: Path, groups: ProcessGroups,
+) -> None:
+    """The CLI refuses the session to resume, and says that cost all the attempt had
+    ($0.0342 of $0.0342): the run ends at its budget there, not with a fresh session
+    started on $0 (which a CLI would still start and spend on). The lane keeps its
+    session: it was the budget that ended the run, not a fresh one."""
+    env = claude_env(tmp_path, "no_session", FAKE_CLAUDE_REFUSED_COST="0.0342")
+    brain = ClaudeBrain(FAKE_CLAUDE, max_cost_usd=0.05)
+    spec = ExecSpec(command=FAKE_CLAUDE, workdir=tmp_path, timeout_s=0.0, idle_timeout_s=0.0,
+                    parallel=False, secrets=())
+    run = AgentRun(run_id="run_budget_2", completion_path="/c", text="hello", author="dana")
+    attempt = Attempt(run, "hello", env, "a-session", math.inf, max_cost_usd=0.0342)
+    with trio.fail_after(30):
+        result = await execute(attempt, AgentSetup(brain, spec, groups), Progress(),
+                               noop_spawn)
+    assert [resumed(call) for call in invocations(tmp_path)] == ["a-session"]
+    assert result.reached_budget and result.started
+    assert result.spent.cost_usd == 0.0342
+    assert result.outcome.ok is False
+    assert result.session_id == "a-session"
+
+
+async def noop_spawn(pgid: int) -> None:
+    pass

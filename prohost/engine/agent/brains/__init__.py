@@ -5,10 +5,9 @@ from __future__ import annotations
 from prohost.engine.agent.brains.base import Brain, McpError, McpWiring, Turn
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.execline import program_name, speaks_acp
+from prohost.options import BRAIN_CHOICES
 
-__all__ = ["BRAIN_NAMES", "Brain", "McpError", "McpWiring", "Turn", "brain_for"]
-
-BRAIN_NAMES = ("auto", "acp", "claude", "codex", "plain")
+__all__ = ["Brain", "McpError", "McpWiring", "Turn", "brain_for"]
 
 
 def brain_for(choice: str, exec_line: str, *, safe_tools: bool = False,
@@ -54,4 +53,4 @@ def _brain_for(choice: str, exec_line: str, *, safe_tools: bool) -> Brain:
         return CodexBrain(exec_line, safe_tools=safe_tools)
     if choice == "plain":
         return PlainBrain(exec_line, safe_tools=safe_tools)
-    raise ValueError(f"unknown brain {choice!r}; choose one of {', '.join(BRAIN_NAMES)}")
+    raise ValueError(f"unknown brain {choice!r}; choose one of {', '.join(BRAIN_CHOICES)}")

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.brains import Brain, brain_for
 from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.brains.codex import CodexBrain
 from prohost.execline import program_name, split_command, word_spans
+from prohost.options import BRAIN_CHOICES
 
 
 @pytest.mark.parametrize(("line", "program"), [
@@ -72,3 +73,16 @@ def test_word_spans_find_each_word_where_the_user_wrote_it(
     spans = word_spans(line)
     assert [value for _, _, value in spans] == words == split_command(line)
     assert [line[start:end] for start, end, _ in spans] == quoted
+
+
+@pytest.mark.parametrize("choice", BRAIN_CHOICES)
+def test_every_brain_choice_of_the_command_line_names_a_brain(choice: str) -> None:
+    """--brain's one list of choices (prohost.options) is the list brain_for knows."""
+    assert isinstance(brain_for(choice, "claude -p"), Brain)
+
+
+def test_a_brain_outside_the_choices_is_refused_naming_them() -> None:
+    with pytest.raises(ValueError) as caught:
+        brain_for("gemini", "claude -p")
+    assert str(caught.value) == (
+        "unknown brain 'gemini'; choose one of auto, acp, claude, codex, plain")
