@@ -1,7 +1,8 @@
 """Admission (prohost.engine.supervisor.admission, §3) built from only the parts it
 uses: a real sqlite ledger, scheduler (never run: a queued run stays queued), run
 queue, held-runs table and account book. Stand-ins: the session (collects the acks),
-``take_on`` and ``settle`` (record). The unit-level counterpart of
+``take_on`` and ``settle`` (record). ``later`` starts its tasks in a nursery the test
+owns, as the harness's starts them in its own. The unit-level counterpart of
 tests/engine/supervisor/test_redelivery_never_503.py and
 tests/engine/supervisor/test_admission_in_runs.py."""
 
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+import trio
+import trio.testing
 
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.limits import LimitNotice
@@ -42,6 +45,7 @@ from prohost.wire.signature import sign
 pytestmark = pytest.mark.protocol("§3")
 
 SECRET = "test-secret"
+
 
 
 class Acks:
@@ -80,6 +84,35 @@ class Wrapped:
         return call
 
 
+class Later:
+    """Admission's ``later`` as the harness builds it (``start_soon`` in its running
+    nursery), in a nursery the test owns. :meth:`settled` waits until every task it
+    started has returned: a take-on, which follows the ack, or an ack that waited
+    for the disk."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.running = 0
+        self._returned = trio.Event()
+
+    def __call__(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+        self.running += 1
+        self.nursery.start_soon(self._run, fn, arg)
+
+    async def _run(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+        try:
+            await fn(arg)
+        finally:
+            self.running -= 1
+            self._returned.set()
+            self._returned = trio.Event()
+
+    async def settled(self) -> None:
+        """Return once no task of ours runs. Cancelled: at once."""
+        while self.running:
+            await self._returned.wait()
+
+
 @attrs.define
 class Parts:
     admission: Any
@@ -88,6 +121,7 @@ class Parts:
     session: Acks
     taken_on: list[str]
     settled: list[tuple[str, Outcome]]
+    later: Later
 
 
 @pytest.fixture
@@ -96,9 +130,10 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
         yield opened
 
 
-def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
-          allow_unverified: bool = False) -> Parts:
-    """Admission over real parts; its scheduler is never run, so nothing executes."""
+def build(ledger: Ledger, nursery: trio.Nursery, *, max_queued: int = 10,
+          dry_run: bool = False, allow_unverified: bool = False) -> Parts:
+    """Admission over real parts; its scheduler is never run, so nothing executes.
+    What it does later (``later``) runs in ``nursery``."""
     taken_on: list[str] = []
     settled: list[tuple[str, Outcome]] = []
 
@@ -116,11 +151,13 @@ def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
     runs = HeldRuns(lambda: None)
     queue = RunQueue(scheduler, QueuedBodies(), settle)
     policy = AdmissionPolicy(max_queued=max_queued, allow_unverified=allow_unverified)
+    later = Later(nursery)
     # A dry run's part is chosen at the composition root in place of admission.
     admission: Intake = DryRun(secret=SECRET, policy=policy, queue=queue) if dry_run \
         else Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
-                       queue=queue, steps=LedgerSteps(ledger), take_on=take_on)
-    return Parts(admission, runs, queue, Acks(), taken_on, settled)
+                       queue=queue, steps=LedgerSteps(ledger), take_on=take_on,
+                       later=later)
+    return Parts(admission, runs, queue, Acks(), taken_on, settled, later)
 
 
 def body_of(run_id: str) -> str:
@@ -128,14 +165,21 @@ def body_of(run_id: str) -> str:
                        "completion_path": f"/v1/agent/runs/{run_id}/complete"})
 
 
+def delivery_of(run_id: str, delivery_id: str = "d1", *, secret: str = SECRET) -> Delivery:
+    """``run_id``'s delivery, its body signed with ``secret``."""
+    text, ts = body_of(run_id), int(time.time())
+    return Delivery(id=delivery_id, event="agent.run", timestamp=ts,
+                    signature=sign(secret, ts, text), body=text)
+
+
 async def deliver(parts: Parts, run_id: str, delivery_id: str = "d1", *,
                   secret: str = SECRET) -> tuple[int, str]:
-    """Deliver ``run_id``'s body signed with ``secret``; the ack admission sent."""
-    text, ts = body_of(run_id), int(time.time())
-    delivery = Delivery(id=delivery_id, event="agent.run", timestamp=ts,
-                        signature=sign(secret, ts, text), body=text)
+    """Deliver ``run_id``'s body signed with ``secret``; the ack admission sent,
+    once what it started for the delivery (``later``) has returned too."""
     before = len(parts.session.sent)
-    await parts.admission.answer(parts.session, delivery)  # type: ignore[arg-type]
+    await parts.admission.answer(parts.session,  # type: ignore[arg-type]
+                                 delivery_of(run_id, delivery_id, secret=secret))
+    await parts.later.settled()
     assert len(parts.session.sent) == before + 1
     ack = parts.session.sent[-1]
     assert isinstance(ack, Ack) and ack.id == delivery_id
@@ -163,8 +207,10 @@ def refuse_new_work(parts: Parts, state: str) -> str:
     return intake.QUEUE_FULL
 
 
-async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledger) -> None:
-    parts = build(ledger)
+async def test_a_new_run_is_recorded_held_and_queued_before_its_200(
+    ledger: Ledger, nursery: trio.Nursery,
+) -> None:
+    parts = build(ledger, nursery)
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted")
     row = ledger.get("r1")
     assert row is not None and row.state is RunState.ACCEPTED and row.body == body_of("r1")
@@ -174,9 +220,9 @@ async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledg
 
 
 async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     await deliver(parts, "r1")
     counting = Wrapped(ledger)
     parts.admission.steps = LedgerSteps(counting)  # type: ignore[arg-type]
@@ -186,9 +232,9 @@ async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
 
 @pytest.mark.protocol("§9")
 async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_started(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     wrapped = Wrapped(ledger)
     wrapped.meanwhile = lambda: setattr(parts.queue, "draining", True)
     parts.admission.steps = LedgerSteps(wrapped)  # type: ignore[arg-type]
@@ -199,9 +245,9 @@ async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_s
 
 
 async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_holds(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     in_ledger(ledger, "done", RunState.REPORTED)
     in_ledger(ledger, "lost_ack")
     assert await deliver(parts, "done") == (intake.IGNORED, "already reported")
@@ -213,9 +259,9 @@ async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_hold
 @pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize("state", ["draining", "limited", "queue full"])
 async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
-    ledger: Ledger, state: str,
+    ledger: Ledger, nursery: trio.Nursery, state: str,
 ) -> None:
-    parts = build(ledger, max_queued=1)
+    parts = build(ledger, nursery, max_queued=1)
     assert await deliver(parts, "first") == (intake.ACCEPTED, "accepted")
     in_ledger(ledger, "done", RunState.REPORTED)
     in_ledger(ledger, "lost_ack")
@@ -229,9 +275,9 @@ async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
 
 
 async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_known_one(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("admit",)))  # type: ignore[arg-type]
     assert await deliver(parts, "fresh") == (intake.DRAINING, NOT_RECORDED)
@@ -241,9 +287,9 @@ async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_
 
 @pytest.mark.protocol("§9")
 async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_up(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     await deliver(parts, "held")
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.queue.draining = True
@@ -255,21 +301,21 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
 
 
 async def test_a_bad_signature_is_401_unless_unverified_runs_are_allowed(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     status, reason = await deliver(parts, "r1", secret="not-the-secret")
     assert status == intake.UNSIGNED and "signature" in reason
     assert ledger.get("r1") is None and len(parts.runs) == 0 and parts.queue.queued() == 0
-    lenient = build(ledger, allow_unverified=True)
+    lenient = build(ledger, nursery, allow_unverified=True)
     assert await deliver(lenient, "r1", secret="wrong") == (intake.ACCEPTED, "accepted")
     assert ledger.get("r1") is not None and "r1" in lenient.queue.scheduler
 
 
 async def test_a_dry_run_acks_without_ledger_or_queue_and_remembers_the_run(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger, dry_run=True)
+    parts = build(ledger, nursery, dry_run=True)
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted (dry run)")
     assert await deliver(parts, "r1", "d2") == (intake.ACCEPTED, "already accepted")
     parts.queue.draining = True
