@@ -9,10 +9,12 @@ tests/engine/supervisor/test_admission_in_runs.py."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -41,10 +43,15 @@ from prohost.wire.outcomes import NOT_STARTED, all_limited_reason
 from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
+from tests.kits.harness import wall_clock_bound
 
 pytestmark = pytest.mark.protocol("§3")
 
 SECRET = "test-secret"
+#: How long a test waits for a thread of the ledger (s): only a failure waits so long.
+WAIT_S = 30.0
+
+_T = TypeVar("_T")
 
 
 
@@ -122,6 +129,32 @@ class Parts:
     taken_on: list[str]
     settled: list[tuple[str, Outcome]]
     later: Later
+
+
+class CommitHangs(Ledger):
+    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
+    transaction (as a hung COMMIT would), until ``release``: past its bound the row
+    may still land, so no ack is true until the disk answers (issue 27, point 3)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
+               durable: bool = True, waits: bool | None = None) -> _T:
+        if what == "admit" and not self.holding.is_set():
+            fn = self._hung(fn)
+        return super()._write(fn, what=what, durable=durable, waits=waits)
+
+    def _hung(self, fn: Callable[[sqlite3.Connection], _T]
+              ) -> Callable[[sqlite3.Connection], _T]:
+        def write(conn: sqlite3.Connection) -> _T:
+            result = fn(conn)
+            self.holding.set()
+            self.release.wait(WAIT_S)
+            return result
+
+        return write
 
 
 @pytest.fixture
@@ -322,3 +355,38 @@ async def test_a_dry_run_acks_without_ledger_or_queue_and_remembers_the_run(
     assert await deliver(parts, "r1", "d3") == (intake.ACCEPTED, "already accepted")
     assert await deliver(parts, "r2", "d4") == (intake.DRAINING, intake.SHUTTING_DOWN)
     assert ledger.get("r1") is None and len(parts.runs) == 0 and parts.queue.queued() == 0
+
+
+async def test_an_ack_that_waits_for_the_disk_is_sent_from_a_later_task(
+    tmp_path: Path, nursery: trio.Nursery, mock_clock: trio.testing.MockClock,
+) -> None:
+    """The ``accepted`` write outlives its bound inside its transaction: neither 200
+    nor 503 is true yet, so ``answer`` returns with no ack (the reader goes on), and
+    the ack is sent from a task of ``later`` once the disk has answered."""
+    # The clock stands still but for the jump past the bound: a regression that
+    # keeps the ack from coming fails on real time instead of hanging.
+    async with wall_clock_bound(60):
+        with CommitHangs.open(tmp_path / "ledger.sqlite3") as hung:
+            assert isinstance(hung, CommitHangs)
+            parts = build(hung, nursery)
+            answered = trio.Event()
+
+            async def reader() -> None:
+                await parts.admission.answer(parts.session, delivery_of("r1"))
+                answered.set()
+
+            nursery.start_soon(reader)
+            await trio.to_thread.run_sync(hung.holding.wait, WAIT_S)
+            mock_clock.autojump_threshold = 0  # past the write's bound, at once
+            await answered.wait()
+            mock_clock.autojump_threshold = float("inf")
+            assert parts.session.sent == [] and parts.later.running == 1
+            assert "r1" not in parts.runs and parts.taken_on == []
+            hung.release.set()  # the disk answers: the row lands
+            await parts.later.settled()
+            assert parts.session.sent == [Ack(id="d1", status=intake.ACCEPTED,
+                                              reason="already accepted")]
+            row = hung.get("r1")
+            assert row is not None and row.state is RunState.ACCEPTED
+            # Held by nobody here: taken on after its ack, as any run the ledger has.
+            assert parts.taken_on == ["r1"]
