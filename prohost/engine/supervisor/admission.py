@@ -292,13 +292,11 @@ class Admission(Intake):
         # ledger) or has its ``accepted`` row committed (the 200 waits for it). So
         # a committed ``reported`` is 204 and no committed row is 503, at once.
         # Only a row committed unreported for a run no longer held may be behind
-        # its queued (non-durable) ``reported``: that one rare case asks again
-        # after what is queued, and should that not answer within its bound, the
-        # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
-        # the server redelivering, and it is not run again). It is not asked
-        # again, so that no answer waits behind a write: 200 at once, and the
-        # take-on, which reads after what is queued (and so sees such a
-        # ``reported``), follows the ack (_known).
+        # its queued (non-durable) ``reported``. That one rare case is not asked
+        # again, so that no answer waits behind a write: 200 at once (never 503
+        # for it; 200 and 204 both stop the server redelivering, and it is not
+        # run again), and the take-on, which reads after what is queued (and so
+        # sees such a ``reported``), follows the ack (_known).
         try:
             row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
