@@ -117,17 +117,17 @@ class Intake:
         try:
             status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
         except AckLater as later:
-            await self.ack_later(session, delivery.id, later.answer)
+            self.ack_later(session, delivery.id, later.answer)
             return
         await session.send(Ack(id=delivery.id, status=status, reason=reason))
 
-    async def ack_later(self, session: Session, delivery_id: str,
-                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
-        """Send the ack ``answer`` returns once it can be known. Here, waiting for it
-        (:class:`Admission` sends it from a task of its own, so that the reader
-        goes on meanwhile). Cancelled: no ack is sent; the server redelivers."""
-        status, reason = await answer()
-        await session.send(Ack(id=delivery_id, status=status, reason=reason))
+    def ack_later(self, session: Session, delivery_id: str,
+                  answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+        """Have the ack ``answer`` returns sent once it can be known, without
+        waiting for it here (the reader goes on). Only an intake whose
+        :meth:`admit` raises :class:`AckLater` has one (:class:`Admission`;
+        ``DryRun`` writes nothing, so it never waits for a disk)."""
+        raise NotImplementedError
 
     def unavailable(self, now: float) -> str | None:
         """Why no new run can be taken now beside a drain (§12), if so."""
@@ -152,7 +152,7 @@ class Admission(Intake):
     def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
                  runs: HeldRuns, queue: RunQueue, steps: LedgerSteps,
                  take_on: Callable[[str], Awaitable[None]],
-                 later: Callable[[Callable[[str], Awaitable[None]], str], None] | None = None,
+                 later: Callable[[Callable[[str], Awaitable[None]], str], None],
                  ) -> None:
         super().__init__(secret=secret, policy=policy, queue=queue)
         self.book = book
@@ -161,8 +161,7 @@ class Admission(Intake):
         self.take_on = take_on
         #: Starts a task in the harness's nursery (``later(fn, arg)``): what would
         #: hold the reader behind a write is done there — a take-on, after the ack;
-        #: an ack that waits for the disk (:class:`AckLater`). Without it (a test's
-        #: bare admission) both are awaited in place.
+        #: an ack that waits for the disk (:class:`AckLater`).
         self.later = later
         #: Runs already refused (and logged) during this drain; a drain ends the process.
         self._refused_draining: set[str] = set()
@@ -210,7 +209,7 @@ class Admission(Intake):
             if row is not None:
                 # Unreported: held here in the last commit, so 200 whatever is
                 # queued behind it (taken on once the disk answers, see _known).
-                return await self._known(run.run_id, row.state is RunState.REPORTED)
+                return self._known(run.run_id, row.state is RunState.REPORTED)
         try:
             # Abandoning on a hung disk is safe: one transaction under the ledger's
             # lock (prohost.engine.ledger); past its bound the write is withdrawn
@@ -230,7 +229,7 @@ class Admission(Intake):
             # has is answered from it rather than refused.
             return await self._known_or_refused(run, NOT_RECORDED, unreadable=NOT_RECORDED)
         if admitted is not Admitted.NEW:
-            return await self._known(run.run_id, admitted is Admitted.REPORTED)
+            return self._known(run.run_id, admitted is Admitted.REPORTED)
         held = HeldRun.of(run)
         self.runs.hold(held)
         # A drain that began while the ledger was written makes it "not started": the
@@ -239,16 +238,13 @@ class Admission(Intake):
             progress_log.info("accepted run %s on %s", held.run_id, held.lane)
         return intake.ACCEPTED, "accepted"
 
-    async def ack_later(self, session: Session, delivery_id: str,
-                        answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
+    def ack_later(self, session: Session, delivery_id: str,
+                  answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:
         """The ack, once the disk has said whether the run's ``accepted`` write
         landed, sent from a task of the harness (``later``) so that the reader
-        answers other deliveries (and pings) meanwhile; inline without ``later``.
-        Cancelled: no ack is sent (the server redelivers, and the redelivery is
-        answered from the ledger, or waits likewise)."""
-        if self.later is None:
-            await super().ack_later(session, delivery_id, answer)
-            return
+        answers other deliveries (and pings) meanwhile. That task cancelled: no
+        ack is sent (the server redelivers, and the redelivery is answered from
+        the ledger, or waits likewise)."""
 
         async def send(_: str) -> None:
             status, reason = await answer()
@@ -296,28 +292,19 @@ class Admission(Intake):
         # ledger) or has its ``accepted`` row committed (the 200 waits for it). So
         # a committed ``reported`` is 204 and no committed row is 503, at once.
         # Only a row committed unreported for a run no longer held may be behind
-        # its queued (non-durable) ``reported``: that one rare case asks again
-        # after what is queued, and should that not answer within its bound, the
-        # run is known all the same: 200 (never 503 for it; 200 and 204 both stop
-        # the server redelivering, and it is not run again). In the harness
-        # (``later``) it is not asked again at all, so that no answer waits behind
-        # a write: 200 at once, and the take-on, which reads after what is queued
-        # (and so sees such a ``reported``), follows the ack (_known).
+        # its queued (non-durable) ``reported``. That one rare case is not asked
+        # again, so that no answer waits behind a write: 200 at once (never 503
+        # for it; 200 and 204 both stop the server redelivering, and it is not
+        # run again), and the take-on, which reads after what is queued (and so
+        # sees such a ``reported``), follows the ack (_known).
         try:
             row = await self.steps.known(run.run_id)
         except (LedgerError, OSError) as exc:
             log.error("run %s refused with 503: the ledger could not be read (%s)",
                       run.run_id, exc)
             return intake.DRAINING, unreadable
-        if row is not None and row.state is not RunState.REPORTED and \
-                run.run_id not in self.runs and self.later is None:
-            try:
-                row = await self.steps.lookup(run.run_id) or row
-            except (LedgerError, OSError) as exc:
-                log.error("run %s: its ledger row could not be read again (%s); "
-                          "answering from the last commit", run.run_id, exc)
         if row is not None:
-            return await self._known(run.run_id, row.state is RunState.REPORTED)
+            return self._known(run.run_id, row.state is RunState.REPORTED)
         if refusal == intake.SHUTTING_DOWN:
             # The server offers a refused run again within seconds, over and over
             # while the drain lasts: the first refusal is news, the rest are not.
@@ -346,33 +333,20 @@ class Admission(Intake):
                 # Another delivery's write of the run got under way meanwhile.
                 under_way = self.steps.under_way(run.run_id)
 
-    async def _known(self, run_id: str, reported: bool) -> tuple[int, str]:
+    def _known(self, run_id: str, reported: bool) -> tuple[int, str]:
         """The ack for a run the ledger has: 204 once reported, else 200, taking it on
         if nothing here holds it (a delivery whose ack never went out, or a report
-        that failed) rather than leaving it for the next start.
-
-        With ``later`` (the harness) the take-on, which waits for what is queued
-        (a hung write would hold it), is started after the ack instead.
-
-        Cancelled: as ``take_on``
-        (:meth:`prohost.engine.supervisor.recovery.Recovery.resume_unheld`).
-        """
+        that failed) rather than leaving it for the next start. The take-on, which
+        waits for what is queued (a hung write would hold it), is a task of the
+        harness (``later``) started here, so it follows the ack."""
         if reported:
             return intake.IGNORED, "already reported"
-        if run_id not in self.runs and self.later is not None:
+        if run_id not in self.runs:
             # Taking it on reads the row after what is queued (a queued
             # ``reported`` must not be missed), which a hung write would hold: the
             # ack goes now, and the run is taken on after it — at once, or once
             # the disk answers (issue 27, point 6).
             self.later(self._take_on_later, run_id)
-        elif run_id not in self.runs:
-            try:
-                await self.take_on(run_id)
-            except (LedgerError, OSError) as exc:
-                # The ledger holds it all the same: the answer stays 200 (never 503
-                # for a run held here, §3); its next redelivery or start takes it on.
-                log.error("run %s: could not take it on from the ledger now (%s)",
-                          run_id, exc)
         return intake.ACCEPTED, "already accepted"
 
     async def _take_on_later(self, run_id: str) -> None:

@@ -1,20 +1,25 @@
 """Admission (prohost.engine.supervisor.admission, §3) built from only the parts it
 uses: a real sqlite ledger, scheduler (never run: a queued run stays queued), run
 queue, held-runs table and account book. Stand-ins: the session (collects the acks),
-``take_on`` and ``settle`` (record). The unit-level counterpart of
+``take_on`` and ``settle`` (record). ``later`` starts its tasks in a nursery the test
+owns, as the harness's starts them in its own. The unit-level counterpart of
 tests/engine/supervisor/test_redelivery_never_503.py and
 tests/engine/supervisor/test_admission_in_runs.py."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import pytest
+import trio
+import trio.testing
 
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.limits import LimitNotice
@@ -38,10 +43,16 @@ from prohost.wire.outcomes import NOT_STARTED, all_limited_reason
 from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
+from tests.kits.harness import wall_clock_bound
 
 pytestmark = pytest.mark.protocol("§3")
 
 SECRET = "test-secret"
+#: How long a test waits for a thread of the ledger (s): only a failure waits so long.
+WAIT_S = 30.0
+
+_T = TypeVar("_T")
+
 
 
 class Acks:
@@ -80,6 +91,35 @@ class Wrapped:
         return call
 
 
+class Later:
+    """Admission's ``later`` as the harness builds it (``start_soon`` in its running
+    nursery), in a nursery the test owns. :meth:`settled` waits until every task it
+    started has returned: a take-on, which follows the ack, or an ack that waited
+    for the disk."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.running = 0
+        self._returned = trio.Event()
+
+    def __call__(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+        self.running += 1
+        self.nursery.start_soon(self._run, fn, arg)
+
+    async def _run(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+        try:
+            await fn(arg)
+        finally:
+            self.running -= 1
+            self._returned.set()
+            self._returned = trio.Event()
+
+    async def settled(self) -> None:
+        """Return once no task of ours runs. Cancelled: at once."""
+        while self.running:
+            await self._returned.wait()
+
+
 @attrs.define
 class Parts:
     admission: Any
@@ -88,6 +128,33 @@ class Parts:
     session: Acks
     taken_on: list[str]
     settled: list[tuple[str, Outcome]]
+    later: Later
+
+
+class CommitHangs(Ledger):
+    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
+    transaction (as a hung COMMIT would), until ``release``: past its bound the row
+    may still land, so no ack is true until the disk answers (issue 27, point 3)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
+               durable: bool = True, waits: bool | None = None) -> _T:
+        if what == "admit" and not self.holding.is_set():
+            fn = self._hung(fn)
+        return super()._write(fn, what=what, durable=durable, waits=waits)
+
+    def _hung(self, fn: Callable[[sqlite3.Connection], _T]
+              ) -> Callable[[sqlite3.Connection], _T]:
+        def write(conn: sqlite3.Connection) -> _T:
+            result = fn(conn)
+            self.holding.set()
+            self.release.wait(WAIT_S)
+            return result
+
+        return write
 
 
 @pytest.fixture
@@ -96,9 +163,10 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
         yield opened
 
 
-def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
-          allow_unverified: bool = False) -> Parts:
-    """Admission over real parts; its scheduler is never run, so nothing executes."""
+def build(ledger: Ledger, nursery: trio.Nursery, *, max_queued: int = 10,
+          dry_run: bool = False, allow_unverified: bool = False) -> Parts:
+    """Admission over real parts; its scheduler is never run, so nothing executes.
+    What it does later (``later``) runs in ``nursery``."""
     taken_on: list[str] = []
     settled: list[tuple[str, Outcome]] = []
 
@@ -116,11 +184,13 @@ def build(ledger: Ledger, *, max_queued: int = 10, dry_run: bool = False,
     runs = HeldRuns(lambda: None)
     queue = RunQueue(scheduler, QueuedBodies(), settle)
     policy = AdmissionPolicy(max_queued=max_queued, allow_unverified=allow_unverified)
+    later = Later(nursery)
     # A dry run's part is chosen at the composition root in place of admission.
     admission: Intake = DryRun(secret=SECRET, policy=policy, queue=queue) if dry_run \
         else Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
-                       queue=queue, steps=LedgerSteps(ledger), take_on=take_on)
-    return Parts(admission, runs, queue, Acks(), taken_on, settled)
+                       queue=queue, steps=LedgerSteps(ledger), take_on=take_on,
+                       later=later)
+    return Parts(admission, runs, queue, Acks(), taken_on, settled, later)
 
 
 def body_of(run_id: str) -> str:
@@ -128,14 +198,21 @@ def body_of(run_id: str) -> str:
                        "completion_path": f"/v1/agent/runs/{run_id}/complete"})
 
 
+def delivery_of(run_id: str, delivery_id: str = "d1", *, secret: str = SECRET) -> Delivery:
+    """``run_id``'s delivery, its body signed with ``secret``."""
+    text, ts = body_of(run_id), int(time.time())
+    return Delivery(id=delivery_id, event="agent.run", timestamp=ts,
+                    signature=sign(secret, ts, text), body=text)
+
+
 async def deliver(parts: Parts, run_id: str, delivery_id: str = "d1", *,
                   secret: str = SECRET) -> tuple[int, str]:
-    """Deliver ``run_id``'s body signed with ``secret``; the ack admission sent."""
-    text, ts = body_of(run_id), int(time.time())
-    delivery = Delivery(id=delivery_id, event="agent.run", timestamp=ts,
-                        signature=sign(secret, ts, text), body=text)
+    """Deliver ``run_id``'s body signed with ``secret``; the ack admission sent,
+    once what it started for the delivery (``later``) has returned too."""
     before = len(parts.session.sent)
-    await parts.admission.answer(parts.session, delivery)  # type: ignore[arg-type]
+    await parts.admission.answer(parts.session,  # type: ignore[arg-type]
+                                 delivery_of(run_id, delivery_id, secret=secret))
+    await parts.later.settled()
     assert len(parts.session.sent) == before + 1
     ack = parts.session.sent[-1]
     assert isinstance(ack, Ack) and ack.id == delivery_id
@@ -163,8 +240,10 @@ def refuse_new_work(parts: Parts, state: str) -> str:
     return intake.QUEUE_FULL
 
 
-async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledger) -> None:
-    parts = build(ledger)
+async def test_a_new_run_is_recorded_held_and_queued_before_its_200(
+    ledger: Ledger, nursery: trio.Nursery,
+) -> None:
+    parts = build(ledger, nursery)
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted")
     row = ledger.get("r1")
     assert row is not None and row.state is RunState.ACCEPTED and row.body == body_of("r1")
@@ -174,9 +253,9 @@ async def test_a_new_run_is_recorded_held_and_queued_before_its_200(ledger: Ledg
 
 
 async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     await deliver(parts, "r1")
     counting = Wrapped(ledger)
     parts.admission.steps = LedgerSteps(counting)  # type: ignore[arg-type]
@@ -186,9 +265,9 @@ async def test_a_held_run_redelivered_is_answered_without_touching_the_ledger(
 
 @pytest.mark.protocol("§9")
 async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_started(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     wrapped = Wrapped(ledger)
     wrapped.meanwhile = lambda: setattr(parts.queue, "draining", True)
     parts.admission.steps = LedgerSteps(wrapped)  # type: ignore[arg-type]
@@ -199,9 +278,9 @@ async def test_a_drain_that_begins_during_the_ledger_write_reports_the_run_not_s
 
 
 async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_holds(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     in_ledger(ledger, "done", RunState.REPORTED)
     in_ledger(ledger, "lost_ack")
     assert await deliver(parts, "done") == (intake.IGNORED, "already reported")
@@ -213,9 +292,9 @@ async def test_the_ledgers_admit_answers_for_a_run_it_has_that_nothing_here_hold
 @pytest.mark.protocol("§9", "§12")
 @pytest.mark.parametrize("state", ["draining", "limited", "queue full"])
 async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
-    ledger: Ledger, state: str,
+    ledger: Ledger, nursery: trio.Nursery, state: str,
 ) -> None:
-    parts = build(ledger, max_queued=1)
+    parts = build(ledger, nursery, max_queued=1)
     assert await deliver(parts, "first") == (intake.ACCEPTED, "accepted")
     in_ledger(ledger, "done", RunState.REPORTED)
     in_ledger(ledger, "lost_ack")
@@ -229,9 +308,9 @@ async def test_while_new_work_is_refused_the_ledger_still_answers_for_its_runs(
 
 
 async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_known_one(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.admission.steps = LedgerSteps(Wrapped(ledger, failing=("admit",)))  # type: ignore[arg-type]
     assert await deliver(parts, "fresh") == (intake.DRAINING, NOT_RECORDED)
@@ -241,9 +320,9 @@ async def test_a_ledger_that_cannot_record_refuses_an_unknown_run_and_answers_a_
 
 @pytest.mark.protocol("§9")
 async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_up(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     await deliver(parts, "held")
     in_ledger(ledger, "done", RunState.REPORTED)
     parts.queue.draining = True
@@ -255,24 +334,59 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_not_looked_u
 
 
 async def test_a_bad_signature_is_401_unless_unverified_runs_are_allowed(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger)
+    parts = build(ledger, nursery)
     status, reason = await deliver(parts, "r1", secret="not-the-secret")
     assert status == intake.UNSIGNED and "signature" in reason
     assert ledger.get("r1") is None and len(parts.runs) == 0 and parts.queue.queued() == 0
-    lenient = build(ledger, allow_unverified=True)
+    lenient = build(ledger, nursery, allow_unverified=True)
     assert await deliver(lenient, "r1", secret="wrong") == (intake.ACCEPTED, "accepted")
     assert ledger.get("r1") is not None and "r1" in lenient.queue.scheduler
 
 
 async def test_a_dry_run_acks_without_ledger_or_queue_and_remembers_the_run(
-    ledger: Ledger,
+    ledger: Ledger, nursery: trio.Nursery,
 ) -> None:
-    parts = build(ledger, dry_run=True)
+    parts = build(ledger, nursery, dry_run=True)
     assert await deliver(parts, "r1") == (intake.ACCEPTED, "accepted (dry run)")
     assert await deliver(parts, "r1", "d2") == (intake.ACCEPTED, "already accepted")
     parts.queue.draining = True
     assert await deliver(parts, "r1", "d3") == (intake.ACCEPTED, "already accepted")
     assert await deliver(parts, "r2", "d4") == (intake.DRAINING, intake.SHUTTING_DOWN)
     assert ledger.get("r1") is None and len(parts.runs) == 0 and parts.queue.queued() == 0
+
+
+async def test_an_ack_that_waits_for_the_disk_is_sent_from_a_later_task(
+    tmp_path: Path, nursery: trio.Nursery, mock_clock: trio.testing.MockClock,
+) -> None:
+    """The ``accepted`` write outlives its bound inside its transaction: neither 200
+    nor 503 is true yet, so ``answer`` returns with no ack (the reader goes on), and
+    the ack is sent from a task of ``later`` once the disk has answered."""
+    # The clock stands still but for the jump past the bound: a regression that
+    # keeps the ack from coming fails on real time instead of hanging.
+    async with wall_clock_bound(60):
+        with CommitHangs.open(tmp_path / "ledger.sqlite3") as hung:
+            assert isinstance(hung, CommitHangs)
+            parts = build(hung, nursery)
+            answered = trio.Event()
+
+            async def reader() -> None:
+                await parts.admission.answer(parts.session, delivery_of("r1"))
+                answered.set()
+
+            nursery.start_soon(reader)
+            await trio.to_thread.run_sync(hung.holding.wait, WAIT_S)
+            mock_clock.autojump_threshold = 0  # past the write's bound, at once
+            await answered.wait()
+            mock_clock.autojump_threshold = float("inf")
+            assert parts.session.sent == [] and parts.later.running == 1
+            assert "r1" not in parts.runs and parts.taken_on == []
+            hung.release.set()  # the disk answers: the row lands
+            await parts.later.settled()
+            assert parts.session.sent == [Ack(id="d1", status=intake.ACCEPTED,
+                                              reason="already accepted")]
+            row = hung.get("r1")
+            assert row is not None and row.state is RunState.ACCEPTED
+            # Held by nobody here: taken on after its ack, as any run the ledger has.
+            assert parts.taken_on == ["r1"]
