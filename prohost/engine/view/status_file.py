@@ -226,38 +226,31 @@ async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
     # One thread at most: a write a hung disk left behind holds the token, so the
     # next ones time out waiting for it instead of piling up threads.
     writer = trio.CapacityLimiter(1)
-    # A change during the pause after a write must still be written after it: waiting
-    # for the next notice only then missed it for REFRESH_S (a harness that had just
-    # connected and run a run still showed "connecting" to `agent status`).
-    changed = [trio.Event()]
-
-    async def note_changes() -> None:
-        while True:
-            await changes.wait()
-            changed[0].set()
-
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(note_changes)
-            while True:
-                changed[0] = trio.Event()  # changes from here on make the next write
-                snapshot = take()
-                try:
-                    # Abandoning is safe: a write to a temporary file and a rename
-                    # over status.json; at worst a stale picture is left, which
-                    # `agent status` tells by its age and pid.
-                    await bounds.file_step(write_snapshot, home, snapshot,
-                                           limit_s=STATUS_FILE_WRITE_S, limiter=writer,
-                                           what=f"writing {home / STATUS_FILE}")
-                except OSError as exc:
-                    log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-                written.notify()
-                await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
-                # Elapsed times move while runs execute; otherwise only changes matter.
-                with trio.move_on_after(
-                    STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
-                ):
-                    await changed[0].wait()
+        while True:
+            # Counted before the picture: a change from here on (while writing, or
+            # during the pause after) makes the next write right after the pause.
+            # Waiting for the next notice only then missed it for REFRESH_S (a
+            # harness that had just connected and run a run still showed
+            # "connecting" to `agent status`; issue 31, point 8).
+            since = changes.seen()
+            snapshot = take()
+            try:
+                # Abandoning is safe: a write to a temporary file and a rename
+                # over status.json; at worst a stale picture is left, which
+                # `agent status` tells by its age and pid.
+                await bounds.file_step(write_snapshot, home, snapshot,
+                                       limit_s=STATUS_FILE_WRITE_S, limiter=writer,
+                                       what=f"writing {home / STATUS_FILE}")
+            except OSError as exc:
+                log.warning("could not write %s: %s", home / STATUS_FILE, exc)
+            written.notify()
+            await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
+            # Elapsed times move while runs execute; otherwise only changes matter.
+            with trio.move_on_after(
+                STATUS_FILE_MIN_INTERVAL_S if snapshot.runs else REFRESH_S
+            ):
+                await changes.wait_since(since)
     finally:
         # Shielded by Bounds.run, and bounded (by the second signal's deadline too).
         with contextlib.suppress(OSError):

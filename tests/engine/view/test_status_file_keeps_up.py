@@ -14,7 +14,7 @@ import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
-from prohost.engine.view.snapshot import REFRESH_S, read_snapshot
+from prohost.engine.view.snapshot import REFRESH_S, Snapshot, read_snapshot
 from prohost.engine.view.status_file import STATUS_FILE_MIN_INTERVAL_S, keep_status_file
 from tests.kits.panel import base
 
@@ -31,6 +31,33 @@ async def test_a_change_during_the_pause_is_written_after_it(tmp_path: Path) -> 
         started = trio.current_time()
         current[0] = base(connection="connected")
         changes.notify()  # during the pause that follows the first write
+        await written.wait()
+        took = trio.current_time() - started
+        snapshot = read_snapshot(tmp_path)
+        assert snapshot is not None and snapshot.connection == "connected"
+        assert took < STATUS_FILE_MIN_INTERVAL_S + (REFRESH_S - STATUS_FILE_MIN_INTERVAL_S) / 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_change_while_a_picture_is_written_is_written_after_the_pause(
+    tmp_path: Path,
+) -> None:
+    # The notice comes while the first picture is taken, before its write ends:
+    # that picture may not show it, so the next write must follow the pause.
+    changes, written = Changes(), Changes()
+    taken: list[Snapshot] = []
+
+    def take() -> Snapshot:
+        if not taken:
+            changes.notify()  # the state moves on while this first picture is written
+        taken.append(base(connection="connected" if taken else "connecting"))
+        return taken[-1]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: keep_status_file(
+            take, changes=changes, written=written, home=tmp_path, bounds=Bounds()))
+        await written.wait()
+        started = trio.current_time()
         await written.wait()
         took = trio.current_time() - started
         snapshot = read_snapshot(tmp_path)
