@@ -51,12 +51,13 @@ async def test_a_notice_made_before_wait_since_is_seen() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_wait_since_the_current_count_waits_for_the_next_notice() -> None:
+@pytest.mark.parametrize("how", ["wait_since the current count", "wait"])
+async def test_a_waiter_waits_for_the_next_notice(how: str) -> None:
     changes = Changes()
     changes.notify()
-    changes.notify()  # earlier notices, already accounted for by the count
+    changes.notify()  # earlier notices: accounted for by the count; unseen by wait()
     async with trio.open_nursery() as nursery:
-        waiter = Waiter(changes, changes.seen())
+        waiter = Waiter(changes, changes.seen() if how != "wait" else None)
         nursery.start_soon(waiter.run)
         await settle()
         assert not waiter.returned
@@ -86,19 +87,6 @@ async def test_one_notice_wakes_every_waiter_and_stale_counts_return_at_once() -
         nursery.start_soon(late.run)
         await settle()
         assert late.returned
-
-
-async def test_wait_still_waits_for_the_next_notice() -> None:
-    changes = Changes()
-    changes.notify()  # before the call: wait() does not see it (as before)
-    async with trio.open_nursery() as nursery:
-        waiter = Waiter(changes, None)
-        nursery.start_soon(waiter.run)
-        await settle()
-        assert not waiter.returned
-        changes.notify()
-        await settle()
-        assert waiter.returned
 
 
 async def test_a_cancelled_wait_since_consumes_nothing() -> None:
