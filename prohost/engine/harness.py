@@ -161,7 +161,7 @@ class Harness:
                 env=self.env, worktrees=self.worktrees, scratch_root=self.scratch_root,
                 on_change=self.changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies, clock=clock,
-                sandbox=self.sandbox if options.sandbox != "off" else None,
+                sandbox=self.sandbox,
                 spares=self.spares,
             )
             self.recovery = Recovery(

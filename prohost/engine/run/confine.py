@@ -112,6 +112,10 @@ class Sandbox:
         return f"confined ({self.support.detail})"
 
 
+#: A sandbox that confines nothing (``--sandbox off``): the runner's when given none.
+SANDBOX_OFF = Sandbox(mode="off", support=None)
+
+
 @attrs.frozen
 class RunPlaces:
     """What a run's places are made of, known before its attempt."""

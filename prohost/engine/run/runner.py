@@ -54,6 +54,7 @@ from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
+    SANDBOX_OFF,
     ConfinementFailed,
     EarlyConfinement,
     RunConfinement,
@@ -220,11 +221,11 @@ class Runner:
         on_outcome: Callable[[HeldRun, Outcome], None],
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
-        sandbox: Sandbox | None = None,
+        sandbox: Sandbox = SANDBOX_OFF,
         spares: Spares | None = None,
     ) -> None:
         self.setup = setup
-        #: How agents are confined (§13); ``None``: they are not (``--sandbox off``).
+        #: How agents are confined (§13): its ``confines`` alone says whether they are.
         self.sandbox = sandbox
         #: Confinements made ahead, while idle (none: each run makes its own).
         self.spares = spares
@@ -370,7 +371,7 @@ class Runner:
         """The completion's ``confined`` (§7) after ``spawns`` spawns of the agent."""
         if not spawns:
             return None
-        return self.sandbox is not None and self.sandbox.confines
+        return self.sandbox.confines
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -452,15 +453,14 @@ class Runner:
         written, it costs the run no time. Cancelled: as :meth:`_begin`; one not
         taken is closed, and its scratch folder removed."""
         early = None
-        sandbox = self.sandbox
-        if sandbox is not None and sandbox.confines and self.worktrees is None:
+        if self.sandbox.confines and self.worktrees is None:
             places = RunPlaces(
                 workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
                 scratch=scratch_folder(self.scratch_root, held.run.run_id),
                 brain=self._agent,
                 env={**self.env, **account.env(self.setup.brain.name)})
             # One made ahead brings its own scratch folder: the run's from now on.
-            early = (EarlyConfinement(sandbox, places) if self.spares is None
+            early = (EarlyConfinement(self.sandbox, places) if self.spares is None
                      else self.spares.early(places))
         try:
             return await self._begin(held, timeline, account, tally, early)
@@ -521,8 +521,7 @@ class Runner:
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
             held.move_to("running", self._on_change)
-        prompt = prompt_for(run, setup.spec, checkouts.prepared,
-                            confined=self.sandbox is not None and self.sandbox.confines)
+        prompt = prompt_for(run, setup.spec, checkouts.prepared, confined=self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
         try:
             # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
@@ -627,8 +626,7 @@ class Runner:
                                  else None)
                 account, session = following
         finally:
-            await remove_scratch(run, scratch, setup.bounds,
-                                 made=self.sandbox is not None and self.sandbox.confines)
+            await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
                        env: Mapping[str, str], deadline: float,
@@ -636,7 +634,7 @@ class Runner:
         """The attempt's confinement (§13), ``None`` when runs are not confined:
         ``early``'s when the run's first attempt has one; raises
         :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
-        if self.sandbox is None:
+        if not self.sandbox.confines:
             return None
         if early is not None:
             return await early.take(deadline)
