@@ -257,3 +257,37 @@ async def test_a_confinement_that_cannot_be_made_fails_the_run_unstarted(
         f"the agent could not be confined, so it was not started: {reason[breakage]}")
     assert not ran.exists()
     assert "confined" not in completion  # no agent was spawned (§7)
+
+
+async def test_a_run_failing_before_it_takes_its_early_confinement_removes_its_scratch_once(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run whose MCP folder cannot be made (the plain brain has no MCP) fails after
+    its confinement was begun early and before it is taken: its scratch folder is
+    removed once, by whoever ends the early confinement, not also by the attempts'."""
+    from prohost.engine.agent.environment import scratch_folder
+    from prohost.engine.run import runner
+
+    removed: list[Path] = []
+
+    async def counted(run: Any, scratch: Path, bounds: Any, *, made: bool = False) -> None:
+        removed.append(scratch)
+        await remove(run, scratch, bounds, made=made)
+
+    remove = runner.remove_scratch
+    monkeypatch.setattr(runner, "remove_scratch", counted)
+    ran = world.logs / "ran.txt"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=prober(f"write:ran:{ran}"), brain="plain",
+            env=world.env,
+        ):
+            run_id = await server.submit_run("probe", conversation_id="A",
+                                             mcp={"url": "https://mcp.example/mcp",
+                                                  "token": "t0k3n"})
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion
+    assert completion["ok"] is False
+    assert completion["error"].startswith("the run's MCP server could not be prepared")
+    assert not ran.exists()
+    assert removed == [scratch_folder(world.home / "runs", run_id)]

@@ -626,7 +626,8 @@ class Runner:
                                  else None)
                 account, session = following
         finally:
-            await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
+            if early is None or early.taken:  # else _start's, once its making is abandoned
+                await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
                        env: Mapping[str, str], deadline: float,
