@@ -313,7 +313,6 @@ class Panel:
         self.source = source
         self.live = live
         self.changes = changes
-        self._changed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Draw (or log) until cancelled; started once the first frame is up.
@@ -342,11 +341,7 @@ class Panel:
         live.start(refresh=True)
         try:
             task_status.started()
-            async with trio.open_nursery() as nursery:
-                if self.changes is not None:
-                    nursery.start_soon(self._note_changes, self.changes)
-                await self._keep_drawn(live, snapshot)
-                nursery.cancel_scope.cancel()
+            await self._keep_drawn(live, snapshot)
         finally:
             # Everything here is synchronous, so a cancellation cannot interrupt it
             # (no shield needed); stop() always runs, restoring the cursor and streams.
@@ -357,13 +352,6 @@ class Panel:
             finally:
                 live.stop()
 
-    async def _note_changes(self, changes: Changes) -> None:
-        """Pass every change notice on to :meth:`_keep_drawn`, none lost while it
-        draws. Cancelled: it only stops listening."""
-        while True:
-            await changes.wait()
-            self._changed.set()
-
     async def _keep_drawn(self, live: Live, snapshot: Snapshot) -> None:
         """Draw what changed, until cancelled or a bug in drawing (logged; returns).
 
@@ -372,16 +360,22 @@ class Panel:
         traffic for nothing. A resized terminal is a new picture too (its lines
         are cut to the new width). Cancelled: it just stops.
         """
+        changes = self.changes
         drawn = (shown(snapshot), self.console.size)
+        # Counted from the first look (the caller's, with no checkpoint since): a
+        # notice made after it, even while drawing, wakes the next wait at once.
+        seen = 0 if changes is None else changes.seen()
         looked = trio.current_time()
         while True:
-            quiet = self.changes is not None and not _executing(snapshot)
+            quiet = changes is not None and not _executing(snapshot)
             with trio.move_on_at(looked + (CLOCK_TICK_S if quiet else LIVE_REFRESH_S)):
-                await self._changed.wait()
+                if changes is None:
+                    await trio.sleep_forever()  # without a change notice, only the clock
+                await changes.wait_since(seen)
             # A burst of changes (a busy harness) is drawn at most every LIVE_REFRESH_S.
             await trio.sleep_until(looked + LIVE_REFRESH_S)
             # Before the look: a change from now on is seen at the next one.
-            self._changed = trio.Event()
+            seen = 0 if changes is None else changes.seen()
             looked = trio.current_time()
             try:
                 snapshot = self.source()

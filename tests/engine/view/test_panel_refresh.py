@@ -97,6 +97,55 @@ async def test_a_change_notice_is_drawn_at_once_and_a_burst_at_most_every_refres
         assert "queued 101" in console.export_text(clear=False)
 
 
+async def test_a_notice_made_while_the_panel_looks_is_drawn_at_the_next_refresh(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A change made after a look began, before the panel waits again (here the look
+    # itself makes it, there being no checkpoint in between): its notice must wake
+    # the next wait, not be lost until the clock's tick a second later.
+    changes = Changes()
+    queued, later = 0, [2]
+
+    def source() -> Snapshot:
+        nonlocal queued
+        looked_at = base(heartbeat_age_s=None, queued=queued)
+        if queued == 1 and later:
+            queued = later.pop()
+            changes.notify()
+        return looked_at
+
+    async with live_panel(source, changes) as console:
+        await trio.sleep(LIVE_REFRESH_S + 0.05)  # just after a look: the next tick is far
+        queued = 1
+        changes.notify()
+        await trio.testing.wait_all_tasks_blocked()
+        assert "queued 1" in console.export_text(clear=False)
+        await trio.sleep(LIVE_REFRESH_S + 0.05)
+        assert "queued 2" in console.export_text(clear=False)
+
+
+async def test_an_idle_panel_looks_once_a_tick_again_after_a_notice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A notice is seen once: the panel does not go on looking every LIVE_REFRESH_S
+    # as if it were still new (issue 19: an idle harness costs next to nothing).
+    looks = 0
+
+    def source() -> Snapshot:
+        nonlocal looks
+        looks += 1
+        return base(heartbeat_age_s=None)
+
+    changes = Changes()
+    async with live_panel(source, changes):
+        await trio.sleep(LIVE_REFRESH_S + 0.05)
+        changes.notify()
+        await trio.testing.wait_all_tasks_blocked()
+        looks = 0
+        await trio.sleep(10 * CLOCK_TICK_S + 0.1)
+        assert looks == 10  # one a tick, not four
+
+
 async def test_a_change_without_a_notice_is_drawn_within_a_tick(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
