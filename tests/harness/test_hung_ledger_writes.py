@@ -126,18 +126,24 @@ async def test_a_run_answered_503_on_a_hung_write_is_never_run_here(
         assert ledger.recover().pending == []
 
 
-@pytest.mark.protocol("§3", "§12")
-async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
-    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every account limited, so the redelivery is asked of the ledger (a new run
-    would get 503); the ledger's writer thread hangs on a write meanwhile."""
+def home_with_a_reported_run(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A home whose ledger has run ``r_done`` accepted and reported; that run's body."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         body = run_body("r_done")
         ledger.admit("r_done", "lane", json.dumps(body), time.time())
         ledger.mark_reported("r_done", "completed: 200", time.time())
+    return home, body
+
+
+@pytest.mark.protocol("§3", "§12")
+async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every account limited, so the redelivery is asked of the ledger (a new run
+    would get 503); the ledger's writer thread hangs on a write meanwhile."""
+    home, body = home_with_a_reported_run(tmp_path)
     fault = hanging(monkeypatch, "save_account_limits")
     try:
         async with wall_clock_bound(120), running_server() as server, running_harness(
@@ -168,12 +174,7 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
     behind the hung one; the writer being stalled, the ledger's last commit answers
     first. (``STALLED_S`` is set to 0 here: real seconds pass only in ms here.)"""
     monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    with Ledger.open(home / "ledger.sqlite3") as ledger:
-        body = run_body("r_done")
-        ledger.admit("r_done", "lane", json.dumps(body), time.time())
-        ledger.mark_reported("r_done", "completed: 200", time.time())
+    home, body = home_with_a_reported_run(tmp_path)
     fault = hanging(monkeypatch, "save_account_limits")
     try:
         async with wall_clock_bound(120), running_server() as server, running_harness(
