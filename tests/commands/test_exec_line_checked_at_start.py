@@ -10,24 +10,14 @@ any other bad flag; lines that only put something before the agent still work.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from prohost import cli
 from prohost.options import OptionError, options_from_args
-
-
-def _prohost(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(tmp_path / "home")
-    return subprocess.run(
-        [sys.executable, "-m", "prohost", *args], env=env, cwd=Path(cli.__file__).parents[1],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
+from tests.kits.paths import ROOT
+from tests.kits.program import run_cli
 
 
 @pytest.mark.parametrize("command", ["run", "install-daemon"])
@@ -37,7 +27,7 @@ def test_a_comment_after_the_agent_fails_at_start_with_exit_2(
     args = ["agent", command, "--exec", "claude -p # the work bot", "--dry-run"]
     if command == "install-daemon":
         args.append("--print")
-    result = _prohost(tmp_path, *args)
+    result = run_cli(tmp_path, *args, cwd=ROOT)
     assert result.returncode == 2, result
     last = result.stderr.strip().splitlines()[-1]
     assert "--exec" in last and "comment" in last and "'# the work bot'" in last

@@ -14,19 +14,18 @@ import os
 import plistlib
 import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
-from prohost import cli
 from prohost.commands.daemon import install_daemon_command
 from prohost.commands.service import systemd_unit
 from tests.kits.daemon import fake_manager, fake_program, install_env, pair, parse_unit, spec_for
 from tests.kits.harness import finished, pair_home, running_server
+from tests.kits.paths import ROOT
 from tests.kits.process import harness_process
+from tests.kits.program import run_cli
 
 OAUTH = "sk-ant-oat01-OAUTH-SECRET-123"
 GATEWAY = "gw-bearer-SECRET-456"
@@ -94,21 +93,14 @@ def test_the_headless_logins_reach_the_service_in_a_private_file(
     assert "AWS_SESSION_TOKEN" in captured.err and "not copied" in captured.err
 
 
-def _prohost(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prohost", *args], env=env, cwd=Path(cli.__file__).parents[1],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-
-
 def test_print_and_pass_env_through_the_command_line(tmp_path: Path) -> None:
     env = install_env(tmp_path, **LOGINS, MY_PROVIDER_KEY="custom-SECRET-000",
                       MY_REGION="north")
     env["PATH"] += os.pathsep + os.defpath
     fake_program(tmp_path, "claude")
     base = ["agent", "install-daemon", "--print"]
-    result = _prohost(tmp_path, env, *base, "--pass-env", "MY_PROVIDER_KEY",
-                      "--pass-env", "MY_REGION")
+    result = run_cli(tmp_path, *base, "--pass-env", "MY_PROVIDER_KEY",
+                     "--pass-env", "MY_REGION", env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     unit = parse_unit(result.stdout).environment
     for secret in (*SECRETS, "custom-SECRET-000"):
@@ -125,7 +117,8 @@ def test_print_and_pass_env_through_the_command_line(tmp_path: Path) -> None:
 
     for name, says in (("UNSET_NAME", "not set"), ("PROHOST_TOKEN", "prohost's own"),
                        ("NOT-A-NAME", "variable's name")):
-        refused = _prohost(tmp_path, {**env, "PROHOST_TOKEN": "t"}, *base, "--pass-env", name)
+        refused = run_cli(tmp_path, *base, "--pass-env", name,
+                          env={**env, "PROHOST_TOKEN": "t"}, cwd=ROOT)
         assert refused.returncode == 2
         last = refused.stderr.strip().splitlines()[-1]
         assert "--pass-env" in last and says in last, last

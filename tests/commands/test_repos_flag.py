@@ -5,8 +5,6 @@ named twice is refused in one line."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from prohost import cli
 from prohost.options import OptionError, Options, options_from_args
 from tests.kits.daemon import fake_manager, fake_program, install_env, pair, parse_unit, round_trip
 from tests.kits.paths import ROOT
+from tests.kits.program import run_cli
 
 
 def checkouts(root: Path, *names: str) -> list[Path]:
@@ -27,13 +26,6 @@ def checkouts(root: Path, *names: str) -> list[Path]:
 def parse(argv: list[str], cwd: Path, **kwargs: bool) -> Options:
     ns = cli.build_parser().parse_args(argv)
     return options_from_args(ns, {"HOME": str(cwd / "me")}, cwd, **kwargs)
-
-
-def prohost(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prohost", *args], env=env, cwd=cwd, capture_output=True,
-        text=True, timeout=60, check=False,
-    )
 
 
 def test_repeated_repos_are_joined_in_order(tmp_path: Path) -> None:
@@ -71,9 +63,7 @@ def test_a_checkout_named_twice_is_refused(
     assert str(caught.value) == message
 
     # As a person meets it: exit 2 and one line, before anything is started.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(tmp_path / "home")
-    result = prohost(tmp_path, env, *argv)
+    result = run_cli(tmp_path, *argv)
     assert result.returncode == 2
     assert (result.stdout, result.stderr) == ("", f"prohost agent run: error: {message}\n")
     assert not (tmp_path / "home").exists()
@@ -87,8 +77,8 @@ def test_the_service_gets_every_repeated_repo(tmp_path: Path) -> None:
     fake_program(tmp_path, "claude")
     fake_manager(tmp_path, "systemctl")
     app, lib = checkouts(tmp_path, "app", "lib")
-    result = prohost(tmp_path, env, "agent", "install-daemon", "--print",
-                     "--repos", "app", "--repos", "lib")
+    result = run_cli(tmp_path, "agent", "install-daemon", "--print",
+                     "--repos", "app", "--repos", "lib", env=env)
     assert result.returncode == 0, result.stderr
     program = parse_unit(result.stdout).program
     assert program[program.index("--repos") + 1] == f"{app},{lib}"
@@ -96,5 +86,5 @@ def test_the_service_gets_every_repeated_repo(tmp_path: Path) -> None:
 
 
 def test_the_help_says_the_flag_repeats() -> None:
-    result = prohost(ROOT, dict(os.environ), "agent", "run", "--help")
+    result = run_cli(ROOT, "agent", "run", "--help", env=os.environ)
     assert "given by repeating the flag" in " ".join(result.stdout.split())

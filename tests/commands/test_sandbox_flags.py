@@ -4,9 +4,6 @@ strictly (exit 2 with one line), explained by ``--help``, refused where
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ import pytest
 from prohost.commands.service import harness_arguments, service_spec, systemd_unit
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV
 from tests.kits.daemon import install_env, parse_run, parse_unit, round_trip
-from tests.kits.program import run_cli
+from tests.kits.program import program_env, run_cli
 
 pytestmark = pytest.mark.protocol("§13")
 
@@ -56,25 +53,17 @@ def test_a_bad_value_exits_2_on_one_line(tmp_path: Path, flags: list[str],
 def test_required_where_the_system_cannot_confine_exits_2_saying_why(tmp_path: Path) -> None:
     """The probe's simulated absence (not the kernel's): ``required`` refuses to
     start, before anything connects or the home is made."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
-    done = run_cli_env(tmp_path, {**env, SIMULATE_ABSENT_ENV: "1"},
-                       "agent", "run", "--sandbox", "required")
+    env = program_env(tmp_path, **{SIMULATE_ABSENT_ENV: "1"})
+    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required", env=env)
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "--sandbox required: this system cannot confine agents: " in line
     assert "--sandbox auto" in line
     assert not (tmp_path / "home").exists()
-    installed = run_cli_env(tmp_path, {**env, SIMULATE_ABSENT_ENV: "1"},
-                            "agent", "install-daemon", "--sandbox", "required", "--print")
+    installed = run_cli(tmp_path, "agent", "install-daemon", "--sandbox", "required",
+                        "--print", env=env)
     assert installed.returncode == 2, installed.stderr
     assert "cannot confine agents" in installed.stderr
-
-
-def run_cli_env(tmp_path: Path, env: dict[str, str], *args: str
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "prohost", *args],
-                          env={**env, "PROHOST_HOME": str(tmp_path / "home")}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_help_explains_each_flag(tmp_path: Path) -> None:

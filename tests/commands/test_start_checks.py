@@ -8,7 +8,6 @@ passes reaches the next step of a start, which on an unpaired home is exit 1
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,23 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from prohost import cli
+from tests.kits.paths import ROOT
+from tests.kits.program import run_cli
 
 REFUSED = 2
 NOT_PAIRED = 1
 
 
-def _prohost(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(tmp_path / "home")
-    return subprocess.run(
-        [sys.executable, "-m", "prohost", *args], env=env, cwd=Path(cli.__file__).parents[1],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-
-
 def _run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return _prohost(tmp_path, "agent", "run", "--no-panel", *flags)
+    return run_cli(tmp_path, "agent", "run", "--no-panel", *flags, cwd=ROOT)
 
 
 def _refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -140,7 +131,7 @@ def test_install_daemon_print_checks_the_same(
     tmp_path: Path, flags: list[str], named: str
 ) -> None:
     args = ["--exec", "cat", *flags]
-    result = _prohost(tmp_path, "agent", "install-daemon", "--print", *args)
+    result = run_cli(tmp_path, "agent", "install-daemon", "--print", *args, cwd=ROOT)
     assert result.returncode == REFUSED, result
     assert result.stdout == ""
     assert named in result.stderr and "nothing was printed" in result.stderr

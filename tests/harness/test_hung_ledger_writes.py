@@ -33,6 +33,7 @@ from prohost.engine.ledger import Ledger
 from prohost.engine.ledger import steps as steps_module
 from prohost.engine.ledger import writer as writer_module
 from prohost.engine.supervisor.admission import NOT_RECORDED
+from prohost.wire.protocol import Ack
 from tests.kits import harness as harness_kit
 from tests.kits.harness import (
     ack_to,
@@ -43,7 +44,7 @@ from tests.kits.harness import (
     wait_for_ack,
     wall_clock_bound,
 )
-from tests.kits.ledger import Fault, FaultyLedger
+from tests.kits.ledger import CommitHangs, Fault, FaultyLedger, hung_until
 
 _T = TypeVar("_T")
 
@@ -66,6 +67,19 @@ def hanging(monkeypatch: pytest.MonkeyPatch, what: str) -> Fault:
     HungLedger.fault = fault
     monkeypatch.setattr(harness_kit, "Ledger", HungLedger)
     return fault
+
+
+async def timed_ack(mock_clock: trio.testing.MockClock, running: harness_kit.Running,
+                    body: dict[str, Any], delivery_id: str) -> tuple[Ack, float]:
+    """The ack to ``body`` delivered as ``delivery_id``, and how long it took
+    (virtual s). Meanwhile a second of real idleness leaps to the next deadline:
+    a lookup that waited behind a hung write would meet its bound (``BOUND_S``)."""
+    mock_clock.autojump_threshold = 1.0
+    sent = trio.current_time()
+    ack = await ack_to(running, body, delivery_id)
+    answered = trio.current_time() - sent
+    mock_clock.autojump_threshold = float("inf")
+    return ack, answered
 
 
 @pytest.mark.protocol("§3", "§7")
@@ -112,18 +126,24 @@ async def test_a_run_answered_503_on_a_hung_write_is_never_run_here(
         assert ledger.recover().pending == []
 
 
-@pytest.mark.protocol("§3", "§12")
-async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
-    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every account limited, so the redelivery is asked of the ledger (a new run
-    would get 503); the ledger's writer thread hangs on a write meanwhile."""
+def home_with_a_reported_run(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A home whose ledger has run ``r_done`` accepted and reported; that run's body."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     with Ledger.open(home / "ledger.sqlite3") as ledger:
         body = run_body("r_done")
         ledger.admit("r_done", "lane", json.dumps(body), time.time())
         ledger.mark_reported("r_done", "completed: 200", time.time())
+    return home, body
+
+
+@pytest.mark.protocol("§3", "§12")
+async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every account limited, so the redelivery is asked of the ledger (a new run
+    would get 503); the ledger's writer thread hangs on a write meanwhile."""
+    home, body = home_with_a_reported_run(tmp_path)
     fault = hanging(monkeypatch, "save_account_limits")
     try:
         async with wall_clock_bound(120), running_server() as server, running_harness(
@@ -138,13 +158,7 @@ async def test_a_reported_run_is_answered_204_at_once_while_a_write_hangs(
                 nursery.start_soon(harness.steps.save_limits, {"other": until})
                 await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
                 assert harness.admission.unavailable(time.time()) is not None
-                # From now on, a second of real idleness leaps to the next deadline:
-                # a lookup that waited behind the hung write would meet its bound.
-                mock_clock.autojump_threshold = 1.0
-                sent = trio.current_time()
-                ack = await ack_to(running, body, "d_again")
-                answered = trio.current_time() - sent
-                mock_clock.autojump_threshold = float("inf")
+                ack, answered = await timed_ack(mock_clock, running, body, "d_again")
                 assert (ack.status, ack.reason) == (204, "already reported")
                 assert answered < BOUND_S
                 fault.release.set()
@@ -160,12 +174,7 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
     behind the hung one; the writer being stalled, the ledger's last commit answers
     first. (``STALLED_S`` is set to 0 here: real seconds pass only in ms here.)"""
     monkeypatch.setattr(writer_module, "STALLED_S", 0.0)
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    with Ledger.open(home / "ledger.sqlite3") as ledger:
-        body = run_body("r_done")
-        ledger.admit("r_done", "lane", json.dumps(body), time.time())
-        ledger.mark_reported("r_done", "completed: 200", time.time())
+    home, body = home_with_a_reported_run(tmp_path)
     fault = hanging(monkeypatch, "save_account_limits")
     try:
         async with wall_clock_bound(120), running_server() as server, running_harness(
@@ -176,11 +185,7 @@ async def test_a_reported_run_is_answered_204_at_once_behind_a_stalled_write_too
                 nursery.start_soon(harness.steps.save_limits, {"other": time.time() + 60})
                 await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
                 assert harness.admission.unavailable(time.time()) is None
-                mock_clock.autojump_threshold = 1.0
-                sent = trio.current_time()
-                ack = await ack_to(running, body, "d_again")
-                answered = trio.current_time() - sent
-                mock_clock.autojump_threshold = float("inf")
+                ack, answered = await timed_ack(mock_clock, running, body, "d_again")
                 assert (ack.status, ack.reason) == (204, "already reported")
                 assert answered < BOUND_S
                 fault.release.set()
@@ -229,11 +234,7 @@ async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hang
                                        {"other": time.time() + 60})
                     await trio.to_thread.run_sync(fault.hanging.wait, WAIT_S)
                     assert (harness.admission.unavailable(time.time()) is not None) is refused
-                    mock_clock.autojump_threshold = 1.0
-                    sent = trio.current_time()
-                    ack = await ack_to(running, body, "d_again")
-                    answered = trio.current_time() - sent
-                    mock_clock.autojump_threshold = float("inf")
+                    ack, answered = await timed_ack(mock_clock, running, body, "d_again")
                     assert (ack.status, ack.reason) == (200, "already accepted")
                     assert answered < BOUND_S
                     assert gate.started == []
@@ -251,41 +252,26 @@ async def test_a_run_the_ledger_holds_is_answered_200_at_once_while_a_write_hang
         fault.release.set()
 
 
-class CommitHangs(Ledger):
-    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
-    transaction (as a hung COMMIT would), until ``release``; a write that would take
-    a row back afterwards (``withdraw``, as prohost once did) hangs for good, so
-    that the moment between the row's commit and any later one stays open."""
+class CommitThenWithdrawHangs(CommitHangs):
+    """:class:`tests.kits.ledger.CommitHangs` (its first ``admit`` hangs until
+    ``release``) whose write that would take a row back afterwards (``withdraw``, as
+    prohost once did) hangs for good, so that the moment between the row's commit and
+    any later one stays open. A subclass names all four events on the class."""
 
-    holding = threading.Event()
-    release = threading.Event()
-    later = threading.Event()  # a write after the admit hangs: the gap is open
-    never = threading.Event()
+    later: threading.Event  # a write after the admit hangs: the gap is open
+    never: threading.Event
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
                durable: bool = True, waits: bool | None = None) -> _T:
-        if what == "admit" and not self.holding.is_set():
-            fn = _hung_until(fn, self.holding, self.release)
-        elif what == "withdraw":
-            fn = _hung_until(fn, self.later, self.never)
+        if what == "withdraw":
+            fn = hung_until(fn, self.later, self.never)
         return super()._write(fn, what=what, durable=durable, waits=waits)
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
                              what: str, notify: Callable[[], None] | None = None) -> bool:
         if what == "withdraw":
-            fn = _hung_until(fn, self.later, self.never)
+            fn = hung_until(fn, self.later, self.never)
         return super()._queue_behind_writer(fn, what=what, notify=notify)
-
-
-def _hung_until(fn: Callable[[sqlite3.Connection], _T], hanging: threading.Event,
-                release: threading.Event) -> Callable[[sqlite3.Connection], _T]:
-    def write(conn: sqlite3.Connection) -> _T:
-        result = fn(conn)
-        hanging.set()
-        release.wait(WAIT_S)
-        return result
-
-    return write
 
 
 async def _harness_until_cancelled(
@@ -310,7 +296,7 @@ async def test_a_delivery_is_never_answered_503_while_its_row_may_still_land(
     instead: 200 once the row landed, and the next start agrees."""
     monkeypatch.setattr(steps_module, "LEDGER_STEP_TIMEOUT_S", BOUND_S)
 
-    class Hung(CommitHangs):
+    class Hung(CommitThenWithdrawHangs):
         holding, release = threading.Event(), threading.Event()
         later, never = threading.Event(), threading.Event()
 

@@ -159,3 +159,44 @@ def _faulty(fn: Callable[[sqlite3.Connection], _T], fault: Fault
 
     write.fault = fault  # type: ignore[attr-defined]
     return write
+
+
+#: Bound on a hung write's real wait for its release (s): a test that forgets to
+#: release it ends, late, instead of hanging.
+HUNG_WAIT_S = 30.0
+
+
+class CommitHangs(Ledger):
+    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
+    transaction (as a hung COMMIT would): :attr:`holding` is set once it hangs, and
+    it goes on when :attr:`release` is set. Past its bound the row may still land.
+
+    Each ledger opened has events of its own, unless a subclass names them on the
+    class: a harness opens its ledger itself, so its test reaches them there."""
+
+    holding: threading.Event
+    release: threading.Event
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding = getattr(type(self), "holding", None) or threading.Event()
+        self.release = getattr(type(self), "release", None) or threading.Event()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
+               durable: bool = True, waits: bool | None = None) -> _T:
+        if what == "admit" and not self.holding.is_set():
+            fn = hung_until(fn, self.holding, self.release)
+        return super()._write(fn, what=what, durable=durable, waits=waits)
+
+
+def hung_until(fn: Callable[[sqlite3.Connection], _T], hanging: threading.Event,
+               release: threading.Event) -> Callable[[sqlite3.Connection], _T]:
+    """``fn``, then ``hanging`` set and a wait for ``release`` while still inside the
+    writer's transaction: the write's changes are made but not committed yet."""
+    def write(conn: sqlite3.Connection) -> _T:
+        result = fn(conn)
+        hanging.set()
+        release.wait(HUNG_WAIT_S)
+        return result
+
+    return write

@@ -6,18 +6,30 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``prohost ARGS`` in ``tmp_path`` with the home ``tmp_path/home``; what it printed
-    and its exit status."""
+def program_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without its ``PROHOST_*`` settings (the person's
+    own must not leak in), with the home ``tmp_path/home``, and ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROHOST_")}
     env["PROHOST_HOME"] = str(tmp_path / "home")
+    env.update(extra)
+    return env
+
+
+def run_cli(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``prohost ARGS``; what it printed and its exit status.
+
+    It runs in ``cwd`` (by default ``tmp_path``) with the environment ``env`` as
+    given (by default :func:`program_env` of ``tmp_path``: its home is
+    ``tmp_path/home``)."""
     return subprocess.run(
         [sys.executable, "-m", "prohost", *args],
-        env=env,
-        cwd=tmp_path,
+        env=program_env(tmp_path) if env is None else dict(env),
+        cwd=tmp_path if cwd is None else cwd,
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,14 +4,12 @@ spend, with its session (the next turn resumes it) and its usage."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from tests.kits.accounts import folders
+from tests.kits.accounts import accounts_used, fail_over_once
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
 from tests.kits.harness import finished, running_harness, running_server
 
@@ -42,36 +40,15 @@ async def test_a_run_at_its_budget_is_reported_with_its_session_and_spend(
     assert [resumed(call) for call in calls] == [None, session]
 
 
-def spent_then_limited(folder: Path) -> None:
-    """The fake CLI on this account works (spending $0.0342), then hits its limit."""
-    (folder / "limit").write_text(f"{int(time.time() + 3600)} spent\n")
-
-
-async def fail_over_once(tmp_path: Path, max_cost_usd: float,
-                         exec_command: str = FAKE_CLAUDE) -> dict[str, Any]:
-    accounts = folders(tmp_path, "a", "b")
-    spent_then_limited(dict(accounts)["a"])
-    with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=exec_command, brain="claude",
-            env=claude_env(tmp_path), max_cost_usd=max_cost_usd, accounts=accounts,
-        ):
-            run_id = await server.submit_run("a costly question", conversation_id="C1")
-            await server.wait_until(finished(run_id))
-    completion = server.run(run_id).completion
-    assert completion is not None
-    return completion
-
-
 async def test_after_a_fail_over_the_next_account_gets_what_is_left_of_the_budget(
     tmp_path: Path,
 ) -> None:
     """Issue 28 point 9: $0.05 for the run; a spends $0.0342 before its limit, so b
     is given $0.0158, not a fresh $0.05, and stops there. The error says the run's
     budget and the run's spend, the figure its usage.cost_usd says."""
-    completion = await fail_over_once(tmp_path, 0.05)
+    completion = await fail_over_once(tmp_path, max_cost_usd=0.05)
     calls = invocations(tmp_path)
-    assert [accounts_used_by(call) for call in calls] == ["a", "b"]
+    assert accounts_used(tmp_path) == ["a", "b"]
     assert "--max-budget-usd=0.05" in calls[0]["argv"]
     assert "--max-budget-usd=0.0158" in calls[1]["argv"]
     assert completion["ok"] is False and completion["retryable"] is False
@@ -85,8 +62,8 @@ async def test_with_nothing_left_of_the_budget_no_other_account_is_tried(
 ) -> None:
     """$0.03 for the run, and a spent $0.0342 before its limit: nothing is left, so
     the run ends at its budget (not retryable) instead of spending b's too."""
-    completion = await fail_over_once(tmp_path, 0.03)
-    assert [accounts_used_by(call) for call in invocations(tmp_path)] == ["a"]
+    completion = await fail_over_once(tmp_path, max_cost_usd=0.03)
+    assert accounts_used(tmp_path) == ["a"]
     assert completion["ok"] is False and completion["retryable"] is False
     assert completion["account"] == "a"
     assert completion["error"] == "the run reached its budget of $0.03 (it spent $0.0342)"
@@ -107,7 +84,3 @@ async def test_the_users_own_max_budget_usd_is_the_budget_the_error_names(
             await server.wait_until(finished(run_id))
     completion = server.run(run_id).completion or {}
     assert completion["error"] == "the run reached its budget of $0.02 (it spent $0.0342)"
-
-
-def accounts_used_by(call: dict[str, Any]) -> str:
-    return Path(call["config_dir"]).name.removeprefix("cfg-")

@@ -14,11 +14,8 @@ bound once the write hangs.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -27,32 +24,9 @@ import trio.testing
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import Admitted, Ledger
 from prohost.engine.ledger.steps import LedgerSteps
+from tests.kits.ledger import CommitHangs
 
-_T = TypeVar("_T")
 WAIT_S = 30.0
-
-
-class CommitHangs(Ledger):
-    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
-    transaction (as a hung COMMIT would): ``holding`` once it hangs, until
-    ``release``."""
-
-    holding: threading.Event
-    release: threading.Event
-
-    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
-               durable: bool = True, waits: bool | None = None) -> _T:
-        if what == "admit" and not self.holding.is_set():
-            real = fn
-
-            def hangs_after(conn: sqlite3.Connection) -> Any:
-                result = real(conn)
-                self.holding.set()
-                self.release.wait(WAIT_S)
-                return result
-
-            fn = hangs_after
-        return super()._write(fn, what=what, durable=durable, waits=waits)
 
 
 async def gave_up(steps: LedgerSteps, run_id: str, mock_clock: trio.testing.MockClock,
@@ -87,7 +61,6 @@ async def test_an_admit_whose_commit_is_under_way_holds_the_answer_until_it_land
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
     ledger = CommitHangs.open(path)
-    ledger.holding, ledger.release = threading.Event(), threading.Event()
     try:
         steps = LedgerSteps(ledger, Bounds())
         async with trio.open_nursery() as writer:
@@ -123,7 +96,6 @@ async def test_an_admit_queued_behind_a_hung_write_is_withdrawn_and_inserts_noth
     commit is needed, so no kill can leave its row behind."""
     path = tmp_path / "ledger.sqlite3"
     ledger = CommitHangs.open(path)
-    ledger.holding, ledger.release = threading.Event(), threading.Event()
     try:
         steps = LedgerSteps(ledger, Bounds())
         async with trio.open_nursery() as writer:

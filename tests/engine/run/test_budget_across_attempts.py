@@ -8,7 +8,6 @@ before their usage limit."""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,10 @@ from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
 from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun
-from tests.kits.accounts import folders
+from tests.kits.accounts import accounts_used, fail_over_once
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations, resumed
-from tests.kits.harness import finished, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§12")
-
-
-def spent_then_limited(folder: Path) -> None:
-    """The fake CLI on this account works (spending $0.0342), then hits its limit."""
-    (folder / "limit").write_text(f"{int(time.time() + 3600)} spent\n")
-
-
-def account_of(call: dict[str, Any]) -> str:
-    return Path(call["config_dir"]).name.removeprefix("cfg-")
 
 
 def budget_words(call: dict[str, Any]) -> list[str]:
@@ -41,22 +30,6 @@ def budget_words(call: dict[str, Any]) -> list[str]:
     argv: list[str] = call["argv"]
     return [word if word.startswith("--") and "=" in word else f"{word} {argv[i + 1]}"
             for i, word in enumerate(argv) if word.startswith("--max-budget-usd")]
-
-
-async def fail_over_once(tmp_path: Path, exec_command: str, **options: Any) -> dict[str, Any]:
-    """One run on accounts a (which spends, then reaches its limit) and b."""
-    accounts = folders(tmp_path, "a", "b")
-    spent_then_limited(dict(accounts)["a"])
-    with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, tmp_path / "home", exec_command=exec_command, brain="claude",
-            env=claude_env(tmp_path), accounts=accounts, **options,
-        ):
-            run_id = await server.submit_run("a costly question", conversation_id="C1")
-            await server.wait_until(finished(run_id))
-    completion = server.run(run_id).completion
-    assert completion is not None
-    return completion
 
 
 async def test_the_users_own_budget_covers_a_fail_over(tmp_path: Path) -> None:
@@ -67,7 +40,7 @@ async def test_the_users_own_budget_covers_a_fail_over(tmp_path: Path) -> None:
     completion = await fail_over_once(tmp_path, f"{FAKE_CLAUDE} --max-budget-usd 0.05",
                                       max_cost_usd=0.5)
     calls = invocations(tmp_path)
-    assert [account_of(call) for call in calls] == ["a", "b"]
+    assert accounts_used(tmp_path) == ["a", "b"]
     assert budget_words(calls[0]) == ["--max-budget-usd 0.05"]
     assert budget_words(calls[1]) == ["--max-budget-usd 0.05", "--max-budget-usd=0.0158"]
     assert completion["ok"] is False and completion["retryable"] is False
@@ -83,7 +56,7 @@ async def test_nothing_left_of_the_users_budget_starts_no_other_attempt(
     is never started (not with a budget of 0, nor with the user's whole amount) and
     the run ends at its budget, not retryable."""
     completion = await fail_over_once(tmp_path, f"{FAKE_CLAUDE} --max-budget-usd 0.03")
-    assert [account_of(call) for call in invocations(tmp_path)] == ["a"]
+    assert accounts_used(tmp_path) == ["a"]
     assert completion["ok"] is False and completion["retryable"] is False
     assert completion["account"] == "a"
     assert completion["usage"]["cost_usd"] == 0.0342

@@ -9,12 +9,10 @@ tests/engine/supervisor/test_admission_in_runs.py."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import pytest
@@ -44,15 +42,13 @@ from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
 from tests.kits.harness import wall_clock_bound
+from tests.kits.ledger import CommitHangs
 
 pytestmark = pytest.mark.protocol("§3")
 
 SECRET = "test-secret"
 #: How long a test waits for a thread of the ledger (s): only a failure waits so long.
 WAIT_S = 30.0
-
-_T = TypeVar("_T")
-
 
 
 class Acks:
@@ -129,32 +125,6 @@ class Parts:
     taken_on: list[str]
     settled: list[tuple[str, Outcome]]
     later: Later
-
-
-class CommitHangs(Ledger):
-    """A real ledger whose first ``admit`` write hangs after its INSERT, inside its
-    transaction (as a hung COMMIT would), until ``release``: past its bound the row
-    may still land, so no ack is true until the disk answers (issue 27, point 3)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.holding, self.release = threading.Event(), threading.Event()
-
-    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, what: str,
-               durable: bool = True, waits: bool | None = None) -> _T:
-        if what == "admit" and not self.holding.is_set():
-            fn = self._hung(fn)
-        return super()._write(fn, what=what, durable=durable, waits=waits)
-
-    def _hung(self, fn: Callable[[sqlite3.Connection], _T]
-              ) -> Callable[[sqlite3.Connection], _T]:
-        def write(conn: sqlite3.Connection) -> _T:
-            result = fn(conn)
-            self.holding.set()
-            self.release.wait(WAIT_S)
-            return result
-
-        return write
 
 
 @pytest.fixture
