@@ -268,10 +268,10 @@ class CommitThenWithdrawHangs(CommitHangs):
         return super()._write(fn, what=what, durable=durable, waits=waits)
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
-                             what: str, notify: Callable[[], None] | None = None) -> bool:
+                             what: str) -> bool:
         if what == "withdraw":
             fn = hung_until(fn, self.later, self.never)
-        return super()._queue_behind_writer(fn, what=what, notify=notify)
+        return super()._queue_behind_writer(fn, what=what)
 
 
 async def _harness_until_cancelled(

@@ -109,13 +109,13 @@ class FaultyLedger(Ledger):
         return super()._write(fn, what=what, durable=durable, waits=waits)
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
-                             what: str, notify: Callable[[], None] | None = None) -> bool:
+                             what: str) -> bool:
         fault = self._take(what)
         if fault is not None:
             if fault.kind == "oserror":
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             fn = _faulty(fn, fault)
-        queued = super()._queue_behind_writer(fn, what=what, notify=notify)
+        queued = super()._queue_behind_writer(fn, what=what)
         if not queued and fault is not None:
             self.fault = fault  # not queued: the caller writes it again, take it then
             fault.hit.clear()

@@ -222,13 +222,12 @@ class GroupCommit:
         return result
 
     def _queue_behind_writer(self, fn: Callable[[sqlite3.Connection], Any], *,
-                             what: str, notify: Callable[[], None] | None = None) -> bool:
+                             what: str) -> bool:
         """Queue ``fn`` as a non-durable write for the writer at work, without waiting
         and without a worker thread: True once it is queued (that writer, or the caller
         it hands its role to, applies it before the role ends — see :meth:`_lead`),
         False when no writer is at work (nothing is queued; write it with
-        :meth:`_write` then). Its errors are logged, like any write nobody waits for;
-        ``notify`` is called once it is settled (in the thread that settles it).
+        :meth:`_write` then). Its errors are logged, like any write nobody waits for.
 
         Never blocks on I/O (only the queue's own lock), so the trio thread may call it.
         """
@@ -237,9 +236,7 @@ class GroupCommit:
                 raise LedgerError(f"harness bug: the run ledger {self.path} is closed")
             if not (self._writing or self._serving):
                 return False
-            write = _Write(fn, what, durable=False, waits=False)
-            write.notify = notify
-            self._queue.append(write)
+            self._queue.append(_Write(fn, what, durable=False, waits=False))
         if self._serving:
             self._wakes.put(None)
         return True
