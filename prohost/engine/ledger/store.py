@@ -55,7 +55,7 @@ class AdmitTicket:
     ``kill -9`` at any point too). Its fields are guarded by the ledger's queue
     lock; see :meth:`Ledger.withdraw_admits`."""
 
-    __slots__ = ("done", "inserting", "landed", "now", "run_id", "withdrawn")
+    __slots__ = ("done", "inserting", "now", "run_id", "withdrawn")
 
     def __init__(self, run_id: str, now: float) -> None:
         self.run_id = run_id
@@ -65,10 +65,11 @@ class AdmitTicket:
         #: The write got past that check and inserts the row: from then on only the
         #: disk says whether it lands, so no 503 may be sent until it has said.
         self.inserting = False
-        #: Settled: the write's transaction committed (``landed``: with this row in
-        #: it) or failed, or the write was never applied.
+        #: Settled: the write's transaction committed or failed, or the write was
+        #: never applied. Whether the row landed is then read from the last commit
+        #: (a row there may be an earlier delivery's, or reported: the answer
+        #: depends on the row, not on this write).
         self.done = threading.Event()
-        self.landed = False
 
 
 class _AdmitWrite(Settling):
@@ -108,7 +109,6 @@ class _AdmitWrite(Settling):
     def settled(self, committed: bool) -> None:
         """(Under the queue lock.) Forget the ticket; wake whoever waits on it."""
         ticket = self.ticket
-        ticket.landed = committed and ticket.inserting
         waiting = self.ledger._admits.get(ticket.run_id, [])
         if ticket in waiting:
             waiting.remove(ticket)
