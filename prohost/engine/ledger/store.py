@@ -74,7 +74,7 @@ class AdmitTicket:
 
 class _AdmitWrite(Settling):
     """The write of :meth:`Ledger.admit`: inserts the run unless the ledger has it
-    or the ticket was withdrawn first; told how it settled (:class:`Settling`)."""
+    or the ticket was withdrawn first; told when it settled (:class:`Settling`)."""
 
     def __init__(self, ledger: Ledger, ticket: AdmitTicket, lane: str, body: str) -> None:
         self.ledger = ledger
@@ -85,7 +85,7 @@ class _AdmitWrite(Settling):
     def __call__(self, conn: sqlite3.Connection) -> Admitted:
         ticket = self.ticket
         run_id = ticket.run_id
-        self.ledger._settling(self)  # (told how the write settles, whatever wraps this)
+        self.ledger._settling(self)  # (told when the write settles, whatever wraps this)
         found = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if found is not None:
             if RunState(found[0]) is RunState.REPORTED:
@@ -106,7 +106,7 @@ class _AdmitWrite(Settling):
         )
         return Admitted.NEW
 
-    def settled(self, committed: bool) -> None:
+    def settled(self) -> None:
         """(Under the queue lock.) Forget the ticket; wake whoever waits on it."""
         ticket = self.ticket
         waiting = self.ledger._admits.get(ticket.run_id, [])
@@ -239,7 +239,7 @@ class Ledger(SessionRows):
                 if not ticket.inserting:
                     # Failed or refused without inserting: nothing to wait for.
                     ticket.withdrawn = True
-                    write.settled(False)
+                    write.settled()
             raise
         return admission
 

@@ -64,24 +64,52 @@ class _Write:
         #: writer thread collected for a trio caller wakes that caller through
         #: ``notify`` instead, and needs none (an Event is a lock and a condition).
         self.wake = threading.Event() if waits and blocks else None
-        #: Called once it is done (by whichever thread settles it): the last write
-        #: of a writer-thread job wakes its caller (``Job.settled``, served.py).
+        #: Called once it is done, outside the queue lock, by whichever thread
+        #: settles it, applied or not (closed, busy, a failed round): the last write
+        #: of a writer-thread job wakes its caller (``Job.settled``, served.py). Set
+        #: by whoever queues the write. Not one mechanism with ``settling``: see
+        #: :class:`Settling` for why both exist.
         self.notify: Callable[[], None] | None = None
         #: The writer thread commits the batch up to this write before the rest
         #: (prohost.engine.ledger.served).
         self.cut = False
-        #: Told how the write settled, if it asked while applied (:class:`Settling`).
+        #: Told when the write settled, if it asked while applied (:class:`Settling`).
         self.settling: Settling | None = None
 
 
 class Settling:
     """What a write function hands :meth:`GroupCommit._settling` while it is applied,
-    to be told how its write settled: :meth:`settled` is called once, under the
-    ledger's queue lock (it must not take it), by the thread that settles it."""
+    to be told that its write settled (committed, failed or rolled back):
+    :meth:`settled` is called once, under the ledger's queue lock (it must not take
+    it), by the thread that settles it.
 
-    def settled(self, committed: bool) -> None:
-        """``committed``: the write's transaction committed and the write raised
-        nothing; False when it failed, was rolled back or was never applied."""
+    Why a second callback beside ``_Write.notify``: the two must run on opposite
+    sides of the queue lock, and are registered by different parties.
+
+    - :meth:`settled` runs under the lock, in the same critical section that marks
+      the write done, before any caller of its batch is woken: an admit's ticket
+      is forgotten and its ``done`` set atomically with its write's ``done``, so
+      ``Ledger.withdraw_admits`` (which decides a 503 under that lock) never finds
+      a ticket still under way whose write is settled; and ``Ledger.admit``'s own
+      failure path decides and settles its ticket in one hold of that lock.
+    - ``notify`` runs outside it: ``Job.settled``, in any thread but the writer
+      thread (a worker thread still leading the group commit when the writer
+      thread began, a writer that gave up on the connection's lock), wakes its job
+      at once, which first reads the ledger (``Job.then``): I/O, and in
+      ``Ledger.open_alone`` the write connection's lock. Under the queue lock that
+      would hold the trio thread, which takes it (``submit``, ``withdraw_admits``,
+      ``_queue_behind_writer``) and must never wait on a disk.
+
+    And ``notify`` is set by whoever queues the write, and called whether or not
+    the write was ever applied (closed, the connection busy, a failed round: the
+    job's caller must hear); a :class:`Settling` only by the write function while
+    it is applied, since ``Ledger.admit`` never holds its ``_Write`` (its write may
+    be collected for the writer thread, or wrapped) — and an admit never applied
+    needs none (``withdraw_admits`` withdraws its ticket).
+    """
+
+    def settled(self) -> None:
+        """Its write is settled (under the queue lock)."""
 
 
 #: Per thread: the writes being collected instead of queued (``writes``; unset or
@@ -386,7 +414,7 @@ class GroupCommit:
                 write.done = True
                 self._writes += write.fn is not _nothing
                 if write.settling is not None:
-                    write.settling.settled(write.error is None)
+                    write.settling.settled()
         for write in batch:
             if write.wake is not None:
                 write.wake.set()
@@ -397,7 +425,7 @@ class GroupCommit:
                 write.notify()
 
     def _settling(self, settling: Settling) -> None:
-        """From a write function being applied: have ``settling`` told how its write
+        """From a write function being applied: have ``settling`` told when its write
         settles (whatever wraps the function)."""
         write = self._applied
         if write is None:
