@@ -23,7 +23,7 @@ import trio
 
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
-from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.harness import Gate, finished, running_harness, running_server, start_run
 from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.repos import isolate_git, make_repo
 
@@ -186,6 +186,27 @@ async def test_sandbox_off_runs_as_before(world: World) -> None:
             completion = await turn(server, "A")
     assert results(completion) == {"dotfile": "ok", "credentials": "ok"}
     assert completion["confined"] is False
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+async def test_a_run_cancelled_while_its_agent_ran_says_whether_it_was_confined(
+    world: World, sandbox: str,
+) -> None:
+    """A run stopped while its agent runs (§6) reports ``confined`` (§7) as a
+    finished one does: the agent was spawned, confined or not."""
+    gate = Gate()
+    with trio.fail_after(60):
+        async with running_server() as server, trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_harness(server, world.home, exec_command=gate.command,
+                                       brain="plain", env=world.env, sandbox=sandbox):
+                run_id = await start_run(server, gate, "hold on", conversation_id="A")
+                await server.cancel_run(run_id, "stop it")
+                await server.wait_until(finished(run_id))
+                completion = server.run(run_id).completion
+            nursery.cancel_scope.cancel()
+    assert completion is not None and completion["error"] == "cancelled: stop it"
+    assert completion["confined"] is (sandbox == "auto")
 
 
 async def test_auto_without_support_warns_once_and_reports_unconfined(
