@@ -16,12 +16,14 @@ from pathlib import Path
 
 from prohost.logfile import setup_logging
 from prohost.options import (
+    MAX_COUNT_DIGITS,
     VALUE_DESCRIPTIONS,
     OptionError,
     Options,
     check_machine,
     check_url,
     default_machine_name,
+    whole_number,
 )
 
 #: What the values of ``agent pair`` and ``server`` must be, for their errors.
@@ -161,10 +163,11 @@ def _count(parser: argparse.ArgumentParser, flag: str, raw: str | None,
            minimum: int) -> int | None:
     if raw is None:
         return None
-    digits = raw.strip()
-    if digits.isascii() and digits.isdigit() and int(digits) >= minimum:
-        return int(digits)
-    parser.error(f"{flag} must be a whole number of {minimum} or more (got {raw!r})")
+    count = whole_number(raw, minimum)
+    if count is None:
+        parser.error(f"{flag} must be a whole number of {minimum} or more, of at most "
+                     f"{MAX_COUNT_DIGITS} digits (got {raw!r})")
+    return count
 
 
 def agent_stop(ns: argparse.Namespace) -> int:
@@ -215,10 +218,10 @@ def agent_pair(ns: argparse.Namespace) -> int:
 
 
 def _parse_port(parser: argparse.ArgumentParser, raw: str) -> int:
-    digits = raw.strip()
-    if digits.isascii() and digits.isdigit() and len(digits) <= 5 and int(digits) <= 65535:
-        return int(digits)
-    parser.error(f"--port must be {SERVER_VALUES['--port']} (got {raw!r})")
+    port = whole_number(raw, 0, 65535)
+    if port is None:
+        parser.error(f"--port must be {SERVER_VALUES['--port']} (got {raw!r})")
+    return port
 
 
 def _server_state_dir(ns: argparse.Namespace) -> Path | None:
@@ -248,14 +251,15 @@ def server(ns: argparse.Namespace) -> int:
     import trio
 
     port = _parse_port(ns.parser, ns.port)
-    raw = ns.retries.strip()
-    if not (raw.isascii() and raw.isdigit() and int(raw) <= 100):
-        ns.parser.error(f"--retries must be {SERVER_VALUES['--retries']} (got {ns.retries!r})")
+    retries = whole_number(ns.retries, 0, 100)
+    if retries is None:
+        parser: argparse.ArgumentParser = ns.parser  # its error() never returns
+        parser.error(f"--retries must be {SERVER_VALUES['--retries']} (got {ns.retries!r})")
     state_dir = _server_state_dir(ns)
     setup_logging(ns.verbose)
     from prohost.server.main import run_server_command
 
-    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, int(raw))
+    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, retries)
 
 
 def send(ns: argparse.Namespace) -> int:

@@ -101,25 +101,41 @@ def parse_seconds(flag: str, raw: str) -> float:
     return seconds
 
 
+#: The most digits a count without an upper bound may have (``--lines``): beyond
+#: it nothing is a sensible count, and Python refuses ``int()`` of over 4,300
+#: digits with a ValueError (a traceback where a usage error belongs).
+MAX_COUNT_DIGITS = 18
+
+
+def whole_number(raw: str, low: int, high: int | None = None) -> int | None:
+    """``raw`` (spaces around it allowed) as a whole number from ``low`` to ``high``
+    (``None``: up to :data:`MAX_COUNT_DIGITS` digits), or ``None`` when it is not
+    one. ASCII digits only: ``isdigit()`` alone admits "²" and "٤", which ``int()``
+    then refuses or reads as something else. The one count parser of every flag."""
+    digits = raw.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > (MAX_COUNT_DIGITS if high is None else len(str(high))):
+        return None  # more digits than the bound has: never int() of them
+    value = int(significant)
+    return value if value >= low and (high is None or value <= high) else None
+
+
 def parse_concurrency(raw: str) -> int:
     """How many runs may execute at once: ASCII digits only, 1 to :data:`MAX_CONCURRENCY`."""
-    digits = raw.strip()
-    # isdigit() alone would admit "²" and "٤"; int() of them would then fail or surprise.
-    if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 2:
-        count = int(digits)
-        if 1 <= count <= MAX_CONCURRENCY:
-            return count
-    raise OptionError(f"--concurrency must be {CONCURRENCY_RANGE} (got {raw!r})")
+    count = whole_number(raw, 1, MAX_CONCURRENCY)
+    if count is None:
+        raise OptionError(f"--concurrency must be {CONCURRENCY_RANGE} (got {raw!r})")
+    return count
 
 
 def parse_max_queued(raw: str) -> int:
     """``--max-queued``: ASCII digits only, 1 to :data:`MAX_QUEUED_RUNS`."""
-    digits = raw.strip()
-    if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 5:
-        count = int(digits)
-        if 1 <= count <= MAX_QUEUED_RUNS:
-            return count
-    raise OptionError(f"--max-queued must be {MAX_QUEUED_RANGE} (got {raw!r})")
+    count = whole_number(raw, 1, MAX_QUEUED_RUNS)
+    if count is None:
+        raise OptionError(f"--max-queued must be {MAX_QUEUED_RANGE} (got {raw!r})")
+    return count
 
 
 def default_machine_name() -> str:

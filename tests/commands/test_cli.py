@@ -62,6 +62,12 @@ def test_agent_run_flag_errors(tmp_path: Path, args: list[str], flag: str, accep
         (["agent", "pair", "--code", "X", "--url", "x"], "prohost agent pair: error: --url must"),
         (["server", "--port", "70000"], "prohost server: error: --port must be a port number"),
         (["server", "--port"], "prohost server: error: --port needs a value"),
+        # More digits than Python's int() takes (4,300): a usage error, not a traceback.
+        (["server", "--retries", "1" * 5000], "prohost server: error: --retries must be"),
+        (["agent", "runs", "--limit", "1" * 5000],
+         "prohost agent runs: error: --limit must be a whole number of 1 or more"),
+        (["agent", "logs", "--lines", "1" * 5000],
+         "prohost agent logs: error: --lines must be a whole number of 0 or more"),
         (["nope"], "prohost: error: argument COMMAND: invalid choice"),
     ],
 )

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prohost.options import (
     DEFAULT_EXEC,
     DEFAULT_IDLE_TIMEOUT_S,
     MAX_CONCURRENCY,
+    MAX_COUNT_DIGITS,
     OptionError,
     Options,
     options_from_args,
@@ -22,6 +25,7 @@ from prohost.options import (
     parse_max_queued,
     parse_sandbox,
     parse_seconds,
+    whole_number,
 )
 
 
@@ -262,3 +266,26 @@ def test_a_choice_flag_refuses_anything_else_naming_the_choices(
     with pytest.raises(OptionError) as caught:
         parse("Claude")
     assert str(caught.value) == message
+
+
+@given(st.text(), st.integers(0, 5), st.one_of(st.none(), st.integers(5, 70000)))
+def test_a_count_is_a_whole_number_in_range_or_nothing_whatever_is_typed(
+    raw: str, low: int, high: int | None,
+) -> None:
+    count = whole_number(raw, low, high)
+    if count is not None:
+        assert low <= count and (high is None or count <= high)
+        assert raw.strip().isascii() and int(raw.strip().lstrip("0") or "0") == count
+
+
+@pytest.mark.parametrize(("raw", "low", "high", "expected"), [
+    ("16", 1, 16, 16), (" 007 ", 1, 16, 7), ("0", 0, None, 0), ("17", 1, 16, None),
+    ("0", 1, 16, None), ("²", 0, None, None), ("٤", 0, None, None), ("-1", 0, None, None),
+    ("1e3", 0, None, None), ("", 0, None, None), ("9" * MAX_COUNT_DIGITS, 0, None,
+                                                  int("9" * MAX_COUNT_DIGITS)),
+    ("1" * (MAX_COUNT_DIGITS + 1), 0, None, None), ("0" * 5000 + "5", 0, 16, 5),
+    # Over Python's 4,300-digit limit for int(): refused, never a ValueError.
+    ("1" * 5000, 0, None, None), ("1" * 5000, 0, 100, None),
+])
+def test_whole_number(raw: str, low: int, high: int | None, expected: int | None) -> None:
+    assert whole_number(raw, low, high) == expected
