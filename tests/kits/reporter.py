@@ -73,7 +73,7 @@ class ScriptedApp:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+                "headers": [(k.encode(), v.encode("latin-1")) for k, v in headers.items()],
             }
         )
         await send({"type": "http.response.body", "body": content})

@@ -396,7 +396,9 @@ def _parse_retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    # ASCII only: a header's bytes arrive as latin-1, where "²" (0xB2) is a digit to
+    # isdigit() and a ValueError to float(): a hostile answer must not raise here.
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

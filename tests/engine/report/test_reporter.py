@@ -325,6 +325,21 @@ async def test_retry_after_never_brings_a_retry_sooner_than_one_second(
         assert min(gaps(app.times)) >= 1.0
 
 
+@pytest.mark.parametrize("retry_after", ["\u00b2", "\u00b3\u00b9", "1.5", "soon"])
+async def test_a_retry_after_that_is_no_number_falls_back_to_the_backoff(
+    autojump_clock: Any, retry_after: str,
+) -> None:
+    """A hostile or broken ``Retry-After`` (header bytes are latin-1, where 0xB2 is
+    "²", a digit to ``isdigit()`` and a ValueError to ``float()``) is read as none:
+    the reporter backs off on its own and the completion is still delivered."""
+    with trio.fail_after(60):
+        app = ScriptedApp((503, {"Retry-After": retry_after}, b"busy"), (200, {}, b""))
+        async with reporter_for(app) as (reporter, _):
+            result = await reporter.complete(RUN, PATH, PAYLOAD)
+        assert result.kind == "delivered"
+        assert len(app.seen) == 2
+
+
 async def test_post_once_makes_exactly_one_attempt(autojump_clock: Any) -> None:
     """The outbox's attempt: one POST, a transient failure is not settled."""
     with trio.fail_after(60):
