@@ -61,10 +61,10 @@ _DRAIN_S = 2.0
 
 TimedOut = Literal["total", "idle"]
 
-#: After the leader's exit, the first pause before looking again whether what it
-#: left in its group has ended, and the longest (doubled each time between) (s).
-_FIRST_LOOK_S = 0.005
-_LAST_LOOK_S = 0.1
+#: Where a process left in the group cannot be watched through a pidfd (no
+#: pidfd_open: macOS, Linux before 5.3), the pause before looking again whether it
+#: has ended (s).
+_LOOK_AGAIN_S = 0.05
 
 #: Time an agent that has said all it had to (its conversation closed stdin) gets
 #: to exit by itself before its group is stopped; the run is not a timeout then.
@@ -213,15 +213,15 @@ class ProcessResult:
     """The last 64 KiB of stderr, kept with the run (:mod:`prohost.engine.agent.stderrtail`)."""
 
 
-async def _group_lives(pgid: int) -> bool:
-    """Whether group ``pgid`` holds a process that has not finished (a zombie has).
-    Cancelled: as ``trio.to_thread.run_sync`` with ``abandon_on_cancel``; the
-    thread's reading of ``/proc`` ends by itself."""
+async def _left_in(pgid: int) -> list[int] | None:
+    """The processes of group ``pgid`` that have not finished (``None``: where that
+    cannot be told). Cancelled: as ``trio.to_thread.run_sync`` with
+    ``abandon_on_cancel``; the thread's reading of ``/proc`` ends by itself."""
     try:
         os.killpg(pgid, 0)
     except OSError:
-        return False  # no process in it at all (or, impossibly, not ours)
-    return await trio.to_thread.run_sync(procinfo.group_has_live_members, pgid,
+        return []  # no process in it at all: the usual case, and no thread for it
+    return await trio.to_thread.run_sync(procinfo.live_group_members, pgid,
                                          abandon_on_cancel=True)
 
 
@@ -295,6 +295,8 @@ class _Watch:
             LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
         )
         self.open_pipes = 2
+        #: What the leader left in its group and is waited for: pidfd → pid.
+        self.members: dict[int, int] = {}
         self.exited = False
         self.timed_out: TimedOut | None = None
         self.poller = poller_for(proc)
@@ -384,20 +386,60 @@ class _Watch:
         blocked on a full pipe could not end). Returns at once when nothing but
         zombies is left, the usual case; the caller's SIGKILL sweeps the rest.
 
+        Each one left is waited for through a pidfd in the same poller as the
+        pipes, so an end is noticed when it happens and no timer of trio's is
+        needed for it (a test's still clock never ends the wait early or late).
+
         Cancelled: stops waiting; the caller's stop sweeps the group.
         """
-        if not await _group_lives(self.pgid):
+        left = await _left_in(self.pgid)
+        if not left:
             return
         _killpg(self.pgid, signal.SIGTERM)
-        pause = _FIRST_LOOK_S
-        with trio.move_on_after(self.groups.grace_s):
-            while True:
-                with trio.move_on_after(pause):
-                    await self._pump(lambda: not self.open_pipes)
-                    await trio.sleep_forever()  # nothing left to read: only the pause
-                if not await _group_lives(self.pgid):
-                    return
-                pause = min(2 * pause, _LAST_LOOK_S)
+        try:
+            with trio.move_on_after(self.groups.grace_s):
+                while left:
+                    if self._watch_members(left):
+                        await self._pump(lambda: not self.members)
+                    else:  # no pidfd here: look again after a pause
+                        with trio.move_on_after(_LOOK_AGAIN_S):
+                            await self._pump(lambda: not self.open_pipes)
+                            await trio.sleep_forever()
+                    # One may have started another before it ended: look again.
+                    left = await _left_in(self.pgid)
+        finally:
+            self._forget_members()
+
+    def _watch_members(self, pids: list[int]) -> bool:
+        """Have the poller report the end of each of ``pids`` still in the group
+        (through a pidfd each); ``False`` when this system has no pidfds."""
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue  # ended (and reaped) already
+            except (AttributeError, OSError):
+                self._forget_members()
+                return False
+            try:
+                ours = os.getpgid(pid) == self.pgid  # not a number reused meanwhile
+            except OSError:
+                ours = False  # ended: reaped since the pidfd was opened
+            if not ours:
+                os.close(fd)
+                continue
+            self.members[fd] = pid
+            self.poller.read(fd)
+        return True
+
+    def _member_ended(self, fd: int) -> None:
+        self.poller.forget(fd)
+        os.close(fd)
+        del self.members[fd]
+
+    def _forget_members(self) -> None:
+        for fd in list(self.members):
+            self._member_ended(fd)
 
     def _limit(self) -> float:
         """When the leader must be stopped, unless output comes before then."""
@@ -447,6 +489,8 @@ class _Watch:
                     self.exited = self.proc.returncode is not None
                     if self.exited:
                         self.poller.forget(EXIT)
+                elif fd in self.members:
+                    self._member_ended(fd)
                 else:
                     self._send_queued()
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["group_has_live_members", "groups_of_run", "process_belongs_to_run"]
+__all__ = ["groups_of_run", "live_group_members", "process_belongs_to_run"]
 
 #: How many times an empty ``/proc/<pid>/environ`` of a live process is read again
 #: before the process is taken as not ours (count).
@@ -90,26 +90,28 @@ def groups_of_run(run_id: str) -> list[int]:
     return found
 
 
-def group_has_live_members(pgid: int) -> bool:
-    """Whether process group ``pgid`` still holds a process that is not a zombie.
+def live_group_members(pgid: int) -> list[int] | None:
+    """The processes of group ``pgid`` that have not finished (a zombie has), or
+    ``None`` where that cannot be told (no ``/proc`` and no ``ps``).
 
-    For the sweep after an agent's leader exits: a zombie has finished, and one
-    whose parent is gone may wait long to be reaped (a container whose init reaps
-    nothing), so it must not keep the harness waiting. ``True`` where that cannot be
-    told (no ``/proc`` and no ``ps``): the caller's bound then ends the wait.
+    For the sweep after an agent's leader exits: a zombie whose parent is gone may
+    wait long to be reaped (a container whose init reaps nothing), so it must not
+    keep the harness waiting.
 
     Blocking (reads ``/proc``, or runs ``ps`` on macOS): call it from a thread.
     """
     if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
-        return any(group == pgid and state not in _FINISHED
-                   for _, state, group in _proc_states())
+        return [pid for pid, state, group in _proc_states()
+                if group == pgid and state not in _FINISHED]
     if sys.platform == "darwin":
-        for line in _ps(["-A", "-o", "pgid=,stat="]).splitlines():
+        found = []
+        for line in _ps(["-A", "-o", "pid=,pgid=,stat="]).splitlines():
             parts = line.split()
-            if len(parts) == 2 and parts[0] == str(pgid) and parts[1][:1] not in _FINISHED:
-                return True
-        return False
-    return True
+            if (len(parts) == 3 and parts[0].isdigit() and parts[1] == str(pgid)
+                    and parts[2][:1] not in _FINISHED):
+                found.append(int(parts[0]))
+        return found
+    return None
 
 
 #: ``/proc/<pid>/stat`` and ``ps`` state letters of a process that has ended.

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.engine.agent.process import ProcessGroups, run_agent
+from tests.kits.harness import wall_clock_bound
 from tests.kits.paths import AGENTS
 
 pytestmark = [pytest.mark.protocol("§5"),
@@ -56,11 +58,25 @@ async def run(command: str, tmp_path: Path, groups: ProcessGroups) -> bytes:
 async def test_what_the_agent_leaves_gets_to_save_its_work_before_the_sweep(
     tmp_path: Path, patient_groups: ProcessGroups,
 ) -> None:
+    await saves_its_work(tmp_path, patient_groups)
+
+
+async def test_on_a_still_clock_the_end_of_what_was_left_is_noticed_as_it_happens(
+    tmp_path: Path, patient_groups: ProcessGroups, mock_clock: trio.testing.MockClock,
+) -> None:
+    # trio's mock clock, which only a test moves, as the tests of a run's budget
+    # use: a wait that looked again after a pause of trio's clock never looked
+    # again there (CI). Each process left is watched through a pidfd instead.
+    await saves_its_work(tmp_path, patient_groups)
+
+
+async def saves_its_work(tmp_path: Path, patient_groups: ProcessGroups) -> None:
     saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
     command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
                           str(saved), str(pidfile)])
     try:
-        stdout = await run(command, tmp_path, patient_groups)
+        async with wall_clock_bound(GIVE_UP_S):
+            stdout = await run(command, tmp_path, patient_groups)
         assert stdout == b"ready\n"
         # Told to stop, it saved: SIGKILLed at once, it had not.
         assert saved.read_text() == "saved"
