@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,15 @@ import trio
 
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
-from tests.kits.harness import Gate, finished, running_harness, running_server, start_run
+from tests.kits.harness import (
+    Gate,
+    Running,
+    ServerHandle,
+    finished,
+    running_harness,
+    running_server,
+    start_run,
+)
 from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.repos import isolate_git, make_repo
 
@@ -61,6 +70,12 @@ class World:
                     "GIT_COMMITTER_NAME": "Agent",
                     "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
         self.env.pop(SIMULATE_ABSENT_ENV, None)
+
+    def harness(self, server: ServerHandle, command: str,
+                **options: Any) -> AbstractAsyncContextManager[Running]:
+        """The harness on this world's home, ``command`` its plain brain's agent."""
+        return running_harness(server, self.home, exec_command=command, brain="plain",
+                               env=self.env, **options)
 
     def worktree(self, conversation: str) -> Path:
         return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
@@ -162,9 +177,8 @@ async def test_allow_write_and_allow_read_open_exactly_what_they_name(world: Wor
         f"read:ssh_key:{world.user / '.ssh' / 'id_ed25519'}",
     )
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=tool, brain="plain", env=world.env,
-            workdir=workdir, allow_write=(shared, world.logs),
+        async with running_server() as server, world.harness(
+            server, tool, workdir=workdir, allow_write=(shared, world.logs),
             allow_read=(world.user / ".ssh" / "config",),
         ):
             completion = await turn(server, "A")
@@ -179,10 +193,7 @@ async def test_sandbox_off_runs_as_before(world: World) -> None:
     tool = prober(f"write:dotfile:{world.user / '.profile'}",
                   f"read:credentials:{world.home / 'credentials.json'}")
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=tool, brain="plain", env=world.env,
-            sandbox="off",
-        ):
+        async with running_server() as server, world.harness(server, tool, sandbox="off"):
             completion = await turn(server, "A")
     assert results(completion) == {"dotfile": "ok", "credentials": "ok"}
     assert completion["confined"] is False
@@ -198,8 +209,7 @@ async def test_a_run_cancelled_while_its_agent_ran_says_whether_it_was_confined(
     with trio.fail_after(60):
         async with running_server() as server, trio.open_nursery() as nursery:
             await nursery.start(gate.serve)
-            async with running_harness(server, world.home, exec_command=gate.command,
-                                       brain="plain", env=world.env, sandbox=sandbox):
+            async with world.harness(server, gate.command, sandbox=sandbox):
                 run_id = await start_run(server, gate, "hold on", conversation_id="A")
                 await server.cancel_run(run_id, "stop it")
                 await server.wait_until(finished(run_id))
@@ -218,9 +228,7 @@ async def test_auto_without_support_warns_once_and_reports_unconfined(
     caplog.set_level(logging.INFO, logger="prohost")
     tool = prober(f"write:dotfile:{world.user / '.profile'}")
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=tool, brain="plain", env=world.env,
-        ) as running:
+        async with running_server() as server, world.harness(server, tool) as running:
             first = await turn(server, "A")
             second = await turn(server, "B")
             snapshot = running.harness.snapshot()
@@ -235,9 +243,7 @@ async def test_auto_without_support_warns_once_and_reports_unconfined(
 
 async def test_status_says_how_runs_are_confined(world: World) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=prober(), brain="plain", env=world.env,
-        ) as running:
+        async with running_server() as server, world.harness(server, prober()) as running:
             snapshot = running.harness.snapshot()
     assert snapshot.confinement == f"confined ({probe().detail})"
 
@@ -266,10 +272,7 @@ async def test_a_confinement_that_cannot_be_made_fails_the_run_unstarted(
         monkeypatch.setattr(landlock, "restrict_this_thread", _cannot_enter)
     ran = world.logs / "ran.txt"
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=prober(f"write:ran:{ran}"), brain="plain",
-            env=world.env,
-        ):
+        async with running_server() as server, world.harness(server, prober(f"write:ran:{ran}")):
             completion = await turn(server, "A")
     assert completion["ok"] is False
     reason = {"prepare": "Cannot allocate memory",
@@ -299,10 +302,7 @@ async def test_a_run_failing_before_it_takes_its_early_confinement_removes_its_s
     monkeypatch.setattr(runner, "remove_scratch", counted)
     ran = world.logs / "ran.txt"
     with trio.fail_after(60):
-        async with running_server() as server, running_harness(
-            server, world.home, exec_command=prober(f"write:ran:{ran}"), brain="plain",
-            env=world.env,
-        ):
+        async with running_server() as server, world.harness(server, prober(f"write:ran:{ran}")):
             run_id = await server.submit_run("probe", conversation_id="A",
                                              mcp={"url": "https://mcp.example/mcp",
                                                   "token": "t0k3n"})
