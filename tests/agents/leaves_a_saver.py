@@ -2,7 +2,7 @@
 what an ACP adapter leaves (claude-agent-acp exits and its Claude Code CLI, sent
 SIGTERM, writes the session's transcript as it leaves).
 
-    leaves_a_saver.py SAVED_FILE PIDFILE
+    leaves_a_saver.py SAVED_FILE PIDFILE [--then-wait]
 
 Starts a child in its process group whose stdout is not the agent's (so the
 agent's pipes end with the agent, as the adapter's do) and which, on SIGTERM,
@@ -41,4 +41,6 @@ with open(pidfile + ".tmp", "w") as file:
 os.replace(pidfile + ".tmp", pidfile)
 print("ready", flush=True)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+if sys.argv[3:] == ["--then-wait"]:
+    signal.pause()
 sys.exit(0)

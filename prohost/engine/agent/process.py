@@ -396,17 +396,23 @@ class _Watch:
         if not left:
             return
         _killpg(self.pgid, signal.SIGTERM)
+        with trio.move_on_after(self.groups.grace_s):
+            await self._until_ended(left)
+
+    async def _until_ended(self, left: list[int] | None) -> None:
+        """Return once nothing but zombies is left in the group (``left``: what was
+        found there last), reading the pipes meanwhile. Unbounded by itself: callers
+        put it under the grace. Cancelled: stops waiting; no pidfd is left open."""
         try:
-            with trio.move_on_after(self.groups.grace_s):
-                while left:
-                    if self._watch_members(left):
-                        await self._pump(lambda: not self.members)
-                    else:  # no pidfd here: look again after a pause
-                        with trio.move_on_after(_LOOK_AGAIN_S):
-                            await self._pump(lambda: not self.open_pipes)
-                            await trio.sleep_forever()
-                    # One may have started another before it ended: look again.
-                    left = await _left_in(self.pgid)
+            while left:
+                if self._watch_members(left):
+                    await self._pump(lambda: not self.members)
+                else:  # no pidfd here: look again after a pause
+                    with trio.move_on_after(_LOOK_AGAIN_S):
+                        await self._pump(lambda: not self.open_pipes)
+                        await trio.sleep_forever()
+                # One may have started another before it ended: look again.
+                left = await _left_in(self.pgid)
         finally:
             self._forget_members()
 
@@ -455,7 +461,8 @@ class _Watch:
         return self.groups.grace_s + winding + 2
 
     async def _stop(self) -> None:
-        """SIGTERM the group, SIGKILL it after the grace, and wait until it is gone.
+        """SIGTERM the group, SIGKILL it after the grace (or once the leader and all
+        it left have ended), and wait until it is gone.
 
         A conversation is first asked to wind down, and the agent given up to half
         the grace to answer and exit (ACP: the prompt returns ``cancelled``, stdin
@@ -468,6 +475,9 @@ class _Watch:
         _killpg(self.pgid, signal.SIGTERM)
         with trio.move_on_after(self.groups.grace_s):
             await self._pump(self._gone)
+            # The leader is gone; what it left, told to stop with it, gets the rest
+            # of the grace to end as well (an adapter's CLI saving its session).
+            await self._until_ended(await _left_in(self.pgid))
         _killpg(self.pgid, signal.SIGKILL)
         await self._pump(self._gone)
 

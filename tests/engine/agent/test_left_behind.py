@@ -87,6 +87,34 @@ async def saves_its_work(tmp_path: Path, patient_groups: ProcessGroups) -> None:
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
+async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
+    tmp_path: Path, patient_groups: ProcessGroups,
+) -> None:
+    # The run is cancelled once the agent is ready (as a cancel, a timeout or the
+    # linger after a conversation stop it): the group's SIGTERM ends the leader at
+    # once, and what it left must still get the rest of the grace to save.
+    saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
+    command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
+                          str(saved), str(pidfile), "--then-wait"])
+    ready = trio.Event()
+    try:
+        async with wall_clock_bound(GIVE_UP_S), trio.open_nursery() as nursery:
+            async def run_it() -> None:
+                await run_agent(command, stdin_text="", cwd=tmp_path, groups=patient_groups,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                on_stdout_line=lambda line: ready.set())
+
+            nursery.start_soon(run_it)
+            await ready.wait()
+            nursery.cancel_scope.cancel()
+        assert saved.read_text() == "saved"
+        assert state(int(pidfile.read_text())) in (None, "Z")
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
 def state(pid: int) -> str | None:
     """``pid``'s state letter (``None``: gone)."""
     try:
