@@ -55,14 +55,15 @@ T = TypeVar("T")
 #: Each is a few local syscalls: longer means the disk is in trouble.
 FILE_STEP_TIMEOUT_S = 30.0
 
-def wake_from_thread(token: trio.lowlevel.TrioToken, wake: Callable[[], object]) -> None:
-    """From a thread that is not trio's: ``wake()`` soon in trio's thread, or
+def wake_from_thread(token: trio.lowlevel.TrioToken, wake: Callable[..., object],
+                     *args: object) -> None:
+    """From a thread that is not trio's: ``wake(*args)`` soon in trio's thread, or
     nothing when that trio run is over. A thread trio stopped waiting for (a run
     that ended first, a test whose trio run returned) can finish after it; then
     nobody waits for the wake, and raising there would only print a traceback
     from a thread nobody reads."""
     try:
-        token.run_sync_soon(wake)
+        token.run_sync_soon(wake, *args)
     except trio.RunFinishedError:
         return  # (not contextlib.suppress: this is every ledger step's path, and cheaper)
 

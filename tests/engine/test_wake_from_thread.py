@@ -62,4 +62,4 @@ def test_every_wake_from_a_thread_goes_through_the_one_helper() -> None:
 
 def _helper_line() -> int:
     lines = (PROHOST / "engine" / "blocking.py").read_text().splitlines()
-    return next(n for n, line in enumerate(lines, 1) if "token.run_sync_soon(wake)" in line)
+    return next(n for n, line in enumerate(lines, 1) if "token.run_sync_soon(wake, *args)" in line)

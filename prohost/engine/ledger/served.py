@@ -35,7 +35,6 @@ the steps back to worker threads, and says so.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -71,7 +70,7 @@ def _wake(jobs: list[Job]) -> None:
         job._read_then()
         by_token.setdefault(job.token, []).append(job.wake)
     for token, wakes in by_token.items():
-        wake_from_thread(token, functools.partial(_call_all, wakes))
+        wake_from_thread(token, _call_all, wakes)
 
 
 def _end_round() -> None:

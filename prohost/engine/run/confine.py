@@ -402,8 +402,7 @@ class EarlyConfinement:
                 raise
         if self._result is None:
             self.discard(taken=True)
-            log.warning("could not confine the agent: preparing it took too long")
-            raise ConfinementFailed("preparing it did not finish in time")
+            raise _failure(StepTimedOut("preparing it took too long")) from None
         try:
             made: RunConfinement = self._result.unwrap()
             return made

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Protocol, TypeVar
 
@@ -256,15 +255,10 @@ def _once(pairs: Iterable[tuple[str, str]]) -> list[str]:
     return list(dict.fromkeys(real for _, real in pairs))
 
 
-def readable_rest(real: Policy) -> list[Path]:
-    """The complement of the hidden places, as whole hierarchies (see the module)."""
-    return [Path(path) for path in complement([str(place) for place in real.hidden])]
-
-
 def complement(hidden_places: Sequence[str]) -> list[str]:
-    """:func:`readable_rest` as plain strings: a run pays this walk at every spawn
-    it is not cached for, and ``pathlib``'s comparisons made it ten times slower.
-    Blocking."""
+    """The complement of the hidden places (real paths), as whole hierarchies (see
+    the module). Plain strings: a run pays this walk at every spawn it is not cached
+    for, and ``pathlib``'s comparisons made it ten times slower. Blocking."""
     if not hidden_places:
         return ["/"]
     walk = Walk.over(hidden_places)

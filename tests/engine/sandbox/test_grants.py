@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from prohost.engine.sandbox import Policy, defaults
-from prohost.engine.sandbox.confinement import readable_rest
+from prohost.engine.sandbox.confinement import complement
+
+
+def readable_rest(real: Policy) -> list[Path]:
+    """What the walk grants for ``real``'s hidden places, as paths."""
+    return [Path(path) for path in complement([str(place) for place in real.hidden])]
 
 
 def test_without_hidden_places_everything_is_readable() -> None:

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from prohost.engine.sandbox import Policy
-from tests.engine.sandbox.conftest import Confiner, Home, needs_landlock
+from tests.engine.sandbox.conftest import DENIED_READ, Confiner, Home, needs_landlock
 
 pytestmark = needs_landlock
 
 DENIED_WRITE = {"EACCES", "EPERM", "EROFS"}
-DENIED_READ = {"EACCES", "ENOENT"}
 
 
 def test_writes_its_places_and_nothing_else(home: Home, confine: Confiner) -> None:
