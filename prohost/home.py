@@ -406,13 +406,20 @@ def read_lock_holder(fd: int) -> tuple[int | None, str | None]:
 def lock_held_message(err: LockHeld, home: Path) -> str:
     """What to tell someone who started a second harness on the same home."""
     if err.kind == GC:
-        return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
-                f"PROHOST_HOME={home} and holds it meanwhile; start again once it is done")
+        return gc_holds_it(err, home, "start again once it is done")
     who = f"(pid {err.pid})" if err.pid else "(its pid is not recorded)"
     stop = f"stop it (kill {err.pid})" if err.pid else f"stop it (`lsof {err.path}` shows it)"
     return (
         f"another prohost agent {who} is already running with PROHOST_HOME={home}; "
         f"two would both execute every run. Either {stop}, or give this one its own home: "
-        f"PROHOST_HOME=/some/other/dir prohost agent run ...; if it is `prohost agent gc` "
-        f"(it holds the home while it removes worktrees), start again once it is done"
+        f"PROHOST_HOME=/some/other/dir prohost agent run ..."
+        # A lock file that does not say what holds it may be a gc's too.
+        + ("" if err.kind == HARNESS else "; if it is `prohost agent gc` (it holds the "
+           "home while it removes worktrees), start again once it is done")
     )
+
+
+def gc_holds_it(err: LockHeld, home: Path, then: str) -> str:
+    """What to tell someone whose command found ``agent gc`` holding ``home``."""
+    return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
+            f"PROHOST_HOME={home} and holds it meanwhile; {then}")

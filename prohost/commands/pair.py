@@ -17,6 +17,7 @@ from prohost.home import (
     LOCK_FILE,
     LockHeld,
     credentials_from_json,
+    gc_holds_it,
     resolve_endpoints,
     save_credentials,
     take_lock,
@@ -56,9 +57,8 @@ def _server_error_text(response: httpx.Response) -> str:
 
 def _running_message(err: LockHeld, home: Path) -> str:
     if err.kind == GC:
-        return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
-                f"PROHOST_HOME={home}; pair again once it is done (nothing was sent; the "
-                f"code is still unused)")
+        return gc_holds_it(err, home, "pair again once it is done (nothing was sent; the "
+                           "code is still unused)")
     who = f"a prohost agent (pid {err.pid})" if err.pid else "a prohost agent"
     stop = f"stop it first (Ctrl-C where it runs, or kill {err.pid})" if err.pid else (
         f"stop it first (`lsof {err.path}` shows it)")
@@ -95,8 +95,6 @@ def _hold_existing_lock(home: Path) -> int | None:
     harness holds it. Creates nothing: a pairing that fails leaves no trace."""
     try:
         return take_lock(home / LOCK_FILE, create=False)
-    except LockHeld:
-        raise
     except OSError:
         return None  # a lock file we may not open: no harness of ours ran here
 

@@ -112,7 +112,7 @@ async def test_pair_refuses_to_replace_a_running_harnesss_credentials(tmp_path: 
             assert (home / "credentials.json").read_bytes() != before
 
 
-async def test_pair_waits_for_a_gc_holding_the_home_and_says_so(tmp_path: Path) -> None:
+async def test_pair_refuses_while_a_gc_holds_the_home_and_says_so(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with trio.fail_after(60):
         async with running_server() as server:

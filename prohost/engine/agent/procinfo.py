@@ -168,7 +168,7 @@ def _settled_environ(pid: int) -> set[str]:
             return set()  # gone, or not ours to read
         if environ:
             return environ
-        if _proc_state(pid) in (None, "Z", "X"):
+        if _proc_state(pid) in (None, *_FINISHED):
             return set()  # gone, or a zombie: no environment will ever show
         # Empty but alive: the kernel shows no environment while a process is
         # between the old image and the new one in execve. Unknown, not "not ours".

@@ -327,6 +327,11 @@ class Panel:
             await self._run_plain(task_status)
 
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
+        # Without a change notice, one that never fires: only the clock wakes it.
+        changes = self.changes or Changes()
+        # Counted before the first look: a notice made from then on, even while it
+        # looks or draws, wakes the first wait at once.
+        seen = changes.seen()
         snapshot = self.source()
         live = Live(
             render(snapshot, here=True),
@@ -341,7 +346,7 @@ class Panel:
         live.start(refresh=True)
         try:
             task_status.started()
-            await self._keep_drawn(live, snapshot)
+            await self._keep_drawn(live, snapshot, changes, seen)
         finally:
             # Everything here is synchronous, so a cancellation cannot interrupt it
             # (no shield needed); stop() always runs, restoring the cursor and streams.
@@ -352,7 +357,8 @@ class Panel:
             finally:
                 live.stop()
 
-    async def _keep_drawn(self, live: Live, snapshot: Snapshot) -> None:
+    async def _keep_drawn(self, live: Live, snapshot: Snapshot, changes: Changes,
+                          seen: int) -> None:
         """Draw what changed, until cancelled or a bug in drawing (logged; returns).
 
         An idle harness is drawn once a second (its heartbeat age ticks), not
@@ -360,22 +366,16 @@ class Panel:
         traffic for nothing. A resized terminal is a new picture too (its lines
         are cut to the new width). Cancelled: it just stops.
         """
-        changes = self.changes
         drawn = (shown(snapshot), self.console.size)
-        # Counted from the first look (the caller's, with no checkpoint since): a
-        # notice made after it, even while drawing, wakes the next wait at once.
-        seen = 0 if changes is None else changes.seen()
         looked = trio.current_time()
         while True:
-            quiet = changes is not None and not _executing(snapshot)
+            quiet = self.changes is not None and not _executing(snapshot)
             with trio.move_on_at(looked + (CLOCK_TICK_S if quiet else LIVE_REFRESH_S)):
-                if changes is None:
-                    await trio.sleep_forever()  # without a change notice, only the clock
                 await changes.wait_since(seen)
             # A burst of changes (a busy harness) is drawn at most every LIVE_REFRESH_S.
             await trio.sleep_until(looked + LIVE_REFRESH_S)
             # Before the look: a change from now on is seen at the next one.
-            seen = 0 if changes is None else changes.seen()
+            seen = changes.seen()
             looked = trio.current_time()
             try:
                 snapshot = self.source()

@@ -21,6 +21,7 @@ import trio.testing
 
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.limits import LimitNotice
+from prohost.engine.changes import Changes
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
@@ -96,7 +97,7 @@ class Later:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
         self.running = 0
-        self._returned = trio.Event()
+        self._returned = Changes()
 
     def __call__(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
         self.running += 1
@@ -107,8 +108,7 @@ class Later:
             await fn(arg)
         finally:
             self.running -= 1
-            self._returned.set()
-            self._returned = trio.Event()
+            self._returned.notify()
 
     async def settled(self) -> None:
         """Return once no task of ours runs. Cancelled: at once."""
