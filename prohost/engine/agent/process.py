@@ -61,9 +61,8 @@ _DRAIN_S = 2.0
 
 TimedOut = Literal["total", "idle"]
 
-#: Where a process left in the group cannot be watched through a pidfd (no
-#: pidfd_open: macOS, Linux before 5.3), the pause before looking again whether it
-#: has ended (s).
+#: Without pidfds (macOS, Linux before 5.3): the pause before looking again whether
+#: a process left in the group has ended (s).
 _LOOK_AGAIN_S = 0.05
 
 #: Time an agent that has said all it had to (its conversation closed stdin) gets
@@ -214,9 +213,8 @@ class ProcessResult:
 
 
 async def _left_in(pgid: int) -> list[int] | None:
-    """The processes of group ``pgid`` that have not finished (``None``: where that
-    cannot be told). Cancelled: as ``trio.to_thread.run_sync`` with
-    ``abandon_on_cancel``; the thread's reading of ``/proc`` ends by itself."""
+    """The processes of group ``pgid`` that have not finished (``None``: cannot be
+    told). Cancelled: abandons the thread, whose reading of ``/proc`` ends by itself."""
     try:
         os.killpg(pgid, 0)
     except OSError:
