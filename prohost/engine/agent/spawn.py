@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import trio
 
+from prohost.engine.blocking import wake_from_thread
 from prohost.engine.sandbox import Confinement
 
 __all__ = ["KEEPER", "Spawned", "spawn_confined"]
@@ -147,7 +148,7 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
                                     start_new_session=True, pass_fds=theirs[3:])
 
         try:
-            popen = await trio.to_thread.run_sync(confinement.spawn, spawn)
+            popen = await _spawned(confinement, spawn)
         except OSError as exc:
             if tried:
                 raise  # the spawn's own failure (a missing cwd, …)
@@ -163,3 +164,31 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
             os.close(fd)
     stdin, stdout, stderr = (trio.lowlevel.FdStream(fd) for fd in ours[:3])
     return Spawned(popen, stdin, stdout, stderr, status=status)
+
+
+async def _spawned(confinement: Confinement,
+                   spawn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """``spawn()`` made from a fresh thread in the confinement's domain
+    (:meth:`Confinement.spawn_soon`): no worker thread waits for it. Raises what
+    the spawn raises, or ``OSError`` without spawning when the thread could not
+    enter the domain.
+
+    Cancelled: not before the child exists (the wait is shielded, as trio's own
+    spawn is); it is then the caller's to stop.
+    """
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    delivered: list[tuple[subprocess.Popen[bytes] | None, BaseException | None]] = []
+
+    def deliver(popen: subprocess.Popen[bytes] | None, error: BaseException | None) -> None:
+        delivered.append((popen, error))
+        wake_from_thread(token, done.set)
+
+    confinement.spawn_soon(spawn, deliver)
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    popen, error = delivered[0]
+    if error is not None:
+        raise error
+    assert popen is not None
+    return popen
