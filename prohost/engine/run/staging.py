@@ -120,5 +120,16 @@ async def remove_scratch(run: AgentRun, scratch: Path, bounds: Bounds, *,
     if run.mcp is None and not made:
         return
     with contextlib.suppress(OSError):
-        await bounds.file_step(shutil.rmtree, scratch, True, limit_s=SCRATCH_REMOVE_S,
+        await bounds.file_step(_remove, scratch, limit_s=SCRATCH_REMOVE_S,
                                what="removing the run's scratch folder")
+
+
+def _remove(scratch: Path) -> None:
+    """Remove ``scratch`` and all it holds: by ``rmdir`` when all it holds is empty
+    folders (a confined run's unused ``TMPDIR``, most runs: a tree walk cost them
+    a third of a millisecond), else by a tree walk. Blocking."""
+    try:
+        for folder in (*scratch.iterdir(), scratch):
+            folder.rmdir()
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
