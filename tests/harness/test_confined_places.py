@@ -27,7 +27,8 @@ __all__ = ["world"]  # the fixture, shared with the confinement tests
 
 pytestmark = [
     pytest.mark.protocol("§13"),
-    pytest.mark.skipif(probe().kind is None, reason=f"this system cannot confine: {probe().reason}"),
+    pytest.mark.skipif(probe().kind is None,
+                       reason=f"this system cannot confine: {probe().reason}"),
 ]
 
 FAKE_ACP = AGENTS / "fake_acp.py"

@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 import trio
 
-from prohost.engine.agent.environment import make_private_folder
+from prohost.engine.agent.environment import make_private_folder, without_sockets
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut, wake_from_thread
 from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, defaults, prepare, probe
 from prohost.options import Options
@@ -163,46 +163,78 @@ def git_places(worktree: Path) -> list[Path]:
     return [git_dir, common / "objects", *branches]
 
 
-def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[Path]:
-    """The agent CLI's own folder (and file) for the account in ``env``. A CLI's
-    folder is made when missing (the CLI would make it; a rule needs it to exist);
-    a plain agent gets those of either CLI that exist (all are named: the library
-    grants only what exists); an ACP agent (``brain`` is then
-    the agent, :func:`prohost.execline.acp_agent`) those of
-    :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS`, or Claude's or Codex's
-    for their adapters. Blocking."""
-    folders: list[Path] = []
-    files: list[Path] = []
+#: The harness's own folders for ACP agents (:data:`defaults.AGENT_FOLDERS`) and
+#: for runs' caches (:data:`defaults.CACHE_VARIABLES`), under ``$PROHOST_HOME``.
+AGENTS_FOLDER = "agents"
+CACHE_FOLDER = "cache"
+
+
+def agent_folders(brain: str, env: Mapping[str, str], user_home: Path,
+                  home: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """What the agent CLI may write of its own: (folders, mounts). Claude's and
+    Codex's (also for their ACP adapters) are the account's folder its variable
+    names (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the
+    harness's own, :mod:`prohost.engine.accounts.logins`), made when missing; an
+    ACP agent of :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` gets
+    folders of the harness's under ``home`` (``$PROHOST_HOME``), each bound where the
+    agent looks for its own under ``user_home``; the plain brain gets none, and
+    nothing is ever the person's own folder (§13). Blocking."""
     if brain in defaults.AGENT_FOLDERS:
-        folders = [user_home / folder for folder in defaults.AGENT_FOLDERS[brain]]
-        for folder in folders:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return folders
-    if brain in ("claude", "plain"):
-        configured = env.get("CLAUDE_CONFIG_DIR")
-        if configured:
-            folders.append(Path(configured))
-        else:
-            folders.append(user_home / ".claude")
-            # Claude Code writes it through a temporary file beside it and falls back
-            # to writing it in place when that is refused: the file alone is enough.
-            # Named whether or not it exists (the library grants only what does):
-            # the policy depends on the run alone, so one made ahead stays the
-            # run's (prohost.engine.run.spares).
-            files.append(user_home / ".claude.json")
-    if brain in ("codex", "plain"):
-        configured = env.get("CODEX_HOME")
-        folders.append(Path(configured) if configured else user_home / ".codex")
-    if brain == "plain":
-        return [*folders, *files]  # those that exist are granted (see above)
-    for folder in folders:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return [*folders, *files]
+        owned = home / AGENTS_FOLDER / brain
+        mounts = [(owned / folder, user_home / folder) for folder in defaults.AGENT_FOLDERS[brain]]
+        for source, _seen in mounts:
+            source.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return [source for source, _seen in mounts], mounts
+    variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
+    configured = env.get(variable, "").strip() if variable else ""
+    if not configured:
+        return [], []
+    folder = Path(configured)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return [folder], []
+
+
+def cache_folders(home: Path) -> Path:
+    """The harness's cache folder for runs' tools (made, with each tool's folder)."""
+    root = home / CACHE_FOLDER
+    for name in (*defaults.CACHE_VARIABLES.values(), defaults.MAVEN_REPOSITORY):
+        (root / name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+class PlantedLink(ConfinementFailed):
+    """A grant would pass through a symbolic link in a place a run may write."""
+
+
+def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
+    """Raise :class:`PlantedLink` when a component of a grant, below one of ``roots``
+    (places a run may write, and ``$PROHOST_HOME``), is a symbolic link: a run could
+    have planted it there to widen a later run's grant (issue 36, attack 3). Looked
+    at with lstat, never followed. Blocking."""
+    for grant in grants:
+        for root in roots:
+            if grant == root or root not in grant.parents:
+                continue
+            component = root
+            for name in grant.relative_to(root).parts:
+                component = component / name
+                try:
+                    linked = component.is_symlink()
+                except OSError:
+                    linked = False
+                if linked:
+                    log.warning("refusing to confine a run through %s: it is a symbolic "
+                                "link inside %s, where a run may write; remove it", component,
+                                root)
+                    raise PlantedLink(
+                        "one of its places would pass through a symbolic link where a run "
+                        "may write (named in the harness's log): remove that link")
 
 
 def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
     """The run's policy (see the module docstring). Blocking: it reads the
-    worktrees' git files and makes the folders a rule needs."""
+    worktrees' git files and makes the folders a rule needs. Raises
+    :class:`PlantedLink` when a grant would pass through a link a run could plant."""
     writable: list[Path] = []
     readable: list[Path] = list(sandbox.allow_read)
     if places.worktrees:
@@ -214,14 +246,16 @@ def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
     elif places.workdir is not None:
         writable.append(places.workdir)
     writable.append(places.scratch)
-    writable += agent_folders(places.brain, places.env, sandbox.user_home)
-    home = sandbox.user_home
-    # One that does not exist gets no grant (the library drops it).
-    writable += [home / cache for cache in defaults.CACHES]
+    own, mounts = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home)
+    writable += own
+    writable.append(cache_folders(sandbox.home))
+    refuse_planted_links(writable, [sandbox.home, *writable, *sandbox.allow_write])
     writable += [Path(device) for device in defaults.DEVICES]
     writable += sandbox.allow_write
+    home = sandbox.user_home
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
-    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden))
+    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
+                  mounts=tuple(mounts))
 
 
 @attrs.define
@@ -230,6 +264,10 @@ class RunConfinement:
 
     confinement: Confinement
     tmpdir: Path
+    #: The harness's cache folder the run's tools are pointed at.
+    caches: Path | None = None
+    #: ``--allow-write``: a socket it names keeps its variable.
+    allow_write: tuple[Path, ...] = ()
 
     def close(self) -> None:
         self.confinement.close()
@@ -264,7 +302,8 @@ class Making:
             if self._abandoned:
                 confinement.close()
                 raise ConfinementFailed("abandoned")
-            self.made = RunConfinement(confinement, tmpdir)
+            self.made = RunConfinement(confinement, tmpdir, sandbox.home / CACHE_FOLDER,
+                                       sandbox.allow_write)
             return self.made
 
     def abandon(self) -> None:
@@ -423,10 +462,25 @@ class EarlyConfinement:
 
 
 def confined_env(env: Mapping[str, str], confined: RunConfinement | None) -> dict[str, str]:
-    """``env`` with the run's private ``TMPDIR`` when it is confined (``/tmp`` is
-    read-only to it then)."""
-    result = dict(env)
-    if confined is not None:
-        result["TMPDIR"] = str(confined.tmpdir)
+    """``env`` as a confined run gets it: its private ``TMPDIR`` (``/tmp`` is
+    read-only to it), its tools pointed at the harness's caches, and no variable
+    naming one of the person's sockets unless ``--allow-write`` names the socket
+    (§13). Unchanged when it is not confined."""
+    if confined is None:
+        return dict(env)
+    result = without_sockets(env, confined.allow_write)
+    result["TMPDIR"] = str(confined.tmpdir)
+    if confined.caches is not None:
+        result.update(cache_variables(confined.caches, env))
     return result
 
+
+def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that point a run's tools at the harness's caches under
+    ``root`` (:data:`~prohost.engine.sandbox.defaults.CACHE_VARIABLES`), with Maven's
+    local repository added to ``env``'s ``MAVEN_OPTS``."""
+    result = {name: str(root / folder) for name, folder in defaults.CACHE_VARIABLES.items()}
+    maven = f"-Dmaven.repo.local={root / defaults.MAVEN_REPOSITORY}"
+    before = env.get("MAVEN_OPTS", "").strip()
+    result["MAVEN_OPTS"] = f"{before} {maven}" if before else maven
+    return result

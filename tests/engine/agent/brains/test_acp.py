@@ -362,9 +362,13 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     # An option's value is not the package.
     assert acp_agent("npx --package foo @zed-industries/codex-acp") == "codex"
     assert acp_agent("claude-agent-acp") == "claude" and acp_agent("gemini") is None
-    granted = agent_folders("opencode", {}, tmp_path)
-    assert granted == [tmp_path / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
+    granted, mounts = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home")
+    owned = tmp_path / "home" / "agents" / "opencode"
+    assert granted == [owned / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
+    assert mounts == [(owned / folder, tmp_path / "user" / folder)
+                      for folder in defaults.AGENT_FOLDERS["opencode"]]
     assert all(folder.is_dir() for folder in granted)
+    assert not (tmp_path / "user").exists()  # the person's own are never made nor granted
 
 
 def line(message: dict[str, Any]) -> bytes:
