@@ -195,3 +195,49 @@ async def test_codex_s_setup_never_copies_a_linked_secret_into_a_run(world: Worl
     else:
         assert second["ok"] is False and "link" in second["error"], second
     assert json.dumps(second).find(token) == -1
+
+
+REFRESHER = """
+import json, os, sys
+folder = os.environ["CLAUDE_CONFIG_DIR"]
+path = os.path.join(folder, ".credentials.json")
+with open(path) as handle:
+    doc = json.load(handle)
+seen = doc["claudeAiOauth"]["refreshToken"]
+doc["claudeAiOauth"].update(refreshToken="r2", accessToken="a2", expiresAt=2000)
+# As Claude Code writes it: a temporary file, then a rename.
+with open(path + ".tmp", "w") as handle:
+    json.dump(doc, handle)
+os.replace(path + ".tmp", path)
+print(folder, seen)
+"""
+
+
+async def test_the_default_account_s_claude_folder_is_the_harness_s_and_shares_the_login(
+    world: World,
+) -> None:
+    """Claude Code runs with a folder of the harness's own, seeded with the person's
+    login; a refresh the run makes (rotating the refresh token) reaches the
+    person's file when the run ends, so neither logs the other out; nothing else
+    of the run's folder reaches the person's."""
+    person = world.user / ".claude"
+    person.mkdir()
+    login = {"claudeAiOauth": {"accessToken": "a1", "refreshToken": "r1", "expiresAt": 1000,
+                               "scopes": ["user:inference"], "subscriptionType": "max"}}
+    (person / ".credentials.json").write_text(json.dumps(login))
+    script = world.tmp / "refresher.py"
+    script.write_text(REFRESHER)
+    env = dict(world.env)
+    env["FAKE_AGENT_TOOL"] = shlex.join([sys.executable, str(script)])
+    command = shlex.join([sys.executable, str(AGENTS / "fake_claude.py")])
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain="claude", env=env,
+        ):
+            completion = await turn(server, "A")
+    assert completion["ok"] is True, completion
+    owned = world.home / "cli" / "default" / "claude"
+    assert completion["reply"] == f"{owned} r1"
+    shared = json.loads((person / ".credentials.json").read_text())
+    assert shared["claudeAiOauth"]["refreshToken"] == "r2"
+    assert os.listdir(person) == [".credentials.json"]

@@ -484,3 +484,37 @@ def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
     before = env.get("MAVEN_OPTS", "").strip()
     result["MAVEN_OPTS"] = f"{before} {maven}" if before else maven
     return result
+
+
+def grant_problems(options: Options, user_home: Path) -> list[str]:
+    """Why ``options`` would grant runs a place that holds what they must not see
+    (§13: ``--workdir ~``, an ``--allow-write`` of a folder holding
+    ``$PROHOST_HOME`` or a secret store), one line each with what to do; empty when
+    none would, or with ``--sandbox off`` (nothing is confined then). Refused at
+    start, exit 2: a grant is a whole hierarchy, and a hidden place inside one
+    cannot be hidden, so the harness would say confined while it is not.
+    ``user_home``: ``$HOME`` as the harness sees it. Blocking (resolves paths)."""
+    if options.sandbox == "off":
+        return []
+    home = user_home.resolve()
+    hidden = [(options.home.resolve(), "$PROHOST_HOME"),
+              *((home / secret, f"~/{secret}") for secret in defaults.SECRETS)]
+    named = [("--allow-write", path) for path in options.allow_write]
+    if not options.repos:  # with --repos, --workdir is no run's place
+        named.insert(0, ("--workdir", options.workdir))
+    problems = []
+    for flag, path in named:
+        real = path.resolve()
+        if flag == "--workdir" and real == home:
+            problems.append(
+                f"--workdir {path} is your home folder: every run could write all of it, "
+                "your dotfiles and the secret stores in it (~/.ssh, …) included; name a "
+                "folder for the agents' work, such as ~/agent-work")
+            continue
+        held = [name for place, name in hidden if real == place or real in place.parents]
+        if held:
+            problems.append(
+                f"{flag} {path} holds {', '.join(held[:3])}"
+                f"{' and more' if len(held) > 3 else ''}, which runs must not see or "
+                f"change; name a folder inside it that holds none of them")
+    return problems
