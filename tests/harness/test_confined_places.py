@@ -241,3 +241,38 @@ async def test_the_default_account_s_claude_folder_is_the_harness_s_and_shares_t
     shared = json.loads((person / ".credentials.json").read_text())
     assert shared["claudeAiOauth"]["refreshToken"] == "r2"
     assert os.listdir(person) == [".credentials.json"]
+
+
+async def test_a_confined_agent_gets_the_harness_s_caches_and_none_of_the_person_s_sockets(
+    world: World,
+) -> None:
+    """The agent's environment, as the agent itself sees it: tools pointed at the
+    harness's caches, and no variable that names ssh-agent, tmux or the session
+    bus, unless ``--allow-write`` names the socket (§13)."""
+    sockets = world.tmp / "sockets"
+    sockets.mkdir()
+    env = dict(world.env)
+    env.update(SSH_AUTH_SOCK=str(sockets / "agent.1"), TMUX="/tmp/tmux-1000/default,1,0",
+               TMUX_PANE="%1", DBUS_SESSION_BUS_ADDRESS="unix:path=/run/user/1000/bus",
+               MAVEN_OPTS="-Xmx1g")
+    command = shlex.join([sys.executable, str(AGENTS / "env_dump.py")])
+    with trio.fail_after(60):
+        async with running_server() as server:
+            async with running_harness(server, world.home, exec_command=command,
+                                       brain="plain", env=env):
+                first = await turn(server, "A")
+            async with running_harness(server, world.home, exec_command=command,
+                                       brain="plain", env=env,
+                                       allow_write=(world.logs, sockets)):
+                second = await turn(server, "B")
+    seen = json.loads(first["reply"])["env"]
+    assert not {"SSH_AUTH_SOCK", "TMUX", "TMUX_PANE", "DBUS_SESSION_BUS_ADDRESS"} & set(seen)
+    caches = world.home / "cache"
+    assert seen["XDG_CACHE_HOME"] == str(caches / "xdg")
+    assert seen["npm_config_cache"] == str(caches / "npm")
+    assert seen["CARGO_HOME"] == str(caches / "cargo")
+    assert seen["MAVEN_OPTS"] == f"-Xmx1g -Dmaven.repo.local={caches / 'm2'}"
+    assert "CLAUDE_CONFIG_DIR" not in seen and "CODEX_HOME" not in seen  # plain: no CLI folder
+    allowed = json.loads(second["reply"])["env"]
+    assert allowed["SSH_AUTH_SOCK"] == str(sockets / "agent.1")
+    assert "TMUX" not in allowed
