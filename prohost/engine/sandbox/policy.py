@@ -43,11 +43,6 @@ class Policy:
     writable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     readable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     hidden: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
-    #: (source, path the run sees it at): a folder of the harness's own shown where
-    #: a program looks for its own (an ACP agent's ``~/.gemini``), where the
-    #: confinement can bind it there; each source is also in ``writable``, so
-    #: where it cannot (Landlock alone) only the source is granted.
-    mounts: tuple[tuple[Path, Path], ...] = ()
 
     def resolved(self) -> Policy:
         """The same policy on real paths (absolute, links followed), each once.
@@ -59,7 +54,6 @@ class Policy:
             writable=_existing(_real(self.writable)),
             readable=_existing(_real(self.readable)),
             hidden=_real(self.hidden),
-            mounts=self.mounts,
         )
 
 
