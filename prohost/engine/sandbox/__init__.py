@@ -10,11 +10,12 @@ applies (on Linux a ``preexec``, or better a spawn from a confined thread:
 imports the rest of prohost: the harness decides each run's places and hands them in.
 """
 
-from prohost.engine.sandbox import defaults, seatbelt, spawner
+from prohost.engine.sandbox import bwrap, defaults, seatbelt, spawner
+from prohost.engine.sandbox.bwrap import confined_command
 from prohost.engine.sandbox.cache import RuleCache
 from prohost.engine.sandbox.confinement import Confinement, prepare
 from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import SIMULATE_ABSENT_ENV, Support, probe
 
-__all__ = ["SIMULATE_ABSENT_ENV", "Confinement", "Policy", "RuleCache", "Support", "defaults",
-           "prepare", "probe", "seatbelt", "spawner"]
+__all__ = ["SIMULATE_ABSENT_ENV", "Confinement", "Policy", "RuleCache", "Support", "bwrap",
+           "confined_command", "defaults", "prepare", "probe", "seatbelt", "spawner"]

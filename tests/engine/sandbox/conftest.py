@@ -42,12 +42,14 @@ class Home:
     worktree: Path
 
     def policy(self, *, writable: Sequence[Path] = (), readable: Sequence[Path] = (),
-               hidden: Sequence[Path] = ()) -> Policy:
+               hidden: Sequence[Path] = (),
+               mounts: Sequence[tuple[Path, Path]] = ()) -> Policy:
         """The harness's usual policy for this home, plus what a test adds."""
         return Policy(
             writable=(self.work, self.worktree, *defaults.devices(), *writable),
             readable=tuple(readable),
-            hidden=(*defaults.secrets(self.root), self.prohost, *hidden))
+            hidden=(*defaults.secrets(self.root), self.prohost, *hidden),
+            mounts=tuple(mounts))
 
 
 @pytest.fixture
