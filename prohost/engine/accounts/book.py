@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ CONFIG_DIR_VARIABLES: Mapping[str, str] = {
     "codex": "CODEX_HOME",
 }
 ACCOUNT_DIR_VARIABLE = "PROHOST_ACCOUNT_DIR"
+#: Where Claude Code 2.1.220 and later keep the login, apart from CLAUDE_CONFIG_DIR.
+SECURE_STORAGE_VARIABLE = "CLAUDE_SECURESTORAGE_CONFIG_DIR"
 
 
 @attrs.frozen
@@ -68,7 +71,17 @@ class Account:
             return {}
         if self.owned:
             owned = self.cli_folder(brain)
-            return {} if owned is None else {CONFIG_DIR_VARIABLES[brain]: str(owned)}
+            if owned is None:
+                return {}
+            env = {CONFIG_DIR_VARIABLES[brain]: str(owned)}
+            if brain == "claude" and sys.platform == "darwin":
+                # macOS keeps the login in the Keychain, under an entry named by a
+                # hash of CLAUDE_CONFIG_DIR; Claude Code 2.1.220+ takes the store's
+                # location from this variable instead, and an empty one names the
+                # default entry, the person's own login (daymade/claude-code-skills#592,
+                # anthropics/claude-code#79223). No file to share there.
+                env[SECURE_STORAGE_VARIABLE] = ""
+            return env
         folder = str(self.dir)
         env = {ACCOUNT_DIR_VARIABLE: folder}
         variable = CONFIG_DIR_VARIABLES.get(brain)

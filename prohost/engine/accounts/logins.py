@@ -41,7 +41,9 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import stat
+import threading
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +66,8 @@ FOLDER_VARIABLES: Mapping[str, tuple[str, str]] = {
 MAX_BYTES = 64 * 1024
 
 Direction = Literal["to harness", "to person"]
+
+_ONE_AT_A_TIME = threading.Lock()
 
 
 @attrs.frozen
@@ -111,7 +115,10 @@ def sync_login(login: SharedLogin) -> Direction | None:
     Never raises: a copy that cannot be read or written is logged (without its
     content) and left as it is. Blocking file I/O."""
     try:
-        return _sync(login)
+        # One at a time: attempts of concurrent runs start and end together, and
+        # each compares both copies before it writes one.
+        with _ONE_AT_A_TIME:
+            return _sync(login)
     except OSError as exc:
         log.warning("could not share the %s login between %s and %s: %s", login.cli,
                     login.person, login.harness, exc.strerror or exc)
@@ -234,9 +241,8 @@ def _same_account(cli: str, person: dict[str, Any], harness: dict[str, Any]) -> 
 def _replace(target: Path, data: bytes) -> None:
     """``target`` made a new 0600 file holding ``data``: written beside it and renamed
     over it, so a link there is replaced, never written through."""
-    temporary = target.with_name(f".{target.name}.prohost-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temporary)
+    # A name no other writer uses (runs end together; each shares in its own thread).
+    temporary = target.with_name(f".{target.name}.prohost-{secrets.token_hex(8)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
