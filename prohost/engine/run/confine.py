@@ -245,11 +245,12 @@ def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
             readable.append(places.lane_folder)
     elif places.workdir is not None:
         writable.append(places.workdir)
-    writable.append(places.scratch)
     own, mounts = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home)
-    writable += own
-    writable.append(cache_folders(sandbox.home))
-    refuse_planted_links(writable, [sandbox.home, *writable, *sandbox.allow_write])
+    # The places the harness chooses (the person's --workdir and --allow-write are
+    # theirs, links and all): none passes through a link a run could have planted.
+    chosen = [places.scratch, *own, cache_folders(sandbox.home)]
+    refuse_planted_links(chosen, [sandbox.home, *writable, *chosen, *sandbox.allow_write])
+    writable += chosen
     writable += [Path(device) for device in defaults.DEVICES]
     writable += sandbox.allow_write
     home = sandbox.user_home
