@@ -101,6 +101,7 @@ def test_a_service_is_installed_with_the_same_confinement(tmp_path: Path) -> Non
     (["--allow-write", "~"], "--allow-write {user} holds"),
     (["--allow-write", "{tmp}"], "--allow-write {tmp} holds"),
     (["--allow-write", "~/.config"], "--allow-write {user}/.config holds"),
+    (["--account", "me=~/.claude"], "--account me={user}/.claude is a folder your own"),
 ])
 def test_a_grant_that_would_uncover_a_hidden_place_is_refused_at_start(
     tmp_path: Path, flags: list[str], reason: str,
@@ -112,11 +113,12 @@ def test_a_grant_that_would_uncover_a_hidden_place_is_refused_at_start(
     user = tmp_path / "user"
     (user / ".ssh").mkdir(parents=True)
     (user / ".config" / "gh").mkdir(parents=True)
+    (user / ".claude").mkdir()
     env = program_env(tmp_path, HOME=str(user))
     args = [flag.format(tmp=tmp_path) for flag in flags]
     done = run_cli(tmp_path, "agent", "run", "--brain", "plain", "--exec", "true", *args,
                    env=env)
     assert done.returncode == 2, done.stderr
     assert reason.format(user=user, tmp=tmp_path) in done.stderr, done.stderr
-    assert "name a folder" in done.stderr  # what to do
+    assert "name a folder" in done.stderr or "a folder of its own" in done.stderr
     assert not (tmp_path / "home").exists()

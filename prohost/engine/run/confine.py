@@ -518,4 +518,18 @@ def grant_problems(options: Options, user_home: Path) -> list[str]:
                 f"{flag} {path} holds {', '.join(held[:3])}"
                 f"{' and more' if len(held) > 3 else ''}, which runs must not see or "
                 f"change; name a folder inside it that holds none of them")
+    # Runs write their account's folder (settings, hooks): never the one the
+    # person's own sessions use.
+    own = {home / ".claude", home / ".codex",
+           *(home / folder for folders in defaults.AGENT_FOLDERS.values() for folder in folders)}
+    for name, folder in options.accounts:
+        real = folder.resolve()
+        if real in own or real == home or any(
+                real == place or real in place.parents for place, _ in hidden):
+            problems.append(
+                f"--account {name}={folder} is a folder your own sessions use (or holds "
+                "what runs must not see): runs on that account would write its settings "
+                f"and hooks; log the account into a folder of its own (e.g. "
+                f"CLAUDE_CONFIG_DIR=~/.claude-{name} claude), or leave --account out to "
+                "use your login through the harness's own folder")
     return problems
