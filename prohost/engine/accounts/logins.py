@@ -16,7 +16,8 @@ writes it over the other:
 - Claude Code keeps it in ``<CLAUDE_CONFIG_DIR>/.credentials.json`` on Linux
   (code.claude.com/docs/en/authentication, "Credential management"), as
   ``{"claudeAiOauth": {"accessToken", "refreshToken", "expiresAt" (ms), "scopes",
-  "subscriptionType"}}``; newer: the later ``expiresAt``. It writes the file by a
+  "subscriptionType"}}`` (beside other entries, MCP servers' OAuth tokens, which
+  stay the person's); newer: the later ``expiresAt``. It writes the file by a
   temporary file and a rename. (Claude Code 2.1.220 and later can keep it apart,
   ``CLAUDE_SECURESTORAGE_CONFIG_DIR``: not used, since one folder per account holds
   both, and older versions read it from ``CLAUDE_CONFIG_DIR`` alone.)
@@ -28,9 +29,10 @@ writes it over the other:
 
 The harness's copy is in a folder every run of the account may write, so it is
 read as a hostile file: opened without following a link, a regular file of at
-most :data:`MAX_BYTES`, a JSON document of exactly the shape above (no other key),
-and written by a new 0600 file renamed over the target (which replaces a link
-rather than writing through it). Nothing else of either folder is ever copied.
+most :data:`MAX_BYTES`, a JSON document with a login of the shape above (strings,
+numbers, lists of strings); only that login part is ever copied, written by a new
+0600 file renamed over the target (which replaces a link rather than writing
+through it). Nothing else of either folder is ever copied.
 The person's file is never created: a person logged out (or logged in by a
 variable) stays so.
 """
@@ -136,18 +138,35 @@ def _sync(login: SharedLogin) -> Direction | None:
         return None
     harness = _read(login.harness)
     harness_doc = _document(login.cli, harness) if harness is not None else None
-    if harness == person:
+    mine, theirs = _login(login.cli, person_doc), (
+        _login(login.cli, harness_doc) if harness_doc is not None else None)
+    if theirs is not None and theirs == mine:
         return None
-    if (harness is not None and harness_doc is not None
+    if (theirs is not None and harness_doc is not None
             and _same_account(login.cli, person_doc, harness_doc)
             and _freshness(login.cli, harness_doc) > _freshness(login.cli, person_doc)):
-        _replace(login.person, harness)
+        # The person's document, with only its login replaced: whatever else a run
+        # wrote in the harness's copy never reaches the person.
+        _replace(login.person, _encode({**person_doc, **theirs}))
         return "to person"
     if harness is not None and harness_doc is None:
         log.warning("the harness's copy of the %s login (%s) is not a credentials "
                     "document: replaced by the person's", login.cli, login.harness)
-    _replace(login.harness, person)
+    # Only the login: other entries of the person's file (Claude Code's MCP servers'
+    # OAuth tokens, say) are not the runs'.
+    _replace(login.harness, _encode(mine))
     return "to harness"
+
+
+def _login(cli: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The login part of a credentials document: all that is ever copied."""
+    if cli == "claude":
+        return {"claudeAiOauth": doc["claudeAiOauth"]}
+    return {key: doc[key] for key in ("OPENAI_API_KEY", "tokens", "last_refresh") if key in doc}
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, indent=2).encode()
 
 
 def _read(path: Path) -> bytes | None:
@@ -174,9 +193,16 @@ def _read(path: Path) -> bytes | None:
         os.close(fd)
 
 
+def _scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool) or (
+        isinstance(value, list) and all(isinstance(item, str) for item in value))
+
+
 def _document(cli: str, data: bytes) -> dict[str, Any] | None:
     """``data`` as the CLI's credentials document, or ``None`` when it is anything
-    else (another key, a wrong type, not JSON)."""
+    else (not JSON, no login of the CLI's shape). Its login part (:func:`_login`)
+    must hold strings, numbers and lists of strings only; other top-level entries
+    are kept as they are in the person's file and never copied."""
     try:
         doc = json.loads(data)
     except ValueError:
@@ -185,27 +211,22 @@ def _document(cli: str, data: bytes) -> dict[str, Any] | None:
         return None
     if cli == "claude":
         oauth = doc.get("claudeAiOauth")
-        if set(doc) != {"claudeAiOauth"} or not isinstance(oauth, dict):
+        if not isinstance(oauth, dict) or not all(_scalar(value) for value in oauth.values()):
             return None
         if not (isinstance(oauth.get("accessToken"), str)
                 and isinstance(oauth.get("refreshToken"), str)
                 and isinstance(oauth.get("expiresAt"), int)):
             return None
-        allowed = {"accessToken", "refreshToken", "expiresAt", "scopes", "subscriptionType",
-                   "rateLimitTier"}
-        return doc if set(oauth) <= allowed else None
-    if not set(doc) <= {"OPENAI_API_KEY", "tokens", "last_refresh"}:
-        return None
+        return doc
     key = doc.get("OPENAI_API_KEY")
     tokens = doc.get("tokens")
     if key is not None and not isinstance(key, str):
         return None
-    if tokens is not None:
-        if not isinstance(tokens, dict) or not set(tokens) <= {
-                "id_token", "access_token", "refresh_token", "account_id"}:
-            return None
-        if not all(isinstance(value, str | None) for value in tokens.values()):
-            return None
+    if tokens is not None and not (isinstance(tokens, dict) and isinstance(
+            tokens.get("refresh_token"), str) and all(_scalar(v) for v in tokens.values())):
+        return None
+    if key is None and tokens is None:
+        return None
     refreshed = doc.get("last_refresh")
     if refreshed is not None and _instant(refreshed) is None:
         return None

@@ -49,7 +49,7 @@ def codex(tmp_path: Path) -> SharedLogin:
 def test_the_harness_s_copy_is_seeded_from_the_person_s_login(claude: SharedLogin) -> None:
     claude.person.write_text(claude_doc(1000))
     assert sync_login(claude) == "to harness"
-    assert claude.harness.read_text() == claude_doc(1000)
+    assert json.loads(claude.harness.read_text()) == json.loads(claude_doc(1000))
     assert stat.S_IMODE(os.stat(claude.harness).st_mode) == 0o600
     assert sync_login(claude) is None  # the same: nothing to do
 
@@ -105,16 +105,16 @@ def test_a_link_in_the_harness_s_folder_is_never_followed_nor_copied(
     claude.person.write_text(claude_doc(1000))
     claude.harness.symlink_to(secret)
     assert sync_login(claude) == "to harness"
-    assert claude.person.read_text() == claude_doc(1000)
+    assert json.loads(claude.person.read_text()) == json.loads(claude_doc(1000))
     assert not claude.harness.is_symlink()
-    assert claude.harness.read_text() == claude_doc(1000)
+    assert json.loads(claude.harness.read_text()) == json.loads(claude_doc(1000))
     assert secret.read_text() == claude_doc(9999, "stolen")
 
 
 @pytest.mark.parametrize("text", [
     "not json", json.dumps({"claudeAiOauth": {"accessToken": "a"}}), "[]",
     json.dumps({"claudeAiOauth": {"accessToken": "a", "refreshToken": "r",
-                                  "expiresAt": 5000}, "hooks": {"x": "y"}}),
+                                  "expiresAt": 5000, "hooks": {"x": "y"}}}),
 ])
 def test_anything_but_a_credentials_document_is_never_copied(
     claude: SharedLogin, text: str,
@@ -123,7 +123,7 @@ def test_anything_but_a_credentials_document_is_never_copied(
     sync_login(claude)
     claude.harness.write_text(text)
     assert sync_login(claude) == "to harness"
-    assert claude.person.read_text() == claude_doc(1000)
+    assert json.loads(claude.person.read_text()) == json.loads(claude_doc(1000))
 
 
 def test_a_person_without_a_login_file_keeps_none(claude: SharedLogin) -> None:
@@ -132,3 +132,22 @@ def test_a_person_without_a_login_file_keeps_none(claude: SharedLogin) -> None:
     claude.harness.write_text(claude_doc(1000))
     assert sync_login(claude) is None
     assert not claude.person.exists()
+
+
+def test_only_the_login_part_is_copied_either_way(claude: SharedLogin) -> None:
+    """The person's file also holds MCP servers' OAuth tokens: runs never get them.
+    A run's copy with entries of its own: only its newer login reaches the person,
+    whose other entries stay."""
+    person = json.loads(claude_doc(1000))
+    person["mcpOAuth"] = {"server": {"accessToken": "the person's MCP token"}}
+    claude.person.write_text(json.dumps(person))
+    assert sync_login(claude) == "to harness"
+    assert json.loads(claude.harness.read_text()) == json.loads(claude_doc(1000))
+    planted = json.loads(claude_doc(2000, "r2"))
+    planted["mcpOAuth"] = {"evil": {"accessToken": "x"}}
+    planted["hooks"] = {"PostToolUse": "curl evil"}
+    claude.harness.write_text(json.dumps(planted))
+    assert sync_login(claude) == "to person"
+    shared = json.loads(claude.person.read_text())
+    assert shared["claudeAiOauth"]["refreshToken"] == "r2"
+    assert shared["mcpOAuth"] == person["mcpOAuth"] and "hooks" not in shared
