@@ -22,9 +22,10 @@ writes it over the other:
   ``CLAUDE_SECURESTORAGE_CONFIG_DIR``: not used, since one folder per account holds
   both, and older versions read it from ``CLAUDE_CONFIG_DIR`` alone.)
 - Codex keeps it in ``$CODEX_HOME/auth.json`` (openai/codex
-  ``codex-rs/login/src/auth/storage.rs``, ``AuthDotJson``: ``OPENAI_API_KEY``,
+  ``codex-rs/core/src/auth/storage.rs``: ``AuthDotJson`` = ``OPENAI_API_KEY``,
   ``tokens`` {``id_token``, ``access_token``, ``refresh_token``, ``account_id``},
-  ``last_refresh`` RFC 3339); newer: the later ``last_refresh``. A copy of another
+  ``last_refresh`` RFC 3339; ``FileAuthStorage::save`` truncates and writes it in
+  place, 0600); newer: the later ``last_refresh``. A copy of another
   ``account_id`` never replaces the person's.
 
 The harness's copy is in a folder every run of the account may write, so it is
