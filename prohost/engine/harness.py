@@ -51,7 +51,6 @@ from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
-from prohost.engine.run.spares import Spares
 from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
 from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
@@ -141,10 +140,6 @@ class Harness:
         self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
         policy = AdmissionPolicy(max_queued=options.max_queued,
                                  allow_unverified=options.allow_unverified)
-        #: Confined runs' confinements made ahead (without --repos: a run's places
-        #: do not depend on its conversation then).
-        self.spares = (Spares(self.sandbox, self.scratch_root, self.bounds)
-                       if self.sandbox.confines and not self.worktrees.enabled else None)
         #: The ledger's parts: none in a dry run, which answers deliveries from
         #: memory instead and never holds a run (the one choice of the two kinds).
         self.outbox: Outbox | None = None
@@ -167,7 +162,6 @@ class Harness:
                 on_change=self.changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies, clock=clock,
                 sandbox=self.sandbox,
-                spares=self.spares,
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,
@@ -234,8 +228,6 @@ class Harness:
                 if self.recovery is not None:
                     # Before any run can start: every MCP folder there is a leftover.
                     await sweep_scratch(self.scratch_root, self.bounds)
-                    if self.spares is not None:  # after the sweep: it would remove theirs
-                        await nursery.start(self.spares.serve)
                     await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -257,7 +249,7 @@ class Harness:
             self._done.set()
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
-            self.sandbox.close()  # the descriptors its rule cache holds
+            self.sandbox.close()
         return self.exit_code
 
     def _say_confinement(self) -> None:

@@ -34,14 +34,14 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from prohost.engine.sandbox.policy import Policy, is_within
+from prohost.engine.sandbox.policy import Policy, real_pairs
 
 #: Folders the view makes anew: a grant inside one would put the person's own back.
-_FRESH = (Path("/dev"), Path("/proc"))
+_FRESH = ("/dev", "/proc")
 #: Folders the view empties, of which it shows again, read-only, each entry that
 #: holds one of the run's places (``/tmp/work`` for ``--workdir /tmp/work/x``):
 #: the rest (the person's ``/tmp/tmux-1000``, ``/tmp/ssh-…``) stays out of sight.
-_EMPTIED = (Path("/tmp"), Path("/run"))
+_EMPTIED = ("/tmp", "/run")
 
 #: Where the bubblewrap of ``$PATH`` is looked for when the package has none.
 _NAME = "bwrap"
@@ -69,23 +69,24 @@ def namespaces(*, network: bool) -> list[str]:
 
 def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> list[str]:
     """bubblewrap's options (without the program, the ``--`` or ``--chdir``) for a
-    run confined to ``policy`` (give it resolved: :meth:`Policy.resolved`), its
-    ``/tmp`` being ``tmpdir`` (a folder of the run's own) or else an empty tmpfs.
-    ``network``: ``False`` cuts the run off the network (and so from every
-    abstract Unix socket too). Blocking only for a ``stat`` of each hidden place."""
+    run confined to ``policy`` (resolved here, on real paths: a link never widens
+    a grant), its ``/tmp`` being ``tmpdir`` (a folder of the run's own) or else an
+    empty tmpfs. ``network``: ``False`` cuts the run off the network (and so from
+    every abstract Unix socket too). Blocking: it resolves every path (strings,
+    one memo of folders for them all: pathlib's parsing was most of the cost)."""
     found = namespaces(network=network)
     found += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     found += ["--bind", str(tmpdir), "/tmp"] if tmpdir is not None else ["--tmpfs", "/tmp"]
     found += ["--tmpfs", "/run"]
-    resolver = Path(os.path.realpath("/etc/resolv.conf"))
-    if is_within(resolver, Path("/run")) and resolver.is_file():
-        found += ["--ro-bind", str(resolver), str(resolver)]
-    for _, _, step in sorted(_steps(policy)):
+    resolver = os.path.realpath("/etc/resolv.conf")
+    if resolver.startswith("/run/") and os.path.isfile(resolver):
+        found += ["--ro-bind", resolver, resolver]
+    places = _Places.of(policy)
+    for _, _, step in sorted(places.steps()):
         found += step
     # Last, so the mount points of what lies inside them could still be made.
-    for place in dict.fromkeys(policy.hidden):
-        if place.is_dir() and not _under_fresh(place):
-            found += ["--remount-ro", str(place)]
+    for place in places.hidden_folders:
+        found += ["--remount-ro", place]
     return found
 
 
@@ -93,40 +94,70 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
 _HIDE, _READ, _WRITE, _MOUNT = range(4)
 
 
-def _steps(policy: Policy) -> list[tuple[int, int, tuple[str, ...]]]:
-    """Each mount of the policy's places as (depth, order, bubblewrap's words)."""
-    steps: list[tuple[int, int, tuple[str, ...]]] = []
+class _Places:
+    """A policy's places on real paths (strings), and the mounts that make them."""
 
-    shown: set[Path] = set()
+    def __init__(self, hidden: list[str], readable: list[str], writable: list[str],
+                 mounts: list[tuple[str, str]]) -> None:
+        self.hidden, self.readable, self.writable, self.mounts = (
+            hidden, readable, writable, mounts)
+        self.hidden_folders = [place for place in hidden
+                               if not _under_fresh(place) and os.path.isdir(place)]
 
-    def add(order: int, option: str, source: Path | str | None, target: Path) -> None:
-        if _under_fresh(target):
-            return  # /dev and /proc are the run's own already
-        for emptied in _EMPTIED:
-            if target != emptied and is_within(target, emptied):
-                top = emptied / target.relative_to(emptied).parts[0]
-                if top not in shown and os.path.lexists(top):
-                    shown.add(top)
-                    steps.append((len(top.parts), _READ, ("--ro-bind", str(top), str(top))))
-        words = (option, str(target)) if source is None else (option, str(source), str(target))
-        steps.append((len(target.parts), order, words))
+    @classmethod
+    def of(cls, policy: Policy) -> _Places:
+        # /dev and /proc are the run's own: what the policy names there (the device
+        # files) needs no resolving. A link elsewhere that leads there gets nothing.
+        writable = [str(path) for path in policy.writable]
+        writable = [path for path in writable if not _under_fresh(path)]
+        every = [*map(str, policy.hidden), *map(str, policy.readable), *writable,
+                 *(str(source) for source, _ in policy.mounts),
+                 *(str(target) for _, target in policy.mounts)]
+        real = [path for _, path in real_pairs(every)]
+        counts = (len(policy.hidden), len(policy.readable), len(writable), len(policy.mounts))
+        hidden, real = real[:counts[0]], real[counts[0]:]
+        readable, real = real[:counts[1]], real[counts[1]:]
+        writable, real = real[:counts[2]], real[counts[2]:]
+        sources, targets = real[:counts[3]], real[counts[3]:]
+        return cls(list(dict.fromkeys(hidden)),
+                   [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
+                   [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
+                   [(source, target) for source, target in zip(sources, targets, strict=True)
+                    if os.path.isdir(source)])
 
-    for place in dict.fromkeys(policy.hidden):
-        if place.is_dir():
-            add(_HIDE, "--tmpfs", None, place)
-        elif os.path.lexists(place):
-            add(_HIDE, "--ro-bind", "/dev/null", place)
-    for place in dict.fromkeys(policy.readable):
-        add(_READ, "--ro-bind", place, place)
-    for place in dict.fromkeys(policy.writable):
-        add(_WRITE, "--bind", place, place)
-    for source, target in dict.fromkeys(policy.mounts):
-        add(_MOUNT, "--bind", source, target)
-    return steps
+    def steps(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """Each mount as (depth, order, bubblewrap's words)."""
+        steps: list[tuple[int, int, tuple[str, ...]]] = []
+        shown: set[str] = set()
+
+        def add(order: int, words: tuple[str, ...], target: str) -> None:
+            if _under_fresh(target):
+                return  # /dev and /proc are the run's own already
+            for emptied in _EMPTIED:
+                if target.startswith(emptied + "/"):
+                    top = emptied + "/" + target[len(emptied) + 1:].split("/", 1)[0]
+                    if top not in shown and os.path.lexists(top):
+                        shown.add(top)
+                        steps.append((top.count("/"), _READ, ("--ro-bind", top, top)))
+            steps.append((target.count("/") if target != "/" else 0, order, words))
+
+        folders = set(self.hidden_folders)
+        for place in self.hidden:
+            if place in folders:
+                add(_HIDE, ("--tmpfs", place), place)
+            elif os.path.lexists(place):
+                add(_HIDE, ("--ro-bind", "/dev/null", place), place)
+        for place in self.readable:
+            add(_READ, ("--ro-bind", place, place), place)
+        for place in self.writable:
+            add(_WRITE, ("--bind", place, place), place)
+        for source, target in dict.fromkeys(self.mounts):
+            add(_MOUNT, ("--bind", source, target), target)
+        return steps
 
 
-def _under_fresh(path: Path) -> bool:
-    return any(is_within(path, fresh) for fresh in _FRESH)
+def _under_fresh(path: str) -> bool:
+    return any(path == fresh or path.startswith(fresh + "/") for fresh in _FRESH)
 
 
 def confined_command(policy: Policy, argv: Sequence[str], *, network: bool = False,
@@ -141,5 +172,5 @@ def confined_command(policy: Policy, argv: Sequence[str], *, network: bool = Fal
     program = bwrap or find()
     if program is None:
         raise FileNotFoundError("bubblewrap (bwrap) is not installed")
-    options = arguments(policy.resolved(), tmpdir=None, network=network)
+    options = arguments(policy, tmpdir=None, network=network)
     return [program, *options, "--", *argv]

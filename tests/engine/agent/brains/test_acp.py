@@ -368,7 +368,9 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     assert mounts == [(owned / folder, tmp_path / "user" / folder)
                       for folder in defaults.AGENT_FOLDERS["opencode"]]
     assert all(folder.is_dir() for folder in granted)
-    assert not (tmp_path / "user").exists()  # the person's own are never made nor granted
+    # Where the agent looks is made (empty) for the binding, never granted.
+    assert all(not any(seen.iterdir()) for _source, seen in mounts)
+    assert not {seen for _source, seen in mounts} & set(granted)
 
 
 def line(message: dict[str, Any]) -> bytes:
