@@ -255,8 +255,12 @@ class Harness:
     def _say_confinement(self) -> None:
         """Say once, at start, whether agents run confined (§13): a warning when
         ``--sandbox auto`` finds the system cannot (runs go on unconfined)."""
-        if self.sandbox.confines:
+        if self.sandbox.complete:
             log.info("agents run %s", self.sandbox.describe())
+        elif self.sandbox.confines:
+            log.warning("agents run %s; each completion says \"confined\": false (use "
+                        "--sandbox required to refuse to run without every point of §13)",
+                        self.sandbox.describe())
         elif self.options.sandbox == "off":
             log.info("agents run unconfined (--sandbox off)")
         else:

@@ -248,6 +248,30 @@ async def test_auto_without_support_warns_once_and_reports_unconfined(
     assert snapshot.confinement.startswith("NOT confined: ")
 
 
+async def test_without_bubblewrap_landlock_alone_confines_files_and_says_it_is_not_all(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where bubblewrap cannot run (simulated at the probe), ``auto`` falls back to
+    Landlock: writes and reads are still confined, but the completion says
+    ``"confined": false``, and the start line and status say what is not covered."""
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+    caplog.set_level(logging.INFO, logger="prohost")
+    tool = prober(f"write:dotfile:{world.user / '.profile'}",
+                  f"read:ssh_key:{world.user / '.ssh' / 'id_ed25519'}")
+    with trio.fail_after(60):
+        async with running_server() as server, world.harness(server, tool) as running:
+            completion = await turn(server, "A")
+            snapshot = running.harness.snapshot()
+    assert results(completion) == {"dotfile": "denied", "ssh_key": "denied"}
+    assert completion["confined"] is False
+    assert snapshot.confinement is not None
+    assert snapshot.confinement.startswith("partly confined (Landlock ABI ")
+    assert "outlive" in snapshot.confinement
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "partly confined" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
 async def test_status_says_how_runs_are_confined(world: World) -> None:
     with trio.fail_after(60):
         async with running_server() as server, world.harness(server, prober()) as running:

@@ -230,11 +230,16 @@ def run_body(run_id: str, **fields: Any) -> dict[str, Any]:
     return body
 
 
+#: A pid no process can have (above the kernel's largest ``pid_max``).
+NO_PID = 4_194_305
+
+
 def host_pid(pid: int, run_id: str) -> int:
     """The pid, as this test sees it, of run ``run_id``'s process that calls itself
     ``pid``: the same unless it runs in a PID namespace of its own (a run confined
     by bubblewrap), whose numbers are the last of ``NSpid`` in ``/proc/<pid>/status``.
-    Linux; elsewhere (or not found) ``pid`` itself."""
+    :data:`NO_PID` when there is no such process (any more). Linux; elsewhere
+    ``pid`` itself."""
     needle = f"PROHOST_RUN_ID={run_id}".encode()
     try:
         entries = os.listdir("/proc")
@@ -251,7 +256,7 @@ def host_pid(pid: int, run_id: str) -> int:
         nspids = [line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")]
         if nspids and nspids[0] and nspids[0][-1] == str(pid) and needle in environ.split(b"\0"):
             return int(entry)
-    return pid
+    return NO_PID
 
 
 class Gate:

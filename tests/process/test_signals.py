@@ -22,7 +22,7 @@ from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, E
 from prohost.server import ServerHandle
 from prohost.wire.outcomes import NOT_STARTED, STOPPED
 from prohost.wire.protocol import Heartbeat, Pong, Status
-from tests.kits.harness import agent_command, busy_and_queued, finished, start_run
+from tests.kits.harness import agent_command, busy_and_queued, finished, host_pid, start_run
 from tests.kits.paths import logs_folder
 from tests.kits.process import (
     HarnessProcess,
@@ -58,9 +58,10 @@ async def first_signal(server: ServerHandle, harness: HarnessProcess, signum: in
     return index
 
 
-def tree_pids(pidfile: Path) -> list[int]:
-    """The stubborn agent's own pid and its grandchild's, as it wrote them."""
-    return [int(word) for word in pidfile.read_text().split()]
+def tree_pids(pidfile: Path, run_id: str) -> list[int]:
+    """The stubborn agent's own pid and its grandchild's, as it wrote them, as this
+    test sees them (a confined agent's are its PID namespace's)."""
+    return [host_pid(int(word), run_id) for word in pidfile.read_text().split()]
 
 
 async def test_first_signal_drains(tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> N
             command = agent_command("stubborn_tree.py", gate.port, pidfile)
             async with harness_process(server, home, command) as harness:
                 run_id = await start_run(server, gate, "long job")
-                pids = tree_pids(pidfile)
+                pids = tree_pids(pidfile, run_id)
                 assert all(alive(pid) for pid in pids)
 
                 await first_signal(server, harness, signal.SIGTERM)
@@ -182,7 +183,7 @@ async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Pat
                                     "--leader-ignores-term")
             async with harness_process(server, home, command) as harness:
                 run_id = await start_run(server, gate, "long job")
-                pids = tree_pids(pidfile)
+                pids = tree_pids(pidfile, run_id)
 
                 await first_signal(server, harness, signal.SIGINT)
                 harness.send_signal(signal.SIGTERM)

@@ -568,7 +568,10 @@ class Runner:
                     result = await execute(
                         Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
                                 max_cost_usd=budget,
-                                cwd=workdir_for(setup.spec, checkouts.prepared),
+                                cwd=workdir_for(setup.spec, checkouts.prepared,
+                                                None if confined is None
+                                                or self.worktrees is None
+                                                else confined.tmpdir),
                                 confinement=None if confined is None
                                 else confined.confinement),
                         setup, progress, on_spawn, timeline)

@@ -136,7 +136,10 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
     """The confinement for ``policy`` on this machine (unconfined where ``support`` is
     none), made anew for each attempt: nothing is kept from one to the next, so
     nothing a run changed can carry a grant to the next one. ``tmpdir``: the run's
-    own folder that bubblewrap shows at ``/tmp`` (else an empty tmpfs).
+    private ``TMPDIR`` (one of its writable places); bubblewrap's ``/tmp`` is an
+    empty tmpfs of the run's own beside it, so that the mount points it makes
+    there for places under the person's ``/tmp`` never reach the disk (removing
+    them cost the run's end a tree walk).
 
     Blocking filesystem work (it resolves every path; for the Landlock fallback it
     also lists the folders on the way to each hidden place and opens each grant):
@@ -149,7 +152,7 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
         return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
     if support.kind == "bwrap":
-        options = bwrap.arguments(policy, tmpdir=tmpdir)
+        options = bwrap.arguments(policy, tmpdir=None)
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
                            keeper=True, ruleset=_scopes(support.abi), shared=True)
     return prepare_landlock(policy, support)
