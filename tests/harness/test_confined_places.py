@@ -132,6 +132,7 @@ async def test_a_link_a_run_plants_in_a_cache_never_widens_a_later_agent_s_grant
             async with world.harness(server, shlex.join([sys.executable, str(script)])):
                 first = await turn(server, "A")
             assert first["ok"] is True, first
+            assert first["reply"].startswith("refused"), first["reply"]  # ~/.cache is not its
             async with running_harness(server, world.home, exec_command=opencode_wrapper(world),
                                        brain="acp", env=world.env):
                 second = await turn(server, "B")
