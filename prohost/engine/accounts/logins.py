@@ -154,8 +154,8 @@ def _sync(login: SharedLogin) -> Direction | None:
         log.warning("the harness's copy of the %s login (%s) is not a credentials "
                     "document: replaced by the person's", login.cli, login.harness)
     # Only the login: other entries of the person's file (Claude Code's MCP servers'
-    # OAuth tokens, say) are not the runs'.
-    _replace(login.harness, _encode(mine))
+    # OAuth tokens, say) are not the runs'; those the runs' own copy holds stay.
+    _replace(login.harness, _encode({**(harness_doc or {}), **mine}))
     return "to harness"
 
 
