@@ -81,6 +81,17 @@ def _check_sandbox(parser: argparse.ArgumentParser, options: Options) -> None:
                      "completion")
 
 
+def _check_grants(parser: argparse.ArgumentParser, options: Options) -> None:
+    """A grant that would uncover a hidden place (§13: ``--workdir ~``, an
+    ``--allow-write`` holding ``$PROHOST_HOME`` or a secret store): exit 2 saying
+    why and what to do."""
+    from prohost.engine.run.confine import grant_problems
+
+    problems = grant_problems(options, Path(os.environ.get("HOME") or Path.home()))
+    if problems:
+        parser.error("; ".join(problems))
+
+
 def agent_run(ns: argparse.Namespace) -> int:
     from prohost.options import options_from_args
 
@@ -91,6 +102,7 @@ def agent_run(ns: argparse.Namespace) -> int:
         parser.error(str(exc))
     _check_budget(parser, options)
     _check_sandbox(parser, options)
+    _check_grants(parser, options)
     from rich.console import Console
 
     from prohost.engine.view.panel import use_panel
@@ -132,6 +144,7 @@ def agent_install_daemon(ns: argparse.Namespace) -> int:
         parser.error(str(exc))
     _check_budget(parser, options)
     _check_sandbox(parser, options)
+    _check_grants(parser, options)
     setup_logging(ns.verbose)
     return install_daemon_command(options, print_only=ns.print_only, env=os.environ,
                                   pass_env=pass_env)

@@ -30,8 +30,9 @@ from typing import TypeVar
 import trio
 
 from prohost.engine import lognames
-from prohost.engine.accounts.book import Account, AccountBook
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT, Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
+from prohost.engine.accounts.logins import owned_folder
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
@@ -120,7 +121,11 @@ class Harness:
                          on_change=self.changed)
         self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
         #: The agent accounts (--account) and their usage limits (docs/protocol.md §12).
-        self.book = AccountBook(Account(name, folder) for name, folder in options.accounts)
+        #: Without --account, the default account's CLI folders are the harness's own
+        #: (§13: never the person's ~/.claude or ~/.codex), sharing the person's login.
+        self.book = AccountBook(
+            [Account(name, folder) for name, folder in options.accounts]
+            or [Account(DEFAULT_ACCOUNT, owned_folder(options.home, DEFAULT_ACCOUNT), owned=True)])
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
         #: What the harness learnt about itself (version, model, latest runs).

@@ -112,3 +112,32 @@ def test_a_service_is_installed_with_the_same_confinement(tmp_path: Path) -> Non
     off = parse_run(["agent", "run", "--sandbox", "off"], env, tmp_path)
     assert harness_arguments(off)[2:] == ["--sandbox", "off"]
     assert harness_arguments(parse_run(["agent", "run"], env, tmp_path)) == ["agent", "run"]
+
+
+@pytest.mark.parametrize(("flags", "reason"), [
+    (["--workdir", "~"], "--workdir {user} is your home folder"),
+    (["--workdir", "{tmp}"], "--workdir {tmp} holds"),
+    (["--allow-write", "~"], "--allow-write {user} holds"),
+    (["--allow-write", "{tmp}"], "--allow-write {tmp} holds"),
+    (["--allow-write", "~/.config"], "--allow-write {user}/.config holds"),
+    (["--account", "me=~/.claude"], "--account me={user}/.claude is a folder your own"),
+])
+def test_a_grant_that_would_uncover_a_hidden_place_is_refused_at_start(
+    tmp_path: Path, flags: list[str], reason: str,
+) -> None:
+    """Issue 36, attack 11: ``--workdir ~`` or an ``--allow-write`` above
+    ``$PROHOST_HOME`` or a secret store would open what every run must not see
+    while the harness said confined: refused, exit 2, saying why and what to do,
+    before anything connects or the home is made."""
+    user = tmp_path / "user"
+    (user / ".ssh").mkdir(parents=True)
+    (user / ".config" / "gh").mkdir(parents=True)
+    (user / ".claude").mkdir()
+    env = program_env(tmp_path, HOME=str(user))
+    args = [flag.format(tmp=tmp_path) for flag in flags]
+    done = run_cli(tmp_path, "agent", "run", "--brain", "plain", "--exec", "true", *args,
+                   env=env)
+    assert done.returncode == 2, done.stderr
+    assert reason.format(user=user, tmp=tmp_path) in done.stderr, done.stderr
+    assert "name a folder" in done.stderr or "a folder of its own" in done.stderr
+    assert not (tmp_path / "home").exists()

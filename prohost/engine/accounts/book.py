@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,23 +38,50 @@ CONFIG_DIR_VARIABLES: Mapping[str, str] = {
     "codex": "CODEX_HOME",
 }
 ACCOUNT_DIR_VARIABLE = "PROHOST_ACCOUNT_DIR"
+#: Where Claude Code 2.1.220 and later keep the login, apart from CLAUDE_CONFIG_DIR.
+SECURE_STORAGE_VARIABLE = "CLAUDE_SECURESTORAGE_CONFIG_DIR"
 
 
 @attrs.frozen
 class Account:
     """One login of the agent CLI: a name and its configuration folder.
 
-    ``dir`` is ``None`` only for the implicit :data:`DEFAULT_ACCOUNT`.
+    ``dir`` is ``None`` only for an implicit :data:`DEFAULT_ACCOUNT` made without a
+    home (tests of the book alone). The harness's default account is ``owned``:
+    ``dir`` is then the harness's own folder, one subfolder per CLI
+    (:mod:`prohost.engine.accounts.logins`), never the person's ``~/.claude``.
     """
 
     name: str
     dir: Path | None = None
+    owned: bool = False
+
+    def cli_folder(self, cli: str) -> Path | None:
+        """The harness's own folder of ``cli`` (claude, codex) for an ``owned``
+        account; ``None`` otherwise (a CLI without a folder, the plain brain)."""
+        if not self.owned or self.dir is None or cli not in CONFIG_DIR_VARIABLES:
+            return None
+        return self.dir / cli
 
     def env(self, brain: str) -> dict[str, str]:
-        """The variables that point ``brain``'s CLI at this account's folder
-        (nothing for the implicit default account)."""
+        """The variables that point ``brain``'s CLI (the brain's name, or the agent
+        an ACP command starts) at this account's folder: nothing for an account
+        without one, or for the plain brain of an ``owned`` account."""
         if self.dir is None:
             return {}
+        if self.owned:
+            owned = self.cli_folder(brain)
+            if owned is None:
+                return {}
+            env = {CONFIG_DIR_VARIABLES[brain]: str(owned)}
+            if brain == "claude" and sys.platform == "darwin":
+                # macOS keeps the login in the Keychain, under an entry named by a
+                # hash of CLAUDE_CONFIG_DIR; Claude Code 2.1.220+ takes the store's
+                # location from this variable instead, and an empty one names the
+                # default entry, the person's own login (daymade/claude-code-skills#592,
+                # anthropics/claude-code#79223). No file to share there.
+                env[SECURE_STORAGE_VARIABLE] = ""
+            return env
         folder = str(self.dir)
         env = {ACCOUNT_DIR_VARIABLE: folder}
         variable = CONFIG_DIR_VARIABLES.get(brain)

@@ -80,3 +80,73 @@ def agent_env(base: Mapping[str, str], run_id: str, secrets: Sequence[str]) -> d
     env[PAIRED_RUN_ENV] = "1"
     env[RUN_ID_ENV] = run_id
     return env
+
+
+#: Variables that name one of the person's sockets, or the folder holding them
+#: (docs/protocol.md §13): through them a run would reach a program outside its
+#: confinement that acts with the person's rights. ssh-agent signs with the
+#: person's keys; gpg-agent signs and decrypts; tmux and screen run any command in
+#: a new window; the D-Bus session bus starts programs and reads the keyring;
+#: XDG_RUNTIME_DIR holds all of these (and the Wayland, PipeWire and Docker
+#: sockets); an X display (DISPLAY) takes keystrokes into every window of the
+#: session, so it is dropped too, although a run that needs a display (a browser
+#: test) then needs a headless one (``xvfb-run``) or ``--allow-write
+#: /tmp/.X11-unix``. Each is passed when ``--allow-write`` names the socket (or a
+#: folder holding it): see :func:`socket_path`.
+SOCKET_VARIABLES = ("SSH_AUTH_SOCK", "GPG_AGENT_INFO", "TMUX", "TMUX_PANE", "STY",
+                    "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR", "WAYLAND_DISPLAY",
+                    "DISPLAY", "DOCKER_HOST", "PULSE_SERVER", "SWAYSOCK", "I3SOCK",
+                    "KITTY_LISTEN_ON", "NVIM", "NVIM_LISTEN_ADDRESS",
+                    "GNOME_KEYRING_CONTROL", "SESSION_MANAGER", "VSCODE_IPC_HOOK_CLI")
+
+
+def socket_path(name: str, env: Mapping[str, str]) -> Path | None:
+    """The socket (or folder of sockets) ``env``'s variable ``name`` names, as a
+    path: what ``--allow-write`` must name for it to be passed. ``None`` when it
+    names none that a grant could open (``STY``: a screen session, by name only;
+    ``DOCKER_HOST`` over TCP, which is not dropped at all)."""
+    value = env.get(name, "")
+    if name == "TMUX_PANE":
+        return socket_path("TMUX", env)
+    if name == "TMUX":
+        value = value.split(",", 1)[0]
+    elif name == "GPG_AGENT_INFO":
+        value = value.split(":", 1)[0]
+    elif name in ("DBUS_SESSION_BUS_ADDRESS", "PULSE_SERVER"):
+        found = [part.removeprefix("path=") for part in value.split(",")
+                 if part.startswith("path=") or part.startswith("unix:path=")]
+        value = found[0].removeprefix("unix:path=") if found else ""
+        value = value.removeprefix("unix:")
+    elif name == "DOCKER_HOST":
+        value = value.removeprefix("unix://")
+    elif name == "DISPLAY":
+        display = value.rpartition(":")[2].split(".", 1)[0]
+        host = value.rpartition(":")[0]
+        value = f"/tmp/.X11-unix/X{display}" if display.isdigit() and host in ("", "unix") else ""
+    elif name == "WAYLAND_DISPLAY" and value and not value.startswith("/"):
+        runtime = env.get("XDG_RUNTIME_DIR", "")
+        value = f"{runtime}/{value}" if runtime else ""
+    elif name == "KITTY_LISTEN_ON":
+        value = value.removeprefix("unix:")
+    elif name == "SESSION_MANAGER":
+        value = value.split(",", 1)[0].partition(":")[2] if "unix/" in value else ""
+    return Path(value) if value.startswith("/") else None
+
+
+def without_sockets(env: Mapping[str, str], allowed: Sequence[Path]) -> dict[str, str]:
+    """``env`` without :data:`SOCKET_VARIABLES`, except one whose socket
+    ``--allow-write`` names (``allowed``: the socket, or a folder holding it), and
+    ``DOCKER_HOST`` when it names no Unix socket (``tcp://``, ``ssh://``)."""
+    result: dict[str, str] = {}
+    for name, value in env.items():
+        if name in SOCKET_VARIABLES:
+            if name == "DOCKER_HOST" and not value.startswith("unix:"):
+                result[name] = value
+                continue
+            path = socket_path(name, env)
+            if path is None or not any(path == grant or grant in path.parents
+                                       for grant in allowed):
+                continue
+        result[name] = value
+    return result
+

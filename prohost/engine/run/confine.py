@@ -20,17 +20,24 @@ A confined run **may write** (each also readable):
   that repository (other conversations' included), and none of the person's own;
 - its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
   a private ``TMPDIR``, both removed after the run);
-- the agent CLI's own folder for the run's account: ``CLAUDE_CONFIG_DIR`` (else
-  ``~/.claude`` and the file ``~/.claude.json``, which Claude Code writes in place
-  when it cannot make its temporary file beside it), ``CODEX_HOME`` (else
-  ``~/.codex``);
-- the usual per-user caches and the device files (the library's lists);
+- the agent CLI's own folder for the run's account, the harness's own for the
+  default account (``$PROHOST_HOME/cli/default/<cli>``, named by
+  ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``); an ACP agent's folders, the
+  harness's (``$PROHOST_HOME/agents/<agent>/…``, seen where the agent looks for
+  them through ``Policy.mounts``); never the person's ``~/.claude`` or
+  ``~/.codex``; the plain brain gets none;
+- the harness's cache folder (``$PROHOST_HOME/cache``; :func:`confined_env`
+  points the tools at it), never the person's ``~/.cache``; the device files;
 - each ``--allow-write``.
 
 It **may read** everything else but what is hidden: ``$PROHOST_HOME`` (its own
 places inside are granted above; the lane folder holding its worktrees is
 readable, so ``ls $PROHOST_RUN_REPOS`` works) and the usual secrets, unless an
 ``--allow-read`` names one.
+
+No grant the harness chooses passes through a symbolic link below a place a run
+may write (:func:`refuse_planted_links`), and a grant that would uncover a hidden
+place is refused at start (:func:`grant_problems`).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from prohost.engine.agent.environment import make_private_folder
+from prohost.engine.agent.environment import make_private_folder, without_sockets
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
 from prohost.options import Options
@@ -166,46 +173,82 @@ def git_places(worktree: Path) -> list[Path]:
     return [git_dir, common / "objects", *branches]
 
 
-def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[Path]:
-    """The agent CLI's own folder (and file) for the account in ``env``. A CLI's
-    folder is made when missing (the CLI would make it; a rule needs it to exist);
-    a plain agent gets those of either CLI that exist (all are named: the library
-    grants only what exists); an ACP agent (``brain`` is then
-    the agent, :func:`prohost.execline.acp_agent`) those of
-    :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS`, or Claude's or Codex's
-    for their adapters. Blocking."""
-    folders: list[Path] = []
-    files: list[Path] = []
+#: The harness's own folders for ACP agents (:data:`defaults.AGENT_FOLDERS`) and
+#: for runs' caches (:data:`defaults.CACHE_VARIABLES`), under ``$PROHOST_HOME``.
+AGENTS_FOLDER = "agents"
+CACHE_FOLDER = "cache"
+
+
+def agent_folders(brain: str, env: Mapping[str, str], user_home: Path,
+                  home: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """What the agent CLI may write of its own: (folders, mounts). Claude's and
+    Codex's (also for their ACP adapters) are the account's folder its variable
+    names (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the
+    harness's own, :mod:`prohost.engine.accounts.logins`), made when missing; an
+    ACP agent of :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` gets
+    folders of the harness's under ``home`` (``$PROHOST_HOME``), each bound where the
+    agent looks for its own under ``user_home``; the plain brain gets none, and
+    nothing is ever the person's own folder (§13). Blocking."""
     if brain in defaults.AGENT_FOLDERS:
-        folders = [user_home / folder for folder in defaults.AGENT_FOLDERS[brain]]
-        for folder in folders:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return folders
-    if brain in ("claude", "plain"):
-        configured = env.get("CLAUDE_CONFIG_DIR")
-        if configured:
-            folders.append(Path(configured))
-        else:
-            folders.append(user_home / ".claude")
-            # Claude Code writes it through a temporary file beside it and falls back
-            # to writing it in place when that is refused: the file alone is enough.
-            # Named whether or not it exists (the library grants only what does):
-            # the policy depends on the run alone, so one made ahead stays the
-            # run's (prohost.engine.run.spares).
-            files.append(user_home / ".claude.json")
-    if brain in ("codex", "plain"):
-        configured = env.get("CODEX_HOME")
-        folders.append(Path(configured) if configured else user_home / ".codex")
-    if brain == "plain":
-        return [*folders, *files]  # those that exist are granted (see above)
-    for folder in folders:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return [*folders, *files]
+        owned = home / AGENTS_FOLDER / brain
+        mounts = [(owned / folder, user_home / folder) for folder in defaults.AGENT_FOLDERS[brain]]
+        for source, seen in mounts:
+            source.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Where the agent looks must exist for bubblewrap to bind the source
+            # there (the home is read-only in the run's view): made empty, as the
+            # agent itself would make it; the person's own folder is never granted.
+            seen.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return [source for source, _seen in mounts], mounts
+    variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
+    configured = env.get(variable, "").strip() if variable else ""
+    if not configured:
+        return [], []
+    folder = Path(configured)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return [folder], []
+
+
+def cache_folders(home: Path) -> Path:
+    """The harness's cache folder for runs' tools (made, with each tool's folder)."""
+    root = home / CACHE_FOLDER
+    for name in (*defaults.CACHE_VARIABLES.values(), defaults.MAVEN_REPOSITORY):
+        (root / name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+class PlantedLink(ConfinementFailed):
+    """A grant would pass through a symbolic link in a place a run may write."""
+
+
+def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
+    """Raise :class:`PlantedLink` when a component of a grant, below one of ``roots``
+    (places a run may write, and ``$PROHOST_HOME``), is a symbolic link: a run could
+    have planted it there to widen a later run's grant (issue 36, attack 3). Looked
+    at with lstat, never followed. Blocking."""
+    for grant in grants:
+        for root in roots:
+            if grant == root or root not in grant.parents:
+                continue
+            component = root
+            for name in grant.relative_to(root).parts:
+                component = component / name
+                try:
+                    linked = component.is_symlink()
+                except OSError:
+                    linked = False
+                if linked:
+                    log.warning("refusing to confine a run through %s: it is a symbolic "
+                                "link inside %s, where a run may write; remove it", component,
+                                root)
+                    raise PlantedLink(
+                        "one of its places would pass through a symbolic link where a run "
+                        "may write (named in the harness's log): remove that link")
 
 
 def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
     """The run's policy (see the module docstring). Blocking: it reads the
-    worktrees' git files and makes the folders a rule needs."""
+    worktrees' git files and makes the folders a rule needs. Raises
+    :class:`PlantedLink` when a grant would pass through a link a run could plant."""
     writable: list[Path] = []
     readable: list[Path] = list(sandbox.allow_read)
     if places.worktrees:
@@ -216,15 +259,18 @@ def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
             readable.append(places.lane_folder)
     elif places.workdir is not None:
         writable.append(places.workdir)
-    writable.append(places.scratch)
-    writable += agent_folders(places.brain, places.env, sandbox.user_home)
-    home = sandbox.user_home
-    # One that does not exist gets no grant (the library drops it).
-    writable += [home / cache for cache in defaults.CACHES]
+    own, mounts = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home)
+    # The places the harness chooses (the person's --workdir and --allow-write are
+    # theirs, links and all): none passes through a link a run could have planted.
+    chosen = [places.scratch, *own, cache_folders(sandbox.home)]
+    refuse_planted_links(chosen, [sandbox.home, *writable, *chosen, *sandbox.allow_write])
+    writable += chosen
     writable += [Path(device) for device in defaults.DEVICES]
     writable += sandbox.allow_write
+    home = sandbox.user_home
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
-    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden))
+    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
+                  mounts=tuple(mounts))
 
 
 @attrs.define
@@ -233,6 +279,8 @@ class RunConfinement:
 
     confinement: Confinement
     tmpdir: Path
+    #: The harness's cache folder the run's tools are pointed at.
+    caches: Path | None = None
 
     def close(self) -> None:
         self.confinement.close()
@@ -247,7 +295,8 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
         # A grant needs the folder (one that does not exist gets none), and one
         # removed between runs is made again.
         places.workdir.mkdir(parents=True, exist_ok=True)
-    return RunConfinement(prepare(policy_for(sandbox, places), support, tmpdir=tmpdir), tmpdir)
+    return RunConfinement(prepare(policy_for(sandbox, places), support, tmpdir=tmpdir), tmpdir,
+                          sandbox.home / CACHE_FOLDER)
 
 
 async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
@@ -300,25 +349,76 @@ def _failure(exc: Exception) -> ConfinementFailed:
     return ConfinementFailed(type(exc).__name__)
 
 
-#: Variables that name a socket of the person's (an agent, a terminal multiplexer,
-#: a session bus): not passed to a confined run (§13), which could not reach the
-#: socket anyway, unless ``--allow-write`` names the socket.
-SOCKET_VARIABLES = ("SSH_AUTH_SOCK", "GPG_AGENT_INFO", "TMUX", "TMUX_PANE", "STY",
-                    "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY", "DOCKER_HOST")
-
-
 def confined_env(env: Mapping[str, str], confined: RunConfinement | None,
                  allow_write: tuple[Path, ...] = ()) -> dict[str, str]:
-    """``env`` with the run's private ``TMPDIR`` when it is confined, and without
-    the variables that name the person's sockets (:data:`SOCKET_VARIABLES`) unless
-    an ``--allow-write`` names the socket."""
-    result = dict(env)
-    if confined is not None:
-        result["TMPDIR"] = str(confined.tmpdir)
-        allowed = {str(path) for path in allow_write}
-        for name in SOCKET_VARIABLES:
-            value = result.get(name)
-            if value is not None and value.split(",")[0] not in allowed:
-                del result[name]
+    """``env`` as a confined run gets it: its private ``TMPDIR`` (``/tmp`` is
+    read-only to it), its tools pointed at the harness's caches, and no variable
+    naming one of the person's sockets unless ``--allow-write`` names the socket
+    (§13; :data:`~prohost.engine.agent.environment.SOCKET_VARIABLES`). Unchanged
+    when it is not confined."""
+    if confined is None:
+        return dict(env)
+    result = without_sockets(env, allow_write)
+    result["TMPDIR"] = str(confined.tmpdir)
+    if confined.caches is not None:
+        result.update(cache_variables(confined.caches, env))
     return result
 
+
+def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that point a run's tools at the harness's caches under
+    ``root`` (:data:`~prohost.engine.sandbox.defaults.CACHE_VARIABLES`), with Maven's
+    local repository added to ``env``'s ``MAVEN_OPTS``."""
+    result = {name: str(root / folder) for name, folder in defaults.CACHE_VARIABLES.items()}
+    maven = f"-Dmaven.repo.local={root / defaults.MAVEN_REPOSITORY}"
+    before = env.get("MAVEN_OPTS", "").strip()
+    result["MAVEN_OPTS"] = f"{before} {maven}" if before else maven
+    return result
+
+
+def grant_problems(options: Options, user_home: Path) -> list[str]:
+    """Why ``options`` would grant runs a place that holds what they must not see
+    (§13: ``--workdir ~``, an ``--allow-write`` of a folder holding
+    ``$PROHOST_HOME`` or a secret store), one line each with what to do; empty when
+    none would, or with ``--sandbox off`` (nothing is confined then). Refused at
+    start, exit 2: a grant is a whole hierarchy, and a hidden place inside one
+    cannot be hidden, so the harness would say confined while it is not.
+    ``user_home``: ``$HOME`` as the harness sees it. Blocking (resolves paths)."""
+    if options.sandbox == "off":
+        return []
+    home = user_home.resolve()
+    hidden = [(options.home.resolve(), "$PROHOST_HOME"),
+              *((home / secret, f"~/{secret}") for secret in defaults.SECRETS)]
+    named = [("--allow-write", path) for path in options.allow_write]
+    if not options.repos:  # with --repos, --workdir is no run's place
+        named.insert(0, ("--workdir", options.workdir))
+    problems = []
+    for flag, path in named:
+        real = path.resolve()
+        if flag == "--workdir" and real == home:
+            problems.append(
+                f"--workdir {path} is your home folder: every run could write all of it, "
+                "your dotfiles and the secret stores in it (~/.ssh, …) included; name a "
+                "folder for the agents' work, such as ~/agent-work")
+            continue
+        held = [name for place, name in hidden if real == place or real in place.parents]
+        if held:
+            problems.append(
+                f"{flag} {path} holds {', '.join(held[:3])}"
+                f"{' and more' if len(held) > 3 else ''}, which runs must not see or "
+                f"change; name a folder inside it that holds none of them")
+    # Runs write their account's folder (settings, hooks): never the one the
+    # person's own sessions use.
+    own = {home / ".claude", home / ".codex",
+           *(home / folder for folders in defaults.AGENT_FOLDERS.values() for folder in folders)}
+    for name, folder in options.accounts:
+        real = folder.resolve()
+        if real in own or real == home or any(
+                real == place or real in place.parents for place, _ in hidden):
+            problems.append(
+                f"--account {name}={folder} is a folder your own sessions use (or holds "
+                "what runs must not see): runs on that account would write its settings "
+                f"and hooks; log the account into a folder of its own (e.g. "
+                f"CLAUDE_CONFIG_DIR=~/.claude-{name} claude), or leave --account out to "
+                "use your login through the harness's own folder")
+    return problems

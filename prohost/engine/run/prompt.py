@@ -224,9 +224,11 @@ def _confinement_lines(context: PromptContext) -> list[str]:
         "- You are confined: you can write only in",
         *places,
         "  $TMPDIR (private to this run, removed after it), your CLI's own settings",
-        "  folder and the usual caches. The rest of this machine is read-only to",
-        "  you, and $PROHOST_HOME and secrets such as ~/.ssh are hidden: a write or",
-        "  read refused there (permission denied) is this, not something to fix.",
+        "  folder and the caches your tools are pointed at ($XDG_CACHE_HOME,",
+        "  $npm_config_cache, $CARGO_HOME, ...; ~/.cache and the like are not",
+        "  yours). The rest of this machine is read-only to you, and",
+        "  $PROHOST_HOME and secrets such as ~/.ssh are hidden: a write or read",
+        "  refused there (permission denied) is this, not something to fix.",
     ]
 
 

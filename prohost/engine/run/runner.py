@@ -77,6 +77,7 @@ from prohost.engine.run.staging import (
     mcp_folder,
     prompt_for,
     remove_scratch,
+    share_login,
     wire_mcp,
     workdir_for,
 )
@@ -520,8 +521,11 @@ class Runner:
         try:
             while True:
                 progress.account = account.name
-                account_env = {**env, **account.env(setup.brain.name)}
+                account_env = {**env, **account.env(self._agent)}
                 attempt_env = dict(account_env)
+                # The account's own CLI folder, with the newer of its login and the
+                # person's (§13: the person's folder is no run's place).
+                await share_login(account, self._agent, self.env, setup.bounds)
                 try:
                     # Per account: a brain may build its configuration over the
                     # account's own folder (Codex's CODEX_HOME overlay).
@@ -574,6 +578,9 @@ class Runner:
                 finally:
                     if confined is not None:
                         confined.close()
+                    # A refresh the attempt made reaches the person's CLI now,
+                    # before its spent refresh token logs the person out.
+                    await share_login(account, self._agent, self.env, setup.bounds)
                 tally.spent += result.spent
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started

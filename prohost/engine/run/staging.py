@@ -11,9 +11,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from prohost.engine.accounts.book import Account
+from prohost.engine.accounts.logins import open_folder, person_login
 from prohost.engine.agent.brains.base import Brain, McpError, McpWiring
 from prohost.engine.agent.environment import agent_env, make_private_folder
-from prohost.engine.blocking import Bounds
+from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.prompt import PromptContext, build_prompt
@@ -21,6 +23,8 @@ from prohost.wire.runs import AgentRun
 
 log = logging.getLogger("prohost.execute")
 
+#: Bound on sharing the account's login (s): two small files read, at most one written.
+LOGIN_SHARE_S = 5.0
 #: Bound on removing a run's MCP folder after the run (s): it holds a few small
 #: files, and the run's report waits for it.
 SCRATCH_REMOVE_S = 5.0
@@ -133,3 +137,24 @@ def _remove(scratch: Path) -> None:
             folder.rmdir()
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def share_login(account: Account, cli: str, env: Mapping[str, str],
+                      bounds: Bounds) -> None:
+    """Make ``account``'s own folder for ``cli`` (the brain, or the agent an ACP
+    command starts) and take the newer of its login and the person's (``env``: the
+    harness's own, where the person's folder is found), at an attempt's start and
+    end (:mod:`prohost.engine.accounts.logins`). Nothing for an account whose folder
+    is the person's choice (``--account``). Never raises but a cancel.
+
+    Cancelled: bounded and shielded (:meth:`Bounds.file_step`); an abandoned copy
+    is a rename, whole or not at all, and the next attempt's takes the newer again.
+    """
+    folder = account.cli_folder(cli)
+    if folder is None:
+        return
+    try:
+        await bounds.file_step(open_folder, folder, person_login(cli, folder, env),
+                               limit_s=LOGIN_SHARE_S, what="sharing the CLI's login")
+    except StepTimedOut:
+        log.warning("sharing the %s login with %s did not finish in time", cli, folder)

@@ -2,7 +2,10 @@
 
 The harness builds every run's :class:`~.policy.Policy` from these lists (plus the
 run's own places and ``--allow-write``/``--allow-read``), so a new entry here reaches
-every run, and the docs can point at one list.
+every run, and the docs can point at one list. What a run may write of the CLIs'
+and tools' own state is the harness's, never the person's: caches through
+:data:`CACHE_VARIABLES`, each ACP agent's folders (:data:`AGENT_FOLDERS`) through
+folders of the harness's bound where the agent looks for them.
 """
 
 from __future__ import annotations
@@ -41,25 +44,39 @@ SECRETS: tuple[str, ...] = (
     ".local/share/keyrings",  # GNOME keyring files
 )
 
-#: Per-user caches (relative to ``$HOME``) every run may write: package managers and
-#: build tools fail or re-download everything without them, and none holds a secret.
-CACHES: tuple[str, ...] = (
-    ".cache",  # XDG cache: pip, uv, pre-commit, go-build, node-gyp, ms-playwright, …
-    ".npm",  # npm's content-addressed cache (_cacache) and logs
-    ".cargo/registry",  # crates downloaded by cargo (not ~/.cargo/bin: that is code on PATH)
-    ".cargo/git",  # git dependencies checked out by cargo
-    # ~/.rustup is left read-only: it holds the toolchains themselves (code every later
-    # run executes); a run that needs another toolchain is a person's decision.
-    ".local/share/pnpm",  # pnpm's content-addressable store
-    ".yarn",  # yarn's cache (v1 berry-less installs keep it here)
-    "go/pkg/mod",  # Go module cache (files are read-only by design, writes are new modules)
-    ".gradle",  # Gradle's caches and wrapper distributions
-    ".m2",  # Maven's local repository (settings.xml can hold passwords: see SECRETS if so)
-    ".ivy2",  # sbt/ivy cache
-    ".nuget/packages",  # .NET packages
-    ".bun/install/cache",  # bun's package cache
-    ".deno",  # Deno's module cache
-)
+#: Where a run's tools keep their caches: each tool's usual variable, and the folder
+#: it names under the harness's own cache folder (``$PROHOST_HOME/cache``), which
+#: every confined run may write. Never the person's ``~/.cache``, ``~/.npm``, …: a
+#: run that could write those could leave a poisoned wheel, crate or build output
+#: for the person's own next build, unconfined (issue 36, attack 10). The person's
+#: caches stay readable, no longer writable; the price is that a run's first
+#: install downloads everything once more (docs/security.md).
+CACHE_VARIABLES: dict[str, str] = {
+    "XDG_CACHE_HOME": "xdg",  # pip, pre-commit, node-gyp, ms-playwright, go-build…
+    "PIP_CACHE_DIR": "pip",
+    "UV_CACHE_DIR": "uv",
+    "npm_config_cache": "npm",  # npm's _cacache and logs
+    "npm_config_store_dir": "pnpm-store",  # pnpm's content-addressable store
+    "YARN_CACHE_FOLDER": "yarn",  # yarn 1 and berry's global cache
+    "BUN_INSTALL_CACHE_DIR": "bun",
+    "DENO_DIR": "deno",
+    "GOCACHE": "go-build",
+    "GOMODCACHE": "go-mod",
+    # CARGO_HOME holds cargo's registry and git checkouts, and also its config.toml,
+    # credentials.toml and bin/: pointed at the harness's own folder, a run's cargo
+    # reads none of the person's config (copy it there if it needs a mirror) and
+    # never sees the publish token; tools on PATH (~/.cargo/bin, rustup's proxies
+    # with ~/.rustup, read-only) still run.
+    "CARGO_HOME": "cargo",
+    # The same for Gradle: caches, wrapper distributions, and gradle.properties
+    # (which may hold repository passwords: the person's is not read).
+    "GRADLE_USER_HOME": "gradle",
+    "NUGET_PACKAGES": "nuget",
+    "COURSIER_CACHE": "coursier",
+}
+#: Maven has no variable for its local repository: ``-Dmaven.repo.local`` is added
+#: to ``MAVEN_OPTS`` (the folder under the cache folder).
+MAVEN_REPOSITORY = "m2"
 
 #: Device files (absolute) every run may write: what a shell and its tools expect.
 DEVICES: tuple[str, ...] = (
@@ -83,21 +100,18 @@ def secrets(home: Path) -> tuple[Path, ...]:
     return tuple(home / name for name in SECRETS)
 
 
-def caches(home: Path) -> tuple[Path, ...]:
-    """:data:`CACHES` under ``home``."""
-    return tuple(home / name for name in CACHES)
-
-
 def devices() -> tuple[Path, ...]:
     """:data:`DEVICES` as paths."""
     return tuple(Path(name) for name in DEVICES)
 
 
 #: Each ACP agent's own folders under the home (prohost.execline.acp_agent names the
-#: agent), granted writable to a confined run of that agent: its settings, sessions
-#: and logs live there, and it will not start when it cannot write them. (Claude
-#: Code's and Codex's folders, which an account can move, are chosen in
-#: prohost.engine.run.confine.agent_folders.) XDG locations, as these CLIs use them.
+#: agent): its settings, sessions and logs live there, and it will not start when it
+#: cannot write them. A confined run of that agent gets folders of the harness's own
+#: instead (``$PROHOST_HOME/agents/<agent>/<the same relative path>``), seen at these
+#: paths where the confinement can bind them there (``Policy.mounts``); the person's
+#: own are never written (issue 36, attacks 3 and 10). Claude Code's and Codex's
+#: folders, which an account chooses, are in prohost.engine.accounts.logins.
 AGENT_FOLDERS: dict[str, tuple[str, ...]] = {
     "gemini": (".gemini",),
     "qwen": (".qwen",),

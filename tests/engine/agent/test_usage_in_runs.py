@@ -54,9 +54,11 @@ async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_re
 
 
 def codex_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    codex_home = tmp_path / "codex-home"  # where the fake keeps each thread's rollout
-    codex_home.mkdir()
-    return {**os.environ, "CODEX_HOME": str(codex_home)}, codex_home
+    """The harness's environment, and where the fake keeps each thread's rollout:
+    the default account's CODEX_HOME, the harness's own (issue 36), made by its
+    first run."""
+    env = {name: value for name, value in os.environ.items() if name != "CODEX_HOME"}
+    return env, tmp_path / "home" / "cli" / "default" / "codex"
 
 
 #: What a turn whose rollout file was not read leaves to the next one (§7): both

@@ -253,6 +253,7 @@ def test_a_confined_agent_is_told_where_it_may_write() -> None:
             "  $TMPDIR (private to this run, removed after it), your CLI's own settings\n"
             ) in plain
     assert "$PROHOST_HOME and secrets such as ~/.ssh are hidden" in plain
+    assert "the caches your tools are pointed at ($XDG_CACHE_HOME," in plain
     repos = build_prompt(BARE_RUN, PromptContext(timeout_s=0, idle_timeout_s=0,
                                                   parallel=False, confined=True,
                                                   workdir="/p/workspace", checkouts=(app,),

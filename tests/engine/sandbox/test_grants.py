@@ -43,9 +43,8 @@ def test_a_missing_hidden_place_still_walks_its_existing_parents(tmp_path: Path)
 
 def test_default_lists_are_relative_to_the_home_and_devices_absolute() -> None:
     home = Path("/home/u")
-    assert all(not Path(name).is_absolute() for name in defaults.SECRETS + defaults.CACHES)
+    assert all(not Path(name).is_absolute() for name in defaults.SECRETS)
+    assert all(not Path(name).is_absolute() for name in defaults.CACHE_VARIABLES.values())
     assert home / ".ssh" in defaults.secrets(home)
-    assert home / ".cache" in defaults.caches(home)
     assert Path("/dev/null") in defaults.devices()
     assert all(path.is_absolute() for path in defaults.devices())
-    assert not set(defaults.SECRETS) & set(defaults.CACHES)

@@ -68,6 +68,7 @@ from prohost.engine.agent.limits import codex_limit_text, codex_rate_limits
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.engine.agent.usage import from_codex_totals
+from prohost.engine.sandbox import defaults
 from prohost.execline import (
     has_flag,
     program_index,
@@ -366,8 +367,11 @@ class CodexBrain(Brain):
         )
         if not mcp.token:
             return McpWiring(args=args)
-        overlay = codex_overlay(codex_home(os.environ if env is None else env), folder,
-                                mcp.url, mcp.token)
+        env = os.environ if env is None else env
+        user_home = Path(env.get("HOME") or Path.home())
+        # Never copied from a secret store, nor through a link (issue 36, attack 7).
+        overlay = codex_overlay(codex_home(env), folder, mcp.url, mcp.token,
+                                hidden=defaults.secrets(user_home))
         return McpWiring(args=args, env={CODEX_HOME_ENV: str(overlay)})
 
 

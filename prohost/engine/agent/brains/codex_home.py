@@ -16,10 +16,12 @@ in a worker thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from prohost.engine.agent.brains.base import MCP_SERVER_NAME, McpError, write_private
@@ -42,11 +44,42 @@ def codex_home(env: Mapping[str, str]) -> Path:
     return (Path(home) if home else Path.home()) / ".codex"
 
 
-def codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
+def read_config(config: Path, hidden: Sequence[Path]) -> str:
+    """The text of Codex's ``config.toml`` (empty when there is none), read as a file
+    a run may have written (the account's folder is one of its places): never
+    through a link at its end (O_NOFOLLOW), and never from a folder whose real path
+    lies in one of ``hidden`` (the secret stores): a run that made it a link to
+    ``~/.cargo/credentials.toml`` would otherwise have the token copied into the
+    next run's CODEX_HOME (issue 36, attack 7). Raises :class:`McpError` then,
+    ``OSError`` when it cannot be read."""
+    real = config.parent.resolve()
+    for place in hidden:
+        place = place.resolve()
+        if real == place or place in real.parents:
+            raise McpError(f"Codex's folder {config.parent} lies in {place}, which runs "
+                           "may not read: point CODEX_HOME elsewhere")
+    try:
+        fd = os.open(config, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise McpError(f"{config} is a symbolic link, which a run may have made: "
+                           "not followed; replace it by the file itself") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise McpError(f"{config} is not a regular file: not read")
+        return handle.read().decode("utf-8")
+
+
+def codex_overlay(base: Path, folder: Path, url: str, token: str,
+                  hidden: Sequence[Path] = ()) -> Path:
     """``folder/codex-home``: ``base`` seen through symlinks, but for a private
-    ``config.toml`` that adds the run's MCP server with its bearer header.
-    Raises :class:`McpError` when ``base`` cannot be read or already names the
-    server."""
+    ``config.toml`` that adds the run's MCP server with its bearer header (read as
+    :func:`read_config` does, never through a link nor from a place in
+    ``hidden``). Raises :class:`McpError` when ``base`` cannot be read or already
+    names the server."""
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Made in the real home first: through the symlinks, Codex keeps the
@@ -54,7 +87,7 @@ def codex_overlay(base: Path, folder: Path, url: str, token: str) -> Path:
         for shared in _CODEX_SHARED_DIRS:
             (base / shared).mkdir(mode=0o700, exist_ok=True)
         config = base / "config.toml"
-        text = config.read_text(encoding="utf-8") if config.exists() else ""
+        text = read_config(config, hidden)
     except (OSError, UnicodeDecodeError) as exc:
         raise McpError(f"could not read Codex's folder {base}: "
                        f"{getattr(exc, 'strerror', None) or exc}") from None

@@ -362,9 +362,15 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     # An option's value is not the package.
     assert acp_agent("npx --package foo @zed-industries/codex-acp") == "codex"
     assert acp_agent("claude-agent-acp") == "claude" and acp_agent("gemini") is None
-    granted = agent_folders("opencode", {}, tmp_path)
-    assert granted == [tmp_path / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
+    granted, mounts = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home")
+    owned = tmp_path / "home" / "agents" / "opencode"
+    assert granted == [owned / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
+    assert mounts == [(owned / folder, tmp_path / "user" / folder)
+                      for folder in defaults.AGENT_FOLDERS["opencode"]]
     assert all(folder.is_dir() for folder in granted)
+    # Where the agent looks is made (empty) for the binding, never granted.
+    assert all(not any(seen.iterdir()) for _source, seen in mounts)
+    assert not {seen for _source, seen in mounts} & set(granted)
 
 
 def line(message: dict[str, Any]) -> bytes:

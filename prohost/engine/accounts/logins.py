@@ -1,0 +1,282 @@
+"""The default account's CLI folders are the harness's own; its login is the person's,
+shared by copying one credentials file each way (issue 36, point 5; §13).
+
+A run may write its CLI's folder (settings, hooks, MCP server lists, sessions), so
+that folder can never be the person's ``~/.claude`` or ``~/.codex``: whatever a run
+left there would run later in the person's own sessions. The default account's
+folders are ``$PROHOST_HOME/cli/default/claude`` (``CLAUDE_CONFIG_DIR``) and
+``.../codex`` (``CODEX_HOME``), made by the harness.
+
+The login inside them must stay one login with the person's, because both CLIs
+rotate the refresh token at each refresh, so two copies of one login log each other
+out (anthropics/claude-code#76561; Codex: "your refresh token was already used").
+So at each run's start and end :func:`sync_login` takes whichever copy is newer and
+writes it over the other:
+
+- Claude Code keeps it in ``<CLAUDE_CONFIG_DIR>/.credentials.json`` on Linux
+  (code.claude.com/docs/en/authentication, "Credential management"), as
+  ``{"claudeAiOauth": {"accessToken", "refreshToken", "expiresAt" (ms), "scopes",
+  "subscriptionType"}}`` (beside other entries, MCP servers' OAuth tokens, which
+  stay the person's); newer: the later ``expiresAt``. It writes the file by a
+  temporary file and a rename. (Claude Code 2.1.220 and later can keep it apart,
+  ``CLAUDE_SECURESTORAGE_CONFIG_DIR``: not used, since one folder per account holds
+  both, and older versions read it from ``CLAUDE_CONFIG_DIR`` alone.)
+- Codex keeps it in ``$CODEX_HOME/auth.json`` (openai/codex
+  ``codex-rs/core/src/auth/storage.rs``: ``AuthDotJson`` = ``OPENAI_API_KEY``,
+  ``tokens`` {``id_token``, ``access_token``, ``refresh_token``, ``account_id``},
+  ``last_refresh`` RFC 3339; ``FileAuthStorage::save`` truncates and writes it in
+  place, 0600); newer: the later ``last_refresh``. A copy of another
+  ``account_id`` never replaces the person's.
+
+The harness's copy is in a folder every run of the account may write, so it is
+read as a hostile file: opened without following a link, a regular file of at
+most :data:`MAX_BYTES`, a JSON document with a login of the shape above (strings,
+numbers, lists of strings); only that login part is ever copied, written by a new
+0600 file renamed over the target (which replaces a link rather than writing
+through it). Nothing else of either folder is ever copied.
+The person's file is never created: a person logged out (or logged in by a
+variable) stays so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+log = logging.getLogger("prohost.accounts")
+
+#: The harness's own CLI folders, under ``$PROHOST_HOME``: ``cli/<account>/<cli>``.
+CLI_FOLDER = "cli"
+#: Each CLI's login file, in its folder.
+LOGIN_FILES: Mapping[str, str] = {"claude": ".credentials.json", "codex": "auth.json"}
+#: Each CLI's folder variable, and its default under ``$HOME``.
+FOLDER_VARIABLES: Mapping[str, tuple[str, str]] = {
+    "claude": ("CLAUDE_CONFIG_DIR", ".claude"),
+    "codex": ("CODEX_HOME", ".codex"),
+}
+#: A credentials document is a few KiB; anything larger is not one.
+MAX_BYTES = 64 * 1024
+
+Direction = Literal["to harness", "to person"]
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+@attrs.frozen
+class SharedLogin:
+    """One CLI's login file in the person's folder and its copy in the harness's."""
+
+    cli: str
+    person: Path
+    harness: Path
+
+
+def owned_folder(home: Path, account: str) -> Path:
+    """The harness's CLI folders of ``account`` (one subfolder per CLI)."""
+    return home / CLI_FOLDER / account
+
+
+def person_login(cli: str, harness_folder: Path, env: Mapping[str, str]) -> SharedLogin | None:
+    """The login ``cli``'s folder ``harness_folder`` shares with the person's own
+    folder (the person's variable in ``env``, else its default under ``HOME``);
+    ``None`` for a CLI that keeps no login file."""
+    if cli not in LOGIN_FILES:
+        return None
+    variable, default = FOLDER_VARIABLES[cli]
+    named = env.get(variable, "").strip()
+    home = env.get("HOME", "").strip()
+    person = Path(named) if named else (Path(home) if home else Path.home()) / default
+    return SharedLogin(cli, person / LOGIN_FILES[cli], harness_folder / LOGIN_FILES[cli])
+
+
+def open_folder(folder: Path, login: SharedLogin | None) -> Direction | None:
+    """Make the harness's CLI folder (0700; Codex refuses a CODEX_HOME that does not
+    exist) and share ``login`` with it (:func:`sync_login`). Never raises an
+    OSError: logged, and the run goes on (its CLI then says it is not logged in).
+    Blocking file I/O."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("could not make the CLI folder %s: %s", folder, exc.strerror or exc)
+        return None
+    return None if login is None else sync_login(login)
+
+
+def sync_login(login: SharedLogin) -> Direction | None:
+    """Make both copies of ``login`` the newer one; which way it copied, or ``None``.
+    Never raises: a copy that cannot be read or written is logged (without its
+    content) and left as it is. Blocking file I/O."""
+    try:
+        # One at a time: attempts of concurrent runs start and end together, and
+        # each compares both copies before it writes one.
+        with _ONE_AT_A_TIME:
+            return _sync(login)
+    except OSError as exc:
+        log.warning("could not share the %s login between %s and %s: %s", login.cli,
+                    login.person, login.harness, exc.strerror or exc)
+        return None
+
+
+def _sync(login: SharedLogin) -> Direction | None:
+    person = _read(login.person)
+    if person is None:
+        return None  # never made: the person's logout stands
+    person_doc = _document(login.cli, person)
+    if person_doc is None:
+        log.warning("%s is not a %s credentials document as the harness knows it: not "
+                    "shared with the harness's runs", login.person, login.cli)
+        return None
+    harness = _read(login.harness)
+    harness_doc = _document(login.cli, harness) if harness is not None else None
+    mine, theirs = _login(login.cli, person_doc), (
+        _login(login.cli, harness_doc) if harness_doc is not None else None)
+    if theirs is not None and theirs == mine:
+        return None
+    if (theirs is not None and harness_doc is not None
+            and _same_account(login.cli, person_doc, harness_doc)
+            and _freshness(login.cli, harness_doc) > _freshness(login.cli, person_doc)):
+        # The person's document, with only its login replaced: whatever else a run
+        # wrote in the harness's copy never reaches the person.
+        _replace(login.person, _encode({**person_doc, **theirs}))
+        return "to person"
+    if harness is not None and harness_doc is None:
+        log.warning("the harness's copy of the %s login (%s) is not a credentials "
+                    "document: replaced by the person's", login.cli, login.harness)
+    # Only the login: other entries of the person's file (Claude Code's MCP servers'
+    # OAuth tokens, say) are not the runs'; those the runs' own copy holds stay.
+    _replace(login.harness, _encode({**(harness_doc or {}), **mine}))
+    return "to harness"
+
+
+def _login(cli: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The login part of a credentials document: all that is ever copied."""
+    if cli == "claude":
+        return {"claudeAiOauth": doc["claudeAiOauth"]}
+    return {key: doc[key] for key in ("OPENAI_API_KEY", "tokens", "last_refresh") if key in doc}
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, indent=2).encode()
+
+
+def _read(path: Path) -> bytes | None:
+    """The file's bytes, or ``None`` when it is missing, a link, not a regular file
+    or too large: never read through a link. Raises OSError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the last component is a link
+            log.warning("%s is a symbolic link: not followed", path)
+            return None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
+            log.warning("%s is not a credentials file (a regular file of at most %d "
+                        "bytes): not read", path, MAX_BYTES)
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool) or (
+        isinstance(value, list) and all(isinstance(item, str) for item in value))
+
+
+def _document(cli: str, data: bytes) -> dict[str, Any] | None:
+    """``data`` as the CLI's credentials document, or ``None`` when it is anything
+    else (not JSON, no login of the CLI's shape). Its login part (:func:`_login`)
+    must hold strings, numbers and lists of strings only; other top-level entries
+    are kept as they are in the person's file and never copied."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if cli == "claude":
+        oauth = doc.get("claudeAiOauth")
+        if not isinstance(oauth, dict) or not all(_scalar(value) for value in oauth.values()):
+            return None
+        if not (isinstance(oauth.get("accessToken"), str)
+                and isinstance(oauth.get("refreshToken"), str)
+                and isinstance(oauth.get("expiresAt"), int)):
+            return None
+        return doc
+    key = doc.get("OPENAI_API_KEY")
+    tokens = doc.get("tokens")
+    if key is not None and not isinstance(key, str):
+        return None
+    if tokens is not None and not (isinstance(tokens, dict) and isinstance(
+            tokens.get("refresh_token"), str) and all(_scalar(v) for v in tokens.values())):
+        return None
+    if key is None and tokens is None:
+        return None
+    refreshed = doc.get("last_refresh")
+    if refreshed is not None and _instant(refreshed) is None:
+        return None
+    return doc
+
+
+def _instant(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        # Codex writes microseconds and a Z (chrono's to_rfc3339_opts(Micros, true)).
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _freshness(cli: str, doc: dict[str, Any]) -> float:
+    if cli == "claude":
+        return float(doc["claudeAiOauth"]["expiresAt"])
+    return _instant(doc.get("last_refresh")) or 0.0
+
+
+def _same_account(cli: str, person: dict[str, Any], harness: dict[str, Any]) -> bool:
+    """Whether the harness's copy may replace the person's: for Codex, the same
+    ``account_id`` (a run's own login of another account never reaches the
+    person). Claude Code's file names no account: see docs/security.md."""
+    if cli != "codex":
+        return True
+    mine, theirs = person.get("tokens") or {}, harness.get("tokens") or {}
+    return bool(mine.get("account_id")) and mine.get("account_id") == theirs.get("account_id")
+
+
+def _replace(target: Path, data: bytes) -> None:
+    """``target`` made a new 0600 file holding ``data``: written beside it and renamed
+    over it, so a link there is replaced, never written through."""
+    # A name no other writer uses (runs end together; each shares in its own thread).
+    temporary = target.with_name(f".{target.name}.prohost-{secrets.token_hex(8)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    os.close(fd)
+    os.replace(temporary, target)
+
