@@ -35,7 +35,21 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 ``FAKE_ACP_NAME`` is the ``agentInfo.name`` it gives; with ``FAKE_ACP_COST_PER_PROCESS``
 set its cost total counts from its own start, as the Claude Code adapter's does.
 With ``FAKE_ACP_AUTH`` set every session setup answers -32000 "Authentication
-required" (an agent nobody logged in to). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
+required" (an agent nobody logged in to); ``FAKE_ACP_AUTH=load``: only
+``session/load`` and ``session/resume`` do (Gemini CLI 0.61 with only
+``GEMINI_API_KEY``: ``initializeSessionConfig`` throws ``authRequired`` without a
+saved auth type, while ``newSession`` falls back to the key). With
+``FAKE_ACP_KEY_METHOD`` set it advertises an ``env_var`` auth method needing
+``FAKE_ACP_KEY`` (codex-acp's "openai-api-key", ``src/codex_agent.rs``), and an
+``authenticate`` with it (when ``FAKE_ACP_KEY`` is set) lifts the -32000.
+``FAKE_ACP_OPTIONS`` sets the ``tools`` scenario's permission options:
+``codex_patch`` (codex-acp's for an edit: ``approved``, and ``abort``, a
+reject_once that ends the turn, ``src/thread.rs``) or ``codex_exec`` (``approved``,
+``denied``, ``abort``). With ``FAKE_ACP_SILENT_REJECT`` set it says nothing after
+a refused tool (OpenCode 1.18). ``FAKE_ACP_WARNING=codex`` sends Codex's model
+warning as a chunk of its own without a ``messageId`` before the reply (codex-acp
+``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
+the reply's named messages. With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
 end-of-file (it waits to be stopped). Every message it receives is appended, one
 JSON per line, to ``FAKE_ACP_RECORD`` when that names a file (with
@@ -59,8 +73,37 @@ CAPS = os.environ.get("FAKE_ACP_CAPS", "load")
 REPLY = os.environ.get("FAKE_ACP_REPLY")
 
 _cancelled = False
+_authenticated = False
 #: What this process has spent (FAKE_ACP_COST_PER_PROCESS reports it as the total).
 _spent = 0.0
+
+
+#: Permission options, as each agent offers them.
+OPTIONS: dict[str, list[dict[str, str]]] = {
+    "all": [
+        {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
+        {"optionId": "once", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "never", "name": "Never", "kind": "reject_always"},
+    ],
+    # codex-acp src/thread.rs, an apply_patch approval.
+    "codex_patch": [
+        {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
+        {"optionId": "abort", "name": "No, provide feedback", "kind": "reject_once"},
+    ],
+    # codex-acp src/thread.rs, an exec approval offering Denied and Abort.
+    "codex_exec": [
+        {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
+        {"optionId": "abort", "name": "No, and tell Codex what to do differently",
+         "kind": "reject_once"},
+        {"optionId": "denied", "name": "No, continue without running it",
+         "kind": "reject_once"},
+    ],
+}
+
+#: Codex's warning for a model it has no metadata for, as codex-acp forwards it.
+CODEX_WARNING = ("Model metadata for `fake-model-1` not found. Defaulting to fallback "
+                 "metadata; this can degrade performance and cause issues.")
 
 
 def record(message: dict[str, Any]) -> None:
@@ -167,41 +210,59 @@ def prompt_turn(message: dict[str, Any]) -> None:
         chunk(session, big, "m1")
         said.append(big)
     elif scenario == "tools":
-        chunk(session, "Let me run the tests.", "m1")
+        if not os.environ.get("FAKE_ACP_SILENT_REJECT"):
+            chunk(session, "Let me run the tests.", "m1")
         update(session, {"sessionUpdate": "tool_call", "toolCallId": "call_1",
                          "title": "Running pytest -q", "kind": "execute", "status": "pending",
                          "rawInput": {"command": "pytest -q"}})
         answer = ask(900, "session/request_permission", {
             "sessionId": session,
             "toolCall": {"toolCallId": "call_1", "title": "Running pytest -q"},
-            "options": [
-                {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
-                {"optionId": "once", "name": "Allow", "kind": "allow_once"},
-                {"optionId": "no", "name": "Reject", "kind": "reject_once"},
-                {"optionId": "never", "name": "Never", "kind": "reject_always"},
-            ],
+            "options": OPTIONS[os.environ.get("FAKE_ACP_OPTIONS", "all")],
         })
         outcome = (answer or {}).get("result", {}).get("outcome", {})
         allowed = outcome.get("outcome") == "selected" and outcome.get("optionId") in (
-            "once", "always")
+            "once", "always", "approved")
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_1",
                          "status": "in_progress"})
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_1",
                          "status": "completed" if allowed else "failed",
                          "content": [{"type": "content",
                                       "content": {"type": "text", "text": "3 passed"}}]})
-        words = f"The tool was {'allowed' if allowed else 'rejected'} ({outcome.get('optionId')})."
-        chunk(session, words, "m2")
-        said += ["Let me run the tests.", words]
-    elif scenario in ("hang", "hang_deaf"):
+        if outcome.get("optionId") == "abort" or outcome.get("outcome") == "cancelled":
+            stop = "cancelled"  # codex-acp: ReviewDecision::Abort ends the turn
+        elif not allowed and os.environ.get("FAKE_ACP_SILENT_REJECT"):
+            pass  # OpenCode ends the turn without a word after a rejection
+        else:
+            words = (f"The tool was {'allowed' if allowed else 'rejected'} "
+                     f"({outcome.get('optionId')}).")
+            chunk(session, words, "m2")
+            said += ["Let me run the tests.", words]
+    elif scenario in ("hang", "hang_deaf", "hang_asks"):
         chunk(session, "Working on it.", "m1")
+        # What it spent before the cancel: a running cost, and one model call's
+        # tokens the way Qwen Code sends them (emitUsageMetadata, cli.js).
+        update(session, {"sessionUpdate": "usage_update", "used": 10, "size": 200000,
+                         "cost": {"amount": round(data["cost"] + 0.1, 6), "currency": "USD"}})
+        update(session, {"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "text", "text": ""},
+                         "_meta": {"usage": {"inputTokens": 30, "outputTokens": 7,
+                                             "thoughtTokens": 3, "cachedReadTokens": 20,
+                                             "totalTokens": 40}}})
         update(session, {"sessionUpdate": "tool_call", "toolCallId": "call_9",
                          "title": "sleep 1000", "kind": "execute", "status": "in_progress"})
         while receive() is not None:
-            if _cancelled and scenario == "hang":
+            if _cancelled and scenario != "hang_deaf":
                 break
         if not _cancelled:
             return  # end-of-file without a cancel
+        if scenario == "hang_asks":
+            # A tool that was already on its way asks after the cancel: the client
+            # must answer "cancelled" (ACP prompt-turn.mdx, Cancellation).
+            ask(902, "session/request_permission", {
+                "sessionId": session,
+                "toolCall": {"toolCallId": "call_10", "title": "rm -rf build"},
+                "options": OPTIONS["all"]})
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_9",
                          "status": "failed"})
         stop = "cancelled"
@@ -218,8 +279,16 @@ def prompt_turn(message: dict[str, Any]) -> None:
         parts = [REPLY] if REPLY is not None else ["Hello ", "from the ", "fake ACP agent."]
         update(session, {"sessionUpdate": "agent_thought_chunk",
                          "content": {"type": "text", "text": "Thinking about it."}})
-        for part in parts:
-            chunk(session, part, "m1")
+        warning = os.environ.get("FAKE_ACP_WARNING")
+        if warning == "codex":
+            chunk(session, CODEX_WARNING)
+            for part in parts:
+                chunk(session, part)  # codex-acp names no message
+        else:
+            for number, part in enumerate(parts):
+                if warning == "loose" and number == 1:
+                    chunk(session, "Heads up: the fake agent's cache was cold.")
+                chunk(session, part, "m1")
         said.append("".join(parts))
     if scenario == "garbage":
         print("WARN: more noise on stdout", flush=True)
@@ -244,7 +313,8 @@ def open_session(message: dict[str, Any]) -> None:
             isinstance(params.get("mcpServers"), list)):
         invalid(message["id"], "cwd (absolute) and mcpServers are required")
         return
-    if os.environ.get("FAKE_ACP_AUTH"):
+    auth = os.environ.get("FAKE_ACP_AUTH")
+    if auth and not _authenticated and (auth != "load" or method != "session/new"):
         send({"id": message["id"], "error": {"code": -32000,
                                              "message": "Authentication required"}})
         return
@@ -306,10 +376,23 @@ def main() -> None:
                                         "sse": False},
                     "sessionCapabilities": session_caps,
                 },
-                "authMethods": [],
+                "authMethods": [{
+                    "type": "env_var", "id": "fake-key", "name": "Use FAKE_ACP_KEY",
+                    "vars": [{"name": "FAKE_ACP_KEY"}]}] if os.environ.get(
+                        "FAKE_ACP_KEY_METHOD") else [],
                 "agentInfo": {"name": os.environ.get("FAKE_ACP_NAME", "fake-acp"),
                               "version": "1.0.0"},
             }})
+        elif method == "authenticate":
+            global _authenticated
+            if message["params"].get("methodId") == "fake-key" and os.environ.get(
+                    "FAKE_ACP_KEY"):
+                _authenticated = True
+                send({"id": message["id"], "result": {}})
+            else:
+                send({"id": message["id"], "error": {
+                    "code": -32603, "message": "Internal error",
+                    "data": "FAKE_ACP_KEY is not set"}})
         elif method in ("session/new", "session/load", "session/resume"):
             open_session(message)
         elif method == "session/prompt":

@@ -304,7 +304,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         spawned = True
         await on_spawn(pgid)
 
-    conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring)
+    conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring,
+                                     attempt.env)
     try:
         result = await run_agent(
             brain.command(session_id=session_id, mcp=attempt.wiring,

@@ -62,10 +62,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from prohost import __version__
 from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains import acp_rpc as rpc
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
+from prohost.engine.agent.brains.acp_reply import ReplyText
+from prohost.engine.agent.brains.acp_usage import TurnTokens, session_model
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
     Brain,
@@ -77,17 +81,19 @@ from prohost.engine.agent.brains.base import (
 )
 from prohost.engine.agent.brains.summaries import activity
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
-from prohost.engine.agent.reply import MAX_REPLY_BYTES, final_reply
+from prohost.engine.agent.reply import final_reply
 from prohost.wire.outcomes import (
     ACP_NO_ANSWER,
     ACP_NO_HTTP_MCP,
+    acp_no_reply,
+    acp_refusal_ended,
     acp_signed_out,
     acp_stopped,
     acp_version,
 )
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent, ToolState
-from prohost.wire.usage import Usage, valid_cost, valid_count, valid_model
+from prohost.wire.usage import Usage, valid_cost
 
 log = logging.getLogger("prohost.brains.acp")
 
@@ -117,6 +123,21 @@ _COST_SINCE_START = frozenset({
 _ALLOW = ("allow_once", "allow_always")
 _REJECT = ("reject_once", "reject_always")
 
+#: Reject options known to end the agent's turn when chosen: codex-acp's "abort"
+#: (``ReviewDecision::Abort``, "No, and tell Codex what to do differently") and
+#: "timed_out" (zed-industries/codex-acp ``src/thread.rs``, the exec and patch
+#: approval options). ``--safe-tools`` picks them only when nothing else refuses.
+_ENDS_TURN = frozenset({"abort", "timed_out"})
+
+#: Auth methods of agents that take a key from their environment without saying
+#: so with an ``env_var`` method: Gemini CLI's "gemini-api-key" reads
+#: ``GEMINI_API_KEY`` (``GeminiAgent.authenticate`` in @google/gemini-cli 0.61's
+#: bundle, ``refreshAuth(USE_GEMINI)``), and a session/load it answers -32000
+#: without it: authenticating first takes the session back.
+_KEY_METHODS: dict[str, tuple[str, ...]] = {"gemini-api-key": ("GEMINI_API_KEY",)}
+
+_SETUP = ("session/new", "session/load", "session/resume")
+
 
 class _Phase(enum.Enum):
     STARTING = "initialize"
@@ -136,11 +157,25 @@ class AcpTurn(Turn):
         self._prompt = ""
         self._cwd = ""
         self._resume: str | None = None
+        self._env: Mapping[str, str] = os.environ
         #: The run's MCP servers, as ACP ``McpServer`` objects.
         self._servers: list[dict[str, Any]] = []
         self._next_id = 0
-        #: Our requests not yet answered: id → method.
-        self._pending: dict[rpc.MessageId, str] = {}
+        #: Our requests not yet answered: id → (method, params).
+        self._pending: dict[rpc.MessageId, tuple[str, dict[str, Any]]] = {}
+        #: The agent's ``authMethods`` (initialize).
+        self._auth_methods: list[dict[str, Any]] = []
+        #: The setup request an ``authenticate`` is for (asked again once it is).
+        self._after_auth: tuple[str, dict[str, Any]] | None = None
+        self._authenticated = False
+        #: Timeline rows made outside an update (notices), given by the next feed.
+        self._events: list[ToolEvent] = []
+        self._notices = 0
+        #: Why the lane's session was not taken back (then this turn is a new one).
+        self.renewed: str | None = None
+        #: The tools ``--safe-tools`` refused, and whether a refusal ends the turn.
+        self._refused_tools: list[str] = []
+        self._refusal_ends = False
         self._phase = _Phase.STARTING
         self._capabilities: dict[str, Any] = {}
         #: The session to prompt, once open (also ``session_id`` then).
@@ -149,18 +184,14 @@ class AcpTurn(Turn):
         self._fresh = False
         #: The agent's cost counts from its own start (:data:`_COST_SINCE_START`).
         self._fresh_cost = False
-        self._text: list[str] = []
-        self._text_bytes = 0
-        self._cut = False
-        self._paragraph = False
-        self._message_id: object = None
+        self._reply = ReplyText()
         self.stop_reason: str | None = None
         #: A failure the agent answered with (a JSON-RPC error, a wrong version).
         self.error: str | None = None
         self._cancel_sent = False
         #: The session's running cost total (USD) as last reported this turn.
         self._cost_total: float | None = None
-        self._tokens = Usage()
+        self._tokens = TurnTokens()
         #: Tool calls still open: id → (name, summary), oldest first.
         self._open: dict[str, tuple[str, str]] = {}
         #: Tool calls that ended (an update after the end posts nothing).
@@ -171,8 +202,11 @@ class AcpTurn(Turn):
     # ---------------------------------------------------------------- Conversation
 
     def conversation(self, prompt: str, session_id: str | None, cwd: Path,
-                     mcp: McpWiring | None = None) -> Conversation:
+                     mcp: McpWiring | None = None,
+                     env: Mapping[str, str] | None = None) -> Conversation:
         self._prompt = prompt
+        if env is not None:
+            self._env = env
         self._cwd = os.path.abspath(cwd)
         self._servers = [dict(server) for server in mcp.servers] if mcp is not None else []
         self._resume = session_id or None
@@ -203,31 +237,47 @@ class AcpTurn(Turn):
     # ---------------------------------------------------------------- reading
 
     def feed(self, line: bytes) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
         try:
             message = rpc.read_message(line)
             if message is None:
                 if line.strip():
                     self.garbage += 1
-                return []
-            if isinstance(message, rpc.Response):
+            elif isinstance(message, rpc.Response):
                 self._response(message)
             elif isinstance(message, rpc.Request):
-                return self._request(message)
+                events = self._request(message)
             elif message.method == "session/update":
-                return self._update(message.params)
+                events = self._update(message.params)
         except Exception:
             # A shape no agent was seen to send costs that message, not the run.
             log.debug("skipped an ACP message it could not read", exc_info=True)
-        return []
+        if self._events:
+            events, self._events = self._events + events, []
+        return events
+
+    def _notice(self, text: str) -> None:
+        """Something the person should know that is not the agent's reply: the
+        log and the timeline (§8), never the reply."""
+        log.warning("%s", text)
+        self._notices += 1
+        self._events.append(ToolEvent(id=f"prohost-notice-{self._notices}", name="Notice",
+                                      state="done", summary=one_line(text, 300)))
 
     def _response(self, message: rpc.Response) -> None:
-        method = self._pending.pop(message.id, None)
-        if method is None:
+        asked = self._pending.pop(message.id, None)
+        if asked is None:
             return  # not ours, or answered twice
+        method, params = asked
         if message.error is not None:
-            self._refused(method, message.error)
+            self._refused(method, params, message.error)
             return
         answer = message.result if isinstance(message.result, dict) else {}
+        if method == "authenticate":
+            self._authenticated = True
+            if self._after_auth is not None:
+                self._send(*self._after_auth)  # the setup it was for, again
+            return
         if method == "initialize":
             version = answer.get("protocolVersion")
             if version != PROTOCOL_VERSION:
@@ -236,8 +286,12 @@ class AcpTurn(Turn):
             capabilities = answer.get("agentCapabilities")
             self._capabilities = capabilities if isinstance(capabilities, dict) else {}
             info = answer.get("agentInfo")
-            if isinstance(info, dict) and info.get("name") in _COST_SINCE_START:
-                self._fresh_cost = True
+            if isinstance(info, dict) and isinstance(info.get("name"), str):
+                self._tokens.agent = info["name"]
+                self._fresh_cost = info["name"] in _COST_SINCE_START
+            methods = answer.get("authMethods")
+            self._auth_methods = [m for m in methods if isinstance(m, dict)] if isinstance(
+                methods, list) else []
             mcp = self._capabilities.get("mcpCapabilities")
             if self._servers and not (isinstance(mcp, dict) and mcp.get("http") is True):
                 # Fail closed, as every brain does with an MCP server it cannot wire.
@@ -258,17 +312,21 @@ class AcpTurn(Turn):
             reason = answer.get("stopReason")
             # Required by the schema; an answer without one still ended the turn.
             self.stop_reason = reason if isinstance(reason, str) else "end_turn"
-            self._read_tokens(answer.get("usage"), answer.get("_meta"))
+            self._tokens.answer(answer.get("usage"), answer.get("_meta"))
+            for text in [*self._reply.loose(), *self._reply.notices]:
+                self._notice(f"the agent said (not part of its reply): {text}")
             self._end()
 
-    def _refused(self, method: str, error: rpc.RpcError) -> None:
+    def _refused(self, method: str, params: dict[str, Any], error: rpc.RpcError) -> None:
         text = error.text()
         self.last_error = text
         self._limit(text)
-        if error.code == rpc.AUTH_REQUIRED:
-            # Not the session's fault: a new one would be refused the same way.
+        if method == "authenticate":
             self._fail(acp_signed_out(text))
             return
+        if error.code == rpc.AUTH_REQUIRED and method in _SETUP and self._authenticate(
+                method, params):
+            return  # logged in with a key from its environment; then asked again
         if (method == "session/resume" and error.code == rpc.METHOD_NOT_FOUND
                 and self._capabilities.get("loadSession") is True):
             # Offered but not there (Qwen Code 0.15 announces resume and answers
@@ -278,15 +336,55 @@ class AcpTurn(Turn):
             return
         limited = self.limit is not None and self.limit.state == "limited"
         if method in ("session/load", "session/resume") and not self._fresh and not limited:
-            # The agent does not have the lane's session (any more): a new one,
-            # once, in this same process and deadline (§5.5).
-            log.info("the agent refused %s of session %s (%s); starting a new one",
-                     method, self._resume, text)
+            # The agent would not take the lane's session back, for whatever reason
+            # (gone, or "Authentication required" from Gemini CLI, which starts new
+            # sessions with a key alone but loads none without a saved login): a
+            # new one, once, in this same process and deadline (§5.5). Ending the
+            # run here would leave the conversation on a session no turn can open.
+            self.renewed = (f"the agent could not take back the conversation's session "
+                            f"{self._resume} ({text}); this turn starts a new session")
+            self._notice(self.renewed)
             self._fresh = True
             self._phase = _Phase.OPENING
             self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
             return
+        if error.code == rpc.AUTH_REQUIRED:
+            self._fail(acp_signed_out(text, self._key_names()))
+            return
         self._fail(f"the agent failed {method}: {text}")
+
+    def _authenticate(self, method: str, params: dict[str, Any]) -> bool:
+        """Log in with the first auth method whose keys the agent's environment
+        holds (an ``env_var`` method: codex-acp's "openai-api-key" reads
+        ``OPENAI_API_KEY`` only once told to), then ask ``method`` again; once per
+        turn. ``False``: no method the environment satisfies."""
+        if self._authenticated or self._after_auth is not None:
+            return False
+        for method_id, names in self._key_methods():
+            if names and all(self._env.get(name) for name in names):
+                self._after_auth = (method, params)
+                self._send("authenticate", {"methodId": method_id})
+                return True
+        return False
+
+    def _key_methods(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The agent's auth methods that take keys from its environment, each with
+        the variables it needs (ACP ``AuthMethodEnvVar``: ``vars`` not ``optional``)."""
+        found = []
+        for method in self._auth_methods:
+            method_id = method.get("id")
+            if not isinstance(method_id, str):
+                continue
+            if method.get("type") == "env_var" and isinstance(method.get("vars"), list):
+                names = tuple(v["name"] for v in method["vars"] if isinstance(v, dict)
+                              and isinstance(v.get("name"), str) and not v.get("optional"))
+                found.append((method_id, names))
+            elif method_id in _KEY_METHODS:
+                found.append((method_id, _KEY_METHODS[method_id]))
+        return found
+
+    def _key_names(self) -> list[str]:
+        return [name for _, names in self._key_methods() for name in names]
 
     def _open_session(self) -> None:
         self._phase = _Phase.OPENING
@@ -307,7 +405,7 @@ class AcpTurn(Turn):
     def _opened(self, session: str, answer: dict[str, Any]) -> None:
         self._session = self.session_id = session
         self.started = True
-        self.model = _model(answer) or self.model
+        self.model = session_model(answer) or self.model
         self._phase = _Phase.PROMPTING
         self.activity = "thinking"
         self._send("session/prompt", {
@@ -330,17 +428,33 @@ class AcpTurn(Turn):
 
     def _permission(self, params: dict[str, Any]) -> dict[str, Any]:
         """The answer to ``session/request_permission``: the agent's allow option
-        (reject with ``--safe-tools``); ``cancelled`` once the turn is being
-        cancelled, as ACP requires, or when no option fits."""
+        (with ``--safe-tools``, a refusal that lets the turn go on, else one that
+        ends it); ``cancelled`` once the turn is being cancelled, as ACP requires
+        (``docs/protocol/v1/prompt-turn.mdx``, Cancellation), or when no option fits."""
         options = params.get("options")
         if self._cancel_sent or not isinstance(options, list):
             return {"outcome": "cancelled"}
-        for kind in _REJECT if self._safe_tools else _ALLOW:
-            for option in options:
-                if isinstance(option, dict) and option.get("kind") == kind:
-                    option_id = option.get("optionId")
-                    if isinstance(option_id, str):
-                        return {"outcome": "selected", "optionId": option_id}
+        offered = [(o.get("kind"), o["optionId"]) for o in options
+                   if isinstance(o, dict) and isinstance(o.get("optionId"), str)]
+        if self._safe_tools:
+            # reject_once before reject_always (a lasting rule in the agent's
+            # settings), and either before a refusal that ends the turn.
+            ranked = [(kind, option_id in _ENDS_TURN, option_id)
+                      for kind, option_id in offered if kind in _REJECT]
+            ranked.sort(key=lambda entry: (entry[1], _REJECT.index(str(entry[0]))))
+            if ranked:
+                _, ends, option_id = ranked[0]
+                call = params.get("toolCall")
+                title = call.get("title") if isinstance(call, dict) else None
+                self._refused_tools.append(one_line(title) if isinstance(title, str)
+                                           and title.strip() else "a tool call")
+                self._refusal_ends = self._refusal_ends or ends
+                return {"outcome": "selected", "optionId": option_id}
+            return {"outcome": "cancelled"}
+        for kind in _ALLOW:
+            for offered_kind, option_id in offered:
+                if offered_kind == kind:
+                    return {"outcome": "selected", "optionId": option_id}
         return {"outcome": "cancelled"}
 
     def _update(self, params: dict[str, Any]) -> list[ToolEvent]:
@@ -369,31 +483,13 @@ class AcpTurn(Turn):
         return []
 
     def _chunk(self, update: dict[str, Any]) -> None:
+        self._tokens.call(update.get("_meta"))  # Qwen Code's per-call usage
         content = update.get("content")
         if not isinstance(content, dict) or content.get("type") != "text":
             return
         text = content.get("text")
-        if not isinstance(text, str) or not text:
-            return
-        message_id = update.get("messageId")
-        if message_id is not None and message_id != self._message_id:
-            # A new message of the turn: a paragraph of its own.
-            if self._message_id is not None:
-                self._paragraph = True
-            self._message_id = message_id
-        if self._paragraph and self._text and not self._text[-1].endswith("\n\n"):
-            text = "\n\n" + text
-        self._paragraph = False
-        if self._cut:
-            return
-        size = len(text.encode("utf-8", errors="replace"))
-        if self._text_bytes + size > MAX_REPLY_BYTES:
-            # Memory stays bounded whatever the agent says; the reply is cut anyway.
-            text = text.encode("utf-8", errors="replace")[
-                : MAX_REPLY_BYTES - self._text_bytes].decode("utf-8", errors="ignore")
-            self._cut = True
-        self._text.append(text)
-        self._text_bytes += size
+        if isinstance(text, str):
+            self._reply.add(text, update.get("messageId"))
 
     def _tool_call(self, update: dict[str, Any]) -> list[ToolEvent]:
         call_id = update.get("toolCallId")
@@ -405,7 +501,8 @@ class AcpTurn(Turn):
         name = _KIND_NAMES.get(kind, "Tool") if isinstance(kind, str) else "Tool"
         title = update.get("title")
         summary = one_line(title) if isinstance(title, str) else ""
-        self._paragraph = True  # text after a tool call is a new paragraph
+        self._reply.paragraph()  # text after a tool call is a new paragraph
+        self._tokens.tool_called = True
         events = [ToolEvent(id=call_id, name=name, state="calling", summary=summary)]
         self._open[call_id] = (name, summary)
         ended = self._ending(call_id, update.get("status"))
@@ -443,25 +540,6 @@ class AcpTurn(Turn):
         else:
             self.activity = "thinking"
 
-    def _read_tokens(self, usage: object, meta: object) -> None:
-        """The turn's tokens from the prompt response's ``usage`` (an unstable part
-        of ACP v1: read when present, never required), else from Gemini CLI's
-        ``_meta.quota.token_count`` (``{"input_tokens": …, "output_tokens": …}``,
-        seen from @google/gemini-cli 0.61)."""
-        if not isinstance(usage, dict):
-            quota = meta.get("quota") if isinstance(meta, dict) else None
-            counts = quota.get("token_count") if isinstance(quota, dict) else None
-            if isinstance(counts, dict):
-                self._tokens = Usage(input_tokens=valid_count(counts.get("input_tokens")),
-                                     output_tokens=valid_count(counts.get("output_tokens")))
-            return
-        self._tokens = Usage(
-            input_tokens=valid_count(usage.get("inputTokens")),
-            output_tokens=valid_count(usage.get("outputTokens")),
-            cache_read_tokens=valid_count(usage.get("cachedReadTokens")),
-            cache_write_tokens=valid_count(usage.get("cachedWriteTokens")),
-        )
-
     def _limit(self, text: str) -> None:
         notice = acp_limit_text(text, self._clock())
         if notice is not None:
@@ -472,7 +550,7 @@ class AcpTurn(Turn):
     def _send(self, method: str, params: dict[str, Any]) -> None:
         message_id = self._next_id
         self._next_id += 1
-        self._pending[message_id] = method
+        self._pending[message_id] = (method, params)
         self._write(rpc.request(message_id, method, params))
 
     def _write(self, data: bytes) -> None:
@@ -493,21 +571,28 @@ class AcpTurn(Turn):
     # ---------------------------------------------------------------- the outcome
 
     def usage(self) -> Usage:
+        """What this turn used as far as the agent said, whenever it ended: a
+        cancelled or timed-out turn keeps the cost and tokens streamed before."""
         cost = None
+        earlier = None
         if self._cost_total is not None:
-            before = None if self._fresh or self._fresh_cost else self.usage_before.cost_usd
-            share = self._cost_total - before if before is not None else self._cost_total
-            # A total below the last one is a new session behind the same id.
-            cost = round(share if share >= 0 else self._cost_total, 6)
-        return Usage(
-            input_tokens=self._tokens.input_tokens,
-            output_tokens=self._tokens.output_tokens,
-            cache_read_tokens=self._tokens.cache_read_tokens,
-            cache_write_tokens=self._tokens.cache_write_tokens,
-            cost_usd=cost,
-            turns=1 if self.stop_reason is not None else None,
-            model=self.model,
-        )
+            if self._fresh or self._fresh_cost or self._resume is None:
+                cost = self._cost_total  # counted from this session's (or process's) start
+            else:
+                before = self.usage_before.cost_usd
+                if before is None or self.usage_before.includes_earlier_turns:
+                    # The session's total before this turn is not known (a turn in
+                    # between was cut off before its cost was kept): this total
+                    # holds that turn's spend too, and says so (§7).
+                    earlier = True
+                share = self._cost_total - before if before is not None else self._cost_total
+                # A total below the last one is a new session behind the same id.
+                cost = share if share >= 0 else self._cost_total
+            cost = round(cost, 6)
+        tokens = self._tokens.usage()
+        return attrs.evolve(tokens, cost_usd=cost,
+                            turns=1 if self.stop_reason is not None else None,
+                            model=self.model, includes_earlier_turns=earlier)
 
     def session_totals(self) -> Usage | None:
         if self._session is None:
@@ -526,9 +611,19 @@ class AcpTurn(Turn):
         if self.error is not None:
             return Outcome.failure(self._said(self.error), session_id=self.session_id,
                                    usage=usage)
+        refused = self._refused_tools[-1] if self._refused_tools else None
         if self.stop_reason == "end_turn":
-            reply = final_reply("".join(self._text), cut=self._cut)
+            text = self._reply.text()
+            if not text.strip():
+                # Nothing said is no answer (OpenCode after a refused tool): only
+                # NO_REPLY means "send nothing".
+                return Outcome.failure(acp_no_reply(refused), session_id=self.session_id,
+                                       usage=usage)
+            reply = final_reply(text, cut=self._reply.cut)
             return Outcome(ok=True, reply=reply, session_id=self.session_id, usage=usage)
+        if self.stop_reason == "cancelled" and refused is not None and self._refusal_ends:
+            return Outcome.failure(acp_refusal_ended(refused), session_id=self.session_id,
+                                   usage=usage)
         if self.stop_reason is not None:
             return Outcome.failure(acp_stopped(self.stop_reason), session_id=self.session_id,
                                    usage=usage)
@@ -551,24 +646,6 @@ class AcpTurn(Turn):
 
     def _said(self, error: str) -> str:
         return one_line(with_limit(error, self.limit, "the account's"), _ERROR_CHARS)
-
-
-def _model(answer: dict[str, Any]) -> str | None:
-    """The model a session setup response names: ``models.currentModelId`` (an
-    unstable part of v1 Gemini CLI sends), else the current value of the ``model``
-    config option (``configOptions``, v1) unless it is only ``default``."""
-    models = answer.get("models")
-    if isinstance(models, dict):
-        named = valid_model(models.get("currentModelId"))
-        if named is not None:
-            return named
-    options = answer.get("configOptions")
-    for option in options if isinstance(options, list) else []:
-        if isinstance(option, dict) and option.get("category") == "model":
-            value = valid_model(option.get("currentValue"))
-            if value is not None and value != "default":
-                return value
-    return None
 
 
 class AcpBrain(Brain):

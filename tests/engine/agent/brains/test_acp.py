@@ -28,6 +28,8 @@ from prohost.execline import ACP_COMMANDS, acp_agent, speaks_acp
 from prohost.wire.outcomes import (
     ACP_NO_ANSWER,
     ACP_NO_HTTP_MCP,
+    acp_no_reply,
+    acp_refusal_ended,
     acp_signed_out,
     acp_stopped,
     acp_version,
@@ -86,11 +88,12 @@ async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None =
         turn.usage_before = before
     done = talk_to if talk_to is not None else Talk(turn)
     done.turn, done.record_path = turn, record_of(tmp_path)
+    agent_env = acp_env(tmp_path, scenario, **env)
     result = await run_agent(
-        FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=acp_env(tmp_path, scenario, **env),
+        FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=agent_env,
         groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,
         on_stdout_line=lambda line: read(done, turn, line),
-        conversation=turn.conversation(PROMPT, session, tmp_path, mcp))
+        conversation=turn.conversation(PROMPT, session, tmp_path, mcp, agent_env))
     done.result = result
     if result.timed_out is None:
         done.outcome = turn.finish(result)
@@ -469,7 +472,8 @@ async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
     # The lane keeps its session, and that session's totals as they were.
     assert done.turn.session_id is None
     assert done.turn.session_totals() == Usage(cost_usd=1.5)
-    assert done.methods() == ["initialize", "session/load", "eof"]  # no new one tried
+    # The refused load is followed by a new session, refused the same way.
+    assert done.methods() == ["initialize", "session/load", "session/new", "eof"]
 
 
 def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -> None:
@@ -507,3 +511,155 @@ async def test_the_claude_adapters_cost_counts_from_its_own_start(tmp_path: Path
     assert second.outcome is not None and second.outcome.usage is not None
     # Its total is this process's spend: all of it is the run's.
     assert first.outcome.usage.cost_usd == second.outcome.usage.cost_usd == 0.25
+
+
+def notices(done: Talk) -> list[str]:
+    return [e.summary for e in done.events if e.name == "Notice"]
+
+
+@pytest.mark.protocol("§5")
+async def test_a_refused_load_starts_a_new_session_and_says_so(tmp_path: Path) -> None:
+    """Gemini CLI with only GEMINI_API_KEY opens new sessions and refuses every
+    session/load with -32000: turn 2 must not end the conversation."""
+    first = await talk(tmp_path, FAKE_ACP_AUTH="load")
+    assert first.outcome is not None and first.outcome.ok
+    old = first.outcome.session_id
+    second = await talk(tmp_path, session=old, before=first.turn.session_totals(),
+                        FAKE_ACP_AUTH="load")
+    assert second.outcome is not None and second.outcome.ok, second.outcome
+    assert second.outcome.reply == "Hello from the fake ACP agent."
+    assert second.outcome.session_id not in (None, old)
+    assert second.methods() == ["initialize", "session/load", "session/new",
+                                "session/prompt", "eof"]
+    said = notices(second)
+    assert len(said) == 1 and f"session {old}" in said[0] and "new session" in said[0]
+    assert second.turn.renewed is not None and "Authentication required" in second.turn.renewed
+    # The new session's cost counts from 0.
+    assert second.outcome.usage is not None and second.outcome.usage.cost_usd == 0.25
+
+
+@pytest.mark.protocol("§5")
+async def test_an_agent_is_logged_in_with_the_key_its_environment_holds(
+    tmp_path: Path,
+) -> None:
+    """codex-acp with only OPENAI_API_KEY: -32000 until told to use the key."""
+    done = await talk(tmp_path, FAKE_ACP_AUTH="1", FAKE_ACP_KEY_METHOD="1",
+                      FAKE_ACP_KEY="k-123")
+    assert done.outcome is not None and done.outcome.ok, done.outcome
+    assert done.methods() == ["initialize", "session/new", "authenticate", "session/new",
+                              "session/prompt", "eof"]
+    asked = next(m for m in done.record() if m.get("method") == "authenticate")
+    assert asked["params"] == {"methodId": "fake-key"}
+    # Resumed the next turn: the load is logged in the same way, then taken back.
+    again = await talk(tmp_path, session=done.outcome.session_id, FAKE_ACP_AUTH="1",
+                       FAKE_ACP_KEY_METHOD="1", FAKE_ACP_KEY="k-123")
+    assert again.outcome is not None and again.outcome.ok
+    assert again.outcome.session_id == done.outcome.session_id
+    assert again.methods()[:4] == ["initialize", "session/load", "authenticate",
+                                   "session/load"]
+
+
+async def test_an_agent_whose_key_is_missing_names_the_variable(tmp_path: Path) -> None:
+    done = await talk(tmp_path, FAKE_ACP_AUTH="1", FAKE_ACP_KEY_METHOD="1", FAKE_ACP_KEY="")
+    assert done.outcome is not None and not done.outcome.ok
+    assert done.outcome.error == acp_signed_out("Authentication required", ["FAKE_ACP_KEY"])
+    assert "set FAKE_ACP_KEY" in done.outcome.error
+    assert "authenticate" not in done.methods()
+
+
+async def test_safe_tools_refuse_with_the_option_that_lets_the_turn_go_on(
+    tmp_path: Path,
+) -> None:
+    done = await talk(tmp_path, "tools", safe_tools=True, FAKE_ACP_OPTIONS="codex_exec")
+    answer = next(m for m in done.record() if m.get("id") == 900)
+    assert answer["result"] == {"outcome": {"outcome": "selected", "optionId": "denied"}}
+    assert done.outcome is not None and done.outcome.ok
+    assert done.outcome.reply is not None and done.outcome.reply.endswith("rejected (denied).")
+
+
+async def test_safe_tools_with_only_a_refusal_that_ends_the_turn_report_it_truly(
+    tmp_path: Path,
+) -> None:
+    done = await talk(tmp_path, "tools", safe_tools=True, FAKE_ACP_OPTIONS="codex_patch")
+    answer = next(m for m in done.record() if m.get("id") == 900)
+    assert answer["result"] == {"outcome": {"outcome": "selected", "optionId": "abort"}}
+    assert done.outcome is not None and not done.outcome.ok
+    assert done.outcome.error == acp_refusal_ended("Running pytest -q")
+
+
+async def test_an_empty_reply_after_a_refused_tool_is_not_a_success(tmp_path: Path) -> None:
+    done = await talk(tmp_path, "tools", safe_tools=True, FAKE_ACP_SILENT_REJECT="1")
+    assert done.outcome is not None and not done.outcome.ok
+    assert done.outcome.error == acp_no_reply("Running pytest -q")
+    empty = await talk(tmp_path, FAKE_ACP_REPLY="")
+    assert empty.outcome is not None and empty.outcome.error == acp_no_reply(None)
+
+
+@pytest.mark.parametrize("warning", ["codex", "loose"])
+async def test_an_agents_own_notices_are_not_its_reply(tmp_path: Path, warning: str) -> None:
+    done = await talk(tmp_path, FAKE_ACP_WARNING=warning)
+    assert done.outcome is not None and done.outcome.ok
+    assert done.outcome.reply == "Hello from the fake ACP agent."
+    said = notices(done)
+    assert len(said) == 1
+    assert ("Model metadata for `fake-model-1` not found" if warning == "codex"
+            else "cache was cold") in said[0]
+
+
+@pytest.mark.protocol("§6")
+async def test_a_permission_asked_after_the_cancel_is_answered_cancelled(
+    tmp_path: Path,
+) -> None:
+    """ACP: once the client sent session/cancel it answers every pending and later
+    permission request ``cancelled`` (issue 37 point 11)."""
+    groups = ProcessGroups()
+    groups.grace_s = 30.0
+    done = await cancel_when_working(tmp_path, "hang_asks", groups)
+    answer = next(m for m in done.record() if m.get("id") == 902)
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
+    assert done.turn.stop_reason == "cancelled"
+
+
+@pytest.mark.protocol("§6", "§7")
+async def test_a_cancelled_turn_carries_what_it_spent_before_the_cancel(
+    tmp_path: Path,
+) -> None:
+    groups = ProcessGroups()
+    groups.grace_s = 30.0
+    done = await cancel_when_working(tmp_path, "hang", groups)
+    usage = done.turn.usage()
+    # +$0.10 streamed before the cancel, +$0.25 in all by the cancelled answer;
+    # Qwen-style call tokens: 30 in (20 of them cached), 7 out + 3 thinking.
+    assert usage.cost_usd == 0.25 and usage.turns == 1
+    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens) == (10, 10, 20)
+
+
+@pytest.mark.protocol("§7")
+async def test_a_killed_turn_carries_what_it_streamed(tmp_path: Path) -> None:
+    groups = ProcessGroups()
+    groups.grace_s = 1.0
+    with trio.fail_after(10):
+        done = await cancel_when_working(tmp_path, "hang_deaf", groups)
+    usage = done.turn.usage()
+    assert usage.cost_usd == 0.1 and usage.turns is None
+    assert (usage.input_tokens, usage.output_tokens) == (10, 10)
+
+
+@pytest.mark.protocol("§7")
+@pytest.mark.parametrize(("before", "flagged"), [
+    (Usage(cost_usd=0.25), None),
+    (Usage(cost_usd=0.25, includes_earlier_turns=True), True),
+    (Usage(), True),  # resumed, and what it had reached is not known
+])
+async def test_a_running_total_says_when_it_holds_an_earlier_turns_spend(
+    tmp_path: Path, before: Usage, flagged: bool | None,
+) -> None:
+    first = await talk(tmp_path)
+    assert first.outcome is not None
+    second = await talk(tmp_path, session=first.outcome.session_id, before=before)
+    assert second.outcome is not None and second.outcome.usage is not None
+    assert second.outcome.usage.includes_earlier_turns is flagged
+    assert second.outcome.usage.cost_usd == (0.25 if before.cost_usd else 0.5)
+    # A new session's total is all its own.
+    assert first.outcome.usage is not None
+    assert first.outcome.usage.includes_earlier_turns is None
