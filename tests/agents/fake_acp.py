@@ -46,8 +46,10 @@ saved auth type, while ``newSession`` falls back to the key). With
 ``codex_patch`` (codex-acp's for an edit: ``approved``, and ``abort``, a
 reject_once that ends the turn, ``src/thread.rs``) or ``codex_exec`` (``approved``,
 ``denied``, ``abort``). With ``FAKE_ACP_SILENT_REJECT`` set it says nothing after
-a refused tool (OpenCode 1.18). ``FAKE_ACP_WARNING=codex`` sends Codex's model
-warning as a chunk of its own without a ``messageId`` before the reply (codex-acp
+a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
+``hang`` answers -32603 (Qwen Code 0.15) and leaves its tool call open.
+``FAKE_ACP_WARNING=codex`` sends Codex's model warning as a chunk of its own
+without a ``messageId`` before the reply (codex-acp
 ``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
 the reply's named messages. With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
@@ -263,6 +265,12 @@ def prompt_turn(message: dict[str, Any]) -> None:
                 "sessionId": session,
                 "toolCall": {"toolCallId": "call_10", "title": "rm -rf build"},
                 "options": OPTIONS["all"]})
+        if os.environ.get("FAKE_ACP_CANCEL_ERROR"):
+            # Qwen Code 0.15 answers the cancelled prompt with an error, and leaves
+            # its tool call open.
+            send({"id": message["id"], "error": {"code": -32603, "message": "Internal error",
+                                                 "data": {"details": "aborted"}}})
+            return
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_9",
                          "status": "failed"})
         stop = "cancelled"

@@ -324,6 +324,12 @@ class AcpTurn(Turn):
         if method == "authenticate":
             self._fail(acp_signed_out(text))
             return
+        if method == "session/prompt" and self._cancel_sent:
+            # The cancel we asked for, answered with an error instead of the
+            # stopReason "cancelled" (Qwen Code 0.15 answers -32603): a cancel.
+            self.stop_reason = "cancelled"
+            self._end()
+            return
         if error.code == rpc.AUTH_REQUIRED and method in _SETUP and self._authenticate(
                 method, params):
             return  # logged in with a key from its environment; then asked again
@@ -562,9 +568,16 @@ class AcpTurn(Turn):
         self._end()
 
     def _end(self) -> None:
-        """The conversation is over: end-of-file, and the agent exits."""
+        """The conversation is over: end-of-file, and the agent exits. A tool call
+        still open will never end now (a cancel, a turn that ended without saying):
+        it is marked ended with an error, not left "calling" on the timeline."""
         self._phase = _Phase.DONE
         self.activity = None
+        for call_id, (name, summary) in list(self._open.items()):
+            self._events.append(ToolEvent(id=call_id, name=name, state="error",
+                                          summary=summary))
+            self._ended.add(call_id)
+        self._open.clear()
         if self._stdin is not None:
             self._stdin.close()
 

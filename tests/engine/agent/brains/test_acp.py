@@ -663,3 +663,22 @@ async def test_a_running_total_says_when_it_holds_an_earlier_turns_spend(
     # A new session's total is all its own.
     assert first.outcome.usage is not None
     assert first.outcome.usage.includes_earlier_turns is None
+
+
+@pytest.mark.protocol("§6", "§8")
+async def test_a_cancel_answered_with_an_error_is_a_cancel_and_closes_its_tools(
+    tmp_path: Path,
+) -> None:
+    groups = ProcessGroups()
+    groups.grace_s = 30.0
+    done = Talk(AcpBrain(FAKE_ACP).new_turn())
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: talk(tmp_path, "hang", groups=groups, talk_to=done,
+                                            FAKE_ACP_CANCEL_ERROR="1"))
+            await done.working.wait()
+            scope.cancel()
+    assert done.turn.stop_reason == "cancelled" and done.turn.error is None
+    # The call the agent left open is not left "calling" on the timeline.
+    assert [(e.id, e.state) for e in done.events] == [("call_9", "calling"),
+                                                      ("call_9", "error")]
