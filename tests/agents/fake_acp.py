@@ -51,7 +51,8 @@ a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
 ``FAKE_ACP_WARNING=codex`` sends Codex's model warning as a chunk of its own
 without a ``messageId`` before the reply (codex-acp
 ``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
-the reply's named messages. With ``FAKE_ACP_NO_HTTP_MCP`` set it says
+the reply's named messages. ``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission
+request is one line over 8 MiB. With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
 end-of-file (it waits to be stopped). Every message it receives is appended, one
 JSON per line, to ``FAKE_ACP_RECORD`` when that names a file (with
@@ -219,8 +220,13 @@ def prompt_turn(message: dict[str, Any]) -> None:
                          "rawInput": {"command": "pytest -q"}})
         answer = ask(900, "session/request_permission", {
             "sessionId": session,
-            "toolCall": {"toolCallId": "call_1", "title": "Running pytest -q"},
             "options": OPTIONS[os.environ.get("FAKE_ACP_OPTIONS", "all")],
+            # With FAKE_ACP_HUGE_ASK, a whole file in the request, as the Claude Code
+            # adapter sends an edit's: one line over 8 MiB (its options first).
+            "toolCall": {"toolCallId": "call_1", "title": "Running pytest -q",
+                         **({"content": [{"type": "diff", "path": "/w/big.txt",
+                                          "newText": "y" * (9 << 20)}]}
+                            if os.environ.get("FAKE_ACP_HUGE_ASK") else {})},
         })
         outcome = (answer or {}).get("result", {}).get("outcome", {})
         allowed = outcome.get("outcome") == "selected" and outcome.get("optionId") in (

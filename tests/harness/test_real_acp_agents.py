@@ -24,6 +24,7 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -108,6 +109,34 @@ def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
     return shlex.quote(str(path)) + rest, env
 
 
+#: What each agent reports of a turn's tokens, for ``calls`` model calls of the
+#: mock model (10 input and 5 output tokens each): ``None`` where its figures are
+#: not §7's and are left out (prohost/engine/agent/brains/acp_usage.py; the
+#: README's table).
+def tokens_for(agent: str, calls: int) -> tuple[int, int] | None:
+    if agent in ("claude", "qwen") or (agent == "opencode" and calls == 1):
+        return (10 * calls, 5 * calls)
+    return None  # codex: none on the wire; gemini: cached and thinking unsaid; opencode: last call
+
+
+#: The model each agent names (``usage.model``).
+MODELS = {"codex": None, "claude": None, "gemini": "gemini-2.5-flash", "qwen": "mock-model",
+          "opencode": "mock/mock-model"}
+
+
+def assert_usage(agent: str, completion: dict[str, Any], calls: int) -> None:
+    usage = completion.get("usage") or {}
+    expected = tokens_for(agent, calls)
+    if expected is None:
+        assert "input_tokens" not in usage and "output_tokens" not in usage, usage
+    else:
+        assert (usage.get("input_tokens"), usage.get("output_tokens")) == expected, usage
+    if MODELS[agent] is not None:
+        assert usage.get("model") == MODELS[agent], usage
+    # Only the Claude Code adapter reports a cost (the mock's tokens at its price).
+    assert ("cost_usd" in usage) == (agent == "claude"), usage
+
+
 def asked_with(model: MockModel, words: str) -> Callable[[], bool]:
     return lambda: any(words in json.dumps(body) for _, body in model.requests)
 
@@ -132,7 +161,10 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 await server.wait_until(finished(second))
                 one, two = (server.run(r).completion or {} for r in (first, second))
                 assert one.get("ok") and two.get("ok"), (one, two)
-                assert str(one["reply"]).endswith(REPLY), one
+                # The reply and nothing else (codex-acp's warnings are not part of it).
+                assert one["reply"] == two["reply"] == REPLY, one
+                assert_usage(agent, one, calls=1)
+                assert_usage(agent, two, calls=1)
                 assert one["session_id"] and two["session_id"]
                 later = json.dumps([body for _, body in model.requests[before:]])
                 assert "second turn" in later
@@ -176,4 +208,7 @@ async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent:
                 assert asked_with(model, "mock-tool-ran")()
                 assert (tmp_path / "home" / "workspace" / "made-by-the-tool").exists()
                 timeline = server.run(run_id).timeline
-                assert [e["state"] for e in timeline] == ["calling", "done"], timeline
+                assert [e["state"] for e in timeline
+                        if e["name"] != "Notice"] == ["calling", "done"], timeline
+                assert completion["reply"] == REPLY, completion
+                assert_usage(agent, completion, calls=2)

@@ -289,9 +289,8 @@ class _Watch:
         self.stdout = bytearray()
         self.stdout_truncated = False
         self.stderr = LastLine()
-        self.lines = (
-            LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
-        )
+        self.lines = None if on_stdout_line is None else LineSplitter(  # ACP: AcpTurn.overlong
+            on_stdout_line, max_line_bytes, getattr(conversation, "overlong", None))
         self.open_pipes = 2
         #: What the leader left in its group and is waited for: pidfd → pid.
         self.members: dict[int, int] = {}

@@ -55,8 +55,10 @@ Design choices, in DESIGN terms:
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -137,6 +139,23 @@ _ENDS_TURN = frozenset({"abort", "timed_out"})
 _KEY_METHODS: dict[str, tuple[str, ...]] = {"gemini-api-key": ("GEMINI_API_KEY",)}
 
 _SETUP = ("session/new", "session/load", "session/resume")
+
+#: A request's id and method at the start of a line too long to read whole.
+_HEAD_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+_HEAD_METHOD = re.compile(r'"method"\s*:\s*"([^"\\]+)"')
+_HEAD_OPTIONS = re.compile(r'"options"\s*:\s*')
+
+
+def _options_in(text: str) -> list[Any] | None:
+    """The ``options`` array of a permission request's start, when it is all there."""
+    found = _HEAD_OPTIONS.search(text)
+    if found is None:
+        return None
+    try:
+        options, _ = json.JSONDecoder().raw_decode(text, found.end())
+    except ValueError:
+        return None
+    return options if isinstance(options, list) else None
 
 
 class _Phase(enum.Enum):
@@ -255,6 +274,35 @@ class AcpTurn(Turn):
         if self._events:
             events, self._events = self._events + events, []
         return events
+
+    def overlong(self, head: bytes) -> None:
+        """A stdout line over the reader's bound (8 MiB) was skipped; ``head`` is its
+        start (:class:`~prohost.engine.agent.output.LineSplitter`). A request in it
+        still waits for an answer: the Claude Code adapter's edit permissions carry
+        whole files, its ``options`` first (``{"jsonrpc","id","method","params":
+        {"options":[…],"sessionId","toolCall":{…}}}``, claude-agent-acp 0.49). A
+        permission whose options are in the head is answered as any other; any other
+        request gets an error, so that the agent never waits for nothing."""
+        try:
+            text = head.decode("utf-8", errors="replace")
+            start = text[:text.find('"params"')] if '"params"' in text else ""
+            found_id = _HEAD_ID.search(start)
+            found_method = _HEAD_METHOD.search(start)
+            if found_id is None or found_method is None:
+                return  # a notification or a response: nothing waits for an answer
+            message_id = json.loads(found_id.group(1))
+            method = found_method.group(1)
+            options = _options_in(text) if method == "session/request_permission" else None
+            if options is not None:
+                self._write(rpc.result(message_id, {"outcome": self._permission(
+                    {"options": options, "toolCall": {"title": "(a request over 8 MiB)"}})}))
+                return
+            self._write(rpc.error(message_id, rpc.INTERNAL_ERROR,
+                                  f"prohost could not read this {method} request: it is "
+                                  "over 8 MiB on one line"))
+            self._notice(f"the agent sent a {method} request over 8 MiB; it was refused")
+        except Exception:
+            log.debug("could not read the start of an over-long line", exc_info=True)
 
     def _notice(self, text: str) -> None:
         """Something the person should know that is not the agent's reply: the

@@ -24,6 +24,7 @@ from prohost.engine.agent.brains.base import decode_json_line
 #: JSON-RPC's and ACP's error codes this client sends or reads (ACP ``ErrorCode``,
 #: ``schema/v1/schema.json``).
 METHOD_NOT_FOUND = -32601
+INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
 REQUEST_CANCELLED = -32800

@@ -682,3 +682,18 @@ async def test_a_cancel_answered_with_an_error_is_a_cancel_and_closes_its_tools(
     # The call the agent left open is not left "calling" on the timeline.
     assert [(e.id, e.state) for e in done.events] == [("call_9", "calling"),
                                                       ("call_9", "error")]
+
+
+@pytest.mark.protocol("§5")
+@pytest.mark.parametrize("safe_tools", [False, True])
+async def test_a_permission_request_over_the_line_bound_is_still_answered(
+    tmp_path: Path, safe_tools: bool,
+) -> None:
+    with trio.fail_after(60):
+        done = await talk(tmp_path, "tools", safe_tools=safe_tools, FAKE_ACP_HUGE_ASK="1")
+    answer = next(m for m in done.record() if m.get("id") == 900)
+    chosen = "no" if safe_tools else "once"
+    assert answer["result"] == {"outcome": {"outcome": "selected", "optionId": chosen}}
+    assert done.result is not None and done.result.overlong_lines == 1
+    assert done.outcome is not None and done.outcome.ok
+    assert done.outcome.reply is not None and done.outcome.reply.endswith(f"({chosen}).")
