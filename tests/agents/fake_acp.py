@@ -52,7 +52,9 @@ a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
 without a ``messageId`` before the reply (codex-acp
 ``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
 the reply's named messages. ``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission
-request is one line over 8 MiB. With ``FAKE_ACP_NO_HTTP_MCP`` set it says
+request is one line over 8 MiB. ``FAKE_ACP_LATE_REPLAY``: a load answers
+before it replays (Gemini CLI 0.61). ``FAKE_ACP_CLOSE`` offers ``session/close`` (codex-acp,
+the Claude Code adapter and OpenCode do). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
 end-of-file (it waits to be stopped). Every message it receives is appended, one
 JSON per line, to ``FAKE_ACP_RECORD`` when that names a file (with
@@ -353,12 +355,16 @@ def open_session(message: dict[str, Any]) -> None:
                                              "data": {"sessionId": session}}})
         return
     if method == "session/load":
+        late = os.environ.get("FAKE_ACP_LATE_REPLAY")
+        if late:  # Gemini CLI 0.61: the answer first, then the history
+            send({"id": message["id"], "result": None})
         for entry in data["history"]:
             kind = "user_message_chunk" if entry["role"] == "user" else "agent_message_chunk"
             chunk(session, entry["text"], kind=kind)
         update(session, {"sessionUpdate": "usage_update", "used": 10, "size": 200000,
                          "cost": {"amount": data["cost"], "currency": "USD"}})
-        send({"id": message["id"], "result": None})
+        if not late:
+            send({"id": message["id"], "result": None})
     else:
         send({"id": message["id"], "result": {}})
 
@@ -378,6 +384,8 @@ def main() -> None:
                 invalid(message["id"], "protocolVersion is required")
                 continue
             session_caps: dict[str, Any] = {}
+            if os.environ.get("FAKE_ACP_CLOSE"):
+                session_caps["close"] = {}
             if CAPS in ("resume", "both", "broken_resume"):
                 session_caps["resume"] = {}
             send({"id": message["id"], "result": {
@@ -411,6 +419,8 @@ def main() -> None:
             open_session(message)
         elif method == "session/prompt":
             prompt_turn(message)
+        elif method == "session/close" and os.environ.get("FAKE_ACP_CLOSE"):
+            send({"id": message["id"], "result": {}})
         else:
             send({"id": message["id"], "error": {"code": -32601, "message": "Method not found"}})
 

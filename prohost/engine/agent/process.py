@@ -77,9 +77,9 @@ class StdinPipe(Protocol):
         """Queue ``data``; it is written as the agent reads (never blocks, never
         raises: once stdin is closed, or the agent closed it, it is dropped)."""
 
-    def close(self) -> None:
+    def close(self, linger_s: float = LINGER_S) -> None:
         """End-of-file once everything queued is written: the conversation is over,
-        and the agent has :data:`LINGER_S` to exit before its group is stopped."""
+        and the agent has ``linger_s`` to exit before its group is stopped (again: sooner)."""
 
 
 class Conversation(Protocol):
@@ -528,16 +528,15 @@ class _Watch:
         self.unsent += data
         self._send_queued()
 
-    def close(self) -> None:
+    def close(self, linger_s: float = LINGER_S) -> None:
         """:class:`StdinPipe`: end-of-file after what is queued; the agent then
-        has :data:`LINGER_S` to exit by itself."""
-        if self.close_when_sent:
-            return
-        self.close_when_sent = True
-        self.linger_until = trio.current_time() + LINGER_S
+        has ``linger_s`` to exit by itself (closed again: the sooner end holds)."""
+        self.linger_until = min(self.linger_until, trio.current_time() + linger_s)
         if self.scope is not None:
             self.scope.deadline = min(self.scope.deadline, self.linger_until)
-        self._send_queued()
+        if not self.close_when_sent:
+            self.close_when_sent = True
+            self._send_queued()
 
     def _feed(self) -> None:
         if not self.unsent or self.stdin_closed:

@@ -139,6 +139,12 @@ _ENDS_TURN = frozenset({"abort", "timed_out"})
 _KEY_METHODS: dict[str, tuple[str, ...]] = {"gemini-api-key": ("GEMINI_API_KEY",)}
 
 _SETUP = ("session/new", "session/load", "session/resume")
+#: The round trip that drains a session/load's replay (see ``_opened``).
+_SYNC = "_prohost/sync"
+
+#: How long an agent that answered ``session/close`` has to exit by itself before
+#: it is stopped (the others get :data:`~prohost.engine.agent.process.LINGER_S`).
+_AFTER_CLOSE_S = 0.5
 
 #: A request's id and method at the start of a line too long to read whole.
 _HEAD_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
@@ -161,6 +167,7 @@ def _options_in(text: str) -> list[Any] | None:
 class _Phase(enum.Enum):
     STARTING = "initialize"
     OPENING = "session setup"
+    DRAINING = "session replay"
     PROMPTING = "prompt"
     DONE = "done"
 
@@ -317,6 +324,13 @@ class AcpTurn(Turn):
         if asked is None:
             return  # not ours, or answered twice
         method, params = asked
+        if method == _SYNC:
+            self._prompting()  # the replay is over, whatever the answer
+            return
+        if method == "session/close":
+            if self._stdin is not None:
+                self._stdin.close(_AFTER_CLOSE_S)  # answered, or refused: done either way
+            return
         if message.error is not None:
             self._refused(method, params, message.error)
             return
@@ -355,7 +369,7 @@ class AcpTurn(Turn):
         elif method in ("session/load", "session/resume"):
             # session/load's result is null in the v1 docs and an object in the
             # schema: both are a loaded session.
-            self._opened(self._resume or "", answer)
+            self._opened(self._resume or "", answer, loaded=method == "session/load")
         elif method == "session/prompt":
             reason = answer.get("stopReason")
             # Required by the schema; an answer without one still ended the turn.
@@ -456,10 +470,24 @@ class AcpTurn(Turn):
             self._fresh = True  # it can take no session back: a new one
         self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
 
-    def _opened(self, session: str, answer: dict[str, Any]) -> None:
+    def _opened(self, session: str, answer: dict[str, Any], *, loaded: bool = False) -> None:
         self._session = self.session_id = session
         self.started = True
         self.model = session_model(answer) or self.model
+        if loaded:
+            # Gemini CLI replays a loaded session's history *after* its answer
+            # (``loadSession`` calls ``session.streamHistory`` without awaiting it,
+            # @google/gemini-cli 0.61's bundle): a round trip first, answered only
+            # once what was queued before it is out, and the prompt after it. An
+            # extension method (ACP: "_" names) every agent answers, if only with
+            # "Method not found".
+            self._phase = _Phase.DRAINING
+            self._send(_SYNC, {})
+            return
+        self._prompting()
+
+    def _prompting(self) -> None:
+        session = self._session
         self._phase = _Phase.PROMPTING
         self.activity = "thinking"
         self._send("session/prompt", {
@@ -619,6 +647,7 @@ class AcpTurn(Turn):
         """The conversation is over: end-of-file, and the agent exits. A tool call
         still open will never end now (a cancel, a turn that ended without saying):
         it is marked ended with an error, not left "calling" on the timeline."""
+        opened = self._phase is _Phase.PROMPTING
         self._phase = _Phase.DONE
         self.activity = None
         for call_id, (name, summary) in list(self._open.items()):
@@ -626,6 +655,12 @@ class AcpTurn(Turn):
                                           summary=summary))
             self._ended.add(call_id)
         self._open.clear()
+        sessions = self._capabilities.get("sessionCapabilities")
+        if opened and isinstance(sessions, dict) and isinstance(sessions.get("close"), dict):
+            # Said goodbye properly: the agent lets the session go (its state kept),
+            # and once it has answered it is stopped at once (codex-acp does not
+            # exit at end-of-file, so each run would wait the whole linger).
+            self._send("session/close", {"sessionId": self._session})
         if self._stdin is not None:
             self._stdin.close()
 

@@ -15,7 +15,7 @@ import attrs
 import pytest
 import trio
 
-from prohost.engine.agent import poll
+from prohost.engine.agent import poll, process
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
@@ -697,3 +697,37 @@ async def test_a_permission_request_over_the_line_bound_is_still_answered(
     assert done.result is not None and done.result.overlong_lines == 1
     assert done.outcome is not None and done.outcome.ok
     assert done.outcome.reply is not None and done.outcome.reply.endswith(f"({chosen}).")
+
+
+@pytest.mark.protocol("§5")
+async def test_an_agent_that_stays_is_ended_at_once_once_its_session_is_closed(
+    tmp_path: Path,
+) -> None:
+    """codex-acp does not exit at end-of-file: closing its session, then stopping
+    it as soon as it answered, spares every run the whole linger."""
+    started = trio.current_time()
+    done = await talk(tmp_path, FAKE_ACP_LINGER="1", FAKE_ACP_CLOSE="1")
+    assert trio.current_time() - started < process.LINGER_S - 1
+    assert done.outcome is not None and done.outcome.ok
+    session = done.outcome.session_id
+    assert done.methods()[-3:] == ["session/prompt", "session/close", "eof"]
+    close = next(m for m in done.record() if m.get("method") == "session/close")
+    assert close["params"] == {"sessionId": session}
+    # The closed session is the next turn's, taken back as ever.
+    again = await talk(tmp_path, session=session, FAKE_ACP_CLOSE="1")
+    assert again.outcome is not None and again.outcome.session_id == session
+
+
+@pytest.mark.protocol("§5")
+async def test_a_replay_that_comes_after_the_load_is_drained_before_the_prompt(
+    tmp_path: Path,
+) -> None:
+    first = await talk(tmp_path, FAKE_ACP_REPLY="The first answer.")
+    assert first.outcome is not None
+    second = await talk(tmp_path, session=first.outcome.session_id,
+                        before=first.turn.session_totals(), FAKE_ACP_LATE_REPLAY="1")
+    assert second.outcome is not None and second.outcome.ok
+    # None of the first turn's words, though they came after the load's answer.
+    assert second.outcome.reply == "Hello from the fake ACP agent."
+    assert second.methods()[1:4] == ["session/load", "_prohost/sync", "session/prompt"]
+    assert second.outcome.usage is not None and second.outcome.usage.cost_usd == 0.25
