@@ -15,7 +15,8 @@ conversation over its stdin and stdout, JSON-RPC 2.0 one message per line
     ← session/update … (agent_message_chunk, tool_call, usage_update…)
     ← session/request_permission → answered at once
     ← {stopReason: end_turn | max_tokens | max_turn_requests | refusal | cancelled}
-    then stdin is closed and the agent exits (within LINGER_S, else it is stopped).
+    → session/close (where offered), then stdin is closed and the agent exits
+      (within LINGER_S, or 0.5 s once it answered session/close, else it is stopped).
 
 The lane's session is resumed (``session/resume``) or, when the agent offers only
 that, loaded (``session/load``, which replays the history: none of it is the reply);
@@ -42,10 +43,11 @@ Design choices, in DESIGN terms:
   every path and command against the confinement. Declining them costs nothing:
   every ACP agent has its own file and shell tools (they run confined, as the
   agent does), and the protocol requires agents to work without them.
-* **Permissions** are answered at once: nobody is at a terminal. By default with
-  the agent's own allow option (``allow_once`` before ``allow_always``, which
-  could write a lasting rule into the agent's settings); with ``--safe-tools`` its
-  reject option.
+* **Permissions** are answered at once: nobody is at a terminal
+  (:func:`~prohost.engine.agent.brains.acp_choices.permission_option`); after
+  ``session/cancel``, ``cancelled``, as ACP requires.
+* **Logging in**: only when the agent asks (-32000) and offers a key its
+  environment holds (:mod:`~prohost.engine.agent.brains.acp_auth`).
 * **Cost**: ``usage_update.cost`` is the session's running total; the run's share
   is this turn's last total less the previous turn's (kept in the ledger with the
   session, as Codex's totals are: ``running_totals``); for an agent known to count
@@ -55,10 +57,8 @@ Design choices, in DESIGN terms:
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,8 +69,19 @@ import attrs
 from prohost import __version__
 from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains import acp_rpc as rpc
+from prohost.engine.agent.brains.acp_auth import key_names, method_for
+from prohost.engine.agent.brains.acp_choices import (
+    SETTERS,
+    ChoiceError,
+    choices,
+    chosen,
+    chosen_value,
+    permission_option,
+    session_mode,
+)
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.acp_reply import ReplyText
+from prohost.engine.agent.brains.acp_tools import ToolCalls
 from prohost.engine.agent.brains.acp_usage import TurnTokens, session_model
 from prohost.engine.agent.brains.base import (
     MCP_SERVER_NAME,
@@ -81,7 +92,6 @@ from prohost.engine.agent.brains.base import (
     one_line,
     with_limit,
 )
-from prohost.engine.agent.brains.summaries import activity
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
 from prohost.engine.agent.reply import final_reply
 from prohost.wire.outcomes import (
@@ -94,7 +104,7 @@ from prohost.wire.outcomes import (
     acp_version,
 )
 from prohost.wire.runs import Mcp, Outcome
-from prohost.wire.timeline import ToolEvent, ToolState
+from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage, valid_cost
 
 log = logging.getLogger("prohost.brains.acp")
@@ -103,13 +113,6 @@ PROTOCOL_VERSION = 1
 
 #: How long an error text may be in a failure (characters).
 _ERROR_CHARS = 2000
-
-#: Tool kinds (ACP ``ToolKind``) as the timeline names them.
-_KIND_NAMES = {
-    "read": "Read", "edit": "Edit", "delete": "Delete", "move": "Move",
-    "search": "Search", "execute": "Execute", "think": "Think", "fetch": "Fetch",
-    "switch_mode": "Mode",
-}
 
 #: Agents whose ``usage_update.cost`` counts from their own start, not over the
 #: session's life: the Claude Code adapter sends the Claude Agent SDK's
@@ -122,22 +125,6 @@ _COST_SINCE_START = frozenset({
     "@zed-industries/claude-code-acp",
 })
 
-_ALLOW = ("allow_once", "allow_always")
-_REJECT = ("reject_once", "reject_always")
-
-#: Reject options known to end the agent's turn when chosen: codex-acp's "abort"
-#: (``ReviewDecision::Abort``, "No, and tell Codex what to do differently") and
-#: "timed_out" (zed-industries/codex-acp ``src/thread.rs``, the exec and patch
-#: approval options). ``--safe-tools`` picks them only when nothing else refuses.
-_ENDS_TURN = frozenset({"abort", "timed_out"})
-
-#: Auth methods of agents that take a key from their environment without saying
-#: so with an ``env_var`` method: Gemini CLI's "gemini-api-key" reads
-#: ``GEMINI_API_KEY`` (``GeminiAgent.authenticate`` in @google/gemini-cli 0.61's
-#: bundle, ``refreshAuth(USE_GEMINI)``), and a session/load it answers -32000
-#: without it: authenticating first takes the session back.
-_KEY_METHODS: dict[str, tuple[str, ...]] = {"gemini-api-key": ("GEMINI_API_KEY",)}
-
 _SETUP = ("session/new", "session/load", "session/resume")
 #: The round trip that drains a session/load's replay (see ``_opened``).
 _SYNC = "_prohost/sync"
@@ -145,24 +132,6 @@ _SYNC = "_prohost/sync"
 #: How long an agent that answered ``session/close`` has to exit by itself before
 #: it is stopped (the others get :data:`~prohost.engine.agent.process.LINGER_S`).
 _AFTER_CLOSE_S = 0.5
-
-#: A request's id and method at the start of a line too long to read whole.
-_HEAD_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
-_HEAD_METHOD = re.compile(r'"method"\s*:\s*"([^"\\]+)"')
-_HEAD_OPTIONS = re.compile(r'"options"\s*:\s*')
-
-
-def _options_in(text: str) -> list[Any] | None:
-    """The ``options`` array of a permission request's start, when it is all there."""
-    found = _HEAD_OPTIONS.search(text)
-    if found is None:
-        return None
-    try:
-        options, _ = json.JSONDecoder().raw_decode(text, found.end())
-    except ValueError:
-        return None
-    return options if isinstance(options, list) else None
-
 
 class _Phase(enum.Enum):
     STARTING = "initialize"
@@ -175,9 +144,17 @@ class _Phase(enum.Enum):
 class AcpTurn(Turn):
     """One attempt's conversation with an ACP agent, and its reading."""
 
-    def __init__(self, *, safe_tools: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, safe_tools: bool = False, model: str | None = None,
+                 mode: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self._safe_tools = safe_tools
+        #: --acp-model and --acp-mode: set once the session is open.
+        self._want_model = model
+        self._want_mode = mode
+        #: The choices still to make (method, params) before the prompt.
+        self._to_set: list[tuple[str, dict[str, Any]]] = []
+        self._loaded = False
+        #: The session's mode, once known.
+        self.mode: str | None = None
         self._clock = clock
         self._stdin: StdinPipe | None = None
         self._prompt = ""
@@ -218,10 +195,7 @@ class AcpTurn(Turn):
         #: The session's running cost total (USD) as last reported this turn.
         self._cost_total: float | None = None
         self._tokens = TurnTokens()
-        #: Tool calls still open: id → (name, summary), oldest first.
-        self._open: dict[str, tuple[str, str]] = {}
-        #: Tool calls that ended (an update after the end posts nothing).
-        self._ended: set[str] = set()
+        self._tools = ToolCalls()
         #: Lines that were not JSON-RPC messages (an agent logging on stdout).
         self.garbage = 0
 
@@ -291,16 +265,11 @@ class AcpTurn(Turn):
         permission whose options are in the head is answered as any other; any other
         request gets an error, so that the agent never waits for nothing."""
         try:
-            text = head.decode("utf-8", errors="replace")
-            start = text[:text.find('"params"')] if '"params"' in text else ""
-            found_id = _HEAD_ID.search(start)
-            found_method = _HEAD_METHOD.search(start)
-            if found_id is None or found_method is None:
+            found = rpc.read_head(head)
+            if found is None:
                 return  # a notification or a response: nothing waits for an answer
-            message_id = json.loads(found_id.group(1))
-            method = found_method.group(1)
-            options = _options_in(text) if method == "session/request_permission" else None
-            if options is not None:
+            message_id, method, options = found
+            if options is not None and method == "session/request_permission":
                 self._write(rpc.result(message_id, {"outcome": self._permission(
                     {"options": options, "toolCall": {"title": "(a request over 8 MiB)"}})}))
                 return
@@ -326,6 +295,10 @@ class AcpTurn(Turn):
         method, params = asked
         if method == _SYNC:
             self._prompting()  # the replay is over, whatever the answer
+            return
+        if method in SETTERS and message.error is None:
+            self.model, self.mode = chosen(params, self.model, self.mode)
+            self._next_choice()
             return
         if method == "session/close":
             if self._stdin is not None:
@@ -386,6 +359,9 @@ class AcpTurn(Turn):
         if method == "authenticate":
             self._fail(acp_signed_out(text))
             return
+        if method in SETTERS:
+            self._fail(f"the agent refused {SETTERS[method]} {chosen_value(params)!r}: {text}")
+            return
         if method == "session/prompt" and self._cancel_sent:
             # The cancel we asked for, answered with an error instead of the
             # stopReason "cancelled" (Qwen Code 0.15 answers -32603): a cancel.
@@ -417,7 +393,7 @@ class AcpTurn(Turn):
             self._send("session/new", {"cwd": self._cwd, "mcpServers": self._servers})
             return
         if error.code == rpc.AUTH_REQUIRED:
-            self._fail(acp_signed_out(text, self._key_names()))
+            self._fail(acp_signed_out(text, key_names(self._auth_methods)))
             return
         self._fail(f"the agent failed {method}: {text}")
 
@@ -428,31 +404,12 @@ class AcpTurn(Turn):
         turn. ``False``: no method the environment satisfies."""
         if self._authenticated or self._after_auth is not None:
             return False
-        for method_id, names in self._key_methods():
-            if names and all(self._env.get(name) for name in names):
-                self._after_auth = (method, params)
-                self._send("authenticate", {"methodId": method_id})
-                return True
-        return False
-
-    def _key_methods(self) -> list[tuple[str, tuple[str, ...]]]:
-        """The agent's auth methods that take keys from its environment, each with
-        the variables it needs (ACP ``AuthMethodEnvVar``: ``vars`` not ``optional``)."""
-        found = []
-        for method in self._auth_methods:
-            method_id = method.get("id")
-            if not isinstance(method_id, str):
-                continue
-            if method.get("type") == "env_var" and isinstance(method.get("vars"), list):
-                names = tuple(v["name"] for v in method["vars"] if isinstance(v, dict)
-                              and isinstance(v.get("name"), str) and not v.get("optional"))
-                found.append((method_id, names))
-            elif method_id in _KEY_METHODS:
-                found.append((method_id, _KEY_METHODS[method_id]))
-        return found
-
-    def _key_names(self) -> list[str]:
-        return [name for _, names in self._key_methods() for name in names]
+        method_id = method_for(self._auth_methods, self._env)
+        if method_id is None:
+            return False
+        self._after_auth = (method, params)
+        self._send("authenticate", {"methodId": method_id})
+        return True
 
     def _open_session(self) -> None:
         self._phase = _Phase.OPENING
@@ -474,7 +431,22 @@ class AcpTurn(Turn):
         self._session = self.session_id = session
         self.started = True
         self.model = session_model(answer) or self.model
-        if loaded:
+        self.mode = session_mode(answer) or self.mode
+        self._loaded = loaded
+        try:
+            self._to_set = choices(answer, session, model=self._want_model,
+                                   mode=self._want_mode, safe_tools=self._safe_tools)
+        except ChoiceError as exc:
+            self._fail(str(exc))
+            return
+        self._next_choice()
+
+    def _next_choice(self) -> None:
+        """The next model or mode to set, else the prompt (a load's replay first)."""
+        if self._to_set:
+            self._send(*self._to_set.pop(0))
+            return
+        if self._loaded:
             # Gemini CLI replays a loaded session's history *after* its answer
             # (``loadSession`` calls ``session.streamHistory`` without awaiting it,
             # @google/gemini-cli 0.61's bundle): a round trip first, answered only
@@ -501,7 +473,8 @@ class AcpTurn(Turn):
             call = message.params.get("toolCall")
             # The call asked about may not have been announced yet (Gemini CLI
             # announces such a call only here): it is on the timeline from now.
-            return self._tool_update(call) if isinstance(call, dict) else []
+            return self._tool_events(self._tools.update, call) if isinstance(
+                call, dict) else []
         # fs/* and terminal/* were not offered (see the module's notes); anything
         # else is unknown here. An answer keeps the agent from waiting for one.
         self._write(rpc.error(message.id, rpc.METHOD_NOT_FOUND,
@@ -516,28 +489,16 @@ class AcpTurn(Turn):
         options = params.get("options")
         if self._cancel_sent or not isinstance(options, list):
             return {"outcome": "cancelled"}
-        offered = [(o.get("kind"), o["optionId"]) for o in options
-                   if isinstance(o, dict) and isinstance(o.get("optionId"), str)]
-        if self._safe_tools:
-            # reject_once before reject_always (a lasting rule in the agent's
-            # settings), and either before a refusal that ends the turn.
-            ranked = [(kind, option_id in _ENDS_TURN, option_id)
-                      for kind, option_id in offered if kind in _REJECT]
-            ranked.sort(key=lambda entry: (entry[1], _REJECT.index(str(entry[0]))))
-            if ranked:
-                _, ends, option_id = ranked[0]
-                call = params.get("toolCall")
-                title = call.get("title") if isinstance(call, dict) else None
-                self._refused_tools.append(one_line(title) if isinstance(title, str)
-                                           and title.strip() else "a tool call")
-                self._refusal_ends = self._refusal_ends or ends
-                return {"outcome": "selected", "optionId": option_id}
+        option_id, ends = permission_option(options, safe_tools=self._safe_tools)
+        if option_id is None:
             return {"outcome": "cancelled"}
-        for kind in _ALLOW:
-            for offered_kind, option_id in offered:
-                if offered_kind == kind:
-                    return {"outcome": "selected", "optionId": option_id}
-        return {"outcome": "cancelled"}
+        if self._safe_tools:
+            call = params.get("toolCall")
+            title = call.get("title") if isinstance(call, dict) else None
+            self._refused_tools.append(one_line(title) if isinstance(title, str)
+                                       and title.strip() else "a tool call")
+            self._refusal_ends = self._refusal_ends or ends
+        return {"outcome": "selected", "optionId": option_id}
 
     def _update(self, params: dict[str, Any]) -> list[ToolEvent]:
         if self._phase is not _Phase.PROMPTING:
@@ -551,11 +512,11 @@ class AcpTurn(Turn):
         if kind == "agent_message_chunk":
             self._chunk(update)
         elif kind == "agent_thought_chunk":
-            self._set_activity()  # the latest open tool, else "thinking"
+            self.activity = self._tools.activity()  # the latest open tool, else thinking
         elif kind == "tool_call":
-            return self._tool_call(update)
+            return self._tool_events(self._tools.call, update)
         elif kind == "tool_call_update":
-            return self._tool_update(update)
+            return self._tool_events(self._tools.update, update)
         elif kind == "usage_update":
             cost = update.get("cost")
             if isinstance(cost, dict) and str(cost.get("currency", "")).upper() == "USD":
@@ -573,54 +534,15 @@ class AcpTurn(Turn):
         if isinstance(text, str):
             self._reply.add(text, update.get("messageId"))
 
-    def _tool_call(self, update: dict[str, Any]) -> list[ToolEvent]:
-        call_id = update.get("toolCallId")
-        if not isinstance(call_id, str) or not call_id or call_id in self._ended:
-            return []
-        if call_id in self._open:
-            return self._tool_update(update)  # announced already (by a permission)
-        kind = update.get("kind")
-        name = _KIND_NAMES.get(kind, "Tool") if isinstance(kind, str) else "Tool"
-        title = update.get("title")
-        summary = one_line(title) if isinstance(title, str) else ""
-        self._reply.paragraph()  # text after a tool call is a new paragraph
-        self._tokens.tool_called = True
-        events = [ToolEvent(id=call_id, name=name, state="calling", summary=summary)]
-        self._open[call_id] = (name, summary)
-        ended = self._ending(call_id, update.get("status"))
-        if ended is not None:
-            events.append(ended)
-        self._set_activity()
+    def _tool_events(self, read: Callable[[dict[str, Any]], list[ToolEvent]],
+                     update: dict[str, Any]) -> list[ToolEvent]:
+        before = self._tools.announced
+        events = read(update)
+        if self._tools.announced > before:
+            self._reply.paragraph()  # text after a tool call is a new paragraph
+            self._tokens.tool_called = True
+        self.activity = self._tools.activity()
         return events
-
-    def _tool_update(self, update: dict[str, Any]) -> list[ToolEvent]:
-        call_id = update.get("toolCallId")
-        title = update.get("title")
-        if not isinstance(call_id, str) or call_id in self._ended:
-            return []
-        if call_id not in self._open:
-            # Never announced by a tool_call: with a title it is announced now;
-            # without one, an ending alone would dangle on the timeline.
-            return self._tool_call(update) if isinstance(title, str) and title else []
-        if isinstance(title, str) and title.strip():
-            self._open[call_id] = (self._open[call_id][0], one_line(title))
-        ended = self._ending(call_id, update.get("status"))
-        self._set_activity()
-        return [ended] if ended is not None else []
-
-    def _ending(self, call_id: str, status: object) -> ToolEvent | None:
-        if status not in ("completed", "failed"):
-            return None
-        name, summary = self._open.pop(call_id)
-        self._ended.add(call_id)
-        state: ToolState = "done" if status == "completed" else "error"
-        return ToolEvent(id=call_id, name=name, state=state, summary=summary)
-
-    def _set_activity(self) -> None:
-        if self._open:
-            self.activity = activity(*next(reversed(self._open.values())))
-        else:
-            self.activity = "thinking"
 
     def _limit(self, text: str) -> None:
         notice = acp_limit_text(text, self._clock())
@@ -650,11 +572,7 @@ class AcpTurn(Turn):
         opened = self._phase is _Phase.PROMPTING
         self._phase = _Phase.DONE
         self.activity = None
-        for call_id, (name, summary) in list(self._open.items()):
-            self._events.append(ToolEvent(id=call_id, name=name, state="error",
-                                          summary=summary))
-            self._ended.add(call_id)
-        self._open.clear()
+        self._events += self._tools.close_all()
         sessions = self._capabilities.get("sessionCapabilities")
         if opened and isinstance(sessions, dict) and isinstance(sessions.get("close"), dict):
             # Said goodbye properly: the agent lets the session go (its state kept),
@@ -758,8 +676,19 @@ class AcpBrain(Brain):
         # Everything else (the session, the prompt) goes over the protocol.
         return self.exec_line
 
+    def __init__(self, exec_line: str, *, safe_tools: bool = False,
+                 max_cost_usd: float | None = None, model: str | None = None,
+                 mode: str | None = None) -> None:
+        super().__init__(exec_line, safe_tools=safe_tools, max_cost_usd=max_cost_usd)
+        #: --acp-model, --acp-mode: chosen in each session once it is open.
+        self.model = model
+        self.mode = mode
+
     def new_turn(self) -> AcpTurn:
-        return AcpTurn(safe_tools=self.safe_tools)
+        return AcpTurn(safe_tools=self.safe_tools, model=self.model, mode=self.mode)
+
+    def configured_model(self) -> str | None:
+        return self.model or super().configured_model()
 
     def wire_mcp(self, mcp: Mcp, folder: Path,
                  env: Mapping[str, str] | None = None) -> McpWiring:
