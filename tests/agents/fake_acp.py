@@ -106,6 +106,19 @@ OPTIONS: dict[str, list[dict[str, str]]] = {
     ],
 }
 
+#: The models and modes a session setup answers with (Gemini CLI's and Qwen
+#: Code's shape: ``models`` and ``modes``); ``FAKE_ACP_MODE_START`` is the mode a
+#: session starts in.
+CHOICES: dict[str, Any] = {
+    "models": {"currentModelId": "fake-model-1",
+               "availableModels": [{"modelId": "fake-model-1", "name": "Fake"},
+                                   {"modelId": "fake-model-2", "name": "Fake Pro"}]},
+    "modes": {"currentModeId": os.environ.get("FAKE_ACP_MODE_START", "default"),
+              "availableModes": [{"id": "default", "name": "Default"},
+                                 {"id": "plan", "name": "Plan"},
+                                 {"id": "yolo", "name": "YOLO"}]},
+}
+
 #: Codex's warning for a model it has no metadata for, as codex-acp forwards it.
 CODEX_WARNING = ("Model metadata for `fake-model-1` not found. Defaulting to fallback "
                  "metadata; this can degrade performance and cause issues.")
@@ -337,10 +350,7 @@ def open_session(message: dict[str, Any]) -> None:
     if method == "session/new":
         session = f"sess_{uuid.uuid4().hex[:12]}"
         save(session, {"history": [], "cost": 0.0, "cwd": params["cwd"]})
-        send({"id": message["id"], "result": {
-            "sessionId": session,
-            "models": {"currentModelId": "fake-model-1",
-                       "availableModels": [{"modelId": "fake-model-1", "name": "Fake"}]}}})
+        send({"id": message["id"], "result": {"sessionId": session, **CHOICES}})
         return
     # "broken_resume": resume announced, but only load is there (Qwen Code 0.15).
     allowed = {"session/load": CAPS in ("load", "both", "broken_resume"),
@@ -356,15 +366,16 @@ def open_session(message: dict[str, Any]) -> None:
         return
     if method == "session/load":
         late = os.environ.get("FAKE_ACP_LATE_REPLAY")
+        answer: Any = CHOICES if os.environ.get("FAKE_ACP_LOAD_CHOICES") else None
         if late:  # Gemini CLI 0.61: the answer first, then the history
-            send({"id": message["id"], "result": None})
+            send({"id": message["id"], "result": answer})
         for entry in data["history"]:
             kind = "user_message_chunk" if entry["role"] == "user" else "agent_message_chunk"
             chunk(session, entry["text"], kind=kind)
         update(session, {"sessionUpdate": "usage_update", "used": 10, "size": 200000,
                          "cost": {"amount": data["cost"], "currency": "USD"}})
         if not late:
-            send({"id": message["id"], "result": None})
+            send({"id": message["id"], "result": answer})
     else:
         send({"id": message["id"], "result": {}})
 
@@ -419,6 +430,14 @@ def main() -> None:
             open_session(message)
         elif method == "session/prompt":
             prompt_turn(message)
+        elif method in ("session/set_model", "session/set_mode"):
+            key = "modelId" if method == "session/set_model" else "modeId"
+            ids = [m["modelId"] for m in CHOICES["models"]["availableModels"]] + [
+                m["id"] for m in CHOICES["modes"]["availableModes"]]
+            if message["params"].get(key) in ids:
+                send({"id": message["id"], "result": {}})
+            else:
+                invalid(message["id"], f"unknown {key}")
         elif method == "session/close" and os.environ.get("FAKE_ACP_CLOSE"):
             send({"id": message["id"], "result": {}})
         else:

@@ -60,13 +60,14 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from prohost import __version__
+from prohost.engine.accounts.book import ACCOUNT_DIR_VARIABLE
 from prohost.engine.accounts.limits import merge
 from prohost.engine.agent.brains import acp_rpc as rpc
 from prohost.engine.agent.brains.acp_auth import key_names, method_for
@@ -144,12 +145,15 @@ class _Phase(enum.Enum):
 class AcpTurn(Turn):
     """One attempt's conversation with an ACP agent, and its reading."""
 
-    def __init__(self, *, safe_tools: bool = False, model: str | None = None,
-                 mode: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, safe_tools: bool = False,
+                 choose: Callable[[Mapping[str, str]], tuple[str | None, str | None]] | None
+                 = None, clock: Callable[[], float] = time.time) -> None:
         self._safe_tools = safe_tools
-        #: --acp-model and --acp-mode: set once the session is open.
-        self._want_model = model
-        self._want_mode = mode
+        #: --acp-model and --acp-mode for the attempt's account: set once the
+        #: session is open (known with the agent's environment).
+        self._choose = choose
+        self._want_model: str | None = None
+        self._want_mode: str | None = None
         #: The choices still to make (method, params) before the prompt.
         self._to_set: list[tuple[str, dict[str, Any]]] = []
         self._loaded = False
@@ -207,6 +211,8 @@ class AcpTurn(Turn):
         self._prompt = prompt
         if env is not None:
             self._env = env
+        if self._choose is not None:
+            self._want_model, self._want_mode = self._choose(self._env)
         self._cwd = os.path.abspath(cwd)
         self._servers = [dict(server) for server in mcp.servers] if mcp is not None else []
         self._resume = session_id or None
@@ -677,18 +683,31 @@ class AcpBrain(Brain):
         return self.exec_line
 
     def __init__(self, exec_line: str, *, safe_tools: bool = False,
-                 max_cost_usd: float | None = None, model: str | None = None,
-                 mode: str | None = None) -> None:
+                 max_cost_usd: float | None = None) -> None:
         super().__init__(exec_line, safe_tools=safe_tools, max_cost_usd=max_cost_usd)
-        #: --acp-model, --acp-mode: chosen in each session once it is open.
-        self.model = model
-        self.mode = mode
+        #: --acp-model, --acp-mode by account name ("": every account).
+        self.models: dict[str, str] = {}
+        self.modes: dict[str, str] = {}
+        #: --account folders → names, to know an attempt's account by its env.
+        self._accounts: dict[str, str] = {}
+
+    def choose(self, models: Mapping[str, str], modes: Mapping[str, str],
+               accounts: Sequence[tuple[str, Path]] = ()) -> None:
+        """Give each session ``models`` and ``modes`` (by account; "": every one)."""
+        self.models, self.modes = dict(models), dict(modes)
+        self._accounts = {str(folder): name for name, folder in accounts}
 
     def new_turn(self) -> AcpTurn:
-        return AcpTurn(safe_tools=self.safe_tools, model=self.model, mode=self.mode)
+        return AcpTurn(safe_tools=self.safe_tools, choose=self._choice)
+
+    def _choice(self, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+        """The model and mode for an attempt whose agent gets ``env`` (its account's)."""
+        account = self._accounts.get(env.get(ACCOUNT_DIR_VARIABLE, ""), "default")
+        return (self.models.get(account, self.models.get("")),
+                self.modes.get(account, self.modes.get("")))
 
     def configured_model(self) -> str | None:
-        return self.model or super().configured_model()
+        return self.models.get("") or super().configured_model()
 
     def wire_mcp(self, mcp: Mcp, folder: Path,
                  env: Mapping[str, str] | None = None) -> McpWiring:

@@ -18,6 +18,7 @@ import trio
 from prohost.engine.agent import poll, process
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
+from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
@@ -731,3 +732,88 @@ async def test_a_replay_that_comes_after_the_load_is_drained_before_the_prompt(
     assert second.outcome.reply == "Hello from the fake ACP agent."
     assert second.methods()[1:4] == ["session/load", "_prohost/sync", "session/prompt"]
     assert second.outcome.usage is not None and second.outcome.usage.cost_usd == 0.25
+
+
+async def chose(tmp_path: Path, brain: AcpBrain, *, safe_tools: bool = False,
+                **env: str) -> Talk:
+    """One turn of ``brain`` (its choices made) against the fake agent."""
+    brain.safe_tools = safe_tools
+    record_of(tmp_path).unlink(missing_ok=True)
+    turn = brain.new_turn()
+    done = Talk(turn, record_path=record_of(tmp_path))
+    agent_env = acp_env(tmp_path, **env)
+    result = await run_agent(
+        FAKE_ACP, stdin_text="", cwd=tmp_path, env=agent_env, groups=ProcessGroups(),
+        deadline=math.inf, max_stdout_bytes=0,
+        on_stdout_line=lambda line: read(done, turn, line),
+        conversation=turn.conversation(PROMPT, None, tmp_path, None, agent_env))
+    done.result, done.outcome = result, turn.finish(result)
+    return done
+
+
+async def test_a_session_is_given_the_model_and_mode_asked_for(tmp_path: Path) -> None:
+    brain = AcpBrain(FAKE_ACP)
+    brain.choose({"": "fake-model-2"}, {"": "plan"})
+    done = await chose(tmp_path, brain)
+    assert done.outcome is not None and done.outcome.ok, done.outcome
+    assert done.methods() == ["initialize", "session/new", "session/set_model",
+                              "session/set_mode", "session/prompt", "eof"]
+    sets = [m["params"] for m in done.record() if m.get("method", "").startswith("session/set")]
+    session = done.outcome.session_id
+    assert sets == [{"sessionId": session, "modelId": "fake-model-2"},
+                    {"sessionId": session, "modeId": "plan"}]
+    assert done.turn.model == "fake-model-2" and done.turn.mode == "plan"
+    assert done.outcome.usage is not None and done.outcome.usage.model == "fake-model-2"
+
+
+async def test_each_account_gets_its_own_model(tmp_path: Path) -> None:
+    brain = AcpBrain(FAKE_ACP)
+    brain.choose({"work": "fake-model-2"}, {}, [("work", Path("/accounts/work")),
+                                                 ("home", Path("/accounts/home"))])
+    work = await chose(tmp_path, brain, PROHOST_ACCOUNT_DIR="/accounts/work")
+    assert "session/set_model" in work.methods() and work.turn.model == "fake-model-2"
+    home = await chose(tmp_path, brain, PROHOST_ACCOUNT_DIR="/accounts/home")
+    assert "session/set_model" not in home.methods() and home.turn.model == "fake-model-1"
+
+
+async def test_safe_tools_put_the_session_in_the_agents_asking_mode(tmp_path: Path) -> None:
+    done = await chose(tmp_path, AcpBrain(FAKE_ACP), safe_tools=True, FAKE_ACP_MODE_START="yolo")
+    assert done.outcome is not None and done.outcome.ok
+    asked = next(m for m in done.record() if m.get("method") == "session/set_mode")
+    assert asked["params"]["modeId"] == "default" and done.turn.mode == "default"
+    # Already asking: nothing to set.
+    again = await chose(tmp_path, AcpBrain(FAKE_ACP), safe_tools=True)
+    assert "session/set_mode" not in again.methods()
+
+
+async def test_a_model_the_agent_does_not_offer_is_refused_naming_what_it_offers(
+    tmp_path: Path,
+) -> None:
+    brain = AcpBrain(FAKE_ACP)
+    brain.choose({"": "gpt-99"}, {})
+    done = await chose(tmp_path, brain)
+    assert done.outcome is not None and not done.outcome.ok
+    assert done.outcome.error is not None
+    assert "gpt-99" in done.outcome.error and "fake-model-1, fake-model-2" in done.outcome.error
+    assert "session/prompt" not in done.methods()
+
+
+def test_config_options_are_set_as_config_options() -> None:
+    """OpenCode's model (and the Claude Code adapter's) is a ``configOptions`` entry;
+    Qwen Code's model ids carry its auth type."""
+    answer = {"configOptions": [{"id": "model", "category": "model", "type": "select",
+                                 "currentValue": "mock/mock-model",
+                                 "options": [{"value": "mock/mock-model", "name": "Mock"},
+                                             {"group": "zen", "options": [
+                                                 {"value": "opencode/big", "name": "Big"}]}]}]}
+    assert choices(answer, "s1", model="opencode/big", mode=None, safe_tools=False) == [
+        ("session/set_config_option", {"sessionId": "s1", "configId": "model",
+                                       "value": "opencode/big"})]
+    assert choices(answer, "s1", model="mock/mock-model", mode=None, safe_tools=False) == []
+    qwen = {"models": {"currentModelId": "coder-model(qwen-oauth)", "availableModels": [
+        {"modelId": "coder-model(qwen-oauth)"}, {"modelId": "$runtime|openai|mock-model(openai)"}]}}
+    assert choices(qwen, "s1", model="mock-model", mode=None, safe_tools=False) == [
+        ("session/set_model", {"sessionId": "s1",
+                               "modelId": "$runtime|openai|mock-model(openai)"})]
+    with pytest.raises(ChoiceError, match="offers no way to choose its mode"):
+        choices(answer, "s1", model=None, mode="plan", safe_tools=False)
