@@ -52,7 +52,8 @@ a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
 without a ``messageId`` before the reply (codex-acp
 ``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
 the reply's named messages. ``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission
-request is one line over 8 MiB. ``FAKE_ACP_LATE_REPLAY``: a load answers
+request is one line over 8 MiB. ``FAKE_ACP_HANG=hang_init`` (or ``hang_setup``) never answers
+``initialize`` (``session/new``). ``FAKE_ACP_LATE_REPLAY``: a load answers
 before it replays (Gemini CLI 0.61). ``FAKE_ACP_CLOSE`` offers ``session/close`` (codex-acp,
 the Claude Code adapter and OpenCode do). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
@@ -390,6 +391,10 @@ def main() -> None:
         method = message.get("method")
         if method is None or "id" not in message:
             continue  # a response or a notification nobody waits for
+        hang = os.environ.get("FAKE_ACP_HANG")
+        if (hang == "hang_init" and method == "initialize") or (
+                hang == "hang_setup" and method == "session/new"):
+            time.sleep(3600)  # never answers: a start that hangs
         if method == "initialize":
             if not isinstance(message["params"].get("protocolVersion"), int):
                 invalid(message["id"], "protocolVersion is required")

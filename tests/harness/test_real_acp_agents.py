@@ -20,6 +20,7 @@ Without the installed agents the tests skip and say why.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 from collections.abc import Callable
@@ -143,8 +144,9 @@ def asked_with(model: MockModel, words: str) -> Callable[[], bool]:
 
 @pytest.mark.parametrize("agent", sorted(AGENTS))
 async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
-    tmp_path: Path, agent: str,
+    tmp_path: Path, agent: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="prohost.brains.acp")
     model = MockModel(reply=REPLY)
     with trio.fail_after(240):
         async with serving(model) as url:
@@ -182,6 +184,11 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 model.hold.set()
                 cancelled = server.run(third).completion or {}
                 assert cancelled["error"] == "cancelled: stop it"
+                # The agent itself ended the turn as cancelled (its answer to the
+                # prompt, or Qwen's error after our cancel), not only the signal.
+                ended = [r.getMessage() for r in caplog.records
+                         if "turn in session" in r.getMessage()]
+                assert ended and ended[-1].endswith("ended: cancelled"), ended
                 assert cancelled["session_id"]
                 if agent in RESUMES:
                     assert cancelled["session_id"] == one["session_id"]
@@ -212,3 +219,87 @@ async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent:
                         if e["name"] != "Notice"] == ["calling", "done"], timeline
                 assert completion["reply"] == REPLY, completion
                 assert_usage(agent, completion, calls=2)
+
+
+#: What a ``--safe-tools`` refusal of the mock's shell command leads to, read from
+#: each agent: the turn goes on and the model answers (``None``), or the run ends
+#: with this failure (said truly: codex-acp offers only ``abort`` for a command
+#: asking to leave its sandbox; OpenCode ends its turn without a word).
+SAFE_ENDINGS = {
+    "claude": None, "gemini": None, "qwen": None,
+    "codex": "offered no way to refuse and go on",
+    "opencode": "ended its turn without a reply",
+}
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+async def test_safe_tools_refuse_the_tool_and_the_turn_goes_on_where_the_agent_allows(
+    tmp_path: Path, agent: str,
+) -> None:
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for(agent, url, tmp_path)
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env,
+                timeout_s=120, safe_tools=True,
+            ):
+                run_id = await server.submit_run(f"please {TOOL_WORD}", conversation_id="C1")
+                await server.wait_until(finished(run_id))
+                completion = server.run(run_id).completion or {}
+                # Refused: the command never ran (its file is not there).
+                assert not (tmp_path / "home" / "workspace" / "made-by-the-tool").exists()
+                ending = SAFE_ENDINGS[agent]
+                if ending is None:
+                    assert completion.get("ok") and completion["reply"] == REPLY, completion
+                else:
+                    assert not completion.get("ok") and ending in completion["error"], completion
+                timeline = [e for e in server.run(run_id).timeline if e["name"] != "Notice"]
+                assert timeline and timeline[-1]["state"] == "error", timeline
+
+
+async def test_gemini_with_only_its_key_answers_turn_after_turn(tmp_path: Path) -> None:
+    """No saved login setting, only ``GEMINI_API_KEY``: every turn is answered, and a
+    turn whose session could not be taken back says so on the timeline."""
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for("gemini", url, tmp_path)
+            (Path(env["HOME"]) / ".gemini" / "settings.json").unlink()
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env, timeout_s=120,
+            ):
+                runs = []
+                for text in ("first turn", "second turn", "third turn"):
+                    runs.append(await server.submit_run(text, conversation_id="C1"))
+                    await server.wait_until(finished(runs[-1]))
+                done = [server.run(r).completion or {} for r in runs]
+                assert all(c.get("ok") and c["reply"] == REPLY for c in done), done
+                said = [e["summary"] for e in server.run(runs[1]).timeline
+                        if e["name"] == "Notice"]
+                assert len(said) == 1 and "new session" in said[0], said
+
+
+async def test_codex_with_only_openai_api_key_is_logged_in_with_it(tmp_path: Path) -> None:
+    """codex-acp reads ``OPENAI_API_KEY`` only once told to (``authenticate`` with its
+    "openai-api-key" method): a provider that needs OpenAI's login gets the key."""
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for("codex", url, tmp_path)
+            config = Path(env["CODEX_HOME"]) / "config.toml"
+            config.write_text(config.read_text().replace(
+                'env_key = "MOCK_API_KEY"', "requires_openai_auth = true"))
+            del env["MOCK_API_KEY"]
+            env["OPENAI_API_KEY"] = "sk-mock-only"
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env, timeout_s=120,
+            ):
+                first = await server.submit_run("first turn", conversation_id="C1")
+                await server.wait_until(finished(first))
+                second = await server.submit_run("second turn", conversation_id="C1")
+                await server.wait_until(finished(second))
+                one, two = (server.run(r).completion or {} for r in (first, second))
+                assert one.get("ok") and two.get("ok"), (one, two)
+                assert one["reply"] == two["reply"] == REPLY
+                assert two["session_id"] == one["session_id"]

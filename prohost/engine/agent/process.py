@@ -77,9 +77,10 @@ class StdinPipe(Protocol):
         """Queue ``data``; it is written as the agent reads (never blocks, never
         raises: once stdin is closed, or the agent closed it, it is dropped)."""
 
-    def close(self, linger_s: float = LINGER_S) -> None:
-        """End-of-file once everything queued is written: the conversation is over,
-        and the agent has ``linger_s`` to exit before its group is stopped (again: sooner)."""
+    def close(self, linger_s: float = LINGER_S, eof: bool = True) -> None:
+        """End-of-file once everything queued is written: the conversation is over, and
+        the agent has ``linger_s`` to exit before its group is stopped (again: sooner).
+        ``eof=False``: no end-of-file, only a bound (replaced by the next; inf: none)."""
 
 
 class Conversation(Protocol):
@@ -528,13 +529,14 @@ class _Watch:
         self.unsent += data
         self._send_queued()
 
-    def close(self, linger_s: float = LINGER_S) -> None:
+    def close(self, linger_s: float = LINGER_S, eof: bool = True) -> None:
         """:class:`StdinPipe`: end-of-file after what is queued; the agent then
         has ``linger_s`` to exit by itself (closed again: the sooner end holds)."""
-        self.linger_until = min(self.linger_until, trio.current_time() + linger_s)
+        until = trio.current_time() + linger_s
+        self.linger_until = min(self.linger_until, until) if eof else until
         if self.scope is not None:
             self.scope.deadline = min(self.scope.deadline, self.linger_until)
-        if not self.close_when_sent:
+        if eof and not self.close_when_sent:
             self.close_when_sent = True
             self._send_queued()
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -134,6 +135,12 @@ _SYNC = "_prohost/sync"
 #: it is stopped (the others get :data:`~prohost.engine.agent.process.LINGER_S`).
 _AFTER_CLOSE_S = 0.5
 
+#: How long each step before the prompt (initialize, logging in, the session's
+#: setup, its model and mode, a load's replay) may take before the agent is
+#: stopped: --idle-timeout (15 min by default) is no bound for a start that hangs.
+#: Long enough for ``npx -y`` fetching an adapter the first time.
+SETUP_S = 180.0
+
 class _Phase(enum.Enum):
     STARTING = "initialize"
     OPENING = "session setup"
@@ -159,6 +166,8 @@ class AcpTurn(Turn):
         self._loaded = False
         #: The session's mode, once known.
         self.mode: str | None = None
+        #: The step before the prompt being waited for (bounded by SETUP_S).
+        self._setup_step: str | None = None
         self._clock = clock
         self._stdin: StdinPipe | None = None
         self._prompt = ""
@@ -562,6 +571,11 @@ class AcpTurn(Turn):
         self._next_id += 1
         self._pending[message_id] = (method, params)
         self._write(rpc.request(message_id, method, params))
+        if self._stdin is not None and self._phase is not _Phase.DONE:
+            # Each step before the prompt has SETUP_S; the prompt has the run's limits.
+            prompting = self._phase is _Phase.PROMPTING
+            self._setup_step = None if prompting else method
+            self._stdin.close(math.inf if prompting else SETUP_S, eof=False)
 
     def _write(self, data: bytes) -> None:
         if self._stdin is not None:
@@ -576,6 +590,9 @@ class AcpTurn(Turn):
         still open will never end now (a cancel, a turn that ended without saying):
         it is marked ended with an error, not left "calling" on the timeline."""
         opened = self._phase is _Phase.PROMPTING
+        if opened or self.error is not None:
+            log.info("the agent's turn in session %s ended: %s", self._session,
+                     self.stop_reason or self.error)
         self._phase = _Phase.DONE
         self.activity = None
         self._events += self._tools.close_all()
@@ -647,6 +664,12 @@ class AcpTurn(Turn):
         if self.stop_reason is not None:
             return Outcome.failure(acp_stopped(self.stop_reason), session_id=self.session_id,
                                    usage=usage)
+        if self._setup_step is not None and result.exit_code != 0:
+            # Stopped at SETUP_S (or died) while a step before the prompt waited.
+            return Outcome.failure(
+                f"the agent did not answer {self._setup_step} (ACP {self._phase.value}) "
+                f"within {SETUP_S:.0f} s, or died first; its last error: "
+                f"{result.last_stderr_line or 'none'}", session_id=self.session_id, usage=usage)
         # No answer to the prompt: the agent died (or hung up) first.
         if result.last_stderr_line:
             self._limit(result.last_stderr_line)

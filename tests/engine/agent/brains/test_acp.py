@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from prohost.engine.agent import poll, process
-from prohost.engine.agent.brains import brain_for
+from prohost.engine.agent.brains import acp, brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
@@ -384,8 +384,9 @@ class Pipe:
     def write(self, data: bytes) -> None:
         self.sent.append(data)
 
-    def close(self) -> None:
-        self.sent.append(b"EOF")
+    def close(self, linger_s: float = 5.0, eof: bool = True) -> None:
+        if eof:
+            self.sent.append(b"EOF")
 
 
 def prompting_turn() -> tuple[AcpTurn, Pipe]:
@@ -817,3 +818,20 @@ def test_config_options_are_set_as_config_options() -> None:
                                "modelId": "$runtime|openai|mock-model(openai)"})]
     with pytest.raises(ChoiceError, match="offers no way to choose its mode"):
         choices(answer, "s1", model=None, mode="plan", safe_tools=False)
+
+
+@pytest.mark.protocol("§5")
+@pytest.mark.parametrize("scenario", ["hang_init", "hang_setup"])
+async def test_an_agent_that_hangs_before_the_prompt_is_stopped_at_the_setup_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str,
+) -> None:
+    monkeypatch.setattr(acp, "SETUP_S", 1.0)
+    groups = ProcessGroups()
+    groups.grace_s = 1.0
+    with trio.fail_after(20):  # --idle-timeout and --timeout are both far away
+        done = await talk(tmp_path, groups=groups, FAKE_ACP_HANG=scenario)
+    step = "initialize" if scenario == "hang_init" else "session/new"
+    assert done.outcome is not None and not done.outcome.ok
+    assert done.outcome.error is not None
+    assert done.outcome.error.startswith(f"the agent did not answer {step} ")
+    assert len(groups) == 0
