@@ -103,7 +103,7 @@ def session_model(answer: dict[str, Any]) -> str | None:
     """The model a session setup response names: ``models.currentModelId`` (an
     unstable part of v1 that Gemini CLI and Qwen Code send), else the current value
     of the ``model`` config option (``configOptions``, v1: OpenCode, and the Claude
-    Code adapter, whose value ``default`` names no model)."""
+    Code adapter, whose value ``default`` is named by its description)."""
     models = answer.get("models")
     if isinstance(models, dict):
         named = model_name(models.get("currentModelId"))
@@ -115,4 +115,20 @@ def session_model(answer: dict[str, Any]) -> str | None:
             value = model_name(option.get("currentValue"))
             if value is not None and value != "default":
                 return value
+            if value == "default":
+                return _default_named(option)
+    return None
+
+
+#: "Use the default model (currently Opus 4.8 (1M context)) · $5/$25 per Mtok": the
+#: Claude Code adapter's description of its ``default`` model choice (0.49).
+_CURRENTLY = re.compile(r"\(currently ((?:[^()]|\([^()]*\))+)\)")
+
+
+def _default_named(option: dict[str, Any]) -> str | None:
+    """The model behind a ``default`` choice, as its description names it."""
+    for entry in option.get("options") or []:
+        if isinstance(entry, dict) and entry.get("value") == "default":
+            found = _CURRENTLY.search(str(entry.get("description") or ""))
+            return valid_model(found.group(1)) if found is not None else None
     return None

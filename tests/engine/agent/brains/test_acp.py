@@ -20,6 +20,7 @@ from prohost.engine.agent.brains import acp, brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
+from prohost.engine.agent.brains.acp_usage import session_model
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
@@ -835,3 +836,14 @@ async def test_an_agent_that_hangs_before_the_prompt_is_stopped_at_the_setup_bou
     assert done.outcome.error is not None
     assert done.outcome.error.startswith(f"the agent did not answer {step} ")
     assert len(groups) == 0
+
+
+def test_the_claude_adapters_default_model_is_named_by_its_description() -> None:
+    answer = {"configOptions": [{"id": "model", "category": "model", "type": "select",
+                                 "currentValue": "default", "options": [
+        {"value": "default", "name": "Default (recommended)",
+         "description": "Use the default model (currently Opus 4.8 (1M context)) · $5/$25"},
+        {"value": "sonnet", "name": "Sonnet", "description": "Sonnet 4.6"}]}]}
+    assert session_model(answer) == "Opus 4.8 (1M context)"
+    assert session_model({"models": {"currentModelId": "$runtime|openai|mock-model(openai)"}}) \
+        == "mock-model"
