@@ -287,9 +287,9 @@ async def test_codex_with_only_openai_api_key_is_logged_in_with_it(tmp_path: Pat
     with trio.fail_after(180):
         async with serving(model) as url:
             exec_command, env = setup_for("codex", url, tmp_path)
-            config = Path(env["CODEX_HOME"]) / "config.toml"
-            config.write_text(config.read_text().replace(
-                'env_key = "MOCK_API_KEY"', "requires_openai_auth = true"))
+            # Codex's own OpenAI provider (no provider of ours), pointed at the mock.
+            (Path(env["CODEX_HOME"]) / "config.toml").write_text(
+                f'model = "mock-model"\nopenai_base_url = "{url}/v1"\n')
             del env["MOCK_API_KEY"]
             env["OPENAI_API_KEY"] = "sk-mock-only"
             async with running_server() as server, running_harness(

@@ -14,8 +14,10 @@ Not every chunk is the agent's answer to the person:
 * codex-acp names none, and forwards Codex's warnings as whole chunks
   (``EventMsg::Warning`` → ``send_agent_text`` in zed-industries/codex-acp
   ``src/thread.rs``): "Model metadata for `mock-model` not found. Defaulting to
-  fallback metadata…", "Under-development features enabled…". Those are known by
-  their words (:data:`_CODEX_WARNINGS`).
+  fallback metadata…", "Under-development features enabled…", "Falling back from
+  WebSockets to HTTPS transport…" (each seen from the real agent). Those are known
+  by their words (:data:`_CODEX_WARNINGS`); a warning Codex adds later is not, and
+  reaches the reply until it is listed.
 
 Notices go to the log and the timeline (§8), never to the reply.
 """
@@ -30,7 +32,8 @@ from prohost.engine.agent.reply import MAX_REPLY_BYTES
 #: texts are Codex core's, as in the codex-acp 0.16 binary).
 _CODEX_WARNINGS = re.compile(
     r"^\s*(Model metadata for `[^`]*` not found\. Defaulting to fallback metadata"
-    r"|Under-development features enabled:)")
+    r"|Under-development features enabled:"
+    r"|Falling back from WebSockets to HTTPS transport\.)")
 
 
 class ReplyText:
