@@ -11,9 +11,12 @@ their documented settings (``ANTHROPIC_BASE_URL``; a ``model_providers`` entry i
 ``~/.config/opencode/opencode.json``). Each is driven by ``--brain auto``
 (its command line must be recognised as ACP) through two turns of one
 conversation, the second in the first's session (the model must see the first
-turn again), and a cancel while the model is answering; and a turn where the
-mock model calls the agent's shell tool with a command that makes a file, which
-each agent asks permission for and the brain grants.
+turn again), a cancel while the model is answering (which the agent itself must
+answer ``cancelled``), each turn's reply exactly and its usage as the mock model
+made it; a turn where the mock model calls the agent's shell tool with a command
+that makes a file, which each agent asks permission for and the brain grants, and
+with ``--safe-tools`` refuses (the turn goes on where the agent allows); Gemini CLI
+with only its key, turn after turn; codex-acp with only ``OPENAI_API_KEY``.
 Without the installed agents the tests skip and say why.
 """
 
