@@ -294,6 +294,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             progress.session_id = turn.session_id
         progress.activity = turn.activity
         progress.model = turn.model or progress.model
+        progress.mode = turn.mode or progress.mode
         if events and timeline is not None:
             timeline.add(events)
 

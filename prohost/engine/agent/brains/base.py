@@ -137,6 +137,8 @@ class Turn(abc.ABC):
     activity: str | None = None
     #: The model the agent reports using, once seen.
     model: str | None = None
+    #: The agent's mode (an ACP session's, ``--acp-mode``), once known.
+    mode: str | None = None
     #: The CLI said its session started (an init event): a later non-zero exit is
     #: then a failure of the work, not a rejected resume.
     started: bool = False
