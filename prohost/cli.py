@@ -164,6 +164,18 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
         "needs approval)",
     )
     parser.add_argument(
+        "--acp-model", metavar="[ACCOUNT=]MODEL", action="append",
+        help="for an ACP agent: the model each session is given once open, as the agent "
+        "names it (e.g. gemini-2.5-pro); ACCOUNT= for one --account only (default: the "
+        "agent's own)",
+    )
+    parser.add_argument(
+        "--acp-mode", metavar="[ACCOUNT=]MODE", action="append",
+        help="for an ACP agent: the mode each session is given once open (e.g. default, "
+        "read-only, auto); ACCOUNT= for one --account only (default: the agent's own; "
+        "with --safe-tools its asking mode where it has one)",
+    )
+    parser.add_argument(
         "--repos", metavar="PATHS", action="append",
         help="git checkouts the agent works on, separated by commas or given by repeating "
         "the flag (--repos a,b is --repos a --repos b; each checkout once); each "

@@ -47,12 +47,13 @@ def _fail(prog: str, message: str) -> int:
 
 def _check_budget(parser: argparse.ArgumentParser, options: Options) -> None:
     """--max-cost only with a brain that can bound a run's cost (§12): else exit 2."""
-    if options.max_cost_usd is None:
+    if options.max_cost_usd is None and not options.acp_model and not options.acp_mode:
         return
     from prohost.engine.agent.brains import BudgetRefused, brain_for
 
     try:
-        brain_for(options.brain, options.exec_command, max_cost_usd=options.max_cost_usd)
+        brain_for(options.brain, options.exec_command, max_cost_usd=options.max_cost_usd,
+                  acp_model=options.acp_model, acp_mode=options.acp_mode)
     except BudgetRefused as exc:
         parser.error(str(exc))
 

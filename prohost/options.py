@@ -207,6 +207,10 @@ class Options:
     #: --allow-read PATH: absolute, existing; a confined run may read each, even
     #: where it would be hidden (``~/.ssh`` for pushing over SSH).
     allow_read: tuple[Path, ...] = ()
+    #: --acp-model / --acp-mode [ACCOUNT=]VALUE: what an ACP session is given once
+    #: open, per account ("" for every account), in the order given.
+    acp_model: tuple[tuple[str, str], ...] = ()
+    acp_mode: tuple[tuple[str, str], ...] = ()
 
 
 def check_url(flag: str, raw: str) -> str:
@@ -343,7 +347,31 @@ def options_from_args(
         sandbox=sandbox,
         allow_write=allow_write,
         allow_read=allow_read,
+        acp_model=parse_per_account("--acp-model", getattr(ns, "acp_model", None), accounts),
+        acp_mode=parse_per_account("--acp-mode", getattr(ns, "acp_mode", None), accounts),
     )
+
+
+def parse_per_account(flag: str, raw: list[str] | None,
+                      accounts: tuple[tuple[str, Path], ...]) -> tuple[tuple[str, str], ...]:
+    """``[ACCOUNT=]VALUE`` values of ``flag``: ("", VALUE) for every account, or for
+    the account named (one of ``--account``'s, or ``default`` when there are none);
+    one value per account, else :class:`OptionError`."""
+    names = {name for name, _ in accounts} or {"default"}
+    found: dict[str, str] = {}
+    for item in raw or []:
+        account, _, value = item.strip().rpartition("=") if "=" in item else ("", "", item)
+        account, value = account.strip(), value.strip()
+        if not value:
+            raise OptionError(f"{flag} needs a value: {flag} VALUE or {flag} ACCOUNT=VALUE")
+        if account and account not in names:
+            raise OptionError(f"{flag} {item}: no account is named {account!r} "
+                              f"(the accounts: {', '.join(sorted(names))})")
+        if account in found:
+            raise OptionError(f"{flag} is given twice for "
+                              f"{'account ' + repr(account) if account else 'every account'}")
+        found[account] = value
+    return tuple(found.items())
 
 
 def parse_sandbox(raw: str | None) -> str:

@@ -74,7 +74,7 @@ EXPRESSED_FIELDS = frozenset({
     "home", "exec_command", "url", "machine", "workdir", "timeout_s", "idle_timeout_s",
     "concurrency", "dry_run", "allow_unverified", "brain", "safe_tools", "repos",
     "accounts", "limit_wait_s", "max_queued", "max_cost_usd", "sandbox", "allow_write",
-    "allow_read",
+    "allow_read", "acp_model", "acp_mode",
 })
 
 
@@ -152,6 +152,10 @@ def harness_arguments(options: Options) -> list[str]:
     if max_cost_usd is not None:
         # Four decimals read back to the same float as parse_max_cost made of them.
         args += _flag("--max-cost", f"{max_cost_usd:.4f}".rstrip("0").rstrip("."))
+    for flag, chosen in (("--acp-model", getattr(options, "acp_model", ())),
+                         ("--acp-mode", getattr(options, "acp_mode", ()))):
+        for account, value in chosen:
+            args += _flag(flag, f"{account}={value}" if account else value)
     sandbox: str = getattr(options, "sandbox", "auto")
     if sandbox != "auto":
         args += _flag("--sandbox", sandbox)

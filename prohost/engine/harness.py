@@ -104,7 +104,8 @@ class Harness:
         self.endpoints = endpoints
         self.ledger = ledger
         self.brain = brain_for(options.brain, options.exec_command, safe_tools=options.safe_tools,
-                               max_cost_usd=options.max_cost_usd)
+                               max_cost_usd=options.max_cost_usd, acp_model=options.acp_model,
+                               acp_mode=options.acp_mode, accounts=options.accounts)
         self.env = dict(os.environ if env is None else env)
         #: How agents are confined (§13): the system asked once, here.
         self.sandbox = Sandbox.start(options, self.env)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 # --------------------------------------------------------------------------- §6 cancellation
 
@@ -163,11 +163,31 @@ ACP_NO_HTTP_MCP = ("the run's MCP server could not be given to the agent: it doe
                    "take MCP servers over HTTP (ACP mcpCapabilities.http)")
 
 
-def acp_signed_out(detail: str) -> str:
+def acp_signed_out(detail: str, variables: Sequence[str] = ()) -> str:
     """The agent answered "authentication required" (ACP error -32000): nobody is
-    logged in to it on this machine, and the harness does not log in for anyone."""
+    logged in to it on this machine, and none of the keys it takes from its
+    environment (``variables``, from its ``env_var`` auth methods) is set."""
+    keys = ""
+    if variables:
+        keys = f", or set {' or '.join(variables)} in the environment prohost runs it in"
     return (f"the agent is not logged in on this machine ({detail}); log in with the "
-            "agent's own command there, and try again")
+            f"agent's own command there{keys}, and try again")
+
+
+def acp_no_reply(refused: str | None) -> str:
+    """The agent ended its turn (``end_turn``) without a word: no reply is not a
+    success. ``refused``: the tool ``--safe-tools`` refused just before."""
+    if refused is None:
+        return "the agent ended its turn without a reply"
+    return (f"the agent ended its turn without a reply after prohost refused a tool it "
+            f"asked for (--safe-tools): {refused}")
+
+
+def acp_refusal_ended(refused: str) -> str:
+    """``--safe-tools`` refused a tool with the only refusal the agent offered, one
+    that ends its turn (codex-acp's ``abort``), and the turn ended there."""
+    return (f"the agent ended its turn when prohost refused a tool it asked for "
+            f"(--safe-tools: {refused}); it offered no way to refuse and go on")
 
 
 def acp_version(version: object) -> str:

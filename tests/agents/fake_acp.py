@@ -35,7 +35,27 @@ The turn is ``FAKE_ACP_SCENARIO`` (default ``reply``):
 ``FAKE_ACP_NAME`` is the ``agentInfo.name`` it gives; with ``FAKE_ACP_COST_PER_PROCESS``
 set its cost total counts from its own start, as the Claude Code adapter's does.
 With ``FAKE_ACP_AUTH`` set every session setup answers -32000 "Authentication
-required" (an agent nobody logged in to). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
+required" (an agent nobody logged in to); ``FAKE_ACP_AUTH=load``: only
+``session/load`` and ``session/resume`` do (Gemini CLI 0.61 with only
+``GEMINI_API_KEY``: ``initializeSessionConfig`` throws ``authRequired`` without a
+saved auth type, while ``newSession`` falls back to the key). With
+``FAKE_ACP_KEY_METHOD`` set it advertises an ``env_var`` auth method needing
+``FAKE_ACP_KEY`` (codex-acp's "openai-api-key", ``src/codex_agent.rs``), and an
+``authenticate`` with it (when ``FAKE_ACP_KEY`` is set) lifts the -32000.
+``FAKE_ACP_OPTIONS`` sets the ``tools`` scenario's permission options:
+``codex_patch`` (codex-acp's for an edit: ``approved``, and ``abort``, a
+reject_once that ends the turn, ``src/thread.rs``) or ``codex_exec`` (``approved``,
+``denied``, ``abort``). With ``FAKE_ACP_SILENT_REJECT`` set it says nothing after
+a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
+``hang`` answers -32603 (Qwen Code 0.15) and leaves its tool call open.
+``FAKE_ACP_WARNING=codex`` sends Codex's model warning as a chunk of its own
+without a ``messageId`` before the reply (codex-acp
+``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
+the reply's named messages. ``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission
+request is one line over 8 MiB. ``FAKE_ACP_HANG=hang_init`` (or ``hang_setup``) never answers
+``initialize`` (``session/new``). ``FAKE_ACP_LATE_REPLAY``: a load answers
+before it replays (Gemini CLI 0.61). ``FAKE_ACP_CLOSE`` offers ``session/close`` (codex-acp,
+the Claude Code adapter and OpenCode do). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
 it takes no MCP servers over HTTP. With ``FAKE_ACP_LINGER`` set it does not exit at
 end-of-file (it waits to be stopped). Every message it receives is appended, one
 JSON per line, to ``FAKE_ACP_RECORD`` when that names a file (with
@@ -59,8 +79,50 @@ CAPS = os.environ.get("FAKE_ACP_CAPS", "load")
 REPLY = os.environ.get("FAKE_ACP_REPLY")
 
 _cancelled = False
+_authenticated = False
 #: What this process has spent (FAKE_ACP_COST_PER_PROCESS reports it as the total).
 _spent = 0.0
+
+
+#: Permission options, as each agent offers them.
+OPTIONS: dict[str, list[dict[str, str]]] = {
+    "all": [
+        {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
+        {"optionId": "once", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "never", "name": "Never", "kind": "reject_always"},
+    ],
+    # codex-acp src/thread.rs, an apply_patch approval.
+    "codex_patch": [
+        {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
+        {"optionId": "abort", "name": "No, provide feedback", "kind": "reject_once"},
+    ],
+    # codex-acp src/thread.rs, an exec approval offering Denied and Abort.
+    "codex_exec": [
+        {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
+        {"optionId": "abort", "name": "No, and tell Codex what to do differently",
+         "kind": "reject_once"},
+        {"optionId": "denied", "name": "No, continue without running it",
+         "kind": "reject_once"},
+    ],
+}
+
+#: The models and modes a session setup answers with (Gemini CLI's and Qwen
+#: Code's shape: ``models`` and ``modes``); ``FAKE_ACP_MODE_START`` is the mode a
+#: session starts in.
+CHOICES: dict[str, Any] = {
+    "models": {"currentModelId": "fake-model-1",
+               "availableModels": [{"modelId": "fake-model-1", "name": "Fake"},
+                                   {"modelId": "fake-model-2", "name": "Fake Pro"}]},
+    "modes": {"currentModeId": os.environ.get("FAKE_ACP_MODE_START", "default"),
+              "availableModes": [{"id": "default", "name": "Default"},
+                                 {"id": "plan", "name": "Plan"},
+                                 {"id": "yolo", "name": "YOLO"}]},
+}
+
+#: Codex's warning for a model it has no metadata for, as codex-acp forwards it.
+CODEX_WARNING = ("Model metadata for `fake-model-1` not found. Defaulting to fallback "
+                 "metadata; this can degrade performance and cause issues.")
 
 
 def record(message: dict[str, Any]) -> None:
@@ -167,41 +229,70 @@ def prompt_turn(message: dict[str, Any]) -> None:
         chunk(session, big, "m1")
         said.append(big)
     elif scenario == "tools":
-        chunk(session, "Let me run the tests.", "m1")
+        if not os.environ.get("FAKE_ACP_SILENT_REJECT"):
+            chunk(session, "Let me run the tests.", "m1")
         update(session, {"sessionUpdate": "tool_call", "toolCallId": "call_1",
                          "title": "Running pytest -q", "kind": "execute", "status": "pending",
                          "rawInput": {"command": "pytest -q"}})
         answer = ask(900, "session/request_permission", {
             "sessionId": session,
-            "toolCall": {"toolCallId": "call_1", "title": "Running pytest -q"},
-            "options": [
-                {"optionId": "always", "name": "Always allow", "kind": "allow_always"},
-                {"optionId": "once", "name": "Allow", "kind": "allow_once"},
-                {"optionId": "no", "name": "Reject", "kind": "reject_once"},
-                {"optionId": "never", "name": "Never", "kind": "reject_always"},
-            ],
+            "options": OPTIONS[os.environ.get("FAKE_ACP_OPTIONS", "all")],
+            # With FAKE_ACP_HUGE_ASK, a whole file in the request, as the Claude Code
+            # adapter sends an edit's: one line over 8 MiB (its options first).
+            "toolCall": {"toolCallId": "call_1", "title": "Running pytest -q",
+                         **({"content": [{"type": "diff", "path": "/w/big.txt",
+                                          "newText": "y" * (9 << 20)}]}
+                            if os.environ.get("FAKE_ACP_HUGE_ASK") else {})},
         })
         outcome = (answer or {}).get("result", {}).get("outcome", {})
         allowed = outcome.get("outcome") == "selected" and outcome.get("optionId") in (
-            "once", "always")
+            "once", "always", "approved")
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_1",
                          "status": "in_progress"})
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_1",
                          "status": "completed" if allowed else "failed",
                          "content": [{"type": "content",
                                       "content": {"type": "text", "text": "3 passed"}}]})
-        words = f"The tool was {'allowed' if allowed else 'rejected'} ({outcome.get('optionId')})."
-        chunk(session, words, "m2")
-        said += ["Let me run the tests.", words]
-    elif scenario in ("hang", "hang_deaf"):
+        if outcome.get("optionId") == "abort" or outcome.get("outcome") == "cancelled":
+            stop = "cancelled"  # codex-acp: ReviewDecision::Abort ends the turn
+        elif not allowed and os.environ.get("FAKE_ACP_SILENT_REJECT"):
+            pass  # OpenCode ends the turn without a word after a rejection
+        else:
+            words = (f"The tool was {'allowed' if allowed else 'rejected'} "
+                     f"({outcome.get('optionId')}).")
+            chunk(session, words, "m2")
+            said += ["Let me run the tests.", words]
+    elif scenario in ("hang", "hang_deaf", "hang_asks"):
         chunk(session, "Working on it.", "m1")
+        # What it spent before the cancel: a running cost, and one model call's
+        # tokens the way Qwen Code sends them (emitUsageMetadata, cli.js).
+        update(session, {"sessionUpdate": "usage_update", "used": 10, "size": 200000,
+                         "cost": {"amount": round(data["cost"] + 0.1, 6), "currency": "USD"}})
+        update(session, {"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "text", "text": ""},
+                         "_meta": {"usage": {"inputTokens": 30, "outputTokens": 7,
+                                             "thoughtTokens": 3, "cachedReadTokens": 20,
+                                             "totalTokens": 40}}})
         update(session, {"sessionUpdate": "tool_call", "toolCallId": "call_9",
                          "title": "sleep 1000", "kind": "execute", "status": "in_progress"})
         while receive() is not None:
-            if _cancelled and scenario == "hang":
+            if _cancelled and scenario != "hang_deaf":
                 break
         if not _cancelled:
             return  # end-of-file without a cancel
+        if scenario == "hang_asks":
+            # A tool that was already on its way asks after the cancel: the client
+            # must answer "cancelled" (ACP prompt-turn.mdx, Cancellation).
+            ask(902, "session/request_permission", {
+                "sessionId": session,
+                "toolCall": {"toolCallId": "call_10", "title": "rm -rf build"},
+                "options": OPTIONS["all"]})
+        if os.environ.get("FAKE_ACP_CANCEL_ERROR"):
+            # Qwen Code 0.15 answers the cancelled prompt with an error, and leaves
+            # its tool call open.
+            send({"id": message["id"], "error": {"code": -32603, "message": "Internal error",
+                                                 "data": {"details": "aborted"}}})
+            return
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "call_9",
                          "status": "failed"})
         stop = "cancelled"
@@ -218,8 +309,16 @@ def prompt_turn(message: dict[str, Any]) -> None:
         parts = [REPLY] if REPLY is not None else ["Hello ", "from the ", "fake ACP agent."]
         update(session, {"sessionUpdate": "agent_thought_chunk",
                          "content": {"type": "text", "text": "Thinking about it."}})
-        for part in parts:
-            chunk(session, part, "m1")
+        warning = os.environ.get("FAKE_ACP_WARNING")
+        if warning == "codex":
+            chunk(session, CODEX_WARNING)
+            for part in parts:
+                chunk(session, part)  # codex-acp names no message
+        else:
+            for number, part in enumerate(parts):
+                if warning == "loose" and number == 1:
+                    chunk(session, "Heads up: the fake agent's cache was cold.")
+                chunk(session, part, "m1")
         said.append("".join(parts))
     if scenario == "garbage":
         print("WARN: more noise on stdout", flush=True)
@@ -244,17 +343,15 @@ def open_session(message: dict[str, Any]) -> None:
             isinstance(params.get("mcpServers"), list)):
         invalid(message["id"], "cwd (absolute) and mcpServers are required")
         return
-    if os.environ.get("FAKE_ACP_AUTH"):
+    auth = os.environ.get("FAKE_ACP_AUTH")
+    if auth and not _authenticated and (auth != "load" or method != "session/new"):
         send({"id": message["id"], "error": {"code": -32000,
                                              "message": "Authentication required"}})
         return
     if method == "session/new":
         session = f"sess_{uuid.uuid4().hex[:12]}"
         save(session, {"history": [], "cost": 0.0, "cwd": params["cwd"]})
-        send({"id": message["id"], "result": {
-            "sessionId": session,
-            "models": {"currentModelId": "fake-model-1",
-                       "availableModels": [{"modelId": "fake-model-1", "name": "Fake"}]}}})
+        send({"id": message["id"], "result": {"sessionId": session, **CHOICES}})
         return
     # "broken_resume": resume announced, but only load is there (Qwen Code 0.15).
     allowed = {"session/load": CAPS in ("load", "both", "broken_resume"),
@@ -269,12 +366,17 @@ def open_session(message: dict[str, Any]) -> None:
                                              "data": {"sessionId": session}}})
         return
     if method == "session/load":
+        late = os.environ.get("FAKE_ACP_LATE_REPLAY")
+        answer: Any = CHOICES if os.environ.get("FAKE_ACP_LOAD_CHOICES") else None
+        if late:  # Gemini CLI 0.61: the answer first, then the history
+            send({"id": message["id"], "result": answer})
         for entry in data["history"]:
             kind = "user_message_chunk" if entry["role"] == "user" else "agent_message_chunk"
             chunk(session, entry["text"], kind=kind)
         update(session, {"sessionUpdate": "usage_update", "used": 10, "size": 200000,
                          "cost": {"amount": data["cost"], "currency": "USD"}})
-        send({"id": message["id"], "result": None})
+        if not late:
+            send({"id": message["id"], "result": answer})
     else:
         send({"id": message["id"], "result": {}})
 
@@ -289,11 +391,17 @@ def main() -> None:
         method = message.get("method")
         if method is None or "id" not in message:
             continue  # a response or a notification nobody waits for
+        hang = os.environ.get("FAKE_ACP_HANG")
+        if (hang == "hang_init" and method == "initialize") or (
+                hang == "hang_setup" and method == "session/new"):
+            time.sleep(3600)  # never answers: a start that hangs
         if method == "initialize":
             if not isinstance(message["params"].get("protocolVersion"), int):
                 invalid(message["id"], "protocolVersion is required")
                 continue
             session_caps: dict[str, Any] = {}
+            if os.environ.get("FAKE_ACP_CLOSE"):
+                session_caps["close"] = {}
             if CAPS in ("resume", "both", "broken_resume"):
                 session_caps["resume"] = {}
             send({"id": message["id"], "result": {
@@ -306,14 +414,37 @@ def main() -> None:
                                         "sse": False},
                     "sessionCapabilities": session_caps,
                 },
-                "authMethods": [],
+                "authMethods": [{
+                    "type": "env_var", "id": "fake-key", "name": "Use FAKE_ACP_KEY",
+                    "vars": [{"name": "FAKE_ACP_KEY"}]}] if os.environ.get(
+                        "FAKE_ACP_KEY_METHOD") else [],
                 "agentInfo": {"name": os.environ.get("FAKE_ACP_NAME", "fake-acp"),
                               "version": "1.0.0"},
             }})
+        elif method == "authenticate":
+            global _authenticated
+            if message["params"].get("methodId") == "fake-key" and os.environ.get(
+                    "FAKE_ACP_KEY"):
+                _authenticated = True
+                send({"id": message["id"], "result": {}})
+            else:
+                send({"id": message["id"], "error": {
+                    "code": -32603, "message": "Internal error",
+                    "data": "FAKE_ACP_KEY is not set"}})
         elif method in ("session/new", "session/load", "session/resume"):
             open_session(message)
         elif method == "session/prompt":
             prompt_turn(message)
+        elif method in ("session/set_model", "session/set_mode"):
+            key = "modelId" if method == "session/set_model" else "modeId"
+            ids = [m["modelId"] for m in CHOICES["models"]["availableModels"]] + [
+                m["id"] for m in CHOICES["modes"]["availableModes"]]
+            if message["params"].get(key) in ids:
+                send({"id": message["id"], "result": {}})
+            else:
+                invalid(message["id"], f"unknown {key}")
+        elif method == "session/close" and os.environ.get("FAKE_ACP_CLOSE"):
+            send({"id": message["id"], "result": {}})
         else:
             send({"id": message["id"], "error": {"code": -32601, "message": "Method not found"}})
 

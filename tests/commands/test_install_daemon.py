@@ -44,6 +44,7 @@ from tests.kits.daemon import (
     round_trip,
     spec_for,
 )
+from tests.kits.program import run_cli
 
 # --- helpers ------------------------------------------------------------------------
 
@@ -577,3 +578,33 @@ def test_repos_round_trip_once_options_has_them(tmp_path: Path) -> None:
         (tmp_path / name / ".git").mkdir(parents=True)
     options = parse_run(["agent", "run", "--repos", "app, x/../lib b"], env, tmp_path)
     assert parse_run(harness_arguments(options), env, Path("/")) == options
+
+
+@pytest.mark.parametrize("flags", [
+    ["--exec", "gemini --acp", "--acp-model", "gemini-2.5-pro", "--acp-mode=plan"],
+    ["--exec", "codex-acp", "--account", "work=/tmp/acp-work", "--acp-model", "work=gpt-5",
+     "--acp-model", "o3", "--acp-mode", "work=-auto"],
+])
+def test_acp_model_and_mode_round_trip(tmp_path: Path, flags: list[str]) -> None:
+    """A service keeps --acp-model and --acp-mode, per account: one that dropped them
+    would run every session on the agent's default model."""
+    env = install_env(tmp_path)
+    Path("/tmp/acp-work").mkdir(exist_ok=True)
+    options = parse_run(["agent", "run", *flags], env, tmp_path / "here")
+    assert options.acp_model and options.acp_mode
+    assert parse_run(harness_arguments(options), env, tmp_path / "elsewhere") == options
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--exec", "claude -p", "--acp-model", "opus"], "not the claude brain"),
+    (["--exec", "gemini --acp", "--acp-model", "nobody=x"], "no account is named 'nobody'"),
+    (["--exec", "gemini --acp", "--acp-mode", "a", "--acp-mode", "b"], "given twice"),
+    (["--exec", "gemini --acp", "--acp-model", "work="], "needs a value"),
+])
+def test_a_model_or_mode_that_cannot_apply_is_refused_at_start(
+    tmp_path: Path, flags: list[str], said: str,
+) -> None:
+    done = run_cli(tmp_path, "agent", "run", *flags)
+    assert done.returncode == 2
+    assert said in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "home").exists()

@@ -11,19 +11,24 @@ their documented settings (``ANTHROPIC_BASE_URL``; a ``model_providers`` entry i
 ``~/.config/opencode/opencode.json``). Each is driven by ``--brain auto``
 (its command line must be recognised as ACP) through two turns of one
 conversation, the second in the first's session (the model must see the first
-turn again), and a cancel while the model is answering; and a turn where the
-mock model calls the agent's shell tool with a command that makes a file, which
-each agent asks permission for and the brain grants.
+turn again), a cancel while the model is answering (which the agent itself must
+answer ``cancelled``), each turn's reply exactly and its usage as the mock model
+made it; a turn where the mock model calls the agent's shell tool with a command
+that makes a file, which each agent asks permission for and the brain grants, and
+with ``--safe-tools`` refuses (the turn goes on where the agent allows); Gemini CLI
+with only its key, turn after turn; codex-acp with only ``OPENAI_API_KEY``.
 Without the installed agents the tests skip and say why.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -108,14 +113,43 @@ def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
     return shlex.quote(str(path)) + rest, env
 
 
+#: What each agent reports of a turn's tokens, for ``calls`` model calls of the
+#: mock model (10 input and 5 output tokens each): ``None`` where its figures are
+#: not §7's and are left out (prohost/engine/agent/brains/acp_usage.py; the
+#: README's table).
+def tokens_for(agent: str, calls: int) -> tuple[int, int] | None:
+    if agent in ("claude", "qwen") or (agent == "opencode" and calls == 1):
+        return (10 * calls, 5 * calls)
+    return None  # codex: none on the wire; gemini: cached and thinking unsaid; opencode: last call
+
+
+#: The model each agent names (``usage.model``).
+MODELS = {"codex": None, "claude": None, "gemini": "gemini-2.5-flash", "qwen": "mock-model",
+          "opencode": "mock/mock-model"}
+
+
+def assert_usage(agent: str, completion: dict[str, Any], calls: int) -> None:
+    usage = completion.get("usage") or {}
+    expected = tokens_for(agent, calls)
+    if expected is None:
+        assert "input_tokens" not in usage and "output_tokens" not in usage, usage
+    else:
+        assert (usage.get("input_tokens"), usage.get("output_tokens")) == expected, usage
+    if MODELS[agent] is not None:
+        assert usage.get("model") == MODELS[agent], usage
+    # Only the Claude Code adapter reports a cost (the mock's tokens at its price).
+    assert ("cost_usd" in usage) == (agent == "claude"), usage
+
+
 def asked_with(model: MockModel, words: str) -> Callable[[], bool]:
     return lambda: any(words in json.dumps(body) for _, body in model.requests)
 
 
 @pytest.mark.parametrize("agent", sorted(AGENTS))
 async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
-    tmp_path: Path, agent: str,
+    tmp_path: Path, agent: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="prohost.brains.acp")
     model = MockModel(reply=REPLY)
     with trio.fail_after(240):
         async with serving(model) as url:
@@ -132,7 +166,10 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 await server.wait_until(finished(second))
                 one, two = (server.run(r).completion or {} for r in (first, second))
                 assert one.get("ok") and two.get("ok"), (one, two)
-                assert str(one["reply"]).endswith(REPLY), one
+                # The reply and nothing else (codex-acp's warnings are not part of it).
+                assert one["reply"] == two["reply"] == REPLY, one
+                assert_usage(agent, one, calls=1)
+                assert_usage(agent, two, calls=1)
                 assert one["session_id"] and two["session_id"]
                 later = json.dumps([body for _, body in model.requests[before:]])
                 assert "second turn" in later
@@ -150,6 +187,11 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 model.hold.set()
                 cancelled = server.run(third).completion or {}
                 assert cancelled["error"] == "cancelled: stop it"
+                # The agent itself ended the turn as cancelled (its answer to the
+                # prompt, or Qwen's error after our cancel), not only the signal.
+                ended = [r.getMessage() for r in caplog.records
+                         if "turn in session" in r.getMessage()]
+                assert ended and ended[-1].endswith("ended: cancelled"), ended
                 assert cancelled["session_id"]
                 if agent in RESUMES:
                     assert cancelled["session_id"] == one["session_id"]
@@ -176,4 +218,91 @@ async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent:
                 assert asked_with(model, "mock-tool-ran")()
                 assert (tmp_path / "home" / "workspace" / "made-by-the-tool").exists()
                 timeline = server.run(run_id).timeline
-                assert [e["state"] for e in timeline] == ["calling", "done"], timeline
+                assert [e["state"] for e in timeline
+                        if e["name"] != "Notice"] == ["calling", "done"], timeline
+                assert completion["reply"] == REPLY, completion
+                assert_usage(agent, completion, calls=2)
+
+
+#: What a ``--safe-tools`` refusal of the mock's shell command leads to, read from
+#: each agent: the turn goes on and the model answers (``None``), or the run ends
+#: with this failure (said truly: codex-acp offers only ``abort`` for a command
+#: asking to leave its sandbox; OpenCode ends its turn without a word).
+SAFE_ENDINGS = {
+    "claude": None, "gemini": None, "qwen": None,
+    "codex": "offered no way to refuse and go on",
+    "opencode": "ended its turn without a reply",
+}
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+async def test_safe_tools_refuse_the_tool_and_the_turn_goes_on_where_the_agent_allows(
+    tmp_path: Path, agent: str,
+) -> None:
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for(agent, url, tmp_path)
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env,
+                timeout_s=120, safe_tools=True,
+            ):
+                run_id = await server.submit_run(f"please {TOOL_WORD}", conversation_id="C1")
+                await server.wait_until(finished(run_id))
+                completion = server.run(run_id).completion or {}
+                # Refused: the command never ran (its file is not there).
+                assert not (tmp_path / "home" / "workspace" / "made-by-the-tool").exists()
+                ending = SAFE_ENDINGS[agent]
+                if ending is None:
+                    assert completion.get("ok") and completion["reply"] == REPLY, completion
+                else:
+                    assert not completion.get("ok") and ending in completion["error"], completion
+                timeline = [e for e in server.run(run_id).timeline if e["name"] != "Notice"]
+                assert timeline and timeline[-1]["state"] == "error", timeline
+
+
+async def test_gemini_with_only_its_key_answers_turn_after_turn(tmp_path: Path) -> None:
+    """No saved login setting, only ``GEMINI_API_KEY``: every turn is answered, and a
+    turn whose session could not be taken back says so on the timeline."""
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for("gemini", url, tmp_path)
+            (Path(env["HOME"]) / ".gemini" / "settings.json").unlink()
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env, timeout_s=120,
+            ):
+                runs = []
+                for text in ("first turn", "second turn", "third turn"):
+                    runs.append(await server.submit_run(text, conversation_id="C1"))
+                    await server.wait_until(finished(runs[-1]))
+                done = [server.run(r).completion or {} for r in runs]
+                assert all(c.get("ok") and c["reply"] == REPLY for c in done), done
+                said = [e["summary"] for e in server.run(runs[1]).timeline
+                        if e["name"] == "Notice"]
+                assert len(said) == 1 and "new session" in said[0], said
+
+
+async def test_codex_with_only_openai_api_key_is_logged_in_with_it(tmp_path: Path) -> None:
+    """codex-acp reads ``OPENAI_API_KEY`` only once told to (``authenticate`` with its
+    "openai-api-key" method): a provider that needs OpenAI's login gets the key."""
+    model = MockModel(reply=REPLY)
+    with trio.fail_after(180):
+        async with serving(model) as url:
+            exec_command, env = setup_for("codex", url, tmp_path)
+            # Codex's own OpenAI provider (no provider of ours), pointed at the mock.
+            (Path(env["CODEX_HOME"]) / "config.toml").write_text(
+                f'model = "mock-model"\nopenai_base_url = "{url}/v1"\n')
+            del env["MOCK_API_KEY"]
+            env["OPENAI_API_KEY"] = "sk-mock-only"
+            async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=exec_command, env=env, timeout_s=120,
+            ):
+                first = await server.submit_run("first turn", conversation_id="C1")
+                await server.wait_until(finished(first))
+                second = await server.submit_run("second turn", conversation_id="C1")
+                await server.wait_until(finished(second))
+                one, two = (server.run(r).completion or {} for r in (first, second))
+                assert one.get("ok") and two.get("ok"), (one, two)
+                assert one["reply"] == two["reply"] == REPLY
+                assert two["session_id"] == one["session_id"]

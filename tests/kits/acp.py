@@ -1,9 +1,12 @@
 """The fake ACP agent of tests/agents/fake_acp.py as the tests meet it: its
 ``--exec`` line and the environment that picks its scenario, keeps its sessions and
-records what it is sent."""
+records what it is sent; and one attempt of the ACP brain against it through the
+real spawn (:func:`talk`), for the brain's tests."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shlex
 import sys
@@ -12,7 +15,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
+import pytest
+import trio
+
+from prohost.engine.agent import poll
+from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
+from prohost.engine.agent.brains.base import McpWiring
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.server import ServerHandle
+from prohost.wire.runs import Outcome
+from prohost.wire.timeline import ToolEvent
+from prohost.wire.usage import Usage
 from tests.kits.harness import Running, running_harness, running_server
 from tests.kits.paths import AGENTS, logs_folder
 
@@ -48,3 +62,78 @@ async def acp_harness(tmp_path: Path, scenario: str = "reply", *, home: Path | N
         brain="acp", env=acp_env(tmp_path, scenario, **extra), **options,
     ) as running:
         yield server, running
+
+
+#: The prompt the brain-level tests send.
+PROMPT = "Please say hello.\n\nReply with exactly NO_REPLY to send nothing."
+
+
+@pytest.fixture(autouse=True, params=["epoll", "tasks"])
+def poller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which way run_agent waits (both hold stdin open for a conversation)."""
+    if request.param == "tasks":
+        monkeypatch.setattr(poll, "USE_EPOLL", False)
+    return str(request.param)
+
+
+@attrs.define
+class Talk:
+    turn: AcpTurn
+    result: ProcessResult | None = None
+    events: list[ToolEvent] = attrs.Factory(list)
+    outcome: Outcome | None = None
+    record_path: Path | None = None
+    #: Set once the first tool call is read.
+    working: trio.Event = attrs.Factory(trio.Event)
+
+    def record(self) -> list[dict[str, Any]]:
+        assert self.record_path is not None
+        lines = self.record_path.read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def methods(self) -> list[str]:
+        return [m.get("method") or m.get("event") or "response" for m in self.record()]
+
+
+def read(done: Talk, turn: AcpTurn, line: bytes) -> None:
+    events = turn.feed(line)
+    done.events.extend(events)
+    if events:
+        done.working.set()
+
+
+async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None = None,
+               before: Usage | None = None, safe_tools: bool = False,
+               deadline: float = math.inf, groups: ProcessGroups | None = None,
+               talk_to: Talk | None = None, mcp: McpWiring | None = None,
+               **env: str) -> Talk:
+    """One attempt of the ACP brain with the fake agent playing ``scenario``."""
+    record_of(tmp_path).unlink(missing_ok=True)
+    turn = AcpBrain(FAKE_ACP, safe_tools=safe_tools).new_turn()
+    if before is not None:
+        turn.usage_before = before
+    done = talk_to if talk_to is not None else Talk(turn)
+    done.turn, done.record_path = turn, record_of(tmp_path)
+    agent_env = acp_env(tmp_path, scenario, **env)
+    result = await run_agent(
+        FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=agent_env,
+        groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,
+        on_stdout_line=lambda line: read(done, turn, line),
+        conversation=turn.conversation(PROMPT, session, tmp_path, mcp, agent_env))
+    done.result = result
+    if result.timed_out is None:
+        done.outcome = turn.finish(result)
+    return done
+
+
+async def cancel_when_working(tmp_path: Path, scenario: str, groups: ProcessGroups) -> Talk:
+    """Start ``scenario`` and cancel the run once its tool call is seen."""
+    done = Talk(AcpBrain(FAKE_ACP).new_turn())
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: talk(tmp_path, scenario, groups=groups, talk_to=done))
+            await done.working.wait()
+            scope.cancel()
+    return done
+
+

@@ -20,6 +20,8 @@ log = logging.getLogger("prohost.agentproc")
 #: A stderr line is kept up to this many bytes (the start of it, where an error
 #: message says what went wrong) and reported up to ``STDERR_LINE_CHARS`` characters.
 STDERR_LINE_BYTES = 2048
+#: How much of a dropped over-long stdout line its reader is shown.
+HEAD_BYTES = 64 * 1024
 STDERR_LINE_CHARS = 500
 
 
@@ -28,14 +30,19 @@ class LineSplitter:
 
     Each complete line goes to ``emit`` without its ``\\n``; a line longer than
     ``limit`` is never buffered whole: it is dropped, counted in ``dropped``, and
-    logged once.
+    logged once; ``overlong``, when given, then gets its first :data:`HEAD_BYTES`
+    (an ACP agent's request too long to read must still be answered: its id and
+    method are at its start).
     """
 
-    def __init__(self, emit: Callable[[bytes], None], limit: int) -> None:
+    def __init__(self, emit: Callable[[bytes], None], limit: int,
+                 overlong: Callable[[bytes], None] | None = None) -> None:
         self._emit = emit
         self._limit = limit
+        self._on_overlong = overlong
         self._buf = bytearray()
         self._overlong = False
+        self._head = b""
         #: Lines skipped for being longer than ``limit`` bytes.
         self.dropped = 0
 
@@ -59,6 +66,9 @@ class LineSplitter:
         if self._overlong or start == end:
             return
         if len(self._buf) + (end - start) > self._limit:
+            if self._on_overlong is not None:
+                more = max(0, min(end - start, HEAD_BYTES - len(self._buf)))
+                self._head = bytes(self._buf[:HEAD_BYTES]) + bytes(chunk[start:start + more])
             # A fresh buffer, not clear(): the point is to give the memory back.
             self._buf = bytearray()
             self._overlong = True
@@ -70,6 +80,9 @@ class LineSplitter:
             self._overlong = False
             self.dropped += 1
             log.warning("an agent printed a line over %d bytes; it was skipped", self._limit)
+            head, self._head = self._head, b""
+            if self._on_overlong is not None:
+                self._on_overlong(head)
             return
         line = bytes(self._buf)
         self._buf = bytearray()

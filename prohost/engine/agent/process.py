@@ -76,9 +76,10 @@ class StdinPipe(Protocol):
         """Queue ``data``; it is written as the agent reads (never blocks, never
         raises: once stdin is closed, or the agent closed it, it is dropped)."""
 
-    def close(self) -> None:
-        """End-of-file once everything queued is written: the conversation is over,
-        and the agent has :data:`LINGER_S` to exit before its group is stopped."""
+    def close(self, linger_s: float = LINGER_S, eof: bool = True) -> None:
+        """End-of-file once everything queued is written: the conversation is over, and
+        the agent has ``linger_s`` to exit before its group is stopped (again: sooner).
+        ``eof=False``: no end-of-file, only a bound (replaced by the next; inf: none)."""
 
 
 class Conversation(Protocol):
@@ -258,9 +259,8 @@ class _Watch:
         self.stdout = bytearray()
         self.stdout_truncated = False
         self.stderr = LastLine()
-        self.lines = (
-            LineSplitter(on_stdout_line, max_line_bytes) if on_stdout_line is not None else None
-        )
+        self.lines = None if on_stdout_line is None else LineSplitter(  # ACP: AcpTurn.overlong
+            on_stdout_line, max_line_bytes, getattr(conversation, "overlong", None))
         self.open_pipes = 2
         #: What the leader left in its group and is waited for: pidfd → pid.
         self.members: dict[int, int] = {}
@@ -540,16 +540,16 @@ class _Watch:
         self.unsent += data
         self._send_queued()
 
-    def close(self) -> None:
+    def close(self, linger_s: float = LINGER_S, eof: bool = True) -> None:
         """:class:`StdinPipe`: end-of-file after what is queued; the agent then
-        has :data:`LINGER_S` to exit by itself."""
-        if self.close_when_sent:
-            return
-        self.close_when_sent = True
-        self.linger_until = trio.current_time() + LINGER_S
+        has ``linger_s`` to exit by itself (closed again: the sooner end holds)."""
+        until = trio.current_time() + linger_s
+        self.linger_until = min(self.linger_until, until) if eof else until
         if self.scope is not None:
             self.scope.deadline = min(self.scope.deadline, self.linger_until)
-        self._send_queued()
+        if eof and not self.close_when_sent:
+            self.close_when_sent = True
+            self._send_queued()
 
     def _feed(self) -> None:
         if not self.unsent or self.stdin_closed:

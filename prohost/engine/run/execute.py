@@ -294,6 +294,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             progress.session_id = turn.session_id
         progress.activity = turn.activity
         progress.model = turn.model or progress.model
+        progress.mode = turn.mode or progress.mode
         if events and timeline is not None:
             timeline.add(events)
 
@@ -304,7 +305,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         spawned = True
         await on_spawn(pgid)
 
-    conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring)
+    conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring,
+                                     attempt.env)
     try:
         result = await run_agent(
             brain.command(session_id=session_id, mcp=attempt.wiring,

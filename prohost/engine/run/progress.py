@@ -29,7 +29,7 @@ class Progress:
     ``account``        the runner, as it hands the run to an account's attempt
     ``session_id``     the attempt (:func:`prohost.engine.run.execute.execute`)
     ``activity``       the attempt, from the agent's output
-    ``model``          the attempt, from the agent's output
+    ``model``, ``mode``  the attempt, from the agent's output
     ``attempts``       the attempt, once per spawn tried
     ``last_output``    the attempt, at every read of the agent's output
     =================  ==============================================================
@@ -46,6 +46,7 @@ class Progress:
     #: What the agent is doing now, for heartbeats: "Bash: pytest -q".
     activity: str | None = None
     model: str | None = None
+    mode: str | None = None
     #: Spawns tried so far (a fresh retry and a fail-over each count).
     attempts: int = 0
     #: trio time of the agent's latest output (the idle timer counts from it).

@@ -76,6 +76,8 @@ class Snapshot:
     queued: int
     brain_version: str | None = None
     model: str | None = None
+    #: The mode the latest run's agent was in (an ACP session's, ``--acp-mode``).
+    mode: str | None = None
     reconnect_in_s: float | None = None
     last_error: str | None = None
     #: Seconds since the last heartbeat went out (None: none yet on this connection).

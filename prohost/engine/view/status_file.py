@@ -69,6 +69,8 @@ class Facts:
     #: Said when a fact changes (the status message and the panel look again).
     on_change: Callable[[], None]
     model: str | None = None
+    #: The mode the latest run's agent was in (an ACP session's).
+    mode: str | None = None
     brain_version: str | None = None
     finished: collections.deque[FinishedRow] = attrs.field(
         factory=lambda: collections.deque(maxlen=FINISHED_KEPT))
@@ -90,6 +92,7 @@ class Facts:
             progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
         if held.progress.model:
             self.model = held.progress.model
+        self.mode = held.progress.mode or self.mode
         now = time.time()
         usage = outcome.usage or Usage()
         tokens = None if usage.input_tokens is None and usage.output_tokens is None \
@@ -186,6 +189,7 @@ def take_snapshot(seen: Observed) -> Snapshot:
         brain=seen.brain.name,
         brain_version=seen.facts.brain_version,
         model=seen.facts.model,
+        mode=seen.facts.mode,
         confinement=seen.confinement,
         slots=stats.limit,
         slots_used=stats.running,

@@ -87,12 +87,15 @@ def short_run_id(run_id: str, width: int = RUN_ID_SHOWN) -> str:
 
 
 def brain_line(snapshot: Snapshot) -> str:
-    """``claude 2.1.3 · opus``: the brain, its version and model as far as they are known."""
+    """``claude 2.1.3 · opus``: the brain, its version and model as far as they are known
+    (and an ACP agent's mode: ``acp · gemini-2.5-pro · mode plan``)."""
     brain = snapshot.brain
     if snapshot.brain_version:
         brain += f" {snapshot.brain_version}"
     if snapshot.model:
         brain += f" · {snapshot.model}"
+    if snapshot.mode:
+        brain += f" · mode {snapshot.mode}"
     return brain
 
 

@@ -15,6 +15,7 @@ message (an agent's log on the wrong stream) is ``None``, never an exception.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import attrs
@@ -24,6 +25,7 @@ from prohost.engine.agent.brains.base import decode_json_line
 #: JSON-RPC's and ACP's error codes this client sends or reads (ACP ``ErrorCode``,
 #: ``schema/v1/schema.json``).
 METHOD_NOT_FOUND = -32601
+INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
 REQUEST_CANCELLED = -32800
@@ -133,3 +135,34 @@ def result(message_id: MessageId, value: Any) -> bytes:
 def error(message_id: MessageId, code: int, message: str) -> bytes:
     return _line({"jsonrpc": "2.0", "id": message_id,
                   "error": {"code": code, "message": message}})
+
+
+#: A request's id and method at the start of a line too long to read whole.
+_HEAD_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+_HEAD_METHOD = re.compile(r'"method"\s*:\s*"([^"\\]+)"')
+_HEAD_OPTIONS = re.compile(r'"options"\s*:\s*')
+
+
+def read_head(head: bytes) -> tuple[MessageId, str, list[Any] | None] | None:
+    """The id and method of a request whose line was too long to read, from its
+    start (the SDKs write ``jsonrpc``, ``id``, ``method``, then ``params``), and its
+    ``params.options`` array when the start holds all of it; ``None`` when the
+    start shows no request (a notification or a response waits for no answer)."""
+    text = head.decode("utf-8", errors="replace")
+    start = text[:text.find('"params"')] if '"params"' in text else ""
+    found_id = _HEAD_ID.search(start)
+    found_method = _HEAD_METHOD.search(start)
+    if found_id is None or found_method is None:
+        return None
+    message_id = json.loads(found_id.group(1))
+    if not isinstance(message_id, int | str) or isinstance(message_id, bool):
+        return None
+    options = None
+    found = _HEAD_OPTIONS.search(text, len(start))
+    if found is not None:
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text, found.end())
+        except ValueError:
+            value = None
+        options = value if isinstance(value, list) else None
+    return message_id, found_method.group(1), options

@@ -137,6 +137,8 @@ class Turn(abc.ABC):
     activity: str | None = None
     #: The model the agent reports using, once seen.
     model: str | None = None
+    #: The agent's mode (an ACP session's, ``--acp-mode``), once known.
+    mode: str | None = None
     #: The CLI said its session started (an init event): a later non-zero exit is
     #: then a failure of the work, not a rejected resume.
     started: bool = False
@@ -183,10 +185,12 @@ class Turn(abc.ABC):
         return False
 
     def conversation(self, prompt: str, session_id: str | None, cwd: Path,
-                     mcp: McpWiring | None = None) -> Conversation | None:
+                     mcp: McpWiring | None = None,
+                     env: Mapping[str, str] | None = None) -> Conversation | None:
         """For a brain that talks with its agent over stdin while it runs (ACP): the
         conversation that carries ``prompt`` in ``session_id`` (``None``: a new
-        session) with the agent working in ``cwd`` and the run's ``mcp`` wiring.
+        session) with the agent working in ``cwd`` and the run's ``mcp`` wiring;
+        ``env`` is the agent's environment (which keys it can log in with).
         ``None`` (the default): the prompt is written to stdin, then end-of-file."""
         return None
 

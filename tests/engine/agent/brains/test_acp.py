@@ -6,21 +6,18 @@ cancellation and the agent's failures (§5.5, §6, §12)."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
-from prohost.engine.agent import poll
 from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
-from prohost.engine.agent.brains.base import McpError, McpWiring
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.brains.base import McpError
+from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.engine.run.confine import agent_folders
 from prohost.engine.sandbox import defaults
@@ -32,69 +29,18 @@ from prohost.wire.outcomes import (
     acp_stopped,
     acp_version,
 )
-from prohost.wire.runs import Mcp, Outcome
+from prohost.wire.runs import Mcp
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
-from tests.kits.acp import FAKE_ACP, acp_env, record_of
+from tests.kits.acp import (
+    FAKE_ACP,
+    PROMPT,
+    cancel_when_working,
+    poller,
+    talk,
+)
 
-PROMPT = "Please say hello.\n\nReply with exactly NO_REPLY to send nothing."
-
-
-@pytest.fixture(autouse=True, params=["epoll", "tasks"])
-def poller(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which way run_agent waits (both hold stdin open for a conversation)."""
-    if request.param == "tasks":
-        monkeypatch.setattr(poll, "USE_EPOLL", False)
-    return str(request.param)
-
-
-@attrs.define
-class Talk:
-    turn: AcpTurn
-    result: ProcessResult | None = None
-    events: list[ToolEvent] = attrs.Factory(list)
-    outcome: Outcome | None = None
-    record_path: Path | None = None
-    #: Set once the first tool call is read.
-    working: trio.Event = attrs.Factory(trio.Event)
-
-    def record(self) -> list[dict[str, Any]]:
-        assert self.record_path is not None
-        lines = self.record_path.read_text().splitlines()
-        return [json.loads(line) for line in lines]
-
-    def methods(self) -> list[str]:
-        return [m.get("method") or m.get("event") or "response" for m in self.record()]
-
-
-def read(done: Talk, turn: AcpTurn, line: bytes) -> None:
-    events = turn.feed(line)
-    done.events.extend(events)
-    if events:
-        done.working.set()
-
-
-async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None = None,
-               before: Usage | None = None, safe_tools: bool = False,
-               deadline: float = math.inf, groups: ProcessGroups | None = None,
-               talk_to: Talk | None = None, mcp: McpWiring | None = None,
-               **env: str) -> Talk:
-    """One attempt of the ACP brain with the fake agent playing ``scenario``."""
-    record_of(tmp_path).unlink(missing_ok=True)
-    turn = AcpBrain(FAKE_ACP, safe_tools=safe_tools).new_turn()
-    if before is not None:
-        turn.usage_before = before
-    done = talk_to if talk_to is not None else Talk(turn)
-    done.turn, done.record_path = turn, record_of(tmp_path)
-    result = await run_agent(
-        FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=acp_env(tmp_path, scenario, **env),
-        groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,
-        on_stdout_line=lambda line: read(done, turn, line),
-        conversation=turn.conversation(PROMPT, session, tmp_path, mcp))
-    done.result = result
-    if result.timed_out is None:
-        done.outcome = turn.finish(result)
-    return done
+__all__ = ["poller"]  # the autouse fixture, both ways of waiting
 
 
 @pytest.mark.protocol("§5")
@@ -275,17 +221,6 @@ async def test_another_protocol_version_is_refused(tmp_path: Path) -> None:
     assert done.turn.session_id is None and done.methods() == ["initialize", "eof"]
 
 
-async def cancel_when_working(tmp_path: Path, scenario: str, groups: ProcessGroups) -> Talk:
-    """Start ``scenario`` and cancel the run once its tool call is seen."""
-    done = Talk(AcpBrain(FAKE_ACP).new_turn())
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: talk(tmp_path, scenario, groups=groups, talk_to=done))
-            await done.working.wait()
-            scope.cancel()
-    return done
-
-
 @pytest.mark.protocol("§6")
 async def test_a_cancel_sends_session_cancel_and_waits_for_the_prompt_to_return(
     tmp_path: Path,
@@ -386,8 +321,9 @@ class Pipe:
     def write(self, data: bytes) -> None:
         self.sent.append(data)
 
-    def close(self) -> None:
-        self.sent.append(b"EOF")
+    def close(self, linger_s: float = 5.0, eof: bool = True) -> None:
+        if eof:
+            self.sent.append(b"EOF")
 
 
 def prompting_turn() -> tuple[AcpTurn, Pipe]:
@@ -475,7 +411,8 @@ async def test_an_agent_nobody_logged_in_to_says_so(tmp_path: Path) -> None:
     # The lane keeps its session, and that session's totals as they were.
     assert done.turn.session_id is None
     assert done.turn.session_totals() == Usage(cost_usd=1.5)
-    assert done.methods() == ["initialize", "session/load", "eof"]  # no new one tried
+    # The refused load is followed by a new session, refused the same way.
+    assert done.methods() == ["initialize", "session/load", "session/new", "eof"]
 
 
 def test_a_call_first_seen_in_a_permission_request_reaches_the_timeline_once() -> None:

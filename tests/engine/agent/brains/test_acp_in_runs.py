@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from prohost.engine.agent import process
+from prohost.engine.view.statustext import brain_line
 from prohost.wire.outcomes import STOPPED
 from tests.kits.acp import acp_harness, record_of
 from tests.kits.harness import finished
@@ -144,3 +145,17 @@ async def test_with_repos_the_acp_session_works_in_the_conversations_worktree(
     # The session's cwd is where the agent starts (§5.3), not --workdir.
     cwd = Path(setup["params"]["cwd"])
     assert cwd.name == "app" and str(cwd).startswith(str(home / "worktrees"))
+
+
+@pytest.mark.protocol("§5")
+async def test_the_model_and_mode_given_to_the_session_show_in_status(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with acp_harness(tmp_path, acp_model=(("", "fake-model-2"),),
+                               acp_mode=(("", "plan"),)) as (server, running):
+            run_id = await server.submit_run("hello", conversation_id="C1")
+            await server.wait_until(finished(run_id))
+            completion = server.run(run_id).completion or {}
+            assert completion["ok"] and completion["usage"]["model"] == "fake-model-2"
+            line = brain_line(running.harness.snapshot())
+            assert line == "acp · fake-model-2 · mode plan", line
+    assert "session/set_mode" in received(tmp_path)
