@@ -36,18 +36,34 @@ numbers, lists of strings); only that login part is ever copied, written by a ne
 through it). Nothing else of either folder is ever copied.
 The person's file is never created: a person logged out (or logged in by a
 variable) stays so.
+
+Codex's settings are the person's too: its model provider, base URL and the rest
+of ``config.toml`` (a provider configured there is how Codex logs in to it), which
+the harness's folder would otherwise lack. So :func:`seed_files` copies the
+person's ``config.toml`` one way, person → harness, whenever the person's copy is
+newer than the harness's (what Codex or a run wrote in the harness's copy stays
+until the person changes theirs); nothing ever goes the other way. Claude Code's
+settings are not seeded: its endpoint and key come from variables the harness
+passes on, and its ``settings.json`` holds hooks, permissions and plugins of the
+person's interactive sessions (docs/security.md says why).
+
+Every file of the person's or of the harness's is read by one function,
+:func:`read_guarded`: never through a link at its end, never from a folder whose
+real path lies in a hidden place (a secret store), a regular file of bounded size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import secrets
 import stat
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -67,6 +83,10 @@ FOLDER_VARIABLES: Mapping[str, tuple[str, str]] = {
 }
 #: A credentials document is a few KiB; anything larger is not one.
 MAX_BYTES = 64 * 1024
+#: Files of the person's CLI folder seeded one way into the harness's (its settings).
+SEEDED_FILES: Mapping[str, tuple[str, ...]] = {"codex": ("config.toml",)}
+#: A settings file larger than this is not seeded.
+SETTINGS_MAX_BYTES = 1024 * 1024
 
 Direction = Literal["to harness", "to person"]
 
@@ -80,6 +100,52 @@ class SharedLogin:
     cli: str
     person: Path
     harness: Path
+    #: Files seeded person → harness (:data:`SEEDED_FILES`), by name in both folders.
+    seeds: tuple[str, ...] = ()
+    #: Places never read from (the secret stores; the caller's list).
+    hidden: tuple[Path, ...] = ()
+
+
+class Refused(Exception):
+    """A file the harness will not read; the message says why, naming it."""
+
+
+def read_guarded(path: Path, *, hidden: Sequence[Path] = (),
+                 max_bytes: int = MAX_BYTES) -> bytes | None:
+    """The bytes of ``path``, read as a file a run may have written, linked or
+    planted (a CLI folder is one of its places): ``None`` when it is missing.
+    Raises :class:`Refused` when the real path of its folder lies in one of
+    ``hidden`` (the secret stores: a run that made Codex's folder or its config a
+    link to ``~/.cargo`` would otherwise have a token copied into the next run's
+    folder, issue 36 attack 7), when it is a symbolic link (opened with
+    ``O_NOFOLLOW``, never followed), not a regular file, or over ``max_bytes``;
+    ``OSError`` when it cannot be read. Blocking."""
+    real = path.parent.resolve()
+    for place in hidden:
+        place = place.resolve()
+        if real == place or place in real.parents:
+            raise Refused(f"{path.parent} lies in {place}, which runs may not read")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(f"{path} is a symbolic link, which a run may have made: "
+                          "not followed") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            raise Refused(f"{path} is not a regular file of at most {max_bytes} bytes: "
+                          "not read")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise Refused(f"{path} is larger than {max_bytes} bytes: not read")
+        return data
+    finally:
+        os.close(fd)
 
 
 def owned_folder(home: Path, account: str) -> Path:
@@ -87,30 +153,77 @@ def owned_folder(home: Path, account: str) -> Path:
     return home / CLI_FOLDER / account
 
 
-def person_login(cli: str, harness_folder: Path, env: Mapping[str, str]) -> SharedLogin | None:
+def person_login(cli: str, harness_folder: Path, env: Mapping[str, str],
+                 hidden: Sequence[Path] = ()) -> SharedLogin | None:
     """The login ``cli``'s folder ``harness_folder`` shares with the person's own
-    folder (the person's variable in ``env``, else its default under ``HOME``);
-    ``None`` for a CLI that keeps no login file."""
+    folder (the person's variable in ``env``, else its default under ``HOME``),
+    with the settings seeded from it (:data:`SEEDED_FILES`), neither ever read from
+    one of ``hidden``; ``None`` for a CLI that keeps no login file."""
     if cli not in LOGIN_FILES:
         return None
     variable, default = FOLDER_VARIABLES[cli]
     named = env.get(variable, "").strip()
     home = env.get("HOME", "").strip()
     person = Path(named) if named else (Path(home) if home else Path.home()) / default
-    return SharedLogin(cli, person / LOGIN_FILES[cli], harness_folder / LOGIN_FILES[cli])
+    return SharedLogin(cli, person / LOGIN_FILES[cli], harness_folder / LOGIN_FILES[cli],
+                       seeds=SEEDED_FILES.get(cli, ()), hidden=tuple(hidden))
 
 
 def open_folder(folder: Path, login: SharedLogin | None) -> Direction | None:
     """Make the harness's CLI folder (0700; Codex refuses a CODEX_HOME that does not
-    exist) and share ``login`` with it (:func:`sync_login`). Never raises an
-    OSError: logged, and the run goes on (its CLI then says it is not logged in).
-    Blocking file I/O."""
+    exist), share ``login`` with it (:func:`sync_login`) and seed its settings from
+    the person's (:func:`seed_files`). Never raises an OSError: logged, and the run
+    goes on (its CLI then says it is not logged in). Blocking file I/O."""
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("could not make the CLI folder %s: %s", folder, exc.strerror or exc)
         return None
-    return None if login is None else sync_login(login)
+    if login is None:
+        return None
+    seed_files(login)
+    return sync_login(login)
+
+
+def seed_files(login: SharedLogin) -> list[str]:
+    """Copy each of ``login``'s seeded files (Codex's ``config.toml``) from the
+    person's folder into the harness's where the person's is newer (or the
+    harness's is missing, or dated in the future, where a run could have pinned
+    it): one way, person → harness, read by :func:`read_guarded` (never through a
+    link, never from a secret store) and written by a new 0600 file renamed over
+    the harness's (a link there is replaced, never written through). The names
+    copied. Never raises: what cannot be read or written is logged and left as it
+    is. Blocking file I/O."""
+    copied = []
+    for name in login.seeds:
+        person, harness = login.person.with_name(name), login.harness.with_name(name)
+        try:
+            with _ONE_AT_A_TIME:
+                if _seed(person, harness, login.hidden):
+                    copied.append(name)
+        except Refused as exc:
+            log.warning("%s: not copied into the harness's %s folder", exc, login.cli)
+        except OSError as exc:
+            log.warning("could not copy %s into %s: %s", person, harness, exc.strerror or exc)
+    return copied
+
+
+def _seed(person: Path, harness: Path, hidden: tuple[Path, ...]) -> bool:
+    try:
+        theirs = os.lstat(person).st_mtime_ns
+    except FileNotFoundError:
+        return False
+    try:
+        ours: int | None = os.lstat(harness).st_mtime_ns
+    except FileNotFoundError:
+        ours = None
+    if ours is not None and theirs <= ours <= time.time_ns():
+        return False
+    data = read_guarded(person, hidden=hidden, max_bytes=SETTINGS_MAX_BYTES)
+    if data is None:
+        return False
+    _replace(harness, data)
+    return True
 
 
 def sync_login(login: SharedLogin) -> Direction | None:
@@ -129,7 +242,7 @@ def sync_login(login: SharedLogin) -> Direction | None:
 
 
 def _sync(login: SharedLogin) -> Direction | None:
-    person = _read(login.person)
+    person = _read(login.person, login.hidden)
     if person is None:
         return None  # never made: the person's logout stands
     person_doc = _document(login.cli, person)
@@ -137,7 +250,7 @@ def _sync(login: SharedLogin) -> Direction | None:
         log.warning("%s is not a %s credentials document as the harness knows it: not "
                     "shared with the harness's runs", login.person, login.cli)
         return None
-    harness = _read(login.harness)
+    harness = _read(login.harness, login.hidden)
     harness_doc = _document(login.cli, harness) if harness is not None else None
     mine, theirs = _login(login.cli, person_doc), (
         _login(login.cli, harness_doc) if harness_doc is not None else None)
@@ -170,28 +283,14 @@ def _encode(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
 
 
-def _read(path: Path) -> bytes | None:
-    """The file's bytes, or ``None`` when it is missing, a link, not a regular file
-    or too large: never read through a link. Raises OSError otherwise."""
+def _read(path: Path, hidden: tuple[Path, ...] = ()) -> bytes | None:
+    """The file's bytes (:func:`read_guarded`), or ``None`` when it is missing or
+    refused (logged). Raises OSError otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+        return read_guarded(path, hidden=hidden)
+    except Refused as exc:
+        log.warning("%s", exc)
         return None
-    except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the last component is a link
-            log.warning("%s is a symbolic link: not followed", path)
-            return None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            log.warning("%s is not a credentials file (a regular file of at most %d "
-                        "bytes): not read", path, MAX_BYTES)
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(MAX_BYTES + 1)
-    finally:
-        os.close(fd)
 
 
 def _scalar(value: object) -> bool:

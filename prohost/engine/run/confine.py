@@ -42,7 +42,12 @@ place is refused at start (:func:`grant_problems`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import secrets
+import shutil
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -179,33 +184,114 @@ AGENTS_FOLDER = "agents"
 CACHE_FOLDER = "cache"
 
 
-def agent_folders(brain: str, env: Mapping[str, str], user_home: Path,
-                  home: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
-    """What the agent CLI may write of its own: (folders, mounts). Claude's and
-    Codex's (also for their ACP adapters) are the account's folder its variable
-    names (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the
-    harness's own, :mod:`prohost.engine.accounts.logins`), made when missing; an
-    ACP agent of :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` gets
-    folders of the harness's under ``home`` (``$PROHOST_HOME``), each bound where the
-    agent looks for its own under ``user_home``; the plain brain gets none, and
-    nothing is ever the person's own folder (§13). Blocking."""
+@attrs.frozen
+class AgentFolders:
+    """What an agent CLI may write of its own (see :func:`agent_folders`)."""
+
+    #: Folders granted writable: the harness's own.
+    writable: tuple[Path, ...] = ()
+    #: (harness's folder, where the agent looks): bound there (the person has none).
+    mounts: tuple[tuple[Path, Path], ...] = ()
+    #: (the person's folder, the harness's folder taking the writes, overlayfs's
+    #: work folder): the person's seen through an overlay (``Policy.overlays``).
+    overlays: tuple[tuple[Path, Path, Path], ...] = ()
+
+
+class PersonFolderRefused(ConfinementFailed):
+    """An ACP agent's folder of the person's cannot be shown to a run."""
+
+
+def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Path, *,
+                  work: Path | None = None, hidden: tuple[Path, ...] = ()) -> AgentFolders:
+    """What the agent CLI may write of its own. Claude's and Codex's (also for
+    their ACP adapters) are the account's folder its variable names
+    (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the harness's
+    own, :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
+    :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` writes folders of the
+    harness's under ``home`` (``$PROHOST_HOME/agents/<agent>/…``): where the
+    person has that folder under ``user_home`` the run sees the person's through an
+    overlay whose writes land in the harness's (its settings and login are seen,
+    nothing the run writes reaches the person's own sessions, and what one run
+    wrote the next one sees), overlayfs's work folders made fresh under ``work``
+    (one per confinement: two mounts must not share one; removed by
+    :meth:`RunConfinement.close`); where the person has none, the harness's folder
+    is bound there. The plain brain gets none, and nothing is ever the person's own
+    folder written (§13).
+
+    Raises :class:`PersonFolderRefused` for a person's folder that is a symbolic
+    link, not a folder, or lies in one of ``hidden`` (real paths are compared):
+    an overlay there would show what is hidden. Blocking."""
     if brain in defaults.AGENT_FOLDERS:
-        owned = home / AGENTS_FOLDER / brain
-        mounts = [(owned / folder, user_home / folder) for folder in defaults.AGENT_FOLDERS[brain]]
-        for source, seen in mounts:
-            source.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # Where the agent looks must exist for bubblewrap to bind the source
-            # there (the home is read-only in the run's view): made empty, as the
-            # agent itself would make it; the person's own folder is never granted.
-            seen.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return [source for source, _seen in mounts], mounts
+        return _acp_folders(brain, user_home, home, work or _work_folder(home), hidden)
     variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
     configured = env.get(variable, "").strip() if variable else ""
     if not configured:
-        return [], []
+        return AgentFolders()
     folder = Path(configured)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return [folder], []
+    return AgentFolders(writable=(folder,))
+
+
+#: Under the harness's agent folders: each confinement's overlayfs work folders.
+OVERLAY_WORK = ".overlay-work"
+
+
+def _work_folder(home: Path) -> Path:
+    return home / AGENTS_FOLDER / OVERLAY_WORK / secrets.token_hex(8)
+
+
+def _acp_folders(brain: str, user_home: Path, home: Path, work: Path,
+                 hidden: tuple[Path, ...]) -> AgentFolders:
+    owned = home / AGENTS_FOLDER / brain
+    hidden_real = [Path(os.path.realpath(place)) for place in hidden]
+    writable: list[Path] = []
+    mounts: list[tuple[Path, Path]] = []
+    overlays: list[tuple[Path, Path, Path]] = []
+    for index, name in enumerate(defaults.AGENT_FOLDERS[brain]):
+        upper, seen = owned / name, user_home / name
+        upper.mkdir(mode=0o700, parents=True, exist_ok=True)
+        writable.append(upper)
+        try:
+            info = os.lstat(seen)
+        except FileNotFoundError:
+            # Where the agent looks must exist for bubblewrap to bind the harness's
+            # folder there (the home is read-only in the run's view): made empty,
+            # as the agent itself would make it; the person's is never granted.
+            seen.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mounts.append((upper, seen))
+            continue
+        _refuse_person_folder(seen, info, hidden_real)
+        # Fresh, 0700, beside the uppers (overlayfs needs both on one filesystem),
+        # in $PROHOST_HOME where no run sees it.
+        folder = work / str(index)
+        folder.mkdir(mode=0o700, parents=True)
+        if os.stat(folder).st_dev != os.stat(upper).st_dev:
+            log.warning("cannot show %s to a run through an overlay: %s and %s are on "
+                        "different filesystems", seen, upper, folder)
+            raise PersonFolderRefused(
+                f"the harness's folders for {brain} are not on one filesystem (named in "
+                "the harness's log): keep $PROHOST_HOME/agents on one filesystem")
+        overlays.append((seen, upper, folder))
+    return AgentFolders(tuple(writable), tuple(mounts), tuple(overlays))
+
+
+def _refuse_person_folder(seen: Path, info: os.stat_result, hidden: list[Path]) -> None:
+    """Raise :class:`PersonFolderRefused` unless ``seen`` (lstat'ed as ``info``) is a
+    folder, not a link, outside every ``hidden`` place (real paths)."""
+    if stat.S_ISLNK(info.st_mode):
+        why = "is a symbolic link, which the harness does not follow into a run's view"
+    elif not stat.S_ISDIR(info.st_mode):
+        why = "is not a folder"
+    else:
+        real = Path(os.path.realpath(seen))
+        held = [place for place in hidden if real == place or place in real.parents]
+        if not held:
+            return
+        why = "lies in a place runs may not see"
+    log.warning("refusing to show %s to a run: it %s", seen, why)
+    raise PersonFolderRefused(
+        f"the agent's own folder ~/{seen.name} {why} (named in the harness's log): make it "
+        "a plain folder of its own, or remove it")
 
 
 def cache_folders(home: Path) -> Path:
@@ -245,10 +331,13 @@ def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
                         "may write (named in the harness's log): remove that link")
 
 
-def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
-    """The run's policy (see the module docstring). Blocking: it reads the
+def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None) -> Policy:
+    """The run's policy (see the module docstring). ``work``: where the overlays'
+    work folders are made (fresh: see :func:`agent_folders`). Blocking: it reads the
     worktrees' git files and makes the folders a rule needs. Raises
-    :class:`PlantedLink` when a grant would pass through a link a run could plant."""
+    :class:`PlantedLink` when a grant would pass through a link a run could plant,
+    :class:`PersonFolderRefused` when an ACP agent's folder of the person's cannot
+    be shown to the run."""
     writable: list[Path] = []
     readable: list[Path] = list(sandbox.allow_read)
     if places.worktrees:
@@ -259,18 +348,19 @@ def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
             readable.append(places.lane_folder)
     elif places.workdir is not None:
         writable.append(places.workdir)
-    own, mounts = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home)
+    home = sandbox.user_home
+    hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
+    own = agent_folders(places.brain, places.env, home, sandbox.home, work=work,
+                        hidden=tuple(hidden))
     # The places the harness chooses (the person's --workdir and --allow-write are
     # theirs, links and all): none passes through a link a run could have planted.
-    chosen = [places.scratch, *own, cache_folders(sandbox.home)]
+    chosen = [places.scratch, *own.writable, cache_folders(sandbox.home)]
     refuse_planted_links(chosen, [sandbox.home, *writable, *chosen, *sandbox.allow_write])
     writable += chosen
     writable += [Path(device) for device in defaults.DEVICES]
     writable += sandbox.allow_write
-    home = sandbox.user_home
-    hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
     return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
-                  mounts=tuple(mounts))
+                  mounts=own.mounts, overlays=own.overlays)
 
 
 @attrs.define
@@ -281,9 +371,26 @@ class RunConfinement:
     tmpdir: Path
     #: The harness's cache folder the run's tools are pointed at.
     caches: Path | None = None
+    #: The overlays' work folders of this confinement (``None``: none made).
+    overlay_work: Path | None = None
 
     def close(self) -> None:
+        """Close the confinement and remove its overlays' work folders (a few empty
+        folders, the run's processes gone: overlayfs leaves its own ``work`` inside
+        at mode 0, so it is opened up first)."""
         self.confinement.close()
+        if self.overlay_work is not None:
+            remove_work_folders(self.overlay_work)
+
+
+def remove_work_folders(folder: Path) -> None:
+    """Remove ``folder`` (``<work>/<index>``, each holding overlayfs's own ``work``
+    at mode 0) with what overlayfs left in it. Never raises. Blocking."""
+    with contextlib.suppress(OSError):
+        for entry in folder.glob("*/*"):
+            if not entry.is_symlink() and entry.is_dir():
+                os.chmod(entry, 0o700)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
@@ -295,8 +402,14 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
         # A grant needs the folder (one that does not exist gets none), and one
         # removed between runs is made again.
         places.workdir.mkdir(parents=True, exist_ok=True)
-    return RunConfinement(prepare(policy_for(sandbox, places), support, tmpdir=tmpdir), tmpdir,
-                          sandbox.home / CACHE_FOLDER)
+    work = _work_folder(sandbox.home)
+    try:
+        policy = policy_for(sandbox, places, work=work)
+        return RunConfinement(prepare(policy, support, tmpdir=tmpdir), tmpdir,
+                              sandbox.home / CACHE_FOLDER, work)
+    except BaseException:
+        remove_work_folders(work)
+        raise
 
 
 async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,

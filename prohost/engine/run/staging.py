@@ -19,6 +19,7 @@ from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.prompt import PromptContext, build_prompt
+from prohost.engine.sandbox import defaults
 from prohost.wire.runs import AgentRun
 
 log = logging.getLogger("prohost.execute")
@@ -144,7 +145,8 @@ async def share_login(account: Account, cli: str, env: Mapping[str, str],
     """Make ``account``'s own folder for ``cli`` (the brain, or the agent an ACP
     command starts) and take the newer of its login and the person's (``env``: the
     harness's own, where the person's folder is found), at an attempt's start and
-    end (:mod:`prohost.engine.accounts.logins`). Nothing for an account whose folder
+    end, Codex's ``config.toml`` seeded one way from the person's where theirs is
+    newer (:mod:`prohost.engine.accounts.logins`). Nothing for an account whose folder
     is the person's choice (``--account``). Never raises but a cancel.
 
     Cancelled: bounded and shielded (:meth:`Bounds.file_step`); an abandoned copy
@@ -154,7 +156,10 @@ async def share_login(account: Account, cli: str, env: Mapping[str, str],
     if folder is None:
         return
     try:
-        await bounds.file_step(open_folder, folder, person_login(cli, folder, env),
+        # Nothing is read from a secret store (Codex's settings are seeded too).
+        home = env.get("HOME", "").strip()
+        hidden = defaults.secrets(Path(home) if home else Path.home())
+        await bounds.file_step(open_folder, folder, person_login(cli, folder, env, hidden),
                                limit_s=LOGIN_SHARE_S, what="sharing the CLI's login")
     except StepTimedOut:
         log.warning("sharing the %s login with %s did not finish in time", cli, folder)

@@ -21,9 +21,11 @@ it is fixed here:
 3. the policy's places, parents before what lies inside them, so the most
    precise rule wins: a hidden folder becomes an empty tmpfs, a hidden file
    ``/dev/null``; a readable place is bound read-only, a writable one writable, a
-   mount's harness-owned source at its target. So a grant inside a hidden place
-   is seen (``--allow-read ~/.ssh/known_hosts``), and a hidden place inside a
-   grant stays hidden. Each hidden folder's tmpfs is then made read-only, so a
+   mount's harness-owned source at its target, an overlay (the person's folder
+   below, a folder of the harness's taking the writes: ``--overlay-src``,
+   ``--overlay``) at the person's folder. So a grant inside a hidden place is
+   seen (``--allow-read ~/.ssh/known_hosts``), and a hidden place inside a grant
+   or an overlay stays hidden. Each hidden folder's tmpfs is then made read-only, so a
    write there fails (``EROFS``) instead of vanishing with the run.
 """
 
@@ -98,9 +100,11 @@ class _Places:
     """A policy's places on real paths (strings), and the mounts that make them."""
 
     def __init__(self, hidden: list[str], readable: list[str], writable: list[str],
-                 mounts: list[tuple[str, str]]) -> None:
+                 mounts: list[tuple[str, str]],
+                 overlays: list[tuple[str, str, str]] | None = None) -> None:
         self.hidden, self.readable, self.writable, self.mounts = (
             hidden, readable, writable, mounts)
+        self.overlays = overlays or []
         self.hidden_folders = [place for place in hidden
                                if not _under_fresh(place) and os.path.isdir(place)]
 
@@ -112,18 +116,24 @@ class _Places:
         writable = [path for path in writable if not _under_fresh(path)]
         every = [*map(str, policy.hidden), *map(str, policy.readable), *writable,
                  *(str(source) for source, _ in policy.mounts),
-                 *(str(target) for _, target in policy.mounts)]
+                 *(str(target) for _, target in policy.mounts),
+                 *(str(folder) for triple in policy.overlays for folder in triple)]
         real = [path for _, path in real_pairs(every)]
         counts = (len(policy.hidden), len(policy.readable), len(writable), len(policy.mounts))
         hidden, real = real[:counts[0]], real[counts[0]:]
         readable, real = real[:counts[1]], real[counts[1]:]
         writable, real = real[:counts[2]], real[counts[2]:]
-        sources, targets = real[:counts[3]], real[counts[3]:]
+        sources, real = real[:counts[3]], real[counts[3]:]
+        targets, real = real[:counts[3]], real[counts[3]:]
+        overlays = [(real[index], real[index + 1], real[index + 2])
+                    for index in range(0, len(real), 3)]
         return cls(list(dict.fromkeys(hidden)),
                    [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
                    [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
                    [(source, target) for source, target in zip(sources, targets, strict=True)
-                    if os.path.isdir(source)])
+                    if os.path.isdir(source)],
+                   [triple for triple in dict.fromkeys(overlays)
+                    if all(os.path.isdir(folder) for folder in triple)])
 
     def steps(self) -> list[tuple[int, int, tuple[str, ...]]]:
         """Each mount as (depth, order, bubblewrap's words)."""
@@ -153,6 +163,12 @@ class _Places:
             add(_WRITE, ("--bind", place, place), place)
         for source, target in dict.fromkeys(self.mounts):
             add(_MOUNT, ("--bind", source, target), target)
+        for lower, upper, work in self.overlays:
+            # bubblewrap takes the three folders from the machine as it is outside
+            # (its /oldroot): the hidden $PROHOST_HOME holding upper and work does
+            # not hide them from it. Mounted at lower's depth, so what the policy
+            # hides inside lower is mounted over it afterwards.
+            add(_MOUNT, ("--overlay-src", lower, "--overlay", upper, work, lower), lower)
         return steps
 
 

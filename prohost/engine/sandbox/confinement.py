@@ -177,9 +177,11 @@ def _scopes(abi: int) -> landlock.Ruleset | None:
 
 def prepare_landlock(policy: Policy, support: Support) -> Confinement:
     """The fallback: Landlock's filesystem rules (and scopes, from ABI 6) alone.
-    A mount's source is granted writable; its target stays as it is."""
+    A mount's source, an overlay's upper folder, is granted writable; its target
+    (the overlay's lower folder, the person's) stays as it is."""
     policy = attrs.evolve(policy, writable=(*policy.writable,
-                                            *(source for source, _ in policy.mounts)))
+                                            *(source for source, _ in policy.mounts),
+                                            *(upper for _, upper, _ in policy.overlays)))
     places = Places.of(policy)
     ruleset = landlock.Ruleset(support.abi or landlock.abi_version())
     try:

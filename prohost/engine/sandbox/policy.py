@@ -18,6 +18,12 @@ def _paths(values: tuple[Path | str, ...] | list[Path | str]) -> tuple[Path, ...
     return tuple(Path(value) for value in values)
 
 
+def _triples(values: tuple[tuple[Path | str, Path | str, Path | str], ...]
+             | list[tuple[Path | str, Path | str, Path | str]]
+             ) -> tuple[tuple[Path, Path, Path], ...]:
+    return tuple((Path(lower), Path(upper), Path(work)) for lower, upper, work in values)
+
+
 def _pairs(values: tuple[tuple[Path | str, Path | str], ...] | list[tuple[Path | str, Path | str]]
            ) -> tuple[tuple[Path, Path], ...]:
     return tuple((Path(source), Path(target)) for source, target in values)
@@ -51,12 +57,26 @@ class Policy:
     emptied, so a target inside a hidden place is seen too; where it has none
     (Landlock alone) only the source is granted writable and the target stays as
     it is. A pair whose source does not exist is dropped.
+
+    ``overlays``: (lower, upper, work) triples, each a folder of the person's
+    (``lower``: an ACP agent's settings) that the run sees at its own path through
+    an overlay whose writes land in ``upper``, a folder of the harness's: the
+    person's settings and login are seen, nothing the run writes reaches them.
+    ``work`` is the overlay's work folder (on ``upper``'s filesystem, seen by no
+    run, one per confinement: two mounts must not share one). Where the
+    confinement has a mount namespace (bubblewrap) the overlay is mounted with the
+    other mounts, so a hidden place inside ``lower`` stays hidden; where it has
+    none (Landlock alone) only ``upper`` is granted writable and ``lower`` stays as
+    it is (read-only). A triple whose folders do not all exist is dropped. The
+    caller refuses a ``lower`` that is a link or lies in a hidden place: an
+    overlay inside a hidden place would uncover what is under it.
     """
 
     writable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     readable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     hidden: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     mounts: tuple[tuple[Path, Path], ...] = attrs.field(default=(), converter=_pairs)
+    overlays: tuple[tuple[Path, Path, Path], ...] = attrs.field(default=(), converter=_triples)
 
     def resolved(self) -> Policy:
         """The same policy on real paths (absolute, links followed), each once.
@@ -70,6 +90,11 @@ class Policy:
             hidden=_real(self.hidden),
             mounts=tuple((Path(os.path.realpath(source)), Path(os.path.realpath(target)))
                          for source, target in self.mounts if os.path.isdir(source)),
+            overlays=tuple(
+                (Path(os.path.realpath(lower)), Path(os.path.realpath(upper)),
+                 Path(os.path.realpath(work)))
+                for lower, upper, work in self.overlays
+                if all(os.path.isdir(folder) for folder in (lower, upper, work))),
         )
 
 

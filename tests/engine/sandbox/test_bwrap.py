@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from prohost.engine.sandbox import Policy, bwrap, confined_command
@@ -85,3 +86,39 @@ def test_without_network_no_abstract_socket_is_reachable(home: Home) -> None:
             listener.accept()
     finally:
         listener.close()
+
+
+def test_overlays_are_kept_as_triples_and_resolved(tmp_path: Path) -> None:
+    lower, upper, work, link = (tmp_path / name for name in ("lower", "upper", "work", "link"))
+    for folder in (lower, upper, work):
+        folder.mkdir()
+    link.symlink_to(upper)
+    policy = Policy(overlays=[(lower, link, work), (lower, tmp_path / "missing", work)])
+    # A triple with a missing folder is dropped; a link is followed to where it leads.
+    assert policy.resolved().overlays == ((lower, upper, work),)
+
+
+@needs_bwrap
+def test_an_overlay_shows_the_person_s_folder_and_keeps_the_run_s_writes(home: Home) -> None:
+    """The person's agent folder seen at its own path through an overlay: its
+    settings are read; what the run writes or deletes there lands in the harness's
+    folder and the person's stays as it was; a later command sees those writes; a
+    hidden place inside the person's folder stays hidden."""
+    person = home.root / ".config" / "agent"
+    (person / "secret").mkdir(parents=True)
+    (person / "settings.json").write_text("the person's settings\n")
+    (person / "secret" / "key").write_text("hidden\n")
+    upper, work = home.prohost / "agents" / "agent", home.prohost / "work"
+    for folder in (upper, work / "1", work / "2"):
+        folder.mkdir(parents=True)
+    policy = home.policy(hidden=[person / "secret"], writable=[upper])
+    first = attrs.evolve(policy, overlays=[(person, upper, work / "1")])
+    script = (f"cat {person}/settings.json; echo run > {person}/made; "
+              f"echo changed > {person}/settings.json; ls {person}/secret")
+    assert run(first, ["sh", "-c", script]) == "the person's settings"
+    assert (person / "settings.json").read_text() == "the person's settings\n"
+    assert not (person / "made").exists()
+    assert (upper / "made").read_text() == "run\n"
+    second = attrs.evolve(policy, overlays=[(person, upper, work / "2")])
+    assert run(second, ["cat", f"{person}/made", f"{person}/settings.json"]) == "run\nchanged"
+    assert probe(second, "read", person / "secret" / "key") in {"ENOENT", "EACCES"}

@@ -16,14 +16,13 @@ in a worker thread.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from prohost.engine.accounts.logins import SETTINGS_MAX_BYTES, Refused, read_guarded
 from prohost.engine.agent.brains.base import MCP_SERVER_NAME, McpError, write_private
 from prohost.engine.agent.usage import from_codex_rollout_line
 from prohost.wire.usage import Usage
@@ -50,27 +49,15 @@ def read_config(config: Path, hidden: Sequence[Path]) -> str:
     through a link at its end (O_NOFOLLOW), and never from a folder whose real path
     lies in one of ``hidden`` (the secret stores): a run that made it a link to
     ``~/.cargo/credentials.toml`` would otherwise have the token copied into the
-    next run's CODEX_HOME (issue 36, attack 7). Raises :class:`McpError` then,
-    ``OSError`` when it cannot be read."""
-    real = config.parent.resolve()
-    for place in hidden:
-        place = place.resolve()
-        if real == place or place in real.parents:
-            raise McpError(f"Codex's folder {config.parent} lies in {place}, which runs "
-                           "may not read: point CODEX_HOME elsewhere")
+    next run's CODEX_HOME (issue 36, attack 7): the one guarded reader,
+    :func:`~prohost.engine.accounts.logins.read_guarded`. Raises :class:`McpError`
+    then, ``OSError`` when it cannot be read."""
     try:
-        fd = os.open(config, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return ""
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise McpError(f"{config} is a symbolic link, which a run may have made: "
-                           "not followed; replace it by the file itself") from None
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise McpError(f"{config} is not a regular file: not read")
-        return handle.read().decode("utf-8")
+        data = read_guarded(config, hidden=hidden, max_bytes=SETTINGS_MAX_BYTES)
+    except Refused as exc:
+        raise McpError(f"{exc}; point CODEX_HOME elsewhere or replace it by a plain "
+                       "file") from None
+    return "" if data is None else data.decode("utf-8")
 
 
 def codex_overlay(base: Path, folder: Path, url: str, token: str,

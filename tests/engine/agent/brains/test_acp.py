@@ -297,7 +297,9 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     # An option's value is not the package.
     assert acp_agent("npx --package foo @zed-industries/codex-acp") == "codex"
     assert acp_agent("claude-agent-acp") == "claude" and acp_agent("gemini") is None
-    granted, mounts = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home")
+    made = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home",
+                         work=tmp_path / "work")
+    granted, mounts = list(made.writable), list(made.mounts)
     owned = tmp_path / "home" / "agents" / "opencode"
     assert granted == [owned / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
     assert mounts == [(owned / folder, tmp_path / "user" / folder)
@@ -306,6 +308,14 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     # Where the agent looks is made (empty) for the binding, never granted.
     assert all(not any(seen.iterdir()) for _source, seen in mounts)
     assert not {seen for _source, seen in mounts} & set(granted)
+    # Once the person has the folders, the run sees them through overlays whose
+    # writes land in the harness's (each with a work folder of its own).
+    again = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home",
+                          work=tmp_path / "work2")
+    assert again.mounts == ()
+    assert [(lower, upper) for lower, upper, _ in again.overlays] == [
+        (seen, source) for source, seen in mounts]
+    assert len({work for _, _, work in again.overlays}) == len(mounts)
 
 
 def line(message: dict[str, Any]) -> bytes:
