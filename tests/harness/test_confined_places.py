@@ -295,3 +295,100 @@ async def test_a_confined_agent_gets_the_harness_s_caches_and_none_of_the_person
     allowed = json.loads(second["reply"])["env"]
     assert allowed["SSH_AUTH_SOCK"] == str(sockets / "agent.1")
     assert "TMUX" not in allowed
+
+
+def settings_reader(world: World, program: str, script: str) -> str:
+    """An ACP command whose program is named ``program`` (so the harness takes it
+    for that agent), runs ``script`` (sh) with its output into the logs folder,
+    then speaks ACP as the fake agent does."""
+    folder = world.tmp / "bin"
+    folder.mkdir(exist_ok=True)
+    wrapper = folder / program
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"( {script} ) > {shlex.quote(str(world.logs / 'seen.txt'))} 2>&1\n"
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE_ACP))}\n")
+    wrapper.chmod(0o755)
+    return shlex.quote(str(wrapper)) + (" acp" if program == "opencode" else "")
+
+
+async def test_an_acp_agent_sees_the_person_s_settings_and_login_and_writes_only_its_own(
+    world: World, confinement: str,
+) -> None:
+    """OpenCode's settings and login are the person's (``~/.config/opencode``,
+    ``~/.local/share/opencode``): a run sees both; what it writes or changes there
+    never reaches the person's folders (checked on disk), and under bubblewrap the
+    next run sees what the earlier one wrote (the harness keeps it)."""
+    world.logs.mkdir(parents=True, exist_ok=True)
+    config = world.user / ".config" / "opencode"
+    data = world.user / ".local" / "share" / "opencode"
+    config.mkdir(parents=True)
+    data.mkdir(parents=True)
+    (config / "opencode.json").write_text('{"provider": "the person\'s"}\n')
+    (data / "auth.json").write_text('{"mock": "the person\'s key"}\n')
+    before = snapshot([config / "opencode.json", data / "auth.json"])
+    script = (f"cat {config}/opencode.json {data}/auth.json; cat {config}/run.txt; "
+              f"echo the run\\'s > {config}/run.txt; "
+              f"echo changed > {config}/opencode.json; rm -f {data}/auth.json")
+    command = settings_reader(world, "opencode", script)
+    with trio.fail_after(90):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain="acp", env=world.env,
+        ):
+            first = await turn(server, "A")
+            seen_first = (world.logs / "seen.txt").read_text()
+            second = await turn(server, "B")
+            seen_second = (world.logs / "seen.txt").read_text()
+    assert first["ok"] is True and second["ok"] is True, (first, second)
+    assert seen_first.startswith('{"provider": "the person\'s"}\n{"mock": "the person\'s key"}\n')
+    # The person's folders: as they were, nothing added.
+    assert snapshot([config / "opencode.json", data / "auth.json"]) == before
+    assert sorted(os.listdir(config)) == ["opencode.json"]
+    assert sorted(os.listdir(data)) == ["auth.json"]
+    if confinement == "landlock":
+        # Without a mount namespace the person's folders are read-only to the run.
+        assert "the run's" not in seen_second and "changed" not in seen_second
+        return
+    # The earlier run's writes (a new file, a changed one, a removed one) are kept.
+    assert "changed\n" in seen_second and "the run's\n" in seen_second, seen_second
+    assert "the person's key" not in seen_second
+    upper = world.home / "agents" / "opencode" / ".config" / "opencode"
+    assert (upper / "run.txt").read_text() == "the run's\n"
+
+
+@pytest.mark.parametrize("brain", ["codex", "acp"])
+async def test_codex_s_folder_is_seeded_with_the_person_s_config(
+    world: World, brain: str,
+) -> None:
+    """Codex (``--brain codex`` and codex-acp) runs with the harness's CODEX_HOME
+    seeded with the person's ``config.toml`` (the model provider): one way, again
+    when the person's is newer; what a run writes there never reaches the person's."""
+    world.logs.mkdir(parents=True, exist_ok=True)
+    person = world.user / ".codex"
+    person.mkdir()
+    (person / "config.toml").write_text('model_provider = "mock"\n')
+    script = ('cat "$CODEX_HOME/config.toml"; '
+              'echo "notify = [\\"planted\\"]" >> "$CODEX_HOME/config.toml"')
+    env = dict(world.env)
+    if brain == "codex":
+        seen = world.logs / "seen.txt"
+        env["FAKE_AGENT_TOOL"] = f"({script}) > {shlex.quote(str(seen))}; echo done"
+        command = shlex.join([sys.executable, str(FAKE_CODEX)])
+    else:
+        command = settings_reader(world, "codex-acp", script)
+    with trio.fail_after(90):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain=brain, env=env,
+        ):
+            first = await turn(server, "A")
+            seen_first = (world.logs / "seen.txt").read_text()
+            # The person changes their provider: the next run gets it.
+            (person / "config.toml").write_text('model_provider = "other"\n')
+            second = await turn(server, "B")
+            seen_second = (world.logs / "seen.txt").read_text()
+    assert first["ok"] is True and second["ok"] is True, (first, second)
+    assert seen_first == 'model_provider = "mock"\n'
+    assert seen_second == 'model_provider = "other"\n'
+    assert (person / "config.toml").read_text() == 'model_provider = "other"\n'
+    owned = world.home / "cli" / "default" / "codex" / "config.toml"
+    assert "planted" in owned.read_text()  # the run's own write stayed in its copy

@@ -260,7 +260,7 @@ def _acp_folders(brain: str, user_home: Path, home: Path, work: Path,
             seen.mkdir(mode=0o700, parents=True, exist_ok=True)
             mounts.append((upper, seen))
             continue
-        _refuse_person_folder(seen, info, hidden_real)
+        _refuse_person_folder(seen, name, info, hidden_real)
         # Fresh, 0700, beside the uppers (overlayfs needs both on one filesystem),
         # in $PROHOST_HOME where no run sees it.
         folder = work / str(index)
@@ -275,8 +275,9 @@ def _acp_folders(brain: str, user_home: Path, home: Path, work: Path,
     return AgentFolders(tuple(writable), tuple(mounts), tuple(overlays))
 
 
-def _refuse_person_folder(seen: Path, info: os.stat_result, hidden: list[Path]) -> None:
-    """Raise :class:`PersonFolderRefused` unless ``seen`` (lstat'ed as ``info``) is a
+def _refuse_person_folder(seen: Path, name: str, info: os.stat_result,
+                          hidden: list[Path]) -> None:
+    """Raise :class:`PersonFolderRefused` unless ``seen`` (``~/<name>``, lstat'ed as ``info``) is a
     folder, not a link, outside every ``hidden`` place (real paths)."""
     if stat.S_ISLNK(info.st_mode):
         why = "is a symbolic link, which the harness does not follow into a run's view"
@@ -290,7 +291,7 @@ def _refuse_person_folder(seen: Path, info: os.stat_result, hidden: list[Path]) 
         why = "lies in a place runs may not see"
     log.warning("refusing to show %s to a run: it %s", seen, why)
     raise PersonFolderRefused(
-        f"the agent's own folder ~/{seen.name} {why} (named in the harness's log): make it "
+        f"the agent's own folder ~/{name} {why} (named in the harness's log): make it "
         "a plain folder of its own, or remove it")
 
 

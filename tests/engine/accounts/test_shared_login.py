@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prohost.engine.accounts.logins import SharedLogin, sync_login
+from prohost.engine.accounts.logins import SharedLogin, seed_files, sync_login
 
 
 def claude_doc(expires_at: int, refresh: str = "r1") -> str:
@@ -151,3 +151,48 @@ def test_only_the_login_part_is_copied_either_way(claude: SharedLogin) -> None:
     shared = json.loads(claude.person.read_text())
     assert shared["claudeAiOauth"]["refreshToken"] == "r2"
     assert shared["mcpOAuth"] == person["mcpOAuth"] and "hooks" not in shared
+
+
+def seeded(tmp_path: Path, **fields: object) -> SharedLogin:
+    for side in ("person", "harness"):
+        (tmp_path / side).mkdir(exist_ok=True)
+    return SharedLogin("codex", tmp_path / "person" / "auth.json",
+                       tmp_path / "harness" / "auth.json", seeds=("config.toml",),
+                       **fields)  # type: ignore[arg-type]
+
+
+def test_codex_s_config_is_seeded_one_way_when_the_person_s_is_newer(tmp_path: Path) -> None:
+    login = seeded(tmp_path)
+    person, harness = tmp_path / "person" / "config.toml", tmp_path / "harness" / "config.toml"
+    person.write_text('model_provider = "mock"\n')
+    assert seed_files(login) == ["config.toml"]
+    assert harness.read_text() == 'model_provider = "mock"\n'
+    assert stat.S_IMODE(os.stat(harness).st_mode) == 0o600
+    # Written in the harness's copy later (by Codex or a run): kept, never sent back.
+    harness.write_text("changed by a run\n")
+    assert seed_files(login) == []
+    assert person.read_text() == 'model_provider = "mock"\n'
+    # The person's own change is newer: it replaces the harness's copy.
+    later = os.stat(harness).st_mtime_ns + 10**9
+    person.write_text('model_provider = "other"\n')
+    os.utime(person, ns=(later, later))
+    assert seed_files(login) == ["config.toml"]
+    assert harness.read_text() == 'model_provider = "other"\n'
+
+
+def test_a_linked_config_or_one_in_a_secret_store_is_never_seeded(tmp_path: Path) -> None:
+    cargo = tmp_path / "user" / ".cargo"
+    cargo.mkdir(parents=True)
+    (cargo / "credentials.toml").write_text('token = "secret"\n')
+    login = seeded(tmp_path)
+    (tmp_path / "person" / "config.toml").symlink_to(cargo / "credentials.toml")
+    assert seed_files(login) == []
+    assert not (tmp_path / "harness" / "config.toml").exists()
+    # The person's whole folder a link into the secret store.
+    (tmp_path / "person" / "config.toml").unlink()
+    (tmp_path / "person").rmdir()
+    (tmp_path / "person").symlink_to(cargo)
+    (cargo / "config.toml").write_text('token = "secret"\n')
+    hidden = seeded(tmp_path, hidden=(cargo,))
+    assert seed_files(hidden) == []
+    assert not (tmp_path / "harness" / "config.toml").exists()

@@ -1,0 +1,55 @@
+"""An ACP agent's folders as a confined run gets them (prohost.engine.run.confine,
+docs/protocol.md §13): the person's seen through an overlay of the harness's,
+refused where showing it would follow a link or uncover a hidden place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from prohost.engine.run.confine import (
+    PersonFolderRefused,
+    agent_folders,
+    remove_work_folders,
+)
+
+
+def test_a_person_s_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    user, home = tmp_path / "user", tmp_path / "home"
+    (tmp_path / "elsewhere").mkdir()
+    user.mkdir()
+    (user / ".gemini").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PersonFolderRefused, match="symbolic link"):
+        agent_folders("gemini", {}, user, home, work=tmp_path / "work")
+
+
+def test_a_person_s_folder_in_a_hidden_place_is_refused(tmp_path: Path) -> None:
+    """``~/.config`` a link into a secret store: an overlay at the real path of
+    ``~/.config/opencode`` would show what the store hides."""
+    user, home = tmp_path / "user", tmp_path / "home"
+    (user / ".ssh" / "config" / "opencode").mkdir(parents=True)
+    (user / ".config").symlink_to(user / ".ssh" / "config")
+    with pytest.raises(PersonFolderRefused, match="may not see"):
+        agent_folders("opencode", {}, user, home, work=tmp_path / "work",
+                      hidden=(user / ".ssh",))
+
+
+def test_each_overlay_gets_a_fresh_private_work_folder_beside_its_upper(tmp_path: Path) -> None:
+    user, home = tmp_path / "user", tmp_path / "home"
+    (user / ".gemini").mkdir(parents=True)
+    made = agent_folders("gemini", {}, user, home, work=tmp_path / "home" / "w")
+    ((lower, upper, work),) = made.overlays
+    assert (lower, upper) == (user / ".gemini", home / "agents" / "gemini" / ".gemini")
+    assert made.writable == (upper,) and made.mounts == ()
+    assert not any(work.iterdir()) and os.stat(work).st_mode & 0o077 == 0
+    assert os.stat(work).st_dev == os.stat(upper).st_dev
+    # overlayfs leaves its own work folder at mode 0: removed all the same.
+    (work / "work").mkdir(mode=0)
+    remove_work_folders(tmp_path / "home" / "w")
+    assert not (tmp_path / "home" / "w").exists()
+    # A work folder already there (a link a run could have planted) is never reused.
+    (tmp_path / "taken" / "0").mkdir(parents=True)
+    with pytest.raises(FileExistsError):
+        agent_folders("gemini", {}, user, home, work=tmp_path / "taken")
