@@ -23,9 +23,11 @@ A confined run **may write** (each also readable):
 - the agent CLI's own folder for the run's account, the harness's own for the
   default account (``$PROHOST_HOME/cli/default/<cli>``, named by
   ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``); an ACP agent's folders, the
-  harness's (``$PROHOST_HOME/agents/<agent>/…``, seen where the agent looks for
-  them through ``Policy.mounts``); never the person's ``~/.claude`` or
-  ``~/.codex``; the plain brain gets none;
+  harness's (``$PROHOST_HOME/agents/<agent>/…``): the upper folders of overlays
+  of the person's own where the agent looks for them (``Policy.overlays``: the
+  person's settings and login are seen, the writes are the harness's), or bound
+  there where the person has none (``Policy.mounts``); never the person's
+  ``~/.claude`` or ``~/.codex``; the plain brain gets none;
 - the harness's cache folder (``$PROHOST_HOME/cache``; :func:`confined_env`
   points the tools at it), never the person's ``~/.cache``; the device files;
 - each ``--allow-write``.

@@ -107,10 +107,12 @@ def devices() -> tuple[Path, ...]:
 
 #: Each ACP agent's own folders under the home (prohost.execline.acp_agent names the
 #: agent): its settings, sessions and logs live there, and it will not start when it
-#: cannot write them. A confined run of that agent gets folders of the harness's own
-#: instead (``$PROHOST_HOME/agents/<agent>/<the same relative path>``), seen at these
-#: paths where the confinement can bind them there (``Policy.mounts``); the person's
-#: own are never written (issue 36, attacks 3 and 10). Claude Code's and Codex's
+#: cannot write them. A confined run of that agent writes folders of the harness's
+#: own instead (``$PROHOST_HOME/agents/<agent>/<the same relative path>``): the upper
+#: folders of overlays of the person's own, seen at these paths (``Policy.overlays``:
+#: the person's settings and login are read), or bound there where the person has
+#: none (``Policy.mounts``); the person's own are never written (issue 36, attacks 3
+#: and 10). Claude Code's and Codex's
 #: folders, which an account chooses, are in prohost.engine.accounts.logins.
 AGENT_FOLDERS: dict[str, tuple[str, ...]] = {
     "gemini": (".gemini",),
