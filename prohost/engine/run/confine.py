@@ -50,6 +50,7 @@ import os
 import secrets
 import shutil
 import stat
+import subprocess
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -210,21 +211,22 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
     (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the harness's
     own, :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
     :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` writes folders of the
-    harness's under ``home`` (``$PROHOST_HOME/agents/<agent>/…``): where the
-    person has that folder under ``user_home`` the run sees the person's through an
-    overlay whose writes land in the harness's (its settings and login are seen,
-    nothing the run writes reaches the person's own sessions, and what one run
-    wrote the next one sees), overlayfs's work folders made fresh under ``work``
-    (one per confinement: two mounts must not share one; removed by
-    :meth:`RunConfinement.close`); where the person has none, the harness's folder
-    is bound there. The plain brain gets none, and nothing is ever the person's own
-    folder written (§13).
+    harness's under ``home`` (``$PROHOST_HOME/agents/<agent>/…``). With ``work``
+    (the confinement can mount overlays), where the person has that folder under
+    ``user_home`` the run sees the person's through an overlay whose writes land
+    in the harness's (its settings and login are seen, nothing the run writes
+    reaches the person's own sessions, and what one run wrote the next one sees),
+    overlayfs's work folders made fresh under ``work`` (one per confinement: two
+    mounts must not share one; removed by :meth:`RunConfinement.close`).
+    Otherwise, or where the person has none, the harness's folder is bound there
+    (Landlock alone grants it and leaves the person's read-only). The plain
+    brain gets none, and nothing is ever the person's own folder written (§13).
 
     Raises :class:`PersonFolderRefused` for a person's folder that is a symbolic
     link, not a folder, or lies in one of ``hidden`` (real paths are compared):
     an overlay there would show what is hidden. Blocking."""
     if brain in defaults.AGENT_FOLDERS:
-        return _acp_folders(brain, user_home, home, work or _work_folder(home), hidden)
+        return _acp_folders(brain, user_home, home, work, hidden)
     variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
     configured = env.get(variable, "").strip() if variable else ""
     if not configured:
@@ -242,7 +244,50 @@ def _work_folder(home: Path) -> Path:
     return home / AGENTS_FOLDER / OVERLAY_WORK / secrets.token_hex(8)
 
 
-def _acp_folders(brain: str, user_home: Path, home: Path, work: Path,
+_OVERLAYS: dict[str, bool] = {}
+_OVERLAYS_LOCK = threading.Lock()
+
+
+def overlays_mount(support: Support | None, home: Path) -> bool:
+    """Whether a run's confinement can show a person's folder through an overlay:
+    bubblewrap, and overlayfs in an unprivileged user namespace (Linux 5.11 and
+    later), tried once per bubblewrap by mounting one in ``home`` (its answer is
+    kept: a few milliseconds, once). Where it cannot, ACP agents' folders are the
+    harness's alone, bound as before (logged once). Blocking."""
+    if support is None or support.kind != "bwrap" or not support.bwrap:
+        return False
+    with _OVERLAYS_LOCK:
+        known = _OVERLAYS.get(support.bwrap)
+        if known is None:
+            known = _OVERLAYS[support.bwrap] = _try_overlay(support.bwrap, home)
+        return known
+
+
+def _try_overlay(bwrap: str, home: Path) -> bool:
+    root = _work_folder(home)
+    lower, upper, work = root / "lower", root / "upper", root / "work"
+    try:
+        for folder in (lower, upper, work):
+            folder.mkdir(mode=0o700, parents=True)
+        done = subprocess.run(
+            [bwrap, "--unshare-user", "--ro-bind", "/", "/", "--overlay-src", str(lower),
+             "--overlay", str(upper), str(work), str(lower), "true"],
+            capture_output=True, timeout=30, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        said = str(exc)
+    else:
+        if done.returncode == 0:
+            return True
+        said = done.stderr.decode(errors="replace").strip()
+    finally:
+        remove_work_folders(root)
+    log.warning("bubblewrap cannot mount an overlay here (%s): ACP agents get folders of "
+                "the harness's alone, without your settings and login (docs/security.md)",
+                said)
+    return False
+
+
+def _acp_folders(brain: str, user_home: Path, home: Path, work: Path | None,
                  hidden: tuple[Path, ...]) -> AgentFolders:
     owned = home / AGENTS_FOLDER / brain
     hidden_real = [Path(os.path.realpath(place)) for place in hidden]
@@ -254,6 +299,8 @@ def _acp_folders(brain: str, user_home: Path, home: Path, work: Path,
         upper.mkdir(mode=0o700, parents=True, exist_ok=True)
         writable.append(upper)
         try:
+            if work is None:
+                raise FileNotFoundError  # no overlays: the harness's folder is bound
             info = os.lstat(seen)
         except FileNotFoundError:
             # Where the agent looks must exist for bubblewrap to bind the harness's
@@ -353,8 +400,9 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
         writable.append(places.workdir)
     home = sandbox.user_home
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
-    own = agent_folders(places.brain, places.env, home, sandbox.home, work=work,
-                        hidden=tuple(hidden))
+    overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
+    own = agent_folders(places.brain, places.env, home, sandbox.home,
+                        work=work if overlays else None, hidden=tuple(hidden))
     # The places the harness chooses (the person's --workdir and --allow-write are
     # theirs, links and all): none passes through a link a run could have planted.
     chosen = [places.scratch, *own.writable, cache_folders(sandbox.home)]

@@ -12,8 +12,10 @@ import pytest
 from prohost.engine.run.confine import (
     PersonFolderRefused,
     agent_folders,
+    overlays_mount,
     remove_work_folders,
 )
+from prohost.engine.sandbox import Support, bwrap
 
 
 def test_a_person_s_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
@@ -53,3 +55,20 @@ def test_each_overlay_gets_a_fresh_private_work_folder_beside_its_upper(tmp_path
     (tmp_path / "taken" / "0").mkdir(parents=True)
     with pytest.raises(FileExistsError):
         agent_folders("gemini", {}, user, home, work=tmp_path / "taken")
+
+
+def test_overlays_only_where_bubblewrap_can_mount_one(tmp_path: Path) -> None:
+    """Landlock alone cannot overlay; a bubblewrap that cannot mount overlayfs (a
+    kernel before 5.11) is found out once, and the runs get the harness's folders
+    bound as before rather than failing."""
+    home = tmp_path / "home"
+    assert not overlays_mount(Support(kind="landlock", abi=7), home)
+    failing = tmp_path / "bwrap"
+    failing.write_text("#!/bin/sh\necho 'Can'\\''t make overlay mount' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    assert not overlays_mount(Support(kind="bwrap", bwrap=str(failing), abi=7), home)
+    # Its trial folders are gone.
+    assert not any((home / "agents" / ".overlay-work").iterdir())
+    real = bwrap.find()
+    if real is not None:
+        assert overlays_mount(Support(kind="bwrap", bwrap=real, abi=7), home)
