@@ -23,7 +23,8 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git, git_env, real_path
+from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, git_at, real_path
+from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
 log = logging.getLogger("prohost.worktrees")
@@ -53,7 +54,8 @@ class GcEntry:
 @attrs.frozen
 class _Verdict:
     path: Path
-    common: str | None
+    #: Its git dir and common dir, from the lane marker (``None``: none known).
+    git: GitPlaces | None
     problem: Literal["dirty", "unmerged"] | None
     detail: str
 
@@ -80,58 +82,78 @@ def _idle_since(folder: Path) -> tuple[str | None, float]:
     return lane, used
 
 
-async def _judge(path: Path) -> _Verdict:
-    """Whether removing the worktree at ``path`` would lose work."""
+async def _places(folder: Path, path: Path) -> GitPlaces | None:
+    """The worktree at ``path``'s git places from its lane marker (§13: never from
+    its ``.git`` file, which its run could have rewritten); for one made by an
+    earlier version, adopted as the harness would (its source is in the marker).
+    ``None``: not known, so not checked."""
+    marker = read_marker(folder)
+    recorded = (marker.git_dirs or {}).get(path.name)
+    if recorded is not None:
+        common = os.path.dirname(os.path.dirname(recorded))
+        return GitPlaces(str(path), recorded, common) if own_git_dir(recorded, common) else None
+    source = (marker.ready or {}).get(path.name)
+    if source is None:
+        return None
     try:
-        out = await git("-C", str(path), "rev-parse", "--show-toplevel", "--git-common-dir")
-        toplevel, common = out.splitlines()[:2]
-        if real_path(toplevel) != real_path(path):
-            raise GitError("it is not the top of a git worktree")
-        env = git_env()
-        env["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only look; never take index.lock
+        out = await git("-C", source, "rev-parse", "--git-common-dir")
+    except GitError:
+        return None
+    common = real_path(Path(source) / out.strip())
+    adopted, _ = adopt_git_dir(path, common)
+    return GitPlaces(str(path), adopted, common) if adopted is not None else None
+
+
+async def _judge(folder: Path, path: Path) -> _Verdict:
+    """Whether removing the worktree at ``path`` would lose work."""
+    places = await _places(folder, path)
+    if places is None:
+        return _Verdict(path, None, "dirty", f"{path.name} cannot be checked (the harness "
+                                              "has no record of its git dir)")
+    try:
         # Untracked files and changed submodules count (whatever the repo's config
-        # says): removing the worktree would delete them too.
-        status = await git(
-            "-C", str(path), "status", "--porcelain", "--untracked-files=normal",
-            "--ignore-submodules=none", env=env,
+        # says): removing the worktree would delete them too. A read-only look:
+        # never take index.lock.
+        status = await git_at(
+            places, "--no-optional-locks", "status", "--porcelain",
+            "--untracked-files=normal", "--ignore-submodules=none",
         )
     except (GitError, ValueError) as exc:
-        return _Verdict(path, None, "dirty", f"{path.name} cannot be checked ({exc})")
-    common_dir = real_path(path / common)
+        return _Verdict(path, places, "dirty", f"{path.name} cannot be checked ({exc})")
     changed = [line for line in status.splitlines() if line.strip()]
     if changed:
         noun = "file" if len(changed) == 1 else "files"
         detail = f"{path.name} has uncommitted changes ({len(changed)} {noun})"
-        return _Verdict(path, common_dir, "dirty", detail)
+        return _Verdict(path, places, "dirty", detail)
     try:
         # A branch (local or remote-tracking) containing HEAD keeps its commits alive
         # after the worktree goes; a branch made in the worktree lives in the source.
-        holders = await git(
-            "-C", str(path), "for-each-ref", "--contains", "HEAD", "--count=1",
+        holders = await git_at(
+            places, "for-each-ref", "--contains", "HEAD", "--count=1",
             "--format=%(refname)", "refs/heads", "refs/remotes",
         )
     except GitError as exc:
-        if not isinstance(exc, GitTimedOut) and await _unborn(path):
+        if not isinstance(exc, GitTimedOut) and await _unborn(places):
             # An empty repository's worktree whose branch has no commit yet, and
             # nothing uncommitted (above): there is nothing to lose.
-            return _Verdict(path, common_dir, None, "")
-        return _Verdict(path, common_dir, "unmerged", f"{path.name} cannot be checked ({exc})")
+            return _Verdict(path, places, None, "")
+        return _Verdict(path, places, "unmerged", f"{path.name} cannot be checked ({exc})")
     if not holders.strip():
         return _Verdict(
-            path, common_dir, "unmerged",
+            path, places, "unmerged",
             f"{path.name} has commits on no branch, which removing it would lose",
         )
-    return _Verdict(path, common_dir, None, "")
+    return _Verdict(path, places, None, "")
 
 
-async def _unborn(path: Path) -> bool:
-    """Whether the worktree at ``path`` is on a branch with no commit yet."""
+async def _unborn(places: GitPlaces) -> bool:
+    """Whether the worktree at ``places`` is on a branch with no commit yet."""
     try:
-        await git("-C", str(path), "symbolic-ref", "--quiet", "HEAD")
+        await git_at(places, "symbolic-ref", "--quiet", "HEAD")
     except GitError:
         return False  # detached, or unreadable
     try:
-        await git("-C", str(path), "rev-parse", "--verify", "--quiet", "HEAD")
+        await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD")
     except GitTimedOut:
         return False
     except GitError:
@@ -153,18 +175,25 @@ def _days(seconds: float) -> str:
     return f"{days:.1f} days" if days < 10 else f"{days:.0f} days"
 
 
+def _remove_files(verdict: _Verdict) -> None:
+    """Blocking: the worktree's folder, then its git dir in the source (what
+    ``git worktree remove`` does), each removed without following a link. No git
+    runs: everything in both is what a run could have written (§13)."""
+    shutil.rmtree(verdict.path)
+    if verdict.git is not None:
+        shutil.rmtree(verdict.git.git_dir, ignore_errors=True)
+
+
 async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds) -> None:
-    """Remove one worktree, shielded and bounded: half-deleted is worse than either."""
+    """Remove one worktree, shielded and bounded: half-deleted is worse than either.
+    Unforced, one that changed since it was judged is kept (raises GitError)."""
     with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
-        if verdict.common is None:
-            # Its repository is gone, so git cannot remove it; only --force gets here.
-            await bounds.file_step(shutil.rmtree, verdict.path, limit_s=REMOVE_SHIELD_S,
-                                   what=f"removing {verdict.path}")
-            return
-        args = ["--git-dir", verdict.common, "worktree", "remove"]
-        if force:
-            args += ["--force", "--force"]  # twice: also a locked one
-        await git(*args, str(verdict.path), timeout_s=REMOVE_SHIELD_S)
+        if not force:
+            again = await _judge(verdict.path.parent, verdict.path)
+            if again.problem is not None:
+                raise GitError(again.detail)
+        await bounds.file_step(_remove_files, verdict, limit_s=REMOVE_SHIELD_S,
+                               what=f"removing {verdict.path}")
 
 
 async def collect_garbage(
@@ -184,9 +213,12 @@ async def collect_garbage(
     A lane folder goes whole or not at all: a worktree with uncommitted changes (or
     anything else in the folder that is not ours) or with commits on no branch keeps
     its folder unless ``force``; ``busy(lane)`` true keeps it always. Removal is
-    ``git worktree remove``, which also clears the worktree's registration in its
-    source; ``git worktree prune`` is never run here (it would also forget the
-    person's own worktrees whose folders are missing, an unmounted disk's).
+    the worktree's folder and its registration in its source (its git dir, as
+    ``git worktree remove`` would); ``git worktree prune`` is never run here (it
+    would also forget the person's own worktrees whose folders are missing, an
+    unmounted disk's).
+    No git runs on what a run could have written but with the places the lane's
+    marker records (§13), and removal is the harness's own, following no link.
     ``dry_run`` removes nothing and reports ``would-remove``. ``hold(lane)``, when
     given (the harness's scheduler), is entered around the last look and the
     removal, so no turn of that lane starts while its worktrees go; a turn that
@@ -226,7 +258,7 @@ async def collect_garbage(
         if idle_s <= older_than_s:
             entries.append(entry("kept-recent", f"last used {_days(idle_s)} ago"))
             continue
-        verdicts = [await _judge(path) for path in worktrees]
+        verdicts = [await _judge(folder, path) for path in worktrees]
         problems = [v for v in verdicts if v.problem is not None]
         notes = [v.detail for v in problems]
         if others:

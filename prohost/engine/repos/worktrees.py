@@ -47,7 +47,21 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
-from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
+from prohost.engine.repos.gitcmd import (
+    GIT_ADD_TIMEOUT_S,
+    GitError,
+    GitPlaces,
+    GitTimedOut,
+    git,
+    git_at,
+    real_path,
+)
+from prohost.engine.repos.gitrecords import (
+    adopt_git_dir,
+    made_git_dir,
+    remove_planted_logs,
+    restore_git_files,
+)
 from prohost.engine.repos.startpoint import lane_branch, start_point
 from prohost.repospec import is_checkout
 
@@ -124,6 +138,11 @@ class LaneMarker:
     """Checkout name → source, for each worktree a prepare finished and handed to an
     agent. Anything else found in the folder was never used, so it holds no work:
     the leftovers of a cancelled or killed prepare. ``None``: not known."""
+    git_dirs: dict[str, str] | None = None
+    """Checkout name → its private git dir (``<common>/worktrees/<name>``, a real
+    path), as the harness made it: the record every later git on the worktree, and
+    the next run's rules, are made from (§13), never its ``.git`` file. The marker
+    is out of every run's reach (the lane folder is only readable to its runs)."""
 
 
 def read_marker(folder: Path) -> LaneMarker:
@@ -134,6 +153,9 @@ def read_marker(folder: Path) -> LaneMarker:
         return LaneMarker(None, None, None)
     if not isinstance(data, dict):
         return LaneMarker(None, None, None)
+    git_dirs = data.get("git_dirs")
+    if not (isinstance(git_dirs, dict) and all(isinstance(v, str) for v in git_dirs.values())):
+        git_dirs = None
     lane = data.get("lane")
     used = data.get("last_used")
     if isinstance(used, bool) or not isinstance(used, int | float) or not math.isfinite(used):
@@ -145,6 +167,7 @@ def read_marker(folder: Path) -> LaneMarker:
         lane if isinstance(lane, str) else None,
         float(used) if used is not None else None,
         ready,
+        git_dirs,
     )
 
 
@@ -153,7 +176,8 @@ def write_marker(folder: Path, marker: LaneMarker) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{LANE_MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
-    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready}
+    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready,
+               "git_dirs": marker.git_dirs}
     try:
         tmp.write_text(json.dumps(payload, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, folder / LANE_MARKER)
@@ -167,8 +191,8 @@ def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
     """Record a use of the lane now, keeping what the marker knew; return the new marker."""
     # A new lane's folder certainly holds no finished worktree; an existing folder
     # whose marker is unreadable might, so there "ready" stays unknown.
-    ready = {} if not folder.exists() else read_marker(folder).ready
-    marker = LaneMarker(lane, now, ready)
+    old = LaneMarker(None, None, {}, {}) if not folder.exists() else read_marker(folder)
+    marker = LaneMarker(lane, now, old.ready, old.git_dirs)
     write_marker(folder, marker)
     return marker
 
@@ -192,6 +216,9 @@ class Checkout:
     unborn: bool = False
     #: The original has submodules, which are empty folders in the private worktree.
     has_submodules: bool = False
+    #: Its git dir, common dir and work tree, from the harness's records: what every
+    #: later git on it and the run's rules use (§13). ``None`` only in tests.
+    git: GitPlaces | None = None
 
 
 @attrs.frozen
@@ -288,9 +315,11 @@ class WorktreeManager:
 
         results: list[Checkout | CheckoutFailure | None] = [None] * len(self.repos)
 
+        git_dirs = dict(marker.git_dirs or {})
+
         async def one(index: int) -> None:
             results[index] = await self._prepare_one(
-                folder, self.repos[index], self.names[index], marker.ready
+                folder, self.repos[index], self.names[index], marker.ready, git_dirs
             )
 
         async with trio.open_nursery() as nursery:
@@ -300,11 +329,12 @@ class WorktreeManager:
         failures = tuple(r for r in results if isinstance(r, CheckoutFailure))
         ready = dict(marker.ready or {})
         ready.update((checkout.name, checkout.source) for checkout in checkouts)
-        if ready != marker.ready:
+        git_dirs.update((c.name, c.git.git_dir) for c in checkouts if c.git is not None)
+        if ready != marker.ready or git_dirs != (marker.git_dirs or {}):
             try:
                 # Only now: a worktree is "ready" once it is about to be handed over.
                 await self._file(
-                    write_marker, folder, attrs.evolve(marker, ready=ready)
+                    write_marker, folder, attrs.evolve(marker, ready=ready, git_dirs=git_dirs)
                 )
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
@@ -315,7 +345,8 @@ class WorktreeManager:
         )
 
     async def _prepare_one(
-        self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None
+        self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None,
+        git_dirs: dict[str, str],
     ) -> Checkout | CheckoutFailure:
         try:
             if not await self._file(source.is_dir):
@@ -324,14 +355,14 @@ class WorktreeManager:
                 return CheckoutFailure(str(source), "not a git checkout")
             common = await self._common_dir(source)
             path = folder / name
-            state = await self._inspect(path, common)
+            state, git_dir = await self._inspect(path, common, git_dirs.get(name))
             if state == "foreign" and name != _hashed_name(source):
                 # The folder holds a worktree of another repository that used to
                 # have this name (--repos changed). It may hold that conversation's
                 # work, so it is left alone and this repo takes its hashed name.
                 name = _hashed_name(source)
                 path = folder / name
-                state = await self._inspect(path, common)
+                state, git_dir = await self._inspect(path, common, git_dirs.get(name))
             if state == "foreign":
                 return CheckoutFailure(
                     str(source), f"{path} already holds a worktree of another repository"
@@ -346,42 +377,54 @@ class WorktreeManager:
                 state = "junk"
             unborn = False
             branch: str | None = lane_branch(folder.name)
-            if state != "ready":
-                unborn = await self._create(source, path, state)
+            if state != "ready" or git_dir is None:
+                unborn, places = await self._create(source, path, state, common)
             else:
-                branch = await self._branch_of(path, lane_branch(folder.name))
+                places = GitPlaces(str(path), git_dir, common)
+                # What a run rewrote of the files that tie the worktree to its git
+                # dir is put back before any git looks at it (§13): never followed.
+                restored = await self._file(restore_git_files, places)
+                if restored:
+                    log.warning("put back %s of the worktree %s, which its run had "
+                                "changed", ", ".join(restored), path)
+                branch = await self._branch_of(places, lane_branch(folder.name))
             # git leaves a worktree's submodules empty, and git's own documentation
             # advises against checking them out in a linked worktree: the agent is told.
             submodules = await self._file(os.path.lexists, path / ".gitmodules")
             return Checkout(name=name, path=str(path), source=str(source),
                             branch=branch, unborn=unborn,
-                            has_submodules=submodules)
+                            has_submodules=submodules, git=places)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
 
-    async def _branch_of(self, path: Path, own: str) -> str | None:
+    async def _branch_of(self, places: GitPlaces, own: str) -> str | None:
         """The branch the reused worktree at ``path`` is on (``None``: a detached
         HEAD), for the prompt to say truly. A detached worktree whose lane has no
         branch yet (made by a version that detached them) is put on it first: the
         same commit and files, now with a name in the original repository."""
-        out = await git("-C", str(path), "symbolic-ref", "--quiet", "--short", "HEAD",
-                        ok_codes=(0, 1))
+        path = places.work_tree
+        out = await git_at(places, "symbolic-ref", "--quiet", "--short", "HEAD",
+                           ok_codes=(0, 1))
         if out.strip():
             return out.strip()
         try:
             # Never moved when the branch exists: the agent detached on purpose.
-            await git("-C", str(path), "rev-parse", "--verify", "--quiet",
-                      f"refs/heads/{own}")
+            await git_at(places, "rev-parse", "--verify", "--quiet", f"refs/heads/{own}")
             return None
         except GitTimedOut:
             raise
         except GitError:
             pass
         try:
-            # `checkout -b` keeps the index and the files as they are.
-            await git("-C", str(path), "checkout", "--quiet", "-b", own)
+            # The branch made at HEAD, then HEAD put on it: the index and the files
+            # stay as they are, and no work-tree file is read (a checkout would).
+            # The reflogs git appends to are in places the run could write: one
+            # it made a link (to a file of the person's) is removed first.
+            await self._file(remove_planted_logs, places, own)
+            await git_at(places, "update-ref", f"refs/heads/{own}", "HEAD", "")
+            await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{own}")
         except GitTimedOut:
             raise
         except GitError as exc:
@@ -401,48 +444,53 @@ class WorktreeManager:
         self._common_dirs[source] = common
         return common
 
-    async def _inspect(self, path: Path, common: str) -> State:
+    async def _inspect(self, path: Path, common: str,
+                       recorded: str | None) -> tuple[State, str | None]:
         """What is at ``path``: a usable worktree of the repo whose common dir is
-        ``common``, nothing, or one of the ways a worktree can be unusable."""
+        ``common``, nothing, or one of the ways a worktree can be unusable; and its
+        git dir. Decided from the harness's record (``recorded``, the lane marker's)
+        and real paths: no git runs on it, and its ``.git`` file is never followed
+        (a run could have rewritten it). A worktree with no record (made by an
+        earlier version) is adopted only when its ``.git`` names a git dir of
+        ``common`` whose ``gitdir`` names it back."""
         if not await self._file(os.path.lexists, path):
-            return "absent"
-        if not await self._file(path.is_dir):
-            return "broken"
-        if not await self._file(os.path.lexists, path / ".git"):
-            # A `git worktree add` killed before it wrote anything leaves this.
-            empty = not await self._file(lambda: any(path.iterdir()))
-            return "empty" if empty else "broken"
-        try:
-            out = await git(
-                "-C", str(path), "rev-parse", "--show-toplevel", "--git-common-dir", "--git-dir"
-            )
-        except GitError:
-            return "broken"  # its .git points at bookkeeping that no longer exists
-        lines = out.splitlines()
-        if len(lines) != 3:
-            return "broken"
-        toplevel, their_common, git_dir = lines
-        # Without the toplevel check, a folder inside some other work tree (a home
-        # directory kept in git) would pass as a worktree of that one.
-        if real_path(toplevel) != real_path(path):
-            return "broken"
-        if real_path(path / their_common) != common:
-            return "foreign"
+            return "absent", None
+        if await self._file(os.path.islink, path) or not await self._file(path.is_dir):
+            return "broken", None
+        git_dir = recorded
+        if git_dir is None:
+            if not await self._file(os.path.lexists, path / ".git"):
+                # A `git worktree add` killed before it wrote anything leaves this.
+                empty = not await self._file(lambda: any(path.iterdir()))
+                return ("empty" if empty else "broken"), None
+            adopted, foreign = await self._file(adopt_git_dir, path, common)
+            if foreign:
+                return "foreign", None
+            if adopted is None:
+                return "broken", None
+            git_dir = adopted
+        elif os.path.dirname(os.path.dirname(git_dir)) != common:
+            return "foreign", None
+        if not await self._file(os.path.isdir, git_dir) or await self._file(
+                os.path.islink, git_dir):
+            return "broken", None  # the bookkeeping it names no longer exists
         # git writes this lock first and removes it last; a worktree still holding
         # it was killed mid-checkout and has a partial tree (LC_ALL=C: see git_env).
-        lock_file = path / git_dir / "locked"
+        lock_file = Path(git_dir) / "locked"
         try:
             reason = await self._file(lock_file.read_text)
         except StepTimedOut:
             raise  # a hung disk, not a missing lock: this checkout fails
         except OSError:
-            return "ready"
-        return "half-made" if reason.strip() == "initializing" else "ready"
+            return "ready", git_dir
+        return ("half-made" if reason.strip() == "initializing" else "ready"), git_dir
 
-    async def _create(self, source: Path, path: Path, state: State) -> bool:
+    async def _create(self, source: Path, path: Path, state: State,
+                      common: str) -> tuple[bool, GitPlaces]:
         """Make the worktree at ``path`` on the lane's branch, clearing what
         ``state`` says is in the way. Returns whether that branch is unborn
-        (``source`` has no commit yet)."""
+        (``source`` has no commit yet), and the places of the worktree made, read
+        from its ``.git`` file just after git wrote it (before any run has it)."""
         log.debug("making the worktree %s of %s (found: %s)", path, source, state)
         if state == "empty":
             await self._file(path.rmdir)
@@ -466,6 +514,9 @@ class WorktreeManager:
                 if await self._file(os.path.lexists, path):
                     await self._file(shutil.rmtree, path)
             start = await start_point(src, path.parent.name)
+            # The branch's reflog is in a folder every run of the repo may write.
+            await self._file(remove_planted_logs, GitPlaces(str(path), "", common),
+                             start.branch)
             try:
                 await git("-C", src, "worktree", "add", *start.add_args(str(path)),
                           timeout_s=GIT_ADD_TIMEOUT_S)
@@ -490,11 +541,12 @@ class WorktreeManager:
                     # `git checkout prohost/…` in the original): said as such.
                     raise GitError(f"could not check out its branch {start.branch}: "
                                    f"{exc}") from None
+            places = await self._file(made_git_dir, path, common)
             if start.how == "unborn":
                 # The worktree is on an unborn branch of its own: the agent's first
                 # commit creates it, as in a fresh `git init`. (Cancelled just before
                 # this, the worktree stays detached at the empty stand-in commit:
                 # still a place to work, and its commits show as "on no branch",
                 # which collection keeps.)
-                await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
-        return start.how == "unborn"
+                await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
+        return start.how == "unborn", places

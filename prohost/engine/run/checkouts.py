@@ -54,8 +54,9 @@ class LaneCheckouts:
             log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
                         failure.reason)
         # Before the agent runs: what the run changes is compared with this.
-        self._before = await states_of([(c.name, Path(c.path)) for c in prepared.checkouts],
-                                       bounds=self.bounds, env=self.env)
+        self._before = await states_of(
+            [(c.name, Path(c.path)) for c in prepared.checkouts], bounds=self.bounds,
+            env=self.env, places={c.name: c.git for c in prepared.checkouts if c.git})
         names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
         self._unready = []
         for failure in prepared.failures:

@@ -46,6 +46,8 @@ import trio
 
 from prohost.engine.agent.environment import make_private_folder
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut, wake_from_thread
+from prohost.engine.repos.gitcmd import GitPlaces
+from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, defaults, prepare, probe
 from prohost.options import Options
 
@@ -134,33 +136,30 @@ class RunPlaces:
     brain: str
     #: The attempt's environment (its account's CLAUDE_CONFIG_DIR / CODEX_HOME).
     env: Mapping[str, str]
+    #: Each worktree's git places, from the harness's records (what git needs to
+    #: commit there is granted from these, never from a worktree's ``.git``).
+    git: tuple[GitPlaces, ...] = ()
 
 
-def git_places(worktree: Path) -> list[Path]:
-    """What git needs to commit in ``worktree``: its private git dir, the shared
+def git_places(places: GitPlaces) -> list[Path]:
+    """What git needs to commit in a worktree: its private git dir, the shared
     object store, and the harness's branch folders (made when missing: a rule is
     made on a path that exists, and ``git pack-refs`` removes empty ones).
-    Read from the worktree's ``.git`` file and the git dir's ``commondir``, without
-    starting git. Blocking."""
-    dot_git = worktree / ".git"
-    if dot_git.is_dir():  # a whole repository, not a linked worktree
-        git_dir = common = dot_git
-    else:
-        text = dot_git.read_text(encoding="utf-8").strip()
-        if not text.startswith("gitdir:"):
-            raise OSError(f"{dot_git} does not name a git dir")
-        git_dir = (worktree / text.removeprefix("gitdir:").strip()).resolve()
-        try:
-            named = (git_dir / "commondir").read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            common = git_dir
-        else:
-            common = (git_dir / named).resolve()
+
+    Made from the harness's records (``places``, kept in the lane marker since the
+    worktree was made), never from the worktree's ``.git`` file or its git dir's
+    ``commondir``, which a run could have rewritten (§13); and refused
+    (``OSError``) when a part of one below the common dir is a symbolic link.
+    Blocking."""
+    common = Path(places.common_dir)
     branches = [common / "refs" / "heads" / BRANCH_FOLDER,
                 common / "logs" / "refs" / "heads" / BRANCH_FOLDER]
     for folder in branches:
         folder.mkdir(parents=True, exist_ok=True)
-    return [git_dir, common / "objects", *branches]
+    granted = [Path(places.git_dir), common / "objects", *branches]
+    for path in granted:
+        no_link_below(places.common_dir, str(path))
+    return granted
 
 
 def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[Path]:
@@ -201,14 +200,14 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path) -> list[P
 
 
 def policy_for(sandbox: Sandbox, places: RunPlaces) -> Policy:
-    """The run's policy (see the module docstring). Blocking: it reads the
-    worktrees' git files and makes the folders a rule needs."""
+    """The run's policy (see the module docstring). Blocking: it makes the
+    folders a rule needs."""
     writable: list[Path] = []
     readable: list[Path] = list(sandbox.allow_read)
     if places.worktrees:
-        for worktree in places.worktrees:
-            writable.append(worktree)
-            writable += git_places(worktree)
+        writable += places.worktrees
+        for git in places.git:
+            writable += git_places(git)
         if places.lane_folder is not None:
             readable.append(places.lane_folder)
     elif places.workdir is not None:

@@ -644,7 +644,8 @@ class Runner:
             workdir=None if self.worktrees is not None else self.setup.spec.workdir,
             worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
             lane_folder=prepared.folder if prepared else None,
-            scratch=scratch, brain=self._agent, env=env)
+            scratch=scratch, brain=self._agent, env=env,
+            git=tuple(c.git for c in prepared.checkouts if c.git) if prepared else ())
         return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:
