@@ -159,14 +159,25 @@ async def test_other_files_in_a_lane_folder_keep_it(tmp_path: Path) -> None:
         assert len(await worktree_paths(setup.source)) == 2
 
 
-async def test_a_folder_without_a_marker_is_judged_by_its_age(tmp_path: Path) -> None:
+async def test_a_folder_without_a_marker_is_judged_by_its_age_and_kept_unchecked(
+    tmp_path: Path,
+) -> None:
+    """Without its marker the harness has no record of the worktree's git dir, and
+    its ``.git`` is a file a run could have written (§13): it is not checked, so
+    it is kept unless forced, and removed when forced."""
     with trio.fail_after(20):
         setup = await lanes(tmp_path, "conv:a")
         (setup.folder("conv:a") / LANE_MARKER).unlink()
         entries = await collect_garbage(
             setup.home, older_than_s=DAY, dry_run=False, force=False, now=time.time() + LATER
         )
+        assert [(e.lane, e.action) for e in entries] == [(None, "kept-dirty")]
+        assert "no record of its git dir" in entries[0].detail
+        entries = await collect_garbage(
+            setup.home, older_than_s=DAY, dry_run=False, force=True, now=time.time() + LATER
+        )
         assert [(e.lane, e.action) for e in entries] == [(None, "removed")]
+        assert not setup.folder("conv:a").exists()
 
 
 async def test_nothing_to_collect(tmp_path: Path) -> None:

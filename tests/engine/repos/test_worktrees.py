@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.repos.gitcmd import git_env
+from prohost.engine.repos.gitcmd import GitPlaces, git_env, real_path
 from prohost.engine.repos.worktrees import (
     LANE_MARKER,
     RUN_REPOS_ENV,
@@ -47,8 +48,10 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert a.folder == home / "worktrees" / lane_folder_name("conv:A") == wt_a.parent
         branch_a = f"prohost/{lane_folder_name('conv:A')}"
         branch_b = f"prohost/{lane_folder_name('conv:B')}"
-        assert a.checkouts[0] == Checkout(name="app", path=str(wt_a), source=str(source),
-                                          branch=branch_a)
+        common = real_path(source / ".git")
+        assert a.checkouts[0] == Checkout(
+            name="app", path=str(wt_a), source=str(source), branch=branch_a,
+            git=GitPlaces(str(wt_a), os.path.join(common, "worktrees", "app"), common))
         assert a.first == a.checkouts[0]
         assert b.checkouts[0].branch == branch_b
 
@@ -141,12 +144,40 @@ async def test_a_broken_worktree_that_was_used_is_moved_aside(tmp_path: Path) ->
         manager = WorktreeManager(tmp_path / "home", [source])
         path = only((await manager.prepare("conv:1")).checkouts)
         (path / "work").write_text("mine\n")
-        (path / ".git").write_text("gitdir: /nowhere\n")  # its bookkeeping is gone
+        git_dir = source / ".git" / "worktrees" / "app"
+        shutil.rmtree(git_dir)  # its bookkeeping is gone
         again = await manager.prepare("conv:1")
         assert only(again.checkouts) == path
         assert await git(path, "status", "--porcelain") == ""
         (aside,) = path.parent.glob("app.orphaned-*")
         assert (aside / "work").read_text() == "mine\n"
+
+
+async def test_a_git_file_a_run_rewrote_is_put_back_and_never_followed(
+    tmp_path: Path,
+) -> None:
+    """§13: the worktree's ``.git`` and its git dir's ``gitdir`` and ``commondir``
+    are the harness's records, not what a run left there: put back, the work in
+    the worktree kept."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        path = only((await manager.prepare("conv:1")).checkouts)
+        git_dir = source / ".git" / "worktrees" / "app"
+        made = {name: (where / name).read_bytes()
+                for where, name in ((path, ".git"), (git_dir, "gitdir"), (git_dir, "commondir"))}
+        (path / "work").write_text("mine\n")
+        (path / ".git").unlink()
+        (path / ".git").symlink_to(source / ".git")
+        (git_dir / "gitdir").write_text("/nowhere/.git\n")
+        (git_dir / "commondir").write_text("/elsewhere\n")
+        again = await manager.prepare("conv:1")
+        assert only(again.checkouts) == path
+        assert not (path / ".git").is_symlink()
+        assert {name: (where / name).read_bytes() for where, name in (
+            (path, ".git"), (git_dir, "gitdir"), (git_dir, "commondir"))} == made
+        assert await git(path, "status", "--porcelain") == "?? work\n"
+        assert not list(path.parent.glob("app.orphaned-*"))
 
 
 @pytest.mark.protocol("§3", "§5")
@@ -291,8 +322,12 @@ async def test_git_location_variables_do_not_leak_in(
         monkeypatch.setenv("GIT_INDEX_FILE", str(decoy / ".git" / "index"))
         path = only((await WorktreeManager(tmp_path / "home", [source]).prepare("l")).checkouts)
         assert (path / "which").read_text() == "app\n"
-        env = git_env({"GIT_DIR": "x", "GIT_WORK_TREE": "y", "PATH": "/bin", "GIT_SSH": "s"})
-        assert env == {"PATH": "/bin", "GIT_SSH": "s", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+        env = git_env({"GIT_DIR": "x", "GIT_WORK_TREE": "y", "PATH": "/bin", "GIT_SSH": "s",
+                       "HOME": "/h"})
+        # Nor the variables that name a program git would run (GIT_SSH), nor the
+        # machine's config.
+        assert env == {"PATH": "/bin", "HOME": "/h", "GIT_TERMINAL_PROMPT": "0",
+                       "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", "GIT_PAGER": "cat"}
 
 
 async def test_the_lane_marker_says_when_it_was_last_used(tmp_path: Path) -> None:
