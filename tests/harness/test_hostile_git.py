@@ -190,8 +190,6 @@ async def test_the_harness_appends_to_no_reflog_a_run_linked(world: World) -> No
     world.git("config", "--list")  # "bad config line" if anything was appended
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36 point 2 (a git repository per "
-                   "conversation, objects behind a read-only alternate) is not built yet")
 async def test_a_run_changes_nothing_of_the_person_s_repository_but_its_branch(
     world: World,
 ) -> None:

@@ -18,7 +18,7 @@ from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git, git_env
 #: Who the stand-in first commit of an empty repository is by (git needs someone,
 #: and a daemon's git may know no user); with a fixed date, so every lane of one
 #: repository shares that one object.
-_EMPTY_START_ENV = {
+EMPTY_START_ENV = {
     "GIT_AUTHOR_NAME": "prohost", "GIT_AUTHOR_EMAIL": "prohost@localhost",
     "GIT_COMMITTER_NAME": "prohost", "GIT_COMMITTER_EMAIL": "prohost@localhost",
     "GIT_AUTHOR_DATE": "@0 +0000", "GIT_COMMITTER_DATE": "@0 +0000",
@@ -96,7 +96,7 @@ async def start_point(src: str, folder_name: str) -> StartPoint:
     # knows that tree without storing it.
     tree = (await git("-C", src, "hash-object", "-t", "tree", "/dev/null")).strip()
     env = git_env()
-    env.update(_EMPTY_START_ENV)
+    env.update(EMPTY_START_ENV)
     commit = await git("-C", src, "commit-tree", tree, "-m",
                        "prohost: the repository had no commit yet", env=env)
     return StartPoint(branch, "unborn", commit.strip())

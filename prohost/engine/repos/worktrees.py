@@ -47,6 +47,7 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.repos import lanerepo
 from prohost.engine.repos.gitcmd import (
     GIT_ADD_TIMEOUT_S,
     GitError,
@@ -62,7 +63,13 @@ from prohost.engine.repos.gitrecords import (
     remove_planted_logs,
     restore_git_files,
 )
-from prohost.engine.repos.startpoint import lane_branch, start_point
+from prohost.engine.repos.lanerepo import (
+    lane_repo,
+    lane_repo_usable,
+    lane_start,
+    make_lane_repo,
+)
+from prohost.engine.repos.startpoint import lane_branch
 from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
@@ -380,7 +387,9 @@ class WorktreeManager:
             if state != "ready" or git_dir is None:
                 unborn, places = await self._create(source, path, state, common)
             else:
-                places = GitPlaces(str(path), git_dir, common)
+                # The record's repository: the lane's own, or (a worktree made by
+                # an earlier version) the person's.
+                places = GitPlaces(str(path), git_dir, os.path.dirname(os.path.dirname(git_dir)))
                 # What a run rewrote of the files that tie the worktree to its git
                 # dir is put back before any git looks at it (§13): never followed.
                 restored = await self._file(restore_git_files, places)
@@ -398,6 +407,30 @@ class WorktreeManager:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
+
+    async def bring_back(self, prepared: PreparedCheckouts) -> None:
+        """After a run: the person's branch ``prohost/<lane folder>`` of each checkout
+        made to what the lane's repository holds (:func:`lanerepo.bring_back`).
+        Never raises: a branch that cannot be brought back is logged, and stays
+        in the lane's repository for the next run's end.
+
+        Cancelled: the fetch in flight is killed; each ref is updated whole or not."""
+        if prepared.folder is None:
+            return
+        branch = lane_branch(prepared.folder.name)
+        for checkout in prepared.checkouts:
+            source = Path(checkout.source)
+            if checkout.git is None:
+                continue
+            try:
+                person = await self._common_dir(source)
+                if checkout.git.common_dir == person:
+                    continue  # made by an earlier version: its branch is the person's
+                async with self.source_lock(source):
+                    await lanerepo.bring_back(Path(checkout.git.common_dir), person, branch)
+            except (GitError, OSError) as exc:
+                log.warning("could not bring the branch %s back to %s: %s", branch,
+                            source, exc)
 
     async def _branch_of(self, places: GitPlaces, own: str) -> str | None:
         """The branch the reused worktree at ``path`` is on (``None``: a detached
@@ -452,7 +485,9 @@ class WorktreeManager:
         and real paths: no git runs on it, and its ``.git`` file is never followed
         (a run could have rewritten it). A worktree with no record (made by an
         earlier version) is adopted only when its ``.git`` names a git dir of
-        ``common`` whose ``gitdir`` names it back."""
+        ``common`` whose ``gitdir`` names it back. A recorded one is of this
+        repository when its git dir is ``common``'s (made by an earlier version)
+        or the lane's own repository's (:mod:`prohost.engine.repos.lanerepo`)."""
         if not await self._file(os.path.lexists, path):
             return "absent", None
         if await self._file(os.path.islink, path) or not await self._file(path.is_dir):
@@ -469,7 +504,8 @@ class WorktreeManager:
             if adopted is None:
                 return "broken", None
             git_dir = adopted
-        elif os.path.dirname(os.path.dirname(git_dir)) != common:
+        elif os.path.dirname(os.path.dirname(git_dir)) not in (
+                common, real_path(lane_repo(path.parent, path.name))):
             return "foreign", None
         if not await self._file(os.path.isdir, git_dir) or await self._file(
                 os.path.islink, git_dir):
@@ -501,52 +537,50 @@ class WorktreeManager:
             await self._file(path.rename, aside)
             log.warning("%s was not a usable git worktree; moved it to %s", path, aside)
         src = str(source)
-        # Waited for without a limit of its own: the holder's git commands are each
-        # bounded, and the run's deadline bounds this wait (the caller's scope).
-        # A limit shorter than a checkout made lanes queued behind a slow one give
-        # up and hand their agent a read-only checkout.
-        async with self.source_lock(source):
-            if state in ("half-made", "junk"):
+        if state in ("half-made", "junk"):
+            # Waited for without a limit of its own: the holder's git commands are
+            # each bounded, and the run's deadline bounds this wait (the caller's
+            # scope). (Only a worktree of the person's repository, made by an
+            # earlier version, is registered there; one of the lane's repository
+            # is forgotten by its prune below.)
+            async with self.source_lock(source):
                 if await self._file(os.path.lexists, path / ".git"):
                     # Twice --force: git's "initializing" lock is a lock too.
                     with contextlib.suppress(GitError):
-                        await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
-                if await self._file(os.path.lexists, path):
-                    await self._file(shutil.rmtree, path)
-            start = await start_point(src, path.parent.name)
-            # The branch's reflog is in a folder every run of the repo may write.
-            await self._file(remove_planted_logs, GitPlaces(str(path), "", common),
-                             start.branch)
+                        await git("-C", src, "worktree", "remove", "--force", "--force",
+                                  str(path))
+            if await self._file(os.path.lexists, path):
+                await self._file(shutil.rmtree, path)
+        repo = lane_repo(path.parent, path.name)
+        if not await self._file(lane_repo_usable, repo):
+            await make_lane_repo(repo, common, src)
+        lane = ("--git-dir", str(repo))
+        start = await lane_start(repo, src, lane_branch(path.parent.name))
+        try:
+            await git(*lane, "worktree", "add", *start.add_args(str(path)),
+                      timeout_s=GIT_ADD_TIMEOUT_S)
+        except GitTimedOut:
+            raise
+        except GitError:
+            # Most likely a registration whose folder vanished ("missing but
+            # already registered", or the lane's branch still "checked out" in
+            # it): the lane's own repository, so its prune forgets nothing of
+            # the person's.
+            await git(*lane, "worktree", "prune")
             try:
-                await git("-C", src, "worktree", "add", *start.add_args(str(path)),
+                await git(*lane, "worktree", "add", *start.add_args(str(path)),
                           timeout_s=GIT_ADD_TIMEOUT_S)
             except GitTimedOut:
                 raise
-            except GitError:
-                # Most likely a registration whose folder vanished ("missing but
-                # already registered", or the lane's branch still "checked out" in
-                # it). Pruned only now, and under the lock: a prune also forgets
-                # the person's own worktrees whose folders are missing (an
-                # unmounted disk), so it is not run unasked.
-                await git("-C", src, "worktree", "prune")
-                # Asked again: the failed add may have made the branch after all.
-                start = await start_point(src, path.parent.name)
-                try:
-                    await git("-C", src, "worktree", "add", *start.add_args(str(path)),
-                              timeout_s=GIT_ADD_TIMEOUT_S)
-                except GitTimedOut:
-                    raise
-                except GitError as exc:
-                    # Typically the branch is checked out elsewhere (someone ran
-                    # `git checkout prohost/…` in the original): said as such.
-                    raise GitError(f"could not check out its branch {start.branch}: "
-                                   f"{exc}") from None
-            places = await self._file(made_git_dir, path, common)
-            if start.how == "unborn":
-                # The worktree is on an unborn branch of its own: the agent's first
-                # commit creates it, as in a fresh `git init`. (Cancelled just before
-                # this, the worktree stays detached at the empty stand-in commit:
-                # still a place to work, and its commits show as "on no branch",
-                # which collection keeps.)
-                await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
+            except GitError as exc:
+                raise GitError(f"could not check out its branch {start.branch}: "
+                               f"{exc}") from None
+        places = await self._file(made_git_dir, path, real_path(repo))
+        if start.how == "unborn":
+            # The worktree is on an unborn branch of its own: the agent's first
+            # commit creates it, as in a fresh `git init`. (Cancelled just before
+            # this, the worktree stays detached at the empty stand-in commit:
+            # still a place to work, and its commits show as "on no branch",
+            # which collection keeps.)
+            await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
         return start.how == "unborn", places

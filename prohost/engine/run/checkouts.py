@@ -69,10 +69,16 @@ class LaneCheckouts:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``
         without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
 
+        Before them, the lane's branch is brought back to the person's repository
+        (:meth:`WorktreeManager.bring_back`).
+
         Cancelled: as :func:`prohost.engine.repos.changes.compare`.
         """
         if self.worktrees is None or self.prepared is None:
             return None
+        # First: the person's repository gets the conversation's commits on its
+        # branch (§13: by that branch alone), whatever the changes say.
+        await self.worktrees.bring_back(self.prepared)
         changes = [self._private(entry) for entry in await changes_of(
             self._before, self._unready, bounds=self.bounds, env=self.env)]
         order = {name: index for index, name in enumerate(self.worktrees.names)}

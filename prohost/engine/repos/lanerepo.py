@@ -1,0 +1,153 @@
+"""A conversation's own git repository (§13: the person's repository changes only
+by the conversation's own branch).
+
+Each lane's worktree of a ``--repos`` checkout is a linked worktree, not of the
+person's repository, but of a repository of the lane's own::
+
+    $PROHOST_HOME/worktrees/<lane folder>/.prohost-repos/<name>.git
+
+Its objects folder borrows the person's object store as an alternate (read only:
+no run may write the person's repository), so a new one costs a few files, not a
+copy. Its config, hooks and ``info/`` are the harness's (only the config's
+``include`` of the person's own, for their filters, identity and remotes); a run
+may write its objects, its ``prohost/`` branches and its worktree's git dir,
+which no other conversation's run can read (``$PROHOST_HOME`` is hidden from
+each) — so no run reads another's staged work, moves another's branch, or
+overwrites an object of the person's.
+
+The harness brings the branch back after each run (:func:`bring_back`): the
+person's repository fetches ``prohost/<lane folder>`` from the lane's repository,
+git checking every object it receives, updating that one ref and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from prohost.engine.repos.gitcmd import GitError, git, git_env
+from prohost.engine.repos.startpoint import EMPTY_START_ENV, StartPoint
+
+log = logging.getLogger("prohost.worktrees")
+
+#: The folder, in a lane folder, of the lane's own repositories.
+REPOS_FOLDER = ".prohost-repos"
+
+#: Given to the one git that fetches from a lane's repository: a local path is
+#: git's ``file`` protocol, which :data:`~prohost.engine.repos.gitcmd.HARDENED`
+#: turns off with every other. No automatic gc or maintenance runs after it.
+_FETCH = ("-c", "protocol.file.allow=always", "-c", "gc.auto=0",
+          "-c", "maintenance.auto=false", "-c", "fetch.writeCommitGraph=false")
+
+
+def lane_repo(folder: Path, name: str) -> Path:
+    """Where the lane folder ``folder`` keeps its repository of the checkout ``name``."""
+    return folder / REPOS_FOLDER / f"{name}.git"
+
+
+def _config(person_common: str) -> str:
+    # The person's config first, so that every line after it wins: this is a
+    # bare repository (its worktrees are linked ones) that logs its refs.
+    quoted = person_common.replace("\\", "\\\\").replace('"', '\\"')
+    return (f'[include]\n\tpath = "{quoted}/config"\n'
+            "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
+            "\tlogallrefupdates = true\n")
+
+
+def _lay_out(repo: Path, person_common: str, object_format: str) -> None:
+    """Blocking: a new bare repository at ``repo`` (none there: made afresh, what a
+    killed making left removed first), its objects behind the person's."""
+    if os.path.lexists(repo):
+        shutil.rmtree(repo)  # never handed to a run: the leftovers of a killed prepare
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    repo.mkdir()
+    for folder in ("objects/info", "objects/pack", "refs/heads/prohost", "refs/tags",
+                   "logs/refs/heads/prohost", "worktrees", "info"):
+        (repo / folder).mkdir(parents=True)
+    (repo / "HEAD").write_text("ref: refs/heads/prohost\n")
+    config = _config(person_common)
+    if object_format != "sha1":
+        config = config.replace("repositoryformatversion = 0", "repositoryformatversion = 1")
+        config += f"[extensions]\n\tobjectformat = {object_format}\n"
+    (repo / "config").write_text(config)
+    (repo / "objects" / "info" / "alternates").write_text(
+        os.path.join(person_common, "objects") + "\n")
+
+
+async def make_lane_repo(repo: Path, person_common: str, source: str) -> None:
+    """Make the lane's repository at ``repo`` for the person's repository ``source``
+    (common dir ``person_common``). Raises :class:`GitError` or ``OSError``.
+
+    Cancelled: the git in flight is killed; what is left is made afresh next time."""
+    object_format = (await git("-C", source, "rev-parse", "--show-object-format")).strip()
+    _lay_out(repo, person_common, object_format or "sha1")
+
+
+def planted_ref(repo: Path, branch: str) -> bool:
+    """Blocking: the lane repository's ``branch`` is not a regular file (a link a
+    run made): git would read through it, so it is not brought back."""
+    try:
+        return not stat.S_ISREG(os.lstat(repo / "refs" / "heads" / branch).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+async def bring_back(repo: Path, person_common: str, branch: str) -> str | None:
+    """Update the person's ``branch`` to the lane repository's (its objects fetched
+    and checked by git); the new tip, or ``None`` when the lane has no such
+    branch. Raises :class:`GitError` (the person's branch is then as it was).
+
+    What runs: the person's git, and ``git upload-pack`` in the lane repository,
+    whose config and hooks are the harness's; its refs and objects are data a
+    run wrote, which git verifies as it receives them.
+
+    Cancelled: the fetch is killed; the person's ref is updated whole or not."""
+    ref = f"refs/heads/{branch}"
+    if planted_ref(repo, branch):
+        raise GitError(f"{branch} in the conversation's repository is not a plain ref")
+    tip = (await git("--git-dir", str(repo), "rev-parse", "--verify", "--quiet", ref,
+                     ok_codes=(0, 1))).strip()
+    if not tip:
+        return None
+    await git(*_FETCH, "--git-dir", person_common, "fetch", "--quiet", "--no-tags",
+              "--no-write-fetch-head", "--no-recurse-submodules", str(repo),
+              f"+{ref}:{ref}")
+    return tip
+
+
+async def lane_start(repo: Path, source: str, branch: str) -> StartPoint:
+    """Where the lane's new worktree in its repository ``repo`` starts: the lane's
+    branch when that repository has it; else made there at the person's branch of
+    that name (a collected lane's work lives on in it), or at the person's
+    ``HEAD``; for a person's repository with no commit, a stand-in commit of the
+    empty tree, made in the lane's repository (nothing of the person's changes).
+
+    Cancelled: the git in flight is killed; a branch made is the lane's own."""
+    ref = f"refs/heads/{branch}"
+    lane = ("--git-dir", str(repo))
+    if (await git(*lane, "rev-parse", "--verify", "--quiet", ref, ok_codes=(0, 1))).strip():
+        return StartPoint(branch, "reuse", branch)
+    for name in (ref, "HEAD"):
+        tip = (await git("-C", source, "rev-parse", "--verify", "--quiet",
+                         f"{name}^{{commit}}", ok_codes=(0, 1))).strip()
+        if tip:
+            await git(*lane, "update-ref", ref, tip, "")
+            return StartPoint(branch, "reuse", branch)
+    tree = (await git(*lane, "hash-object", "-t", "tree", "/dev/null")).strip()
+    env = git_env()
+    env.update(EMPTY_START_ENV)
+    commit = await git(*lane, "commit-tree", tree, "-m",
+                       "prohost: the repository had no commit yet", env=env)
+    return StartPoint(branch, "unborn", commit.strip())
+
+
+def lane_repo_usable(repo: Path) -> bool:
+    """Blocking: ``repo`` is a lane repository the harness finished making (its
+    config, the last file :func:`make_lane_repo` writes but one, and its
+    alternates, the last), not a link."""
+    return (os.path.isdir(repo) and not os.path.islink(repo)
+            and os.path.isfile(repo / "config")
+            and os.path.isfile(repo / "objects" / "info" / "alternates"))
