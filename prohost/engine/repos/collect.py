@@ -25,6 +25,7 @@ import trio
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, git_at, real_path
 from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir
+from prohost.engine.repos.lanerepo import REPOS_FOLDER
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
 log = logging.getLogger("prohost.worktrees")
@@ -65,7 +66,7 @@ def _scan_folder(folder: Path) -> tuple[list[Path], list[str]]:
     worktrees: list[Path] = []
     others: list[str] = []
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(LANE_MARKER):
+        if entry.name.startswith(LANE_MARKER) or entry.name == REPOS_FOLDER:
             continue
         if entry.is_dir() and not entry.is_symlink() and os.path.lexists(entry / ".git"):
             worktrees.append(entry)
@@ -82,6 +83,37 @@ def _idle_since(folder: Path) -> tuple[str | None, float]:
     return lane, used
 
 
+async def _person_common(folder: Path, name: str) -> str | None:
+    """The common dir of the person's repository the checkout ``name`` of the lane
+    folder ``folder`` stands for (its marker names the source)."""
+    source = (read_marker(folder).ready or {}).get(name)
+    if source is None:
+        return None
+    try:
+        out = await git("-C", source, "rev-parse", "--git-common-dir")
+    except GitError:
+        return None
+    return real_path(Path(source) / out.strip())
+
+
+async def _brought_back(folder: Path, places: GitPlaces) -> bool:
+    """Whether the commit the worktree at ``places`` is on is in the person's
+    repository (brought back after its last run): always, for a worktree of the
+    person's repository (made by an earlier version)."""
+    person = await _person_common(folder, Path(places.work_tree).name)
+    if person is None or person == places.common_dir:
+        return person is not None
+    head = (await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD^{commit}",
+                         ok_codes=(0, 1))).strip()
+    if not head:
+        return True  # no commit yet: nothing to lose
+    try:
+        await git("--git-dir", person, "cat-file", "-e", f"{head}^{{commit}}")
+    except GitError:
+        return False
+    return True
+
+
 async def _places(folder: Path, path: Path) -> GitPlaces | None:
     """The worktree at ``path``'s git places from its lane marker (§13: never from
     its ``.git`` file, which its run could have rewritten); for one made by an
@@ -92,16 +124,11 @@ async def _places(folder: Path, path: Path) -> GitPlaces | None:
     if recorded is not None:
         common = os.path.dirname(os.path.dirname(recorded))
         return GitPlaces(str(path), recorded, common) if own_git_dir(recorded, common) else None
-    source = (marker.ready or {}).get(path.name)
-    if source is None:
+    person = await _person_common(folder, path.name)
+    if person is None:
         return None
-    try:
-        out = await git("-C", source, "rev-parse", "--git-common-dir")
-    except GitError:
-        return None
-    common = real_path(Path(source) / out.strip())
-    adopted, _ = adopt_git_dir(path, common)
-    return GitPlaces(str(path), adopted, common) if adopted is not None else None
+    adopted, _ = adopt_git_dir(path, person)
+    return GitPlaces(str(path), adopted, person) if adopted is not None else None
 
 
 async def _judge(folder: Path, path: Path) -> _Verdict:
@@ -143,6 +170,14 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
             path, places, "unmerged",
             f"{path.name} has commits on no branch, which removing it would lose",
         )
+    try:
+        back = await _brought_back(folder, places)
+    except GitError as exc:
+        return _Verdict(path, places, "unmerged", f"{path.name} cannot be checked ({exc})")
+    if not back:
+        return _Verdict(path, places, "unmerged",
+                        f"{path.name} has commits its repository's branch does not have "
+                        "yet, which removing it would lose")
     return _Verdict(path, places, None, "")
 
 
@@ -313,6 +348,9 @@ async def _remove_folder(
         if force and has_others:
             shutil.rmtree(folder)
             return
+        # The lane's own repositories: their branches are in the person's now.
+        if os.path.lexists(folder / REPOS_FOLDER):
+            shutil.rmtree(folder / REPOS_FOLDER)
         for marker in folder.glob(f"{LANE_MARKER}*"):
             marker.unlink()
         folder.rmdir()

@@ -362,14 +362,18 @@ class WorktreeManager:
                 return CheckoutFailure(str(source), "not a git checkout")
             common = await self._common_dir(source)
             path = folder / name
-            state, git_dir = await self._inspect(path, common, git_dirs.get(name))
+            state, git_dir = await self._inspect(
+                path, common, git_dirs.get(name),
+                (ready or {}).get(name, str(source)) == str(source))
             if state == "foreign" and name != _hashed_name(source):
                 # The folder holds a worktree of another repository that used to
                 # have this name (--repos changed). It may hold that conversation's
                 # work, so it is left alone and this repo takes its hashed name.
                 name = _hashed_name(source)
                 path = folder / name
-                state, git_dir = await self._inspect(path, common, git_dirs.get(name))
+                state, git_dir = await self._inspect(
+                    path, common, git_dirs.get(name),
+                    (ready or {}).get(name, str(source)) == str(source))
             if state == "foreign":
                 return CheckoutFailure(
                     str(source), f"{path} already holds a worktree of another repository"
@@ -477,8 +481,8 @@ class WorktreeManager:
         self._common_dirs[source] = common
         return common
 
-    async def _inspect(self, path: Path, common: str,
-                       recorded: str | None) -> tuple[State, str | None]:
+    async def _inspect(self, path: Path, common: str, recorded: str | None,
+                       same_source: bool = True) -> tuple[State, str | None]:
         """What is at ``path``: a usable worktree of the repo whose common dir is
         ``common``, nothing, or one of the ways a worktree can be unusable; and its
         git dir. Decided from the harness's record (``recorded``, the lane marker's)
@@ -487,7 +491,8 @@ class WorktreeManager:
         earlier version) is adopted only when its ``.git`` names a git dir of
         ``common`` whose ``gitdir`` names it back. A recorded one is of this
         repository when its git dir is ``common``'s (made by an earlier version)
-        or the lane's own repository's (:mod:`prohost.engine.repos.lanerepo`)."""
+        or the lane's own repository's (:mod:`prohost.engine.repos.lanerepo`) when
+        the marker says that was made for this source (``same_source``)."""
         if not await self._file(os.path.lexists, path):
             return "absent", None
         if await self._file(os.path.islink, path) or not await self._file(path.is_dir):
@@ -504,8 +509,9 @@ class WorktreeManager:
             if adopted is None:
                 return "broken", None
             git_dir = adopted
-        elif os.path.dirname(os.path.dirname(git_dir)) not in (
-                common, real_path(lane_repo(path.parent, path.name))):
+        elif os.path.dirname(os.path.dirname(git_dir)) != common and (
+                os.path.dirname(os.path.dirname(git_dir))
+                != real_path(lane_repo(path.parent, path.name)) or not same_source):
             return "foreign", None
         if not await self._file(os.path.isdir, git_dir) or await self._file(
                 os.path.islink, git_dir):

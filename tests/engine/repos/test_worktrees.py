@@ -48,7 +48,8 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert a.folder == home / "worktrees" / lane_folder_name("conv:A") == wt_a.parent
         branch_a = f"prohost/{lane_folder_name('conv:A')}"
         branch_b = f"prohost/{lane_folder_name('conv:B')}"
-        common = real_path(source / ".git")
+        # In a repository of the conversation's own (§13), beside the worktree.
+        common = real_path(wt_a.parent / ".prohost-repos" / "app.git")
         assert a.checkouts[0] == Checkout(
             name="app", path=str(wt_a), source=str(source), branch=branch_a,
             git=GitPlaces(str(wt_a), os.path.join(common, "worktrees", "app"), common))
@@ -58,6 +59,8 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         commit_a = await commit_file(wt_a, "a.txt", "from A\n")
         commit_b = await commit_file(wt_b, "b.txt", "from B\n")
         assert commit_a != commit_b
+        await manager.bring_back(a)  # what a run's end does
+        await manager.bring_back(b)
         assert not (wt_a / "b.txt").exists() and not (wt_b / "a.txt").exists()
         # Each conversation's commit is on its own branch, in the original's refs.
         assert (await git(source, "rev-parse", branch_a)).strip() == commit_a
@@ -67,7 +70,9 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert (await git(source, "rev-parse", "HEAD")).strip() == head
         assert (await git(source, "symbolic-ref", "--short", "HEAD")).strip() == "main"
         assert (await git(source, "status", "--porcelain")) == ""
-        assert sorted(await worktree_paths(source)) == real(source, wt_a, wt_b)
+        assert sorted(await worktree_paths(source, home)) == real(source, wt_a, wt_b)
+        # Registered in the conversations' repositories, not the person's.
+        assert await worktree_paths(source) == real(source)
 
 
 @pytest.mark.protocol("§5")
@@ -101,7 +106,7 @@ async def test_a_vanished_worktree_is_made_again(tmp_path: Path) -> None:
         assert only(again.checkouts) == path
         assert (path / "README").exists()
         assert await git(path, "status", "--porcelain") == ""
-        assert sorted(await worktree_paths(source)) == real(source, path)
+        assert sorted(await worktree_paths(source, tmp_path / "home")) == real(source, path)
 
 
 @pytest.mark.protocol("§5")
@@ -122,7 +127,7 @@ async def test_a_half_made_worktree_is_made_again(tmp_path: Path) -> None:
         assert (path / "b").read_text() == "2\n"
         assert await git(path, "status", "--porcelain") == ""
         assert "locked" not in await git(source, "worktree", "list", "--porcelain")
-        assert sorted(await worktree_paths(source)) == real(source, path)
+        assert sorted(await worktree_paths(source, tmp_path / "home")) == real(source, path)
 
 
 @pytest.mark.protocol("§5")
@@ -144,7 +149,7 @@ async def test_a_broken_worktree_that_was_used_is_moved_aside(tmp_path: Path) ->
         manager = WorktreeManager(tmp_path / "home", [source])
         path = only((await manager.prepare("conv:1")).checkouts)
         (path / "work").write_text("mine\n")
-        git_dir = source / ".git" / "worktrees" / "app"
+        git_dir = path.parent / ".prohost-repos" / "app.git" / "worktrees" / "app"
         shutil.rmtree(git_dir)  # its bookkeeping is gone
         again = await manager.prepare("conv:1")
         assert only(again.checkouts) == path
@@ -163,7 +168,7 @@ async def test_a_git_file_a_run_rewrote_is_put_back_and_never_followed(
         source = await make_repo(tmp_path / "app")
         manager = WorktreeManager(tmp_path / "home", [source])
         path = only((await manager.prepare("conv:1")).checkouts)
-        git_dir = source / ".git" / "worktrees" / "app"
+        git_dir = path.parent / ".prohost-repos" / "app.git" / "worktrees" / "app"
         made = {name: (where / name).read_bytes()
                 for where, name in ((path, ".git"), (git_dir, "gitdir"), (git_dir, "commondir"))}
         (path / "work").write_text("mine\n")
@@ -308,7 +313,7 @@ async def test_eight_lanes_at_once_on_one_repo(tmp_path: Path) -> None:
         assert len(set(results.values())) == 8
         for path in results.values():
             assert await git(path, "status", "--porcelain") == ""
-        assert len(await worktree_paths(source)) == 9
+        assert len(await worktree_paths(source, tmp_path / "home")) == 9
 
 
 async def test_git_location_variables_do_not_leak_in(
