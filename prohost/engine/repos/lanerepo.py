@@ -29,7 +29,7 @@ import stat
 from pathlib import Path
 
 from prohost.engine.repos.gitcmd import GitError, git, git_env
-from prohost.engine.repos.startpoint import EMPTY_START_ENV, StartPoint
+from prohost.engine.repos.startpoint import EMPTY_START_ENV, StartPoint, check_branch
 
 log = logging.getLogger("prohost.worktrees")
 
@@ -125,7 +125,10 @@ async def lane_start(repo: Path, source: str, branch: str) -> StartPoint:
     ``HEAD``; for a person's repository with no commit, a stand-in commit of the
     empty tree, made in the lane's repository (nothing of the person's changes).
 
+    Raises :class:`GitError` when git refuses the branch's name.
+
     Cancelled: the git in flight is killed; a branch made is the lane's own."""
+    await check_branch(branch)
     ref = f"refs/heads/{branch}"
     lane = ("--git-dir", str(repo))
     if (await git(*lane, "rev-parse", "--verify", "--quiet", ref, ok_codes=(0, 1))).strip():

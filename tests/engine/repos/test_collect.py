@@ -57,24 +57,25 @@ async def test_clean_idle_worktrees_go_and_work_stays(tmp_path: Path) -> None:
             "conv:clean": "removed",
             "conv:dirty": "kept-dirty",
             "conv:unmerged": "kept-unmerged",
-            "conv:branch": "removed",  # its commits live on in the source's branch
+            # Its commits are on a branch of the conversation's own repository
+            # only: the harness brings back prohost/<lane>, nothing else.
+            "conv:branch": "kept-unmerged",
             "conv:recent": "kept-recent",
             "conv:busy": "kept-busy",
         }
         details = by_lane(entries, "detail")
         assert "uncommitted changes (1 file)" in details["conv:dirty"]
         assert "commits on no branch" in details["conv:unmerged"]
+        assert "does not have yet" in details["conv:branch"]
         entry = next(e for e in entries if e.lane == "conv:clean")
         assert entry.worktrees == (paths["conv:clean"],)
         assert 29 * DAY < entry.idle_s < 31 * DAY
 
         assert not setup.folder("conv:clean").exists()
-        assert not setup.folder("conv:branch").exists()
-        kept = ("conv:dirty", "conv:unmerged", "conv:recent", "conv:busy")
+        kept = ("conv:dirty", "conv:unmerged", "conv:branch", "conv:recent", "conv:busy")
         assert sorted(await worktree_paths(setup.source, setup.home)) == real(
             setup.source, *(paths[lane] for lane in kept)
         )
-        assert "feature" in await git(setup.source, "branch", "--list", "feature")
         assert (paths["conv:dirty"] / "notes.txt").exists()
 
 
