@@ -170,8 +170,11 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
     ``defer_untracked``, untracked files are not read: their value is
     :data:`_UNREAD` and their names come third, for :func:`_fill` to read the few
     whose content matters."""
+    # Submodules' commits, never their files: for their files git would run a
+    # `git status` inside each, with the config and attributes (filter
+    # programs) of a repository the run may have planted there (§13).
     out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
-                    "--untracked-files=all", "--no-renames", "--ignore-submodules=none",
+                    "--untracked-files=all", "--no-renames", "--ignore-submodules=dirty",
                     env=env)
     heads: dict[str, str | None] = {}
     work: dict[str, str | None] = {}

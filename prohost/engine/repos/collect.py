@@ -131,6 +131,12 @@ async def _places(folder: Path, path: Path) -> GitPlaces | None:
     return GitPlaces(str(path), adopted, person) if adopted is not None else None
 
 
+def _checked_out(path: Path, submodules: list[str]) -> list[str]:
+    """Those of ``submodules`` with a ``.git`` in the worktree at ``path`` (a few
+    ``lstat`` calls, on a worktree just read by git)."""
+    return [name for name in submodules if os.path.lexists(path / name / ".git")]
+
+
 async def _judge(folder: Path, path: Path) -> _Verdict:
     """Whether removing the worktree at ``path`` would lose work."""
     places = await _places(folder, path)
@@ -138,15 +144,26 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
         return _Verdict(path, None, "dirty", f"{path.name} cannot be checked (the harness "
                                               "has no record of its git dir)")
     try:
-        # Untracked files and changed submodules count (whatever the repo's config
-        # says): removing the worktree would delete them too. A read-only look:
-        # never take index.lock.
+        # Untracked files count (whatever the repo's config says): removing the
+        # worktree would delete them too. A read-only look: never take index.lock.
+        # Submodules: their commits only. For their files git would run a `git
+        # status` inside each, with the config and attributes (filter programs)
+        # of a repository the run may have planted there (§13); one checked out
+        # counts as work instead (below).
         status = await git_at(
             places, "--no-optional-locks", "status", "--porcelain",
-            "--untracked-files=normal", "--ignore-submodules=none",
+            "--untracked-files=normal", "--ignore-submodules=dirty",
         )
+        staged = await git_at(places, "ls-files", "-z", "--stage")
     except (GitError, ValueError) as exc:
         return _Verdict(path, places, "dirty", f"{path.name} cannot be checked ({exc})")
+    nested = [entry.split("\t", 1)[1] for entry in staged.split("\0")
+              if entry.startswith("160000 ") and "\t" in entry]
+    nested = _checked_out(path, nested)
+    if nested:
+        return _Verdict(path, places, "dirty",
+                        f"{path.name} holds a checked-out submodule ({nested[0]}), whose "
+                        "work is not looked at")
     changed = [line for line in status.splitlines() if line.strip()]
     if changed:
         noun = "file" if len(changed) == 1 else "files"

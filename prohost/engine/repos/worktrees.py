@@ -561,6 +561,10 @@ class WorktreeManager:
         if not await self._file(lane_repo_usable, repo):
             await make_lane_repo(repo, common, src)
         lane = ("--git-dir", str(repo))
+        # A reused lane repository's branch reflog is one its runs could write:
+        # one made a link is removed before git appends to it.
+        await self._file(remove_planted_logs, GitPlaces(str(path), "", real_path(repo)),
+                         lane_branch(path.parent.name))
         start = await lane_start(repo, src, lane_branch(path.parent.name))
         try:
             await git(*lane, "worktree", "add", *start.add_args(str(path)),
