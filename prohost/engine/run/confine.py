@@ -10,14 +10,16 @@ A confined run **may write** (each also readable):
 
 - its working directory: ``--workdir`` without ``--repos``; with ``--repos``, its
   conversation's worktrees instead (``--workdir`` is then no run's place);
-- for each worktree, what git needs to commit there: the worktree's private git
-  dir (``<common>/worktrees/<name>``: its ``HEAD``, index, logs), the shared
-  object store (``<common>/objects``), and the folders of the harness's branches,
-  ``<common>/refs/heads/prohost`` and ``<common>/logs/refs/heads/prohost``. Not
-  the one ref file: git writes ``<ref>.lock`` beside the ref and renames it over
-  it, and Landlock can grant a file's contents but not its creation in a folder
-  without granting the folder. So a run may move any ``prohost/...`` branch of
-  that repository (other conversations' included), and none of the person's own;
+- for each worktree, what git needs to commit there, in the conversation's own
+  repository (:mod:`prohost.engine.repos.lanerepo`; its common dir below): the
+  worktree's private git dir (``<common>/worktrees/<name>``: its ``HEAD``, index,
+  logs), its objects (``<common>/objects``; the person's store is a read-only
+  alternate), and the folders of its branches, ``<common>/refs/heads/prohost``
+  and ``<common>/logs/refs/heads/prohost`` (not the one ref file: git writes
+  ``<ref>.lock`` beside it and renames it over it). All from the harness's
+  records (:func:`git_places`), never the worktree's ``.git``. Nothing of the
+  person's repository (a worktree made by an earlier version is of the
+  person's repository, and gets these places there until it is collected);
 - its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
   a private ``TMPDIR``, both removed after the run);
 - the agent CLI's own folder for the run's account: ``CLAUDE_CONFIG_DIR`` (else
