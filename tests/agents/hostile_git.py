@@ -132,7 +132,16 @@ def main() -> str:
     if attack == "object":
         blob = git("rev-parse", "main:Makefile")
         common = os.path.abspath(git("rev-parse", "--git-common-dir"))
-        path = os.path.join(common, "objects", blob[:2], blob[2:])
+        stores = [os.path.join(common, "objects")]
+        alternates = os.path.join(common, "objects", "info", "alternates")
+        if os.path.exists(alternates):
+            with open(alternates, encoding="utf-8") as handle:
+                stores += [line.strip() for line in handle if line.strip()]
+        # Wherever git keeps it: its own store or one it borrows from.
+        path = next((os.path.join(store, blob[:2], blob[2:]) for store in stores
+                     if os.path.exists(os.path.join(store, blob[:2], blob[2:]))), "")
+        if not path:
+            return "not found"
         body = b"all:\n\techo overwritten\n"
         try:
             os.remove(path)

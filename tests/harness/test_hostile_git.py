@@ -207,7 +207,7 @@ async def test_a_run_changes_nothing_of_the_person_s_repository_but_its_branch(
         ):
             assert reply(await turn(server, "S", "stage", secret)) == "staged"
             other = world.git("rev-parse", world.branch("S")).strip()
-            await turn(server, "H", "object")
+            assert reply(await turn(server, "H", "object")) == "EACCES"
             hunted = await turn(server, "H", "hunt", secret)
             await turn(server, "H", "move", world.branch("S"))
     assert world.git("show", "main:Makefile") == makefile

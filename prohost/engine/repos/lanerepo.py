@@ -154,3 +154,18 @@ def lane_repo_usable(repo: Path) -> bool:
     return (os.path.isdir(repo) and not os.path.islink(repo)
             and os.path.isfile(repo / "config")
             and os.path.isfile(repo / "objects" / "info" / "alternates"))
+
+
+async def sync_refs(repo: Path, person_common: str) -> None:
+    """Give the lane's repository the person's branches, remote-tracking branches
+    and tags as they are now (``main``, ``origin/main``, … resolve in the worktree
+    as in the person's checkout), never its own ``prohost/…`` branches. Their
+    objects are already there (the alternate): only refs are written, in places
+    no run may write. Raises :class:`GitError` (the refs stay as they were: a
+    branch the agent checked out is not moved under it).
+
+    Cancelled: the fetch is killed; each ref is updated whole or not."""
+    await git(*_FETCH, "--git-dir", str(repo), "fetch", "--quiet", "--no-tags",
+              "--no-write-fetch-head", "--no-recurse-submodules", person_common,
+              "+refs/heads/*:refs/heads/*", "^refs/heads/prohost/*",
+              "+refs/remotes/*:refs/remotes/*", "+refs/tags/*:refs/tags/*")

@@ -401,6 +401,14 @@ class WorktreeManager:
                     log.warning("put back %s of the worktree %s, which its run had "
                                 "changed", ", ".join(restored), path)
                 branch = await self._branch_of(places, lane_branch(folder.name))
+            if places.common_dir != common:
+                # The lane's own repository: the person's branches as they are now.
+                try:
+                    await lanerepo.sync_refs(Path(places.common_dir), common)
+                except GitTimedOut:
+                    raise
+                except GitError as exc:
+                    log.warning("could not give %s the branches of %s: %s", path, source, exc)
             # git leaves a worktree's submodules empty, and git's own documentation
             # advises against checking them out in a linked worktree: the agent is told.
             submodules = await self._file(os.path.lexists, path / ".gitmodules")

@@ -405,3 +405,24 @@ async def test_is_checkout(tmp_path: Path) -> None:
         assert not is_checkout(source / ".git")  # inside the repo, not a work tree
         path = only((await WorktreeManager(tmp_path / "home", [source]).prepare("x")).checkouts)
         assert is_checkout(path)  # a worktree has a .git file
+
+
+async def test_the_person_s_branches_resolve_in_the_worktree_as_they_are_now(
+    tmp_path: Path,
+) -> None:
+    """The worktree is of the conversation's own repository (§13), yet ``main``
+    means the person's ``main`` there, as of the turn's start; the conversation's
+    own branch is never moved by it."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        prepared = await manager.prepare("conv:1")
+        path = only(prepared.checkouts)
+        mine = await commit_file(path, "mine.txt", "the agent's\n")
+        assert (await git(path, "rev-parse", "main")).strip() == (
+            await git(source, "rev-parse", "main")).strip()
+        theirs = await commit_file(source, "theirs.txt", "the person's\n")
+        again = await manager.prepare("conv:1")
+        assert (await git(path, "rev-parse", "main")).strip() == theirs
+        assert (await git(path, "rev-parse", "HEAD")).strip() == mine
+        assert again.checkouts[0].branch == f"prohost/{lane_folder_name('conv:1')}"
