@@ -87,7 +87,7 @@ def adopt_git_dir(path: Path, common: str) -> tuple[str | None, bool]:
     return git_dir, False
 
 
-def _put(path: Path, text: str) -> bool:
+def put_file(path: Path, text: str) -> bool:
     """Make ``path`` the regular file holding ``text``; whether it had to be
     changed. What was there (a link, a folder, other text) goes, unfollowed."""
     if _read_regular(path) == text:
@@ -112,11 +112,11 @@ def restore_git_files(places: GitPlaces) -> list[str]:
     back as git made them; the names of those that a run had changed."""
     changed: list[str] = []
     work_tree, git_dir = Path(places.work_tree), Path(places.git_dir)
-    if _put(work_tree / ".git", _gitdir_line(places.git_dir)):
+    if put_file(work_tree / ".git", _gitdir_line(places.git_dir)):
         changed.append(".git")
-    if _put(git_dir / "gitdir", f"{os.path.realpath(work_tree) / Path('.git')}\n"):
+    if put_file(git_dir / "gitdir", f"{os.path.realpath(work_tree) / Path('.git')}\n"):
         changed.append("gitdir")
-    if _put(git_dir / "commondir", "../..\n"):
+    if put_file(git_dir / "commondir", "../..\n"):
         changed.append("commondir")
     return changed
 

@@ -29,6 +29,7 @@ import stat
 from pathlib import Path
 
 from prohost.engine.repos.gitcmd import GitError, git, git_env
+from prohost.engine.repos.gitrecords import put_file
 from prohost.engine.repos.startpoint import EMPTY_START_ENV, StartPoint, check_branch
 
 log = logging.getLogger("prohost.worktrees")
@@ -57,7 +58,7 @@ def _config(person_common: str) -> str:
             "\tlogallrefupdates = true\n")
 
 
-def _lay_out(repo: Path, person_common: str, object_format: str) -> None:
+def lay_out(repo: Path, person_common: str, object_format: str) -> None:
     """Blocking: a new bare repository at ``repo`` (none there: made afresh, what a
     killed making left removed first), its objects behind the person's."""
     if os.path.lexists(repo):
@@ -77,13 +78,11 @@ def _lay_out(repo: Path, person_common: str, object_format: str) -> None:
         os.path.join(person_common, "objects") + "\n")
 
 
-async def make_lane_repo(repo: Path, person_common: str, source: str) -> None:
-    """Make the lane's repository at ``repo`` for the person's repository ``source``
-    (common dir ``person_common``). Raises :class:`GitError` or ``OSError``.
-
-    Cancelled: the git in flight is killed; what is left is made afresh next time."""
-    object_format = (await git("-C", source, "rev-parse", "--show-object-format")).strip()
-    _lay_out(repo, person_common, object_format or "sha1")
+async def object_format(source: str) -> str:
+    """The object format (``sha1``, ``sha256``) of the person's repository
+    ``source``, which its lane repositories share. Cancelled: git is killed."""
+    out = await git("-C", source, "rev-parse", "--show-object-format")
+    return out.strip() or "sha1"
 
 
 def planted_ref(repo: Path, branch: str) -> bool:
@@ -149,11 +148,22 @@ async def lane_start(repo: Path, source: str, branch: str) -> StartPoint:
 
 def lane_repo_usable(repo: Path) -> bool:
     """Blocking: ``repo`` is a lane repository the harness finished making (its
-    config, the last file :func:`make_lane_repo` writes but one, and its
-    alternates, the last), not a link."""
+    config, which no run may write, is there: :func:`lay_out` writes it last but
+    one), not a link."""
     return (os.path.isdir(repo) and not os.path.islink(repo)
-            and os.path.isfile(repo / "config")
-            and os.path.isfile(repo / "objects" / "info" / "alternates"))
+            and os.path.isfile(repo / "config") and not os.path.islink(repo / "config"))
+
+
+def restore_alternates(repo: Path, person_common: str) -> bool:
+    """Blocking: put the lane repository's alternates back as made (it is in its
+    objects folder, which its runs may write), so that its git, and the
+    harness's, borrow the person's store and nothing else; whether it had
+    changed. Follows no link: a planted ``objects/info`` link is removed."""
+    info = repo / "objects" / "info"
+    if info.is_symlink() or (os.path.lexists(info) and not info.is_dir()):
+        os.unlink(info)
+    info.mkdir(parents=True, exist_ok=True)
+    return put_file(info / "alternates", os.path.join(person_common, "objects") + "\n")
 
 
 async def sync_refs(repo: Path, person_common: str) -> None:

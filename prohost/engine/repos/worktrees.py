@@ -67,7 +67,9 @@ from prohost.engine.repos.lanerepo import (
     lane_repo,
     lane_repo_usable,
     lane_start,
-    make_lane_repo,
+    lay_out,
+    object_format,
+    restore_alternates,
 )
 from prohost.engine.repos.startpoint import lane_branch
 from prohost.repospec import is_checkout
@@ -402,7 +404,11 @@ class WorktreeManager:
                                 "changed", ", ".join(restored), path)
                 branch = await self._branch_of(places, lane_branch(folder.name))
             if places.common_dir != common:
-                # The lane's own repository: the person's branches as they are now.
+                # The lane's own repository: borrowing the person's objects only,
+                # with the person's branches as they are now.
+                if await self._file(restore_alternates, Path(places.common_dir), common):
+                    log.warning("put back the alternates of %s, which a run had changed",
+                                places.common_dir)
                 try:
                     await lanerepo.sync_refs(Path(places.common_dir), common)
                 except GitTimedOut:
@@ -567,7 +573,9 @@ class WorktreeManager:
                 await self._file(shutil.rmtree, path)
         repo = lane_repo(path.parent, path.name)
         if not await self._file(lane_repo_usable, repo):
-            await make_lane_repo(repo, common, src)
+            await self._file(lay_out, repo, common, await object_format(src))
+        else:
+            await self._file(restore_alternates, repo, common)
         lane = ("--git-dir", str(repo))
         # A reused lane repository's branch reflog is one its runs could write:
         # one made a link is removed before git appends to it.

@@ -426,3 +426,27 @@ async def test_the_person_s_branches_resolve_in_the_worktree_as_they_are_now(
         assert (await git(path, "rev-parse", "main")).strip() == theirs
         assert (await git(path, "rev-parse", "HEAD")).strip() == mine
         assert again.checkouts[0].branch == f"prohost/{lane_folder_name('conv:1')}"
+
+
+async def test_the_lane_repository_borrows_the_person_s_objects_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Its alternates is in its objects folder, which its runs may write (§13): a
+    rewritten one, or an ``objects/info`` made a link, is put back at the next
+    turn's start."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        elsewhere = await make_repo(tmp_path / "elsewhere")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        path = only((await manager.prepare("conv:1")).checkouts)
+        info = path.parent / ".prohost-repos" / "app.git" / "objects" / "info"
+        made = (info / "alternates").read_text()
+        assert made == real_path(source / ".git" / "objects") + "\n"
+        (info / "alternates").write_text(str(elsewhere / ".git" / "objects") + "\n")
+        await manager.prepare("conv:1")
+        assert (info / "alternates").read_text() == made
+        shutil.rmtree(info)
+        info.symlink_to(elsewhere / ".git" / "objects" / "info")
+        await manager.prepare("conv:1")
+        assert not info.is_symlink() and (info / "alternates").read_text() == made
+        assert not (elsewhere / ".git" / "objects" / "info" / "alternates").exists()
