@@ -67,9 +67,18 @@ def _check_sandbox(parser: argparse.ArgumentParser, options: Options) -> None:
     support = probe()
     if support.kind is None:
         parser.error(f"--sandbox required: this system cannot confine agents: "
-                     f"{support.reason}. Run on a system that can (Linux 5.13 or later "
-                     "with Landlock enabled, or macOS), or use --sandbox auto to run them "
-                     "unconfined, said at start and in each completion")
+                     f"{support.reason}. Run on a system that can (Linux with unprivileged "
+                     "user namespaces for bubblewrap and Landlock ABI 6, or macOS), or use "
+                     "--sandbox auto to run them unconfined, said at start and in each "
+                     "completion")
+    if support.gaps:
+        why = f" ({support.reason})" if support.reason else ""
+        parser.error(f"--sandbox required: this system confines agents only in part with "
+                     f"{support.detail}{why}; not covered: {'; '.join(support.gaps)}. "
+                     "Allow unprivileged user namespaces (or give bwrap an AppArmor "
+                     "profile) and use Linux 6.12 or later, or use --sandbox auto to run "
+                     "them as confined as this system allows, said at start and in each "
+                     "completion")
 
 
 def agent_run(ns: argparse.Namespace) -> int:

@@ -50,7 +50,6 @@ from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
-from prohost.engine.run.spares import Spares
 from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
 from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
@@ -136,10 +135,6 @@ class Harness:
         self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
         policy = AdmissionPolicy(max_queued=options.max_queued,
                                  allow_unverified=options.allow_unverified)
-        #: Confined runs' confinements made ahead (without --repos: a run's places
-        #: do not depend on its conversation then).
-        self.spares = (Spares(self.sandbox, self.scratch_root, self.bounds)
-                       if self.sandbox.confines and not self.worktrees.enabled else None)
         #: The ledger's parts: none in a dry run, which answers deliveries from
         #: memory instead and never holds a run (the one choice of the two kinds).
         self.outbox: Outbox | None = None
@@ -162,7 +157,6 @@ class Harness:
                 on_change=self.changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies, clock=clock,
                 sandbox=self.sandbox,
-                spares=self.spares,
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,
@@ -229,8 +223,6 @@ class Harness:
                 if self.recovery is not None:
                     # Before any run can start: every MCP folder there is a leftover.
                     await sweep_scratch(self.scratch_root, self.bounds)
-                    if self.spares is not None:  # after the sweep: it would remove theirs
-                        await nursery.start(self.spares.serve)
                     await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -252,14 +244,18 @@ class Harness:
             self._done.set()
             # Whatever happened above, no agent outlives the harness.
             self.groups.kill_all(signal.SIGKILL)
-            self.sandbox.close()  # the descriptors its rule cache holds
+            self.sandbox.close()
         return self.exit_code
 
     def _say_confinement(self) -> None:
         """Say once, at start, whether agents run confined (§13): a warning when
         ``--sandbox auto`` finds the system cannot (runs go on unconfined)."""
-        if self.sandbox.confines:
+        if self.sandbox.complete:
             log.info("agents run %s", self.sandbox.describe())
+        elif self.sandbox.confines:
+            log.warning("agents run %s; each completion says \"confined\": false (use "
+                        "--sandbox required to refuse to run without every point of §13)",
+                        self.sandbox.describe())
         elif self.options.sandbox == "off":
             log.info("agents run unconfined (--sandbox off)")
         else:

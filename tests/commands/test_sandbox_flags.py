@@ -4,6 +4,7 @@ strictly (exit 2 with one line), explained by ``--help``, refused where
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,24 @@ def test_required_where_the_system_cannot_confine_exits_2_saying_why(tmp_path: P
                         "--print", env=env)
     assert installed.returncode == 2, installed.stderr
     assert "cannot confine agents" in installed.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap and Landlock are Linux's")
+def test_required_where_only_landlock_confines_exits_2_naming_what_is_not_covered(
+        tmp_path: Path) -> None:
+    """Without bubblewrap (simulated at the probe), Landlock alone covers only part
+    of §13: ``required`` refuses, naming the points that do not hold."""
+    from prohost.engine.sandbox import probe
+
+    env = program_env(tmp_path, **{SIMULATE_ABSENT_ENV: "bwrap"})
+    if not probe().abi:
+        pytest.skip("no Landlock here")
+    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required", env=env)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "--sandbox required: this system confines agents only in part" in line
+    assert "outlive" in line and "modes" in line and "by path" in line
+    assert not (tmp_path / "home").exists()
 
 
 def test_help_explains_each_flag(tmp_path: Path) -> None:

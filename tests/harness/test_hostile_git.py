@@ -30,11 +30,14 @@ from tests.kits.repos import isolate_git, make_repo
 
 pytestmark = [
     pytest.mark.protocol("§13"),
-    pytest.mark.skipif(probe().kind != "landlock",
-                       reason=f"this system cannot confine with Landlock: {probe().reason}"),
+    pytest.mark.skipif(not probe().complete,
+                       reason=f"this system cannot confine runs fully: {probe().reason}"),
 ]
 
 HOSTILE = shlex.join([sys.executable, str(AGENTS / "hostile_git.py")])
+#: How §13 says a denied write and a denied read fail.
+DENIED_WRITE = {"EACCES", "EPERM", "EROFS"}
+DENIED_READ = {"EACCES", "ENOENT"}
 
 
 class World:
@@ -136,7 +139,7 @@ async def test_a_git_linked_to_the_original_grants_nothing_of_it(world: World) -
             assert reply(await turn(server, "A", "link-git", str(world.source))) == "linked"
             planted = await turn(server, "A", "plant-hook", str(world.source),
                                  str(world.marker))
-            assert reply(planted) == "EACCES"
+            assert reply(planted) in DENIED_WRITE
             await turn(server, "C", "nothing")  # a new conversation: a worktree add
     assert world.original_git_files() == before
     assert not world.marker.exists()
@@ -162,9 +165,9 @@ async def test_a_git_dir_named_with_a_trailing_space_grants_nothing_more(
             read = await turn(server, "A", "read", str(credentials))
             wrote = await turn(server, "A", "write", str(world.source / "README"))
             token = credentials.read_text()
-    assert reply(read) == "EACCES"
+    assert reply(read) in DENIED_READ
     assert token not in read["reply"]
-    assert reply(wrote) == "EACCES"
+    assert reply(wrote) in DENIED_WRITE
     assert (world.source / "README").read_bytes() == readme
     assert read["confined"] is True and wrote["confined"] is True
 
@@ -207,7 +210,7 @@ async def test_a_run_changes_nothing_of_the_person_s_repository_but_its_branch(
         ):
             assert reply(await turn(server, "S", "stage", secret)) == "staged"
             other = world.git("rev-parse", world.branch("S")).strip()
-            assert reply(await turn(server, "H", "object")) == "EACCES"
+            assert reply(await turn(server, "H", "object")) in DENIED_WRITE
             hunted = await turn(server, "H", "hunt", secret)
             await turn(server, "H", "move", world.branch("S"))
     assert world.git("show", "main:Makefile") == makefile

@@ -39,16 +39,16 @@ class Spawns:
         monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
         # A confined agent (the default, docs/protocol.md §13) is spawned from a confined
         # thread instead, not through trio's open_process: counted there too.
-        spawn_confined = agent_process._spawn_confined
+        spawn_confined = agent_process.spawn_confined
 
-        async def spawned_confined(confinement: Any, argv: list[str], **options: Any) -> Any:
-            proc = await spawn_confined(confinement, argv, **options)
+        async def spawned_confined(confinement: Any, command: str, **options: Any) -> Any:
+            proc = await spawn_confined(confinement, command, **options)
             run_id = (options.get("env") or {}).get("PROHOST_RUN_ID")
-            if run_id is not None and "/bin/sh" in argv:
+            if run_id is not None:
                 self._by_run.setdefault(run_id, []).append(proc)
             return proc
 
-        monkeypatch.setattr(agent_process, "_spawn_confined", spawned_confined)
+        monkeypatch.setattr(agent_process, "spawn_confined", spawned_confined)
 
     def of(self, run_id: str) -> list[Any]:
         return list(self._by_run.get(run_id, []))

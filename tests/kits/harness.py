@@ -10,6 +10,7 @@ see the order they start in, and let them finish one by one, without sleeping.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import threading
@@ -229,6 +230,35 @@ def run_body(run_id: str, **fields: Any) -> dict[str, Any]:
     return body
 
 
+#: A pid no process can have (above the kernel's largest ``pid_max``).
+NO_PID = 4_194_305
+
+
+def host_pid(pid: int, run_id: str) -> int:
+    """The pid, as this test sees it, of run ``run_id``'s process that calls itself
+    ``pid``: the same unless it runs in a PID namespace of its own (a run confined
+    by bubblewrap), whose numbers are the last of ``NSpid`` in ``/proc/<pid>/status``.
+    :data:`NO_PID` when there is no such process (any more). Linux; elsewhere
+    ``pid`` itself."""
+    needle = f"PROHOST_RUN_ID={run_id}".encode()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pid
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        nspids = [line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")]
+        if nspids and nspids[0] and nspids[0][-1] == str(pid) and needle in environ.split(b"\0"):
+            return int(entry)
+    return NO_PID
+
+
 class Gate:
     """The test's end of tests/agents/gated.py: see who started, let them finish."""
 
@@ -261,7 +291,7 @@ class Gate:
             buffer += chunk
         _, run_id, pid = buffer.split(b"\n", 1)[0].decode().split()
         self.started.append(run_id)
-        self.pids[run_id] = int(pid)
+        self.pids[run_id] = host_pid(int(pid), run_id)
         self._streams[run_id] = stream
         self.running += 1
         self.max_running = max(self.max_running, self.running)

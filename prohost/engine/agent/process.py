@@ -24,7 +24,6 @@ at a 16-wide backlog, tasks and scheduler trips were a good part of a run's CPU.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import os
@@ -40,7 +39,7 @@ import trio
 from prohost.engine.agent import procinfo
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
-from prohost.engine.blocking import wake_from_thread
+from prohost.engine.agent.spawn import Spawned, spawn_confined
 from prohost.engine.sandbox import Confinement
 
 log = logging.getLogger("prohost.agentproc")
@@ -132,36 +131,6 @@ class ProcessGroups:
         return pgid in self._pgids
 
 
-#: A fault hook for tests that run the harness as a subprocess: when this variable
-#: names a FIFO, every spawned child reads it to its end between its fork and its
-#: exec, as a child whose ``chdir`` into a hung folder never returns: the spawn
-#: (``Popen``, in a worker thread nobody can abandon) blocks until the FIFO's writer
-#: closes it.
-TEST_HUNG_SPAWN_ENV = "PROHOST_TEST_HUNG_SPAWN_FIFO"
-
-
-def _hang_on(fifo: str) -> None:
-    with open(fifo, "rb") as hung:
-        hung.read()
-
-
-def _in_child(hang: str | None, confine: Callable[[], None] | None
-              ) -> Callable[[], None] | None:
-    """What the child runs between fork and exec: the test hook's hang, then the
-    confinement's own step (the hook first: it opens a FIFO the confinement may
-    hide)."""
-    if hang is None:
-        return confine
-    if confine is None:
-        return functools.partial(_hang_on, hang)
-
-    def both() -> None:
-        _hang_on(hang)
-        confine()
-
-    return both
-
-
 def kill_children() -> None:
     """SIGKILL every child of this process, and the group of each that leads one.
 
@@ -248,7 +217,7 @@ class _Watch:
 
     def __init__(
         self,
-        proc: trio.Process | _Child,
+        proc: trio.Process | Spawned,
         *,
         stdin_data: bytes,
         groups: ProcessGroups,
@@ -298,11 +267,18 @@ class _Watch:
         self.exited = False
         self.timed_out: TimedOut | None = None
         self.poller = poller_for(proc)
+        #: Under bubblewrap's keeper: its status pipe, which says the agent's end
+        #: (the process watched is bubblewrap, which ends after what the agent left).
+        self.status_fd = proc.status if isinstance(proc, Spawned) else None
+        #: Under the keeper: bubblewrap has exited, so its namespace is empty.
+        self.outer_exited = False
 
     async def run(self) -> ProcessResult:
         try:
             self.poller.read(self.stdout_fd)
             self.poller.read(self.stderr_fd)
+            if self.status_fd is not None:
+                self.poller.read(self.status_fd)
             if self.conversation is not None:
                 self.conversation.open(self)
             else:
@@ -388,8 +364,17 @@ class _Watch:
         pipes, so an end is noticed when it happens and no timer of trio's is
         needed for it (a test's still clock never ends the wait early or late).
 
+        Under bubblewrap's keeper, the keeper does the SIGTERM itself, inside the
+        namespace (a process that left the group is still in it), and bubblewrap
+        exits once it is empty: that is waited for, within the grace.
+
         Cancelled: stops waiting; the caller's stop sweeps the group.
         """
+        if self.status_fd is not None:
+            with trio.move_on_after(self.groups.grace_s):
+                await self._pump(lambda: self.outer_exited)
+            if self.outer_exited:
+                return
         left = await _left_in(self.pgid)
         if not left:
             return
@@ -482,6 +467,32 @@ class _Watch:
     def _gone(self) -> bool:
         return self.exited and not self.open_pipes
 
+    def _exit_seen(self) -> None:
+        """The watched process has exited: the agent, or under the keeper
+        bubblewrap (after the agent, unless it died first: a stop's SIGTERM)."""
+        if self.status_fd is None:
+            self.exited = self.proc.returncode is not None
+            if self.exited:
+                self.poller.forget(EXIT)
+            return
+        if self.proc.returncode is None and not self._status_heard():
+            assert isinstance(self.proc, Spawned)
+            self.proc.agent_ended = True  # bubblewrap ended without the keeper's word
+            self._status_heard()
+        if self.proc.returncode is not None:
+            self.outer_exited = isinstance(self.proc, Spawned) and \
+                self.proc._popen.returncode is not None
+            if self.outer_exited:
+                self.poller.forget(EXIT)
+
+    def _status_heard(self) -> bool:
+        """Read the keeper's status pipe; whether the agent has ended."""
+        assert isinstance(self.proc, Spawned) and self.status_fd is not None
+        if not self.exited and self.proc.heard():
+            self.exited = True
+            self.poller.forget(self.status_fd)
+        return self.exited
+
     async def _pump(self, done: Callable[[], bool]) -> None:
         """Read the pipes, feed stdin and notice the leader's exit until ``done()``.
 
@@ -494,9 +505,9 @@ class _Watch:
                 elif fd == self.stderr_fd:
                     self._read_stderr()
                 elif fd == EXIT:
-                    self.exited = self.proc.returncode is not None
-                    if self.exited:
-                        self.poller.forget(EXIT)
+                    self._exit_seen()
+                elif fd == self.status_fd:
+                    self._status_heard()
                 elif fd in self.members:
                     self._member_ended(fd)
                 else:
@@ -642,25 +653,19 @@ async def run_agent(
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
-    hang = os.environ.get(TEST_HUNG_SPAWN_ENV) or None
-    prefix: tuple[str, ...] = ()
-    preexec = None
-    if confinement is not None:
-        prefix, preexec = confinement.argv_prefix, confinement.preexec
-    argv = [*prefix, "/bin/sh", "-c", command]
-    proc: trio.Process | _Child
-    if confinement is not None and preexec is not None and hang is None:
-        proc = await _spawn_confined(confinement, argv, cwd=cwd, env=env)
+    proc: trio.Process | Spawned
+    if confinement is not None and (confinement.keeper or confinement.has_domain):
+        proc = await spawn_confined(confinement, command, cwd=cwd, env=env)
     else:
+        prefix = confinement.argv_prefix if confinement is not None else ()
         proc = await trio.lowlevel.open_process(
-            argv,
+            [*prefix, "/bin/sh", "-c", command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
-            preexec_fn=_in_child(hang, preexec),
         )
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid
@@ -684,112 +689,12 @@ async def run_agent(
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)
         groups.discard(pgid)
+        if isinstance(proc, Spawned):
+            proc.close()
         # Plain closes: each aclose() would be one more trip through the scheduler.
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if isinstance(stream, trio.lowlevel.FdStream):
                 stream.close()
-
-
-class _Child:
-    """A child spawned from a confined thread: what :class:`_Watch` reads of a
-    :class:`trio.Process` (its pid, pipes and exit status), over the ``Popen``."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], stdin: trio.lowlevel.FdStream,
-                 stdout: trio.lowlevel.FdStream, stderr: trio.lowlevel.FdStream) -> None:
-        self._popen = popen
-        self.pid = popen.pid
-        self.stdin = stdin
-        self.stdout = stdout
-        self.stderr = stderr
-
-    @property
-    def returncode(self) -> int | None:
-        """Its exit status once it has exited (and it is reaped then), else ``None``."""
-        return self._popen.poll()
-
-    async def wait(self) -> int:
-        """Return its exit status once it has exited (for the poller without
-        pidfds). Cancelled: the waiting thread is abandoned; it ends with the child."""
-        return await trio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
-
-
-async def _spawn_confined(confinement: Confinement, argv: list[str], *, cwd: Path,
-                          env: Mapping[str, str]) -> _Child:
-    """Spawn ``argv`` as ``run_agent`` does, from a fresh thread that entered the
-    confinement first (:meth:`Confinement.spawn_from_a_confined_thread`), so that
-    subprocess keeps its ``vfork`` path: a ``preexec`` forces a full ``fork``, which
-    in a harness of tens of MiB cost several milliseconds per run (docs/security.md,
-    "Cost"). Raises ``OSError`` as a spawn does, and ``SubprocessError`` when the
-    confinement cannot be entered (nothing is spawned then).
-
-    Cancelled: not before the child exists (the spawn cannot be abandoned, as with
-    :func:`trio.lowlevel.open_process`); then as the caller's.
-    """
-    stdin_child, stdin_ours = os.pipe()
-    stdout_ours, stdout_child = os.pipe()
-    stderr_ours, stderr_child = os.pipe()
-    ours = [stdin_ours, stdout_ours, stderr_ours]
-    try:
-        child_env = dict(env)
-        tried: list[bool] = []
-
-        def spawn() -> subprocess.Popen[bytes]:
-            tried.append(True)
-            return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
-                                    stderr=stderr_child, cwd=cwd, env=child_env,
-                                    start_new_session=True)
-
-        try:
-            popen = await _spawn_readied(confinement, spawn)
-            if popen is None:
-                popen = await trio.to_thread.run_sync(confinement.spawn_from_a_confined_thread,
-                                                      spawn)
-        except OSError as exc:
-            if tried:
-                raise  # the spawn's own failure (a missing cwd, …)
-            # The thread could not enter the confinement, so nothing was spawned: the
-            # same failure as a preexec's, never one of the working directory.
-            raise subprocess.SubprocessError(f"entering the confinement failed: {exc}") from exc
-    except BaseException:
-        for fd in ours:
-            os.close(fd)
-        raise
-    finally:
-        for fd in (stdin_child, stdout_child, stderr_child):
-            os.close(fd)
-    return _Child(popen, *(trio.lowlevel.FdStream(fd) for fd in ours))
-
-
-async def _spawn_readied(confinement: Confinement,
-                         spawn: Callable[[], subprocess.Popen[bytes]]
-                         ) -> subprocess.Popen[bytes] | None:
-    """``spawn()`` made from the confinement's readied thread, which entered its
-    domain while the run waited for other things (:meth:`Confinement.ready_spawner`):
-    the spawn then costs what :func:`trio.lowlevel.open_process`'s worker thread
-    does, and no thread of its own. ``None`` when there is no such thread. Raises
-    what the spawn raises, or ``OSError`` without spawning when the thread could
-    not enter the domain.
-
-    Cancelled: not before the child exists (the wait is shielded, as trio's spawn
-    is); it is then the caller's to stop.
-    """
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-    delivered: list[tuple[subprocess.Popen[bytes] | None, BaseException | None]] = []
-
-    def deliver(popen: subprocess.Popen[bytes] | None, error: BaseException | None) -> None:
-        delivered.append((popen, error))
-        wake_from_thread(token, done.set)
-
-    if not confinement.spawn_soon(spawn, deliver):
-        return None
-    with trio.CancelScope(shield=True):
-        await done.wait()
-    popen, error = delivered[0]
-    if error is not None:
-        raise error
-    assert popen is not None
-    return popen
 
 
 def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:

@@ -41,16 +41,15 @@ import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
 
 from prohost.engine.agent.environment import make_private_folder
-from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut, wake_from_thread
+from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
-from prohost.engine.sandbox import Confinement, Policy, RuleCache, Support, defaults, prepare, probe
+from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
 from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
@@ -87,32 +86,36 @@ class Sandbox:
         """The harness's sandbox for ``options``: the system asked unless ``off``.
         Never refuses: ``required`` is checked by the command line before (exit 2)."""
         support = None if options.sandbox == "off" else probe()
-        if support is not None and support.kind == "landlock":
-            # What runs' rules have in common, kept for the harness's lifetime
-            # (issue 29); closed by close() at its exit.
-            support = attrs.evolve(support, rules=RuleCache())
         home = env.get("HOME")
         return cls(mode=options.sandbox, support=support, allow_write=options.allow_write,
                    allow_read=options.allow_read, home=options.home,
                    user_home=Path(home) if home else Path.home())
 
     def close(self) -> None:
-        """Close what the support's rule cache holds (the harness's exit; never waits)."""
-        if self.support is not None and self.support.rules is not None:
-            self.support.rules.close()
+        """Nothing is kept between runs: here for the harness's exit."""
 
     @property
     def confines(self) -> bool:
         """Runs are confined: not ``off``, and the system can."""
         return self.support is not None and self.support.kind is not None
 
+    @property
+    def complete(self) -> bool:
+        """Every point of §13 holds for a run (its completion says confined)."""
+        return self.support is not None and self.support.complete
+
     def describe(self) -> str:
-        """``confined (Landlock ABI 7)`` or ``NOT confined: <reason>``, as the
-        panel, ``agent status`` and the log say it."""
+        """``confined (bubblewrap, Landlock ABI 7)``, ``partly confined (…): not
+        covered: …`` or ``NOT confined: <reason>``, as the panel, ``agent status``
+        and the log say it."""
         if self.support is None:
             return "NOT confined: --sandbox off"
         if self.support.kind is None:
             return f"NOT confined: {self.support.reason}"
+        if self.support.gaps:
+            why = f"; {self.support.reason}" if self.support.reason else ""
+            return (f"partly confined ({self.support.detail}{why}): not covered: "
+                    + "; ".join(self.support.gaps))
         return f"confined ({self.support.detail})"
 
 
@@ -236,44 +239,16 @@ class RunConfinement:
         self.confinement.close()
 
 
-class Making:
-    """One confinement being made in a worker thread that may be abandoned: one
-    finished after its caller gave up is closed there, never leaked."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._abandoned = False
-        self.made: RunConfinement | None = None
-
-    def make(self, sandbox: Sandbox, support: Support, places: RunPlaces, *,
-             spawner: bool = True) -> RunConfinement:
-        """The run's confinement, made now; with ``spawner``, the thread its spawn
-        will be made from is started too (the run is about to spawn; one made
-        ahead, :mod:`prohost.engine.run.spares`, has its own started when kept).
-        Blocking."""
-        tmpdir = places.scratch / TMP_NAME
-        make_private_folder(tmpdir)
-        if places.workdir is not None:
-            # A grant needs the folder (one that does not exist gets none): made here
-            # too, since an early confinement is made before the runner makes it,
-            # and one removed between runs is made again.
-            places.workdir.mkdir(parents=True, exist_ok=True)
-        confinement = prepare(policy_for(sandbox, places), support)
-        if spawner:
-            confinement.ready_spawner()
-        with self._lock:
-            if self._abandoned:
-                confinement.close()
-                raise ConfinementFailed("abandoned")
-            self.made = RunConfinement(confinement, tmpdir)
-            return self.made
-
-    def abandon(self) -> None:
-        with self._lock:
-            self._abandoned = True
-            if self.made is not None:
-                self.made.close()
-                self.made = None
+def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
+    """The attempt's confinement, made now, anew (nothing is kept between attempts:
+    what a run changed cannot carry a grant into the next). Blocking."""
+    tmpdir = places.scratch / TMP_NAME
+    make_private_folder(tmpdir)
+    if places.workdir is not None:
+        # A grant needs the folder (one that does not exist gets none), and one
+        # removed between runs is made again.
+        places.workdir.mkdir(parents=True, exist_ok=True)
+    return RunConfinement(prepare(policy_for(sandbox, places), support, tmpdir=tmpdir), tmpdir)
 
 
 async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
@@ -289,19 +264,29 @@ async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
     support = sandbox.support
     if support is None or support.kind is None:
         return None
-    making = Making()
+    made: list[RunConfinement] = []
+    abandoned = threading.Event()
+    lock = threading.Lock()
+
+    def making() -> RunConfinement:
+        confined = make(sandbox, support, places)
+        with lock:
+            if abandoned.is_set():
+                confined.close()  # its caller gave up: never leaked
+                raise ConfinementFailed("abandoned")
+            made.append(confined)
+        return confined
+
     limit_s = max(0.0, min(FILE_STEP_TIMEOUT_S, deadline - trio.current_time()))
     try:
-        return await bounds.file_step(making.make, sandbox, support, places,
-                                      what="confining the agent", limit_s=limit_s)
-    except ConfinementFailed:
-        making.abandon()
-        raise
-    except Exception as exc:
-        making.abandon()
-        raise _failure(exc) from None
-    except BaseException:
-        making.abandon()
+        return await bounds.file_step(making, what="confining the agent", limit_s=limit_s)
+    except BaseException as exc:
+        with lock:
+            abandoned.set()
+            for confined in made:
+                confined.close()
+        if isinstance(exc, Exception) and not isinstance(exc, ConfinementFailed):
+            raise _failure(exc) from None
         raise
 
 
@@ -316,118 +301,25 @@ def _failure(exc: Exception) -> ConfinementFailed:
     return ConfinementFailed(type(exc).__name__)
 
 
-class EarlyConfinement:
-    """A run's confinement begun before the steps that come ahead of its spawn (its
-    ``started`` fsync, its prompt), so that making it costs the run no time when
-    its places are known from the start (no ``--repos``). Taken by the attempt
-    (:meth:`take`), or thrown away (:meth:`discard`); one made after either is
-    closed where it was made, never leaked.
-
-    With one made ahead (:mod:`prohost.engine.run.spares`), its watch says at once
-    whether it is still right, or else its own readied thread checks (no thread is
-    started for the run either way); when it is not, it is closed and one is made
-    anew, in the same scratch folder."""
-
-    def __init__(self, sandbox: Sandbox, places: RunPlaces,
-                 ahead: RunConfinement | None = None) -> None:
-        """Begin it for ``places``; with ``ahead`` (made before for the same places,
-        its scratch folder theirs), only check that one is still right."""
-        support = sandbox.support
-        assert support is not None and support.kind is not None
-        self.places = places
-        self.taken = False
-        self._sandbox, self._support = sandbox, support
-        self._making = Making()
-        self._done = trio.Event()
-        #: The making thread's ``outcome.Outcome`` (trio's own type), once delivered.
-        self._result: Any = None
-        #: The readied thread's answer for ``ahead``: (still right, what it raised).
-        self._checked: tuple[object, BaseException | None] | None = None
-        self._ahead: RunConfinement | None = None
-        self._began = trio.current_time()
-        self._token = trio.lowlevel.current_trio_token()
-        if ahead is not None:
-            unchanged = ahead.confinement.unchanged()
-            if unchanged is not None:
-                # Its watch answers at once, and no thread is needed at all.
-                self._ahead, self._checked = ahead, (unchanged, None)
-                self._done.set()
-                return
-            if ahead.confinement.check_soon(self._deliver_check):
-                self._ahead = ahead
-                return
-            ahead.close()  # neither can tell: made anew, in its scratch folder
-        self._make()
-
-    def _deliver_check(self, right: object, error: BaseException | None) -> None:
-        self._checked = (right, error)
-        wake_from_thread(self._token, self._done.set)
-
-    def _make(self) -> None:
-        token, done = self._token, self._done
-        sandbox, support, places, making = self._sandbox, self._support, self.places, self._making
-
-        def deliver(result: Any) -> None:
-            self._result = result
-            wake_from_thread(token, done.set)
-
-        # A thread of trio's cache, as to_thread's are; its result comes back
-        # through deliver (in that thread), which wakes :meth:`take`.
-        trio.lowlevel.start_thread_soon(
-            lambda: making.make(sandbox, support, places), deliver)
-
-    async def take(self, deadline: float) -> RunConfinement:
-        """The confinement, once made: by ``deadline`` (trio time) and within the
-        file steps' bound from when it began; raises :class:`ConfinementFailed`.
-
-        Cancelled: it is abandoned (closed when its thread finishes).
-        """
-        self.taken = True
-        with trio.move_on_at(min(deadline, self._began + FILE_STEP_TIMEOUT_S)):
-            try:
-                await self._done.wait()
-                ahead = self._ahead
-                if ahead is not None and self._checked is not None:
-                    right, error = self._checked
-                    if right is True and error is None:
-                        log.debug("confined with the rules made ahead")
-                        return ahead
-                    self._ahead = None
-                    ahead.close()
-                    log.debug("the rules made ahead were out of date: made anew")
-                    self._done = trio.Event()
-                    self._make()
-                    await self._done.wait()
-            except BaseException:
-                self.discard(taken=True)
-                raise
-        if self._result is None:
-            self.discard(taken=True)
-            raise _failure(StepTimedOut("preparing it took too long")) from None
-        try:
-            made: RunConfinement = self._result.unwrap()
-            return made
-        except ConfinementFailed:
-            raise
-        except Exception as exc:
-            raise _failure(exc) from None
-
-    def discard(self, *, taken: bool = False) -> None:
-        """Not taken after all (the run ended before its attempt; or ``taken``, its
-        taking failed): close it, now or when its thread finishes."""
-        if self.taken and not taken:
-            return
-        if self._ahead is not None:
-            self._ahead.close()  # joins its thread: a check it has begun ends first
-            self._ahead = None
-        self._making.abandon()
+#: Variables that name a socket of the person's (an agent, a terminal multiplexer,
+#: a session bus): not passed to a confined run (§13), which could not reach the
+#: socket anyway, unless ``--allow-write`` names the socket.
+SOCKET_VARIABLES = ("SSH_AUTH_SOCK", "GPG_AGENT_INFO", "TMUX", "TMUX_PANE", "STY",
+                    "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY", "DOCKER_HOST")
 
 
-def confined_env(env: Mapping[str, str], confined: RunConfinement | None) -> dict[str, str]:
-    """``env`` with the run's private ``TMPDIR`` when it is confined (``/tmp`` is
-    read-only to it then)."""
+def confined_env(env: Mapping[str, str], confined: RunConfinement | None,
+                 allow_write: tuple[Path, ...] = ()) -> dict[str, str]:
+    """``env`` with the run's private ``TMPDIR`` when it is confined, and without
+    the variables that name the person's sockets (:data:`SOCKET_VARIABLES`) unless
+    an ``--allow-write`` names the socket."""
     result = dict(env)
     if confined is not None:
         result["TMPDIR"] = str(confined.tmpdir)
+        allowed = {str(path) for path in allow_write}
+        for name in SOCKET_VARIABLES:
+            value = result.get(name)
+            if value is not None and value.split(",")[0] not in allowed:
+                del result[name]
     return result
 

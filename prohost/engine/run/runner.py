@@ -56,7 +56,6 @@ from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
     SANDBOX_OFF,
     ConfinementFailed,
-    EarlyConfinement,
     RunConfinement,
     RunPlaces,
     Sandbox,
@@ -73,7 +72,6 @@ from prohost.engine.run.execute import (
 )
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
-from prohost.engine.run.spares import Spares
 from prohost.engine.run.staging import (
     env_for,
     mcp_folder,
@@ -222,13 +220,10 @@ class Runner:
         clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
         sandbox: Sandbox = SANDBOX_OFF,
-        spares: Spares | None = None,
     ) -> None:
         self.setup = setup
         #: How agents are confined (§13): its ``confines`` alone says whether they are.
         self.sandbox = sandbox
-        #: Confinements made ahead, while idle (none: each run makes its own).
-        self.spares = spares
         #: Whose own folders a confined run is granted: the brain's, or for the ACP
         #: brain the agent its command line starts (each has folders of its own).
         self._agent = setup.brain.name
@@ -303,8 +298,6 @@ class Runner:
                 await self._report(held, outcome)
         finally:
             release_slot()
-            if self.spares is not None:
-                self.spares.want()  # the next run's confinement, made while idle
         if held.dropped:
             await self.record_dropped(held)
 
@@ -371,7 +364,7 @@ class Runner:
         """The completion's ``confined`` (§7) after ``spawns`` spawns of the agent."""
         if not spawns:
             return None
-        return self.sandbox.confines
+        return self.sandbox.complete
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -448,31 +441,12 @@ class Runner:
         return ending
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: _Tally) -> _Ending:
-        """:meth:`_begin`, with the run's confinement begun first when its places
-        are known from the start (no ``--repos``): made while ``started`` is
-        written, it costs the run no time. Cancelled: as :meth:`_begin`; one not
-        taken is closed, and its scratch folder removed."""
-        early = None
-        if self.sandbox.confines and self.worktrees is None:
-            places = RunPlaces(
-                workdir=self.setup.spec.workdir, worktrees=(), lane_folder=None,
-                scratch=scratch_folder(self.scratch_root, held.run.run_id),
-                brain=self._agent,
-                env={**self.env, **account.env(self.setup.brain.name)})
-            # One made ahead brings its own scratch folder: the run's from now on.
-            early = (EarlyConfinement(self.sandbox, places) if self.spares is None
-                     else self.spares.early(places))
-        try:
-            return await self._begin(held, timeline, account, tally, early)
-        finally:
-            if early is not None and not early.taken:
-                early.discard()
-                await remove_scratch(held.run, early.places.scratch, self.setup.bounds,
-                                     made=True)
+        """:meth:`_begin` (each attempt makes its own confinement). Cancelled: as
+        :meth:`_begin`."""
+        return await self._begin(held, timeline, account, tally)
 
     async def _begin(self, held: HeldRun, timeline: ToolEventSink | None,
-                     account: Account, tally: _Tally,
-                     early: EarlyConfinement | None) -> _Ending:
+                     account: Account, tally: _Tally) -> _Ending:
         """``started``, then the run's checkouts, prompt and working folder, then its
         attempts on ``account`` and, while each ends at its account's usage limit,
         on the next account the book offers (fresh session there; none left: wait
@@ -534,9 +508,8 @@ class Runner:
             return ended(Outcome.failure(
                 "could not create the working directory (--workdir): "
                 f"{exc.strerror or type(exc).__name__}"), changes=await checkouts.changes())
-        # Named by a digest of the run id (a spare's: random), never the id itself (§3).
-        scratch = (early.places.scratch if early is not None
-                   else scratch_folder(self.scratch_root, run.run_id))
+        # Named by a digest of the run id, never the id itself (§3).
+        scratch = scratch_folder(self.scratch_root, run.run_id)
         # Durable, and waited for before the agent's output is: a restart after a
         # kill -9 finds and kills this group only if it was written (§7). Raising
         # (the write failed or outlived its bound) makes the attempt kill the
@@ -568,14 +541,14 @@ class Runner:
                     # The account's own folders (a brain's MCP overlay of them is in
                     # the scratch folder, granted as a whole).
                     confined = await self._confine(run, checkouts, scratch, account_env,
-                                                   deadline, None if tried else early)
+                                                   deadline)
                 except ConfinementFailed as exc:
                     # Never unconfined in its place: the run fails, saying why (§13).
                     return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
                                  changes=await checkouts.changes(), ran=bool(tried),
                                  session_id=session if tried else None,
                                  account=progress.account, totals=tally.totals)
-                attempt_env = confined_env(attempt_env, confined)
+                attempt_env = confined_env(attempt_env, confined, self.sandbox.allow_write)
                 before = None
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
@@ -591,7 +564,10 @@ class Runner:
                     result = await execute(
                         Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
                                 max_cost_usd=budget,
-                                cwd=workdir_for(setup.spec, checkouts.prepared),
+                                cwd=workdir_for(setup.spec, checkouts.prepared,
+                                                None if confined is None
+                                                or self.worktrees is None
+                                                else confined.tmpdir),
                                 confinement=None if confined is None
                                 else confined.confinement),
                         setup, progress, on_spawn, timeline)
@@ -622,23 +598,19 @@ class Runner:
                                  ran=True, session_id=result.session_id,
                                  account=account.name, totals=tally.totals,
                                  limited=limited,
-                                 confined=(confined is not None) if result.started
-                                 else None)
+                                 confined=(confined is not None
+                                           and confined.confinement.confined)
+                                 if result.started else None)
                 account, session = following
         finally:
-            if early is None or early.taken:  # else _start's, once its making is abandoned
-                await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
+            await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
-                       env: Mapping[str, str], deadline: float,
-                       early: EarlyConfinement | None = None) -> RunConfinement | None:
-        """The attempt's confinement (§13), ``None`` when runs are not confined:
-        ``early``'s when the run's first attempt has one; raises
-        :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
+                       env: Mapping[str, str], deadline: float) -> RunConfinement | None:
+        """The attempt's confinement (§13), made anew, ``None`` when runs are not
+        confined; raises :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
         if not self.sandbox.confines:
             return None
-        if early is not None:
-            return await early.take(deadline)
         prepared = checkouts.prepared
         places = RunPlaces(
             workdir=None if self.worktrees is not None else self.setup.spec.workdir,

@@ -46,12 +46,18 @@ def prompt_for(run: AgentRun, spec: ExecSpec, prepared: PreparedCheckouts | None
     )
 
 
-def workdir_for(spec: ExecSpec, prepared: PreparedCheckouts | None) -> Path:
+def workdir_for(spec: ExecSpec, prepared: PreparedCheckouts | None,
+                private: Path | None = None) -> Path:
     """Where the agent of a run starts (§5.3): with ``--repos``, the conversation's
     worktree of the first listed checkout, so that a plain agent's edits land in
-    its own checkout; else (or when that one could not be prepared) ``--workdir``."""
+    its own checkout; else ``--workdir``. A confined run with ``--repos`` whose
+    first checkout could not be prepared starts in the folder holding the others,
+    or else in ``private`` (its ``TMPDIR``): ``--workdir`` is none of its places
+    then (§13), and it could not start there."""
     if prepared is not None and prepared.first is not None:
         return Path(prepared.first.path)
+    if private is not None:
+        return prepared.folder if prepared is not None and prepared.folder else private
     return spec.workdir
 
 

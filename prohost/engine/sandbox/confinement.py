@@ -1,6 +1,8 @@
 """A run's rules made ready to apply at its spawn: :func:`prepare` → :class:`Confinement`.
 
-What "read everything except the hidden places" grants (Landlock can only grant):
+Where bubblewrap runs, a run's view is its options (:mod:`.bwrap`) and its Landlock
+domain only scopes. The rest of this module is the fallback, Landlock's filesystem
+rules alone. What "read everything except the hidden places" grants (Landlock can only grant):
 with no hidden place, read and execute on ``/`` (everything). Otherwise, for every
 folder on the way from ``/`` down to each hidden place (its *ancestors*), each entry
 that is neither a hidden place nor itself such an ancestor gets read and execute on
@@ -20,117 +22,81 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import attrs
 
-from prohost.engine.sandbox import landlock, seatbelt
+from prohost.engine.sandbox import bwrap, landlock, seatbelt
 from prohost.engine.sandbox.policy import Policy, real_pairs
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
-from prohost.engine.sandbox.spawner import WAIT_S, Deliver, Spawner
-from prohost.engine.sandbox.watch import Watch
 
 T = TypeVar("T")
-
-
-class Stamped(Protocol):
-    """What a confinement was made from (``cache.Stamp``, named by its shape here:
-    the cache imports this module)."""
-
-    def holds(self) -> bool:
-        """Whether the same policy would be given the same rules now."""
-
-    def watch(self) -> Watch | None:
-        """A watch on what the rules depend on, begun now and checked (or ``None``)."""
 
 
 @attrs.define
 class Confinement:
     """What a spawn needs to start its process confined; close it after the spawn.
 
-    Prefix the command with ``argv_prefix`` (macOS), and on Linux either pass
-    ``preexec`` as ``preexec_fn``, or — cheaper, and no code in the child — make the
-    spawn inside :meth:`spawn_from_a_confined_thread`. A ``preexec_fn`` makes
-    subprocess fork instead of vfork, and a fork's cost grows with the parent's size
-    (``scripts/bench_sandbox.py``: about +2 ms over a 0.8 ms spawn for a small
-    process, +7.5 ms with 150 MiB held; the thread adds about 0.4 ms, whatever the
-    size). Neither passes the ruleset's descriptor to the child: the preexec runs
-    before subprocess closes the child's descriptors, and the thread's domain needs
-    no descriptor at all, so the ruleset never reaches the program.
+    Prefix the command with ``argv_prefix`` (bubblewrap and its options, or
+    macOS's ``sandbox-exec``) and make the spawn inside :meth:`spawn`, which
+    enters the Landlock domain (bubblewrap: its scopes alone; the fallback: the
+    filesystem rules too) on a fresh thread first: the child and everything it
+    starts inherit it, the harness does not, and no code runs in the child
+    (``preexec`` would force ``fork`` over ``vfork``). With ``keeper`` the command
+    is bubblewrap's, and must be run under the keeper
+    (:func:`prohost.engine.agent.process.run_agent` does).
     """
 
     argv_prefix: tuple[str, ...] = ()
-    preexec: Callable[[], None] | None = None
+    #: Every point of §13 holds (what the completion's ``confined`` says).
     confined: bool = False
+    #: The command is bubblewrap's: its PID namespace ends with its first process.
+    keeper: bool = False
     _ruleset: landlock.Ruleset | None = None
-    #: What its rules were made from, when the rule cache made them (``cache.Stamp``).
-    stamp: Stamped | None = None
-    _spawner: Spawner | None = None
-    _watch: Watch | None = None
+    #: The ruleset is the process's one scope-only ruleset (:func:`_scopes`): kept.
+    _shared: bool = False
 
-    def watch_for_changes(self) -> bool:
-        """Begin watching what its rules were made from (:mod:`.watch`), so that
-        :meth:`unchanged` can later say, without a syscall that could block, whether
-        they are still right. ``False`` when that cannot be (no stamp, a network
-        filesystem, out of date already). Blocking: call it in a worker thread."""
-        if self._ruleset is None or self.stamp is None or self._watch is not None:
-            return False
-        self._watch = self.stamp.watch()
-        return self._watch is not None
+    @property
+    def has_domain(self) -> bool:
+        """:meth:`spawn` enters a Landlock domain first."""
+        return self._ruleset is not None
 
-    def unchanged(self) -> bool | None:
-        """Whether its rules are still right, as its watch says (``None``: it has
-        none; then ask :meth:`still_right`). Never blocks: it reads the events the
-        kernel has queued."""
-        if self._watch is None or self._ruleset is None:
-            return None
-        return self._watch.quiet()
+    @property
+    def preexec(self) -> Callable[[], None] | None:
+        """The domain entered between fork and exec, for a caller that spawns
+        without :meth:`spawn` (tests; a ``preexec`` forces a full fork)."""
+        return landlock.child_step(self._ruleset.fd) if self._ruleset is not None else None
 
-    def ready_spawner(self, *, first_wait_s: float | None = WAIT_S) -> None:
-        """Start the thread its next spawn will be made from (:mod:`.spawner`): it
-        enters the domain now, while the caller has other things to wait for, so
-        that :meth:`spawn_soon` costs the spawn no thread of its own. It waits
-        ``first_wait_s`` for its first job (``None``: until closed, for one made
-        ahead). Nothing where it confines by a ruleset of its own (seatbelt,
-        unconfined). Never blocks."""
-        if self._ruleset is not None and self._spawner is None:
-            self._spawner = Spawner(self._ruleset.fd, first_wait_s=first_wait_s)
+    def spawn_soon(self, start: Callable[[], T],
+                   deliver: Callable[[T | None, BaseException | None], None]) -> None:
+        """Have a fresh thread enter the domain, call ``start()`` and ``deliver``
+        (from that thread) its result or what it raised (an ``OSError`` without
+        ``start`` called when the domain could not be entered). Never blocks: the
+        caller needs no worker thread of its own to wait in."""
 
-    def check_soon(self, deliver: Deliver) -> bool:
-        """Have the readied thread tell whether this confinement is still right
-        (:meth:`still_right`, whose ``stat`` calls its domain does not restrict)
-        and ``deliver`` the answer, from that thread; it then waits for the spawn.
-        ``False`` when there is no such thread free. Never blocks."""
-        return self._spawner is not None and self._spawner.give(self.still_right, deliver,
-                                                                last=False)
+        def confined() -> None:
+            try:
+                if self._ruleset is not None:
+                    landlock.restrict_this_thread(fd)
+                result = start()
+            except BaseException as error:  # handed to deliver: nobody joins this thread
+                deliver(None, error)
+            else:
+                deliver(result, None)
 
-    def spawn_soon(self, start: Callable[[], T], deliver: Deliver) -> bool:
-        """Have the readied thread (:meth:`ready_spawner`) call ``start()`` and
-        ``deliver`` its outcome, from that thread (an ``OSError`` without ``start``
-        called when the domain could not be entered). ``False`` when there is no
-        such thread (none readied, used, or ended unused): then spawn with
-        :meth:`spawn_from_a_confined_thread`. Never blocks."""
-        return self._spawner is not None and self._spawner.give(start, deliver)
+        fd = self._ruleset.fd if self._ruleset is not None else -1
+        threading.Thread(target=confined, name="prohost-confined-spawn", daemon=True).start()
 
-    def still_right(self) -> bool:
-        """Whether its rules are exactly those a preparation of the same policy
-        would make now (nothing they were made from has changed since); ``False``
-        when that cannot be told (made without the cache) or it is closed.
-        Blocking: call it in a worker thread."""
-        return self._ruleset is not None and self.stamp is not None and self.stamp.holds()
-
-    def spawn_from_a_confined_thread(self, start: Callable[[], T]) -> T:
+    def spawn(self, start: Callable[[], T]) -> T:
         """``start()`` (a spawn, e.g. ``subprocess.Popen(...)`` without ``preexec``)
         called on a fresh thread that has entered the domain first; its result.
 
-        The alternative to ``preexec`` that runs no code in the child: subprocess
-        keeps its vfork path (a preexec forces a full fork), and nothing but C runs
-        between fork and exec. Only that thread is confined, and it ends with the
-        call. Blocking (it joins the thread): call it in a worker thread. Raises
-        what ``start`` raises, or ``OSError`` when the domain cannot be entered (then
-        ``start`` is never called). Unconfined or seatbelt: ``start()`` is called
-        here (the seatbelt's ``argv_prefix`` is still the caller's to add).
+        Only that thread is confined, and it ends with the call. Blocking (it joins
+        the thread): call it in a worker thread. Raises what ``start`` raises, or
+        ``OSError`` when the domain cannot be entered (then ``start`` is never
+        called). Without a domain, ``start()`` is called here.
         """
         if self._ruleset is None:
             return start()
@@ -153,17 +119,10 @@ class Confinement:
         return result[0]
 
     def close(self) -> None:
-        """Release the ruleset (after the last spawn that uses this confinement), and
-        end and join its readied thread (within a second: it is waiting, or done)."""
-        if self._spawner is not None:
-            self._spawner.close()
-            self._spawner = None
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
-        if self._ruleset is not None:
+        """Release the ruleset (after the last spawn that uses this confinement)."""
+        if self._ruleset is not None and not self._shared:
             self._ruleset.close()
-            self._ruleset = None
+        self._ruleset = None
 
     def __enter__(self) -> Confinement:
         return self
@@ -173,47 +132,66 @@ class Confinement:
         self.close()
 
 
-def prepare(policy: Policy, support: Support) -> Confinement:
-    """The confinement for ``policy`` on this machine (unconfined where ``support`` is none).
+def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> Confinement:
+    """The confinement for ``policy`` on this machine (unconfined where ``support`` is
+    none), made anew for each attempt: nothing is kept from one to the next, so
+    nothing a run changed can carry a grant to the next one. ``tmpdir``: the run's
+    own folder that bubblewrap shows at ``/tmp`` (else an empty tmpfs).
 
-    Blocking filesystem work (it resolves every path, lists the folders on the way
-    to each hidden place, and on Linux opens each granted path and adds its rule):
-    call it through ``trio.to_thread.run_sync``. The result holds a descriptor until
-    :meth:`Confinement.close`. With ``support.rules`` (Landlock), what runs have
-    in common is kept there and reused while it is still right (:mod:`.cache`):
-    the same rules, made in a fraction of the time.
+    Blocking filesystem work (it resolves every path; for the Landlock fallback it
+    also lists the folders on the way to each hidden place and opens each grant):
+    call it through ``trio.to_thread.run_sync``. The result holds a descriptor
+    until :meth:`Confinement.close`.
     """
-    if support.kind == "landlock" and support.rules is not None:
-        kept: Confinement = support.rules.prepare(policy, support)
-        return kept
-    return prepare_anew(policy, support)
-
-
-def prepare_anew(policy: Policy, support: Support) -> Confinement:
-    """:func:`prepare` without a cache: everything resolved, listed and opened now."""
     if support.kind is None:
         return Confinement()
     if support.kind == "seatbelt":
         return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
+    if support.kind == "bwrap":
+        options = bwrap.arguments(policy, tmpdir=tmpdir)
+        return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
+                           keeper=True, ruleset=_scopes(support.abi), shared=True)
+    return prepare_landlock(policy, support)
+
+
+#: The scope-only ruleset, made once: it names no path, so nothing a run changes
+#: can make it stale, and making one cost about a quarter of a millisecond of CPU
+#: per run (``scripts/bench_sandbox.py``). Its descriptor lives as long as the process.
+_SCOPE_RULESET: list[landlock.Ruleset] = []
+_SCOPE_LOCK = threading.Lock()
+
+
+def _scopes(abi: int) -> landlock.Ruleset | None:
+    """The process's scope-only ruleset (``None`` below ABI 6, which has no scopes)."""
+    if abi < landlock.SCOPES_ABI:
+        return None
+    with _SCOPE_LOCK:
+        if not _SCOPE_RULESET:
+            _SCOPE_RULESET.append(landlock.Ruleset(abi, files=False))
+        return _SCOPE_RULESET[0]
+
+
+def prepare_landlock(policy: Policy, support: Support) -> Confinement:
+    """The fallback: Landlock's filesystem rules (and scopes, from ABI 6) alone.
+    A mount's source is granted writable; its target stays as it is."""
+    policy = attrs.evolve(policy, writable=(*policy.writable,
+                                            *(source for source, _ in policy.mounts)))
     places = Places.of(policy)
-    abi = landlock.abi_version()
-    ruleset = landlock.Ruleset(abi)
+    ruleset = landlock.Ruleset(support.abi or landlock.abi_version())
     try:
         for path, rights in places.rules(complement(places.hidden), write=ruleset.handled):
             ruleset.allow(path, rights)
     except BaseException:
         ruleset.close()
         raise
-    return Confinement(preexec=landlock.child_step(ruleset.fd), confined=True,
-                       ruleset=ruleset)
+    return Confinement(confined=support.complete, ruleset=ruleset)
 
 
 @attrs.frozen
 class Places:
-    """A policy's places made real, as both preparations make a run's Landlock
-    rules from them: :func:`prepare_anew` and the rule cache (:mod:`.cache`) share
-    this resolution and :meth:`rules`, so they cannot grant one policy differently.
+    """A policy's places made real, as the Landlock fallback makes a run's rules
+    from them (:func:`prepare_landlock`).
 
     As :meth:`Policy.resolved`, on strings (pathlib's parsing was a third of a
     cached preparation), with one difference: a readable or writable place that
@@ -271,8 +249,7 @@ def complement(hidden_places: Sequence[str]) -> list[str]:
 @attrs.frozen
 class Walk:
     """The complement walk's plan for a set of hidden places: which folders it
-    lists, and what it keeps of each one's entries (the cache lists them one by
-    one: :mod:`.cache`)."""
+    lists, and what it keeps of each one's entries."""
 
     hidden: frozenset[str]
     #: Each hidden place with a trailing ``/``: what lies inside one.

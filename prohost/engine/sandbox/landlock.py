@@ -13,9 +13,9 @@ add risk and no safety.
 ABI coverage: the handled filesystem rights are masked to what the running ABI
 knows (REFER from ABI 2, TRUNCATE from 3, IOCTL_DEV from 5); ABI 4's network
 rights are not handled (the network is not confined, docs/protocol.md §13); ABI 6's
-scopes (abstract UNIX sockets, signals) are left off, because they would cut the
-agent off from the harness's own processes' sockets and from signalling what it
-did not start itself, which no rule of §13 asks for; ABI 7's audit flags are not
+scopes are used where the ABI has them: a confined run can neither connect to an
+abstract Unix socket nor signal a process outside its own domain (§13: the
+person's sockets and processes); ABI 7's audit flags are not
 used (the logging defaults are right). On ABI 1 a file cannot be moved or linked
 into another folder (no REFER right exists to grant it): that fails with EXDEV.
 """
@@ -72,10 +72,24 @@ def handled_rights(abi: int) -> int:
     return rights
 
 
+#: ABI 6's scopes: abstract Unix sockets and signals outside the domain.
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+SCOPES = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+#: The first ABI with scopes.
+SCOPES_ABI = 6
+
+
 class _RulesetAttr(ctypes.Structure):
     # Only the first field: the kernel takes the size we pass, so a ruleset that
     # handles no network rights and no scopes is valid on every ABI.
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _ScopedRulesetAttr(ctypes.Structure):
+    # ABI 6's layout: no network rights are handled (the network is not confined).
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -111,9 +125,14 @@ class Ruleset:
     Blocking (it opens every path it is given): build it in a worker thread.
     """
 
-    def __init__(self, abi: int) -> None:
-        self.handled = handled_rights(abi)
-        attr = _RulesetAttr(self.handled)
+    def __init__(self, abi: int, *, files: bool = True) -> None:
+        """A ruleset for ``abi``: handling every filesystem right it knows (unless
+        not ``files``: then it scopes only, and ``abi`` must have scopes), and
+        scoping abstract Unix sockets and signals where ``abi`` can."""
+        self.handled = handled_rights(abi) if files else 0
+        attr: ctypes.Structure = (
+            _ScopedRulesetAttr(self.handled, 0, SCOPES) if abi >= SCOPES_ABI
+            else _RulesetAttr(self.handled))
         # Always O_CLOEXEC (the kernel sets it), so no other child inherits it.
         self.fd = _check(_syscall(ctypes.c_long(_CREATE_RULESET), ctypes.byref(attr),
                                   ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))

@@ -18,6 +18,11 @@ def _paths(values: tuple[Path | str, ...] | list[Path | str]) -> tuple[Path, ...
     return tuple(Path(value) for value in values)
 
 
+def _pairs(values: tuple[tuple[Path | str, Path | str], ...] | list[tuple[Path | str, Path | str]]
+           ) -> tuple[tuple[Path, Path], ...]:
+    return tuple((Path(source), Path(target)) for source, target in values)
+
+
 @attrs.frozen
 class Policy:
     """The places of one confined run; everything else is read and execute only.
@@ -38,11 +43,20 @@ class Policy:
     nearest existing parent instead would widen the grant). A hidden place that does
     not exist yet stays hidden: its existing parents are walked as for any hidden
     place, so one created later is not readable by the run.
+
+    ``mounts``: (source, target) pairs, each a folder of the harness's own (its CLI
+    folder, its caches) that the run sees, writable, at ``target`` (``~/.cache``,
+    say) in place of what is there. Where the confinement has a mount namespace
+    (bubblewrap) the source is bound at the target after the hidden places are
+    emptied, so a target inside a hidden place is seen too; where it has none
+    (Landlock alone) only the source is granted writable and the target stays as
+    it is. A pair whose source does not exist is dropped.
     """
 
     writable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     readable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     hidden: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
+    mounts: tuple[tuple[Path, Path], ...] = attrs.field(default=(), converter=_pairs)
 
     def resolved(self) -> Policy:
         """The same policy on real paths (absolute, links followed), each once.
@@ -54,6 +68,8 @@ class Policy:
             writable=_existing(_real(self.writable)),
             readable=_existing(_real(self.readable)),
             hidden=_real(self.hidden),
+            mounts=tuple((Path(os.path.realpath(source)), Path(os.path.realpath(target)))
+                         for source, target in self.mounts if os.path.isdir(source)),
         )
 
 

@@ -5,73 +5,125 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import attrs
 
 #: Test-only: set to ``1`` and :func:`probe` says the machine cannot confine, as on a
-#: kernel without Landlock. The simulation is at the probe, not in the kernel: it
-#: lets a test show what ``--sandbox auto`` and ``required`` do there. Never set it
-#: to turn confinement off (that is ``--sandbox off``).
+#: kernel without Landlock; set to ``bwrap`` and it says there is no bubblewrap (the
+#: Landlock-only fallback of a machine without user namespaces). The simulation is
+#: at the probe, not in the kernel: it lets a test show what ``--sandbox auto`` and
+#: ``required`` do there. Never set it to turn confinement off (that is ``--sandbox off``).
 SIMULATE_ABSENT_ENV = "PROHOST_TEST_SANDBOX_ABSENT"
 
 #: Only this copy: one earlier on PATH could be anyone's (as Codex reasons).
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
-
-class Rules(Protocol):
-    """What :class:`Support` may carry to keep runs' rules (``cache.RuleCache``;
-    named by its shape here, so that this module imports no other of the room)."""
-
-    def prepare(self, policy: Any, support: Support) -> Any:
-        """The confinement for ``policy``, as ``confinement.prepare_anew`` makes it."""
-
-    def close(self) -> None:
-        """Release what it keeps."""
+#: What Landlock alone leaves open, each as the §13 point it fails.
+LANDLOCK_GAPS = (
+    "modes, owners, times and attributes outside the run's places can be changed",
+    "Unix sockets outside the run's places can be reached by path",
+    "processes outside the run are visible, and a run's processes can outlive it",
+)
+#: Without Landlock's scopes (ABI 6), under bubblewrap.
+SCOPE_GAP = ("abstract Unix sockets outside the run can be reached (Landlock ABI 6 is "
+             "needed to scope them)")
 
 
 @attrs.frozen
 class Support:
-    """How runs can be confined here: ``kind`` ``None`` when they cannot, and why."""
+    """How runs can be confined here: ``kind`` ``None`` when they cannot, and why.
 
-    kind: Literal["landlock", "seatbelt"] | None
-    #: e.g. ``Landlock ABI 7``; empty when ``kind`` is ``None``.
+    ``bwrap``: bubblewrap's namespaces plus Landlock's scopes (every point of §13
+    where ``gaps`` is empty); ``landlock``: Landlock's filesystem rules alone (the
+    fallback where bubblewrap cannot run); ``seatbelt``: macOS ``sandbox-exec``.
+    """
+
+    kind: Literal["bwrap", "landlock", "seatbelt"] | None
+    #: e.g. ``bubblewrap 0.11.0, Landlock ABI 7``; empty when ``kind`` is ``None``.
     detail: str = ""
-    #: Why not, in a sentence a person understands; empty when ``kind`` is set.
+    #: Why not (``kind`` ``None``), or why not bubblewrap (``landlock``), in a
+    #: sentence a person understands.
     reason: str = ""
-    #: Where :func:`~.confinement.prepare` keeps what runs' rules have in common
-    #: (Landlock only; ``None``: every preparation made anew). The harness gives its
-    #: own (``Sandbox.start``) and closes it at exit.
-    rules: Rules | None = attrs.field(default=None, eq=False, repr=False)
+    #: The points of §13 that do not hold for a run here; empty: all do, and its
+    #: completion says ``"confined": true``.
+    gaps: tuple[str, ...] = ()
+    #: The bubblewrap to run (``kind`` ``bwrap``).
+    bwrap: str = ""
+    #: The kernel's Landlock ABI (0: none).
+    abi: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every point of §13 holds for a run confined here."""
+        return self.kind is not None and not self.gaps
 
 
 def probe() -> Support:
-    """What this machine offers: Landlock's ABI on Linux, ``sandbox-exec`` on macOS.
+    """What this machine offers: bubblewrap and Landlock on Linux, ``sandbox-exec``
+    on macOS.
 
-    Quick and blocking only for a moment (one syscall or one ``stat``).
+    Blocking for a few milliseconds on Linux (bubblewrap is started once to see
+    that user namespaces work here): call it once, at start.
     """
-    if os.environ.get(SIMULATE_ABSENT_ENV) == "1":
+    simulated = os.environ.get(SIMULATE_ABSENT_ENV)
+    if simulated == "1":
         return Support(None, reason=("confinement is not available on this machine "
                                      f"(simulated for a test: {SIMULATE_ABSENT_ENV}=1)"))
     if sys.platform == "linux":
-        return _linux()
+        return _linux(bubblewrap=simulated != "bwrap")
     if sys.platform == "darwin":
         if os.access(SANDBOX_EXEC, os.X_OK):
             return Support("seatbelt", detail=f"macOS sandbox-exec ({SANDBOX_EXEC})")
         return Support(None, reason=f"macOS without {SANDBOX_EXEC}, which confines runs")
     system = platform.system() or sys.platform
-    return Support(None, reason=("runs can be confined only on Linux (Landlock) and "
-                                 f"macOS (sandbox-exec), not on {system}"))
+    return Support(None, reason=("runs can be confined only on Linux (bubblewrap, Landlock) "
+                                 f"and macOS (sandbox-exec), not on {system}"))
 
 
-def _linux() -> Support:
-    from prohost.engine.sandbox import landlock
+def _linux(*, bubblewrap: bool) -> Support:
+    from prohost.engine.sandbox import bwrap, landlock
 
     try:
         abi = landlock.abi_version()
     except OSError as error:
-        return Support(None, reason=_why_not(error.errno))
-    return Support("landlock", detail=f"Landlock ABI {abi}")
+        abi, no_landlock = 0, _why_not(error.errno)
+    else:
+        no_landlock = ""
+    program = bwrap.find() if bubblewrap else None
+    why_not = _bwrap_fails(program) if program else (
+        "bubblewrap is not installed" if bubblewrap
+        else f"no bubblewrap (simulated for a test: {SIMULATE_ABSENT_ENV}=bwrap)")
+    if not why_not and program:
+        gaps: tuple[str, ...] = () if abi >= landlock.SCOPES_ABI else (SCOPE_GAP,)
+        detail = f"bubblewrap, Landlock ABI {abi}" if abi else "bubblewrap"
+        return Support("bwrap", detail=detail, gaps=gaps, bwrap=program, abi=abi)
+    if abi:
+        gaps = LANDLOCK_GAPS if abi >= landlock.SCOPES_ABI else (*LANDLOCK_GAPS, SCOPE_GAP)
+        return Support("landlock", detail=f"Landlock ABI {abi} alone", reason=why_not,
+                       gaps=gaps, abi=abi)
+    return Support(None, reason=f"{why_not}, and {no_landlock}")
+
+
+def _bwrap_fails(program: str) -> str:
+    """Why ``program`` (bubblewrap) cannot confine a run here; empty when it can."""
+    import subprocess
+
+    from prohost.engine.sandbox import bwrap
+
+    try:
+        done = subprocess.run(
+            [program, *bwrap.namespaces(network=True), "--ro-bind", "/", "/", "--dev", "/dev",
+             "--proc", "/proc", "--", "/bin/true"],
+            capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"bubblewrap could not be run: {error}"
+    if done.returncode == 0:
+        return ""
+    said = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+    return (f"bubblewrap cannot make a sandbox here ({said[0]}): unprivileged user "
+            "namespaces are off or restricted (kernel.unprivileged_userns_clone, "
+            "user.max_user_namespaces, or an AppArmor rule such as Ubuntu 24.04's)")
 
 
 def _why_not(errno: int | None) -> str:

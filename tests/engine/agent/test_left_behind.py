@@ -27,6 +27,7 @@ import trio
 import trio.testing
 
 from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.sandbox import Confinement, Policy, prepare, probe
 from tests.kits.harness import wall_clock_bound
 from tests.kits.paths import AGENTS
 
@@ -38,6 +39,31 @@ GIVE_UP_S = 60.0
 PR_SET_CHILD_SUBREAPER = 36
 
 
+#: Each test runs its agent unconfined, and confined as a run is where bubblewrap
+#: runs (its PID namespace ends with its first process: the keeper outlives the
+#: agent so that what it left still gets the grace).
+KINDS = ["unconfined", "bubblewrap"]
+
+
+@pytest.fixture(params=KINDS)
+def confinement(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Confinement | None]:
+    if request.param == "unconfined":
+        yield None
+        return
+    support = probe()
+    if support.kind != "bwrap":
+        pytest.skip(f"no bubblewrap here: {support.reason}")
+    with prepare(Policy(writable=(tmp_path,)), support) as made:
+        yield made
+
+
+def pid_state(pid: int, confinement: Confinement | None) -> str | None:
+    """``pid``'s state letter as the test sees it (``None``: gone); a pid from a
+    PID namespace of bubblewrap's names nothing here: once run_agent has returned
+    the namespace is gone, and so is every process of it."""
+    return state(pid) if confinement is None else None
+
+
 @pytest.fixture
 def patient_groups() -> ProcessGroups:
     groups = ProcessGroups()
@@ -45,50 +71,54 @@ def patient_groups() -> ProcessGroups:
     return groups
 
 
-async def run(command: str, tmp_path: Path, groups: ProcessGroups) -> bytes:
+async def run(command: str, tmp_path: Path, groups: ProcessGroups,
+              confinement: Confinement | None = None) -> bytes:
     """run_agent's stdout; it fails the test if it waits for the grace."""
     with trio.move_on_after(GIVE_UP_S) as waited:
         result = await run_agent(command, stdin_text="", cwd=tmp_path, groups=groups,
-                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                 confinement=confinement)
     assert not waited.cancelled_caught, "the harness waited for the grace"
     assert result.exit_code == 0
     return result.stdout
 
 
 async def test_what_the_agent_leaves_gets_to_save_its_work_before_the_sweep(
-    tmp_path: Path, patient_groups: ProcessGroups,
+    tmp_path: Path, patient_groups: ProcessGroups, confinement: Confinement | None,
 ) -> None:
-    await saves_its_work(tmp_path, patient_groups)
+    await saves_its_work(tmp_path, patient_groups, confinement)
 
 
 async def test_on_a_still_clock_the_end_of_what_was_left_is_noticed_as_it_happens(
     tmp_path: Path, patient_groups: ProcessGroups, mock_clock: trio.testing.MockClock,
+    confinement: Confinement | None,
 ) -> None:
     # trio's mock clock, which only a test moves, as the tests of a run's budget
     # use: a wait that looked again after a pause of trio's clock never looked
     # again there (CI). Each process left is watched through a pidfd instead.
-    await saves_its_work(tmp_path, patient_groups)
+    await saves_its_work(tmp_path, patient_groups, confinement)
 
 
-async def saves_its_work(tmp_path: Path, patient_groups: ProcessGroups) -> None:
+async def saves_its_work(tmp_path: Path, patient_groups: ProcessGroups,
+                         confinement: Confinement | None) -> None:
     saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
     command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
                           str(saved), str(pidfile)])
     try:
         async with wall_clock_bound(GIVE_UP_S):
-            stdout = await run(command, tmp_path, patient_groups)
+            stdout = await run(command, tmp_path, patient_groups, confinement)
         assert stdout == b"ready\n"
         # Told to stop, it saved: SIGKILLed at once, it had not.
         assert saved.read_text() == "saved"
-        assert state(int(pidfile.read_text())) in (None, "Z")  # it has ended
+        assert pid_state(int(pidfile.read_text()), confinement) in (None, "Z")  # it has ended
     finally:
-        if pidfile.exists():
+        if pidfile.exists() and confinement is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
 async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
-    tmp_path: Path, patient_groups: ProcessGroups,
+    tmp_path: Path, patient_groups: ProcessGroups, confinement: Confinement | None,
 ) -> None:
     # The run is cancelled once the agent is ready (as a cancel, a timeout or the
     # linger after a conversation stop it): the group's SIGTERM ends the leader at
@@ -102,15 +132,16 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
             async def run_it() -> None:
                 await run_agent(command, stdin_text="", cwd=tmp_path, groups=patient_groups,
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                on_stdout_line=lambda line: ready.set())
+                                on_stdout_line=lambda line: ready.set(),
+                                confinement=confinement)
 
             nursery.start_soon(run_it)
             await ready.wait()
             nursery.cancel_scope.cancel()
         assert saved.read_text() == "saved"
-        assert state(int(pidfile.read_text())) in (None, "Z")
+        assert pid_state(int(pidfile.read_text()), confinement) in (None, "Z")
     finally:
-        if pidfile.exists():
+        if pidfile.exists() and confinement is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
 

@@ -88,6 +88,7 @@ async def test_a_checkout_that_could_not_be_prepared_is_an_error_entry(tmp_path:
     assert [entry["repo"] for entry in done["changes"]] == ["gone", "app"]
     assert set(done["changes"][0]) == {"repo", "error"}
     assert "no private worktree" in done["changes"][0]["error"]
+    assert done["changes"][1]["files"], done
     assert done["changes"][1]["files"][0]["path"] == "x.txt"
 
 

@@ -1,8 +1,5 @@
-"""A child started with a Landlock confinement: what it may write, read and run.
-
-Every test runs once for each way the rules are made (the ``confine`` fixture:
-uncached, from a fresh rule cache as the harness's first run, and from a warm
-one as its later runs), so the two preparations cannot drift apart unseen."""
+"""A child started with the Landlock fallback's confinement (Landlock's filesystem
+rules alone, where bubblewrap cannot run): what it may write, read and run."""
 
 from __future__ import annotations
 
@@ -157,10 +154,10 @@ def test_a_failure_in_the_child_fails_the_spawn_never_runs_unconfined(
         home: Home, confine: Confiner) -> None:
     marker = home.root / "ran-unconfined"
     confinement = confine(home.policy())
+    preexec = confinement.preexec
     confinement.close()  # the ruleset's descriptor is gone: restrict_self fails (EBADF)
     with pytest.raises(subprocess.SubprocessError, match="preexec_fn"):
-        subprocess.run(["sh", "-c", f"touch {marker}"], preexec_fn=confinement.preexec,
-                       check=False)
+        subprocess.run(["sh", "-c", f"touch {marker}"], preexec_fn=preexec, check=False)
     assert not marker.exists()
 
 
@@ -174,11 +171,11 @@ def test_the_ruleset_descriptor_does_not_reach_the_program(home: Home, confine: 
     assert done.stdout.strip() == "['0', '1', '2', '3']"  # 3: listdir's own descriptor
 
 
-def test_a_spawn_from_a_confined_thread_is_confined_and_the_rest_is_not(
+def test_a_spawn_is_confined_and_the_rest_is_not(
         home: Home, confine: Confiner) -> None:
     marker = home.root / "from-thread"
     with confine(home.policy()) as confinement:
-        done = confinement.spawn_from_a_confined_thread(lambda: subprocess.run(
+        done = confinement.spawn(lambda: subprocess.run(
             ["sh", "-c", f"echo x > {marker} || echo denied; cat {home.root}/.ssh/id_ed25519"
                          f" || echo hidden; echo y > {home.work}/from-thread && echo wrote"],
             capture_output=True, text=True, check=False))
@@ -197,7 +194,7 @@ def test_a_confined_thread_that_cannot_enter_the_domain_never_spawns(
     os.close(ruleset.fd)  # the kernel will refuse restrict_self: EBADF
     spawned: list[bool] = []
     with pytest.raises(OSError) as caught:
-        confinement.spawn_from_a_confined_thread(lambda: spawned.append(True))
+        confinement.spawn(lambda: spawned.append(True))
     assert caught.value.errno == 9  # EBADF
     assert spawned == []
     ruleset.fd = -1

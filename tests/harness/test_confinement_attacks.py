@@ -1,0 +1,207 @@
+"""A hostile agent against the confinement (docs/protocol.md §13), through the real
+harness and reference server: the person's sockets and processes, the modes and
+times of what is not the run's, what a run leaves running, and the person's
+terminals. ``tests/agents/attacker.py`` tries each; every test judges by what
+happened outside the run (listeners, processes, ``os.stat``, ``/proc``, a
+terminal's other end), never by what the agent says.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from prohost.engine.sandbox import probe
+from tests.harness.test_confinement import World, world  # noqa: F401 (a fixture)
+from tests.kits.harness import finished, running_server
+from tests.kits.paths import AGENTS
+from tests.kits.repos import make_repo
+
+pytestmark = [
+    pytest.mark.protocol("§13"),
+    pytest.mark.skipif(not probe().complete,
+                       reason=f"this system cannot confine runs fully: {probe().reason}"),
+]
+
+ATTACKER = AGENTS / "attacker.py"
+
+
+def attacker(*actions: str) -> str:
+    return shlex.join([sys.executable, str(ATTACKER), *actions])
+
+
+async def attacked(server: Any, conversation: str = "A") -> tuple[str, dict[str, Any]]:
+    """Submit a run, and return its id and completion once it is posted."""
+    run_id = await server.submit_run("attack", conversation_id=conversation)
+    await server.wait_until(finished(run_id))
+    completion: dict[str, Any] = server.run(run_id).completion
+    assert completion is not None and completion["ok"] is True, completion
+    return run_id, completion
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A folder of the person's in ``/tmp`` (where tmux, ssh-agent and X keep their
+    sockets), apart from the test's own ``tmp_path``."""
+    folder = Path(tempfile.mkdtemp(prefix="prohost-person-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """The person's ``$XDG_RUNTIME_DIR``: in ``/run`` where this test may write there."""
+    base = "/run" if os.access("/run", os.W_OK) else "/tmp"
+    folder = Path(tempfile.mkdtemp(prefix="prohost-xdg-", dir=base))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def person() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of the person's, outside every run."""
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def listening(address: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(8)
+    listener.setblocking(False)
+    return listener
+
+
+def accepted_any(listener: socket.socket) -> bool:
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+async def test_the_persons_sockets_and_processes_are_out_of_reach(
+    world: World, outside: Path, runtime_dir: Path,  # noqa: F811
+    person: subprocess.Popen[bytes],
+) -> None:
+    """Attack 6: a tmux-like socket in ``/tmp`` (also named by ``SSH_AUTH_SOCK``),
+    one in ``$XDG_RUNTIME_DIR``, an abstract one, and a process of the person's:
+    no listener accepts a connection, and the process lives on."""
+    in_tmp = listening(str(outside / "default"))
+    in_runtime = listening(str(runtime_dir / "bus"))
+    name = f"prohost-person-{os.getpid()}-{id(world)}"
+    abstract = listening("\0" + name)
+    world.env["SSH_AUTH_SOCK"] = str(outside / "default")
+    world.env["XDG_RUNTIME_DIR"] = str(runtime_dir)
+    tool = attacker(f"connect:{outside / 'default'}", f"connect:{runtime_dir / 'bus'}",
+                    f"abstract:{name}", "env-connect:SSH_AUTH_SOCK", f"kill:{person.pid}")
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server, world.harness(server, tool):
+                _, completion = await attacked(server)
+        assert completion["confined"] is True
+        assert not accepted_any(in_tmp), "the run reached a socket of the person's in /tmp"
+        assert not accepted_any(in_runtime), "the run reached a socket in $XDG_RUNTIME_DIR"
+        assert not accepted_any(abstract), "the run reached an abstract socket"
+        assert person.poll() is None, "the run signalled a process of the person's"
+    finally:
+        for listener in (in_tmp, in_runtime, abstract):
+            listener.close()
+
+
+#: The time attacker.py's utime sets (1 January 2001).
+ATTACK_TIME = 978307200
+
+
+def marks(path: Path) -> tuple[int, int]:
+    found = os.stat(path)
+    return found.st_mode, found.st_mtime_ns
+
+
+async def test_modes_and_times_outside_the_runs_places_do_not_change(
+    world: World,  # noqa: F811
+) -> None:
+    """Attack 8: chmod and utime of ``$PROHOST_HOME``, its credentials, an SSH key
+    and a file of the original checkout: each is as it was."""
+    await make_repo(world.source)
+    key = world.user / ".ssh" / "id_rsa"
+    key.write_text("a private key\n")
+    key.chmod(0o600)
+    targets = [world.home, world.home / "credentials.json", key, world.source / "README"]
+    tool = attacker(*(f"{action}:{target}" for target in targets
+                      for action in ("chmod", "utime")))
+    with trio.fail_after(60):
+        async with running_server() as server, world.harness(
+            server, tool, repos=(world.source,),
+        ):
+            before = {target: marks(target) for target in targets}
+            await attacked(server)
+    after = {target: marks(target) for target in targets}
+    assert {target: mode for target, (mode, _) in after.items()} == \
+        {target: mode for target, (mode, _) in before.items()}
+    # The harness itself writes in its home meanwhile: the attack's time is not there.
+    assert all(mtime // 10**9 != ATTACK_TIME for _, mtime in after.values())
+    assert {target: marks for target, marks in after.items() if target != world.home} == \
+        {target: marks for target, marks in before.items() if target != world.home}
+
+
+def processes_of(run_id: str) -> list[int]:
+    """The processes, anywhere on this machine, started for run ``run_id``."""
+    needle = f"PROHOST_RUN_ID={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0"):
+                found.append(int(entry))
+    return found
+
+
+async def test_no_process_of_a_run_outlives_its_completion(
+    world: World,  # noqa: F811
+) -> None:
+    """Attack 9: a process left by ``setsid`` and a double fork is gone by the time
+    the completion is posted."""
+    with trio.fail_after(60):
+        async with running_server() as server, world.harness(server, attacker("orphan:600")):
+            run_id, _ = await attacked(server)
+            left = processes_of(run_id)
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == [], "a process of the run outlived its completion"
+
+
+async def test_the_persons_terminal_cannot_be_written(world: World) -> None:  # noqa: F811
+    """Attack 11: the person's ``/dev/pts/N`` gets nothing from a run."""
+    master, slave = os.openpty()
+    terminal = os.ttyname(slave)
+    os.set_blocking(master, False)
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server, world.harness(
+                server, attacker(f"tty:{terminal}"),
+            ):
+                await attacked(server)
+        with pytest.raises(BlockingIOError):
+            got = os.read(master, 1024)
+            pytest.fail(f"the run wrote to the person's terminal: {got!r}")
+    finally:
+        os.close(master)
+        os.close(slave)
