@@ -20,6 +20,8 @@ Attacks:
   ``BASHRC``;
 - ``stage SECRET``: stages a file holding SECRET, commits nothing;
 - ``object``: overwrites the loose object of ``main:Makefile``;
+- ``commit TEXT``: commits a file holding TEXT and adds a line to its
+  repository's alternates; replies with the commit;
 - ``hunt SECRET``: looks through every object it can reach for SECRET;
 - ``move BRANCH``: moves the branch BRANCH to its own HEAD;
 - ``nothing``.
@@ -150,6 +152,19 @@ def main() -> str:
         except OSError as exc:
             return errname(exc)
         return "overwritten"
+    if attack == "commit":
+        (text,) = args
+        with open(os.path.join(here, "work.txt"), "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        git("add", "work.txt")
+        git("commit", "--quiet", "-m", "the run's work")
+        # And an alternates naming a store of the run's choosing: the harness's
+        # git that brings the branch back never reads it unconfined.
+        common = os.path.abspath(git("rev-parse", "--git-common-dir"))
+        with open(os.path.join(common, "objects", "info", "alternates"), "a",
+                  encoding="utf-8") as handle:
+            handle.write("/nonexistent/objects\n")
+        return git("rev-parse", "HEAD")
     if attack == "hunt":
         (secret,) = args
         every = subprocess.run(["git", "cat-file", "--batch-all-objects", "--batch"],

@@ -216,3 +216,24 @@ async def test_a_run_changes_nothing_of_the_person_s_repository_but_its_branch(
     assert world.git("show", "main:Makefile") == makefile
     assert reply(hunted) == "not found"
     assert world.git("rev-parse", world.branch("S")).strip() == other
+
+
+async def test_the_conversation_s_commits_come_back_on_its_branch_only(world: World) -> None:
+    """§13: the person's repository changes by the conversation's branch alone. A
+    run's commit is on ``prohost/<lane folder>`` in the person's repository once
+    the run has ended (brought back by the harness), the objects it holds are
+    sound (``git fsck``), and nothing else of the person's moved."""
+    await make_repo(world.source)
+    refs = world.git("for-each-ref", "--format=%(refname) %(objectname)")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            commit = reply(await turn(server, "A", "commit", "done"))
+    assert world.git("rev-parse", world.branch("A")).strip() == commit
+    assert world.git("show", f"{world.branch('A')}:work.txt") == "done\n"
+    world.git("fsck", "--no-progress", "--strict")
+    after = world.git("for-each-ref", "--format=%(refname) %(objectname)")
+    assert sorted(set(after.splitlines()) - set(refs.splitlines())) == [
+        f"refs/heads/{world.branch('A')} {commit}"]

@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -165,12 +165,23 @@ async def git(
 
     Cancelled: the group is killed with SIGKILL (trio's ``deliver_cancel``), the
     process is reaped, and the cancellation propagates."""
-    what = next((arg for arg in args if not arg.startswith("-") and "/" not in arg
-                 and "=" not in arg), "git")
+    return await run_git(["git", *HARDENED, *args], timeout_s=timeout_s, env=env,
+                         ok_codes=ok_codes)
+
+
+async def run_git(
+    argv: Sequence[str], *, timeout_s: float = GIT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
+) -> str:
+    """Run ``argv`` as :func:`git` runs git: a command line that runs git in
+    the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
+    already. Cancelled: as :func:`git`."""
+    what = next((arg for arg in argv[1:] if not arg.startswith("-") and "/" not in arg
+                 and "=" not in arg and arg != "git"), "git")
     with trio.move_on_after(timeout_s) as scope:
         try:
             done = await trio.run_process(
-                ["git", *HARDENED, *args],
+                list(argv),
                 stdin=subprocess.DEVNULL,
                 capture_stdout=True,
                 capture_stderr=True,

@@ -26,9 +26,13 @@ import logging
 import os
 import shutil
 import stat
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from prohost.engine.repos.gitcmd import GitError, git, git_env
+import trio
+
+from prohost.engine.repos.gitcmd import HARDENED, GitError, git, git_env, run_git
 from prohost.engine.repos.gitrecords import put_file
 from prohost.engine.repos.startpoint import EMPTY_START_ENV, StartPoint, check_branch
 
@@ -94,16 +98,28 @@ def planted_ref(repo: Path, branch: str) -> bool:
         return False
 
 
-async def bring_back(repo: Path, person_common: str, branch: str) -> str | None:
-    """Update the person's ``branch`` to the lane repository's (its objects fetched
-    and checked by git); the new tip, or ``None`` when the lane has no such
+#: Makes a command line run confined (the run room's, from the sandbox): ``argv``,
+#: the folders it may read though hidden, the folders it may write. Blocking.
+Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], list[str]]
+
+
+async def bring_back(repo: Path, person_common: str, branch: str,
+                     confine: Confine | None = None,
+                     scratch_root: Path | None = None) -> str | None:
+    """Update the person's ``branch`` to the lane repository's (its objects checked
+    by git as they arrive); the new tip, or ``None`` when the lane has no such
     branch. Raises :class:`GitError` (the person's branch is then as it was).
 
-    What runs: the person's git, and ``git upload-pack`` in the lane repository,
-    whose config and hooks are the harness's; its refs and objects are data a
-    run wrote, which git verifies as it receives them.
+    With ``confine`` (where runs can be confined), everything that reads the lane
+    repository, which its runs may write (objects, packs, refs, alternates), runs
+    confined: ``git bundle create`` there writes the branch's new objects into a
+    file in a scratch folder under ``scratch_root``, and the person's repository
+    fetches that file, as it would a download, updating that one ref. Without,
+    the person's repository fetches from the lane repository directly (``git
+    upload-pack`` there, with the harness's config).
 
-    Cancelled: the fetch is killed; the person's ref is updated whole or not."""
+    Cancelled: git (and its confinement) is killed; the person's ref is updated
+    whole or not, and the scratch folder is removed."""
     ref = f"refs/heads/{branch}"
     if planted_ref(repo, branch):
         raise GitError(f"{branch} in the conversation's repository is not a plain ref")
@@ -111,10 +127,48 @@ async def bring_back(repo: Path, person_common: str, branch: str) -> str | None:
                      ok_codes=(0, 1))).strip()
     if not tip:
         return None
-    await git(*_FETCH, "--git-dir", person_common, "fetch", "--quiet", "--no-tags",
-              "--no-write-fetch-head", "--no-recurse-submodules", str(repo),
-              f"+{ref}:{ref}")
+    fetch = (*_FETCH, "--git-dir", person_common, "fetch", "--quiet", "--no-tags",
+             "--no-write-fetch-head", "--no-recurse-submodules")
+    if confine is None or scratch_root is None:
+        await git(*fetch, str(repo), f"+{ref}:{ref}")
+        return tip
+    have = [(await git("--git-dir", person_common, "rev-parse", "--verify", "--quiet",
+                       f"{name}^{{commit}}", ok_codes=(0, 1))).strip()
+            for name in (ref, "HEAD")]
+    if tip == have[0]:
+        return tip  # nothing new
+    if tip == have[1]:
+        # At the person's HEAD (no commit of the run's yet): a commit the person's
+        # repository itself named, so the ref is made without reading anything
+        # of the lane's.
+        await git("--git-dir", person_common, "update-ref", ref, tip, have[0])
+        return tip
+    scratch = await trio.to_thread.run_sync(_scratch, scratch_root, abandon_on_cancel=True)
+    try:
+        bundle = scratch / "branch.bundle"
+        argv = await trio.to_thread.run_sync(
+            confine, ["git", *HARDENED, "--git-dir", str(repo), "bundle", "create",
+                      "--quiet", str(bundle), ref, *(f"^{h}" for h in have if h)],
+            [repo], [scratch], abandon_on_cancel=True)
+        await run_git(argv)
+        await git(*fetch, str(bundle), f"+{ref}:{ref}")
+    finally:
+        # Shielded and bounded: a hung disk leaves the folder to the next start's
+        # sweep of the scratch folders rather than holding a cancel.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLEANUP_S):
+            await trio.to_thread.run_sync(shutil.rmtree, scratch, True,
+                                          abandon_on_cancel=True)
     return tip
+
+
+#: How long removing a bring-back's scratch folder may hold a cancel, in seconds.
+_CLEANUP_S = 10.0
+
+
+def _scratch(root: Path) -> Path:
+    """Blocking: a new private folder under ``root`` for one bring-back's bundle."""
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="bring-back-", dir=root))
 
 
 async def lane_start(repo: Path, source: str, branch: str) -> StartPoint:

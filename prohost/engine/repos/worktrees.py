@@ -426,9 +426,13 @@ class WorktreeManager:
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
 
-    async def bring_back(self, prepared: PreparedCheckouts) -> None:
+    async def bring_back(self, prepared: PreparedCheckouts,
+                         confine: lanerepo.Confine | None = None,
+                         scratch_root: Path | None = None) -> None:
         """After a run: the person's branch ``prohost/<lane folder>`` of each checkout
-        made to what the lane's repository holds (:func:`lanerepo.bring_back`).
+        made to what the lane's repository holds (:func:`lanerepo.bring_back`;
+        what reads the lane's repository runs through ``confine`` when given, its
+        bundle in a folder under ``scratch_root``).
         Never raises: a branch that cannot be brought back is logged, and stays
         in the lane's repository for the next run's end.
 
@@ -445,7 +449,8 @@ class WorktreeManager:
                 if checkout.git.common_dir == person:
                     continue  # made by an earlier version: its branch is the person's
                 async with self.source_lock(source):
-                    await lanerepo.bring_back(Path(checkout.git.common_dir), person, branch)
+                    await lanerepo.bring_back(Path(checkout.git.common_dir), person, branch,
+                                              confine, scratch_root)
             except (GitError, OSError) as exc:
                 log.warning("could not bring the branch %s back to %s: %s", branch,
                             source, exc)

@@ -482,7 +482,8 @@ class Runner:
             return _Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)
 
-        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env)
+        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env, self.sandbox,
+                                  self.scratch_root)
         if self.worktrees is not None:
             progress.preparing = "preparing the private checkouts"
             ready = await checkouts.prepare(run, deadline)
