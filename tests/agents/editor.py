@@ -23,7 +23,8 @@ env.update(GIT_AUTHOR_NAME="agent", GIT_AUTHOR_EMAIL="agent@example.com",
 done = []
 for name in sorted(os.listdir(folder)) if folder else []:
     checkout = os.path.join(folder, name)
-    if not os.path.isdir(checkout):
+    # Hidden entries are the harness's (the conversation's own repositories).
+    if name.startswith(".") or not os.path.isdir(checkout):
         continue
     for word in words:
         action, _, rest = word.partition(":")

@@ -15,7 +15,8 @@ seen = {}
 if folder:
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if not os.path.isdir(path):
+        # Hidden entries are the harness's (the conversation's own repositories).
+        if name.startswith(".") or not os.path.isdir(path):
             continue
         seen[name] = sorted(entry for entry in os.listdir(path) if entry != ".git")
         with open(os.path.join(path, f"note-{os.environ['PROHOST_RUN_ID']}.txt"), "w") as file:

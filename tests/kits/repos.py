@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prohost.engine.repos.lanerepo import REPOS_FOLDER
 from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.prompt import Checkout
 
@@ -64,11 +65,20 @@ async def commit_file(repo: Path, name: str, text: str) -> str:
     return (await git(repo, "rev-parse", "HEAD")).strip()
 
 
-async def worktree_paths(source: Path) -> list[str]:
-    """What `git worktree list` of ``source`` lists, the main checkout included."""
+async def worktree_paths(source: Path, home: Path | None = None) -> list[str]:
+    """What `git worktree list` of ``source`` lists, the main checkout included; with
+    ``home``, and the worktrees of its conversations' own repositories (each a
+    repository of its own, ``prohost.engine.repos.lanerepo``)."""
     out = await git(source, "worktree", "list", "--porcelain")
     prefix = "worktree "
-    return [line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)]
+    found = [line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)]
+    for repo in sorted((home / "worktrees").glob(f"*/{REPOS_FOLDER}/*.git")) if home else ():
+        out = await git(repo, "--git-dir", str(repo), "worktree", "list", "--porcelain")
+        for entry in out.split("\n\n"):
+            lines = entry.splitlines()
+            if lines and "bare" not in lines:
+                found.append(lines[0].removeprefix(prefix))
+    return found
 
 
 def real(*paths: Path) -> list[str]:

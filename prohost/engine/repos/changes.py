@@ -39,7 +39,7 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.gitcmd import GitError, git, git_env
+from prohost.engine.repos.gitcmd import GitError, GitPlaces, git, git_env
 from prohost.wire.changes import (
     ChangeEntry,
     ChangeKind,
@@ -98,6 +98,9 @@ class CheckoutState:
     error: str | None = None
     #: Why ``seen`` is missing although the commit is known.
     truncated: str | None = None
+    #: Where its git state is, from the harness's records (§13): every git on it
+    #: names these, never what its ``.git`` file says. ``None``: found by git.
+    git: GitPlaces | None = None
 
 
 def without_paths(text: str, path: Path | str, repo: str,
@@ -112,36 +115,44 @@ def without_paths(text: str, path: Path | str, repo: str,
 
 async def take_state(repo: str, path: Path, *, bounds: Bounds,
                      limit_s: float = CHANGES_LIMIT_S,
-                     env: Mapping[str, str] | None = None) -> CheckoutState:
-    """The state of the worktree at ``path`` now, within ``limit_s``; a state with
-    ``error`` set when it cannot be read (not a checkout, git failing, too slow to
-    give even its commit), with ``truncated`` when its files could not be listed in
-    time. Reading the working files goes through ``bounds``, the harness's.
+                     env: Mapping[str, str] | None = None,
+                     places: GitPlaces | None = None) -> CheckoutState:
+    """The state of the worktree at ``path`` now (its git state at ``places``),
+    within ``limit_s``; a state with ``error`` set when it cannot be read (not a
+    checkout, git failing, too slow to give even its commit), with ``truncated``
+    when its files could not be listed in time. Reading the working files goes
+    through ``bounds``, the harness's.
 
     Cancelled: the git command running is killed with its group (as
     :func:`prohost.engine.repos.gitcmd.git`); nothing was written anywhere.
     """
     deadline = trio.current_time() + limit_s
-    where, base_env = os.fspath(path), git_env(env)
+    where, base_env = os.fspath(path), _env(env, places)
     with trio.move_on_at(deadline) as scope:
         try:
             commit = await _commit(where, base_env)
         except (GitError, OSError) as exc:
-            return CheckoutState(repo, path, error=_said(exc, path, repo))
+            return CheckoutState(repo, path, error=_said(exc, path, repo), git=places)
     if scope.cancelled_caught:
         return CheckoutState(repo, path, error=f"reading the checkout took longer than "
-                                               f"{limit_s:g} s")
+                                               f"{limit_s:g} s", git=places)
     with trio.move_on_at(deadline) as scope:
         try:
             seen, kept, _ = await _seen(where, base_env, bounds, deadline, keep=True)
         except (GitError, OSError) as exc:
             return CheckoutState(repo, path, commit=commit,
                                  truncated=f"its files could not be read at the start: "
-                                           f"{_said(exc, path, repo)}")
-        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept)
+                                           f"{_said(exc, path, repo)}", git=places)
+        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept, git=places)
     return CheckoutState(repo, path, commit=commit,
                          truncated=f"listing its files at the start took longer than "
-                                   f"{limit_s:g} s")
+                                   f"{limit_s:g} s", git=places)
+
+
+def _env(env: Mapping[str, str] | None, places: GitPlaces | None) -> dict[str, str]:
+    """git's environment for a checkout: naming its places when the harness has
+    them, so no git here reads its ``.git`` file (§13)."""
+    return places.env(env) if places is not None else git_env(env)
 
 
 async def _commit(where: str, env: Mapping[str, str]) -> str | None:
@@ -159,8 +170,11 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
     ``defer_untracked``, untracked files are not read: their value is
     :data:`_UNREAD` and their names come third, for :func:`_fill` to read the few
     whose content matters."""
+    # Submodules' commits, never their files: for their files git would run a
+    # `git status` inside each, with the config and attributes (filter
+    # programs) of a repository the run may have planted there (§13).
     out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
-                    "--untracked-files=all", "--no-renames", "--ignore-submodules=none",
+                    "--untracked-files=all", "--no-renames", "--ignore-submodules=dirty",
                     env=env)
     heads: dict[str, str | None] = {}
     work: dict[str, str | None] = {}
@@ -207,8 +221,9 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
         elif sub.startswith("S"):
             commit = h_index
             if sub[1] == "C":
+                # The submodule's own repository: its git dir is not the checkout's.
                 commit = await _optional(git("-C", os.path.join(where, name), "rev-parse",
-                                             "HEAD", env=env)) or "unknown"
+                                             "HEAD", env=git_env(env))) or "unknown"
             dirty = "+dirty" if "M" in sub[2:] or "U" in sub[2:] else ""
             work[name] = f"160000:{commit}{dirty}"
         else:
@@ -282,7 +297,7 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
     if before.error is not None:
         return UnreadableCheckout(before.repo, before.error)
     deadline = trio.current_time() + limit_s
-    where, base_env = os.fspath(before.path), git_env(env)
+    where, base_env = os.fspath(before.path), _env(env, before.git)
     with trio.move_on_at(deadline) as scope:
         try:
             head = await _commit(where, base_env)
@@ -326,7 +341,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
                                  defer_untracked=True)
     moved: dict[str, tuple[str | None, str | None]] = {}
     if entry.head is not None and entry.head != entry.base:
-        moved = _raw(await git("-C", where, "diff-tree", "-r", "-z", "--no-renames",
+        moved = _raw(await git("-C", where, "diff-tree", "--no-ext-diff", "--no-textconv",
+                               "-r", "-z", "--no-renames",
                                "--raw", entry.base or EMPTY_TREE, entry.head, env=env))
 
     def was(name: str) -> str | None:
@@ -526,8 +542,10 @@ def _lay_out(folder: str, both: Mapping[int, tuple[bytes, bytes]]) -> None:
 async def _no_index_numstat(folder: str, env: Mapping[str, str],
                             ) -> dict[int, tuple[int | None, int | None]]:
     # Exit status 1: the two sides differ.
-    out = await git("-C", folder, "diff", "--no-index", "--no-renames", "--numstat",
-                    "-z", "a", "b", env=env, ok_codes=(0, 1))
+    # Two folders of the harness's, no repository's: nothing of a checkout's git.
+    out = await git("-C", folder, "diff", "--no-ext-diff", "--no-textconv", "--no-index",
+                    "--no-renames", "--numstat",
+                    "-z", "a", "b", env=git_env(env), ok_codes=(0, 1))
     # Each ``added<TAB>removed<TAB>`` then the two sides' names (``/dev/null`` for an
     # absent one): ``a/<index>``, ``b/<index>``.
     found: dict[int, tuple[int | None, int | None]] = {}
@@ -567,10 +585,14 @@ async def _optional(command: Awaitable[str]) -> str | None:
 
 
 async def states_of(checkouts: Sequence[tuple[str, Path]], *, bounds: Bounds,
-                    env: Mapping[str, str] | None = None) -> list[CheckoutState]:
+                    env: Mapping[str, str] | None = None,
+                    places: Mapping[str, GitPlaces] | None = None) -> list[CheckoutState]:
     """Each ``(name, worktree)``'s state as the run begins, one after another (each
-    bounded by :data:`CHANGES_LIMIT_S`). Cancelled: as :func:`take_state`."""
-    return [await take_state(name, path, bounds=bounds, env=env) for name, path in checkouts]
+    bounded by :data:`CHANGES_LIMIT_S`); ``places``: each name's git places, from
+    the harness's records. Cancelled: as :func:`take_state`."""
+    known = places or {}
+    return [await take_state(name, path, bounds=bounds, env=env, places=known.get(name))
+            for name, path in checkouts]
 
 
 async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[str, str]], *,

@@ -23,7 +23,9 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git, git_env, real_path
+from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, git_at, real_path
+from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir
+from prohost.engine.repos.lanerepo import REPOS_FOLDER
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
 log = logging.getLogger("prohost.worktrees")
@@ -53,7 +55,8 @@ class GcEntry:
 @attrs.frozen
 class _Verdict:
     path: Path
-    common: str | None
+    #: Its git dir and common dir, from the lane marker (``None``: none known).
+    git: GitPlaces | None
     problem: Literal["dirty", "unmerged"] | None
     detail: str
 
@@ -63,7 +66,7 @@ def _scan_folder(folder: Path) -> tuple[list[Path], list[str]]:
     worktrees: list[Path] = []
     others: list[str] = []
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(LANE_MARKER):
+        if entry.name.startswith(LANE_MARKER) or entry.name == REPOS_FOLDER:
             continue
         if entry.is_dir() and not entry.is_symlink() and os.path.lexists(entry / ".git"):
             worktrees.append(entry)
@@ -80,58 +83,129 @@ def _idle_since(folder: Path) -> tuple[str | None, float]:
     return lane, used
 
 
-async def _judge(path: Path) -> _Verdict:
-    """Whether removing the worktree at ``path`` would lose work."""
+async def _person_common(folder: Path, name: str) -> str | None:
+    """The common dir of the person's repository the checkout ``name`` of the lane
+    folder ``folder`` stands for (its marker names the source)."""
+    source = (read_marker(folder).ready or {}).get(name)
+    if source is None:
+        return None
     try:
-        out = await git("-C", str(path), "rev-parse", "--show-toplevel", "--git-common-dir")
-        toplevel, common = out.splitlines()[:2]
-        if real_path(toplevel) != real_path(path):
-            raise GitError("it is not the top of a git worktree")
-        env = git_env()
-        env["GIT_OPTIONAL_LOCKS"] = "0"  # a read-only look; never take index.lock
-        # Untracked files and changed submodules count (whatever the repo's config
-        # says): removing the worktree would delete them too.
-        status = await git(
-            "-C", str(path), "status", "--porcelain", "--untracked-files=normal",
-            "--ignore-submodules=none", env=env,
+        out = await git("-C", source, "rev-parse", "--git-common-dir")
+    except GitError:
+        return None
+    return real_path(Path(source) / out.strip())
+
+
+async def _brought_back(folder: Path, places: GitPlaces) -> bool:
+    """Whether the commit the worktree at ``places`` is on is in the person's
+    repository (brought back after its last run): always, for a worktree of the
+    person's repository (made by an earlier version)."""
+    person = await _person_common(folder, Path(places.work_tree).name)
+    if person is None or person == places.common_dir:
+        return person is not None
+    head = (await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD^{commit}",
+                         ok_codes=(0, 1))).strip()
+    if not head:
+        return True  # no commit yet: nothing to lose
+    try:
+        await git("--git-dir", person, "cat-file", "-e", f"{head}^{{commit}}")
+    except GitError:
+        return False
+    return True
+
+
+async def _places(folder: Path, path: Path) -> GitPlaces | None:
+    """The worktree at ``path``'s git places from its lane marker (§13: never from
+    its ``.git`` file, which its run could have rewritten); for one made by an
+    earlier version, adopted as the harness would (its source is in the marker).
+    ``None``: not known, so not checked."""
+    marker = read_marker(folder)
+    recorded = (marker.git_dirs or {}).get(path.name)
+    if recorded is not None:
+        common = os.path.dirname(os.path.dirname(recorded))
+        return GitPlaces(str(path), recorded, common) if own_git_dir(recorded, common) else None
+    person = await _person_common(folder, path.name)
+    if person is None:
+        return None
+    adopted, _ = adopt_git_dir(path, person)
+    return GitPlaces(str(path), adopted, person) if adopted is not None else None
+
+
+def _checked_out(path: Path, submodules: list[str]) -> list[str]:
+    """Those of ``submodules`` with a ``.git`` in the worktree at ``path`` (a few
+    ``lstat`` calls, on a worktree just read by git)."""
+    return [name for name in submodules if os.path.lexists(path / name / ".git")]
+
+
+async def _judge(folder: Path, path: Path) -> _Verdict:
+    """Whether removing the worktree at ``path`` would lose work."""
+    places = await _places(folder, path)
+    if places is None:
+        return _Verdict(path, None, "dirty", f"{path.name} cannot be checked (the harness "
+                                              "has no record of its git dir)")
+    try:
+        # Untracked files count (whatever the repo's config says): removing the
+        # worktree would delete them too. A read-only look: never take index.lock.
+        # Submodules: their commits only. For their files git would run a `git
+        # status` inside each, with the config and attributes (filter programs)
+        # of a repository the run may have planted there (§13); one checked out
+        # counts as work instead (below).
+        status = await git_at(
+            places, "--no-optional-locks", "status", "--porcelain",
+            "--untracked-files=normal", "--ignore-submodules=dirty",
         )
+        staged = await git_at(places, "ls-files", "-z", "--stage")
     except (GitError, ValueError) as exc:
-        return _Verdict(path, None, "dirty", f"{path.name} cannot be checked ({exc})")
-    common_dir = real_path(path / common)
+        return _Verdict(path, places, "dirty", f"{path.name} cannot be checked ({exc})")
+    nested = [entry.split("\t", 1)[1] for entry in staged.split("\0")
+              if entry.startswith("160000 ") and "\t" in entry]
+    nested = _checked_out(path, nested)
+    if nested:
+        return _Verdict(path, places, "dirty",
+                        f"{path.name} holds a checked-out submodule ({nested[0]}), whose "
+                        "work is not looked at")
     changed = [line for line in status.splitlines() if line.strip()]
     if changed:
         noun = "file" if len(changed) == 1 else "files"
         detail = f"{path.name} has uncommitted changes ({len(changed)} {noun})"
-        return _Verdict(path, common_dir, "dirty", detail)
+        return _Verdict(path, places, "dirty", detail)
     try:
         # A branch (local or remote-tracking) containing HEAD keeps its commits alive
         # after the worktree goes; a branch made in the worktree lives in the source.
-        holders = await git(
-            "-C", str(path), "for-each-ref", "--contains", "HEAD", "--count=1",
+        holders = await git_at(
+            places, "for-each-ref", "--contains", "HEAD", "--count=1",
             "--format=%(refname)", "refs/heads", "refs/remotes",
         )
     except GitError as exc:
-        if not isinstance(exc, GitTimedOut) and await _unborn(path):
+        if not isinstance(exc, GitTimedOut) and await _unborn(places):
             # An empty repository's worktree whose branch has no commit yet, and
             # nothing uncommitted (above): there is nothing to lose.
-            return _Verdict(path, common_dir, None, "")
-        return _Verdict(path, common_dir, "unmerged", f"{path.name} cannot be checked ({exc})")
+            return _Verdict(path, places, None, "")
+        return _Verdict(path, places, "unmerged", f"{path.name} cannot be checked ({exc})")
     if not holders.strip():
         return _Verdict(
-            path, common_dir, "unmerged",
+            path, places, "unmerged",
             f"{path.name} has commits on no branch, which removing it would lose",
         )
-    return _Verdict(path, common_dir, None, "")
-
-
-async def _unborn(path: Path) -> bool:
-    """Whether the worktree at ``path`` is on a branch with no commit yet."""
     try:
-        await git("-C", str(path), "symbolic-ref", "--quiet", "HEAD")
+        back = await _brought_back(folder, places)
+    except GitError as exc:
+        return _Verdict(path, places, "unmerged", f"{path.name} cannot be checked ({exc})")
+    if not back:
+        return _Verdict(path, places, "unmerged",
+                        f"{path.name} has commits its repository's branch does not have "
+                        "yet, which removing it would lose")
+    return _Verdict(path, places, None, "")
+
+
+async def _unborn(places: GitPlaces) -> bool:
+    """Whether the worktree at ``places`` is on a branch with no commit yet."""
+    try:
+        await git_at(places, "symbolic-ref", "--quiet", "HEAD")
     except GitError:
         return False  # detached, or unreadable
     try:
-        await git("-C", str(path), "rev-parse", "--verify", "--quiet", "HEAD")
+        await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD")
     except GitTimedOut:
         return False
     except GitError:
@@ -153,18 +227,25 @@ def _days(seconds: float) -> str:
     return f"{days:.1f} days" if days < 10 else f"{days:.0f} days"
 
 
+def _remove_files(verdict: _Verdict) -> None:
+    """Blocking: the worktree's folder, then its git dir in the source (what
+    ``git worktree remove`` does), each removed without following a link. No git
+    runs: everything in both is what a run could have written (§13)."""
+    shutil.rmtree(verdict.path)
+    if verdict.git is not None:
+        shutil.rmtree(verdict.git.git_dir, ignore_errors=True)
+
+
 async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds) -> None:
-    """Remove one worktree, shielded and bounded: half-deleted is worse than either."""
+    """Remove one worktree, shielded and bounded: half-deleted is worse than either.
+    Unforced, one that changed since it was judged is kept (raises GitError)."""
     with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
-        if verdict.common is None:
-            # Its repository is gone, so git cannot remove it; only --force gets here.
-            await bounds.file_step(shutil.rmtree, verdict.path, limit_s=REMOVE_SHIELD_S,
-                                   what=f"removing {verdict.path}")
-            return
-        args = ["--git-dir", verdict.common, "worktree", "remove"]
-        if force:
-            args += ["--force", "--force"]  # twice: also a locked one
-        await git(*args, str(verdict.path), timeout_s=REMOVE_SHIELD_S)
+        if not force:
+            again = await _judge(verdict.path.parent, verdict.path)
+            if again.problem is not None:
+                raise GitError(again.detail)
+        await bounds.file_step(_remove_files, verdict, limit_s=REMOVE_SHIELD_S,
+                               what=f"removing {verdict.path}")
 
 
 async def collect_garbage(
@@ -184,9 +265,12 @@ async def collect_garbage(
     A lane folder goes whole or not at all: a worktree with uncommitted changes (or
     anything else in the folder that is not ours) or with commits on no branch keeps
     its folder unless ``force``; ``busy(lane)`` true keeps it always. Removal is
-    ``git worktree remove``, which also clears the worktree's registration in its
-    source; ``git worktree prune`` is never run here (it would also forget the
-    person's own worktrees whose folders are missing, an unmounted disk's).
+    the worktree's folder and its registration in its source (its git dir, as
+    ``git worktree remove`` would); ``git worktree prune`` is never run here (it
+    would also forget the person's own worktrees whose folders are missing, an
+    unmounted disk's).
+    No git runs on what a run could have written but with the places the lane's
+    marker records (§13), and removal is the harness's own, following no link.
     ``dry_run`` removes nothing and reports ``would-remove``. ``hold(lane)``, when
     given (the harness's scheduler), is entered around the last look and the
     removal, so no turn of that lane starts while its worktrees go; a turn that
@@ -226,7 +310,7 @@ async def collect_garbage(
         if idle_s <= older_than_s:
             entries.append(entry("kept-recent", f"last used {_days(idle_s)} ago"))
             continue
-        verdicts = [await _judge(path) for path in worktrees]
+        verdicts = [await _judge(folder, path) for path in worktrees]
         problems = [v for v in verdicts if v.problem is not None]
         notes = [v.detail for v in problems]
         if others:
@@ -281,6 +365,9 @@ async def _remove_folder(
         if force and has_others:
             shutil.rmtree(folder)
             return
+        # The lane's own repositories: their branches are in the person's now.
+        if os.path.lexists(folder / REPOS_FOLDER):
+            shutil.rmtree(folder / REPOS_FOLDER)
         for marker in folder.glob(f"{LANE_MARKER}*"):
             marker.unlink()
         folder.rmdir()

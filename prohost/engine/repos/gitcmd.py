@@ -4,6 +4,17 @@
 killed whole on a timeout or a cancel, never prompting, and in an environment
 (:func:`git_env`) that cannot point it at a repository other than the one named
 on its command line. Failures become one :class:`GitError` line.
+
+The harness's git works on places a hostile run could write (§13): a worktree's
+files, its ``.git`` file, its private git dir (``HEAD``, index, logs). So every
+git here runs with :data:`HARDENED` settings on its command line, which win over
+every config file: no fsmonitor program, no hooks, no pager, editor or network.
+On a worktree, :func:`git_at` names the git dir, common dir and work tree from
+the harness's own records (:class:`GitPlaces`), so git never discovers them from
+a ``.git`` file or ``commondir`` a run could have rewritten. What git still reads
+of its own accord is the common dir's ``config`` (the person's, which no run may
+write) and the git dir's ``config.worktree`` only when the person's config turns
+``extensions.worktreeConfig`` on.
 """
 
 from __future__ import annotations
@@ -12,9 +23,10 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import attrs
 import trio
 
 from prohost.errors import LAST_LINE_CHARS, last_line
@@ -49,6 +61,62 @@ GIT_LOCATION_VARS = frozenset({
 })
 
 
+#: Settings given on every harness git's command line: they win over the
+#: repository's, the person's and any file a run planted. Why each:
+#: ``core.fsmonitor`` and ``core.hooksPath`` name programs git would run;
+#: ``core.untrackedCache`` is written into an index a run can read; the
+#: protocols keep a harness's git off the network (it never needs it); the
+#: pager and editor are programs too; ``core.sshCommand`` and
+#: ``credential.helper`` never matter offline, and are cleared all the same.
+#: (``diff.external`` cannot be cleared here, an empty one is "run nothing" and
+#: fails: a harness's diff passes ``--no-ext-diff --no-textconv`` instead.)
+HARDENED: tuple[str, ...] = (
+    "-c", "core.fsmonitor=false",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.untrackedCache=false",
+    "-c", "core.pager=cat",
+    "-c", "core.editor=false",
+    "-c", "sequence.editor=false",
+    "-c", "core.sshCommand=false",
+    "-c", "credential.helper=",
+    "-c", "protocol.allow=never",
+    "-c", "submodule.recurse=false",
+)
+
+#: Variables that would make git run a program or read a config file of their
+#: choosing; dropped from every harness git's environment.
+_PROGRAM_VARS = frozenset({
+    "GIT_EXTERNAL_DIFF", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_SSH",
+    "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS", "GIT_PROXY_COMMAND", "GIT_EXEC_PATH",
+    "GIT_TEMPLATE_DIR", "GIT_CONFIG_SYSTEM", "PAGER", "EDITOR", "VISUAL",
+})
+
+
+@attrs.frozen
+class GitPlaces:
+    """Where a worktree's git state is, as the harness made it (its records), never
+    as its ``.git`` file says: the work tree, its private git dir
+    (``<common>/worktrees/<name>``) and the repository's common dir. Real paths."""
+
+    work_tree: str
+    git_dir: str
+    common_dir: str
+
+    def args(self) -> tuple[str, ...]:
+        """The options that name these places on git's command line."""
+        return ("--git-dir", self.git_dir, "--work-tree", self.work_tree)
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """:func:`git_env` naming these places: ``GIT_COMMON_DIR`` so that git
+        reads no ``commondir`` file; git dir and work tree so that a ``git -C``
+        anywhere inside (a submodule's folder) is still this repository."""
+        env = git_env(base)
+        env["GIT_DIR"] = self.git_dir
+        env["GIT_WORK_TREE"] = self.work_tree
+        env["GIT_COMMON_DIR"] = self.common_dir
+        return env
+
+
 class GitError(Exception):
     """A git command failed; the message is one short line (git's last stderr line)."""
 
@@ -65,9 +133,13 @@ def git_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         name: value
         for name, value in (os.environ if base is None else base).items()
-        if name not in GIT_LOCATION_VARS
+        if name not in GIT_LOCATION_VARS and name not in _PROGRAM_VARS
     }
     env["GIT_TERMINAL_PROMPT"] = "0"
+    # The system's config is the machine's, not the person's; a harness's git
+    # needs nothing of it (and it could name programs).
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    env["GIT_PAGER"] = "cat"
     env["LC_ALL"] = "C"
     return env
 
@@ -93,11 +165,23 @@ async def git(
 
     Cancelled: the group is killed with SIGKILL (trio's ``deliver_cancel``), the
     process is reaped, and the cancellation propagates."""
-    what = next((arg for arg in args if not arg.startswith("-") and "/" not in arg), "git")
+    return await run_git(["git", *HARDENED, *args], timeout_s=timeout_s, env=env,
+                         ok_codes=ok_codes)
+
+
+async def run_git(
+    argv: Sequence[str], *, timeout_s: float = GIT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
+) -> str:
+    """Run ``argv`` as :func:`git` runs git: a command line that runs git in
+    the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
+    already. Cancelled: as :func:`git`."""
+    what = next((arg for arg in argv[1:] if not arg.startswith("-") and "/" not in arg
+                 and "=" not in arg and arg != "git"), "git")
     with trio.move_on_after(timeout_s) as scope:
         try:
             done = await trio.run_process(
-                ["git", *args],
+                list(argv),
                 stdin=subprocess.DEVNULL,
                 capture_stdout=True,
                 capture_stderr=True,
@@ -117,6 +201,18 @@ async def git(
         reason = _reason(done.stderr) or f"git {what} exited with status {done.returncode}"
         raise GitError(reason)
     return os.fsdecode(done.stdout)
+
+
+async def git_at(
+    places: GitPlaces, *args: str, timeout_s: float = GIT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
+) -> str:
+    """:func:`git` on the worktree at ``places``, every one of its paths named
+    (never discovered from its ``.git`` file). ``env``: a base environment.
+
+    Cancelled: as :func:`git`."""
+    return await git(*places.args(), *args, timeout_s=timeout_s,
+                     env=places.env(env), ok_codes=ok_codes)
 
 
 def _reason(stderr: bytes) -> str:

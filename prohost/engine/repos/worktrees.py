@@ -47,8 +47,31 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
-from prohost.engine.repos.gitcmd import GIT_ADD_TIMEOUT_S, GitError, GitTimedOut, git, real_path
-from prohost.engine.repos.startpoint import lane_branch, start_point
+from prohost.engine.repos import lanerepo
+from prohost.engine.repos.gitcmd import (
+    GIT_ADD_TIMEOUT_S,
+    GitError,
+    GitPlaces,
+    GitTimedOut,
+    git,
+    git_at,
+    real_path,
+)
+from prohost.engine.repos.gitrecords import (
+    adopt_git_dir,
+    made_git_dir,
+    remove_planted_logs,
+    restore_git_files,
+)
+from prohost.engine.repos.lanerepo import (
+    lane_repo,
+    lane_repo_usable,
+    lane_start,
+    lay_out,
+    object_format,
+    restore_alternates,
+)
+from prohost.engine.repos.startpoint import lane_branch
 from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
@@ -124,6 +147,11 @@ class LaneMarker:
     """Checkout name → source, for each worktree a prepare finished and handed to an
     agent. Anything else found in the folder was never used, so it holds no work:
     the leftovers of a cancelled or killed prepare. ``None``: not known."""
+    git_dirs: dict[str, str] | None = None
+    """Checkout name → its private git dir (``<common>/worktrees/<name>``, a real
+    path), as the harness made it: the record every later git on the worktree, and
+    the next run's rules, are made from (§13), never its ``.git`` file. The marker
+    is out of every run's reach (the lane folder is only readable to its runs)."""
 
 
 def read_marker(folder: Path) -> LaneMarker:
@@ -134,6 +162,9 @@ def read_marker(folder: Path) -> LaneMarker:
         return LaneMarker(None, None, None)
     if not isinstance(data, dict):
         return LaneMarker(None, None, None)
+    git_dirs = data.get("git_dirs")
+    if not (isinstance(git_dirs, dict) and all(isinstance(v, str) for v in git_dirs.values())):
+        git_dirs = None
     lane = data.get("lane")
     used = data.get("last_used")
     if isinstance(used, bool) or not isinstance(used, int | float) or not math.isfinite(used):
@@ -145,6 +176,7 @@ def read_marker(folder: Path) -> LaneMarker:
         lane if isinstance(lane, str) else None,
         float(used) if used is not None else None,
         ready,
+        git_dirs,
     )
 
 
@@ -153,7 +185,8 @@ def write_marker(folder: Path, marker: LaneMarker) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{LANE_MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
-    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready}
+    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready,
+               "git_dirs": marker.git_dirs}
     try:
         tmp.write_text(json.dumps(payload, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, folder / LANE_MARKER)
@@ -167,8 +200,8 @@ def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
     """Record a use of the lane now, keeping what the marker knew; return the new marker."""
     # A new lane's folder certainly holds no finished worktree; an existing folder
     # whose marker is unreadable might, so there "ready" stays unknown.
-    ready = {} if not folder.exists() else read_marker(folder).ready
-    marker = LaneMarker(lane, now, ready)
+    old = LaneMarker(None, None, {}, {}) if not folder.exists() else read_marker(folder)
+    marker = LaneMarker(lane, now, old.ready, old.git_dirs)
     write_marker(folder, marker)
     return marker
 
@@ -192,6 +225,9 @@ class Checkout:
     unborn: bool = False
     #: The original has submodules, which are empty folders in the private worktree.
     has_submodules: bool = False
+    #: Its git dir, common dir and work tree, from the harness's records: what every
+    #: later git on it and the run's rules use (§13). ``None`` only in tests.
+    git: GitPlaces | None = None
 
 
 @attrs.frozen
@@ -288,9 +324,11 @@ class WorktreeManager:
 
         results: list[Checkout | CheckoutFailure | None] = [None] * len(self.repos)
 
+        git_dirs = dict(marker.git_dirs or {})
+
         async def one(index: int) -> None:
             results[index] = await self._prepare_one(
-                folder, self.repos[index], self.names[index], marker.ready
+                folder, self.repos[index], self.names[index], marker.ready, git_dirs
             )
 
         async with trio.open_nursery() as nursery:
@@ -300,11 +338,12 @@ class WorktreeManager:
         failures = tuple(r for r in results if isinstance(r, CheckoutFailure))
         ready = dict(marker.ready or {})
         ready.update((checkout.name, checkout.source) for checkout in checkouts)
-        if ready != marker.ready:
+        git_dirs.update((c.name, c.git.git_dir) for c in checkouts if c.git is not None)
+        if ready != marker.ready or git_dirs != (marker.git_dirs or {}):
             try:
                 # Only now: a worktree is "ready" once it is about to be handed over.
                 await self._file(
-                    write_marker, folder, attrs.evolve(marker, ready=ready)
+                    write_marker, folder, attrs.evolve(marker, ready=ready, git_dirs=git_dirs)
                 )
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
@@ -315,7 +354,8 @@ class WorktreeManager:
         )
 
     async def _prepare_one(
-        self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None
+        self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None,
+        git_dirs: dict[str, str],
     ) -> Checkout | CheckoutFailure:
         try:
             if not await self._file(source.is_dir):
@@ -324,14 +364,18 @@ class WorktreeManager:
                 return CheckoutFailure(str(source), "not a git checkout")
             common = await self._common_dir(source)
             path = folder / name
-            state = await self._inspect(path, common)
+            state, git_dir = await self._inspect(
+                path, common, git_dirs.get(name),
+                (ready or {}).get(name, str(source)) == str(source))
             if state == "foreign" and name != _hashed_name(source):
                 # The folder holds a worktree of another repository that used to
                 # have this name (--repos changed). It may hold that conversation's
                 # work, so it is left alone and this repo takes its hashed name.
                 name = _hashed_name(source)
                 path = folder / name
-                state = await self._inspect(path, common)
+                state, git_dir = await self._inspect(
+                    path, common, git_dirs.get(name),
+                    (ready or {}).get(name, str(source)) == str(source))
             if state == "foreign":
                 return CheckoutFailure(
                     str(source), f"{path} already holds a worktree of another repository"
@@ -346,42 +390,97 @@ class WorktreeManager:
                 state = "junk"
             unborn = False
             branch: str | None = lane_branch(folder.name)
-            if state != "ready":
-                unborn = await self._create(source, path, state)
+            if state != "ready" or git_dir is None:
+                unborn, places = await self._create(source, path, state, common)
             else:
-                branch = await self._branch_of(path, lane_branch(folder.name))
+                # The record's repository: the lane's own, or (a worktree made by
+                # an earlier version) the person's.
+                places = GitPlaces(str(path), git_dir, os.path.dirname(os.path.dirname(git_dir)))
+                # What a run rewrote of the files that tie the worktree to its git
+                # dir is put back before any git looks at it (§13): never followed.
+                restored = await self._file(restore_git_files, places)
+                if restored:
+                    log.warning("put back %s of the worktree %s, which its run had "
+                                "changed", ", ".join(restored), path)
+                branch = await self._branch_of(places, lane_branch(folder.name))
+            if places.common_dir != common:
+                # The lane's own repository: borrowing the person's objects only,
+                # with the person's branches as they are now.
+                if await self._file(restore_alternates, Path(places.common_dir), common):
+                    log.warning("put back the alternates of %s, which a run had changed",
+                                places.common_dir)
+                try:
+                    await lanerepo.sync_refs(Path(places.common_dir), common)
+                except GitTimedOut:
+                    raise
+                except GitError as exc:
+                    log.warning("could not give %s the branches of %s: %s", path, source, exc)
             # git leaves a worktree's submodules empty, and git's own documentation
             # advises against checking them out in a linked worktree: the agent is told.
             submodules = await self._file(os.path.lexists, path / ".gitmodules")
             return Checkout(name=name, path=str(path), source=str(source),
                             branch=branch, unborn=unborn,
-                            has_submodules=submodules)
+                            has_submodules=submodules, git=places)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
 
-    async def _branch_of(self, path: Path, own: str) -> str | None:
+    async def bring_back(self, prepared: PreparedCheckouts,
+                         confine: lanerepo.Confine | None = None,
+                         scratch_root: Path | None = None) -> None:
+        """After a run: the person's branch ``prohost/<lane folder>`` of each checkout
+        made to what the lane's repository holds (:func:`lanerepo.bring_back`;
+        what reads the lane's repository runs through ``confine`` when given, its
+        bundle in a folder under ``scratch_root``).
+        Never raises: a branch that cannot be brought back is logged, and stays
+        in the lane's repository for the next run's end.
+
+        Cancelled: the fetch in flight is killed; each ref is updated whole or not."""
+        if prepared.folder is None:
+            return
+        branch = lane_branch(prepared.folder.name)
+        for checkout in prepared.checkouts:
+            source = Path(checkout.source)
+            if checkout.git is None:
+                continue
+            try:
+                person = await self._common_dir(source)
+                if checkout.git.common_dir == person:
+                    continue  # made by an earlier version: its branch is the person's
+                async with self.source_lock(source):
+                    await lanerepo.bring_back(Path(checkout.git.common_dir), person, branch,
+                                              confine, scratch_root)
+            except (GitError, OSError) as exc:
+                log.warning("could not bring the branch %s back to %s: %s", branch,
+                            source, exc)
+
+    async def _branch_of(self, places: GitPlaces, own: str) -> str | None:
         """The branch the reused worktree at ``path`` is on (``None``: a detached
         HEAD), for the prompt to say truly. A detached worktree whose lane has no
         branch yet (made by a version that detached them) is put on it first: the
         same commit and files, now with a name in the original repository."""
-        out = await git("-C", str(path), "symbolic-ref", "--quiet", "--short", "HEAD",
-                        ok_codes=(0, 1))
+        path = places.work_tree
+        out = await git_at(places, "symbolic-ref", "--quiet", "--short", "HEAD",
+                           ok_codes=(0, 1))
         if out.strip():
             return out.strip()
         try:
             # Never moved when the branch exists: the agent detached on purpose.
-            await git("-C", str(path), "rev-parse", "--verify", "--quiet",
-                      f"refs/heads/{own}")
+            await git_at(places, "rev-parse", "--verify", "--quiet", f"refs/heads/{own}")
             return None
         except GitTimedOut:
             raise
         except GitError:
             pass
         try:
-            # `checkout -b` keeps the index and the files as they are.
-            await git("-C", str(path), "checkout", "--quiet", "-b", own)
+            # The branch made at HEAD, then HEAD put on it: the index and the files
+            # stay as they are, and no work-tree file is read (a checkout would).
+            # The reflogs git appends to are in places the run could write: one
+            # it made a link (to a file of the person's) is removed first.
+            await self._file(remove_planted_logs, places, own)
+            await git_at(places, "update-ref", f"refs/heads/{own}", "HEAD", "")
+            await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{own}")
         except GitTimedOut:
             raise
         except GitError as exc:
@@ -401,48 +500,58 @@ class WorktreeManager:
         self._common_dirs[source] = common
         return common
 
-    async def _inspect(self, path: Path, common: str) -> State:
+    async def _inspect(self, path: Path, common: str, recorded: str | None,
+                       same_source: bool = True) -> tuple[State, str | None]:
         """What is at ``path``: a usable worktree of the repo whose common dir is
-        ``common``, nothing, or one of the ways a worktree can be unusable."""
+        ``common``, nothing, or one of the ways a worktree can be unusable; and its
+        git dir. Decided from the harness's record (``recorded``, the lane marker's)
+        and real paths: no git runs on it, and its ``.git`` file is never followed
+        (a run could have rewritten it). A worktree with no record (made by an
+        earlier version) is adopted only when its ``.git`` names a git dir of
+        ``common`` whose ``gitdir`` names it back. A recorded one is of this
+        repository when its git dir is ``common``'s (made by an earlier version)
+        or the lane's own repository's (:mod:`prohost.engine.repos.lanerepo`) when
+        the marker says that was made for this source (``same_source``)."""
         if not await self._file(os.path.lexists, path):
-            return "absent"
-        if not await self._file(path.is_dir):
-            return "broken"
-        if not await self._file(os.path.lexists, path / ".git"):
-            # A `git worktree add` killed before it wrote anything leaves this.
-            empty = not await self._file(lambda: any(path.iterdir()))
-            return "empty" if empty else "broken"
-        try:
-            out = await git(
-                "-C", str(path), "rev-parse", "--show-toplevel", "--git-common-dir", "--git-dir"
-            )
-        except GitError:
-            return "broken"  # its .git points at bookkeeping that no longer exists
-        lines = out.splitlines()
-        if len(lines) != 3:
-            return "broken"
-        toplevel, their_common, git_dir = lines
-        # Without the toplevel check, a folder inside some other work tree (a home
-        # directory kept in git) would pass as a worktree of that one.
-        if real_path(toplevel) != real_path(path):
-            return "broken"
-        if real_path(path / their_common) != common:
-            return "foreign"
+            return "absent", None
+        if await self._file(os.path.islink, path) or not await self._file(path.is_dir):
+            return "broken", None
+        git_dir = recorded
+        if git_dir is None:
+            if not await self._file(os.path.lexists, path / ".git"):
+                # A `git worktree add` killed before it wrote anything leaves this.
+                empty = not await self._file(lambda: any(path.iterdir()))
+                return ("empty" if empty else "broken"), None
+            adopted, foreign = await self._file(adopt_git_dir, path, common)
+            if foreign:
+                return "foreign", None
+            if adopted is None:
+                return "broken", None
+            git_dir = adopted
+        elif os.path.dirname(os.path.dirname(git_dir)) != common and (
+                os.path.dirname(os.path.dirname(git_dir))
+                != real_path(lane_repo(path.parent, path.name)) or not same_source):
+            return "foreign", None
+        if not await self._file(os.path.isdir, git_dir) or await self._file(
+                os.path.islink, git_dir):
+            return "broken", None  # the bookkeeping it names no longer exists
         # git writes this lock first and removes it last; a worktree still holding
         # it was killed mid-checkout and has a partial tree (LC_ALL=C: see git_env).
-        lock_file = path / git_dir / "locked"
+        lock_file = Path(git_dir) / "locked"
         try:
             reason = await self._file(lock_file.read_text)
         except StepTimedOut:
             raise  # a hung disk, not a missing lock: this checkout fails
         except OSError:
-            return "ready"
-        return "half-made" if reason.strip() == "initializing" else "ready"
+            return "ready", git_dir
+        return ("half-made" if reason.strip() == "initializing" else "ready"), git_dir
 
-    async def _create(self, source: Path, path: Path, state: State) -> bool:
+    async def _create(self, source: Path, path: Path, state: State,
+                      common: str) -> tuple[bool, GitPlaces]:
         """Make the worktree at ``path`` on the lane's branch, clearing what
         ``state`` says is in the way. Returns whether that branch is unborn
-        (``source`` has no commit yet)."""
+        (``source`` has no commit yet), and the places of the worktree made, read
+        from its ``.git`` file just after git wrote it (before any run has it)."""
         log.debug("making the worktree %s of %s (found: %s)", path, source, state)
         if state == "empty":
             await self._file(path.rmdir)
@@ -453,48 +562,56 @@ class WorktreeManager:
             await self._file(path.rename, aside)
             log.warning("%s was not a usable git worktree; moved it to %s", path, aside)
         src = str(source)
-        # Waited for without a limit of its own: the holder's git commands are each
-        # bounded, and the run's deadline bounds this wait (the caller's scope).
-        # A limit shorter than a checkout made lanes queued behind a slow one give
-        # up and hand their agent a read-only checkout.
-        async with self.source_lock(source):
-            if state in ("half-made", "junk"):
+        if state in ("half-made", "junk"):
+            # Waited for without a limit of its own: the holder's git commands are
+            # each bounded, and the run's deadline bounds this wait (the caller's
+            # scope). (Only a worktree of the person's repository, made by an
+            # earlier version, is registered there; one of the lane's repository
+            # is forgotten by its prune below.)
+            async with self.source_lock(source):
                 if await self._file(os.path.lexists, path / ".git"):
                     # Twice --force: git's "initializing" lock is a lock too.
                     with contextlib.suppress(GitError):
-                        await git("-C", src, "worktree", "remove", "--force", "--force", str(path))
-                if await self._file(os.path.lexists, path):
-                    await self._file(shutil.rmtree, path)
-            start = await start_point(src, path.parent.name)
+                        await git("-C", src, "worktree", "remove", "--force", "--force",
+                                  str(path))
+            if await self._file(os.path.lexists, path):
+                await self._file(shutil.rmtree, path)
+        repo = lane_repo(path.parent, path.name)
+        if not await self._file(lane_repo_usable, repo):
+            await self._file(lay_out, repo, common, await object_format(src))
+        else:
+            await self._file(restore_alternates, repo, common)
+        lane = ("--git-dir", str(repo))
+        # A reused lane repository's branch reflog is one its runs could write:
+        # one made a link is removed before git appends to it.
+        await self._file(remove_planted_logs, GitPlaces(str(path), "", real_path(repo)),
+                         lane_branch(path.parent.name))
+        start = await lane_start(repo, src, lane_branch(path.parent.name))
+        try:
+            await git(*lane, "worktree", "add", *start.add_args(str(path)),
+                      timeout_s=GIT_ADD_TIMEOUT_S)
+        except GitTimedOut:
+            raise
+        except GitError:
+            # Most likely a registration whose folder vanished ("missing but
+            # already registered", or the lane's branch still "checked out" in
+            # it): the lane's own repository, so its prune forgets nothing of
+            # the person's.
+            await git(*lane, "worktree", "prune")
             try:
-                await git("-C", src, "worktree", "add", *start.add_args(str(path)),
+                await git(*lane, "worktree", "add", *start.add_args(str(path)),
                           timeout_s=GIT_ADD_TIMEOUT_S)
             except GitTimedOut:
                 raise
-            except GitError:
-                # Most likely a registration whose folder vanished ("missing but
-                # already registered", or the lane's branch still "checked out" in
-                # it). Pruned only now, and under the lock: a prune also forgets
-                # the person's own worktrees whose folders are missing (an
-                # unmounted disk), so it is not run unasked.
-                await git("-C", src, "worktree", "prune")
-                # Asked again: the failed add may have made the branch after all.
-                start = await start_point(src, path.parent.name)
-                try:
-                    await git("-C", src, "worktree", "add", *start.add_args(str(path)),
-                              timeout_s=GIT_ADD_TIMEOUT_S)
-                except GitTimedOut:
-                    raise
-                except GitError as exc:
-                    # Typically the branch is checked out elsewhere (someone ran
-                    # `git checkout prohost/…` in the original): said as such.
-                    raise GitError(f"could not check out its branch {start.branch}: "
-                                   f"{exc}") from None
-            if start.how == "unborn":
-                # The worktree is on an unborn branch of its own: the agent's first
-                # commit creates it, as in a fresh `git init`. (Cancelled just before
-                # this, the worktree stays detached at the empty stand-in commit:
-                # still a place to work, and its commits show as "on no branch",
-                # which collection keeps.)
-                await git("-C", str(path), "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
-        return start.how == "unborn"
+            except GitError as exc:
+                raise GitError(f"could not check out its branch {start.branch}: "
+                               f"{exc}") from None
+        places = await self._file(made_git_dir, path, real_path(repo))
+        if start.how == "unborn":
+            # The worktree is on an unborn branch of its own: the agent's first
+            # commit creates it, as in a fresh `git init`. (Cancelled just before
+            # this, the worktree stays detached at the empty stand-in commit:
+            # still a place to work, and its commits show as "on no branch",
+            # which collection keeps.)
+            await git_at(places, "symbolic-ref", "HEAD", f"refs/heads/{start.branch}")
+        return start.how == "unborn", places

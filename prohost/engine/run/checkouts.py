@@ -5,7 +5,7 @@ what the run changed in each of them once it has ended."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -13,7 +13,10 @@ import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, without_paths
+from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
+from prohost.engine.run.confine import Sandbox
+from prohost.engine.sandbox import Policy, confined_command, defaults
 from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
 
@@ -24,8 +27,14 @@ class LaneCheckouts:
     """One run's view of its lane's worktrees (none without ``--repos``)."""
 
     def __init__(self, worktrees: WorktreeManager | None, bounds: Bounds,
-                 env: Mapping[str, str] | None) -> None:
-        """``worktrees``: the harness's, ``None`` (or disabled) without ``--repos``."""
+                 env: Mapping[str, str] | None, sandbox: Sandbox | None = None,
+                 scratch_root: Path | None = None) -> None:
+        """``worktrees``: the harness's, ``None`` (or disabled) without ``--repos``;
+        ``sandbox``: how runs are confined, which the harness's own git on what a
+        run wrote is too (bringing its branch back), its scratch under
+        ``scratch_root``."""
+        self.confine = git_confinement(sandbox) if sandbox is not None else None
+        self.scratch_root = scratch_root
         self.worktrees = worktrees if worktrees is not None and worktrees.enabled else None
         self.bounds = bounds
         self.env = env
@@ -54,8 +63,9 @@ class LaneCheckouts:
             log.warning("run %s: no private checkout of %s (%s)", run.run_id, failure.source,
                         failure.reason)
         # Before the agent runs: what the run changes is compared with this.
-        self._before = await states_of([(c.name, Path(c.path)) for c in prepared.checkouts],
-                                       bounds=self.bounds, env=self.env)
+        self._before = await states_of(
+            [(c.name, Path(c.path)) for c in prepared.checkouts], bounds=self.bounds,
+            env=self.env, places={c.name: c.git for c in prepared.checkouts if c.git})
         names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
         self._unready = []
         for failure in prepared.failures:
@@ -68,10 +78,16 @@ class LaneCheckouts:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``
         without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
 
+        Before them, the lane's branch is brought back to the person's repository
+        (:meth:`WorktreeManager.bring_back`).
+
         Cancelled: as :func:`prohost.engine.repos.changes.compare`.
         """
         if self.worktrees is None or self.prepared is None:
             return None
+        # First: the person's repository gets the conversation's commits on its
+        # branch (§13: by that branch alone), whatever the changes say.
+        await self.worktrees.bring_back(self.prepared, self.confine, self.scratch_root)
         changes = [self._private(entry) for entry in await changes_of(
             self._before, self._unready, bounds=self.bounds, env=self.env)]
         order = {name: index for index, name in enumerate(self.worktrees.names)}
@@ -95,3 +111,22 @@ class LaneCheckouts:
         if isinstance(entry, CheckoutChanges) and entry.truncated is not None:
             return attrs.evolve(entry, truncated=said(entry.truncated))
         return entry
+
+
+def git_confinement(sandbox: Sandbox) -> Confine | None:
+    """How the harness's own git runs confined on what a run wrote (§13): with
+    bubblewrap, the run's hidden places hidden, nothing writable but the
+    folders named; ``None`` where runs are not confined by bubblewrap (the git
+    then runs as it always has, with :data:`~prohost.engine.repos.gitcmd.HARDENED`)."""
+    support = sandbox.support
+    if support is None or support.kind != "bwrap" or not support.bwrap:
+        return None
+    hidden = (sandbox.home, *(sandbox.user_home / secret for secret in defaults.SECRETS))
+    program = support.bwrap
+
+    def confine(argv: list[str], readable: Sequence[Path],
+                writable: Sequence[Path]) -> list[str]:
+        policy = Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden)
+        return confined_command(policy, argv, bwrap=program)
+
+    return confine

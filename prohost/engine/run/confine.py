@@ -10,14 +10,16 @@ A confined run **may write** (each also readable):
 
 - its working directory: ``--workdir`` without ``--repos``; with ``--repos``, its
   conversation's worktrees instead (``--workdir`` is then no run's place);
-- for each worktree, what git needs to commit there: the worktree's private git
-  dir (``<common>/worktrees/<name>``: its ``HEAD``, index, logs), the shared
-  object store (``<common>/objects``), and the folders of the harness's branches,
-  ``<common>/refs/heads/prohost`` and ``<common>/logs/refs/heads/prohost``. Not
-  the one ref file: git writes ``<ref>.lock`` beside the ref and renames it over
-  it, and Landlock can grant a file's contents but not its creation in a folder
-  without granting the folder. So a run may move any ``prohost/...`` branch of
-  that repository (other conversations' included), and none of the person's own;
+- for each worktree, what git needs to commit there, in the conversation's own
+  repository (:mod:`prohost.engine.repos.lanerepo`; its common dir below): the
+  worktree's private git dir (``<common>/worktrees/<name>``: its ``HEAD``, index,
+  logs), its objects (``<common>/objects``; the person's store is a read-only
+  alternate), and the folders of its branches, ``<common>/refs/heads/prohost``
+  and ``<common>/logs/refs/heads/prohost`` (not the one ref file: git writes
+  ``<ref>.lock`` beside it and renames it over it). All from the harness's
+  records (:func:`git_places`), never the worktree's ``.git``. Nothing of the
+  person's repository (a worktree made by an earlier version is of the
+  person's repository, and gets these places there until it is collected);
 - its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
   a private ``TMPDIR``, both removed after the run);
 - the agent CLI's own folder for the run's account, the harness's own for the
@@ -60,6 +62,8 @@ import trio
 
 from prohost.engine.agent.environment import make_private_folder, without_sockets
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
+from prohost.engine.repos.gitcmd import GitPlaces
+from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
 from prohost.options import Options
 
@@ -152,33 +156,30 @@ class RunPlaces:
     brain: str
     #: The attempt's environment (its account's CLAUDE_CONFIG_DIR / CODEX_HOME).
     env: Mapping[str, str]
+    #: Each worktree's git places, from the harness's records (what git needs to
+    #: commit there is granted from these, never from a worktree's ``.git``).
+    git: tuple[GitPlaces, ...] = ()
 
 
-def git_places(worktree: Path) -> list[Path]:
-    """What git needs to commit in ``worktree``: its private git dir, the shared
+def git_places(places: GitPlaces) -> list[Path]:
+    """What git needs to commit in a worktree: its private git dir, the shared
     object store, and the harness's branch folders (made when missing: a rule is
     made on a path that exists, and ``git pack-refs`` removes empty ones).
-    Read from the worktree's ``.git`` file and the git dir's ``commondir``, without
-    starting git. Blocking."""
-    dot_git = worktree / ".git"
-    if dot_git.is_dir():  # a whole repository, not a linked worktree
-        git_dir = common = dot_git
-    else:
-        text = dot_git.read_text(encoding="utf-8").strip()
-        if not text.startswith("gitdir:"):
-            raise OSError(f"{dot_git} does not name a git dir")
-        git_dir = (worktree / text.removeprefix("gitdir:").strip()).resolve()
-        try:
-            named = (git_dir / "commondir").read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            common = git_dir
-        else:
-            common = (git_dir / named).resolve()
+
+    Made from the harness's records (``places``, kept in the lane marker since the
+    worktree was made), never from the worktree's ``.git`` file or its git dir's
+    ``commondir``, which a run could have rewritten (§13); and refused
+    (``OSError``) when a part of one below the common dir is a symbolic link.
+    Blocking."""
+    common = Path(places.common_dir)
     branches = [common / "refs" / "heads" / BRANCH_FOLDER,
                 common / "logs" / "refs" / "heads" / BRANCH_FOLDER]
     for folder in branches:
         folder.mkdir(parents=True, exist_ok=True)
-    return [git_dir, common / "objects", *branches]
+    granted = [Path(places.git_dir), common / "objects", *branches]
+    for path in granted:
+        no_link_below(places.common_dir, str(path))
+    return granted
 
 
 #: The harness's own folders for ACP agents (:data:`defaults.AGENT_FOLDERS`) and
@@ -383,17 +384,16 @@ def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
 
 def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None) -> Policy:
     """The run's policy (see the module docstring). ``work``: where the overlays'
-    work folders are made (fresh: see :func:`agent_folders`). Blocking: it reads the
-    worktrees' git files and makes the folders a rule needs. Raises
-    :class:`PlantedLink` when a grant would pass through a link a run could plant,
-    :class:`PersonFolderRefused` when an ACP agent's folder of the person's cannot
-    be shown to the run."""
+    work folders are made (fresh: see :func:`agent_folders`). Blocking: it makes
+    the folders a rule needs. Raises :class:`PlantedLink` when a grant would pass
+    through a link a run could plant, :class:`PersonFolderRefused` when an ACP
+    agent's folder of the person's cannot be shown to the run."""
     writable: list[Path] = []
     readable: list[Path] = list(sandbox.allow_read)
     if places.worktrees:
-        for worktree in places.worktrees:
-            writable.append(worktree)
-            writable += git_places(worktree)
+        writable += places.worktrees
+        for git in places.git:
+            writable += git_places(git)
         if places.lane_folder is not None:
             readable.append(places.lane_folder)
     elif places.workdir is not None:

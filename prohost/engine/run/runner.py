@@ -483,7 +483,8 @@ class Runner:
             return _Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)
 
-        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env)
+        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env, self.sandbox,
+                                  self.scratch_root)
         if self.worktrees is not None:
             progress.preparing = "preparing the private checkouts"
             ready = await checkouts.prepare(run, deadline)
@@ -623,7 +624,8 @@ class Runner:
             workdir=None if self.worktrees is not None else self.setup.spec.workdir,
             worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
             lane_folder=prepared.folder if prepared else None,
-            scratch=scratch, brain=self._agent, env=env)
+            scratch=scratch, brain=self._agent, env=env,
+            git=tuple(c.git for c in prepared.checkouts if c.git) if prepared else ())
         return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:

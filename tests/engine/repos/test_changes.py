@@ -256,11 +256,20 @@ async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
     tmp_path: Path, patient_clock: trio.testing.MockClock,
 ) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    # A fsmonitor hook that never answers: git status waits on it, the bound does not.
+    # A clean filter (the person's own) that never answers, on a file whose times
+    # changed: git status waits on it, the bound does not. (An fsmonitor hook no
+    # longer runs: the harness's git turns it off.)
     hook = tmp_path / "hang.sh"
     hook.write_text("#!/bin/sh\nexec sleep 3600\n")
     hook.chmod(0o755)
-    git(repo, "config", "core.fsmonitor", str(hook))
+
+    def hang() -> None:
+        git(repo, "config", "filter.hang.clean", str(hook))
+        (repo / ".git" / "info").mkdir(exist_ok=True)
+        (repo / ".git" / "info" / "attributes").write_text("a.txt filter=hang\n")
+        os.utime(repo / "a.txt", (1e9, 1e9))
+
+    hang()
     head = git(repo, "rev-parse", "HEAD").strip()
     state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
     assert state.error is None and state.commit == head
@@ -270,9 +279,10 @@ async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
     assert entry["files"] == [] and entry["more_files"] == 0
     assert entry["truncated"] == "listing its files at the start took longer than 5 s"
 
-    git(repo, "config", "--unset", "core.fsmonitor")
+    git(repo, "config", "--unset", "filter.hang.clean")
+    (repo / ".git" / "info" / "attributes").unlink()
     state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
-    git(repo, "config", "core.fsmonitor", str(hook))
+    hang()
     entry = await compare(state, bounds=Bounds(), limit_s=5.0)
     assert entry["head"] == head
     assert entry["truncated"] == "listing its files took longer than 5 s"

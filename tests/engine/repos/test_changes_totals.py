@@ -63,6 +63,10 @@ async def test_a_submodule_pointer_change_has_no_line_counts(tmp_path: Path) -> 
                                "removed": None, "committed": False}]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "§13: reading a submodule's files means running git inside a repository a run "
+    "may have planted (its filter programs ran unconfined, issue 36); the harness "
+    "reads submodules' commits only until its git can run inside the run's confinement"))
 async def test_a_dirty_submodule_is_listed_as_modified(tmp_path: Path) -> None:
     app, lib = await with_submodule(tmp_path)
     before = await take_state("app", app, bounds=Bounds())

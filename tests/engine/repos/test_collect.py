@@ -57,24 +57,25 @@ async def test_clean_idle_worktrees_go_and_work_stays(tmp_path: Path) -> None:
             "conv:clean": "removed",
             "conv:dirty": "kept-dirty",
             "conv:unmerged": "kept-unmerged",
-            "conv:branch": "removed",  # its commits live on in the source's branch
+            # Its commits are on a branch of the conversation's own repository
+            # only: the harness brings back prohost/<lane>, nothing else.
+            "conv:branch": "kept-unmerged",
             "conv:recent": "kept-recent",
             "conv:busy": "kept-busy",
         }
         details = by_lane(entries, "detail")
         assert "uncommitted changes (1 file)" in details["conv:dirty"]
         assert "commits on no branch" in details["conv:unmerged"]
+        assert "does not have yet" in details["conv:branch"]
         entry = next(e for e in entries if e.lane == "conv:clean")
         assert entry.worktrees == (paths["conv:clean"],)
         assert 29 * DAY < entry.idle_s < 31 * DAY
 
         assert not setup.folder("conv:clean").exists()
-        assert not setup.folder("conv:branch").exists()
-        kept = ("conv:dirty", "conv:unmerged", "conv:recent", "conv:busy")
-        assert sorted(await worktree_paths(setup.source)) == real(
+        kept = ("conv:dirty", "conv:unmerged", "conv:branch", "conv:recent", "conv:busy")
+        assert sorted(await worktree_paths(setup.source, setup.home)) == real(
             setup.source, *(paths[lane] for lane in kept)
         )
-        assert "feature" in await git(setup.source, "branch", "--list", "feature")
         assert (paths["conv:dirty"] / "notes.txt").exists()
 
 
@@ -82,7 +83,7 @@ async def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     with trio.fail_after(20):
         setup = await lanes(tmp_path, "conv:a", "conv:b")
         (setup.paths["conv:b"] / "README").write_text("changed\n")
-        before = await worktree_paths(setup.source)
+        before = await worktree_paths(setup.source, setup.home)
         listing = sorted(p.relative_to(setup.home) for p in setup.home.rglob("*")
                          if ".git" not in p.parts)
         entries = await collect_garbage(
@@ -94,7 +95,7 @@ async def test_dry_run_changes_nothing(tmp_path: Path) -> None:
         )
         assert by_lane(forced) == {"conv:a": "would-remove", "conv:b": "would-remove"}
         assert "forced" in by_lane(forced, "detail")["conv:b"]
-        assert await worktree_paths(setup.source) == before
+        assert await worktree_paths(setup.source, setup.home) == before
         assert listing == sorted(p.relative_to(setup.home) for p in setup.home.rglob("*")
                                  if ".git" not in p.parts)
 
@@ -108,7 +109,7 @@ async def test_force_removes_dirty_and_unmerged_worktrees(tmp_path: Path) -> Non
             setup.home, older_than_s=DAY, dry_run=False, force=True, now=time.time() + LATER
         )
         assert by_lane(entries) == {"conv:dirty": "removed", "conv:unmerged": "removed"}
-        assert await worktree_paths(setup.source) == real(setup.source)
+        assert await worktree_paths(setup.source, setup.home) == real(setup.source)
         assert list((setup.home / "worktrees").iterdir()) == []
 
 
@@ -126,7 +127,7 @@ async def test_recently_used_and_busy_lanes_are_not_even_inspected(tmp_path: Pat
         )
         assert by_lane(entries) == {"conv:a": "kept-recent", "conv:b": "kept-busy"}
         assert sorted(asked) == ["conv:a", "conv:b"]
-        assert len(await worktree_paths(setup.source)) == 3
+        assert len(await worktree_paths(setup.source, setup.home)) == 3
 
 
 async def test_a_worktree_whose_repository_is_gone_is_kept_unless_forced(
@@ -156,17 +157,28 @@ async def test_other_files_in_a_lane_folder_keep_it(tmp_path: Path) -> None:
         )
         assert by_lane(kept) == {"conv:a": "kept-dirty"}
         assert "plan.md" in kept[0].detail
-        assert len(await worktree_paths(setup.source)) == 2
+        assert len(await worktree_paths(setup.source, setup.home)) == 2
 
 
-async def test_a_folder_without_a_marker_is_judged_by_its_age(tmp_path: Path) -> None:
+async def test_a_folder_without_a_marker_is_judged_by_its_age_and_kept_unchecked(
+    tmp_path: Path,
+) -> None:
+    """Without its marker the harness has no record of the worktree's git dir, and
+    its ``.git`` is a file a run could have written (§13): it is not checked, so
+    it is kept unless forced, and removed when forced."""
     with trio.fail_after(20):
         setup = await lanes(tmp_path, "conv:a")
         (setup.folder("conv:a") / LANE_MARKER).unlink()
         entries = await collect_garbage(
             setup.home, older_than_s=DAY, dry_run=False, force=False, now=time.time() + LATER
         )
+        assert [(e.lane, e.action) for e in entries] == [(None, "kept-dirty")]
+        assert "no record of its git dir" in entries[0].detail
+        entries = await collect_garbage(
+            setup.home, older_than_s=DAY, dry_run=False, force=True, now=time.time() + LATER
+        )
         assert [(e.lane, e.action) for e in entries] == [(None, "removed")]
+        assert not setup.folder("conv:a").exists()
 
 
 async def test_nothing_to_collect(tmp_path: Path) -> None:

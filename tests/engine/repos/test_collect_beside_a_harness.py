@@ -118,7 +118,7 @@ async def test_gc_refuses_when_the_running_harness_status_cannot_be_trusted(
 ) -> None:
     with trio.fail_after(30):
         setup = await lanes(tmp_path, "conv:a")
-        before = await worktree_paths(setup.source)
+        before = await worktree_paths(setup.source, setup.home)
         now = time.time()
         snapshot = {
             "stale": status(os.getpid(), now - HOUR),
@@ -144,7 +144,7 @@ async def test_gc_refuses_when_the_running_harness_status_cannot_be_trusted(
         }[problem]
         assert reason in err
         assert setup.folder("conv:a").exists()
-        assert await worktree_paths(setup.source) == before
+        assert await worktree_paths(setup.source, setup.home) == before
 
 
 async def test_a_lane_used_since_the_status_was_written_is_kept(

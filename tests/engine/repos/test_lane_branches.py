@@ -12,7 +12,7 @@ import trio
 
 from prohost.engine.repos.collect import collect_garbage
 from prohost.engine.repos.gitcmd import GitError
-from prohost.engine.repos.startpoint import start_point
+from prohost.engine.repos.startpoint import check_branch
 from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
@@ -34,8 +34,10 @@ async def test_a_collected_conversation_gets_its_branch_and_commit_back(tmp_path
         head = (await git(source, "rev-parse", "HEAD")).strip()
         home = tmp_path / "home"
         manager = WorktreeManager(home, [source])
-        path = only((await manager.prepare("conv:C1")).checkouts)
+        prepared = await manager.prepare("conv:C1")
+        path = only(prepared.checkouts)
         work = await commit_file(path, "a.txt", "turn 1\n")
+        await manager.bring_back(prepared)  # what the run's end does
 
         # Idle for a month: collected, since its commit lives on in its branch.
         entries = await collect_garbage(home, older_than_s=14 * DAY, dry_run=False,
@@ -72,43 +74,37 @@ async def test_a_worktree_deleted_behind_gits_back_finds_its_branch_again(
         assert (await git(only(again.checkouts), "rev-parse", "HEAD")).strip() == work
 
 
-async def test_a_branch_checked_out_elsewhere_leaves_that_checkout_read_only(
-    tmp_path: Path,
+async def test_a_branch_checked_out_by_the_person_is_not_moved_under_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The person checked the conversation's branch out in the original: the
+    conversation still gets its worktree (in a repository of its own, starting
+    from that branch), but its commits are not brought back onto the branch the
+    person has checked out (git refuses to move it under their files); the
+    harness says so in its log and keeps them in the conversation's repository."""
     with trio.fail_after(30):
         taken = await make_repo(tmp_path / "app")
-        other = await make_repo(tmp_path / "lib")
         branch = branch_of("conv:C1")
-        # Someone checked the conversation's branch out in the original.
         await git(taken, "switch", "-q", "-c", branch)
-        manager = WorktreeManager(tmp_path / "home", [taken, other])
+        mine = (await git(taken, "rev-parse", "HEAD")).strip()
+        manager = WorktreeManager(tmp_path / "home", [taken])
         prepared = await manager.prepare("conv:C1")
-        (failure,) = prepared.failures
-        assert failure.source == str(taken)
-        assert f"could not check out its branch {branch}" in failure.reason
-        assert "already" in failure.reason  # git's own words: checked out / used by worktree
-        # The run goes on with the other checkout, and the agent starts in neither
-        # the taken one nor somewhere it was not told of.
-        assert [c.name for c in prepared.checkouts] == ["lib"]
-        assert prepared.first is None
-        prompt = build_prompt(AgentRun(run_id="r", completion_path="/c", text="go"),
-                              PromptContext(timeout_s=0, idle_timeout_s=0, parallel=False,
-                                            checkouts=prepared.checkouts,
-                                            checkout_failures=prepared.failures))
-        assert f"{taken} (could not check out its branch {branch}" in prompt
-        assert "Treat those repositories as read-only" in prompt
-        assert "You start in the first one" not in prompt
-        # The person's checkout is as they left it.
-        assert (await git(taken, "symbolic-ref", "--short", "HEAD")).strip() == branch
+        assert prepared.failures == ()
+        path = only(prepared.checkouts)
+        work = await commit_file(path, "a.txt", "turn 1\n")
+        await manager.bring_back(prepared)
+        assert (await git(taken, "rev-parse", branch)).strip() == mine
+        assert (await git(taken, "status", "--porcelain")) == ""
+        assert f"could not bring the branch {branch} back" in caplog.text
+        assert (await git(path, "rev-parse", "HEAD")).strip() == work
 
 
-async def test_a_branch_name_git_refuses_is_said_plainly(tmp_path: Path) -> None:
+async def test_a_branch_name_git_refuses_is_said_plainly() -> None:
     with trio.fail_after(30):
-        source = await make_repo(tmp_path / "app")
         # No lane folder name can be one (they are letters, digits, _ and -), but
         # git is the judge: what it refuses is said, not passed to `worktree add`.
         with pytest.raises(GitError, match=r"does not accept 'prohost/a\.\.b' as a branch"):
-            await start_point(str(source), "a..b")
+            await check_branch("prohost/a..b")
 
 
 async def test_a_detached_worktree_of_an_earlier_version_is_put_on_its_branch(

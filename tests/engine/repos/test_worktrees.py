@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.repos.gitcmd import git_env
+from prohost.engine.repos.gitcmd import GitPlaces, git_env, real_path
 from prohost.engine.repos.worktrees import (
     LANE_MARKER,
     RUN_REPOS_ENV,
@@ -47,14 +48,19 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert a.folder == home / "worktrees" / lane_folder_name("conv:A") == wt_a.parent
         branch_a = f"prohost/{lane_folder_name('conv:A')}"
         branch_b = f"prohost/{lane_folder_name('conv:B')}"
-        assert a.checkouts[0] == Checkout(name="app", path=str(wt_a), source=str(source),
-                                          branch=branch_a)
+        # In a repository of the conversation's own (§13), beside the worktree.
+        common = real_path(wt_a.parent / ".prohost-repos" / "app.git")
+        assert a.checkouts[0] == Checkout(
+            name="app", path=str(wt_a), source=str(source), branch=branch_a,
+            git=GitPlaces(str(wt_a), os.path.join(common, "worktrees", "app"), common))
         assert a.first == a.checkouts[0]
         assert b.checkouts[0].branch == branch_b
 
         commit_a = await commit_file(wt_a, "a.txt", "from A\n")
         commit_b = await commit_file(wt_b, "b.txt", "from B\n")
         assert commit_a != commit_b
+        await manager.bring_back(a)  # what a run's end does
+        await manager.bring_back(b)
         assert not (wt_a / "b.txt").exists() and not (wt_b / "a.txt").exists()
         # Each conversation's commit is on its own branch, in the original's refs.
         assert (await git(source, "rev-parse", branch_a)).strip() == commit_a
@@ -64,7 +70,9 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert (await git(source, "rev-parse", "HEAD")).strip() == head
         assert (await git(source, "symbolic-ref", "--short", "HEAD")).strip() == "main"
         assert (await git(source, "status", "--porcelain")) == ""
-        assert sorted(await worktree_paths(source)) == real(source, wt_a, wt_b)
+        assert sorted(await worktree_paths(source, home)) == real(source, wt_a, wt_b)
+        # Registered in the conversations' repositories, not the person's.
+        assert await worktree_paths(source) == real(source)
 
 
 @pytest.mark.protocol("§5")
@@ -98,7 +106,7 @@ async def test_a_vanished_worktree_is_made_again(tmp_path: Path) -> None:
         assert only(again.checkouts) == path
         assert (path / "README").exists()
         assert await git(path, "status", "--porcelain") == ""
-        assert sorted(await worktree_paths(source)) == real(source, path)
+        assert sorted(await worktree_paths(source, tmp_path / "home")) == real(source, path)
 
 
 @pytest.mark.protocol("§5")
@@ -119,7 +127,7 @@ async def test_a_half_made_worktree_is_made_again(tmp_path: Path) -> None:
         assert (path / "b").read_text() == "2\n"
         assert await git(path, "status", "--porcelain") == ""
         assert "locked" not in await git(source, "worktree", "list", "--porcelain")
-        assert sorted(await worktree_paths(source)) == real(source, path)
+        assert sorted(await worktree_paths(source, tmp_path / "home")) == real(source, path)
 
 
 @pytest.mark.protocol("§5")
@@ -141,12 +149,40 @@ async def test_a_broken_worktree_that_was_used_is_moved_aside(tmp_path: Path) ->
         manager = WorktreeManager(tmp_path / "home", [source])
         path = only((await manager.prepare("conv:1")).checkouts)
         (path / "work").write_text("mine\n")
-        (path / ".git").write_text("gitdir: /nowhere\n")  # its bookkeeping is gone
+        git_dir = path.parent / ".prohost-repos" / "app.git" / "worktrees" / "app"
+        shutil.rmtree(git_dir)  # its bookkeeping is gone
         again = await manager.prepare("conv:1")
         assert only(again.checkouts) == path
         assert await git(path, "status", "--porcelain") == ""
         (aside,) = path.parent.glob("app.orphaned-*")
         assert (aside / "work").read_text() == "mine\n"
+
+
+async def test_a_git_file_a_run_rewrote_is_put_back_and_never_followed(
+    tmp_path: Path,
+) -> None:
+    """§13: the worktree's ``.git`` and its git dir's ``gitdir`` and ``commondir``
+    are the harness's records, not what a run left there: put back, the work in
+    the worktree kept."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        path = only((await manager.prepare("conv:1")).checkouts)
+        git_dir = path.parent / ".prohost-repos" / "app.git" / "worktrees" / "app"
+        made = {name: (where / name).read_bytes()
+                for where, name in ((path, ".git"), (git_dir, "gitdir"), (git_dir, "commondir"))}
+        (path / "work").write_text("mine\n")
+        (path / ".git").unlink()
+        (path / ".git").symlink_to(source / ".git")
+        (git_dir / "gitdir").write_text("/nowhere/.git\n")
+        (git_dir / "commondir").write_text("/elsewhere\n")
+        again = await manager.prepare("conv:1")
+        assert only(again.checkouts) == path
+        assert not (path / ".git").is_symlink()
+        assert {name: (where / name).read_bytes() for where, name in (
+            (path, ".git"), (git_dir, "gitdir"), (git_dir, "commondir"))} == made
+        assert await git(path, "status", "--porcelain") == "?? work\n"
+        assert not list(path.parent.glob("app.orphaned-*"))
 
 
 @pytest.mark.protocol("§3", "§5")
@@ -277,7 +313,7 @@ async def test_eight_lanes_at_once_on_one_repo(tmp_path: Path) -> None:
         assert len(set(results.values())) == 8
         for path in results.values():
             assert await git(path, "status", "--porcelain") == ""
-        assert len(await worktree_paths(source)) == 9
+        assert len(await worktree_paths(source, tmp_path / "home")) == 9
 
 
 async def test_git_location_variables_do_not_leak_in(
@@ -291,8 +327,12 @@ async def test_git_location_variables_do_not_leak_in(
         monkeypatch.setenv("GIT_INDEX_FILE", str(decoy / ".git" / "index"))
         path = only((await WorktreeManager(tmp_path / "home", [source]).prepare("l")).checkouts)
         assert (path / "which").read_text() == "app\n"
-        env = git_env({"GIT_DIR": "x", "GIT_WORK_TREE": "y", "PATH": "/bin", "GIT_SSH": "s"})
-        assert env == {"PATH": "/bin", "GIT_SSH": "s", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+        env = git_env({"GIT_DIR": "x", "GIT_WORK_TREE": "y", "PATH": "/bin", "GIT_SSH": "s",
+                       "HOME": "/h"})
+        # Nor the variables that name a program git would run (GIT_SSH), nor the
+        # machine's config.
+        assert env == {"PATH": "/bin", "HOME": "/h", "GIT_TERMINAL_PROMPT": "0",
+                       "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", "GIT_PAGER": "cat"}
 
 
 async def test_the_lane_marker_says_when_it_was_last_used(tmp_path: Path) -> None:
@@ -365,3 +405,48 @@ async def test_is_checkout(tmp_path: Path) -> None:
         assert not is_checkout(source / ".git")  # inside the repo, not a work tree
         path = only((await WorktreeManager(tmp_path / "home", [source]).prepare("x")).checkouts)
         assert is_checkout(path)  # a worktree has a .git file
+
+
+async def test_the_person_s_branches_resolve_in_the_worktree_as_they_are_now(
+    tmp_path: Path,
+) -> None:
+    """The worktree is of the conversation's own repository (§13), yet ``main``
+    means the person's ``main`` there, as of the turn's start; the conversation's
+    own branch is never moved by it."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        prepared = await manager.prepare("conv:1")
+        path = only(prepared.checkouts)
+        mine = await commit_file(path, "mine.txt", "the agent's\n")
+        assert (await git(path, "rev-parse", "main")).strip() == (
+            await git(source, "rev-parse", "main")).strip()
+        theirs = await commit_file(source, "theirs.txt", "the person's\n")
+        again = await manager.prepare("conv:1")
+        assert (await git(path, "rev-parse", "main")).strip() == theirs
+        assert (await git(path, "rev-parse", "HEAD")).strip() == mine
+        assert again.checkouts[0].branch == f"prohost/{lane_folder_name('conv:1')}"
+
+
+async def test_the_lane_repository_borrows_the_person_s_objects_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Its alternates is in its objects folder, which its runs may write (§13): a
+    rewritten one, or an ``objects/info`` made a link, is put back at the next
+    turn's start."""
+    with trio.fail_after(20):
+        source = await make_repo(tmp_path / "app")
+        elsewhere = await make_repo(tmp_path / "elsewhere")
+        manager = WorktreeManager(tmp_path / "home", [source])
+        path = only((await manager.prepare("conv:1")).checkouts)
+        info = path.parent / ".prohost-repos" / "app.git" / "objects" / "info"
+        made = (info / "alternates").read_text()
+        assert made == real_path(source / ".git" / "objects") + "\n"
+        (info / "alternates").write_text(str(elsewhere / ".git" / "objects") + "\n")
+        await manager.prepare("conv:1")
+        assert (info / "alternates").read_text() == made
+        shutil.rmtree(info)
+        info.symlink_to(elsewhere / ".git" / "objects" / "info")
+        await manager.prepare("conv:1")
+        assert not info.is_symlink() and (info / "alternates").read_text() == made
+        assert not (elsewhere / ".git" / "objects" / "info" / "alternates").exists()

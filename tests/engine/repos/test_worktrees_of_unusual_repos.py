@@ -73,6 +73,7 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
         await git(path, "add", "hello.txt")
         await git(path, "commit", "-q", "-m", "first")
         assert (await git(path, "rev-list", "--count", "HEAD")).strip() == "1"  # no stand-in
+        await manager.bring_back(prepared)  # what the run's end does
         assert await git_fails(source, "rev-parse", "--verify", "--quiet", "HEAD")
         assert (await git(source, "show", f"{branch}:hello.txt")) == "hi\n"
 
@@ -83,7 +84,7 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
         assert other.failures == ()
         assert other.checkouts[0].branch == f"prohost/{lane_folder_name('conv:C2')}"
         assert other.checkouts[0].unborn
-        assert sorted(await worktree_paths(source)) == real(
+        assert sorted(await worktree_paths(source, tmp_path / "home")) == real(
             source, path, Path(other.checkouts[0].path))
 
 
@@ -96,10 +97,12 @@ async def test_a_collected_empty_repository_worktree_finds_its_branch_again(
         await git(source, "init", "-q", "-b", "main")
         home = tmp_path / "home"
         manager = WorktreeManager(home, [source])
-        path = only((await manager.prepare("conv:C1")).checkouts)
+        prepared = await manager.prepare("conv:C1")
+        path = only(prepared.checkouts)
         (path / "a.txt").write_text("a\n")
         await git(path, "add", "a.txt")
         await git(path, "commit", "-q", "-m", "a")
+        await manager.bring_back(prepared)  # what the run's end does
         # `agent gc` removes the idle conversation's worktree; its branch stays.
         await collect_garbage(home, older_than_s=0, dry_run=False, force=False,
                               now=time.time() + 60)

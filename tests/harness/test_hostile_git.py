@@ -1,0 +1,239 @@
+"""A hostile agent attacks the harness through git (issue 36, attacks 1, 2, 4, 5;
+docs/protocol.md §13: the harness never trusts what a run could write, and the
+person's repository changes only by the conversation's own branch).
+
+Everything is real: the reference server, the harness, git, the kernel's
+Landlock. The agent is ``tests/agents/hostile_git.py``; each turn's text says
+which attack it makes. Each test is judged by what happened outside the run:
+marker files a planted program would write, the person's files and repository.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from prohost.engine.repos.collect import collect_garbage
+from prohost.engine.repos.worktrees import lane_folder_name
+from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.paths import AGENTS
+from tests.kits.repos import isolate_git, make_repo
+
+pytestmark = [
+    pytest.mark.protocol("§13"),
+    pytest.mark.skipif(not probe().complete,
+                       reason=f"this system cannot confine runs fully: {probe().reason}"),
+]
+
+HOSTILE = shlex.join([sys.executable, str(AGENTS / "hostile_git.py")])
+#: How §13 says a denied write and a denied read fail.
+DENIED_WRITE = {"EACCES", "EPERM", "EROFS"}
+DENIED_READ = {"EACCES", "ENOENT"}
+
+
+class World:
+    """A person's machine: a home with dotfiles, a checkout with a Makefile, the
+    harness's home beside them, and a folder no run may write (for markers)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.user = tmp_path / "user"
+        self.user.mkdir()
+        self.bashrc = self.user / ".bashrc"
+        self.bashrc.write_text("export EDITOR=vi\n")
+        self.home = tmp_path / "home"
+        self.source = tmp_path / "src" / "app"
+        self.outside = tmp_path / "outside"
+        self.outside.mkdir()
+        self.marker = self.outside / "ran"
+        self.env = {**os.environ, "HOME": str(self.user),
+                    "GIT_AUTHOR_NAME": "Agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+                    "GIT_COMMITTER_NAME": "Agent",
+                    "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
+        self.env.pop(SIMULATE_ABSENT_ENV, None)
+
+    def worktree(self, conversation: str) -> Path:
+        return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
+
+    def branch(self, conversation: str) -> str:
+        return "prohost/" + lane_folder_name(f"conv:{conversation}")
+
+    def git(self, *args: str) -> str:
+        done = subprocess.run(["git", "-C", str(self.source), *args], capture_output=True,
+                              text=True, check=False)
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    def original_git_files(self) -> dict[str, bytes]:
+        """The original's config and hooks, byte for byte."""
+        git_dir = self.source / ".git"
+        files = {"config": (git_dir / "config").read_bytes()}
+        for hook in sorted((git_dir / "hooks").iterdir()):
+            files[hook.name] = hook.read_bytes()
+        return files
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    isolate_git(tmp_path, monkeypatch)
+    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
+    yield World(tmp_path)
+
+
+async def turn(server: Any, conversation: str, *attack: str) -> dict[str, Any]:
+    run_id = await server.submit_run("DO: " + " ".join(attack), conversation_id=conversation)
+    await server.wait_until(finished(run_id))
+    completion: dict[str, Any] = server.run(run_id).completion
+    assert completion is not None, run_id
+    return completion
+
+
+def reply(completion: dict[str, Any]) -> str:
+    assert completion["ok"] is True, completion
+    text: str = completion["reply"].strip()
+    return text
+
+
+async def test_a_planted_git_dir_s_fsmonitor_never_runs(world: World) -> None:
+    """Attack 1: ``.git`` names a git dir of the run's whose config sets
+    ``core.fsmonitor``: the harness's git reads ``changes`` at the run's end, the
+    next run's state at its start and ``agent gc`` judges the worktree, and the
+    planted program runs at none of them."""
+    await make_repo(world.source)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            assert reply(await turn(server, "A", "fsmonitor", str(world.marker))) == "planted"
+            assert not world.marker.exists(), "the run's end ran the planted program"
+            # Planted again, so that gc finds it too.
+            second = await turn(server, "A", "fsmonitor", str(world.marker))
+            assert reply(second) == "planted"
+            assert not world.marker.exists(), "the next run's start ran the planted program"
+    await collect_garbage(world.home, older_than_s=0, dry_run=False, force=False)
+    await collect_garbage(world.home, older_than_s=0, dry_run=False, force=True)
+    assert not world.marker.exists(), "agent gc ran the planted program"
+
+
+async def test_a_git_linked_to_the_original_grants_nothing_of_it(world: World) -> None:
+    """Attack 2, first half: ``.git`` made a symlink to the original's ``.git``.
+    The next run cannot write the original's hooks or config, and the next new
+    conversation's ``git worktree add`` runs no planted hook."""
+    await make_repo(world.source)
+    before = world.original_git_files()
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            assert reply(await turn(server, "A", "link-git", str(world.source))) == "linked"
+            planted = await turn(server, "A", "plant-hook", str(world.source),
+                                 str(world.marker))
+            assert reply(planted) in DENIED_WRITE
+            await turn(server, "C", "nothing")  # a new conversation: a worktree add
+    assert world.original_git_files() == before
+    assert not world.marker.exists()
+    assert (world.worktree("A") / ".git").is_file()
+
+
+async def test_a_git_dir_named_with_a_trailing_space_grants_nothing_more(
+    world: World,
+) -> None:
+    """Attack 2, second half: ``gitdir: <wt>/.g `` (git keeps the space) beside
+    ``.g``, a link to a folder holding ``$PROHOST_HOME``: the next run reads no
+    credentials, writes nothing of the original, and its completion says
+    confined truthfully."""
+    await make_repo(world.source)
+    readme = (world.source / "README").read_bytes()
+    credentials = world.home / "credentials.json"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            assert reply(await turn(server, "A", "space-git", str(world.tmp))) == "spaced"
+            read = await turn(server, "A", "read", str(credentials))
+            wrote = await turn(server, "A", "write", str(world.source / "README"))
+            token = credentials.read_text()
+    assert reply(read) in DENIED_READ
+    assert token not in read["reply"]
+    assert reply(wrote) in DENIED_WRITE
+    assert (world.source / "README").read_bytes() == readme
+    assert read["confined"] is True and wrote["confined"] is True
+
+
+async def test_the_harness_appends_to_no_reflog_a_run_linked(world: World) -> None:
+    """Attack 4: the run detaches, deletes its branch and leaves the branch's
+    reflog a link to the original's config and its HEAD log a link to
+    ``~/.bashrc``; the next turn (whose harness puts the worktree on its branch
+    again) appends to neither, and the original stays sound (``git fsck``)."""
+    await make_repo(world.source)
+    config = (world.source / ".git" / "config").read_bytes()
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            linked = await turn(server, "A", "reflog", str(world.source), str(world.bashrc))
+            assert reply(linked) == "linked"
+            assert reply(await turn(server, "A", "nothing")) == "nothing"
+    assert world.bashrc.read_text() == "export EDITOR=vi\n"
+    assert (world.source / ".git" / "config").read_bytes() == config
+    world.git("fsck", "--no-progress")
+    world.git("config", "--list")  # "bad config line" if anything was appended
+
+
+async def test_a_run_changes_nothing_of_the_person_s_repository_but_its_branch(
+    world: World,
+) -> None:
+    """Attack 5: one run overwrites the loose object of ``main:Makefile``, looks
+    for a third conversation's staged-only secret and moves another
+    conversation's branch. The original's content, the secret and the branch
+    are as they were."""
+    await make_repo(world.source, {"Makefile": "all:\n\techo hello\n"})
+    makefile = world.git("show", "main:Makefile")
+    secret = "staged-only-secret-4f1c"
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            assert reply(await turn(server, "S", "stage", secret)) == "staged"
+            other = world.git("rev-parse", world.branch("S")).strip()
+            assert reply(await turn(server, "H", "object")) in DENIED_WRITE
+            hunted = await turn(server, "H", "hunt", secret)
+            await turn(server, "H", "move", world.branch("S"))
+    assert world.git("show", "main:Makefile") == makefile
+    assert reply(hunted) == "not found"
+    assert world.git("rev-parse", world.branch("S")).strip() == other
+
+
+async def test_the_conversation_s_commits_come_back_on_its_branch_only(world: World) -> None:
+    """§13: the person's repository changes by the conversation's branch alone. A
+    run's commit is on ``prohost/<lane folder>`` in the person's repository once
+    the run has ended (brought back by the harness), the objects it holds are
+    sound (``git fsck``), and nothing else of the person's moved."""
+    await make_repo(world.source)
+    refs = world.git("for-each-ref", "--format=%(refname) %(objectname)")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            commit = reply(await turn(server, "A", "commit", "done"))
+    assert world.git("rev-parse", world.branch("A")).strip() == commit
+    assert world.git("show", f"{world.branch('A')}:work.txt") == "done\n"
+    world.git("fsck", "--no-progress", "--strict")
+    after = world.git("for-each-ref", "--format=%(refname) %(objectname)")
+    assert sorted(set(after.splitlines()) - set(refs.splitlines())) == [
+        f"refs/heads/{world.branch('A')} {commit}"]
