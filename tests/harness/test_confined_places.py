@@ -164,7 +164,7 @@ async def test_a_link_in_the_harness_s_own_agent_folder_fails_the_run_before_it_
             (world.logs / "opencode-probe.txt").unlink()
             async with running_harness(server, world.home, exec_command=command,
                                        brain="acp", env=world.env):
-                second = await turn(server, "B")
+                second = await turn(server, "A")
     assert second["ok"] is False
     assert "symbolic link" in second["error"], second["error"]
     assert str(world.user) not in second["error"]  # §7: no local path on the wire
@@ -317,8 +317,9 @@ async def test_an_acp_agent_sees_the_person_s_settings_and_login_and_writes_only
 ) -> None:
     """OpenCode's settings and login are the person's (``~/.config/opencode``,
     ``~/.local/share/opencode``): a run sees both; what it writes or changes there
-    never reaches the person's folders (checked on disk), and under bubblewrap the
-    next run sees what the earlier one wrote (the harness keeps it)."""
+    never reaches the person's folders (checked on disk); under bubblewrap the
+    conversation's next run sees what the earlier one wrote (the harness keeps it),
+    and another conversation does not (each has the harness's folder of its own)."""
     world.logs.mkdir(parents=True, exist_ok=True)
     config = world.user / ".config" / "opencode"
     data = world.user / ".local" / "share" / "opencode"
@@ -337,9 +338,14 @@ async def test_an_acp_agent_sees_the_person_s_settings_and_login_and_writes_only
         ):
             first = await turn(server, "A")
             seen_first = (world.logs / "seen.txt").read_text()
-            second = await turn(server, "B")
+            second = await turn(server, "A")
             seen_second = (world.logs / "seen.txt").read_text()
+            other = await turn(server, "B")
+            seen_other = (world.logs / "seen.txt").read_text()
     assert first["ok"] is True and second["ok"] is True, (first, second)
+    assert other["ok"] is True, other
+    # Another conversation sees the person's folders as they are, nothing of A's.
+    assert seen_other == seen_first, (seen_first, seen_other)
     assert seen_first.startswith('{"provider": "the person\'s"}\n{"mock": "the person\'s key"}\n')
     # The person's folders: as they were, nothing added.
     assert snapshot([config / "opencode.json", data / "auth.json"]) == before
@@ -352,8 +358,11 @@ async def test_an_acp_agent_sees_the_person_s_settings_and_login_and_writes_only
     # The earlier run's writes (a new file, a changed one, a removed one) are kept.
     assert "changed\n" in seen_second and "the run's\n" in seen_second, seen_second
     assert "the person's key" not in seen_second
-    upper = world.home / "agents" / "opencode" / ".config" / "opencode"
-    assert (upper / "run.txt").read_text() == "the run's\n"
+    # The conversation's own upper folder (one per lane: no conversation reads
+    # another's sessions, no two runs at once share an overlay's upper).
+    uppers = [lane / ".config" / "opencode" / "run.txt"
+              for lane in (world.home / "agents" / "opencode").iterdir()]
+    assert sorted(upper.read_text() for upper in uppers) == ["the run's\n"] * 2
 
 
 @pytest.mark.parametrize("brain", ["codex", "acp"])

@@ -64,6 +64,7 @@ from prohost.engine.agent.environment import make_private_folder, without_socket
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
+from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
 from prohost.options import Options
 
@@ -159,6 +160,10 @@ class RunPlaces:
     #: Each worktree's git places, from the harness's records (what git needs to
     #: commit there is granted from these, never from a worktree's ``.git``).
     git: tuple[GitPlaces, ...] = ()
+    #: The run's lane (conversation): an ACP agent's folders of the harness's are
+    #: the lane's own, so no conversation reads another's sessions, and no two runs
+    #: at once share an overlay's upper folder (overlayfs leaves that undefined).
+    lane: str = ""
 
 
 def git_places(places: GitPlaces) -> list[Path]:
@@ -206,13 +211,16 @@ class PersonFolderRefused(ConfinementFailed):
 
 
 def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Path, *,
-                  work: Path | None = None, hidden: tuple[Path, ...] = ()) -> AgentFolders:
+                  work: Path | None = None, hidden: tuple[Path, ...] = (),
+                  lane: str = "") -> AgentFolders:
     """What the agent CLI may write of its own. Claude's and Codex's (also for
     their ACP adapters) are the account's folder its variable names
     (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the harness's
     own, :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
     :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` writes folders of the
-    harness's under ``home`` (``$PROHOST_HOME/agents/<agent>/…``). With ``work``
+    harness's under ``home``, its conversation's own
+    (``$PROHOST_HOME/agents/<agent>/<lane folder>/…``, ``lane`` named as a lane's
+    worktrees folder is, never as the server sent it). With ``work``
     (the confinement can mount overlays), where the person has that folder under
     ``user_home`` the run sees the person's through an overlay whose writes land
     in the harness's (its settings and login are seen, nothing the run writes
@@ -227,7 +235,8 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
     link, not a folder, or lies in one of ``hidden`` (real paths are compared):
     an overlay there would show what is hidden. Blocking."""
     if brain in defaults.AGENT_FOLDERS:
-        return _acp_folders(brain, user_home, home, work, hidden)
+        return _acp_folders(brain, user_home, home / AGENTS_FOLDER / brain
+                            / (lane_folder_name(lane) if lane else "no-lane"), work, hidden)
     variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
     configured = env.get(variable, "").strip() if variable else ""
     if not configured:
@@ -288,9 +297,8 @@ def _try_overlay(bwrap: str, home: Path) -> bool:
     return False
 
 
-def _acp_folders(brain: str, user_home: Path, home: Path, work: Path | None,
+def _acp_folders(brain: str, user_home: Path, owned: Path, work: Path | None,
                  hidden: tuple[Path, ...]) -> AgentFolders:
-    owned = home / AGENTS_FOLDER / brain
     hidden_real = [Path(os.path.realpath(place)) for place in hidden]
     writable: list[Path] = []
     mounts: list[tuple[Path, Path]] = []
@@ -402,7 +410,8 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
     overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
     own = agent_folders(places.brain, places.env, home, sandbox.home,
-                        work=work if overlays else None, hidden=tuple(hidden))
+                        work=work if overlays else None, hidden=tuple(hidden),
+                        lane=places.lane)
     # The places the harness chooses (the person's --workdir and --allow-write are
     # theirs, links and all): none passes through a link a run could have planted.
     chosen = [places.scratch, *own.writable, cache_folders(sandbox.home)]

@@ -625,7 +625,8 @@ class Runner:
             worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
             lane_folder=prepared.folder if prepared else None,
             scratch=scratch, brain=self._agent, env=env,
-            git=tuple(c.git for c in prepared.checkouts if c.git) if prepared else ())
+            git=tuple(c.git for c in prepared.checkouts if c.git) if prepared else (),
+            lane=run.lane)
         return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
     def _over_budget(self, tally: _Tally) -> Outcome:

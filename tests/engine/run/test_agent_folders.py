@@ -43,7 +43,8 @@ def test_each_overlay_gets_a_fresh_private_work_folder_beside_its_upper(tmp_path
     (user / ".gemini").mkdir(parents=True)
     made = agent_folders("gemini", {}, user, home, work=tmp_path / "home" / "w")
     ((lower, upper, work),) = made.overlays
-    assert (lower, upper) == (user / ".gemini", home / "agents" / "gemini" / ".gemini")
+    assert (lower, upper) == (user / ".gemini",
+                              home / "agents" / "gemini" / "no-lane" / ".gemini")
     assert made.writable == (upper,) and made.mounts == ()
     assert not any(work.iterdir()) and os.stat(work).st_mode & 0o077 == 0
     assert os.stat(work).st_dev == os.stat(upper).st_dev
@@ -72,3 +73,19 @@ def test_overlays_only_where_bubblewrap_can_mount_one(tmp_path: Path) -> None:
     real = bwrap.find()
     if real is not None:
         assert overlays_mount(Support(kind="bwrap", bwrap=real, abi=7), home)
+
+
+def test_each_conversation_writes_an_upper_folder_of_its_own(tmp_path: Path) -> None:
+    """Two lanes (conversations) never share the harness's folder for an agent:
+    neither reads the other's sessions, and two runs at once never mount one upper
+    folder twice (overlayfs leaves that undefined). A hostile lane id names no path."""
+    user, home = tmp_path / "user", tmp_path / "home"
+    (user / ".gemini").mkdir(parents=True)
+    uppers = []
+    for index, lane in enumerate(("C42", "C43", "../../../etc")):
+        made = agent_folders("gemini", {}, user, home, work=tmp_path / "w" / str(index),
+                             lane=lane)
+        ((_lower, upper, _work),) = made.overlays
+        uppers.append(upper)
+    assert len(set(uppers)) == 3
+    assert all(upper.parent.parent == home / "agents" / "gemini" for upper in uppers)

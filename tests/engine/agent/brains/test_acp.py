@@ -300,7 +300,7 @@ def test_every_listed_program_names_an_agent_whose_folders_a_confined_run_gets(
     made = agent_folders("opencode", {}, tmp_path / "user", tmp_path / "home",
                          work=tmp_path / "work")
     granted, mounts = list(made.writable), list(made.mounts)
-    owned = tmp_path / "home" / "agents" / "opencode"
+    owned = tmp_path / "home" / "agents" / "opencode" / "no-lane"
     assert granted == [owned / folder for folder in defaults.AGENT_FOLDERS["opencode"]]
     assert mounts == [(owned / folder, tmp_path / "user" / folder)
                       for folder in defaults.AGENT_FOLDERS["opencode"]]
