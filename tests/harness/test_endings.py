@@ -13,6 +13,8 @@ cancel lasts until its SIGKILL).
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +178,27 @@ async def test_a_cancel_survives_a_kill_during_its_stop_and_is_never_run_again(
             assert server.run(run_id).retried_as is None
             assert gate.started == [run_id]
 
+
+
+@pytest.mark.protocol("§13")
+async def test_a_runs_folder_is_private_even_in_a_widened_home(tmp_path: Path) -> None:
+    # Point 8: the home widened to 0755 beforehand (a chmod, a restored backup) and
+    # a umask of 022: everything the harness makes for a run is the user's alone.
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home) as (gate, server):
+            home.chmod(0o755)
+            (home / "runs").mkdir(mode=0o755, exist_ok=True)
+            (home / "runs").chmod(0o755)
+            old_umask = os.umask(0o022)
+            try:
+                async with harness_process(server, home, gate.command):
+                    run_id = await start_run(server, gate, "work")
+                    made = {str(path.relative_to(home)): stat.S_IMODE(path.lstat().st_mode)
+                            for path in [home / "runs", *(home / "runs").rglob("*")]}
+                    await gate.release(run_id)
+                    await server.wait_until(finished(run_id))
+            finally:
+                os.umask(old_umask)
+    assert len(made) > 1, "the run made no folder of its own"
+    assert {path: oct(mode) for path, mode in made.items() if mode & 0o077} == {}
