@@ -202,3 +202,26 @@ async def test_a_runs_folder_is_private_even_in_a_widened_home(tmp_path: Path) -
                 os.umask(old_umask)
     assert len(made) > 1, "the run made no folder of its own"
     assert {path: oct(mode) for path, mode in made.items() if mode & 0o077} == {}
+
+
+@pytest.mark.protocol("§13")
+async def test_a_confinement_that_could_not_be_made_here_is_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Point 7: nothing ran and the fault is this machine's (here: the rules could
+    # not be made, EIO): another try, here or elsewhere, may well work.
+    from prohost.engine.run import confine
+
+    def failing_disk(policy: object, support: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(confine, "prepare", failing_disk)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+                server, tmp_path / "home", exec_command=agent_command("reply.py", "hi")):
+            run_id = await server.submit_run("work")
+            await server.wait_until(finished(run_id))
+    completion = server.run(run_id).completion
+    assert completion is not None
+    assert completion["error"].startswith("the agent could not be confined"), completion
+    assert completion["retryable"] is True

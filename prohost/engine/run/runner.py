@@ -522,7 +522,9 @@ class Runner:
                                                    deadline, None if tried else early)
                 except ConfinementFailed as exc:
                     # Never unconfined in its place: the run fails, saying why (§13).
-                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
+                    # Nothing ran and the fault is this machine's (a hung or failing
+                    # disk): retryable, like a `started` that could not be written.
+                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}", retryable=True),
                                  changes=await checkouts.changes(), ran=bool(tried),
                                  session_id=session if tried else None,
                                  account=progress.account, totals=tally.totals)
