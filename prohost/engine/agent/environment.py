@@ -10,7 +10,6 @@ attempt; :mod:`prohost.engine.run.runner` names the folder.
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
