@@ -358,6 +358,15 @@ class LedgerSteps:
             raise StepNotWritten(f"the ledger step record_pgid could not be written: "
                                  f"{exc}") from exc
 
+    async def interrupted_turn(self, lane: str) -> None:
+        """A turn of ``lane`` ended with the harness before its usage was read: the
+        lane's next turn says its figures may hold it
+        (:meth:`~prohost.engine.ledger.sessions.SessionRows.flag_earlier_turns`).
+        A failure is logged, never raised: it costs only the flag.
+        Cancelled: as :meth:`_logged`."""
+        await self._logged(self.ledger.flag_earlier_turns, lane, time.time(),
+                           what="the ledger step flag_earlier_turns")
+
     async def cancelled(self, run_id: str, outcome_json: str) -> None:
         """The server's cancel of a run not finished yet, durable before its agent is
         stopped (§6: a cancel is final once the harness holds it, a ``kill -9``

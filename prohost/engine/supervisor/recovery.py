@@ -94,6 +94,9 @@ class Recovery:
                                       what=f"looking for run {row.run_id}'s leftover agent")
             except StepTimedOut as exc:
                 log.warning("%s", exc)
+            # Its agent's usage was never read: the lane's next turn, whose CLI may
+            # count it in its running totals (Codex), says so (§7).
+            await self.steps.interrupted_turn(row.lane)
             log.warning("run %s was %s when the harness stopped; reporting it", row.run_id,
                         "being cancelled" if row.outcome is not None else "running")
             self.carry_on(held, row, interrupted=RESTARTED)
