@@ -338,3 +338,14 @@ async def test_two_stops_a_moment_apart_are_one_drain(tmp_path: Path) -> None:
             assert await harness.wait_clean_exit() == 0
     assert server.run(busy).reply == "finished"
     assert not any("again: stopping" in entry for entry in harness.log)
+
+
+async def test_logs_n_0_prints_no_line(tmp_path: Path) -> None:
+    # Issue 37 point 11: `-n 0` is no line, not the whole log (list[-0:] is all).
+    home = tmp_path / "home"
+    log_path(home).parent.mkdir(parents=True, exist_ok=True)
+    log_path(home).write_text("one\ntwo\n")
+    printed = await prohost(home, "agent", "logs", "-n", "0")
+    assert (printed.returncode, printed.stdout) == (0, b"")
+    last = await prohost(home, "agent", "logs", "-n", "1")
+    assert last.stdout == b"two\n"

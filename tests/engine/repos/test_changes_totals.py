@@ -70,3 +70,15 @@ async def test_a_dirty_submodule_is_listed_as_modified(tmp_path: Path) -> None:
     entry = await compare(before)
     assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,
                                "removed": None, "committed": False}]
+
+
+async def test_a_submodule_with_only_an_untracked_file_is_listed_as_modified(
+    tmp_path: Path,
+) -> None:
+    # Issue 37 point 11: status says "U" (untracked content) for it, not "M".
+    app, lib = await with_submodule(tmp_path)
+    before = await take_state("app", app, bounds=Bounds())
+    (lib / "new.txt").write_text("new\n")
+    entry = await compare(before)
+    assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,
+                               "removed": None, "committed": False}]
