@@ -273,6 +273,16 @@ def kill_leftover(row: LedgerRow) -> None:
     account, a fresh-session retry) lives on; reported "restarted" and retried by
     the server, the run would then run twice at once.
 
+    Why the durable ``record_pgid`` step stays (issue 37 point 10, decided): the
+    search below finds every group the recorded one would, on Linux (``/proc``) and
+    on macOS (``ps``) alike, so the step earns no recovery there but one: the
+    recorded group's members are read again while one is caught inside ``execve``
+    (an empty environment, :func:`process_belongs_to_run`), where the search reads
+    each process once. It is kept because docs/protocol.md §7 makes it normative
+    ("recorded durably ... so that a restart can always find it"); it does not save
+    the search's cost (one scan per interrupted run, at start only; the search is
+    never skipped, see above). Dropping it would need §7 changed first.
+
     Blocking (it may read /proc or run ps): call it in a worker thread.
     """
     groups = []
