@@ -387,10 +387,14 @@ class Runner:
         if tally.began is not None:
             duration_ms = round((trio.current_time() - tally.began) * 1000)
             if tally.changes is not None:
-                try:
-                    changes = await tally.changes()
-                except Exception:  # the report goes on without them: logged
-                    log.exception("run %s: could not read what it changed", held.run_id)
+                # Within a stop's window (the second signal's 5 s), a second is kept
+                # for `finished` and the report: changes cut short are left out.
+                with trio.move_on_at(trio.current_effective_deadline() - 1.0):
+                    try:
+                        changes = await tally.changes()
+                    except Exception:  # the report goes on without them: logged
+                        log.exception("run %s: could not read what it changed",
+                                      held.run_id)
         return Ending(said, ran=progress.attempts > 0,
                       session_id=progress.session_id, account=progress.account,
                       totals=tally.totals, usage=usage if tally.began is not None else None,
