@@ -188,19 +188,24 @@ async def test_a_runs_folder_is_private_even_in_a_widened_home(tmp_path: Path) -
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):
             home.chmod(0o755)
-            (home / "runs").mkdir(mode=0o755, exist_ok=True)
-            (home / "runs").chmod(0o755)
+            for folder in ("runs", "stderr"):
+                (home / folder).mkdir(mode=0o755, exist_ok=True)
+                (home / folder).chmod(0o755)
             old_umask = os.umask(0o022)
             try:
                 async with harness_process(server, home, gate.command):
                     run_id = await start_run(server, gate, "work")
                     made = {str(path.relative_to(home)): stat.S_IMODE(path.lstat().st_mode)
                             for path in [home / "runs", *(home / "runs").rglob("*")]}
-                    await gate.release(run_id)
+                    await gate.fail(run_id, 1)  # its stderr is kept, in stderr/
                     await server.wait_until(finished(run_id))
+                    kept = {str(path.relative_to(home)): stat.S_IMODE(path.lstat().st_mode)
+                            for path in [home / "stderr", *(home / "stderr").rglob("*")]}
             finally:
                 os.umask(old_umask)
     assert len(made) > 1, "the run made no folder of its own"
+    assert len(kept) > 1, "the run's stderr was not kept"
+    made.update(kept)
     assert {path: oct(mode) for path, mode in made.items() if mode & 0o077} == {}
 
 
