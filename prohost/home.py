@@ -17,6 +17,7 @@ Everything that decides *which* server to talk to is also here
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -41,6 +42,8 @@ WORKSPACE_DIR = "workspace"
 RUNS_DIR = "runs"
 #: Mode of the home and of runs/ (octal): this user only.
 PRIVATE_DIR_MODE = 0o700
+#: Files the harness makes in its home: the user's alone.
+PRIVATE_FILE_MODE = 0o600
 
 log = logging.getLogger("prohost.home")
 DEFAULT_WS_URL = "wss://api.prohost.ai/v1/agent/ws"
@@ -315,6 +318,37 @@ def lock_holder(home: Path) -> LockHeld | None:
     return None
 
 
+#: ``agent stop`` makes ``drain-requested.<pid>`` as it asks that harness to drain:
+#: a drain asked for twice is one drain (issue 37), even before the harness's status
+#: says it drains. A harness removes those of earlier processes as it takes the lock.
+DRAIN_REQUEST_PREFIX = "drain-requested."
+
+
+def claim_drain(home: Path, pid: int) -> bool:
+    """Whether this caller is the first to ask harness ``pid`` to drain (and so sends
+    its signal); False when another already did. Made with ``O_EXCL``: of two
+    ``agent stop`` run at once, one wins. True when it cannot tell (the home
+    refuses the file): asking again is what it did before."""
+    try:
+        fd = os.open(home / f"{DRAIN_REQUEST_PREFIX}{pid}",
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    os.close(fd)
+    return True
+
+
+def forget_drain_requests(home: Path) -> None:
+    """Remove the drain requests made for earlier processes (a pid may be reused)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(home):
+            if entry.name.startswith(DRAIN_REQUEST_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 class InstanceLock:
     """One harness per home: two would both execute every run they were sent.
 
@@ -360,6 +394,8 @@ class InstanceLock:
         except BaseException:
             os.close(fd)
             raise
+        if kind == HARNESS:
+            forget_drain_requests(home)
         return cls(fd, path)
 
     def release(self) -> None:

@@ -9,11 +9,12 @@ that breaks one promise of docs/reliability.md ("nothing lost, nothing twice"). 
 a time, the edit is applied to a temporary copy of the tree (never to this one), and
 the fault matrix and its neighbours (:data:`TESTS`, a fixed list) run against that
 copy with ``-x -q -n 2`` (``--workers``: another count, 1 to leave a shared
-machine's other CPU alone). The breakage is *caught* when a test fails (or the run hangs
-past its time limit, which CI would see as well).
+machine's other CPU alone). The breakage is *caught* when a test fails. A run that
+hangs past its time limit is not a catch: it is a failure of the check (``hung``),
+since a test that hangs instead of failing shows nothing about which promise broke.
 
 A table is printed: breakage, where (file and edited line), caught or not, and by
-which test. Exit 1 when a breakage is not caught, or when an edit no longer applies
+which test. Exit 1 when a breakage is not caught or its run hung, or when an edit no longer applies
 (its old text does not occur exactly once: the code moved; fix the list so that it
 stays true). Before the breakages, the untouched copy runs once: if it fails, the
 check means nothing, and it exits 2.
@@ -72,6 +73,8 @@ PROCESS = "prohost/engine/agent/process.py"
 HARNESS = "prohost/engine/harness.py"
 RUNNER = "prohost/engine/run/runner.py"
 ADMISSION = "prohost/engine/supervisor/admission.py"
+SERVER_STATE = "prohost/server/state.py"
+CHANGES = "prohost/engine/repos/changes.py"
 
 _STARTED_READ = "                raise  # the read failed, not the step (as from a worker thread)\n"
 _STARTED_WRITE = (
@@ -128,13 +131,18 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "finished posted before it is written",
-        _one(RUNNER,
-             "                    outcome, turn = await self.outcome_of(held, batcher)\n"
-             "                    await self._finish(held, outcome, turn)\n",
-             "                    outcome, turn = await self.outcome_of(held, batcher)\n"
-             "                    await self.reporter.complete(run.run_id, run.completion_path,"
-             " outcome.completion(run.run_id))\n"
-             "                    await self._finish(held, outcome, turn)\n"),
+        # The report moves ahead of `finished` (posted once, as before): a kill -9
+        # between the two leaves the run `started`, and the restart reports it again.
+        (Edit(RUNNER,
+              "                    outcome, turn = await self.outcome_of(held, batcher)\n"
+              "                    await self._finish(held, outcome, turn)\n",
+              "                    outcome, turn = await self.outcome_of(held, batcher)\n"
+              "                    await self._report(held, outcome)\n"
+              "                    await self._finish(held, outcome, turn)\n"),
+         Edit(RUNNER,
+              "                    nursery.cancel_scope.cancel()\n"
+              "                await self._report(held, outcome)\n",
+              "                    nursery.cancel_scope.cancel()\n")),
         "a crash between the post and `finished` reports the run twice, differently",
     ),
     Breakage(
@@ -201,8 +209,9 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "record_pgid not fsync'd",
+        # Still waited for (waits=True), only its commit not fsync'd: the pure bug.
         _one(STORE, '        self._write(write, what="record_pgid")\n',
-             '        self._write(write, what="record_pgid", durable=False)\n'),
+             '        self._write(write, what="record_pgid", durable=False, waits=True)\n'),
         "a kill of the machine after the spawn leaves no group for the restart",
     ),
     Breakage(
@@ -218,8 +227,10 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "accepted acked before its fsync",
+        # Still waited for before the ack (waits=True), only not fsync'd.
         _one(STORE, '        admission: Admitted = self._write(write, what="admit")\n',
-             '        admission: Admitted = self._write(write, what="admit", durable=False)\n'),
+             '        admission: Admitted = self._write(write, what="admit", durable=False, '
+             'waits=True)\n'),
         "an acked run is lost with the machine",
     ),
     Breakage(
@@ -233,6 +244,92 @@ BREAKAGES: tuple[Breakage, ...] = (
              "        self.gate.turn_away(Outcome.failure(NOT_STARTED, retryable=True))\n",
              "        pass\n"),
         "runs waiting for an account hold a drain up to --limit-wait (§9)",
+    ),
+    Breakage(
+        "a second signal overwrites a cancel",
+        _one(HARNESS,
+             "                if held.stop_outcome is None:\n"
+             "                    held.stop_outcome = Outcome.failure(STOPPED, retryable=True)\n",
+             "                held.stop_outcome = Outcome.failure(STOPPED, retryable=True)\n"),
+        "a cancelled run is reported stopped (retryable) and run again (§6)",
+    ),
+    Breakage(
+        "a cancel not kept in the ledger",
+        _one(HARNESS,
+             "            await self.steps.cancelled(held.run_id, outcome.to_json())\n",
+             "            pass\n"),
+        "a kill -9 during a cancel's stop reports the run restarted, retryable (§6)",
+    ),
+    Breakage(
+        "the reference server retries cancelled runs",
+        _one(SERVER_STATE, "            if run.cancel_requested:\n", "            if False:\n"),
+        "a cancelled request reported retryable is submitted again (§6, §11)",
+    ),
+    Breakage(
+        "a stopped run drops its changes",
+        _one(RUNNER, "            if tally.changes is not None:\n", "            if False:\n"),
+        "a cancelled or stopped run's completion has no `changes` (§7)",
+    ),
+    Breakage(
+        "a cancel overrides a finished agent",
+        # The runner's mark, not one of the harness's two checks of it (either
+        # alone still keeps the reply: the cancel is taken, its stop is not made).
+        _one(RUNNER, "                    held.agent_ended = True\n", "                    pass\n"),
+        "a run whose agent exited with its reply is reported cancelled (§6)",
+    ),
+    # Issue 37 point 11: edges of recent features no test guarded. (The ACP brain's
+    # "a running total that went down" is guarded by tests/engine/run/test_edges.py;
+    # its edit would be in brains/acp.py, left out here while that file moves. A
+    # scratch folder never removed is caught by test_mcp_config_is_private_..., but
+    # an earlier test of TESTS hangs on it first: a hang is no catch, so it is not
+    # listed until that test fails instead.)
+    Breakage(
+        "a committed rename reported uncommitted",
+        _one(CHANGES,
+             "        committed = value == head_now(name) and (source is None or "
+             "head_now(source) is None)\n",
+             "        committed = value == head_now(name) and source is None\n"),
+        "a rename the run committed is reported `committed: false` (§7)",
+    ),
+    Breakage(
+        "an untracked file in a submodule dropped",
+        _one(CHANGES,
+             '            dirty = "+dirty" if "M" in sub[2:] or "U" in sub[2:] else ""\n',
+             '            dirty = "+dirty" if "M" in sub[2:] else ""\n'),
+        "a submodule holding only new files is missing from `changes` (§7)",
+    ),
+    Breakage(
+        "agent logs -n 0 prints the whole log",
+        _one("prohost/commands/runner.py",
+             "            shown = shown[-lines:] if lines else []\n",
+             "            shown = shown[-lines:]\n"),
+        "`-n 0` prints every line instead of none",
+    ),
+    Breakage(
+        "a pairing code spent when its pairing could not be saved",
+        _one(SERVER_STATE,
+             "        harness = self.pair(machine)  # raises (code unspent) when it cannot be "
+             "saved\n"
+             "        used, self.pairing_code = self.pairing_code, generate_pairing_code()\n"
+             "        self.used_codes.add(used.upper())\n",
+             "        used, self.pairing_code = self.pairing_code, generate_pairing_code()\n"
+             "        self.used_codes.add(used.upper())\n"
+             "        harness = self.pair(machine)\n"),
+        "a failed pairing uses the code up (§10)",
+    ),
+    Breakage(
+        "the retry delay never doubles",
+        _one(SERVER_STATE,
+             "        delay = min(RETRY_CAP_S, self.retry_first_s * 2 ** (run.attempt - 1))\n",
+             "        delay = min(RETRY_CAP_S, self.retry_first_s)\n"),
+        "the reference server retries a failing run every second (§11)",
+    ),
+    Breakage(
+        "restart skips the /proc search while the recorded group lives",
+        _one(RECOVERY,
+             "    groups += [pgid for pgid in groups_of_run(row.run_id) if pgid not in groups]\n",
+             "    groups += [] if groups else groups_of_run(row.run_id)\n"),
+        "a later attempt's agent outlives the restart while an earlier group lives (§7)",
     ),
     Breakage(
         "no outbox retry on reconnect",
@@ -280,6 +377,16 @@ TESTS: tuple[str, ...] = (
     "tests/engine/report/test_outbox.py",
     "tests/engine/report/test_outbox_in_runs.py",
     "tests/engine/accounts/test_gate_at_a_drain.py",
+    "tests/engine/ledger/test_durable_steps.py",
+    "tests/harness/test_endings.py",
+    "tests/server/test_reference_server.py",
+    "tests/server/test_retryable_failures_retried.py",
+    "tests/server/test_pairing_kept.py",
+    "tests/engine/run/test_edges.py",
+    "tests/engine/repos/test_changes_totals.py",
+    "tests/engine/repos/test_changes_in_runs.py",
+    "tests/commands/test_runner_commands.py",
+    "tests/engine/agent/brains/test_brains_in_runs.py",
 )
 
 _IGNORE = shutil.ignore_patterns(
@@ -349,9 +456,13 @@ def _sweep(copy: Path) -> None:
                     os.kill(int(entry), signal.SIGKILL)
 
 
-def run_tests(copy: Path, timeout_s: float, workers: int = 2) -> tuple[bool, str, float]:
-    """Run :data:`TESTS` in ``copy`` with ``workers`` pytest-xdist workers: (passed,
-    the first failing test or why, seconds)."""
+#: What a test run ended with: every test passed, one failed, or none answered in time.
+PASSED, FAILED, HUNG = "passed", "failed", "hung"
+
+
+def run_tests(copy: Path, timeout_s: float, workers: int = 2) -> tuple[str, str, float]:
+    """Run :data:`TESTS` in ``copy`` with ``workers`` pytest-xdist workers: (PASSED,
+    FAILED or HUNG, the first failing test or why, seconds)."""
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", str(workers), "-p",
            "no:cacheprovider", *TESTS]
@@ -365,7 +476,7 @@ def run_tests(copy: Path, timeout_s: float, workers: int = 2) -> tuple[bool, str
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
             child.communicate()
-            return False, f"(hung: no result in {timeout_s:.0f} s)", time.monotonic() - began
+            return HUNG, f"(hung: no result in {timeout_s:.0f} s)", time.monotonic() - began
         finally:
             # Whatever a test left behind in the session goes too.
             with contextlib.suppress(ProcessLookupError):
@@ -373,13 +484,13 @@ def run_tests(copy: Path, timeout_s: float, workers: int = 2) -> tuple[bool, str
             _sweep(copy)
     took = time.monotonic() - began
     if child.returncode == 0:
-        return True, "", took
+        return PASSED, "", took
     # "FAILED path::test[param with spaces] - message"
     failed = re.findall(r"^(?:FAILED|ERROR) (tests/.+?)(?: - .*)?$", out, re.MULTILINE)
     if failed:
-        return False, failed[0], took
+        return FAILED, failed[0], took
     tail = (out + err).strip().splitlines()[-3:]
-    return False, f"(pytest exit {child.returncode}: {' / '.join(tail)})", took
+    return FAILED, f"(pytest exit {child.returncode}: {' / '.join(tail)})", took
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         print(f"clean run of {len(TESTS)} test files…", flush=True)
-        ok, why, clean_s = run_tests(copy, args.timeout or 1800, args.workers)
-        if not ok:
+        ended, why, clean_s = run_tests(copy, args.timeout or 1800, args.workers)
+        if ended != PASSED:
             print(f"the untouched tree fails: {why}; the check means nothing", file=sys.stderr)
             return 2
         timeout_s = args.timeout or 3 * clean_s + 60
@@ -439,15 +550,16 @@ def main(argv: list[str] | None = None) -> int:
                     path = copy / e.path
                     path.write_text(path.read_text(encoding="utf-8").replace(e.old, e.new, 1),
                                     encoding="utf-8")
-                ok, by, took = run_tests(copy, timeout_s, args.workers)
+                ended, by, took = run_tests(copy, timeout_s, args.workers)
             finally:
                 for rel, text in originals.items():
                     (copy / rel).write_text(text, encoding="utf-8")
-            caught = "no" if ok else "yes"
-            if ok and b.equivalent:
+            caught = {PASSED: "no", FAILED: "yes", HUNG: "HUNG"}[ended]
+            if ended == PASSED and b.equivalent:
                 caught, by = "equivalent", b.equivalent
             else:
-                bad += ok
+                # Not caught, or hung: a hang shows no test failing for the promise.
+                bad += ended != FAILED
             rows.append((b.name, place, caught, by))
             print(f"{b.name}: caught {caught} {by} ({took:.0f} s)", flush=True)
     total = time.monotonic() - began

@@ -11,7 +11,9 @@ The plan, drawn from ``--seed``, submits ``--runs`` runs over ``--conversations`
 conversations and injects at random: socket drops, listener restarts (same port),
 completion storms (408/429 with Retry-After/500/502/503), kill -9 and restart on
 the same $PROHOST_HOME, first-signal drains, second-signal stops (20-250 ms after
-the first), a SIGTERM while a restarted harness recovers its ledger, redeliveries
+the first), a run cancelled by the server just before a drain, a stop or a kill -9
+(it must stay cancelled and never start again), a SIGTERM while a restarted
+harness recovers its ledger, redeliveries
 of runs in flight and already reported, usage limits on one account or both, and a
 full disk under $PROHOST_HOME (a tmpfs it fills, or the ledger's soak-only hook).
 At the end it prints:
@@ -189,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  queue full: {queue_full_refusals(out)} deliveries refused with 503 by a harness "
         f"holding --max-queued {max_queued} queued runs (each redelivered later)",
         *pressure_report(out, soak),
+        # Issue 37: a cancel the harness held is final through drains, stops, kills.
+        f"  cancels: {len(soak.cancelled)} held by the harness before a drain, stop or "
+        f"kill -9; {sum(r in figures.twice for r in soak.cancelled)} started again, "
+        f"{sum(r in figures.bad for r in soak.cancelled)} not reported cancelled",
     ]
     for title, items in (("lost", figures.lost), ("run twice", figures.twice),
                          ("bad reports", figures.bad), ("processes left", figures.left),

@@ -27,7 +27,7 @@ from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.view.snapshot import read_snapshot
-from prohost.home import GC, LEDGER_FILE, lock_holder
+from prohost.home import GC, LEDGER_FILE, claim_drain, lock_holder
 from prohost.logfile import log_path
 
 EXIT_OK = 0
@@ -48,15 +48,21 @@ STATUS_POLL_S = 0.1
 # --- agent stop ------------------------------------------------------------------------
 
 
-def _signals_to_send(home: Path, now: bool) -> int:
+def _signals_to_send(home: Path, now: bool, pid: int | None = None) -> int:
     """How many SIGTERMs make the harness do what was asked (§9 counts them): one
     drains; ``--now`` is the second, so one more than it has had already, as its
-    status file says (a harness already stopping gets none: a third would kill)."""
+    status file says (a harness already stopping gets none: a third would kill).
+    With ``pid``, a drain another ``agent stop`` asked harness ``pid`` for counts as
+    its first, even before its status file says so (written at most once a
+    second): two drains asked for 50 ms apart are one drain, not a stop."""
     try:
         snapshot = read_snapshot(home)
     except (ValueError, OSError):
         snapshot = None
     connection = None if snapshot is None else snapshot.connection
+    if pid is not None and connection not in ("draining", "stopping") \
+            and not claim_drain(home, pid):
+        connection = "draining"  # asked for already: its signal is on its way
     if not now:
         return 0 if connection in ("draining", "stopping") else 1
     return {"stopping": 0, "draining": 1}.get(connection or "", 2)
@@ -87,7 +93,7 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         # Two different signals: a second one of the same kind sent before the
         # harness has handled the first is merged into it (one pending signal of a
         # kind), and §9 counts SIGINT and SIGTERM alike.
-        for signum in (signal.SIGTERM, signal.SIGINT)[:_signals_to_send(home, now)]:
+        for signum in (signal.SIGTERM, signal.SIGINT)[:_signals_to_send(home, now, pid)]:
             os.kill(pid, signum)
     except ProcessLookupError:
         waiter.close()

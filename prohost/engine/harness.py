@@ -322,8 +322,12 @@ class Harness:
         self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
-            if held.state != "reporting":
-                held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
+            if held.state != "reporting" and not held.agent_ended:
+                # A cancel the run already holds stays its outcome (§6: a cancel is
+                # final): reported "stopped", retryable, the server would run the
+                # cancelled request again.
+                if held.stop_outcome is None:
+                    held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
                 held.exec_scope.cancel()
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
@@ -406,7 +410,13 @@ class Harness:
     def cancel(self, run_id: str, reason: str, *, quiet: bool = False) -> None:
         """Stop a run and report it cancelled (§6). Unknown runs are ignored."""
         held = self.held.get(run_id)
-        if held is None or held.state == "reporting" or held.stop_outcome is not None:
+        if held is not None and held.agent_ended and held.state != "reporting":
+            # §6: an agent that had already exited with its reply is reported as
+            # it finished (its changes are being read, its outcome written).
+            log.info("ignored a cancel for run %s: its agent had already finished", run_id)
+            return
+        if (held is None or held.state == "reporting"
+                or (held.stop_outcome is not None and held.stop_outcome.error != STOPPED)):
             (log.debug if quiet or held is not None else log.info)(
                 "ignored a cancel for run %s: not running here", run_id
             )
@@ -417,8 +427,32 @@ class Harness:
             self.settle_soon(held, outcome)
             self.changed()
             return
+        # Final from now on (§6), whatever follows: a second signal keeps it, and
+        # the ledger keeps it before the agent is stopped, so a kill -9 and a
+        # restart report it cancelled too and never start it again.
         held.stop_outcome = outcome
-        held.exec_scope.cancel()
+        if self.steps is None or self._nursery is None:
+            held.exec_scope.cancel()
+            return
+        self._nursery.start_soon(self._cancel_running, held, outcome)
+
+    async def _cancel_running(self, held: HeldRun, outcome: Outcome) -> None:
+        """Record ``held``'s cancel durably (§6), then stop its agent. A ledger that
+        cannot take it is logged and the agent is stopped all the same (the run is
+        reported cancelled; only a kill -9 before its report would lose the cancel).
+
+        Cancelled (the harness ends): the agent is stopped by the nursery's end.
+        """
+        assert self.steps is not None
+        try:
+            await self.steps.cancelled(held.run_id, outcome.to_json())
+            log.info("run %s: its cancel is kept; stopping its agent", held.run_id)
+        except Exception as exc:
+            log.error("run %s: its cancel could not be kept in the ledger (%s); stopping "
+                      "its agent all the same", held.run_id, exc)
+        finally:
+            if not held.agent_ended:  # else it is reported as it finished (§6)
+                held.exec_scope.cancel()
 
     def forget(self, run_id: str) -> None:
         """The server no longer knows the run: stop it and never report it (§2)."""

@@ -298,7 +298,14 @@ class ServerState(Deliveries):
             run.error = error if isinstance(error, str) else "the run failed"
         log.info("run %s %s", run.run_id, run.state)
         if run.state == "failed" and payload.get("retryable") is True:
-            self._retry(run)
+            if run.cancel_requested:
+                # §6: a cancelled request is never run again, whatever the harness
+                # could say of it (an older harness reports a cancel it lost to a
+                # kill -9 as "restarted", retryable).
+                log.info("run %s was cancelled; its retryable failure is not retried",
+                         run.run_id)
+            else:
+                self._retry(run)
         self.changed()
 
     def _retry(self, run: RunRecord) -> None:

@@ -22,6 +22,9 @@ that reads the CLI's output learns an account's limit, docs/protocol.md §12):
    written by the soak from the plan), and prints a result whose text is a reply
    derived from the run id, in the session it was asked to ``--resume`` (or a new one).
 
+A SIGTERM ends it :data:`TERM_WIND_DOWN_S` later, not at once, as a real CLI
+saving its session.
+
 ``--marker`` is only there to be found: the soak scans /proc for command lines
 that carry it to count agent processes left behind. For ``--self-check`` the
 sleeps file lists runs whose work this agent starts twice (a second copy of
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,6 +52,15 @@ from soaklib.plan import expected_reply
 COPY_ENV = "SOAK_AGENT_COPY"
 #: How often a held agent looks at the hold file again (s).
 HOLD_POLL_S = 0.02
+#: How long the agent takes to exit after a SIGTERM (s), as a real CLI saving its
+#: session does: a cancel's stop then lasts long enough for a drain, a second
+#: signal or a kill -9 to land in it (issue 37).
+TERM_WIND_DOWN_S = 0.3
+
+
+def _wind_down(signum: int, frame: object) -> None:
+    time.sleep(TERM_WIND_DOWN_S)
+    os._exit(128 + signum)
 
 
 def append_line(path: str, line: str) -> None:
@@ -98,6 +111,7 @@ def refuse(session_id: str, epoch: int) -> int:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, _wind_down)
     parser = argparse.ArgumentParser()
     parser.add_argument("--starts", required=True)
     parser.add_argument("--sleeps", required=True)

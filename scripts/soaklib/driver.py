@@ -98,6 +98,7 @@ class Soak(Pressure, Faults):
         self.interrupted = False
         self.submitted = 0
         self.injected: dict[str, int] = {}
+        self.cancelled: dict[str, int] = {}
         self.t0 = 0.0
         self.http = ""
         self.ws_url = ""
@@ -430,7 +431,8 @@ class Soak(Pressure, Faults):
 
     def _figures(self) -> verdict.Figures:
         starts = verdict.read_starts(self.starts_path)
-        lines = [verdict.judge_run(run, self.audit.get(run["run_id"]), starts[run["run_id"]])
+        lines = [verdict.judge_run(run, self.audit.get(run["run_id"]), starts[run["run_id"]],
+                                   self.cancelled.get(run["run_id"]))
                  for run in self.plan["runs"]]
         with open(self.out / "runs.jsonl", "w", encoding="utf-8") as file:
             for line in lines:

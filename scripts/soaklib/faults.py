@@ -34,6 +34,9 @@ class Faults:
 
     # Provided by Soak.
     harness: Child | None
+    #: Runs the soak cancelled once they had started, and the harness held the
+    #: cancel: how many times the agent had started each then (§6: never again).
+    cancelled: dict[str, int]
     home: Path
     starts_path: Path
     audit: dict[str, dict[str, Any]]
@@ -161,6 +164,8 @@ class Faults:
             # lock and ledger, and cannot start on a full one (it exits, as it must).
             await self._connected(self.harness)
             await self.disk_full(fault["hold_s"])
+        elif kind in ("cancel_drain", "cancel_stop", "cancel_kill"):
+            await self._cancel_then(fault)
         elif kind in ("drain", "stop"):
             harness = self.harness
             await self._connected(harness)
@@ -206,6 +211,49 @@ class Faults:
         answer = await self.call("POST", "/v1/faults/redeliver", {"run_id": run_id})
         self.note("redelivered", run_id=run_id, status=answer.status_code,
                   answer=answer.json())
+
+    async def _cancel_then(self, fault: dict[str, Any]) -> None:
+        """Cancel a running run through the server's API and, once the harness holds
+        the cancel (its log says so), drain, stop or kill -9 it, then start it again.
+        The run must be reported cancelled, not retryable, and never start again
+        (issue 37): :func:`soaklib.verdict.judge_run`. Cancelled: as :meth:`inject`."""
+        harness = self.harness
+        await self._connected(harness)
+        if harness is None or harness.exited.is_set():
+            return
+        with trio.move_on_after(BUSY_WITHIN_S):
+            await self.until(lambda: bool(self._running()))
+        running = self._running()
+        if not running:
+            self.note("cancel_skipped", why="no run running now")
+            return
+        run_id = running[0]
+        starts = verdict.read_starts(self.starts_path)[run_id]
+        answer = await self.call("DELETE", f"/v1/runs/{run_id}")
+        held = None
+        with trio.move_on_after(CONNECTED_WITHIN_S):
+            held = await harness.wait_line(
+                lambda line: f"cancelling run {run_id}" in line
+                or f"cancel for run {run_id}" in line)
+        holds = held is not None and "cancelling run" in held
+        self.note("cancelled", run_id=run_id, status=answer.status_code, held=holds,
+                  starts=starts)
+        if holds:
+            self.cancelled[run_id] = starts
+        if harness.exited.is_set():
+            return
+        if fault["kind"] == "cancel_kill":
+            await self.kill9(busy=False)
+        else:
+            code = await self.signals(
+                harness, [] if fault["kind"] == "cancel_drain" else [fault["gap_ms"]])
+            self.note("cancel_signal_exit", name=harness.name, code=code)
+        await self.start_harness()
+
+    def _running(self) -> list[str]:
+        """Runs held now whose agent has started (and not yet reported)."""
+        started = verdict.read_starts(self.starts_path)
+        return [run_id for run_id in self.held() if run_id in started]
 
     async def _recover_term(self, fault: dict[str, Any]) -> None:
         """kill -9 with runs running and queued, start again, and signal it while it

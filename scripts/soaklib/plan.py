@@ -29,6 +29,12 @@ FAULT_RATES: dict[str, int] = {
     "limit": 10,  # one account's CLI answers "limited" until a reset 1-6 s away
     "limit_both": 5,  # both accounts limited at once (resets 1-5 s away, staggered)
     "disk_full": 8,  # the harness's home (its ledger) is full for 0.5-4 s, then freed
+    # The server cancels a running run and, once the harness holds the cancel, it is
+    # drained, stopped (a second signal 20-250 ms later) or killed -9, then started
+    # again: the run stays cancelled (not retryable) and never starts again (§6).
+    "cancel_drain": 4,
+    "cancel_stop": 4,
+    "cancel_kill": 4,
 }
 #: The accounts the harness runs with (``--account NAME=DIR``); limits hit them.
 ACCOUNTS = ("work", "personal")
@@ -65,7 +71,7 @@ def _fault(rng: random.Random, kind: str) -> dict[str, Any]:
         # two is followed by a second signal 20-250 ms later.
         second = rng.randint(20, 250) if rng.random() < 0.5 else None
         return {"kind": kind, "delay_ms": rng.randint(0, 15), "second_ms": second}
-    if kind == "stop":
+    if kind in ("stop", "cancel_stop"):
         return {"kind": kind, "gap_ms": rng.randint(20, 250)}
     if kind == "limit":
         return {"kind": kind, "account": rng.choice(ACCOUNTS),

@@ -67,9 +67,12 @@ def unreported_rows(home: Path) -> list[tuple[str, str]]:
     return [(str(run_id), str(state)) for run_id, state in rows]
 
 
-def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: int
-              ) -> dict[str, Any]:
-    """One line of runs.jsonl: what happened to one run, and which promise it broke."""
+def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: int,
+              cancelled_at: int | None = None) -> dict[str, Any]:
+    """One line of runs.jsonl: what happened to one run, and which promise it broke.
+    ``cancelled_at``: the soak cancelled it once started, the harness held the
+    cancel, and the agent had started it this many times then (§6: a held cancel is
+    final, reported cancelled and not retryable, and the run never starts again)."""
     run_id = plan_run["run_id"]
     line: dict[str, Any] = {"run_id": run_id, "conversation_id": plan_run["conversation_id"],
                             "sleep_ms": plan_run["sleep_ms"], "starts": starts}
@@ -98,6 +101,17 @@ def judge_run(plan_run: dict[str, Any], audit: dict[str, Any] | None, starts: in
         problems.append(f"run twice: the agent started it {starts} times")
     if len(bodies) > 1:
         problems.append(f"bad report: {len(bodies)} different completion bodies")
+    if cancelled_at is not None:
+        line["cancelled_at_starts"] = cancelled_at
+        if starts > cancelled_at:
+            problems.append(f"run twice: cancelled, then started again ({starts} starts)")
+        if completion is not None and completion.get("ok") is not True and (
+            completion.get("retryable") is not False
+            or not str(completion.get("error", "")).startswith("cancelled: ")
+        ):
+            problems.append(f"bad report: cancelled, reported {completion.get('error')!r} "
+                            f"retryable={completion.get('retryable')!r} (a retrying "
+                            "server would run it again)")
     for post in posts:
         body = post["body"]
         if isinstance(body, dict) and body.get("ok") is True and (

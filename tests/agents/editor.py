@@ -3,7 +3,8 @@
 The request is a list of words, each an action on every checkout in
 $PROHOST_RUN_REPOS, in order: ``append:PATH`` adds a line to PATH, ``create:PATH``
 writes a new file, ``delete:PATH`` removes one, ``move:OLD:NEW`` renames with git,
-``binary:PATH`` writes bytes that are not text, ``badname:PATH`` writes a file
+``binary:PATH`` writes bytes that are not text, ``ignore:PATTERN`` adds a line to
+``.gitignore`` and ``unignore:PATTERN`` takes it out again, ``badname:PATH`` writes a file
 whose name is PATH then the byte 0xff (not UTF-8), ``commit`` commits everything
 tracked and staged (``git commit -a``); a move of a path a checkout does not have is
 skipped there. It replies with what it did.
@@ -42,6 +43,15 @@ for name in sorted(os.listdir(folder)) if folder else []:
         elif action == "badname":
             with open(os.fsencode(path) + b"\xff", "w") as file:
                 file.write("a name that is not UTF-8\n")
+        elif action == "ignore":  # ignore:PATTERN, a line added to .gitignore
+            with open(os.path.join(checkout, ".gitignore"), "a") as file:
+                file.write(rest + "\n")
+        elif action == "unignore":  # unignore:PATTERN, its line taken out again
+            ignore = os.path.join(checkout, ".gitignore")
+            with open(ignore) as file:
+                lines = [line for line in file if line.rstrip("\n") != rest]
+            with open(ignore, "w") as file:
+                file.writelines(lines)
         elif action == "delete":
             os.remove(path)
         elif action == "move":

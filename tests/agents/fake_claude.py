@@ -123,6 +123,7 @@ def record(path: str, argv: list[str], prompt: str) -> None:
     }
     config = option(argv, "--mcp-config")
     if config is not None:
+        entry["mcp_config_path"] = os.path.abspath(config)
         try:
             with open(config, encoding="utf-8") as handle:
                 entry["mcp_config"] = json.load(handle)

@@ -316,3 +316,36 @@ async def test_with_the_live_panel_the_log_file_still_says_what_ran(tmp_path: Pa
     assert "drained: every run has finished" in text
     # The live panel drew (cursor moves), and the progress lines were kept off it.
     assert b"\x1b[" in shown and f"✓ run {busy} finished".encode() not in shown
+
+
+async def test_two_stops_a_moment_apart_are_one_drain(tmp_path: Path) -> None:
+    # Issue 37 point 5: both `agent stop` read a status file that does not say
+    # "draining" yet (it is written at most once a second); two drain requests are
+    # one drain all the same, and only `--now` stops.
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with gated_process(home) as (gate, server, harness), \
+                trio.open_nursery() as nursery:
+            busy = await start_run(server, gate, "work", conversation_id="C1")
+            first = await start(nursery, home, "agent", "stop")
+            second = await start(nursery, home, "agent", "stop")
+            await first.wait_line("draining pid")
+            await second.wait_line("draining pid")
+            await harness.wait_log("draining: finishing 1 running run(s)")
+            assert harness.proc.returncode is None
+            await gate.release(busy, "finished")
+            assert await first.proc.wait() == 0 and await second.proc.wait() == 0
+            assert await harness.wait_clean_exit() == 0
+    assert server.run(busy).reply == "finished"
+    assert not any("again: stopping" in entry for entry in harness.log)
+
+
+async def test_logs_n_0_prints_no_line(tmp_path: Path) -> None:
+    # Issue 37 point 11: `-n 0` is no line, not the whole log (list[-0:] is all).
+    home = tmp_path / "home"
+    log_path(home).parent.mkdir(parents=True, exist_ok=True)
+    log_path(home).write_text("one\ntwo\n")
+    printed = await prohost(home, "agent", "logs", "-n", "0")
+    assert (printed.returncode, printed.stdout) == (0, b"")
+    last = await prohost(home, "agent", "logs", "-n", "1")
+    assert last.stdout == b"two\n"

@@ -132,7 +132,10 @@ async def test_second_signal_stops_the_agents_and_exits_130(tmp_path: Path) -> N
             # Reported before the harness exited, not left for the next start.
             # The agent had started: the completion names its account (§12) and
             # says it ran confined (§13, the default).
-            assert server.run(run_id).completion == {
+            # Like every completion, it says how long the run ran (§7, issue 37).
+            completion = dict(server.run(run_id).completion or {})
+            assert isinstance(completion.pop("duration_ms", None), int)
+            assert completion == {
                 "run_id": run_id, "ok": False, "error": STOPPED, "retryable": True,
                 "account": "default", "confined": True}
             assert server.run(run_id).completion_posts == 1

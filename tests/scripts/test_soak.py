@@ -156,7 +156,8 @@ def test_the_plan_is_fixed_by_its_seed() -> None:
     assert at == sorted(at) and at[0] > 0 and at[-1] < 200
     assert set(fault_counts(first)) == {
         "drop", "restart", "storm", "kill", "recover_term", "drain", "stop",
-        "redeliver_inflight", "redeliver_reported", "limit", "limit_both", "disk_full"}
+        "redeliver_inflight", "redeliver_reported", "limit", "limit_both", "disk_full",
+        "cancel_drain", "cancel_stop", "cancel_kill"}
     assert set(FAULT_RATES) | {"redeliver_inflight", "redeliver_reported"} >= set(
         fault_counts(first))
     # A soak of some kinds only is a plan of its own, fixed by its seed as well.

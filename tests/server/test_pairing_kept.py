@@ -141,3 +141,23 @@ async def test_a_damaged_state_file_is_named_and_nothing_starts(tmp_path: Path) 
     line = started.stderr.decode().strip()
     assert line.startswith(f"prohost server: error: {state / PAIRINGS_FILE} is damaged (")
     assert line.endswith("move it away to start with no pairings")
+
+
+async def test_a_pairing_that_could_not_be_saved_leaves_its_code_unspent(
+    tmp_path: Path,
+) -> None:
+    # Issue 37 point 11: the server answers 500, and the same code still pairs once
+    # the state folder takes the file again.
+    state = tmp_path / "state"
+    with trio.fail_after(30):
+        async with running_server(state_dir=state) as server, \
+                httpx.AsyncClient(base_url=server.http_url) as client:
+            code = server.pairing_code
+            (state / PAIRINGS_FILE).mkdir(parents=True)  # the file cannot be replaced
+            failed = await client.post("/v1/agent/pair", json={"code": code, "machine": "m"})
+            assert failed.status_code == 500, failed.text
+            assert server.pairing_code == code
+            (state / PAIRINGS_FILE).rmdir()
+            paired = await client.post("/v1/agent/pair", json={"code": code, "machine": "m"})
+            assert paired.status_code == 200, paired.text
+            assert [h.machine for h in server.state.harnesses.values()] == ["m"]

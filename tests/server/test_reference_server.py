@@ -835,3 +835,25 @@ async def test_acks_are_recorded_with_their_reason() -> None:
         delivery["id"],
     )
     assert isinstance(server.state.messages(Ack)[0], Ack)
+
+
+@pytest.mark.protocol("§6")
+async def test_a_cancelled_run_reported_retryable_is_never_submitted_again() -> None:
+    # Issue 37 point 2: a harness killed -9 during the cancel's stop reports the run
+    # "restarted" (retryable) after its restart; the server must not run the
+    # cancelled request again.
+    with trio.fail_after(10):
+        async with one_harness(retries=3, retry_first_s=0.01) as (server, creds, ws):
+            run_id = await server.submit_run("long")
+            await ack(ws, await next_of(ws, "delivery"))
+            await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
+            async with httpx.AsyncClient(base_url=server.http_url) as client:
+                assert (await client.delete(f"/v1/runs/{run_id}")).status_code == 200
+            await next_of(ws, "cancel")
+            restarted = {"run_id": run_id, "ok": False, "retryable": True,
+                         "error": "the harness restarted before this run finished"}
+            assert (await complete(server, creds, run_id, restarted)).status_code == 200
+            record = server.run(run_id)
+            assert record.state == "failed"
+            assert record.retried_as is None
+            assert [r for r in server.state.runs.values() if r.retry_of == run_id] == []

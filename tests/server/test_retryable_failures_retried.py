@@ -99,3 +99,19 @@ async def test_send_wait_follows_the_retry_to_its_reply(
     out, err = capsys.readouterr()
     assert out.splitlines() == [first.run_id, "second time lucky"]
     assert f"the server retries it as {first.retried_as}; waiting for that" in err
+
+
+async def test_each_retry_waits_twice_as_long_as_the_one_before() -> None:
+    # Issue 37 point 11: the backoff doubles (1 s, 2 s, 4 s), capped.
+    async with running_server(retries=4, retry_first_s=1.0) as server:
+        state: ServerState = server.state
+        state.clock = lambda: 1000.0
+        run = state.add_run("hello", "C")
+        waits = []
+        for _ in range(3):
+            state.record_completion(run, {"ok": False, "error": "x", "retryable": True})
+            assert run.retried_as is not None
+            run = state.runs[run.retried_as]
+            assert run.due_at is not None
+            waits.append(run.due_at - 1000.0)
+    assert waits == [1.0, 2.0, 4.0]

@@ -27,6 +27,11 @@ DEFAULT_ACCOUNT = "default"
 #: How long an account that said it is limited, without saying until when, is
 #: left alone before the next run tries it again (seconds).
 UNKNOWN_RESET_S = 3600.0
+#: An account that says it is still limited "until" a time already past (its CLI
+#: repeats the reset it said before) is limited until an unknown time: it is tried
+#: again after this (seconds), then after twice as long each time it says so again,
+#: up to :data:`UNKNOWN_RESET_S`. Runs keep waiting meanwhile, within --limit-wait.
+STALE_RESET_FIRST_S = 60.0
 
 #: What an account name may be: it appears in status, heartbeats and file names.
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -100,6 +105,8 @@ class _Standing:
     used_percent: float | None = None
     #: When a run last started on it (epoch s); ``None``: never.
     last_started: float | None = None
+    #: How many times in a row it said it is limited until a time already past.
+    stale_resets: int = 0
 
 
 class AccountError(ValueError):
@@ -191,7 +198,8 @@ class AccountBook:
         """Record what an attempt on ``name`` learned; whether the snapshot changed.
 
         ``limited`` lasts until the notice's reset, or :data:`UNKNOWN_RESET_S` from
-        ``now`` when it gave none (a reset already past means nothing is limited).
+        ``now`` when it gave none; a reset already past is unknown too, and lasts
+        :data:`STALE_RESET_FIRST_S`, doubled each time it is said again.
         ``warning`` and ``ok`` are recorded with their figures and change nothing
         about choosing except through the use they report; they do not lift a
         limit before its reset.
@@ -203,16 +211,25 @@ class AccountBook:
         standing = self._standing[name]
         if notice.state == "limited":
             until = notice.resets_at if notice.resets_at is not None else now + UNKNOWN_RESET_S
-            if until > now:
-                standing.state, standing.resets_at = "limited", until
-                if notice.used_percent is not None:
-                    standing.used_percent = notice.used_percent
+            if until <= now:
+                # Still limited, its reset already past: not usable now, but when is
+                # unknown. Tried again after a backoff (issue 37: taking it as usable
+                # handed a waiting run back long before --limit-wait).
+                until = now + min(UNKNOWN_RESET_S,
+                                  STALE_RESET_FIRST_S * 2 ** standing.stale_resets)
+                standing.stale_resets += 1
+            else:
+                standing.stale_resets = 0
+            standing.state, standing.resets_at = "limited", until
+            if notice.used_percent is not None:
+                standing.used_percent = notice.used_percent
         elif standing.state == "limited":
             # Limited means until the reset (§12): an "allowed" figure from an
             # attempt that started before the refusal does not end it early.
             if notice.used_percent is not None:
                 standing.used_percent = notice.used_percent
         else:
+            standing.stale_resets = 0
             standing.state = notice.state
             standing.resets_at = notice.resets_at
             if notice.used_percent is not None:

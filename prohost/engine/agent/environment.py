@@ -9,6 +9,7 @@ attempt; :mod:`prohost.engine.run.runner` names the folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,7 +61,18 @@ def make_private_folder(path: Path) -> None:
 
     Blocking: call it through ``trio.to_thread``.
     """
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Each missing folder made 0700 too, not only the last: mkdir's parents get
+    # 0777 less the umask, which left a run's scratch folder readable by others
+    # ($PROHOST_HOME/runs/<digest>, issue 37); chmod, since the umask narrows mode.
+    missing = []
+    folder = path
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        folder.chmod(0o700)
     path.chmod(0o700)
 
 

@@ -77,10 +77,13 @@ def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None
     leaves no file."""
     folder = home / TAIL_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_mode & 0o077:  # widened since (a chmod, a restored backup)
+        folder.chmod(0o700)
     if data:
         path = tail_path(home, run_id)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as handle:
+            os.fchmod(fd, 0o600)  # one that was there keeps its mode otherwise
             handle.write(data[-TAIL_BYTES:])
     at = time.time() if now is None else now
     if at - _last_pruned.get(folder, -math.inf) >= PRUNE_EVERY_S:

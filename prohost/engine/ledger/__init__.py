@@ -42,6 +42,12 @@ step               durable    why
 ``record_pgid``    yes        right after the spawn, before the agent's output is
                               read: a restart kills the group only if it was
                               written; the run stops if it cannot be (§7)
+``record_cancel``  yes        a server's cancel of a run not finished, before its agent
+                              is stopped: a restart reports it cancelled, never runs
+                              it again (§6); ``mark_finished`` replaces it
+``flag_earlier_``  yes        at a restart, for each run interrupted: its lane's
+``turns``                     sessions' totals say ``includes_earlier_turns`` (§7);
+                              logged, never stops the start
 ``save_session``   no         written just before ``mark_finished``, so it is in that
                               commit (or an earlier one): finished ⇒ session kept
 ``mark_finished``  yes        the outcome is the outbox: durable before the POST

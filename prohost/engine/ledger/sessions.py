@@ -99,6 +99,30 @@ class SessionRows(ServedCommit):
 
         self._write(write, what="save_turn", durable=durable)
 
+    def flag_earlier_turns(self, lane: str, now: float) -> None:
+        """A turn of ``lane`` ended with its harness (a ``kill -9``, a crash) and its
+        CLI's running totals were never read: whatever session it went on with,
+        the next turn's difference holds its tokens too, so each of the lane's
+        sessions' totals says ``includes_earlier_turns`` (§7) until a turn saves
+        new ones (issue 37)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            sessions = conn.execute(
+                "SELECT session_id FROM sessions WHERE lane = ? "
+                "UNION SELECT session_id FROM account_sessions WHERE lane = ?",
+                (lane, lane)).fetchall()
+            for (session_id,) in sessions:
+                conn.execute(
+                    "INSERT INTO session_usage (session_id, totals, updated_at) "
+                    "VALUES (?, '{\"includes_earlier_turns\": true}', ?) "
+                    "ON CONFLICT (session_id) DO UPDATE SET totals = json_set("
+                    "CASE WHEN json_valid(session_usage.totals) THEN session_usage.totals "
+                    "ELSE '{}' END, '$.includes_earlier_turns', json('true')), "
+                    "updated_at = excluded.updated_at",
+                    (session_id, now))
+
+        self._write(write, what="flag_earlier_turns")
+
     def session_totals(self, session_id: str) -> str | None:
         """The running totals (JSON) ``session_id`` had reached after its last turn,
         if its CLI reports them and the ledger has them."""

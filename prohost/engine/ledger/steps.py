@@ -358,6 +358,30 @@ class LedgerSteps:
             raise StepNotWritten(f"the ledger step record_pgid could not be written: "
                                  f"{exc}") from exc
 
+    async def interrupted_turn(self, lane: str) -> None:
+        """A turn of ``lane`` ended with the harness before its usage was read: the
+        lane's next turn says its figures may hold it
+        (:meth:`~prohost.engine.ledger.sessions.SessionRows.flag_earlier_turns`).
+        A failure is logged, never raised: it costs only the flag.
+        Cancelled: as :meth:`_logged`."""
+        await self._logged(self.ledger.flag_earlier_turns, lane, time.time(),
+                           what="the ledger step flag_earlier_turns")
+
+    async def cancelled(self, run_id: str, outcome_json: str) -> None:
+        """The server's cancel of a run not finished yet, durable before its agent is
+        stopped (§6: a cancel is final once the harness holds it, a ``kill -9``
+        and a restart included). Raises what stopped the write (as
+        :meth:`record_pgid`); the caller stops the agent all the same.
+        Cancelled: as :meth:`_write`."""
+        try:
+            await self._write(self.ledger.record_cancel, run_id, outcome_json,
+                              what="the ledger step record_cancel")
+        except LedgerOrderError:
+            raise
+        except (LedgerError, OSError, sqlite3.Error) as exc:
+            raise StepNotWritten(f"the ledger step record_cancel could not be written: "
+                                 f"{exc}") from exc
+
     async def finished(self, run_id: str, outcome_json: str, turn: LaneTurn | None) -> None:
         """The ``finished`` step: the outcome to post is now in the outbox, with the
         lane's ``turn`` saved first in the same hand-off (``None``: the lane's session

@@ -333,6 +333,21 @@ class Ledger(SessionRows):
 
         self._write(write, what="record_pgid")
 
+    def record_cancel(self, run_id: str, outcome_json: str) -> None:
+        """Keep a server's cancel (``Outcome.to_json`` text) of a run not finished yet,
+        before its agent is stopped (§6): a restart after a ``kill -9`` reports the
+        run cancelled (not ``restarted``, retryable) and never starts it again. The
+        state does not move; ``finished`` replaces the outcome with the whole one.
+        A run already finished keeps its own (a cancel after the agent ended)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            state = self._state_of(conn, run_id)
+            if state in (RunState.ACCEPTED, RunState.STARTED):
+                conn.execute("UPDATE runs SET outcome = ? WHERE run_id = ?",
+                             (outcome_json, run_id))
+
+        self._write(write, what="record_cancel")
+
     def mark_finished(
         self, run_id: str, outcome_json: str, now: float, *, durable: bool = True
     ) -> None:

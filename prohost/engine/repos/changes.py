@@ -32,6 +32,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 
@@ -101,6 +102,13 @@ class CheckoutState:
     #: Where its git state is, from the harness's records (§13): every git on it
     #: names these, never what its ``.git`` file says. ``None``: found by git.
     git: GitPlaces | None = None
+    #: What ``.gitignore`` hid at the start: ignored paths, a folder's with its
+    #: trailing ``/`` (git names an ignored folder, not what is in it). A file that
+    #: a run's ``.gitignore`` edit uncovers is not one it added (issue 37).
+    ignored: frozenset[str] = frozenset()
+    #: When the state was taken (epoch s): a file hidden then, uncovered at the
+    #: end and not written since, was there before the run.
+    taken_at: float = 0.0
 
 
 def without_paths(text: str, path: Path | str, repo: str,
@@ -136,14 +144,18 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
     if scope.cancelled_caught:
         return CheckoutState(repo, path, error=f"reading the checkout took longer than "
                                                f"{limit_s:g} s", git=places)
+    taken_at = time.time()
+    ignored: set[str] = set()
     with trio.move_on_at(deadline) as scope:
         try:
-            seen, kept, _ = await _seen(where, base_env, bounds, deadline, keep=True)
+            seen, kept, _ = await _seen(where, base_env, bounds, deadline, keep=True,
+                                        ignored=ignored)
         except (GitError, OSError) as exc:
             return CheckoutState(repo, path, commit=commit,
                                  truncated=f"its files could not be read at the start: "
                                            f"{_said(exc, path, repo)}", git=places)
-        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept, git=places)
+        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept, git=places,
+                             ignored=frozenset(ignored), taken_at=taken_at)
     return CheckoutState(repo, path, commit=commit,
                          truncated=f"listing its files at the start took longer than "
                                    f"{limit_s:g} s", git=places)
@@ -163,18 +175,20 @@ async def _commit(where: str, env: Mapping[str, str]) -> str | None:
 
 
 async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float, *,
-                keep: bool, defer_untracked: bool = False,
+                keep: bool, defer_untracked: bool = False, ignored: set[str] | None = None,
                 ) -> tuple[dict[str, Seen], dict[str, bytes], list[str]]:
     """Every path ``git status`` lists as differing from the commit, with its values
     (see :class:`Seen`), and (``keep``) the bytes of the small ones. With
     ``defer_untracked``, untracked files are not read: their value is
     :data:`_UNREAD` and their names come third, for :func:`_fill` to read the few
-    whose content matters."""
+    whose content matters. With ``ignored``, the ignored paths are added to it (an
+    ignored folder once, with its ``/``)."""
     # Submodules' commits, never their files: for their files git would run a
     # `git status` inside each, with the config and attributes (filter
     # programs) of a repository the run may have planted there (§13).
     out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
                     "--untracked-files=all", "--no-renames", "--ignore-submodules=dirty",
+                    *(("--ignored=matching",) if ignored is not None else ()),
                     env=env)
     heads: dict[str, str | None] = {}
     work: dict[str, str | None] = {}
@@ -188,6 +202,10 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
         if not field:
             continue
         kind = field[:1]
+        if kind == "!":
+            if ignored is not None:
+                ignored.add(field[2:])
+            continue
         if kind == "?":
             name = field[2:]
             if name.endswith("/"):  # a folder with a .git of its own: one entry
@@ -366,6 +384,32 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
         pairs = {name: (was(name), now(name)) for name in {*old, *new, *moved}}
         return {name: pair for name, pair in pairs.items() if pair[0] != pair[1]}
 
+    # Untracked at the start, gone from the list now but not from the commits: if
+    # the file is still there, a .gitignore now hides it. It is neither deleted nor
+    # added (issue 37): its value now is what it holds.
+    hidden = [name for name, seen in old.items() if name not in new and name not in moved
+              and seen.head is None and seen.work is not None and head_now(name) is None]
+    if hidden:
+        read, _ = await bounds.file_step(
+            _read_all, where, hidden, False, what="reading a checkout's ignored files",
+            limit_s=max(0.0, deadline - trio.current_time()))
+        for name, value in read.items():
+            if value is not None:
+                new[name] = Seen(None, value)
+    # Hidden by a .gitignore at the start and uncovered now: a file not written
+    # since the start was there before the run, whatever it holds (its content
+    # then was not read): not added.
+    if before.ignored:
+        uncovered = [name for name in unread if name not in old and name not in moved
+                     and _was_ignored(name, before.ignored)]
+        if uncovered:
+            older = await bounds.file_step(
+                _unchanged_since, where, uncovered, before.taken_at,
+                what="reading a checkout's uncovered files",
+                limit_s=max(0.0, deadline - trio.current_time()))
+            for name in older:
+                del new[name]
+                unread.remove(name)
     changed = differing()
     # An untracked file's content matters only where it may equal something: a value
     # it had at the start or in the base commit (then it may be unchanged), or a path
@@ -421,6 +465,27 @@ def shown(name: str) -> str:
     """A path as §7 sends it: U+FFFD for each byte that is not UTF-8 (``os.fsdecode``
     made each such byte a lone surrogate)."""
     return _ESCAPED_BYTE.sub("\ufffd", name) if not name.isascii() else name
+
+
+def _was_ignored(name: str, ignored: frozenset[str]) -> bool:
+    """Whether ``name`` was hidden by an ignore rule (itself, or a folder above it)."""
+    if name in ignored:
+        return True
+    parts = name.split("/")
+    return any("/".join(parts[:depth]) + "/" in ignored for depth in range(1, len(parts)))
+
+
+def _unchanged_since(where: str, names: list[str], since: float) -> list[str]:
+    """Blocking: those of ``names`` whose file was last changed before ``since``."""
+    older = []
+    for name in names:
+        try:
+            info = os.lstat(os.path.join(where, name))
+        except FileNotFoundError:
+            continue
+        if max(info.st_mtime, info.st_ctime) < since:
+            older.append(name)
+    return older
 
 
 def _is_file(value: str) -> bool:

@@ -331,7 +331,8 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         # in preexec_fn"): the confinement could not be applied, so nothing ran, and
         # nothing runs unconfined in its place.
         log.warning("run %s: could not confine the agent: %s", attempt.run.run_id, exc)
-        return _Tried(Outcome.failure(f"{NOT_CONFINED}: {exc}"), turn, session_id)
+        return _Tried(Outcome.failure(f"{NOT_CONFINED}: {exc}", retryable=True), turn,
+                      session_id)
     except OSError as exc:
         if spawned:
             raise  # from on_spawn: the caller's own failure, not the agent's

@@ -50,6 +50,10 @@ class HeldRun:
     state: str = "queued"
     started_at: float | None = None
     stop_outcome: Outcome | None = None
+    #: The run's last agent has exited and its outcome is known (set by the runner
+    #: alone): a cancel or a stop that comes now changes nothing, and the run is
+    #: reported as it finished (§6).
+    agent_ended: bool = False
     dropped: bool = False
     #: Where the run's report goes, kept while the body is not: a run whose body
     #: cannot be read back is still reported

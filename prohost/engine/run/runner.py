@@ -36,7 +36,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import attrs
 import trio
@@ -62,6 +62,7 @@ from prohost.engine.run.confine import (
     confine,
     confined_env,
 )
+from prohost.engine.run.ending import Ending, RecordsTotals, Tally
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -116,78 +117,6 @@ async def _post_timeline(
         await batcher.run(task_status=task_status)
     except Exception:
         log.exception("run %s: the timeline stopped; the run goes on without it", run_id)
-
-
-@attrs.define
-class _Tally:
-    """What the run's attempts so far add up to, kept while they go on (an
-    exception or a cancel still finds it)."""
-
-    #: Every attempt's usage, summed (§7: the run's ``usage`` is all of them).
-    spent: Usage = attrs.field(factory=Usage)
-    #: The last finished attempt's session running totals (a CLI reporting those).
-    totals: Usage | None = None
-    #: The attempt under way (or last made), for a CLI reporting running totals:
-    #: the session it resumed, what that session had reached before, and the
-    #: account's environment (where the CLI keeps its sessions).
-    attempt: tuple[str | None, Usage | None, Mapping[str, str]] | None = None
-
-
-@runtime_checkable
-class _RecordsTotals(Protocol):
-    """A brain whose CLI also records its session's running totals on disk, so a
-    turn that printed none (failed, timed out, stopped) can still be counted
-    (:meth:`prohost.engine.agent.brains.codex.CodexBrain.recorded_totals`)."""
-
-    def recorded_totals(self, session_id: str, env: Mapping[str, str]) -> Usage | None: ...
-
-
-@attrs.frozen
-class _Ending:
-    """How a run ended, before it is the one :class:`Outcome` reported: the words
-    of whoever ended it (``said``), and what the runner adds."""
-
-    said: Outcome
-    #: An attempt was made: the outcome names its account, and the lane's turn
-    #: (its session, and that session's totals) is saved with ``finished``.
-    ran: bool = False
-    session_id: str | None = None
-    account: str | None = None
-    totals: Usage | None = None
-    #: The run's usage, duration (ms) and changes; ``None``: none to add (a run
-    #: stopped or never begun keeps what ``said`` has).
-    usage: Usage | None = None
-    duration_ms: int | None = None
-    changes: list[ChangeEntry] | None = None
-    #: The last account reached its usage limit: someone may still use the answer
-    #: from another account, later (a limit is never the run's own fault).
-    limited: bool = False
-    #: The run's agent was spawned confined or not (§13); ``None``: none spawned.
-    confined: bool | None = None
-
-    def outcome(self) -> Outcome:
-        """The outcome reported: made here, and only here, from what ended the run."""
-        said = self.said
-        return attrs.evolve(
-            said,
-            session_id=self.session_id,
-            account=self.account if self.ran else said.account,
-            usage=said.usage if self.usage is None else self.usage.known(),
-            duration_ms=said.duration_ms if self.duration_ms is None else self.duration_ms,
-            changes=said.changes if self.changes is None else self.changes,
-            retryable=said.retryable or self.limited,
-            confined=said.confined if self.confined is None else self.confined,
-        )
-
-    def lane_turn(self, lane: str) -> LaneTurn | None:
-        """What the lane keeps of this run (``None``: no agent was tried, so the
-        lane's session stays as it was)."""
-        if not self.ran or self.account is None:
-            return None
-        totals = None if self.totals is None else json.dumps(self.totals.to_json())
-        # The lane's next turn resumes whatever session this one ended with, failed
-        # or not; a rejected session that was replaced is forgotten here too.
-        return LaneTurn(lane, self.account, self.session_id, totals)
 
 
 def _paths_of(exc: BaseException) -> list[object]:
@@ -351,12 +280,12 @@ class Runner:
 
         Cancelled: as :meth:`_start`; the lane's session is not touched.
         """
-        tally = _Tally()
+        tally = Tally()
         try:
             ending = await self._execute(held, timeline, tally)
         except Exception as exc:
             progress = held.progress
-            ending = _Ending(self._internal_error(held, exc), ran=progress.attempts > 0,
+            ending = Ending(self._internal_error(held, exc), ran=progress.attempts > 0,
                              session_id=progress.session_id, account=progress.account,
                              totals=tally.totals, confined=self._confined(progress.attempts))
         return ending.outcome(), ending.lane_turn(held.lane)
@@ -406,14 +335,14 @@ class Runner:
         return places
 
     async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
-                       tally: _Tally) -> _Ending:
+                       tally: Tally) -> Ending:
         """The run's account, then its attempts (:meth:`_start`); a stop's outcome
         when ``held.exec_scope`` was cancelled meanwhile.
 
         Cancelled from outside: as :meth:`_start`.
         """
         run = held.run
-        ending: _Ending | None = None
+        ending: Ending | None = None
         with held.exec_scope:
             lane_account = None
             if len(self.book.accounts) > 1:
@@ -422,32 +351,57 @@ class Runner:
             chosen = await self.gate.wait_for_account(held.run_id, held.progress,
                                                       lane_account)
             if isinstance(chosen, Outcome):
-                ending = _Ending(chosen)
+                ending = Ending(chosen)
             else:
                 ending = await self._start(held, timeline, chosen, tally)
         if ending is None:  # the exec scope was cancelled: a cancel or a stop
             if held.stop_outcome is None:
                 raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
                                    "an outcome to report")
-            progress = held.progress
-            usage = None
-            if tally.totals is None and progress.session_id is not None:
-                # The stopped turn printed no totals (§7): as for a failed one.
-                share = await self._unreported(held.run_id, progress.session_id, tally)
-                usage = None if share is None else tally.spent + share
-            return _Ending(held.stop_outcome, ran=progress.attempts > 0,
-                           session_id=progress.session_id, account=progress.account,
-                           totals=tally.totals, usage=usage,
-                           confined=self._confined(progress.attempts))
+            return await self._stopped(held, held.stop_outcome, tally)
         return ending
+
+    async def _stopped(self, held: HeldRun, said: Outcome, tally: Tally) -> Ending:
+        """The ending of a run whose agent a cancel or a stop ended: like every other
+        (§7), with what the run changed, how long it ran and what it spent; a spend
+        the CLI never said (a stopped turn that printed no totals, whose totals
+        cannot be read where the CLI records them) is flagged
+        ``includes_earlier_turns`` on the lane's next turn (:meth:`_unreported`).
+
+        Cancelled (the stop's deadline): the changes are not read, nothing else
+        waits."""
+        progress = held.progress
+        usage = tally.spent
+        if tally.totals is None and progress.session_id is not None and progress.attempts:
+            # The stopped turn printed no totals (§7): as for a failed one.
+            share = await self._unreported(held.run_id, progress.session_id, tally)
+            if share is not None:
+                usage = usage + share
+        duration_ms = changes = None
+        if tally.began is not None:
+            duration_ms = round((trio.current_time() - tally.began) * 1000)
+            if tally.changes is not None:
+                # Within a stop's window (the second signal's 5 s), a second is kept
+                # for `finished` and the report: changes cut short are left out.
+                with trio.move_on_at(trio.current_effective_deadline() - 1.0):
+                    try:
+                        changes = await tally.changes()
+                    except Exception:  # the report goes on without them: logged
+                        log.exception("run %s: could not read what it changed",
+                                      held.run_id)
+        return Ending(said, ran=progress.attempts > 0,
+                      session_id=progress.session_id, account=progress.account,
+                      totals=tally.totals, usage=usage if tally.began is not None else None,
+                      duration_ms=duration_ms, changes=changes,
+                      confined=self._confined(progress.attempts))
     async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
-                     account: Account, tally: _Tally) -> _Ending:
+                     account: Account, tally: Tally) -> Ending:
         """:meth:`_begin` (each attempt makes its own confinement). Cancelled: as
         :meth:`_begin`."""
         return await self._begin(held, timeline, account, tally)
 
     async def _begin(self, held: HeldRun, timeline: ToolEventSink | None,
-                     account: Account, tally: _Tally) -> _Ending:
+                     account: Account, tally: Tally) -> Ending:
         """``started``, then the run's checkouts, prompt and working folder, then its
         attempts on ``account`` and, while each ends at its account's usage limit,
         on the next account the book offers (fresh session there; none left: wait
@@ -474,17 +428,18 @@ class Runner:
             progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
                               f" (resuming session {session})" if session else "")
         # The budget starts now, not at spawn: preparing the run is part of it.
-        began = trio.current_time()
+        began = tally.began = trio.current_time()
         timeout_s = setup.spec.timeout_s
         deadline = began + timeout_s if timeout_s > 0 else math.inf
 
         def ended(said: Outcome, *, changes: list[ChangeEntry] | None = None,
-                  **more: Any) -> _Ending:
-            return _Ending(said, usage=tally.spent, changes=changes,
+                  **more: Any) -> Ending:
+            return Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)
 
         checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env, self.sandbox,
                                   self.scratch_root)
+        tally.changes = checkouts.changes  # a cancel or a stop reads them too (§7)
         if self.worktrees is not None:
             progress.preparing = "preparing the private checkouts"
             ready = await checkouts.prepare(run, deadline)
@@ -549,7 +504,9 @@ class Runner:
                                                    deadline)
                 except ConfinementFailed as exc:
                     # Never unconfined in its place: the run fails, saying why (§13).
-                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}"),
+                    # Nothing ran and the fault is this machine's (a hung or failing
+                    # disk): retryable, like a `started` that could not be written.
+                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}", retryable=True),
                                  changes=await checkouts.changes(), ran=bool(tried),
                                  session_id=session if tried else None,
                                  account=progress.account, totals=tally.totals)
@@ -602,6 +559,9 @@ class Runner:
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
                 if following is None:
+                    # The agent has ended with its outcome: a cancel or a stop that
+                    # comes while its changes are read changes nothing (§6).
+                    held.agent_ended = True
                     return ended(outcome, changes=await checkouts.changes(),
                                  ran=True, session_id=result.session_id,
                                  account=account.name, totals=tally.totals,
@@ -629,11 +589,11 @@ class Runner:
             lane=run.lane)
         return await confine(self.sandbox, places, deadline, self.setup.bounds)
 
-    def _over_budget(self, tally: _Tally) -> Outcome:
+    def _over_budget(self, tally: Tally) -> Outcome:
         """The run reached its budget (§12), in words of its own: the budget in force
         and what the whole run spent, the figure its ``usage.cost_usd`` says, not the
         last attempt's. The rest (session, usage, duration, account) is added where
-        every outcome is finished, :meth:`_Ending.outcome`."""
+        every outcome is finished, :meth:`Ending.outcome`."""
         return Outcome.failure(budget_reached(self.setup.brain.budget_in_force(),
                                               tally.spent.cost_usd))
 
@@ -683,7 +643,7 @@ class Runner:
                         run_id, session_id, exc)
             return Usage()
 
-    async def _unreported(self, run_id: str, session_id: str, tally: _Tally) -> Usage | None:
+    async def _unreported(self, run_id: str, session_id: str, tally: Tally) -> Usage | None:
         """This attempt's share of ``session_id``'s running totals when its CLI
         printed none (Codex reports a turn's usage only when it completes): read
         from where the CLI records them (Codex's session rollout file), less what
@@ -700,7 +660,7 @@ class Runner:
         known = before if session_id == resumed and before is not None else Usage()
         brain = self.setup.brain
         recorded = None
-        if isinstance(brain, _RecordsTotals):
+        if isinstance(brain, RecordsTotals):
             try:
                 # Abandoning it is safe: a read of the CLI's own file.
                 recorded = await self.setup.bounds.file_step(

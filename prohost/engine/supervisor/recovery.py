@@ -94,8 +94,11 @@ class Recovery:
                                       what=f"looking for run {row.run_id}'s leftover agent")
             except StepTimedOut as exc:
                 log.warning("%s", exc)
-            log.warning("run %s was running when the harness stopped; reporting it",
-                        row.run_id)
+            # Its agent's usage was never read: the lane's next turn, whose CLI may
+            # count it in its running totals (Codex), says so (§7).
+            await self.steps.interrupted_turn(row.lane)
+            log.warning("run %s was %s when the harness stopped; reporting it", row.run_id,
+                        "being cancelled" if row.outcome is not None else "running")
             self.carry_on(held, row, interrupted=RESTARTED)
         for row in recovery.outbox:
             held = await self.held_from(row)
@@ -138,14 +141,19 @@ class Recovery:
                  interrupted: str = INTERRUPTED) -> None:
         """Hold a ledger row's run again and take it on from where the ledger has it:
         a saved outcome is reported as it is, an accepted run is queued (or, during
-        a drain, reported not started), and a run that had started is reported with
-        ``interrupted`` (retryable), since nothing in this process is running it. A
+        a drain, reported not started), a run that had started is reported with
+        ``interrupted`` (retryable), since nothing in this process is running it, and
+        one whose cancel the ledger kept is reported cancelled (§6). A
         saved outcome that cannot be read back is reported as
         :data:`~prohost.wire.outcomes.UNREADABLE_OUTCOME` (retryable)."""
         self.runs.hold(held)
         if row.state is RunState.FINISHED and row.outcome is not None:
             self.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
                         finished_at=row.finished_at)
+        elif row.outcome is not None:
+            # A cancel the ledger kept before the agent was stopped (§6): final,
+            # whatever ended the process since; never queued or run again.
+            self.settle(held, saved_outcome(row.run_id, row.outcome))
         elif row.state is not RunState.ACCEPTED:
             self.settle(held, Outcome.failure(interrupted, retryable=True))
         else:
@@ -264,6 +272,16 @@ def kill_leftover(row: LedgerRow) -> None:
     reused by another process) while a later attempt's agent (a fail-over to another
     account, a fresh-session retry) lives on; reported "restarted" and retried by
     the server, the run would then run twice at once.
+
+    Why the durable ``record_pgid`` step stays (issue 37 point 10, decided): the
+    search below finds every group the recorded one would, on Linux (``/proc``) and
+    on macOS (``ps``) alike, so the step earns no recovery there but one: the
+    recorded group's members are read again while one is caught inside ``execve``
+    (an empty environment, :func:`process_belongs_to_run`), where the search reads
+    each process once. It is kept because docs/protocol.md §7 makes it normative
+    ("recorded durably ... so that a restart can always find it"); it does not save
+    the search's cost (one scan per interrupted run, at start only; the search is
+    never skipped, see above). Dropping it would need §7 changed first.
 
     Blocking (it may read /proc or run ps): call it in a worker thread.
     """

@@ -326,3 +326,44 @@ async def test_limit_wait_counts_afresh_each_time_every_account_is_limited(
     assert gate.limit_wait_deadline() is None
     book.report("solo", LimitNotice("limited", resets_at=1300.0), now[0])
     assert gate.limit_wait_deadline() == trio.current_time() + 60
+
+
+async def test_an_account_repeating_a_passed_reset_keeps_the_run_waiting(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 37 point 9: a and b are limited; a's reset passes, a is tried again and
+    # answers the same (now past) reset time. That time is unknown, not now: the
+    # run keeps waiting within --limit-wait instead of being handed back.
+    accounts = folders(tmp_path, "a", "b")
+    folder = dict(accounts)
+    home = tmp_path / "home"
+    clock = trio_epoch()
+    a_resets = clock() + 1.5
+    (folder["a"] / "limit").write_text(f"{int(a_resets)} legacy\n")
+    limit(folder["b"], clock() + 3600)
+    async with wall_clock_bound(120), running_server() as server:
+        run_id = await server.submit_run("soon", conversation_id="S")
+        seed(home, server, [run_id], {"a": a_resets, "b": clock() + 3600})
+        async with running_harness(
+            server, home, exec_command=FAKE_CLAUDE, brain="claude",
+            env=claude_env(tmp_path), accounts=accounts, limit_wait_s=600, clock=clock,
+        ) as running:
+            harness = running.harness
+
+            def tried_then_waiting(h: Any) -> bool:
+                held = h.held.get(run_id)
+                return held is None or (held.progress.attempts >= 1
+                                        and held.progress.waiting_until is not None)
+
+            await harness.wait_until(lambda h: any(
+                held.progress.waiting_until is not None for held in h.held.values()))
+            mock_clock.jump(2)  # a's reset passes; a still refuses, saying the same
+            await harness.wait_until(tried_then_waiting)
+            assert server.run(run_id).completion is None, server.run(run_id).completion
+            assert accounts_used(tmp_path) == ["a"]
+            (folder["a"] / "limit").unlink()  # a is free at last
+            mock_clock.jump(60)  # tried again after the backoff
+            await server.wait_until(finished(run_id))
+    completion = server.run(run_id).completion
+    assert completion is not None and completion["ok"] is True, completion
+    assert accounts_used(tmp_path) == ["a", "a"]

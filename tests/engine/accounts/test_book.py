@@ -119,10 +119,19 @@ def test_a_limit_without_a_reset_time_is_left_alone_for_an_hour() -> None:
     assert accounts.usable("work", T0 + UNKNOWN_RESET_S)
 
 
-def test_a_limit_whose_reset_has_already_passed_limits_nothing() -> None:
+def test_a_limit_whose_reset_has_already_passed_is_a_limit_of_unknown_end() -> None:
+    # Issue 37 point 9: the CLI repeats a reset time that has passed while the
+    # account is still limited: it is tried again after a backoff, doubling.
     accounts = book("work")
-    assert accounts.report("work", limited(T0 - 5), T0) is False
-    assert accounts.usable("work", T0)
+    assert accounts.report("work", limited(T0 - 5), T0) is True
+    assert not accounts.usable("work", T0 + 59)
+    assert accounts.usable("work", T0 + 60)
+    accounts.report("work", limited(T0 - 5), T0 + 60)
+    assert not accounts.usable("work", T0 + 60 + 119)
+    assert accounts.usable("work", T0 + 60 + 120)
+    accounts.report("work", limited(T0 + 9000), T0 + 200)  # a real reset again
+    accounts.report("work", limited(T0 - 5), T0 + 9000)
+    assert accounts.usable("work", T0 + 9000 + 60)  # the backoff started anew
 
 
 def test_a_warning_is_recorded_not_acted_on() -> None:

@@ -243,3 +243,36 @@ async def test_the_plain_log_says_what_a_finished_run_cost_and_how_long_it_took(
         else f"{row.duration_s:.1f} s"
     [line] = [line for line in describe_change(before, after) if line.startswith("✓")]
     assert line == f"✓ run {row.run_id} (C1) finished in {took}: 225 tokens · $0.0342"
+
+
+async def test_after_a_crash_in_a_codex_turn_the_next_turn_says_it_includes_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 37 point 4: turn 2 dies with its harness (cancelled from outside, as a
+    kill -9 leaves it: ``started`` in the ledger) after its tokens were counted;
+    the restart reports it "restarted", and turn 3's running totals hold turn 2's
+    tokens too, which its figures must say (§7 ``includes_earlier_turns``)."""
+    program = install(tmp_path, CODEX)
+    env, codex_home = codex_env(tmp_path)
+    home = tmp_path / "home"
+    turnstile = Turnstile()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(turnstile.serve)
+            env["FAKE_CODEX_GATE"] = str(turnstile.port)
+            async with running_server() as server:
+                async with running_harness(server, home, exec_command=str(program),
+                                           env=env) as running:
+                    await turn(running, "turn 1")
+                    (codex_home / "hang_turn").write_text("1\n")
+                    crashed = await server.submit_run("turn 2", conversation_id="C1")
+                    await turnstile.next()
+                async with running_harness(server, home, exec_command=str(program),
+                                           env=env) as restarted:
+                    await server.wait_until(finished(crashed))
+                    three = await turn(restarted, "turn 3")
+                    four = await turn(restarted, "turn 4")
+            nursery.cancel_scope.cancel()
+    assert server.run(crashed).completion["error"].startswith("the harness restarted")
+    assert three["usage"] == TWO_CODEX_TURNS
+    assert four["usage"] == CODEX_RUN

@@ -104,3 +104,40 @@ async def test_a_file_name_that_is_not_utf8_is_reported_with_u_fffd(tmp_path: Pa
     assert done["changes"][0]["files"] == [
         {"path": "bad\ufffd", "change": "added", "added": 1, "removed": 0,
          "committed": False}]
+
+
+async def test_files_a_gitignore_edit_hides_or_uncovers_are_neither_added_nor_deleted(
+    tmp_path: Path,
+) -> None:
+    # Issue 37 point 6: a turn that only adds gen/ to .gitignore reported every file
+    # in gen/ deleted; the turn that takes it out again, added.
+    app = await make_readme_repo(tmp_path / "code" / "app")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("editor.py"),
+            repos=(app,),
+        ):
+            made = await turn(server, "create:gen/a.txt create:gen/sub/b.txt")
+            hidden = await turn(server, "ignore:gen/")
+            uncovered = await turn(server, "unignore:gen/")
+    assert [f["path"] for f in made["changes"][0]["files"]] == ["gen/a.txt", "gen/sub/b.txt"]
+    for done in (hidden, uncovered):
+        assert [(f["path"], f["change"]) for f in done["changes"][0]["files"]] == [
+            (".gitignore", "added" if done is hidden else "modified")], done["changes"]
+
+
+async def test_a_committed_rename_is_reported_committed(tmp_path: Path) -> None:
+    # Issue 37 point 11: a rename the run committed differs from nothing in head.
+    app = await make_readme_repo(tmp_path / "code" / "app")
+    await trio.Path(app / "old.txt").write_text("x\n")
+    await git(app, "add", "old.txt")
+    await git(app, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "o")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, tmp_path / "home", exec_command=agent_command("editor.py"),
+            repos=(app,),
+        ):
+            done = await turn(server, "move:old.txt:new.txt commit")
+    assert done["changes"][0]["files"] == [
+        {"path": "new.txt", "change": "renamed", "from": "old.txt", "added": 0,
+         "removed": 0, "committed": True}]

@@ -181,7 +181,13 @@ async def test_mcp_config_is_private_and_removed_after_the_run(tmp_path: Path) -
             server_config = seen["mcp_config"]["mcpServers"]["prohost"]
             assert server_config["headers"]["Authorization"] == "Bearer t0k3n"
             assert seen["mcp_config_mode"] == 0o600
-            assert not (home / "runs" / run_id).exists()
+            # Removed after the run, with the run's folder it was in (named by a
+            # digest of the run id, not the id: issue 37 point 11).
+            config = Path(seen["mcp_config_path"])
+            assert (home / "runs") in config.parents
+            assert not await trio.Path(config).exists()
+            run_folder = home / "runs" / config.relative_to(home / "runs").parts[0]
+            assert not await trio.Path(run_folder).exists()
 
 
 @pytest.mark.protocol("§5")
