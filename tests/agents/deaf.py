@@ -26,8 +26,10 @@ if folder:
     env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
     env.update(GIT_AUTHOR_NAME="agent", GIT_AUTHOR_EMAIL="agent@example.com",
                GIT_COMMITTER_NAME="agent", GIT_COMMITTER_EMAIL="agent@example.com")
+    # Hidden entries are the harness's (the conversation's own repositories).
     checkout = next(path for name in sorted(os.listdir(folder))
-                    if os.path.isdir(path := os.path.join(folder, name)))
+                    if not name.startswith(".")
+                    and os.path.isdir(path := os.path.join(folder, name)))
     with open(os.path.join(checkout, f"work-{run_id}.txt"), "w") as file:
         file.write("done\n")
     for args in (["add", "-A"], ["commit", "-qm", "agent work"]):
