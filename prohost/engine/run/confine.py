@@ -66,6 +66,8 @@ from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
+from prohost.engine.sandbox.policy import is_within
+from prohost.execline import program_index, split_command
 from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
@@ -96,6 +98,9 @@ class Sandbox:
     home: Path = Path("/nonexistent")
     #: ``$HOME`` as the harness sees it: where ``~`` of the secrets and caches is.
     user_home: Path = Path("/nonexistent")
+    #: The files the ``--exec`` line names (:func:`command_paths`): readable to
+    #: every run, so an agent kept in a folder the view empties (``/tmp``) starts.
+    command: tuple[Path, ...] = ()
 
     @classmethod
     def start(cls, options: Options, env: Mapping[str, str]) -> Sandbox:
@@ -105,7 +110,8 @@ class Sandbox:
         home = env.get("HOME")
         return cls(mode=options.sandbox, support=support, allow_write=options.allow_write,
                    allow_read=options.allow_read, home=options.home,
-                   user_home=Path(home) if home else Path.home())
+                   user_home=Path(home) if home else Path.home(),
+                   command=command_paths(options.exec_command, env))
 
     def close(self) -> None:
         """Nothing is kept between runs: here for the harness's exit."""
@@ -137,6 +143,29 @@ class Sandbox:
 
 #: A sandbox that confines nothing (``--sandbox off``): the runner's when given none.
 SANDBOX_OFF = Sandbox(mode="off", support=None)
+
+
+def command_paths(exec_line: str, env: Mapping[str, str]) -> tuple[Path, ...]:
+    """The files an ``--exec`` line names, as real paths: its program (found on the
+    ``PATH`` of ``env`` when it is a bare name) and every word that is an absolute
+    path to something that exists (an interpreter's script). The person chose them
+    to run, so every run may read them, even where the confinement's view empties
+    a folder (``/tmp``, ``/run``: an agent in ``/tmp/tools/bin``, or a checkout of
+    prohost's own tests cloned under ``/tmp``). One inside a hidden place stays
+    hidden (:func:`policy_for` drops it). Blocking: it looks the words up once, at
+    the harness's start."""
+    words = split_command(exec_line)
+    found: list[Path] = []
+    index = program_index(words)
+    if index is not None:
+        program = shutil.which(words[index], path=env.get("PATH"))
+        if program is not None:
+            found.append(Path(program))
+    found += [Path(word) for word in words if word.startswith("/") and os.path.exists(word)]
+    # Each as named (so a folder the view empties shows the entry holding it) and
+    # as its real path (so a link's target is there too).
+    every = [*found, *(Path(os.path.realpath(path)) for path in found)]
+    return tuple(dict.fromkeys(every))
 
 
 @attrs.frozen
@@ -408,6 +437,8 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
         writable.append(places.workdir)
     home = sandbox.user_home
     hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
+    readable += [path for path in sandbox.command
+                 if not any(is_within(path, Path(os.path.realpath(place))) for place in hidden)]
     overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
     own = agent_folders(places.brain, places.env, home, sandbox.home,
                         work=work if overlays else None, hidden=tuple(hidden),
