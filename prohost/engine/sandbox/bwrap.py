@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import attrs
 
 from prohost.engine.sandbox.policy import Policy, real_pairs
 
@@ -80,6 +83,7 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
     found += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     found += ["--bind", str(tmpdir), "/tmp"] if tmpdir is not None else ["--tmpfs", "/tmp"]
     found += ["--tmpfs", "/run"]
+    policy = _with_own_installation(policy)
     resolver = os.path.realpath("/etc/resolv.conf")
     if resolver.startswith("/run/") and os.path.isfile(resolver):
         found += ["--ro-bind", resolver, resolver]
@@ -90,6 +94,25 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
     for place in places.hidden_folders:
         found += ["--remount-ro", place]
     return found
+
+
+def _own_installation() -> tuple[str, ...]:
+    """This program's own installation: the Python running it and prohost's code
+    (real paths). The agents of ``prohost demo`` (and of this project's tests) are
+    this Python, and a person may keep it where the view empties a folder (a clone
+    under ``/tmp``), so every run may read it there too."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    places = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.executable, package)
+    return tuple(dict.fromkeys(os.path.realpath(place) for place in places if place))
+
+
+def _with_own_installation(policy: Policy) -> Policy:
+    """``policy`` with :func:`_own_installation` readable, but for a part inside one
+    of its hidden places (a readable grant wins over a hidden place around it)."""
+    hidden = [os.path.realpath(place) for place in policy.hidden]
+    own = [Path(place) for place in _own_installation()
+           if not any(place == h or place.startswith(h.rstrip("/") + "/") for h in hidden)]
+    return attrs.evolve(policy, readable=(*policy.readable, *own))
 
 
 #: The order of steps on one path: hidden first, so that a grant of the same path wins.

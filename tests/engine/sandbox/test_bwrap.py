@@ -122,3 +122,36 @@ def test_an_overlay_shows_the_person_s_folder_and_keeps_the_run_s_writes(home: H
     second = attrs.evolve(policy, overlays=[(person, upper, work / "2")])
     assert run(second, ["cat", f"{person}/made", f"{person}/settings.json"]) == "run\nchanged"
     assert probe(second, "read", person / "secret" / "key") in {"ENOENT", "EACCES"}
+
+
+SHOW_OWN = """
+import subprocess, sys
+from prohost.engine.sandbox import Policy, bwrap
+argv = [bwrap.find(), *bwrap.arguments(Policy(), tmpdir=None), "--",
+        sys.executable, "-c", "import prohost, trio; print('started')"]
+sys.exit(subprocess.run(argv).returncode)
+"""
+
+
+@needs_bwrap
+def test_prohost_s_own_python_is_seen_even_where_the_view_empties_its_folder() -> None:
+    """A Python kept under /tmp (a clone of prohost there, its venv in it): the
+    agents of ``prohost demo`` are that Python, and every run can start it,
+    though the rest of /tmp stays out of sight."""
+    import shutil
+    import tempfile
+    import venv
+
+    folder = Path(tempfile.mkdtemp(prefix="prohost-own-", dir="/tmp"))
+    try:
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(folder / "venv")
+        site = next((folder / "venv" / "lib").glob("python3*/site-packages"))
+        # This venv finds prohost and its dependencies where the test's Python has them.
+        here = [path for path in sys.path if path.endswith("site-packages")]
+        (site / "own.pth").write_text("\n".join(here) + "\n")
+        done = subprocess.run([str(folder / "venv" / "bin" / "python"), "-c", SHOW_OWN],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "started\n"
