@@ -486,6 +486,8 @@ class RunConfinement:
 def remove_work_folders(folder: Path) -> None:
     """Remove ``folder`` (``<work>/<index>``, each holding overlayfs's own ``work``
     at mode 0) with what overlayfs left in it. Never raises. Blocking."""
+    if not os.path.lexists(folder):
+        return  # none made (no overlay): the usual case, with no glob to pay for
     with contextlib.suppress(OSError):
         for entry in folder.glob("*/*"):
             if not entry.is_symlink() and entry.is_dir():
@@ -582,8 +584,9 @@ def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
     """The variables that point a run's tools at the harness's caches under
     ``root`` (:data:`~prohost.engine.sandbox.defaults.CACHE_VARIABLES`), with Maven's
     local repository added to ``env``'s ``MAVEN_OPTS``."""
-    result = {name: str(root / folder) for name, folder in defaults.CACHE_VARIABLES.items()}
-    maven = f"-Dmaven.repo.local={root / defaults.MAVEN_REPOSITORY}"
+    base = str(root)
+    result = {name: f"{base}/{folder}" for name, folder in defaults.CACHE_VARIABLES.items()}
+    maven = f"-Dmaven.repo.local={base}/{defaults.MAVEN_REPOSITORY}"
     before = env.get("MAVEN_OPTS", "").strip()
     result["MAVEN_OPTS"] = f"{before} {maven}" if before else maven
     return result
