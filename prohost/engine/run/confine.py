@@ -496,8 +496,10 @@ def remove_work_folders(folder: Path) -> None:
 
 
 def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
-    """The attempt's confinement, made now, anew (nothing is kept between attempts:
-    what a run changed cannot carry a grant into the next). Blocking."""
+    """The attempt's confinement, made now, anew: every place a run can write is
+    looked at again (what a run changed cannot carry a grant into the next); only
+    what no run can change is made once per harness (:func:`cache_folders`,
+    :func:`hidden_places`). Blocking."""
     tmpdir = places.scratch / TMP_NAME
     make_private_folder(tmpdir)
     if places.workdir is not None:

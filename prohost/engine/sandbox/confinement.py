@@ -146,8 +146,9 @@ class Confinement:
 
 def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> Confinement:
     """The confinement for ``policy`` on this machine (unconfined where ``support`` is
-    none), made anew for each attempt: nothing is kept from one to the next, so
-    nothing a run changed can carry a grant to the next one. ``tmpdir``: the run's
+    none), made anew for each attempt, so nothing a run changed can carry a grant
+    to the next one (bubblewrap's kept resolution of the hidden places is used
+    only while every entry it looked up is unchanged: :mod:`.bwrap`). ``tmpdir``: the run's
     private ``TMPDIR`` (one of its writable places); bubblewrap's ``/tmp`` is an
     empty tmpfs of the run's own beside it, so that the mount points it makes
     there for places under the person's ``/tmp`` never reach the disk (removing
