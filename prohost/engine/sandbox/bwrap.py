@@ -115,6 +115,7 @@ class _Hidden:
         folders = set(self.folders)
         self.files = {place for place in self.places
                       if place not in folders and os.path.lexists(place)}
+        self.answer = (self.places, self.folders, self.files)
         #: What the answers depend on (``None``: not known, a loop of links).
         self.looked_up = None if UNKNOWN in looked_up else sorted(looked_up)
         self.key = _state(self.looked_up) if self.looked_up is not None else None
@@ -162,6 +163,13 @@ class _HiddenMemo:
                 and _state(known.looked_up) == known.key):
             return known
         made = _Hidden(given)
+        if made.key is None:
+            return made
+        # Its state was taken after its walk: resolved again after it, so that a
+        # change between the two (the person's) is never kept as the state's answer.
+        again = _Hidden(given)
+        if again.looked_up != made.looked_up or again.answer != made.answer:
+            return again
         with self._lock:
             if len(self._known) > 64:  # a test's many homes: never grows without end
                 self._known.clear()
