@@ -15,8 +15,8 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, without_paths
 from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
-from prohost.engine.run.confine import Sandbox
-from prohost.engine.sandbox import Policy, confined_command, defaults
+from prohost.engine.run.confine import Sandbox, hidden_places
+from prohost.engine.sandbox import Policy, confined_command
 from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
 
@@ -121,7 +121,7 @@ def git_confinement(sandbox: Sandbox) -> Confine | None:
     support = sandbox.support
     if support is None or support.kind != "bwrap" or not support.bwrap:
         return None
-    hidden = (sandbox.home, *(sandbox.user_home / secret for secret in defaults.SECRETS))
+    hidden = hidden_places(sandbox)
     program = support.bwrap
 
     def confine(argv: list[str], readable: Sequence[Path],

@@ -383,11 +383,24 @@ def _refuse_person_folder(seen: Path, name: str, info: os.stat_result,
 
 
 def cache_folders(home: Path) -> Path:
-    """The harness's cache folder for runs' tools (made, with each tool's folder)."""
+    """The harness's cache folder for runs' tools (made, with each tool's folder).
+
+    Made once per harness and home (about fifteen ``mkdir`` calls a run otherwise),
+    and again when the cache folder itself is gone (the person removed it; a run
+    cannot: it is a grant's root). A tool's folder a run removed is the tool's to
+    make again, inside the run's own grant. Blocking."""
     root = home / CACHE_FOLDER
+    key = str(root)
+    if key in _CACHES_MADE and os.path.isdir(key):
+        return root
     for name in (*defaults.CACHE_VARIABLES.values(), defaults.MAVEN_REPOSITORY):
         (root / name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    _CACHES_MADE.add(key)
     return root
+
+
+#: The cache folders made by :func:`cache_folders` (a set: adding is atomic).
+_CACHES_MADE: set[str] = set()
 
 
 class PlantedLink(ConfinementFailed):
@@ -398,18 +411,26 @@ def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
     """Raise :class:`PlantedLink` when a component of a grant, below one of ``roots``
     (places a run may write, and ``$PROHOST_HOME``), is a symbolic link: a run could
     have planted it there to widen a later run's grant (issue 36, attack 3). Looked
-    at with lstat, never followed. Blocking."""
+    at with lstat, never followed, every run (these are places a run may write).
+    Blocking. On strings: pathlib's parsing was most of its cost."""
+    root_paths = list(dict.fromkeys(os.path.normpath(root) for root in roots))
+    looked: dict[str, bool] = {}
     for grant in grants:
-        for root in roots:
-            if grant == root or root not in grant.parents:
+        path = os.path.normpath(grant)
+        for root in root_paths:
+            prefix = root if root.endswith("/") else root + "/"
+            if not path.startswith(prefix):
                 continue
             component = root
-            for name in grant.relative_to(root).parts:
-                component = component / name
-                try:
-                    linked = component.is_symlink()
-                except OSError:
-                    linked = False
+            for name in path[len(prefix):].split("/"):
+                component = f"{component.rstrip('/')}/{name}"
+                linked = looked.get(component)
+                if linked is None:
+                    try:
+                        linked = stat.S_ISLNK(os.lstat(component).st_mode)
+                    except OSError:
+                        linked = False
+                    looked[component] = linked
                 if linked:
                     log.warning("refusing to confine a run through %s: it is a symbolic "
                                 "link inside %s, where a run may write; remove it", component,
@@ -417,6 +438,26 @@ def refuse_planted_links(grants: list[Path], roots: list[Path]) -> None:
                     raise PlantedLink(
                         "one of its places would pass through a symbolic link where a run "
                         "may write (named in the harness's log): remove that link")
+
+
+def hidden_places(sandbox: Sandbox) -> tuple[Path, ...]:
+    """What every run of ``sandbox`` may not see: ``$PROHOST_HOME`` and the secret
+    stores under ``$HOME`` (as named: whether each exists, and where it leads, is
+    looked at every run, :mod:`prohost.engine.sandbox.bwrap`). Made once per harness."""
+    key = (sandbox.home, sandbox.user_home)
+    known = _HIDDEN.get(key)
+    if known is None:
+        known = (sandbox.home, *(sandbox.user_home / secret for secret in defaults.SECRETS))
+        if len(_HIDDEN) > 64:  # tests' many homes: never grows without end
+            _HIDDEN.clear()
+        _HIDDEN[key] = known
+    return known
+
+
+_HIDDEN: dict[tuple[Path, Path], tuple[Path, ...]] = {}
+
+
+_DEVICES = defaults.devices()
 
 
 def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None) -> Policy:
@@ -435,22 +476,21 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
             readable.append(places.lane_folder)
     elif places.workdir is not None:
         writable.append(places.workdir)
-    home = sandbox.user_home
-    hidden = [sandbox.home, *(home / secret for secret in defaults.SECRETS)]
+    hidden = hidden_places(sandbox)
     readable += [path for path in sandbox.command
                  if not any(is_within(path, Path(os.path.realpath(place))) for place in hidden)]
     overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
-    own = agent_folders(places.brain, places.env, home, sandbox.home,
-                        work=work if overlays else None, hidden=tuple(hidden),
+    own = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home,
+                        work=work if overlays else None, hidden=hidden,
                         lane=places.lane)
     # The places the harness chooses (the person's --workdir and --allow-write are
     # theirs, links and all): none passes through a link a run could have planted.
     chosen = [places.scratch, *own.writable, cache_folders(sandbox.home)]
     refuse_planted_links(chosen, [sandbox.home, *writable, *chosen, *sandbox.allow_write])
     writable += chosen
-    writable += [Path(device) for device in defaults.DEVICES]
+    writable += _DEVICES
     writable += sandbox.allow_write
-    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
+    return Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden,
                   mounts=own.mounts, overlays=own.overlays)
 
 
@@ -477,6 +517,8 @@ class RunConfinement:
 def remove_work_folders(folder: Path) -> None:
     """Remove ``folder`` (``<work>/<index>``, each holding overlayfs's own ``work``
     at mode 0) with what overlayfs left in it. Never raises. Blocking."""
+    if not os.path.lexists(folder):
+        return  # none made (no overlay): the usual case, with no glob to pay for
     with contextlib.suppress(OSError):
         for entry in folder.glob("*/*"):
             if not entry.is_symlink() and entry.is_dir():
@@ -485,8 +527,10 @@ def remove_work_folders(folder: Path) -> None:
 
 
 def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinement:
-    """The attempt's confinement, made now, anew (nothing is kept between attempts:
-    what a run changed cannot carry a grant into the next). Blocking."""
+    """The attempt's confinement, made now, anew: every place a run can write is
+    looked at again (what a run changed cannot carry a grant into the next); only
+    what no run can change is made once per harness (:func:`cache_folders`,
+    :func:`hidden_places`). Blocking."""
     tmpdir = places.scratch / TMP_NAME
     make_private_folder(tmpdir)
     if places.workdir is not None:
@@ -573,8 +617,9 @@ def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
     """The variables that point a run's tools at the harness's caches under
     ``root`` (:data:`~prohost.engine.sandbox.defaults.CACHE_VARIABLES`), with Maven's
     local repository added to ``env``'s ``MAVEN_OPTS``."""
-    result = {name: str(root / folder) for name, folder in defaults.CACHE_VARIABLES.items()}
-    maven = f"-Dmaven.repo.local={root / defaults.MAVEN_REPOSITORY}"
+    base = str(root)
+    result = {name: f"{base}/{folder}" for name, folder in defaults.CACHE_VARIABLES.items()}
+    maven = f"-Dmaven.repo.local={base}/{defaults.MAVEN_REPOSITORY}"
     before = env.get("MAVEN_OPTS", "").strip()
     result["MAVEN_OPTS"] = f"{before} {maven}" if before else maven
     return result

@@ -31,15 +31,16 @@ it is fixed here:
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import stat
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import attrs
-
-from prohost.engine.sandbox.policy import Policy, real_pairs
+from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_pairs
 
 #: Folders the view makes anew: a grant inside one would put the person's own back.
 _FRESH = ("/dev", "/proc")
@@ -78,12 +79,15 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
     a grant), its ``/tmp`` being ``tmpdir`` (a folder of the run's own) or else an
     empty tmpfs. ``network``: ``False`` cuts the run off the network (and so from
     every abstract Unix socket too). Blocking: it resolves every path (strings,
-    one memo of folders for them all: pathlib's parsing was most of the cost)."""
+    one memo of folders for them all: pathlib's parsing was most of the cost; the
+    hidden places' resolution is kept while what it looked up is unchanged,
+    :class:`_HiddenMemo`)."""
     found = namespaces(network=network)
-    found += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    found += _HEAD
     found += ["--bind", str(tmpdir), "/tmp"] if tmpdir is not None else ["--tmpfs", "/tmp"]
     found += ["--tmpfs", "/run"]
-    policy = _with_own_installation(policy)
+    # Looked at every run: the system may switch resolvers (a run cannot: /etc
+    # and /run are read-only to it).
     resolver = os.path.realpath("/etc/resolv.conf")
     if resolver.startswith("/run/") and os.path.isfile(resolver):
         found += ["--ro-bind", resolver, resolver]
@@ -96,6 +100,7 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
     return found
 
 
+@functools.cache
 def _own_installation() -> tuple[str, ...]:
     """This program's own installation: the Python running it and prohost's code
     (real paths). The agents of ``prohost demo`` (and of this project's tests) are
@@ -106,13 +111,86 @@ def _own_installation() -> tuple[str, ...]:
     return tuple(dict.fromkeys(os.path.realpath(place) for place in places if place))
 
 
-def _with_own_installation(policy: Policy) -> Policy:
-    """``policy`` with :func:`_own_installation` readable, but for a part inside one
-    of its hidden places (a readable grant wins over a hidden place around it)."""
-    hidden = [os.path.realpath(place) for place in policy.hidden]
-    own = [Path(place) for place in _own_installation()
-           if not any(place == h or place.startswith(h.rstrip("/") + "/") for h in hidden)]
-    return attrs.evolve(policy, readable=(*policy.readable, *own))
+#: The machine read-only, a fresh /dev and /proc: the same for every run.
+_HEAD = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc")
+
+
+class _Hidden:
+    """The hidden places made real: each once, and which of them are folders
+    (emptied by a tmpfs) and which other entries (a file: ``/dev/null`` over it)."""
+
+    def __init__(self, given: list[str]) -> None:
+        looked_up: set[str] = set()
+        real = [path for _, path in real_pairs(given, looked_up)]
+        self.places = list(dict.fromkeys(real))
+        self.folders = [place for place in self.places
+                        if not _under_fresh(place) and os.path.isdir(place)]
+        folders = set(self.folders)
+        self.files = {place for place in self.places
+                      if place not in folders and os.path.lexists(place)}
+        self.answer = (self.places, self.folders, self.files)
+        #: What the answers depend on (``None``: not known, a loop of links).
+        self.looked_up = None if UNKNOWN in looked_up else sorted(looked_up)
+        self.key = _state(self.looked_up) if self.looked_up is not None else None
+
+
+def _state(entries: list[str]) -> tuple[object, ...]:
+    """What the resolution of a path read of each of ``entries``: missing, a link
+    and where it leads, or the kind of file it is. The same state gives the same
+    real paths, folders and files (the resolution is a function of it alone)."""
+    found: list[object] = []
+    for entry in entries:
+        try:
+            mode = os.lstat(entry).st_mode
+        except OSError:
+            found.append(None)
+            continue
+        if stat.S_ISLNK(mode):
+            try:
+                found.append(("link", os.readlink(entry)))
+            except OSError:
+                found.append(("link", None))
+        else:
+            found.append(stat.S_IFMT(mode))
+    return tuple(found)
+
+
+class _HiddenMemo:
+    """The hidden places' resolution, kept per list of them. Nothing a run can
+    write decides it (outside its places the machine is read-only to it, and a
+    grant holding a hidden place is refused at start), but the person can: a
+    secret store made after the harness started (``~/.aws`` made later) must be
+    hidden from the next run. So every use looks at each entry the resolution
+    looked up (an lstat each, a readlink for a link) and resolves again when one
+    changed; only the walk itself is saved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, ...], _Hidden] = {}
+
+    def of(self, given: list[str]) -> _Hidden:
+        key = tuple(given)
+        with self._lock:
+            known = self._known.get(key)
+        if (known is not None and known.looked_up is not None
+                and _state(known.looked_up) == known.key):
+            return known
+        made = _Hidden(given)
+        if made.key is None:
+            return made
+        # Its state was taken after its walk: resolved again after it, so that a
+        # change between the two (the person's) is never kept as the state's answer.
+        again = _Hidden(given)
+        if again.looked_up != made.looked_up or again.answer != made.answer:
+            return again
+        with self._lock:
+            if len(self._known) > 64:  # a test's many homes: never grows without end
+                self._known.clear()
+            self._known[key] = made
+        return made
+
+
+_HIDDEN = _HiddenMemo()
 
 
 #: The order of steps on one path: hidden first, so that a grant of the same path wins.
@@ -122,14 +200,14 @@ _HIDE, _READ, _WRITE, _MOUNT = range(4)
 class _Places:
     """A policy's places on real paths (strings), and the mounts that make them."""
 
-    def __init__(self, hidden: list[str], readable: list[str], writable: list[str],
+    def __init__(self, hidden: _Hidden, readable: list[str], writable: list[str],
                  mounts: list[tuple[str, str]],
                  overlays: list[tuple[str, str, str]] | None = None) -> None:
         self.hidden, self.readable, self.writable, self.mounts = (
-            hidden, readable, writable, mounts)
+            hidden.places, readable, writable, mounts)
         self.overlays = overlays or []
-        self.hidden_folders = [place for place in hidden
-                               if not _under_fresh(place) and os.path.isdir(place)]
+        self.hidden_folders = hidden.folders
+        self.hidden_files = hidden.files
 
     @classmethod
     def of(cls, policy: Policy) -> _Places:
@@ -137,20 +215,25 @@ class _Places:
         # files) needs no resolving. A link elsewhere that leads there gets nothing.
         writable = [str(path) for path in policy.writable]
         writable = [path for path in writable if not _under_fresh(path)]
-        every = [*map(str, policy.hidden), *map(str, policy.readable), *writable,
+        hidden = _HIDDEN.of([str(path) for path in policy.hidden])
+        every = [*map(str, policy.readable), *writable,
                  *(str(source) for source, _ in policy.mounts),
                  *(str(target) for _, target in policy.mounts),
                  *(str(folder) for triple in policy.overlays for folder in triple)]
         real = [path for _, path in real_pairs(every)]
-        counts = (len(policy.hidden), len(policy.readable), len(writable), len(policy.mounts))
-        hidden, real = real[:counts[0]], real[counts[0]:]
-        readable, real = real[:counts[1]], real[counts[1]:]
-        writable, real = real[:counts[2]], real[counts[2]:]
-        sources, real = real[:counts[3]], real[counts[3]:]
-        targets, real = real[:counts[3]], real[counts[3]:]
+        counts = (len(policy.readable), len(writable), len(policy.mounts))
+        readable, real = real[:counts[0]], real[counts[0]:]
+        writable, real = real[:counts[1]], real[counts[1]:]
+        sources, real = real[:counts[2]], real[counts[2]:]
+        targets, real = real[:counts[2]], real[counts[2]:]
         overlays = [(real[index], real[index + 1], real[index + 2])
                     for index in range(0, len(real), 3)]
-        return cls(list(dict.fromkeys(hidden)),
+        # prohost's own Python and code, but for what lies in a hidden place (a
+        # readable grant would show it).
+        readable += [place for place in _own_installation()
+                     if not any(place == h or place.startswith(h.rstrip("/") + "/")
+                                for h in hidden.places)]
+        return cls(hidden,
                    [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
                    [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
                    [(source, target) for source, target in zip(sources, targets, strict=True)
@@ -178,7 +261,7 @@ class _Places:
         for place in self.hidden:
             if place in folders:
                 add(_HIDE, ("--tmpfs", place), place)
-            elif os.path.lexists(place):
+            elif place in self.hidden_files:
                 add(_HIDE, ("--ro-bind", "/dev/null", place), place)
         for place in self.readable:
             add(_READ, ("--ro-bind", place, place), place)

@@ -180,7 +180,9 @@ def restrict_this_thread(ruleset_fd: int) -> None:
     it starts a process, which inherits them: so a fresh thread that calls this and
     then spawns gives a confined child with no code run in the child at all, and
     the rest of this process stays unconfined. Never call it on a thread that lives
-    on (trio's worker threads are reused). ``OSError`` when the kernel refuses.
+    on doing other work (trio's worker threads are reused); the one that lives on
+    to spawn bubblewrap's runs does nothing else (:mod:`.confinement`).
+    ``OSError`` when the kernel refuses.
     """
     if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _check(-1)

@@ -14,19 +14,24 @@ from pathlib import Path
 import attrs
 
 
+def _path(value: Path | str) -> Path:
+    # A Path is kept (immutable): parsing it again was most of a policy's making.
+    return value if isinstance(value, Path) else Path(value)
+
+
 def _paths(values: tuple[Path | str, ...] | list[Path | str]) -> tuple[Path, ...]:
-    return tuple(Path(value) for value in values)
+    return tuple(map(_path, values))
 
 
 def _triples(values: tuple[tuple[Path | str, Path | str, Path | str], ...]
              | list[tuple[Path | str, Path | str, Path | str]]
              ) -> tuple[tuple[Path, Path, Path], ...]:
-    return tuple((Path(lower), Path(upper), Path(work)) for lower, upper, work in values)
+    return tuple((_path(lower), _path(upper), _path(work)) for lower, upper, work in values)
 
 
 def _pairs(values: tuple[tuple[Path | str, Path | str], ...] | list[tuple[Path | str, Path | str]]
            ) -> tuple[tuple[Path, Path], ...]:
-    return tuple((Path(source), Path(target)) for source, target in values)
+    return tuple((_path(source), _path(target)) for source, target in values)
 
 
 @attrs.frozen

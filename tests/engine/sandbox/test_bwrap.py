@@ -155,3 +155,29 @@ def test_prohost_s_own_python_is_seen_even_where_the_view_empties_its_folder() -
         shutil.rmtree(folder, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "started\n"
+
+
+@needs_bwrap
+def test_a_secret_store_made_after_a_run_is_hidden_from_the_next(home: Home) -> None:
+    # The hidden places' resolution is kept between runs; the person's new
+    # ~/.gnupg (none when the first run started) must still be hidden from the next.
+    policy = home.policy()
+    secret = home.root / ".gnupg" / "private-keys-v1.d" / "key"
+    assert probe(policy, "read", secret) == "ENOENT"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("PRIVATE KEY\n")
+    assert probe(policy, "read", secret) in {"ENOENT", "EACCES"}
+    assert probe(policy, "write", home.root / ".gnupg" / "planted") == "EROFS"
+
+
+def test_a_secret_store_moved_behind_a_link_is_hidden_where_it_now_is(home: Home) -> None:
+    # The person moves ~/.aws and leaves a link: the next run's view hides where
+    # it leads (a link retargeted between runs is looked at again, never kept).
+    policy = home.policy()
+    before = bwrap.arguments(policy, tmpdir=None)
+    moved = home.root / "aws-elsewhere"
+    (home.root / ".aws").rename(moved)
+    (home.root / ".aws").symlink_to(moved)
+    after = bwrap.arguments(policy, tmpdir=None)
+    assert str(moved) not in before
+    assert after[after.index(str(moved)) - 1] == "--tmpfs"
