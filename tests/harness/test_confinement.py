@@ -295,15 +295,12 @@ async def test_a_confinement_that_cannot_be_made_fails_the_run_unstarted(
     spawning thread cannot enter them (both made to fail in the library's Python,
     not in the kernel), the run fails saying so, and its agent never ran."""
     from prohost.engine.run import confine
-    from prohost.engine.sandbox import confinement, landlock
+    from prohost.engine.sandbox import landlock
 
     if breakage == "prepare":
         monkeypatch.setattr(confine, "prepare", _cannot_prepare)
     else:
         monkeypatch.setattr(landlock, "restrict_this_thread", _cannot_enter)
-        # As in a fresh harness: no spawning thread has entered the scope-only
-        # domain yet (one that has stays in it, and spawns every run after).
-        monkeypatch.setattr(confinement, "_SPAWNERS", {})
     ran = world.logs / "ran.txt"
     with trio.fail_after(60):
         async with running_server() as server, world.harness(server, prober(f"write:ran:{ran}")):

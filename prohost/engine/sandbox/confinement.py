@@ -20,7 +20,6 @@ start and see it.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -72,21 +71,14 @@ class Confinement:
 
     def spawn_soon(self, start: Callable[[], T],
                    deliver: Callable[[T | None, BaseException | None], None]) -> None:
-        """Have a thread in the domain call ``start()`` and ``deliver`` (from that
-        thread) its result or what it raised (an ``OSError`` without ``start``
-        called when the domain could not be entered). Never blocks: the caller
-        needs no worker thread of its own to wait in.
+        """Have a fresh thread enter the domain, call ``start()`` and ``deliver``
+        (from that thread) its result or what it raised (an ``OSError`` without
+        ``start`` called when the domain could not be entered). Never blocks: the
+        caller needs no worker thread of its own to wait in."""
 
-        A fresh thread for a domain of this confinement's own; for the process's
-        one scope-only domain (bubblewrap's), its one spawning thread, which has
-        entered it once and does nothing but spawn (a thread started per spawn
-        cost the harness's loop its start handshake, under load a millisecond)."""
-
-        def confined(failed: BaseException | None = None) -> None:
+        def confined() -> None:
             try:
-                if failed is not None:
-                    raise failed
-                if fresh:
+                if self._ruleset is not None:
                     landlock.restrict_this_thread(fd)
                 result = start()
             except BaseException as error:  # handed to deliver: nobody joins this thread
@@ -95,10 +87,6 @@ class Confinement:
                 deliver(result, None)
 
         fd = self._ruleset.fd if self._ruleset is not None else -1
-        fresh = self._ruleset is not None and not self._shared
-        if self._ruleset is not None and self._shared:
-            _spawner(fd).submit(confined)
-            return
         threading.Thread(target=confined, name="prohost-confined-spawn", daemon=True).start()
 
     def spawn(self, start: Callable[[], T]) -> T:
@@ -186,56 +174,6 @@ def _scopes(abi: int) -> landlock.Ruleset | None:
         if not _SCOPE_RULESET:
             _SCOPE_RULESET.append(landlock.Ruleset(abi, files=False))
         return _SCOPE_RULESET[0]
-
-
-class _Spawner:
-    """The thread that spawns every run sharing the scope-only domain: it enters
-    that domain once, then only calls the spawns it is handed, in turn (a spawn
-    waits only for its child's ``exec``). Where it cannot enter the domain, it
-    fails what it was handed and ends: the next spawn starts another, which tries
-    again."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._jobs: queue.SimpleQueue[Callable[[BaseException | None], None]] = (
-            queue.SimpleQueue())
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[BaseException | None], None]) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, daemon=True,
-                                                name="prohost-confined-spawner")
-                self._thread.start()
-            self._jobs.put(job)
-
-    def _serve(self) -> None:
-        try:
-            landlock.restrict_this_thread(self._fd)
-        except OSError as error:
-            with self._lock:
-                self._thread = None  # the next submit starts another
-                while True:
-                    try:
-                        job = self._jobs.get_nowait()
-                    except queue.Empty:
-                        return
-                    job(error)
-        while True:
-            self._jobs.get()(None)
-
-
-_SPAWNERS: dict[int, _Spawner] = {}
-
-
-def _spawner(fd: int) -> _Spawner:
-    """The spawning thread of the shared ruleset ``fd`` (made on first use)."""
-    with _SCOPE_LOCK:
-        found = _SPAWNERS.get(fd)
-        if found is None:
-            found = _SPAWNERS[fd] = _Spawner(fd)
-        return found
 
 
 def prepare_landlock(policy: Policy, support: Support) -> Confinement:
