@@ -76,7 +76,6 @@ def run_agent_command(
         return 2
     signals.install()
     code = _run_agent(options, console=console, live=live)
-    signals.pause_for_tests()
     return signals.final_status(code)
 
 
