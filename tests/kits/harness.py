@@ -152,7 +152,7 @@ async def running_harness(
     exit_code: list[int] = []
     exited = trio.Event()
     try:
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
             harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger,
                               env=env, clock=clock)
 

@@ -114,7 +114,7 @@ async def test_an_unreadable_saved_outcome_waiting_in_the_outbox_is_reported(
                 leave_finished(ledger, server, run_id, '{"ok": tru')
             server.storm(503, count=1)  # the restart's one try at it
             with Ledger.open(home / "ledger.sqlite3") as ledger:
-                async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+                async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
                     # One try in the window, then the outbox; its timer never fires.
                     harness = Harness(
                         Options(home=home, machine="test", exec_command="false"),
