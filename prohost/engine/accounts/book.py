@@ -154,10 +154,6 @@ class AccountBook:
         self._expire(now)
         return self._standing[name].state
 
-    def usable(self, name: str, now: float) -> bool:
-        """Whether a run may start on ``name`` now (it is not limited)."""
-        return self.state(name, now) != "limited"
-
     def choose(self, now: float, *, lane_account: str | None = None,
                exclude: Collection[str] = ()) -> Account | None:
         """The account the next run should use, or ``None`` when none is usable.
