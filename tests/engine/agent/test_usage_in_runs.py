@@ -16,7 +16,7 @@ import trio
 
 from prohost.engine.view.changelines import describe_change
 from tests.kits.fake_clis import CLAUDE, CODEX, Turnstile, install, turn
-from tests.kits.harness import Running, finished, running_harness, running_server
+from tests.kits.harness import Running, finished, released, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§7")
 
@@ -152,7 +152,7 @@ async def cancelled_turn(running: Running, turnstile: Turnstile) -> dict[str, An
     await turnstile.next()
     await running.server.cancel_run(run_id, "never mind")
     await running.server.wait_until(finished(run_id))
-    await running.harness.wait_released(run_id)
+    await released(running.harness, run_id)
     return running.server.run(run_id).completion or {}
 
 

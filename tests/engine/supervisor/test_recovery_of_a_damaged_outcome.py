@@ -33,6 +33,7 @@ from tests.kits.harness import (
     endpoints_for,
     finished,
     pair_home,
+    released,
     running_harness,
     running_server,
 )
@@ -81,7 +82,7 @@ async def test_an_unreadable_saved_outcome_is_reported_and_the_rest_recovered(
             ) as running:
                 await server.wait_until(finished(*runs.values()))
                 for run_id in runs.values():
-                    await running.harness.wait_released(run_id)
+                    await released(running.harness, run_id)
                 ledger = running.ledger
                 assert ledger is not None
                 assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])

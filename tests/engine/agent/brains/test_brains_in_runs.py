@@ -30,6 +30,7 @@ from tests.kits.harness import (
     AGENTS,
     finished,
     messages,
+    released,
     running_harness,
     running_server,
     wall_clock_bound,
@@ -78,7 +79,7 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             fresh = completion["session_id"]
             assert fresh and fresh != "stale-session"
             assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
             assert running.ledger is not None
             assert running.ledger.session_for("conv:C1") == fresh
 
