@@ -48,7 +48,7 @@ from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
 from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
@@ -322,7 +322,7 @@ class Harness:
         self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
-            if held.state != "reporting" and not held.agent_ended:
+            if held.state is not Phase.REPORTING and not held.agent_ended:
                 # A cancel the run already holds stays its outcome (§6: a cancel is
                 # final): reported "stopped", retryable, the server would run the
                 # cancelled request again.
@@ -410,12 +410,12 @@ class Harness:
     def cancel(self, run_id: str, reason: str, *, quiet: bool = False) -> None:
         """Stop a run and report it cancelled (§6). Unknown runs are ignored."""
         held = self.held.get(run_id)
-        if held is not None and held.agent_ended and held.state != "reporting":
+        if held is not None and held.agent_ended and held.state is not Phase.REPORTING:
             # §6: an agent that had already exited with its reply is reported as
             # it finished (its changes are being read, its outcome written).
             log.info("ignored a cancel for run %s: its agent had already finished", run_id)
             return
-        if (held is None or held.state == "reporting"
+        if (held is None or held.state is Phase.REPORTING
                 or (held.stop_outcome is not None and held.stop_outcome.error != STOPPED)):
             (log.debug if quiet or held is not None else log.info)(
                 "ignored a cancel for run %s: not running here", run_id

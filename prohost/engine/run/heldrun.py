@@ -11,6 +11,7 @@ starts.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import attrs
@@ -20,7 +21,18 @@ from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
-__all__ = ["HeldRun"]
+__all__ = ["HeldRun", "Phase"]
+
+
+class Phase(enum.StrEnum):
+    """Where a held run is (§2's states, as heartbeats list them): queued →
+    preparing → running → reporting; a run reported without executing goes
+    straight to reporting. A ``str``, so that it is the heartbeat's word as it is."""
+
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    REPORTING = "reporting"
 
 
 @attrs.define(eq=False)
@@ -45,9 +57,8 @@ class HeldRun:
     #: by default); else ``None``, and the body is read back from the ledger (which
     #: has had it since before the ack).
     raw: str | None = None
-    #: queued | preparing | running | reporting; changed by the runner alone,
-    #: through :meth:`move_to`.
-    state: str = "queued"
+    #: Changed by the runner alone, through :meth:`move_to`.
+    state: Phase = Phase.QUEUED
     started_at: float | None = None
     stop_outcome: Outcome | None = None
     #: The run's last agent has exited and its outcome is known (set by the runner
@@ -77,9 +88,8 @@ class HeldRun:
                                "was read from the ledger")
         return self.body
 
-    def move_to(self, state: str, changed: Callable[[], None]) -> None:
-        """The run is now in ``state`` (queued → preparing → running → reporting; a
-        run reported without executing goes straight to reporting); ``changed`` is
+    def move_to(self, state: Phase, changed: Callable[[], None]) -> None:
+        """The run is now in ``state`` (see :class:`Phase`); ``changed`` is
         told, so heartbeats and the panel look again (also when the state stays: what
         goes with it, such as ``started_at``, may have changed). The runner's alone
         to call."""
@@ -126,15 +136,15 @@ class HeldRun:
             return None
         if progress.waiting_until is not None:
             return waiting_activity(progress.waiting_until)
-        if self.state == "preparing":  # what it prepares (its private checkouts, §5.1)
+        if self.state is Phase.PREPARING:  # what it prepares (its private checkouts, §5.1)
             return progress.preparing
-        return progress.activity if self.state == "running" else None
+        return progress.activity if self.state is Phase.RUNNING else None
 
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),
         so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
         waiting for an account's limit to reset also says so, §12)."""
-        if self.state == "queued":
+        if self.state is Phase.QUEUED:
             return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
         progress = self._progress
         return RunBeat(

@@ -71,7 +71,7 @@ from prohost.engine.run.execute import (
     execute,
     left_of,
 )
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.staging import (
     env_for,
@@ -235,7 +235,7 @@ class Runner:
         """``held`` will be reported without executing (cancelled while queued,
         drained, recovered after a restart): it is ``reporting`` from now on, so
         neither a cancel nor a stop reaches for an agent it will never have."""
-        held.move_to("reporting", self._on_change)
+        held.move_to(Phase.REPORTING, self._on_change)
 
     async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
                           finished_at: float | None = None,
@@ -256,7 +256,7 @@ class Runner:
                 await self._finish(held, outcome)
             else:
                 self._on_outcome(held, outcome)
-                held.move_to("reporting", self._on_change)
+                held.move_to(Phase.REPORTING, self._on_change)
             if lane_turn is not None:
                 await lane_turn()
             await self._report(held, outcome, finished_at)
@@ -415,13 +415,13 @@ class Runner:
         """
         run, progress = held.run, held.progress
         setup, steps = self.setup, self.steps
-        held.move_to("preparing", self._on_change)
+        held.move_to(Phase.PREPARING, self._on_change)
         session = await steps.started(run.run_id, run.lane, account.name)
         self.book.started(account.name, self.clock())
         # Still "preparing" while its private checkouts are made (§5.1): heartbeats
         # and the panel show why a run has no agent yet.
         held.started_at = time.time()
-        held.move_to("preparing" if self.worktrees is not None else "running",
+        held.move_to(Phase.PREPARING if self.worktrees is not None else Phase.RUNNING,
                      self._on_change)
         if progress_log.isEnabledFor(logging.INFO):  # its parts are made only to be shown
             named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
@@ -451,7 +451,7 @@ class Runner:
                     f"preparing the private checkouts took longer than the run's "
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
-            held.move_to("running", self._on_change)
+            held.move_to(Phase.RUNNING, self._on_change)
         prompt = prompt_for(run, setup.spec, checkouts.prepared, confined=self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
         try:
@@ -690,7 +690,7 @@ class Runner:
         the next start reports the run where the ledger has it.
         """
         self._on_outcome(held, outcome)
-        held.move_to("reporting", self._on_change)
+        held.move_to(Phase.REPORTING, self._on_change)
         await self.steps.finished(held.run_id, outcome.to_json(), turn)
 
     async def _report(self, held: HeldRun, outcome: Outcome,
