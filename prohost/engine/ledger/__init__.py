@@ -102,10 +102,11 @@ write can be the one under way at the bound.) Nobody else touches the write conn
 later writer waits for it at most :data:`LOCK_WAIT_S`, then fails every write it
 holds with :class:`LedgerError`.
 
-Retention (the exactly-once window): a reported run keeps its body and outcome for
-7 days (:data:`KEEP_BODIES_S`); then :meth:`Ledger.prune` empties them, leaving a
+Retention (the exactly-once window; the periods are
+:mod:`prohost.engine.retention`'s): a reported run keeps its body and outcome for
+7 days (``KEEP_RUNS_S``); then :meth:`Ledger.prune` empties them, leaving a
 tombstone — run id, state and when it was reported — for 30 days after the report
-(:data:`KEEP_TOMBSTONES_S`). Any redelivery within those 30 days is answered 204 and
+(``KEEP_TOMBSTONES_S``). Any redelivery within those 30 days is answered 204 and
 never runs. A redelivery later than that is executed again: the server must not
 redeliver a run it has seen reported for a month.
 """
@@ -120,14 +121,12 @@ from prohost.engine.ledger.rows import (
     UnreportedRuns,
 )
 from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION, LedgerUnavailable
-from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, AdmitTicket, Ledger
+from prohost.engine.ledger.store import AdmitTicket, Ledger
 from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
 
 __all__ = [
     "CLOSE_WAIT_S",
     "FILE_MODE",
-    "KEEP_BODIES_S",
-    "KEEP_TOMBSTONES_S",
     "LOCK_WAIT_S",
     "SCHEMA_VERSION",
     "AdmitTicket",

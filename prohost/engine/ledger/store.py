@@ -37,15 +37,10 @@ from prohost.engine.ledger.schema import (
 )
 from prohost.engine.ledger.sessions import SessionRows
 from prohost.engine.ledger.writer import Settling
+from prohost.engine.retention import KEEP_RUNS_S, KEEP_TOMBSTONES_S
 
 log = logging.getLogger("prohost.ledger")
 
-#: Reported runs keep their body and outcome this long (s): for people reading the
-#: ledger, and for `prohost agent status`.
-KEEP_BODIES_S = 7 * 86400.0
-#: Reported runs keep a tombstone (run id, state, when reported) this long (s), so a
-#: late redelivery is still answered 204 and never run twice.
-KEEP_TOMBSTONES_S = 30 * 86400.0
 
 
 class AdmitTicket:
@@ -408,7 +403,7 @@ class Ledger(SessionRows):
     def prune(
         self,
         now: float,
-        older_than_s: float = KEEP_BODIES_S,
+        older_than_s: float = KEEP_RUNS_S,
         forget_after_s: float = KEEP_TOMBSTONES_S,
     ) -> int:
         """Empty reported runs older than ``older_than_s``; forget them after ``forget_after_s``.

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admitted, Ledger, RunState
+from prohost.engine.ledger import Admitted, Ledger, RunState
+from prohost.engine.retention import KEEP_RUNS_S, KEEP_TOMBSTONES_S
 from prohost.wire.runs import Outcome
 from tests.kits.harness import (
     acks,
@@ -31,7 +32,7 @@ DAY = 86400.0
 
 
 def test_the_windows_are_seven_and_thirty_days() -> None:
-    assert KEEP_BODIES_S == 7 * DAY
+    assert KEEP_RUNS_S == 7 * DAY
     assert KEEP_TOMBSTONES_S == 30 * DAY
 
 
