@@ -70,6 +70,8 @@ from typing import Any, Literal
 
 import attrs
 
+from prohost.engine.accounts.book import Account
+
 log = logging.getLogger("prohost.accounts")
 
 #: The harness's own CLI folders, under ``$PROHOST_HOME``: ``cli/<account>/<cli>``.
@@ -154,19 +156,51 @@ def owned_folder(home: Path, account: str) -> Path:
 
 
 def person_login(cli: str, harness_folder: Path, env: Mapping[str, str],
-                 hidden: Sequence[Path] = ()) -> SharedLogin | None:
+                 hidden: Sequence[Path] = (), *, person: Path | None = None) -> SharedLogin | None:
     """The login ``cli``'s folder ``harness_folder`` shares with the person's own
-    folder (the person's variable in ``env``, else its default under ``HOME``),
-    with the settings seeded from it (:data:`SEEDED_FILES`), neither ever read from
-    one of ``hidden``; ``None`` for a CLI that keeps no login file."""
+    folder (``person``, an ``--account``'s; else the person's variable in ``env``,
+    else its default under ``HOME``), with the settings seeded from it
+    (:data:`SEEDED_FILES`), neither ever read from one of ``hidden``; ``None`` for
+    a CLI that keeps no login file."""
     if cli not in LOGIN_FILES:
         return None
-    variable, default = FOLDER_VARIABLES[cli]
-    named = env.get(variable, "").strip()
-    home = env.get("HOME", "").strip()
-    person = Path(named) if named else (Path(home) if home else Path.home()) / default
+    if person is None:
+        variable, default = FOLDER_VARIABLES[cli]
+        named = env.get(variable, "").strip()
+        home = env.get("HOME", "").strip()
+        person = Path(named) if named else (Path(home) if home else Path.home()) / default
     return SharedLogin(cli, person / LOGIN_FILES[cli], harness_folder / LOGIN_FILES[cli],
                        seeds=SEEDED_FILES.get(cli, ()), hidden=tuple(hidden))
+
+
+def open_cli_folders(account: Account, cli: str, lane_folder: str, env: Mapping[str, str],
+                     hidden: Sequence[Path] = ()) -> None:
+    """Make the folder of ``cli`` (claude, codex) for the conversation whose lane
+    folder name is ``lane_folder`` on ``account`` (:meth:`Account.cli_folder`) and
+    keep its login one with the account's:
+
+    - Claude Code: every conversation's CLI reads and writes one login store,
+      ``CLAUDE_SECURESTORAGE_CONFIG_DIR`` (:meth:`Account.login_folder`); an owned
+      account's store is the harness's, kept in step with the person's
+      ``~/.claude`` (:func:`open_folder`); an ``--account``'s is its own folder.
+    - Codex keeps its login in ``CODEX_HOME/auth.json`` alone, so the
+      conversation's copy is kept in step with the account's (the person's
+      ``~/.codex``, or the ``--account`` folder) by :func:`open_folder`, its
+      ``config.toml`` seeded one way from there.
+
+    Nothing for a CLI without a folder. Never raises an OSError (logged: its CLI
+    then says it is not logged in). Blocking file I/O."""
+    folder = account.cli_folder(cli, lane_folder)
+    if folder is None:
+        return
+    theirs = None if account.owned else account.dir
+    if cli != "claude":
+        open_folder(folder, person_login(cli, folder, env, hidden, person=theirs))
+        return
+    open_folder(folder, None)
+    login = account.login_folder()
+    if login is not None and account.owned:
+        open_folder(login, person_login(cli, login, env, hidden))
 
 
 def open_folder(folder: Path, login: SharedLogin | None) -> Direction | None:
