@@ -12,8 +12,11 @@ protocols), judged by what the runs could read and by files on disk.
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -109,3 +112,66 @@ async def test_no_conversation_reads_another_s_transcripts_or_obeys_its_settings
     of_a, of_b = held if secret_a in held[0] else held[::-1]
     assert secret_a in of_a and secret_b not in of_a, held
     assert secret_b in of_b and secret_a not in of_b, held
+
+
+CODEX_REFRESHER = """
+import json, os
+path = os.path.join(os.environ["CODEX_HOME"], "auth.json")
+with open(path) as handle:
+    doc = json.load(handle)
+print("seen", doc["tokens"]["refresh_token"])
+if doc["tokens"]["refresh_token"] == "r1":
+    # A refresh, as codex saves it (in place): a new refresh token, a later time.
+    doc["tokens"].update(refresh_token="r2", access_token="a2")
+    doc["last_refresh"] = "2026-06-01T00:00:00.000000Z"
+    with open(path, "w") as handle:
+        json.dump(doc, handle)
+"""
+
+
+async def test_codex_s_login_stays_one_across_conversations(world: World) -> None:
+    """Each conversation's CODEX_HOME holds a copy of the account's login, kept in
+    step at each run's start and end: conversation A's run refreshes (rotating the
+    refresh token), the person's ``~/.codex/auth.json`` gets it when the run ends,
+    and conversation B's first run starts with it, never with the spent one."""
+    person = world.user / ".codex"
+    person.mkdir()
+    (person / "auth.json").write_text(json.dumps({
+        "OPENAI_API_KEY": None, "last_refresh": "2026-01-01T00:00:00Z",
+        "tokens": {"id_token": "i", "access_token": "a1", "refresh_token": "r1",
+                   "account_id": "acct-1"}}))
+    script = world.tmp / "refresher.py"
+    script.write_text(CODEX_REFRESHER)
+    env = dict(world.env)
+    env["FAKE_AGENT_TOOL"] = shlex.join([sys.executable, str(script)])
+    command = shlex.join([sys.executable, str(AGENTS / "fake_codex.py")])
+    with trio.fail_after(90):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain="codex", env=env,
+        ):
+            first = await turn(server, "A")
+            second = await turn(server, "B")
+    assert said(first, "seen") == ["r1"]
+    assert said(second, "seen") == ["r2"]
+    shared = json.loads((person / "auth.json").read_text())
+    assert shared["tokens"]["refresh_token"] == "r2"
+    assert sorted(os.listdir(person)) == ["auth.json"]
+
+
+async def test_the_harness_sweeps_overlay_work_folders_a_crash_left(world: World) -> None:
+    """A kill -9 skips a confinement's own cleanup: the overlays' work folders it
+    made (overlayfs's ``work`` inside at mode 0) are removed at the next start."""
+    left = world.home / "agents" / ".overlay-work" / "0123456789abcdef"
+    (left / "0" / "work" / "work").mkdir(parents=True)
+    (left / "0" / "work").chmod(0)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command="true", brain="plain", env=world.env,
+        ):
+            pass
+    assert not lexists(left)
+
+
+def lexists(path: Path) -> bool:
+    """Whether anything, a link included, is at ``path``."""
+    return os.path.lexists(path)
