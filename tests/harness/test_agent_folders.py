@@ -172,6 +172,28 @@ async def test_the_harness_sweeps_overlay_work_folders_a_crash_left(world: World
     assert not lexists(left)
 
 
+
+async def test_settings_the_person_gives_every_conversation_reach_each_one(world: World) -> None:
+    """``$PROHOST_HOME/cli/default/shared/claude/settings.json`` (no run's place) is
+    copied into each conversation's CLAUDE_CONFIG_DIR, one way: the conversation's
+    run reads it, and what a run writes in its copy stays there."""
+    shared = world.home / "cli" / "default" / "shared" / "claude"
+    shared.mkdir(parents=True)
+    (shared / "settings.json").write_text('{"model": "the person\'s"}\n')
+    env = dict(world.env)
+    env["FAKE_AGENT_TOOL"] = ('cat "$CLAUDE_CONFIG_DIR/settings.json"; '
+                              'echo planted >> "$CLAUDE_CONFIG_DIR/settings.json"')
+    command = shlex.join([sys.executable, str(AGENTS / "fake_claude.py")])
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=command, brain="claude", env=env,
+        ):
+            first = await turn(server, "A")
+            second = await turn(server, "B")
+    assert first["reply"] == second["reply"] == '{"model": "the person\'s"}', (first, second)
+    assert (shared / "settings.json").read_text() == '{"model": "the person\'s"}\n'
+
+
 def lexists(path: Path) -> bool:
     """Whether anything, a link included, is at ``path``."""
     return os.path.lexists(path)

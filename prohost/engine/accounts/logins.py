@@ -87,6 +87,11 @@ FOLDER_VARIABLES: Mapping[str, tuple[str, str]] = {
 MAX_BYTES = 64 * 1024
 #: Files of the person's CLI folder seeded one way into the harness's (its settings).
 SEEDED_FILES: Mapping[str, tuple[str, ...]] = {"codex": ("config.toml",)}
+#: Under an account's folders of the harness's: what the person gives every
+#: conversation of it (``shared/claude``), seeded one way into each one's folder.
+SHARED_FOLDER = "shared"
+#: The files of :data:`SHARED_FOLDER` seeded (Claude Code's settings and memory).
+SHARED_FILES = ("settings.json", "CLAUDE.md")
 #: A settings file larger than this is not seeded.
 SETTINGS_MAX_BYTES = 1024 * 1024
 
@@ -198,9 +203,31 @@ def open_cli_folders(account: Account, cli: str, lane_folder: str, env: Mapping[
         open_folder(folder, person_login(cli, folder, env, hidden, person=theirs))
         return
     open_folder(folder, None)
+    root = account.root
+    if root is not None:
+        seed_shared(root / SHARED_FOLDER / cli, folder, hidden)
     login = account.login_folder()
     if login is not None and account.owned:
         open_folder(login, person_login(cli, login, env, hidden))
+
+
+def seed_shared(shared: Path, folder: Path, hidden: Sequence[Path] = ()) -> list[str]:
+    """Copy each of :data:`SHARED_FILES` from ``shared`` (the person's settings for
+    every conversation of an account, ``$PROHOST_HOME/cli/<account>/shared/claude``:
+    no run's place) into a conversation's ``folder`` where it is newer, as
+    :func:`seed_files` does; the names copied. Never raises. Blocking file I/O."""
+    copied = []
+    for name in SHARED_FILES:
+        try:
+            with _ONE_AT_A_TIME:
+                if _seed(shared / name, folder / name, tuple(hidden)):
+                    copied.append(name)
+        except Refused as exc:
+            log.warning("%s: not copied into the conversation's folder", exc)
+        except OSError as exc:
+            log.warning("could not copy %s into %s: %s", shared / name, folder,
+                        exc.strerror or exc)
+    return copied
 
 
 def open_folder(folder: Path, login: SharedLogin | None) -> Direction | None:
