@@ -1,13 +1,28 @@
-"""The default account's CLI folders are the harness's own; its login is the person's,
-shared by copying one credentials file each way (issue 36, point 5; §13).
+"""Each conversation's CLI folders are the harness's own; an account's login is
+shared by all of them and with the person's (issue 36, point 5 and attack 10; §13).
 
 A run may write its CLI's folder (settings, hooks, MCP server lists, sessions), so
-that folder can never be the person's ``~/.claude`` or ``~/.codex``: whatever a run
-left there would run later in the person's own sessions. The default account's
-folders are ``$PROHOST_HOME/cli/default/claude`` (``CLAUDE_CONFIG_DIR``) and
-``.../codex`` (``CODEX_HOME``), made by the harness.
+that folder can never be the person's ``~/.claude`` or ``~/.codex`` (whatever a run
+left there would run later in the person's own sessions), nor one another
+conversation's runs use (they would read its transcripts and obey the settings it
+planted). So each conversation has its own, per account:
+``$PROHOST_HOME/cli/<account>/lanes/<lane folder>/claude`` (``CLAUDE_CONFIG_DIR``)
+and ``.../codex`` (``CODEX_HOME``), made at its first run, removed with its
+worktrees by ``agent gc`` (:meth:`~prohost.engine.accounts.book.Account.cli_folder`).
 
-The login inside them must stay one login with the person's, because both CLIs
+Claude Code keeps its login apart from ``CLAUDE_CONFIG_DIR`` when
+``CLAUDE_SECURESTORAGE_CONFIG_DIR`` is set (read in the installed CLI, 2.1.197:
+``m7()`` returns that variable, else the config folder; its plaintext store reads
+and writes ``<m7()>/.credentials.json`` by a temporary file and a rename, and its
+token refresh takes its lock in that folder too). So every conversation of an
+account shares one login store: the harness's ``$PROHOST_HOME/cli/<account>/login/
+claude`` for the default account (kept in step with the person's, below), the
+``--account`` folder itself for another. Codex keeps its login in
+``CODEX_HOME/auth.json`` alone, so each conversation's folder holds a copy kept in
+step with the account's (the person's ``~/.codex``, or the ``--account`` folder)
+the same way.
+
+Each such copy must stay one login with the person's, because both CLIs
 rotate the refresh token at each refresh, so two copies of one login log each other
 out (anthropics/claude-code#76561; Codex: "your refresh token was already used").
 So at each run's start and end :func:`sync_login` takes whichever copy is newer and
@@ -18,9 +33,7 @@ writes it over the other:
   ``{"claudeAiOauth": {"accessToken", "refreshToken", "expiresAt" (ms), "scopes",
   "subscriptionType"}}`` (beside other entries, MCP servers' OAuth tokens, which
   stay the person's); newer: the later ``expiresAt``. It writes the file by a
-  temporary file and a rename. (Claude Code 2.1.220 and later can keep it apart,
-  ``CLAUDE_SECURESTORAGE_CONFIG_DIR``: not used, since one folder per account holds
-  both, and older versions read it from ``CLAUDE_CONFIG_DIR`` alone.)
+  temporary file and a rename.
 - Codex keeps it in ``$CODEX_HOME/auth.json`` (openai/codex
   ``codex-rs/core/src/auth/storage.rs``: ``AuthDotJson`` = ``OPENAI_API_KEY``,
   ``tokens`` {``id_token``, ``access_token``, ``refresh_token``, ``account_id``},
@@ -43,9 +56,13 @@ the harness's folder would otherwise lack. So :func:`seed_files` copies the
 person's ``config.toml`` one way, person → harness, whenever the person's copy is
 newer than the harness's (what Codex or a run wrote in the harness's copy stays
 until the person changes theirs); nothing ever goes the other way. Claude Code's
-settings are not seeded: its endpoint and key come from variables the harness
-passes on, and its ``settings.json`` holds hooks, permissions and plugins of the
-person's interactive sessions (docs/security.md says why).
+settings are not seeded from the person's: its endpoint and key come from
+variables the harness passes on, and its ``settings.json`` holds hooks,
+permissions and plugins of the person's interactive sessions (docs/security.md
+says why). What the person wants every conversation's Claude Code to have goes in
+``$PROHOST_HOME/cli/<account>/shared/claude`` (``settings.json``, ``CLAUDE.md``),
+no run's place, seeded one way into each conversation's folder
+(:func:`seed_shared`).
 
 Every file of the person's or of the harness's is read by one function,
 :func:`read_guarded`: never through a link at its end, never from a folder whose
