@@ -32,7 +32,7 @@ import trio
 from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
-from prohost.engine.run.confine import forget_conversation, sweep_overlay_work
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STALE_AFTER_S,

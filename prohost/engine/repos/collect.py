@@ -279,7 +279,7 @@ async def collect_garbage(
 
     ``with_folder(name)``, when given, removes what else is the conversation's
     whose lane folder is called ``name`` (its agent CLI folders and sessions,
-    ``prohost.engine.run.confine.conversation_folders``), with that folder.
+    ``prohost.engine.run.leftovers.conversation_folders``), with that folder.
 
     Every file step goes through ``bounds`` (the harness's, which the second
     signal hurries; a fresh one if ``None``): a hung disk raises

@@ -32,8 +32,8 @@ from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
-from prohost.engine.run.confine import forget_conversation, sweep_overlay_work
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
 from prohost.options import Options
 from prohost.repospec import is_checkout
