@@ -17,6 +17,7 @@ collection once a day, where it also skips conversations with a run queued or ru
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -32,6 +33,7 @@ from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
 from prohost.engine.retention import DAY_S, IDLE_LANE_S
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STALE_AFTER_S,
@@ -201,7 +203,12 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
         entries = await collect_garbage(
             home, older_than_s=older_than_days * DAY_S, dry_run=dry_run, force=force,
             busy=harness.busy if harness is not None else lambda lane: False,
+            with_folder=functools.partial(forget_conversation, home),
         )
+        if harness is None:
+            # This holds the home's lock: no run is confined, so every overlay work
+            # folder left is a crashed harness's.
+            await trio.to_thread.run_sync(sweep_overlay_work, home)
     except OSError as exc:
         where = exc.filename or root
         _error(f"cannot read {where}: {exc.strerror or exc}")

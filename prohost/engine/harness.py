@@ -56,7 +56,7 @@ from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.recovery import Recovery
 from prohost.engine.supervisor.runqueue import RunQueue
-from prohost.engine.supervisor.upkeep import Chores, sweep_scratch
+from prohost.engine.supervisor.upkeep import Chores, sweep_overlays, sweep_scratch
 from prohost.engine.view.snapshot import Snapshot
 from prohost.engine.view.status_file import (
     Facts,
@@ -125,7 +125,8 @@ class Harness:
         #: Without --account, the default account's CLI folders are the harness's own
         #: (§13: never the person's ~/.claude or ~/.codex), sharing the person's login.
         self.book = AccountBook(
-            [Account(name, folder) for name, folder in options.accounts]
+            [Account(name, folder, own=owned_folder(options.home, name))
+             for name, folder in options.accounts]
             or [Account(DEFAULT_ACCOUNT, owned_folder(options.home, DEFAULT_ACCOUNT), owned=True)])
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
@@ -229,6 +230,7 @@ class Harness:
                 if self.recovery is not None:
                     # Before any run can start: every MCP folder there is a leftover.
                     await sweep_scratch(self.scratch_root, self.bounds)
+                    await sweep_overlays(self.options.home, self.bounds)
                     await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,

@@ -22,9 +22,11 @@ A confined run **may write** (each also readable):
   person's repository, and gets these places there until it is collected);
 - its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
   a private ``TMPDIR``, both removed after the run);
-- the agent CLI's own folder for the run's account, the harness's own for the
-  default account (``$PROHOST_HOME/cli/default/<cli>``, named by
-  ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``); an ACP agent's folders, the
+- the agent CLI's own folder for the run's account and conversation, the
+  harness's (``$PROHOST_HOME/cli/<account>/lanes/<lane folder>/<cli>``, named by
+  ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``), and Claude Code's login store the
+  account's conversations share (``CLAUDE_SECURESTORAGE_CONFIG_DIR``:
+  :mod:`prohost.engine.accounts.logins`); an ACP agent's folders, the
   harness's (``$PROHOST_HOME/agents/<agent>/…``): the upper folders of overlays
   of the person's own where the agent looks for them (``Policy.overlays``: the
   person's settings and login are seen, the writes are the harness's), or bound
@@ -60,6 +62,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from prohost.engine.accounts.book import SECURE_STORAGE_VARIABLE
 from prohost.engine.agent.environment import make_private_folder, without_sockets
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GitPlaces
@@ -243,9 +246,10 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
                   work: Path | None = None, hidden: tuple[Path, ...] = (),
                   lane: str = "") -> AgentFolders:
     """What the agent CLI may write of its own. Claude's and Codex's (also for
-    their ACP adapters) are the account's folder its variable names
-    (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the harness's
-    own, :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
+    their ACP adapters) are the conversation's folder of the account its variable
+    names (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``), and Claude Code's login store
+    (``CLAUDE_SECURESTORAGE_CONFIG_DIR``, the account's, shared by its
+    conversations: :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
     :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` writes folders of the
     harness's under ``home``, its conversation's own
     (``$PROHOST_HOME/agents/<agent>/<lane folder>/…``, ``lane`` named as a lane's
@@ -266,13 +270,19 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
     if brain in defaults.AGENT_FOLDERS:
         return _acp_folders(brain, user_home, home / AGENTS_FOLDER / brain
                             / (lane_folder_name(lane) if lane else "no-lane"), work, hidden)
-    variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
-    configured = env.get(variable, "").strip() if variable else ""
-    if not configured:
-        return AgentFolders()
-    folder = Path(configured)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return AgentFolders(writable=(folder,))
+    # The conversation's own folder, and for Claude Code the account's login store
+    # every conversation shares (CLAUDE_SECURESTORAGE_CONFIG_DIR: its credentials and
+    # its refresh lock; nothing there is read as settings).
+    variables = {"claude": ("CLAUDE_CONFIG_DIR", SECURE_STORAGE_VARIABLE),
+                 "codex": ("CODEX_HOME",)}.get(brain, ())
+    folders = []
+    for variable in variables:
+        configured = env.get(variable, "").strip()
+        if configured:
+            folder = Path(configured)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folders.append(folder)
+    return AgentFolders(writable=tuple(dict.fromkeys(folders)))
 
 
 #: Under the harness's agent folders: each confinement's overlayfs work folders.

@@ -51,7 +51,7 @@ from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
-from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
     SANDBOX_OFF,
@@ -477,11 +477,12 @@ class Runner:
         try:
             while True:
                 progress.account = account.name
-                account_env = {**env, **account.env(self._agent)}
+                # The conversation's own CLI folder of the account (issue 36, attack
+                # 10), sharing the account's login (§13: no person's folder).
+                lane_folder = lane_folder_name(run.lane)
+                account_env = {**env, **account.env(self._agent, lane_folder)}
                 attempt_env = dict(account_env)
-                # The account's own CLI folder, with the newer of its login and the
-                # person's (§13: the person's folder is no run's place).
-                await share_login(account, self._agent, self.env, setup.bounds)
+                await share_login(account, self._agent, self.env, setup.bounds, lane_folder)
                 try:
                     # Per account: a brain may build its configuration over the
                     # account's own folder (Codex's CODEX_HOME overlay).
@@ -538,7 +539,8 @@ class Runner:
                         confined.close()
                     # A refresh the attempt made reaches the person's CLI now,
                     # before its spent refresh token logs the person out.
-                    await share_login(account, self._agent, self.env, setup.bounds)
+                    await share_login(account, self._agent, self.env, setup.bounds,
+                                      lane_folder)
                 tally.spent += result.spent
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started

@@ -35,6 +35,7 @@ from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
 from prohost.options import Options
 from prohost.repospec import is_checkout
@@ -69,6 +70,24 @@ async def sweep_scratch(root: Path, bounds: Bounds) -> None:
     if removed:
         log.info("removed %d MCP folder(s) that runs of an earlier process left in %s",
                  removed, root)
+
+
+async def sweep_overlays(home: Path, bounds: Bounds) -> None:
+    """Remove the overlays' work folders that confinements of an earlier process
+    left in ``home`` (:func:`~prohost.engine.run.confine.sweep_overlay_work`). Call
+    it at start, before any run of this harness can start, as
+    :func:`sweep_scratch`. A failure is logged, and the next start tries again.
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+    try:
+        removed = await bounds.file_step(sweep_overlay_work, home,
+                                         what="removing old overlay work folders")
+    except OSError as exc:
+        log.warning("could not remove the overlay work folders earlier runs left in %s: %s",
+                    home, exc)
+        return
+    if removed:
+        log.info("removed %d overlay work folder(s) that runs of an earlier process left",
+                 removed)
 
 
 def _sweep(root: Path) -> int:
@@ -156,6 +175,7 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             hold=hold,
             now=now,
             bounds=bounds,
+            with_folder=functools.partial(forget_conversation, home),
         )
     except OSError as exc:
         log.warning("could not collect old worktrees: %s", exc)

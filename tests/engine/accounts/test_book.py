@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,32 @@ def test_an_account_points_each_brain_at_its_folder() -> None:
     assert work.env("codex") == {"CODEX_HOME": "/home/me/.claude-work",
                                  "PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
     assert work.env("plain") == {"PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS keeps the login in the Keychain")
+def test_each_conversation_gets_a_cli_folder_of_its_own_sharing_the_account_s_login() -> None:
+    """Issue 36, attack 10: CLAUDE_CONFIG_DIR and CODEX_HOME are the conversation's
+    own (``<account's folders>/lanes/<lane folder>/<cli>``); Claude Code's login
+    store (CLAUDE_SECURESTORAGE_CONFIG_DIR) is the account's, shared: the harness's
+    own for the default account, the ``--account`` folder for another."""
+    home = Path("/p/home")
+    default = Account(DEFAULT_ACCOUNT, home / "cli" / "default", owned=True)
+    lanes = "/p/home/cli/default/lanes"
+    assert default.env("claude", "conv-A-1") == {
+        "CLAUDE_CONFIG_DIR": f"{lanes}/conv-A-1/claude",
+        "CLAUDE_SECURESTORAGE_CONFIG_DIR": "/p/home/cli/default/login/claude"}
+    assert default.env("claude", "conv-B-2")["CLAUDE_CONFIG_DIR"] == f"{lanes}/conv-B-2/claude"
+    assert default.env("codex", "conv-A-1") == {"CODEX_HOME": f"{lanes}/conv-A-1/codex"}
+    assert default.env("plain", "conv-A-1") == {}
+    work = Account("work", Path("/home/me/.claude-work"), own=home / "cli" / "work")
+    assert work.env("claude", "conv-A-1") == {
+        "CLAUDE_CONFIG_DIR": "/p/home/cli/work/lanes/conv-A-1/claude",
+        "CLAUDE_SECURESTORAGE_CONFIG_DIR": "/home/me/.claude-work",
+        "PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+    assert work.env("codex", "conv-A-1") == {
+        "CODEX_HOME": "/p/home/cli/work/lanes/conv-A-1/codex",
+        "PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+    assert work.env("plain", "conv-A-1") == {"PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
 
 
 def test_names_must_be_unique_and_well_formed() -> None:
