@@ -12,17 +12,16 @@ Landlock. The lane folder is built exactly as the earlier version built it
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
+from prohost.engine.repos import migrate
 from prohost.engine.repos.lanerepo import lane_repo
-from prohost.engine.repos.worktrees import LANE_MARKER, lane_folder_name
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from tests.engine.repos.test_migrate import make_legacy_lane
 from tests.harness.test_hostile_git import (
     DENIED_WRITE,
     HOSTILE,
@@ -45,19 +44,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     isolate_git(tmp_path, monkeypatch)
     monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
     yield World(tmp_path)
-
-
-async def make_legacy_lane(home: Path, source: Path, lane: str) -> Path:
-    """A lane folder as the version before the conversations' own repositories
-    (85a4e3e) left it: ``git worktree add -b prohost/<lane folder>`` of the
-    person's repository, and a marker with no ``git_dirs``. Returns the worktree."""
-    folder = home / "worktrees" / lane_folder_name(lane)
-    path = folder / source.name
-    await git(source, "worktree", "add", "-b", f"prohost/{folder.name}", str(path), "HEAD")
-    (folder / LANE_MARKER).write_text(json.dumps(
-        {"lane": lane, "last_used": time.time(), "ready": {source.name: str(source)}},
-        sort_keys=True) + "\n")
-    return path
 
 
 async def test_a_conversation_of_an_earlier_version_writes_nothing_of_the_person_s(
@@ -87,3 +73,39 @@ async def test_a_conversation_of_an_earlier_version_writes_nothing_of_the_person
     repo = lane_repo(path.parent, path.name)
     assert (path / ".git").read_text() == f"gitdir: {repo.resolve()}/worktrees/app\n"
     world.git("fsck", "--no-progress")
+
+
+async def test_a_move_that_fails_fails_the_run_retryable_and_the_next_one_moves_it(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The move cannot be made (git refusing to fetch the branch): the run fails
+    before its agent starts, retryable, saying why without a local path, and
+    the worktree is as it was (uncommitted work too). The next run moves it,
+    and its agent works on the same files."""
+    await make_repo(world.source)
+    path = await make_legacy_lane(world.home, world.source, "conv:L")
+    (path / "draft.txt").write_text("uncommitted work\n")
+    dot_git = (path / ".git").read_bytes()
+    real = migrate.fetch_branches
+
+    async def refused(*args: object) -> None:
+        raise migrate.GitError(f"cannot lock ref in {world.source}")
+
+    monkeypatch.setattr(migrate, "fetch_branches", refused)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            failed = await turn(server, "L", "read", str(path / "draft.txt"))
+            assert (path / ".git").read_bytes() == dot_git
+            monkeypatch.setattr(migrate, "fetch_branches", real)
+            read = reply(await turn(server, "L", "read", "draft.txt"))
+    assert failed["ok"] is False
+    assert failed["retryable"] is True
+    assert "could not be moved to a repository of the conversation's own" in failed["error"]
+    assert str(world.tmp) not in failed["error"]
+    assert read == "content: uncommitted work"
+    assert (path / ".git").read_text().startswith(
+        f"gitdir: {(path.parent / '.prohost-repos').resolve()}")
+    assert str(path) not in await git(world.source, "worktree", "list")
