@@ -198,6 +198,12 @@ async def own_objects(repo: Path, places: GitPlaces, person_common: str) -> int:
                 ids.append(parts[1])
     ids = list(dict.fromkeys(ids))
     if ids:
+        # One the old index names but no store holds (a run's doing) is nobody's
+        # work to keep; asking pack-objects for it would fail every move.
+        out = await git("--git-dir", str(repo), "cat-file", "--batch-check=%(objectname)",
+                        stdin="".join(f"{oid}\n" for oid in ids).encode())
+        ids = [line for line in out.splitlines() if line and not line.endswith(" missing")]
+    if ids:
         await git("--git-dir", str(repo), "pack-objects", "-q",
                   str(repo / "objects" / "pack" / "pack"),
                   stdin="".join(f"{oid}\n" for oid in ids).encode())

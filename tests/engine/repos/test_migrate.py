@@ -255,3 +255,19 @@ async def test_a_move_interrupted_at_any_step_is_completed_by_the_next_prepare(
         assert again.failures == ()
         assert single(again.checkouts).branch == legacy.branch
         await legacy.assert_moved()
+
+
+async def test_an_index_naming_an_object_no_store_holds_is_moved_as_it_is(
+    legacy: Legacy,
+) -> None:
+    """A run of the earlier version left an index entry whose blob exists nowhere:
+    nothing to keep of it, and the move is not refused for it (a conversation
+    would otherwise fail every run)."""
+    with trio.fail_after(30):
+        ghost = "1234567890" * 4
+        await git(legacy.path, "update-index", "--add", "--cacheinfo",
+                  f"100644,{ghost},ghost.txt")
+        prepared = await legacy.manager().prepare(LANE)
+        assert prepared.failures == ()
+        assert ghost in await git(legacy.path, "ls-files", "--stage", "ghost.txt")
+        assert (await git(legacy.path, "show", ":notes.txt")) == "staged version\n"
