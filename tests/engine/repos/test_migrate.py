@@ -271,3 +271,22 @@ async def test_an_index_naming_an_object_no_store_holds_is_moved_as_it_is(
         assert prepared.failures == ()
         assert ghost in await git(legacy.path, "ls-files", "--stage", "ghost.txt")
         assert (await git(legacy.path, "show", ":notes.txt")) == "staged version\n"
+
+
+async def test_links_a_run_left_in_the_old_git_dir_are_never_followed(legacy: Legacy) -> None:
+    """A run of the earlier version made its git dir's ``HEAD`` and ``index`` links
+    to a secret: the move reads neither through the link (the worktree goes on
+    its branch, with no index), and no file of the new git dir holds the secret."""
+    with trio.fail_after(30):
+        secret = legacy.tmp / "secret"
+        secret.write_text("ref: refs/heads/secret-4711\n")
+        for name in ("HEAD", "index"):
+            (legacy.old_git_dir / name).unlink()
+            (legacy.old_git_dir / name).symlink_to(secret)
+        prepared = await legacy.manager().prepare(LANE)
+        assert single(prepared.checkouts).branch == legacy.branch
+        git_dir = lane_repo(legacy.path.parent, "app") / "worktrees" / "app"
+        for path in git_dir.rglob("*"):
+            assert not path.is_symlink(), path
+            assert not path.is_file() or b"secret-4711" not in path.read_bytes(), path
+        assert files_of(legacy.path) == legacy.files
