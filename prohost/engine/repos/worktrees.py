@@ -207,8 +207,11 @@ def write_marker(folder: Path, marker: LaneMarker) -> None:
 
 
 def _record_ready(folder: Path, ready: dict[str, str], git_dirs: dict[str, str]) -> None:
-    """Blocking: the marker as it is on disk now, with ``ready`` and ``git_dirs``."""
-    write_marker(folder, attrs.evolve(read_marker(folder), ready=ready, git_dirs=git_dirs))
+    """Blocking: the marker as it is on disk now, with the entries of ``ready`` and
+    ``git_dirs`` added (what a move recorded meanwhile stays)."""
+    marker = read_marker(folder)
+    write_marker(folder, attrs.evolve(marker, ready={**(marker.ready or {}), **ready},
+                                      git_dirs={**(marker.git_dirs or {}), **git_dirs}))
 
 
 def _record_move(folder: Path, name: str, git_dir: str, old_git_dir: str | None) -> None:
@@ -380,7 +383,9 @@ class WorktreeManager:
             try:
                 # Only now: a worktree is "ready" once it is about to be handed over.
                 async with self._marker_lock:
-                    await self._file(_record_ready, folder, ready, git_dirs)
+                    await self._file(
+                        _record_ready, folder, {c.name: c.source for c in checkouts},
+                        {c.name: c.git.git_dir for c in checkouts if c.git is not None})
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
         first = results[0] if results and isinstance(results[0], Checkout) else None

@@ -290,3 +290,40 @@ async def test_links_a_run_left_in_the_old_git_dir_are_never_followed(legacy: Le
             assert not path.is_symlink(), path
             assert not path.is_file() or b"secret-4711" not in path.read_bytes(), path
         assert files_of(legacy.path) == legacy.files
+
+
+async def test_a_move_recorded_then_failed_stays_recorded_beside_another_checkout(
+    legacy: Legacy, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two checkouts of an earlier version in one conversation: ``app``'s move is
+    recorded and then fails, ``lib``'s succeeds. What the prepare records of
+    ``lib`` keeps ``app``'s record, so the next prepare finishes ``app``'s move
+    instead of taking its old git dir for its own."""
+    with trio.fail_after(30):
+        lib = await make_repo(legacy.tmp / "lib")
+        lib_path = await make_legacy_lane(legacy.home, lib, LANE)
+        marker = json.loads((lib_path.parent / LANE_MARKER).read_text())
+        marker["ready"] = {"app": str(legacy.source), "lib": str(lib)}
+        (lib_path.parent / LANE_MARKER).write_text(json.dumps(marker))
+        real = migrate.point
+
+        def point(places: Any) -> None:
+            real(places)
+            if places.work_tree == str(legacy.path):  # done, then failed
+                raise OSError(5, "injected failure")
+
+        monkeypatch.setattr(migrate, "point", point)
+        manager = WorktreeManager(legacy.home, [legacy.source, lib])
+        prepared = await manager.prepare(LANE)
+        assert single(prepared.failures).retryable
+        assert single(prepared.checkouts).name == "lib"
+        monkeypatch.setattr(migrate, "point", real)
+        again = await WorktreeManager(legacy.home, [legacy.source, lib]).prepare(LANE)
+        assert again.failures == ()
+        marker_now = read_marker(legacy.path.parent)
+        assert marker_now.git_dirs is not None
+        assert set(marker_now.git_dirs) == {"app", "lib"}
+        assert not marker_now.moved
+        assert files_of(legacy.path) == legacy.files
+        assert await legacy.porcelain() == legacy.status
+        assert (await git(legacy.path, "show", ":notes.txt")) == "staged version\n"
