@@ -57,6 +57,8 @@ async def test_a_conversation_of_an_earlier_version_writes_nothing_of_the_person
     await make_repo(world.source, {"Makefile": "all:\n\techo hello\n"})
     makefile = world.git("show", "main:Makefile")
     path = await make_legacy_lane(world.home, world.source, "conv:L")
+    (path / "staged.txt").write_text("staged only\n")
+    await git(path, "add", "staged.txt")
     await make_legacy_lane(world.home, world.source, "conv:O")
     other = world.git("rev-parse", world.branch("O")).strip()
     with trio.fail_after(60):
@@ -73,6 +75,11 @@ async def test_a_conversation_of_an_earlier_version_writes_nothing_of_the_person
     repo = lane_repo(path.parent, path.name)
     assert (path / ".git").read_text() == f"gitdir: {repo.resolve()}/worktrees/app\n"
     world.git("fsck", "--no-progress")
+    # The staged blob was packed into the conversation's own store (its index
+    # read inside a confinement): the person's gc of all unreachable takes nothing.
+    world.git("reflog", "expire", "--expire=now", "--all")
+    world.git("gc", "--quiet", "--prune=now")
+    assert await git(path, "show", ":staged.txt") == "staged only\n"
 
 
 async def test_a_move_that_fails_fails_the_run_retryable_and_the_next_one_moves_it(

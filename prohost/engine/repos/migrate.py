@@ -46,8 +46,19 @@ import shutil
 import stat
 from pathlib import Path
 
+import trio
+
 from prohost.engine.repos import lanerepo
-from prohost.engine.repos.gitcmd import GitError, GitPlaces, git, git_at, real_path
+from prohost.engine.repos.gitcmd import (
+    HARDENED,
+    GitError,
+    GitPlaces,
+    git,
+    git_at,
+    git_env,
+    real_path,
+    run_git,
+)
 from prohost.engine.repos.gitrecords import own_git_dir, restore_git_files
 from prohost.engine.repos.startpoint import check_branch
 
@@ -165,12 +176,28 @@ def write_git_dir(repo: Path, old_git_dir: Path, head: str, work_tree: Path) -> 
     return places
 
 
-async def own_objects(repo: Path, places: GitPlaces, person_common: str) -> int:
+async def _read_index(places: GitPlaces, confine: lanerepo.Confine | None,
+                      *args: str) -> str:
+    """``git *args`` on the index a run wrote (copied from the old git dir), with no
+    work tree: inside ``confine`` when given (the lane repository readable,
+    nothing writable), else with :data:`HARDENED` settings as every harness git."""
+    argv = ["git", *HARDENED, "--git-dir", places.git_dir, *args]
+    env = git_env()
+    env["GIT_COMMON_DIR"] = places.common_dir
+    if confine is not None:
+        argv = await trio.to_thread.run_sync(confine, argv, [Path(places.common_dir)], [],
+                                             abandon_on_cancel=True)
+    return await run_git(argv, env=env)
+
+
+async def own_objects(repo: Path, places: GitPlaces, person_common: str,
+                      confine: lanerepo.Confine | None = None) -> int:
     """Step 4: the objects only the old worktree kept alive in the person's store
     (a detached ``HEAD``'s commits no branch of the person's reaches, the index's
-    staged blobs) packed into ``repo``'s own store; how many. Raises
-    :class:`GitError`. Cancelled: git is killed (a half-written pack is git's
-    temporary file, never used)."""
+    staged blobs) packed into ``repo``'s own store; how many. The index, which a
+    run wrote, is read inside ``confine`` when given. Raises :class:`GitError`.
+    Cancelled: git is killed (a half-written pack is git's temporary file, never
+    used)."""
     head = (await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD^{commit}",
                          ok_codes=(0, 1))).strip()
     ids: list[str] = []
@@ -182,8 +209,8 @@ async def own_objects(repo: Path, places: GitPlaces, person_common: str) -> int:
                         "--not", "--branches", "--tags", "--remotes")
         ids += [line.split(" ", 1)[0] for line in out.splitlines() if line]
         # The index against HEAD: the staged blobs (no work-tree file is read).
-        out = await git_at(places, "diff-index", "--cached", "--raw", "-z", "--no-renames",
-                           "--no-abbrev", "--ignore-submodules=all", head)
+        out = await _read_index(places, confine, "diff-index", "--cached", "--raw", "-z",
+                                "--no-renames", "--no-abbrev", "--ignore-submodules=all", head)
         fields = out.split("\0")
         for meta in fields[0::2]:
             parts = meta.split(" ")
@@ -191,7 +218,7 @@ async def own_objects(repo: Path, places: GitPlaces, person_common: str) -> int:
                 ids.append(parts[3])
     else:
         # No commit yet: everything the index holds is staged.
-        out = await git_at(places, "ls-files", "--stage", "-z")
+        out = await _read_index(places, confine, "ls-files", "--stage", "-z")
         for entry in out.split("\0"):
             parts = entry.split(" ")
             if len(parts) >= 3 and parts[0] != _GITLINK:

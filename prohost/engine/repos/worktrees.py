@@ -338,7 +338,8 @@ class WorktreeManager:
         return await self.bounds.file_step(fn, *args,
                                            what=f"preparing a worktree ({name})")
 
-    async def prepare(self, lane: str) -> PreparedCheckouts:
+    async def prepare(self, lane: str,
+                      confine: lanerepo.Confine | None = None) -> PreparedCheckouts:
         """Make sure ``lane`` has a worktree of each repo; say which are ready and why
         the others are not. Never raises for a repository; all repos are prepared at once.
 
@@ -351,6 +352,9 @@ class WorktreeManager:
         Cancelled: git processes in flight are killed (their whole process group),
         per-source locks are released, and what a half-made worktree leaves behind
         is cleared by the lane's next prepare (it was never handed to an agent).
+
+        ``confine``: how the harness's git reads what a run of a worktree made by
+        an earlier version wrote, while moving it (:meth:`_move`).
         """
         folder = self.lane_folder(lane)
         try:
@@ -368,7 +372,7 @@ class WorktreeManager:
 
         async def one(index: int) -> None:
             results[index] = await self._prepare_one(
-                folder, self.repos[index], self.names[index], marker.ready, git_dirs
+                folder, self.repos[index], self.names[index], marker.ready, git_dirs, confine
             )
 
         async with trio.open_nursery() as nursery:
@@ -396,7 +400,7 @@ class WorktreeManager:
 
     async def _prepare_one(
         self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None,
-        git_dirs: dict[str, str],
+        git_dirs: dict[str, str], confine: lanerepo.Confine | None = None,
     ) -> Checkout | CheckoutFailure:
         try:
             if not await self._file(source.is_dir):
@@ -439,7 +443,7 @@ class WorktreeManager:
                 # the lane's own before anything else looks at it.
                 places = GitPlaces(str(path), git_dir, os.path.dirname(os.path.dirname(git_dir)))
                 if migrate.is_legacy(places, common):
-                    places = await self._move(folder, source, places, common)
+                    places = await self._move(folder, source, places, common, confine)
                 # What a run rewrote of the files that tie the worktree to its git
                 # dir is put back before any git looks at it (§13): never followed.
                 restored = await self._file(restore_git_files, places)
@@ -472,8 +476,8 @@ class WorktreeManager:
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
 
-    async def _move(self, folder: Path, source: Path, old: GitPlaces,
-                    common: str) -> GitPlaces:
+    async def _move(self, folder: Path, source: Path, old: GitPlaces, common: str,
+                    confine: lanerepo.Confine | None = None) -> GitPlaces:
         """Move the worktree at ``old`` (of the person's repository, made by an
         earlier version) into the lane's own repository, its files as they are
         (:mod:`prohost.engine.repos.migrate`); its new places. Raises
@@ -492,7 +496,7 @@ class WorktreeManager:
             await migrate.fetch_branches(repo, common, [own, *([branch] if branch else [])])
             places = await self._file(migrate.write_git_dir, repo, Path(old.git_dir), head,
                                       path)
-            kept = await migrate.own_objects(repo, places, common)
+            kept = await migrate.own_objects(repo, places, common, confine)
             async with self._marker_lock:
                 # The move is done once recorded: from here on, the record names
                 # the lane's repository, and a prepare finishes what is left.

@@ -55,7 +55,7 @@ class LaneCheckouts:
             return True
         # Inside the run's budget: preparing its checkouts is part of the run.
         with trio.move_on_at(deadline):
-            self.prepared = await worktrees.prepare(run.lane)
+            self.prepared = await worktrees.prepare(run.lane, self.confine)
         prepared = self.prepared
         if prepared is None or trio.current_time() >= deadline:
             return False
