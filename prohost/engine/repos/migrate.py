@@ -24,7 +24,8 @@ touching one of its files:
 4. :func:`own_objects` — what only the old worktree kept alive in the person's
    store (a detached ``HEAD``'s commits, staged blobs) packed into the lane
    repository's own, so the person's ``git gc`` cannot take it once the old
-   registration is gone;
+   registration is gone (the index, which a run wrote, read by a git inside
+   the run room's confinement where there is one);
 5. the caller records the new git dir in the lane marker: the move is done;
 6. :func:`point` — the worktree's ``.git`` names the new git dir (what a later
    prepare also puts back, should this step not have happened);
