@@ -55,7 +55,7 @@ class LaneCheckouts:
             return True
         # Inside the run's budget: preparing its checkouts is part of the run.
         with trio.move_on_at(deadline):
-            self.prepared = await worktrees.prepare(run.lane)
+            self.prepared = await worktrees.prepare(run.lane, self.confine)
         prepared = self.prepared
         if prepared is None or trio.current_time() >= deadline:
             return False
@@ -73,6 +73,24 @@ class LaneCheckouts:
             self._unready.append((name, without_paths(failure.reason, failure.source, name,
                                                       home=worktrees.root.parent)))
         return True
+
+    def refused(self) -> str | None:
+        """Why the run must not start (§7 ``error``, no local path): a checkout made
+        by an earlier version could not be moved to the conversation's own
+        repository (:meth:`WorktreeManager.prepare`; retrying may succeed);
+        ``None``: the run goes on."""
+        worktrees, prepared = self.worktrees, self.prepared
+        if worktrees is None or prepared is None:
+            return None
+        names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
+        for failure in prepared.failures:
+            if failure.retryable:
+                name = names.get(failure.source, Path(failure.source).name)
+                said = without_paths(failure.reason, failure.source, name,
+                                     home=worktrees.root.parent)
+                return f"the private checkout {name} was not ready, so the agent was not " \
+                       f"started: {said}"
+        return None
 
     async def changes(self) -> list[ChangeEntry] | None:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``

@@ -451,6 +451,11 @@ class Runner:
                     f"preparing the private checkouts took longer than the run's "
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
+            refused = checkouts.refused()
+            if refused is not None:
+                # A checkout that must not be handed over as it is (§13): the run
+                # fails before anything of it starts, and may be sent again.
+                return ended(Outcome.failure(refused, retryable=True))
             held.move_to(Phase.RUNNING, self._on_change)
         prompt = prompt_for(run, setup.spec, checkouts.prepared, confined=self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
