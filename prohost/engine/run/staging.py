@@ -181,6 +181,8 @@ async def mend_session(brain: Brain, session: str | None, env: Mapping[str, str]
     Cancelled: bounded and shielded (:meth:`Bounds.file_step`); a rename is whole
     or not at all.
     """
+    if session is None:
+        return  # a new session: nothing saved to mend
     try:
         await bounds.file_step(brain.before_spawn, session, env,
                                confined.kept_at if confined is not None else Path,
