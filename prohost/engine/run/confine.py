@@ -514,6 +514,17 @@ class RunConfinement:
     caches: Path | None = None
     #: The overlays' work folders of this confinement (``None``: none made).
     overlay_work: Path | None = None
+    #: (where the run sees it, the harness's folder behind it) for each agent
+    #: folder bound or overlaid: where the harness reaches what the agent saved.
+    own: tuple[tuple[Path, Path], ...] = ()
+
+    def kept_at(self, seen: Path) -> Path:
+        """Where the harness reaches ``seen`` (a path as the run sees it): inside an
+        agent folder of the harness's shown at the person's, that folder's path."""
+        for place, kept in self.own:
+            if seen == place or place in seen.parents:
+                return kept / seen.relative_to(place)
+        return seen
 
     def close(self) -> None:
         """Close the confinement and remove its overlays' work folders (a few empty
@@ -550,8 +561,10 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
     work = _work_folder(sandbox.home)
     try:
         policy = policy_for(sandbox, places, work=work)
+        own = (*((seen, kept) for kept, seen in policy.mounts),
+               *((seen, kept) for seen, kept, _ in policy.overlays))
         return RunConfinement(prepare(policy, support, tmpdir=tmpdir), tmpdir,
-                              sandbox.home / CACHE_FOLDER, work)
+                              sandbox.home / CACHE_FOLDER, work, own)
     except BaseException:
         remove_work_folders(work)
         raise

@@ -76,6 +76,7 @@ from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.staging import (
     env_for,
     mcp_folder,
+    mend_session,
     prompt_for,
     remove_scratch,
     share_login,
@@ -517,6 +518,7 @@ class Runner:
                                  session_id=session if tried else None,
                                  account=progress.account, totals=tally.totals)
                 attempt_env = confined_env(attempt_env, confined, self.sandbox.allow_write)
+                await mend_session(setup.brain, session, attempt_env, confined, setup.bounds)
                 before = None
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)

@@ -17,6 +17,7 @@ from prohost.engine.agent.brains.base import Brain, McpError, McpWiring
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
+from prohost.engine.run.confine import RunConfinement
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.engine.sandbox import defaults
@@ -164,3 +165,28 @@ async def share_login(account: Account, cli: str, env: Mapping[str, str],
     except StepTimedOut:
         log.warning("sharing the %s login of account %s did not finish in time", cli,
                     account.name)
+
+
+#: How long mending an agent's saved session may take (a rename or two).
+MEND_S = 10.0
+
+
+async def mend_session(brain: Brain, session: str | None, env: Mapping[str, str],
+                       confined: RunConfinement | None, bounds: Bounds) -> None:
+    """Let ``brain`` mend the agent's saved session before an attempt takes
+    ``session`` back (:meth:`Brain.before_spawn`; Gemini CLI's, renamed out of its
+    bugs' way), in the folder of the harness's the run sees at the agent's.
+    Never raises but a cancel: a mend that did not finish leaves the turn to start
+    a new session, as it would have.
+
+    Cancelled: bounded and shielded (:meth:`Bounds.file_step`); a rename is whole
+    or not at all.
+    """
+    if session is None:
+        return  # a new session: nothing saved to mend
+    try:
+        await bounds.file_step(brain.before_spawn, session, env,
+                               confined.kept_at if confined is not None else Path,
+                               limit_s=MEND_S, what="mending the agent's saved session")
+    except StepTimedOut:
+        log.warning("mending the agent's saved session %s did not finish in time", session)

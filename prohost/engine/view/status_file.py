@@ -272,6 +272,7 @@ def status_message(seen: Observed) -> Status:
         brain=seen.brain.name,
         brain_version=seen.facts.brain_version,
         model=seen.facts.model,
+        mode=seen.facts.mode,
         concurrency=seen.options.concurrency,
         active=stats.running,
         queued=stats.queued,
