@@ -336,13 +336,6 @@ class Harness:
             self._nursery.cancel_scope.deadline = self._stop_deadline
         self.bounds.hurry(self._stop_deadline)  # steps stuck on a hung disk give up too
 
-    async def wait_released(self, run_id: str) -> None:
-        """Return once ``run_id`` is no longer held (reported, dropped, or never held).
-
-        Cancelling it only stops the wait.
-        """
-        await self.wait_until(lambda harness: run_id not in harness.held)
-
     async def _exit_when_idle(self) -> None:
         """End the harness once a drain has nothing left: every run reported, or
         (logged by name) left in the ledger's outbox for the next start.

@@ -35,7 +35,7 @@ import pytest
 import trio
 
 from tests.kits.asgi import serving
-from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.harness import finished, released, running_harness, running_server
 from tests.kits.mock_models import TOOL_WORD, MockModel
 
 pytestmark = pytest.mark.protocol("§5", "§6")
@@ -187,7 +187,7 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 assert ended and ended[-1].endswith("ended: cancelled"), ended
                 assert cancelled["session_id"]
                 assert cancelled["session_id"] == one["session_id"]
-                await running.harness.wait_released(third)
+                await released(running.harness, third)
                 assert len(running.harness.groups) == 0
 
 
