@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import attrs
 
-from prohost.engine.sandbox import bwrap, landlock, seatbelt
+from prohost.engine.sandbox import bwrap, landlock, seatbelt, seccomp
 from prohost.engine.sandbox.policy import Policy, real_pairs
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
 
@@ -57,6 +57,9 @@ class Confinement:
     _ruleset: landlock.Ruleset | None = None
     #: The ruleset is the process's one scope-only ruleset (:func:`_scopes`): kept.
     _shared: bool = False
+    #: Descriptors the spawn passes to the command (bubblewrap's seccomp filter,
+    #: read once: one spawn per confinement); closed by :meth:`close`.
+    pass_fds: tuple[int, ...] = ()
 
     @property
     def has_domain(self) -> bool:
@@ -123,6 +126,9 @@ class Confinement:
         if self._ruleset is not None and not self._shared:
             self._ruleset.close()
         self._ruleset = None
+        for fd in self.pass_fds:
+            os.close(fd)
+        self.pass_fds = ()
 
     def __enter__(self) -> Confinement:
         return self
@@ -153,9 +159,17 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
         return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
     if support.kind == "bwrap":
-        options = bwrap.arguments(policy, tmpdir=None)
+        program = seccomp.program()
+        fd = seccomp.readable(program) if program is not None else None
+        try:
+            options = bwrap.arguments(policy, tmpdir=None, seccomp_fd=fd)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
-                           keeper=True, ruleset=_scopes(support.abi), shared=True)
+                           keeper=True, ruleset=_scopes(support.abi), shared=True,
+                           pass_fds=() if fd is None else (fd,))
     return prepare_landlock(policy, support)
 
 
