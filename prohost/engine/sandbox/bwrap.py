@@ -49,6 +49,12 @@ _FRESH = ("/dev", "/proc")
 #: the rest (the person's ``/tmp/tmux-1000``, ``/tmp/ssh-…``) stays out of sight.
 _EMPTIED = ("/tmp", "/run")
 
+#: The resolver's configuration; where it is a link into ``/run`` (systemd-resolved's
+#: ``../run/systemd/resolve/stub-resolv.conf`` on Ubuntu, NetworkManager's,
+#: resolvconf's), that one file is shown again in the emptied ``/run``, so a run
+#: resolves names; never its folder, which holds resolved's Unix socket.
+RESOLVER = "/etc/resolv.conf"
+
 #: Where the bubblewrap of ``$PATH`` is looked for when the package has none.
 _NAME = "bwrap"
 
@@ -94,7 +100,7 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True,
     found += ["--tmpfs", "/run"]
     # Looked at every run: the system may switch resolvers (a run cannot: /etc
     # and /run are read-only to it).
-    resolver = os.path.realpath("/etc/resolv.conf")
+    resolver = os.path.realpath(RESOLVER)
     if resolver.startswith("/run/") and os.path.isfile(resolver):
         found += ["--ro-bind", resolver, resolver]
     places = _Places.of(policy)
