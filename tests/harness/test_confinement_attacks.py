@@ -150,6 +150,33 @@ async def test_a_socket_in_a_readable_place_of_the_home_is_out_of_reach(
         editor.close()
 
 
+async def test_an_allowed_socket_is_reached_and_the_run_is_not_said_confined(
+    world: World,  # noqa: F811
+) -> None:
+    """``--allow-write "$SSH_AUTH_SOCK"`` lets the agent use the person's ssh-agent
+    (§13). The filter cannot tell one Unix socket from another, so it is off: the
+    allowed socket is reached, and so could any other in a readable place of the
+    home be; the completion says ``"confined": false`` and the status says why."""
+    agent = listening(str(world.user / "agent.sock"))
+    world.env["SSH_AUTH_SOCK"] = str(world.user / "agent.sock")
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server, world.harness(
+                server, attacker("env-connect:SSH_AUTH_SOCK"),
+                allow_write=(world.user / "agent.sock",),
+            ) as running:
+                _, completion = await attacked(server)
+                snapshot = running.harness.snapshot()
+        assert accepted_any(agent), "the socket --allow-write names was not reached"
+        assert completion["confined"] is False
+        assert snapshot.confinement is not None
+        assert snapshot.confinement.startswith("partly confined (")
+        assert f"--allow-write names a socket ({world.user / 'agent.sock'})" in \
+            snapshot.confinement
+    finally:
+        agent.close()
+
+
 #: The time attacker.py's utime sets (1 January 2001).
 ATTACK_TIME = 978307200
 

@@ -159,7 +159,7 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
         return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
     if support.kind == "bwrap":
-        program = seccomp.program()
+        program = seccomp.program() if support.socket_filter else None
         fd = seccomp.readable(program) if program is not None else None
         try:
             options = bwrap.arguments(policy, tmpdir=None, seccomp_fd=fd)

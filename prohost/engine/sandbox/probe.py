@@ -31,6 +31,10 @@ SCOPE_GAP = ("abstract Unix sockets outside the run can be reached (Landlock ABI
 #: Under bubblewrap, where :mod:`.seccomp` has no filter for the machine's architecture.
 SECCOMP_GAP = ("Unix sockets in readable places (your home) can be reached by path: no "
                "seccomp filter for this machine's architecture (%s)")
+#: Under bubblewrap, where ``--allow-write`` names a socket (``%s``).
+SOCKET_GRANT_GAP = ("Unix sockets in readable places (your home) can be reached by path: "
+                    "--allow-write names a socket (%s), so runs get no filter on Unix "
+                    "sockets")
 
 
 @attrs.frozen
@@ -56,6 +60,10 @@ class Support:
     bwrap: str = ""
     #: The kernel's Landlock ABI (0: none).
     abi: int = 0
+    #: Runs under bubblewrap get :mod:`.seccomp`'s filter on Unix sockets (off
+    #: where ``--allow-write`` names a socket: the filter cannot tell one socket
+    #: from another, and ``gaps`` then says so).
+    socket_filter: bool = True
 
     @property
     def complete(self) -> bool:
