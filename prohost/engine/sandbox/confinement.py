@@ -58,7 +58,7 @@ class Confinement:
     #: The ruleset is the process's one scope-only ruleset (:func:`_scopes`): kept.
     _shared: bool = False
     #: Descriptors the spawn passes to the command (bubblewrap's seccomp filter,
-    #: read once: one spawn per confinement); closed by :meth:`close`.
+    #: rewound before each spawn); closed by :meth:`close`.
     pass_fds: tuple[int, ...] = ()
 
     @property
@@ -83,6 +83,7 @@ class Confinement:
             try:
                 if self._ruleset is not None:
                     landlock.restrict_this_thread(fd)
+                self._rewind()
                 result = start()
             except BaseException as error:  # handed to deliver: nobody joins this thread
                 deliver(None, error)
@@ -102,6 +103,7 @@ class Confinement:
         called). Without a domain, ``start()`` is called here.
         """
         if self._ruleset is None:
+            self._rewind()
             return start()
         fd = self._ruleset.fd
         result: list[T] = []
@@ -110,6 +112,7 @@ class Confinement:
         def confined() -> None:
             try:
                 landlock.restrict_this_thread(fd)
+                self._rewind()
                 result.append(start())
             except BaseException as error:  # handed to the caller's thread below
                 failure.append(error)
@@ -120,6 +123,13 @@ class Confinement:
         if failure:
             raise failure[0]
         return result[0]
+
+    def _rewind(self) -> None:
+        # Each spawn's bubblewrap reads the seccomp filter from its start (a
+        # retry in the same attempt spawns again); spawns of one confinement
+        # are one after another, never at once.
+        for fd in self.pass_fds:
+            seccomp.rewind(fd)
 
     def close(self) -> None:
         """Release the ruleset (after the last spawn that uses this confinement)."""

@@ -40,6 +40,7 @@ hold.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import platform
 import struct
@@ -146,15 +147,23 @@ def program(arch: str | None = None) -> bytes | None:
 
 
 def readable(data: bytes) -> int:
-    """A fresh descriptor to read ``data`` from, start to end (a pipe: bubblewrap
-    reads ``--seccomp``'s descriptor to its end, so each spawn needs its own).
+    """A descriptor to read ``data`` from: a sealed memory file (nothing can change
+    it, not even a process it is passed to). bubblewrap reads ``--seccomp``'s
+    descriptor from its offset to its end, and that offset is shared with every
+    process it is passed to: call :func:`rewind` before each spawn that passes it.
     Not inherited unless passed (``pass_fds``); the caller closes it."""
-    out, into = os.pipe()
+    fd = os.memfd_create("prohost-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.write(into, data)  # far below a pipe's buffer: never blocks
+        os.write(fd, data)  # a few hundred bytes: written whole
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        rewind(fd)
     except BaseException:
-        os.close(out)
+        os.close(fd)
         raise
-    finally:
-        os.close(into)
-    return out
+    return fd
+
+
+def rewind(fd: int) -> None:
+    """Make the next read of ``fd`` (:func:`readable`) start at the program's start."""
+    os.lseek(fd, 0, os.SEEK_SET)

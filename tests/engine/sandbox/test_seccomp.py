@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe, seccomp
+from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, Policy, prepare, probe, seccomp
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or seccomp.program() is None,
@@ -131,3 +131,20 @@ def test_an_unknown_architecture_gets_no_filter_and_the_probe_says_the_point_fai
     support = probe()
     assert not support.complete
     assert any("Unix sockets" in gap and "riscv64" in gap for gap in support.gaps)
+
+
+def test_every_spawn_of_one_confinement_gets_the_filter(tmp_path: Path) -> None:
+    """A retry in the same attempt spawns bubblewrap again with the same
+    confinement: it reads the filter again from its start, and its agent too is
+    refused a Unix socket."""
+    support = probe()
+    if support.kind != "bwrap":
+        pytest.skip("bubblewrap cannot run here")
+    look = ("import socket\ntry:\n    socket.socket(socket.AF_UNIX)\n    print('made')\n"
+            "except OSError as error:\n    print(error.errno)")
+    with prepare(Policy(), support) as confinement:
+        said = [confinement.spawn(lambda: subprocess.run(
+            [*confinement.argv_prefix, "--", sys.executable, "-c", look],
+            pass_fds=confinement.pass_fds, capture_output=True, text=True, timeout=30,
+            check=False)) for _ in range(2)]
+    assert [(done.returncode, done.stdout.strip()) for done in said] == [(0, "1"), (0, "1")]
