@@ -63,13 +63,19 @@ import attrs
 import trio
 
 from prohost.engine.accounts.book import SECURE_STORAGE_VARIABLE
-from prohost.engine.agent.environment import make_private_folder, without_sockets
+from prohost.engine.agent.environment import (
+    SOCKET_VARIABLES,
+    make_private_folder,
+    socket_path,
+    without_sockets,
+)
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
-from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
+from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe, seccomp
 from prohost.engine.sandbox.policy import is_within
+from prohost.engine.sandbox.probe import SOCKET_GRANT_GAP
 from prohost.execline import program_index, split_command
 from prohost.options import Options
 
@@ -110,6 +116,14 @@ class Sandbox:
         """The harness's sandbox for ``options``: the system asked unless ``off``.
         Never refuses: ``required`` is checked by the command line before (exit 2)."""
         support = None if options.sandbox == "off" else probe()
+        granted = granted_sockets(options.allow_write, env)
+        if (support is not None and support.kind == "bwrap" and granted
+                and seccomp.program() is not None):
+            # The person lets runs reach a socket of theirs (ssh-agent to push):
+            # the filter refuses every Unix socket, so it is off, and a socket in a
+            # readable place of the home is reachable again: said, never silent.
+            support = attrs.evolve(support, socket_filter=False, gaps=(
+                *support.gaps, SOCKET_GRANT_GAP % ", ".join(map(str, granted))))
         home = env.get("HOME")
         return cls(mode=options.sandbox, support=support, allow_write=options.allow_write,
                    allow_read=options.allow_read, home=options.home,
@@ -146,6 +160,24 @@ class Sandbox:
 
 #: A sandbox that confines nothing (``--sandbox off``): the runner's when given none.
 SANDBOX_OFF = Sandbox(mode="off", support=None)
+
+
+def granted_sockets(allow_write: tuple[Path, ...], env: Mapping[str, str]) -> list[Path]:
+    """The sockets ``--allow-write`` names: each grant that is a socket, and each
+    socket a variable names (``SSH_AUTH_SOCK``, …) inside a grant, as
+    :func:`~prohost.engine.agent.environment.without_sockets` passes it. Blocking
+    (a stat per grant), once at start."""
+    found: list[Path] = []
+    for grant in allow_write:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(grant).st_mode):
+                found.append(grant)
+    for name in SOCKET_VARIABLES:
+        path = socket_path(name, env) if name in env else None
+        if path is not None and any(path == grant or grant in path.parents
+                                    for grant in allow_write):
+            found.append(path)
+    return list(dict.fromkeys(found))
 
 
 def command_paths(exec_line: str, env: Mapping[str, str]) -> tuple[Path, ...]:
