@@ -20,7 +20,20 @@ from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
-__all__ = ["HeldRun"]
+__all__ = ["HeldRun", "Interrupted"]
+
+
+@attrs.frozen
+class Interrupted:
+    """A run an earlier process of the harness started and never finished (a ``kill
+    -9``, a crash), as the restart that found it knows it: when it began and when it
+    was found (epoch s), and what its checkouts were as it began (the ledger's JSON;
+    ``None`` when it has none). Its report says what it changed and how long it ran
+    (§7), like every other ending's."""
+
+    started_at: float | None
+    found_at: float
+    start_state: str | None
 
 
 @attrs.define(eq=False)
@@ -55,6 +68,8 @@ class HeldRun:
     #: reported as it finished (§6).
     agent_ended: bool = False
     dropped: bool = False
+    #: Set by a restart for a run an earlier process started and never finished.
+    interrupted: Interrupted | None = None
     #: Where the run's report goes, kept while the body is not: a run whose body
     #: cannot be read back is still reported
     #: (``prohost.engine.run.queued_bodies.QueuedBodies.load``).
