@@ -67,6 +67,11 @@ class HeldRun:
     #: alone): a cancel or a stop that comes now changes nothing, and the run is
     #: reported as it finished (§6).
     agent_ended: bool = False
+    #: The run's agent has exited by itself (its leader), and no other has been
+    #: spawned since (set by the runner alone): a cancel or a stop that comes now
+    #: is kept, but waits for the runner's word (:meth:`stop_agent`,
+    #: :meth:`next_agent`) — a run whose agent finished is finished (§6).
+    agent_exited: bool = False
     dropped: bool = False
     #: Set by a restart for a run an earlier process started and never finished.
     interrupted: Interrupted | None = None
@@ -100,6 +105,22 @@ class HeldRun:
         to call."""
         self.state = state
         changed()
+
+    def stop_agent(self) -> None:
+        """Stop the run's agent for :attr:`stop_outcome` (set first): at once, unless
+        its agent has just exited by itself. Then the run ends as its agent did,
+        unless another agent would follow (a fail-over, a fresh session), which
+        :meth:`next_agent` stops instead."""
+        if not self.agent_exited:
+            self.exec_scope.cancel()
+
+    def next_agent(self) -> None:
+        """The runner's word that another agent may start for the run: a cancel or a
+        stop kept since the last one exited stops the run now, and later ones at
+        once (the runner's alone to call)."""
+        self.agent_exited = False
+        if self.stop_outcome is not None:
+            self.exec_scope.cancel()
 
     @property
     def conversation_id(self) -> str | None:

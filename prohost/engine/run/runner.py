@@ -480,8 +480,16 @@ class Runner:
         # group, and the run is reported as an internal error: a step that cannot
         # be written is never skipped.
         # With the checkouts' start state: a restart says what the run changed (§7).
-        on_spawn = functools.partial(steps.record_pgid, run.run_id,
-                                     start_state=checkouts.start_state())
+        record_pgid = functools.partial(steps.record_pgid, run.run_id,
+                                        start_state=checkouts.start_state())
+
+        async def on_spawn(pgid: int) -> None:
+            held.next_agent()  # a cancel kept since the last agent exited stops this one
+            await record_pgid(pgid)
+
+        def on_exit() -> None:
+            held.agent_exited = True  # a cancel from now on waits for our word (§6)
+
         tried: set[str] = set()
         try:
             while True:
@@ -541,7 +549,7 @@ class Runner:
                                                 else confined.tmpdir),
                                 confinement=None if confined is None
                                 else confined.confinement),
-                        setup, progress, on_spawn, timeline)
+                        setup, progress, on_spawn, timeline, on_exit)
                 finally:
                     if confined is not None:
                         confined.close()
@@ -565,6 +573,10 @@ class Runner:
                     # (not retryable: it would spend as much again).
                     outcome, limited = self._over_budget(tally), False
                 else:
+                    if result.ended_by_limit:
+                        # Another agent may follow: a cancel kept meanwhile stops the
+                        # run now, not once an account is found.
+                        held.next_agent()
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
                 if following is None:

@@ -1,0 +1,48 @@
+"""Issue 37: a run whose agent has finished is finished (§6). A cancel that comes
+after the agent printed its reply and exited, while the harness still gives what
+the agent left in its process group the grace to end, changes nothing: the run is
+reported with its reply.
+
+Real parts: the reference server on 127.0.0.1, the production harness in this trio
+run (confined as by default), a real agent process whose child holds its group
+open (``lingering_rest.py``); the child tells the test's Gate when the harness's
+SIGTERM reaches it, which is the moment the window is open.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.harness.test_endings import _cancel, _handled
+from tests.kits.harness import Gate, agent_command, finished, running_harness, running_server
+
+pytestmark = pytest.mark.protocol("§6")
+
+
+async def test_a_cancel_after_the_agent_exited_with_its_reply_keeps_the_reply(
+    tmp_path: Path,
+) -> None:
+    gate = Gate()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_server() as server, running_harness(
+                    server, tmp_path / "home",
+                    exec_command=agent_command("lingering_rest.py", gate.port, "all done"),
+            ) as running:
+                # The window stays open until the test closes it (the child's end).
+                running.harness.groups.grace_s = 60
+                run_id = await server.submit_run("work")
+                # The agent has exited with its reply; its child got the SIGTERM.
+                await gate.wait_started(f"{run_id}-rest")
+                await _cancel(server, run_id)
+                await _handled(server, "after-cancel")
+                await gate.release(f"{run_id}-rest")
+                await server.wait_until(finished(run_id))
+            nursery.cancel_scope.cancel()
+    completion = server.run(run_id).completion
+    assert completion is not None
+    assert (completion["ok"], completion["reply"]) == (True, "all done"), completion
