@@ -293,6 +293,17 @@ BREAKAGES: tuple[Breakage, ...] = (
         "a run whose agent exited with its reply, its group not yet empty, is "
         "reported cancelled (§6)",
     ),
+    Breakage(
+        "a group deaf to SIGTERM is never SIGKILLed",
+        # Neither the stop after the grace nor run_agent's last sweep: an agent
+        # that never got to exec (hung opening a FIFO) and ignores SIGTERM lives on.
+        (Edit(PROCESS,
+              "        _killpg(self.pgid, signal.SIGKILL)\n        await self._pump(self._gone)\n",
+              "        await self._pump(self._gone)\n"),
+         Edit(PROCESS, "        _killpg(pgid, signal.SIGKILL)\n        groups.discard(pgid)\n",
+              "        groups.discard(pgid)\n")),
+        "a run's deadline or cancel leaves its hung agent running (§6, §13)",
+    ),
     # Issue 37 point 11: edges of recent features no test guarded. (The ACP brain's
     # "a running total that went down" is guarded by tests/engine/run/test_edges.py;
     # its edit would be in brains/acp.py, left out here while that file moves. A
@@ -394,6 +405,7 @@ TESTS: tuple[str, ...] = (
     "tests/harness/test_endings.py",
     "tests/harness/test_endings_restart.py",
     "tests/harness/test_endings_window.py",
+    "tests/harness/test_endings_hung_spawn.py",
     "tests/server/test_reference_server.py",
     "tests/server/test_retryable_failures_retried.py",
     "tests/server/test_pairing_kept.py",
