@@ -575,8 +575,9 @@ class Runner:
                 else:
                     if result.ended_by_limit:
                         # Another agent may follow: a cancel kept meanwhile stops the
-                        # run now, not once an account is found.
+                        # run here, on this account, before another is chosen.
                         held.next_agent()
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
                 if following is None:
