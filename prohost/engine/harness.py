@@ -330,7 +330,7 @@ class Harness:
                 # cancelled request again.
                 if held.stop_outcome is None:
                     held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
-                held.exec_scope.cancel()
+                held.stop_agent()
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
@@ -427,7 +427,7 @@ class Harness:
         # restart report it cancelled too and never start it again.
         held.stop_outcome = outcome
         if self.steps is None or self._nursery is None:
-            held.exec_scope.cancel()
+            held.stop_agent()
             return
         self._nursery.start_soon(self._cancel_running, held, outcome)
 
@@ -447,7 +447,7 @@ class Harness:
                       "its agent all the same", held.run_id, exc)
         finally:
             if not held.agent_ended:  # else it is reported as it finished (§6)
-                held.exec_scope.cancel()
+                held.stop_agent()
 
     def forget(self, run_id: str) -> None:
         """The server no longer knows the run: stop it and never report it (§2)."""

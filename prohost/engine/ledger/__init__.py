@@ -41,7 +41,9 @@ step               durable    why
                               is run again, so a spawned one must never look so
 ``record_pgid``    yes        right after the spawn, before the agent's output is
                               read: a restart kills the group only if it was
-                              written; the run stops if it cannot be (§7)
+                              written; the run stops if it cannot be (§7). With
+                              it, what the run's checkouts were as it began
+                              (``start_state``): a restart reports its changes
 ``record_cancel``  yes        a server's cancel of a run not finished, before its agent
                               is stopped: a restart reports it cancelled, never runs
                               it again (§6); ``mark_finished`` replaces it

@@ -16,6 +16,7 @@ from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, w
 from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
 from prohost.engine.run.confine import Sandbox, hidden_places
+from prohost.engine.run.startstate import read_start_state, start_state
 from prohost.engine.sandbox import Policy, confined_command
 from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
@@ -91,6 +92,20 @@ class LaneCheckouts:
                 return f"the private checkout {name} was not ready, so the agent was not " \
                        f"started: {said}"
         return None
+
+    def start_state(self) -> str | None:
+        """What :meth:`prepare` found, as the ledger keeps it with the agent's process
+        group (:mod:`prohost.engine.run.startstate`); ``None`` without ``--repos``."""
+        if self.worktrees is None or self.prepared is None:
+            return None
+        return start_state(self.prepared, self._before, self._unready)
+
+    def resume(self, text: str) -> None:
+        """Take up the checkouts a run began with in an earlier process of the
+        harness, from the ledger's :meth:`start_state` of it, in place of
+        :meth:`prepare`: :meth:`changes` then says what the run changed since.
+        Raises :class:`~prohost.engine.run.startstate.UnreadableStartState`."""
+        self.prepared, self._before, self._unready = read_start_state(text)
 
     async def changes(self) -> list[ChangeEntry] | None:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``

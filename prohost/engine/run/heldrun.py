@@ -21,7 +21,7 @@ from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
-__all__ = ["HeldRun", "Phase"]
+__all__ = ["HeldRun", "Interrupted", "Phase"]
 
 
 class Phase(enum.StrEnum):
@@ -33,6 +33,19 @@ class Phase(enum.StrEnum):
     PREPARING = "preparing"
     RUNNING = "running"
     REPORTING = "reporting"
+
+
+@attrs.frozen
+class Interrupted:
+    """A run an earlier process of the harness started and never finished (a ``kill
+    -9``, a crash), as the restart that found it knows it: when it began and when it
+    was found (epoch s), and what its checkouts were as it began (the ledger's JSON;
+    ``None`` when it has none). Its report says what it changed and how long it ran
+    (§7), like every other ending's."""
+
+    started_at: float | None
+    found_at: float
+    start_state: str | None
 
 
 @attrs.define(eq=False)
@@ -65,7 +78,14 @@ class HeldRun:
     #: alone): a cancel or a stop that comes now changes nothing, and the run is
     #: reported as it finished (§6).
     agent_ended: bool = False
+    #: The run's agent has exited by itself (its leader), and no other has been
+    #: spawned since (set by the runner alone): a cancel or a stop that comes now
+    #: is kept, but waits for the runner's word (:meth:`stop_agent`,
+    #: :meth:`next_agent`) — a run whose agent finished is finished (§6).
+    agent_exited: bool = False
     dropped: bool = False
+    #: Set by a restart for a run an earlier process started and never finished.
+    interrupted: Interrupted | None = None
     #: Where the run's report goes, kept while the body is not: a run whose body
     #: cannot be read back is still reported
     #: (``prohost.engine.run.queued_bodies.QueuedBodies.load``).
@@ -95,6 +115,22 @@ class HeldRun:
         to call."""
         self.state = state
         changed()
+
+    def stop_agent(self) -> None:
+        """Stop the run's agent for :attr:`stop_outcome` (set first): at once, unless
+        its agent has just exited by itself. Then the run ends as its agent did,
+        unless another agent would follow (a fail-over, a fresh session), which
+        :meth:`next_agent` stops instead."""
+        if not self.agent_exited:
+            self.exec_scope.cancel()
+
+    def next_agent(self) -> None:
+        """The runner's word that another agent may start for the run: a cancel or a
+        stop kept since the last one exited stops the run now, and later ones at
+        once (the runner's alone to call)."""
+        self.agent_exited = False
+        if self.stop_outcome is not None:
+            self.exec_scope.cancel()
 
     @property
     def conversation_id(self) -> str | None:

@@ -62,7 +62,7 @@ from prohost.engine.run.confine import (
     confine,
     confined_env,
 )
-from prohost.engine.run.ending import Ending, RecordsTotals, Tally
+from prohost.engine.run.ending import Ending, RecordsTotals, Tally, since_restart
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -253,6 +253,14 @@ class Runner:
         """
         await self.bodies.load(held, self.steps.read_body)
         with held.life_scope:
+            if held.interrupted is not None and not recorded:
+                # Its checkouts are read once the lane is its own (no later turn
+                # touches them meanwhile), then it is finished as any other.
+                if lane_turn is not None:
+                    await lane_turn()
+                    lane_turn = None
+                outcome = await since_restart(held.run_id, outcome, held.interrupted,
+                                              self._checkouts())
             if not recorded:
                 await self._finish(held, outcome)
             else:
@@ -438,8 +446,7 @@ class Runner:
             return Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)
 
-        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env, self.sandbox,
-                                  self.scratch_root)
+        checkouts = self._checkouts() or LaneCheckouts(None, setup.bounds, self.env)
         tally.changes = checkouts.changes  # a cancel or a stop reads them too (§7)
         if self.worktrees is not None:
             progress.preparing = "preparing the private checkouts"
@@ -478,7 +485,17 @@ class Runner:
         # (the write failed or outlived its bound) makes the attempt kill the
         # group, and the run is reported as an internal error: a step that cannot
         # be written is never skipped.
-        on_spawn = functools.partial(steps.record_pgid, run.run_id)
+        # With the checkouts' start state: a restart says what the run changed (§7).
+        record_pgid = functools.partial(steps.record_pgid, run.run_id,
+                                        start_state=checkouts.start_state())
+
+        async def on_spawn(pgid: int) -> None:
+            held.next_agent()  # a cancel kept since the last agent exited stops this one
+            await record_pgid(pgid)
+
+        def on_exit() -> None:
+            held.agent_exited = True  # a cancel from now on waits for our word (§6)
+
         tried: set[str] = set()
         try:
             while True:
@@ -540,7 +557,7 @@ class Runner:
                                                 else confined.tmpdir),
                                 confinement=None if confined is None
                                 else confined.confinement),
-                        setup, progress, on_spawn, timeline)
+                        setup, progress, on_spawn, timeline, on_exit)
                 finally:
                     if confined is not None:
                         confined.close()
@@ -565,6 +582,11 @@ class Runner:
                     # (not retryable: it would spend as much again).
                     outcome, limited = self._over_budget(tally), False
                 else:
+                    if result.ended_by_limit:
+                        # Another agent may follow: a cancel kept meanwhile stops the
+                        # run here, on this account, before another is chosen.
+                        held.next_agent()
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
                 if following is None:
@@ -581,6 +603,13 @@ class Runner:
                 account, session = following
         finally:
             await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
+
+    def _checkouts(self) -> LaneCheckouts | None:
+        """A run's view of its lane's checkouts; ``None`` without ``--repos``."""
+        if self.worktrees is None:
+            return None
+        return LaneCheckouts(self.worktrees, self.setup.bounds, self.env, self.sandbox,
+                             self.scratch_root)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
                        env: Mapping[str, str], deadline: float) -> RunConfinement | None:

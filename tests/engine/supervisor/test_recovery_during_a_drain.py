@@ -120,7 +120,10 @@ async def test_a_drain_while_recovering_reports_every_recovered_run_then_exits_0
             assert server.run(runs["queued"]).completion == {
                 "run_id": runs["queued"], "ok": False, "error": NOT_STARTED,
                 "retryable": True}
-            assert server.run(runs["interrupted"]).completion == {
+            # A run interrupted by the restart says how long it ran (§7).
+            interrupted = dict(server.run(runs["interrupted"]).completion or {})
+            assert isinstance(interrupted.pop("duration_ms"), int)
+            assert interrupted == {
                 "run_id": runs["interrupted"], "ok": False, "error": RESTARTED,
                 "retryable": True}
             outbox = server.run(runs["outbox"]).completion
@@ -164,7 +167,9 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
             assert codes == [0]
             assert server.run(late).completion == {
                 "run_id": late, "ok": False, "error": NOT_STARTED, "retryable": True}
-            assert server.run(stray).completion == {
+            swept = dict(server.run(stray).completion or {})
+            assert isinstance(swept.pop("duration_ms"), int)
+            assert swept == {
                 "run_id": stray, "ok": False, "error": INTERRUPTED, "retryable": True}
             with Ledger.open(home / "ledger.sqlite3") as after:
                 assert after.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
