@@ -89,4 +89,4 @@ async def test_a_cancel_after_a_limited_agent_exited_stops_the_fail_over(
     assert (completion["error"], completion["retryable"]) == (CANCELLED, False), completion
     # Ended on a: no agent was spawned on b (it would be the run's account then).
     assert completion["account"] == "a", completion
-    assert [Path(i["config_dir"]).name for i in invocations(tmp_path)] == ["cfg-a"]
+    assert [Path(i["login_dir"]).name for i in invocations(tmp_path)] == ["cfg-a"]
