@@ -46,11 +46,13 @@ from prohost.engine.report.outbox import Outbox, ReportTiming
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
+from prohost.engine.run.workspace import Workspaces
 from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
 from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
@@ -154,16 +156,20 @@ class Harness:
             #: Reports that outlived their retry window, tried again (§7).
             self.outbox = Outbox(self.reporter, self.steps, timing=self.timing,
                                  on_change=self.changed)
+            setup = AgentSetup(
+                self.brain,
+                ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
+                self.groups, self.bounds)
             self.runner = Runner(
-                setup=AgentSetup(
-                    self.brain,
-                    ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
-                    self.groups, self.bounds),
-                steps=self.steps, reporter=self.reporter, outbox=self.outbox, gate=self.gate,
-                env=self.env, worktrees=self.worktrees, scratch_root=self.scratch_root,
+                steps=self.steps, outbox=self.outbox,
+                workspaces=Workspaces(setup=setup, env=self.env, worktrees=self.worktrees
+                                      if self.worktrees.enabled else None,
+                                      scratch_root=self.scratch_root, sandbox=self.sandbox,
+                                      agent=self.brain.folders_owner),
+                attempts=Attempts(setup=setup, steps=self.steps, gate=self.gate, clock=clock,
+                                  on_change=self.changed),
                 on_change=self.changed, on_outcome=self.facts.note_outcome,
-                bodies=self.bodies, clock=clock,
-                sandbox=self.sandbox,
+                bodies=self.bodies,
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,

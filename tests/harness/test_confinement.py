@@ -320,7 +320,7 @@ async def test_a_run_failing_before_its_confinement_removes_its_scratch_once(
     """A run whose MCP folder cannot be made (the plain brain has no MCP) fails
     before its confinement is made: its scratch folder is removed once."""
     from prohost.engine.agent.environment import scratch_folder
-    from prohost.engine.run import runner
+    from prohost.engine.run import workspace
 
     removed: list[Path] = []
 
@@ -328,8 +328,8 @@ async def test_a_run_failing_before_its_confinement_removes_its_scratch_once(
         removed.append(scratch)
         await remove(run, scratch, bounds, made=made)
 
-    remove = runner.remove_scratch
-    monkeypatch.setattr(runner, "remove_scratch", counted)
+    remove = workspace.remove_scratch
+    monkeypatch.setattr(workspace, "remove_scratch", counted)
     ran = world.logs / "ran.txt"
     with trio.fail_after(60):
         async with running_server() as server, world.harness(server, prober(f"write:ran:{ran}")):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.run import runner as runner_module
+from prohost.engine.run import workspace as workspace_module
 from prohost.engine.run.staging import share_login
 from tests.harness.test_endings import CANCELLED, _cancel, _handled
 from tests.kits.accounts import folders, limit
@@ -73,7 +73,7 @@ async def test_a_cancel_after_a_limited_agent_exited_stops_the_fail_over(
             await go_on.wait()
         await share_login(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner_module, "share_login", held_back)
+    monkeypatch.setattr(workspace_module, "share_login", held_back)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
                 server, tmp_path / "home", exec_command=FAKE_CLAUDE, brain="claude",

@@ -31,9 +31,12 @@ from prohost.engine.ledger.steps import LaneTurn, LedgerSteps
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.run.attempts import Attempts
+from prohost.engine.run.confine import SANDBOX_OFF
 from prohost.engine.run.execute import AgentSetup, ExecSpec, ToolEventSink
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.runner import Runner
+from prohost.engine.run.workspace import Workspaces
 from prohost.wire.runs import AgentRun, Outcome
 
 __all__ = ["SoloRunner", "solo_runner"]
@@ -83,15 +86,21 @@ async def solo_runner(
             # Never posts: outcome_of ends before the report.
             reporter = Reporter(client, "http://127.0.0.1:9", "solo-token")
             book = AccountBook()
+            setup = AgentSetup(brain, spec, groups if groups is not None else ProcessGroups(),
+                               bounds)
             runner = Runner(
-                setup=AgentSetup(brain, spec, groups if groups is not None else ProcessGroups(),
-                                 bounds),
-                steps=steps, reporter=reporter, outbox=Outbox(reporter, steps),
-                gate=AccountGate(book, limit_wait_s=0, clock=time.time,
-                                 on_change=lambda: None, save_limits=_no_limits),
-                env=dict(env) if env is not None else dict(os.environ),
-                worktrees=worktrees,
-                scratch_root=scratch_root if scratch_root is not None else folder / "runs",
+                steps=steps, outbox=Outbox(reporter, steps),
+                workspaces=Workspaces(
+                    setup=setup, env=dict(env) if env is not None else dict(os.environ),
+                    worktrees=worktrees if worktrees is not None and worktrees.enabled
+                    else None,
+                    scratch_root=scratch_root if scratch_root is not None else folder / "runs",
+                    sandbox=SANDBOX_OFF, agent=brain.folders_owner),
+                attempts=Attempts(setup=setup, steps=steps,
+                                  gate=AccountGate(book, limit_wait_s=0, clock=time.time,
+                                                   on_change=lambda: None,
+                                                   save_limits=_no_limits),
+                                  clock=time.time, on_change=lambda: None),
                 on_change=lambda: None, on_outcome=lambda held, outcome: None,
             )
             yield SoloRunner(runner, ledger)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
+import trio
 
 from prohost.engine.agent.brains.base import one_line
+from prohost.engine.agent.meter import AttemptTotals
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.ledger.steps import LaneTurn
 from prohost.engine.run.checkouts import LaneCheckouts
@@ -65,18 +67,13 @@ def failure_from_result(result: ProcessResult, *, timeout_s: float,
 
 
 @attrs.define
-class Tally:
+class Tally(AttemptTotals):
     """What the run's attempts so far add up to, kept while they go on (an
-    exception or a cancel still finds it)."""
+    exception or a cancel still finds it); with what its brain's meter keeps
+    (:class:`~prohost.engine.agent.meter.AttemptTotals`: the last session totals)."""
 
     #: Every attempt's usage, summed (§7: the run's ``usage`` is all of them).
     spent: Usage = attrs.field(factory=Usage)
-    #: The last finished attempt's session running totals (a CLI reporting those).
-    totals: Usage | None = None
-    #: The attempt under way (or last made), for a CLI reporting running totals:
-    #: the session it resumed, what that session had reached before, and the
-    #: account's environment (where the CLI keeps its sessions).
-    attempt: tuple[str | None, Usage | None, Mapping[str, str]] | None = None
     #: When the run began (trio time, at ``started``), for its ``duration_ms``;
     #: ``None``: it never began.
     began: float | None = None
@@ -85,14 +82,13 @@ class Tally:
     #: the run has no checkouts (yet).
     changes: Callable[[], Awaitable[list[ChangeEntry] | None]] | None = None
 
-
-@runtime_checkable
-class RecordsTotals(Protocol):
-    """A brain whose CLI also records its session's running totals on disk, so a
-    turn that printed none (failed, timed out, stopped) can still be counted
-    (:meth:`prohost.engine.agent.brains.codex.CodexBrain.recorded_totals`)."""
-
-    def recorded_totals(self, session_id: str, env: Mapping[str, str]) -> Usage | None: ...
+    def ended(self, said: Outcome, *, changes: list[ChangeEntry] | None = None,
+              **more: Any) -> Ending:
+        """The run's ending now: ``said`` with what it spent, what it changed
+        (``changes``) and how long it has run since it began."""
+        began = self.began if self.began is not None else trio.current_time()
+        return Ending(said, usage=self.spent, changes=changes,
+                      duration_ms=round((trio.current_time() - began) * 1000), **more)
 
 
 @attrs.frozen

@@ -29,71 +29,28 @@ every account is limited (§12), are the :class:`~prohost.engine.accounts.gate.A
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-import attrs
 import trio
 
 from prohost.engine import lognames
-from prohost.engine.accounts.book import Account, AccountBook
-from prohost.engine.accounts.gate import AccountGate
-from prohost.engine.agent.brains.base import McpError, one_line
-from prohost.engine.agent.environment import scratch_folder
-from prohost.engine.ledger import LedgerError
+from prohost.engine.accounts.book import Account
+from prohost.engine.agent.brains.base import one_line
 from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
-from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
-from prohost.engine.run.checkouts import LaneCheckouts
-from prohost.engine.run.confine import (
-    SANDBOX_OFF,
-    ConfinementFailed,
-    RunConfinement,
-    RunPlaces,
-    Sandbox,
-    confine,
-    confined_env,
-)
-from prohost.engine.run.ending import Ending, RecordsTotals, Tally, since_restart
-from prohost.engine.run.execute import (
-    AgentSetup,
-    Attempt,
-    AttemptResult,
-    ToolEventSink,
-    execute,
-    left_of,
-)
+from prohost.engine.run.attempts import Attempts
+from prohost.engine.run.ending import Ending, Tally, since_restart
+from prohost.engine.run.execute import AgentSetup, ToolEventSink
 from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
-from prohost.engine.run.staging import (
-    env_for,
-    mcp_folder,
-    mend_session,
-    prompt_for,
-    remove_scratch,
-    share_login,
-    wire_mcp,
-    workdir_for,
-)
-from prohost.execline import acp_agent
-from prohost.wire.changes import ChangeEntry
-from prohost.wire.outcomes import (
-    NOT_CONFINED,
-    budget_reached,
-    internal_error,
-    limit_phrase,
-    without_local_paths,
-)
-from prohost.wire.runs import AgentRun, Outcome
-from prohost.wire.usage import Usage
+from prohost.engine.run.workspace import Workspaces
+from prohost.wire.outcomes import internal_error, without_local_paths
+from prohost.wire.runs import Outcome
 
 log = logging.getLogger("prohost.runner")
 #: A run's progress (accepted, started, finished). The status panel reports the
@@ -138,48 +95,36 @@ class Runner:
     def __init__(
         self,
         *,
-        setup: AgentSetup,
         steps: LedgerSteps,
-        reporter: Reporter,
         outbox: Outbox,
-        gate: AccountGate,
-        env: Mapping[str, str],
-        worktrees: WorktreeManager | None,
-        scratch_root: Path,
+        workspaces: Workspaces,
+        attempts: Attempts,
         on_change: Callable[[], None],
         on_outcome: Callable[[HeldRun, Outcome], None],
-        clock: Callable[[], float] = time.time,
         bodies: QueuedBodies | None = None,
-        sandbox: Sandbox = SANDBOX_OFF,
     ) -> None:
-        self.setup = setup
-        #: How agents are confined (§13): its ``confines`` alone says whether they are.
-        self.sandbox = sandbox
-        #: Whose own folders a confined run is granted: the brain's, or for the ACP
-        #: brain the agent its command line starts (each has folders of its own).
-        self._agent = setup.brain.name
-        if setup.brain.name == "acp":
-            self._agent = acp_agent(setup.spec.command) or "acp"
         self.steps = steps
-        self.reporter = reporter
-        #: Reports that outlived their retry window, tried again (§7).
+        #: Reports that outlived their retry window, tried again (§7); its reporter
+        #: posts every report.
         self.outbox = outbox
-        #: Which account each run starts on, and the wait while none can (§12).
-        self.gate = gate
-        self.env = env
-        self.worktrees = worktrees if worktrees is not None and worktrees.enabled else None
-        self.scratch_root = scratch_root
+        #: What each run's workspace is made from (checkouts, folders, confinement).
+        self.workspaces = workspaces
+        #: Each run's account and attempts (§12).
+        self.attempts = attempts
         self._on_change = on_change
         self._on_outcome = on_outcome
-        #: Wall-clock epoch seconds, for the book's reset times.
-        self.clock = clock
         #: Where a queued run's body waits until the run leaves the queue.
         self.bodies = bodies if bodies is not None else QueuedBodies()
 
     @property
-    def book(self) -> AccountBook:
-        """The agent accounts and their limits (docs/protocol.md §12), the gate's."""
-        return self.gate.book
+    def setup(self) -> AgentSetup:
+        """How agents start: the brain, the command line, the process groups."""
+        return self.attempts.setup
+
+    @property
+    def reporter(self) -> Reporter:
+        """Posts the runs' reports (§7)."""
+        return self.outbox.reporter
 
     async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
         """Execute ``held`` and settle its report.
@@ -204,7 +149,7 @@ class Runner:
         if problem is not None:
             release_slot()
             # An OSError reading the ledger names its file: §7, no local path.
-            said = without_local_paths(problem, self._places())
+            said = without_local_paths(problem, self.workspaces.places())
             await self.settle_only(held, Outcome.failure(internal_error(said),
                                                          retryable=True), recorded=False)
             return
@@ -260,7 +205,7 @@ class Runner:
                     await lane_turn()
                     lane_turn = None
                 outcome = await since_restart(held.run_id, outcome, held.interrupted,
-                                              self._checkouts())
+                                              self.workspaces.checkouts())
             if not recorded:
                 await self._finish(held, outcome)
             else:
@@ -303,7 +248,7 @@ class Runner:
         """The completion's ``confined`` (§7) after ``spawns`` spawns of the agent."""
         if not spawns:
             return None
-        return self.sandbox.complete
+        return self.workspaces.sandbox.complete
 
     def _internal_error(self, held: HeldRun, exc: BaseException) -> Outcome:
         """An exception no step expected, as the outcome the server hears (§7): the
@@ -325,44 +270,28 @@ class Runner:
                 message = message.replace(secret, "<secret>")
         # §7: no local path in any text sent to the server; scrubbed before the
         # line is cut, so that no path is left cut in half.
-        message = one_line(without_local_paths(message, self._places(), _paths_of(exc)),
+        message = one_line(without_local_paths(message, self.workspaces.places(),
+                                               _paths_of(exc)),
                            INTERNAL_ERROR_CHARS)
         error = internal_error(f"{type(exc).__name__}: {message}" if message
                                else type(exc).__name__)
         return Outcome.failure(error, retryable=True)
 
-    def _places(self) -> list[tuple[Path, str]]:
-        """The local folders an internal error's text may name, each with the words
-        the server reads instead (:func:`without_local_paths`)."""
-        # The scratch root is $PROHOST_HOME/runs (the composition root's), so its
-        # parent is the home, which holds the ledger and the worktrees too.
-        places = [(self.scratch_root.parent, "$PROHOST_HOME"),
-                  (self.setup.spec.workdir, "<workdir>")]
-        if self.worktrees is not None:
-            # The person's repositories, by their names in the report (§7 ``repo``).
-            places += zip(self.worktrees.repos, self.worktrees.names, strict=True)
-        return places
-
     async def _execute(self, held: HeldRun, timeline: ToolEventSink | None,
                        tally: Tally) -> Ending:
-        """The run's account, then its attempts (:meth:`_start`); a stop's outcome
+        """The run's account, then its attempts (:meth:`_begin`); a stop's outcome
         when ``held.exec_scope`` was cancelled meanwhile.
 
-        Cancelled from outside: as :meth:`_start`.
+        Cancelled from outside: as :meth:`_begin`.
         """
         run = held.run
         ending: Ending | None = None
         with held.exec_scope:
-            lane_account = None
-            if len(self.book.accounts) > 1:
-                # A read under the ledger's lock: abandoning it on a hung disk is safe.
-                lane_account = await self.steps.lane_account(run.lane)
-            chosen = await self.gate.wait_for_account(held.run_id, held.progress,
-                                                      lane_account)
+            chosen = await self.attempts.account_for(held)
             if isinstance(chosen, Outcome):
                 ending = Ending(chosen)
             else:
-                ending = await self._start(held, timeline, chosen, tally)
+                ending = await self._begin(held, timeline, chosen, tally)
         if ending is None:  # the exec scope was cancelled: a cancel or a stop
             if held.stop_outcome is None:
                 raise RuntimeError(f"harness bug: run {run.run_id} was stopped without "
@@ -375,7 +304,8 @@ class Runner:
         (§7), with what the run changed, how long it ran and what it spent; a spend
         the CLI never said (a stopped turn that printed no totals, whose totals
         cannot be read where the CLI records them) is flagged
-        ``includes_earlier_turns`` on the lane's next turn (:meth:`_unreported`).
+        ``includes_earlier_turns`` on the lane's next turn (the brain's meter,
+        :meth:`prohost.engine.agent.meter.UsageMeter.unreported`).
 
         Cancelled (the stop's deadline): the changes are not read, nothing else
         waits."""
@@ -383,7 +313,8 @@ class Runner:
         usage = tally.spent
         if tally.totals is None and progress.session_id is not None and progress.attempts:
             # The stopped turn printed no totals (§7): as for a failed one.
-            share = await self._unreported(held.run_id, progress.session_id, tally)
+            share = await self.attempts.meter.unreported(held.run_id, progress.session_id,
+                                                        tally)
             if share is not None:
                 usage = usage + share
         duration_ms = changes = None
@@ -403,316 +334,49 @@ class Runner:
                       totals=tally.totals, usage=usage if tally.began is not None else None,
                       duration_ms=duration_ms, changes=changes,
                       confined=self._confined(progress.attempts))
-    async def _start(self, held: HeldRun, timeline: ToolEventSink | None,
-                     account: Account, tally: Tally) -> Ending:
-        """:meth:`_begin` (each attempt makes its own confinement). Cancelled: as
-        :meth:`_begin`."""
-        return await self._begin(held, timeline, account, tally)
 
     async def _begin(self, held: HeldRun, timeline: ToolEventSink | None,
                      account: Account, tally: Tally) -> Ending:
-        """``started``, then the run's checkouts, prompt and working folder, then its
-        attempts on ``account`` and, while each ends at its account's usage limit,
-        on the next account the book offers (fresh session there; none left: wait
-        as a queued run would, within ``--timeout``), all inside the run's deadline.
+        """``started``, then the run's workspace (:class:`Workspaces`), then its
+        attempts on ``account`` and the accounts after it (:class:`Attempts`), all
+        inside the run's deadline.
 
         Raises when ``started`` or the agent's process group cannot be written
-        (never spawning the agent, or killing its group): :meth:`outcome_of` turns that
-        into a retryable internal error. Cancelled: the running agent's group is
-        stopped (shielded, bounded) and the run's MCP folder removed before the
-        cancellation propagates.
+        (never spawning the agent, or killing its group): :meth:`outcome_of` turns
+        that into a retryable internal error. Cancelled: the running agent's group
+        is stopped (shielded, bounded) and the run's scratch folder removed before
+        the cancellation propagates.
         """
-        run, progress = held.run, held.progress
-        setup, steps = self.setup, self.steps
+        run, workspaces = held.run, self.workspaces
         held.move_to(Phase.PREPARING, self._on_change)
-        session = await steps.started(run.run_id, run.lane, account.name)
-        self.book.started(account.name, self.clock())
+        session = await self.steps.started(run.run_id, run.lane, account.name)
+        self.attempts.started(account)
         # Still "preparing" while its private checkouts are made (§5.1): heartbeats
         # and the panel show why a run has no agent yet.
         held.started_at = time.time()
-        held.move_to(Phase.PREPARING if self.worktrees is not None else Phase.RUNNING,
+        held.move_to(Phase.PREPARING if workspaces.has_checkouts else Phase.RUNNING,
                      self._on_change)
         if progress_log.isEnabledFor(logging.INFO):  # its parts are made only to be shown
-            named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
+            named = ("" if len(self.attempts.book.accounts) == 1
+                     else f" on account {account.name}")
             progress_log.info("▶ run %s started on %s%s%s", run.run_id, run.lane, named,
                               f" (resuming session {session})" if session else "")
         # The budget starts now, not at spawn: preparing the run is part of it.
         began = tally.began = trio.current_time()
-        timeout_s = setup.spec.timeout_s
+        timeout_s = self.setup.spec.timeout_s
         deadline = began + timeout_s if timeout_s > 0 else math.inf
-
-        def ended(said: Outcome, *, changes: list[ChangeEntry] | None = None,
-                  **more: Any) -> Ending:
-            return Ending(said, usage=tally.spent, changes=changes,
-                           duration_ms=round((trio.current_time() - began) * 1000), **more)
-
-        checkouts = self._checkouts() or LaneCheckouts(None, setup.bounds, self.env)
-        tally.changes = checkouts.changes  # a cancel or a stop reads them too (§7)
-        if self.worktrees is not None:
-            progress.preparing = "preparing the private checkouts"
-            ready = await checkouts.prepare(run, deadline)
-            progress.preparing = None
-            if not ready:
-                # Done after the deadline, or just as it came: no time is left for
-                # the agent.
-                return ended(Outcome.failure(
-                    f"preparing the private checkouts took longer than the run's "
-                    f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
-                    "started"))
-            refused = checkouts.refused()
-            if refused is not None:
-                # A checkout that must not be handed over as it is (§13): the run
-                # fails before anything of it starts, and may be sent again.
-                return ended(Outcome.failure(refused, retryable=True))
-            held.move_to(Phase.RUNNING, self._on_change)
-        prompt = prompt_for(run, setup.spec, checkouts.prepared, confined=self.sandbox.confines)
-        env = env_for(run, setup.spec, self.env, checkouts.prepared)
+        workspace = workspaces.workspace(run)
+        tally.changes = workspace.checkouts.changes  # a cancel or a stop reads them too
+        failed = await workspace.prepare(held.progress, deadline, tally.ended,
+                                         on_ready=lambda: held.move_to(Phase.RUNNING,
+                                                                       self._on_change))
+        if failed is not None:
+            return failed
         try:
-            # Abandoning is safe: a mkdir -p touches nothing trio owns, and the spawn
-            # that needs the folder is not attempted.
-            await setup.spec.folder.ensure(setup.bounds)
-        except OSError as exc:
-            # Named in the local log; the server hears the flag (§7: no local path).
-            log.warning("run %s: could not create the working directory %s: %s",
-                        run.run_id, setup.spec.workdir, exc)
-            return ended(Outcome.failure(
-                "could not create the working directory (--workdir): "
-                f"{exc.strerror or type(exc).__name__}"), changes=await checkouts.changes())
-        # Named by a digest of the run id, never the id itself (§3).
-        scratch = scratch_folder(self.scratch_root, run.run_id)
-        # Durable, and waited for before the agent's output is: a restart after a
-        # kill -9 finds and kills this group only if it was written (§7). Raising
-        # (the write failed or outlived its bound) makes the attempt kill the
-        # group, and the run is reported as an internal error: a step that cannot
-        # be written is never skipped.
-        # With the checkouts' start state: a restart says what the run changed (§7).
-        record_pgid = functools.partial(steps.record_pgid, run.run_id,
-                                        start_state=checkouts.start_state())
-
-        async def on_spawn(pgid: int) -> None:
-            held.next_agent()  # a cancel kept since the last agent exited stops this one
-            await record_pgid(pgid)
-
-        def on_exit() -> None:
-            held.agent_exited = True  # a cancel from now on waits for our word (§6)
-
-        tried: set[str] = set()
-        try:
-            while True:
-                progress.account = account.name
-                # The conversation's own CLI folder of the account (issue 36, attack
-                # 10), sharing the account's login (§13: no person's folder).
-                lane_folder = lane_folder_name(run.lane)
-                account_env = {**env, **account.env(self._agent, lane_folder)}
-                attempt_env = dict(account_env)
-                await share_login(account, self._agent, self.env, setup.bounds, lane_folder)
-                try:
-                    # Per account: a brain may build its configuration over the
-                    # account's own folder (Codex's CODEX_HOME overlay).
-                    wiring = await wire_mcp(run, setup.brain, mcp_folder(scratch, len(tried)),
-                                            attempt_env, setup.bounds)
-                except McpError as exc:
-                    # After a fail-over the session is the new account's own, untouched:
-                    # kept, so that the lane's turn does not forget it (§12).
-                    return ended(Outcome.failure(
-                        f"the run's MCP server could not be prepared, so the agent was not "
-                        f"started: {exc}"), changes=await checkouts.changes(),
-                        ran=bool(tried), session_id=session if tried else None,
-                        account=progress.account, totals=tally.totals)
-                if wiring is not None:
-                    attempt_env.update(wiring.env)
-                try:
-                    # The account's own folders (a brain's MCP overlay of them is in
-                    # the scratch folder, granted as a whole).
-                    confined = await self._confine(run, checkouts, scratch, account_env,
-                                                   deadline)
-                except ConfinementFailed as exc:
-                    # Never unconfined in its place: the run fails, saying why (§13).
-                    # Nothing ran and the fault is this machine's (a hung or failing
-                    # disk): retryable, like a `started` that could not be written.
-                    return ended(Outcome.failure(f"{NOT_CONFINED}: {exc}", retryable=True),
-                                 changes=await checkouts.changes(), ran=bool(tried),
-                                 session_id=session if tried else None,
-                                 account=progress.account, totals=tally.totals)
-                attempt_env = confined_env(attempt_env, confined, self.sandbox.allow_write)
-                await mend_session(setup.brain, session, attempt_env, confined, setup.bounds)
-                before = None
-                if session is not None and setup.brain.running_totals:
-                    before = await self._totals_of(run.run_id, session)
-                tally.totals = None
-                if setup.brain.running_totals:
-                    tally.attempt = (session, before, account_env)
-                # §12: the budget caps the run, all its attempts together; each
-                # attempt is a new CLI process counting from zero, so it is given
-                # what the earlier ones left. The budget is the one the CLI obeys:
-                # --max-cost's, or the user's own --max-budget-usd in --exec.
-                budget = left_of(setup.brain.budget_in_force(), tally.spent)
-                try:
-                    result = await execute(
-                        Attempt(run, prompt, attempt_env, session, deadline, wiring, before,
-                                max_cost_usd=budget,
-                                cwd=workdir_for(setup.spec, checkouts.prepared,
-                                                None if confined is None
-                                                or self.worktrees is None
-                                                else confined.tmpdir),
-                                confinement=None if confined is None
-                                else confined.confinement),
-                        setup, progress, on_spawn, timeline, on_exit)
-                finally:
-                    if confined is not None:
-                        confined.close()
-                    # A refresh the attempt made reaches the person's CLI now,
-                    # before its spent refresh token logs the person out.
-                    await share_login(account, self._agent, self.env, setup.bounds,
-                                      lane_folder)
-                tally.spent += result.spent
-                tally.totals = result.session_totals
-                if (tally.totals is None and setup.brain.running_totals and result.started
-                        and result.session_id is not None):
-                    share = await self._unreported(run.run_id, result.session_id, tally)
-                    if share is not None:
-                        tally.spent += share
-                await self.gate.learned(account, result.limit)
-                outcome, limited = result.outcome, result.ended_by_limit
-                following = None
-                if result.reached_budget:
-                    outcome = self._over_budget(tally)
-                elif limited and left_of(setup.brain.budget_in_force(), tally.spent) == 0:
-                    # Nothing left for another account: the run ends at its budget
-                    # (not retryable: it would spend as much again).
-                    outcome, limited = self._over_budget(tally), False
-                else:
-                    if result.ended_by_limit:
-                        # Another agent may follow: a cancel kept meanwhile stops the
-                        # run here, on this account, before another is chosen.
-                        held.next_agent()
-                        await trio.lowlevel.checkpoint_if_cancelled()
-                    following = await self._next_account(held, account, result, tried,
-                                                         deadline)
-                if following is None:
-                    # The agent has ended with its outcome: a cancel or a stop that
-                    # comes while its changes are read changes nothing (§6).
-                    held.agent_ended = True
-                    return ended(outcome, changes=await checkouts.changes(),
-                                 ran=True, session_id=result.session_id,
-                                 account=account.name, totals=tally.totals,
-                                 limited=limited,
-                                 confined=(confined is not None
-                                           and confined.confinement.confined)
-                                 if result.started else None)
-                account, session = following
+            return await self.attempts.run(held, workspace, account, session, tally,
+                                           timeline, deadline, tally.ended)
         finally:
-            await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
-
-    def _checkouts(self) -> LaneCheckouts | None:
-        """A run's view of its lane's checkouts; ``None`` without ``--repos``."""
-        if self.worktrees is None:
-            return None
-        return LaneCheckouts(self.worktrees, self.setup.bounds, self.env, self.sandbox,
-                             self.scratch_root)
-
-    async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
-                       env: Mapping[str, str], deadline: float) -> RunConfinement | None:
-        """The attempt's confinement (§13), made anew, ``None`` when runs are not
-        confined; raises :class:`ConfinementFailed`. Cancelled: as :func:`confine`."""
-        if not self.sandbox.confines:
-            return None
-        prepared = checkouts.prepared
-        places = RunPlaces(
-            workdir=None if self.worktrees is not None else self.setup.spec.workdir,
-            worktrees=tuple(Path(c.path) for c in prepared.checkouts) if prepared else (),
-            lane_folder=prepared.folder if prepared else None,
-            scratch=scratch, brain=self._agent, env=env,
-            git=tuple(c.git for c in prepared.checkouts if c.git) if prepared else (),
-            lane=run.lane)
-        return await confine(self.sandbox, places, deadline, self.setup.bounds)
-
-    def _over_budget(self, tally: Tally) -> Outcome:
-        """The run reached its budget (§12), in words of its own: the budget in force
-        and what the whole run spent, the figure its ``usage.cost_usd`` says, not the
-        last attempt's. The rest (session, usage, duration, account) is added where
-        every outcome is finished, :meth:`Ending.outcome`."""
-        return Outcome.failure(budget_reached(self.setup.brain.budget_in_force(),
-                                              tally.spent.cost_usd))
-
-    async def _next_account(self, held: HeldRun, account: Account, result: AttemptResult,
-                            tried: set[str], deadline: float
-                            ) -> tuple[Account, str | None] | None:
-        """The account the run goes on with after ``result``, with the lane's session
-        there: ``None`` unless the attempt ended at ``account``'s usage limit and
-        another account can take the run before ``deadline``.
-
-        Cancelled: nothing to undo (a wait for an account just ends).
-        """
-        if not result.ended_by_limit:
-            return None
-        tried.add(account.name)
-        if trio.current_time() >= deadline:
-            return None
-        book = self.book
-        following = book.choose(self.clock(), exclude=frozenset(tried))
-        if following is None and book.all_limited(self.clock()):
-            # No other account can take it now: wait like a queued run (§12),
-            # within the run's --timeout as well as --limit-wait.
-            with trio.move_on_at(deadline):
-                waited = await self.gate.wait_for_account(held.run_id, held.progress, None)
-                following = waited if isinstance(waited, Account) else None
-        if following is None:
-            return None
-        session = await self.steps.account_session(held.run.lane, following.name)
-        book.started(following.name, self.clock())
-        self._on_change()
-        log.warning("run %s: account %s is at its usage limit (%s); running it again "
-                    "on account %s", held.run_id, account.name, result.outcome.error,
-                    following.name)
-        return following, session
-
-    async def _totals_of(self, run_id: str, session_id: str) -> Usage:
-        """What the resumed session had reached (§7: Codex reports running totals).
-        Unreadable: the run goes on, its figures then the totals'.
-
-        Cancelled: as :meth:`LedgerSteps.session_totals` (a read).
-        """
-        try:
-            text = await self.steps.session_totals(session_id)
-            return Usage.from_json(json.loads(text)) if text else Usage()
-        except (LedgerError, OSError, ValueError) as exc:
-            log.warning("run %s: could not read session %s's usage so far: %s",
-                        run_id, session_id, exc)
-            return Usage()
-
-    async def _unreported(self, run_id: str, session_id: str, tally: Tally) -> Usage | None:
-        """This attempt's share of ``session_id``'s running totals when its CLI
-        printed none (Codex reports a turn's usage only when it completes): read
-        from where the CLI records them (Codex's session rollout file), less what
-        the session had reached before (§7), and ``tally.totals`` set to them. When
-        they cannot be read, ``None``, and ``tally.totals`` says the session went on
-        from the last known totals, so that the next turn's difference, which then
-        holds this one's tokens too, says so (``includes_earlier_turns``).
-
-        Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step` (a read).
-        """
-        if tally.attempt is None:  # no attempt of a CLI reporting running totals
-            return None
-        resumed, before, env = tally.attempt
-        known = before if session_id == resumed and before is not None else Usage()
-        brain = self.setup.brain
-        recorded = None
-        if isinstance(brain, RecordsTotals):
-            try:
-                # Abandoning it is safe: a read of the CLI's own file.
-                recorded = await self.setup.bounds.file_step(
-                    brain.recorded_totals, session_id, env,
-                    what="reading the agent's session totals", limit_s=5.0)
-            except OSError as exc:
-                log.warning("run %s: could not read session %s's totals where the "
-                            "agent records them: %s", run_id, session_id, exc)
-        if recorded is None:
-            tally.totals = attrs.evolve(known, includes_earlier_turns=True)
-            return None
-        tally.totals = recorded
-        earlier = True if known.includes_earlier_turns else None
-        return attrs.evolve(recorded.since(known), turns=1, includes_earlier_turns=earlier)
+            await workspace.close()
 
     async def _finish(self, held: HeldRun, outcome: Outcome,
                       turn: LaneTurn | None = None) -> None:

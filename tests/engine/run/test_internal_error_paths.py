@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.run import runner
+from prohost.engine.run import workspace
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.paths import AGENTS
 
@@ -33,7 +33,7 @@ async def test_an_internal_error_names_no_local_path(
         raise PermissionError(errno.EACCES, f"Permission denied under {workdir}",
                               str(home / "runs" / "r1" / "mcp.json"), None, elsewhere)
 
-    monkeypatch.setattr(runner, "prompt_for", failing_step)
+    monkeypatch.setattr(workspace, "prompt_for", failing_step)
     with trio.fail_after(60):
         async with running_server() as server, running_harness(
             server, home, exec_command=f"{sys.executable} {AGENTS / 'reply.py'} hi",

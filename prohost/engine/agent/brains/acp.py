@@ -716,6 +716,11 @@ class AcpBrain(Brain):
         #: --account folders → names, to know an attempt's account by its env.
         self._accounts: dict[str, str] = {}
 
+    @property
+    def folders_owner(self) -> str:
+        """The agent the command line starts (its folders, §13), ``acp`` when unknown."""
+        return acp_agent(self.exec_line) or "acp"
+
     def choose(self, models: Mapping[str, str], modes: Mapping[str, str],
                accounts: Sequence[tuple[str, Path]] = ()) -> None:
         """Give each session ``models`` and ``modes`` (by account; "": every one)."""

@@ -245,6 +245,13 @@ class Brain(abc.ABC):
         ``--max-cost`` (``None``: all of it); only a brain that :attr:`bounds_cost`
         reads it."""
 
+    @property
+    def folders_owner(self) -> str:
+        """Whose own folders a confined run is granted (§13): the brain's CLI; for
+        the ACP brain the agent its command line starts (each has folders of its
+        own)."""
+        return self.name
+
     def budget_in_force(self) -> float | None:
         """The budget the CLI is held to, for the words of a run that reached it:
         ``--max-cost`` unless the user's own ``--exec`` line sets one that wins."""
