@@ -176,8 +176,7 @@ async def run_git(
     """Run ``argv`` as :func:`git` runs git: a command line that runs git in
     the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
     already. Cancelled: as :func:`git`."""
-    what = next((arg for arg in argv[1:] if not arg.startswith("-") and "/" not in arg
-                 and "=" not in arg and arg != "git"), "git")
+    what = what_of(argv[1:])
     with trio.move_on_after(timeout_s) as scope:
         try:
             done = await trio.run_process(
@@ -197,10 +196,22 @@ async def run_git(
             raise GitError(f"could not run git: {exc.strerror or exc}") from None
     if scope.cancelled_caught:
         raise GitTimedOut(f"git {what} took longer than {timeout_s:g} s and was stopped")
-    if done.returncode not in ok_codes:
-        reason = _reason(done.stderr) or f"git {what} exited with status {done.returncode}"
-        raise GitError(reason)
-    return os.fsdecode(done.stdout)
+    return answer(what, done.returncode, done.stdout, done.stderr, ok_codes)
+
+
+def what_of(args: Sequence[str]) -> str:
+    """The git command ``args`` runs (``status``), as an error names it."""
+    return next((arg for arg in args if not arg.startswith("-") and "/" not in arg
+                 and "=" not in arg and arg != "git"), "git")
+
+
+def answer(what: str, returncode: int, stdout: bytes, stderr: bytes,
+           ok_codes: tuple[int, ...] = (0,)) -> str:
+    """A finished git's stdout (decoded as file names are), or :class:`GitError`
+    with git's own reason when ``returncode`` is not in ``ok_codes``."""
+    if returncode not in ok_codes:
+        raise GitError(_reason(stderr) or f"git {what} exited with status {returncode}")
+    return os.fsdecode(stdout)
 
 
 async def git_at(
