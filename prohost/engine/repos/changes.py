@@ -41,6 +41,7 @@ import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitPlaces, git_env
+from prohost.engine.repos.gitrecords import planted_worktree_config
 from prohost.engine.repos.gitsession import PLAIN_GIT, Git
 from prohost.wire.changes import (
     ChangeEntry,
@@ -138,6 +139,8 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
     """
     deadline = trio.current_time() + limit_s
     where, base_env = os.fspath(path), _env(env, places)
+    if await _planted(places, run, bounds):
+        return CheckoutState(repo, path, error=PLANTED_CONFIG, git=places)
     with trio.move_on_at(deadline) as scope:
         try:
             commit = await _commit(where, base_env, run)
@@ -161,6 +164,25 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
     return CheckoutState(repo, path, commit=commit,
                          truncated=f"listing its files at the start took longer than "
                                    f"{limit_s:g} s", git=places)
+
+
+#: Why a checkout is not read outside a confinement (see :func:`_planted`).
+PLANTED_CONFIG = ("its git dir holds a config.worktree that a run wrote, which the harness "
+                  "reads only inside a confinement (none here); the next run's start "
+                  "removes it")
+
+
+async def _planted(places: GitPlaces | None, run: Git, bounds: Bounds) -> bool:
+    """Whether git outside a confinement would read settings a run wrote: a
+    ``config.worktree`` in the worktree's git dir (§13; see
+    :mod:`prohost.engine.repos.gitrecords`). Inside one, git may read them."""
+    if run.confined or places is None:
+        return False
+    try:
+        return await bounds.file_step(planted_worktree_config, places,
+                                      what="looking at a checkout's git dir", limit_s=1.0)
+    except OSError:
+        return True  # not known: not read
 
 
 def _env(env: Mapping[str, str] | None, places: GitPlaces | None) -> dict[str, str]:
@@ -321,6 +343,8 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
         return UnreadableCheckout(before.repo, before.error)
     deadline = trio.current_time() + limit_s
     where, base_env = os.fspath(before.path), _env(env, before.git)
+    if await _planted(before.git, run, bounds):
+        return UnreadableCheckout(before.repo, PLANTED_CONFIG)
     with trio.move_on_at(deadline) as scope:
         try:
             head = await _commit(where, base_env, run)
