@@ -18,7 +18,6 @@ its command-line overrides): where runs are not confined by bubblewrap
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -127,16 +126,15 @@ class ConfinedGit:
 
         Cancelled (or timed out): the confinement is killed whole (its PID
         namespace ends with it), reaped, and the next git starts a new one."""
-        request = json.dumps({"argv": ["git", *HARDENED, *args],
-                              "env": dict(env if env is not None else git_env())})
+        request = _request(["git", *HARDENED, *args],
+                           env if env is not None else git_env())
         what = what_of(args)
         async with self._lock:
             with trio.move_on_after(timeout_s) as scope:
                 try:
                     process = await self._started()
                     assert process.stdin is not None
-                    await process.stdin.send_all(request.encode("utf-8", "surrogatepass")
-                                                 + b"\n")
+                    await process.stdin.send_all(request)
                     head = await self._line()
                     status, out_len, err_len = (int(word) for word in head.split())
                     out = await self._exactly(out_len)
@@ -217,6 +215,18 @@ class ConfinedGit:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_S):
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True,
                                               abandon_on_cancel=True)
+
+
+def _request(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """A request as :mod:`~prohost.engine.repos.gitserve` reads it: the counts,
+    then each argument and variable ended by a NUL (as bytes: a path that is not
+    UTF-8 goes as it is). Raises :class:`GitError` for a NUL in one (none can be
+    passed to a program)."""
+    words = [os.fsencode(arg) for arg in argv]
+    words += [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()]
+    if any(b"\0" in word for word in words):
+        raise GitError("a git argument or variable holds a NUL byte")
+    return b"%d %d\n" % (len(argv), len(env)) + b"".join(word + b"\0" for word in words)
 
 
 def _scratch(root: Path) -> Path:
