@@ -9,7 +9,6 @@ import pytest
 import trio
 
 from prohost.engine.sandbox import probe
-
 from tests.kits.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("isolated_git")
