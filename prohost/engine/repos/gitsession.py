@@ -49,6 +49,8 @@ Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], list[str]]
 SERVER = str(Path(__file__).with_name("gitserve.py"))
 #: How long closing a session may wait for its process to end, in seconds.
 _CLOSE_S = 2.0
+#: How often :meth:`ConfinedGit._stop` looks whether its group is gone, in seconds.
+_GONE_POLL_S = 0.005
 
 
 class Git(Protocol):
@@ -190,7 +192,10 @@ class ConfinedGit:
         return data
 
     async def _stop(self) -> None:
-        """Kill the confinement now and reap it (shielded, bounded)."""
+        """Kill the confinement now, reap it, and wait until every process of its
+        group is gone (shielded, bounded): bubblewrap's init inside is not the
+        harness's child, so reaping the leader alone does not say its git (and
+        what that git started) has ended."""
         process, self._process = self._process, None
         if process is None:
             return
@@ -198,6 +203,8 @@ class ConfinedGit:
             os.killpg(process.pid, signal.SIGKILL)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_S):
             await process.wait()
+            while await trio.to_thread.run_sync(_group_runs, process.pid):
+                await trio.sleep(_GONE_POLL_S)
 
     async def aclose(self) -> None:
         """End the confined process (its stdin closed, then killed if it lingers)
@@ -215,6 +222,27 @@ class ConfinedGit:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_S):
                 await trio.to_thread.run_sync(shutil.rmtree, scratch, True,
                                               abandon_on_cancel=True)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Blocking: whether a process of the group ``pgid`` still runs (a zombie does
+    not: where the machine's init reaps none, bubblewrap's stays one). Linux's
+    ``/proc``; ``False`` where there is none (bubblewrap is Linux's alone)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                fields = file.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 def _request(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
