@@ -203,7 +203,10 @@ class ConfinedGit:
             os.killpg(process.pid, signal.SIGKILL)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_S):
             await process.wait()
-            while await trio.to_thread.run_sync(_group_runs, process.pid):
+            # Polled: nothing tells the harness when processes it did not start end.
+            while True:
+                if not await trio.to_thread.run_sync(_group_runs, process.pid):
+                    break
                 await trio.sleep(_GONE_POLL_S)
 
     async def aclose(self) -> None:

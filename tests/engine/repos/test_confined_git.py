@@ -80,7 +80,7 @@ async def test_a_git_past_its_bound_ends_with_its_confinement(tmp_path: Path) ->
             await run("-C", str(app), "rev-parse", "HEAD")
             process = run._process  # the confinement's leader (bubblewrap)
             assert process is not None
-            with pytest.raises(GitTimedOut, match="took longer than 0.5 s"):
+            with pytest.raises(GitTimedOut, match=r"took longer than 0\.5 s"):
                 await run("-C", str(app), "-c", "alias.wait=!sleep 61.25", "wait", env=env,
                           timeout_s=0.5)
             assert not alive(process.pid)
