@@ -12,9 +12,12 @@ every config file: no fsmonitor program, no hooks, no pager, editor or network.
 On a worktree, :func:`git_at` names the git dir, common dir and work tree from
 the harness's own records (:class:`GitPlaces`), so git never discovers them from
 a ``.git`` file or ``commondir`` a run could have rewritten. What git still reads
-of its own accord is the common dir's ``config`` (the person's, which no run may
-write) and the git dir's ``config.worktree`` only when the person's config turns
-``extensions.worktreeConfig`` on.
+of its own accord is the common dir's ``config`` (the harness's, including the
+person's, which no run may write) and the git dir's ``config.worktree`` when the
+repository turns ``extensions.worktreeConfig`` on (only one of the person's: see
+:mod:`prohost.engine.repos.gitrecords`). Where runs are confined by bubblewrap,
+the git that reads a run's places runs inside a confinement too
+(:mod:`prohost.engine.repos.gitsession`).
 """
 
 from __future__ import annotations
