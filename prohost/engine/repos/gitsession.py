@@ -153,11 +153,14 @@ class ConfinedGit:
     async def _started(self) -> trio.Process:
         if self._process is not None:
             return self._process
+        # Abandoned when cancelled (a hung disk): what they make is the scratch
+        # folders' sweep's at the next start.
         if self._scratch is None:
-            self._scratch = await trio.to_thread.run_sync(_scratch, self._root)
+            self._scratch = await trio.to_thread.run_sync(_scratch, self._root,
+                                                          abandon_on_cancel=True)
         argv = await trio.to_thread.run_sync(
             self._confine, [sys.executable, "-I", "-S", SERVER],
-            [*self._readable, self._scratch], [])
+            [*self._readable, self._scratch], [], abandon_on_cancel=True)
         try:
             self._process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
