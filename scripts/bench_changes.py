@@ -2,6 +2,7 @@
 """Benchmark what a run changed (§7 ``changes``) against the git commands it is made of.
 
 Usage: .venv/bin/python scripts/bench_changes.py [--files N] [--scale F] [--repeat N] [--keep]
+                                                 [--git plain|confined|per-git]
 
 One generated repository (``--files`` tracked files, 50,000 by default, one commit),
 and in one run, for each case, from a clean worktree:
@@ -19,17 +20,26 @@ the same), and prints each as a ratio: the median of ``--repeat`` such pairs, ea
 pair run back to back, so that a machine busy with something else weighs on both
 sides of a ratio alike. The store's object count (``git
 count-objects -v``) is checked unchanged after each case: nothing is written.
+
+``--git`` says where the git runs: ``plain`` (unconfined, with the harness's
+overrides: where runs are not confined by bubblewrap), ``confined`` (the harness's
+way where they are: one bubblewrap process for every git of a state or a
+comparison, :class:`~prohost.engine.repos.gitsession.ConfinedGit`) or ``per-git``
+(a bubblewrap process for each git, the cost that batching saves). The column
+``procs`` is how many confined processes a comparison started.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -38,7 +48,9 @@ import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import compare, take_state
-from prohost.engine.repos.gitcmd import git_env
+from prohost.engine.repos.gitcmd import GIT_TIMEOUT_S, git_env
+from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
+from prohost.engine.sandbox import Policy, confined_command
 from prohost.wire.protocol import converter
 
 USER = ["-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
@@ -104,7 +116,43 @@ def plain(path: Path) -> float:
     return time.perf_counter() - start
 
 
-async def one_case(path: Path, change: Any, repeat: int) -> dict[str, Any]:
+def _confine(argv: list[str], readable: Sequence[Path],
+             writable: Sequence[Path]) -> list[str]:
+    return confined_command(Policy(readable=tuple(readable), writable=tuple(writable)), argv)
+
+
+class _PerGit:
+    """A confined process for each git (what :class:`ConfinedGit` saves)."""
+
+    confined = True
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.scratch = folder  # readable in each confinement: the line counts' copies
+        self.started = 0
+
+    async def __call__(self, *args: str, timeout_s: float = GIT_TIMEOUT_S,
+                       env: Mapping[str, str] | None = None,
+                       ok_codes: tuple[int, ...] = (0,)) -> str:
+        async with ConfinedGit(_confine, [self.folder], self.folder / "scratch") as run:
+            self.started += 1
+            return await run(*args, timeout_s=timeout_s, env=env, ok_codes=ok_codes)
+
+
+@contextlib.asynccontextmanager
+async def reader(how: str, folder: Path) -> AsyncIterator[Git]:
+    """Where a state's or a comparison's git runs (see ``--git``)."""
+    if how == "plain":
+        yield PLAIN_GIT
+    elif how == "per-git":
+        yield _PerGit(folder)
+    else:
+        async with ConfinedGit(_confine, [folder], folder / "scratch") as run:
+            yield run
+
+
+async def one_case(path: Path, change: Any, repeat: int, how: str = "plain",
+                   ) -> dict[str, Any]:
     """One case: ``repeat`` pairs of (ours, the floor) before the change and after
     it, each pair back to back so that both meet the same machine; the medians."""
     git(path, "checkout", "-q", "--", ".")
@@ -113,14 +161,17 @@ async def one_case(path: Path, change: Any, repeat: int) -> dict[str, Any]:
     states: list[tuple[float, float]] = []
     for _ in range(repeat):
         start = time.perf_counter()
-        before = await take_state("bench", path, bounds=Bounds())
+        async with reader(how, path.parent) as run:
+            before = await take_state("bench", path, bounds=Bounds(), run=run)
         states.append((time.perf_counter() - start, plain(path)))
     change(path)
     compares: list[tuple[float, float]] = []
     for _ in range(repeat):
         start = time.perf_counter()
-        entry = converter.unstructure(await compare(before, bounds=Bounds()))
+        async with reader(how, path.parent) as run:
+            entry = converter.unstructure(await compare(before, bounds=Bounds(), run=run))
         compares.append((time.perf_counter() - start, plain(path)))
+        processes = getattr(run, "started", 0)
     return {
         "state_s": median(ours for ours, _ in states),
         "plain_before_s": median(floor for _, floor in states),
@@ -131,6 +182,7 @@ async def one_case(path: Path, change: Any, repeat: int) -> dict[str, Any]:
         "files": len(entry.get("files", [])) + entry.get("more_files", 0),
         "truncated": entry.get("truncated"), "error": entry.get("error"),
         "objects_unchanged": git(path, "count-objects", "-v") == store,
+        "processes": processes,
     }
 
 
@@ -140,7 +192,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         repo = folder / "repo"
         repo.mkdir()
         make_repo(repo, args.files)
-        return {name: await one_case(repo, change, args.repeat)
+        return {name: await one_case(repo, change, args.repeat, getattr(args, "git", "plain"))
                 for name, change in cases(args.files, args.scale).items()}
     finally:
         if args.keep:
@@ -151,11 +203,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_report(figures: dict[str, Any]) -> None:
     print(f"{'case':<20} {'state s':>8} {'ratio':>6} {'compare s':>10} {'ratio':>6} "
-          f"{'files':>7}  objects   note")
+          f"{'files':>7} {'procs':>5}  objects   note")
     for name, row in figures.items():
         note = row["error"] or row["truncated"] or ""
         print(f"{name:<20} {row['state_s']:>8.3f} {row['state_ratio']:>6.1f} "
-              f"{row['compare_s']:>10.3f} {row['compare_ratio']:>6.1f} {row['files']:>7,}  "
+              f"{row['compare_s']:>10.3f} {row['compare_ratio']:>6.1f} {row['files']:>7,} "
+              f"{row['processes']:>5}  "
               f"{'same' if row['objects_unchanged'] else 'CHANGED':<9} {note}")
 
 
@@ -167,6 +220,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5,
                         help="pairs (ours, the floor) per measure; the medians are shown")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--git", choices=("plain", "confined", "per-git"), default="plain",
+                        help="where the git runs (see the module)")
     args = parser.parse_args()
     figures = trio.run(main_async, args)
     if args.json:

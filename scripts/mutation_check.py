@@ -318,10 +318,13 @@ BREAKAGES: tuple[Breakage, ...] = (
              "        committed = value == head_now(name) and source is None\n"),
         "a rename the run committed is reported `committed: false` (§7)",
     ),
-    # Not "an untracked file in a submodule dropped": the harness no longer reads a
-    # submodule's files (--ignore-submodules=dirty: its git would run the planted
-    # config and filters of a repository a run may write, §13), so no test can
-    # catch that breakage until that git runs confined (the tests' strict xfails).
+    Breakage(
+        "an untracked file in a submodule dropped",
+        _one(CHANGES,
+             '            dirty = "+dirty" if "M" in sub[2:] or "U" in sub[2:] else ""\n',
+             '            dirty = "+dirty" if "M" in sub[2:] else ""\n'),
+        "a submodule holding only new files is missing from `changes` (§7)",
+    ),
     Breakage(
         "agent logs -n 0 prints the whole log",
         _one("prohost/commands/runner.py",

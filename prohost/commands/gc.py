@@ -31,9 +31,13 @@ import trio
 
 from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
+from prohost.engine.repos.gitsession import Confine
 from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
 from prohost.engine.retention import DAY_S, IDLE_LANE_S
+from prohost.engine.run.checkouts import git_confinement
+from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
+from prohost.engine.sandbox import probe
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STALE_AFTER_S,
@@ -170,6 +174,17 @@ def _error(message: str) -> None:
     print(f"prohost agent gc: error: {message}", file=sys.stderr)
 
 
+async def _git_confinement(home: Path) -> Confine | None:
+    """How gc's git looks at what runs left (§13): inside a confinement like a
+    run's (``$PROHOST_HOME`` and the secret stores hidden, no network) where
+    bubblewrap can make one; else ``None`` (unconfined, with the overrides)."""
+    support = await trio.to_thread.run_sync(probe)
+    user_home = os.environ.get("HOME")
+    sandbox = Sandbox(mode="auto", support=support, home=home,
+                      user_home=Path(user_home) if user_home else Path.home())
+    return git_confinement(sandbox)
+
+
 async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: bool) -> int:
     """Run one collection under ``home`` and print what happened; 0, or 1 on an error
     (including a harness on ``home`` whose busy conversations cannot be told: see the
@@ -204,6 +219,7 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
             home, older_than_s=older_than_days * DAY_S, dry_run=dry_run, force=force,
             busy=harness.busy if harness is not None else lambda lane: False,
             with_folder=functools.partial(forget_conversation, home),
+            confine=await _git_confinement(home),
         )
         if harness is None:
             # This holds the home's lock: no run is confined, so every overlay work

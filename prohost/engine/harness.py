@@ -47,6 +47,7 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.attempts import Attempts
+from prohost.engine.run.checkouts import git_confinement
 from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun, Phase
@@ -198,7 +199,7 @@ class Harness:
             seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
             changes=self.state_changed, status_written=self.status_written, steps=self.steps,
             gate=None if self.runner is None else self.gate,
-            worktrees=self.worktrees.enabled)
+            worktrees=self.worktrees.enabled, git_confine=git_confinement(self.sandbox))
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: Until the ledger has been read at start, "nothing held" does not mean idle.

@@ -24,6 +24,13 @@ Attacks:
   repository's alternates; replies with the commit;
 - ``hunt SECRET``: looks through every object it can reach for SECRET;
 - ``move BRANCH``: moves the branch BRANCH to its own HEAD;
+- ``submodule MARKER``: stages ``sub``, a repository of its own whose config sets
+  a clean filter (a script appending to MARKER) for a file whose times changed,
+  so that a ``git status`` reading the submodule runs it;
+- ``worktree-config MARKER``: writes its git dir's ``config.worktree`` (read when
+  the repository enables ``extensions.worktreeConfig``) naming a clean filter (a
+  script appending to MARKER) and an attributes file applying it to every file,
+  and changes a tracked file's times, so that a ``git status`` runs it;
 - ``nothing``.
 """
 
@@ -175,7 +182,45 @@ def main() -> str:
         done = subprocess.run(["git", "update-ref", f"refs/heads/{branch}", "HEAD"],
                               capture_output=True, text=True, check=False)
         return "moved" if done.returncode == 0 else "refused"
+    if attack == "submodule":
+        (marker,) = args
+        sub = os.path.join(here, "sub")
+        os.mkdir(sub)
+        git("-C", sub, "init", "--quiet")
+        with open(os.path.join(sub, "f"), "w", encoding="utf-8") as handle:
+            handle.write("hi\n")
+        git("-C", sub, "add", "f")
+        git("-C", sub, "commit", "--quiet", "-m", "s")
+        git("-C", sub, "config", "filter.x.clean", clean_filter(marker))
+        os.makedirs(os.path.join(sub, ".git", "info"), exist_ok=True)
+        with open(os.path.join(sub, ".git", "info", "attributes"), "w",
+                  encoding="utf-8") as handle:
+            handle.write("* filter=x\n")
+        os.utime(os.path.join(sub, "f"), (978307200, 978307200))
+        git("add", "sub")
+        return "planted"
+    if attack == "worktree-config":
+        (marker,) = args
+        attributes = os.path.join(here, ".attributes")
+        with open(attributes, "w", encoding="utf-8") as handle:
+            handle.write("* filter=x\n")
+        own = git("rev-parse", "--absolute-git-dir")
+        with open(os.path.join(own, "config.worktree"), "w", encoding="utf-8") as handle:
+            handle.write(f"[filter \"x\"]\n\tclean = {clean_filter(marker)}\n"
+                         f"[core]\n\tattributesFile = {attributes}\n")
+        for name in git("ls-files").splitlines():
+            os.utime(os.path.join(here, name), (978307200, 978307200))
+        return "planted"
     return "nothing"
+
+
+def clean_filter(marker: str) -> str:
+    """A clean filter (a script in the checkout) that appends to ``marker``."""
+    script = os.path.join(here, ".clean")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(f"#!/bin/sh\necho ran >> '{marker}'\ncat\n")
+    os.chmod(script, 0o755)
+    return script
 
 
 print(main())

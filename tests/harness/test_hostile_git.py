@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import trio
 
+from prohost.commands.gc import gc_command
 from prohost.engine.repos.collect import collect_garbage
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
@@ -237,3 +238,78 @@ async def test_the_conversation_s_commits_come_back_on_its_branch_only(world: Wo
     after = world.git("for-each-ref", "--format=%(refname) %(objectname)")
     assert sorted(set(after.splitlines()) - set(refs.splitlines())) == [
         f"refs/heads/{world.branch('A')} {commit}"]
+
+
+async def test_a_planted_submodule_s_filter_runs_only_confined(world: World) -> None:
+    """§13: the harness reads a submodule's own changes (its ``git status``, with
+    the config and filters of a repository the run planted) only inside the run's
+    confinement. The run stages ``sub`` whose config names a clean filter writing
+    a marker outside the run: ``changes`` lists ``sub``, and neither the run's end
+    nor the next run's start nor ``agent gc`` wrote the marker."""
+    await make_repo(world.source)
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            planted = await turn(server, "A", "submodule", str(world.marker))
+            assert reply(planted) == "planted"
+            assert not world.marker.exists(), "the run's end ran the planted filter unconfined"
+            assert [row["path"] for row in planted["changes"][0]["files"]] == [".clean", "sub"]
+            assert reply(await turn(server, "A", "nothing")) == "nothing"
+            assert not world.marker.exists(), "the next run's start ran the filter unconfined"
+    await collect_garbage(world.home, older_than_s=0, dry_run=False, force=False)
+    assert not world.marker.exists(), "agent gc ran the planted filter"
+
+
+@pytest.mark.parametrize("bubblewrap", [True, False], ids=["bubblewrap", "landlock-only"])
+async def test_a_worktree_config_a_run_wrote_takes_no_effect_outside(
+    world: World, bubblewrap: bool, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The person's repository enables ``extensions.worktreeConfig``, and the
+    conversation's worktree is one an earlier version made (a worktree of the
+    person's repository, whose git dir its runs may write). A run writes its git
+    dir's ``config.worktree``, naming a clean filter for every file: no git of
+    the harness's outside a confinement runs it (the run's end, the next run's
+    start and its branch moves, ``agent gc``), and the person's repository stays
+    sound. Without bubblewrap (Landlock alone) the harness's git is not
+    confined: it does not read that checkout at the run's end (its ``changes``
+    entry says why), and gc keeps it unread."""
+    if not bubblewrap:
+        monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+    await make_repo(world.source)
+    world.git("config", "extensions.worktreeConfig", "true")
+    path = world.worktree("A")
+    path.parent.mkdir(parents=True)
+    world.git("worktree", "add", "--detach", str(path), "HEAD")
+    with trio.fail_after(60):
+        async with running_server() as server, running_harness(
+            server, world.home, exec_command=HOSTILE, brain="plain", env=world.env,
+            repos=(world.source,),
+        ):
+            planted = await turn(server, "A", "worktree-config", str(world.marker))
+            assert reply(planted) == "planted"
+            assert not world.marker.exists(), "the run's end ran the planted filter"
+            if not bubblewrap:
+                assert "config.worktree" in planted["changes"][0]["error"]
+            second = await turn(server, "A", "nothing")
+            assert reply(second) == "nothing"
+            assert not world.marker.exists(), "the next run's start ran the planted filter"
+            # Removed before that start: the checkout is read again.
+            assert "error" not in second["changes"][0], second["changes"]
+            again = await turn(server, "A", "worktree-config", str(world.marker))
+            assert reply(again) == "planted"
+    await collect_garbage(world.home, older_than_s=0, dry_run=True, force=False)
+    await collect_garbage(world.home, older_than_s=0, dry_run=False, force=False)
+    assert not world.marker.exists(), "gc ran the planted filter unconfined"
+    if bubblewrap:
+        # `agent gc`'s own way: its git inside a confinement like a run's.
+        capsys.readouterr()
+        assert await gc_command(world.home, 0, dry_run=False, force=False) == 0
+        assert not world.marker.exists(), "agent gc ran the planted filter"
+        said = capsys.readouterr().out
+        # Confined, it reads the worktree (and keeps it for its untracked files).
+        assert "uncommitted changes" in said and "outside a confinement" not in said, said
+    assert world.worktree("A").exists()  # its untracked files are work: kept
+    world.git("fsck", "--no-progress")

@@ -40,7 +40,9 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.gitcmd import GitError, GitPlaces, git, git_env
+from prohost.engine.repos.gitcmd import GitError, GitPlaces, git_env
+from prohost.engine.repos.gitrecords import planted_worktree_config
+from prohost.engine.repos.gitsession import PLAIN_GIT, Git
 from prohost.wire.changes import (
     ChangeEntry,
     ChangeKind,
@@ -124,21 +126,24 @@ def without_paths(text: str, path: Path | str, repo: str,
 async def take_state(repo: str, path: Path, *, bounds: Bounds,
                      limit_s: float = CHANGES_LIMIT_S,
                      env: Mapping[str, str] | None = None,
-                     places: GitPlaces | None = None) -> CheckoutState:
+                     places: GitPlaces | None = None, run: Git = PLAIN_GIT) -> CheckoutState:
     """The state of the worktree at ``path`` now (its git state at ``places``),
     within ``limit_s``; a state with ``error`` set when it cannot be read (not a
     checkout, git failing, too slow to give even its commit), with ``truncated``
     when its files could not be listed in time. Reading the working files goes
-    through ``bounds``, the harness's.
+    through ``bounds``, the harness's; every git through ``run`` (confined, where
+    runs are: then a submodule's own changes are read too).
 
     Cancelled: the git command running is killed with its group (as
     :func:`prohost.engine.repos.gitcmd.git`); nothing was written anywhere.
     """
     deadline = trio.current_time() + limit_s
     where, base_env = os.fspath(path), _env(env, places)
+    if await _planted(places, run, bounds):
+        return CheckoutState(repo, path, error=PLANTED_CONFIG, git=places)
     with trio.move_on_at(deadline) as scope:
         try:
-            commit = await _commit(where, base_env)
+            commit = await _commit(where, base_env, run)
         except (GitError, OSError) as exc:
             return CheckoutState(repo, path, error=_said(exc, path, repo), git=places)
     if scope.cancelled_caught:
@@ -148,7 +153,7 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
     ignored: set[str] = set()
     with trio.move_on_at(deadline) as scope:
         try:
-            seen, kept, _ = await _seen(where, base_env, bounds, deadline, keep=True,
+            seen, kept, _ = await _seen(where, base_env, bounds, deadline, run, keep=True,
                                         ignored=ignored)
         except (GitError, OSError) as exc:
             return CheckoutState(repo, path, commit=commit,
@@ -161,20 +166,40 @@ async def take_state(repo: str, path: Path, *, bounds: Bounds,
                                    f"{limit_s:g} s", git=places)
 
 
+#: Why a checkout is not read outside a confinement (see :func:`_planted`).
+PLANTED_CONFIG = ("its git dir holds a config.worktree that a run wrote, which the harness "
+                  "reads only inside a confinement (none here); the next run's start "
+                  "removes it")
+
+
+async def _planted(places: GitPlaces | None, run: Git, bounds: Bounds) -> bool:
+    """Whether git outside a confinement would read settings a run wrote: a
+    ``config.worktree`` in the worktree's git dir (§13; see
+    :mod:`prohost.engine.repos.gitrecords`). Inside one, git may read them."""
+    if run.confined or places is None:
+        return False
+    try:
+        return await bounds.file_step(planted_worktree_config, places,
+                                      what="looking at a checkout's git dir", limit_s=1.0)
+    except OSError:
+        return True  # not known: not read
+
+
 def _env(env: Mapping[str, str] | None, places: GitPlaces | None) -> dict[str, str]:
     """git's environment for a checkout: naming its places when the harness has
     them, so no git here reads its ``.git`` file (§13)."""
     return places.env(env) if places is not None else git_env(env)
 
 
-async def _commit(where: str, env: Mapping[str, str]) -> str | None:
+async def _commit(where: str, env: Mapping[str, str], run: Git) -> str | None:
     # First: this fails plainly ("not a git repository") where nothing else would.
-    await git("-C", where, "rev-parse", "--git-dir", env=env)
-    return await _optional(git("-C", where, "rev-parse", "--verify", "-q", "HEAD^{commit}",
+    await run("-C", where, "rev-parse", "--git-dir", env=env)
+    return await _optional(run("-C", where, "rev-parse", "--verify", "-q", "HEAD^{commit}",
                                env=env))  # None: no commit yet
 
 
-async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float, *,
+async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float,
+                run: Git, *,
                 keep: bool, defer_untracked: bool = False, ignored: set[str] | None = None,
                 ) -> tuple[dict[str, Seen], dict[str, bytes], list[str]]:
     """Every path ``git status`` lists as differing from the commit, with its values
@@ -183,11 +208,13 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
     :data:`_UNREAD` and their names come third, for :func:`_fill` to read the few
     whose content matters. With ``ignored``, the ignored paths are added to it (an
     ignored folder once, with its ``/``)."""
-    # Submodules' commits, never their files: for their files git would run a
-    # `git status` inside each, with the config and attributes (filter
-    # programs) of a repository the run may have planted there (§13).
-    out = await git("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
-                    "--untracked-files=all", "--no-renames", "--ignore-submodules=dirty",
+    # Unconfined, submodules' commits, never their files: for their files git
+    # would run a `git status` inside each, with the config and attributes
+    # (filter programs) of a repository the run may have planted there (§13).
+    # Confined, that git has the run's rights only: their files are read.
+    out = await run("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
+                    "--untracked-files=all", "--no-renames",
+                    *(() if run.confined else ("--ignore-submodules=dirty",)),
                     *(("--ignored=matching",) if ignored is not None else ()),
                     env=env)
     heads: dict[str, str | None] = {}
@@ -240,7 +267,7 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
             commit = h_index
             if sub[1] == "C":
                 # The submodule's own repository: its git dir is not the checkout's.
-                commit = await _optional(git("-C", os.path.join(where, name), "rev-parse",
+                commit = await _optional(run("-C", os.path.join(where, name), "rev-parse",
                                              "HEAD", env=git_env(env))) or "unknown"
             dirty = "+dirty" if "M" in sub[2:] or "U" in sub[2:] else ""
             work[name] = f"160000:{commit}{dirty}"
@@ -305,7 +332,7 @@ def _said(exc: Exception, path: Path | str, repo: str) -> str:
 
 async def compare(before: CheckoutState, *, bounds: Bounds,
                   limit_s: float = CHANGES_LIMIT_S,
-                  env: Mapping[str, str] | None = None) -> ChangeEntry:
+                  env: Mapping[str, str] | None = None, run: Git = PLAIN_GIT) -> ChangeEntry:
     """The §7 ``changes`` entry for one checkout: what changed since ``before``,
     taking its state again now, within ``limit_s``. Its commits come first; its
     files, as far as the bound lets them (``truncated`` says why they stop short).
@@ -316,10 +343,12 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
         return UnreadableCheckout(before.repo, before.error)
     deadline = trio.current_time() + limit_s
     where, base_env = os.fspath(before.path), _env(env, before.git)
+    if await _planted(before.git, run, bounds):
+        return UnreadableCheckout(before.repo, PLANTED_CONFIG)
     with trio.move_on_at(deadline) as scope:
         try:
-            head = await _commit(where, base_env)
-            header = await _header(where, before.commit, head, base_env)
+            head = await _commit(where, base_env, run)
+            header = await _header(where, before.commit, head, base_env, run)
         except (GitError, OSError) as exc:
             return UnreadableCheckout(before.repo, _said(exc, before.path, before.repo))
     if scope.cancelled_caught:
@@ -333,7 +362,8 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
         return entry
     with trio.move_on_at(deadline) as scope:
         try:
-            return await _files(entry, before, where, base_env, bounds, deadline, limit_s)
+            return await _files(entry, before, where, base_env, bounds, deadline, limit_s,
+                                run)
         except (GitError, OSError) as exc:
             return attrs.evolve(entry, truncated=f"its files could not be read: "
                                                  f"{_said(exc, before.path, before.repo)}")
@@ -341,25 +371,25 @@ async def compare(before: CheckoutState, *, bounds: Bounds,
 
 
 async def _header(where: str, base: str | None, head: str | None,
-                  env: Mapping[str, str]) -> tuple[str | None, int]:
-    branch = await _optional(git("-C", where, "symbolic-ref", "--short", "-q", "HEAD",
+                  env: Mapping[str, str], run: Git) -> tuple[str | None, int]:
+    branch = await _optional(run("-C", where, "symbolic-ref", "--short", "-q", "HEAD",
                                  env=env))  # None: detached
     if head is None:
         return branch, 0
     span = head if base is None else f"{base}..{head}"
-    return branch, int(await git("-C", where, "rev-list", "--count", span, env=env))
+    return branch, int(await run("-C", where, "rev-list", "--count", span, env=env))
 
 
 async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
                  env: Mapping[str, str], bounds: Bounds, deadline: float,
-                 limit_s: float) -> CheckoutChanges:
+                 limit_s: float, run: Git) -> CheckoutChanges:
     assert before.seen is not None
     old = before.seen
-    new, _, unread = await _seen(where, env, bounds, deadline, keep=False,
+    new, _, unread = await _seen(where, env, bounds, deadline, run, keep=False,
                                  defer_untracked=True)
     moved: dict[str, tuple[str | None, str | None]] = {}
     if entry.head is not None and entry.head != entry.base:
-        moved = _raw(await git("-C", where, "diff-tree", "--no-ext-diff", "--no-textconv",
+        moved = _raw(await run("-C", where, "diff-tree", "--no-ext-diff", "--no-textconv",
                                "-r", "-z", "--no-renames",
                                "--raw", entry.base or EMPTY_TREE, entry.head, env=env))
 
@@ -449,7 +479,7 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
                                  committed=committed, from_=source))
     entry = attrs.evolve(entry, files=listed, more_files=len(names) - len(listed))
     with trio.move_on_at(deadline) as scope:
-        counts = await _counts(listed, changed, before, where, env, bounds, deadline)
+        counts = await _counts(listed, changed, before, where, env, bounds, deadline, run)
     if scope.cancelled_caught:
         entry = attrs.evolve(entry, truncated=f"counting its lines took longer than "
                                               f"{limit_s:g} s")
@@ -494,7 +524,7 @@ def _is_file(value: str) -> bool:
 
 async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | None, str | None]],
                   before: CheckoutState, where: str, env: Mapping[str, str], bounds: Bounds,
-                  deadline: float) -> dict[str, tuple[int | None, int | None]]:
+                  deadline: float, run: Git) -> dict[str, tuple[int | None, int | None]]:
     """Each listed file's lines added and removed (``None`` for binary files, and
     where a side's content is not known: a large file left changed by an earlier
     turn, or one larger than :data:`COUNT_FILE_BYTES`). A file added or deleted
@@ -516,7 +546,7 @@ async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | No
                 if old is None:
                     continue  # too large to have been kept
             else:
-                old = (await git("-C", where, "cat-file", "blob", then.split(":", 1)[1],
+                old = (await run("-C", where, "cat-file", "blob", then.split(":", 1)[1],
                                  env=env)).encode("utf-8", "surrogateescape")
         sides[index] = old
     if not sides:
@@ -527,13 +557,14 @@ async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | No
     found = {listed[index].path: counts for index, counts in counted.items()}
     if not both:
         return found
-    folder = await bounds.file_step(tempfile.mkdtemp, "", "prohost-changes-",
+    # Confined, in the session's own folder: the only one of the harness's it sees.
+    folder = await bounds.file_step(tempfile.mkdtemp, "", "prohost-changes-", run.scratch,
                                     what="making a folder for line counts", limit_s=1.0)
     try:
         await bounds.file_step(_lay_out, folder, both,
                                what="copying changed files for line counts",
                                limit_s=max(0.0, deadline - trio.current_time()))
-        out = await _no_index_numstat(folder, env)
+        out = await _no_index_numstat(folder, env, run)
     finally:
         await bounds.file_step(shutil.rmtree, folder, True,
                                what="removing the line counts' folder", limit_s=1.0)
@@ -604,11 +635,11 @@ def _lay_out(folder: str, both: Mapping[int, tuple[bytes, bytes]]) -> None:
                 file.write(data)
 
 
-async def _no_index_numstat(folder: str, env: Mapping[str, str],
+async def _no_index_numstat(folder: str, env: Mapping[str, str], run: Git,
                             ) -> dict[int, tuple[int | None, int | None]]:
     # Exit status 1: the two sides differ.
     # Two folders of the harness's, no repository's: nothing of a checkout's git.
-    out = await git("-C", folder, "diff", "--no-ext-diff", "--no-textconv", "--no-index",
+    out = await run("-C", folder, "diff", "--no-ext-diff", "--no-textconv", "--no-index",
                     "--no-renames", "--numstat",
                     "-z", "a", "b", env=git_env(env), ok_codes=(0, 1))
     # Each ``added<TAB>removed<TAB>`` then the two sides' names (``/dev/null`` for an
@@ -651,21 +682,24 @@ async def _optional(command: Awaitable[str]) -> str | None:
 
 async def states_of(checkouts: Sequence[tuple[str, Path]], *, bounds: Bounds,
                     env: Mapping[str, str] | None = None,
-                    places: Mapping[str, GitPlaces] | None = None) -> list[CheckoutState]:
+                    places: Mapping[str, GitPlaces] | None = None,
+                    run: Git = PLAIN_GIT) -> list[CheckoutState]:
     """Each ``(name, worktree)``'s state as the run begins, one after another (each
     bounded by :data:`CHANGES_LIMIT_S`); ``places``: each name's git places, from
-    the harness's records. Cancelled: as :func:`take_state`."""
+    the harness's records; ``run``: where their git runs. Cancelled: as
+    :func:`take_state`."""
     known = places or {}
-    return [await take_state(name, path, bounds=bounds, env=env, places=known.get(name))
+    return [await take_state(name, path, bounds=bounds, env=env, places=known.get(name),
+                             run=run)
             for name, path in checkouts]
 
 
 async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[str, str]], *,
                      bounds: Bounds, env: Mapping[str, str] | None = None,
-                     ) -> list[ChangeEntry]:
+                     run: Git = PLAIN_GIT) -> list[ChangeEntry]:
     """The §7 ``changes``: each state compared now (bounded per checkout), then an
     ``error`` entry for each ``(name, why)`` checkout no worktree could be made of;
     the caller orders them as ``--repos`` does. Cancelled: as :func:`compare`."""
-    found = [await compare(state, bounds=bounds, env=env) for state in states]
+    found = [await compare(state, bounds=bounds, env=env, run=run) for state in states]
     return found + [UnreadableCheckout(name, f"no private worktree: {why}")
                     for name, why in unready]

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Literal
@@ -23,8 +23,9 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, git_at, real_path
-from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir
+from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, real_path
+from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir, planted_worktree_config
+from prohost.engine.repos.gitsession import PLAIN_GIT, Confine, ConfinedGit, Git
 from prohost.engine.repos.lanerepo import REPOS_FOLDER
 from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
 
@@ -96,15 +97,22 @@ async def _person_common(folder: Path, name: str) -> str | None:
     return real_path(Path(source) / out.strip())
 
 
-async def _brought_back(folder: Path, places: GitPlaces) -> bool:
+async def _at(run: Git, places: GitPlaces, *args: str,
+              ok_codes: tuple[int, ...] = (0,)) -> str:
+    """``git *args`` on the worktree at ``places`` (every path named from the
+    records, as :func:`~prohost.engine.repos.gitcmd.git_at`), through ``run``."""
+    return await run(*places.args(), *args, env=places.env(), ok_codes=ok_codes)
+
+
+async def _brought_back(folder: Path, places: GitPlaces, run: Git) -> bool:
     """Whether the commit the worktree at ``places`` is on is in the person's
     repository (brought back after its last run): always, for a worktree of the
     person's repository (made by an earlier version)."""
     person = await _person_common(folder, Path(places.work_tree).name)
     if person is None or person == places.common_dir:
         return person is not None
-    head = (await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD^{commit}",
-                         ok_codes=(0, 1))).strip()
+    head = (await _at(run, places, "rev-parse", "--verify", "--quiet", "HEAD^{commit}",
+                      ok_codes=(0, 1))).strip()
     if not head:
         return True  # no commit yet: nothing to lose
     try:
@@ -137,12 +145,17 @@ def _checked_out(path: Path, submodules: list[str]) -> list[str]:
     return [name for name in submodules if os.path.lexists(path / name / ".git")]
 
 
-async def _judge(folder: Path, path: Path) -> _Verdict:
-    """Whether removing the worktree at ``path`` would lose work."""
+async def _judge(folder: Path, path: Path, run: Git = PLAIN_GIT) -> _Verdict:
+    """Whether removing the worktree at ``path`` would lose work; its git through
+    ``run`` (inside a confinement where runs are confined by bubblewrap)."""
     places = await _places(folder, path)
     if places is None:
         return _Verdict(path, None, "dirty", f"{path.name} cannot be checked (the harness "
                                               "has no record of its git dir)")
+    if not run.confined and planted_worktree_config(places):
+        return _Verdict(path, places, "dirty",
+                        f"{path.name} cannot be checked outside a confinement (its git dir "
+                        "holds a config.worktree that a run wrote)")
     try:
         # Untracked files count (whatever the repo's config says): removing the
         # worktree would delete them too. A read-only look: never take index.lock.
@@ -150,11 +163,11 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
         # status` inside each, with the config and attributes (filter programs)
         # of a repository the run may have planted there (§13); one checked out
         # counts as work instead (below).
-        status = await git_at(
-            places, "--no-optional-locks", "status", "--porcelain",
+        status = await _at(
+            run, places, "--no-optional-locks", "status", "--porcelain",
             "--untracked-files=normal", "--ignore-submodules=dirty",
         )
-        staged = await git_at(places, "ls-files", "-z", "--stage")
+        staged = await _at(run, places, "ls-files", "-z", "--stage")
     except (GitError, ValueError) as exc:
         return _Verdict(path, places, "dirty", f"{path.name} cannot be checked ({exc})")
     nested = [entry.split("\t", 1)[1] for entry in staged.split("\0")
@@ -172,12 +185,12 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
     try:
         # A branch (local or remote-tracking) containing HEAD keeps its commits alive
         # after the worktree goes; a branch made in the worktree lives in the source.
-        holders = await git_at(
-            places, "for-each-ref", "--contains", "HEAD", "--count=1",
+        holders = await _at(
+            run, places, "for-each-ref", "--contains", "HEAD", "--count=1",
             "--format=%(refname)", "refs/heads", "refs/remotes",
         )
     except GitError as exc:
-        if not isinstance(exc, GitTimedOut) and await _unborn(places):
+        if not isinstance(exc, GitTimedOut) and await _unborn(places, run):
             # An empty repository's worktree whose branch has no commit yet, and
             # nothing uncommitted (above): there is nothing to lose.
             return _Verdict(path, places, None, "")
@@ -188,7 +201,7 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
             f"{path.name} has commits on no branch, which removing it would lose",
         )
     try:
-        back = await _brought_back(folder, places)
+        back = await _brought_back(folder, places, run)
     except GitError as exc:
         return _Verdict(path, places, "unmerged", f"{path.name} cannot be checked ({exc})")
     if not back:
@@ -198,14 +211,14 @@ async def _judge(folder: Path, path: Path) -> _Verdict:
     return _Verdict(path, places, None, "")
 
 
-async def _unborn(places: GitPlaces) -> bool:
+async def _unborn(places: GitPlaces, run: Git) -> bool:
     """Whether the worktree at ``places`` is on a branch with no commit yet."""
     try:
-        await git_at(places, "symbolic-ref", "--quiet", "HEAD")
+        await _at(run, places, "symbolic-ref", "--quiet", "HEAD")
     except GitError:
         return False  # detached, or unreadable
     try:
-        await git_at(places, "rev-parse", "--verify", "--quiet", "HEAD")
+        await _at(run, places, "rev-parse", "--verify", "--quiet", "HEAD")
     except GitTimedOut:
         return False
     except GitError:
@@ -236,12 +249,12 @@ def _remove_files(verdict: _Verdict) -> None:
         shutil.rmtree(verdict.git.git_dir, ignore_errors=True)
 
 
-async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds) -> None:
+async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds, run: Git) -> None:
     """Remove one worktree, shielded and bounded: half-deleted is worse than either.
     Unforced, one that changed since it was judged is kept (raises GitError)."""
     with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
         if not force:
-            again = await _judge(verdict.path.parent, verdict.path)
+            again = await _judge(verdict.path.parent, verdict.path, run)
             if again.problem is not None:
                 raise GitError(again.detail)
         await bounds.file_step(_remove_files, verdict, limit_s=REMOVE_SHIELD_S,
@@ -258,6 +271,8 @@ async def collect_garbage(
     hold: Holding | None = None,
     now: float | None = None,
     bounds: Bounds | None = None,
+    confine: Confine | None = None,
+    scratch_root: Path | None = None,
     with_folder: Callable[[str], None] | None = None,
 ) -> list[GcEntry]:
     """Remove the worktrees of lanes idle for more than ``older_than_s``; one entry per
@@ -280,6 +295,15 @@ async def collect_garbage(
     ``with_folder(name)``, when given, removes what else is the conversation's
     whose lane folder is called ``name`` (its agent CLI folders and sessions,
     ``prohost.engine.run.leftovers.conversation_folders``), with that folder.
+
+    With ``confine`` (where runs are confined by bubblewrap), the git that looks
+    at a lane's worktrees runs inside a confinement like its runs' (one process
+    per lane folder, which alone it may read, with the person's repositories;
+    its scratch under ``scratch_root``, default ``home/runs``): what the lane's
+    runs left there (settings, filters, a submodule's repository) acts with a
+    run's rights at most. Without, git runs with the overrides of
+    :mod:`prohost.engine.repos.gitcmd`, and a worktree whose git dir holds a
+    ``config.worktree`` is kept unread.
 
     Every file step goes through ``bounds`` (the harness's, which the second
     signal hurries; a fresh one if ``None``): a hung disk raises
@@ -315,34 +339,57 @@ async def collect_garbage(
         if idle_s <= older_than_s:
             entries.append(entry("kept-recent", f"last used {_days(idle_s)} ago"))
             continue
-        verdicts = [await _judge(folder, path) for path in worktrees]
-        problems = [v for v in verdicts if v.problem is not None]
-        notes = [v.detail for v in problems]
-        if others:
-            notes.append(f"the folder also holds {', '.join(others[:5])}")
-        if (problems or others) and not force:
-            dirty = others or any(v.problem == "dirty" for v in problems)
-            action: GcAction = "kept-dirty" if dirty else "kept-unmerged"
-            entries.append(entry(action, "; ".join(notes) + "; --force removes it anyway"))
-            continue
-        names = ", ".join(p.name for p in worktrees) or "no worktrees"
-        forced = f" (forced: {'; '.join(notes)})" if notes else ""
-        if dry_run:
-            entries.append(entry("would-remove", f"would remove {names}{forced}"))
-            continue
-        async with (
-            hold(lane) if hold is not None and lane is not None else contextlib.nullcontext()
-        ):
-            # Looked at again just before acting: a turn may have started meanwhile.
-            # With the lane held, none can start from here until the removal is done.
-            lane_now, used_now = await bounds.file_step(_idle_since, folder,
-                                                        what=f"reading {folder}")
-            if (lane_now is not None and busy(lane_now)) or used_now != used:
-                entries.append(entry("kept-busy", "the conversation was used while GC ran"))
-                continue
-            entries.append(await _remove_folder(folder, verdicts, force, bool(others), entry,
-                                                names, forced, bounds, with_folder))
+        async with _reading(folder, home, confine, scratch_root) as run:
+            entries.append(await _collect(folder, worktrees, others, entry, run, hold,
+                                          busy, lane, used, dry_run, force, bounds,
+                                          with_folder))
     return entries
+
+
+@contextlib.asynccontextmanager
+async def _reading(folder: Path, home: Path, confine: Confine | None,
+                   scratch_root: Path | None) -> AsyncIterator[Git]:
+    """Where the git that looks at the lane folder ``folder`` runs (see
+    :func:`collect_garbage`); its process ends with the block."""
+    if confine is None:
+        yield PLAIN_GIT
+        return
+    sources = [Path(source) for source in (read_marker(folder).ready or {}).values()]
+    async with ConfinedGit(confine, [folder, *sources],
+                           scratch_root or home / "runs") as run:
+        yield run
+
+
+async def _collect(folder: Path, worktrees: list[Path], others: list[str],
+                   entry: Callable[[GcAction, str], GcEntry], run: Git,
+                   hold: Holding | None, busy: Callable[[str], bool], lane: str | None,
+                   used: float, dry_run: bool, force: bool, bounds: Bounds,
+                   with_folder: Callable[[str], None] | None = None) -> GcEntry:
+    """What to do with one idle lane folder, done (see :func:`collect_garbage`)."""
+    verdicts = [await _judge(folder, path, run) for path in worktrees]
+    problems = [v for v in verdicts if v.problem is not None]
+    notes = [v.detail for v in problems]
+    if others:
+        notes.append(f"the folder also holds {', '.join(others[:5])}")
+    if (problems or others) and not force:
+        dirty = others or any(v.problem == "dirty" for v in problems)
+        action: GcAction = "kept-dirty" if dirty else "kept-unmerged"
+        return entry(action, "; ".join(notes) + "; --force removes it anyway")
+    names = ", ".join(p.name for p in worktrees) or "no worktrees"
+    forced = f" (forced: {'; '.join(notes)})" if notes else ""
+    if dry_run:
+        return entry("would-remove", f"would remove {names}{forced}")
+    async with (
+        hold(lane) if hold is not None and lane is not None else contextlib.nullcontext()
+    ):
+        # Looked at again just before acting: a turn may have started meanwhile.
+        # With the lane held, none can start from here until the removal is done.
+        lane_now, used_now = await bounds.file_step(_idle_since, folder,
+                                                    what=f"reading {folder}")
+        if (lane_now is not None and busy(lane_now)) or used_now != used:
+            return entry("kept-busy", "the conversation was used while GC ran")
+        return await _remove_folder(folder, verdicts, force, bool(others), entry,
+                                    names, forced, bounds, run, with_folder)
 
 
 async def _remove_folder(
@@ -354,6 +401,7 @@ async def _remove_folder(
     names: str,
     forced: str,
     bounds: Bounds,
+    run: Git,
     with_folder: Callable[[str], None] | None = None,
 ) -> GcEntry:
     failed: list[str] = []
@@ -361,7 +409,7 @@ async def _remove_folder(
         try:
             # --force only where it was asked for: a clean one that changed since
             # it was judged makes git refuse, and it is kept.
-            await _remove_worktree(verdict, verdict.problem is not None, bounds)
+            await _remove_worktree(verdict, verdict.problem is not None, bounds, run)
         except (GitError, OSError) as exc:
             failed.append(f"{verdict.path.name}: {exc}")
     if failed:

@@ -12,9 +12,12 @@ every config file: no fsmonitor program, no hooks, no pager, editor or network.
 On a worktree, :func:`git_at` names the git dir, common dir and work tree from
 the harness's own records (:class:`GitPlaces`), so git never discovers them from
 a ``.git`` file or ``commondir`` a run could have rewritten. What git still reads
-of its own accord is the common dir's ``config`` (the person's, which no run may
-write) and the git dir's ``config.worktree`` only when the person's config turns
-``extensions.worktreeConfig`` on.
+of its own accord is the common dir's ``config`` (the harness's, including the
+person's, which no run may write) and the git dir's ``config.worktree`` when the
+repository turns ``extensions.worktreeConfig`` on (only one of the person's: see
+:mod:`prohost.engine.repos.gitrecords`). Where runs are confined by bubblewrap,
+the git that reads a run's places runs inside a confinement too
+(:mod:`prohost.engine.repos.gitsession`).
 """
 
 from __future__ import annotations
@@ -178,8 +181,7 @@ async def run_git(
     """Run ``argv`` as :func:`git` runs git: a command line that runs git in
     the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
     already. Cancelled: as :func:`git`."""
-    what = next((arg for arg in argv[1:] if not arg.startswith("-") and "/" not in arg
-                 and "=" not in arg and arg != "git"), "git")
+    what = what_of(argv[1:])
     with trio.move_on_after(timeout_s) as scope:
         try:
             done = await trio.run_process(
@@ -199,10 +201,22 @@ async def run_git(
             raise GitError(f"could not run git: {exc.strerror or exc}") from None
     if scope.cancelled_caught:
         raise GitTimedOut(f"git {what} took longer than {timeout_s:g} s and was stopped")
-    if done.returncode not in ok_codes:
-        reason = _reason(done.stderr) or f"git {what} exited with status {done.returncode}"
-        raise GitError(reason)
-    return os.fsdecode(done.stdout)
+    return answer(what, done.returncode, done.stdout, done.stderr, ok_codes)
+
+
+def what_of(args: Sequence[str]) -> str:
+    """The git command ``args`` runs (``status``), as an error names it."""
+    return next((arg for arg in args if not arg.startswith("-") and "/" not in arg
+                 and "=" not in arg and arg != "git"), "git")
+
+
+def answer(what: str, returncode: int, stdout: bytes, stderr: bytes,
+           ok_codes: tuple[int, ...] = (0,)) -> str:
+    """A finished git's stdout (decoded as file names are), or :class:`GitError`
+    with git's own reason when ``returncode`` is not in ``ok_codes``."""
+    if returncode not in ok_codes:
+        raise GitError(_reason(stderr) or f"git {what} exited with status {returncode}")
+    return os.fsdecode(stdout)
 
 
 async def git_at(

@@ -12,6 +12,15 @@ looks at the worktree again (:func:`restore_git_files`), and removes a reflog a
 run turned into a link before its own git appends to it
 (:func:`remove_planted_logs`). Every function here is blocking, on real paths,
 and follows no link.
+
+A fourth file there is read by git only when the repository turns
+``extensions.worktreeConfig`` on (a worktree of the person's repository made by an
+earlier version, when the person's does): ``config.worktree``, settings of the
+worktree's own, filter programs included. The harness never makes one (its lane
+repositories do not turn it on), so one there is a run's: the git of the
+harness's that reads a run's places outside a confinement refuses to
+(:func:`planted_worktree_config`), and it is removed before anything else looks
+(:func:`restore_git_files`).
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from pathlib import Path
 from prohost.engine.repos.gitcmd import GitPlaces
 
 _WORKTREES = "worktrees"
+#: The git dir's settings of its own (read with ``extensions.worktreeConfig``).
+WORKTREE_CONFIG = "config.worktree"
 
 
 def _gitdir_line(git_dir: str) -> str:
@@ -107,10 +118,24 @@ def put_file(path: Path, text: str) -> bool:
     return True
 
 
+def planted_worktree_config(places: GitPlaces) -> bool:
+    """Whether the worktree's git dir holds a ``config.worktree`` (anything by that
+    name, unfollowed): a run's, which no git outside a confinement may read."""
+    return os.path.lexists(os.path.join(places.git_dir, WORKTREE_CONFIG))
+
+
 def restore_git_files(places: GitPlaces) -> list[str]:
     """Put the worktree's ``.git``, and its git dir's ``gitdir`` and ``commondir``,
-    back as git made them; the names of those that a run had changed."""
+    back as git made them, and remove a ``config.worktree`` (the harness makes
+    none); the names of those that a run had changed."""
     changed: list[str] = []
+    planted = Path(places.git_dir) / WORKTREE_CONFIG
+    if planted_worktree_config(places):
+        if stat.S_ISDIR(os.lstat(planted).st_mode):
+            shutil.rmtree(planted)  # links inside are removed, never followed
+        else:
+            os.unlink(planted)
+        changed.append(WORKTREE_CONFIG)
     work_tree, git_dir = Path(places.work_tree), Path(places.git_dir)
     if put_file(work_tree / ".git", _gitdir_line(places.git_dir)):
         changed.append(".git")

@@ -33,6 +33,7 @@ from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
+from prohost.engine.repos.gitsession import Confine
 from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
@@ -150,22 +151,26 @@ async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> Non
 
 
 async def collect_worktrees_daily(home: Path, runs: Mapping[str, HeldRun],
-                                  hold: Holding, bounds: Bounds) -> None:
+                                  hold: Holding, bounds: Bounds,
+                                  confine: Confine | None = None) -> None:
     """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
     is finished (shielded inside ``collect_garbage``)."""
     while True:
         await trio.sleep(CLEAR_EVERY_S)
-        await collect_worktrees(home, runs, hold, bounds=bounds)
+        await collect_worktrees(home, runs, hold, bounds=bounds, confine=confine)
 
 
 async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holding, *,
-                            now: float | None = None, bounds: Bounds | None = None) -> None:
+                            now: float | None = None, bounds: Bounds | None = None,
+                            confine: Confine | None = None) -> None:
     """Remove the worktrees in ``home`` of lanes idle for 14 days (clean ones only),
     never a lane with a run in flight (one of ``runs``): a lane is held (``hold``,
     the scheduler's) while its worktrees are removed, so a turn arriving meanwhile
     starts after, and prepares them afresh. Errors, and a disk that hangs past a
     step's bound (``bounds``: the harness's, hurried by the second signal), are
-    logged. Cancelled: as :func:`collect_worktrees_daily`.
+    logged. ``confine``: how its git runs confined (the runs' confinement, see
+    :func:`~prohost.engine.repos.collect.collect_garbage`). Cancelled: as
+    :func:`collect_worktrees_daily`.
     """
     try:
         entries = await collect_garbage(
@@ -176,6 +181,7 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             now=now,
             bounds=bounds,
             with_folder=functools.partial(forget_conversation, home),
+            confine=confine,
         )
     except OSError as exc:
         log.warning("could not collect old worktrees: %s", exc)
@@ -247,6 +253,8 @@ class Chores:
     steps: LedgerSteps | None = None
     gate: AccountGate | None = None
     worktrees: bool = False
+    #: How the collection's git runs confined (``None``: unconfined).
+    git_confine: Confine | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the periodic chores in ``nursery``, and say what the harness does.
@@ -259,7 +267,7 @@ class Chores:
             nursery.start_soon(prune_daily, self.steps, seen.options.home, self.bounds)
             if self.worktrees:
                 nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
-                                   self.hold, self.bounds)
+                                   self.hold, self.bounds, self.git_confine)
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)

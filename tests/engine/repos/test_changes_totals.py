@@ -11,6 +11,7 @@ import pytest
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos import changes
 from prohost.engine.repos.changes import take_state
+from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
 from prohost.engine.view.reporttext import changes_summary, files_line
 from prohost.wire.protocol import converter
 from tests.kits.repos import git, make_repo
@@ -47,9 +48,10 @@ async def with_submodule(tmp_path: Path) -> tuple[Path, Path]:
     return app, app / "lib"
 
 
-async def compare(before: changes.CheckoutState) -> dict[str, Any]:
+async def compare(before: changes.CheckoutState, run: Git = PLAIN_GIT) -> dict[str, Any]:
     entry: dict[str, Any] = converter.unstructure(await changes.compare(before,
-                                                                        bounds=Bounds()))
+                                                                        bounds=Bounds(),
+                                                                        run=run))
     return entry
 
 
@@ -63,29 +65,25 @@ async def test_a_submodule_pointer_change_has_no_line_counts(tmp_path: Path) -> 
                                "removed": None, "committed": False}]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "§13: reading a submodule's files means running git inside a repository a run "
-    "may have planted (its filter programs ran unconfined, issue 36); the harness "
-    "reads submodules' commits only until its git can run inside the run's confinement"))
-async def test_a_dirty_submodule_is_listed_as_modified(tmp_path: Path) -> None:
+async def test_a_dirty_submodule_is_listed_as_modified(tmp_path: Path,
+                                                      confined_git: ConfinedGit) -> None:
+    # Read by a git inside the run's confinement (§13): a submodule's own status
+    # runs there, with the run's rights only.
     app, lib = await with_submodule(tmp_path)
-    before = await take_state("app", app, bounds=Bounds())
+    before = await take_state("app", app, bounds=Bounds(), run=confined_git)
     (lib / "lib.txt").write_text("dirty\n")
-    entry = await compare(before)
+    entry = await compare(before, confined_git)
     assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,
                                "removed": None, "committed": False}]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "§13: as for a dirty submodule, its untracked files are read only by a git inside "
-    "the submodule (its planted config and filters), so not until that git is confined"))
 async def test_a_submodule_with_only_an_untracked_file_is_listed_as_modified(
-    tmp_path: Path,
+    tmp_path: Path, confined_git: ConfinedGit,
 ) -> None:
     # Issue 37 point 11: status says "U" (untracked content) for it, not "M".
     app, lib = await with_submodule(tmp_path)
-    before = await take_state("app", app, bounds=Bounds())
+    before = await take_state("app", app, bounds=Bounds(), run=confined_git)
     (lib / "new.txt").write_text("new\n")
-    entry = await compare(before)
+    entry = await compare(before, confined_git)
     assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,
                                "removed": None, "committed": False}]
