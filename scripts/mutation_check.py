@@ -72,6 +72,7 @@ RECOVERY = "prohost/engine/supervisor/recovery.py"
 PROCESS = "prohost/engine/agent/process.py"
 HARNESS = "prohost/engine/harness.py"
 RUNNER = "prohost/engine/run/runner.py"
+ATTEMPTS = "prohost/engine/run/attempts.py"
 ADMISSION = "prohost/engine/supervisor/admission.py"
 SERVER_STATE = "prohost/server/state.py"
 CHANGES = "prohost/engine/repos/changes.py"
@@ -274,15 +275,15 @@ BREAKAGES: tuple[Breakage, ...] = (
         "a cancel overrides a finished agent",
         # The runner's mark, not one of the harness's two checks of it (either
         # alone still keeps the reply: the cancel is taken, its stop is not made).
-        _one(RUNNER, "                    held.agent_ended = True\n", "                    pass\n"),
+        _one(ATTEMPTS, "                held.agent_ended = True\n", "                pass\n"),
         "a run whose agent exited with its reply is reported cancelled (§6)",
     ),
     Breakage(
         "a restart forgets where the run began",
         # The start state is not written with the process group: the restart
         # finds none, and reports the run without what it changed.
-        _one(RUNNER, " " * 40 + "start_state=checkouts.start_state())\n",
-             " " * 40 + "start_state=None)\n"),
+        _one(ATTEMPTS, "        start_state = checkouts.start_state()\n",
+             "        start_state = None\n"),
         "a run a kill -9 interrupted is reported restarted without its `changes` (§7)",
     ),
     Breakage(
