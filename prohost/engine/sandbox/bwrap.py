@@ -37,7 +37,7 @@ import shutil
 import stat
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_pairs
@@ -263,8 +263,10 @@ class _Places:
                 add(_HIDE, ("--tmpfs", place), place)
             elif place in self.hidden_files:
                 add(_HIDE, ("--ro-bind", "/dev/null", place), place)
+        needed = _needs_read_grant(self)
         for place in self.readable:
-            add(_READ, ("--ro-bind", place, place), place)
+            if needed(place):
+                add(_READ, ("--ro-bind", place, place), place)
         for place in self.writable:
             add(_WRITE, ("--bind", place, place), place)
         for source, target in dict.fromkeys(self.mounts):
@@ -276,6 +278,24 @@ class _Places:
             # hides inside lower is mounted over it afterwards.
             add(_MOUNT, ("--overlay-src", lower, "--overlay", upper, work, lower), lower)
         return steps
+
+
+def _needs_read_grant(places: _Places) -> Callable[[str], bool]:
+    """Whether a readable place needs a mount of its own: only where the view is not
+    the machine read-only already, that is inside (or at) a hidden place, a folder
+    the view empties (``/tmp``, ``/run``), or a writable place, a mount's target or
+    an overlay (where a read-only grant narrows what lies inside). Elsewhere
+    ``--ro-bind / /`` shows it read-only as it is, and each mount more is kernel
+    work at every spawn (prohost's own installation, the ``--exec`` program)."""
+    covering = tuple(place.rstrip("/") + "/" for place in (
+        *places.hidden, *_EMPTIED, *places.writable,
+        *(target for _, target in places.mounts),
+        *(lower for lower, _, _ in places.overlays)))
+
+    def needed(place: str) -> bool:
+        return (place.rstrip("/") + "/").startswith(covering)
+
+    return needed
 
 
 def _under_fresh(path: str) -> bool:
