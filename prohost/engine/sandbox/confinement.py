@@ -19,6 +19,7 @@ start and see it.
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -87,7 +88,10 @@ class Confinement:
                 deliver(result, None)
 
         fd = self._ruleset.fd if self._ruleset is not None else -1
-        threading.Thread(target=confined, name="prohost-confined-spawn", daemon=True).start()
+        # The low-level start: ``threading.Thread.start`` waits until the new thread
+        # runs, which stalled the caller (trio's loop) for a scheduling round on a
+        # busy machine; nobody joins this thread, so there is nothing to wait for.
+        _thread.start_new_thread(confined, ())
 
     def spawn(self, start: Callable[[], T]) -> T:
         """``start()`` (a spawn, e.g. ``subprocess.Popen(...)`` without ``preexec``)
