@@ -66,7 +66,6 @@ from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
-from prohost.engine.sandbox.policy import real_pairs
 from prohost.execline import program_index, split_command
 from prohost.options import Options
 
@@ -152,8 +151,8 @@ def command_paths(exec_line: str, env: Mapping[str, str]) -> tuple[Path, ...]:
     to run, so every run may read them, even where the confinement's view empties
     a folder (``/tmp``, ``/run``: an agent in ``/tmp/tools/bin``, or a checkout of
     prohost's own tests cloned under ``/tmp``). One inside a hidden place stays
-    hidden (:func:`policy_for` drops it). Blocking: it looks the words up once, at
-    the harness's start."""
+    hidden (they are a policy's ``shown`` places). Blocking: it looks the words
+    up once, at the harness's start."""
     words = split_command(exec_line)
     found: list[Path] = []
     index = program_index(words)
@@ -460,19 +459,6 @@ _HIDDEN: dict[tuple[Path, Path], tuple[Path, ...]] = {}
 _DEVICES = defaults.devices()
 
 
-def _outside(paths: tuple[Path, ...], hidden: tuple[Path, ...]) -> list[Path]:
-    """Those of ``paths`` whose real path lies in no hidden place (a link to a
-    secret store's file is as hidden as the file: the grant is made where it
-    leads). Both made real now, one memo of folders for them all (a ``realpath``
-    per pair cost a tenth of a run's harness CPU). Blocking."""
-    if not paths:
-        return []
-    pairs = real_pairs([*map(str, hidden), *map(str, paths)])
-    places = tuple(real.rstrip("/") + "/" for _, real in pairs[:len(hidden)])
-    return [path for path, (_, real) in zip(paths, pairs[len(hidden):], strict=True)
-            if not (real.rstrip("/") + "/").startswith(places)]
-
-
 def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None) -> Policy:
     """The run's policy (see the module docstring). ``work``: where the overlays'
     work folders are made (fresh: see :func:`agent_folders`). Blocking: it makes
@@ -490,7 +476,6 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
     elif places.workdir is not None:
         writable.append(places.workdir)
     hidden = hidden_places(sandbox)
-    readable += _outside(sandbox.command, hidden)
     overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
     own = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home,
                         work=work if overlays else None, hidden=hidden,
@@ -503,6 +488,7 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
     writable += _DEVICES
     writable += sandbox.allow_write
     return Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden,
+                  shown=sandbox.command,
                   mounts=own.mounts, overlays=own.overlays)
 
 

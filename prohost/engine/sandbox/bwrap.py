@@ -216,23 +216,24 @@ class _Places:
         writable = [str(path) for path in policy.writable]
         writable = [path for path in writable if not _under_fresh(path)]
         hidden = _HIDDEN.of([str(path) for path in policy.hidden])
-        every = [*map(str, policy.readable), *writable,
+        every = [*map(str, policy.readable), *map(str, policy.shown), *writable,
                  *(str(source) for source, _ in policy.mounts),
                  *(str(target) for _, target in policy.mounts),
                  *(str(folder) for triple in policy.overlays for folder in triple)]
         real = [path for _, path in real_pairs(every)]
         counts = (len(policy.readable), len(writable), len(policy.mounts))
         readable, real = real[:counts[0]], real[counts[0]:]
+        shown, real = real[:len(policy.shown)], real[len(policy.shown):]
         writable, real = real[:counts[1]], real[counts[1]:]
         sources, real = real[:counts[2]], real[counts[2]:]
         targets, real = real[:counts[2]], real[counts[2]:]
         overlays = [(real[index], real[index + 1], real[index + 2])
                     for index in range(0, len(real), 3)]
-        # prohost's own Python and code, but for what lies in a hidden place (a
-        # readable grant would show it).
-        readable += [place for place in _own_installation()
-                     if not any(place == h or place.startswith(h.rstrip("/") + "/")
-                                for h in hidden.places)]
+        # The policy's shown places and prohost's own Python and code (all real),
+        # but for what lies in a hidden place (a readable grant would show it).
+        inside = tuple(place.rstrip("/") + "/" for place in hidden.places)
+        readable += [place for place in (*shown, *_own_installation())
+                     if not (place.rstrip("/") + "/").startswith(inside)]
         return cls(hidden,
                    [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
                    [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
