@@ -20,10 +20,11 @@ it is fixed here:
    run's places is shown again, read-only (a checkout in ``/tmp/src``);
 3. the policy's places, parents before what lies inside them, so the most
    precise rule wins: a hidden folder becomes an empty tmpfs, a hidden file
-   ``/dev/null``; a readable place is bound read-only, a writable one writable, a
-   mount's harness-owned source at its target, an overlay (the person's folder
-   below, a folder of the harness's taking the writes: ``--overlay-src``,
-   ``--overlay``) at the person's folder. So a grant inside a hidden place is
+   ``/dev/null``; a readable place is bound read-only (only where the read-only
+   machine would not show it as it is: see :func:`_needs_read_grant`), a writable
+   one writable, a mount's harness-owned source at its target, an overlay (the
+   person's folder below, a folder of the harness's taking the writes:
+   ``--overlay-src``, ``--overlay``) at the person's folder. So a grant inside a hidden place is
    seen (``--allow-read ~/.ssh/known_hosts``), and a hidden place inside a grant
    or an overlay stays hidden. Each hidden folder's tmpfs is then made read-only, so a
    write there fails (``EROFS``) instead of vanishing with the run.
