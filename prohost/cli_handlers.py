@@ -80,6 +80,15 @@ def _check_sandbox(parser: argparse.ArgumentParser, options: Options) -> None:
                      "profile) and use Linux 6.12 or later, or use --sandbox auto to run "
                      "them as confined as this system allows, said at start and in each "
                      "completion")
+    from prohost.engine.run.confine import granted_sockets
+
+    granted = granted_sockets(options.allow_write, os.environ)
+    if granted and support.kind == "bwrap":
+        parser.error(f"--sandbox required: --allow-write grants the socket "
+                     f"{', '.join(map(str, granted))}, which turns off the filter that keeps "
+                     "runs from every other Unix socket of yours (docs/security.md); drop "
+                     "that grant, or use --sandbox auto to run them partly confined, said at "
+                     "start and in each completion")
 
 
 def _check_grants(parser: argparse.ArgumentParser, options: Options) -> None:

@@ -277,6 +277,33 @@ BREAKAGES: tuple[Breakage, ...] = (
         _one(RUNNER, "                    held.agent_ended = True\n", "                    pass\n"),
         "a run whose agent exited with its reply is reported cancelled (§6)",
     ),
+    Breakage(
+        "a restart forgets where the run began",
+        # The start state is not written with the process group: the restart
+        # finds none, and reports the run without what it changed.
+        _one(RUNNER, " " * 40 + "start_state=checkouts.start_state())\n",
+             " " * 40 + "start_state=None)\n"),
+        "a run a kill -9 interrupted is reported restarted without its `changes` (§7)",
+    ),
+    Breakage(
+        "a cancel in the leader's exit window overrides a finished agent",
+        # run_agent never says that the leader exited: a cancel while what the
+        # agent left gets the grace stops the run, its reply lost.
+        _one(PROCESS, "                    self.on_exit()\n", "                    pass\n"),
+        "a run whose agent exited with its reply, its group not yet empty, is "
+        "reported cancelled (§6)",
+    ),
+    Breakage(
+        "a group deaf to SIGTERM is never SIGKILLed",
+        # Neither the stop after the grace nor run_agent's last sweep: an agent
+        # that never got to exec (hung opening a FIFO) and ignores SIGTERM lives on.
+        (Edit(PROCESS,
+              "        _killpg(self.pgid, signal.SIGKILL)\n        await self._pump(self._gone)\n",
+              "        await self._pump(self._gone)\n"),
+         Edit(PROCESS, "        _killpg(pgid, signal.SIGKILL)\n        groups.discard(pgid)\n",
+              "        groups.discard(pgid)\n")),
+        "a run's deadline or cancel leaves its hung agent running (§6, §13)",
+    ),
     # Issue 37 point 11: edges of recent features no test guarded. (The ACP brain's
     # "a running total that went down" is guarded by tests/engine/run/test_edges.py;
     # its edit would be in brains/acp.py, left out here while that file moves. A
@@ -376,6 +403,9 @@ TESTS: tuple[str, ...] = (
     "tests/engine/accounts/test_gate_at_a_drain.py",
     "tests/engine/ledger/test_durable_steps.py",
     "tests/harness/test_endings.py",
+    "tests/harness/test_endings_restart.py",
+    "tests/harness/test_endings_window.py",
+    "tests/harness/test_endings_hung_spawn.py",
     "tests/server/test_reference_server.py",
     "tests/server/test_retryable_failures_retried.py",
     "tests/server/test_pairing_kept.py",

@@ -76,7 +76,6 @@ def run_agent_command(
         return 2
     signals.install()
     code = _run_agent(options, console=console, live=live)
-    signals.pause_for_tests()
     return signals.final_status(code)
 
 
@@ -264,7 +263,7 @@ async def supervise(
     before this (while the process started) are obeyed first, in order.
     Cancelled: the harness's own cancellation rules apply (see :meth:`Harness.run`).
     """
-    async with open_sender() as client:
+    async with open_sender(endpoints.api_base) as client:
         harness = Harness(options, endpoints, client=client, ledger=ledger)
         with trio.open_signal_receiver(*signals.WATCHED) as receiver:
             # Taken only now: from here on every signal reaches the receiver instead.

@@ -109,7 +109,7 @@ async def run_demo(console: Console, *, keep: bool = False) -> int:
             )
             ledger = Ledger.open(home / LEDGER_FILE)
             try:
-                async with open_sender() as client:
+                async with open_sender(api_base) as client:
                     harness = Harness(
                         options,
                         Endpoints(ws_url=ws_url, api_base=api_base, token=creds.token,

@@ -17,6 +17,7 @@ collection once a day, where it also skips conversations with a run queued or ru
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -31,6 +32,8 @@ import trio
 from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
+from prohost.engine.retention import DAY_S, IDLE_LANE_S
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.snapshot import (
     REFRESH_S,
     STALE_AFTER_S,
@@ -41,10 +44,9 @@ from prohost.engine.view.snapshot import (
 from prohost.engine.view.statustext import human_ago
 from prohost.home import GC, LOCK_FILE, InstanceLock, LockHeld
 
-DEFAULT_OLDER_THAN_DAYS = 14.0
+DEFAULT_OLDER_THAN_DAYS = IDLE_LANE_S / DAY_S
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
 
-_DAY_S = 86400.0
 _DAYS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 
@@ -53,13 +55,13 @@ def parse_older_than(raw: str) -> float:
     # Plain decimal digits only: float() would also take "nan", "inf", "1e3" and "-1".
     match = _DAYS.fullmatch(raw.strip())
     days = float(match[0]) if match else math.nan
-    if not math.isfinite(days) or days * _DAY_S > 1e15:
+    if not math.isfinite(days) or days * DAY_S > 1e15:
         raise ValueError(f"--older-than must be {OLDER_THAN_RANGE} (got {raw!r})")
     return days
 
 
 def _idle(seconds: float) -> str:
-    days = seconds / _DAY_S
+    days = seconds / DAY_S
     if days >= 1:
         return f"{days:.1f} days"
     hours = seconds / 3600
@@ -199,9 +201,14 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
             print(f"a prohost agent (pid {running.pid}) is running on this home: the "
                   "worktrees of the conversations it is running are kept")
         entries = await collect_garbage(
-            home, older_than_s=older_than_days * _DAY_S, dry_run=dry_run, force=force,
+            home, older_than_s=older_than_days * DAY_S, dry_run=dry_run, force=force,
             busy=harness.busy if harness is not None else lambda lane: False,
+            with_folder=functools.partial(forget_conversation, home),
         )
+        if harness is None:
+            # This holds the home's lock: no run is confined, so every overlay work
+            # folder left is a crashed harness's.
+            await trio.to_thread.run_sync(sweep_overlay_work, home)
     except OSError as exc:
         where = exc.filename or root
         _error(f"cannot read {where}: {exc.strerror or exc}")

@@ -48,7 +48,7 @@ from prohost.engine.report.sender import Sender
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
 from prohost.engine.supervisor.admission import Admission, AdmissionPolicy, Intake
@@ -56,7 +56,7 @@ from prohost.engine.supervisor.dryrun import DryRun
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.recovery import Recovery
 from prohost.engine.supervisor.runqueue import RunQueue
-from prohost.engine.supervisor.upkeep import Chores, sweep_scratch
+from prohost.engine.supervisor.upkeep import Chores, sweep_overlays, sweep_scratch
 from prohost.engine.view.snapshot import Snapshot
 from prohost.engine.view.status_file import (
     Facts,
@@ -125,7 +125,8 @@ class Harness:
         #: Without --account, the default account's CLI folders are the harness's own
         #: (§13: never the person's ~/.claude or ~/.codex), sharing the person's login.
         self.book = AccountBook(
-            [Account(name, folder) for name, folder in options.accounts]
+            [Account(name, folder, own=owned_folder(options.home, name))
+             for name, folder in options.accounts]
             or [Account(DEFAULT_ACCOUNT, owned_folder(options.home, DEFAULT_ACCOUNT), owned=True)])
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
@@ -229,6 +230,7 @@ class Harness:
                 if self.recovery is not None:
                     # Before any run can start: every MCP folder there is a leftover.
                     await sweep_scratch(self.scratch_root, self.bounds)
+                    await sweep_overlays(self.options.home, self.bounds)
                     await self.recovery.recover()
                 await nursery.start(self._guard_link)
                 # Only now may a drain end the harness: the recovered runs are held,
@@ -322,24 +324,17 @@ class Harness:
         self._stop_deadline = trio.current_time() + STOP_WINDOW_S
         log.warning("stopping: every running agent is terminated now")
         for held in list(self.held.values()):
-            if held.state != "reporting" and not held.agent_ended:
+            if held.state is not Phase.REPORTING and not held.agent_ended:
                 # A cancel the run already holds stays its outcome (§6: a cancel is
                 # final): reported "stopped", retryable, the server would run the
                 # cancelled request again.
                 if held.stop_outcome is None:
                     held.stop_outcome = Outcome.failure(STOPPED, retryable=True)
-                held.exec_scope.cancel()
+                held.stop_agent()
         if self._nursery is not None:
             # Whatever has not reported by then stays in the ledger's outbox.
             self._nursery.cancel_scope.deadline = self._stop_deadline
         self.bounds.hurry(self._stop_deadline)  # steps stuck on a hung disk give up too
-
-    async def wait_released(self, run_id: str) -> None:
-        """Return once ``run_id`` is no longer held (reported, dropped, or never held).
-
-        Cancelling it only stops the wait.
-        """
-        await self.wait_until(lambda harness: run_id not in harness.held)
 
     async def _exit_when_idle(self) -> None:
         """End the harness once a drain has nothing left: every run reported, or
@@ -410,12 +405,12 @@ class Harness:
     def cancel(self, run_id: str, reason: str, *, quiet: bool = False) -> None:
         """Stop a run and report it cancelled (§6). Unknown runs are ignored."""
         held = self.held.get(run_id)
-        if held is not None and held.agent_ended and held.state != "reporting":
+        if held is not None and held.agent_ended and held.state is not Phase.REPORTING:
             # §6: an agent that had already exited with its reply is reported as
             # it finished (its changes are being read, its outcome written).
             log.info("ignored a cancel for run %s: its agent had already finished", run_id)
             return
-        if (held is None or held.state == "reporting"
+        if (held is None or held.state is Phase.REPORTING
                 or (held.stop_outcome is not None and held.stop_outcome.error != STOPPED)):
             (log.debug if quiet or held is not None else log.info)(
                 "ignored a cancel for run %s: not running here", run_id
@@ -432,7 +427,7 @@ class Harness:
         # restart report it cancelled too and never start it again.
         held.stop_outcome = outcome
         if self.steps is None or self._nursery is None:
-            held.exec_scope.cancel()
+            held.stop_agent()
             return
         self._nursery.start_soon(self._cancel_running, held, outcome)
 
@@ -452,7 +447,7 @@ class Harness:
                       "its agent all the same", held.run_id, exc)
         finally:
             if not held.agent_ended:  # else it is reported as it finished (§6)
-                held.exec_scope.cancel()
+                held.stop_agent()
 
     def forget(self, run_id: str) -> None:
         """The server no longer knows the run: stop it and never report it (§2)."""

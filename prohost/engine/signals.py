@@ -17,22 +17,11 @@ anything else.
 from __future__ import annotations
 
 import os
-import select
 import signal
-import sys
 from types import FrameType
 
 #: The signals §9 gives a meaning to.
 WATCHED = (signal.SIGINT, signal.SIGTERM)
-#: Set (to anything) by tests: a line is printed on stderr as soon as the handlers
-#: are in place, so a test can send a signal at the earliest moment that counts.
-EARLY_LINE_ENV = "PROHOST_TEST_EARLY_LINE"
-EARLY_LINE = "prohost: signal handlers installed"
-#: Set by tests to a number of seconds: once the supervisor has returned, the process
-#: prints :data:`EXIT_PAUSE_LINE` and waits up to that long for a signal before it
-#: decides its exit status, so a test can hit that last window every time.
-EXIT_PAUSE_ENV = "PROHOST_TEST_PAUSE_AT_EXIT"
-EXIT_PAUSE_LINE = "prohost: the supervisor has returned; exiting"
 #: The exit status of a stop (second signal) or of a third signal (§9).
 STOPPED_STATUS = 130
 
@@ -49,12 +38,6 @@ def install() -> None:
     for signum in WATCHED:
         signal.signal(signum, _remember)
     _installed = True
-    if os.environ.get(EARLY_LINE_ENV):
-        print(EARLY_LINE, file=sys.stderr, flush=True)
-
-
-def installed() -> bool:
-    return _installed
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:
@@ -83,24 +66,6 @@ def note(signum: int) -> int:
     _received.append(signum)
     _handed_over = len(_received)
     return len(_received)
-
-
-def pause_for_tests() -> None:
-    """Only under :data:`EXIT_PAUSE_ENV` (tests): wait there for a signal, race-free
-    (the handler's wakeup byte is already in the pipe if it came before ``select``)."""
-    wait_s = os.environ.get(EXIT_PAUSE_ENV)
-    if not wait_s:
-        return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    previous = signal.set_wakeup_fd(write_end)
-    try:
-        print(EXIT_PAUSE_LINE, file=sys.stderr, flush=True)
-        select.select([read_end], [], [], float(wait_s))
-    finally:
-        signal.set_wakeup_fd(previous)
-        os.close(read_end)
-        os.close(write_end)
 
 
 def final_status(code: int) -> int:

@@ -309,6 +309,8 @@ class Status:
     features: list[str] = attrs.field(factory=list)
     brain_version: str | None = None
     model: str | None = None
+    #: The mode the latest run's agent was in (an ACP session's: ``--acp-mode``).
+    mode: str | None = None
     #: Every agent account and its usage-limit state (§12).
     accounts: list[AccountRow] = attrs.field(factory=list)
 

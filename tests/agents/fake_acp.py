@@ -50,9 +50,10 @@ a refused tool (OpenCode 1.18). With ``FAKE_ACP_CANCEL_ERROR`` set a cancelled
 ``hang`` answers -32603 (Qwen Code 0.15) and leaves its tool call open.
 ``FAKE_ACP_WARNING=codex`` sends Codex's model warning as a chunk of its own
 without a ``messageId`` before the reply (codex-acp
-``EventMsg::Warning`` → ``send_agent_text``); ``loose``: a chunk without one among
-the reply's named messages. ``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission
-request is one line over 8 MiB. ``FAKE_ACP_HANG=hang_init`` (or ``hang_setup``) never answers
+``EventMsg::Warning`` → ``send_agent_text``); ``unknown``: a warning of that shape
+no list knows; ``loose``: a chunk without one among the reply's named messages.
+``FAKE_ACP_HUGE_ASK``: the ``tools`` scenario's permission request is one line over
+8 MiB. ``FAKE_ACP_HANG=hang_init`` (or ``hang_setup``) never answers
 ``initialize`` (``session/new``). ``FAKE_ACP_LATE_REPLAY``: a load answers
 before it replays (Gemini CLI 0.61). ``FAKE_ACP_CLOSE`` offers ``session/close`` (codex-acp,
 the Claude Code adapter and OpenCode do). With ``FAKE_ACP_NO_HTTP_MCP`` set it says
@@ -123,6 +124,10 @@ CHOICES: dict[str, Any] = {
 #: Codex's warning for a model it has no metadata for, as codex-acp forwards it.
 CODEX_WARNING = ("Model metadata for `fake-model-1` not found. Defaulting to fallback "
                  "metadata; this can degrade performance and cause issues.")
+
+
+#: A warning no list knows, sent as codex-acp sends Codex's (one chunk, no messageId).
+UNKNOWN_WARNING = "Codex could not load its plugins; it goes on without them."
 
 
 def record(message: dict[str, Any]) -> None:
@@ -310,8 +315,8 @@ def prompt_turn(message: dict[str, Any]) -> None:
         update(session, {"sessionUpdate": "agent_thought_chunk",
                          "content": {"type": "text", "text": "Thinking about it."}})
         warning = os.environ.get("FAKE_ACP_WARNING")
-        if warning == "codex":
-            chunk(session, CODEX_WARNING)
+        if warning in ("codex", "unknown"):
+            chunk(session, CODEX_WARNING if warning == "codex" else UNKNOWN_WARNING)
             for part in parts:
                 chunk(session, part)  # codex-acp names no message
         else:

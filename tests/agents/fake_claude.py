@@ -120,6 +120,9 @@ def record(path: str, argv: list[str], prompt: str) -> None:
         },
         "claudecode_set": "CLAUDECODE" in os.environ,
         "config_dir": os.environ.get("CLAUDE_CONFIG_DIR"),
+        # The account's login store (each conversation has a config folder of its own).
+        "login_dir": os.environ.get("CLAUDE_SECURESTORAGE_CONFIG_DIR")
+        or os.environ.get("CLAUDE_CONFIG_DIR"),
     }
     config = option(argv, "--mcp-config")
     if config is not None:
@@ -285,8 +288,11 @@ class Session:
 
 
 def account_file(name: str) -> str | None:
-    """The stripped content of ``name`` in this account's config folder, if there."""
-    folder = os.environ.get("CLAUDE_CONFIG_DIR")
+    """The stripped content of ``name`` in this account's folder, if there: its login
+    store (``CLAUDE_SECURESTORAGE_CONFIG_DIR``, the account's own, where each
+    conversation has a config folder of its own), else its config folder."""
+    folder = os.environ.get("CLAUDE_SECURESTORAGE_CONFIG_DIR") or os.environ.get(
+        "CLAUDE_CONFIG_DIR")
     if not folder:
         return None
     try:

@@ -244,8 +244,10 @@ def command_item(item_id: str, command: str, output: str, exit_code: int | None,
 
 
 def account_file(name: str) -> str | None:
-    """The stripped content of ``name`` in this account's ``CODEX_HOME``, if there."""
-    folder = os.environ.get("CODEX_HOME")
+    """The stripped content of ``name`` in this account's folder, if there: the
+    ``--account`` folder prohost names in ``PROHOST_ACCOUNT_DIR`` (each conversation
+    has a ``CODEX_HOME`` of its own), else ``CODEX_HOME``."""
+    folder = os.environ.get("PROHOST_ACCOUNT_DIR") or os.environ.get("CODEX_HOME")
     if not folder:
         return None
     try:

@@ -15,7 +15,6 @@ import os
 import pty
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -30,20 +29,7 @@ from tests.kits.harness import finished, start_run
 from tests.kits.lockholder import signalled, start_holder, stop_holder
 from tests.kits.panel import base
 from tests.kits.process import gated_process, wait_gone
-
-
-def cli_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
-    env["PROHOST_HOME"] = str(home)
-    env.update(extra or {})
-    return env
-
-
-async def prohost(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """``python -m prohost ARGS`` on ``home``, run to its end; its output captured."""
-    return await trio.run_process([sys.executable, "-m", "prohost", *args],
-                                  env=cli_env(home), capture_stdout=True,
-                                  capture_stderr=True, check=False, stdin=b"")
+from tests.kits.program import cli_env, prohost
 
 
 class Lines:

@@ -11,9 +11,9 @@ from pathlib import Path
 import trio
 
 from prohost.engine.agent.stderrtail import tail_path
-from tests.commands.test_runner_commands import prohost
 from tests.kits.harness import finished, start_run
 from tests.kits.process import gated_process
+from tests.kits.program import prohost
 
 
 async def test_a_failed_run_s_stderr_is_kept_and_shown(tmp_path: Path) -> None:

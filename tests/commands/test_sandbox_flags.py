@@ -141,3 +141,31 @@ def test_a_grant_that_would_uncover_a_hidden_place_is_refused_at_start(
     assert reason.format(user=user, tmp=tmp_path) in done.stderr, done.stderr
     assert "name a folder" in done.stderr or "a folder of its own" in done.stderr
     assert not (tmp_path / "home").exists()
+
+
+def test_required_with_a_granted_socket_exits_2_saying_what_it_turns_off(
+    tmp_path: Path,
+) -> None:
+    """A socket granted writable turns the socket filter off (§13: the person's other
+    sockets become reachable): ``required`` refuses it, naming the grant."""
+    import socket
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the socket filter is bubblewrap's (Linux)")
+    from prohost.engine.sandbox import probe
+
+    if probe().kind != "bwrap":
+        pytest.skip(f"no bubblewrap here: {probe().reason}")
+    agent = tmp_path / "agent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(agent))
+        env = program_env(tmp_path, SSH_AUTH_SOCK=str(agent))
+        done = run_cli(tmp_path, "agent", "run", "--sandbox", "required",
+                       "--allow-write", str(agent), env=env)
+        auto = run_cli(tmp_path, "agent", "run", "--sandbox", "required", env=env)
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert f"--allow-write grants the socket {agent}" in line
+    assert "--sandbox auto" in line
+    # Without the grant it gets past the check (and stops later: no pairing here).
+    assert "grants the socket" not in auto.stderr

@@ -185,7 +185,7 @@ async def test_the_second_signal_exits_130_in_its_window_with_a_hung_ledger(
             ledger = hung_ledger(path, hang)
             try:
                 options = Options(home=home, machine="test", exec_command=gate.command)
-                async with httpx.AsyncClient() as client:
+                async with httpx.AsyncHTTPTransport() as client:
                     harness = Harness(options, endpoints_for(creds), client=client,
                                       ledger=ledger)
                     codes: list[int] = []

@@ -196,14 +196,16 @@ async def test_codex_s_setup_never_copies_a_linked_secret_into_a_run(world: Worl
             await server.wait_until(finished(first_id))
             first_seen = seen.read_text() if seen.exists() else ""
             assert token not in first_seen  # the person's linked config was not read
-            # The harness's own folder: made a link by a run (simulated here).
-            owned = Path(running.harness.options.home) / "cli" / "default" / "codex"
+            # The conversation's own folder of the harness's: made a link by a run
+            # (simulated here); the conversation's next run.
+            lanes = Path(running.harness.options.home) / "cli" / "default" / "lanes"
+            owned, = (lane / "codex" for lane in lanes.iterdir())
             assert owned.is_dir()
             config = owned / "config.toml"
             config.unlink(missing_ok=True)
             config.symlink_to(cargo / "credentials.toml")
             seen.unlink(missing_ok=True)
-            second_id = await server.submit_run("probe", conversation_id="B", mcp=mcp)
+            second_id = await server.submit_run("probe", conversation_id="A", mcp=mcp)
             await server.wait_until(finished(second_id))
             first = server.run(first_id).completion
             second = server.run(second_id).completion
@@ -218,7 +220,7 @@ async def test_codex_s_setup_never_copies_a_linked_secret_into_a_run(world: Worl
 
 REFRESHER = """
 import json, os, sys
-folder = os.environ["CLAUDE_CONFIG_DIR"]
+folder = os.environ["CLAUDE_SECURESTORAGE_CONFIG_DIR"]
 path = os.path.join(folder, ".credentials.json")
 with open(path) as handle:
     doc = json.load(handle)
@@ -235,10 +237,12 @@ print(folder, seen)
 async def test_the_default_account_s_claude_folder_is_the_harness_s_and_shares_the_login(
     world: World,
 ) -> None:
-    """Claude Code runs with a folder of the harness's own, seeded with the person's
-    login; a refresh the run makes (rotating the refresh token) reaches the
-    person's file when the run ends, so neither logs the other out; nothing else
-    of the run's folder reaches the person's."""
+    """Claude Code's login store (``CLAUDE_SECURESTORAGE_CONFIG_DIR``, shared by
+    every conversation of the account, apart from each one's CLAUDE_CONFIG_DIR) is
+    a folder of the harness's own, seeded with the person's login; a refresh the
+    run makes (rotating the refresh token) reaches the person's file when the run
+    ends, so neither logs the other out; nothing else of the run's folders reaches
+    the person's."""
     person = world.user / ".claude"
     person.mkdir()
     login = {"claudeAiOauth": {"accessToken": "a1", "refreshToken": "r1", "expiresAt": 1000,
@@ -255,7 +259,7 @@ async def test_the_default_account_s_claude_folder_is_the_harness_s_and_shares_t
         ):
             completion = await turn(server, "A")
     assert completion["ok"] is True, completion
-    owned = world.home / "cli" / "default" / "claude"
+    owned = world.home / "cli" / "default" / "login" / "claude"
     assert completion["reply"] == f"{owned} r1"
     shared = json.loads((person / ".credentials.json").read_text())
     assert shared["claudeAiOauth"]["refreshToken"] == "r2"
@@ -400,4 +404,7 @@ async def test_codex_s_folder_is_seeded_with_the_person_s_config(
     assert seen_second == 'model_provider = "other"\n'
     assert (person / "config.toml").read_text() == 'model_provider = "other"\n'
     owned = world.home / "cli" / "default" / "codex" / "config.toml"
-    assert "planted" in owned.read_text()  # the run's own write stayed in its copy
+    # The run's own write stayed in its conversation's copy.
+    owned = world.home / "cli" / "default" / "lanes"
+    assert ["planted" in (lane / "codex" / "config.toml").read_text()
+            for lane in sorted(owned.iterdir())] == [True, True]

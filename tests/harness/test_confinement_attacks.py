@@ -123,6 +123,60 @@ async def test_the_persons_sockets_and_processes_are_out_of_reach(
             listener.close()
 
 
+async def test_a_socket_in_a_readable_place_of_the_home_is_out_of_reach(
+    world: World,  # noqa: F811
+) -> None:
+    """Attack 6, in the home: Docker Desktop keeps its socket in ``~/.docker/run``
+    and an editor or tmux server may keep one in any folder of the person's, which
+    the run may read (only ``~/.docker/config.json`` is a secret). A read-only view
+    does not stop ``connect``; the seccomp filter that refuses ``socket(AF_UNIX)``
+    does. Neither listener accepts a connection."""
+    folder = world.user / ".docker" / "run"
+    folder.mkdir(parents=True)
+    docker = listening(str(folder / "docker.sock"))
+    (world.user / "work").mkdir()
+    editor = listening(str(world.user / "work" / "server"))
+    tool = attacker(f"connect:{folder / 'docker.sock'}",
+                    f"connect:{world.user / 'work' / 'server'}")
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server, world.harness(server, tool):
+                _, completion = await attacked(server)
+        assert completion["confined"] is True
+        assert not accepted_any(docker), "the run reached ~/.docker/run/docker.sock"
+        assert not accepted_any(editor), "the run reached a socket in a folder of the home"
+    finally:
+        docker.close()
+        editor.close()
+
+
+async def test_an_allowed_socket_is_reached_and_the_run_is_not_said_confined(
+    world: World,  # noqa: F811
+) -> None:
+    """``--allow-write "$SSH_AUTH_SOCK"`` lets the agent use the person's ssh-agent
+    (§13). The filter cannot tell one Unix socket from another, so it is off: the
+    allowed socket is reached, and so could any other in a readable place of the
+    home be; the completion says ``"confined": false`` and the status says why."""
+    agent = listening(str(world.user / "agent.sock"))
+    world.env["SSH_AUTH_SOCK"] = str(world.user / "agent.sock")
+    try:
+        with trio.fail_after(60):
+            async with running_server() as server, world.harness(
+                server, attacker("env-connect:SSH_AUTH_SOCK"),
+                allow_write=(world.user / "agent.sock",),
+            ) as running:
+                _, completion = await attacked(server)
+                snapshot = running.harness.snapshot()
+        assert accepted_any(agent), "the socket --allow-write names was not reached"
+        assert completion["confined"] is False
+        assert snapshot.confinement is not None
+        assert snapshot.confinement.startswith("partly confined (")
+        assert f"--allow-write names a socket ({world.user / 'agent.sock'})" in \
+            snapshot.confinement
+    finally:
+        agent.close()
+
+
 #: The time attacker.py's utime sets (1 January 2001).
 ATTACK_TIME = 978307200
 

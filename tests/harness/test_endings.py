@@ -175,6 +175,8 @@ async def test_a_cancel_survives_a_kill_during_its_stop_and_is_never_run_again(
             completion = server.run(run_id).completion
             assert completion is not None
             assert (completion["error"], completion["retryable"]) == (CANCELLED, False)
+            # From its start until the restart found it (§7: every ending says it).
+            assert completion["duration_ms"] > 0
             assert server.run(run_id).retried_as is None
             assert gate.started == [run_id]
 

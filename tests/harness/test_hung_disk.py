@@ -133,7 +133,7 @@ async def a_hung_step_then_a_restart(
                 await wait_for(gate, server, run_ids[0])
 
             with Ledger.open(home / "ledger.sqlite3") as ledger:
-                async with httpx.AsyncClient() as client:
+                async with httpx.AsyncHTTPTransport() as client:
                     harness = Harness(options, endpoints_for(creds), client=client,
                                       ledger=ledger, env=env)
                     await stop_in_its_window(harness, disk, mock_clock, start_run)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.harness import finished, released, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§5", "§12", "§13")
 
@@ -91,7 +91,7 @@ async def error_of_a_failed_run(
             # Confined, as by default (§13), and not failed by it: its own reason.
             assert record.completion["confined"] is True
             assert "permission denied" not in record.completion["error"].lower()
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
             assert len(running.harness.groups) == 0
     error: str = record.completion["error"]
     return error

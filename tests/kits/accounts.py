@@ -60,7 +60,7 @@ async def fail_over_once(tmp_path: Path, exec_command: str = FAKE_CLAUDE,
 
 def accounts_used(tmp_path: Path) -> list[str]:
     """Which account folder each invocation of the fake CLI ran with, by name."""
-    return [Path(i["config_dir"]).name.removeprefix("cfg-") for i in invocations(tmp_path)]
+    return [Path(i["login_dir"]).name.removeprefix("cfg-") for i in invocations(tmp_path)]
 
 
 def seed(home: Path, server: ServerHandle, run_ids: list[str],

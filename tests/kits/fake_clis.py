@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from prohost.engine.ledger import Ledger
-from tests.kits.harness import Running, finished
+from tests.kits.harness import Running, finished, released
 from tests.kits.paths import AGENTS, logs_folder
 
 #: tests/agents/fake_claude.py as an ``--exec`` line.
@@ -127,5 +127,5 @@ async def turn(running: Running, text: str) -> dict[str, Any]:
     run_id = await running.server.submit_run(text, conversation_id="C1")
     await running.server.wait_until(finished(run_id))
     # Released: the lane's session and `finished` are committed by now.
-    await running.harness.wait_released(run_id)
+    await released(running.harness, run_id)
     return running.server.run(run_id).completion or {}

@@ -152,7 +152,7 @@ async def running_harness(
     exit_code: list[int] = []
     exited = trio.Event()
     try:
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
             harness = Harness(options, endpoints_for(creds), client=client, ledger=ledger,
                               env=env, clock=clock)
 
@@ -382,3 +382,9 @@ def counted_steps(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(Bounds, "run", counted)
     return steps
+
+
+async def released(harness: Harness, run_id: str) -> None:
+    """Return once ``harness`` no longer holds ``run_id`` (reported, dropped, or never
+    held), as its public state says. Cancelling it only stops the wait."""
+    await harness.wait_until(lambda seen: run_id not in seen.held)

@@ -95,6 +95,7 @@ async def harness_process(
     extra_env: Mapping[str, str] | None = None,
     output: int | None = None,
     extra_args: Sequence[str] = (),
+    program: Sequence[str] = (sys.executable, "-m", "prohost"),
 ) -> AsyncIterator[HarnessProcess]:
     """Start a harness on ``home`` (already paired), with ``extra_args`` after its
     flags, and wait until it is connected
@@ -110,7 +111,7 @@ async def harness_process(
     env.update(extra_env or {})
     connects = server.state.total_connects
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "prohost", "agent", "run", "--exec", command,
+        [*program, "agent", "run", "--exec", command,
          "--concurrency", str(concurrency), "--machine", "t",
          # Confined, as by default (§13): the fakes log into this folder only.
          "--allow-write", str(logs_folder(home.parent)), *extra_args],
@@ -255,12 +256,14 @@ async def gated_process(
     connected: bool = True,
     extra_env: Mapping[str, str] | None = None,
     output: int | None = None,
+    program: Sequence[str] = (sys.executable, "-m", "prohost"),
     **server_config: Any,
 ) -> AsyncIterator[tuple[Gate, ServerHandle, HarnessProcess]]:
     """:func:`paired_with_gate`, and one :func:`harness_process` on ``home`` whose
-    agents are the Gate's. ``connected``, ``extra_env`` and ``output`` are
-    :func:`harness_process`'s; the other keywords configure the server."""
+    agents are the Gate's. ``connected``, ``extra_env``, ``output`` and ``program``
+    are :func:`harness_process`'s; the other keywords configure the server."""
     async with paired_with_gate(home, **server_config) as (gate, server), harness_process(
-        server, home, gate.command, connected=connected, extra_env=extra_env, output=output
+        server, home, gate.command, connected=connected, extra_env=extra_env, output=output,
+        program=program,
     ) as harness:
         yield gate, server, harness

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import trio
+
 
 def program_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """This process's environment without its ``PROHOST_*`` settings (the person's
@@ -35,3 +37,19 @@ def run_cli(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None,
         timeout=60,
         check=False,
     )
+
+
+def cli_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without its ``PROHOST_*`` settings, on ``home``,
+    with ``extra``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PROHOST_")}
+    env["PROHOST_HOME"] = str(home)
+    env.update(extra or {})
+    return env
+
+
+async def prohost(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``python -m prohost ARGS`` on ``home``, run to its end; its output captured."""
+    return await trio.run_process([sys.executable, "-m", "prohost", *args],
+                                  env=cli_env(home), capture_stdout=True,
+                                  capture_stderr=True, check=False, stdin=b"")

@@ -79,7 +79,7 @@ async def solo_runner(
     bounds = bounds if bounds is not None else Bounds()
     with Ledger.open(folder / "solo-ledger.sqlite3") as ledger:
         steps = LedgerSteps(ledger, bounds)
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncHTTPTransport() as client:
             # Never posts: outcome_of ends before the report.
             reporter = Reporter(client, "http://127.0.0.1:9", "solo-token")
             book = AccountBook()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,6 @@ import trio
 
 from prohost.engine.ledger import RunState
 from prohost.engine.ledger.schema import TEST_HUNG_DISK_ENV
-from prohost.engine.signals import EARLY_LINE, EARLY_LINE_ENV, EXIT_PAUSE_ENV, EXIT_PAUSE_LINE
 from prohost.server import ServerHandle
 from prohost.wire.outcomes import NOT_STARTED, STOPPED
 from prohost.wire.protocol import Heartbeat, Pong, Status
@@ -33,6 +33,7 @@ from tests.kits.process import (
     paired_with_gate,
     wait_gone,
 )
+from tests.kits.signal_edges import EARLY_LINE, EXIT_PAUSE_LINE, SCRIPT
 
 pytestmark = pytest.mark.protocol("§9")
 
@@ -206,7 +207,14 @@ async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Pat
 
 # --- signals at the edges of the process (issue 8, reproduction 9) --------------------
 
-EARLY = {EARLY_LINE_ENV: "1"}
+#: `python -m prohost` that says when its signal handlers are in place (a seam of the
+#: test kit's, tests/kits/signal_edges.py: the product prints no such line).
+EARLY = (sys.executable, SCRIPT, "--early-line", "--")
+
+
+def paused_at_exit(wait_s: float) -> tuple[str, ...]:
+    """`python -m prohost` that waits at its very end for a signal (the kit's seam)."""
+    return (sys.executable, SCRIPT, "--pause-at-exit", str(wait_s), "--")
 
 
 async def test_a_first_signal_before_the_supervisor_is_up_drains_and_exits_0(
@@ -218,7 +226,7 @@ async def test_a_first_signal_before_the_supervisor_is_up_drains_and_exits_0(
             # Queued before the harness starts: it would be delivered at its connect.
             waiting = await server.submit_run("delivered to a draining harness")
             async with harness_process(server, home, gate.command, connected=False,
-                                       extra_env=EARLY) as harness:
+                                       program=EARLY) as harness:
                 # Printed by `python -m prohost` before it imports the harness: the
                 # supervisor, its panel and the ledger are not there yet.
                 assert await harness.wait_first_line() == EARLY_LINE
@@ -235,7 +243,7 @@ async def test_two_signals_before_the_supervisor_is_up_stop_and_exit_130(
 ) -> None:
     with trio.fail_after(60):
         async with gated_process(tmp_path / "home", connected=False,
-                                 extra_env=EARLY) as (gate, _, harness):
+                                 program=EARLY) as (gate, _, harness):
             assert await harness.wait_first_line() == EARLY_LINE
             # Two different signals: two of the same one sent back to back could
             # be merged by the kernel into one.
@@ -252,7 +260,7 @@ async def test_a_second_signal_after_the_drain_finished_exits_130_not_by_the_sig
     # released) until a signal comes: the last window, hit every time.
     with trio.fail_after(60):
         async with gated_process(tmp_path / "home",
-                                 extra_env={EXIT_PAUSE_ENV: "30"}) as (_, _, harness):
+                                 program=paused_at_exit(30)) as (_, _, harness):
             harness.send_signal(signal.SIGTERM)  # nothing runs: it drains at once
             await harness.wait_log("drained: every run has finished and reported")
             await harness.wait_log(EXIT_PAUSE_LINE)
@@ -267,7 +275,7 @@ async def test_a_drain_without_a_second_signal_still_exits_0_after_the_pause(
     """The counterpart of the test above: the pause alone changes nothing."""
     with trio.fail_after(60):
         async with gated_process(tmp_path / "home",
-                                 extra_env={EXIT_PAUSE_ENV: "0.01"}) as (_, _, harness):
+                                 program=paused_at_exit(0.01)) as (_, _, harness):
             harness.send_signal(signal.SIGTERM)
             assert await harness.wait_clean_exit() == 0
     assert any(EXIT_PAUSE_LINE in line for line in harness.log)

@@ -82,7 +82,7 @@ async def test_a_harness_reconnects_to_a_restarted_server_without_pairing(
             endpoints = Endpoints(ws_url=second.ws_url, api_base=second.http_url,
                                   token=creds["token"], secret=creds["secret"])
             options = Options(home=tmp_path / "home", machine="m", dry_run=True)
-            async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
                 harness = Harness(options, endpoints, client=client, ledger=None)
                 await nursery.start(harness.run)
                 await second.wait_until(lambda s: s.connected > 0)

@@ -18,6 +18,7 @@ from tests.kits.harness import (
     delivery_frame,
     finished,
     gated_harness,
+    released,
     run_body,
     running_harness,
     running_server,
@@ -54,7 +55,7 @@ async def test_200_then_204_for_the_same_run(tmp_path: Path) -> None:
             # Redelivered while it runs: 200 again, never a second execution.
             assert await status_of(running, body, "again") == (200, "already accepted")
             await gate.release(run_id, "answer")
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
             # Redelivered after its report settled: 204.
             assert await status_of(running, body, "late") == (204, "already reported")
             assert gate.started == [run_id]

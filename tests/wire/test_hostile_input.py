@@ -364,7 +364,7 @@ async def test_status_is_the_first_message_even_when_a_ping_and_a_refusal_follow
                               dry_run=True)
             endpoints = Endpoints(ws_url=f"ws://127.0.0.1:{port}/v1/agent/ws",
                                   api_base=f"http://127.0.0.1:{port}", token="t", secret="s")
-            async with httpx.AsyncClient() as client, trio.open_nursery() as inner:
+            async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as inner:
                 harness = Harness(options, endpoints, client=client, ledger=None)
                 inner.start_soon(harness.run)
                 await done.wait()

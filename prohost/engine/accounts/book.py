@@ -43,8 +43,15 @@ CONFIG_DIR_VARIABLES: Mapping[str, str] = {
     "codex": "CODEX_HOME",
 }
 ACCOUNT_DIR_VARIABLE = "PROHOST_ACCOUNT_DIR"
-#: Where Claude Code 2.1.220 and later keep the login, apart from CLAUDE_CONFIG_DIR.
+#: Where Claude Code keeps the login, apart from CLAUDE_CONFIG_DIR (read by 2.1.197,
+#: the installed one: its plaintext store is ``<this>/.credentials.json``).
 SECURE_STORAGE_VARIABLE = "CLAUDE_SECURESTORAGE_CONFIG_DIR"
+#: Under an account's own folders: each conversation's (``lanes/<lane folder>/<cli>``).
+LANES_FOLDER = "lanes"
+#: The lane folder name of a run without a lane (none reaches a run: a safe default).
+NO_LANE = "no-lane"
+#: Under an owned account's folders: Claude Code's login store (``login/claude``).
+LOGIN_FOLDER = "login"
 
 
 @attrs.frozen
@@ -60,32 +67,62 @@ class Account:
     name: str
     dir: Path | None = None
     owned: bool = False
+    #: The harness's own folders of an account whose ``dir`` is the person's
+    #: (``--account``): ``$PROHOST_HOME/cli/<name>``, holding each conversation's
+    #: CLI folders. ``None``: the account's CLIs use ``dir`` itself (tests of the
+    #: book alone). An ``owned`` account's are ``dir``.
+    own: Path | None = None
 
-    def cli_folder(self, cli: str) -> Path | None:
-        """The harness's own folder of ``cli`` (claude, codex) for an ``owned``
-        account; ``None`` otherwise (a CLI without a folder, the plain brain)."""
-        if not self.owned or self.dir is None or cli not in CONFIG_DIR_VARIABLES:
+    @property
+    def root(self) -> Path | None:
+        """The harness's own folders of this account, if it has any."""
+        return self.dir if self.owned else self.own
+
+    def cli_folder(self, cli: str, lane_folder: str = "") -> Path | None:
+        """``cli``'s (claude, codex) folder for the conversation whose lane folder
+        name is ``lane_folder``: its own (``<root>/lanes/<lane folder>/<cli>``), so
+        no conversation reads another's sessions or obeys settings another
+        planted (issue 36, attack 10); ``None`` for a CLI without a folder (the
+        plain brain) or an account without folders of the harness's."""
+        root = self.root
+        if root is None or self.dir is None or cli not in CONFIG_DIR_VARIABLES:
             return None
-        return self.dir / cli
+        return root / LANES_FOLDER / (lane_folder or NO_LANE) / cli
 
-    def env(self, brain: str) -> dict[str, str]:
+    def login_folder(self) -> Path | None:
+        """Where Claude Code keeps this account's login, shared by all its
+        conversations (``CLAUDE_SECURESTORAGE_CONFIG_DIR``): the harness's own
+        ``<root>/login/claude`` for an ``owned`` account (kept in step with the
+        person's, :mod:`prohost.engine.accounts.logins`), the account's own folder
+        for ``--account``; ``None`` without folders of the harness's."""
+        if self.root is None or self.dir is None:
+            return None
+        return self.dir / LOGIN_FOLDER / "claude" if self.owned else self.dir
+
+    def env(self, brain: str, lane_folder: str = "") -> dict[str, str]:
         """The variables that point ``brain``'s CLI (the brain's name, or the agent
-        an ACP command starts) at this account's folder: nothing for an account
-        without one, or for the plain brain of an ``owned`` account."""
+        an ACP command starts) at this account's folder for the conversation whose
+        lane folder name is ``lane_folder`` (:meth:`cli_folder`): nothing for an
+        account without one, or for the plain brain of an ``owned`` account."""
         if self.dir is None:
             return {}
-        if self.owned:
-            owned = self.cli_folder(brain)
-            if owned is None:
-                return {}
-            env = {CONFIG_DIR_VARIABLES[brain]: str(owned)}
-            if brain == "claude" and sys.platform == "darwin":
-                # macOS keeps the login in the Keychain, under an entry named by a
-                # hash of CLAUDE_CONFIG_DIR; Claude Code 2.1.220+ takes the store's
-                # location from this variable instead, and an empty one names the
-                # default entry, the person's own login (daymade/claude-code-skills#592,
-                # anthropics/claude-code#79223). No file to share there.
-                env[SECURE_STORAGE_VARIABLE] = ""
+        conversation = self.cli_folder(brain, lane_folder)
+        if self.root is not None:
+            env = {} if self.owned else {ACCOUNT_DIR_VARIABLE: str(self.dir)}
+            if conversation is None:
+                return env
+            env[CONFIG_DIR_VARIABLES[brain]] = str(conversation)
+            if brain == "claude":
+                # One login for every conversation of the account: Claude Code
+                # reads and writes its credential store (and takes its refresh
+                # lock) in this folder, apart from CLAUDE_CONFIG_DIR.
+                env[SECURE_STORAGE_VARIABLE] = str(self.login_folder())
+                if sys.platform == "darwin" and self.owned:
+                    # macOS keeps the login in the Keychain, under an entry named
+                    # by a hash of this folder; an empty one names the default
+                    # entry, the person's own login (daymade/claude-code-skills#592,
+                    # anthropics/claude-code#79223). No file to share there.
+                    env[SECURE_STORAGE_VARIABLE] = ""
             return env
         folder = str(self.dir)
         env = {ACCOUNT_DIR_VARIABLE: folder}
@@ -153,10 +190,6 @@ class AccountBook:
         self.account(name)
         self._expire(now)
         return self._standing[name].state
-
-    def usable(self, name: str, now: float) -> bool:
-        """Whether a run may start on ``name`` now (it is not limited)."""
-        return self.state(name, now) != "limited"
 
     def choose(self, now: float, *, lane_account: str | None = None,
                exclude: Collection[str] = ()) -> Account | None:

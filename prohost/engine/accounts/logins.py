@@ -1,13 +1,28 @@
-"""The default account's CLI folders are the harness's own; its login is the person's,
-shared by copying one credentials file each way (issue 36, point 5; §13).
+"""Each conversation's CLI folders are the harness's own; an account's login is
+shared by all of them and with the person's (issue 36, point 5 and attack 10; §13).
 
 A run may write its CLI's folder (settings, hooks, MCP server lists, sessions), so
-that folder can never be the person's ``~/.claude`` or ``~/.codex``: whatever a run
-left there would run later in the person's own sessions. The default account's
-folders are ``$PROHOST_HOME/cli/default/claude`` (``CLAUDE_CONFIG_DIR``) and
-``.../codex`` (``CODEX_HOME``), made by the harness.
+that folder can never be the person's ``~/.claude`` or ``~/.codex`` (whatever a run
+left there would run later in the person's own sessions), nor one another
+conversation's runs use (they would read its transcripts and obey the settings it
+planted). So each conversation has its own, per account:
+``$PROHOST_HOME/cli/<account>/lanes/<lane folder>/claude`` (``CLAUDE_CONFIG_DIR``)
+and ``.../codex`` (``CODEX_HOME``), made at its first run, removed with its
+worktrees by ``agent gc`` (:meth:`~prohost.engine.accounts.book.Account.cli_folder`).
 
-The login inside them must stay one login with the person's, because both CLIs
+Claude Code keeps its login apart from ``CLAUDE_CONFIG_DIR`` when
+``CLAUDE_SECURESTORAGE_CONFIG_DIR`` is set (read in the installed CLI, 2.1.197:
+``m7()`` returns that variable, else the config folder; its plaintext store reads
+and writes ``<m7()>/.credentials.json`` by a temporary file and a rename, and its
+token refresh takes its lock in that folder too). So every conversation of an
+account shares one login store: the harness's ``$PROHOST_HOME/cli/<account>/login/
+claude`` for the default account (kept in step with the person's, below), the
+``--account`` folder itself for another. Codex keeps its login in
+``CODEX_HOME/auth.json`` alone, so each conversation's folder holds a copy kept in
+step with the account's (the person's ``~/.codex``, or the ``--account`` folder)
+the same way.
+
+Each such copy must stay one login with the person's, because both CLIs
 rotate the refresh token at each refresh, so two copies of one login log each other
 out (anthropics/claude-code#76561; Codex: "your refresh token was already used").
 So at each run's start and end :func:`sync_login` takes whichever copy is newer and
@@ -18,9 +33,7 @@ writes it over the other:
   ``{"claudeAiOauth": {"accessToken", "refreshToken", "expiresAt" (ms), "scopes",
   "subscriptionType"}}`` (beside other entries, MCP servers' OAuth tokens, which
   stay the person's); newer: the later ``expiresAt``. It writes the file by a
-  temporary file and a rename. (Claude Code 2.1.220 and later can keep it apart,
-  ``CLAUDE_SECURESTORAGE_CONFIG_DIR``: not used, since one folder per account holds
-  both, and older versions read it from ``CLAUDE_CONFIG_DIR`` alone.)
+  temporary file and a rename.
 - Codex keeps it in ``$CODEX_HOME/auth.json`` (openai/codex
   ``codex-rs/core/src/auth/storage.rs``: ``AuthDotJson`` = ``OPENAI_API_KEY``,
   ``tokens`` {``id_token``, ``access_token``, ``refresh_token``, ``account_id``},
@@ -43,9 +56,13 @@ the harness's folder would otherwise lack. So :func:`seed_files` copies the
 person's ``config.toml`` one way, person → harness, whenever the person's copy is
 newer than the harness's (what Codex or a run wrote in the harness's copy stays
 until the person changes theirs); nothing ever goes the other way. Claude Code's
-settings are not seeded: its endpoint and key come from variables the harness
-passes on, and its ``settings.json`` holds hooks, permissions and plugins of the
-person's interactive sessions (docs/security.md says why).
+settings are not seeded from the person's: its endpoint and key come from
+variables the harness passes on, and its ``settings.json`` holds hooks,
+permissions and plugins of the person's interactive sessions (docs/security.md
+says why). What the person wants every conversation's Claude Code to have goes in
+``$PROHOST_HOME/cli/<account>/shared/claude`` (``settings.json``, ``CLAUDE.md``),
+no run's place, seeded one way into each conversation's folder
+(:func:`seed_shared`).
 
 Every file of the person's or of the harness's is read by one function,
 :func:`read_guarded`: never through a link at its end, never from a folder whose
@@ -70,6 +87,8 @@ from typing import Any, Literal
 
 import attrs
 
+from prohost.engine.accounts.book import Account
+
 log = logging.getLogger("prohost.accounts")
 
 #: The harness's own CLI folders, under ``$PROHOST_HOME``: ``cli/<account>/<cli>``.
@@ -85,6 +104,11 @@ FOLDER_VARIABLES: Mapping[str, tuple[str, str]] = {
 MAX_BYTES = 64 * 1024
 #: Files of the person's CLI folder seeded one way into the harness's (its settings).
 SEEDED_FILES: Mapping[str, tuple[str, ...]] = {"codex": ("config.toml",)}
+#: Under an account's folders of the harness's: what the person gives every
+#: conversation of it (``shared/claude``), seeded one way into each one's folder.
+SHARED_FOLDER = "shared"
+#: The files of :data:`SHARED_FOLDER` seeded (Claude Code's settings and memory).
+SHARED_FILES = ("settings.json", "CLAUDE.md")
 #: A settings file larger than this is not seeded.
 SETTINGS_MAX_BYTES = 1024 * 1024
 
@@ -154,19 +178,73 @@ def owned_folder(home: Path, account: str) -> Path:
 
 
 def person_login(cli: str, harness_folder: Path, env: Mapping[str, str],
-                 hidden: Sequence[Path] = ()) -> SharedLogin | None:
+                 hidden: Sequence[Path] = (), *, person: Path | None = None) -> SharedLogin | None:
     """The login ``cli``'s folder ``harness_folder`` shares with the person's own
-    folder (the person's variable in ``env``, else its default under ``HOME``),
-    with the settings seeded from it (:data:`SEEDED_FILES`), neither ever read from
-    one of ``hidden``; ``None`` for a CLI that keeps no login file."""
+    folder (``person``, an ``--account``'s; else the person's variable in ``env``,
+    else its default under ``HOME``), with the settings seeded from it
+    (:data:`SEEDED_FILES`), neither ever read from one of ``hidden``; ``None`` for
+    a CLI that keeps no login file."""
     if cli not in LOGIN_FILES:
         return None
-    variable, default = FOLDER_VARIABLES[cli]
-    named = env.get(variable, "").strip()
-    home = env.get("HOME", "").strip()
-    person = Path(named) if named else (Path(home) if home else Path.home()) / default
+    if person is None:
+        variable, default = FOLDER_VARIABLES[cli]
+        named = env.get(variable, "").strip()
+        home = env.get("HOME", "").strip()
+        person = Path(named) if named else (Path(home) if home else Path.home()) / default
     return SharedLogin(cli, person / LOGIN_FILES[cli], harness_folder / LOGIN_FILES[cli],
                        seeds=SEEDED_FILES.get(cli, ()), hidden=tuple(hidden))
+
+
+def open_cli_folders(account: Account, cli: str, lane_folder: str, env: Mapping[str, str],
+                     hidden: Sequence[Path] = ()) -> None:
+    """Make the folder of ``cli`` (claude, codex) for the conversation whose lane
+    folder name is ``lane_folder`` on ``account`` (:meth:`Account.cli_folder`) and
+    keep its login one with the account's:
+
+    - Claude Code: every conversation's CLI reads and writes one login store,
+      ``CLAUDE_SECURESTORAGE_CONFIG_DIR`` (:meth:`Account.login_folder`); an owned
+      account's store is the harness's, kept in step with the person's
+      ``~/.claude`` (:func:`open_folder`); an ``--account``'s is its own folder.
+    - Codex keeps its login in ``CODEX_HOME/auth.json`` alone, so the
+      conversation's copy is kept in step with the account's (the person's
+      ``~/.codex``, or the ``--account`` folder) by :func:`open_folder`, its
+      ``config.toml`` seeded one way from there.
+
+    Nothing for a CLI without a folder. Never raises an OSError (logged: its CLI
+    then says it is not logged in). Blocking file I/O."""
+    folder = account.cli_folder(cli, lane_folder)
+    if folder is None:
+        return
+    theirs = None if account.owned else account.dir
+    if cli != "claude":
+        open_folder(folder, person_login(cli, folder, env, hidden, person=theirs))
+        return
+    open_folder(folder, None)
+    root = account.root
+    if root is not None:
+        seed_shared(root / SHARED_FOLDER / cli, folder, hidden)
+    login = account.login_folder()
+    if login is not None and account.owned:
+        open_folder(login, person_login(cli, login, env, hidden))
+
+
+def seed_shared(shared: Path, folder: Path, hidden: Sequence[Path] = ()) -> list[str]:
+    """Copy each of :data:`SHARED_FILES` from ``shared`` (the person's settings for
+    every conversation of an account, ``$PROHOST_HOME/cli/<account>/shared/claude``:
+    no run's place) into a conversation's ``folder`` where it is newer, as
+    :func:`seed_files` does; the names copied. Never raises. Blocking file I/O."""
+    copied = []
+    for name in SHARED_FILES:
+        try:
+            with _ONE_AT_A_TIME:
+                if _seed(shared / name, folder / name, tuple(hidden)):
+                    copied.append(name)
+        except Refused as exc:
+            log.warning("%s: not copied into the conversation's folder", exc)
+        except OSError as exc:
+            log.warning("could not copy %s into %s: %s", shared / name, folder,
+                        exc.strerror or exc)
+    return copied
 
 
 def open_folder(folder: Path, login: SharedLogin | None) -> Direction | None:

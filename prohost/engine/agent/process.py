@@ -230,8 +230,10 @@ class _Watch:
         on_stdout_line: Callable[[bytes], None] | None,
         on_output: Callable[[float], None] | None = None,
         conversation: Conversation | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.on_exit = on_exit
         self.conversation = conversation
         #: stdin gets end-of-file once what is queued is written (a conversation
         #: says when; a prompt is all there is).
@@ -287,6 +289,10 @@ class _Watch:
                 if self.on_spawn is not None:
                     await self.on_spawn(self.pgid)
                 await self._wait_leader()
+                if self.on_exit is not None:
+                    # Told before anything else is awaited: from now on the agent has
+                    # finished, and a cancel must not take its ending away (§6).
+                    self.on_exit()
                 # The leader is gone; anything it left in its group goes too.
                 await self._let_the_rest_end()
                 _killpg(self.pgid, signal.SIGKILL)
@@ -617,6 +623,7 @@ async def run_agent(
     on_output: Callable[[float], None] | None = None,
     conversation: Conversation | None = None,
     confinement: Confinement | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> ProcessResult:
     """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
@@ -638,7 +645,10 @@ async def run_agent(
     and a limit that passed while it ran stops the group then); ``on_stdout_line``
     gets each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are
     skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
-    every read from either stream (what the idle timer counts from).
+    every read from either stream (what the idle timer counts from); ``on_exit`` is
+    called once the leader has exited, whatever ended it but a cancellation, before
+    the group's rest is given the grace (the caller then knows the agent finished,
+    though this has not returned yet).
 
     With a ``conversation``, ``stdin_text`` is not written: the conversation talks
     with the agent over stdin (see :class:`Conversation`), is asked to wind it down
@@ -683,6 +693,7 @@ async def run_agent(
             on_stdout_line=on_stdout_line,
             on_output=on_output,
             conversation=conversation,
+            on_exit=on_exit,
         )
         return await watch.run()
     finally:

@@ -145,7 +145,8 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
             tried.append(True)
             return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
                                     stderr=stderr_child, cwd=cwd, env=child_env,
-                                    start_new_session=True, pass_fds=theirs[3:])
+                                    start_new_session=True,
+                                    pass_fds=(*theirs[3:], *confinement.pass_fds))
 
         try:
             popen = await _spawned(confinement, spawn)

@@ -8,11 +8,11 @@ for a person looking into a run afterwards, so losing it with the machine is
 harmless: the file is written once, when the run's process has ended, without an
 fsync and off the ledger's writer thread.
 
-It is pruned with the run: a tail is removed once its run's body would be (the
-ledger empties a reported run after :data:`KEEP_S`), by the first tail written
-after :data:`PRUNE_EVERY_S` since the last prune, so the folder holds about a
-week of runs. Not at every write: a busy harness keeps tens of thousands of tails,
-and listing them all at each run's end would cost that run a scan of the folder.
+It is pruned with the run: a tail is removed once its run's body would be
+(:data:`~prohost.engine.retention.KEEP_RUNS_S`), by the harness's daily pass
+(:mod:`prohost.engine.retention` owns the period and the schedule), so the folder
+holds about a week of runs. Never at a run's write: a busy harness keeps tens of
+thousands of tails, and listing them all would cost that run a scan of the folder.
 
 File names are a hash of the run id, the per-run scratch folders' own
 (:func:`~prohost.engine.agent.environment.run_digest`): a run id is the server's
@@ -22,28 +22,16 @@ text and must never become a path.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from pathlib import Path
 
 from prohost.engine.agent.environment import run_digest
+from prohost.engine.retention import KEEP_RUNS_S
 
 #: How much of a run's stderr is kept: its end, where a failing CLI says why.
 TAIL_BYTES = 64 * 1024
 TAIL_DIR = "stderr"
-#: A tail is removed this long after it was written: the ledger's KEEP_BODIES_S
-#: (a reported run's body and outcome are emptied then). A copy, not an import: the
-#: agent and ledger rooms are peers, which never import each other
-#: (docs/architecture.md); tests/engine/agent/test_stderr_tail.py keeps them equal.
-KEEP_S = 7 * 86400.0
-#: A written tail prunes the folder when the last prune is at least this old.
-PRUNE_EVERY_S = 3600.0
-
-#: When each folder was last pruned by :func:`write_tail` (this process's clock:
-#: a harness prunes at its first run's end, then hourly). Worker threads share it;
-#: a prune made twice by a race is only a wasted listing.
-_last_pruned: dict[Path, float] = {}
 
 
 class StderrTail:
@@ -70,11 +58,9 @@ def tail_path(home: Path, run_id: str) -> Path:
     return home / TAIL_DIR / f"{run_digest(run_id)}.log"
 
 
-def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None) -> None:
-    """Keep ``data`` (the tail) as ``run_id``'s stderr, then prune tails past
-    :data:`KEEP_S` if the folder was not pruned in the last :data:`PRUNE_EVERY_S`.
-    Blocking file work (run it in a thread); raises ``OSError``. An empty stderr
-    leaves no file."""
+def write_tail(home: Path, run_id: str, data: bytes) -> None:
+    """Keep ``data`` (the tail) as ``run_id``'s stderr. Blocking file work (run it in
+    a thread); raises ``OSError``. An empty stderr leaves no file."""
     folder = home / TAIL_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     if folder.stat().st_mode & 0o077:  # widened since (a chmod, a restored backup)
@@ -85,15 +71,12 @@ def write_tail(home: Path, run_id: str, data: bytes, *, now: float | None = None
         with open(fd, "wb") as handle:
             os.fchmod(fd, 0o600)  # one that was there keeps its mode otherwise
             handle.write(data[-TAIL_BYTES:])
-    at = time.time() if now is None else now
-    if at - _last_pruned.get(folder, -math.inf) >= PRUNE_EVERY_S:
-        _last_pruned[folder] = at
-        prune_tails(home, now=at)
 
 
 def prune_tails(home: Path, *, now: float | None = None) -> int:
-    """Remove the tails older than :data:`KEEP_S`; how many were removed."""
-    cutoff = (time.time() if now is None else now) - KEEP_S
+    """Remove the tails older than :data:`~prohost.engine.retention.KEEP_RUNS_S`
+    (written before ``now``, epoch s, less that); how many were removed. Blocking."""
+    cutoff = (time.time() if now is None else now) - KEEP_RUNS_S
     removed = 0
     with contextlib.suppress(FileNotFoundError), os.scandir(home / TAIL_DIR) as entries:
         for entry in entries:

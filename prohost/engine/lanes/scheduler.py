@@ -127,9 +127,6 @@ class Scheduler(Generic[T]):
         # lane -> the holding() calls waiting for it, first come first served. A lane
         # let go is handed to the first of them before any run can take it.
         self._hold_waiters: dict[str, deque[trio.Event]] = {}
-        # Set while idle; replaced by a fresh one when work arrives.
-        self._idle = trio.Event()
-        self._idle.set()
 
     @property
     def limit(self) -> int:
@@ -209,10 +206,6 @@ class Scheduler(Generic[T]):
                 self._queue.hold(lane)  # free this instant, so this cannot fail
                 self._hand_over(lane)
             self._wake.set()
-            queue = self._queue
-            # _check_idle, inlined: this runs once per run.
-            if not (queue._by_key or queue._busy or self._in_channel):
-                self._idle.set()
 
     def release_slot(self, key: str) -> bool:
         """The agent of the running item ``key`` has ended: give its slot to another
@@ -234,9 +227,7 @@ class Scheduler(Generic[T]):
         """
         if self._draining:
             raise DrainingError(f"the scheduler is draining; {key!r} was not queued")
-        queue = self._queue
-        # LaneQueue.__contains__, inlined: this runs once per run, in the reader.
-        if key in self._in_channel or key in queue._by_key or key in queue._running_keys:
+        if key in self._in_channel or key in self._queue:
             raise ValueError(f"{key!r} is already queued or running")
         entry = Entry(0, key, lane, item)
         try:
@@ -247,8 +238,6 @@ class Scheduler(Generic[T]):
                 "waiting; the server should deliver it again later"
             ) from None
         self._in_channel[key] = entry
-        if self._idle.is_set():
-            self._idle = trio.Event()
 
     def starts_at_once(self, lane: str) -> bool:
         """Whether an item submitted on ``lane`` now would start at the next dispatch:
@@ -273,8 +262,6 @@ class Scheduler(Generic[T]):
             item: T | None = entry.item
         else:
             item = self._queue.remove(key)
-        if item is not None:
-            self._check_idle()
         return item
 
     def drain(self) -> list[tuple[str, T]]:
@@ -290,7 +277,6 @@ class Scheduler(Generic[T]):
             entry.removed = True
             items.append((entry.key, entry.item))
         self._in_channel.clear()
-        self._check_idle()
         return items
 
     @contextlib.asynccontextmanager
@@ -374,15 +360,3 @@ class Scheduler(Generic[T]):
             reporting=self._queue.running - limiter.borrowed_tokens,
             held_lanes=self._queue.held,
         )
-
-    async def wait_idle(self) -> None:
-        """Return once nothing runs and nothing is queued.
-
-        Cancelling it only stops the wait; the scheduler is unaffected.
-        """
-        while len(self._queue) or self._in_channel:
-            await self._idle.wait()
-
-    def _check_idle(self) -> None:
-        if not len(self._queue) and not self._in_channel:
-            self._idle.set()

@@ -41,7 +41,9 @@ step               durable    why
                               is run again, so a spawned one must never look so
 ``record_pgid``    yes        right after the spawn, before the agent's output is
                               read: a restart kills the group only if it was
-                              written; the run stops if it cannot be (§7)
+                              written; the run stops if it cannot be (§7). With
+                              it, what the run's checkouts were as it began
+                              (``start_state``): a restart reports its changes
 ``record_cancel``  yes        a server's cancel of a run not finished, before its agent
                               is stopped: a restart reports it cancelled, never runs
                               it again (§6); ``mark_finished`` replaces it
@@ -102,10 +104,11 @@ write can be the one under way at the bound.) Nobody else touches the write conn
 later writer waits for it at most :data:`LOCK_WAIT_S`, then fails every write it
 holds with :class:`LedgerError`.
 
-Retention (the exactly-once window): a reported run keeps its body and outcome for
-7 days (:data:`KEEP_BODIES_S`); then :meth:`Ledger.prune` empties them, leaving a
+Retention (the exactly-once window; the periods are
+:mod:`prohost.engine.retention`'s): a reported run keeps its body and outcome for
+7 days (``KEEP_RUNS_S``); then :meth:`Ledger.prune` empties them, leaving a
 tombstone — run id, state and when it was reported — for 30 days after the report
-(:data:`KEEP_TOMBSTONES_S`). Any redelivery within those 30 days is answered 204 and
+(``KEEP_TOMBSTONES_S``). Any redelivery within those 30 days is answered 204 and
 never runs. A redelivery later than that is executed again: the server must not
 redeliver a run it has seen reported for a month.
 """
@@ -120,14 +123,12 @@ from prohost.engine.ledger.rows import (
     UnreportedRuns,
 )
 from prohost.engine.ledger.schema import FILE_MODE, SCHEMA_VERSION, LedgerUnavailable
-from prohost.engine.ledger.store import KEEP_BODIES_S, KEEP_TOMBSTONES_S, AdmitTicket, Ledger
+from prohost.engine.ledger.store import AdmitTicket, Ledger
 from prohost.engine.ledger.writer import CLOSE_WAIT_S, LOCK_WAIT_S, _Write
 
 __all__ = [
     "CLOSE_WAIT_S",
     "FILE_MODE",
-    "KEEP_BODIES_S",
-    "KEEP_TOMBSTONES_S",
     "LOCK_WAIT_S",
     "SCHEMA_VERSION",
     "AdmitTicket",

@@ -65,6 +65,10 @@ class LedgerRow:
     settlement: str | None
     """How the report settled (free text, for people)."""
     finished_at: float | None = None
+    start_state: str | None = None
+    """What the run's checkouts were as it began (JSON, kept with its agent's process
+    group; ``None`` without ``--repos``, before the spawn, once finished, and in the
+    rows of an earlier prohost): a restart reports what it changed since."""
 
 
 class Admitted(enum.Enum):
@@ -93,13 +97,13 @@ class UnreportedRuns:
 
 _COLUMNS = (
     "run_id, lane, body, state, seq, accepted_at, started_at, pgid, outcome, "
-    "reported_at, settlement, finished_at"
+    "reported_at, settlement, finished_at, start_state"
 )
 
 
 def _row(values: tuple[Any, ...]) -> LedgerRow:
     (run_id, lane, body, state, seq, accepted_at, started_at, pgid, outcome,
-     reported_at, settlement, finished_at) = values
+     reported_at, settlement, finished_at, start_state) = values
     return LedgerRow(
         run_id=run_id,
         lane=lane,
@@ -113,6 +117,7 @@ def _row(values: tuple[Any, ...]) -> LedgerRow:
         reported_at=reported_at,
         settlement=settlement,
         finished_at=finished_at,
+        start_state=start_state,
     )
 
 

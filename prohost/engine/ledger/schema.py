@@ -17,7 +17,7 @@ from prohost.engine.ledger.rows import LedgerError
 
 log = logging.getLogger("prohost.ledger")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The ``PRAGMA user_version`` this code writes and reads."""
 
 # Each entry migrates from version ``index`` to ``index + 1``; a later version appends
@@ -96,6 +96,13 @@ _MIGRATIONS: list[list[str]] = [
             updated_at REAL NOT NULL
         )
         """,
+    ],
+    [
+        # What a run's checkouts were when it began (JSON, prohost.engine.run.startstate),
+        # kept with its agent's process group: a run a kill -9 interrupted is reported
+        # with what it changed since then (§7 ``changes``) by the next start. Rows of
+        # an earlier version have none: reported without ``changes``, and logged.
+        "ALTER TABLE runs ADD COLUMN start_state TEXT",
     ],
 ]
 if len(_MIGRATIONS) != SCHEMA_VERSION:

@@ -341,16 +341,19 @@ class LedgerSteps:
                                  f"{exc}") from exc
         return self.ledger.account_session(lane, account)
 
-    async def record_pgid(self, run_id: str, pgid: int) -> None:
+    async def record_pgid(self, run_id: str, pgid: int, start_state: str | None = None
+                          ) -> None:
         """The spawned agent's process group, durable before the harness waits on
-        its output (§7), so that a restart after a ``kill -9`` finds and kills it.
+        its output (§7), so that a restart after a ``kill -9`` finds and kills it;
+        with it, in the same commit, what the run's checkouts were as it began
+        (``start_state``, JSON), so that the restart reports what the run changed.
 
         Raises what stopped the write (as :meth:`started`); the caller then kills
         the group and reports the run as an internal error.
         Cancelled: as :meth:`_write`.
         """
         try:
-            await self._write(self.ledger.record_pgid, run_id, pgid,
+            await self._write(self.ledger.record_pgid, run_id, pgid, start_state,
                               what="the ledger step record_pgid")
         except LedgerOrderError:
             raise

@@ -37,15 +37,10 @@ from prohost.engine.ledger.schema import (
 )
 from prohost.engine.ledger.sessions import SessionRows
 from prohost.engine.ledger.writer import Settling
+from prohost.engine.retention import KEEP_RUNS_S, KEEP_TOMBSTONES_S
 
 log = logging.getLogger("prohost.ledger")
 
-#: Reported runs keep their body and outcome this long (s): for people reading the
-#: ledger, and for `prohost agent status`.
-KEEP_BODIES_S = 7 * 86400.0
-#: Reported runs keep a tombstone (run id, state, when reported) this long (s), so a
-#: late redelivery is still answered 204 and never run twice.
-KEEP_TOMBSTONES_S = 30 * 86400.0
 
 
 class AdmitTicket:
@@ -315,11 +310,14 @@ class Ledger(SessionRows):
         """Record that the agent is about to be spawned (only from ``accepted``)."""
         self._advance(run_id, RunState.STARTED, "started_at = ?", (now,), durable=durable)
 
-    def record_pgid(self, run_id: str, pgid: int) -> None:
-        """Record the spawned agent's process group (only while ``started``).
+    def record_pgid(self, run_id: str, pgid: int, start_state: str | None = None) -> None:
+        """Record the spawned agent's process group (only while ``started``), and with
+        it ``start_state``, what the run's checkouts were as it began, when given (a
+        later attempt's group keeps the first attempt's: the run began once).
 
         Durable, and the harness waits for it before it reads the agent's output:
-        a restart after a ``kill -9`` can only kill a group that was written (§7).
+        a restart after a ``kill -9`` can only kill a group that was written (§7),
+        and can only say what the run changed when it knows where it began.
         """
 
         def write(conn: sqlite3.Connection) -> None:
@@ -329,7 +327,8 @@ class Ledger(SessionRows):
                     f"harness bug: record_pgid({run_id!r}) on a run that is {state.value}, "
                     "not started"
                 )
-            conn.execute("UPDATE runs SET pgid = ? WHERE run_id = ?", (pgid, run_id))
+            conn.execute("UPDATE runs SET pgid = ?, start_state = COALESCE(start_state, ?) "
+                         "WHERE run_id = ?", (pgid, start_state, run_id))
 
         self._write(write, what="record_pgid")
 
@@ -357,7 +356,9 @@ class Ledger(SessionRows):
         cancelled or drained before it started.
         """
         self._advance(
-            run_id, RunState.FINISHED, "finished_at = ?, outcome = ?", (now, outcome_json),
+            # The start state only served a restart's report; the outcome has its changes.
+            run_id, RunState.FINISHED, "finished_at = ?, outcome = ?, start_state = NULL",
+            (now, outcome_json),
             durable=durable,
         )
 
@@ -408,7 +409,7 @@ class Ledger(SessionRows):
     def prune(
         self,
         now: float,
-        older_than_s: float = KEEP_BODIES_S,
+        older_than_s: float = KEEP_RUNS_S,
         forget_after_s: float = KEEP_TOMBSTONES_S,
     ) -> int:
         """Empty reported runs older than ``older_than_s``; forget them after ``forget_after_s``.
@@ -427,7 +428,8 @@ class Ledger(SessionRows):
                 (RunState.REPORTED.value, now - forget_after_s),
             ).rowcount
             emptied = conn.execute(
-                "UPDATE runs SET lane = '', body = '', outcome = NULL, settlement = NULL "
+                "UPDATE runs SET lane = '', body = '', outcome = NULL, settlement = NULL, "
+                "start_state = NULL "
                 "WHERE state = ? AND reported_at < ? AND body != ''",
                 (RunState.REPORTED.value, now - older_than_s),
             ).rowcount

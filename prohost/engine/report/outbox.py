@@ -33,6 +33,7 @@ from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.report.reporter import DEFAULT_WINDOW_S, Reporter, Settlement
+from prohost.engine.retention import KEEP_RUNS_S
 from prohost.wire.outcomes import UNREADABLE_OUTCOME
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import Outcome
@@ -44,8 +45,8 @@ log = logging.getLogger("prohost.runner")
 #: A waiting report is posted again this often (seconds, trio's clock; §7).
 RETRY_EVERY_S = 300.0
 #: A report still unsettled this long after its run finished is dropped (seconds,
-#: wall clock, from the ledger's ``finished_at``; §7).
-MAX_AGE_S = 7 * 86400.0
+#: wall clock, from the ledger's ``finished_at``; §7): when its body would be.
+MAX_AGE_S = KEEP_RUNS_S
 
 
 def saved_outcome(run_id: str, text: str) -> Outcome:

@@ -283,21 +283,12 @@ class Reporter:
         """The answer's status and headers, its body still unread: a hostile answer
         of any size is never read whole. Raises httpx's errors. Cancelled: the
         request is abandoned and the cancellation propagates."""
-        sender = self._sender
-        if not isinstance(sender, httpx.AsyncClient):
-            # A transport never follows a redirect, keeps no cookie and runs no auth
-            # flow: the request goes as built (sender.py says why this path exists).
-            return await sender.handle_async_request(httpx.Request(
-                "POST", url, content=content, headers=[*CLIENT_HEADERS, *headers.items()],
-                extensions={"timeout": per_phase.as_dict()}))
-        return await sender.send(
-            sender.build_request("POST", url, content=content, headers=headers,
-                                 timeout=per_phase),
-            stream=True,
-            # Following a redirect would carry the token somewhere the path was
-            # validated not to go.
-            follow_redirects=False,
-        )
+        # A transport never follows a redirect (which would carry the token somewhere
+        # the path was validated not to go), keeps no cookie and runs no auth flow:
+        # the request goes as built (sender.py says why).
+        return await self._sender.handle_async_request(httpx.Request(
+            "POST", url, content=content, headers=[*CLIENT_HEADERS, *headers.items()],
+            extensions={"timeout": per_phase.as_dict()}))
 
     def _backoff(self, attempt: int) -> float:
         """1 s doubling to a 30 s cap, with equal jitter: half fixed, half random.

@@ -258,6 +258,7 @@ async def collect_garbage(
     hold: Holding | None = None,
     now: float | None = None,
     bounds: Bounds | None = None,
+    with_folder: Callable[[str], None] | None = None,
 ) -> list[GcEntry]:
     """Remove the worktrees of lanes idle for more than ``older_than_s``; one entry per
     lane folder saying what was done and why.
@@ -275,6 +276,10 @@ async def collect_garbage(
     given (the harness's scheduler), is entered around the last look and the
     removal, so no turn of that lane starts while its worktrees go; a turn that
     arrives meanwhile starts afterwards and prepares them afresh.
+
+    ``with_folder(name)``, when given, removes what else is the conversation's
+    whose lane folder is called ``name`` (its agent CLI folders and sessions,
+    ``prohost.engine.run.leftovers.conversation_folders``), with that folder.
 
     Every file step goes through ``bounds`` (the harness's, which the second
     signal hurries; a fresh one if ``None``): a hung disk raises
@@ -336,7 +341,7 @@ async def collect_garbage(
                 entries.append(entry("kept-busy", "the conversation was used while GC ran"))
                 continue
             entries.append(await _remove_folder(folder, verdicts, force, bool(others), entry,
-                                                names, forced, bounds))
+                                                names, forced, bounds, with_folder))
     return entries
 
 
@@ -349,6 +354,7 @@ async def _remove_folder(
     names: str,
     forced: str,
     bounds: Bounds,
+    with_folder: Callable[[str], None] | None = None,
 ) -> GcEntry:
     failed: list[str] = []
     for verdict in verdicts:
@@ -362,6 +368,8 @@ async def _remove_folder(
         return entry("kept-dirty", "could not remove " + "; ".join(failed))
 
     def clear() -> None:
+        if with_folder is not None:
+            with_folder(folder.name)
         if force and has_others:
             shutil.rmtree(folder)
             return

@@ -156,22 +156,24 @@ async def _kill_group(process: trio.Process) -> None:
 
 async def git(
     *args: str, timeout_s: float = GIT_TIMEOUT_S, env: Mapping[str, str] | None = None,
-    ok_codes: tuple[int, ...] = (0,),
+    ok_codes: tuple[int, ...] = (0,), stdin: bytes | None = None,
 ) -> str:
     """Run ``git *args``; return its stdout (decoded as file names are), or raise
-    :class:`GitError` (for an exit status not in ``ok_codes``). On cancellation or
+    :class:`GitError` (for an exit status not in ``ok_codes``). ``stdin``: what git
+    reads on its standard input (nothing when ``None``). On cancellation or
     timeout git and every process it started are killed (it runs in a process group
     of its own) before this returns.
 
     Cancelled: the group is killed with SIGKILL (trio's ``deliver_cancel``), the
     process is reaped, and the cancellation propagates."""
     return await run_git(["git", *HARDENED, *args], timeout_s=timeout_s, env=env,
-                         ok_codes=ok_codes)
+                         ok_codes=ok_codes, stdin=stdin)
 
 
 async def run_git(
     argv: Sequence[str], *, timeout_s: float = GIT_TIMEOUT_S,
     env: Mapping[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
+    stdin: bytes | None = None,
 ) -> str:
     """Run ``argv`` as :func:`git` runs git: a command line that runs git in
     the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
@@ -182,7 +184,7 @@ async def run_git(
         try:
             done = await trio.run_process(
                 list(argv),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
                 capture_stdout=True,
                 capture_stderr=True,
                 check=False,

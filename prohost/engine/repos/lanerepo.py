@@ -229,7 +229,17 @@ async def sync_refs(repo: Path, person_common: str) -> None:
     branch the agent checked out is not moved under it).
 
     Cancelled: the fetch is killed; each ref is updated whole or not."""
+    await fetch_refs(repo, person_common,
+                     ("+refs/heads/*:refs/heads/*", "^refs/heads/prohost/*",
+                      "+refs/remotes/*:refs/remotes/*", "+refs/tags/*:refs/tags/*"))
+
+
+async def fetch_refs(repo: Path, person_common: str, refspecs: Sequence[str]) -> None:
+    """The lane's repository ``repo`` fetches ``refspecs`` from the person's
+    repository (its objects are there already, through the alternate: only refs
+    are written). Raises :class:`GitError`.
+
+    Cancelled: the fetch is killed; each ref is updated whole or not."""
     await git(*_FETCH, "--git-dir", str(repo), "fetch", "--quiet", "--no-tags",
               "--no-write-fetch-head", "--no-recurse-submodules", person_common,
-              "+refs/heads/*:refs/heads/*", "^refs/heads/prohost/*",
-              "+refs/remotes/*:refs/remotes/*", "+refs/tags/*:refs/tags/*")
+              *refspecs)

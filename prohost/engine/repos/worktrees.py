@@ -47,7 +47,7 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds, StepTimedOut
-from prohost.engine.repos import lanerepo
+from prohost.engine.repos import lanerepo, migrate
 from prohost.engine.repos.gitcmd import (
     GIT_ADD_TIMEOUT_S,
     GitError,
@@ -152,6 +152,10 @@ class LaneMarker:
     path), as the harness made it: the record every later git on the worktree, and
     the next run's rules, are made from (§13), never its ``.git`` file. The marker
     is out of every run's reach (the lane folder is only readable to its runs)."""
+    moved: dict[str, str] | None = None
+    """Checkout name → the git dir in the person's repository of a worktree an
+    earlier version made, moved to the lane's repository (:mod:`migrate`) and not
+    yet removed there: the next prepare removes it."""
 
 
 def read_marker(folder: Path) -> LaneMarker:
@@ -162,9 +166,7 @@ def read_marker(folder: Path) -> LaneMarker:
         return LaneMarker(None, None, None)
     if not isinstance(data, dict):
         return LaneMarker(None, None, None)
-    git_dirs = data.get("git_dirs")
-    if not (isinstance(git_dirs, dict) and all(isinstance(v, str) for v in git_dirs.values())):
-        git_dirs = None
+    git_dirs, moved = (_names(data.get(key)) for key in ("git_dirs", "moved"))
     lane = data.get("lane")
     used = data.get("last_used")
     if isinstance(used, bool) or not isinstance(used, int | float) or not math.isfinite(used):
@@ -177,7 +179,15 @@ def read_marker(folder: Path) -> LaneMarker:
         float(used) if used is not None else None,
         ready,
         git_dirs,
+        moved,
     )
+
+
+def _names(value: object) -> dict[str, str] | None:
+    """A marker's map of checkout names to paths; ``None`` for anything else."""
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value
+    return None
 
 
 def write_marker(folder: Path, marker: LaneMarker) -> None:
@@ -186,7 +196,7 @@ def write_marker(folder: Path, marker: LaneMarker) -> None:
     tmp = folder / f"{LANE_MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
     payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready,
-               "git_dirs": marker.git_dirs}
+               "git_dirs": marker.git_dirs, "moved": marker.moved}
     try:
         tmp.write_text(json.dumps(payload, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, folder / LANE_MARKER)
@@ -196,12 +206,34 @@ def write_marker(folder: Path, marker: LaneMarker) -> None:
         raise
 
 
+def _record_ready(folder: Path, ready: dict[str, str], git_dirs: dict[str, str]) -> None:
+    """Blocking: the marker as it is on disk now, with the entries of ``ready`` and
+    ``git_dirs`` added (what a move recorded meanwhile stays)."""
+    marker = read_marker(folder)
+    write_marker(folder, attrs.evolve(marker, ready={**(marker.ready or {}), **ready},
+                                      git_dirs={**(marker.git_dirs or {}), **git_dirs}))
+
+
+def _record_move(folder: Path, name: str, git_dir: str, old_git_dir: str | None) -> None:
+    """Blocking: the marker as it is on disk now, the checkout ``name`` recorded with
+    its new ``git_dir``, and ``old_git_dir`` as its git dir still to remove from
+    the person's repository (``None``: nothing left to remove)."""
+    marker = read_marker(folder)
+    moved = dict(marker.moved or {})
+    if old_git_dir is None:
+        moved.pop(name, None)
+    else:
+        moved[name] = old_git_dir
+    write_marker(folder, attrs.evolve(
+        marker, git_dirs={**(marker.git_dirs or {}), name: git_dir}, moved=moved))
+
+
 def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
     """Record a use of the lane now, keeping what the marker knew; return the new marker."""
     # A new lane's folder certainly holds no finished worktree; an existing folder
     # whose marker is unreadable might, so there "ready" stays unknown.
     old = LaneMarker(None, None, {}, {}) if not folder.exists() else read_marker(folder)
-    marker = LaneMarker(lane, now, old.ready, old.git_dirs)
+    marker = LaneMarker(lane, now, old.ready, old.git_dirs, old.moved)
     write_marker(folder, marker)
     return marker
 
@@ -236,6 +268,10 @@ class CheckoutFailure:
 
     source: str
     reason: str
+    #: The run must not go on without it: its worktree, made by an earlier
+    #: version, could not be moved to the conversation's own repository (the
+    #: next run tries again).
+    retryable: bool = False
 
 
 @attrs.frozen
@@ -278,6 +314,9 @@ class WorktreeManager:
         # source keeps a reused worktree at two git processes per turn (what it
         # is, which branch it is on).
         self._common_dirs: dict[Path, str] = {}
+        # Held while a marker is read and written back: one lane's checkouts are
+        # prepared at once, and a move records itself as it happens.
+        self._marker_lock = trio.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -299,7 +338,8 @@ class WorktreeManager:
         return await self.bounds.file_step(fn, *args,
                                            what=f"preparing a worktree ({name})")
 
-    async def prepare(self, lane: str) -> PreparedCheckouts:
+    async def prepare(self, lane: str,
+                      confine: lanerepo.Confine | None = None) -> PreparedCheckouts:
         """Make sure ``lane`` has a worktree of each repo; say which are ready and why
         the others are not. Never raises for a repository; all repos are prepared at once.
 
@@ -312,6 +352,9 @@ class WorktreeManager:
         Cancelled: git processes in flight are killed (their whole process group),
         per-source locks are released, and what a half-made worktree leaves behind
         is cleared by the lane's next prepare (it was never handed to an agent).
+
+        ``confine``: how the harness's git reads what a run of a worktree made by
+        an earlier version wrote, while moving it (:meth:`_move`).
         """
         folder = self.lane_folder(lane)
         try:
@@ -322,13 +365,14 @@ class WorktreeManager:
             failures = tuple(CheckoutFailure(str(source), reason) for source in self.repos)
             return PreparedCheckouts(folder=None, checkouts=(), failures=failures)
 
+        await self._forget_moved(folder, marker)
         results: list[Checkout | CheckoutFailure | None] = [None] * len(self.repos)
 
         git_dirs = dict(marker.git_dirs or {})
 
         async def one(index: int) -> None:
             results[index] = await self._prepare_one(
-                folder, self.repos[index], self.names[index], marker.ready, git_dirs
+                folder, self.repos[index], self.names[index], marker.ready, git_dirs, confine
             )
 
         async with trio.open_nursery() as nursery:
@@ -342,9 +386,10 @@ class WorktreeManager:
         if ready != marker.ready or git_dirs != (marker.git_dirs or {}):
             try:
                 # Only now: a worktree is "ready" once it is about to be handed over.
-                await self._file(
-                    write_marker, folder, attrs.evolve(marker, ready=ready, git_dirs=git_dirs)
-                )
+                async with self._marker_lock:
+                    await self._file(
+                        _record_ready, folder, {c.name: c.source for c in checkouts},
+                        {c.name: c.git.git_dir for c in checkouts if c.git is not None})
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
         first = results[0] if results and isinstance(results[0], Checkout) else None
@@ -355,7 +400,7 @@ class WorktreeManager:
 
     async def _prepare_one(
         self, folder: Path, source: Path, name: str, ready: Mapping[str, str] | None,
-        git_dirs: dict[str, str],
+        git_dirs: dict[str, str], confine: lanerepo.Confine | None = None,
     ) -> Checkout | CheckoutFailure:
         try:
             if not await self._file(source.is_dir):
@@ -394,8 +439,11 @@ class WorktreeManager:
                 unborn, places = await self._create(source, path, state, common)
             else:
                 # The record's repository: the lane's own, or (a worktree made by
-                # an earlier version) the person's.
+                # an earlier version) the person's, whose worktree is moved into
+                # the lane's own before anything else looks at it.
                 places = GitPlaces(str(path), git_dir, os.path.dirname(os.path.dirname(git_dir)))
+                if migrate.is_legacy(places, common):
+                    places = await self._move(folder, source, places, common, confine)
                 # What a run rewrote of the files that tie the worktree to its git
                 # dir is put back before any git looks at it (§13): never followed.
                 restored = await self._file(restore_git_files, places)
@@ -421,10 +469,87 @@ class WorktreeManager:
             return Checkout(name=name, path=str(path), source=str(source),
                             branch=branch, unborn=unborn,
                             has_submodules=submodules, git=places)
+        except migrate.MoveFailed as exc:
+            return CheckoutFailure(str(source), str(exc), retryable=True)
         except GitError as exc:
             return CheckoutFailure(str(source), str(exc))
         except OSError as exc:
             return CheckoutFailure(str(source), f"{exc.strerror or exc}")
+
+    async def _move(self, folder: Path, source: Path, old: GitPlaces, common: str,
+                    confine: lanerepo.Confine | None = None) -> GitPlaces:
+        """Move the worktree at ``old`` (of the person's repository, made by an
+        earlier version) into the lane's own repository, its files as they are
+        (:mod:`prohost.engine.repos.migrate`); its new places. Raises
+        :class:`~prohost.engine.repos.migrate.MoveFailed` saying why: before the
+        move is recorded, the old worktree is as it was.
+
+        Cancelled: git is killed; what is left, the next prepare moves again
+        (not yet recorded) or finishes (recorded)."""
+        path = Path(old.work_tree)
+        repo = lane_repo(folder, path.name)
+        own = lane_branch(folder.name)
+        try:
+            head, branch = await self._file(migrate.read_head, Path(old.git_dir), own)
+            await self._file(migrate.lay_out_repo, repo, common,
+                             await object_format(str(source)))
+            await migrate.fetch_branches(repo, common, [own, *([branch] if branch else [])])
+            places = await self._file(migrate.write_git_dir, repo, Path(old.git_dir), head,
+                                      path)
+            kept = await migrate.own_objects(repo, places, common, confine)
+            async with self._marker_lock:
+                # The move is done once recorded: from here on, the record names
+                # the lane's repository, and a prepare finishes what is left.
+                await self._file(_record_move, folder, path.name, places.git_dir,
+                                 old.git_dir)
+            await self._file(migrate.point, places)
+        except (GitError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise migrate.MoveFailed(
+                f"its checkout, made by an earlier version, could not be moved to a "
+                f"repository of the conversation's own ({reason}); nothing of it was lost, "
+                "and the next run tries again") from None
+        await self._forget(folder, source, places, old.git_dir, common)
+        log.info("moved the conversation's checkout %s to a repository of its own "
+                 "(%s; made by an earlier version, it shared %s's objects and branches "
+                 "with its runs): its files, staged and untracked work are as they were%s",
+                 path, repo, source, f", {kept} objects only it kept copied" if kept else "")
+        return places
+
+    async def _forget(self, folder: Path, source: Path, places: GitPlaces,
+                      old_git_dir: str, common: str) -> None:
+        """The git dir ``old_git_dir`` of a moved worktree removed from the person's
+        repository, and from the marker's ``moved``; a failure is logged (the next
+        prepare tries again). Cancelled: the removal may go on in its thread."""
+        try:
+            async with self.source_lock(source):
+                await self._file(migrate.forget, old_git_dir, common)
+            async with self._marker_lock:
+                await self._file(_record_move, folder, Path(places.work_tree).name,
+                                 places.git_dir, None)
+        except OSError as exc:
+            log.warning("could not remove %s, the git dir of a moved worktree, from %s "
+                        "(%s); the next run tries again", old_git_dir, source, exc)
+
+    async def _forget_moved(self, folder: Path, marker: LaneMarker) -> None:
+        """What a move interrupted after it was recorded left in the person's
+        repository removed (:meth:`_forget`)."""
+        for name, old_git_dir in (marker.moved or {}).items():
+            source = (marker.ready or {}).get(name)
+            if source is None:
+                continue
+            try:
+                common = await self._common_dir(Path(source))
+            except GitError as exc:
+                log.warning("could not find the repository %s (%s); a moved worktree's "
+                            "git dir stays in it", source, exc)
+                continue
+            recorded = (marker.git_dirs or {}).get(name)
+            if recorded is None:
+                continue
+            places = GitPlaces(str(folder / name), recorded,
+                               os.path.dirname(os.path.dirname(recorded)))
+            await self._forget(folder, Path(source), places, old_git_dir, common)
 
     async def bring_back(self, prepared: PreparedCheckouts,
                          confine: lanerepo.Confine | None = None,

@@ -16,6 +16,7 @@ from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, w
 from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
 from prohost.engine.run.confine import Sandbox, hidden_places
+from prohost.engine.run.startstate import read_start_state, start_state
 from prohost.engine.sandbox import Policy, confined_command
 from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
@@ -55,7 +56,7 @@ class LaneCheckouts:
             return True
         # Inside the run's budget: preparing its checkouts is part of the run.
         with trio.move_on_at(deadline):
-            self.prepared = await worktrees.prepare(run.lane)
+            self.prepared = await worktrees.prepare(run.lane, self.confine)
         prepared = self.prepared
         if prepared is None or trio.current_time() >= deadline:
             return False
@@ -73,6 +74,38 @@ class LaneCheckouts:
             self._unready.append((name, without_paths(failure.reason, failure.source, name,
                                                       home=worktrees.root.parent)))
         return True
+
+    def refused(self) -> str | None:
+        """Why the run must not start (§7 ``error``, no local path): a checkout made
+        by an earlier version could not be moved to the conversation's own
+        repository (:meth:`WorktreeManager.prepare`; retrying may succeed);
+        ``None``: the run goes on."""
+        worktrees, prepared = self.worktrees, self.prepared
+        if worktrees is None or prepared is None:
+            return None
+        names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
+        for failure in prepared.failures:
+            if failure.retryable:
+                name = names.get(failure.source, Path(failure.source).name)
+                said = without_paths(failure.reason, failure.source, name,
+                                     home=worktrees.root.parent)
+                return f"the private checkout {name} was not ready, so the agent was not " \
+                       f"started: {said}"
+        return None
+
+    def start_state(self) -> str | None:
+        """What :meth:`prepare` found, as the ledger keeps it with the agent's process
+        group (:mod:`prohost.engine.run.startstate`); ``None`` without ``--repos``."""
+        if self.worktrees is None or self.prepared is None:
+            return None
+        return start_state(self.prepared, self._before, self._unready)
+
+    def resume(self, text: str) -> None:
+        """Take up the checkouts a run began with in an earlier process of the
+        harness, from the ledger's :meth:`start_state` of it, in place of
+        :meth:`prepare`: :meth:`changes` then says what the run changed since.
+        Raises :class:`~prohost.engine.run.startstate.UnreadableStartState`."""
+        self.prepared, self._before, self._unready = read_start_state(text)
 
     async def changes(self) -> list[ChangeEntry] | None:
         """The §7 ``changes``, one entry per checkout in ``--repos`` order; ``None``

@@ -22,9 +22,11 @@ A confined run **may write** (each also readable):
   person's repository, and gets these places there until it is collected);
 - its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
   a private ``TMPDIR``, both removed after the run);
-- the agent CLI's own folder for the run's account, the harness's own for the
-  default account (``$PROHOST_HOME/cli/default/<cli>``, named by
-  ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``); an ACP agent's folders, the
+- the agent CLI's own folder for the run's account and conversation, the
+  harness's (``$PROHOST_HOME/cli/<account>/lanes/<lane folder>/<cli>``, named by
+  ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``), and Claude Code's login store the
+  account's conversations share (``CLAUDE_SECURESTORAGE_CONFIG_DIR``:
+  :mod:`prohost.engine.accounts.logins`); an ACP agent's folders, the
   harness's (``$PROHOST_HOME/agents/<agent>/…``): the upper folders of overlays
   of the person's own where the agent looks for them (``Policy.overlays``: the
   person's settings and login are seen, the writes are the harness's), or bound
@@ -60,12 +62,19 @@ from pathlib import Path
 import attrs
 import trio
 
-from prohost.engine.agent.environment import make_private_folder, without_sockets
+from prohost.engine.accounts.book import SECURE_STORAGE_VARIABLE
+from prohost.engine.agent.environment import (
+    SOCKET_VARIABLES,
+    make_private_folder,
+    socket_path,
+    without_sockets,
+)
 from prohost.engine.blocking import FILE_STEP_TIMEOUT_S, Bounds, StepTimedOut
 from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
-from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe
+from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe, seccomp
+from prohost.engine.sandbox.probe import SOCKET_GRANT_GAP
 from prohost.execline import program_index, split_command
 from prohost.options import Options
 
@@ -106,6 +115,14 @@ class Sandbox:
         """The harness's sandbox for ``options``: the system asked unless ``off``.
         Never refuses: ``required`` is checked by the command line before (exit 2)."""
         support = None if options.sandbox == "off" else probe()
+        granted = granted_sockets(options.allow_write, env)
+        if (support is not None and support.kind == "bwrap" and granted
+                and seccomp.program() is not None):
+            # The person lets runs reach a socket of theirs (ssh-agent to push):
+            # the filter refuses every Unix socket, so it is off, and a socket in a
+            # readable place of the home is reachable again: said, never silent.
+            support = attrs.evolve(support, socket_filter=False, gaps=(
+                *support.gaps, SOCKET_GRANT_GAP % ", ".join(map(str, granted))))
         home = env.get("HOME")
         return cls(mode=options.sandbox, support=support, allow_write=options.allow_write,
                    allow_read=options.allow_read, home=options.home,
@@ -142,6 +159,24 @@ class Sandbox:
 
 #: A sandbox that confines nothing (``--sandbox off``): the runner's when given none.
 SANDBOX_OFF = Sandbox(mode="off", support=None)
+
+
+def granted_sockets(allow_write: tuple[Path, ...], env: Mapping[str, str]) -> list[Path]:
+    """The sockets ``--allow-write`` names: each grant that is a socket, and each
+    socket a variable names (``SSH_AUTH_SOCK``, …) inside a grant, as
+    :func:`~prohost.engine.agent.environment.without_sockets` passes it. Blocking
+    (a stat per grant), once at start."""
+    found: list[Path] = []
+    for grant in allow_write:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(grant).st_mode):
+                found.append(grant)
+    for name in SOCKET_VARIABLES:
+        path = socket_path(name, env) if name in env else None
+        if path is not None and any(path == grant or grant in path.parents
+                                    for grant in allow_write):
+            found.append(path)
+    return list(dict.fromkeys(found))
 
 
 def command_paths(exec_line: str, env: Mapping[str, str]) -> tuple[Path, ...]:
@@ -242,9 +277,10 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
                   work: Path | None = None, hidden: tuple[Path, ...] = (),
                   lane: str = "") -> AgentFolders:
     """What the agent CLI may write of its own. Claude's and Codex's (also for
-    their ACP adapters) are the account's folder its variable names
-    (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``: the default account's is the harness's
-    own, :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
+    their ACP adapters) are the conversation's folder of the account its variable
+    names (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``), and Claude Code's login store
+    (``CLAUDE_SECURESTORAGE_CONFIG_DIR``, the account's, shared by its
+    conversations: :mod:`prohost.engine.accounts.logins`), made when missing. An ACP agent of
     :data:`~prohost.engine.sandbox.defaults.AGENT_FOLDERS` writes folders of the
     harness's under ``home``, its conversation's own
     (``$PROHOST_HOME/agents/<agent>/<lane folder>/…``, ``lane`` named as a lane's
@@ -265,13 +301,19 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
     if brain in defaults.AGENT_FOLDERS:
         return _acp_folders(brain, user_home, home / AGENTS_FOLDER / brain
                             / (lane_folder_name(lane) if lane else "no-lane"), work, hidden)
-    variable = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME"}.get(brain)
-    configured = env.get(variable, "").strip() if variable else ""
-    if not configured:
-        return AgentFolders()
-    folder = Path(configured)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return AgentFolders(writable=(folder,))
+    # The conversation's own folder, and for Claude Code the account's login store
+    # every conversation shares (CLAUDE_SECURESTORAGE_CONFIG_DIR: its credentials and
+    # its refresh lock; nothing there is read as settings).
+    variables = {"claude": ("CLAUDE_CONFIG_DIR", SECURE_STORAGE_VARIABLE),
+                 "codex": ("CODEX_HOME",)}.get(brain, ())
+    folders = []
+    for variable in variables:
+        configured = env.get(variable, "").strip()
+        if configured:
+            folder = Path(configured)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folders.append(folder)
+    return AgentFolders(writable=tuple(dict.fromkeys(folders)))
 
 
 #: Under the harness's agent folders: each confinement's overlayfs work folders.
@@ -502,6 +544,17 @@ class RunConfinement:
     caches: Path | None = None
     #: The overlays' work folders of this confinement (``None``: none made).
     overlay_work: Path | None = None
+    #: (where the run sees it, the harness's folder behind it) for each agent
+    #: folder bound or overlaid: where the harness reaches what the agent saved.
+    own: tuple[tuple[Path, Path], ...] = ()
+
+    def kept_at(self, seen: Path) -> Path:
+        """Where the harness reaches ``seen`` (a path as the run sees it): inside an
+        agent folder of the harness's shown at the person's, that folder's path."""
+        for place, kept in self.own:
+            if seen == place or place in seen.parents:
+                return kept / seen.relative_to(place)
+        return seen
 
     def close(self) -> None:
         """Close the confinement and remove its overlays' work folders (a few empty
@@ -538,8 +591,10 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
     work = _work_folder(sandbox.home)
     try:
         policy = policy_for(sandbox, places, work=work)
+        own = (*((seen, kept) for kept, seen in policy.mounts),
+               *((seen, kept) for seen, kept, _ in policy.overlays))
         return RunConfinement(prepare(policy, support, tmpdir=tmpdir), tmpdir,
-                              sandbox.home / CACHE_FOLDER, work)
+                              sandbox.home / CACHE_FOLDER, work, own)
     except BaseException:
         remove_work_folders(work)
         raise

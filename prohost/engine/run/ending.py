@@ -7,6 +7,7 @@ timeout, a signal, an exit status; the sentences are :mod:`prohost.wire.outcomes
 from __future__ import annotations
 
 import json
+import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
@@ -16,6 +17,9 @@ import attrs
 from prohost.engine.agent.brains.base import one_line
 from prohost.engine.agent.process import ProcessResult
 from prohost.engine.ledger.steps import LaneTurn
+from prohost.engine.run.checkouts import LaneCheckouts
+from prohost.engine.run.heldrun import Interrupted
+from prohost.engine.run.startstate import UnreadableStartState
 from prohost.wire.changes import ChangeEntry
 from prohost.wire.outcomes import (
     NO_READABLE_REPLY,
@@ -26,6 +30,8 @@ from prohost.wire.outcomes import (
 )
 from prohost.wire.runs import Outcome
 from prohost.wire.usage import Usage
+
+log = logging.getLogger("prohost.runner")
 
 
 def signal_name(number: int) -> str:
@@ -135,3 +141,46 @@ class Ending:
         # The lane's next turn resumes whatever session this one ended with, failed
         # or not; a rejected session that was replaced is forgotten here too.
         return LaneTurn(lane, self.account, self.session_id, totals)
+
+
+async def since_restart(run_id: str, said: Outcome, since: Interrupted,
+                        checkouts: LaneCheckouts | None) -> Outcome:
+    """The outcome of a run an earlier process of the harness started and a restart
+    found unfinished (``said``: "restarted", or the cancel the ledger kept), told
+    like every other ending (§7): how long it ran, from its start until the restart
+    found it (the ledger does not know when it ended, and its agent may have
+    outlived the harness until then), and, with ``checkouts`` (``--repos``), what it
+    changed since it began, read by :meth:`LaneCheckouts.changes` from the start
+    state the ledger kept. Its usage went with the harness that read the agent's
+    output: the lane's next turn says so where its CLI counts running totals
+    (``includes_earlier_turns``).
+
+    Cancelled: as :meth:`LaneCheckouts.changes`; nothing is kept.
+    """
+    duration_ms = said.duration_ms
+    if duration_ms is None and since.started_at is not None:
+        duration_ms = max(0, round((since.found_at - since.started_at) * 1000))
+    changes = said.changes
+    if changes is None and checkouts is not None:
+        changes = await _changes_since(run_id, since, checkouts)
+    return attrs.evolve(said, duration_ms=duration_ms, changes=changes)
+
+
+async def _changes_since(run_id: str, since: Interrupted,
+                         checkouts: LaneCheckouts) -> list[ChangeEntry] | None:
+    """What the run changed since the ledger's start state; ``None`` (logged) when
+    the ledger has none, or one this prohost cannot read."""
+    if since.start_state is None:
+        log.warning("run %s: the ledger does not say what its checkouts were when it "
+                    "began (it began under an earlier prohost, or the harness stopped "
+                    "before its agent was spawned), so its report carries no changes",
+                    run_id)
+        return None
+    try:
+        checkouts.resume(since.start_state)
+        return await checkouts.changes()
+    except UnreadableStartState as exc:
+        log.warning("run %s: %s, so its report carries no changes", run_id, exc)
+    except Exception:  # the report goes on without them: logged
+        log.exception("run %s: could not read what it changed", run_id)
+    return None

@@ -164,6 +164,7 @@ async def execute(
     progress: Progress,
     on_spawn: Callable[[int], Awaitable[None]],
     timeline: ToolEventSink | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Run the agent for ``attempt`` and say how it went.
 
@@ -174,6 +175,9 @@ async def execute(
     killed and the exception propagates (the caller's step failed, not the agent).
     Failures of the agent (cannot start, non-zero exit, signal, timeouts, the CLI's
     own errors) come back in the result, never as exceptions.
+
+    ``on_exit`` is called as each agent's leader exits (see
+    :func:`~prohost.engine.agent.process.run_agent`).
 
     Of ``progress`` this writes the session, the activity, the model, the last
     output's time and the count of spawns tried (see :class:`Progress`).
@@ -189,7 +193,8 @@ async def execute(
         # given 0 would start and spend all the same, so none is started.
         return AttemptResult(outcome=Outcome.failure(budget_reached(None, None)),
                              session_id=attempt.session_id, reached_budget=True)
-    first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id)
+    first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id,
+                       on_exit=on_exit)
     if not first.rejected:
         return _result(first, first, first.spent)
     left = left_of(attempt.max_cost_usd, first.spent)
@@ -200,7 +205,7 @@ async def execute(
     log.info("run %s: the agent did not take session %s; trying a fresh one",
              attempt.run.run_id, attempt.session_id)
     fresh = await _try(attempt, setup, progress, on_spawn, timeline, None,
-                       max_cost_usd=left)
+                       max_cost_usd=left, on_exit=on_exit)
     spent = first.spent + fresh.spent
     if fresh.turn.started:  # a new session replaces the refused one
         return _result(fresh, fresh, spent)
@@ -270,7 +275,8 @@ def left_of(budget_usd: float | None, spent: Usage) -> float | None:
 async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                on_spawn: Callable[[int], Awaitable[None]], timeline: ToolEventSink | None,
                session_id: str | None, *, again: bool = False,
-               max_cost_usd: float | None = None) -> _Tried:
+               max_cost_usd: float | None = None,
+               on_exit: Callable[[], None] | None = None) -> _Tried:
     """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
     When no agent could start in a working folder made by an earlier run (it was
     removed since), the folder is made again and the spawn tried once more
@@ -325,6 +331,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
             on_output=lambda at: setattr(progress, "last_output", at),
             conversation=conversation,
             confinement=attempt.confinement,
+            on_exit=on_exit,
         )
     except subprocess.SubprocessError as exc:
         # Only the child's step before exec raises this (Popen's "Exception occurred
@@ -346,7 +353,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                 exc = made
             else:
                 return await _try(attempt, setup, progress, on_spawn, timeline, session_id,
-                                  again=True, max_cost_usd=max_cost_usd)
+                                  again=True, max_cost_usd=max_cost_usd, on_exit=on_exit)
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.

@@ -11,6 +11,7 @@ starts.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import attrs
@@ -20,7 +21,31 @@ from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
-__all__ = ["HeldRun"]
+__all__ = ["HeldRun", "Interrupted", "Phase"]
+
+
+class Phase(enum.StrEnum):
+    """Where a held run is (§2's states, as heartbeats list them): queued →
+    preparing → running → reporting; a run reported without executing goes
+    straight to reporting. A ``str``, so that it is the heartbeat's word as it is."""
+
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    REPORTING = "reporting"
+
+
+@attrs.frozen
+class Interrupted:
+    """A run an earlier process of the harness started and never finished (a ``kill
+    -9``, a crash), as the restart that found it knows it: when it began and when it
+    was found (epoch s), and what its checkouts were as it began (the ledger's JSON;
+    ``None`` when it has none). Its report says what it changed and how long it ran
+    (§7), like every other ending's."""
+
+    started_at: float | None
+    found_at: float
+    start_state: str | None
 
 
 @attrs.define(eq=False)
@@ -45,16 +70,22 @@ class HeldRun:
     #: by default); else ``None``, and the body is read back from the ledger (which
     #: has had it since before the ack).
     raw: str | None = None
-    #: queued | preparing | running | reporting; changed by the runner alone,
-    #: through :meth:`move_to`.
-    state: str = "queued"
+    #: Changed by the runner alone, through :meth:`move_to`.
+    state: Phase = Phase.QUEUED
     started_at: float | None = None
     stop_outcome: Outcome | None = None
     #: The run's last agent has exited and its outcome is known (set by the runner
     #: alone): a cancel or a stop that comes now changes nothing, and the run is
     #: reported as it finished (§6).
     agent_ended: bool = False
+    #: The run's agent has exited by itself (its leader), and no other has been
+    #: spawned since (set by the runner alone): a cancel or a stop that comes now
+    #: is kept, but waits for the runner's word (:meth:`stop_agent`,
+    #: :meth:`next_agent`) — a run whose agent finished is finished (§6).
+    agent_exited: bool = False
     dropped: bool = False
+    #: Set by a restart for a run an earlier process started and never finished.
+    interrupted: Interrupted | None = None
     #: Where the run's report goes, kept while the body is not: a run whose body
     #: cannot be read back is still reported
     #: (``prohost.engine.run.queued_bodies.QueuedBodies.load``).
@@ -77,14 +108,29 @@ class HeldRun:
                                "was read from the ledger")
         return self.body
 
-    def move_to(self, state: str, changed: Callable[[], None]) -> None:
-        """The run is now in ``state`` (queued → preparing → running → reporting; a
-        run reported without executing goes straight to reporting); ``changed`` is
+    def move_to(self, state: Phase, changed: Callable[[], None]) -> None:
+        """The run is now in ``state`` (see :class:`Phase`); ``changed`` is
         told, so heartbeats and the panel look again (also when the state stays: what
         goes with it, such as ``started_at``, may have changed). The runner's alone
         to call."""
         self.state = state
         changed()
+
+    def stop_agent(self) -> None:
+        """Stop the run's agent for :attr:`stop_outcome` (set first): at once, unless
+        its agent has just exited by itself. Then the run ends as its agent did,
+        unless another agent would follow (a fail-over, a fresh session), which
+        :meth:`next_agent` stops instead."""
+        if not self.agent_exited:
+            self.exec_scope.cancel()
+
+    def next_agent(self) -> None:
+        """The runner's word that another agent may start for the run: a cancel or a
+        stop kept since the last one exited stops the run now, and later ones at
+        once (the runner's alone to call)."""
+        self.agent_exited = False
+        if self.stop_outcome is not None:
+            self.exec_scope.cancel()
 
     @property
     def conversation_id(self) -> str | None:
@@ -126,15 +172,15 @@ class HeldRun:
             return None
         if progress.waiting_until is not None:
             return waiting_activity(progress.waiting_until)
-        if self.state == "preparing":  # what it prepares (its private checkouts, §5.1)
+        if self.state is Phase.PREPARING:  # what it prepares (its private checkouts, §5.1)
             return progress.preparing
-        return progress.activity if self.state == "running" else None
+        return progress.activity if self.state is Phase.RUNNING else None
 
     def beat(self) -> RunBeat:
         """This run's heartbeat entry; a queued run's is only its id and state (§2),
         so that 10,000 queued runs still make a heartbeat far below 4 MiB (one
         waiting for an account's limit to reset also says so, §12)."""
-        if self.state == "queued":
+        if self.state is Phase.QUEUED:
             return RunBeat(run_id=self.run_id, state=self.state, activity=self.activity())
         progress = self._progress
         return RunBeat(

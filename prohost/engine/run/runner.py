@@ -51,7 +51,7 @@ from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
-from prohost.engine.repos.worktrees import WorktreeManager
+from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
     SANDBOX_OFF,
@@ -62,7 +62,7 @@ from prohost.engine.run.confine import (
     confine,
     confined_env,
 )
-from prohost.engine.run.ending import Ending, RecordsTotals, Tally
+from prohost.engine.run.ending import Ending, RecordsTotals, Tally, since_restart
 from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
@@ -71,11 +71,12 @@ from prohost.engine.run.execute import (
     execute,
     left_of,
 )
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.staging import (
     env_for,
     mcp_folder,
+    mend_session,
     prompt_for,
     remove_scratch,
     share_login,
@@ -235,7 +236,7 @@ class Runner:
         """``held`` will be reported without executing (cancelled while queued,
         drained, recovered after a restart): it is ``reporting`` from now on, so
         neither a cancel nor a stop reaches for an agent it will never have."""
-        held.move_to("reporting", self._on_change)
+        held.move_to(Phase.REPORTING, self._on_change)
 
     async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
                           finished_at: float | None = None,
@@ -252,11 +253,19 @@ class Runner:
         """
         await self.bodies.load(held, self.steps.read_body)
         with held.life_scope:
+            if held.interrupted is not None and not recorded:
+                # Its checkouts are read once the lane is its own (no later turn
+                # touches them meanwhile), then it is finished as any other.
+                if lane_turn is not None:
+                    await lane_turn()
+                    lane_turn = None
+                outcome = await since_restart(held.run_id, outcome, held.interrupted,
+                                              self._checkouts())
             if not recorded:
                 await self._finish(held, outcome)
             else:
                 self._on_outcome(held, outcome)
-                held.move_to("reporting", self._on_change)
+                held.move_to(Phase.REPORTING, self._on_change)
             if lane_turn is not None:
                 await lane_turn()
             await self._report(held, outcome, finished_at)
@@ -415,13 +424,13 @@ class Runner:
         """
         run, progress = held.run, held.progress
         setup, steps = self.setup, self.steps
-        held.move_to("preparing", self._on_change)
+        held.move_to(Phase.PREPARING, self._on_change)
         session = await steps.started(run.run_id, run.lane, account.name)
         self.book.started(account.name, self.clock())
         # Still "preparing" while its private checkouts are made (§5.1): heartbeats
         # and the panel show why a run has no agent yet.
         held.started_at = time.time()
-        held.move_to("preparing" if self.worktrees is not None else "running",
+        held.move_to(Phase.PREPARING if self.worktrees is not None else Phase.RUNNING,
                      self._on_change)
         if progress_log.isEnabledFor(logging.INFO):  # its parts are made only to be shown
             named = "" if len(self.book.accounts) == 1 else f" on account {account.name}"
@@ -437,8 +446,7 @@ class Runner:
             return Ending(said, usage=tally.spent, changes=changes,
                            duration_ms=round((trio.current_time() - began) * 1000), **more)
 
-        checkouts = LaneCheckouts(self.worktrees, setup.bounds, self.env, self.sandbox,
-                                  self.scratch_root)
+        checkouts = self._checkouts() or LaneCheckouts(None, setup.bounds, self.env)
         tally.changes = checkouts.changes  # a cancel or a stop reads them too (§7)
         if self.worktrees is not None:
             progress.preparing = "preparing the private checkouts"
@@ -451,7 +459,12 @@ class Runner:
                     f"preparing the private checkouts took longer than the run's "
                     f"{limit_phrase(timeout_s)} limit (--timeout), so the agent was not "
                     "started"))
-            held.move_to("running", self._on_change)
+            refused = checkouts.refused()
+            if refused is not None:
+                # A checkout that must not be handed over as it is (§13): the run
+                # fails before anything of it starts, and may be sent again.
+                return ended(Outcome.failure(refused, retryable=True))
+            held.move_to(Phase.RUNNING, self._on_change)
         prompt = prompt_for(run, setup.spec, checkouts.prepared, confined=self.sandbox.confines)
         env = env_for(run, setup.spec, self.env, checkouts.prepared)
         try:
@@ -472,16 +485,27 @@ class Runner:
         # (the write failed or outlived its bound) makes the attempt kill the
         # group, and the run is reported as an internal error: a step that cannot
         # be written is never skipped.
-        on_spawn = functools.partial(steps.record_pgid, run.run_id)
+        # With the checkouts' start state: a restart says what the run changed (§7).
+        record_pgid = functools.partial(steps.record_pgid, run.run_id,
+                                        start_state=checkouts.start_state())
+
+        async def on_spawn(pgid: int) -> None:
+            held.next_agent()  # a cancel kept since the last agent exited stops this one
+            await record_pgid(pgid)
+
+        def on_exit() -> None:
+            held.agent_exited = True  # a cancel from now on waits for our word (§6)
+
         tried: set[str] = set()
         try:
             while True:
                 progress.account = account.name
-                account_env = {**env, **account.env(self._agent)}
+                # The conversation's own CLI folder of the account (issue 36, attack
+                # 10), sharing the account's login (§13: no person's folder).
+                lane_folder = lane_folder_name(run.lane)
+                account_env = {**env, **account.env(self._agent, lane_folder)}
                 attempt_env = dict(account_env)
-                # The account's own CLI folder, with the newer of its login and the
-                # person's (§13: the person's folder is no run's place).
-                await share_login(account, self._agent, self.env, setup.bounds)
+                await share_login(account, self._agent, self.env, setup.bounds, lane_folder)
                 try:
                     # Per account: a brain may build its configuration over the
                     # account's own folder (Codex's CODEX_HOME overlay).
@@ -511,6 +535,7 @@ class Runner:
                                  session_id=session if tried else None,
                                  account=progress.account, totals=tally.totals)
                 attempt_env = confined_env(attempt_env, confined, self.sandbox.allow_write)
+                await mend_session(setup.brain, session, attempt_env, confined, setup.bounds)
                 before = None
                 if session is not None and setup.brain.running_totals:
                     before = await self._totals_of(run.run_id, session)
@@ -532,13 +557,14 @@ class Runner:
                                                 else confined.tmpdir),
                                 confinement=None if confined is None
                                 else confined.confinement),
-                        setup, progress, on_spawn, timeline)
+                        setup, progress, on_spawn, timeline, on_exit)
                 finally:
                     if confined is not None:
                         confined.close()
                     # A refresh the attempt made reaches the person's CLI now,
                     # before its spent refresh token logs the person out.
-                    await share_login(account, self._agent, self.env, setup.bounds)
+                    await share_login(account, self._agent, self.env, setup.bounds,
+                                      lane_folder)
                 tally.spent += result.spent
                 tally.totals = result.session_totals
                 if (tally.totals is None and setup.brain.running_totals and result.started
@@ -556,6 +582,11 @@ class Runner:
                     # (not retryable: it would spend as much again).
                     outcome, limited = self._over_budget(tally), False
                 else:
+                    if result.ended_by_limit:
+                        # Another agent may follow: a cancel kept meanwhile stops the
+                        # run here, on this account, before another is chosen.
+                        held.next_agent()
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     following = await self._next_account(held, account, result, tried,
                                                          deadline)
                 if following is None:
@@ -572,6 +603,13 @@ class Runner:
                 account, session = following
         finally:
             await remove_scratch(run, scratch, setup.bounds, made=self.sandbox.confines)
+
+    def _checkouts(self) -> LaneCheckouts | None:
+        """A run's view of its lane's checkouts; ``None`` without ``--repos``."""
+        if self.worktrees is None:
+            return None
+        return LaneCheckouts(self.worktrees, self.setup.bounds, self.env, self.sandbox,
+                             self.scratch_root)
 
     async def _confine(self, run: AgentRun, checkouts: LaneCheckouts, scratch: Path,
                        env: Mapping[str, str], deadline: float) -> RunConfinement | None:
@@ -690,7 +728,7 @@ class Runner:
         the next start reports the run where the ledger has it.
         """
         self._on_outcome(held, outcome)
-        held.move_to("reporting", self._on_change)
+        held.move_to(Phase.REPORTING, self._on_change)
         await self.steps.finished(held.run_id, outcome.to_json(), turn)
 
     async def _report(self, held: HeldRun, outcome: Outcome,

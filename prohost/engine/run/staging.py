@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from prohost.engine.accounts.book import Account
-from prohost.engine.accounts.logins import open_folder, person_login
+from prohost.engine.accounts.logins import open_cli_folders
 from prohost.engine.agent.brains.base import Brain, McpError, McpWiring
 from prohost.engine.agent.environment import agent_env, make_private_folder
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.repos.worktrees import RUN_REPOS_ENV, PreparedCheckouts
+from prohost.engine.run.confine import RunConfinement
 from prohost.engine.run.execute import ExecSpec
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.engine.sandbox import defaults
@@ -141,25 +142,51 @@ def _remove(scratch: Path) -> None:
 
 
 async def share_login(account: Account, cli: str, env: Mapping[str, str],
-                      bounds: Bounds) -> None:
-    """Make ``account``'s own folder for ``cli`` (the brain, or the agent an ACP
-    command starts) and take the newer of its login and the person's (``env``: the
-    harness's own, where the person's folder is found), at an attempt's start and
-    end, Codex's ``config.toml`` seeded one way from the person's where theirs is
-    newer (:mod:`prohost.engine.accounts.logins`). Nothing for an account whose folder
-    is the person's choice (``--account``). Never raises but a cancel.
+                      bounds: Bounds, lane_folder: str = "") -> None:
+    """Make the conversation's own folder of ``account`` for ``cli`` (the brain, or
+    the agent an ACP command starts; ``lane_folder``: the lane's folder name) and
+    keep its login one with the account's, at an attempt's start and end: the
+    newer copy wins, Codex's ``config.toml`` seeded one way from the person's
+    (``env``: the harness's own, where the person's folder is found;
+    :func:`~prohost.engine.accounts.logins.open_cli_folders`). Never raises but a
+    cancel.
 
     Cancelled: bounded and shielded (:meth:`Bounds.file_step`); an abandoned copy
     is a rename, whole or not at all, and the next attempt's takes the newer again.
     """
-    folder = account.cli_folder(cli)
-    if folder is None:
+    if account.cli_folder(cli, lane_folder) is None:
         return
     try:
         # Nothing is read from a secret store (Codex's settings are seeded too).
         home = env.get("HOME", "").strip()
         hidden = defaults.secrets(Path(home) if home else Path.home())
-        await bounds.file_step(open_folder, folder, person_login(cli, folder, env, hidden),
+        await bounds.file_step(open_cli_folders, account, cli, lane_folder, env, hidden,
                                limit_s=LOGIN_SHARE_S, what="sharing the CLI's login")
     except StepTimedOut:
-        log.warning("sharing the %s login with %s did not finish in time", cli, folder)
+        log.warning("sharing the %s login of account %s did not finish in time", cli,
+                    account.name)
+
+
+#: How long mending an agent's saved session may take (a rename or two).
+MEND_S = 10.0
+
+
+async def mend_session(brain: Brain, session: str | None, env: Mapping[str, str],
+                       confined: RunConfinement | None, bounds: Bounds) -> None:
+    """Let ``brain`` mend the agent's saved session before an attempt takes
+    ``session`` back (:meth:`Brain.before_spawn`; Gemini CLI's, renamed out of its
+    bugs' way), in the folder of the harness's the run sees at the agent's.
+    Never raises but a cancel: a mend that did not finish leaves the turn to start
+    a new session, as it would have.
+
+    Cancelled: bounded and shielded (:meth:`Bounds.file_step`); a rename is whole
+    or not at all.
+    """
+    if session is None:
+        return  # a new session: nothing saved to mend
+    try:
+        await bounds.file_step(brain.before_spawn, session, env,
+                               confined.kept_at if confined is not None else Path,
+                               limit_s=MEND_S, what="mending the agent's saved session")
+    except StepTimedOut:
+        log.warning("mending the agent's saved session %s did not finish in time", session)

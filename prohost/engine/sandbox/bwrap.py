@@ -50,6 +50,12 @@ _FRESH = ("/dev", "/proc")
 #: the rest (the person's ``/tmp/tmux-1000``, ``/tmp/ssh-…``) stays out of sight.
 _EMPTIED = ("/tmp", "/run")
 
+#: The resolver's configuration; where it is a link into ``/run`` (systemd-resolved's
+#: ``../run/systemd/resolve/stub-resolv.conf`` on Ubuntu, NetworkManager's,
+#: resolvconf's), that one file is shown again in the emptied ``/run``, so a run
+#: resolves names; never its folder, which holds resolved's Unix socket.
+RESOLVER = "/etc/resolv.conf"
+
 #: Where the bubblewrap of ``$PATH`` is looked for when the package has none.
 _NAME = "bwrap"
 
@@ -74,7 +80,8 @@ def namespaces(*, network: bool) -> list[str]:
     return found
 
 
-def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> list[str]:
+def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True,
+              seccomp_fd: int | None = None) -> list[str]:
     """bubblewrap's options (without the program, the ``--`` or ``--chdir``) for a
     run confined to ``policy`` (resolved here, on real paths: a link never widens
     a grant), its ``/tmp`` being ``tmpdir`` (a folder of the run's own) or else an
@@ -82,14 +89,19 @@ def arguments(policy: Policy, *, tmpdir: Path | None, network: bool = True) -> l
     every abstract Unix socket too). Blocking: it resolves every path (strings,
     one memo of folders for them all: pathlib's parsing was most of the cost; the
     hidden places' resolution is kept while what it looked up is unchanged,
-    :class:`_HiddenMemo`)."""
+    :class:`_HiddenMemo`). ``seccomp_fd``: a descriptor bubblewrap reads the
+    seccomp filter from (:func:`.seccomp.readable`; the spawn passes it)."""
     found = namespaces(network=network)
+    if seccomp_fd is not None:
+        # The filter that keeps the run off Unix sockets (.seccomp): a socket in a
+        # readable place of the home is reachable by path through a read-only view.
+        found += ["--seccomp", str(seccomp_fd)]
     found += _HEAD
     found += ["--bind", str(tmpdir), "/tmp"] if tmpdir is not None else ["--tmpfs", "/tmp"]
     found += ["--tmpfs", "/run"]
     # Looked at every run: the system may switch resolvers (a run cannot: /etc
     # and /run are read-only to it).
-    resolver = os.path.realpath("/etc/resolv.conf")
+    resolver = os.path.realpath(RESOLVER)
     if resolver.startswith("/run/") and os.path.isfile(resolver):
         found += ["--ro-bind", resolver, resolver]
     places = _Places.of(policy)

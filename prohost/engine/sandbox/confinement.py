@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import attrs
 
-from prohost.engine.sandbox import bwrap, landlock, seatbelt
+from prohost.engine.sandbox import bwrap, landlock, seatbelt, seccomp
 from prohost.engine.sandbox.policy import Policy, real_pairs
 from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
 
@@ -58,6 +58,9 @@ class Confinement:
     _ruleset: landlock.Ruleset | None = None
     #: The ruleset is the process's one scope-only ruleset (:func:`_scopes`): kept.
     _shared: bool = False
+    #: Descriptors the spawn passes to the command (bubblewrap's seccomp filter,
+    #: rewound before each spawn); closed by :meth:`close`.
+    pass_fds: tuple[int, ...] = ()
 
     @property
     def has_domain(self) -> bool:
@@ -81,6 +84,7 @@ class Confinement:
             try:
                 if self._ruleset is not None:
                     landlock.restrict_this_thread(fd)
+                self._rewind()
                 result = start()
             except BaseException as error:  # handed to deliver: nobody joins this thread
                 deliver(None, error)
@@ -103,6 +107,7 @@ class Confinement:
         called). Without a domain, ``start()`` is called here.
         """
         if self._ruleset is None:
+            self._rewind()
             return start()
         fd = self._ruleset.fd
         result: list[T] = []
@@ -111,6 +116,7 @@ class Confinement:
         def confined() -> None:
             try:
                 landlock.restrict_this_thread(fd)
+                self._rewind()
                 result.append(start())
             except BaseException as error:  # handed to the caller's thread below
                 failure.append(error)
@@ -122,11 +128,21 @@ class Confinement:
             raise failure[0]
         return result[0]
 
+    def _rewind(self) -> None:
+        # Each spawn's bubblewrap reads the seccomp filter from its start (a
+        # retry in the same attempt spawns again); spawns of one confinement
+        # are one after another, never at once.
+        for fd in self.pass_fds:
+            seccomp.rewind(fd)
+
     def close(self) -> None:
         """Release the ruleset (after the last spawn that uses this confinement)."""
         if self._ruleset is not None and not self._shared:
             self._ruleset.close()
         self._ruleset = None
+        for fd in self.pass_fds:
+            os.close(fd)
+        self.pass_fds = ()
 
     def __enter__(self) -> Confinement:
         return self
@@ -157,9 +173,17 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
         return Confinement(argv_prefix=(SANDBOX_EXEC, "-p", seatbelt.profile(policy.resolved())),
                            confined=True)
     if support.kind == "bwrap":
-        options = bwrap.arguments(policy, tmpdir=None)
+        program = seccomp.program() if support.socket_filter else None
+        fd = seccomp.readable(program) if program is not None else None
+        try:
+            options = bwrap.arguments(policy, tmpdir=None, seccomp_fd=fd)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
-                           keeper=True, ruleset=_scopes(support.abi), shared=True)
+                           keeper=True, ruleset=_scopes(support.abi), shared=True,
+                           pass_fds=() if fd is None else (fd,))
     return prepare_landlock(policy, support)
 
 

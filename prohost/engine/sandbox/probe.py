@@ -28,14 +28,22 @@ LANDLOCK_GAPS = (
 #: Without Landlock's scopes (ABI 6), under bubblewrap.
 SCOPE_GAP = ("abstract Unix sockets outside the run can be reached (Landlock ABI 6 is "
              "needed to scope them)")
+#: Under bubblewrap, where :mod:`.seccomp` has no filter for the machine's architecture.
+SECCOMP_GAP = ("Unix sockets in readable places (your home) can be reached by path: no "
+               "seccomp filter for this machine's architecture (%s)")
+#: Under bubblewrap, where ``--allow-write`` names a socket (``%s``).
+SOCKET_GRANT_GAP = ("Unix sockets in readable places (your home) can be reached by path: "
+                    "--allow-write names a socket (%s), so runs get no filter on Unix "
+                    "sockets")
 
 
 @attrs.frozen
 class Support:
     """How runs can be confined here: ``kind`` ``None`` when they cannot, and why.
 
-    ``bwrap``: bubblewrap's namespaces plus Landlock's scopes (every point of §13
-    where ``gaps`` is empty); ``landlock``: Landlock's filesystem rules alone (the
+    ``bwrap``: bubblewrap's namespaces, Landlock's scopes and a seccomp filter on
+    Unix sockets (every point of §13 where ``gaps`` is empty); ``landlock``:
+    Landlock's filesystem rules alone (the
     fallback where bubblewrap cannot run); ``seatbelt``: macOS ``sandbox-exec``.
     """
 
@@ -52,6 +60,10 @@ class Support:
     bwrap: str = ""
     #: The kernel's Landlock ABI (0: none).
     abi: int = 0
+    #: Runs under bubblewrap get :mod:`.seccomp`'s filter on Unix sockets (off
+    #: where ``--allow-write`` names a socket: the filter cannot tell one socket
+    #: from another, and ``gaps`` then says so).
+    socket_filter: bool = True
 
     @property
     def complete(self) -> bool:
@@ -82,7 +94,7 @@ def probe() -> Support:
 
 
 def _linux(*, bubblewrap: bool) -> Support:
-    from prohost.engine.sandbox import bwrap, landlock
+    from prohost.engine.sandbox import bwrap, landlock, seccomp
 
     try:
         abi = landlock.abi_version()
@@ -96,6 +108,8 @@ def _linux(*, bubblewrap: bool) -> Support:
         else f"no bubblewrap (simulated for a test: {SIMULATE_ABSENT_ENV}=bwrap)")
     if not why_not and program:
         gaps: tuple[str, ...] = () if abi >= landlock.SCOPES_ABI else (SCOPE_GAP,)
+        if seccomp.program() is None:
+            gaps += (SECCOMP_GAP % seccomp.machine(),)
         detail = f"bubblewrap, Landlock ABI {abi}" if abi else "bubblewrap"
         return Support("bwrap", detail=detail, gaps=gaps, bwrap=program, abi=abi)
     if abi:

@@ -26,7 +26,7 @@ from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
 from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S, LedgerSteps
 from prohost.engine.report.outbox import Outbox, saved_outcome
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Interrupted
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.runqueue import RunQueue, Settle
 from prohost.engine.supervisor.upkeep import prune
@@ -143,10 +143,15 @@ class Recovery:
         a saved outcome is reported as it is, an accepted run is queued (or, during
         a drain, reported not started), a run that had started is reported with
         ``interrupted`` (retryable), since nothing in this process is running it, and
-        one whose cancel the ledger kept is reported cancelled (§6). A
+        one whose cancel the ledger kept is reported cancelled (§6); either of
+        those two carries what the run changed and how long it ran
+        (:class:`~prohost.engine.run.heldrun.Interrupted`). A
         saved outcome that cannot be read back is reported as
         :data:`~prohost.wire.outcomes.UNREADABLE_OUTCOME` (retryable)."""
         self.runs.hold(held)
+        if row.state is RunState.STARTED:
+            # Reported with what it changed since it began, and for how long (§7).
+            held.interrupted = Interrupted(row.started_at, self.clock(), row.start_state)
         if row.state is RunState.FINISHED and row.outcome is not None:
             self.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
                         finished_at=row.finished_at)

@@ -27,23 +27,21 @@ from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains.base import Brain
 from prohost.engine.agent.environment import SCRATCH_NAME_CHARS
+from prohost.engine.agent.stderrtail import prune_tails
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
+from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
 from prohost.options import Options
 from prohost.repospec import is_checkout
 
 log = logging.getLogger(lognames.HARNESS)
 
-#: Reported rows older than this (seconds) are pruned (§7), checked this often (seconds).
-PRUNE_AGE_S = 7 * 86400.0
-PRUNE_EVERY_S = 86400.0
-#: Worktrees of lanes idle this long (seconds) are collected by the daily pass.
-WORKTREE_IDLE_S = 14 * 86400.0
 #: `claude --version` and the like answer at once; a hung one must not matter (seconds).
 BRAIN_PROBE_TIMEOUT_S = 10.0
 
@@ -72,6 +70,24 @@ async def sweep_scratch(root: Path, bounds: Bounds) -> None:
     if removed:
         log.info("removed %d MCP folder(s) that runs of an earlier process left in %s",
                  removed, root)
+
+
+async def sweep_overlays(home: Path, bounds: Bounds) -> None:
+    """Remove the overlays' work folders that confinements of an earlier process
+    left in ``home`` (:func:`~prohost.engine.run.confine.sweep_overlay_work`). Call
+    it at start, before any run of this harness can start, as
+    :func:`sweep_scratch`. A failure is logged, and the next start tries again.
+    Cancelled: as :meth:`prohost.engine.blocking.Bounds.run`."""
+    try:
+        removed = await bounds.file_step(sweep_overlay_work, home,
+                                         what="removing old overlay work folders")
+    except OSError as exc:
+        log.warning("could not remove the overlay work folders earlier runs left in %s: %s",
+                    home, exc)
+        return
+    if removed:
+        log.info("removed %d overlay work folder(s) that runs of an earlier process left",
+                 removed)
 
 
 def _sweep(root: Path) -> int:
@@ -138,7 +154,7 @@ async def collect_worktrees_daily(home: Path, runs: Mapping[str, HeldRun],
     """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
     is finished (shielded inside ``collect_garbage``)."""
     while True:
-        await trio.sleep(PRUNE_EVERY_S)
+        await trio.sleep(CLEAR_EVERY_S)
         await collect_worktrees(home, runs, hold, bounds=bounds)
 
 
@@ -153,12 +169,13 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
     """
     try:
         entries = await collect_garbage(
-            home, older_than_s=WORKTREE_IDLE_S, dry_run=False, force=False,
+            home, older_than_s=IDLE_LANE_S, dry_run=False, force=False,
             # Live, not a snapshot: GC asks again just before it removes anything.
             busy=lambda lane: any(h.lane == lane for h in runs.values()),
             hold=hold,
             now=now,
             bounds=bounds,
+            with_folder=functools.partial(forget_conversation, home),
         )
     except OSError as exc:
         log.warning("could not collect old worktrees: %s", exc)
@@ -168,15 +185,36 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
 
-async def prune_daily(steps: LedgerSteps) -> None:
-    """Once a day, prune the ledger (§7; see :func:`prune`).
+async def prune_daily(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
+    """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :func:`clear_old`.
 
-    Cancelled: between prunes, nothing to undo; a prune in progress finishes,
-    within its bound.
+    Cancelled: between passes, nothing to undo; a pass in progress finishes each
+    step within its bound.
     """
     while True:
-        await trio.sleep(PRUNE_EVERY_S)
-        await prune(steps)
+        await trio.sleep(CLEAR_EVERY_S)
+        await clear_old(steps, home, bounds)
+
+
+async def clear_old(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
+    """One pass of what :mod:`prohost.engine.retention` keeps for a time: the ledger's
+    old reported runs (:func:`prune`) and the stderr tails (:func:`prune_stderr_tails`).
+    Never raises for a failing disk: logged, tried again next time. Cancelled: as
+    the step under way."""
+    await prune(steps)
+    await prune_stderr_tails(home, bounds)
+
+
+async def prune_stderr_tails(home: Path, bounds: Bounds) -> int:
+    """Remove the stderr tails past their period; how many. A failing or hung disk
+    is logged, not raised: pruning can wait a day. Cancelled: as
+    :meth:`prohost.engine.blocking.Bounds.file_step` (abandoning a listing and
+    unlinks of files only the harness reads is safe)."""
+    try:
+        return await bounds.file_step(prune_tails, home, what="pruning the stderr tails")
+    except OSError as exc:
+        log.warning("could not prune the stderr tails: %s", exc)
+        return 0
 
 
 async def prune(steps: LedgerSteps) -> int:
@@ -187,7 +225,7 @@ async def prune(steps: LedgerSteps) -> int:
     """
     try:
         # Abandoning is safe: one transaction under the ledger's lock.
-        return await steps.prune(PRUNE_AGE_S)
+        return await steps.prune(KEEP_RUNS_S)
     except (LedgerError, OSError) as exc:
         log.warning("could not prune the ledger: %s", exc)
         return 0
@@ -218,7 +256,7 @@ class Chores:
         """
         seen = self.seen
         if self.steps is not None:
-            nursery.start_soon(prune_daily, self.steps)
+            nursery.start_soon(prune_daily, self.steps, seen.options.home, self.bounds)
             if self.worktrees:
                 nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
                                    self.hold, self.bounds)

@@ -31,7 +31,7 @@ from prohost.engine.changes import Changes
 from prohost.engine.lanes.scheduler import SchedulerStatistics
 from prohost.engine.link.connection import LinkStatistics
 from prohost.engine.report.outbox import Outbox
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.view.reporttext import changes_summary, where_text
 from prohost.engine.view.snapshot import (
     REFRESH_S,
@@ -164,12 +164,12 @@ def take_snapshot(seen: Observed) -> Snapshot:
     idle_timeout_s = seen.options.idle_timeout_s
     rows = []
     for held in seen.runs.values():
-        if held.state == "queued" and held.waiting_until is None:
+        if held.state is Phase.QUEUED and held.waiting_until is None:
             continue
         started = held.started_at
         quiet = None
         last = held.progress.last_output
-        if held.state == "running" and last is not None:
+        if held.state is Phase.RUNNING and last is not None:
             quiet = max(0.0, now - last)
         rows.append(RunRow(
             run_id=held.run_id, lane=held.lane, conversation=held.conversation_id,
@@ -272,6 +272,7 @@ def status_message(seen: Observed) -> Status:
         brain=seen.brain.name,
         brain_version=seen.facts.brain_version,
         model=seen.facts.model,
+        mode=seen.facts.mode,
         concurrency=seen.options.concurrency,
         active=stats.running,
         queued=stats.queued,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,32 @@ def test_an_account_points_each_brain_at_its_folder() -> None:
     assert work.env("plain") == {"PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS keeps the login in the Keychain")
+def test_each_conversation_gets_a_cli_folder_of_its_own_sharing_the_account_s_login() -> None:
+    """Issue 36, attack 10: CLAUDE_CONFIG_DIR and CODEX_HOME are the conversation's
+    own (``<account's folders>/lanes/<lane folder>/<cli>``); Claude Code's login
+    store (CLAUDE_SECURESTORAGE_CONFIG_DIR) is the account's, shared: the harness's
+    own for the default account, the ``--account`` folder for another."""
+    home = Path("/p/home")
+    default = Account(DEFAULT_ACCOUNT, home / "cli" / "default", owned=True)
+    lanes = "/p/home/cli/default/lanes"
+    assert default.env("claude", "conv-A-1") == {
+        "CLAUDE_CONFIG_DIR": f"{lanes}/conv-A-1/claude",
+        "CLAUDE_SECURESTORAGE_CONFIG_DIR": "/p/home/cli/default/login/claude"}
+    assert default.env("claude", "conv-B-2")["CLAUDE_CONFIG_DIR"] == f"{lanes}/conv-B-2/claude"
+    assert default.env("codex", "conv-A-1") == {"CODEX_HOME": f"{lanes}/conv-A-1/codex"}
+    assert default.env("plain", "conv-A-1") == {}
+    work = Account("work", Path("/home/me/.claude-work"), own=home / "cli" / "work")
+    assert work.env("claude", "conv-A-1") == {
+        "CLAUDE_CONFIG_DIR": "/p/home/cli/work/lanes/conv-A-1/claude",
+        "CLAUDE_SECURESTORAGE_CONFIG_DIR": "/home/me/.claude-work",
+        "PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+    assert work.env("codex", "conv-A-1") == {
+        "CODEX_HOME": "/p/home/cli/work/lanes/conv-A-1/codex",
+        "PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+    assert work.env("plain", "conv-A-1") == {"PROHOST_ACCOUNT_DIR": "/home/me/.claude-work"}
+
+
 def test_names_must_be_unique_and_well_formed() -> None:
     with pytest.raises(AccountError, match="repeated: work"):
         book("work", "personal", "work")
@@ -96,7 +123,6 @@ def test_a_limit_lasts_until_its_reset_then_the_account_is_usable_again() -> Non
     accounts = book("work", "personal")
     assert accounts.report("work", limited(T0 + 600), T0) is True
     assert accounts.state("work", T0 + 599) == "limited"
-    assert not accounts.usable("work", T0 + 599)
     assert accounts.snapshot(T0)[0] == {"name": "work", "state": "limited",
                                         "resets_at": int(T0 + 600), "used_percent": None}
     assert accounts.state("work", T0 + 600) == "ok"
@@ -115,8 +141,8 @@ def test_a_limit_without_a_reset_time_is_left_alone_for_an_hour() -> None:
     accounts = book("work")
     accounts.report("work", limited(None), T0)
     assert accounts.earliest_reset(T0) == T0 + UNKNOWN_RESET_S
-    assert not accounts.usable("work", T0 + UNKNOWN_RESET_S - 1)
-    assert accounts.usable("work", T0 + UNKNOWN_RESET_S)
+    assert accounts.state("work", T0 + UNKNOWN_RESET_S - 1) == "limited"
+    assert accounts.state("work", T0 + UNKNOWN_RESET_S) != "limited"
 
 
 def test_a_limit_whose_reset_has_already_passed_is_a_limit_of_unknown_end() -> None:
@@ -124,21 +150,21 @@ def test_a_limit_whose_reset_has_already_passed_is_a_limit_of_unknown_end() -> N
     # account is still limited: it is tried again after a backoff, doubling.
     accounts = book("work")
     assert accounts.report("work", limited(T0 - 5), T0) is True
-    assert not accounts.usable("work", T0 + 59)
-    assert accounts.usable("work", T0 + 60)
+    assert accounts.state("work", T0 + 59) == "limited"
+    assert accounts.state("work", T0 + 60) != "limited"
     accounts.report("work", limited(T0 - 5), T0 + 60)
-    assert not accounts.usable("work", T0 + 60 + 119)
-    assert accounts.usable("work", T0 + 60 + 120)
+    assert accounts.state("work", T0 + 60 + 119) == "limited"
+    assert accounts.state("work", T0 + 60 + 120) != "limited"
     accounts.report("work", limited(T0 + 9000), T0 + 200)  # a real reset again
     accounts.report("work", limited(T0 - 5), T0 + 9000)
-    assert accounts.usable("work", T0 + 9000 + 60)  # the backoff started anew
+    assert accounts.state("work", T0 + 9000 + 60) != "limited"  # the backoff started anew
 
 
 def test_a_warning_is_recorded_not_acted_on() -> None:
     accounts = book("work")
     changed = accounts.report(
         "work", LimitNotice(state="warning", resets_at=T0 + 9000, used_percent=91.0), T0)
-    assert changed and accounts.usable("work", T0)
+    assert changed and accounts.state("work", T0) != "limited"
     assert accounts.snapshot(T0) == [{"name": "work", "state": "warning",
                                       "resets_at": int(T0 + 9000), "used_percent": 91.0}]
     # The same news again is no change (status is re-sent only on a change).
@@ -197,5 +223,5 @@ def test_the_chosen_account_is_always_usable_and_none_only_when_all_are_limited(
             reset = accounts.earliest_reset(now)
             assert reset is not None and reset > now
         else:
-            assert accounts.usable(chosen.name, now)
+            assert accounts.state(chosen.name, now) != "limited"
             accounts.started(chosen.name, now)

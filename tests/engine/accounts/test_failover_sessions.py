@@ -56,7 +56,7 @@ def lane_on_a(tmp_path: Path, names: list[str], limited: list[str],
 
 def attempts(tmp_path: Path) -> list[tuple[str, str | None]]:
     """(account, session resumed) for each invocation of the fake CLI."""
-    return [(Path(i["config_dir"]).name.removeprefix("cfg-"), resumed(i))
+    return [(Path(i["login_dir"]).name.removeprefix("cfg-"), resumed(i))
             for i in invocations(tmp_path)]
 
 

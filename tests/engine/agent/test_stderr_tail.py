@@ -12,8 +12,6 @@ from pathlib import Path
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.output import LastLine
 from prohost.engine.agent.stderrtail import (
-    KEEP_S,
-    PRUNE_EVERY_S,
     TAIL_BYTES,
     StderrTail,
     prune_tails,
@@ -21,7 +19,7 @@ from prohost.engine.agent.stderrtail import (
     tail_path,
     write_tail,
 )
-from prohost.engine.ledger import KEEP_BODIES_S
+from prohost.engine.retention import KEEP_RUNS_S
 
 
 def test_the_tail_keeps_the_last_bytes_whatever_the_chunks() -> None:
@@ -48,7 +46,7 @@ def test_a_tail_is_a_private_file_named_by_a_hash_and_pruned_after_the_body(
     tmp_path: Path,
 ) -> None:
     now = time.time()
-    write_tail(tmp_path, "run/../../evil", b"boom\n", now=now)
+    write_tail(tmp_path, "run/../../evil", b"boom\n")
     path = tail_path(tmp_path, "run/../../evil")
     assert path.parent == tmp_path / "stderr" and ".." not in path.name
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -56,28 +54,26 @@ def test_a_tail_is_a_private_file_named_by_a_hash_and_pruned_after_the_body(
     assert read_tail(tmp_path, "run/../../evil") == "boom\n"
     assert read_tail(tmp_path, "never") is None
     # An empty stderr leaves no file.
-    write_tail(tmp_path, "quiet", b"", now=now)
+    write_tail(tmp_path, "quiet", b"")
     assert read_tail(tmp_path, "quiet") is None
-    # Older than a run's body is kept: removed by the first write an hour after
-    # the last prune (not by every write: the folder may hold a week of runs).
-    os.utime(path, (now - KEEP_S - 1, now - KEEP_S - 1))
-    write_tail(tmp_path, "fresh", b"new\n", now=now + 1)
+    # Older than a run's body is kept: a write never prunes (the folder may hold a
+    # week of runs), the daily pass does (tests/engine/supervisor/test_retention.py).
+    os.utime(path, (now - KEEP_RUNS_S - 1, now - KEEP_RUNS_S - 1))
+    write_tail(tmp_path, "fresh", b"new\n")
     assert read_tail(tmp_path, "run/../../evil") == "boom\n"
-    write_tail(tmp_path, "later", b"later\n", now=now + PRUNE_EVERY_S)
+    assert prune_tails(tmp_path, now=now) == 1
     assert read_tail(tmp_path, "run/../../evil") is None
     assert read_tail(tmp_path, "fresh") == "new\n"
-    assert prune_tails(tmp_path, now=now + KEEP_S + 2) == 2
+    assert prune_tails(tmp_path, now=now + KEEP_RUNS_S + 2) == 1
 
 
-def test_a_tail_is_named_as_its_runs_scratch_folder_and_kept_as_long_as_its_body(
+def test_a_tail_is_named_as_its_runs_scratch_folder(
     tmp_path: Path,
 ) -> None:
     """One digest names both (a tail written by an earlier harness is still found:
-    the name is the one it always was), and a tail lives as long as the ledger keeps
-    the run's body (a copy of the ledger's constant: the rooms are peers)."""
+    the name is the one it always was)."""
     for run_id in ("run_1", "run/../../evil", "a\ud800b"):
         name = tail_path(tmp_path, run_id).name
         assert name == scratch_folder(tmp_path / "runs", run_id).name + ".log"
     assert tail_path(tmp_path, "run_1").name == (
         hashlib.sha256(b"run_1").hexdigest()[:32] + ".log")
-    assert KEEP_S == KEEP_BODIES_S

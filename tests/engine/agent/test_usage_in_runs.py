@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import trio
 
+from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.view.changelines import describe_change
 from tests.kits.fake_clis import CLAUDE, CODEX, Turnstile, install, turn
-from tests.kits.harness import Running, finished, running_harness, running_server
+from tests.kits.harness import Running, finished, released, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§7")
 
@@ -55,10 +56,11 @@ async def test_codex_figures_are_each_runs_own_across_a_resumed_session_and_a_re
 
 def codex_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """The harness's environment, and where the fake keeps each thread's rollout:
-    the default account's CODEX_HOME, the harness's own (issue 36), made by its
-    first run."""
+    conversation C1's CODEX_HOME of the default account, the harness's own (issue
+    36: each conversation's), made by its first run."""
     env = {name: value for name, value in os.environ.items() if name != "CODEX_HOME"}
-    return env, tmp_path / "home" / "cli" / "default" / "codex"
+    lanes = tmp_path / "home" / "cli" / "default" / "lanes"
+    return env, lanes / lane_folder_name("conv:C1") / "codex"
 
 
 #: What a turn whose rollout file was not read leaves to the next one (§7): both
@@ -152,7 +154,7 @@ async def cancelled_turn(running: Running, turnstile: Turnstile) -> dict[str, An
     await turnstile.next()
     await running.server.cancel_run(run_id, "never mind")
     await running.server.wait_until(finished(run_id))
-    await running.harness.wait_released(run_id)
+    await released(running.harness, run_id)
     return running.server.run(run_id).completion or {}
 
 

@@ -19,6 +19,7 @@ from prohost.engine.lanes.scheduler import (
     Scheduler,
     SchedulerStatistics,
 )
+from tests.kits.lanes import until_idle
 
 pytestmark = pytest.mark.protocol("§4")
 
@@ -371,34 +372,8 @@ async def test_drain_stops_new_work_and_returns_the_queue() -> None:
             await h.finish("a1")
             assert sorted(h.started) == ["a1", "b1"]
             await h.finish("b1")
-            await sched.wait_idle()
+            await until_idle(sched)
             assert h.finished == ["a1", "b1"]
-
-
-async def test_wait_idle_returns_when_nothing_runs_or_waits() -> None:
-    with trio.fail_after(5):
-        async with running_scheduler(2) as (sched, h):
-            await sched.wait_idle()  # idle from the start
-            h.submit_all(sched, ("a1", "A"), ("a2", "A"), ("b1", "B"))
-            idle = trio.Event()
-
-            async def waiter() -> None:
-                await sched.wait_idle()
-                idle.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(waiter)
-                await trio.testing.wait_all_tasks_blocked()
-                await h.finish("a1", "b1")
-                assert not idle.is_set()  # a2 still to run
-                await h.finish("a2")
-                assert idle.is_set()
-            # Idle again after a removal empties the queue.
-            h.submit_all(sched, ("c1", "C"), ("c2", "C"))
-            await trio.testing.wait_all_tasks_blocked()
-            sched.remove("c2")
-            await h.finish("c1")
-            await sched.wait_idle()
 
 
 async def test_raising_work_does_not_wedge_its_lane_or_kill_the_scheduler(
@@ -413,7 +388,7 @@ async def test_raising_work_does_not_wedge_its_lane_or_kill_the_scheduler(
             assert h.started == ["a1", "a2"]
             assert "a1 broke" in caplog.text
             await h.finish("a2")
-            await sched.wait_idle()
+            await until_idle(sched)
 
 
 async def test_submit_before_run_starts_is_picked_up() -> None:
@@ -426,7 +401,7 @@ async def test_submit_before_run_starts_is_picked_up() -> None:
             await trio.testing.wait_all_tasks_blocked()
             assert h.started == ["a1"]
             await h.finish("a1")
-            await sched.wait_idle()
+            await until_idle(sched)
             nursery.cancel_scope.cancel()
 
 
@@ -477,7 +452,7 @@ async def test_items_still_in_the_channel_can_be_removed_and_drained() -> None:
             # c1 is in the lanes now, b1 (submitted again) behind it.
             assert sched.drain() == [("c1", "C"), ("b1", "B")]
             await h.finish("a1")
-            await sched.wait_idle()
+            await until_idle(sched)
             nursery.cancel_scope.cancel()
         assert h.started == ["a1"]
 
@@ -554,7 +529,7 @@ async def test_holding_a_lane_waits_for_its_run_and_keeps_the_next_from_starting
             assert h.started == ["a1", "b1", "a2"]
             assert sched.statistics().held_lanes == 0
             await h.finish("a2", "b1")
-            await sched.wait_idle()
+            await until_idle(sched)
 
 
 async def test_a_cancelled_hold_holds_nothing() -> None:

@@ -84,7 +84,7 @@ async def slot_harness(
                                   concurrency=1)
                 endpoints = Endpoints(ws_url=creds.ws_url, api_base=api_base,
                                       token=creds.token, secret=creds.secret)
-                async with httpx.AsyncClient() as client, trio.open_nursery() as inner:
+                async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as inner:
                     harness = Harness(options, endpoints, client=client, ledger=ledger)
                     await inner.start(harness.run)
                     await server.wait_until(lambda s: s.connected > 0)

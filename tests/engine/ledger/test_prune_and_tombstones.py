@@ -13,9 +13,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.ledger import KEEP_BODIES_S, KEEP_TOMBSTONES_S, Admitted, Ledger, RunState
+from prohost.engine.ledger import Admitted, Ledger, RunState
+from prohost.engine.retention import KEEP_RUNS_S, KEEP_TOMBSTONES_S
 from prohost.wire.runs import Outcome
-from tests.kits.harness import acks, delivery_frame, running_harness, running_server, wait_for_ack
+from tests.kits.harness import (
+    acks,
+    delivery_frame,
+    released,
+    running_harness,
+    running_server,
+    wait_for_ack,
+)
 from tests.kits.paths import logs_folder
 
 pytestmark = pytest.mark.protocol("§7")
@@ -24,7 +32,7 @@ DAY = 86400.0
 
 
 def test_the_windows_are_seven_and_thirty_days() -> None:
-    assert KEEP_BODIES_S == 7 * DAY
+    assert KEEP_RUNS_S == 7 * DAY
     assert KEEP_TOMBSTONES_S == 30 * DAY
 
 
@@ -86,7 +94,7 @@ async def test_a_redelivery_of_a_pruned_run_is_204_and_never_runs(tmp_path: Path
         ) as running:
             run_id = await server.submit_run("once")
             await server.wait_until(lambda s: s.runs[run_id].state == "completed")
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
             assert running.ledger is not None
             assert running.ledger.prune(now=time.time() + 8 * DAY) == 1
             row = running.ledger.get(run_id)

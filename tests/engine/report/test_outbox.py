@@ -83,7 +83,7 @@ def finished_run(ledger: Ledger, run_id: str) -> str:
 @asynccontextmanager
 async def outbox_for(app: OutageApp, tmp_path: Path) -> AsyncIterator[tuple[Outbox, Ledger]]:
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
-        async with serving(app) as base, httpx.AsyncClient() as client, \
+        async with serving(app) as base, httpx.AsyncHTTPTransport() as client, \
                 trio.open_nursery() as nursery:
             outbox = Outbox(Reporter(client, base, TOKEN), SyncSteps(ledger))
             await nursery.start(outbox.run)

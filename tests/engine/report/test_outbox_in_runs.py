@@ -71,7 +71,7 @@ async def harness_with_timing(
             exit_code: list[int] = []
             exited = trio.Event()
             try:
-                async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+                async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
                     harness = Harness(
                         Options(home=home, machine="test", exec_command=gate.command),
                         endpoints_for(creds), client=client, ledger=ledger, timing=timing)

@@ -41,8 +41,8 @@ pytestmark = pytest.mark.protocol("§7")
 @asynccontextmanager
 async def reporter_for(
     app: ScriptedApp, **kwargs: Any
-) -> AsyncIterator[tuple[Reporter, httpx.AsyncClient]]:
-    async with serving(app) as base, httpx.AsyncClient() as client:
+) -> AsyncIterator[tuple[Reporter, httpx.AsyncHTTPTransport]]:
+    async with serving(app) as base, httpx.AsyncHTTPTransport() as client:
         yield Reporter(client, base, TOKEN, **kwargs), client
 
 
@@ -164,9 +164,9 @@ async def test_token_echoed_by_the_server_never_reaches_detail_or_log(
 async def test_redirect_is_not_followed(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((307, {"Location": "/steal"}, b""), (200, {}, b""))
-        # Even a client set to follow redirects must not: the completion path was
-        # validated so that the token goes nowhere else.
-        async with serving(app) as base, httpx.AsyncClient(follow_redirects=True) as client:
+        # Followed, it would carry the token somewhere the completion path was
+        # validated not to go.
+        async with serving(app) as base, httpx.AsyncHTTPTransport() as client:
             result = await Reporter(client, base, TOKEN).complete(RUN, PATH, PAYLOAD)
         assert (result.kind, result.status) == ("rejected", 307)
         assert len(app.seen) == 1
@@ -205,10 +205,14 @@ async def test_connection_refused_is_retried_then_gives_up(autojump_clock: Any) 
     with trio.fail_after(200):
         attempts: list[float] = []
 
-        async def on_request(request: httpx.Request) -> None:
-            attempts.append(trio.current_time())
+        class Counted(httpx.AsyncHTTPTransport):
+            """Notes when each attempt is made."""
 
-        async with httpx.AsyncClient(event_hooks={"request": [on_request]}) as client:
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                attempts.append(trio.current_time())
+                return await super().handle_async_request(request)
+
+        async with Counted() as client:
             reporter = Reporter(
                 client, f"http://127.0.0.1:{free_port()}", TOKEN, window_s=60, rng=FixedRandom()
             )
@@ -286,7 +290,7 @@ async def test_timeline_post_4xx_is_not_retried(autojump_clock: Any) -> None:
 @pytest.mark.protocol("§8")
 async def test_timeline_post_to_nobody_never_raises(autojump_clock: Any) -> None:
     with trio.fail_after(60):
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncHTTPTransport() as client:
             reporter = Reporter(client, f"http://127.0.0.1:{free_port()}", TOKEN)
             start = trio.current_time()
             assert not await reporter.post_timeline(RUN, "/t", [{"id": "x"}])

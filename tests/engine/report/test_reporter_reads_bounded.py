@@ -29,7 +29,7 @@ TOKEN = "tok_bounds"
 async def reported_to(app: Any) -> Settlement:
     """:func:`completed_holding_little` over a client, to ``app`` served locally."""
     with trio.fail_after(30):
-        async with serving(app) as base, httpx.AsyncClient() as client:
+        async with serving(app) as base, httpx.AsyncHTTPTransport() as client:
             return await completed_holding_little(Reporter(client, base, TOKEN))
 
 
@@ -88,7 +88,7 @@ async def test_every_attempt_sends_the_same_json_bytes_with_its_type(
         await send({"type": "http.response.body", "body": b""})
 
     with trio.fail_after(60):
-        async with serving(app) as base, httpx.AsyncClient() as client:
+        async with serving(app) as base, httpx.AsyncHTTPTransport() as client:
             reporter = Reporter(client, base, TOKEN)
             result = await reporter.complete(RUN, PATH, PAYLOAD)
             events = [{"kind": "tool", "name": "Bash", "text": "ls ✓"}]

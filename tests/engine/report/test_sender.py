@@ -1,15 +1,15 @@
 """What the harness posts its reports through (prohost.engine.report.sender): httpx's
-own transport, or the client where the environment names a proxy.
+own transport, through the environment's proxy for the server where it names one.
 
-The harness posts through a bare ``httpx.AsyncHTTPTransport``; a Reporter given a
-client still sends through the client. Every guarantee of the reporter is checked
-here over both, against a real HTTP server (hypercorn on 127.0.0.1 port 0, or a raw
-trio TCP server where the test needs to see the connection itself).
+The reporter's guarantees are checked here over the sender the harness opens, against
+a real HTTP server (hypercorn on 127.0.0.1 port 0, or a raw trio TCP server where the
+test needs to see the connection itself).
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import ssl
 import subprocess
@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from prohost.engine.report.reporter import DRAIN_BYTES, SNIPPET_CHARS, Reporter
-from prohost.engine.report.sender import Sender, open_sender
+from prohost.engine.report.sender import open_sender
 from tests.kits.asgi import lifespan, read_body, serving
 from tests.kits.reporter import (
     HANG,
@@ -39,7 +39,6 @@ from tests.kits.reporter import (
     gaps,
 )
 
-KINDS = ["transport", "client"]
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
@@ -52,20 +51,9 @@ def _no_proxy_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def sender_of(kind: str) -> AsyncIterator[Sender]:
-    """What the harness posts through (``transport``), or a plain client."""
-    if kind == "transport":
-        async with open_sender() as sender:
-            assert isinstance(sender, httpx.AsyncHTTPTransport)
-            yield sender
-    else:
-        async with httpx.AsyncClient() as client:
-            yield client
-
-
-@asynccontextmanager
-async def reporter_over(kind: str, app: Any, **kwargs: Any) -> AsyncIterator[Reporter]:
-    async with serving(app) as base, sender_of(kind) as sender:
+async def reporter_over(app: Any, **kwargs: Any) -> AsyncIterator[Reporter]:
+    """A reporter for ``app`` served on loopback, over the harness's own sender."""
+    async with serving(app) as base, open_sender(base) as sender:
         yield Reporter(sender, base, TOKEN, **kwargs)
 
 
@@ -150,30 +138,27 @@ def self_signed(folder: Path) -> tuple[Path, ssl.SSLContext]:
 
 
 @pytest.mark.protocol("§7", "§8")
-async def test_the_server_gets_the_same_request_from_the_transport_as_from_a_client(
-    autojump_clock: Any,
-) -> None:
-    """Method, path, every header (the client's defaults included) and body: a
-    completion and a timeline post look the same to the server either way."""
-    seen: dict[str, list[tuple[str, str, list[tuple[str, str]], bytes]]] = {}
-    for kind in KINDS:
-        app = ScriptedApp((200, {}, b"{}"))
-        async with reporter_over(kind, app) as reporter:
-            assert (await reporter.complete(RUN, PATH, PAYLOAD)).kind == "delivered"
-            assert await reporter.post_timeline(RUN, "/t", [{"id": "x"}])
-        seen[kind] = [(s.method, s.path, sorted(s.headers.items()), s.body) for s in app.seen]
-    # hypercorn's port differs between the two servers; everything else is equal.
-    for kind in KINDS:
-        seen[kind] = [(m, p, [(k, v) for k, v in h if k != "host"], b)
-                      for m, p, h, b in seen[kind]]
-    assert seen["transport"] == seen["client"]
-    assert len(seen["transport"]) == 2
+async def test_the_server_gets_the_request_a_client_would_send(autojump_clock: Any) -> None:
+    """Method, path, every header of ``httpx.AsyncClient()``'s defaults and the body:
+    a completion and a timeline post look to the server as a client's would."""
+    app = ScriptedApp((200, {}, b"{}"))
+    async with reporter_over(app) as reporter:
+        assert (await reporter.complete(RUN, PATH, PAYLOAD)).kind == "delivered"
+        assert await reporter.post_timeline(RUN, "/t", [{"id": "x"}])
+    async with httpx.AsyncClient() as client:
+        defaults = {name.lower(): value for name, value in client.headers.items()}
+    assert [(s.method, s.path) for s in app.seen] == [("POST", PATH), ("POST", "/t")]
+    for seen in app.seen:
+        headers = {name.lower(): value for name, value in seen.headers.items()}
+        assert defaults.items() <= headers.items()
+        assert headers["authorization"] == f"Bearer {TOKEN}"
+    assert json.loads(app.seen[0].body) == PAYLOAD
 
 
 async def test_the_harness_closes_its_connections_when_the_sender_block_ends() -> None:
     with trio.fail_after(20):
         async with raw_server() as (server, base):
-            async with open_sender() as sender:
+            async with open_sender(base) as sender:
                 reporter = Reporter(sender, base, TOKEN)
                 for run_id in ("run_a", "run_b"):
                     settled = await reporter.complete(run_id, PATH, PAYLOAD)
@@ -188,31 +173,30 @@ async def test_the_harness_closes_its_connections_when_the_sender_block_ends() -
 async def test_a_proxy_in_the_environment_is_still_used(
     monkeypatch: pytest.MonkeyPatch, variable: str
 ) -> None:
-    """As ``httpx.AsyncClient()`` did for the harness: with a proxy variable set, the
-    completion goes to the proxy, asked for the server's full URL."""
+    """As ``httpx.AsyncClient()`` would: with a proxy variable set, the completion
+    goes to the proxy, asked for the server's full URL."""
     with trio.fail_after(20):
         async with raw_server() as (proxy, proxy_url):
             monkeypatch.setenv(variable, proxy_url)
-            async with open_sender() as sender:
+            async with open_sender("http://api.example.invalid") as sender:
                 reporter = Reporter(sender, "http://api.example.invalid", TOKEN)
                 settled = await reporter.complete(RUN, PATH, PAYLOAD)
     assert settled.kind == "delivered"
     assert proxy.request_lines == [f"POST http://api.example.invalid{PATH} HTTP/1.1"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
 async def test_tls_is_verified_and_ssl_cert_file_honoured_as_before(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A server whose certificate no trusted CA signed is refused (no request sent);
     with ``SSL_CERT_FILE`` naming that certificate, the report is delivered."""
     cert, context = self_signed(tmp_path)
     with trio.fail_after(20):
         async with raw_server(context) as (server, base):
-            async with sender_of(kind) as sender:
+            async with open_sender(base) as sender:
                 refused = await Reporter(sender, base, TOKEN).post_once(RUN, PATH, PAYLOAD)
             monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-            async with sender_of(kind) as sender:
+            async with open_sender(base) as sender:
                 trusted = await Reporter(sender, base, TOKEN).post_once(RUN, PATH, PAYLOAD)
     # The first connection was made and refused at the handshake: nothing was sent.
     assert (refused.kind, refused.status, refused.detail) == ("gave_up", None, "ConnectError")
@@ -221,42 +205,55 @@ async def test_tls_is_verified_and_ssl_cert_file_honoured_as_before(
     assert server.request_lines == [f"POST {PATH} HTTP/1.1"]
 
 
+async def test_no_proxy_naming_the_server_posts_directly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy in the environment, and ``NO_PROXY`` naming the server's host: the
+    harness posts straight to the server, and the proxy is never asked."""
+    with trio.fail_after(20):
+        async with raw_server() as (proxy, proxy_url), raw_server() as (server, base):
+            monkeypatch.setenv("HTTP_PROXY", proxy_url)
+            monkeypatch.setenv("NO_PROXY", "example.invalid,127.0.0.1")
+            async with open_sender(base) as sender:
+                settled = await Reporter(sender, base, TOKEN).complete(RUN, PATH, PAYLOAD)
+    assert settled.kind == "delivered"
+    assert server.request_lines == [f"POST {PATH} HTTP/1.1"]
+    assert proxy.request_lines == []
+
+
 async def test_no_proxy_alone_posts_directly() -> None:
     """``NO_PROXY`` without a proxy changes nothing: the harness posts directly."""
     with trio.fail_after(20):
         async with raw_server() as (server, base):
             with pytest.MonkeyPatch.context() as patch:
                 patch.setenv("NO_PROXY", "*")
-                async with open_sender() as sender:
-                    assert isinstance(sender, httpx.AsyncHTTPTransport)
+                async with open_sender(base) as sender:
                     settled = await Reporter(sender, base, TOKEN).complete(RUN, PATH, PAYLOAD)
     assert settled.kind == "delivered"
     assert server.request_lines == [f"POST {PATH} HTTP/1.1"]
 
 
-# --- the reporter's guarantees, over either ----------------------------------------
+# --- the reporter's guarantees, over the harness's sender ----------------------------------------
 
 
 @pytest.mark.protocol("§7")
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_redirect_is_an_answer_not_followed(autojump_clock: Any, kind: str) -> None:
+async def test_a_redirect_is_an_answer_not_followed(autojump_clock: Any) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((307, {"Location": "/steal"}, b""), (200, {}, b""))
-        async with reporter_over(kind, app) as reporter:
+        async with reporter_over(app) as reporter:
             result = await reporter.complete(RUN, PATH, PAYLOAD)
     assert (result.kind, result.status) == ("rejected", 307)
     assert [s.path for s in app.seen] == [PATH]
 
 
 @pytest.mark.protocol("§7")
-@pytest.mark.parametrize("kind", KINDS)
 async def test_an_error_keeps_a_bounded_snippet_and_retry_after_is_honoured(
-    autojump_clock: Any, caplog: pytest.LogCaptureFixture, kind: str
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((429, {"Retry-After": "7"}, b"slow down " * 10_000), (200, {}, b""))
         with caplog.at_level(logging.WARNING, logger="prohost.reporter"):
-            async with reporter_over(kind, app) as reporter:
+            async with reporter_over(app) as reporter:
                 result = await reporter.complete(RUN, PATH, PAYLOAD)
     assert result.kind == "delivered"
     assert gaps(app.times) == [7.0]
@@ -266,14 +263,13 @@ async def test_an_error_keeps_a_bounded_snippet_and_retry_after_is_honoured(
 
 
 @pytest.mark.protocol("§1", "§7")
-@pytest.mark.parametrize("kind", KINDS)
 async def test_the_token_echoed_back_is_never_logged(
-    autojump_clock: Any, caplog: pytest.LogCaptureFixture, kind: str
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with trio.fail_after(60):
         app = ScriptedApp((401, {}, f"bad token {TOKEN}".encode()))
         with caplog.at_level(logging.DEBUG):
-            async with reporter_over(kind, app) as reporter:
+            async with reporter_over(app) as reporter:
                 result = await reporter.complete(RUN, PATH, PAYLOAD)
     assert result.kind == "rejected" and "bad token" in result.detail
     assert TOKEN not in result.detail
@@ -281,16 +277,16 @@ async def test_the_token_echoed_back_is_never_logged(
 
 
 @pytest.mark.protocol("§7")
-@pytest.mark.parametrize("kind", KINDS)
-async def test_transport_failures_read_as_before(autojump_clock: Any, kind: str) -> None:
+async def test_transport_failures_read_as_before(autojump_clock: Any) -> None:
     """Refused, hanging, and a bad URL: the same settlements and one-line details."""
     with trio.fail_after(200):
-        async with sender_of(kind) as sender:
-            refused = await Reporter(sender, f"http://127.0.0.1:{free_port()}", TOKEN,
+        port = free_port()
+        async with open_sender(f"http://127.0.0.1:{port}") as sender:
+            refused = await Reporter(sender, f"http://127.0.0.1:{port}", TOKEN,
                                      window_s=5, rng=FixedRandom()).complete(RUN, PATH, PAYLOAD)
             bad = await Reporter(sender, "ftp://127.0.0.1", TOKEN).complete(RUN, PATH, PAYLOAD)
         app = ScriptedApp(HANG, (200, {}, b""))
-        async with reporter_over(kind, app, rng=FixedRandom()) as reporter:
+        async with reporter_over(app, rng=FixedRandom()) as reporter:
             start = trio.current_time()
             hung = await reporter.complete(RUN, PATH, PAYLOAD)
             took = trio.current_time() - start
@@ -301,8 +297,7 @@ async def test_transport_failures_read_as_before(autojump_clock: Any, kind: str)
     assert took == pytest.approx(31)  # the 30 s budget, then the first 1 s backoff
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_posts_share_one_kept_alive_connection(kind: str) -> None:
+async def test_posts_share_one_kept_alive_connection() -> None:
     """Each POST's answer (completions, a 409, a timeline post) is read to its end,
     so the connection is kept: a run no longer pays for a new TCP connection (and
     the server for a new socket), over the transport as over a client."""
@@ -319,7 +314,7 @@ async def test_posts_share_one_kept_alive_connection(kind: str) -> None:
         await send({"type": "http.response.body", "body": b"x" * (DRAIN_BYTES // 2)})
 
     with trio.fail_after(20):
-        async with reporter_over(kind, app) as reporter:
+        async with reporter_over(app) as reporter:
             for run_id in ("run_a", "run_b", "again"):
                 await reporter.complete(run_id, f"/v1/agent/runs/{run_id}/complete", PAYLOAD)
             assert await reporter.post_timeline("run_a", "/v1/agent/runs/run_a/timeline", [])
@@ -328,9 +323,8 @@ async def test_posts_share_one_kept_alive_connection(kind: str) -> None:
 
 
 @pytest.mark.protocol("§7")
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("answer", ["endless", "gzip-bomb"])
-async def test_a_hostile_answer_is_read_only_to_a_bound(kind: str, answer: str) -> None:
+async def test_a_hostile_answer_is_read_only_to_a_bound(answer: str) -> None:
     """256 MiB of answer, or 50 MiB of zeroes gzipped into less than DRAIN_BYTES: the
     report is delivered and the harness never holds more than a few MiB."""
     bomb = gzip.compress(b"\0" * (50 * 1024 * 1024), compresslevel=9)
@@ -352,6 +346,6 @@ async def test_a_hostile_answer_is_read_only_to_a_bound(kind: str, answer: str) 
         await send({"type": "http.response.body", "body": b""})
 
     with trio.fail_after(30):
-        async with reporter_over(kind, app) as reporter:
+        async with reporter_over(app) as reporter:
             result = await completed_holding_little(reporter)
     assert (result.kind, result.status) == ("delivered", 200)

@@ -24,7 +24,7 @@ async def test_events_are_batched_and_all_posted_before_close(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(60):
-        async with running_server() as server, httpx.AsyncClient() as client:
+        async with running_server() as server, httpx.AsyncHTTPTransport() as client:
             token = server.pair("t")["token"]
             run_id = await server.submit_run("hi")
             path = server.run(run_id).body["timeline_path"]

@@ -232,10 +232,12 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
         folder = setup.folder("conv:old")
         manager = WorktreeManager(setup.home, [setup.source])
         seen: list[tuple[str, bool]] = []
+        turned = trio.Event()
 
         async def turn(key: str, lane: str) -> None:
             seen.append((key, folder.exists()))
             assert (await manager.prepare(lane)).failures == ()
+            turned.set()
 
         scheduler: Scheduler[str] = Scheduler(2, turn)
 
@@ -254,7 +256,7 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
                 hold=hold_and_submit, now=time.time() + LATER,
             )
             assert by_lane(entries) == {"conv:old": "removed"}
-            await scheduler.wait_idle()
+            await turned.wait()
             nursery.cancel_scope.cancel()
         assert seen == [("turn", False)]  # it started after the folder was gone
         assert (setup.paths["conv:old"] / ".git").exists()  # and made it again

@@ -122,6 +122,9 @@ async def test_a_detached_worktree_of_an_earlier_version_is_put_on_its_branch(
         prepared = await manager.prepare("conv:C1")
         assert prepared.checkouts[0].branch == branch_of("conv:C1")
         assert (await git(path, "symbolic-ref", "--short", "HEAD")).strip() == branch_of("conv:C1")
+        # Moved to the conversation's own repository first (migrate.py): the
+        # person's branch comes with the run's end, as any conversation's does.
+        await manager.bring_back(prepared)
         assert (await git(source, "rev-parse", branch_of("conv:C1"))).strip() == work
         assert (path / "draft.txt").read_text() == "not yet\n"
 

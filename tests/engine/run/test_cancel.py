@@ -9,7 +9,14 @@ import pytest
 import trio
 
 from prohost.wire.protocol import Pong
-from tests.kits.harness import busy_and_queued, finished, gated_harness, messages, start_run
+from tests.kits.harness import (
+    busy_and_queued,
+    finished,
+    gated_harness,
+    messages,
+    released,
+    start_run,
+)
 from tests.kits.process import alive
 
 pytestmark = pytest.mark.protocol("§6")
@@ -36,7 +43,7 @@ async def test_cancel_of_a_queued_and_of_a_running_run(tmp_path: Path) -> None:
             assert completion["retryable"] is False
             assert not alive(pid)
             assert queued not in gate.started
-            await running.harness.wait_released(busy)
+            await released(running.harness, busy)
             assert not running.harness.held
 
 
@@ -65,8 +72,8 @@ async def test_runs_the_server_no_longer_knows_are_stopped_and_not_reported(
             await server.send_raw(json.dumps(
                 {"type": "heartbeat_ack", "seq": 1, "cancel": [],
                  "unknown": [busy, queued, "never-heard-of-it"]}))
-            await running.harness.wait_released(busy)
-            await running.harness.wait_released(queued)
+            await released(running.harness, busy)
+            await released(running.harness, queued)
             assert not alive(pid)
             assert server.run(busy).completion_posts == 0
             assert server.run(queued).completion_posts == 0

@@ -25,7 +25,7 @@ from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun
 from tests.kits.fake_clis import CLAUDE, CODEX, Cli, Turnstile, install, seed_session, turn
-from tests.kits.harness import Running, finished, running_harness, running_server
+from tests.kits.harness import Running, finished, released, running_harness, running_server
 from tests.kits.paths import logs_folder
 from tests.kits.runner import solo_runner
 
@@ -173,7 +173,7 @@ async def test_a_run_cancelled_before_its_fresh_session_started_keeps_the_sessio
                 await turnstile.next()  # the fresh attempt, held
                 await server.cancel_run(run_id, "never mind")
                 await server.wait_until(finished(run_id))
-                await running.harness.wait_released(run_id)
+                await released(running.harness, run_id)
                 completion = server.run(run_id).completion or {}
                 assert completion["error"] == "cancelled: never mind"
                 assert completion["session_id"] == "old-session"

@@ -27,7 +27,7 @@ from prohost.engine.run.progress import Progress
 from prohost.engine.view.status_file import status_message
 from prohost.wire.outcomes import INTERRUPTED
 from prohost.wire.runs import AgentRun, Outcome, parse_body
-from tests.kits.harness import agent_command, finished, running_harness, running_server
+from tests.kits.harness import agent_command, finished, released, running_harness, running_server
 from tests.kits.paths import logs_folder
 
 
@@ -54,7 +54,7 @@ async def test_a_redelivered_run_the_ledger_holds_but_nobody_runs_is_taken_on(
                                      .to_json(), time.time())
 
             await server.wait_until(finished(run_id))
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
 
             record = server.run(run_id)
             assert [(ack.status, ack.reason) for ack in record.acks] == [
@@ -111,7 +111,7 @@ async def test_a_delivery_whose_ledger_write_committed_but_failed_runs_once(
                 wrapped, running.harness.bounds)
             run_id = server.state.add_run("commit, then an error", "C2").run_id
             await server.wait_until(finished(run_id))
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
 
             record = server.run(run_id)
             assert [(ack.status, ack.reason) for ack in record.acks] == [
@@ -207,7 +207,7 @@ async def test_a_queued_run_whose_body_cannot_be_read_back_is_reported_not_lost(
                 lost = await server.submit_run("unlucky", conversation_id="C1")
                 await server.wait_until(lambda s: s.runs[lost].state == "accepted")
             await server.wait_until(finished(lost))
-            await running.harness.wait_released(lost)
+            await released(running.harness, lost)
             after = await server.submit_run("next", conversation_id="C2")
             await server.wait_until(finished(after))
 

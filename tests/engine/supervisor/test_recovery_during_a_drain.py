@@ -57,7 +57,7 @@ def admit(ledger: Ledger, server: ServerHandle, run_id: str, now: float) -> None
 
 
 def harness_with(
-    home: Path, creds: Credentials, client: httpx.AsyncClient, ledger: Any
+    home: Path, creds: Credentials, client: httpx.AsyncHTTPTransport, ledger: Any
 ) -> Harness:
     """A harness on ``home`` whose agent would fail at once, with ``ledger`` (the real
     one, or a test's wrapper around it: hence ``Any``)."""
@@ -97,7 +97,7 @@ async def test_a_drain_while_recovering_reports_every_recovered_run_then_exits_0
             paused = PausedRecovery(ledger)
             exit_codes: list[int] = []
             try:
-                async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+                async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
                     harness = harness_with(home, creds, client, paused)
 
                     async def run_it() -> None:
@@ -120,7 +120,10 @@ async def test_a_drain_while_recovering_reports_every_recovered_run_then_exits_0
             assert server.run(runs["queued"]).completion == {
                 "run_id": runs["queued"], "ok": False, "error": NOT_STARTED,
                 "retryable": True}
-            assert server.run(runs["interrupted"]).completion == {
+            # A run interrupted by the restart says how long it ran (§7).
+            interrupted = dict(server.run(runs["interrupted"]).completion or {})
+            assert isinstance(interrupted.pop("duration_ms"), int)
+            assert interrupted == {
                 "run_id": runs["interrupted"], "ok": False, "error": RESTARTED,
                 "retryable": True}
             outbox = server.run(runs["outbox"]).completion
@@ -144,7 +147,7 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
             creds = pair_home(server, home)
             ledger = Ledger.open(home / "ledger.sqlite3")
             try:
-                async with httpx.AsyncClient() as client:
+                async with httpx.AsyncHTTPTransport() as client:
                     harness = harness_with(home, creds, client, ledger)
                     async with trio.open_nursery() as nursery:
                         codes: list[int] = []
@@ -164,7 +167,9 @@ async def test_a_run_left_unreported_in_the_ledger_is_reported_before_a_drain_ex
             assert codes == [0]
             assert server.run(late).completion == {
                 "run_id": late, "ok": False, "error": NOT_STARTED, "retryable": True}
-            assert server.run(stray).completion == {
+            swept = dict(server.run(stray).completion or {})
+            assert isinstance(swept.pop("duration_ms"), int)
+            assert swept == {
                 "run_id": stray, "ok": False, "error": INTERRUPTED, "retryable": True}
             with Ledger.open(home / "ledger.sqlite3") as after:
                 assert after.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
@@ -198,7 +203,7 @@ async def test_a_drain_that_cannot_report_says_which_runs_stay_in_the_outbox(
                     def __getattr__(self, name: str) -> Any:
                         return getattr(ledger, name)
 
-                async with httpx.AsyncClient() as client:
+                async with httpx.AsyncHTTPTransport() as client:
                     harness = harness_with(home, creds, client, NoSettling())
                     harness.drain()
                     assert await harness.run() == 0

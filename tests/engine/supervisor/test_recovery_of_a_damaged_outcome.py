@@ -33,6 +33,7 @@ from tests.kits.harness import (
     endpoints_for,
     finished,
     pair_home,
+    released,
     running_harness,
     running_server,
 )
@@ -81,7 +82,7 @@ async def test_an_unreadable_saved_outcome_is_reported_and_the_rest_recovered(
             ) as running:
                 await server.wait_until(finished(*runs.values()))
                 for run_id in runs.values():
-                    await running.harness.wait_released(run_id)
+                    await released(running.harness, run_id)
                 ledger = running.ledger
                 assert ledger is not None
                 assert ledger.recover() == UnreportedRuns(pending=[], interrupted=[], outbox=[])
@@ -91,7 +92,10 @@ async def test_an_unreadable_saved_outcome_is_reported_and_the_rest_recovered(
 
             assert server.run(runs["damaged"]).completion == {
                 "run_id": runs["damaged"], **UNREADABLE}
-            assert server.run(runs["interrupted"]).completion == {
+            # A run interrupted by the restart says how long it ran (§7).
+            interrupted = dict(server.run(runs["interrupted"]).completion or {})
+            assert isinstance(interrupted.pop("duration_ms"), int)
+            assert interrupted == {
                 "run_id": runs["interrupted"], "ok": False, "error": RESTARTED,
                 "retryable": True}
             for name, reply in [("saved", "the saved answer"), ("queued", "ran now")]:
@@ -114,7 +118,7 @@ async def test_an_unreadable_saved_outcome_waiting_in_the_outbox_is_reported(
                 leave_finished(ledger, server, run_id, '{"ok": tru')
             server.storm(503, count=1)  # the restart's one try at it
             with Ledger.open(home / "ledger.sqlite3") as ledger:
-                async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+                async with httpx.AsyncHTTPTransport() as client, trio.open_nursery() as nursery:
                     # One try in the window, then the outbox; its timer never fires.
                     harness = Harness(
                         Options(home=home, machine="test", exec_command="false"),

@@ -34,6 +34,7 @@ from tests.kits.harness import (
     counted_steps,
     finished,
     gated_harness,
+    released,
     run_body,
 )
 
@@ -74,7 +75,7 @@ async def test_a_run_held_or_reported_here_is_never_answered_503(
             await gate.wait_started(done)
             await gate.release(done, "the first answer")
             await server.wait_until(finished(done))
-            await harness.wait_released(done)
+            await released(harness, done)
             # One running (the Gate holds it, in the one slot) and one queued behind it.
             busy, [queued] = await busy_and_queued(server, gate, "B")
             refusal = refuse_new_work(running, state)
@@ -84,7 +85,7 @@ async def test_a_run_held_or_reported_here_is_never_answered_503(
             if state == "draining":
                 # The drain hands the queued run back: reported "not started", and its
                 # redelivery then gets the ledger's 204.
-                await harness.wait_released(queued)
+                await released(harness, queued)
                 # Its `reported` row is queued for the writer without a wait, and a
                 # redelivery is answered from the last commit (issue 27.6): a lookup,
                 # which waits for what is queued, makes that commit the ledger's.
@@ -140,7 +141,7 @@ async def test_while_draining_a_ledger_that_cannot_be_read_gets_503_but_a_held_r
             done = await server.submit_run("done already", conversation_id="D")
             await gate.wait_started(done)
             await gate.release(done)
-            await harness.wait_released(done)
+            await released(harness, done)
             busy = await server.submit_run("busy", conversation_id="B")
             await gate.wait_started(busy)
             assert running.ledger is not None
@@ -172,7 +173,7 @@ async def test_a_ledger_that_cannot_record_still_answers_for_the_runs_it_has(
             done = await server.submit_run("done already", conversation_id="D")
             await gate.wait_started(done)
             await gate.release(done, "the answer")
-            await harness.wait_released(done)
+            await released(harness, done)
             # Recorded by a delivery whose ack never went out: the ledger has it, nothing
             # here holds it.
             left = server.state.add_run("left behind", "L").run_id
@@ -187,7 +188,7 @@ async def test_a_ledger_that_cannot_record_still_answers_for_the_runs_it_has(
             await gate.wait_started(left)
             await gate.release(left, "ran once")
             await server.wait_until(finished(left))
-            await harness.wait_released(left)
+            await released(harness, left)
             assert [a.status for a in server.run(left).acks][:1] == [200]
             assert gate.started.count(left) == 1
             assert server.run(left).completion_posts == 1

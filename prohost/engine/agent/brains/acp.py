@@ -81,6 +81,7 @@ from prohost.engine.agent.brains.acp_choices import (
     permission_option,
     session_mode,
 )
+from prohost.engine.agent.brains.acp_gemini import gemini_folder, keep_loadable
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.acp_reply import ReplyText
 from prohost.engine.agent.brains.acp_tools import ToolCalls
@@ -96,6 +97,7 @@ from prohost.engine.agent.brains.base import (
 )
 from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
 from prohost.engine.agent.reply import final_reply
+from prohost.execline import acp_agent
 from prohost.wire.outcomes import (
     ACP_NO_ANSWER,
     ACP_NO_HTTP_MCP,
@@ -741,6 +743,16 @@ class AcpBrain(Brain):
         headers = [{"name": "Authorization", "value": f"Bearer {mcp.token}"}] if mcp.token else []
         return McpWiring(servers=({"type": "http", "name": MCP_SERVER_NAME, "url": mcp.url,
                                    "headers": headers},))
+
+    def before_spawn(self, session_id: str | None, env: Mapping[str, str],
+                     kept_at: Callable[[Path], Path]) -> None:
+        """Gemini CLI's session file, renamed where its bugs cannot erase it before
+        the turn loads it (:mod:`~prohost.engine.agent.brains.acp_gemini`)."""
+        if session_id is None or acp_agent(self.exec_line) != "gemini":
+            return
+        folder = gemini_folder(env)
+        if folder is not None:
+            keep_loadable(kept_at(folder), session_id)
 
     def version_command(self) -> str | None:
         # Not ``<program> --version``: the ACP adapters (claude-agent-acp,

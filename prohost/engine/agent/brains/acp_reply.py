@@ -15,9 +15,17 @@ Not every chunk is the agent's answer to the person:
   (``EventMsg::Warning`` → ``send_agent_text`` in zed-industries/codex-acp
   ``src/thread.rs``): "Model metadata for `mock-model` not found. Defaulting to
   fallback metadata…", "Under-development features enabled…", "Falling back from
-  WebSockets to HTTPS transport…" (each seen from the real agent). Those are known
-  by their words (:data:`_CODEX_WARNINGS`); a warning Codex adds later is not, and
-  reaches the reply until it is listed.
+  WebSockets to HTTPS transport…" (each seen from the real agent). Nothing in the
+  message tells a warning from the answer: both are ``send_agent_text``, an
+  ``agent_message_chunk`` with a text and no ``messageId`` or ``_meta`` (codex-acp
+  0.13's source, 0.16's binary), and on the wire the warning comes right before
+  the answer's first chunk, nothing between. So the known ones are known by their
+  words (:data:`_CODEX_WARNINGS`). One Codex adds later is not: it stays in the
+  reply, but as a paragraph of its own rather than glued to the answer's first
+  word ("…issues.Hello"): at the start of the turn, a chunk that is a whole
+  sentence (:func:`_whole`) followed, with no space, by one that starts a new
+  sentence is taken for a message before the answer (a warning, or the answer's
+  own first sentence: either way nothing is lost).
 
 Notices go to the log and the timeline (§8), never to the reply.
 """
@@ -36,6 +44,16 @@ _CODEX_WARNINGS = re.compile(
     r"|Falling back from WebSockets to HTTPS transport\.)")
 
 
+def _whole(text: str) -> bool:
+    """A chunk that reads as a whole message: several words, ending a sentence with
+    nothing after (a streamed answer's chunks are a few words each)."""
+    return text.endswith((".", "!", "?")) and len(text.split()) >= _WHOLE_WORDS
+
+
+#: How many words a chunk has at least to be taken for a whole message.
+_WHOLE_WORDS = 4
+
+
 class ReplyText:
     """The turn's message chunks, read into the reply and the notices."""
 
@@ -50,6 +68,8 @@ class ReplyText:
         self._named = False
         #: Notices read from whole chunks (Codex's warnings), not yet told.
         self.notices: list[str] = []
+        #: Every chunk so far read as a whole message (:func:`_whole`).
+        self._leading = True
 
     def paragraph(self) -> None:
         """What comes next is a new paragraph (text after a tool call)."""
@@ -61,6 +81,12 @@ class ReplyText:
         if message_id is None and _CODEX_WARNINGS.search(text):
             self.notices.append(text.strip())
             return
+        if (message_id is None and not self._named and self._leading and self._parts
+                and (text[:1].isupper() or text[:1] in "#`*>")):
+            # codex-acp sends an unlisted warning and the answer with no word
+            # between: keep them apart (see the module's notes).
+            self._paragraph = True
+        self._leading = self._leading and _whole(text)
         if message_id is not None:
             self._named = True
             if message_id != self._message_id:

@@ -15,7 +15,7 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -266,6 +266,16 @@ class Brain(abc.ABC):
                 return words[index + 1]
             if word.startswith("--model="):
                 return word.split("=", 1)[1]
+        return None
+
+    def before_spawn(self, session_id: str | None, env: Mapping[str, str],
+                     kept_at: Callable[[Path], Path]) -> None:
+        """Mend the agent's own saved state before an attempt resumes ``session_id``
+        (``None``: a fresh session), for an agent whose saved sessions need it
+        (Gemini CLI's). ``env`` is the agent's environment; ``kept_at`` maps a path
+        as the agent sees it to where the harness reaches it (an ACP agent's folders
+        are the harness's, seen at the person's). Never raises. Blocking (file
+        I/O): call it in a worker thread. The default does nothing."""
         return None
 
     def wire_mcp(self, mcp: Mcp, folder: Path,

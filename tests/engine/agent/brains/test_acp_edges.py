@@ -26,6 +26,7 @@ from prohost.wire.outcomes import (
     acp_signed_out,
 )
 from prohost.wire.usage import Usage
+from tests.agents.fake_acp import UNKNOWN_WARNING
 from tests.kits.acp import (
     FAKE_ACP,
     PROMPT,
@@ -132,6 +133,17 @@ async def test_an_agents_own_notices_are_not_its_reply(tmp_path: Path, warning: 
     assert len(said) == 1
     assert ("Model metadata for `fake-model-1` not found" if warning == "codex"
             else "cache was cold") in said[0]
+
+
+async def test_an_unknown_warning_before_the_answer_is_a_paragraph_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """codex-acp's warnings look like its answer on the wire (no messageId, nothing
+    between them): one that no list knows stays in the reply, whole, but is not
+    glued to the answer's first word."""
+    done = await talk(tmp_path, FAKE_ACP_WARNING="unknown")
+    assert done.outcome is not None and done.outcome.ok
+    assert done.outcome.reply == UNKNOWN_WARNING + "\n\nHello from the fake ACP agent."
 
 
 @pytest.mark.protocol("§6")

@@ -14,8 +14,9 @@ import trio
 from prohost.engine.agent import process
 from prohost.engine.view.statustext import brain_line
 from prohost.wire.outcomes import STOPPED
+from prohost.wire.protocol import Status
 from tests.kits.acp import acp_harness, record_of
-from tests.kits.harness import finished
+from tests.kits.harness import finished, messages
 from tests.kits.repos import make_readme_repo
 
 
@@ -147,8 +148,9 @@ async def test_with_repos_the_acp_session_works_in_the_conversations_worktree(
     assert cwd.name == "app" and str(cwd).startswith(str(home / "worktrees"))
 
 
-@pytest.mark.protocol("§5")
+@pytest.mark.protocol("§2", "§5")
 async def test_the_model_and_mode_given_to_the_session_show_in_status(tmp_path: Path) -> None:
+    """In ``agent status`` and in the §2 ``status`` message the server gets."""
     with trio.fail_after(60):
         async with acp_harness(tmp_path, acp_model=(("", "fake-model-2"),),
                                acp_mode=(("", "plan"),)) as (server, running):
@@ -158,4 +160,7 @@ async def test_the_model_and_mode_given_to_the_session_show_in_status(tmp_path: 
             assert completion["ok"] and completion["usage"]["model"] == "fake-model-2"
             line = brain_line(running.harness.snapshot())
             assert line == "acp · fake-model-2 · mode plan", line
+            await server.wait_until(lambda s: any(m.mode for m in messages(s, Status)))
+            status = [m for m in messages(server.state, Status) if m.mode][-1]
+            assert (status.brain, status.model, status.mode) == ("acp", "fake-model-2", "plan")
     assert "session/set_mode" in received(tmp_path)

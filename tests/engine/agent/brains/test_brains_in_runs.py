@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
 from tests.kits.fake_clis import (
@@ -30,6 +30,7 @@ from tests.kits.harness import (
     AGENTS,
     finished,
     messages,
+    released,
     running_harness,
     running_server,
     wall_clock_bound,
@@ -78,7 +79,7 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             fresh = completion["session_id"]
             assert fresh and fresh != "stale-session"
             assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
-            await running.harness.wait_released(run_id)
+            await released(running.harness, run_id)
             assert running.ledger is not None
             assert running.ledger.session_for("conv:C1") == fresh
 
@@ -232,7 +233,7 @@ def test_a_running_runs_heartbeat_entry_carries_its_activity() -> None:
         {"run_id": "r1", "completion_path": "/v1/x", "text": "", "conversation_id": "C"})))
     held.progress.activity = "Bash: pytest -q"
     assert held.beat().activity is None  # queued: nothing is happening yet
-    held.state = "running"
+    held.move_to(Phase.RUNNING, lambda: None)
     assert held.beat() == RunBeat(run_id="r1", state="running", lane="conv:C",
                                   activity="Bash: pytest -q")
 
