@@ -181,9 +181,12 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
             if fd is not None:
                 os.close(fd)
             raise
+        # With the socket filter the run makes no Unix socket at all (abstract ones
+        # included) and its PID namespace names no process outside it: Landlock's
+        # scopes would add nothing, and entering them costs a thread per spawn.
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
-                           keeper=True, ruleset=_scopes(support.abi), shared=True,
-                           pass_fds=() if fd is None else (fd,))
+                           keeper=True, ruleset=_scopes(support.abi) if fd is None else None,
+                           shared=True, pass_fds=() if fd is None else (fd,))
     return prepare_landlock(policy, support)
 
 
