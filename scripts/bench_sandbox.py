@@ -2,20 +2,24 @@
 """What confinement costs end to end: ``--sandbox auto`` against ``off``, alternated.
 
 Usage: ``.venv/bin/python scripts/bench_sandbox.py [--rounds N] [--runs N]
-[--probes N] [--rest-samples N]``
+[--probes N] [--rest-samples N] [TREE ...]``
 
 Each round runs ``bench_e2e.py``'s throughput phase (2: ``--runs`` runs submitted
 before the harness starts, 16 at a time, ``--exec cat``; runs/s and the harness's
 CPU per run) and its latency-at-rest phase (6: delivery → agent spawned, one run at
 a time), once with ``--sandbox off`` and once with ``auto``, alternating in the same
-process so that drift on a shared machine hits both alike. Prints each round and
-the medians' ratios against the targets: harness CPU per run ≤ 1.2×, runs/s ≥
-0.8×, delivery → spawned at rest ≤ 2×.
+process so that drift on a shared machine hits both alike. With several checkouts
+(a change's before and after), ``auto`` runs in each, every round (the harness is
+``python -m prohost`` started in that checkout, which imports from its working
+directory first); ``off`` runs in the first. Prints each round and, per checkout,
+the medians' ratios against the targets (harness CPU per run ≤ 1.2×, runs/s ≥
+0.8×, delivery → spawned at rest ≤ 2×) with the spread of the rounds' own ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from functools import partial
@@ -50,23 +54,36 @@ async def one(mode: str, runs: int, probes: int, samples: int) -> dict[str, floa
             "spawned_p50_ms": statistics.median(rest["spawned"]) * 1e3}
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    found: dict[str, list[dict[str, float]]] = {"off": [], "auto": []}
+async def main_async(args: argparse.Namespace, trees: list[str]) -> None:
+    modes = [("off", trees[0]), *(("auto", tree) for tree in trees)]
+    found: dict[tuple[str, str], list[dict[str, float]]] = {mode: [] for mode in modes}
+    here = os.getcwd()
     for number in range(args.rounds):
-        for mode in ("off", "auto"):
-            got = await one(mode, args.runs, args.probes, args.rest_samples)
-            found[mode].append(got)
-            print(f"round {number + 1} {mode:4s}: {got['runs_per_s']:7.1f} runs/s, harness "
-                  f"CPU {got['cpu_ms_per_run']:6.2f} ms/run, delivery→spawned p50 "
+        for mode, tree in modes:
+            os.chdir(tree)
+            try:
+                got = await one(mode, args.runs, args.probes, args.rest_samples)
+            finally:
+                os.chdir(here)
+            found[mode, tree].append(got)
+            name = f" {tree}" if len(trees) > 1 else ""
+            print(f"round {number + 1} {mode:4s}{name}: {got['runs_per_s']:7.1f} runs/s, "
+                  f"harness CPU {got['cpu_ms_per_run']:6.2f} ms/run, delivery→spawned p50 "
                   f"{got['spawned_p50_ms']:6.2f} ms", flush=True)
-    print(f"medians of {args.rounds} rounds, auto against off:")
-    for key, (sense, target) in TARGETS.items():
-        off = statistics.median(row[key] for row in found["off"])
-        auto = statistics.median(row[key] for row in found["auto"])
-        ratio = auto / off
-        met = ratio <= target if sense == "<=" else ratio >= target
-        print(f"  {key:15s} off {off:8.2f}  auto {auto:8.2f}  {ratio:5.2f}× "
-              f"(target {sense} {target}×: {'met' if met else 'NOT met'})")
+    off_rows = found[modes[0]]
+    for mode, tree in modes[1:]:
+        rows = found[mode, tree]
+        print(f"medians of {args.rounds} rounds, auto{' ' + tree if len(trees) > 1 else ''} "
+              "against off (in brackets: the rounds' own ratios, lowest to highest):")
+        for key, (sense, target) in TARGETS.items():
+            off = statistics.median(row[key] for row in off_rows)
+            auto = statistics.median(row[key] for row in rows)
+            ratio = auto / off
+            met = ratio <= target if sense == "<=" else ratio >= target
+            each = sorted(a[key] / o[key] for a, o in zip(rows, off_rows, strict=True))
+            print(f"  {key:15s} off {off:8.2f}  auto {auto:8.2f}  {ratio:5.2f}× "
+                  f"[{each[0]:.2f}–{each[-1]:.2f}] "
+                  f"(target {sense} {target}×: {'met' if met else 'NOT met'})")
 
 
 def main() -> None:
@@ -75,8 +92,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--probes", type=int, default=30)
     parser.add_argument("--rest-samples", type=int, default=50)
+    parser.add_argument("trees", nargs="*", default=["."],
+                        help="checkouts whose harness runs auto, each every round "
+                        "(the first also runs off); default: this one")
     args: Any = parser.parse_args()
-    trio.run(partial(main_async, args))
+    trees = [os.path.abspath(tree) for tree in args.trees]
+    trio.run(partial(main_async, args, trees))
 
 
 if __name__ == "__main__":

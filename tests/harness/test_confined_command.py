@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.run.confine import command_paths
+from prohost.engine.run.confine import RunPlaces, Sandbox, command_paths, policy_for
+from prohost.engine.sandbox import bwrap, confined_command, probe
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.paths import AGENTS
 
@@ -75,3 +77,29 @@ def test_the_command_s_files_are_found_on_path_and_as_absolute_words(tmp_path: P
                           {"PATH": str(tool.parent)})
     assert tool in found and script in found
     assert Path("/nonexistent/x") not in found
+
+
+@pytest.mark.skipif(bwrap.find() is None, reason="no bubblewrap here")
+def test_a_command_word_inside_a_hidden_place_stays_hidden(tmp_path: Path) -> None:
+    """An ``--exec`` line that names a secret store's file (directly, or through a
+    link that leads there) does not uncover it: the run's ``cat`` of it fails,
+    while the line's other file is read."""
+    user_home = tmp_path / "home"
+    (user_home / ".ssh").mkdir(parents=True)
+    secret = user_home / ".ssh" / "id_ed25519"
+    secret.write_text("the person's key\n")
+    (tmp_path / "key-link").symlink_to(secret)
+    shown = tmp_path / "shown.txt"
+    shown.write_text("shown\n")
+    line = f"cat {secret} {tmp_path / 'key-link'} {shown}"
+    sandbox = Sandbox(mode="auto", support=probe(), home=tmp_path / "prohost",
+                      user_home=user_home, command=command_paths(line, {"PATH": "/usr/bin:/bin"}))
+    scratch = sandbox.home / "runs" / "r"
+    scratch.mkdir(parents=True)
+    places = RunPlaces(workdir=tmp_path / "work", worktrees=(), lane_folder=None,
+                       scratch=scratch, brain="plain", env={})
+    (tmp_path / "work").mkdir()
+    argv = confined_command(policy_for(sandbox, places), ["/bin/sh", "-c", line])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert "the person's key" not in done.stdout, done.stdout
+    assert "shown" in done.stdout, done.stderr

@@ -172,11 +172,17 @@ async def _spawned(confinement: Confinement,
     """``spawn()`` made from a fresh thread in the confinement's domain
     (:meth:`Confinement.spawn_soon`): no worker thread waits for it. Raises what
     the spawn raises, or ``OSError`` without spawning when the thread could not
-    enter the domain.
+    enter the domain. Without a domain to enter (bubblewrap with its socket
+    filter) it is made in one of trio's worker threads, as an unconfined spawn is:
+    no thread is started for it.
 
     Cancelled: not before the child exists (the wait is shielded, as trio's own
     spawn is); it is then the caller's to stop.
     """
+    if not confinement.has_domain:
+        with trio.CancelScope(shield=True):
+            # (Confinement.spawn calls it here, after rewinding what it passes.)
+            return await trio.to_thread.run_sync(confinement.spawn, spawn)
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     delivered: list[tuple[subprocess.Popen[bytes] | None, BaseException | None]] = []

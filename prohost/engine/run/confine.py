@@ -74,7 +74,6 @@ from prohost.engine.repos.gitcmd import GitPlaces
 from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe, seccomp
-from prohost.engine.sandbox.policy import is_within
 from prohost.engine.sandbox.probe import SOCKET_GRANT_GAP
 from prohost.execline import program_index, split_command
 from prohost.options import Options
@@ -187,8 +186,8 @@ def command_paths(exec_line: str, env: Mapping[str, str]) -> tuple[Path, ...]:
     to run, so every run may read them, even where the confinement's view empties
     a folder (``/tmp``, ``/run``: an agent in ``/tmp/tools/bin``, or a checkout of
     prohost's own tests cloned under ``/tmp``). One inside a hidden place stays
-    hidden (:func:`policy_for` drops it). Blocking: it looks the words up once, at
-    the harness's start."""
+    hidden (they are a policy's ``shown`` places). Blocking: it looks the words
+    up once, at the harness's start."""
     words = split_command(exec_line)
     found: list[Path] = []
     index = program_index(words)
@@ -519,8 +518,6 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
     elif places.workdir is not None:
         writable.append(places.workdir)
     hidden = hidden_places(sandbox)
-    readable += [path for path in sandbox.command
-                 if not any(is_within(path, Path(os.path.realpath(place))) for place in hidden)]
     overlays = work is not None and overlays_mount(sandbox.support, sandbox.home)
     own = agent_folders(places.brain, places.env, sandbox.user_home, sandbox.home,
                         work=work if overlays else None, hidden=hidden,
@@ -533,6 +530,7 @@ def policy_for(sandbox: Sandbox, places: RunPlaces, *, work: Path | None = None)
     writable += _DEVICES
     writable += sandbox.allow_write
     return Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden,
+                  shown=sandbox.command,
                   mounts=own.mounts, overlays=own.overlays)
 
 

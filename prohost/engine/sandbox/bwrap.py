@@ -20,10 +20,11 @@ it is fixed here:
    run's places is shown again, read-only (a checkout in ``/tmp/src``);
 3. the policy's places, parents before what lies inside them, so the most
    precise rule wins: a hidden folder becomes an empty tmpfs, a hidden file
-   ``/dev/null``; a readable place is bound read-only, a writable one writable, a
-   mount's harness-owned source at its target, an overlay (the person's folder
-   below, a folder of the harness's taking the writes: ``--overlay-src``,
-   ``--overlay``) at the person's folder. So a grant inside a hidden place is
+   ``/dev/null``; a readable place is bound read-only (only where the read-only
+   machine would not show it as it is: see :func:`_needs_read_grant`), a writable
+   one writable, a mount's harness-owned source at its target, an overlay (the
+   person's folder below, a folder of the harness's taking the writes:
+   ``--overlay-src``, ``--overlay``) at the person's folder. So a grant inside a hidden place is
    seen (``--allow-read ~/.ssh/known_hosts``), and a hidden place inside a grant
    or an overlay stays hidden. Each hidden folder's tmpfs is then made read-only, so a
    write there fails (``EROFS``) instead of vanishing with the run.
@@ -37,7 +38,7 @@ import shutil
 import stat
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prohost.engine.sandbox.policy import UNKNOWN, Policy, real_pairs
@@ -228,23 +229,24 @@ class _Places:
         writable = [str(path) for path in policy.writable]
         writable = [path for path in writable if not _under_fresh(path)]
         hidden = _HIDDEN.of([str(path) for path in policy.hidden])
-        every = [*map(str, policy.readable), *writable,
+        every = [*map(str, policy.readable), *map(str, policy.shown), *writable,
                  *(str(source) for source, _ in policy.mounts),
                  *(str(target) for _, target in policy.mounts),
                  *(str(folder) for triple in policy.overlays for folder in triple)]
         real = [path for _, path in real_pairs(every)]
         counts = (len(policy.readable), len(writable), len(policy.mounts))
         readable, real = real[:counts[0]], real[counts[0]:]
+        shown, real = real[:len(policy.shown)], real[len(policy.shown):]
         writable, real = real[:counts[1]], real[counts[1]:]
         sources, real = real[:counts[2]], real[counts[2]:]
         targets, real = real[:counts[2]], real[counts[2]:]
         overlays = [(real[index], real[index + 1], real[index + 2])
                     for index in range(0, len(real), 3)]
-        # prohost's own Python and code, but for what lies in a hidden place (a
-        # readable grant would show it).
-        readable += [place for place in _own_installation()
-                     if not any(place == h or place.startswith(h.rstrip("/") + "/")
-                                for h in hidden.places)]
+        # The policy's shown places and prohost's own Python and code (all real),
+        # but for what lies in a hidden place (a readable grant would show it).
+        inside = tuple(place.rstrip("/") + "/" for place in hidden.places)
+        readable += [place for place in (*shown, *_own_installation())
+                     if not (place.rstrip("/") + "/").startswith(inside)]
         return cls(hidden,
                    [place for place in dict.fromkeys(readable) if os.path.lexists(place)],
                    [place for place in dict.fromkeys(writable) if os.path.lexists(place)],
@@ -275,8 +277,10 @@ class _Places:
                 add(_HIDE, ("--tmpfs", place), place)
             elif place in self.hidden_files:
                 add(_HIDE, ("--ro-bind", "/dev/null", place), place)
+        needed = _needs_read_grant(self)
         for place in self.readable:
-            add(_READ, ("--ro-bind", place, place), place)
+            if needed(place):
+                add(_READ, ("--ro-bind", place, place), place)
         for place in self.writable:
             add(_WRITE, ("--bind", place, place), place)
         for source, target in dict.fromkeys(self.mounts):
@@ -288,6 +292,24 @@ class _Places:
             # hides inside lower is mounted over it afterwards.
             add(_MOUNT, ("--overlay-src", lower, "--overlay", upper, work, lower), lower)
         return steps
+
+
+def _needs_read_grant(places: _Places) -> Callable[[str], bool]:
+    """Whether a readable place needs a mount of its own: only where the view is not
+    the machine read-only already, that is inside (or at) a hidden place, a folder
+    the view empties (``/tmp``, ``/run``), or a writable place, a mount's target or
+    an overlay (where a read-only grant narrows what lies inside). Elsewhere
+    ``--ro-bind / /`` shows it read-only as it is, and each mount more is kernel
+    work at every spawn (prohost's own installation, the ``--exec`` program)."""
+    covering = tuple(place.rstrip("/") + "/" for place in (
+        *places.hidden, *_EMPTIED, *places.writable,
+        *(target for _, target in places.mounts),
+        *(lower for lower, _, _ in places.overlays)))
+
+    def needed(place: str) -> bool:
+        return (place.rstrip("/") + "/").startswith(covering)
+
+    return needed
 
 
 def _under_fresh(path: str) -> bool:

@@ -19,6 +19,7 @@ start and see it.
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -91,7 +92,10 @@ class Confinement:
                 deliver(result, None)
 
         fd = self._ruleset.fd if self._ruleset is not None else -1
-        threading.Thread(target=confined, name="prohost-confined-spawn", daemon=True).start()
+        # The low-level start: ``threading.Thread.start`` waits until the new thread
+        # runs, which stalled the caller (trio's loop) for a scheduling round on a
+        # busy machine; nobody joins this thread, so there is nothing to wait for.
+        _thread.start_new_thread(confined, ())
 
     def spawn(self, start: Callable[[], T]) -> T:
         """``start()`` (a spawn, e.g. ``subprocess.Popen(...)`` without ``preexec``)
@@ -177,9 +181,12 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
             if fd is not None:
                 os.close(fd)
             raise
+        # With the socket filter the run makes no Unix socket at all (abstract ones
+        # included) and its PID namespace names no process outside it: Landlock's
+        # scopes would add nothing, and entering them costs a thread per spawn.
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
-                           keeper=True, ruleset=_scopes(support.abi), shared=True,
-                           pass_fds=() if fd is None else (fd,))
+                           keeper=True, ruleset=_scopes(support.abi) if fd is None else None,
+                           shared=True, pass_fds=() if fd is None else (fd,))
     return prepare_landlock(policy, support)
 
 

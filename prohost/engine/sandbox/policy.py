@@ -55,6 +55,13 @@ class Policy:
     not exist yet stays hidden: its existing parents are walked as for any hidden
     place, so one created later is not readable by the run.
 
+    ``shown``: read and execute, each whole hierarchy, only where no hidden place
+    holds it (made real first: a link into a hidden place shows nothing): the
+    files the person's ``--exec`` line names. Everything outside the hidden places
+    is readable anyway; this matters only where a confinement's view empties a
+    folder (bubblewrap's ``/tmp`` and ``/run``), and is decided there, on the
+    hidden places it has resolved already.
+
     ``mounts``: (source, target) pairs, each a folder of the harness's own (its CLI
     folder, its caches) that the run sees, writable, at ``target`` (``~/.cache``,
     say) in place of what is there. Where the confinement has a mount namespace
@@ -80,6 +87,7 @@ class Policy:
     writable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     readable: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     hidden: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
+    shown: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     mounts: tuple[tuple[Path, Path], ...] = attrs.field(default=(), converter=_pairs)
     overlays: tuple[tuple[Path, Path, Path], ...] = attrs.field(default=(), converter=_triples)
 
@@ -93,6 +101,7 @@ class Policy:
             writable=_existing(_real(self.writable)),
             readable=_existing(_real(self.readable)),
             hidden=_real(self.hidden),
+            shown=_existing(_real(self.shown)),
             mounts=tuple((Path(os.path.realpath(source)), Path(os.path.realpath(target)))
                          for source, target in self.mounts if os.path.isdir(source)),
             overlays=tuple(

@@ -181,3 +181,20 @@ def test_a_secret_store_moved_behind_a_link_is_hidden_where_it_now_is(home: Home
     after = bwrap.arguments(policy, tmpdir=None)
     assert str(moved) not in before
     assert after[after.index(str(moved)) - 1] == "--tmpfs"
+
+
+@needs_bwrap
+def test_a_read_grant_inside_a_hidden_place_outside_tmp_is_seen_and_only_it() -> None:
+    """Where the view is the machine read-only (outside ``/tmp`` and ``/run``), a
+    readable place gets no mount of its own, except inside a hidden place: an
+    ``--allow-read`` of one file there shows that file, not its siblings. (Python's
+    own ``json`` package stands in for a secret store outside the test's /tmp.)"""
+    import json
+
+    package = Path(json.__file__).resolve().parent
+    if str(package).startswith(("/tmp/", "/run/")):
+        pytest.skip("this Python is kept where the view empties its folder")
+    granted, sibling = package / "__init__.py", package / "decoder.py"
+    policy = Policy(readable=[granted], hidden=[package])
+    assert probe(policy, "read", granted) == "ok"
+    assert probe(policy, "read", sibling) in {"ENOENT", "EACCES"}
