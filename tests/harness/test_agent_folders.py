@@ -22,11 +22,13 @@ import pytest
 import trio
 
 from prohost.engine.sandbox import probe
-from tests.harness.test_confinement import World, turn, world
+from tests.kits.confinement import (
+    World,
+    turn,
+    world_fixture,  # noqa: F401 (a fixture)
+)
 from tests.kits.harness import running_harness, running_server
 from tests.kits.paths import AGENTS
-
-__all__ = ["world"]
 
 pytestmark = [
     pytest.mark.protocol("§13"),

@@ -19,11 +19,16 @@ import pytest
 import trio
 
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
-from tests.harness.test_confinement import PROBER, World, prober, results, turn, world
+from tests.kits.confinement import (
+    PROBER,
+    World,
+    prober,
+    results,
+    turn,
+    world_fixture,  # noqa: F401 (a fixture)
+)
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.paths import AGENTS
-
-__all__ = ["world"]  # the fixture, shared with the confinement tests
 
 pytestmark = [
     pytest.mark.protocol("§13"),

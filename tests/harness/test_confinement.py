@@ -11,30 +11,31 @@ errno it met, the agent's own error. ``$HOME`` is a folder of the test's, with a
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from tests.kits.confinement import (
+    World,
+    prober,
+    results,
+    turn,
+    world_fixture,  # noqa: F401 (a fixture)
+)
 from tests.kits.harness import (
     Gate,
-    Running,
-    ServerHandle,
     finished,
     running_harness,
     running_server,
     start_run,
 )
-from tests.kits.paths import AGENTS, logs_folder
-from tests.kits.repos import isolate_git, make_repo
+from tests.kits.paths import AGENTS
+from tests.kits.repos import make_repo
 
 pytestmark = [
     pytest.mark.protocol("§13"),
@@ -42,63 +43,18 @@ pytestmark = [
                        reason=f"this system cannot confine runs fully: {probe().reason}"),
 ]
 
-PROBER = AGENTS / "prober.py"
 FAKE_CLAUDE = AGENTS / "fake_claude.py"
 FAKE_CODEX = AGENTS / "fake_codex.py"
 
 
-def prober(*ops: str) -> str:
-    return shlex.join([sys.executable, str(PROBER), *ops])
 
 
-class World:
-    """A machine as a person has it: a home with secrets and dotfiles, a checkout,
-    and the harness's own home beside them."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.user = tmp_path / "user"
-        (self.user / ".ssh").mkdir(parents=True)
-        (self.user / ".ssh" / "id_ed25519").write_text("a private key\n")
-        (self.user / ".ssh" / "config").write_text("Host *\n")
-        (self.user / ".profile").write_text("export EDITOR=vi\n")
-        self.home = tmp_path / "home"
-        self.source = tmp_path / "src" / "app"
-        self.logs = logs_folder(tmp_path)
-        self.env = {**os.environ, "HOME": str(self.user),
-                    "GIT_AUTHOR_NAME": "Agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
-                    "GIT_COMMITTER_NAME": "Agent",
-                    "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
-        self.env.pop(SIMULATE_ABSENT_ENV, None)
-
-    def harness(self, server: ServerHandle, command: str,
-                **options: Any) -> AbstractAsyncContextManager[Running]:
-        """The harness on this world's home, ``command`` its plain brain's agent."""
-        return running_harness(server, self.home, exec_command=command, brain="plain",
-                               env=self.env, **options)
-
-    def worktree(self, conversation: str) -> Path:
-        return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    isolate_git(tmp_path, monkeypatch)
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
-    yield World(tmp_path)
 
 
-def results(completion: dict[str, Any] | None) -> dict[str, str]:
-    """The prober's ``NAME=RESULT`` lines, from the run's reply, each refusal §13
-    allows said as ``denied``: a write's ``EACCES``, ``EPERM`` or ``EROFS``, a
-    read's ``EACCES`` or ``ENOENT``, or a hidden folder's empty listing."""
-    assert completion is not None and completion["ok"] is True, completion
-    found = dict(line.split("=", 1) for line in completion["reply"].splitlines())
-    return {name: "denied" if said in DENIED else said for name, said in found.items()}
 
 
-#: Refusals as §13 allows them (a hidden folder lists as empty).
-DENIED = {"EACCES", "EPERM", "EROFS", "ENOENT", "empty"}
 
 
 def agent_for(brain: str, tool: str, env: dict[str, str]) -> str:
@@ -110,11 +66,6 @@ def agent_for(brain: str, tool: str, env: dict[str, str]) -> str:
     return shlex.join([sys.executable, str(script)])
 
 
-async def turn(server: Any, conversation: str) -> dict[str, Any]:
-    run_id = await server.submit_run("probe", conversation_id=conversation)
-    await server.wait_until(finished(run_id))
-    completion: dict[str, Any] = server.run(run_id).completion
-    return completion
 
 
 @pytest.mark.parametrize("brain", ["plain", "claude", "codex"])

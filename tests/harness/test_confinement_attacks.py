@@ -23,7 +23,10 @@ import pytest
 import trio
 
 from prohost.engine.sandbox import probe
-from tests.harness.test_confinement import World, world  # noqa: F401 (a fixture)
+from tests.kits.confinement import (
+    World,
+    world_fixture,  # noqa: F401 (a fixture)
+)
 from tests.kits.harness import finished, running_server
 from tests.kits.paths import AGENTS
 from tests.kits.repos import make_repo
@@ -95,7 +98,7 @@ def accepted_any(listener: socket.socket) -> bool:
 
 
 async def test_the_persons_sockets_and_processes_are_out_of_reach(
-    world: World, outside: Path, runtime_dir: Path,  # noqa: F811
+    world: World, outside: Path, runtime_dir: Path,
     person: subprocess.Popen[bytes],
 ) -> None:
     """Attack 6: a tmux-like socket in ``/tmp`` (also named by ``SSH_AUTH_SOCK``),
@@ -124,7 +127,7 @@ async def test_the_persons_sockets_and_processes_are_out_of_reach(
 
 
 async def test_a_socket_in_a_readable_place_of_the_home_is_out_of_reach(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     """Attack 6, in the home: Docker Desktop keeps its socket in ``~/.docker/run``
     and an editor or tmux server may keep one in any folder of the person's, which
@@ -151,7 +154,7 @@ async def test_a_socket_in_a_readable_place_of_the_home_is_out_of_reach(
 
 
 async def test_an_allowed_socket_is_reached_and_the_run_is_not_said_confined(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     """``--allow-write "$SSH_AUTH_SOCK"`` lets the agent use the person's ssh-agent
     (§13). The filter cannot tell one Unix socket from another, so it is off: the
@@ -187,7 +190,7 @@ def marks(path: Path) -> tuple[int, int]:
 
 
 async def test_modes_and_times_outside_the_runs_places_do_not_change(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     """Attack 8: chmod and utime of ``$PROHOST_HOME``, its credentials, an SSH key
     and a file of the original checkout: each is as it was."""
@@ -229,7 +232,7 @@ def processes_of(run_id: str) -> list[int]:
 
 
 async def test_no_process_of_a_run_outlives_its_completion(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     """Attack 9: a process left by ``setsid`` and a double fork is gone by the time
     the completion is posted."""
@@ -242,7 +245,7 @@ async def test_no_process_of_a_run_outlives_its_completion(
     assert left == [], "a process of the run outlived its completion"
 
 
-async def test_the_persons_terminal_cannot_be_written(world: World) -> None:  # noqa: F811
+async def test_the_persons_terminal_cannot_be_written(world: World) -> None:
     """Attack 11: the person's ``/dev/pts/N`` gets nothing from a run."""
     master, slave = os.openpty()
     terminal = os.ttyname(slave)

@@ -25,12 +25,11 @@ import trio
 from prohost.engine.ledger import RunState
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.wire.outcomes import STOPPED
-from prohost.wire.protocol import Pong
+from tests.kits.endings import CANCELLED, cancel_run, handled
 from tests.kits.harness import (
     Gate,
     agent_command,
     finished,
-    messages,
     running_harness,
     running_server,
     start_run,
@@ -40,20 +39,10 @@ from tests.kits.repos import make_readme_repo
 
 pytestmark = pytest.mark.protocol("§6")
 
-CANCELLED = "cancelled: cancelled by the user"
 
 
-async def _cancel(server: Any, run_id: str) -> None:
-    """Cancel ``run_id`` as a person would (``DELETE /v1/runs/<id>``, reason "cancelled
-    by the user" is the server's own)."""
-    server.state.cancel_run(server.run(run_id), "cancelled by the user")
 
 
-async def _handled(server: Any, ping_id: str) -> None:
-    """Return once the harness has read every frame sent before now (the reader
-    takes them in order: the ping after them is answered)."""
-    await server.send_raw(f'{{"type": "ping", "id": "{ping_id}"}}')
-    await server.wait_until(lambda s: any(p.id == ping_id for p in messages(s, Pong)))
 
 
 async def test_a_second_signal_after_a_cancel_keeps_it_cancelled_and_not_retried(
@@ -68,8 +57,8 @@ async def test_a_second_signal_after_a_cancel_keeps_it_cancelled_and_not_retried
                     running_harness(server, tmp_path / "home",
                                     exec_command=agent_command("deaf.py", gate.port)) as running:
                 run_id = await start_run(server, gate, "work")
-                await _cancel(server, run_id)
-                await _handled(server, "after-cancel")  # the agent is deaf to its TERM
+                await cancel_run(server, run_id)
+                await handled(server, "after-cancel")  # the agent is deaf to its TERM
                 running.harness.drain()
                 running.harness.stop()
                 await server.wait_until(finished(run_id))
@@ -97,7 +86,7 @@ async def test_a_cancelled_and_a_stopped_run_carry_their_changes_and_duration(
                 running.harness.groups.grace_s = 0.5  # the SIGKILL comes sooner
                 cancelled = await start_run(server, gate, "work", conversation_id="A")
                 stopped = await start_run(server, gate, "work", conversation_id="B")
-                await _cancel(server, cancelled)
+                await cancel_run(server, cancelled)
                 await server.wait_until(finished(cancelled))
                 running.harness.drain()
                 running.harness.stop()
@@ -140,8 +129,8 @@ async def test_a_cancel_after_the_agent_finished_keeps_the_reply(
                 run_id = await start_run(server, gate, "work")
                 await gate.release(run_id, "all done")
                 await reading.wait()
-                await _cancel(server, run_id)
-                await _handled(server, "after-cancel")
+                await cancel_run(server, run_id)
+                await handled(server, "after-cancel")
                 go_on.set()
                 await server.wait_until(finished(run_id))
             nursery.cancel_scope.cancel()
@@ -163,7 +152,7 @@ async def test_a_cancel_survives_a_kill_during_its_stop_and_is_never_run_again(
             command = agent_command("deaf.py", gate.port)
             async with harness_process(server, home, command) as first:
                 run_id = await start_run(server, gate, "work")
-                await _cancel(server, run_id)
+                await cancel_run(server, run_id)
                 # The cancel is durable before the agent is stopped (§6); the
                 # deaf agent then outlives the SIGTERM, and the harness dies now.
                 await first.wait_log(f"run {run_id}: its cancel is kept")

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from prohost.wire.outcomes import ran_too_long
-from tests.harness.test_endings import CANCELLED, _cancel
+from tests.kits.endings import CANCELLED, cancel_run
 from tests.kits.harness import (
     Gate,
     agent_command,
@@ -56,7 +56,7 @@ async def test_an_agent_that_never_gets_to_exec_is_bounded_and_leaves_nothing(
                     running.harness.groups.grace_s = 0.5  # deaf to SIGTERM: SIGKILL soon
                     run_id = await start_run(server, gate, "work")
                     if ended_by == "cancel":
-                        await _cancel(server, run_id)
+                        await cancel_run(server, run_id)
                     await server.wait_until(finished(run_id))
                     assert await wait_gone(gate.pids[run_id]), "the hung program lives on"
                     assert len(running.harness.groups) == 0, "a process group is left"

@@ -19,8 +19,8 @@ import trio
 
 from prohost.engine.run import workspace as workspace_module
 from prohost.engine.run.staging import share_login
-from tests.harness.test_endings import CANCELLED, _cancel, _handled
 from tests.kits.accounts import folders, limit
+from tests.kits.endings import CANCELLED, cancel_run, handled
 from tests.kits.fake_clis import FAKE_CLAUDE, claude_env, invocations
 from tests.kits.harness import Gate, agent_command, finished, running_harness, running_server
 
@@ -43,8 +43,8 @@ async def test_a_cancel_after_the_agent_exited_with_its_reply_keeps_the_reply(
                 run_id = await server.submit_run("work")
                 # The agent has exited with its reply; its child got the SIGTERM.
                 await gate.wait_started(f"{run_id}-rest")
-                await _cancel(server, run_id)
-                await _handled(server, "after-cancel")
+                await cancel_run(server, run_id)
+                await handled(server, "after-cancel")
                 await gate.release(f"{run_id}-rest")
                 await server.wait_until(finished(run_id))
             nursery.cancel_scope.cancel()
@@ -80,8 +80,8 @@ async def test_a_cancel_after_a_limited_agent_exited_stops_the_fail_over(
                 env=claude_env(tmp_path), accounts=accounts):
             run_id = await server.submit_run("go on", conversation_id="C1")
             await reached.wait()
-            await _cancel(server, run_id)
-            await _handled(server, "after-cancel")
+            await cancel_run(server, run_id)
+            await handled(server, "after-cancel")
             go_on.set()
             await server.wait_until(finished(run_id))
     completion = server.run(run_id).completion

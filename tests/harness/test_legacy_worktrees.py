@@ -21,15 +21,15 @@ import trio
 from prohost.engine.repos import migrate
 from prohost.engine.repos.lanerepo import lane_repo
 from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
-from tests.engine.repos.test_migrate import make_legacy_lane
-from tests.harness.test_hostile_git import (
+from tests.kits.harness import running_harness, running_server
+from tests.kits.hostile_git import (
     DENIED_WRITE,
     HOSTILE,
     World,
     reply,
     turn,
 )
-from tests.kits.harness import running_harness, running_server
+from tests.kits.legacy import make_legacy_lane
 from tests.kits.repos import git, isolate_git, make_repo
 
 pytestmark = [

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from prohost.engine.repos.gitsession import Confine, ConfinedGit
-from prohost.engine.sandbox import Policy, confined_command, probe
+from prohost.engine.repos.gitsession import ConfinedGit
+from prohost.engine.sandbox import probe
+from tests.kits.gitconfine import bwrap_confine
 from tests.kits.repos import isolate_git
 
 
@@ -19,16 +20,6 @@ def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isolate_git(tmp_path, monkeypatch)
 
 
-def bwrap_confine(hidden: tuple[Path, ...] = ()) -> Confine:
-    """The harness's way to confine its git on a run's places
-    (:func:`prohost.engine.run.checkouts.git_confinement`), with ``hidden`` hidden."""
-
-    def confine(argv: list[str], readable: Sequence[Path],
-                writable: Sequence[Path]) -> list[str]:
-        policy = Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden)
-        return confined_command(policy, argv)
-
-    return confine
 
 
 @pytest.fixture

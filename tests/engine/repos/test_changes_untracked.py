@@ -12,7 +12,7 @@ import pytest
 from prohost.engine.blocking import Bounds
 from prohost.engine.repos import changes
 from prohost.engine.repos.changes import take_state
-from tests.engine.repos.test_changes import by_path, compare, git, make_repo, write
+from tests.kits.changes import by_path, compare, git, make_repo, write
 
 pytestmark = pytest.mark.protocol("§7")
 

@@ -13,7 +13,7 @@ import trio
 from prohost.engine.repos.gitcmd import GitError, GitTimedOut, git_env
 from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit
 from prohost.engine.sandbox import probe
-from tests.engine.repos.conftest import bwrap_confine
+from tests.kits.gitconfine import bwrap_confine
 from tests.kits.repos import make_repo
 
 pytestmark = [

@@ -21,13 +21,18 @@ import pytest
 import trio
 
 from prohost.engine.repos import worktrees
-from tests.engine.repos.test_migrate import LANE, STEPS, Legacy, legacy, single
+from tests.kits.legacy import (
+    LANE,
+    STEPS,
+    Legacy,
+    legacy_fixture,  # noqa: F401 (a fixture)
+    single,
+)
 from tests.kits.paths import ROOT
 
 #: No git configuration of the machine reaches this module's repositories.
 pytestmark = [pytest.mark.usefixtures("isolated_git"), pytest.mark.protocol("§13")]
 
-__all__ = ["legacy"]  # the fixture, used by the test below
 
 
 def _stopping_after(real: Any) -> Any:

@@ -14,8 +14,7 @@ import attrs
 import pytest
 
 from prohost.engine.sandbox import Policy, bwrap, confined_command
-
-from .conftest import PROBE, Home
+from tests.kits.sandbox import PROBE, Home
 
 needs_bwrap = pytest.mark.skipif(bwrap.find() is None, reason="no bubblewrap here")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from prohost.engine.sandbox import Policy
-from tests.engine.sandbox.conftest import DENIED_READ, Confiner, Home, needs_landlock
+from tests.kits.sandbox import DENIED_READ, Confiner, Home, needs_landlock
 
 pytestmark = needs_landlock
 
