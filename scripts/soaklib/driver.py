@@ -26,8 +26,9 @@ import trio
 
 from soaklib import verdict
 from soaklib.faults import EXIT_WITHIN_S, FIRST_LINE_WITHIN_S, Faults
+from soaklib.faulty_ledger import program as faulty_prohost
 from soaklib.plan import fault_counts
-from soaklib.pressure import DISK_FULL_ENV, Pressure
+from soaklib.pressure import Pressure
 from soaklib.procs import Child, kill_marked, marked_processes, start_child
 
 HERE = Path(__file__).resolve().parent
@@ -233,15 +234,17 @@ class Soak(Pressure, Faults):
             sys.executable, str(HERE / "agent.py"), "--starts", str(self.starts_path),
             "--sleeps", str(self.out / "sleeps.json"), "--refusals", str(self.refusals_path),
             "--hold", str(self.hold_path), "--marker", self.marker))
-        argv = [sys.executable, "-m", "prohost", "agent", "run", "--url", self.ws_url,
+        # The hook's disk fills through the ledger's connection class (a seam the
+        # soak sets in its harness process, soaklib/faulty_ledger.py).
+        prohost = (faulty_prohost(full_while=str(self.disk_control()))
+                   if self.disk_mode == "hook" else [sys.executable, "-m", "prohost"])
+        argv = [*prohost, "agent", "run", "--url", self.ws_url,
                 "--brain", "claude", "--exec", agent, "--concurrency", str(self.concurrency),
                 "--max-queued", str(self.max_queued), "--machine", "soak", "--no-panel",
                 "--limit-wait", f"{self.limit_wait_s:g}", "--allow-write", str(self.marks)]
         for name, folder in self.account_folders().items():
             argv += ["--account", f"{name}={folder}"]
         env = _base_env() | {"PROHOST_HOME": str(self.home)}
-        if self.disk_mode == "hook":
-            env[DISK_FULL_ENV] = str(self.disk_control())
         harness = await start_child(f"harness {index}", argv,
                                     self.out / f"harness-{index:03d}.log", env)
         self.harnesses.append(harness)

@@ -14,11 +14,11 @@ on a filesystem of its own that the soak fills and frees:
   fault writes a file until the filesystem says ENOSPC, holds, and deletes it. The
   ledger then fails as it would on a real full disk, whenever sqlite needs a page
   it does not have (a WAL that must grow, a checkpoint that must grow the file).
-- ``hook``: where mounting is not allowed, the harness is started with
-  ``PROHOST_SOAK_DISK_FULL_FILE`` naming a control file; while that file exists
-  every ledger COMMIT fails with sqlite's "database or disk is full"
-  (``prohost.engine.ledger.schema``; unset, the hook does nothing). The fault
-  creates the file, holds, and deletes it.
+- ``hook``: where mounting is not allowed, the harness is started through
+  ``soaklib/faulty_ledger.py`` with a control file; while that file exists every
+  ledger COMMIT fails with sqlite's "database or disk is full" (the ledger's
+  connection class, a seam of ``prohost.engine.ledger.schema``). The fault creates
+  the file, holds, and deletes it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ import trio
 
 from soaklib.plan import ACCOUNTS
 
-#: The environment variable of the ledger's soak-only fault hook (see the docstring).
-DISK_FULL_ENV = "PROHOST_SOAK_DISK_FULL_FILE"
 #: The tmpfs under the home (big enough for a 1,000-run ledger and its WAL; the
 #: fault fills whatever is free, so its size only bounds the filling).
 TMPFS_SIZE = "64m"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from prohost.commands.service import harness_arguments, service_spec, systemd_unit
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV
 from tests.kits.daemon import install_env, parse_run, parse_unit, round_trip
+from tests.kits.no_sandbox import program
 from tests.kits.program import program_env, run_cli
 
 pytestmark = pytest.mark.protocol("§13")
@@ -52,17 +52,17 @@ def test_a_bad_value_exits_2_on_one_line(tmp_path: Path, flags: list[str],
 
 
 def test_required_where_the_system_cannot_confine_exits_2_saying_why(tmp_path: Path) -> None:
-    """The probe's simulated absence (not the kernel's): ``required`` refuses to
-    start, before anything connects or the home is made."""
-    env = program_env(tmp_path, **{SIMULATE_ABSENT_ENV: "1"})
-    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required", env=env)
+    """A machine the probe finds no way to confine on (tests/kits/no_sandbox.py):
+    ``required`` refuses to start, before anything connects or the home is made."""
+    none = program("none")
+    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required", program=none)
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "--sandbox required: this system cannot confine agents: " in line
     assert "--sandbox auto" in line
     assert not (tmp_path / "home").exists()
     installed = run_cli(tmp_path, "agent", "install-daemon", "--sandbox", "required",
-                        "--print", env=env)
+                        "--print", program=none)
     assert installed.returncode == 2, installed.stderr
     assert "cannot confine agents" in installed.stderr
 
@@ -70,14 +70,14 @@ def test_required_where_the_system_cannot_confine_exits_2_saying_why(tmp_path: P
 @pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap and Landlock are Linux's")
 def test_required_where_only_landlock_confines_exits_2_naming_what_is_not_covered(
         tmp_path: Path) -> None:
-    """Without bubblewrap (simulated at the probe), Landlock alone covers only part
-    of §13: ``required`` refuses, naming the points that do not hold."""
+    """Without bubblewrap, Landlock alone covers only part of §13: ``required``
+    refuses, naming the points that do not hold."""
     from prohost.engine.sandbox import probe
 
-    env = program_env(tmp_path, **{SIMULATE_ABSENT_ENV: "bwrap"})
     if not probe().abi:
         pytest.skip("no Landlock here")
-    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required", env=env)
+    done = run_cli(tmp_path, "agent", "run", "--sandbox", "required",
+                   program=program("bwrap"))
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "--sandbox required: this system confines agents only in part" in line

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from prohost.engine.sandbox import probe
 from tests.kits.confinement import (
     PROBER,
     World,
@@ -28,6 +28,7 @@ from tests.kits.confinement import (
     world_fixture,  # noqa: F401 (a fixture)
 )
 from tests.kits.harness import finished, running_harness, running_server
+from tests.kits.no_sandbox import without_bubblewrap
 from tests.kits.paths import AGENTS
 
 pytestmark = [
@@ -53,7 +54,7 @@ def confinement(request: pytest.FixtureRequest, world: World,
     if request.param == "landlock":
         if probe().kind not in ("bwrap", "landlock"):
             pytest.skip("this system cannot confine with Landlock")
-        monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+        without_bubblewrap(monkeypatch)
     return str(request.param)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from prohost.engine.sandbox import probe
 from tests.kits.confinement import (
     World,
     prober,
@@ -34,6 +34,7 @@ from tests.kits.harness import (
     running_server,
     start_run,
 )
+from tests.kits.no_sandbox import without_bubblewrap, without_confinement
 from tests.kits.paths import AGENTS
 from tests.kits.repos import make_repo
 
@@ -182,7 +183,7 @@ async def test_auto_without_support_warns_once_and_reports_unconfined(
 ) -> None:
     """Where the system cannot confine (simulated at the probe), ``auto`` says so
     once at start and in each completion, and runs as before."""
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    without_confinement(monkeypatch)
     caplog.set_level(logging.INFO, logger="prohost")
     tool = prober(f"write:dotfile:{world.user / '.profile'}")
     with trio.fail_after(60):
@@ -205,7 +206,7 @@ async def test_without_bubblewrap_landlock_alone_confines_files_and_says_it_is_n
     """Where bubblewrap cannot run (simulated at the probe), ``auto`` falls back to
     Landlock: writes and reads are still confined, but the completion says
     ``"confined": false``, and the start line and status say what is not covered."""
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+    without_bubblewrap(monkeypatch)
     caplog.set_level(logging.INFO, logger="prohost")
     tool = prober(f"write:dotfile:{world.user / '.profile'}",
                   f"read:ssh_key:{world.user / '.ssh' / 'id_ed25519'}")

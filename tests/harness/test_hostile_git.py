@@ -15,7 +15,7 @@ import trio
 
 from prohost.commands.gc import gc_command
 from prohost.engine.repos.collect import collect_garbage
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from prohost.engine.sandbox import probe
 from tests.kits.harness import running_harness, running_server
 from tests.kits.hostile_git import (
     DENIED_WRITE,
@@ -25,6 +25,7 @@ from tests.kits.hostile_git import (
     turn,
     world_fixture,  # noqa: F401 (a fixture)
 )
+from tests.kits.no_sandbox import without_bubblewrap
 from tests.kits.repos import make_repo
 
 pytestmark = [
@@ -217,7 +218,7 @@ async def test_a_worktree_config_a_run_wrote_takes_no_effect_outside(
     confined: it does not read that checkout at the run's end (its ``changes``
     entry says why), and gc keeps it unread."""
     if not bubblewrap:
-        monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+        without_bubblewrap(monkeypatch)
     await make_repo(world.source)
     world.git("config", "extensions.worktreeConfig", "true")
     path = world.worktree("A")

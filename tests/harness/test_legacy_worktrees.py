@@ -20,7 +20,7 @@ import trio
 
 from prohost.engine.repos import migrate
 from prohost.engine.repos.lanerepo import lane_repo
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, probe
+from prohost.engine.sandbox import probe
 from tests.kits.harness import running_harness, running_server
 from tests.kits.hostile_git import (
     DENIED_WRITE,
@@ -42,7 +42,6 @@ pytestmark = [
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     isolate_git(tmp_path, monkeypatch)
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
     yield World(tmp_path)
 
 

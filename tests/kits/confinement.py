@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from prohost.engine.repos.worktrees import lane_folder_name
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV
 from tests.kits.harness import (
     Running,
     ServerHandle,
@@ -50,7 +49,6 @@ class World:
                     "GIT_AUTHOR_NAME": "Agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
                     "GIT_COMMITTER_NAME": "Agent",
                     "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
-        self.env.pop(SIMULATE_ABSENT_ENV, None)
 
     def harness(self, server: ServerHandle, command: str,
                 **options: Any) -> AbstractAsyncContextManager[Running]:
@@ -65,7 +63,6 @@ class World:
 @pytest.fixture(name="world")
 def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     isolate_git(tmp_path, monkeypatch)
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
     yield World(tmp_path)
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from prohost.engine.repos.worktrees import lane_folder_name
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV
 from tests.kits.harness import finished
 from tests.kits.paths import AGENTS
 from tests.kits.repos import isolate_git
@@ -45,7 +44,6 @@ class World:
                     "GIT_AUTHOR_NAME": "Agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
                     "GIT_COMMITTER_NAME": "Agent",
                     "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
-        self.env.pop(SIMULATE_ABSENT_ENV, None)
 
     def worktree(self, conversation: str) -> Path:
         return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
@@ -71,7 +69,6 @@ class World:
 @pytest.fixture(name="world")
 def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     isolate_git(tmp_path, monkeypatch)
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
     yield World(tmp_path)
 
 

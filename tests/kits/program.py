@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
@@ -22,14 +22,16 @@ def program_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def run_cli(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None, program: Sequence[str] = (sys.executable, "-m", "prohost"),
+            ) -> subprocess.CompletedProcess[str]:
     """``prohost ARGS``; what it printed and its exit status.
 
     It runs in ``cwd`` (by default ``tmp_path``) with the environment ``env`` as
     given (by default :func:`program_env` of ``tmp_path``: its home is
-    ``tmp_path/home``)."""
+    ``tmp_path/home``). ``program`` is how ``prohost`` is started (a kit's seam,
+    such as tests/kits/no_sandbox.py)."""
     return subprocess.run(
-        [sys.executable, "-m", "prohost", *args],
+        [*program, *args],
         env=program_env(tmp_path) if env is None else dict(env),
         cwd=tmp_path if cwd is None else cwd,
         capture_output=True,

@@ -18,12 +18,11 @@ import pytest
 import trio
 
 from prohost.engine.ledger import RunState
-from prohost.engine.ledger.schema import TEST_HUNG_DISK_ENV
 from prohost.server import ServerHandle
 from prohost.wire.outcomes import NOT_STARTED, STOPPED
 from prohost.wire.protocol import Heartbeat, Pong, Status
 from tests.kits.harness import agent_command, busy_and_queued, finished, host_pid, start_run
-from tests.kits.paths import logs_folder
+from tests.kits.paths import SCRIPTS, logs_folder
 from tests.kits.process import (
     HarnessProcess,
     alive,
@@ -153,6 +152,13 @@ STOP_WINDOW_S = 5.0
 EXIT_MARGIN_S = 1.0
 
 
+def faulty_prohost(*, hang_while: str) -> tuple[str, ...]:
+    """`python -m prohost` whose ledger hangs at each COMMIT while the FIFO
+    ``hang_while`` exists (the soak's faulty ledger, scripts/soaklib/faulty_ledger.py)."""
+    return (sys.executable, str(SCRIPTS / "soaklib" / "faulty_ledger.py"),
+            "--hang-while", hang_while, "--")
+
+
 async def test_a_hung_ledger_write_does_not_stretch_the_second_signal_past_5_s(
     tmp_path: Path,
 ) -> None:
@@ -160,7 +166,7 @@ async def test_a_hung_ledger_write_does_not_stretch_the_second_signal_past_5_s(
     home = tmp_path / "home"
     fifo = tmp_path / "hung-disk"
     with trio.fail_after(60):
-        async with gated_process(home, extra_env={TEST_HUNG_DISK_ENV: str(fifo)}) as (
+        async with gated_process(home, program=faulty_prohost(hang_while=str(fifo))) as (
             gate, server, harness,
         ):
             await start_run(server, gate, "long job")
@@ -173,6 +179,8 @@ async def test_a_hung_ledger_write_does_not_stretch_the_second_signal_past_5_s(
             assert took <= STOP_WINDOW_S + EXIT_MARGIN_S, f"exited {took:.1f} s after the signal"
             await harness.wait_log_closed()
             assert harness.tracebacks() == []
+    # The disk did hang (the faulty ledger was in effect), and the stop gave up on it.
+    assert any("was abandoned" in line and "ledger step" in line for line in harness.log)
 
 
 async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Path) -> None:

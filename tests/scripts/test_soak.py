@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.ledger import Ledger, LedgerError
-from prohost.engine.ledger.schema import SOAK_DISK_FULL_ENV
+from prohost.engine.ledger import Ledger, LedgerError, schema
 from tests.kits.paths import ROOT, SCRIPTS
 
 SOAK = SCRIPTS / "soak.py"
 sys.path.insert(0, str(SCRIPTS))
 
+from soaklib.faulty_ledger import faulty_connection  # noqa: E402
 from soaklib.plan import FAULT_RATES, digest, fault_counts, make_plan  # noqa: E402
 
 #: The long soak: runs and seed (any seed must pass; this one is fixed so a
@@ -174,10 +174,10 @@ def test_the_ledgers_soak_hook_fails_commits_only_while_its_file_exists(
 ) -> None:
     control = tmp_path / "disk-full"
     control.write_text("full\n")
-    # Without the variable, the control file means nothing: the hook is off.
+    # Without the faulty connection, the control file means nothing.
     with Ledger.open(tmp_path / "plain.sqlite3") as ledger:
         ledger.admit("r0", "lane", "{}", time.time())
-    monkeypatch.setenv(SOAK_DISK_FULL_ENV, str(control))
+    monkeypatch.setattr(schema, "connection_class", faulty_connection(full_while=str(control)))
     control.unlink()
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         ledger.admit("r1", "lane", "{}", time.time())

@@ -11,7 +11,6 @@ import sqlite3
 import sys
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
 
 from prohost.engine.ledger.rows import LedgerError
 
@@ -119,32 +118,11 @@ FILE_MODE = 0o600
 
 
 
-#: A fault hook for ``scripts/soak.py --disk-full hook`` only (where the soak may not
-#: mount a small filesystem to fill): when this variable names a file, every ledger
-#: COMMIT fails as on a full disk while that file exists. Unset, as everywhere but in
-#: the soak's harnesses, nothing changes (the connection is sqlite3's own).
-SOAK_DISK_FULL_ENV = "PROHOST_SOAK_DISK_FULL_FILE"
-#: A fault hook for tests that run the harness as a subprocess: when this variable
-#: names a path, every ledger COMMIT made while a FIFO exists there first opens it for
-#: reading, which blocks until something opens it for writing — a disk that hangs.
-TEST_HUNG_DISK_ENV = "PROHOST_TEST_HUNG_DISK_FIFO"
-
-
-class _SoakDiskFull(sqlite3.Connection):
-    """A connection whose COMMIT fails with SQLITE_FULL's message while the soak's
-    control file exists (see :data:`SOAK_DISK_FULL_ENV`), or hangs while the tests'
-    FIFO exists (see :data:`TEST_HUNG_DISK_ENV`)."""
-
-    control = ""
-    hang = ""
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        if sql == "COMMIT" and self.hang and os.path.exists(self.hang):
-            with open(self.hang, "rb"):
-                pass
-        if sql == "COMMIT" and self.control and os.path.exists(self.control):
-            raise sqlite3.OperationalError("database or disk is full")
-        return super().execute(sql, parameters)
+#: The connection class the ledger's connections are made of: sqlite3's own. A seam,
+#: set from outside only by the soak's and the tests' faulty disks
+#: (``scripts/soaklib/faulty_ledger.py``: a COMMIT that fails as on a full disk, or
+#: hangs), never by the product.
+connection_class: type[sqlite3.Connection] = sqlite3.Connection
 
 
 #: sqlite's primary result code for "file is not a database": the only error, with a
@@ -158,8 +136,6 @@ class LedgerUnavailable(LedgerError):
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    control = os.environ.get(SOAK_DISK_FULL_ENV)
-    hang = os.environ.get(TEST_HUNG_DISK_ENV)
     try:
         # isolation_level=None: transactions are begun explicitly, so the sqlite3
         # module never opens one behind our back and never leaves one open.
@@ -168,11 +144,8 @@ def _connect(path: Path) -> sqlite3.Connection:
             timeout=_BUSY_TIMEOUT_MS / 1000,
             isolation_level=None,
             check_same_thread=False,
-            factory=_SoakDiskFull if control or hang else sqlite3.Connection,
+            factory=connection_class,
         )
-        if isinstance(conn, _SoakDiskFull):
-            conn.control = control or ""
-            conn.hang = hang or ""
         return conn
     except sqlite3.Error as exc:
         raise LedgerError(

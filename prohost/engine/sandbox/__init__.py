@@ -13,7 +13,7 @@ from prohost.engine.sandbox import bwrap, defaults, seatbelt
 from prohost.engine.sandbox.bwrap import confined_command
 from prohost.engine.sandbox.confinement import Confinement, prepare
 from prohost.engine.sandbox.policy import Policy
-from prohost.engine.sandbox.probe import SIMULATE_ABSENT_ENV, Support, probe
+from prohost.engine.sandbox.probe import Support, probe
 
-__all__ = ["SIMULATE_ABSENT_ENV", "Confinement", "Policy", "Support", "bwrap",
+__all__ = ["Confinement", "Policy", "Support", "bwrap",
            "confined_command", "defaults", "prepare", "probe", "seatbelt"]

@@ -9,13 +9,6 @@ from typing import Literal
 
 import attrs
 
-#: Test-only: set to ``1`` and :func:`probe` says the machine cannot confine, as on a
-#: kernel without Landlock; set to ``bwrap`` and it says there is no bubblewrap (the
-#: Landlock-only fallback of a machine without user namespaces). The simulation is
-#: at the probe, not in the kernel: it lets a test show what ``--sandbox auto`` and
-#: ``required`` do there. Never set it to turn confinement off (that is ``--sandbox off``).
-SIMULATE_ABSENT_ENV = "PROHOST_TEST_SANDBOX_ABSENT"
-
 #: Only this copy: one earlier on PATH could be anyone's (as Codex reasons).
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
@@ -78,12 +71,8 @@ def probe() -> Support:
     Blocking for a few milliseconds on Linux (bubblewrap is started once to see
     that user namespaces work here): call it once, at start.
     """
-    simulated = os.environ.get(SIMULATE_ABSENT_ENV)
-    if simulated == "1":
-        return Support(None, reason=("confinement is not available on this machine "
-                                     f"(simulated for a test: {SIMULATE_ABSENT_ENV}=1)"))
     if sys.platform == "linux":
-        return _linux(bubblewrap=simulated != "bwrap")
+        return _linux()
     if sys.platform == "darwin":
         if os.access(SANDBOX_EXEC, os.X_OK):
             return Support("seatbelt", detail=f"macOS sandbox-exec ({SANDBOX_EXEC})")
@@ -93,7 +82,7 @@ def probe() -> Support:
                                  f"and macOS (sandbox-exec), not on {system}"))
 
 
-def _linux(*, bubblewrap: bool) -> Support:
+def _linux() -> Support:
     from prohost.engine.sandbox import bwrap, landlock, seccomp
 
     try:
@@ -102,10 +91,8 @@ def _linux(*, bubblewrap: bool) -> Support:
         abi, no_landlock = 0, _why_not(error.errno)
     else:
         no_landlock = ""
-    program = bwrap.find() if bubblewrap else None
-    why_not = _bwrap_fails(program) if program else (
-        "bubblewrap is not installed" if bubblewrap
-        else f"no bubblewrap (simulated for a test: {SIMULATE_ABSENT_ENV}=bwrap)")
+    program = bwrap.find()
+    why_not = _bwrap_fails(program) if program else "bubblewrap is not installed"
     if not why_not and program:
         gaps: tuple[str, ...] = () if abi >= landlock.SCOPES_ABI else (SCOPE_GAP,)
         if seccomp.program() is None:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from prohost.engine.sandbox import (
-    SIMULATE_ABSENT_ENV,
-)
 from tests.kits.sandbox import Confiner, Home
 
 
@@ -32,21 +28,7 @@ def home(tmp_path: Path) -> Home:
                 worktree=prohost / "worktrees" / "lane-a")
 
 
-
-
-
 @pytest.fixture
 def confine() -> Confiner:
     """A :class:`Confiner`: the Landlock fallback's rules."""
     return Confiner()
-
-
-@pytest.fixture(autouse=True)
-def _no_simulated_absence(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # A developer's shell may have the test hook set; these tests need the real probe.
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
-    yield
-
-
-
-

@@ -1,4 +1,5 @@
-"""What the probe says about this machine, and its test-only simulated absence."""
+"""What the probe says about this machine, and about one where bubblewrap, or every
+way to confine, is missing (tests/kits/no_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from prohost.engine.sandbox import SIMULATE_ABSENT_ENV, Policy, prepare, probe
+from prohost.engine.sandbox import Policy, prepare, probe
 from prohost.engine.sandbox.landlock import handled_rights
+from tests.kits.no_sandbox import without_bubblewrap, without_confinement
 
 
-def test_a_simulated_absence_gives_no_kind_and_an_unconfined_preparation(
+def test_a_machine_that_cannot_confine_gives_no_kind_and_an_unconfined_preparation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    without_confinement(monkeypatch)
     support = probe()
     assert support.kind is None
-    assert support.reason.endswith(f"(simulated for a test: {SIMULATE_ABSENT_ENV}=1)")
+    assert support.reason
     with prepare(Policy(writable=(tmp_path,), hidden=(tmp_path / "h",)), support) as conf:
         assert not conf.confined
         assert (conf.argv_prefix, conf.preexec) == ((), None)
 
 
-def test_any_other_value_of_the_hook_is_the_real_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "0")
-    assert "simulated" not in probe().reason
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="Landlock is Linux's")
 def test_on_linux_the_probe_names_the_landlock_abi(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(SIMULATE_ABSENT_ENV, raising=False)
     support = probe()
     lsm = Path("/sys/kernel/security/lsm")
     if support.kind is None:
@@ -45,9 +41,9 @@ def test_on_linux_the_probe_names_the_landlock_abi(monkeypatch: pytest.MonkeyPat
 @pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap is Linux's")
 def test_without_bubblewrap_landlock_alone_is_said_to_cover_only_part(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fallback (simulated at the probe): a run there is not ``confined``, and
+    """The fallback (no bubblewrap found): a run there is not ``confined``, and
     the probe says which points of §13 do not hold, and why not bubblewrap."""
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "bwrap")
+    without_bubblewrap(monkeypatch)
     support = probe()
     if not support.abi:
         pytest.skip("no Landlock here")
@@ -66,7 +62,7 @@ def test_the_handled_rights_follow_the_abi() -> None:
 
 
 def test_an_unconfined_preparation_still_spawns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SIMULATE_ABSENT_ENV, "1")
+    without_confinement(monkeypatch)
     with prepare(Policy(), probe()) as conf:
         done = subprocess.run(["sh", "-c", "echo ran"], preexec_fn=conf.preexec,
                               capture_output=True, text=True, check=True)
