@@ -46,6 +46,18 @@ ACCOUNT_DIR_VARIABLE = "PROHOST_ACCOUNT_DIR"
 #: Where Claude Code keeps the login, apart from CLAUDE_CONFIG_DIR (read by 2.1.197,
 #: the installed one: its plaintext store is ``<this>/.credentials.json``).
 SECURE_STORAGE_VARIABLE = "CLAUDE_SECURESTORAGE_CONFIG_DIR"
+
+
+def folder_variables(brain: str) -> tuple[str, ...]:
+    """The variables naming the folders ``brain``'s CLI writes of its own (its
+    conversation's folder, and Claude Code's login store beside it): what a
+    confined run of it is granted (§13). None for another brain."""
+    variable = CONFIG_DIR_VARIABLES.get(brain)
+    if variable is None:
+        return ()
+    return (variable, SECURE_STORAGE_VARIABLE) if brain == "claude" else (variable,)
+
+
 #: Under an account's own folders: each conversation's (``lanes/<lane folder>/<cli>``).
 LANES_FOLDER = "lanes"
 #: The lane folder name of a run without a lane (none reaches a run: a safe default).

@@ -62,7 +62,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from prohost.engine.accounts.book import SECURE_STORAGE_VARIABLE
+from prohost.engine.accounts.book import folder_variables
 from prohost.engine.agent.environment import (
     SOCKET_VARIABLES,
     make_private_folder,
@@ -304,10 +304,8 @@ def agent_folders(brain: str, env: Mapping[str, str], user_home: Path, home: Pat
     # The conversation's own folder, and for Claude Code the account's login store
     # every conversation shares (CLAUDE_SECURESTORAGE_CONFIG_DIR: its credentials and
     # its refresh lock; nothing there is read as settings).
-    variables = {"claude": ("CLAUDE_CONFIG_DIR", SECURE_STORAGE_VARIABLE),
-                 "codex": ("CODEX_HOME",)}.get(brain, ())
     folders = []
-    for variable in variables:
+    for variable in folder_variables(brain):
         configured = env.get(variable, "").strip()
         if configured:
             folder = Path(configured)
