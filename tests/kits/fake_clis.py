@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import trio
 
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.ledger import Ledger
 from tests.kits.harness import Running, finished, released
 from tests.kits.paths import AGENTS, logs_folder
@@ -53,7 +54,7 @@ def seed_session(home: Path, lane: str, session: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     ledger = Ledger.open(home / "ledger.sqlite3")
     try:
-        ledger.save_session(lane, session, 0.0)
+        ledger.save_turn(lane, DEFAULT_ACCOUNT, session, 0.0)
     finally:
         ledger.close()
 

@@ -20,6 +20,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
+
 # Run as a script (tests/kits/ledger_crash_child.py): the tree's root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -59,7 +61,7 @@ def main() -> None:
     step("finished run-b")
     ledger.mark_reported("run-e", "dropped", now=113.0)
     step("reported run-e")
-    ledger.save_session("conv:0", "sess-1", now=114.0)
+    ledger.save_turn("conv:0", DEFAULT_ACCOUNT, "sess-1", now=114.0)
     step("session conv:0")
 
     # A write in flight when the process dies must vanish whole.

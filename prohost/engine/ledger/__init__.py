@@ -50,7 +50,7 @@ step               durable    why
 ``flag_earlier_``  yes        at a restart, for each run interrupted: its lane's
 ``turns``                     sessions' totals say ``includes_earlier_turns`` (§7);
                               logged, never stops the start
-``save_session``   no         written just before ``mark_finished``, so it is in that
+``save_turn``      no         written just before ``mark_finished``, so it is in that
                               commit (or an earlier one): finished ⇒ session kept
 ``mark_finished``  yes        the outcome is the outbox: durable before the POST
 ``mark_reported``  no         lost only with the machine; the next start then posts the

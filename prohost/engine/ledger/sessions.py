@@ -14,35 +14,6 @@ from prohost.engine.ledger.served import ServedCommit
 class SessionRows(ServedCommit):
     """The session and account tables of :class:`prohost.engine.ledger.Ledger`."""
 
-    # -- sessions --------------------------------------------------------------------
-
-    def session_for(self, lane: str) -> str | None:
-        """The agent session the lane's last turn ended with, if any.
-
-        Read at once, never behind a write under way: it sees every commit made so
-        far. (A turn's ``save_session`` is queued before that turn's
-        ``mark_finished``, and the lane's next turn starts after that returned.)
-        """
-        with self._locked() as conn:
-            found = conn.execute(
-                "SELECT session_id FROM sessions WHERE lane = ?", (lane,)
-            ).fetchone()
-        return None if found is None else str(found[0])
-
-    def save_session(
-        self, lane: str, session_id: str | None, now: float, *, durable: bool = True
-    ) -> None:
-        """Remember the lane's session for its next turn; ``None`` forgets it.
-
-        The harness passes ``durable=False``, just before the turn's ``mark_finished``
-        (see the module docstring).
-        """
-
-        def write(conn: sqlite3.Connection) -> None:
-            _store_session(conn, lane, session_id, now)
-
-        self._write(write, what="save_session", durable=durable)
-
     # -- accounts (docs/protocol.md §12) -------------------------------------------------
 
     def account_session(self, lane: str, account: str) -> str | None:
@@ -67,7 +38,7 @@ class SessionRows(ServedCommit):
         as its CLI reported them (Codex), for the next turn's own figures.
 
         The harness passes ``durable=False``, just before the turn's ``mark_finished``,
-        like :meth:`save_session` (see the module docstring).
+        as every step that rides the next commit (see the module docstring).
         """
 
         def write(conn: sqlite3.Connection) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.blocking import StepTimedOut, run_bounded
 from prohost.engine.ledger import Admitted, Ledger, LedgerError, RunState, UnreportedRuns, _Write
 from prohost.wire.runs import Outcome
@@ -176,14 +177,14 @@ async def test_a_failing_write_fails_only_its_own_caller(
 
 
 async def test_reads_do_not_queue_behind_a_write_under_way(ledger: GatedLedger) -> None:
-    ledger.save_session("conv:A", "sess-1", now=1.0)
+    ledger.save_turn("conv:A", DEFAULT_ACCOUNT, "sess-1", now=1.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, ledger.hold)
         await in_thread(ledger.holding.wait)
         # The writer is inside its transaction: a read still answers, from the last
         # commit. (With one connection and one lock this would wait for the writer.)
-        assert await in_thread(ledger.session_for, "conv:A") == "sess-1"
-        assert await in_thread(ledger.session_for, "conv:B") is None
+        assert await in_thread(ledger.account_session, "conv:A", DEFAULT_ACCOUNT) == "sess-1"
+        assert await in_thread(ledger.account_session, "conv:B", DEFAULT_ACCOUNT) is None
         ledger.release.set()
 
 

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from prohost.engine import ledger as ledger_module
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.ledger import (
     Admitted,
     Ledger,
@@ -180,7 +181,7 @@ def test_every_committed_step_survives_sigkill(path: Path) -> None:
         assert Outcome.from_json(recovery.outbox[0].outcome or "").reply == "done"
         reported = ledger.get("run-e")
         assert reported is not None and reported.state is RunState.REPORTED
-        assert ledger.session_for("conv:0") == "sess-1"
+        assert ledger.account_session("conv:0", DEFAULT_ACCOUNT) == "sess-1"
         assert ledger.get("run-uncommitted") is None
         assert ledger.admit("run-a", "conv:1", "{}", now=200.0) is Admitted.HELD
 
@@ -210,7 +211,7 @@ def test_durable_steps_are_fsynced_in_wal_mode_and_the_others_not(
     assert synchronous() == 2
     ledger.record_pgid("run-1", 4242)
     assert synchronous() == 2
-    ledger.save_session("lane", "sess-1", now=3.0, durable=False)
+    ledger.save_turn("lane", DEFAULT_ACCOUNT, "sess-1", now=3.0, durable=False)
     assert synchronous() == 1
     ledger.mark_finished("run-1", outcome(), now=3.0)
     assert synchronous() == 2
@@ -265,18 +266,18 @@ def test_prune_empties_only_old_reported_rows(ledger: Ledger) -> None:
 @pytest.mark.protocol("§5")
 def test_sessions_save_replace_and_delete_per_lane(path: Path) -> None:
     with Ledger.open(path) as ledger:
-        assert ledger.session_for("conv:A") is None
-        ledger.save_session("conv:A", "sess-1", now=1.0)
-        ledger.save_session("conv:B", "sess-9", now=1.0)
-        ledger.save_session("conv:A", "sess-2", now=2.0)
-        assert ledger.session_for("conv:A") == "sess-2"
-        assert ledger.session_for("conv:B") == "sess-9"
+        assert ledger.account_session("conv:A", DEFAULT_ACCOUNT) is None
+        ledger.save_turn("conv:A", DEFAULT_ACCOUNT, "sess-1", now=1.0)
+        ledger.save_turn("conv:B", DEFAULT_ACCOUNT, "sess-9", now=1.0)
+        ledger.save_turn("conv:A", DEFAULT_ACCOUNT, "sess-2", now=2.0)
+        assert ledger.account_session("conv:A", DEFAULT_ACCOUNT) == "sess-2"
+        assert ledger.account_session("conv:B", DEFAULT_ACCOUNT) == "sess-9"
     with Ledger.open(path) as ledger:
-        assert ledger.session_for("conv:A") == "sess-2"
-        ledger.save_session("conv:A", None, now=3.0)
-        ledger.save_session("conv:never", None, now=3.0)
-        assert ledger.session_for("conv:A") is None
-        assert ledger.session_for("conv:B") == "sess-9"
+        assert ledger.account_session("conv:A", DEFAULT_ACCOUNT) == "sess-2"
+        ledger.save_turn("conv:A", DEFAULT_ACCOUNT, None, now=3.0)
+        ledger.save_turn("conv:never", DEFAULT_ACCOUNT, None, now=3.0)
+        assert ledger.account_session("conv:A", DEFAULT_ACCOUNT) is None
+        assert ledger.account_session("conv:B", DEFAULT_ACCOUNT) == "sess-9"
 
 
 # -- refusals ------------------------------------------------------------------------
@@ -354,7 +355,7 @@ def test_a_closed_ledger_raises(path: Path) -> None:
         ledger.admit("run-1", "lane", "{}", now=1.0)
     # Also a write that would not have waited for its commit.
     with pytest.raises(LedgerError, match="closed"):
-        ledger.save_session("lane", "sess-1", now=1.0, durable=False)
+        ledger.save_turn("lane", DEFAULT_ACCOUNT, "sess-1", now=1.0, durable=False)
     with pytest.raises(LedgerError, match="closed"):
         ledger.get("run-1")
 
@@ -417,10 +418,10 @@ def test_sessions_are_kept_per_lane_and_account(ledger: Ledger) -> None:
 
 @pytest.mark.protocol("§12")
 def test_the_default_account_keeps_the_sessions_of_before_accounts(ledger: Ledger) -> None:
-    ledger.save_session("conv:C1", "old", 1.0)
+    ledger.save_turn("conv:C1", DEFAULT_ACCOUNT, "old", 1.0)
     assert ledger.account_session("conv:C1", "default") == "old"
     ledger.save_turn("conv:C1", "default", "new", 2.0)
-    assert ledger.session_for("conv:C1") == "new"
+    assert ledger.account_session("conv:C1", DEFAULT_ACCOUNT) == "new"
 
 
 @pytest.mark.protocol("§12")

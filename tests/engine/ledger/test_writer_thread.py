@@ -89,7 +89,7 @@ async def test_a_runs_ledger_writes_go_to_the_one_writer_thread_without_a_hop_ea
     # was applied by the writer thread, and none took a worker thread.
     assert during and set(during) == {WRITER}
     ledger_hops = {"admit", "mark_started", "record_pgid", "mark_finished", "mark_reported",
-                   "save_session", "save_turn", "save_account_limits", "prune",
+                   "save_turn", "save_account_limits", "prune",
                    "_turn_then_finished", "_started_then_session"}
     assert [hop for hop in hops if hop in ledger_hops] == []
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.agent.brains.claude import ClaudeBrain
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.run.execute import ExecSpec
@@ -40,7 +41,7 @@ def invocations(tmp_path: Path) -> list[dict[str, Any]]:
 
 def saved_session(running: Running) -> str | None:
     assert running.ledger is not None
-    return running.ledger.session_for("conv:C1")
+    return running.ledger.account_session("conv:C1", DEFAULT_ACCOUNT)
 
 
 @pytest.mark.parametrize("breakage", ["missing", "refused"])

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.wire.protocol import RunBeat, Status
 from prohost.wire.runs import parse_body
@@ -81,7 +82,7 @@ async def test_a_rejected_session_is_retried_once_fresh_and_forgotten(tmp_path: 
             assert [resumed(i) for i in invocations(tmp_path)] == ["stale-session", None]
             await released(running.harness, run_id)
             assert running.ledger is not None
-            assert running.ledger.session_for("conv:C1") == fresh
+            assert running.ledger.account_session("conv:C1", DEFAULT_ACCOUNT) == fresh
 
 
 @pytest.mark.protocol("§5")
