@@ -179,8 +179,9 @@ async def test_a_hung_ledger_write_does_not_stretch_the_second_signal_past_5_s(
             assert took <= STOP_WINDOW_S + EXIT_MARGIN_S, f"exited {took:.1f} s after the signal"
             await harness.wait_log_closed()
             assert harness.tracebacks() == []
-    # The disk did hang (the faulty ledger was in effect), and the stop gave up on it.
-    assert any("was abandoned" in line and "ledger step" in line for line in harness.log)
+    # The disk did hang (the faulty ledger was in effect): the stop's window ran out
+    # on it, and the harness exited anyway.
+    assert any("the stop's 5 s are over" in line for line in harness.log), harness.log
 
 
 async def test_third_signal_exits_130_at_once_and_kills_the_agents(tmp_path: Path) -> None:
