@@ -13,6 +13,7 @@ stderr and exit status 1.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -114,6 +115,40 @@ async def _wait_for_end(
         delay = min(POLL_MAX_S, delay * 1.5)
 
 
+async def _wait_unless_interrupted(
+    client: httpx.AsyncClient, following: list[str], fail_without_harness: bool,
+    timeout_s: float,
+) -> tuple[dict[str, Any] | None, bool]:
+    """:func:`_wait_for_end` within ``timeout_s`` (``None``: not ended by then), and
+    whether Ctrl-C (SIGINT) stopped the wait first. The signal is received as a
+    message (trio's signal receiver), not as a ``KeyboardInterrupt`` that could land
+    anywhere: the wait is cancelled and nothing else is. Raises :class:`NoHarness`.
+    Cancelled: stops waiting; nothing changes."""
+    run: dict[str, Any] | None = None
+    interrupted = False
+    no_harness: NoHarness | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as sigint:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_at_ctrl_c() -> None:
+                nonlocal interrupted
+                async for _ in sigint:
+                    interrupted = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_at_ctrl_c)
+            try:
+                with trio.move_on_after(timeout_s):
+                    run = await _wait_for_end(client, following, fail_without_harness)
+            except NoHarness as exc:
+                no_harness = exc
+            nursery.cancel_scope.cancel()
+    if no_harness is not None and not interrupted:
+        raise no_harness
+    return run, interrupted
+
+
 async def _send(
     base: str, text: str, conversation: str | None, wait: bool, timeout_s: float,
     fail_without_harness: bool = False,
@@ -129,21 +164,20 @@ async def _send(
         print(run_id, flush=True)
         if not wait:
             return 0
-        run: dict[str, Any] | None = None
         following = [run_id]
         try:
-            with trio.move_on_after(timeout_s):
-                run = await _wait_for_end(client, following, fail_without_harness)
-        except KeyboardInterrupt:
-            _say(f"stopped waiting; run {following[-1]} goes on at the server "
-                 f"(`prohost runs show {following[-1]}` to look, `prohost runs cancel "
-                 f"{following[-1]}` to stop it)")
-            return EXIT_INTERRUPTED
+            run, interrupted = await _wait_unless_interrupted(
+                client, following, fail_without_harness, timeout_s)
         except NoHarness:
             _say(f"no harness is connected to the server, so run {following[-1]} cannot "
                  "start; it stays queued there and runs when one connects "
                  f"(`prohost runs cancel {following[-1]}` drops it)")
             return EXIT_NO_HARNESS
+        if interrupted:
+            _say(f"stopped waiting; run {following[-1]} goes on at the server "
+                 f"(`prohost runs show {following[-1]}` to look, `prohost runs cancel "
+                 f"{following[-1]}` to stop it)")
+            return EXIT_INTERRUPTED
         if run is None:
             raise SendError(f"run {following[-1]} did not finish within {timeout_s:g} s; it "
                             f"goes on at the server (`prohost runs show {following[-1]}`)")
