@@ -277,6 +277,10 @@ BREAKAGES: tuple[Breakage, ...] = (
         # alone still keeps the reply: the cancel is taken, its stop is not made).
         _one(ATTEMPTS, "                held.agent_ended = True\n", "                pass\n"),
         "a run whose agent exited with its reply is reported cancelled (§6)",
+        equivalent="since run_agent says when the agent's leader exited (on_exit, issue "
+        "37), that mark is set first and keeps the reply by itself; this one only "
+        "repeats it once the outcome is known (its own breakage is 'a cancel in the "
+        "leader's exit window overrides a finished agent')",
     ),
     Breakage(
         "a restart forgets where the run began",
