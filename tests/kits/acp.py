@@ -20,7 +20,8 @@ import pytest
 import trio
 
 from prohost.engine.agent import poll
-from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
+from prohost.engine.agent.brains.acp import AcpTurn
+from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.base import McpWiring
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.server import ServerHandle

@@ -28,7 +28,7 @@ def brain_for(choice: str, exec_line: str, *, safe_tools: bool = False,
     """
     brain = _brain_for(choice, exec_line, safe_tools=safe_tools)
     if acp_model or acp_mode:
-        from prohost.engine.agent.brains.acp import AcpBrain
+        from prohost.engine.agent.brains.acp_brain import AcpBrain
 
         if not isinstance(brain, AcpBrain):
             raise BudgetRefused(
@@ -59,7 +59,7 @@ def _brain_for(choice: str, exec_line: str, *, safe_tools: bool) -> Brain:
         else:
             choice = program if program in ("claude", "codex") else "plain"
     if choice == "acp":
-        from prohost.engine.agent.brains.acp import AcpBrain
+        from prohost.engine.agent.brains.acp_brain import AcpBrain
 
         return AcpBrain(exec_line, safe_tools=safe_tools)
     if choice == "claude":

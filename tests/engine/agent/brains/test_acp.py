@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from prohost.engine.agent.brains import brain_for
-from prohost.engine.agent.brains.acp import AcpBrain, AcpTurn
+from prohost.engine.agent.brains.acp import AcpTurn
+from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.base import McpError
 from prohost.engine.agent.process import ProcessGroups

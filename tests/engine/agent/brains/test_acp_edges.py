@@ -16,7 +16,7 @@ import trio
 
 from prohost.engine.agent import process
 from prohost.engine.agent.brains import acp
-from prohost.engine.agent.brains.acp import AcpBrain
+from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_usage import session_model
 from prohost.engine.agent.process import ProcessGroups, run_agent

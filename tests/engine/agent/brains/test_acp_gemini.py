@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prohost.engine.agent.brains.acp import AcpBrain
+from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_gemini import keep_loadable
 from prohost.engine.run.confine import RunConfinement
 from prohost.engine.sandbox.confinement import Confinement
