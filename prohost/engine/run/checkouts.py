@@ -72,7 +72,7 @@ class LaneCheckouts:
                 [(c.name, Path(c.path)) for c in prepared.checkouts], bounds=self.bounds,
                 env=self.env, places={c.name: c.git for c in prepared.checkouts if c.git},
                 run=run_git)
-        names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
+        names = _names(worktrees)
         self._unready = []
         for failure in prepared.failures:
             name = names.get(failure.source, Path(failure.source).name)
@@ -88,7 +88,7 @@ class LaneCheckouts:
         worktrees, prepared = self.worktrees, self.prepared
         if worktrees is None or prepared is None:
             return None
-        names = dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
+        names = _names(worktrees)
         for failure in prepared.failures:
             if failure.retryable:
                 name = names.get(failure.source, Path(failure.source).name)
@@ -189,3 +189,8 @@ def git_confinement(sandbox: Sandbox) -> Confine | None:
         return confined_command(policy, argv, bwrap=program)
 
     return confine
+
+
+def _names(worktrees: WorktreeManager) -> dict[str, str]:
+    """Each ``--repos`` checkout's name in reports (§7 ``repo``), by its path."""
+    return dict(zip(map(str, worktrees.repos), worktrees.names, strict=True))
