@@ -31,12 +31,18 @@ Attacks:
   the repository enables ``extensions.worktreeConfig``) naming a clean filter (a
   script appending to MARKER) and an attributes file applying it to every file,
   and changes a tracked file's times, so that a ``git status`` runs it;
+- ``untracked FOLDER NAME...``: writes ``FOLDER/NAME`` (one line) for each NAME,
+  left untracked;
+- ``link-folder FOLDER TARGET``: removes ``FOLDER`` and leaves in its place a link
+  to ``TARGET``, so that a path read as ``FOLDER/NAME`` goes there;
+- ``fifo PATH``: replaces the file ``PATH`` with a FIFO (that no one writes);
 - ``nothing``.
 """
 
 import errno
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zlib
@@ -211,6 +217,23 @@ def main() -> str:
         for name in git("ls-files").splitlines():
             os.utime(os.path.join(here, name), (978307200, 978307200))
         return "planted"
+    if attack == "untracked":
+        folder, *names = args
+        os.makedirs(os.path.join(here, folder), exist_ok=True)
+        for name in names:
+            with open(os.path.join(here, folder, name), "w", encoding="utf-8") as handle:
+                handle.write("the run's own line\n")
+        return "written"
+    if attack == "link-folder":
+        folder, target = args
+        shutil.rmtree(os.path.join(here, folder))
+        os.symlink(target, os.path.join(here, folder))
+        return "linked"
+    if attack == "fifo":
+        (path,) = args
+        os.remove(os.path.join(here, path))
+        os.mkfifo(os.path.join(here, path))
+        return "made"
     return "nothing"
 
 

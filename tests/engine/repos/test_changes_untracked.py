@@ -22,9 +22,12 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = changes._content
 
-    def counting(path: str) -> tuple[bytes | None, str | None]:
-        seen.append(Path(path).name)
-        return real(path)
+    def counting(where: str, name: str,
+                 limit: int | None = None) -> tuple[bytes | None, str | None]:
+        data, mode = real(where, name, limit)
+        if data is not None:
+            seen.append(Path(name).name)
+        return data, mode
 
     monkeypatch.setattr(changes, "_content", counting)
     return seen
