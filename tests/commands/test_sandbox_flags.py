@@ -169,3 +169,33 @@ def test_required_with_a_granted_socket_exits_2_saying_what_it_turns_off(
     assert "--sandbox auto" in line
     # Without the grant it gets past the check (and stops later: no pairing here).
     assert "grants the socket" not in auto.stderr
+
+
+def test_a_grant_inside_the_acp_agent_s_own_folder_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """An ACP agent's own folder (``~/.gemini``) is shown to its runs as an overlay
+    whose writes land in the harness's folder (§13: a run never writes the
+    person's agent settings), so an ``--allow-write`` inside it would have no
+    effect while the person believes it granted: refused, exit 2, saying why and
+    what to do, before anything is made. The same grant with an agent that is not
+    that one is no concern of this check."""
+    user = tmp_path / "user"
+    (user / ".gemini" / "tmp").mkdir(parents=True)
+    gemini = tmp_path / "bin" / "gemini"
+    gemini.parent.mkdir()
+    gemini.write_text("#!/bin/sh\nexit 0\n")
+    gemini.chmod(0o755)
+    env = program_env(tmp_path, HOME=str(user))
+    for grant in ("~/.gemini/tmp", "~/.gemini"):
+        done = run_cli(tmp_path, "agent", "run", "--exec", f"{gemini} --experimental-acp",
+                       "--allow-write", grant, env=env)
+        assert done.returncode == 2, done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        shown = str(user / grant.removeprefix("~/"))
+        assert f"--allow-write {shown} is inside ~/.gemini" in line, line
+        assert "overlay" in line and "grant a folder outside it" in line, line
+        assert not (tmp_path / "home").exists()
+    plain = run_cli(tmp_path, "agent", "run", "--brain", "plain", "--exec", "true",
+                    "--allow-write", "~/.gemini/tmp", env=env)
+    assert "is inside ~/.gemini" not in plain.stderr, plain.stderr

@@ -75,7 +75,7 @@ from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe, seccomp
 from prohost.engine.sandbox.probe import SOCKET_GRANT_GAP
-from prohost.execline import program_index, split_command
+from prohost.execline import acp_agent, program_index, split_command
 from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
@@ -707,6 +707,7 @@ def grant_problems(options: Options, user_home: Path) -> list[str]:
                 f"{flag} {path} holds {', '.join(held[:3])}"
                 f"{' and more' if len(held) > 3 else ''}, which runs must not see or "
                 f"change; name a folder inside it that holds none of them")
+    problems += _shadowed_grants(options, home)
     # Runs write their account's folder (settings, hooks): never the one the
     # person's own sessions use.
     own = {home / ".claude", home / ".codex",
@@ -721,4 +722,25 @@ def grant_problems(options: Options, user_home: Path) -> list[str]:
                 f"and hooks; log the account into a folder of its own (e.g. "
                 f"CLAUDE_CONFIG_DIR=~/.claude-{name} claude), or leave --account out to "
                 "use your login through the harness's own folder")
+    return problems
+
+
+def _shadowed_grants(options: Options, home: Path) -> list[str]:
+    """The ``--allow-write`` grants at or inside a folder of the ACP agent the
+    ``--exec`` line starts (``~/.gemini``, …): each run sees that folder as an
+    overlay whose writes land in the harness's own (:func:`agent_folders`), so the
+    grant would do nothing the person meant, silently. One line each."""
+    agent = acp_agent(options.exec_command) if options.brain in ("auto", "acp") else None
+    problems = []
+    for folder in defaults.AGENT_FOLDERS.get(agent or "", ()):
+        place = home / folder
+        places = {place, place.resolve()}
+        for path in options.allow_write:
+            real = path.resolve()
+            if any(real == one or one in real.parents for one in places):
+                problems.append(
+                    f"--allow-write {path} is inside ~/{folder}, {agent}'s own folder, which "
+                    f"its runs never write: they see it through an overlay whose writes land "
+                    f"in the harness's folder ($PROHOST_HOME/{AGENTS_FOLDER}/{agent}/…), so "
+                    "the grant would have no effect; drop it, or grant a folder outside it")
     return problems
