@@ -15,6 +15,11 @@ a report the retry window    7 days after    the outbox, when it next tries
 could not settle (§7)        the run ended   (report/outbox.py)
 a conversation's worktrees   14 days idle    the daily pass, and ``agent gc``
 and folders                                  (its default ``--older-than``)
+a conversation's agent       14 days with    the daily pass
+folders where it has no      no run (the     (supervisor/upkeep.py); with
+worktrees (without           ledger; or      worktrees, they go with those
+``--repos``): its CLI and    their last
+ACP agents' folders          write)
 ===========================  ==============  ===================================
 
 A run's stderr tail goes with its body, and a report is given up when its body
@@ -31,7 +36,8 @@ KEEP_RUNS_S = 7 * DAY_S
 #: A reported run's tombstone (run id, state, when reported) is kept this long (s),
 #: so a late redelivery is still answered 204 and never run twice.
 KEEP_TOMBSTONES_S = 30 * DAY_S
-#: A conversation idle this long (s) has its worktrees and folders collected.
+#: A conversation idle this long (s) has its worktrees and folders collected; one
+#: without worktrees, its agent folders (CLI and ACP) once it has had no run for it.
 IDLE_LANE_S = 14 * DAY_S
 #: The harness clears what is past its period this often (s): the ledger, the stderr
 #: tails and idle conversations, each once a day.

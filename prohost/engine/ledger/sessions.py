@@ -116,6 +116,21 @@ class SessionRows(ServedCommit):
                 "SELECT finished_at, outcome FROM runs WHERE finished_at >= ? "
                 "AND outcome IS NOT NULL", (since,))]
 
+    def lanes_last_used(self) -> dict[str, float]:
+        """Each lane the ledger knows, and when a run of it was last accepted,
+        started or finished or its turn saved (epoch s): how long its conversation
+        has been idle (the daily collection of its agent folders). A lane whose
+        runs were pruned is known by its saved turns, which are never pruned."""
+        with self._locked() as conn:
+            return {str(lane): float(at) for lane, at in conn.execute(
+                "SELECT lane, MAX(at) FROM ("
+                " SELECT lane, MAX(accepted_at, COALESCE(started_at, 0),"
+                "  COALESCE(finished_at, 0)) AS at FROM runs WHERE lane != ''"
+                " UNION ALL SELECT lane, updated_at FROM lane_accounts"
+                " UNION ALL SELECT lane, updated_at FROM sessions"
+                " UNION ALL SELECT lane, updated_at FROM account_sessions"
+                ") GROUP BY lane")}
+
     def save_account_limits(self, limits: dict[str, float]) -> None:
         """Replace the remembered limits with ``limits`` (account → until, epoch s)."""
 

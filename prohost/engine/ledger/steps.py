@@ -478,6 +478,13 @@ class LedgerSteps:
         return await self._read(self.ledger.finished_since, since,
                                 what="reading today's finished runs at start")
 
+    async def lanes_last_used(self) -> dict[str, float]:
+        """Each lane the ledger knows and when it last had a run (a read: see
+        :meth:`~prohost.engine.ledger.Ledger.lanes_last_used`). Cancelled: as
+        :meth:`_read`."""
+        return await self._read(self.ledger.lanes_last_used,
+                                what="reading when each conversation last had a run")
+
     async def close_unreadable(self, run_id: str, why: str) -> None:
         """Close a row whose body cannot be read any more (durable: it is met at
         start only), so that it is not met again. Raises as :meth:`admit`.

@@ -5,7 +5,9 @@ A conversation's CLI folders of every account
 (``$PROHOST_HOME/cli/<account>/lanes/<lane folder>``,
 :mod:`prohost.engine.accounts.logins`) and its ACP agents' folders
 (``$PROHOST_HOME/agents/<agent>/<lane folder>``, :mod:`prohost.engine.run.confine`)
-go with its worktrees (``agent gc``, the daily pass); the overlays' work folders a
+go with its worktrees (``agent gc``, the daily pass), or, where it has none (without
+``--repos``), by themselves once it has had no run for the same period (the daily
+pass, :mod:`prohost.engine.supervisor.upkeep`); the overlays' work folders a
 killed harness left are swept at the next start and by ``agent gc``. Everything
 here is what runs could write: removed without following a link.
 """
@@ -34,6 +36,33 @@ def conversation_folders(home: Path, lane_folder: str) -> list[Path]:
                     f"{AGENTS_FOLDER}/*/{lane_folder}"):
         found += [path for path in home.glob(pattern) if not path.is_symlink()]
     return sorted(found)
+
+
+def conversations_with_folders(home: Path) -> dict[str, list[Path]]:
+    """Every conversation (by its lane folder's name) that has agent folders of the
+    harness's now, each with :func:`conversation_folders`. Blocking."""
+    found: dict[str, list[Path]] = {}
+    for pattern in (f"{CLI_FOLDER}/*/{LANES_FOLDER}/*", f"{AGENTS_FOLDER}/*/*"):
+        for path in home.glob(pattern):
+            if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
+                continue  # the overlays' work folders (.overlay-work) are no lane's
+            found.setdefault(path.name, []).append(path)
+    return {name: sorted(folders) for name, folders in sorted(found.items())}
+
+
+def last_written(folders: list[Path]) -> float:
+    """When any of ``folders`` or what lies directly in them last changed (epoch s;
+    0 when none can be read), never following a link: a conversation's idle time
+    where the ledger no longer knows it. Blocking."""
+    newest = 0.0
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            newest = max(newest, os.lstat(folder).st_mtime)
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
 
 
 def forget_conversation(home: Path, lane_folder: str) -> None:

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -34,9 +35,15 @@ from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.repos.gitsession import Confine
-from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
+from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name
+from prohost.engine.retention import CLEAR_EVERY_S, DAY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
-from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
+from prohost.engine.run.leftovers import (
+    conversations_with_folders,
+    forget_conversation,
+    last_written,
+    sweep_overlay_work,
+)
 from prohost.engine.view.status_file import Facts, Observed, keep_status_file, take_snapshot
 from prohost.options import Options
 from prohost.repospec import is_checkout
@@ -191,6 +198,73 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
 
+async def collect_conversations_daily(home: Path, runs: Mapping[str, HeldRun],
+                                      hold: Holding, steps: LedgerSteps, bounds: Bounds,
+                                      clock: Callable[[], float] = time.time) -> None:
+    """Once a day, :func:`collect_conversation_folders`. Cancelled: between passes,
+    nothing to undo; a removal under way is finished (shielded and bounded)."""
+    while True:
+        await trio.sleep(CLEAR_EVERY_S)
+        await collect_conversation_folders(home, runs, hold, steps, bounds, now=clock())
+
+
+async def collect_conversation_folders(home: Path, runs: Mapping[str, HeldRun],
+                                       hold: Holding, steps: LedgerSteps, bounds: Bounds,
+                                       *, now: float) -> list[str]:
+    """Remove the agent folders of the harness's (CLI folders of every account, ACP
+    agents' folders: :func:`~prohost.engine.run.leftovers.conversation_folders`)
+    of each conversation that has had no run for :data:`IDLE_LANE_S` by the
+    ledger (where it no longer knows the conversation: by when its folders were
+    last written); the lane folder names of those removed. A conversation that
+    has worktrees is left to their collection, which takes its folders with them
+    (:func:`collect_worktrees`). Never while a run of the conversation is held
+    (``runs``): the lane is held (``hold``) for the removal, and looked at again
+    inside. Errors and a hung disk are logged; the next pass tries again.
+    Cancelled: a removal under way is finished (shielded, bounded); the rest wait
+    for the next pass."""
+    try:
+        last = await steps.lanes_last_used()
+        found = await bounds.file_step(_without_worktrees, home,
+                                       what="listing the conversations' agent folders")
+    except (LedgerError, OSError) as exc:
+        log.warning("could not collect idle conversations' agent folders: %s", exc)
+        return []
+    lanes = {lane_folder_name(lane): lane for lane in last}
+    held = {lane_folder_name(run.lane) for run in runs.values()}
+    removed = []
+    for name, folders in found.items():
+        if name in held:
+            continue
+        lane = lanes.get(name)
+        try:
+            used = last[lane] if lane is not None else await bounds.file_step(
+                last_written, folders, what=f"reading the agent folders of {name}")
+            if now - used <= IDLE_LANE_S:
+                continue
+            async with hold(lane) if lane is not None else contextlib.nullcontext():
+                # Looked at again with the lane held: a turn may have come meanwhile.
+                if any(lane_folder_name(run.lane) == name for run in runs.values()) or (
+                        lane is not None
+                        and (await steps.lanes_last_used()).get(lane, used) != used):
+                    continue
+                # Shielded and bounded by the step itself.
+                await bounds.file_step(forget_conversation, home, name,
+                                       what=f"removing the agent folders of {name}")
+        except (LedgerError, OSError) as exc:
+            log.warning("could not remove the agent folders of conversation %s: %s", name, exc)
+            continue
+        log.info("removed the agent folders of conversation %s: no run for %d days", name,
+                 int((now - used) // DAY_S))
+        removed.append(name)
+    return removed
+
+
+def _without_worktrees(home: Path) -> dict[str, list[Path]]:
+    """Blocking: the conversations with agent folders and no worktrees folder."""
+    return {name: folders for name, folders in conversations_with_folders(home).items()
+            if not os.path.lexists(home / WORKTREES_DIR / name)}
+
+
 async def prune_daily(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
     """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :func:`clear_old`.
 
@@ -268,6 +342,8 @@ class Chores:
             if self.worktrees:
                 nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
                                    self.hold, self.bounds, self.git_confine)
+            nursery.start_soon(collect_conversations_daily, seen.options.home, seen.runs,
+                               self.hold, self.steps, self.bounds, seen.clock)
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)

@@ -16,9 +16,15 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.commands.gc import gc_command
+from prohost.engine.accounts.book import DEFAULT_ACCOUNT
+from prohost.engine.blocking import Bounds
+from prohost.engine.ledger import Ledger
+from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.worktrees import LANE_MARKER, lane_folder_name
+from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor import upkeep
 from tests.kits.repos import isolate_git, lanes
 
@@ -103,3 +109,60 @@ async def test_agent_gc_removes_them_and_sweeps_stale_overlay_work_folders(
 def lexists(path: Path) -> bool:
     """Whether anything, a link included, is at ``path``."""
     return os.path.lexists(path)
+
+
+async def test_without_worktrees_an_idle_conversation_s_folders_go_by_the_daily_pass(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
+    """Without ``--repos`` there is no lane folder to collect a conversation's agent
+    folders with: the daily pass collects them by themselves once the ledger (a
+    real sqlite one) has had no run of the conversation for the period, by when its
+    folders were last written where the ledger no longer knows it; never while a
+    run of it is held, nor one that has worktrees (they go with those)."""
+    # Jumps only once nothing has happened for a while: the pass's file and
+    # ledger steps run in threads, and must not see the clock jump under them.
+    mock_clock.autojump_threshold = 1.0
+    home = tmp_path / "home"
+    home.mkdir()
+    start = time.time()
+    ledger = Ledger.open(home / "ledger.sqlite3")
+    # Last used, days before the test's start: idle past the period (14 days) at
+    # the first daily pass (day 1), or for conv:closer at the second (day 2).
+    ages = {"conv:old": 20, "conv:closer": 12.5, "conv:held": 20, "conv:worktrees": 20}
+    for index, (lane, days) in enumerate(ages.items()):
+        ledger.admit(f"run-{index}", lane, "{}", now=start - days * DAY)
+        ledger.save_turn(lane, DEFAULT_ACCOUNT, f"session-{index}", now=start - days * DAY)
+    left = {lane: leave_state(home, lane) for lane in [*ages, "conv:forgotten"]}
+    # The ledger no longer knows this one; its folders were last written 20 days ago.
+    for folder in left["conv:forgotten"]:
+        for path in [folder, *folder.iterdir()]:
+            os.utime(path, (start - 20 * DAY, start - 20 * DAY), follow_symlinks=False)
+    (home / "worktrees" / lane_folder_name("conv:worktrees")).mkdir(parents=True)
+    runs = {"run-2": HeldRun("run-2", "conv:held")}
+    held: list[tuple[str, bool]] = []
+
+    @contextlib.asynccontextmanager
+    async def hold(lane: str) -> AsyncIterator[None]:
+        yield
+        held.append((lane, any(lexists(folder) for folder in left[lane])))
+
+    def there() -> set[str]:
+        return {lane for lane, folders in left.items() if any(map(lexists, folders))}
+
+    try:
+        with trio.fail_after(4 * DAY):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(upkeep.collect_conversations_daily, home, runs, hold,
+                                   LedgerSteps(ledger), Bounds(),
+                                   lambda: start + trio.current_time())
+                await trio.sleep(DAY + 1)
+                after_one = there()
+                await trio.sleep(DAY)
+                after_two = there()
+                nursery.cancel_scope.cancel()
+    finally:
+        ledger.close()
+    assert after_one == {"conv:closer", "conv:held", "conv:worktrees"}
+    assert after_two == {"conv:held", "conv:worktrees"}
+    # Each removal with its lane held, none of them held in vain.
+    assert held == [("conv:old", False), ("conv:closer", False)]
