@@ -50,7 +50,7 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.repos.changes import compare, take_state
 from prohost.engine.repos.gitcmd import GIT_TIMEOUT_S, git_env
 from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
-from prohost.engine.sandbox import Policy, confined_command
+from prohost.engine.sandbox import Policy, confined_command, seccomp
 from prohost.wire.protocol import converter
 
 USER = ["-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
@@ -117,8 +117,11 @@ def plain(path: Path) -> float:
 
 
 def _confine(argv: list[str], readable: Sequence[Path],
-             writable: Sequence[Path]) -> list[str]:
-    return confined_command(Policy(readable=tuple(readable), writable=tuple(writable)), argv)
+             writable: Sequence[Path]) -> tuple[list[str], int | None]:
+    # As the harness's (prohost.engine.run.checkouts.git_confinement): with the filter.
+    fd = seccomp.filter_fd()
+    policy = Policy(readable=tuple(readable), writable=tuple(writable))
+    return confined_command(policy, argv, seccomp_fd=fd), fd
 
 
 class _PerGit:

@@ -27,6 +27,8 @@ Attacks:
 - ``submodule MARKER``: stages ``sub``, a repository of its own whose config sets
   a clean filter (a script appending to MARKER) for a file whose times changed,
   so that a ``git status`` reading the submodule runs it;
+- ``submodule-connect SOCKET``: the same with a filter that connects to the Unix
+  socket SOCKET;
 - ``worktree-config MARKER``: writes its git dir's ``config.worktree`` (read when
   the repository enables ``extensions.worktreeConfig``) naming a clean filter (a
   script appending to MARKER) and an attributes file applying it to every file,
@@ -188,8 +190,10 @@ def main() -> str:
         done = subprocess.run(["git", "update-ref", f"refs/heads/{branch}", "HEAD"],
                               capture_output=True, text=True, check=False)
         return "moved" if done.returncode == 0 else "refused"
-    if attack == "submodule":
-        (marker,) = args
+    if attack in ("submodule", "submodule-connect"):
+        (target,) = args
+        planted = (clean_filter(target) if attack == "submodule"
+                   else connecting_filter(target))
         sub = os.path.join(here, "sub")
         os.mkdir(sub)
         git("-C", sub, "init", "--quiet")
@@ -197,7 +201,7 @@ def main() -> str:
             handle.write("hi\n")
         git("-C", sub, "add", "f")
         git("-C", sub, "commit", "--quiet", "-m", "s")
-        git("-C", sub, "config", "filter.x.clean", clean_filter(marker))
+        git("-C", sub, "config", "filter.x.clean", planted)
         os.makedirs(os.path.join(sub, ".git", "info"), exist_ok=True)
         with open(os.path.join(sub, ".git", "info", "attributes"), "w",
                   encoding="utf-8") as handle:
@@ -235,6 +239,23 @@ def main() -> str:
         os.mkfifo(os.path.join(here, path))
         return "made"
     return "nothing"
+
+
+def connecting_filter(address: str) -> str:
+    """A clean filter (a script in the checkout) that connects to the Unix socket
+    ``address`` and says so there."""
+    script = os.path.join(here, ".clean")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(f"#!{sys.executable}\nimport socket, sys\n"
+                     "try:\n"
+                     "    conn = socket.socket(socket.AF_UNIX)\n"
+                     f"    conn.connect({address!r})\n"
+                     "    conn.sendall(b'owned by a filter\\n')\n"
+                     "except OSError:\n"
+                     "    pass\n"
+                     "sys.stdout.buffer.write(sys.stdin.buffer.read())\n")
+    os.chmod(script, 0o755)
+    return script
 
 
 def clean_filter(marker: str) -> str:

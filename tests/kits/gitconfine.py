@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prohost.engine.repos.gitsession import Confine
-from prohost.engine.sandbox import Policy, confined_command
+from prohost.engine.sandbox import Policy, confined_command, seccomp
 
 
 def bwrap_confine(hidden: tuple[Path, ...] = ()) -> Confine:
@@ -15,8 +15,9 @@ def bwrap_confine(hidden: tuple[Path, ...] = ()) -> Confine:
     (:func:`prohost.engine.run.checkouts.git_confinement`), with ``hidden`` hidden."""
 
     def confine(argv: list[str], readable: Sequence[Path],
-                writable: Sequence[Path]) -> list[str]:
+                writable: Sequence[Path]) -> tuple[list[str], int | None]:
         policy = Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden)
-        return confined_command(policy, argv)
+        fd = seccomp.filter_fd()
+        return confined_command(policy, argv, seccomp_fd=fd), fd
 
     return confine

@@ -176,11 +176,12 @@ async def git(
 async def run_git(
     argv: Sequence[str], *, timeout_s: float = GIT_TIMEOUT_S,
     env: Mapping[str, str] | None = None, ok_codes: tuple[int, ...] = (0,),
-    stdin: bytes | None = None,
+    stdin: bytes | None = None, pass_fds: tuple[int, ...] = (),
 ) -> str:
     """Run ``argv`` as :func:`git` runs git: a command line that runs git in
     the end (a confined one, ``bwrap … -- git …``), with :data:`HARDENED` in it
-    already. Cancelled: as :func:`git`."""
+    already; ``pass_fds``: descriptors it is passed (bubblewrap's filter).
+    Cancelled: as :func:`git`."""
     what = what_of(argv[1:])
     with trio.move_on_after(timeout_s) as scope:
         try:
@@ -194,6 +195,7 @@ async def run_git(
                 # A group of its own (pgid == pid), so _kill_group reaches its children.
                 start_new_session=True,
                 deliver_cancel=_kill_group,
+                pass_fds=pass_fds,
             )
         except FileNotFoundError:
             raise GitError("git is not installed (no git on PATH)") from None

@@ -42,8 +42,10 @@ from prohost.engine.repos.gitcmd import (
 )
 
 #: Makes a command line run confined: ``argv``, the folders it may read though
-#: hidden, the folders it may write. Blocking. (As :data:`.lanerepo.Confine`.)
-Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], list[str]]
+#: hidden, the folders it may write; the command line and a descriptor to pass it
+#: (bubblewrap's filter on Unix sockets; ``None``: none), closed by the spawner
+#: once it has spawned. Blocking. (As :data:`.lanerepo.Confine`.)
+Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], tuple[list[str], int | None]]
 
 #: The server run inside the confinement, by path (it imports only the stdlib).
 SERVER = str(Path(__file__).with_name("gitserve.py"))
@@ -158,15 +160,21 @@ class ConfinedGit:
         if self._scratch is None:
             self._scratch = await trio.to_thread.run_sync(_scratch, self._root,
                                                           abandon_on_cancel=True)
-        argv = await trio.to_thread.run_sync(
+        argv, fd = await trio.to_thread.run_sync(
             self._confine, [sys.executable, "-I", "-S", SERVER],
             [*self._readable, self._scratch], [], abandon_on_cancel=True)
         try:
+            # The filter (what a run planted, a filter or a hook, makes no Unix
+            # socket in there) is read by bubblewrap as it starts: ours then closes.
             self._process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, env=git_env(), start_new_session=True)
+                stderr=subprocess.DEVNULL, env=git_env(), start_new_session=True,
+                pass_fds=() if fd is None else (fd,))
         except OSError as exc:
             raise GitError(f"could not run git confined: {exc.strerror or exc}") from None
+        finally:
+            if fd is not None:
+                os.close(fd)
         self.started += 1
         self._buffer.clear()
         return self._process

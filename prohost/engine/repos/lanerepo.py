@@ -99,8 +99,10 @@ def planted_ref(repo: Path, branch: str) -> bool:
 
 
 #: Makes a command line run confined (the run room's, from the sandbox): ``argv``,
-#: the folders it may read though hidden, the folders it may write. Blocking.
-Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], list[str]]
+#: the folders it may read though hidden, the folders it may write; the command
+#: line, and a descriptor to pass to it (``None``: none; bubblewrap reads its filter
+#: on Unix sockets from it), which the spawner closes once it has spawned. Blocking.
+Confine = Callable[[list[str], Sequence[Path], Sequence[Path]], tuple[list[str], int | None]]
 
 
 async def bring_back(repo: Path, person_common: str, branch: str,
@@ -146,11 +148,15 @@ async def bring_back(repo: Path, person_common: str, branch: str,
     scratch = await trio.to_thread.run_sync(_scratch, scratch_root, abandon_on_cancel=True)
     try:
         bundle = scratch / "branch.bundle"
-        argv = await trio.to_thread.run_sync(
+        argv, fd = await trio.to_thread.run_sync(
             confine, ["git", *HARDENED, "--git-dir", str(repo), "bundle", "create",
                       "--quiet", str(bundle), ref, *(f"^{h}" for h in have if h)],
             [repo], [scratch], abandon_on_cancel=True)
-        await run_git(argv)
+        try:
+            await run_git(argv, pass_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
         await git(*fetch, str(bundle), f"+{ref}:{ref}")
     finally:
         # Shielded and bounded: a hung disk leaves the folder to the next start's

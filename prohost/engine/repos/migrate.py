@@ -185,10 +185,15 @@ async def _read_index(places: GitPlaces, confine: lanerepo.Confine | None,
     argv = ["git", *HARDENED, "--git-dir", places.git_dir, *args]
     env = git_env()
     env["GIT_COMMON_DIR"] = places.common_dir
-    if confine is not None:
-        argv = await trio.to_thread.run_sync(confine, argv, [Path(places.common_dir)], [],
+    if confine is None:
+        return await run_git(argv, env=env)
+    argv, fd = await trio.to_thread.run_sync(confine, argv, [Path(places.common_dir)], [],
                                              abandon_on_cancel=True)
-    return await run_git(argv, env=env)
+    try:
+        return await run_git(argv, env=env, pass_fds=() if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 async def own_objects(repo: Path, places: GitPlaces, person_common: str,

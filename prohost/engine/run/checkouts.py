@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
 from prohost.engine.run.confine import Sandbox, hidden_places
 from prohost.engine.run.startstate import read_start_state, start_state
-from prohost.engine.sandbox import Policy, confined_command
+from prohost.engine.sandbox import Policy, confined_command, seccomp
 from prohost.wire.changes import ChangeEntry, CheckoutChanges, UnreadableCheckout
 from prohost.wire.runs import AgentRun
 
@@ -184,9 +185,16 @@ def git_confinement(sandbox: Sandbox) -> Confine | None:
     program = support.bwrap
 
     def confine(argv: list[str], readable: Sequence[Path],
-                writable: Sequence[Path]) -> list[str]:
+                writable: Sequence[Path]) -> tuple[list[str], int | None]:
         policy = Policy(writable=tuple(writable), readable=tuple(readable), hidden=hidden)
-        return confined_command(policy, argv, bwrap=program)
+        # The runs' filter on Unix sockets: what a run planted runs with it too.
+        fd = seccomp.filter_fd()
+        try:
+            return confined_command(policy, argv, bwrap=program, seccomp_fd=fd), fd
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
 
     return confine
 

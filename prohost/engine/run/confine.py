@@ -116,7 +116,7 @@ class Sandbox:
         Never refuses: ``required`` is checked by the command line before (exit 2)."""
         support = None if options.sandbox == "off" else probe()
         granted = granted_sockets(options.allow_write, env)
-        if (support is not None and support.kind == "bwrap" and granted
+        if (support is not None and support.kind in ("bwrap", "landlock") and granted
                 and seccomp.program() is not None):
             # The person lets runs reach a socket of theirs (ssh-agent to push):
             # the filter refuses every Unix socket, so it is off, and a socket in a

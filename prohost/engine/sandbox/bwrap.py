@@ -317,16 +317,18 @@ def _under_fresh(path: str) -> bool:
 
 
 def confined_command(policy: Policy, argv: Sequence[str], *, network: bool = False,
-                     bwrap: str | None = None) -> list[str]:
+                     bwrap: str | None = None, seccomp_fd: int | None = None) -> list[str]:
     """The command line that runs ``argv`` once, confined to ``policy`` (resolved
     here): the harness's own one-shot commands on a run's places (git). Without
     ``network`` it has no network and so no abstract Unix socket either; its PID
     namespace ends with ``argv``'s process, taking every process it started along
     (run it as a process-group leader and stop it with ``killpg``: that reaches
     bubblewrap's init, whose end ends the namespace). Blocking (it resolves the
-    policy). Raises ``FileNotFoundError`` where there is no bubblewrap."""
+    policy). ``seccomp_fd``: where bubblewrap reads the filter on Unix sockets from
+    (:func:`.seccomp.filter_fd`; the spawn passes it). Raises
+    ``FileNotFoundError`` where there is no bubblewrap."""
     program = bwrap or find()
     if program is None:
         raise FileNotFoundError("bubblewrap (bwrap) is not installed")
-    options = arguments(policy, tmpdir=None, network=network)
+    options = arguments(policy, tmpdir=None, network=network, seccomp_fd=seccomp_fd)
     return [program, *options, "--", *argv]

@@ -61,6 +61,9 @@ class Confinement:
     #: Descriptors the spawn passes to the command (bubblewrap's seccomp filter,
     #: rewound before each spawn); closed by :meth:`close`.
     pass_fds: tuple[int, ...] = ()
+    #: Landlock alone: the filter on Unix sockets the spawning thread installs on
+    #: itself after entering the domain (bubblewrap installs its own).
+    _socket_filter: seccomp.ThreadFilter | None = None
 
     @property
     def has_domain(self) -> bool:
@@ -70,7 +73,8 @@ class Confinement:
     @property
     def preexec(self) -> Callable[[], None] | None:
         """The domain entered between fork and exec, for a caller that spawns
-        without :meth:`spawn` (tests; a ``preexec`` forces a full fork)."""
+        without :meth:`spawn` (tests; a ``preexec`` forces a full fork). The
+        filter on Unix sockets is not installed this way: :meth:`spawn` does it."""
         return landlock.child_step(self._ruleset.fd) if self._ruleset is not None else None
 
     def spawn_soon(self, start: Callable[[], T],
@@ -84,6 +88,7 @@ class Confinement:
             try:
                 if self._ruleset is not None:
                     landlock.restrict_this_thread(fd)
+                    self._filter_this_thread()
                 self._rewind()
                 result = start()
             except BaseException as error:  # handed to deliver: nobody joins this thread
@@ -116,6 +121,7 @@ class Confinement:
         def confined() -> None:
             try:
                 landlock.restrict_this_thread(fd)
+                self._filter_this_thread()
                 self._rewind()
                 result.append(start())
             except BaseException as error:  # handed to the caller's thread below
@@ -127,6 +133,11 @@ class Confinement:
         if failure:
             raise failure[0]
         return result[0]
+
+    def _filter_this_thread(self) -> None:
+        # After the domain: both are this thread's alone, and it ends with the spawn.
+        if self._socket_filter is not None:
+            self._socket_filter.install()
 
     def _rewind(self) -> None:
         # Each spawn's bubblewrap reads the seccomp filter from its start (a
@@ -208,7 +219,9 @@ def _scopes(abi: int) -> landlock.Ruleset | None:
 
 
 def prepare_landlock(policy: Policy, support: Support) -> Confinement:
-    """The fallback: Landlock's filesystem rules (and scopes, from ABI 6) alone.
+    """The fallback: Landlock's filesystem rules (and scopes, from ABI 6), with the
+    seccomp filter on Unix sockets (:class:`.seccomp.ThreadFilter`) unless
+    ``support`` has it off.
     A mount's source, an overlay's upper folder, is granted writable; its target
     (the overlay's lower folder, the person's) stays as it is."""
     policy = attrs.evolve(policy, writable=(*policy.writable,
@@ -222,7 +235,10 @@ def prepare_landlock(policy: Policy, support: Support) -> Confinement:
     except BaseException:
         ruleset.close()
         raise
-    return Confinement(confined=support.complete, ruleset=ruleset)
+    # The filter that keeps the run off Unix sockets (by path: Landlock does not
+    # stop connect; abstract ones too), as bubblewrap's runs get it.
+    return Confinement(confined=support.complete, ruleset=ruleset,
+                       socket_filter=seccomp.thread_filter() if support.socket_filter else None)
 
 
 @attrs.frozen

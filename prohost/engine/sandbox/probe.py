@@ -12,12 +12,15 @@ import attrs
 #: Only this copy: one earlier on PATH could be anyone's (as Codex reasons).
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
-#: What Landlock alone leaves open, each as the §13 point it fails.
+#: What Landlock alone leaves open, each as the §13 point it fails (the seccomp
+#: filter on Unix sockets, which the spawning thread installs, closes the rest).
 LANDLOCK_GAPS = (
     "modes, owners, times and attributes outside the run's places can be changed",
-    "Unix sockets outside the run's places can be reached by path",
     "processes outside the run are visible, and a run's processes can outlive it",
 )
+#: Landlock alone, where :mod:`.seccomp` has no filter for the machine's architecture.
+LANDLOCK_SOCKET_GAP = ("Unix sockets outside the run's places can be reached by path: no "
+                       "seccomp filter for this machine's architecture (%s)")
 #: Without Landlock's scopes (ABI 6), under bubblewrap.
 SCOPE_GAP = ("abstract Unix sockets outside the run can be reached (Landlock ABI 6 is "
              "needed to scope them)")
@@ -53,9 +56,9 @@ class Support:
     bwrap: str = ""
     #: The kernel's Landlock ABI (0: none).
     abi: int = 0
-    #: Runs under bubblewrap get :mod:`.seccomp`'s filter on Unix sockets (off
-    #: where ``--allow-write`` names a socket: the filter cannot tell one socket
-    #: from another, and ``gaps`` then says so).
+    #: Runs (under bubblewrap, or Landlock alone) get :mod:`.seccomp`'s filter on
+    #: Unix sockets (off where ``--allow-write`` names a socket: the filter cannot
+    #: tell one socket from another, and ``gaps`` then says so).
     socket_filter: bool = True
 
     @property
@@ -100,7 +103,11 @@ def _linux() -> Support:
         detail = f"bubblewrap, Landlock ABI {abi}" if abi else "bubblewrap"
         return Support("bwrap", detail=detail, gaps=gaps, bwrap=program, abi=abi)
     if abi:
-        gaps = LANDLOCK_GAPS if abi >= landlock.SCOPES_ABI else (*LANDLOCK_GAPS, SCOPE_GAP)
+        gaps = LANDLOCK_GAPS
+        if seccomp.program() is None:
+            # Without the filter, Landlock's scopes (ABI 6) alone keep abstract ones off.
+            gaps += (LANDLOCK_SOCKET_GAP % seccomp.machine(),
+                     *(() if abi >= landlock.SCOPES_ABI else (SCOPE_GAP,)))
         return Support("landlock", detail=f"Landlock ABI {abi} alone", reason=why_not,
                        gaps=gaps, abi=abi)
     return Support(None, reason=f"{why_not}, and {no_landlock}")

@@ -34,13 +34,18 @@ each difference closes a way around it:
 
 The program is made here, in Python, for the machine's architecture; on any other
 (``None``) a run gets no filter, and :mod:`.probe` says that point of §13 does not
-hold.
+hold. bubblewrap installs it for a run (``--seccomp FD``: :func:`readable`), and
+for the harness's own confined git; where runs are confined by Landlock alone, the
+thread that spawns the run installs it on itself (:class:`ThreadFilter`), as it
+enters the Landlock domain, and the run inherits it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import functools
 import os
 import platform
 import struct
@@ -164,6 +169,67 @@ def readable(data: bytes) -> int:
     return fd
 
 
+def filter_fd() -> int | None:
+    """A new descriptor (:func:`readable`) of this machine's :func:`program`, for
+    one bubblewrap to read (``--seccomp``): the harness's own confined commands
+    (:func:`.bwrap.confined_command`), each its own, so no two share an offset.
+    ``None`` where there is no program for the architecture. The caller passes it
+    to the spawn and then closes it."""
+    data = program()
+    return None if data is None else readable(data)
+
+
 def rewind(fd: int) -> None:
     """Make the next read of ``fd`` (:func:`readable`) start at the program's start."""
     os.lseek(fd, 0, os.SEEK_SET)
+
+
+#: ``prctl`` options: ``PR_SET_NO_NEW_PRIVS``, ``PR_SET_SECCOMP`` (mode 2: a filter).
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    """``struct sock_fprog``: the number of instructions, and where they are."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.restype = ctypes.c_int
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+
+
+class ThreadFilter:
+    """:func:`program` made ready to install on a thread (:meth:`install`): what
+    bubblewrap's ``--seccomp`` does for its child, done by the thread that then
+    spawns a run confined by Landlock alone, so the run and everything it starts
+    inherit it. The filter belongs to that thread alone (no ``TSYNC``): the rest of
+    the harness is unaffected, and the thread ends with its spawn."""
+
+    def __init__(self, data: bytes) -> None:
+        # Kept alive with the object: the kernel copies the program at install.
+        self._code = ctypes.create_string_buffer(data, len(data))
+        self._fprog = _SockFprog(len(data) // 8, ctypes.addressof(self._code))
+
+    def install(self) -> None:
+        """Install the filter on the calling thread, for good (``no_new_privs``
+        first, which an unprivileged filter demands). ``OSError`` when the
+        kernel refuses: the caller then spawns nothing."""
+        for option, value in ((_PR_SET_NO_NEW_PRIVS, 1),
+                              (_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER)):
+            address = ctypes.addressof(self._fprog) if option == _PR_SET_SECCOMP else 0
+            if _prctl(option, value, address, 0, 0) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"seccomp filter: {os.strerror(code)}")
+
+
+@functools.cache
+def thread_filter() -> ThreadFilter | None:
+    """This machine's :func:`program` as a :class:`ThreadFilter`, made once (it is
+    never changed); ``None`` where there is no program for the architecture."""
+    data = program()
+    return None if data is None else ThreadFilter(data)
