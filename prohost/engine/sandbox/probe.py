@@ -17,6 +17,7 @@ SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 LANDLOCK_GAPS = (
     "modes, owners, times and attributes outside the run's places can be changed",
     "processes outside the run are visible, and a run's processes can outlive it",
+    "your terminals (/dev/pts) can be written",
 )
 #: Landlock alone, where :mod:`.seccomp` has no filter for the machine's architecture.
 LANDLOCK_SOCKET_GAP = ("Unix sockets outside the run's places can be reached by path: no "
