@@ -31,7 +31,7 @@ from prohost.engine.agent.stderrtail import prune_tails
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.interfaces import PruneSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.repos.gitsession import Confine
 from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
@@ -191,7 +191,7 @@ async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holdi
             "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
 
-async def prune_daily(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
+async def prune_daily(steps: PruneSteps, home: Path, bounds: Bounds) -> None:
     """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :func:`clear_old`.
 
     Cancelled: between passes, nothing to undo; a pass in progress finishes each
@@ -202,7 +202,7 @@ async def prune_daily(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
         await clear_old(steps, home, bounds)
 
 
-async def clear_old(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
+async def clear_old(steps: PruneSteps, home: Path, bounds: Bounds) -> None:
     """One pass of what :mod:`prohost.engine.retention` keeps for a time: the ledger's
     old reported runs (:func:`prune`) and the stderr tails (:func:`prune_stderr_tails`).
     Never raises for a failing disk: logged, tried again next time. Cancelled: as
@@ -223,7 +223,7 @@ async def prune_stderr_tails(home: Path, bounds: Bounds) -> int:
         return 0
 
 
-async def prune(steps: LedgerSteps) -> int:
+async def prune(steps: PruneSteps) -> int:
     """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
 
     A failing or hung disk is logged, not raised: pruning can wait a day.
@@ -250,7 +250,7 @@ class Chores:
     bounds: Bounds
     changes: Changes
     status_written: Changes
-    steps: LedgerSteps | None = None
+    steps: PruneSteps | None = None
     gate: AccountGate | None = None
     worktrees: bool = False
     #: How the collection's git runs confined (``None``: unconfined).
