@@ -150,77 +150,85 @@ async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> Non
                         result.returncode)
 
 
-async def collect_worktrees_daily(home: Path, runs: Mapping[str, HeldRun],
-                                  hold: Holding, bounds: Bounds,
-                                  confine: Confine | None = None) -> None:
-    """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
-    is finished (shielded inside ``collect_garbage``)."""
-    while True:
-        await trio.sleep(CLEAR_EVERY_S)
-        await collect_worktrees(home, runs, hold, bounds=bounds, confine=confine)
+@attrs.frozen(eq=False)
+class DailyPass:
+    """What :mod:`prohost.engine.retention` clears once a day in ``home``: the
+    ledger's old runs (through ``steps``), the stderr tails, and the worktrees of
+    idle conversations — never one with a run in flight (one of ``runs``), and a
+    lane held (``hold``, the scheduler's) while its worktrees go; their git runs
+    confined by ``confine`` (``None``: unconfined). Every file step goes through
+    ``bounds``, the harness's, which its second signal hurries. Made once by
+    :meth:`Chores.start`."""
 
+    home: Path
+    bounds: Bounds
+    steps: PruneSteps | None = None
+    runs: Mapping[str, HeldRun] = attrs.Factory(dict)
+    hold: Holding | None = None
+    confine: Confine | None = None
 
-async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holding, *,
-                            now: float | None = None, bounds: Bounds | None = None,
-                            confine: Confine | None = None) -> None:
-    """Remove the worktrees in ``home`` of lanes idle for 14 days (clean ones only),
-    never a lane with a run in flight (one of ``runs``): a lane is held (``hold``,
-    the scheduler's) while its worktrees are removed, so a turn arriving meanwhile
-    starts after, and prepares them afresh. Errors, and a disk that hangs past a
-    step's bound (``bounds``: the harness's, hurried by the second signal), are
-    logged. ``confine``: how its git runs confined (the runs' confinement, see
-    :func:`~prohost.engine.repos.collect.collect_garbage`). Cancelled: as
-    :func:`collect_worktrees_daily`.
-    """
-    try:
-        entries = await collect_garbage(
-            home, older_than_s=IDLE_LANE_S, dry_run=False, force=False,
-            # Live, not a snapshot: GC asks again just before it removes anything.
-            busy=lambda lane: any(h.lane == lane for h in runs.values()),
-            hold=hold,
-            now=now,
-            bounds=bounds,
-            with_folder=functools.partial(forget_conversation, home),
-            confine=confine,
-        )
-    except OSError as exc:
-        log.warning("could not collect old worktrees: %s", exc)
-        return
-    for entry in entries:
-        (log.info if entry.action == "removed" else log.debug)(
-            "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+    async def prune_daily(self) -> None:
+        """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :meth:`clear_old`.
 
+        Cancelled: between passes, nothing to undo; a pass in progress finishes each
+        step within its bound.
+        """
+        while True:
+            await trio.sleep(CLEAR_EVERY_S)
+            await self.clear_old()
 
-async def prune_daily(steps: PruneSteps, home: Path, bounds: Bounds) -> None:
-    """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :func:`clear_old`.
+    async def clear_old(self) -> None:
+        """One pass of what :mod:`prohost.engine.retention` keeps for a time: the
+        ledger's old reported runs (:func:`prune`) and the stderr tails
+        (:meth:`prune_stderr_tails`). Never raises for a failing disk: logged, tried
+        again next time. Cancelled: as the step under way."""
+        if self.steps is not None:
+            await prune(self.steps)
+        await self.prune_stderr_tails()
 
-    Cancelled: between passes, nothing to undo; a pass in progress finishes each
-    step within its bound.
-    """
-    while True:
-        await trio.sleep(CLEAR_EVERY_S)
-        await clear_old(steps, home, bounds)
+    async def prune_stderr_tails(self) -> int:
+        """Remove the stderr tails past their period; how many. A failing or hung disk
+        is logged, not raised: pruning can wait a day. Cancelled: as
+        :meth:`prohost.engine.blocking.Bounds.file_step` (abandoning a listing and
+        unlinks of files only the harness reads is safe)."""
+        try:
+            return await self.bounds.file_step(prune_tails, self.home,
+                                               what="pruning the stderr tails")
+        except OSError as exc:
+            log.warning("could not prune the stderr tails: %s", exc)
+            return 0
 
+    async def collect_worktrees_daily(self) -> None:
+        """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
+        is finished (shielded inside ``collect_garbage``)."""
+        while True:
+            await trio.sleep(CLEAR_EVERY_S)
+            await self.collect_worktrees()
 
-async def clear_old(steps: PruneSteps, home: Path, bounds: Bounds) -> None:
-    """One pass of what :mod:`prohost.engine.retention` keeps for a time: the ledger's
-    old reported runs (:func:`prune`) and the stderr tails (:func:`prune_stderr_tails`).
-    Never raises for a failing disk: logged, tried again next time. Cancelled: as
-    the step under way."""
-    await prune(steps)
-    await prune_stderr_tails(home, bounds)
-
-
-async def prune_stderr_tails(home: Path, bounds: Bounds) -> int:
-    """Remove the stderr tails past their period; how many. A failing or hung disk
-    is logged, not raised: pruning can wait a day. Cancelled: as
-    :meth:`prohost.engine.blocking.Bounds.file_step` (abandoning a listing and
-    unlinks of files only the harness reads is safe)."""
-    try:
-        return await bounds.file_step(prune_tails, home, what="pruning the stderr tails")
-    except OSError as exc:
-        log.warning("could not prune the stderr tails: %s", exc)
-        return 0
+    async def collect_worktrees(self, *, now: float | None = None) -> None:
+        """Remove the worktrees of lanes idle for 14 days (clean ones only; see
+        :func:`~prohost.engine.repos.collect.collect_garbage`). Errors, and a disk
+        that hangs past a step's bound, are logged. Cancelled: as
+        :meth:`collect_worktrees_daily`.
+        """
+        runs, home = self.runs, self.home
+        try:
+            entries = await collect_garbage(
+                home, older_than_s=IDLE_LANE_S, dry_run=False, force=False,
+                # Live, not a snapshot: GC asks again just before it removes anything.
+                busy=lambda lane: any(h.lane == lane for h in runs.values()),
+                hold=self.hold,
+                now=now,
+                bounds=self.bounds,
+                with_folder=functools.partial(forget_conversation, home),
+                confine=self.confine,
+            )
+        except OSError as exc:
+            log.warning("could not collect old worktrees: %s", exc)
+            return
+        for entry in entries:
+            (log.info if entry.action == "removed" else log.debug)(
+                "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
 
 
 async def prune(steps: PruneSteps) -> int:
@@ -264,10 +272,11 @@ class Chores:
         """
         seen = self.seen
         if self.steps is not None:
-            nursery.start_soon(prune_daily, self.steps, seen.options.home, self.bounds)
+            daily = DailyPass(seen.options.home, self.bounds, self.steps, seen.runs,
+                              self.hold, self.git_confine)
+            nursery.start_soon(daily.prune_daily)
             if self.worktrees:
-                nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
-                                   self.hold, self.bounds, self.git_confine)
+                nursery.start_soon(daily.collect_worktrees_daily)
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from prohost.commands.gc import gc_command
+from prohost.engine.blocking import Bounds
 from prohost.engine.repos.worktrees import LANE_MARKER, lane_folder_name
 from prohost.engine.supervisor import upkeep
 from tests.kits.repos import isolate_git, lanes
@@ -79,7 +80,7 @@ async def test_the_daily_pass_removes_a_collected_conversation_s_agent_folders_a
                                       "last_used": now - DAY}))
         old = leave_state(setup.home, "conv:old")
         recent = leave_state(setup.home, "conv:recent")
-        await upkeep.collect_worktrees(setup.home, {}, holding, now=now)
+        await upkeep.DailyPass(setup.home, Bounds(), hold=holding).collect_worktrees(now=now)
     assert not setup.folder("conv:old").exists()
     assert [lexists(folder) for folder in old] == [False, False, False]
     assert all(folder.is_dir() for folder in recent)

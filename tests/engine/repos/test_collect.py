@@ -295,8 +295,9 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
                 return await remove_folder(*args)  # type: ignore[arg-type]
 
             monkeypatch.setattr(collect._Collection, "_remove_folder", remove_while_a_turn_arrives)
-            await upkeep.collect_worktrees(harness.options.home, harness.held,
-                                          harness.scheduler.holding, now=time.time() + LATER)
+            await upkeep.DailyPass(harness.options.home, harness.bounds, runs=harness.held,
+                                   hold=harness.scheduler.holding,
+                                   ).collect_worktrees(now=time.time() + LATER)
             assert arrived
             await gate.wait_started(arrived[0])
             await gate.release(arrived[0])
