@@ -13,8 +13,8 @@ and in one run, for each case, from a clean worktree:
 * **one 50 MB file**: one new file of 50 MB of text.
 
 (``--scale`` shrinks the counts and sizes, for a smoke run.) Each case times the
-state taken before the change (``take_state``) and the comparison after it
-(``compare``), against ``git status --porcelain=v2 -z`` plus ``git diff --numstat
+state taken before the change (``CheckoutReader.state``) and the comparison after
+it (``CheckoutReader.compare``), against ``git status --porcelain=v2 -z`` plus ``git diff --numstat
 -z`` on the same worktree at the same moment (the least a harness could do to learn
 the same), and prints each as a ratio: the median of ``--repeat`` such pairs, each
 pair run back to back, so that a machine busy with something else weighs on both
@@ -46,8 +46,7 @@ from typing import Any
 
 import trio
 
-from prohost.engine.blocking import Bounds
-from prohost.engine.repos.changes import compare, take_state
+from prohost.engine.repos.changes import CheckoutReader
 from prohost.engine.repos.gitcmd import GIT_TIMEOUT_S, git_env
 from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
 from prohost.engine.sandbox import Policy, confined_command, seccomp
@@ -165,14 +164,14 @@ async def one_case(path: Path, change: Any, repeat: int, how: str = "plain",
     for _ in range(repeat):
         start = time.perf_counter()
         async with reader(how, path.parent) as run:
-            before = await take_state("bench", path, bounds=Bounds(), run=run)
+            before = await CheckoutReader(run=run).state("bench", path)
         states.append((time.perf_counter() - start, plain(path)))
     change(path)
     compares: list[tuple[float, float]] = []
     for _ in range(repeat):
         start = time.perf_counter()
         async with reader(how, path.parent) as run:
-            entry = converter.unstructure(await compare(before, bounds=Bounds(), run=run))
+            entry = converter.unstructure(await CheckoutReader(run=run).compare(before))
         compares.append((time.perf_counter() - start, plain(path)))
         processes = getattr(run, "started", 0)
     return {

@@ -260,8 +260,7 @@ async def test_a_hung_disk_under_the_daily_worktree_collection_gives_up_at_the_s
     returned = trio.Event()
 
     async def collect_now() -> None:
-        await upkeep.collect_worktrees(tmp_path / "home", {}, hold=None,  # type: ignore[arg-type]
-                                       bounds=bounds)
+        await upkeep.DailyPass(tmp_path / "home", bounds).collect_worktrees()
         returned.set()
 
     async with trio.open_nursery() as nursery:

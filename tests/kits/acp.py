@@ -23,6 +23,7 @@ from prohost.engine.agent import poll
 from prohost.engine.agent.brains.acp import AcpTurn
 from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.base import McpWiring
+from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome
@@ -117,10 +118,10 @@ async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None =
     done.turn, done.record_path = turn, record_of(tmp_path)
     agent_env = acp_env(tmp_path, scenario, **env)
     result = await run_agent(
-        FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=agent_env,
-        groups=groups or ProcessGroups(), deadline=deadline, max_stdout_bytes=0,
-        on_stdout_line=lambda line: read(done, turn, line),
-        conversation=turn.conversation(PROMPT, session, tmp_path, mcp, agent_env))
+        Launch(command=FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=agent_env,
+               conversation=turn.conversation(PROMPT, session, tmp_path, mcp, agent_env)),
+        groups or ProcessGroups(), ProcessLimits(deadline=deadline, max_stdout_bytes=0),
+        ProcessHooks(on_stdout_line=lambda line: read(done, turn, line)))
     done.result = result
     if result.timed_out is None:
         done.outcome = turn.finish(result)

@@ -13,9 +13,9 @@ from prohost.engine.repos.changes import CheckoutState
 from prohost.wire.protocol import converter
 
 
-async def compare(before: CheckoutState, **kwargs: Any) -> Any:
-    """The entry as the completion sends it (§7's JSON)."""
-    return converter.unstructure(await changes.compare(before, **kwargs))
+async def compare(before: CheckoutState, *, limit_s: float = changes.CHANGES_LIMIT_S) -> Any:
+    """The entry as the completion sends it (§7's JSON), read unconfined."""
+    return converter.unstructure(await changes.CheckoutReader().compare(before, limit_s=limit_s))
 
 
 def git(repo: Path, *args: str) -> str:

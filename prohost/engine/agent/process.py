@@ -29,29 +29,31 @@ import math
 import os
 import signal
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from pathlib import Path
-from typing import Literal, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Literal
 
 import attrs
 import trio
 
 from prohost.engine.agent import procinfo
+from prohost.engine.agent.launch import (
+    DEFAULT_LIMITS,
+    LINGER_S,
+    NO_HOOKS,
+    Conversation,
+    Launch,
+    ProcessHooks,
+    ProcessLimits,
+)
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
 from prohost.engine.agent.spawn import Spawned, spawn_confined
-from prohost.engine.sandbox import Confinement
 
 log = logging.getLogger("prohost.agentproc")
 
 #: Bytes asked of a pipe per read. Larger than trio's default, so a flood of
 #: output costs fewer wake-ups; it is also the most one read can add to memory.
 _READ_SIZE = 256 * 1024
-
-#: Longest stdout line handed to ``on_stdout_line``. A streaming brain's single
-#: JSON event can legitimately be several MiB (a large tool result), so this is
-#: generous; a longer line is dropped and counted rather than buffered.
-DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 
 #: Time allowed, after the leader exits and the group is swept, for the pipes to
 #: reach end-of-file. Only a process that left the group (``setsid``) while
@@ -63,40 +65,6 @@ TimedOut = Literal["total", "idle"]
 #: Without pidfds (macOS, Linux before 5.3): the pause before looking again whether
 #: a process left in the group has ended (s).
 _LOOK_AGAIN_S = 0.05
-
-#: Time an agent that has said all it had to (its conversation closed stdin) gets
-#: to exit by itself before its group is stopped; the run is not a timeout then.
-LINGER_S = 5.0
-
-
-class StdinPipe(Protocol):
-    """The agent's stdin as a :class:`Conversation` writes it."""
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data``; it is written as the agent reads (never blocks, never
-        raises: once stdin is closed, or the agent closed it, it is dropped)."""
-
-    def close(self, linger_s: float = LINGER_S, eof: bool = True) -> None:
-        """End-of-file once everything queued is written: the conversation is over, and
-        the agent has ``linger_s`` to exit before its group is stopped (again: sooner).
-        ``eof=False``: no end-of-file, only a bound (replaced by the next; inf: none)."""
-
-
-class Conversation(Protocol):
-    """A brain that talks with its agent over stdin while it runs (the ACP brain)
-    instead of writing one prompt and end-of-file. It reads through
-    ``on_stdout_line`` and writes through the :class:`StdinPipe` it is given, all
-    from the task watching the agent, so it must be quick and must not raise."""
-
-    def open(self, stdin: StdinPipe) -> None:
-        """The process exists: start talking (its output is read from now on)."""
-
-    def interrupt(self) -> bool:
-        """The group is about to be stopped (a limit passed, or the run was
-        cancelled): ask the agent to wind down (ACP ``session/cancel``, then
-        end-of-file once it has answered). ``True``: it was asked, so the stop
-        first waits, briefly, for the agent to exit by itself."""
-
 
 class ProcessGroups:
     """Live agent process groups of this harness (so shutdown can reach every one).
@@ -608,52 +576,41 @@ class _Watch:
 
 
 async def run_agent(
-    command: str,
-    *,
-    stdin_text: str,
-    cwd: Path,
-    env: Mapping[str, str],
+    launch: Launch,
     groups: ProcessGroups,
-    deadline: float = math.inf,
-    idle_timeout_s: float = 0.0,
-    max_stdout_bytes: int = 1024 * 1024,
-    on_spawn: Callable[[int], Awaitable[None]] | None = None,
-    on_stdout_line: Callable[[bytes], None] | None = None,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    on_output: Callable[[float], None] | None = None,
-    conversation: Conversation | None = None,
-    confinement: Confinement | None = None,
-    on_exit: Callable[[], None] | None = None,
+    limits: ProcessLimits = DEFAULT_LIMITS,
+    hooks: ProcessHooks = NO_HOOKS,
 ) -> ProcessResult:
-    """Run ``command`` through ``/bin/sh -c`` as a new process group and watch it end.
+    """Run ``launch.command`` through ``/bin/sh -c`` as a new process group and watch it end.
 
-    With a ``confinement`` (docs/protocol.md §13), the shell starts confined, and so
+    With a ``launch.confinement`` (docs/protocol.md §13), the shell starts confined, and so
     does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, and on
     Linux the spawn is made from a thread in its domain. The caller closes it (it
     may spawn again with it).
 
-    The process runs in ``cwd`` with exactly ``env``, gets ``stdin_text`` (UTF-8) on
-    stdin and then end-of-file, and is stopped (SIGTERM to the group, SIGKILL
-    ``groups.grace_s`` later) when ``deadline`` (on trio's clock) passes or when
-    neither stream has printed anything for ``idle_timeout_s`` (0 = no idle limit).
+    The process runs in ``launch.cwd`` with exactly ``launch.env``, gets
+    ``launch.stdin_text`` (UTF-8) on stdin and then end-of-file, and is stopped (SIGTERM
+    to the group, SIGKILL ``groups.grace_s`` later) when ``limits.deadline`` (on trio's
+    clock) passes or when neither stream has printed anything for
+    ``limits.idle_timeout_s`` (0 = no idle limit).
     Whichever way the leader exits, its group is then swept with SIGKILL, and
     ``run_agent`` returns only once the pipes say every process that held them has
     exited (bounded: a process that left the group can only delay it a little).
 
-    ``on_spawn`` is awaited with the group id as soon as the process exists (output
+    ``hooks.on_spawn`` is awaited with the group id as soon as the process exists (output
     is read once it has returned, the pipes buffering what is printed meanwhile,
     and a limit that passed while it ran stops the group then); ``on_stdout_line``
-    gets each stdout line without its ``\\n`` (lines over ``max_line_bytes`` are
+    gets each stdout line without its ``\\n`` (lines over ``limits.max_line_bytes`` are
     skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
     every read from either stream (what the idle timer counts from); ``on_exit`` is
     called once the leader has exited, whatever ended it but a cancellation, before
     the group's rest is given the grace (the caller then knows the agent finished,
     though this has not returned yet).
 
-    With a ``conversation``, ``stdin_text`` is not written: the conversation talks
-    with the agent over stdin (see :class:`Conversation`), is asked to wind it down
-    before any stop, and says when stdin ends; the agent then has
-    :data:`LINGER_S` to exit, after which its group is stopped (not a timeout).
+    With a ``launch.conversation``, ``stdin_text`` is not written: the conversation
+    talks with the agent over stdin (see :class:`~prohost.engine.agent.launch.Conversation`),
+    is asked to wind it down before any stop, and says when stdin ends; the agent then
+    has ``LINGER_S`` to exit, after which its group is stopped (not a timeout).
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
@@ -663,6 +620,8 @@ async def run_agent(
     cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
     ``groups`` by the time anything leaves this function.
     """
+    command, cwd, env = launch.command, launch.cwd, launch.env
+    confinement, conversation = launch.confinement, launch.conversation
     proc: trio.Process | Spawned
     if confinement is not None and (confinement.keeper or confinement.has_domain):
         proc = await spawn_confined(confinement, command, cwd=cwd, env=env)
@@ -683,17 +642,17 @@ async def run_agent(
     try:
         watch = _Watch(
             proc,
-            stdin_data=b"" if conversation is not None else stdin_text.encode("utf-8"),
+            stdin_data=b"" if conversation is not None else launch.stdin_text.encode("utf-8"),
             groups=groups,
-            deadline=deadline,
-            idle_timeout_s=idle_timeout_s,
-            max_stdout_bytes=max_stdout_bytes,
-            max_line_bytes=max_line_bytes,
-            on_spawn=on_spawn,
-            on_stdout_line=on_stdout_line,
-            on_output=on_output,
+            deadline=limits.deadline,
+            idle_timeout_s=limits.idle_timeout_s,
+            max_stdout_bytes=limits.max_stdout_bytes,
+            max_line_bytes=limits.max_line_bytes,
+            on_spawn=hooks.on_spawn,
+            on_stdout_line=hooks.on_stdout_line,
+            on_output=hooks.on_output,
             conversation=conversation,
-            on_exit=on_exit,
+            on_exit=hooks.on_exit,
         )
         return await watch.run()
     finally:

@@ -4,6 +4,9 @@ the sessions, the limits, the reads at start, prune), each bounded, and each
 choosing in its own code which thread it takes and how durable it is — with as
 few thread hand-offs per run as the durability rules allow (docs/protocol.md §7).
 Nothing outside :mod:`prohost.engine.ledger` calls the :class:`Ledger` itself.
+Each part is typed with the narrow part of it it uses
+(:mod:`prohost.engine.ledger.interfaces`); only the harness, which makes it, holds
+the whole.
 
 While the harness runs, every write step is a job for the ledger's one writer
 thread (:meth:`LedgerSteps.writer`, :mod:`prohost.engine.ledger.served`): put on its

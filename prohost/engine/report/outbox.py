@@ -31,7 +31,7 @@ import trio
 
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import LedgerError, RunState
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.interfaces import OutboxSteps
 from prohost.engine.report.reporter import DEFAULT_WINDOW_S, Reporter, Settlement
 from prohost.engine.retention import KEEP_RUNS_S
 from prohost.wire.outcomes import UNREADABLE_OUTCOME
@@ -94,7 +94,7 @@ class _Waiting:
 class Outbox:
     """The reports waiting for the server; see the module docstring."""
 
-    def __init__(self, reporter: Reporter, steps: LedgerSteps, *,
+    def __init__(self, reporter: Reporter, steps: OutboxSteps, *,
                  timing: ReportTiming | None = None,
                  on_change: Callable[[], None] = lambda: None) -> None:
         self.reporter = reporter

@@ -34,8 +34,9 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import trio
@@ -75,6 +76,8 @@ _UNREAD = "100644:unread"
 #: Lines added and removed (``None``: binary, or not known).
 _Counts = tuple[int | None, int | None]
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -124,66 +127,152 @@ def without_paths(text: str, path: Path | str, repo: str,
     return without_local_paths(text, places)
 
 
-async def take_state(repo: str, path: Path, *, bounds: Bounds,
-                     limit_s: float = CHANGES_LIMIT_S,
-                     env: Mapping[str, str] | None = None,
-                     places: GitPlaces | None = None, run: Git = PLAIN_GIT) -> CheckoutState:
-    """The state of the worktree at ``path`` now (its git state at ``places``),
-    within ``limit_s``; a state with ``error`` set when it cannot be read (not a
-    checkout, git failing, too slow to give even its commit), with ``truncated``
-    when its files could not be listed in time. Reading the working files goes
-    through ``bounds``, the harness's; every git through ``run`` (confined, where
-    runs are: then a submodule's own changes are read too).
+@attrs.frozen
+class CheckoutReader:
+    """How checkouts are read: every step on their files through ``bounds`` (the
+    harness's, which its second signal hurries), every git through ``run``
+    (confined, where runs are: then a submodule's own changes are read too), with
+    git's environment made from ``env``. Made once per reading of a run's checkouts
+    (:mod:`prohost.engine.run.checkouts`), so no function below is handed them."""
 
-    Cancelled: the git command running is killed with its group (as
-    :func:`prohost.engine.repos.gitcmd.git`); nothing was written anywhere.
-    """
-    deadline = trio.current_time() + limit_s
-    where, base_env = os.fspath(path), _env(env, places)
-    if await _planted(places, run, bounds):
-        return CheckoutState(repo, path, error=PLANTED_CONFIG, git=places)
-    with trio.move_on_at(deadline) as scope:
+    bounds: Bounds = attrs.Factory(Bounds)
+    env: Mapping[str, str] | None = None
+    run: Git = PLAIN_GIT
+
+    async def state(self, repo: str, path: Path, *, limit_s: float = CHANGES_LIMIT_S,
+                    places: GitPlaces | None = None) -> CheckoutState:
+        """The state of the worktree at ``path`` now (its git state at ``places``),
+        within ``limit_s``; a state with ``error`` set when it cannot be read (not a
+        checkout, git failing, too slow to give even its commit), with ``truncated``
+        when its files could not be listed in time.
+
+        Cancelled: the git command running is killed with its group (as
+        :func:`prohost.engine.repos.gitcmd.git`); nothing was written anywhere.
+        """
+        run = self.run
+        look = self._look(path, places, trio.current_time() + limit_s)
+        where, base_env, deadline = look.where, look.env, look.deadline
+        if await self._planted(places):
+            return CheckoutState(repo, path, error=PLANTED_CONFIG, git=places)
+        with trio.move_on_at(deadline) as scope:
+            try:
+                commit = await _commit(where, base_env, run)
+            except (GitError, OSError) as exc:
+                return CheckoutState(repo, path, error=_said(exc, path, repo), git=places)
+        if scope.cancelled_caught:
+            return CheckoutState(repo, path, error=f"reading the checkout took longer than "
+                                                   f"{limit_s:g} s", git=places)
+        taken_at = time.time()
+        ignored: set[str] = set()
+        with trio.move_on_at(deadline) as scope:
+            try:
+                seen, kept, _ = await _seen(look, keep=True, ignored=ignored)
+            except (GitError, OSError) as exc:
+                return CheckoutState(repo, path, commit=commit,
+                                     truncated=f"its files could not be read at the start: "
+                                               f"{_said(exc, path, repo)}", git=places)
+            return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept, git=places,
+                                 ignored=frozenset(ignored), taken_at=taken_at)
+        return CheckoutState(repo, path, commit=commit,
+                             truncated=f"listing its files at the start took longer than "
+                                       f"{limit_s:g} s", git=places)
+
+    async def compare(self, before: CheckoutState, *,
+                      limit_s: float = CHANGES_LIMIT_S) -> ChangeEntry:
+        """The §7 ``changes`` entry for one checkout: what changed since ``before``,
+        taking its state again now, within ``limit_s``. Its commits come first; its
+        files, as far as the bound lets them (``truncated`` says why they stop short).
+
+        Cancelled: as :meth:`state`.
+        """
+        if before.error is not None:
+            return UnreadableCheckout(before.repo, before.error)
+        run = self.run
+        look = self._look(before.path, before.git, trio.current_time() + limit_s)
+        where, base_env, deadline = look.where, look.env, look.deadline
+        if await self._planted(before.git):
+            return UnreadableCheckout(before.repo, PLANTED_CONFIG)
+        with trio.move_on_at(deadline) as scope:
+            try:
+                head = await _commit(where, base_env, run)
+                header = await _header(where, before.commit, head, base_env, run)
+            except (GitError, OSError) as exc:
+                return UnreadableCheckout(before.repo, _said(exc, before.path, before.repo))
+        if scope.cancelled_caught:
+            return UnreadableCheckout(before.repo,
+                                      f"reading the checkout took longer than {limit_s:g} s")
+        branch, commits = header
+        entry = CheckoutChanges(repo=before.repo, branch=branch, base=before.commit,
+                                head=head, commits=commits, files=[], more_files=0,
+                                truncated=before.truncated)
+        if before.seen is None:
+            return entry
+        with trio.move_on_at(deadline) as scope:
+            try:
+                return await _files(entry, before, look, limit_s)
+            except (GitError, OSError) as exc:
+                return attrs.evolve(entry, truncated=f"its files could not be read: "
+                                                     f"{_said(exc, before.path, before.repo)}")
+        return attrs.evolve(entry,
+                            truncated=f"listing its files took longer than {limit_s:g} s")
+
+    async def states(self, checkouts: Sequence[tuple[str, Path]],
+                     places: Mapping[str, GitPlaces] | None = None) -> list[CheckoutState]:
+        """Each ``(name, worktree)``'s state as the run begins, one after another (each
+        bounded by :data:`CHANGES_LIMIT_S`); ``places``: each name's git places, from
+        the harness's records. Cancelled: as :meth:`state`."""
+        known = places or {}
+        return [await self.state(name, path, places=known.get(name))
+                for name, path in checkouts]
+
+    async def changes(self, states: Sequence[CheckoutState],
+                      unready: Sequence[tuple[str, str]]) -> list[ChangeEntry]:
+        """The §7 ``changes``: each state compared now (bounded per checkout), then an
+        ``error`` entry for each ``(name, why)`` checkout no worktree could be made of;
+        the caller orders them as ``--repos`` does. Cancelled: as :meth:`compare`."""
+        found = [await self.compare(state) for state in states]
+        return found + [UnreadableCheckout(name, f"no private worktree: {why}")
+                        for name, why in unready]
+
+    def _look(self, path: Path, places: GitPlaces | None, deadline: float) -> _Look:
+        return _Look(os.fspath(path), _env(self.env, places), deadline, self.bounds,
+                     self.run)
+
+    async def _planted(self, places: GitPlaces | None) -> bool:
+        """Whether git outside a confinement would read settings a run wrote: a
+        ``config.worktree`` in the worktree's git dir (§13; see
+        :mod:`prohost.engine.repos.gitrecords`). Inside one, git may read them."""
+        if self.run.confined or places is None:
+            return False
         try:
-            commit = await _commit(where, base_env, run)
-        except (GitError, OSError) as exc:
-            return CheckoutState(repo, path, error=_said(exc, path, repo), git=places)
-    if scope.cancelled_caught:
-        return CheckoutState(repo, path, error=f"reading the checkout took longer than "
-                                               f"{limit_s:g} s", git=places)
-    taken_at = time.time()
-    ignored: set[str] = set()
-    with trio.move_on_at(deadline) as scope:
-        try:
-            seen, kept, _ = await _seen(where, base_env, bounds, deadline, run, keep=True,
-                                        ignored=ignored)
-        except (GitError, OSError) as exc:
-            return CheckoutState(repo, path, commit=commit,
-                                 truncated=f"its files could not be read at the start: "
-                                           f"{_said(exc, path, repo)}", git=places)
-        return CheckoutState(repo, path, commit=commit, seen=seen, kept=kept, git=places,
-                             ignored=frozenset(ignored), taken_at=taken_at)
-    return CheckoutState(repo, path, commit=commit,
-                         truncated=f"listing its files at the start took longer than "
-                                   f"{limit_s:g} s", git=places)
+            return await self.bounds.file_step(planted_worktree_config, places,
+                                               what="looking at a checkout's git dir",
+                                               limit_s=1.0)
+        except OSError:
+            return True  # not known: not read
 
 
-#: Why a checkout is not read outside a confinement (see :func:`_planted`).
+@attrs.frozen
+class _Look:
+    """One reading of one checkout: where it is, git's environment for it, when the
+    reading must be over (trio time), and the reader's bounds and git."""
+
+    where: str
+    env: Mapping[str, str]
+    deadline: float
+    bounds: Bounds
+    run: Git
+
+    async def file_step(self, fn: Callable[..., T], *args: object, what: str) -> T:
+        """``fn(*args)`` as a bounded file step, within what is left of the reading."""
+        return await self.bounds.file_step(
+            fn, *args, what=what, limit_s=max(0.0, self.deadline - trio.current_time()))
+
+
+#: Why a checkout is not read outside a confinement (see :meth:`CheckoutReader._planted`).
 PLANTED_CONFIG = ("its git dir holds a config.worktree that a run wrote, which the harness "
                   "reads only inside a confinement (none here); the next run's start "
                   "removes it")
-
-
-async def _planted(places: GitPlaces | None, run: Git, bounds: Bounds) -> bool:
-    """Whether git outside a confinement would read settings a run wrote: a
-    ``config.worktree`` in the worktree's git dir (§13; see
-    :mod:`prohost.engine.repos.gitrecords`). Inside one, git may read them."""
-    if run.confined or places is None:
-        return False
-    try:
-        return await bounds.file_step(planted_worktree_config, places,
-                                      what="looking at a checkout's git dir", limit_s=1.0)
-    except OSError:
-        return True  # not known: not read
 
 
 def _env(env: Mapping[str, str] | None, places: GitPlaces | None) -> dict[str, str]:
@@ -199,9 +288,8 @@ async def _commit(where: str, env: Mapping[str, str], run: Git) -> str | None:
                                env=env))  # None: no commit yet
 
 
-async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: float,
-                run: Git, *,
-                keep: bool, defer_untracked: bool = False, ignored: set[str] | None = None,
+async def _seen(look: _Look, *, keep: bool, defer_untracked: bool = False,
+                ignored: set[str] | None = None,
                 ) -> tuple[dict[str, Seen], dict[str, bytes], list[str]]:
     """Every path ``git status`` lists as differing from the commit, with its values
     (see :class:`Seen`), and (``keep``) the bytes of the small ones. With
@@ -213,6 +301,7 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
     # would run a `git status` inside each, with the config and attributes
     # (filter programs) of a repository the run may have planted there (§13).
     # Confined, that git has the run's rights only: their files are read.
+    where, env, run = look.where, look.env, look.run
     out = await run("--no-optional-locks", "-C", where, "status", "--porcelain=v2", "-z",
                     "--untracked-files=all", "--no-renames",
                     *(() if run.confined else ("--ignore-submodules=dirty",)),
@@ -274,9 +363,8 @@ async def _seen(where: str, env: Mapping[str, str], bounds: Bounds, deadline: fl
             work[name] = f"160000:{commit}{dirty}"
         else:
             to_read.append(name)
-    read, kept = await bounds.file_step(
-        _read_all, where, to_read, keep, what="reading a checkout's changed files",
-        limit_s=max(0.0, deadline - trio.current_time()))
+    read, kept = await look.file_step(_read_all, where, to_read, keep,
+                                      what="reading a checkout's changed files")
     work.update(read)
     return {name: Seen(heads.get(name), work.get(name)) for name in work}, kept, unread
 
@@ -388,46 +476,6 @@ def _said(exc: Exception, path: Path | str, repo: str) -> str:
     return without_paths(said, path, repo)
 
 
-async def compare(before: CheckoutState, *, bounds: Bounds,
-                  limit_s: float = CHANGES_LIMIT_S,
-                  env: Mapping[str, str] | None = None, run: Git = PLAIN_GIT) -> ChangeEntry:
-    """The §7 ``changes`` entry for one checkout: what changed since ``before``,
-    taking its state again now, within ``limit_s``. Its commits come first; its
-    files, as far as the bound lets them (``truncated`` says why they stop short).
-
-    Cancelled: as :func:`take_state`.
-    """
-    if before.error is not None:
-        return UnreadableCheckout(before.repo, before.error)
-    deadline = trio.current_time() + limit_s
-    where, base_env = os.fspath(before.path), _env(env, before.git)
-    if await _planted(before.git, run, bounds):
-        return UnreadableCheckout(before.repo, PLANTED_CONFIG)
-    with trio.move_on_at(deadline) as scope:
-        try:
-            head = await _commit(where, base_env, run)
-            header = await _header(where, before.commit, head, base_env, run)
-        except (GitError, OSError) as exc:
-            return UnreadableCheckout(before.repo, _said(exc, before.path, before.repo))
-    if scope.cancelled_caught:
-        return UnreadableCheckout(before.repo,
-                                  f"reading the checkout took longer than {limit_s:g} s")
-    branch, commits = header
-    entry = CheckoutChanges(repo=before.repo, branch=branch, base=before.commit, head=head,
-                            commits=commits, files=[], more_files=0,
-                            truncated=before.truncated)
-    if before.seen is None:
-        return entry
-    with trio.move_on_at(deadline) as scope:
-        try:
-            return await _files(entry, before, where, base_env, bounds, deadline, limit_s,
-                                run)
-        except (GitError, OSError) as exc:
-            return attrs.evolve(entry, truncated=f"its files could not be read: "
-                                                 f"{_said(exc, before.path, before.repo)}")
-    return attrs.evolve(entry, truncated=f"listing its files took longer than {limit_s:g} s")
-
-
 async def _header(where: str, base: str | None, head: str | None,
                   env: Mapping[str, str], run: Git) -> tuple[str | None, int]:
     branch = await _optional(run("-C", where, "symbolic-ref", "--short", "-q", "HEAD",
@@ -438,13 +486,12 @@ async def _header(where: str, base: str | None, head: str | None,
     return branch, int(await run("-C", where, "rev-list", "--count", span, env=env))
 
 
-async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
-                 env: Mapping[str, str], bounds: Bounds, deadline: float,
-                 limit_s: float, run: Git) -> CheckoutChanges:
+async def _files(entry: CheckoutChanges, before: CheckoutState, look: _Look,
+                 limit_s: float) -> CheckoutChanges:
     assert before.seen is not None
     old = before.seen
-    new, _, unread = await _seen(where, env, bounds, deadline, run, keep=False,
-                                 defer_untracked=True)
+    where, env, run = look.where, look.env, look.run
+    new, _, unread = await _seen(look, keep=False, defer_untracked=True)
     moved: dict[str, tuple[str | None, str | None]] = {}
     if entry.head is not None and entry.head != entry.base:
         moved = _raw(await run("-C", where, "diff-tree", "--no-ext-diff", "--no-textconv",
@@ -478,9 +525,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
     hidden = [name for name, seen in old.items() if name not in new and name not in moved
               and seen.head is None and seen.work is not None and head_now(name) is None]
     if hidden:
-        read, _ = await bounds.file_step(
-            _read_all, where, hidden, False, what="reading a checkout's ignored files",
-            limit_s=max(0.0, deadline - trio.current_time()))
+        read, _ = await look.file_step(_read_all, where, hidden, False,
+                                       what="reading a checkout's ignored files")
         for name, value in read.items():
             if value is not None:
                 new[name] = Seen(None, value)
@@ -491,10 +537,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
         uncovered = [name for name in unread if name not in old and name not in moved
                      and _was_ignored(name, before.ignored)]
         if uncovered:
-            older = await bounds.file_step(
-                _unchanged_since, where, uncovered, before.taken_at,
-                what="reading a checkout's uncovered files",
-                limit_s=max(0.0, deadline - trio.current_time()))
+            older = await look.file_step(_unchanged_since, where, uncovered, before.taken_at,
+                                         what="reading a checkout's uncovered files")
             for name in older:
                 del new[name]
                 unread.remove(name)
@@ -509,9 +553,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
         needed = unread if any_gone else [name for name in unread
                                           if name in old or name in moved]
         if needed:
-            read, _ = await bounds.file_step(
-                _read_all, where, needed, False, what="reading a checkout's new files",
-                limit_s=max(0.0, deadline - trio.current_time()))
+            read, _ = await look.file_step(_read_all, where, needed, False,
+                                           what="reading a checkout's new files")
             for name, value in read.items():
                 new[name] = Seen(new[name].head, value)
             changed = differing()
@@ -536,8 +579,8 @@ async def _files(entry: CheckoutChanges, before: CheckoutState, where: str,
         listed.append(FileChange(path=name, change=change, added=None, removed=None,
                                  committed=committed, from_=source))
     entry = attrs.evolve(entry, files=listed, more_files=len(names) - len(listed))
-    with trio.move_on_at(deadline) as scope:
-        counts = await _counts(listed, changed, before, where, env, bounds, deadline, run)
+    with trio.move_on_at(look.deadline) as scope:
+        counts = await _counts(listed, changed, before, look)
     if scope.cancelled_caught:
         entry = attrs.evolve(entry, truncated=f"counting its lines took longer than "
                                               f"{limit_s:g} s")
@@ -587,13 +630,14 @@ def _is_file(value: str) -> bool:
 
 
 async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | None, str | None]],
-                  before: CheckoutState, where: str, env: Mapping[str, str], bounds: Bounds,
-                  deadline: float, run: Git) -> dict[str, tuple[int | None, int | None]]:
+                  before: CheckoutState, look: _Look,
+                  ) -> dict[str, tuple[int | None, int | None]]:
     """Each listed file's lines added and removed (``None`` for binary files, and
     where a side's content is not known: a large file left changed by an earlier
     turn, or one larger than :data:`COUNT_FILE_BYTES`). A file added or deleted
     whole is counted here, as git counts it; the files changed on both sides by one
     ``git diff --no-index`` of the two sides copied aside."""
+    where, env, run, bounds = look.where, look.env, look.run, look.bounds
     sides: dict[int, bytes | None] = {}  # the old side (None: absent); the new is read
     for index, row in enumerate(listed):
         then, value = changed[row.path]
@@ -615,9 +659,8 @@ async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | No
         sides[index] = old
     if not sides:
         return {}
-    counted, both = await bounds.file_step(
-        _read_sides, where, listed, changed, sides, what="reading changed files for line counts",
-        limit_s=max(0.0, deadline - trio.current_time()))
+    counted, both = await look.file_step(_read_sides, where, listed, changed, sides,
+                                         what="reading changed files for line counts")
     found = {listed[index].path: counts for index, counts in counted.items()}
     if not both:
         return found
@@ -625,9 +668,8 @@ async def _counts(listed: list[FileChange], changed: Mapping[str, tuple[str | No
     folder = await bounds.file_step(tempfile.mkdtemp, "", "prohost-changes-", run.scratch,
                                     what="making a folder for line counts", limit_s=1.0)
     try:
-        await bounds.file_step(_lay_out, folder, both,
-                               what="copying changed files for line counts",
-                               limit_s=max(0.0, deadline - trio.current_time()))
+        await look.file_step(_lay_out, folder, both,
+                             what="copying changed files for line counts")
         out = await _no_index_numstat(folder, env, run)
     finally:
         await bounds.file_step(shutil.rmtree, folder, True,
@@ -738,28 +780,3 @@ async def _optional(command: Awaitable[str]) -> str | None:
         return (await command).strip() or None
     except GitError:
         return None
-
-
-async def states_of(checkouts: Sequence[tuple[str, Path]], *, bounds: Bounds,
-                    env: Mapping[str, str] | None = None,
-                    places: Mapping[str, GitPlaces] | None = None,
-                    run: Git = PLAIN_GIT) -> list[CheckoutState]:
-    """Each ``(name, worktree)``'s state as the run begins, one after another (each
-    bounded by :data:`CHANGES_LIMIT_S`); ``places``: each name's git places, from
-    the harness's records; ``run``: where their git runs. Cancelled: as
-    :func:`take_state`."""
-    known = places or {}
-    return [await take_state(name, path, bounds=bounds, env=env, places=known.get(name),
-                             run=run)
-            for name, path in checkouts]
-
-
-async def changes_of(states: Sequence[CheckoutState], unready: Sequence[tuple[str, str]], *,
-                     bounds: Bounds, env: Mapping[str, str] | None = None,
-                     run: Git = PLAIN_GIT) -> list[ChangeEntry]:
-    """The §7 ``changes``: each state compared now (bounded per checkout), then an
-    ``error`` entry for each ``(name, why)`` checkout no worktree could be made of;
-    the caller orders them as ``--repos`` does. Cancelled: as :func:`compare`."""
-    found = [await compare(state, bounds=bounds, env=env, run=run) for state in states]
-    return found + [UnreadableCheckout(name, f"no private worktree: {why}")
-                    for name, why in unready]

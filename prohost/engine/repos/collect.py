@@ -249,18 +249,6 @@ def _remove_files(verdict: _Verdict) -> None:
         shutil.rmtree(verdict.git.git_dir, ignore_errors=True)
 
 
-async def _remove_worktree(verdict: _Verdict, force: bool, bounds: Bounds, run: Git) -> None:
-    """Remove one worktree, shielded and bounded: half-deleted is worse than either.
-    Unforced, one that changed since it was judged is kept (raises GitError)."""
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
-        if not force:
-            again = await _judge(verdict.path.parent, verdict.path, run)
-            if again.problem is not None:
-                raise GitError(again.detail)
-        await bounds.file_step(_remove_files, verdict, limit_s=REMOVE_SHIELD_S,
-                               what=f"removing {verdict.path}")
-
-
 async def collect_garbage(
     home: Path,
     *,
@@ -316,6 +304,8 @@ async def collect_garbage(
     root = home / WORKTREES_DIR
     now = time.time() if now is None else now
     bounds = bounds if bounds is not None else Bounds()
+    collection = _Collection(dry_run=dry_run, force=force, busy=busy, hold=hold,
+                             bounds=bounds, with_folder=with_folder)
     try:
         folders = await bounds.file_step(_lane_folders, root, what=f"listing {root}")
     except FileNotFoundError:
@@ -340,9 +330,8 @@ async def collect_garbage(
             entries.append(entry("kept-recent", f"last used {_days(idle_s)} ago"))
             continue
         async with _reading(folder, home, confine, scratch_root) as run:
-            entries.append(await _collect(folder, worktrees, others, entry, run, hold,
-                                          busy, lane, used, dry_run, force, bounds,
-                                          with_folder))
+            entries.append(await collection.lane_folder(folder, worktrees, others, entry,
+                                                        run, lane, used))
     return entries
 
 
@@ -360,76 +349,91 @@ async def _reading(folder: Path, home: Path, confine: Confine | None,
         yield run
 
 
-async def _collect(folder: Path, worktrees: list[Path], others: list[str],
-                   entry: Callable[[GcAction, str], GcEntry], run: Git,
-                   hold: Holding | None, busy: Callable[[str], bool], lane: str | None,
-                   used: float, dry_run: bool, force: bool, bounds: Bounds,
-                   with_folder: Callable[[str], None] | None = None) -> GcEntry:
-    """What to do with one idle lane folder, done (see :func:`collect_garbage`)."""
-    verdicts = [await _judge(folder, path, run) for path in worktrees]
-    problems = [v for v in verdicts if v.problem is not None]
-    notes = [v.detail for v in problems]
-    if others:
-        notes.append(f"the folder also holds {', '.join(others[:5])}")
-    if (problems or others) and not force:
-        dirty = others or any(v.problem == "dirty" for v in problems)
-        action: GcAction = "kept-dirty" if dirty else "kept-unmerged"
-        return entry(action, "; ".join(notes) + "; --force removes it anyway")
-    names = ", ".join(p.name for p in worktrees) or "no worktrees"
-    forced = f" (forced: {'; '.join(notes)})" if notes else ""
-    if dry_run:
-        return entry("would-remove", f"would remove {names}{forced}")
-    async with (
-        hold(lane) if hold is not None and lane is not None else contextlib.nullcontext()
-    ):
-        # Looked at again just before acting: a turn may have started meanwhile.
-        # With the lane held, none can start from here until the removal is done.
-        lane_now, used_now = await bounds.file_step(_idle_since, folder,
-                                                    what=f"reading {folder}")
-        if (lane_now is not None and busy(lane_now)) or used_now != used:
-            return entry("kept-busy", "the conversation was used while GC ran")
-        return await _remove_folder(folder, verdicts, force, bool(others), entry,
-                                    names, forced, bounds, run, with_folder)
+@attrs.frozen(eq=False)
+class _Collection:
+    """One :func:`collect_garbage` call's choices, made once: what it may remove
+    (``dry_run``, ``force``), what keeps a lane (``busy``, ``hold``), the bounds its
+    file steps go through, and what else goes with a lane folder (``with_folder``)."""
 
+    dry_run: bool
+    force: bool
+    busy: Callable[[str], bool]
+    hold: Holding | None
+    bounds: Bounds
+    with_folder: Callable[[str], None] | None
 
-async def _remove_folder(
-    folder: Path,
-    verdicts: list[_Verdict],
-    force: bool,
-    has_others: bool,
-    entry: Callable[[GcAction, str], GcEntry],
-    names: str,
-    forced: str,
-    bounds: Bounds,
-    run: Git,
-    with_folder: Callable[[str], None] | None = None,
-) -> GcEntry:
-    failed: list[str] = []
-    for verdict in verdicts:
+    async def lane_folder(self, folder: Path, worktrees: list[Path], others: list[str],
+                          entry: Callable[[GcAction, str], GcEntry], run: Git,
+                          lane: str | None, used: float) -> GcEntry:
+        """What to do with one idle lane folder, done (see :func:`collect_garbage`)."""
+        force, hold = self.force, self.hold
+        verdicts = [await _judge(folder, path, run) for path in worktrees]
+        problems = [v for v in verdicts if v.problem is not None]
+        notes = [v.detail for v in problems]
+        if others:
+            notes.append(f"the folder also holds {', '.join(others[:5])}")
+        if (problems or others) and not force:
+            dirty = others or any(v.problem == "dirty" for v in problems)
+            action: GcAction = "kept-dirty" if dirty else "kept-unmerged"
+            return entry(action, "; ".join(notes) + "; --force removes it anyway")
+        names = ", ".join(p.name for p in worktrees) or "no worktrees"
+        forced = f" (forced: {'; '.join(notes)})" if notes else ""
+        if self.dry_run:
+            return entry("would-remove", f"would remove {names}{forced}")
+        async with (
+            hold(lane) if hold is not None and lane is not None else contextlib.nullcontext()
+        ):
+            # Looked at again just before acting: a turn may have started meanwhile.
+            # With the lane held, none can start from here until the removal is done.
+            lane_now, used_now = await self.bounds.file_step(_idle_since, folder,
+                                                             what=f"reading {folder}")
+            if (lane_now is not None and self.busy(lane_now)) or used_now != used:
+                return entry("kept-busy", "the conversation was used while GC ran")
+            return await self._remove_folder(folder, verdicts, bool(others), entry,
+                                             names, forced, run)
+
+    async def _remove_folder(self, folder: Path, verdicts: list[_Verdict], has_others: bool,
+                             entry: Callable[[GcAction, str], GcEntry], names: str,
+                             forced: str, run: Git) -> GcEntry:
+        failed: list[str] = []
+        for verdict in verdicts:
+            try:
+                # --force only where it was asked for: a clean one that changed since
+                # it was judged makes git refuse, and it is kept.
+                await self._remove_worktree(verdict, verdict.problem is not None, run)
+            except (GitError, OSError) as exc:
+                failed.append(f"{verdict.path.name}: {exc}")
+        if failed:
+            return entry("kept-dirty", "could not remove " + "; ".join(failed))
+        force, with_folder = self.force, self.with_folder
+
+        def clear() -> None:
+            if with_folder is not None:
+                with_folder(folder.name)
+            if force and has_others:
+                shutil.rmtree(folder)
+                return
+            # The lane's own repositories: their branches are in the person's now.
+            if os.path.lexists(folder / REPOS_FOLDER):
+                shutil.rmtree(folder / REPOS_FOLDER)
+            for marker in folder.glob(f"{LANE_MARKER}*"):
+                marker.unlink()
+            folder.rmdir()
+
         try:
-            # --force only where it was asked for: a clean one that changed since
-            # it was judged makes git refuse, and it is kept.
-            await _remove_worktree(verdict, verdict.problem is not None, bounds, run)
-        except (GitError, OSError) as exc:
-            failed.append(f"{verdict.path.name}: {exc}")
-    if failed:
-        return entry("kept-dirty", "could not remove " + "; ".join(failed))
+            await self.bounds.file_step(clear, what=f"removing {folder}")
+        except OSError as exc:
+            return entry("removed",
+                         f"removed {names}{forced}, but not the folder: {exc.strerror}")
+        return entry("removed", f"removed {names}{forced}")
 
-    def clear() -> None:
-        if with_folder is not None:
-            with_folder(folder.name)
-        if force and has_others:
-            shutil.rmtree(folder)
-            return
-        # The lane's own repositories: their branches are in the person's now.
-        if os.path.lexists(folder / REPOS_FOLDER):
-            shutil.rmtree(folder / REPOS_FOLDER)
-        for marker in folder.glob(f"{LANE_MARKER}*"):
-            marker.unlink()
-        folder.rmdir()
-
-    try:
-        await bounds.file_step(clear, what=f"removing {folder}")
-    except OSError as exc:
-        return entry("removed", f"removed {names}{forced}, but not the folder: {exc.strerror}")
-    return entry("removed", f"removed {names}{forced}")
+    async def _remove_worktree(self, verdict: _Verdict, force: bool, run: Git) -> None:
+        """Remove one worktree, shielded and bounded: half-deleted is worse than either.
+        Unforced, one that changed since it was judged is kept (raises GitError)."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + REMOVE_SHIELD_S):
+            if not force:
+                again = await _judge(verdict.path.parent, verdict.path, run)
+                if again.problem is not None:
+                    raise GitError(again.detail)
+            await self.bounds.file_step(_remove_files, verdict, limit_s=REMOVE_SHIELD_S,
+                                        what=f"removing {verdict.path}")

@@ -19,7 +19,7 @@ from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.meter import UsageMeter, meter_for
 from prohost.engine.ledger import LedgerError
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.interfaces import AttemptSteps
 from prohost.engine.run.ending import Ending, Tally
 from prohost.engine.run.execute import (
     AgentSetup,
@@ -45,7 +45,7 @@ class Attempts:
     composition root: how agents start (``setup``), the ledger steps, the account
     gate, a clock (epoch s, for the book's reset times) and what to tell of a change."""
 
-    def __init__(self, *, setup: AgentSetup, steps: LedgerSteps, gate: AccountGate,
+    def __init__(self, *, setup: AgentSetup, steps: AttemptSteps, gate: AccountGate,
                  clock: Callable[[], float], on_change: Callable[[], None]) -> None:
         self.setup = setup
         self.steps = steps

@@ -14,8 +14,8 @@ import attrs
 import trio
 
 from prohost.engine.blocking import Bounds
-from prohost.engine.repos.changes import CheckoutState, changes_of, states_of, without_paths
-from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
+from prohost.engine.repos.changes import CheckoutReader, CheckoutState, without_paths
+from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit
 from prohost.engine.repos.lanerepo import Confine
 from prohost.engine.repos.worktrees import PreparedCheckouts, WorktreeManager
 from prohost.engine.run.confine import Sandbox, hidden_places
@@ -68,11 +68,10 @@ class LaneCheckouts:
                         failure.reason)
         # Before the agent runs: what the run changes is compared with this. What
         # the last run left is read inside a confinement (§13).
-        async with self._reading() as run_git:
-            self._before = await states_of(
-                [(c.name, Path(c.path)) for c in prepared.checkouts], bounds=self.bounds,
-                env=self.env, places={c.name: c.git for c in prepared.checkouts if c.git},
-                run=run_git)
+        async with self._reading() as reader:
+            self._before = await reader.states(
+                [(c.name, Path(c.path)) for c in prepared.checkouts],
+                places={c.name: c.git for c in prepared.checkouts if c.git})
         names = _names(worktrees)
         self._unready = []
         for failure in prepared.failures:
@@ -120,24 +119,24 @@ class LaneCheckouts:
         Before them, the lane's branch is brought back to the person's repository
         (:meth:`WorktreeManager.bring_back`).
 
-        Cancelled: as :func:`prohost.engine.repos.changes.compare`.
+        Cancelled: as :meth:`prohost.engine.repos.changes.CheckoutReader.compare`.
         """
         if self.worktrees is None or self.prepared is None:
             return None
         # First: the person's repository gets the conversation's commits on its
         # branch (§13: by that branch alone), whatever the changes say.
         await self.worktrees.bring_back(self.prepared, self.confine, self.scratch_root)
-        async with self._reading() as run_git:
-            found = await changes_of(self._before, self._unready, bounds=self.bounds,
-                                     env=self.env, run=run_git)
+        async with self._reading() as reader:
+            found = await reader.changes(self._before, self._unready)
         changes = [self._private(entry) for entry in found]
         order = {name: index for index, name in enumerate(self.worktrees.names)}
         changes.sort(key=lambda entry: order.get(entry.repo, len(order)))
         return changes
 
     @contextlib.asynccontextmanager
-    async def _reading(self) -> AsyncIterator[Git]:
-        """Where the git that reads the checkouts runs: one confinement for all of
+    async def _reading(self) -> AsyncIterator[CheckoutReader]:
+        """The checkouts' reader, with the harness's bounds; where its git runs: one
+        confinement for all of
         them where runs are confined by bubblewrap (the run's hidden places
         hidden, the checkouts, their repositories and the person's readable,
         nothing writable, no network); else unconfined, with the overrides of
@@ -146,13 +145,13 @@ class LaneCheckouts:
         prepared, worktrees = self.prepared, self.worktrees
         if (self.confine is None or self.scratch_root is None or prepared is None
                 or worktrees is None):
-            yield PLAIN_GIT
+            yield CheckoutReader(self.bounds, self.env, PLAIN_GIT)
             return
         readable = [Path(c.path) for c in prepared.checkouts]
         readable += [Path(c.git.common_dir) for c in prepared.checkouts if c.git]
         readable += [Path(source) for source in worktrees.repos]
         async with ConfinedGit(self.confine, readable, self.scratch_root) as run_git:
-            yield run_git
+            yield CheckoutReader(self.bounds, self.env, run_git)
 
     def _private(self, entry: ChangeEntry) -> ChangeEntry:
         """``entry`` naming no local path (§7): the person's own checkouts by their

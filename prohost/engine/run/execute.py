@@ -34,6 +34,7 @@ import trio
 
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
+from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.engine.agent.reply import MAX_REPLY_BYTES
 from prohost.engine.agent.stderrtail import write_tail
@@ -315,23 +316,19 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                                      attempt.env)
     try:
         result = await run_agent(
-            brain.command(session_id=session_id, mcp=attempt.wiring,
-                          max_cost_usd=max_cost_usd),
-            stdin_text=attempt.prompt,
-            cwd=cwd,
-            env=attempt.env,
-            groups=setup.groups,
-            deadline=attempt.deadline,
-            idle_timeout_s=spec.idle_timeout_s,
-            # A streaming brain reads its reply from the events; keeping a copy
-            # of the raw stream as well would only cost memory.
-            max_stdout_bytes=0 if brain.streams else MAX_REPLY_BYTES,
-            on_spawn=spawned_as,
-            on_stdout_line=read_line if brain.streams else None,
-            on_output=lambda at: setattr(progress, "last_output", at),
-            conversation=conversation,
-            confinement=attempt.confinement,
-            on_exit=on_exit,
+            Launch(command=brain.command(session_id=session_id, mcp=attempt.wiring,
+                                         max_cost_usd=max_cost_usd),
+                   stdin_text=attempt.prompt, cwd=cwd, env=attempt.env,
+                   conversation=conversation, confinement=attempt.confinement),
+            setup.groups,
+            ProcessLimits(deadline=attempt.deadline, idle_timeout_s=spec.idle_timeout_s,
+                          # A streaming brain reads its reply from the events; keeping
+                          # a copy of the raw stream as well would only cost memory.
+                          max_stdout_bytes=0 if brain.streams else MAX_REPLY_BYTES),
+            ProcessHooks(on_spawn=spawned_as,
+                         on_stdout_line=read_line if brain.streams else None,
+                         on_output=lambda at: setattr(progress, "last_output", at),
+                         on_exit=on_exit),
         )
     except subprocess.SubprocessError as exc:
         # Only the child's step before exec raises this (Popen's "Exception occurred

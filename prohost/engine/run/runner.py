@@ -39,7 +39,8 @@ import trio
 from prohost.engine import lognames
 from prohost.engine.accounts.book import Account
 from prohost.engine.agent.brains.base import one_line
-from prohost.engine.ledger.steps import LaneTurn, LedgerSteps, StepNotWritten
+from prohost.engine.ledger.interfaces import RunSteps
+from prohost.engine.ledger.steps import LaneTurn, StepNotWritten
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
@@ -95,7 +96,7 @@ class Runner:
     def __init__(
         self,
         *,
-        steps: LedgerSteps,
+        steps: RunSteps,
         outbox: Outbox,
         workspaces: Workspaces,
         attempts: Attempts,

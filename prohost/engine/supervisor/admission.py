@@ -36,7 +36,7 @@ from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import Admitted, AdmitTicket, LedgerError, RunState
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.interfaces import AdmissionSteps
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor.held import HeldRuns
@@ -150,7 +150,7 @@ class Admission(Intake):
     """
 
     def __init__(self, *, secret: str, policy: AdmissionPolicy, book: AccountBook,
-                 runs: HeldRuns, queue: RunQueue, steps: LedgerSteps,
+                 runs: HeldRuns, queue: RunQueue, steps: AdmissionSteps,
                  take_on: Callable[[str], Awaitable[None]],
                  later: Callable[[Callable[[str], Awaitable[None]], str], None],
                  ) -> None:

@@ -24,7 +24,8 @@ from prohost.engine.accounts.spend import DailySpend, day_start
 from prohost.engine.agent.procinfo import groups_of_run, process_belongs_to_run
 from prohost.engine.blocking import Bounds, StepTimedOut
 from prohost.engine.ledger import LedgerError, LedgerRow, RunState
-from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S, LedgerSteps
+from prohost.engine.ledger.interfaces import RecoverySteps
+from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun, Interrupted
 from prohost.engine.supervisor.held import HeldRuns
@@ -41,7 +42,7 @@ class Recovery:
     """Takes on the runs the ledger has and nothing here holds: at start, at a
     redelivery, and once a drain has nothing left (see the module docstring)."""
 
-    def __init__(self, *, steps: LedgerSteps, runs: HeldRuns, queue: RunQueue,
+    def __init__(self, *, steps: RecoverySteps, runs: HeldRuns, queue: RunQueue,
                  settle: Settle, book: AccountBook, outbox: Outbox | None = None,
                  clock: Callable[[], float] = time.time,
                  spend: DailySpend | None = None, bounds: Bounds | None = None) -> None:

@@ -32,7 +32,7 @@ from prohost.engine.agent.stderrtail import prune_tails
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
 from prohost.engine.ledger import LedgerError
-from prohost.engine.ledger.steps import LedgerSteps
+from prohost.engine.ledger.interfaces import DailySteps, PruneSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.repos.gitsession import Confine
 from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name
@@ -157,106 +157,150 @@ async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> Non
                         result.returncode)
 
 
-async def collect_worktrees_daily(home: Path, runs: Mapping[str, HeldRun],
-                                  hold: Holding, bounds: Bounds,
-                                  confine: Confine | None = None) -> None:
-    """Once a day, :func:`collect_worktrees`. Cancelled: an in-progress removal
-    is finished (shielded inside ``collect_garbage``)."""
-    while True:
-        await trio.sleep(CLEAR_EVERY_S)
-        await collect_worktrees(home, runs, hold, bounds=bounds, confine=confine)
+@attrs.frozen(eq=False)
+class DailyPass:
+    """What :mod:`prohost.engine.retention` clears once a day in ``home``: the
+    ledger's old runs (through ``steps``), the stderr tails, and the worktrees of
+    idle conversations, or their agent folders where they have none — never one
+    with a run in flight (one of ``runs``), and a lane held (``hold``, the
+    scheduler's) while its worktrees or folders go; their git runs
+    confined by ``confine`` (``None``: unconfined). Every file step goes through
+    ``bounds``, the harness's, which its second signal hurries. Made once by
+    :meth:`Chores.start`."""
 
+    home: Path
+    bounds: Bounds
+    steps: DailySteps | None = None
+    runs: Mapping[str, HeldRun] = attrs.Factory(dict)
+    hold: Holding | None = None
+    confine: Confine | None = None
+    clock: Callable[[], float] = time.time
 
-async def collect_worktrees(home: Path, runs: Mapping[str, HeldRun], hold: Holding, *,
-                            now: float | None = None, bounds: Bounds | None = None,
-                            confine: Confine | None = None) -> None:
-    """Remove the worktrees in ``home`` of lanes idle for 14 days (clean ones only),
-    never a lane with a run in flight (one of ``runs``): a lane is held (``hold``,
-    the scheduler's) while its worktrees are removed, so a turn arriving meanwhile
-    starts after, and prepares them afresh. Errors, and a disk that hangs past a
-    step's bound (``bounds``: the harness's, hurried by the second signal), are
-    logged. ``confine``: how its git runs confined (the runs' confinement, see
-    :func:`~prohost.engine.repos.collect.collect_garbage`). Cancelled: as
-    :func:`collect_worktrees_daily`.
-    """
-    try:
-        entries = await collect_garbage(
-            home, older_than_s=IDLE_LANE_S, dry_run=False, force=False,
-            # Live, not a snapshot: GC asks again just before it removes anything.
-            busy=lambda lane: any(h.lane == lane for h in runs.values()),
-            hold=hold,
-            now=now,
-            bounds=bounds,
-            with_folder=functools.partial(forget_conversation, home),
-            confine=confine,
-        )
-    except OSError as exc:
-        log.warning("could not collect old worktrees: %s", exc)
-        return
-    for entry in entries:
-        (log.info if entry.action == "removed" else log.debug)(
-            "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+    async def prune_daily(self) -> None:
+        """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :meth:`clear_old`.
 
+        Cancelled: between passes, nothing to undo; a pass in progress finishes each
+        step within its bound.
+        """
+        while True:
+            await trio.sleep(CLEAR_EVERY_S)
+            await self.clear_old()
 
-async def collect_conversations_daily(home: Path, runs: Mapping[str, HeldRun],
-                                      hold: Holding, steps: LedgerSteps, bounds: Bounds,
-                                      clock: Callable[[], float] = time.time) -> None:
-    """Once a day, :func:`collect_conversation_folders`. Cancelled: between passes,
-    nothing to undo; a removal under way is finished (shielded and bounded)."""
-    while True:
-        await trio.sleep(CLEAR_EVERY_S)
-        await collect_conversation_folders(home, runs, hold, steps, bounds, now=clock())
+    async def clear_old(self) -> None:
+        """One pass of what :mod:`prohost.engine.retention` keeps for a time: the
+        ledger's old reported runs (:func:`prune`) and the stderr tails
+        (:meth:`prune_stderr_tails`). Never raises for a failing disk: logged, tried
+        again next time. Cancelled: as the step under way."""
+        if self.steps is not None:
+            await prune(self.steps)
+        await self.prune_stderr_tails()
 
-
-async def collect_conversation_folders(home: Path, runs: Mapping[str, HeldRun],
-                                       hold: Holding, steps: LedgerSteps, bounds: Bounds,
-                                       *, now: float) -> list[str]:
-    """Remove the agent folders of the harness's (CLI folders of every account, ACP
-    agents' folders: :func:`~prohost.engine.run.leftovers.conversation_folders`)
-    of each conversation that has had no run for :data:`IDLE_LANE_S` by the
-    ledger (where it no longer knows the conversation: by when its folders were
-    last written); the lane folder names of those removed. A conversation that
-    has worktrees is left to their collection, which takes its folders with them
-    (:func:`collect_worktrees`). Never while a run of the conversation is held
-    (``runs``): the lane is held (``hold``) for the removal, and looked at again
-    inside. Errors and a hung disk are logged; the next pass tries again.
-    Cancelled: a removal under way is finished (shielded, bounded); the rest wait
-    for the next pass."""
-    try:
-        last = await steps.lanes_last_used()
-        found = await bounds.file_step(_without_worktrees, home,
-                                       what="listing the conversations' agent folders")
-    except (LedgerError, OSError) as exc:
-        log.warning("could not collect idle conversations' agent folders: %s", exc)
-        return []
-    lanes = {lane_folder_name(lane): lane for lane in last}
-    held = {lane_folder_name(run.lane) for run in runs.values()}
-    removed = []
-    for name, folders in found.items():
-        if name in held:
-            continue
-        lane = lanes.get(name)
+    async def prune_stderr_tails(self) -> int:
+        """Remove the stderr tails past their period; how many. A failing or hung disk
+        is logged, not raised: pruning can wait a day. Cancelled: as
+        :meth:`prohost.engine.blocking.Bounds.file_step` (abandoning a listing and
+        unlinks of files only the harness reads is safe)."""
         try:
-            used = last[lane] if lane is not None else await bounds.file_step(
-                last_written, folders, what=f"reading the agent folders of {name}")
-            if now - used <= IDLE_LANE_S:
-                continue
-            async with hold(lane) if lane is not None else contextlib.nullcontext():
-                # Looked at again with the lane held: a turn may have come meanwhile.
-                if any(lane_folder_name(run.lane) == name for run in runs.values()) or (
-                        lane is not None
-                        and (await steps.lanes_last_used()).get(lane, used) != used):
-                    continue
-                # Shielded and bounded by the step itself.
-                await bounds.file_step(forget_conversation, home, name,
-                                       what=f"removing the agent folders of {name}")
+            return await self.bounds.file_step(prune_tails, self.home,
+                                               what="pruning the stderr tails")
+        except OSError as exc:
+            log.warning("could not prune the stderr tails: %s", exc)
+            return 0
+
+    async def collect_worktrees_daily(self) -> None:
+        """Once a day, :meth:`collect_worktrees`. Cancelled: an in-progress removal
+        is finished (shielded inside ``collect_garbage``)."""
+        while True:
+            await trio.sleep(CLEAR_EVERY_S)
+            await self.collect_worktrees()
+
+    async def collect_worktrees(self, *, now: float | None = None) -> None:
+        """Remove the worktrees of lanes idle for 14 days (clean ones only; see
+        :func:`~prohost.engine.repos.collect.collect_garbage`). Errors, and a disk
+        that hangs past a step's bound, are logged. Cancelled: as
+        :meth:`collect_worktrees_daily`.
+        """
+        runs, home = self.runs, self.home
+        try:
+            entries = await collect_garbage(
+                home, older_than_s=IDLE_LANE_S, dry_run=False, force=False,
+                # Live, not a snapshot: GC asks again just before it removes anything.
+                busy=lambda lane: any(h.lane == lane for h in runs.values()),
+                hold=self.hold,
+                now=now,
+                bounds=self.bounds,
+                with_folder=functools.partial(forget_conversation, home),
+                confine=self.confine,
+            )
+        except OSError as exc:
+            log.warning("could not collect old worktrees: %s", exc)
+            return
+        for entry in entries:
+            (log.info if entry.action == "removed" else log.debug)(
+                "worktrees of %s: %s (%s)", entry.lane, entry.action, entry.detail)
+
+
+    async def collect_conversations_daily(self) -> None:
+        """Once a day, :meth:`collect_conversation_folders`. Cancelled: between
+        passes, nothing to undo; a removal under way is finished (shielded and
+        bounded)."""
+        while True:
+            await trio.sleep(CLEAR_EVERY_S)
+            await self.collect_conversation_folders(now=self.clock())
+
+    async def collect_conversation_folders(self, *, now: float) -> list[str]:
+        """Remove the agent folders of the harness's (CLI folders of every account, ACP
+        agents' folders: :func:`~prohost.engine.run.leftovers.conversation_folders`)
+        of each conversation that has had no run for :data:`IDLE_LANE_S` by the
+        ledger (where it no longer knows the conversation: by when its folders were
+        last written); the lane folder names of those removed. A conversation that
+        has worktrees is left to their collection, which takes its folders with them
+        (:meth:`collect_worktrees`). Never while a run of the conversation is held
+        (``runs``): the lane is held (``hold``) for the removal, and looked at again
+        inside. Errors and a hung disk are logged; the next pass tries again.
+        Cancelled: a removal under way is finished (shielded, bounded); the rest wait
+        for the next pass."""
+        steps, bounds, home, runs = self.steps, self.bounds, self.home, self.runs
+        if steps is None:
+            return []
+        try:
+            last = await steps.lanes_last_used()
+            found = await bounds.file_step(_without_worktrees, home,
+                                           what="listing the conversations' agent folders")
         except (LedgerError, OSError) as exc:
-            log.warning("could not remove the agent folders of conversation %s: %s", name, exc)
-            continue
-        log.info("removed the agent folders of conversation %s: no run for %d days", name,
-                 int((now - used) // DAY_S))
-        removed.append(name)
-    return removed
+            log.warning("could not collect idle conversations' agent folders: %s", exc)
+            return []
+        lanes = {lane_folder_name(lane): lane for lane in last}
+        held = {lane_folder_name(run.lane) for run in runs.values()}
+        removed = []
+        for name, folders in found.items():
+            if name in held:
+                continue
+            lane = lanes.get(name)
+            try:
+                used = last[lane] if lane is not None else await bounds.file_step(
+                    last_written, folders, what=f"reading the agent folders of {name}")
+                if now - used <= IDLE_LANE_S:
+                    continue
+                holding = (self.hold(lane) if lane is not None and self.hold is not None
+                           else contextlib.nullcontext())
+                async with holding:
+                    # Looked at again with the lane held: a turn may have come meanwhile.
+                    if any(lane_folder_name(run.lane) == name for run in runs.values()) or (
+                            lane is not None
+                            and (await steps.lanes_last_used()).get(lane, used) != used):
+                        continue
+                    # Shielded and bounded by the step itself.
+                    await bounds.file_step(forget_conversation, home, name,
+                                           what=f"removing the agent folders of {name}")
+            except (LedgerError, OSError) as exc:
+                log.warning("could not remove the agent folders of conversation %s: %s",
+                            name, exc)
+                continue
+            log.info("removed the agent folders of conversation %s: no run for %d days",
+                     name, int((now - used) // DAY_S))
+            removed.append(name)
+        return removed
 
 
 def _without_worktrees(home: Path) -> dict[str, list[Path]]:
@@ -265,39 +309,8 @@ def _without_worktrees(home: Path) -> dict[str, list[Path]]:
             if not os.path.lexists(home / WORKTREES_DIR / name)}
 
 
-async def prune_daily(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
-    """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :func:`clear_old`.
 
-    Cancelled: between passes, nothing to undo; a pass in progress finishes each
-    step within its bound.
-    """
-    while True:
-        await trio.sleep(CLEAR_EVERY_S)
-        await clear_old(steps, home, bounds)
-
-
-async def clear_old(steps: LedgerSteps, home: Path, bounds: Bounds) -> None:
-    """One pass of what :mod:`prohost.engine.retention` keeps for a time: the ledger's
-    old reported runs (:func:`prune`) and the stderr tails (:func:`prune_stderr_tails`).
-    Never raises for a failing disk: logged, tried again next time. Cancelled: as
-    the step under way."""
-    await prune(steps)
-    await prune_stderr_tails(home, bounds)
-
-
-async def prune_stderr_tails(home: Path, bounds: Bounds) -> int:
-    """Remove the stderr tails past their period; how many. A failing or hung disk
-    is logged, not raised: pruning can wait a day. Cancelled: as
-    :meth:`prohost.engine.blocking.Bounds.file_step` (abandoning a listing and
-    unlinks of files only the harness reads is safe)."""
-    try:
-        return await bounds.file_step(prune_tails, home, what="pruning the stderr tails")
-    except OSError as exc:
-        log.warning("could not prune the stderr tails: %s", exc)
-        return 0
-
-
-async def prune(steps: LedgerSteps) -> int:
+async def prune(steps: PruneSteps) -> int:
     """Empty and forget old reported runs (see Ledger.prune); how many rows changed.
 
     A failing or hung disk is logged, not raised: pruning can wait a day.
@@ -324,7 +337,7 @@ class Chores:
     bounds: Bounds
     changes: Changes
     status_written: Changes
-    steps: LedgerSteps | None = None
+    steps: DailySteps | None = None
     gate: AccountGate | None = None
     worktrees: bool = False
     #: How the collection's git runs confined (``None``: unconfined).
@@ -338,12 +351,12 @@ class Chores:
         """
         seen = self.seen
         if self.steps is not None:
-            nursery.start_soon(prune_daily, self.steps, seen.options.home, self.bounds)
+            daily = DailyPass(seen.options.home, self.bounds, self.steps, seen.runs,
+                              self.hold, self.git_confine, seen.clock)
+            nursery.start_soon(daily.prune_daily)
             if self.worktrees:
-                nursery.start_soon(collect_worktrees_daily, seen.options.home, seen.runs,
-                                   self.hold, self.bounds, self.git_confine)
-            nursery.start_soon(collect_conversations_daily, seen.options.home, seen.runs,
-                               self.hold, self.steps, self.bounds, seen.clock)
+                nursery.start_soon(daily.collect_worktrees_daily)
+            nursery.start_soon(daily.collect_conversations_daily)
         nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)

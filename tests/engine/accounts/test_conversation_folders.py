@@ -85,7 +85,7 @@ async def test_the_daily_pass_removes_a_collected_conversation_s_agent_folders_a
                                       "last_used": now - DAY}))
         old = leave_state(setup.home, "conv:old")
         recent = leave_state(setup.home, "conv:recent")
-        await upkeep.collect_worktrees(setup.home, {}, holding, now=now)
+        await upkeep.DailyPass(setup.home, Bounds(), hold=holding).collect_worktrees(now=now)
     assert not setup.folder("conv:old").exists()
     assert [lexists(folder) for folder in old] == [False, False, False]
     assert all(folder.is_dir() for folder in recent)
@@ -152,9 +152,9 @@ async def test_without_worktrees_an_idle_conversation_s_folders_go_by_the_daily_
     try:
         with trio.fail_after(4 * DAY):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(upkeep.collect_conversations_daily, home, runs, hold,
-                                   LedgerSteps(ledger), Bounds(),
-                                   lambda: start + trio.current_time())
+                daily = upkeep.DailyPass(home, Bounds(), LedgerSteps(ledger), runs, hold,
+                                         clock=lambda: start + trio.current_time())
+                nursery.start_soon(daily.collect_conversations_daily)
                 await trio.sleep(DAY + 1)
                 after_one = there()
                 await trio.sleep(DAY)

@@ -26,6 +26,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.agent.launch import Launch, ProcessHooks
 from prohost.engine.agent.process import ProcessGroups, run_agent
 from prohost.engine.sandbox import Confinement, Policy, prepare, probe
 from tests.kits.harness import wall_clock_bound
@@ -75,9 +76,11 @@ async def run(command: str, tmp_path: Path, groups: ProcessGroups,
               confinement: Confinement | None = None) -> bytes:
     """run_agent's stdout; it fails the test if it waits for the grace."""
     with trio.move_on_after(GIVE_UP_S) as waited:
-        result = await run_agent(command, stdin_text="", cwd=tmp_path, groups=groups,
-                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                 confinement=confinement)
+        result = await run_agent(
+            Launch(command=command, stdin_text="", cwd=tmp_path,
+                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                   confinement=confinement),
+            groups)
     assert not waited.cancelled_caught, "the harness waited for the grace"
     assert result.exit_code == 0
     return result.stdout
@@ -130,10 +133,12 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
     try:
         async with wall_clock_bound(GIVE_UP_S), trio.open_nursery() as nursery:
             async def run_it() -> None:
-                await run_agent(command, stdin_text="", cwd=tmp_path, groups=patient_groups,
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                on_stdout_line=lambda line: ready.set(),
-                                confinement=confinement)
+                await run_agent(
+                    Launch(command=command, stdin_text="", cwd=tmp_path,
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                           confinement=confinement),
+                    patient_groups,
+                    hooks=ProcessHooks(on_stdout_line=lambda line: ready.set()))
 
             nursery.start_soon(run_it)
             await ready.wait()

@@ -22,11 +22,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from prohost.engine.agent import poll
+from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from tests.kits.paths import AGENTS
 
@@ -49,10 +51,17 @@ async def run_here(
     command: str, tmp_path: Path, groups: ProcessGroups, **options: Any
 ) -> ProcessResult:
     """run_agent in ``tmp_path`` with these ``groups``; unless ``options`` say otherwise,
-    with an empty prompt and nothing but PATH in its environment."""
+    with an empty prompt and nothing but PATH in its environment. Each option goes to
+    the part of the call that has a field of its name."""
     options.setdefault("stdin_text", "")
     options.setdefault("env", env())
-    return await run_agent(command, cwd=tmp_path, groups=groups, **options)
+    parts: dict[type, dict[str, Any]] = {Launch: {}, ProcessLimits: {}, ProcessHooks: {}}
+    for name, value in options.items():
+        (kind,) = [kind for kind in parts if name in attrs.fields_dict(kind)]
+        parts[kind][name] = value
+    return await run_agent(Launch(command=command, cwd=tmp_path, **parts[Launch]), groups,
+                           ProcessLimits(**parts[ProcessLimits]),
+                           ProcessHooks(**parts[ProcessHooks]))
 
 
 @pytest.fixture(autouse=True, params=["epoll", "tasks"])
@@ -348,7 +357,8 @@ async def test_runs_in_cwd_with_exactly_env(tmp_path: Path, groups: ProcessGroup
 
 async def test_missing_cwd_raises_oserror(tmp_path: Path, groups: ProcessGroups) -> None:
     with trio.fail_after(10), pytest.raises(OSError):
-        await run_agent("true", stdin_text="", cwd=tmp_path / "nope", env=env(), groups=groups)
+        await run_agent(Launch(command="true", stdin_text="", cwd=tmp_path / "nope", env=env()),
+                        groups)
     assert len(groups) == 0
 
 

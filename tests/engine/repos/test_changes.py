@@ -10,9 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.blocking import Bounds
 from prohost.engine.repos import changes
-from prohost.engine.repos.changes import MAX_FILES, take_state
+from prohost.engine.repos.changes import MAX_FILES, CheckoutReader
 from tests.kits.changes import by_path, compare, git, make_repo, write
 
 pytestmark = pytest.mark.protocol("§7")
@@ -31,7 +30,7 @@ async def test_a_run_lists_what_it_changed_committed_or_not_with_line_counts(
 ) -> None:
     repo = make_repo(tmp_path / "app", {"src/app.py": "a\nb\nc\n", "old.txt": "x\n",
                                         "gone.txt": "bye\n", "README": "hi\n"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     write(repo / "src/app.py", "a\nB\nc\nd\n")           # modified, committed below
     git(repo, "add", "src/app.py")
     git(repo, "commit", "-q", "-m", "fix")
@@ -39,7 +38,7 @@ async def test_a_run_lists_what_it_changed_committed_or_not_with_line_counts(
     (repo / "gone.txt").unlink()                          # deleted, uncommitted
     git(repo, "mv", "old.txt", "new.txt")                 # renamed, staged only
 
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
 
     assert entry["repo"] == "app" and entry["branch"] == "main"
     assert entry["base"] == before.commit and entry["head"] == git(repo, "rev-parse",
@@ -60,14 +59,14 @@ async def test_a_run_lists_what_it_changed_committed_or_not_with_line_counts(
 
 async def test_what_an_earlier_turn_left_is_not_listed_again(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    first = await take_state("app", repo, bounds=Bounds())
+    first = await CheckoutReader().state("app", repo)
     write(repo / "left.txt", "from the first turn\n")   # uncommitted, stays
     write(repo / "a.txt", "2\n")
-    assert set(by_path(await compare(first, bounds=Bounds()))) == {"left.txt", "a.txt"}
+    assert set(by_path(await compare(first))) == {"left.txt", "a.txt"}
 
-    second = await take_state("app", repo, bounds=Bounds())
+    second = await CheckoutReader().state("app", repo)
     write(repo / "b.txt", "the second turn's\n")
-    entry = await compare(second, bounds=Bounds())
+    entry = await compare(second)
     assert set(by_path(entry)) == {"b.txt"}
     assert entry["base"] == entry["head"] == first.commit and entry["commits"] == 0
 
@@ -79,26 +78,26 @@ async def test_the_checkout_the_agent_sees_is_untouched(tmp_path: Path) -> None:
     git(repo, "add", "a.txt")
     index = repo / ".git" / "index"
     status, staged = git(repo, "status", "--porcelain"), index.read_bytes()
-    before = await take_state("app", repo, bounds=Bounds())
-    await compare(before, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
+    await compare(before)
     assert git(repo, "status", "--porcelain") == status
     assert index.read_bytes() == staged
 
 
 async def test_binary_files_have_no_line_counts(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"img.bin": b"\0\1\2"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     write(repo / "img.bin", b"\0\3\4\5")
-    row = by_path(await compare(before, bounds=Bounds()))["img.bin"]
+    row = by_path(await compare(before))["img.bin"]
     assert (row["change"], row["added"], row["removed"]) == ("modified", None, None)
 
 
 async def test_more_than_100_files_are_counted_not_listed(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"keep": "k\n"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     for i in range(MAX_FILES + 7):
         write(repo / f"f{i:03}.txt", f"{i}\n")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     files = entry["files"]
     assert isinstance(files, list) and len(files) == MAX_FILES
     assert entry["more_files"] == 7
@@ -107,12 +106,12 @@ async def test_more_than_100_files_are_counted_not_listed(tmp_path: Path) -> Non
 
 async def test_a_repository_with_no_commit_yet(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "empty")
-    before = await take_state("empty", repo, bounds=Bounds())
+    before = await CheckoutReader().state("empty", repo)
     assert before.error is None and before.commit is None
     write(repo / "first.txt", "hello\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "first")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert entry["base"] is None and entry["commits"] == 1
     assert by_path(entry)["first.txt"]["committed"] is True
 
@@ -120,25 +119,25 @@ async def test_a_repository_with_no_commit_yet(tmp_path: Path) -> None:
 async def test_a_detached_head_has_no_branch(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
     git(repo, "checkout", "-q", "--detach")
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     write(repo / "a.txt", "2\n")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert entry["branch"] is None and set(by_path(entry)) == {"a.txt"}
 
 
 async def test_a_checkout_that_cannot_be_read_gets_an_error_entry(tmp_path: Path) -> None:
     not_a_repo = tmp_path / "plain"
     not_a_repo.mkdir()
-    before = await take_state("plain", not_a_repo, bounds=Bounds())
+    before = await CheckoutReader().state("plain", not_a_repo)
     assert before.error is not None
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert set(entry) == {"repo", "error"} and entry["repo"] == "plain"
     assert "not a git repository" in str(entry["error"])
 
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    state = await take_state("app", repo, bounds=Bounds())
+    state = await CheckoutReader().state("app", repo)
     (repo / ".git").rename(tmp_path / "moved-away")  # the worktree vanished meanwhile
-    entry = await compare(state, bounds=Bounds())
+    entry = await compare(state)
     assert set(entry) == {"repo", "error"}
 
 
@@ -153,7 +152,7 @@ def objects(repo: Path) -> str:
 async def test_a_same_size_edit_in_the_second_of_a_commit_is_seen(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "one\n"})
     git(repo, "config", "core.trustctime", "false")
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     # The agent commits, then edits the file again within the same second: the same
     # size and times, which only git's racy-clean check (the index's own mtime is
     # that second too) tells apart. Written here as times set a minute back.
@@ -164,7 +163,7 @@ async def test_a_same_size_edit_in_the_second_of_a_commit_is_seen(tmp_path: Path
     write(repo / "a.txt", "six\n")
     os.utime(repo / "a.txt", ns=(stamp, stamp))
     os.utime(repo / ".git" / "index", ns=(stamp, stamp))
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert by_path(entry)["a.txt"]["committed"] is False
 
 
@@ -177,10 +176,10 @@ async def test_taking_the_changes_writes_no_object_and_leaves_the_index_alone(
     write(repo / "left.txt", "an earlier turn's\n")
     store, index = objects(repo), (repo / ".git" / "index").read_bytes()
     status = git(repo, "status", "--porcelain=v2", "-z")
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     write(repo / "big.txt", "line\n" * 200_000)
     write(repo / "left.txt", "an earlier turn's\nand this one's\n")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert objects(repo) == store
     assert (repo / ".git" / "index").read_bytes() == index
     files = by_path(entry)
@@ -194,10 +193,10 @@ async def test_taking_the_changes_writes_no_object_and_leaves_the_index_alone(
 
 async def test_an_empty_nested_repository_is_one_entry(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     git(repo, "init", "-q", "scratch")
     write(repo / "b.txt", "b\n")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert "error" not in entry
     assert by_path(entry)["scratch"] == {"path": "scratch", "change": "added", "added": None,
                                          "removed": None, "committed": False}
@@ -206,9 +205,9 @@ async def test_an_empty_nested_repository_is_one_entry(tmp_path: Path) -> None:
 
 async def test_a_name_that_is_not_utf8_goes_out_with_u_fffd(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "app", {"a.txt": "1\n"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     (repo / os.fsdecode(b"bad\xff.txt")).write_bytes(b"x\n")
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert entry["files"] == [{"path": "bad\ufffd.txt", "change": "added", "added": 1,
                                "removed": 0, "committed": False}]
 
@@ -239,9 +238,9 @@ async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
 
     hang()
     head = git(repo, "rev-parse", "HEAD").strip()
-    state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
+    state = await CheckoutReader().state("app", repo, limit_s=5.0)
     assert state.error is None and state.commit == head
-    entry = await compare(state, bounds=Bounds(), limit_s=5.0)
+    entry = await compare(state, limit_s=5.0)
     assert (entry["repo"], entry["branch"], entry["base"], entry["head"], entry["commits"]) \
         == ("app", "main", head, head, 0)
     assert entry["files"] == [] and entry["more_files"] == 0
@@ -249,18 +248,18 @@ async def test_a_checkout_too_slow_to_list_keeps_its_commits_and_says_why(
 
     git(repo, "config", "--unset", "filter.hang.clean")
     (repo / ".git" / "info" / "attributes").unlink()
-    state = await take_state("app", repo, bounds=Bounds(), limit_s=5.0)
+    state = await CheckoutReader().state("app", repo, limit_s=5.0)
     hang()
-    entry = await compare(state, bounds=Bounds(), limit_s=5.0)
+    entry = await compare(state, limit_s=5.0)
     assert entry["head"] == head
     assert entry["truncated"] == "listing its files took longer than 5 s"
 
 
 async def test_an_error_names_the_checkout_never_its_local_path(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "wt" / "app", {"a.txt": "1\n"})
-    before = await take_state("app", repo, bounds=Bounds())
+    before = await CheckoutReader().state("app", repo)
     (tmp_path / "wt").rename(tmp_path / "elsewhere")  # the worktree vanished meanwhile
-    entry = await compare(before, bounds=Bounds())
+    entry = await compare(before)
     assert set(entry) == {"repo", "error"}
     assert str(tmp_path) not in entry["error"] and "app" in entry["error"]
 

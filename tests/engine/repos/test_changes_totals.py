@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from prohost.engine.blocking import Bounds
 from prohost.engine.repos import changes
-from prohost.engine.repos.changes import take_state
+from prohost.engine.repos.changes import CheckoutReader
 from prohost.engine.repos.gitsession import PLAIN_GIT, ConfinedGit, Git
 from prohost.engine.view.reporttext import changes_summary, files_line
 from prohost.wire.protocol import converter
@@ -49,15 +48,14 @@ async def with_submodule(tmp_path: Path) -> tuple[Path, Path]:
 
 
 async def compare(before: changes.CheckoutState, run: Git = PLAIN_GIT) -> dict[str, Any]:
-    entry: dict[str, Any] = converter.unstructure(await changes.compare(before,
-                                                                        bounds=Bounds(),
-                                                                        run=run))
+    entry: dict[str, Any] = converter.unstructure(
+        await changes.CheckoutReader(run=run).compare(before))
     return entry
 
 
 async def test_a_submodule_pointer_change_has_no_line_counts(tmp_path: Path) -> None:
     app, lib = await with_submodule(tmp_path)
-    before = await take_state("app", app, bounds=Bounds())
+    before = await CheckoutReader().state("app", app)
     (lib / "lib.txt").write_text("2\n")
     await git(lib, "commit", "-qam", "two")
     entry = await compare(before)
@@ -70,7 +68,7 @@ async def test_a_dirty_submodule_is_listed_as_modified(tmp_path: Path,
     # Read by a git inside the run's confinement (§13): a submodule's own status
     # runs there, with the run's rights only.
     app, lib = await with_submodule(tmp_path)
-    before = await take_state("app", app, bounds=Bounds(), run=confined_git)
+    before = await CheckoutReader(run=confined_git).state("app", app)
     (lib / "lib.txt").write_text("dirty\n")
     entry = await compare(before, confined_git)
     assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,
@@ -82,7 +80,7 @@ async def test_a_submodule_with_only_an_untracked_file_is_listed_as_modified(
 ) -> None:
     # Issue 37 point 11: status says "U" (untracked content) for it, not "M".
     app, lib = await with_submodule(tmp_path)
-    before = await take_state("app", app, bounds=Bounds(), run=confined_git)
+    before = await CheckoutReader(run=confined_git).state("app", app)
     (lib / "new.txt").write_text("new\n")
     entry = await compare(before, confined_git)
     assert entry["files"] == [{"path": "lib", "change": "modified", "added": None,

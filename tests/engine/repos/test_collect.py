@@ -270,7 +270,7 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
     from tests.kits.harness import finished, gated_harness
 
     source = await make_repo(tmp_path / "app")
-    remove_folder = collect._remove_folder
+    remove_folder = collect._Collection._remove_folder
     with trio.fail_after(60):
         async with gated_harness(tmp_path / "h", concurrency=2, repos=(source,)) as (
             gate, running,
@@ -294,9 +294,10 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
                 assert harness.held[arrived[0]].state == "queued"
                 return await remove_folder(*args)  # type: ignore[arg-type]
 
-            monkeypatch.setattr(collect, "_remove_folder", remove_while_a_turn_arrives)
-            await upkeep.collect_worktrees(harness.options.home, harness.held,
-                                          harness.scheduler.holding, now=time.time() + LATER)
+            monkeypatch.setattr(collect._Collection, "_remove_folder", remove_while_a_turn_arrives)
+            await upkeep.DailyPass(harness.options.home, harness.bounds, runs=harness.held,
+                                   hold=harness.scheduler.holding,
+                                   ).collect_worktrees(now=time.time() + LATER)
             assert arrived
             await gate.wait_started(arrived[0])
             await gate.release(arrived[0])

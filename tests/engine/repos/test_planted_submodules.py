@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.blocking import Bounds
-from prohost.engine.repos.changes import compare, take_state
+from prohost.engine.repos.changes import CheckoutReader
 from prohost.engine.repos.collect import collect_garbage
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.wire.changes import CheckoutChanges
@@ -63,9 +62,9 @@ async def test_a_planted_submodule_s_filter_never_runs(tmp_path: Path) -> None:
         prepared = await manager.prepare("conv:1")
         path = only(prepared.checkouts)
         places = prepared.checkouts[0].git
-        before = await take_state("app", path, bounds=Bounds(), places=places)
+        before = await CheckoutReader().state("app", path, places=places)
         plant(path, marker, outside)
-        entry = await compare(before, bounds=Bounds())
+        entry = await CheckoutReader().compare(before)
         assert isinstance(entry, CheckoutChanges)
         assert [change.path for change in entry.files] == ["sub"]
         assert not marker.exists(), "the run's changes ran the planted filter"

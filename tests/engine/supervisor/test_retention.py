@@ -16,7 +16,7 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.retention import DAY_S, KEEP_RUNS_S
-from prohost.engine.supervisor.upkeep import clear_old
+from prohost.engine.supervisor.upkeep import DailyPass
 from prohost.wire.runs import Outcome
 
 pytestmark = pytest.mark.protocol("§7")
@@ -43,7 +43,7 @@ async def test_the_daily_pass_clears_the_ledger_and_the_tails_past_their_period(
         aged = now - KEEP_RUNS_S - DAY_S
         os.utime(tail_path(home, "old"), (aged, aged))
 
-        await clear_old(LedgerSteps(ledger), home, Bounds())
+        await DailyPass(home, Bounds(), LedgerSteps(ledger)).clear_old()
 
         old, recent = ledger.get("old"), ledger.get("recent")
         assert old is not None and (old.body, old.outcome) == ("", None)  # a tombstone
@@ -61,7 +61,7 @@ async def test_a_tail_folder_that_cannot_be_listed_is_logged_and_the_ledger_stil
     (home / "stderr").write_text("not a folder")  # listing it fails (ENOTDIR)
     with Ledger.open(tmp_path / "ledger.sqlite3") as ledger:
         reported(ledger, "old", now - KEEP_RUNS_S - DAY_S)
-        await clear_old(LedgerSteps(ledger), home, Bounds())
+        await DailyPass(home, Bounds(), LedgerSteps(ledger)).clear_old()
         old = ledger.get("old")
         assert old is not None and old.body == ""
     assert "could not prune the stderr tails" in caplog.text

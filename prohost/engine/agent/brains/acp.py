@@ -23,7 +23,7 @@ that, loaded (``session/load``, which replays the history: none of it is the rep
 when it offers neither, or rejects the session, a new one is started in the same
 process, inside the same deadline (§5.5). A stop of the run (cancel, ``--timeout``,
 ``--idle-timeout``, the second signal) first sends ``session/cancel`` and waits a
-little for the prompt to return (:class:`~prohost.engine.agent.process.Conversation`).
+little for the prompt to return (:class:`~prohost.engine.agent.launch.Conversation`).
 
 Design choices, in DESIGN terms:
 
@@ -90,7 +90,8 @@ from prohost.engine.agent.brains.base import (
     one_line,
     with_limit,
 )
-from prohost.engine.agent.process import Conversation, ProcessResult, StdinPipe
+from prohost.engine.agent.launch import Conversation, StdinPipe
+from prohost.engine.agent.process import ProcessResult
 from prohost.engine.agent.reply import final_reply
 from prohost.wire.outcomes import (
     ACP_NO_ANSWER,
@@ -128,7 +129,7 @@ _SETUP = ("session/new", "session/load", "session/resume")
 _SYNC = "_prohost/sync"
 
 #: How long an agent that answered ``session/close`` has to exit by itself before
-#: it is stopped (the others get :data:`~prohost.engine.agent.process.LINGER_S`).
+#: it is stopped (the others get :data:`~prohost.engine.agent.launch.LINGER_S`).
 _AFTER_CLOSE_S = 0.5
 
 #: How long each step before the prompt (initialize, logging in, the session's

@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 import attrs
 
 from prohost.engine.accounts.limits import LimitNotice
-from prohost.engine.agent.process import Conversation, ProcessResult
+from prohost.engine.agent.launch import Conversation
+from prohost.engine.agent.process import ProcessResult
 from prohost.execline import split_command
 from prohost.wire.runs import Mcp, Outcome
 from prohost.wire.timeline import ToolEvent

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.agent import process
 from prohost.engine.agent.brains import acp
 from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_usage import session_model
+from prohost.engine.agent.launch import LINGER_S, Launch, ProcessHooks, ProcessLimits
 from prohost.engine.agent.process import ProcessGroups, run_agent
 from prohost.wire.outcomes import (
     acp_no_reply,
@@ -247,7 +247,7 @@ async def test_an_agent_that_stays_is_ended_at_once_once_its_session_is_closed(
     it as soon as it answered, spares every run the whole linger."""
     started = trio.current_time()
     done = await talk(tmp_path, FAKE_ACP_LINGER="1", FAKE_ACP_CLOSE="1")
-    assert trio.current_time() - started < process.LINGER_S - 1
+    assert trio.current_time() - started < LINGER_S - 1
     assert done.outcome is not None and done.outcome.ok
     session = done.outcome.session_id
     assert done.methods()[-3:] == ["session/prompt", "session/close", "eof"]
@@ -282,10 +282,10 @@ async def chose(tmp_path: Path, brain: AcpBrain, *, safe_tools: bool = False,
     done = Talk(turn, record_path=record_of(tmp_path))
     agent_env = acp_env(tmp_path, **env)
     result = await run_agent(
-        FAKE_ACP, stdin_text="", cwd=tmp_path, env=agent_env, groups=ProcessGroups(),
-        deadline=math.inf, max_stdout_bytes=0,
-        on_stdout_line=lambda line: read(done, turn, line),
-        conversation=turn.conversation(PROMPT, None, tmp_path, None, agent_env))
+        Launch(command=FAKE_ACP, stdin_text="", cwd=tmp_path, env=agent_env,
+               conversation=turn.conversation(PROMPT, None, tmp_path, None, agent_env)),
+        ProcessGroups(), ProcessLimits(deadline=math.inf, max_stdout_bytes=0),
+        ProcessHooks(on_stdout_line=lambda line: read(done, turn, line)))
     done.result, done.outcome = result, turn.finish(result)
     return done
 

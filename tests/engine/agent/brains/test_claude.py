@@ -18,6 +18,7 @@ from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
 from prohost.engine.agent.brains.summaries import tool_summary
+from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
 from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
 from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
@@ -513,13 +514,12 @@ async def attempt(
     groups = ProcessGroups()
     groups.grace_s = 0.5
     result = await run_agent(
-        brain.command(session_id=session_id, mcp=mcp),
-        stdin_text="Please run the tests.",
-        cwd=tmp_path,
-        env=env or fake_env(tmp_path, scenario),
-        groups=groups,
-        deadline=deadline,
-        on_stdout_line=lambda raw: events.extend(turn.feed(raw)),
+        Launch(command=brain.command(session_id=session_id, mcp=mcp),
+               stdin_text="Please run the tests.", cwd=tmp_path,
+               env=env or fake_env(tmp_path, scenario)),
+        groups,
+        ProcessLimits(deadline=deadline),
+        ProcessHooks(on_stdout_line=lambda raw: events.extend(turn.feed(raw))),
     )
     assert len(groups) == 0
     return turn, result, events
