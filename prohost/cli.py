@@ -578,9 +578,10 @@ def build_parser() -> ArgumentParser:
     )
     send.add_argument(
         "--fail-without-harness", action="store_true",
-        help="with --wait: give up (exit 3) when no harness is connected to take the run, "
-        "instead of saying so and waiting for one; the run stays queued on the server "
-        "(default: wait)",
+        help="with --wait: give up (exit 3) when no harness is connected to take the run "
+        "and none is expected back (one connected until moments ago, as after a restart "
+        "of the server, is waited for), instead of saying so and waiting for one; the run "
+        "stays queued on the server (default: wait)",
     )
     _add_server_state(send)
     send.add_argument("text", metavar="TEXT", help="the message for the agent")

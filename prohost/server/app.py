@@ -63,6 +63,8 @@ log = logging.getLogger("prohost.server")
 
 #: WebSocket close code for a harness the server lets go of (going away).
 GOING_AWAY = 1001
+#: What a harness closes its socket with when it goes on purpose.
+NORMAL_CLOSURE = 1000
 
 
 class App:
@@ -125,6 +127,7 @@ class App:
         while True:
             event = await receive()
             if event["type"] == "websocket.disconnect":
+                conn.closed_by_harness = event.get("code") == NORMAL_CLOSURE
                 return
             if event["type"] != "websocket.receive":
                 continue

@@ -402,8 +402,11 @@ class ServerState(Deliveries):
         self.connection_events.append(
             ConnectionEvent("disconnect", conn.id, conn.machine, self.connected, self.clock())
         )
-        # A harness that said it drains went on purpose; any other is expected back.
-        self._saw(conn, left=conn.status is not None and conn.status.draining, save=True)
+        # A harness that said it drains, or closed its socket normally while the
+        # server did not ask it to, went on purpose; any other is expected back.
+        left = (conn.status is not None and conn.status.draining) or (
+            conn.closed_by_harness and conn.close_code is None)
+        self._saw(conn, left=left, save=True)
         log.info("harness %s disconnected (connection %d)", conn.machine or "?", conn.id)
         self.changed()
 
