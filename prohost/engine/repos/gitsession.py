@@ -40,6 +40,7 @@ from prohost.engine.repos.gitcmd import (
     git_env,
     what_of,
 )
+from prohost.invocation import command
 
 #: Makes a command line run confined: ``argv``, the folders it may read though
 #: hidden, the folders it may write. Blocking. (As :data:`.lanerepo.Confine`.)
@@ -177,7 +178,7 @@ class ConfinedGit:
         data = await process.stdout.receive_some(1 << 16)
         if not data:
             raise GitError("the confined git ended early (is the confinement broken? "
-                           "see `prohost agent status`)")
+                           f"see `{command('agent', 'status')}`)")
         self._buffer += data
 
     async def _line(self) -> str:
