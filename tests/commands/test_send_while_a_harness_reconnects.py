@@ -16,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from prohost.invocation import command
 from tests.kits.serverproc import clean_env, prohost, quoted_commands, server_process
+
+pytestmark = pytest.mark.protocol("§11")
 
 
 async def free_port() -> int:
