@@ -343,7 +343,8 @@ def build_parser() -> ArgumentParser:
     )
     pair.add_argument(
         "--code", metavar="CODE", required=True,
-        help="the one-time pairing code shown in the web app, e.g. ABCD-1234 (required)",
+        help="the one-time pairing code your server shows (the service's web app; the "
+        "banner of `prohost server`), e.g. ABCD-1234 (required)",
     )
     pair.add_argument(
         "--url", metavar="URL",

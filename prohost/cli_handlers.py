@@ -28,7 +28,7 @@ from prohost.options import (
 
 #: What the values of ``agent pair`` and ``server`` must be, for their errors.
 PAIR_VALUES = {
-    "--code": "the pairing code shown in the web app, e.g. ABCD-1234",
+    "--code": "the pairing code your server shows, e.g. ABCD-1234",
     "--url": VALUE_DESCRIPTIONS["--url"],
     "--machine": VALUE_DESCRIPTIONS["--machine"],
 }
