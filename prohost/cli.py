@@ -246,6 +246,16 @@ def _add_run_flags(parser: ArgumentParser, host: str) -> None:
     )
 
 
+def _add_server_state(parser: ArgumentParser) -> None:
+    """``--state DIR``: where the server's API token is, for what changes its runs."""
+    parser.add_argument(
+        "--state", metavar="DIR",
+        help="the server's state folder, where it keeps the API token this needs (the "
+        "banner of `prohost server` names it) (default: $PROHOST_HOME/server, where "
+        "`prohost server` keeps it)",
+    )
+
+
 def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
     """``prohost runs show|cancel ID``: a run on the reference server, by id."""
     runs = commands.add_parser(
@@ -277,6 +287,7 @@ def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
             parser.add_argument("--reason", metavar="TEXT",
                                 help="why, passed to the run's report (default: "
                                 "\"cancelled by the user\")")
+            _add_server_state(parser)
         _add_verbose(parser)
         parser.set_defaults(handler=cli_handlers.runs_verb, parser=parser, verb=verb)
 
@@ -332,7 +343,8 @@ def build_parser() -> ArgumentParser:
     )
     pair.add_argument(
         "--code", metavar="CODE", required=True,
-        help="the one-time pairing code shown in the web app, e.g. ABCD-1234 (required)",
+        help="the one-time pairing code your server shows (the service's web app; the "
+        "banner of `prohost server`), e.g. ABCD-1234 (required)",
     )
     pair.add_argument(
         "--url", metavar="URL",
@@ -567,10 +579,12 @@ def build_parser() -> ArgumentParser:
     )
     send.add_argument(
         "--fail-without-harness", action="store_true",
-        help="with --wait: give up (exit 3) when no harness is connected to take the run, "
-        "instead of saying so and waiting for one; the run stays queued on the server "
-        "(default: wait)",
+        help="with --wait: give up (exit 3) when no harness is connected to take the run "
+        "and none is expected back (one connected until moments ago, as after a restart "
+        "of the server, is waited for), instead of saying so and waiting for one; the run "
+        "stays queued on the server (default: wait)",
     )
+    _add_server_state(send)
     send.add_argument("text", metavar="TEXT", help="the message for the agent")
     _add_verbose(send)
     send.set_defaults(handler=cli_handlers.send, parser=send)

@@ -28,7 +28,7 @@ from prohost.options import (
 
 #: What the values of ``agent pair`` and ``server`` must be, for their errors.
 PAIR_VALUES = {
-    "--code": "the pairing code shown in the web app, e.g. ABCD-1234",
+    "--code": "the pairing code your server shows, e.g. ABCD-1234",
     "--url": VALUE_DESCRIPTIONS["--url"],
     "--machine": VALUE_DESCRIPTIONS["--machine"],
 }
@@ -291,7 +291,8 @@ def server(ns: argparse.Namespace) -> int:
     setup_logging(ns.verbose)
     from prohost.server.main import run_server_command
 
-    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, retries)
+    return trio.run(run_server_command, ns.host, port, ns.faults, state_dir, retries,
+                    ns.state is None and state_dir is not None)
 
 
 def send(ns: argparse.Namespace) -> int:
@@ -301,7 +302,7 @@ def send(ns: argparse.Namespace) -> int:
     from prohost.commands.send import send_command
 
     return trio.run(send_command, ns.server, ns.text, ns.conversation, ns.wait, 600,
-                    ns.fail_without_harness)
+                    ns.fail_without_harness, ns.state)
 
 
 def runs_verb(ns: argparse.Namespace) -> int:
@@ -313,7 +314,7 @@ def runs_verb(ns: argparse.Namespace) -> int:
 
     if ns.verb == "show":
         return trio.run(runs_show_command, ns.server, ns.run_id, ns.json)
-    return trio.run(runs_cancel_command, ns.server, ns.run_id, ns.reason)
+    return trio.run(runs_cancel_command, ns.server, ns.run_id, ns.reason, ns.state)
 
 
 def demo(ns: argparse.Namespace) -> int:

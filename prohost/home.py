@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from prohost.files import write_atomically
+from prohost.invocation import command
 
 CREDENTIALS_FILE = "credentials.json"
 LOCK_FILE = "agent.lock"
@@ -48,7 +49,13 @@ PRIVATE_FILE_MODE = 0o600
 log = logging.getLogger("prohost.home")
 DEFAULT_WS_URL = "wss://api.prohost.ai/v1/agent/ws"
 
-_PAIR_HINT = "run `prohost agent pair --code CODE` with a pairing code from the web app"
+def _pair_hint() -> str:
+    """How to pair: the code comes from the server (a chat service's web app shows
+    one; the reference server's banner shows one and the exact command)."""
+    return (f"run `{command('agent', 'pair', '--code', 'CODE', '--url', 'URL')}` with the "
+            "one-time code and the URL your server gives (the service's web app; for "
+            "`prohost server`, the command its banner prints; --url may be left out for "
+            f"the default server, {DEFAULT_WS_URL})")
 
 
 def prohost_home(env: Mapping[str, str], cwd: Path | None = None) -> Path:
@@ -151,11 +158,11 @@ def load_credentials(home: Path) -> Credentials:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CredentialsError(
-            f"this machine is not paired yet (no {path}): {_PAIR_HINT}"
+            f"this machine is not paired yet (no {path}): {_pair_hint()}"
         ) from None
     except IsADirectoryError:
         raise CredentialsError(
-            f"{path} is a directory, not a credentials file: remove it, then {_PAIR_HINT}"
+            f"{path} is a directory, not a credentials file: remove it, then {_pair_hint()}"
         ) from None
     except PermissionError:
         raise CredentialsError(
@@ -164,7 +171,7 @@ def load_credentials(home: Path) -> Credentials:
         ) from None
     except UnicodeDecodeError:
         raise CredentialsError(
-            f"{path} is not UTF-8 text; it is damaged: {_PAIR_HINT} to rewrite it"
+            f"{path} is not UTF-8 text; it is damaged: {_pair_hint()} to rewrite it"
         ) from None
     except OSError as exc:
         raise CredentialsError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -173,12 +180,12 @@ def load_credentials(home: Path) -> Credentials:
     except json.JSONDecodeError as exc:
         raise CredentialsError(
             f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-            f"it is damaged: {_PAIR_HINT} to rewrite it"
+            f"it is damaged: {_pair_hint()} to rewrite it"
         ) from None
     try:
         return credentials_from_json(data, str(path))
     except ValueError as exc:
-        raise CredentialsError(f"{exc}: {_PAIR_HINT} to rewrite it") from None
+        raise CredentialsError(f"{exc}: {_pair_hint()} to rewrite it") from None
 
 
 def save_credentials(home: Path, creds: Credentials) -> Path:
@@ -439,16 +446,35 @@ def read_lock_holder(fd: int) -> tuple[int | None, str | None]:
     return int(words[0]), words[1] if words[1] in (HARNESS, GC) and len(words) == 2 else None
 
 
+def stop_advice(err: LockHeld) -> str:
+    """How to stop the harness that holds a home: ``agent stop`` (from a shell with
+    the same ``PROHOST_HOME``) when it recorded its pid, else how to find it."""
+    if err.pid:
+        return (f"`{command('agent', 'stop')}` finishes its runs in progress, then it exits; "
+                f"`{command('agent', 'stop', '--now')}` stops them too")
+    return f"`lsof {err.path}` shows which process it is"
+
+
+def other_home_advice(then: str) -> str:
+    """How to run a second harness beside another: a home of its own, which must be
+    paired with a new code before ``then`` (a command) can run there."""
+    other = "/some/other/dir"
+    return (f"give this one its own home, which needs a pairing of its own (a new code "
+            f"from your server): `PROHOST_HOME={other} "
+            f"{command('agent', 'pair', '--code', 'CODE', '--url', 'URL')}`, then "
+            f"`PROHOST_HOME={other} {then}`")
+
+
 def lock_held_message(err: LockHeld, home: Path) -> str:
     """What to tell someone who started a second harness on the same home."""
     if err.kind == GC:
         return gc_holds_it(err, home, "start again once it is done")
     who = f"(pid {err.pid})" if err.pid else "(its pid is not recorded)"
-    stop = f"stop it (kill {err.pid})" if err.pid else f"stop it (`lsof {err.path}` shows it)"
     return (
         f"another prohost agent {who} is already running with PROHOST_HOME={home}; "
-        f"two would both execute every run. Either {stop}, or give this one its own home: "
-        f"PROHOST_HOME=/some/other/dir prohost agent run ..."
+        f"two would both execute every run. Either stop it first "
+        f"({stop_advice(err)}), or "
+        + other_home_advice(command("agent", "run") + " ...")
         # A lock file that does not say what holds it may be a gc's too.
         + ("" if err.kind == HARNESS else "; if it is `prohost agent gc` (it holds the "
            "home while it removes worktrees), start again once it is done")

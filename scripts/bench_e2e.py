@@ -668,11 +668,14 @@ class Relay:
 class ServerProcess:
     """A ``prohost server`` child and what its banner said."""
 
-    def __init__(self, child: Child, http_url: str, ws_url: str, code: str) -> None:
+    def __init__(self, child: Child, http_url: str, ws_url: str, code: str,
+                 token_file: Path) -> None:
         self.child = child
         self.http_url = http_url
         self.ws_url = ws_url
         self.code = code
+        #: What submitting a run needs (the server wrote it; its banner says where).
+        self.api_headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
         #: The token and secret of the first pairing: a pairing code works once
         #: (docs/protocol.md §10), so later harnesses of the same run, one at a time,
         #: get the same credentials.
@@ -695,7 +698,8 @@ async def prohost_server(tmp: Path, name: str) -> AsyncIterator[ServerProcess]:
             key, _, value = line.strip().partition(":")
             banner[key.strip()] = value.strip()
         # The rest of the banner is not read; it is a few lines, far below a pipe's size.
-        yield ServerProcess(child, banner["HTTP"], banner["WebSocket"], banner["pairing code"])
+        yield ServerProcess(child, banner["HTTP"], banner["WebSocket"], banner["pairing code"],
+                            Path(banner["API token"].split()[0]))
 
 
 async def pair(
@@ -732,7 +736,8 @@ async def submit_runs(
         payload = {"conversation_id": conversation, "text": text, "run_id": run_ids[index]}
         for attempt in range(SUBMIT_ATTEMPTS):
             try:
-                answer = await client.post(f"{server.http_url}/v1/runs", json=payload)
+                answer = await client.post(f"{server.http_url}/v1/runs", json=payload,
+                                           headers=server.api_headers)
             except httpx.TransportError:
                 if attempt + 1 == SUBMIT_ATTEMPTS:
                     raise

@@ -49,7 +49,7 @@ ROOMS: tuple[tuple[Room, ...], ...] = (
                        "login_env.py", "startchecks.py")),
      ("server", ("server/",))),
     (("wire", ("wire/",)),),
-    (("base", ("__init__.py", "errors.py", "files.py")),),
+    (("base", ("__init__.py", "errors.py", "files.py", "invocation.py")),),
 )
 
 #: A module this long is worth a look (size alone is no reason to split one).

@@ -52,6 +52,7 @@ from prohost.commands.service import (
 from prohost.errors import last_line
 from prohost.files import write_atomically
 from prohost.home import CredentialsError, InstanceLock, LockHeld, load_credentials
+from prohost.invocation import command
 from prohost.login_env import carried, login_notes, subscription_login
 from prohost.options import Options
 from prohost.startchecks import start_problems
@@ -169,7 +170,7 @@ def install_daemon_command(
         creds = load_credentials(options.home)
     except CredentialsError as exc:
         # The harness would exit 1 on this at every start: a restart loop, not a service.
-        _err(f"{exc}; then run `{INSTALL}` again")
+        _err(f"{exc}; then run `{command('agent', 'install-daemon')}` again")
         return 1
     if creds.token in text or creds.secret in text:
         _err("the prohost token or secret appears in the service's flags or environment; "
@@ -293,7 +294,7 @@ def _print_installed(
             print(f"  note:  {hint}")
     else:
         print(f"  state: launchctl print gui/{os.getuid()}/{spec.label}")
-    print(f"  stop:  {UNINSTALL} (runs in progress finish first: up to "
+    print(f"  stop:  {command('agent', 'uninstall-daemon')} (runs in progress finish first: up to "
           f"{_duration(spec.stop_timeout_s)})")
 
 

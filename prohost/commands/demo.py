@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from prohost.engine.view.panel import Panel, use_panel
 from prohost.engine.view.reporttext import changes_summary
 from prohost.engine.view.statustext import cost_text, tokens_text
 from prohost.home import LEDGER_FILE, Credentials, resolve_endpoints, save_credentials
+from prohost.invocation import command
 from prohost.options import Options
 from prohost.server import ServerConfig, ServerHandle, serve
 from prohost.wire.usage import Usage
@@ -148,8 +150,10 @@ async def run_demo(console: Console, *, keep: bool = False) -> int:
         if keep:
             await trio.to_thread.run_sync(_say_kept, Path(tmp), home, repo, console)
         else:
-            console.print("[dim]`prohost demo --keep` leaves its repository and home to "
-                          "look at afterwards[/]", soft_wrap=True)
+            # The command on a line of its own, whole: a long path must not wrap it.
+            console.print("[dim]to keep its repository and home to look at afterwards:[/]")
+            console.print(f"[dim]  {command('demo', '--keep')}[/]", soft_wrap=True,
+                          highlight=False)
     return 0 if ok else 1
 
 
@@ -170,8 +174,7 @@ def _say_kept(folder: Path, home: Path, repo: Path | None, console: Console) -> 
             say(f"    {branch}")
         if branches:
             say(f"  see one:   git -C {repo} log --oneline main..{branches[0]}")
-    command = "prohost" if shutil.which("prohost") else f"{sys.executable} -m prohost"
-    say(f"  its runs:  PROHOST_HOME={home} {command} agent runs")
+    say(f"  its runs:  PROHOST_HOME={shlex.quote(str(home))} {command('agent', 'runs')}")
     say(f"  remove it: rm -rf {folder}")
 
 

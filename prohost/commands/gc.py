@@ -47,6 +47,7 @@ from prohost.engine.view.snapshot import (
 )
 from prohost.engine.view.statustext import human_ago
 from prohost.home import GC, LOCK_FILE, InstanceLock, LockHeld
+from prohost.invocation import command
 
 DEFAULT_OLDER_THAN_DAYS = IDLE_LANE_S / DAY_S
 OLDER_THAN_RANGE = "a number of days of 0 or more, e.g. 14 or 0.5"
@@ -154,7 +155,7 @@ class RunningHarness:
         return HarnessUnknown(
             f"{who} holds {self.home / LOCK_FILE} (a running `prohost agent run`, or "
             f"another gc) but {reason}, so gc cannot tell which worktrees are in use and "
-            "removes none; run it again once `prohost agent status` shows that agent "
+            f"removes none; run it again once `{command('agent', 'status')}` shows that agent "
             f"running, or stop it ({stop}) first"
         )
 

@@ -20,8 +20,10 @@ from prohost.home import (
     gc_holds_it,
     resolve_endpoints,
     save_credentials,
+    stop_advice,
     take_lock,
 )
+from prohost.invocation import command
 
 log = logging.getLogger("prohost.pair")
 
@@ -55,18 +57,20 @@ def _server_error_text(response: httpx.Response) -> str:
     return _one_line(response.text) or "(no explanation in the response)"
 
 
-def _running_message(err: LockHeld, home: Path) -> str:
+def _running_message(err: LockHeld, home: Path, code: str, url: str | None) -> str:
     if err.kind == GC:
         return gc_holds_it(err, home, "pair again once it is done (nothing was sent; the "
                            "code is still unused)")
     who = f"a prohost agent (pid {err.pid})" if err.pid else "a prohost agent"
-    stop = f"stop it first (Ctrl-C where it runs, or kill {err.pid})" if err.pid else (
-        f"stop it first (`lsof {err.path}` shows it)")
+    other = "/some/other/dir"
+    pair_words = ["--code", code, *(["--url", url] if url else [])]
     return (
         f"{who} is running with PROHOST_HOME={home}; pairing now would replace the "
-        f"credentials it uses. Either {stop} and pair again, or pair another home: "
-        f"PROHOST_HOME=/some/other/dir prohost agent pair ... (nothing was sent; the "
-        f"code is still unused)"
+        f"credentials it uses (nothing was sent; the code is still unused). Either stop "
+        f"it first ({stop_advice(err)}) and pair again, or pair another home with this "
+        f"code and run a second harness there: `PROHOST_HOME={other} "
+        f"{command('agent', 'pair', *pair_words)}`, then "
+        f"`PROHOST_HOME={other} {command('agent', 'run')} ...`"
     )
 
 
@@ -80,7 +84,8 @@ async def pair_command(code: str, url: str | None, machine: str, home: Path) -> 
     try:
         fd = _hold_existing_lock(home)
     except LockHeld as err:
-        print(f"prohost agent pair: error: {_running_message(err, home)}", file=sys.stderr)
+        print(f"prohost agent pair: error: {_running_message(err, home, code, url)}",
+              file=sys.stderr)
         return EXIT_HARNESS_RUNNING
     try:
         return await _pair(code, url, machine, home)
@@ -155,5 +160,6 @@ async def _pair(code: str, url: str | None, machine: str, home: Path) -> int:
 
     account = f" to account {creds.account}" if creds.account else ""
     print(f"Paired {machine}{account}. Credentials saved in {path} (mode 0600).")
-    print("Start the agent with: prohost agent run")
+    # The default --exec is `claude -p`; the README's step-by-step names others.
+    print(f"Start the agent with: {command('agent', 'run')}")
     return 0

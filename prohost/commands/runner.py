@@ -28,6 +28,7 @@ from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.view.snapshot import read_snapshot
 from prohost.home import GC, LEDGER_FILE, claim_drain, lock_holder
+from prohost.invocation import command
 from prohost.logfile import log_path
 
 EXIT_OK = 0
@@ -110,7 +111,7 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         # Said once the harness says so too (its status file, for `agent status`).
         _wait_draining(home, pid, waiter)
         print(f"draining pid {pid}: it finishes the runs in progress and takes no new "
-              f"ones; `prohost agent stop --now` stops them …", file=out, flush=True)
+              f"ones; `{command('agent', 'stop', '--now')}` stops them …", file=out, flush=True)
     try:
         waiter.wait()
     except KeyboardInterrupt:
@@ -190,7 +191,7 @@ def logs_command(home: Path, *, follow: bool, lines: int | None = None,
     try:
         handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open to follow
     except FileNotFoundError:
-        print(f"No log yet at {path}: `prohost agent run` (and the service) write it "
+        print(f"No log yet at {path}: `{command('agent', 'run')}` (and the service) write it "
               "once they start.", file=err)
         return EXIT_NONE
     try:

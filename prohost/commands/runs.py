@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from prohost.commands.send import SendError, api_base, what_the_run_did
+from prohost.commands.send import SendError, api_base, api_headers, what_the_run_did
 
 
 def _fail(verb: str, message: str) -> int:
@@ -78,15 +78,18 @@ async def runs_show_command(server: str, run_id: str, as_json: bool) -> int:
     return 0
 
 
-async def runs_cancel_command(server: str, run_id: str, reason: str | None) -> int:
+async def runs_cancel_command(server: str, run_id: str, reason: str | None,
+                              server_state: str | None = None) -> int:
     """Cancel run ``run_id`` on ``server`` (a queued run never starts; a running one is
-    stopped by its harness and reported cancelled). Cancelled: the request stops; the
-    server may or may not have heard it (``runs show`` tells)."""
+    stopped by its harness and reported cancelled), with the API token from the state
+    folder ``server_state`` (None: ``$PROHOST_HOME/server``). Cancelled: the request
+    stops; the server may or may not have heard it (``runs show`` tells)."""
     try:
         base = api_base(server)
+        headers = api_headers(server_state)
         async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
             response = await client.request(
-                "DELETE", f"/v1/runs/{run_id}",
+                "DELETE", f"/v1/runs/{run_id}", headers=headers,
                 json={"reason": reason} if reason else None)
     except SendError as exc:
         return _fail("cancel", str(exc))

@@ -36,6 +36,7 @@ import attrs
 from prohost.home import (
     WORKSPACE_DIR,
 )
+from prohost.invocation import command
 from prohost.logfile import LOG_ENV, LOG_TO_FILE, log_path
 from prohost.login_env import SECRET_VARS_ENV, carried, masked
 from prohost.options import (
@@ -196,7 +197,8 @@ def _refuse_unknown_fields(options: Options) -> None:
         if default is attrs.NOTHING or getattr(options, field.name) != default:
             raise DaemonError(
                 f"this version of {INSTALL} cannot pass Options.{field.name} on to the "
-                "service; it would run without it. Run `prohost agent run` directly instead"
+                f"service; it would run without it. Run `{command('agent', 'run')}` directly "
+                "instead"
             )
 
 
@@ -437,7 +439,7 @@ def service_manager(platform: str) -> str:
         return "launchd"
     raise DaemonError(
         f"{INSTALL} knows systemd (Linux) and launchd (macOS), not {platform!r}; "
-        "run `prohost agent run` under your own supervisor instead"
+        f"run `{command('agent', 'run')}` under your own supervisor instead"
     )
 
 

@@ -7,6 +7,7 @@ In-process use::
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve, ServerConfig())
         credentials = server.pair("studio")
+        # Over HTTP, POST /v1/runs needs "Authorization: Bearer " + server.api_token.
         run_id = await server.submit_run("hello", conversation_id="C1")
         await server.wait_until(lambda state: state.runs[run_id].state == "completed")
         server.shutdown()
@@ -22,9 +23,11 @@ import attrs
 import trio
 
 from prohost.server import faults
+from prohost.server.apitoken import new_token, write_token
 from prohost.server.app import App, run_dispatcher
 from prohost.server.listener import GOING_AWAY, serve_generations
 from prohost.server.pairings import StateError, load_pairings
+from prohost.server.seen import load_seen
 from prohost.server.state import WS_PATH, RunRecord, ServerState, generate_pairing_code
 
 __all__ = ["ServerConfig", "ServerHandle", "ServerState", "StateError", "serve"]
@@ -50,6 +53,12 @@ class ServerConfig:
     state_dir: Path | None = None
     #: Serve the soak's fault hooks under ``/v1/faults`` (:mod:`prohost.server.faults`).
     faults: bool = False
+    #: The token the people's API (submit, cancel, fault hooks) requires
+    #: (:mod:`prohost.server.apitoken`); generated when None.
+    api_token: str | None = None
+    #: Where the token is written (``api-token``, 0600) for ``prohost send`` to read;
+    #: None: ``state_dir`` (and with neither, it is only in memory: ``api_token``).
+    token_dir: Path | None = None
 
 
 @attrs.define(eq=False)
@@ -60,6 +69,12 @@ class ServerHandle:
     ws_url: str
     state: ServerState
     _stop: trio.Event
+
+    @property
+    def api_token(self) -> str:
+        """What ``POST /v1/runs``, ``DELETE /v1/runs/<id>`` and the fault hooks
+        require as ``Authorization: Bearer <token>``."""
+        return self.state.api_token
 
     @property
     def pairing_code(self) -> str:
@@ -157,7 +172,7 @@ async def serve(
 
     ``task_status.started`` gets the :class:`ServerHandle` once the port is bound.
     Raises :class:`StateError` (before binding) when ``config.state_dir`` holds a
-    pairings file that cannot be read.
+    pairings file that cannot be read, or the API token cannot be written.
     Cancelled: the listener and every connection end at once (no close frames).
     """
     state = ServerState(
@@ -167,10 +182,20 @@ async def serve(
         retries=config.retries,
         retry_first_s=config.retry_first_s,
         state_dir=config.state_dir,
+        api_token=config.api_token or new_token(),
     )
     if config.state_dir is not None:
         # Before binding: a damaged state file is said at once, not after a pairing.
         state.harnesses.update(load_pairings(config.state_dir))
+        state.seen.update(load_seen(config.state_dir))
+    token_dir = config.token_dir or config.state_dir
+    if token_dir is not None:
+        try:
+            # Before binding: no request can come before its token can be read.
+            state.api_token_file = write_token(token_dir, state.api_token)
+        except OSError as exc:
+            raise StateError(f"cannot write the API token in {token_dir}: "
+                             f"{exc.strerror or exc}") from None
     state.faults.enabled = config.faults
     stop = trio.Event()
     async with trio.open_nursery() as nursery:

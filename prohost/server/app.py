@@ -13,9 +13,14 @@ Routes (docs/protocol.md §7, §8, §10, §11):
 - ``POST /v1/agent/runs/<id>/complete``     a run's result (Bearer token)
 - ``POST /v1/agent/runs/<id>/timeline``     a run's tool-call events (Bearer token)
 - ``POST /v1/runs``, ``GET /v1/runs``, ``GET /v1/runs/<id>``, ``DELETE /v1/runs/<id>``
-- ``GET  /v1/status``                       the harnesses connected now (for ``send --wait``)
+- ``GET  /v1/status``                       the harnesses connected now, and those
+  expected back (for ``send --wait``)
 - ``/v1/faults/…``                          the soak's fault hooks, only with ``--faults``
   (:mod:`prohost.server.faults`)
+
+Every route of the people's API that changes something (``POST /v1/runs``,
+``DELETE /v1/runs/<id>``, the fault hooks) requires the server's API token
+(:mod:`prohost.server.apitoken`): else 401, saying where the token is.
 
 Each WebSocket gets its own nursery (reader, writer; the dispatcher pings) that ends when the
 socket does; an exception in one connection is logged and ends only that one.
@@ -31,6 +36,7 @@ from urllib.parse import parse_qs
 import trio
 
 from prohost.server import faults
+from prohost.server.apitoken import token_matches
 from prohost.server.asgi import (
     Disconnected,
     HttpError,
@@ -57,6 +63,8 @@ log = logging.getLogger("prohost.server")
 
 #: WebSocket close code for a harness the server lets go of (going away).
 GOING_AWAY = 1001
+#: What a harness closes its socket with when it goes on purpose.
+NORMAL_CLOSURE = 1000
 
 
 class App:
@@ -119,6 +127,7 @@ class App:
         while True:
             event = await receive()
             if event["type"] == "websocket.disconnect":
+                conn.closed_by_harness = event.get("code") == NORMAL_CLOSURE
                 return
             if event["type"] != "websocket.receive":
                 continue
@@ -194,8 +203,10 @@ class App:
             if method == "GET":
                 runs = [self.state.run_view(r) for r in self.state.runs.values()]
                 return 200, {"runs": runs}, {}
+            self._require_api_token(scope, "submitting a run")
             return await self._submit(await read_json(receive))
         if parts[:2] == ["v1", "faults"] and self.state.faults.enabled:
+            self._require_api_token(scope, "the fault hooks")
             return await self._fault(method, parts[2:], receive)
         if len(parts) == 3 and parts[:2] == ["v1", "runs"]:
             allow("GET", "DELETE")
@@ -204,8 +215,21 @@ class App:
                 raise HttpError(404, f"no run {parts[2]}")
             if method == "GET":
                 return 200, self.state.run_view(run), {}
+            self._require_api_token(scope, "cancelling a run")
             return await self._delete(scope, receive, run)
         raise HttpError(404, f"no route for {scope['path']}")
+
+    def _require_api_token(self, scope: Scope, what: str) -> None:
+        """A 401 unless the request carries the server's API token: any local
+        process (a confined agent run included) can reach this port."""
+        if token_matches(self.state.api_token, bearer(scope)):
+            return
+        where = self.state.api_token_file
+        found = (f"the token this server wrote to {where} (`prohost send` and `prohost "
+                 f"runs cancel` read it there; give them --state {where.parent})"
+                 if where is not None else "the token this server was started with")
+        raise HttpError(401, f"{what} needs the server's API token: send "
+                             f"'Authorization: Bearer <token>' with {found}")
 
     async def _fault(
         self, method: str, parts: list[str], receive: Receive

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import trio
 
+from prohost.invocation import command
 from prohost.server import ServerConfig, ServerHandle, StateError, serve
 from prohost.server.pairings import pairings_path
 
 
-def _banner(handle: ServerHandle) -> str:
+def _banner(handle: ServerHandle, state_is_default: bool) -> str:
     faults = (
         [f"  fault hooks:  {handle.http_url}/v1/faults (see prohost server --help)"]
         if handle.state.faults.enabled
@@ -25,16 +28,26 @@ def _banner(handle: ServerHandle) -> str:
         if state_dir is not None
         else "  pairings:     in memory only (lost when the server stops)"
     )
+    token_file = handle.state.api_token_file
+    assert token_file is not None  # run_server_command always gives it a folder
+    token = (f"  API token:    {token_file} (sending and cancelling runs need it"
+             + ("" if state_dir is not None else "; removed when the server stops") + ")")
+    # `prohost send` looks in $PROHOST_HOME/server unless told where the token is.
+    where = [] if state_is_default else ["--state", str(token_file.parent)]
     return "\n".join(
         [
             "prohost reference server",
             f"  pairing code: {handle.pairing_code}",
             kept,
+            token,
             f"  WebSocket:    {handle.ws_url}",
             f"  HTTP:         {handle.http_url}",
             *faults,
             "Pair a harness with (a code works once; the log shows the next one):",
-            f"  prohost agent pair --code {handle.pairing_code} --url {handle.ws_url}",
+            "  " + command("agent", "pair", "--code", handle.pairing_code, "--url",
+                           handle.ws_url),
+            "Send a request to it (once a harness runs) with:",
+            "  " + command("send", "--server", handle.http_url, *where, "--wait", "hello"),
             "Ctrl-C stops the server.",
         ]
     )
@@ -61,14 +74,34 @@ async def run_server_command(
     faults: bool = False,
     state_dir: Path | None = None,
     retries: int = 0,
+    state_is_default: bool = False,
 ) -> int:
     """Serve on ``host:port`` until SIGINT/SIGTERM; a second signal stops at once.
     ``faults`` serves the soak's fault hooks (:mod:`prohost.server.faults`);
-    ``state_dir`` keeps the pairings across restarts; ``retries`` is how often a
-    retryable failure is submitted again.
+    ``state_dir`` keeps the pairings and the API token across restarts (None: a
+    private temporary folder holds the token, removed at the end);
+    ``state_is_default``: it is where ``prohost send`` looks without ``--state``.
+    ``retries`` is how often a retryable failure is submitted again.
 
-    Cancelled: the server stops at once, without close frames.
+    Cancelled: the server stops at once, without close frames (the temporary
+    folder is removed all the same).
     """
+    if state_dir is not None:
+        return await _run_server(host, port, faults, state_dir, retries, state_dir,
+                                 state_is_default)
+    # mkdtemp makes it 0700; under bubblewrap a run never sees the person's /tmp.
+    token_dir = Path(tempfile.mkdtemp(prefix="prohost-server-"))
+    try:
+        return await _run_server(host, port, faults, None, retries, token_dir, False)
+    finally:
+        shutil.rmtree(token_dir, ignore_errors=True)
+
+
+async def _run_server(
+    host: str, port: int, faults: bool, state_dir: Path | None, retries: int,
+    token_dir: Path, state_is_default: bool,
+) -> int:
+    """:func:`run_server_command` with the token's folder chosen. Cancelled: as it."""
     failure: BaseException | None = None
     unusable: BaseException | None = None
     handle: ServerHandle | None = None
@@ -79,14 +112,14 @@ async def run_server_command(
                 async def serve_then_stop(*, task_status: trio.TaskStatus[ServerHandle]) -> None:
                     config = ServerConfig(
                         host=host, port=port, faults=faults, state_dir=state_dir,
-                        retries=retries,
+                        retries=retries, token_dir=token_dir,
                     )
                     await serve(config, task_status=task_status)
                     nursery.cancel_scope.cancel()
 
                 started: ServerHandle = await nursery.start(serve_then_stop)
                 handle = started
-                print(_banner(started), flush=True)
+                print(_banner(started, state_is_default), flush=True)
                 signals_seen = 0
                 async for _ in signals:
                     signals_seen += 1

@@ -191,6 +191,9 @@ class Connection:
     draining: bool = False
     #: When set, the connection is closed with this WebSocket code (else it just ends).
     close_code: int | None = None
+    #: The harness closed the socket itself, normally (code 1000): it went on
+    #: purpose (``agent stop``, Ctrl-C), so it is not expected back.
+    closed_by_harness: bool = False
     pings_sent: int = 0
     #: When the next ping is due (server clock).
     next_ping_at: float = 0.0

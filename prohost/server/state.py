@@ -50,6 +50,7 @@ from prohost.server.records import (
     Sent,
     generate_pairing_code,
 )
+from prohost.server.seen import SAVE_EVERY_S, Seen, expected_back, save_seen
 from prohost.server.window import Deliveries, DeliveryQueue
 from prohost.wire.protocol import (
     Ack,
@@ -110,6 +111,16 @@ class ServerState(Deliveries):
     state_dir: Path | None = None
     #: Pairing codes already traded for credentials (upper case), to say so.
     used_codes: set[str] = attrs.field(factory=set)
+    #: What the people's API requires (:mod:`prohost.server.apitoken`).
+    api_token: str = ""
+    #: Where it is written for ``prohost send`` to read (None: memory only).
+    api_token_file: Path | None = None
+    #: Wall-clock time (seconds since the epoch), for what outlives the process.
+    wall_clock: Callable[[], float] = time.time
+    #: When each harness was last connected, by machine (:mod:`prohost.server.seen`).
+    seen: dict[str, Seen] = attrs.field(factory=dict)
+    started_at: float = attrs.field(factory=time.time)
+    _seen_saved_at: float = 0.0
     # ---- where the server listens (set once bound)
     http_url: str = ""
     ws_url: str = ""
@@ -375,6 +386,7 @@ class ServerState(Deliveries):
         self.connection_events.append(
             ConnectionEvent("connect", conn.id, machine, self.connected, now)
         )
+        self._saw(conn, left=False, save=True)
         log.info("harness %s connected (connection %d)", machine or "?", conn.id)
         self.changed()
         return conn, inbox
@@ -390,8 +402,24 @@ class ServerState(Deliveries):
         self.connection_events.append(
             ConnectionEvent("disconnect", conn.id, conn.machine, self.connected, self.clock())
         )
+        # A harness that said it drains, or closed its socket normally while the
+        # server did not ask it to, went on purpose; any other is expected back.
+        left = (conn.status is not None and conn.status.draining) or (
+            conn.closed_by_harness and conn.close_code is None)
+        self._saw(conn, left=left, save=True)
         log.info("harness %s disconnected (connection %d)", conn.machine or "?", conn.id)
         self.changed()
+
+    def _saw(self, conn: Connection, *, left: bool, save: bool) -> None:
+        """Note that ``conn``'s harness was connected just now (saved to the state
+        folder when ``save``, or when the last save is old)."""
+        harness = self.harnesses.get(conn.token)
+        machine = harness.machine if harness is not None else conn.machine or "?"
+        now = self.wall_clock()
+        self.seen[machine] = Seen(machine, now, left)
+        if self.state_dir is not None and (save or now - self._seen_saved_at >= SAVE_EVERY_S):
+            self._seen_saved_at = now
+            save_seen(self.state_dir, self.seen)
 
     def close_connections(self, code: int) -> None:
         for conn in self.connections.values():
@@ -425,6 +453,7 @@ class ServerState(Deliveries):
             self._on_ack(conn, message)
         elif isinstance(message, Heartbeat):
             self._on_heartbeat(conn, message)
+            self._saw(conn, left=False, save=False)
         elif isinstance(message, Status):
             conn.status = message
             conn.draining = message.draining
@@ -504,9 +533,17 @@ class ServerState(Deliveries):
     # ------------------------------------------------------------------ views
 
     def status_view(self) -> dict[str, Any]:
-        """What ``GET /v1/status`` shows: who is connected now (never a token)."""
+        """What ``GET /v1/status`` shows: who is connected now, and who was until
+        recently and should be back (never a token)."""
+        connected = {
+            harness.machine for conn in self.connections.values()
+            if (harness := self.harnesses.get(conn.token)) is not None
+        }
+        back = expected_back(self.seen, connected, self.wall_clock(), self.started_at)
         return {
             "connected": self.connected,
+            "expected_back": [{"machine": machine, "seen_s_ago": round(ago, 1)}
+                              for machine, ago in back],
             "paired": len(self.harnesses),
             "harnesses": [
                 {"machine": conn.machine, "draining": conn.draining}

@@ -162,7 +162,7 @@ class Soak(Pressure, Faults):
         nursery.start_soon(self.server.pump)
         nursery.start_soon(self._watch_server, self.server)
         fields: dict[str, str] = {}
-        for label in ("pairing code:", "WebSocket:", "HTTP:"):
+        for label in ("pairing code:", "API token:", "WebSocket:", "HTTP:"):
             with trio.move_on_after(FIRST_LINE_WITHIN_S):
                 line = await self.server.wait_line(lambda text, label=label: label in text)
             if line is None:
@@ -172,7 +172,10 @@ class Soak(Pressure, Faults):
         if not self.http.startswith("http://127.0.0.1:"):
             raise SoakAborted(f"the server listens on {self.http}, not 127.0.0.1")
         self.note("server_start", pid=self.server.pid, http=self.http)
-        self._client = httpx.AsyncClient()
+        # The fault hooks and submitting runs need the token the server wrote.
+        token_file = Path(fields["API token:"].split()[0])
+        token = (await trio.Path(token_file).read_text()).strip()
+        self._client = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"})
         await self._pair(fields["pairing code:"])
 
     async def _watch_server(self, server: Child) -> None:

@@ -47,8 +47,8 @@ async def start_harness(nursery: trio.Nursery, home: Path, gate: Gate) -> Harnes
 
 
 async def send(server: ServerProcess, text: str, conversation: str) -> str:
-    sent = await prohost("send", "--server", server.http_url, "--conversation", conversation,
-                         text, env=clean_env())
+    sent = await prohost("send", "--server", server.http_url, *server.state_flags,
+                         "--conversation", conversation, text, env=clean_env())
     assert sent.returncode == 0, sent.stderr
     return sent.stdout.decode().strip()
 

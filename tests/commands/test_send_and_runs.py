@@ -12,7 +12,13 @@ import sys
 import pytest
 import trio
 
-from tests.kits.serverproc import clean_env, prohost, server_process
+from tests.kits.serverproc import (
+    clean_env,
+    prohost,
+    quoted_commands,
+    run_printed,
+    server_process,
+)
 
 pytestmark = pytest.mark.protocol("§11")
 
@@ -23,7 +29,7 @@ async def test_waiting_with_no_harness_says_so_and_ctrl_c_says_the_run_goes_on()
         async with server_process("--no-state") as server:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "prohost", "send", "--server", server.http_url,
-                 "--wait", "hello"],
+                 *server.state_flags, "--wait", "hello"],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE)
             assert proc.stdout is not None and proc.stderr is not None
@@ -41,25 +47,25 @@ async def test_waiting_with_no_harness_says_so_and_ctrl_c_says_the_run_goes_on()
                 out += chunk
             assert await proc.wait() == 130
             run_id = out.decode().split()[0]
-            assert (f"stopped waiting; run {run_id} goes on at the server "
-                    f"(`prohost runs show {run_id}`").encode() in err
+            said = err.decode()
+            assert f"stopped waiting; run {run_id} goes on at the server (`" in said
             assert err.count(b"no harness is connected") == 1  # said once, not each poll
+            # The commands it names run as printed: they look at and cancel that run.
+            show, cancel = quoted_commands(said.split("stopped waiting")[1])
 
-            shown = await prohost("runs", "show", run_id, "--server", server.http_url,
-                                  env=env)
+            shown = await run_printed(show, env)
             assert shown.returncode == 0, shown.stderr
             assert shown.stdout.decode().startswith(f"run {run_id}: queued\n")
             assert "  text: hello" in shown.stdout.decode()
 
-            cancelled = await prohost("runs", "cancel", run_id, "--server", server.http_url,
-                                      env=env)
+            cancelled = await run_printed(cancel, env)
             assert cancelled.returncode == 0, cancelled.stderr
             assert cancelled.stdout.decode() == f"run {run_id} cancelled\n"
             as_json = await prohost("runs", "show", run_id, "--json", "--server",
                                     server.http_url, env=env)
             assert json.loads(as_json.stdout)["state"] == "cancelled"
             again = await prohost("runs", "cancel", run_id, "--server", server.http_url,
-                                  env=env)
+                                  *server.state_flags, env=env)
             assert again.returncode == 0  # cancelling twice is no error: it is cancelled
             assert again.stdout.decode() == f"run {run_id} cancelled\n"
             missing = await prohost("runs", "show", "run_nope", "--server", server.http_url,
@@ -72,8 +78,8 @@ async def test_fail_without_harness_gives_up_and_leaves_the_run_queued() -> None
     env = clean_env()
     with trio.fail_after(60):
         async with server_process("--no-state") as server:
-            gave_up = await prohost("send", "--server", server.http_url, "--wait",
-                                    "--fail-without-harness", "hello", env=env)
+            gave_up = await prohost("send", "--server", server.http_url, *server.state_flags,
+                                    "--wait", "--fail-without-harness", "hello", env=env)
             assert gave_up.returncode == 3
             run_id = gave_up.stdout.decode().split()[0]
             assert f"so run {run_id} cannot start; it stays queued".encode() in gave_up.stderr

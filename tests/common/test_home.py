@@ -30,6 +30,7 @@ from prohost.home import (
     resolve_endpoints,
     save_credentials,
 )
+from prohost.invocation import command
 from tests.kits.asgi import serving
 from tests.kits.lockholder import start_holder, stop_holder
 from tests.kits.pairing import GOOD_ANSWER, pair_app, ws_url
@@ -100,7 +101,9 @@ def test_missing_credentials_say_to_pair(tmp_path: Path) -> None:
     with pytest.raises(CredentialsError) as info:
         load_credentials(tmp_path)
     message = str(info.value)
-    assert "prohost agent pair --code CODE" in message
+    # The command it names runs as printed (the code and URL from the server).
+    assert command("agent", "pair", "--code", "CODE", "--url", "URL") in message
+    assert "the command its banner prints" in message and "web app" in message
     assert str(tmp_path / "credentials.json") in message
 
 
@@ -212,9 +215,15 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
         assert info.value.pid == child.pid
         message = lock_held_message(info.value, home)
         assert f"pid {child.pid}" in message
-        assert f"kill {child.pid}" in message
+        # The next step, runnable as printed: stop the other one, or give this one
+        # its own home, paired (a new home has no credentials).
+        assert f"kill {child.pid}" not in message
+        assert f"`{command('agent', 'stop')}` finishes its runs in progress" in message
         assert f"PROHOST_HOME={home}" in message
-        assert "PROHOST_HOME=/some/other/dir prohost agent run" in message
+        pair = command("agent", "pair", "--code", "CODE", "--url", "URL")
+        run = command("agent", "run")
+        assert (f"`PROHOST_HOME=/some/other/dir {pair}`, then "
+                f"`PROHOST_HOME=/some/other/dir {run} ...`") in message
 
         assert child.stdin is not None
         child.stdin.close()  # the child finishes reading stdin and exits
@@ -298,7 +307,8 @@ def test_lock_message_without_a_pid(tmp_path: Path) -> None:
     message = lock_held_message(LockHeld(None, tmp_path / "agent.lock"), tmp_path)
     assert "already running" in message
     assert f"PROHOST_HOME={tmp_path}" in message
-    assert "PROHOST_HOME=/some/other/dir prohost agent run" in message
+    assert "lsof" in message and "agent stop" not in message  # no pid to stop it by
+    assert f"then `PROHOST_HOME=/some/other/dir {command('agent', 'run')} ...`" in message
 
 
 # --- pairing against a tiny ASGI server --------------------------------------------

@@ -98,6 +98,11 @@ async def running_server(**config: Any) -> AsyncIterator[ServerHandle]:
             nursery.cancel_scope.cancel()
 
 
+def api_headers(server: ServerHandle) -> dict[str, str]:
+    """The header the server's people's API (submit, cancel, fault hooks) requires."""
+    return {"Authorization": f"Bearer {server.api_token}"}
+
+
 def pair_home(server: ServerHandle, home: Path, machine: str = "test") -> Credentials:
     data = server.pair(machine)
     creds = Credentials(

@@ -4,6 +4,8 @@ against it (``agent pair``, ``send``, ``runs``), for tests of the command line."
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-BANNER_FIELDS = ("pairing code:", "WebSocket:", "HTTP:")
+BANNER_FIELDS = ("pairing code:", "API token:", "WebSocket:", "HTTP:")
 
 
 def clean_env(home: Path | None = None, **extra: str) -> dict[str, str]:
@@ -44,6 +46,20 @@ class ServerProcess:
     @property
     def code(self) -> str:
         return self.fields["pairing code:"]
+
+    @property
+    def token_file(self) -> Path:
+        """Where the server wrote its API token (the banner's first word after it)."""
+        return Path(self.fields["API token:"].split()[0])
+
+    @property
+    def state_flags(self) -> list[str]:
+        """``--state DIR`` for ``send`` and ``runs cancel``: where the token is."""
+        return ["--state", str(self.token_file.parent)]
+
+    def api_headers(self) -> dict[str, str]:
+        """The header the people's API requires, with the token the server wrote."""
+        return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
 
     async def wait_stderr(self, text: str) -> str:
         """The first stderr line holding ``text``, once the server has written it."""
@@ -127,3 +143,26 @@ async def prohost(*args: str, env: Mapping[str, str]) -> subprocess.CompletedPro
         [sys.executable, "-m", "prohost", *args], env=dict(env), check=False,
         capture_stdout=True, capture_stderr=True, stdin=subprocess.DEVNULL,
     )
+
+
+async def run_printed(line: str, env: Mapping[str, str],
+                      *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """A command the program printed for a person, run exactly as printed (split as
+    a shell would; ``extra`` words after it), to its end, output captured."""
+    return await trio.run_process(
+        [*shlex.split(line), *extra], env=dict(env), check=False, capture_stdout=True,
+        capture_stderr=True, stdin=subprocess.DEVNULL,
+    )
+
+
+def quoted_commands(text: str) -> list[str]:
+    """The commands in backquotes in ``text``, in order."""
+    return re.findall(r"`([^`]+)`", text)
+
+
+def without_prohost_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with every PATH folder holding a ``prohost`` left out, as for a person
+    who installed it in a virtual environment they did not activate."""
+    folders = [folder for folder in env.get("PATH", "").split(os.pathsep)
+               if folder and not os.access(os.path.join(folder, "prohost"), os.X_OK)]
+    return {**env, "PATH": os.pathsep.join(folders)}

@@ -17,7 +17,7 @@ import trio_websocket
 
 from prohost.server import ServerHandle, faults
 from tests.kits.fake_harness import ack, complete, harness, next_of
-from tests.kits.harness import running_harness, running_server
+from tests.kits.harness import api_headers, running_harness, running_server
 
 pytestmark = pytest.mark.protocol("§11")
 
@@ -33,7 +33,8 @@ ROUTES = [
 
 
 async def post(server: ServerHandle, path: str, **body: Any) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=server.http_url) as client:
+    async with httpx.AsyncClient(base_url=server.http_url,
+                                 headers=api_headers(server)) as client:
         return await client.post(path, json=body)
 
 
@@ -50,7 +51,7 @@ async def test_without_the_flag_every_fault_route_is_404_and_changes_nothing() -
     with trio.fail_after(10):
         async with (
             running_server() as server,
-            httpx.AsyncClient(base_url=server.http_url) as client,
+            httpx.AsyncClient(base_url=server.http_url, headers=api_headers(server)) as client,
         ):
             creds = server.pair("m1")
             async with harness(creds):
@@ -80,8 +81,12 @@ async def test_the_command_line_flag_turns_the_hooks_on_and_help_documents_them(
             url = next(
                 line.split()[-1] for line in output.decode().splitlines() if "HTTP:" in line
             )
+            token_file = next(line.split()[2] for line in output.decode().splitlines()
+                              if "API token:" in line)
+            token = (await trio.Path(token_file).read_text()).strip()
             async with httpx.AsyncClient() as client:
-                status = (await client.get(f"{url}/v1/faults")).status_code
+                status = (await client.get(f"{url}/v1/faults", headers={
+                    "Authorization": f"Bearer {token}"})).status_code
             assert (b"fault hooks:" in output) == bool(flags)
         finally:
             process.send_signal(signal.SIGINT)
@@ -131,7 +136,8 @@ async def test_a_storm_answers_the_next_completions_then_lets_them_through() -> 
             bad_count = await post(server, "/v1/faults/storm", status=503, count=0)
             started = await post(server, "/v1/faults/storm", status=429, count=2, retry_after=3)
             answers = [await complete(server, creds, run_id) for _ in range(3)]
-            async with httpx.AsyncClient(base_url=server.http_url) as client:
+            async with httpx.AsyncClient(base_url=server.http_url,
+                                         headers=api_headers(server)) as client:
                 (row,) = (await client.get("/v1/faults/runs")).json()["runs"]
     assert bad_status.status_code == 400 and "408, 429, 500, 502, 503" in bad_status.text
     assert bad_count.status_code == 400 and "count" in bad_count.json()["error"]
@@ -239,7 +245,8 @@ async def test_a_real_harness_comes_back_after_a_restart_through_the_route(
                 await server.wait_until(lambda s: s.total_connects == 2 and s.connected == 1)
                 after = await server.submit_run("after")
                 await server.wait_until(lambda s: s.runs[after].state == "accepted")
-            async with httpx.AsyncClient(base_url=server.http_url) as client:
+            async with httpx.AsyncClient(base_url=server.http_url,
+                                         headers=api_headers(server)) as client:
                 view = (await client.get("/v1/faults")).json()
     assert answer.status_code == 202 and answer.json() == {"down_s": 0.0}
     assert view["restarts"] == 1 and view["listening"] is True

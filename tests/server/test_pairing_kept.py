@@ -19,13 +19,20 @@ import trio
 from prohost.engine.harness import Harness
 from prohost.engine.link.connection import Endpoints
 from prohost.home import load_credentials
+from prohost.invocation import command
 from prohost.options import Options
 from prohost.server import ServerConfig, serve
 from prohost.server.pairings import PAIRINGS_FILE
 from tests.kits.harness import pair_home, running_server
 from tests.kits.lockholder import start_holder, stop_holder
 from tests.kits.process import harness_process
-from tests.kits.serverproc import clean_env, prohost, server_process
+from tests.kits.serverproc import (
+    clean_env,
+    prohost,
+    quoted_commands,
+    run_printed,
+    server_process,
+)
 
 pytestmark = pytest.mark.protocol("§10")
 
@@ -105,6 +112,22 @@ async def test_pair_refuses_to_replace_a_running_harnesss_credentials(tmp_path: 
                 assert "the code is still unused" in message
                 assert (home / "credentials.json").read_bytes() == before
                 assert len(server.state.harnesses) == pairings  # the code was not spent
+                # The advice names the next steps as commands that run as printed: a
+                # second home paired with this very code (the placeholder folder
+                # replaced, as a person would), then `agent stop` for the running one.
+                stop, stop_now, pair_other, run_other = quoted_commands(message)
+                assert (stop, stop_now) == (command("agent", "stop"),
+                                            command("agent", "stop", "--now"))
+                assert run_other == f"PROHOST_HOME=/some/other/dir {command('agent', 'run')} ..."
+                other = tmp_path / "other"
+                paired = await trio.run_process(
+                    ["sh", "-c", pair_other.replace("/some/other/dir", str(other))],
+                    env=clean_env(), check=False, capture_stdout=True, capture_stderr=True)
+                assert paired.returncode == 0, paired.stderr
+                assert (other / "credentials.json").exists()
+                stopped = await run_printed(stop, clean_env(home))
+                assert stopped.returncode == 0, stopped.stderr
+                assert await harness.proc.wait() == 0  # it finished and exited
             # Stopped, the home can be paired again.
             allowed = await prohost("agent", "pair", "--code", server.pairing_code,
                                     "--url", server.ws_url, env=clean_env(home))

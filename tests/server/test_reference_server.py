@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,10 +25,11 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 
 from prohost.commands.send import api_base, send_command
 from prohost.server import ServerConfig, ServerHandle, ServerState, serve
+from prohost.server.apitoken import new_token, write_token
 from prohost.wire.protocol import Ack, Heartbeat, Pong, Status
 from prohost.wire.signature import check
 from tests.kits.fake_harness import ack, auth, complete, harness, next_of, send
-from tests.kits.harness import running_server
+from tests.kits.harness import api_headers, running_server
 
 pytestmark = pytest.mark.protocol("§11")
 
@@ -79,7 +81,7 @@ async def test_pairing_with_the_right_and_a_wrong_code() -> None:
     with trio.fail_after(10):
         async with (
             running_server(pairing_code="ABCD-1234") as server,
-            httpx.AsyncClient(base_url=server.http_url) as client,
+            httpx.AsyncClient(base_url=server.http_url, headers=api_headers(server)) as client,
         ):
             good = await client.post(
                 "/v1/agent/pair", json={"code": "abcd-1234", "machine": "studio"}
@@ -364,7 +366,8 @@ async def test_cancelling_an_accepted_run_tells_its_harness_until_it_completes()
             run_id = await server.submit_run("long")
             await ack(ws, await next_of(ws, "delivery"))
             await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
-            async with httpx.AsyncClient(base_url=server.http_url) as client:
+            async with httpx.AsyncClient(base_url=server.http_url,
+                                         headers=api_headers(server)) as client:
                 answer = await client.delete(f"/v1/runs/{run_id}")
             assert answer.status_code == 200
             cancel = await next_of(ws, "cancel")
@@ -670,7 +673,7 @@ async def test_run_api_submit_list_get_cancel_and_errors() -> None:
     with trio.fail_after(10):
         async with (
             running_server() as server,
-            httpx.AsyncClient(base_url=server.http_url) as client,
+            httpx.AsyncClient(base_url=server.http_url, headers=api_headers(server)) as client,
         ):
             created = await client.post(
                 "/v1/runs", json={"conversation_id": "C1", "text": "hi", "author": "sam"}
@@ -722,15 +725,17 @@ async def fake_harness_that_replies(
 )
 async def test_send_waits_for_the_reply(
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
     reply: str | None,
     ok: bool,
     code: int,
     printed: str | None,
 ) -> None:
     with trio.fail_after(20):
-        async with running_server() as server, trio.open_nursery() as nursery:
+        async with running_server(token_dir=tmp_path) as server, trio.open_nursery() as nursery:
             nursery.start_soon(partial(fake_harness_that_replies, server, reply, ok=ok))
-            status = await send_command(server.http_url, "fix it", "C7", wait=True, timeout_s=15)
+            status = await send_command(server.http_url, "fix it", "C7", wait=True, timeout_s=15,
+                                        server_state=str(tmp_path))
     out, err = capsys.readouterr()
     lines = out.splitlines()
     (run_id,) = server.state.runs
@@ -761,13 +766,14 @@ WHAT_IT_DID = {
 
 @pytest.mark.parametrize("ok", [True, False])
 async def test_send_prints_what_the_run_changed_and_used(
-    capsys: pytest.CaptureFixture[str], ok: bool,
+    capsys: pytest.CaptureFixture[str], ok: bool, tmp_path: Path,
 ) -> None:
     with trio.fail_after(20):
-        async with running_server() as server, trio.open_nursery() as nursery:
+        async with running_server(token_dir=tmp_path) as server, trio.open_nursery() as nursery:
             nursery.start_soon(partial(fake_harness_that_replies, server, "Fixed.", ok=ok,
                                        extra=WHAT_IT_DID))
-            status = await send_command(server.http_url, "fix it", "C7", wait=True, timeout_s=15)
+            status = await send_command(server.http_url, "fix it", "C7", wait=True, timeout_s=15,
+                                        server_state=str(tmp_path))
             (run_id,) = server.state.runs
             view = server.state.run_view(server.run(run_id))
     assert status == (0 if ok else 1)
@@ -784,10 +790,13 @@ async def test_send_prints_what_the_run_changed_and_used(
     ]
 
 
-async def test_send_without_wait_prints_the_run_id(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_send_without_wait_prints_the_run_id(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
     with trio.fail_after(10):
-        async with running_server() as server:
-            status = await send_command(server.ws_url, "hello", None, wait=False)
+        async with running_server(token_dir=tmp_path) as server:
+            status = await send_command(server.ws_url, "hello", None, wait=False,
+                                        server_state=str(tmp_path))
     assert status == 0
     (run_id,) = server.state.runs
     assert capsys.readouterr().out == f"{run_id}\n"
@@ -795,17 +804,20 @@ async def test_send_without_wait_prints_the_run_id(capsys: pytest.CaptureFixture
 
 
 async def test_send_explains_an_unreachable_server_and_a_bad_answer(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
 ) -> None:
     with trio.fail_after(10):
         # A port that was just free: nothing listens there.
         listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
         port = listener.socket.getsockname()[1]
         await listener.aclose()
-        assert await send_command(f"http://127.0.0.1:{port}", "hi", None, wait=True) == 1
+        write_token(tmp_path, new_token())  # a token from a server that stopped since
+        assert await send_command(f"http://127.0.0.1:{port}", "hi", None, wait=True,
+                                  server_state=str(tmp_path)) == 1
         unreachable = capsys.readouterr().err
-        async with running_server() as server:
-            assert await send_command(server.http_url + "/v1", "", None, wait=False) == 0
+        async with running_server(token_dir=tmp_path) as server:
+            assert await send_command(server.http_url + "/v1", "", None, wait=False,
+                                      server_state=str(tmp_path)) == 0
             capsys.readouterr()
             assert await send_command("ftp://example", "hi", None, wait=False) == 1
             bad_scheme = capsys.readouterr().err
@@ -847,7 +859,8 @@ async def test_a_cancelled_run_reported_retryable_is_never_submitted_again() -> 
             run_id = await server.submit_run("long")
             await ack(ws, await next_of(ws, "delivery"))
             await server.wait_until(lambda s: s.runs[run_id].state == "accepted")
-            async with httpx.AsyncClient(base_url=server.http_url) as client:
+            async with httpx.AsyncClient(base_url=server.http_url,
+                                         headers=api_headers(server)) as client:
                 assert (await client.delete(f"/v1/runs/{run_id}")).status_code == 200
             await next_of(ws, "cancel")
             restarted = {"run_id": run_id, "ok": False, "retryable": True,

@@ -76,16 +76,16 @@ async def test_retries_stop_after_the_limit_and_are_off_by_default() -> None:
 
 
 async def test_send_wait_follows_the_retry_to_its_reply(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
 ) -> None:
-    async with running_server(retries=1, retry_first_s=0.05) as server:
+    async with running_server(retries=1, retry_first_s=0.05, token_dir=tmp_path) as server:
         state = server.state
         status: list[int] = []
         async with trio.open_nursery() as nursery:
 
             async def send() -> None:
                 status.append(await send_command(server.http_url, "hi", "C", wait=True,
-                                                 timeout_s=30))
+                                                 timeout_s=30, server_state=str(tmp_path)))
 
             nursery.start_soon(send)
             await server.wait_until(lambda s: len(s.runs) == 1)

@@ -31,6 +31,7 @@ from wsproto.utilities import LocalProtocolError
 
 from prohost import AGENT_HEADER_VALUE
 from prohost.errors import leaves
+from prohost.invocation import command
 from prohost.wire import protocol
 from prohost.wire.protocol import Hello, Message, Ping, Unknown
 
@@ -92,7 +93,7 @@ class CredentialsRejected(Exception):
     def __str__(self) -> str:
         return (
             f"the server rejected this machine's credentials (HTTP {self.status}); "
-            "pair again with `prohost agent pair --code CODE`"
+            f"pair again with `{command('agent', 'pair', '--code', 'CODE')}`"
         )
 
 

@@ -40,6 +40,7 @@ from prohost.engine.repos.gitcmd import (
     git_env,
     what_of,
 )
+from prohost.invocation import command
 
 #: Makes a command line run confined: ``argv``, the folders it may read though
 #: hidden, the folders it may write; the command line and a descriptor to pass it
@@ -185,7 +186,7 @@ class ConfinedGit:
         data = await process.stdout.receive_some(1 << 16)
         if not data:
             raise GitError("the confined git ended early (is the confinement broken? "
-                           "see `prohost agent status`)")
+                           f"see `{command('agent', 'status')}`)")
         self._buffer += data
 
     async def _line(self) -> str:
