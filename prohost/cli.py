@@ -109,7 +109,8 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
 
 _GC_VALUES = {"--older-than": "a number of days of 0 or more, e.g. 14 or 0.5"}
 _LOGS_VALUES = {"--lines": "a number of lines, 0 or more, e.g. 100"}
-_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50", "--show": "a run id"}
+_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50",
+                "--show": "a run id, or its first characters"}
 
 
 def _add_run_flags(parser: ArgumentParser, host: str) -> None:
@@ -413,7 +414,8 @@ def build_parser() -> ArgumentParser:
         "array of objects with run_id, conversation_id, state, ok, error, accepted_at, "
         "started_at, finished_at, duration_ms, account, cost_usd and checkouts (repo, "
         "branch, head each). Exit status: 0 listed; 1 the ledger cannot be read, or "
-        "--show names no run in it.",
+        "--show names no run in it; 2 more than one run starts with the id given to "
+        "--show (they are listed).",
     )
     runs.add_argument("--json", action="store_true", help="print JSON, for scripts")
     runs.add_argument(
@@ -421,7 +423,9 @@ def build_parser() -> ArgumentParser:
     )
     runs.add_argument(
         "--show", metavar="ID",
-        help="print one run in full, with the last 64 KiB of its agent's stderr",
+        help="print one run in full, with the last 64 KiB of its agent's stderr; ID may "
+        "be its first characters, with or without run_ (e.g. 673c), as long as no other "
+        "run's id starts with them",
     )
     runs.set_defaults(handler=cli_handlers.agent_runs, parser=runs)
 

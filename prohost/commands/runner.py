@@ -34,8 +34,12 @@ EXIT_OK = 0
 #: ``agent stop``: no harness runs on this home; ``agent logs``: no log yet;
 #: ``agent runs --show``: no such run.
 EXIT_NONE = 1
+#: A run id that more than one run of the ledger starts with (each is listed).
+EXIT_AMBIGUOUS = 2
 #: ``agent stop`` interrupted (Ctrl-C) while it waited: the harness carries on.
 EXIT_INTERRUPTED = 130
+#: How many of the runs a too-short id matches are listed.
+AMBIGUOUS_SHOWN = 10
 
 #: ``agent runs`` without ``--limit``: a screenful, newest first.
 DEFAULT_LIMIT = 20
@@ -246,18 +250,15 @@ def runs_command(home: Path, *, as_json: bool, limit: int | None, show: str | No
     ``show``); read-only, beside a running harness or without one."""
     out = out or sys.stdout
     err = err or sys.stderr
+    if show is not None:
+        found = find_run(home, show, err)
+        return found if isinstance(found, int) else _show(home, found, as_json=as_json,
+                                                          out=out)
     try:
-        runs = read_history(home / LEDGER_FILE, run_id=show,
-                            limit=None if show else limit)
+        runs = read_history(home / LEDGER_FILE, limit=limit)
     except LedgerError as exc:
         print(f"prohost: {exc}", file=err)
         return EXIT_NONE
-    if show is not None:
-        if not runs:
-            print(f"No run {show!r} in the ledger of {home} (it was never accepted here, "
-                  "or it was pruned: runs are kept 30 days).", file=err)
-            return EXIT_NONE
-        return _show(home, runs[0], as_json=as_json, out=out)
     if as_json:
         out.write(json.dumps([run.to_json() for run in runs], indent=2) + "\n")
         return EXIT_OK
@@ -267,6 +268,38 @@ def runs_command(home: Path, *, as_json: bool, limit: int | None, show: str | No
     for run in runs:
         out.write(_run_line(run) + "\n")
     return EXIT_OK
+
+
+def find_run(home: Path, typed: str, err: TextIO) -> PastRun | int:
+    """The run of ``home``'s ledger whose id is ``typed`` or starts with it (with or
+    without ``run_``, as git takes a commit's first digits); else the exit status,
+    said on ``err``: :data:`EXIT_NONE` for none, :data:`EXIT_AMBIGUOUS` (each
+    match listed, newest first) for more than one."""
+    typed = typed.strip()
+    if not typed:
+        print("prohost: give a run id (or its first characters); `prohost agent runs` "
+              "lists them", file=err)
+        return EXIT_NONE
+    try:
+        exact = read_history(home / LEDGER_FILE, run_id=typed)
+        runs = exact or read_history(home / LEDGER_FILE, prefix=typed)
+    except LedgerError as exc:
+        print(f"prohost: {exc}", file=err)
+        return EXIT_NONE
+    if not runs:
+        print(f"No run {typed!r} in the ledger of {home} (no run id starts with it: it was "
+              "never accepted here, or it was pruned: runs are kept 30 days). `prohost "
+              "agent runs` lists them.", file=err)
+        return EXIT_NONE
+    if len(runs) > 1:
+        print(f"prohost: {len(runs)} runs start with {typed!r}; type more of the one you "
+              "mean:", file=err)
+        for run in runs[:AMBIGUOUS_SHOWN]:
+            print(f"  {_run_line(run)}", file=err)
+        if len(runs) > AMBIGUOUS_SHOWN:
+            print(f"  … and {len(runs) - AMBIGUOUS_SHOWN} more", file=err)
+        return EXIT_AMBIGUOUS
+    return runs[0]
 
 
 def _show(home: Path, run: PastRun, *, as_json: bool, out: TextIO) -> int:
