@@ -34,6 +34,7 @@ from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.repos.gitsession import Confine
+from prohost.engine.repos.worktrees import WORKTREES_DIR, checkout_names
 from prohost.engine.retention import CLEAR_EVERY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.leftovers import forget_conversation, sweep_overlay_work
@@ -283,12 +284,12 @@ def announce_start(options: Options, brain: Brain) -> None:
     """Log, once at start, what this harness does and what looks wrong."""
     mode = " (dry run: nothing is executed or reported)" if options.dry_run else ""
     log.info(
-        "prohost %s on %s: up to %d run(s) at once with %r in %s%s",
+        "prohost %s on %s: up to %d run(s) at once with %r%s%s",
         __version__,
         options.machine,
         options.concurrency,
         options.exec_command,
-        options.workdir,
+        where_runs_work(options),
         mode,
     )
     if options.repos:
@@ -312,6 +313,17 @@ def announce_start(options: Options, brain: Brain) -> None:
         log.warning(
             "--allow-unverified: deliveries with a missing or wrong signature are accepted"
         )
+
+
+def where_runs_work(options: Options) -> str:
+    """Where each run's agent starts, as the start line says it (§5.3,
+    :func:`prohost.engine.run.staging.workdir_for`): with ``--repos``, its
+    conversation's worktree of the first checkout, never ``--workdir``."""
+    if not options.repos:
+        return f" in {options.workdir}"
+    first = checkout_names(options.repos)[0]
+    return (f", each run in its conversation's own worktree of {options.repos[0]} "
+            f"({options.home / WORKTREES_DIR}/<conversation>/{first})")
 
 
 def _is_root() -> bool:
