@@ -372,15 +372,41 @@ def build_parser() -> ArgumentParser:
         description="Signal the `prohost agent run` on this $PROHOST_HOME to drain, as a "
         "first Ctrl-C does: it finishes the runs in progress, takes no new ones and exits. "
         "Waits until its process has exited.",
-        epilog="Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
+        epilog="What happens to the runs: a drain finishes the running ones; the queued "
+        "ones, and with --now the running ones too, are reported failed and retryable, "
+        "so the server runs them again, on this machine once the harness is started "
+        "again. To end one run for good instead, `prohost agent cancel RUN`. "
+        "Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
         "interrupted while waiting (the harness carries on).",
     )
     stop.add_argument(
         "--now", action="store_true",
         help="stop the running agents too, as a second Ctrl-C does (the harness exits "
-        "within 5 s; a stopped run is reported failed and retryable)",
+        "within 5 s; a stopped run is reported failed and retryable: the server runs it "
+        "again after the restart)",
     )
     stop.set_defaults(handler=cli_handlers.agent_stop, parser=stop)
+
+    cancel = agent_commands.add_parser(
+        "cancel",
+        prog="prohost agent cancel",
+        help="cancel one run of the agent harness running on this machine, for good",
+        description="Ask the `prohost agent run` on this $PROHOST_HOME to cancel one run, as "
+        "a cancel from the server does: a queued run never starts, a running one has its "
+        "agent stopped, and it is reported cancelled (with what it changed and spent), "
+        "not retryable, so the server never runs it again. The harness goes on with its "
+        "other runs. Waits until the run has ended.",
+        epilog="Exit status: 0 cancelled (or it ended before the cancel reached it, which "
+        "it says); 1 no agent is running on this home, no run has that id, or the run "
+        "has already ended (it says how); 2 more than one run starts with RUN (they are "
+        "listed); 130 interrupted while waiting (the run is cancelled all the same).",
+    )
+    cancel.add_argument(
+        "run", metavar="RUN",
+        help="the run's id, or its first characters, with or without run_ (as `prohost "
+        "agent runs` lists them)",
+    )
+    cancel.set_defaults(handler=cli_handlers.agent_cancel, parser=cancel)
 
     logs = agent_commands.add_parser(
         "logs",

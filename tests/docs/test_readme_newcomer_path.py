@@ -2,11 +2,11 @@
 
 The commands are read from that section of the README itself, so the test fails
 when the README drifts from what the program does: server, pair, a run with
-``--exec cat`` and ``--repos``, send, status, runs, logs, stop. Each runs as a real
+``--exec cat`` and ``--repos``, send, status, runs, logs, cancel, stop. Each runs as a real
 process from the clone's top folder, as a person would type it; only what the
 README says to fill in is filled in: the port (0, so tests never collide; the
 README's 8765 becomes the one the server took), the pairing code the server
-printed, and ``~/code/app`` (a fresh git checkout).
+printed, ``~/code/app`` (a fresh git checkout) and the first characters of a run id.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ PROHOST = ".venv/bin/prohost"
 README_PORT = "8765"
 README_CODE = "ABCD-1234"
 README_REPO = "~/code/app"
+#: The first characters of a run id `agent cancel` is shown with.
+README_PREFIX = "673c"
 
 
 def section_commands() -> list[str]:
@@ -104,6 +106,15 @@ def test_the_newcomer_path_runs_as_the_readme_says(tmp_path: Path) -> None:
             assert " prohost/run-" in runs.stdout  # the run's own branch in the checkout
             logs = run(argv(the(commands, "agent", "logs"), **fill), env, ROOT)
             assert logs.returncode == 0 and "finished" in logs.stdout, logs
+
+            # The run's id as `agent runs` listed it, typed short as the README does.
+            run_id = runs.stdout.split()[3]
+            short = run_id.removeprefix("run_")[:len(README_PREFIX)]
+            cancel = the(commands, "agent", "cancel")
+            assert cancel.split()[-1] == README_PREFIX
+            cancelled = run(argv(cancel, **{README_PREFIX: short}), env, ROOT)
+            assert cancelled.returncode == 1, cancelled  # `cat` has long finished
+            assert f"run {run_id} has already ended: it finished" in cancelled.stderr
 
             stopped = run(argv(the(commands, "agent", "stop"), **fill), env, ROOT)
             assert stopped.returncode == 0, stopped
