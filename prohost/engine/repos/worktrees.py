@@ -8,6 +8,13 @@ So every lane gets, for each ``--repos`` checkout, a worktree of its own::
     $PROHOST_HOME/worktrees/<lane folder>/<repo name>      (on the branch prohost/<lane folder>)
     $PROHOST_HOME/worktrees/<lane folder>/.prohost-lane    (lane id and last use, for GC)
 
+The lane folder's name is one a person types: the conversation's (a lone run's:
+its run id), made safe, with a short suffix only where two would collide; which
+lane has which name is the harness's record (:mod:`prohost.engine.repos.lanenames`),
+so the folders an earlier version named ``conv-<id>-<20 hex>`` are found as they are.
+A run without a conversation that committed nothing leaves no folder and no branch
+behind (:meth:`WorktreeManager.discard`).
+
 A worktree persists across the lane's turns: a branch or an uncommitted change in
 it is the conversation's own earlier work, so later turns reuse it as it is. Each
 is made on the lane's own branch, ``prohost/<lane folder>``, so the work has a
@@ -63,6 +70,7 @@ from prohost.engine.repos.gitrecords import (
     remove_planted_logs,
     restore_git_files,
 )
+from prohost.engine.repos.lanenames import LaneNames
 from prohost.engine.repos.lanerepo import (
     lane_repo,
     lane_repo_usable,
@@ -97,7 +105,9 @@ def _hash(text: str, length: int) -> str:
 
 
 def lane_folder_name(lane: str) -> str:
-    """A folder name for ``lane``: a readable prefix and a hash of the whole lane id.
+    """The harness's own key for ``lane``'s agent folders (its CLI folders and ACP
+    agents' folders, never typed by a person; a worktree folder made by an earlier
+    version was named so too): a readable prefix and a hash of the whole lane id.
 
     The hash makes it unique and stable (the same lane finds its worktrees on every
     turn and after a restart); the prefix, ASCII letters, digits, ``_`` and ``-`` only,
@@ -238,6 +248,15 @@ def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
     return marker
 
 
+def _remove_lane_folder(folder: Path) -> None:
+    """Blocking: a lane folder removed whole, following no link (its worktrees'
+    git dirs are in its own repositories, inside it)."""
+    if folder.is_symlink():
+        folder.unlink()
+    elif folder.exists():
+        shutil.rmtree(folder)
+
+
 # --- preparing ---------------------------------------------------------------------
 
 
@@ -309,6 +328,8 @@ class WorktreeManager:
         self.bounds = bounds if bounds is not None else Bounds()
         self.repos = tuple(repos)
         self.names = checkout_names(self.repos)
+        #: Which lane folder is which lane's (the record, and the markers).
+        self.lane_names = LaneNames(self.root, lambda folder: read_marker(folder).lane)
         self._locks: dict[str, trio.Lock] = {}
         # A checkout's common dir only changes if it is re-cloned; asking once per
         # source keeps a reused worktree at two git processes per turn (what it
@@ -327,7 +348,9 @@ class WorktreeManager:
         return self._locks.setdefault(str(source), trio.Lock())
 
     def lane_folder(self, lane: str) -> Path:
-        return self.root / lane_folder_name(lane)
+        """``lane``'s folder, named (and the name recorded) now if it had none.
+        Blocking; raises :class:`OSError` when the record cannot be written."""
+        return self.root / self.lane_names.name_for(lane)
 
     async def _file(self, fn: Callable[..., T], *args: object) -> T:
         """A file step of preparing a checkout, bounded. Abandoning one is safe: each
@@ -356,8 +379,9 @@ class WorktreeManager:
         ``confine``: how the harness's git reads what a run of a worktree made by
         an earlier version wrote, while moving it (:meth:`_move`).
         """
-        folder = self.lane_folder(lane)
+        folder = self.root / lane_folder_name(lane)  # said if even its name fails
         try:
+            folder = await self._file(self.lane_folder, lane)
             # First, so a GC deciding at this moment sees the lane as just used.
             marker = await self._file(_touch_marker, folder, lane, time.time())
         except OSError as exc:
@@ -579,6 +603,36 @@ class WorktreeManager:
             except (GitError, OSError) as exc:
                 log.warning("could not bring the branch %s back to %s: %s", branch,
                             source, exc)
+
+    async def discard(self, lane: str, prepared: PreparedCheckouts) -> bool:
+        """Remove ``lane``'s folder (its worktrees, its own repositories) and forget
+        its name, for a run without a conversation that left nothing to keep: no
+        commit, no changed file (the caller judged its §7 ``changes``). Its branch
+        was never brought back to the person's repository. Whether it is gone; a
+        failure is logged (``agent gc`` collects the folder later, as it was).
+
+        Cancelled: the removal, shielded and bounded, finishes or is abandoned to
+        its thread; what it leaves, collection clears."""
+        folder = prepared.folder
+        if folder is None:
+            return False
+        try:
+            for checkout in prepared.checkouts:
+                if checkout.git is None or checkout.git.common_dir == await self._common_dir(
+                        Path(checkout.source)):
+                    return False  # made by an earlier version, in the person's repository
+        except GitError:
+            return False
+        try:
+            with trio.CancelScope(shield=True):
+                await self._file(_remove_lane_folder, folder)
+                await self._file(self.lane_names.forget, lane)
+        except OSError as exc:
+            log.warning("could not remove %s, the worktrees of a run that changed nothing "
+                        "(%s); `prohost agent gc` collects them", folder, exc)
+            return False
+        log.info("removed %s: the run changed nothing in it", folder)
+        return True
 
     async def _branch_of(self, places: GitPlaces, own: str) -> str | None:
         """The branch the reused worktree at ``path`` is on (``None``: a detached
