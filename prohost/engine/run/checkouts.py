@@ -123,10 +123,9 @@ class LaneCheckouts:
         without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
 
         Before them, the lane's branch is brought back to the person's repository
-        (:meth:`WorktreeManager.bring_back`). A run without a conversation whose
-        changes show no commit and no changed file leaves nothing behind instead:
-        no branch in the person's repository, its worktrees removed
-        (:meth:`WorktreeManager.discard`).
+        (:meth:`WorktreeManager.bring_back`). A run without a conversation gets
+        its branch there only if it committed something; when it changed nothing
+        at all, its worktrees are removed too (:meth:`WorktreeManager.discard`).
 
         Cancelled: as :func:`prohost.engine.repos.changes.compare`.
         """
@@ -145,13 +144,15 @@ class LaneCheckouts:
         order = {name: index for index, name in enumerate(self.worktrees.names)}
         changes.sort(key=lambda entry: order.get(entry.repo, len(order)))
         if self._lone is not None:
-            if all(_untouched(entry) for entry in changes) and self.prepared.checkouts \
-                    and await self.worktrees.discard(self._lone, self.prepared):
-                self._discarded = changes
-            else:
-                # Something to keep: its branch, in the person's repository too.
+            if any(isinstance(entry, CheckoutChanges) and entry.commits for entry in changes):
+                # It committed: its branch, in the person's repository too.
                 await self.worktrees.bring_back(self.prepared, self.confine,
                                                 self.scratch_root)
+            elif all(_untouched(entry) for entry in changes) and self.prepared.checkouts \
+                    and await self.worktrees.discard(self._lone, self.prepared):
+                self._discarded = changes
+            # Else files changed and not committed: the worktree stays (its work is
+            # nowhere else; collection keeps it while it is dirty), with no branch.
         return changes
 
     @contextlib.asynccontextmanager
