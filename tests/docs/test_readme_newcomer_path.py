@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -103,12 +104,18 @@ def test_the_newcomer_path_runs_as_the_readme_says(tmp_path: Path) -> None:
             assert "connected" in status.stdout
             runs = run(argv(the(commands, "agent", "runs"), **fill), env, ROOT)
             assert runs.returncode == 0 and runs.stdout.startswith("✓"), runs
-            assert " prohost/run-" in runs.stdout  # the run's own branch in the checkout
+            # The run's own branch in its worktree, named by its run id (issue 40 point
+            # 5); `cat` changed nothing, so neither is left behind.
+            run_id = runs.stdout.split()[3]
+            assert f" prohost/{run_id}@" in runs.stdout, runs.stdout
+            assert not (tmp_path / "home" / "worktrees" / run_id).exists()
+            branches = subprocess.run(["git", "-C", str(repo), "branch", "--list", "prohost/*"],
+                                      capture_output=True, text=True, check=True)
+            assert branches.stdout == ""
             logs = run(argv(the(commands, "agent", "logs"), **fill), env, ROOT)
             assert logs.returncode == 0 and "finished" in logs.stdout, logs
 
             # The run's id as `agent runs` listed it, typed short as the README does.
-            run_id = runs.stdout.split()[3]
             short = run_id.removeprefix("run_")[:len(README_PREFIX)]
             cancel = the(commands, "agent", "cancel")
             assert cancel.split()[-1] == README_PREFIX
