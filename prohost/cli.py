@@ -264,9 +264,12 @@ def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
             verb, prog=f"prohost runs {verb}", value_descriptions=_SEND_VALUES, help=summary,
             description=summary[0].upper() + summary[1:] + ".",
             epilog="Exit status: 0 done; 1 the server could not be reached, has no such "
-            "run" + (", or the run has ended already." if verb == "cancel" else "."),
+            "run" + (", or the run has ended already" if verb == "cancel" else "")
+            + "; 2 more than one run starts with ID (they are listed).",
         )
-        parser.add_argument("run_id", metavar="ID", help="the run's id, e.g. run_0123abcd")
+        parser.add_argument("run_id", metavar="ID",
+                            help="the run's id, e.g. run_0123abcd, or its first characters, "
+                            "with or without run_ (0123)")
         parser.add_argument(
             "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
             help=f"the reference server's http:// URL (default: {DEFAULT_SEND_SERVER})",
