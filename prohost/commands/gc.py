@@ -32,8 +32,9 @@ import trio
 from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.gitsession import Confine
+from prohost.engine.repos.lanemarker import read_marker
 from prohost.engine.repos.lanenames import LaneNames
-from prohost.engine.repos.worktrees import WORKTREES_DIR, read_marker
+from prohost.engine.repos.worktrees import WORKTREES_DIR
 from prohost.engine.retention import DAY_S, IDLE_LANE_S
 from prohost.engine.run.checkouts import git_confinement
 from prohost.engine.run.confine import Sandbox

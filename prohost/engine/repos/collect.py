@@ -26,13 +26,9 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, real_path
 from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir, planted_worktree_config
 from prohost.engine.repos.gitsession import PLAIN_GIT, Confine, ConfinedGit, Git
+from prohost.engine.repos.lanemarker import LANE_MARKER, read_marker
 from prohost.engine.repos.lanerepo import REPOS_FOLDER
-from prohost.engine.repos.worktrees import (
-    LANE_MARKER,
-    WORKTREES_DIR,
-    lane_folder_name,
-    read_marker,
-)
+from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name
 
 log = logging.getLogger("prohost.worktrees")
 

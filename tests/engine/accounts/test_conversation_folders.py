@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from prohost.commands.gc import gc_command
-from prohost.engine.repos.worktrees import LANE_MARKER, lane_folder_name
+from prohost.engine.repos.lanemarker import LANE_MARKER
+from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.supervisor import upkeep
 from tests.kits.repos import isolate_git, lanes
 

@@ -16,8 +16,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prohost.engine.repos.lanemarker import LANE_MARKER
 from prohost.engine.repos.lanenames import MAX_NAME, NAMES_FILE, LaneNames, base_name
-from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager, lane_folder_name
+from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from tests.kits.repos import commit_file, git, make_repo, only
 
 pytestmark = [pytest.mark.usefixtures("isolated_git"), pytest.mark.protocol("§5")]

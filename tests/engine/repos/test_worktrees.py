@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from prohost.engine.repos.gitcmd import GitPlaces, git_env, real_path
+from prohost.engine.repos.lanemarker import LANE_MARKER
 from prohost.engine.repos.worktrees import (
-    LANE_MARKER,
     RUN_REPOS_ENV,
     Checkout,
     CheckoutFailure,
