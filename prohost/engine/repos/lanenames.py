@@ -82,7 +82,8 @@ class LaneNames:
         """``read_lane(folder)``: the lane a lane folder's marker names (``None``:
         none readable)."""
         self.root = root
-        self._file = root.parent / NAMES_FILE
+        #: The file that records them.
+        self.record = root.parent / NAMES_FILE
         self._read_lane = read_lane
         self._lock = threading.Lock()
 
@@ -118,7 +119,7 @@ class LaneNames:
 
     def _load(self) -> dict[str, str]:
         try:
-            data = json.loads(self._file.read_text(encoding="utf-8"))
+            data = json.loads(self.record.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         except ValueError:
@@ -130,10 +131,10 @@ class LaneNames:
                 if isinstance(lane, str) and isinstance(name, str) and _safe(name)}
 
     def _save(self, names: dict[str, str]) -> None:
-        self._file.parent.mkdir(parents=True, exist_ok=True)
+        self.record.parent.mkdir(parents=True, exist_ok=True)
         # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
         text = json.dumps({"lanes": names}, sort_keys=True, indent=1) + "\n"
-        write_atomically(self._file, text.encode("ascii"))
+        write_atomically(self.record, text.encode("ascii"))
 
     def _folders(self) -> set[str]:
         """The lane folders there are, by name (casefolded)."""

@@ -278,7 +278,8 @@ class WorktreeManager:
         ``confine``: how the harness's git reads what a run of a worktree made by
         an earlier version wrote, while moving it (:meth:`_move`).
         """
-        folder = self.root / lane_folder_name(lane)  # said if even its name fails
+        # Said if even its name cannot be recorded: the file that could not be written.
+        folder = self.lane_names.record
         try:
             folder = await self._file(self.lane_folder, lane)
             # First, so a GC deciding at this moment sees the lane as just used.
