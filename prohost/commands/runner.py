@@ -28,7 +28,7 @@ from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
 from prohost.engine.signals import REQUEST_SIGNAL
-from prohost.engine.supervisor.requests import answered, ask_cancel
+from prohost.engine.supervisor.requests import answered, ask_cancel, listens
 from prohost.engine.view.snapshot import read_snapshot
 from prohost.home import GC, LEDGER_FILE, claim_drain, lock_holder
 from prohost.logfile import log_path
@@ -164,6 +164,15 @@ def cancel_command(home: Path, typed: str, *, out: TextIO | None = None,
     except OSError as exc:
         print(f"prohost: cannot record the request in {home} ({exc.strerror or exc}); is "
               "the disk full or read-only?", file=err)
+        return EXIT_NONE
+    if not listens(home, held.pid):
+        # Still starting, or a version before `agent cancel`, which the signal would
+        # end: the request waits in the home for a harness that reads it.
+        print(f"prohost: the agent on {home} (pid {held.pid}) does not read requests yet "
+              "(it is starting, or is a version older than `agent cancel`); the request "
+              f"to cancel run {found.run_id} is kept, and a harness that reads requests "
+              "obeys it as it starts: restart it (`prohost agent stop`, then `prohost "
+              "agent run`), or cancel the run from the server", file=err)
         return EXIT_NONE
     try:
         os.kill(held.pid, REQUEST_SIGNAL)

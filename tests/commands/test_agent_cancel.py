@@ -8,16 +8,20 @@ run`` process whose agents are the Gate's, the command as its own process.
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 import pytest
 import trio
 
+from prohost.engine.ledger import Ledger
 from prohost.engine.supervisor.requests import ask_cancel, pending_cancels
+from prohost.wire.runs import parse_body
 from tests.kits.harness import finished, start_run
+from tests.kits.lockholder import signalled, start_holder, stop_holder
 from tests.kits.process import harness_process, paired_with_gate, wait_gone
-from tests.kits.program import prohost
+from tests.kits.program import prohost, run_cli
 
 pytestmark = pytest.mark.protocol("§6")
 
@@ -108,3 +112,24 @@ async def test_a_request_left_before_the_harness_started_is_obeyed_at_start(
                 assert pending_cancels(home) == []
                 harness.send_signal(signal.SIGINT)
                 assert await harness.wait_clean_exit() == 0
+
+
+def test_a_harness_that_does_not_read_requests_is_not_signalled(tmp_path: Path) -> None:
+    # A harness of a version before `agent cancel` (or one still starting) says
+    # nothing in the home: SIGUSR1's default action would end it, so none is sent,
+    # and the request waits for a harness that reads it.
+    home = tmp_path / "home"
+    home.mkdir()
+    body = json.dumps({"run_id": "run_0123abcd", "completion_path": "/runs/x/done",
+                       "text": "hello", "conversation_id": "C1"})
+    with Ledger.open(home / "ledger.sqlite3") as ledger:
+        ledger.admit("run_0123abcd", parse_body(body).lane, body, 1_700_000_000.0)
+    holder = start_holder(home, "harness")
+    try:
+        asked = run_cli(tmp_path, "agent", "cancel", "0123")
+        assert not signalled(holder)
+    finally:
+        stop_holder(holder)
+    assert asked.returncode == 1
+    assert f"(pid {holder.pid}) does not read requests yet" in asked.stderr
+    assert pending_cancels(home) == ["run_0123abcd"]

@@ -30,6 +30,10 @@ log = logging.getLogger(lognames.HARNESS)
 #: The folder of the home that holds the pending requests, one file each.
 REQUESTS_DIR = "requests"
 CANCEL_PREFIX = "cancel."
+#: ``listening.<pid>``: harness ``pid`` reads requests at the signal. A harness of a
+#: version before ``agent cancel`` does not, and the signal's default action
+#: would end it: without this file, no signal is sent.
+LISTENING_PREFIX = "listening."
 #: The reason a run cancelled by ``prohost agent cancel`` is reported with (§6:
 #: ``"error": "cancelled: <reason>"``).
 LOCAL_CANCEL_REASON = "cancelled on its machine (prohost agent cancel)"
@@ -68,6 +72,23 @@ def pending_cancels(home: Path) -> list[str]:
     return [run_id for _mtime, run_id in sorted(found)]
 
 
+def listen(home: Path, pid: int) -> None:
+    """Say that harness ``pid`` reads requests at the signal (and forget that any
+    earlier process did: a pid may be reused). Blocking; raises :class:`OSError`."""
+    folder = home / REQUESTS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for entry in os.scandir(folder):
+        if entry.name.startswith(LISTENING_PREFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    write_atomically(folder / f"{LISTENING_PREFIX}{pid}", b"", durable=False)
+
+
+def listens(home: Path, pid: int) -> bool:
+    """Whether harness ``pid`` said it reads requests at the signal (:func:`listen`)."""
+    return os.path.lexists(home / REQUESTS_DIR / f"{LISTENING_PREFIX}{pid}")
+
+
 def answered(home: Path, run_id: str) -> None:
     """The request to cancel ``run_id`` obeyed: its file removed (already gone: fine)."""
     with contextlib.suppress(FileNotFoundError):
@@ -81,11 +102,18 @@ async def obey_requests(home: Path, asked: AsyncIterator[int], *,
     requests, then again after each signal ``asked`` yields: ``cancel(run_id)``,
     then the request's file removed.
 
-    Take ``asked`` (the signal receiver) before anything could signal: a signal that
-    came before it is covered by the first look, made after. A home that cannot be
-    read is logged; the next signal looks again. Cancelled: it stops listening; a
-    request not yet obeyed stays for the next start.
+    Take ``asked`` (the signal receiver) before this is called: only then does it
+    say it listens (:func:`listen`), and a signal that came before is covered by
+    the first look, made after. A home that cannot be read is logged; the next
+    signal looks again. Cancelled: it stops listening; a request not yet obeyed
+    stays for the next start.
     """
+    try:
+        await bounds.file_step(listen, home, os.getpid(), what="saying it reads requests")
+    except OSError as exc:
+        log.warning("could not say in %s that this harness reads requests (%s): `prohost "
+                    "agent cancel` cannot reach it until it is restarted",
+                    home / REQUESTS_DIR, exc)
     await ready()
     while True:
         try:
