@@ -109,7 +109,8 @@ def _add_verbose(parser: argparse.ArgumentParser) -> None:
 
 _GC_VALUES = {"--older-than": "a number of days of 0 or more, e.g. 14 or 0.5"}
 _LOGS_VALUES = {"--lines": "a number of lines, 0 or more, e.g. 100"}
-_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50", "--show": "a run id"}
+_RUNS_VALUES = {"--limit": "a number of runs, 1 or more, e.g. 50",
+                "--show": "a run id, or its first characters"}
 
 
 def _add_run_flags(parser: ArgumentParser, host: str) -> None:
@@ -273,9 +274,12 @@ def _add_runs(commands: argparse._SubParsersAction[ArgumentParser]) -> None:
             verb, prog=f"prohost runs {verb}", value_descriptions=_SEND_VALUES, help=summary,
             description=summary[0].upper() + summary[1:] + ".",
             epilog="Exit status: 0 done; 1 the server could not be reached, has no such "
-            "run" + (", or the run has ended already." if verb == "cancel" else "."),
+            "run" + (", or the run has ended already" if verb == "cancel" else "")
+            + "; 2 more than one run starts with ID (they are listed).",
         )
-        parser.add_argument("run_id", metavar="ID", help="the run's id, e.g. run_0123abcd")
+        parser.add_argument("run_id", metavar="ID",
+                            help="the run's id, e.g. run_0123abcd, or its first characters, "
+                            "with or without run_ (0123)")
         parser.add_argument(
             "--server", metavar="URL", default=DEFAULT_SEND_SERVER,
             help=f"the reference server's http:// URL (default: {DEFAULT_SEND_SERVER})",
@@ -383,15 +387,41 @@ def build_parser() -> ArgumentParser:
         description="Signal the `prohost agent run` on this $PROHOST_HOME to drain, as a "
         "first Ctrl-C does: it finishes the runs in progress, takes no new ones and exits. "
         "Waits until its process has exited.",
-        epilog="Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
+        epilog="What happens to the runs: a drain finishes the running ones; the queued "
+        "ones, and with --now the running ones too, are reported failed and retryable, "
+        "so the server runs them again, on this machine once the harness is started "
+        "again. To end one run for good instead, `prohost agent cancel RUN`. "
+        "Exit status: 0 it has exited; 1 no agent is running on this home; 130 "
         "interrupted while waiting (the harness carries on).",
     )
     stop.add_argument(
         "--now", action="store_true",
         help="stop the running agents too, as a second Ctrl-C does (the harness exits "
-        "within 5 s; a stopped run is reported failed and retryable)",
+        "within 5 s; a stopped run is reported failed and retryable: the server runs it "
+        "again after the restart)",
     )
     stop.set_defaults(handler=cli_handlers.agent_stop, parser=stop)
+
+    cancel = agent_commands.add_parser(
+        "cancel",
+        prog="prohost agent cancel",
+        help="cancel one run of the agent harness running on this machine, for good",
+        description="Ask the `prohost agent run` on this $PROHOST_HOME to cancel one run, as "
+        "a cancel from the server does: a queued run never starts, a running one has its "
+        "agent stopped, and it is reported cancelled (with what it changed and spent), "
+        "not retryable, so the server never runs it again. The harness goes on with its "
+        "other runs. Waits until the run has ended.",
+        epilog="Exit status: 0 cancelled (or it ended before the cancel reached it, which "
+        "it says); 1 no agent is running on this home, no run has that id, or the run "
+        "has already ended (it says how); 2 more than one run starts with RUN (they are "
+        "listed); 130 interrupted while waiting (the run is cancelled all the same).",
+    )
+    cancel.add_argument(
+        "run", metavar="RUN",
+        help="the run's id, or its first characters, with or without run_ (as `prohost "
+        "agent runs` lists them)",
+    )
+    cancel.set_defaults(handler=cli_handlers.agent_cancel, parser=cancel)
 
     logs = agent_commands.add_parser(
         "logs",
@@ -425,7 +455,8 @@ def build_parser() -> ArgumentParser:
         "array of objects with run_id, conversation_id, state, ok, error, accepted_at, "
         "started_at, finished_at, duration_ms, account, cost_usd and checkouts (repo, "
         "branch, head each). Exit status: 0 listed; 1 the ledger cannot be read, or "
-        "--show names no run in it.",
+        "--show names no run in it; 2 more than one run starts with the id given to "
+        "--show (they are listed).",
     )
     runs.add_argument("--json", action="store_true", help="print JSON, for scripts")
     runs.add_argument(
@@ -433,7 +464,9 @@ def build_parser() -> ArgumentParser:
     )
     runs.add_argument(
         "--show", metavar="ID",
-        help="print one run in full, with the last 64 KiB of its agent's stderr",
+        help="print one run in full, with the last 64 KiB of its agent's stderr; ID may "
+        "be its first characters, with or without run_ (e.g. 673c), as long as no other "
+        "run's id starts with them",
     )
     runs.set_defaults(handler=cli_handlers.agent_runs, parser=runs)
 

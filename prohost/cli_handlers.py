@@ -209,6 +209,13 @@ def agent_stop(ns: argparse.Namespace) -> int:
     return stop_command(prohost_home(os.environ, Path.cwd()), now=ns.now)
 
 
+def agent_cancel(ns: argparse.Namespace) -> int:
+    from prohost.commands.runner import cancel_command
+    from prohost.home import prohost_home
+
+    return cancel_command(prohost_home(os.environ, Path.cwd()), ns.run)
+
+
 def agent_logs(ns: argparse.Namespace) -> int:
     from prohost.commands.runner import logs_command
     from prohost.home import prohost_home

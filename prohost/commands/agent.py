@@ -27,6 +27,7 @@ from prohost.engine.harness import STOP_WINDOW_S, Harness
 from prohost.engine.ledger import Ledger, LedgerError, LedgerUnavailable
 from prohost.engine.link.connection import Endpoints
 from prohost.engine.report.sender import open_sender
+from prohost.engine.supervisor.requests import LOCAL_CANCEL_REASON, obey_requests
 from prohost.engine.view.panel import Panel
 from prohost.home import (
     LEDGER_FILE,
@@ -260,16 +261,24 @@ async def supervise(
 
     First SIGINT/SIGTERM drains, the second stops every agent (exit 130 within
     5 s), the third kills every agent group and exits at once. Signals that came
-    before this (while the process started) are obeyed first, in order.
+    before this (while the process started) are obeyed first, in order. SIGUSR1
+    reads the requests ``prohost agent cancel`` left in the home (read once at
+    start as well: :mod:`prohost.engine.supervisor.requests`).
     Cancelled: the harness's own cancellation rules apply (see :meth:`Harness.run`).
     """
     async with open_sender(endpoints.api_base) as client:
         harness = Harness(options, endpoints, client=client, ledger=ledger)
-        with trio.open_signal_receiver(*signals.WATCHED) as receiver:
+        with trio.open_signal_receiver(*signals.WATCHED) as receiver, \
+                trio.open_signal_receiver(signals.REQUEST_SIGNAL) as asked:
             # Taken only now: from here on every signal reaches the receiver instead.
             early = signals.take_pending()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_obey_signals, receiver, harness, early)
+                if ledger is not None:  # a dry run holds no run to cancel
+                    nursery.start_soon(functools.partial(
+                        obey_requests, options.home, asked, ready=harness.wait_recovered,
+                        cancel=functools.partial(_cancel_asked_here, harness),
+                        bounds=harness.bounds))
                 if console is not None:
                     _progress_to_the_file_only(live)  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live,
@@ -277,6 +286,11 @@ async def supervise(
                 code = await harness.run()
                 nursery.cancel_scope.cancel()
     return code
+
+
+def _cancel_asked_here(harness: Harness, run_id: str) -> None:
+    """``prohost agent cancel``: the server's cancel, from this machine (§6)."""
+    harness.cancel(run_id, LOCAL_CANCEL_REASON)
 
 
 class _NotProgress(logging.Filter):

@@ -9,7 +9,7 @@ table of the results is printed at the end. With git installed, a small reposito
 in the temporary home is passed as ``--repos``: each conversation gets its own
 worktree, the stand-in edits and commits there, and the table shows what each run
 changed. Nothing is left behind, unless ``--keep`` asks for the repository (each
-conversation's work on its branch ``prohost/<lane folder>``) and the home.
+conversation's work on its branch ``prohost/<conversation>``) and the home.
 """
 
 from __future__ import annotations

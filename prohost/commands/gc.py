@@ -32,7 +32,9 @@ import trio
 from prohost.commands.status import pid_alive
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.gitsession import Confine
-from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name, read_marker
+from prohost.engine.repos.lanemarker import read_marker
+from prohost.engine.repos.lanenames import LaneNames
+from prohost.engine.repos.worktrees import WORKTREES_DIR
 from prohost.engine.retention import DAY_S, IDLE_LANE_S
 from prohost.engine.run.checkouts import git_confinement
 from prohost.engine.run.confine import Sandbox
@@ -146,7 +148,9 @@ class RunningHarness:
         # A turn touches its lane's marker as it prepares, after it is listed as
         # preparing: a use at or after the status was taken may be a run it does not
         # show yet. The margin covers a small clock step between the two.
-        used = read_marker(self.home / WORKTREES_DIR / lane_folder_name(lane)).last_used
+        root = self.home / WORKTREES_DIR
+        name = LaneNames(root, lambda folder: read_marker(folder).lane).lookup(lane)
+        used = None if name is None else read_marker(root / name).last_used
         return used is None or used >= snapshot.taken_at - REFRESH_S
 
     def _unknown(self, reason: str) -> HarnessUnknown:

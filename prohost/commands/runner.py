@@ -1,9 +1,10 @@
-"""``prohost agent stop``, ``agent logs`` and ``agent runs``: the runner's everyday
-commands beside a harness, from another shell or a script.
+"""``prohost agent stop``, ``agent cancel``, ``agent logs`` and ``agent runs``: the
+runner's everyday commands beside a harness, from another shell or a script.
 
 None of them talks to the harness over a socket. ``stop`` finds the harness by the
 home's lock (:class:`prohost.home.InstanceLock`: held by the harness, with its pid
-in the file) and signals it as Ctrl-C would (§9); ``logs`` reads its rotated log
+in the file) and signals it as Ctrl-C would (§9); ``cancel`` leaves a request in the
+home and signals it (:mod:`prohost.engine.supervisor.requests`); ``logs`` reads its rotated log
 file; ``runs`` reads the run ledger read-only (:mod:`prohost.engine.ledger.history`)
 and the stderr tails kept beside it (:mod:`prohost.engine.agent.stderrtail`).
 """
@@ -26,6 +27,8 @@ from prohost.commands.status import pid_alive
 from prohost.engine.agent.stderrtail import read_tail
 from prohost.engine.ledger.history import PastRun, read_history
 from prohost.engine.ledger.rows import LedgerError
+from prohost.engine.signals import REQUEST_SIGNAL
+from prohost.engine.supervisor.requests import answered, ask_cancel, listens
 from prohost.engine.view.snapshot import read_snapshot
 from prohost.home import GC, LEDGER_FILE, claim_drain, lock_holder
 from prohost.invocation import command
@@ -35,8 +38,12 @@ EXIT_OK = 0
 #: ``agent stop``: no harness runs on this home; ``agent logs``: no log yet;
 #: ``agent runs --show``: no such run.
 EXIT_NONE = 1
+#: A run id that more than one run of the ledger starts with (each is listed).
+EXIT_AMBIGUOUS = 2
 #: ``agent stop`` interrupted (Ctrl-C) while it waited: the harness carries on.
 EXIT_INTERRUPTED = 130
+#: How many of the runs a too-short id matches are listed.
+AMBIGUOUS_SHOWN = 10
 
 #: ``agent runs`` without ``--limit``: a screenful, newest first.
 DEFAULT_LIMIT = 20
@@ -122,6 +129,109 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         waiter.close()
     print(f"prohost agent pid {pid} has exited.", file=out)
     return EXIT_OK
+
+
+# --- agent cancel ----------------------------------------------------------------------
+
+#: How long ``agent cancel`` waits for the run's end to reach the ledger (an agent
+#: gets SIGTERM, then SIGKILL after 5 s; its report is written just after).
+CANCEL_SEEN_S = 20.0
+
+
+def cancel_command(home: Path, typed: str, *, out: TextIO | None = None,
+                   err: TextIO | None = None) -> int:
+    """Ask the harness on ``home`` to cancel the run ``typed`` names (its id or the
+    first characters of it), as a server's cancel would (§6: final, reported
+    ``cancelled``, never run again), then wait until its ledger says the run ended;
+    the exit status (see the module's EXIT_*)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    held = lock_holder(home)
+    if held is None or held.kind == GC or held.pid is None:
+        # Nothing to ask: a run is only cancelled by the harness that holds it.
+        print(f"prohost: no prohost agent is running for {home}, so no run of it is "
+              "running or queued: there is nothing to cancel (`prohost agent runs` "
+              "shows how its runs ended)", file=err)
+        return EXIT_NONE
+    found = find_run(home, typed, err)
+    if isinstance(found, int):
+        return found
+    if found.state in ("finished", "reported"):
+        print(f"prohost: run {found.run_id} has already ended: {_how_it_ended(found)}; "
+              "nothing to cancel", file=err)
+        return EXIT_NONE
+    try:
+        request = ask_cancel(home, found.run_id)
+    except OSError as exc:
+        print(f"prohost: cannot record the request in {home} ({exc.strerror or exc}); is "
+              "the disk full or read-only?", file=err)
+        return EXIT_NONE
+    if not listens(home, held.pid):
+        # Still starting, or a version before `agent cancel`, which the signal would
+        # end: the request waits in the home for a harness that reads it.
+        print(f"prohost: the agent on {home} (pid {held.pid}) does not read requests yet "
+              "(it is starting, or is a version older than `agent cancel`); the request "
+              f"to cancel run {found.run_id} is kept, and a harness that reads requests "
+              "obeys it as it starts: restart it (`prohost agent stop`, then `prohost "
+              "agent run`), or cancel the run from the server", file=err)
+        return EXIT_NONE
+    try:
+        os.kill(held.pid, REQUEST_SIGNAL)
+    except ProcessLookupError:
+        # It ended between the lock and the signal: its next start obeys the request.
+        print(f"prohost agent pid {held.pid} has just exited; its next start cancels run "
+              f"{found.run_id}", file=out)
+        return EXIT_OK
+    except PermissionError:
+        answered(home, found.run_id)
+        print(f"prohost: the agent on {home} (pid {held.pid}) belongs to another user: "
+              "cancel the run as that user", file=err)
+        return EXIT_NONE
+    print(f"cancelling run {found.run_id} …", file=out, flush=True)
+    try:
+        ended = _wait_ended(home, found.run_id, request)
+    except KeyboardInterrupt:
+        print(f"\nno longer waiting; the harness cancels run {found.run_id} all the same",
+              file=err)
+        return EXIT_INTERRUPTED
+    if ended is None and request.exists():
+        print(f"the harness (pid {held.pid}) has not read the request yet (`prohost agent "
+              f"status` says whether it is hung); it cancels run {found.run_id} when it "
+              "does, or at its next start", file=out)
+    elif ended is None:
+        print(f"the harness took the request; run {found.run_id} is still stopping "
+              f"(`prohost agent runs --show {found.run_id}` says when it has ended)", file=out)
+    elif ended.error is not None and ended.error.startswith("cancelled: "):
+        print(f"run {found.run_id} cancelled (reported so: it is not run again)", file=out)
+    else:
+        # §6: an agent that had exited with its reply is reported as it finished.
+        print(f"run {found.run_id} ended before the cancel reached it: "
+              f"{_how_it_ended(ended)}", file=out)
+    return EXIT_OK
+
+
+def _how_it_ended(run: PastRun) -> str:
+    if run.ok:
+        return "it finished"
+    if run.error is None:
+        return f"its ledger says {run.state}"
+    first = run.error.splitlines()[0] if run.error.strip() else run.error
+    return first if first.startswith("cancelled") else f"it failed ({first})"
+
+
+def _wait_ended(home: Path, run_id: str, request: Path) -> PastRun | None:
+    """The run once the ledger says it ended (its outcome in the outbox); ``None``
+    when it has not within :data:`CANCEL_SEEN_S`. Read-only, as ``agent runs``."""
+    deadline = time.monotonic() + CANCEL_SEEN_S
+    while time.monotonic() < deadline:
+        try:
+            runs = read_history(home / LEDGER_FILE, run_id=run_id)
+        except LedgerError:
+            runs = []
+        if runs and runs[0].state in ("finished", "reported"):
+            return runs[0]
+        time.sleep(STATUS_POLL_S)  # another process's sqlite file has no "changed" event
+    return None
 
 
 #: How long ``agent stop`` waits for the harness to say it drains before it says
@@ -247,18 +357,15 @@ def runs_command(home: Path, *, as_json: bool, limit: int | None, show: str | No
     ``show``); read-only, beside a running harness or without one."""
     out = out or sys.stdout
     err = err or sys.stderr
+    if show is not None:
+        found = find_run(home, show, err)
+        return found if isinstance(found, int) else _show(home, found, as_json=as_json,
+                                                          out=out)
     try:
-        runs = read_history(home / LEDGER_FILE, run_id=show,
-                            limit=None if show else limit)
+        runs = read_history(home / LEDGER_FILE, limit=limit)
     except LedgerError as exc:
         print(f"prohost: {exc}", file=err)
         return EXIT_NONE
-    if show is not None:
-        if not runs:
-            print(f"No run {show!r} in the ledger of {home} (it was never accepted here, "
-                  "or it was pruned: runs are kept 30 days).", file=err)
-            return EXIT_NONE
-        return _show(home, runs[0], as_json=as_json, out=out)
     if as_json:
         out.write(json.dumps([run.to_json() for run in runs], indent=2) + "\n")
         return EXIT_OK
@@ -268,6 +375,38 @@ def runs_command(home: Path, *, as_json: bool, limit: int | None, show: str | No
     for run in runs:
         out.write(_run_line(run) + "\n")
     return EXIT_OK
+
+
+def find_run(home: Path, typed: str, err: TextIO) -> PastRun | int:
+    """The run of ``home``'s ledger whose id is ``typed`` or starts with it (with or
+    without ``run_``, as git takes a commit's first digits); else the exit status,
+    said on ``err``: :data:`EXIT_NONE` for none, :data:`EXIT_AMBIGUOUS` (each
+    match listed, newest first) for more than one."""
+    typed = typed.strip()
+    if not typed:
+        print("prohost: give a run id (or its first characters); `prohost agent runs` "
+              "lists them", file=err)
+        return EXIT_NONE
+    try:
+        exact = read_history(home / LEDGER_FILE, run_id=typed)
+        runs = exact or read_history(home / LEDGER_FILE, prefix=typed)
+    except LedgerError as exc:
+        print(f"prohost: {exc}", file=err)
+        return EXIT_NONE
+    if not runs:
+        print(f"No run {typed!r} in the ledger of {home} (no run id starts with it: it was "
+              "never accepted here, or it was pruned: runs are kept 30 days). `prohost "
+              "agent runs` lists them.", file=err)
+        return EXIT_NONE
+    if len(runs) > 1:
+        print(f"prohost: {len(runs)} runs start with {typed!r}; type more of the one you "
+              "mean:", file=err)
+        for run in runs[:AMBIGUOUS_SHOWN]:
+            print(f"  {_run_line(run)}", file=err)
+        if len(runs) > AMBIGUOUS_SHOWN:
+            print(f"  … and {len(runs) - AMBIGUOUS_SHOWN} more", file=err)
+        return EXIT_AMBIGUOUS
+    return runs[0]
 
 
 def _show(home: Path, run: PastRun, *, as_json: bool, out: TextIO) -> int:

@@ -1,8 +1,11 @@
 """``prohost runs show|cancel ID``: look up or cancel a run on a reference server
 (docs/protocol.md §11: ``GET`` and ``DELETE /v1/runs/<id>``).
 
-Exit status: 0 done; 1 the server could not be reached, has no such run, or (cancel)
-the run has ended already. Every failure is one line on stderr.
+A run is named by its id or by the first characters of it, with or without ``run_``
+(the server's list of runs says which run they are). Exit status: 0 done; 1 the
+server could not be reached, has no such run, or (cancel) the run has ended
+already; 2 more than one run starts with the characters given (each is listed).
+Every failure is one line on stderr (a list of runs after it, for 2).
 """
 
 from __future__ import annotations
@@ -28,6 +31,31 @@ def _error_of(response: httpx.Response) -> str:
         data = None
     detail = data.get("error") if isinstance(data, dict) else None
     return str(detail or response.text.strip()[:200] or response.reason_phrase)
+
+
+#: Every run id the server makes starts so; a person may leave it out.
+RUN_ID_PREFIX = "run_"
+
+
+async def _named(client: httpx.AsyncClient, verb: str, typed: str) -> str | int:
+    """The id of the one run ``typed`` names when the server has no run of that
+    id: the run whose id starts with it (or with ``run_`` then it); else
+    ``typed`` (the server's 404 then says so), or exit status 2 after listing the
+    runs that start with it."""
+    listed = await client.get("/v1/runs")
+    runs = listed.json().get("runs") if listed.is_success else None
+    ids: list[str] = [run["run_id"] for run in runs or ()
+                      if isinstance(run, dict) and isinstance(run.get("run_id"), str)]
+    found = [run_id for run_id in ids
+             if run_id.startswith(typed) or run_id.startswith(RUN_ID_PREFIX + typed)]
+    if len(found) == 1:
+        return found[0]
+    if not found or not typed:
+        return typed
+    _fail(verb, f"{len(found)} runs start with {typed!r}; type more of the one you mean:")
+    for run_id in found:
+        print(f"  {run_id}", file=sys.stderr, flush=True)
+    return 2
 
 
 def run_lines(run: dict[str, Any]) -> list[str]:
@@ -64,6 +92,12 @@ async def runs_show_command(server: str, run_id: str, as_json: bool) -> int:
         base = api_base(server)
         async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
             response = await client.get(f"/v1/runs/{run_id}")
+            if response.status_code == 404:
+                named = await _named(client, "show", run_id)
+                if isinstance(named, int):
+                    return named
+                if named != run_id:
+                    response = await client.get(f"/v1/runs/{named}")
     except SendError as exc:
         return _fail("show", str(exc))
     except httpx.HTTPError as exc:
@@ -91,6 +125,15 @@ async def runs_cancel_command(server: str, run_id: str, reason: str | None,
             response = await client.request(
                 "DELETE", f"/v1/runs/{run_id}", headers=headers,
                 json={"reason": reason} if reason else None)
+            if response.status_code == 404:
+                named = await _named(client, "cancel", run_id)
+                if isinstance(named, int):
+                    return named
+                if named != run_id:
+                    run_id = named
+                    response = await client.request(
+                        "DELETE", f"/v1/runs/{run_id}",
+                        json={"reason": reason} if reason else None)
     except SendError as exc:
         return _fail("cancel", str(exc))
     except httpx.HTTPError as exc:

@@ -262,6 +262,12 @@ class Harness:
             self.sandbox.close()
         return self.exit_code
 
+    async def wait_recovered(self) -> None:
+        """Return once the previous process's runs are held (the ledger read at
+        start): from then on a run this harness does not hold is none of its own.
+        Cancelling it only stops the wait."""
+        await self.wait_until(lambda harness: harness._recovered)
+
     def _say_confinement(self) -> None:
         """Say once, at start, whether agents run confined (§13): a warning when
         ``--sandbox auto`` finds the system cannot (runs go on unconfined)."""

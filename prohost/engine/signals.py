@@ -24,6 +24,11 @@ from types import FrameType
 WATCHED = (signal.SIGINT, signal.SIGTERM)
 #: The exit status of a stop (second signal) or of a third signal (§9).
 STOPPED_STATUS = 130
+#: "Read your requests" (``prohost agent cancel``): never fatal, from the first
+#: moment on, so a request signalled while the harness starts cannot kill it (its
+#: default action would); the harness reads every pending request once it is up
+#: anyway (:mod:`prohost.engine.supervisor.requests`).
+REQUEST_SIGNAL = signal.SIGUSR1
 
 _received: list[int] = []
 _handed_over = 0
@@ -37,7 +42,13 @@ def install() -> None:
         return
     for signum in WATCHED:
         signal.signal(signum, _remember)
+    signal.signal(REQUEST_SIGNAL, _nothing)
     _installed = True
+
+
+def _nothing(signum: int, frame: FrameType | None) -> None:
+    """A request's signal before (or after) the harness listens for it: nothing to
+    do, its request file waits for the harness's look at start."""
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:

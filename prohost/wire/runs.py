@@ -67,6 +67,11 @@ class AgentRun:
         return f"run:{self.run_id}"
 
 
+def valid_run_id(run_id: str) -> bool:
+    """Whether ``run_id`` is one a body may carry (and so a file name of no other folder)."""
+    return bool(_RUN_ID.fullmatch(run_id)) and run_id not in (".", "..")
+
+
 def conversation_of(lane: str) -> str | None:
     """The conversation a lane (:attr:`AgentRun.lane`) is for; ``None`` for a run's own."""
     return lane[len(CONVERSATION_LANE):] if lane.startswith(CONVERSATION_LANE) else None

@@ -73,6 +73,32 @@ async def test_waiting_with_no_harness_says_so_and_ctrl_c_says_the_run_goes_on()
             assert missing.returncode == 1
             assert b"404: no run run_nope" in missing.stderr
 
+            # Its first characters name it, with or without run_ (issue 40, point 4);
+            # characters two runs' ids start with list both, exit 2.
+            short = run_id.removeprefix("run_")[:5]
+            for typed in (short, "run_" + short):
+                named = await prohost("runs", "show", typed, "--server", server.http_url,
+                                      env=env)
+                assert named.returncode == 0, named.stderr
+                assert named.stdout.decode().startswith(f"run {run_id}: cancelled\n")
+            other = (await prohost("send", "--server", server.http_url, "again",
+                                   env=env)).stdout.decode().split()[0]
+            both = await prohost("runs", "cancel", "run_", "--server", server.http_url,
+                                 env=env)
+            assert both.returncode == 2, both
+            assert run_id.encode() in both.stderr and other.encode() in both.stderr
+            assert server_run_state(await prohost("runs", "show", other, "--json",
+                                                  "--server", server.http_url,
+                                                  env=env)) == "queued"
+            gone = await prohost("runs", "cancel", other.removeprefix("run_")[:6], "--server",
+                                 server.http_url, env=env)
+            assert gone.returncode == 0 and gone.stdout.decode() == f"run {other} cancelled\n"
+
+
+def server_run_state(shown: subprocess.CompletedProcess[bytes]) -> str:
+    state: str = json.loads(shown.stdout)["state"]
+    return state
+
 
 async def test_fail_without_harness_gives_up_and_leaves_the_run_queued() -> None:
     env = clean_env()

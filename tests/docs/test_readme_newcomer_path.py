@@ -2,17 +2,18 @@
 
 The commands are read from that section of the README itself, so the test fails
 when the README drifts from what the program does: server, pair, a run with
-``--exec cat`` and ``--repos``, send, status, runs, logs, stop. Each runs as a real
+``--exec cat`` and ``--repos``, send, status, runs, logs, cancel, stop. Each runs as a real
 process from the clone's top folder, as a person would type it; only what the
 README says to fill in is filled in: the port (0, so tests never collide; the
 README's 8765 becomes the one the server took), the pairing code the server
-printed, and ``~/code/app`` (a fresh git checkout).
+printed, ``~/code/app`` (a fresh git checkout) and the first characters of a run id.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ PROHOST = ".venv/bin/prohost"
 README_PORT = "8765"
 README_CODE = "ABCD-1234"
 README_REPO = "~/code/app"
+#: The first characters of a run id `agent cancel` is shown with.
+README_PREFIX = "673c"
 
 
 def section_commands() -> list[str]:
@@ -101,9 +104,24 @@ def test_the_newcomer_path_runs_as_the_readme_says(tmp_path: Path) -> None:
             assert "connected" in status.stdout
             runs = run(argv(the(commands, "agent", "runs"), **fill), env, ROOT)
             assert runs.returncode == 0 and runs.stdout.startswith("✓"), runs
-            assert " prohost/run-" in runs.stdout  # the run's own branch in the checkout
+            # The run's own branch in its worktree, named by its run id (issue 40 point
+            # 5); `cat` changed nothing, so neither is left behind.
+            run_id = runs.stdout.split()[3]
+            assert f" prohost/{run_id}@" in runs.stdout, runs.stdout
+            assert not (tmp_path / "home" / "worktrees" / run_id).exists()
+            branches = subprocess.run(["git", "-C", str(repo), "branch", "--list", "prohost/*"],
+                                      capture_output=True, text=True, check=True)
+            assert branches.stdout == ""
             logs = run(argv(the(commands, "agent", "logs"), **fill), env, ROOT)
             assert logs.returncode == 0 and "finished" in logs.stdout, logs
+
+            # The run's id as `agent runs` listed it, typed short as the README does.
+            short = run_id.removeprefix("run_")[:len(README_PREFIX)]
+            cancel = the(commands, "agent", "cancel")
+            assert cancel.split()[-1] == README_PREFIX
+            cancelled = run(argv(cancel, **{README_PREFIX: short}), env, ROOT)
+            assert cancelled.returncode == 1, cancelled  # `cat` has long finished
+            assert f"run {run_id} has already ended: it finished" in cancelled.stderr
 
             stopped = run(argv(the(commands, "agent", "stop"), **fill), env, ROOT)
             assert stopped.returncode == 0, stopped

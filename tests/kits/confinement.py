@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from prohost.engine.repos.worktrees import lane_folder_name
 from tests.kits.harness import (
     Running,
     ServerHandle,
@@ -22,7 +21,7 @@ from tests.kits.harness import (
     running_harness,
 )
 from tests.kits.paths import AGENTS, logs_folder
-from tests.kits.repos import isolate_git
+from tests.kits.repos import isolate_git, lane_folder
 
 PROBER = AGENTS / "prober.py"
 
@@ -57,7 +56,7 @@ class World:
                                env=self.env, **options)
 
     def worktree(self, conversation: str) -> Path:
-        return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
+        return lane_folder(self.home, f"conv:{conversation}") / "app"
 
 
 @pytest.fixture(name="world")

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from prohost.engine.repos.worktrees import lane_folder_name
 from tests.kits.harness import finished
 from tests.kits.paths import AGENTS
-from tests.kits.repos import isolate_git
+from tests.kits.repos import isolate_git, lane_branch_in, lane_folder
 
 HOSTILE = shlex.join([sys.executable, str(AGENTS / "hostile_git.py")])
 
@@ -46,10 +45,10 @@ class World:
                     "GIT_COMMITTER_EMAIL": "agent@example.invalid"}
 
     def worktree(self, conversation: str) -> Path:
-        return self.home / "worktrees" / lane_folder_name(f"conv:{conversation}") / "app"
+        return lane_folder(self.home, f"conv:{conversation}") / "app"
 
     def branch(self, conversation: str) -> str:
-        return "prohost/" + lane_folder_name(f"conv:{conversation}")
+        return lane_branch_in(self.home, f"conv:{conversation}")
 
     def git(self, *args: str) -> str:
         done = subprocess.run(["git", "-C", str(self.source), *args], capture_output=True,

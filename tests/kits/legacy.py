@@ -13,13 +13,9 @@ from typing import TypeVar
 import pytest
 
 from prohost.engine.repos import migrate, worktrees
+from prohost.engine.repos.lanemarker import LANE_MARKER, read_marker
 from prohost.engine.repos.lanerepo import lane_repo
-from prohost.engine.repos.worktrees import (
-    LANE_MARKER,
-    WorktreeManager,
-    lane_folder_name,
-    read_marker,
-)
+from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from tests.kits.repos import commit_file, git, make_repo
 
 T = TypeVar("T")
@@ -120,7 +116,7 @@ async def legacy_fixture(tmp_path: Path) -> Legacy:
 
 #: Each step of a move, where a test makes it fail: (module, name).
 STEPS = [(migrate, "read_head"), (migrate, "lay_out_repo"), (migrate, "fetch_branches"),
-         (migrate, "write_git_dir"), (migrate, "own_objects"), (worktrees, "_record_move"),
+         (migrate, "write_git_dir"), (migrate, "own_objects"), (worktrees, "record_move"),
          (migrate, "point"), (migrate, "forget")]
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from prohost.engine.repos.lanerepo import REPOS_FOLDER
-from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
+from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.prompt import Checkout
 
 USER = ("-c", "user.name=Prohost Test", "-c", "user.email=test@example.invalid")
@@ -103,6 +103,18 @@ async def make_readme_repo(path: Path) -> Path:
     return path
 
 
+def lane_folder(home: Path, lane: str) -> Path:
+    """``lane``'s worktrees folder in ``home`` as the harness names it: from its
+    record (:mod:`prohost.engine.repos.lanenames`), named now if it has none yet,
+    as the harness's first prepare of it would."""
+    return WorktreeManager(home, []).lane_folder(lane)
+
+
+def lane_branch_in(home: Path, lane: str) -> str:
+    """The branch of ``lane``'s worktrees, ``prohost/<its folder>``."""
+    return "prohost/" + lane_folder(home, lane).name
+
+
 class Lanes:
     """A home with one source repo and a worktree for each named lane."""
 
@@ -112,7 +124,7 @@ class Lanes:
         self.paths = paths
 
     def folder(self, lane: str) -> Path:
-        return self.home / "worktrees" / lane_folder_name(lane)
+        return lane_folder(self.home, lane)
 
 
 async def lanes(tmp_path: Path, *names: str) -> Lanes:

@@ -59,9 +59,15 @@ class PastRun:
         return {**attrs.asdict(self), "checkouts": [attrs.asdict(c) for c in self.checkouts]}
 
 
+#: Every run id the server sends starts so; a person may leave it out.
+RUN_ID_PREFIX = "run_"
+
+
 def read_history(path: Path, *, limit: int | None = None,
-                 run_id: str | None = None) -> list[PastRun]:
-    """The ledger's runs, newest accepted first (at most ``limit``), or only ``run_id``.
+                 run_id: str | None = None, prefix: str | None = None) -> list[PastRun]:
+    """The ledger's runs, newest accepted first (at most ``limit``), or only ``run_id``,
+    or only those whose id starts with ``prefix`` (or with ``run_`` then ``prefix``:
+    the part a person types, as git takes a commit's first digits).
 
     A missing ledger is an empty history (no harness ever ran on this home). Raises
     :class:`LedgerError` with a message naming the file when it cannot be read.
@@ -80,6 +86,10 @@ def read_history(path: Path, *, limit: int | None = None,
         if run_id is not None:
             query += " WHERE run_id = ?"
             params = (run_id,)
+        elif prefix is not None:
+            # substr, not LIKE: a typed "_" or "%" is itself, never a wildcard.
+            query += " WHERE substr(run_id, 1, ?) = ? OR substr(run_id, 1, ?) = ?"
+            params = (len(prefix), prefix, len(RUN_ID_PREFIX + prefix), RUN_ID_PREFIX + prefix)
         query += " ORDER BY seq DESC"
         if limit is not None:
             query += " LIMIT ?"

@@ -26,8 +26,9 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitPlaces, GitTimedOut, git, real_path
 from prohost.engine.repos.gitrecords import adopt_git_dir, own_git_dir, planted_worktree_config
 from prohost.engine.repos.gitsession import PLAIN_GIT, Confine, ConfinedGit, Git
+from prohost.engine.repos.lanemarker import LANE_MARKER, read_marker
 from prohost.engine.repos.lanerepo import REPOS_FOLDER
-from prohost.engine.repos.worktrees import LANE_MARKER, WORKTREES_DIR, read_marker
+from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name
 
 log = logging.getLogger("prohost.worktrees")
 
@@ -281,7 +282,8 @@ async def collect_garbage(
     arrives meanwhile starts afterwards and prepares them afresh.
 
     ``with_folder(name)``, when given, removes what else is the conversation's
-    whose lane folder is called ``name`` (its agent CLI folders and sessions,
+    whose agent folders are keyed ``name`` (:func:`lane_folder_name` of the lane
+    its marker names; its agent CLI folders and sessions,
     ``prohost.engine.run.leftovers.conversation_folders``), with that folder.
 
     With ``confine`` (where runs are confined by bubblewrap), the git that looks
@@ -409,7 +411,10 @@ class _Collection:
 
         def clear() -> None:
             if with_folder is not None:
-                with_folder(folder.name)
+                # The agent folders are keyed by the lane, whatever the worktrees'
+                # folder is called (a readable name, or an earlier version's).
+                lane = read_marker(folder).lane
+                with_folder(lane_folder_name(lane) if lane is not None else folder.name)
             if force and has_others:
                 shutil.rmtree(folder)
                 return

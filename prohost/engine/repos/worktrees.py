@@ -8,6 +8,13 @@ So every lane gets, for each ``--repos`` checkout, a worktree of its own::
     $PROHOST_HOME/worktrees/<lane folder>/<repo name>      (on the branch prohost/<lane folder>)
     $PROHOST_HOME/worktrees/<lane folder>/.prohost-lane    (lane id and last use, for GC)
 
+The lane folder's name is one a person types: the conversation's (a lone run's:
+its run id), made safe, with a short suffix only where two would collide; which
+lane has which name is the harness's record (:mod:`prohost.engine.repos.lanenames`),
+so the folders an earlier version named ``conv-<id>-<20 hex>`` are found as they are.
+A run without a conversation that committed nothing leaves no folder and no branch
+behind (:meth:`WorktreeManager.discard`).
+
 A worktree persists across the lane's turns: a branch or an uncommitted change in
 it is the conversation's own earlier work, so later turns reuse it as it is. Each
 is made on the lane's own branch, ``prohost/<lane folder>``, so the work has a
@@ -30,12 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
-import math
 import os
 import re
-import secrets
 import shutil
 import time
 from collections import Counter
@@ -63,6 +67,14 @@ from prohost.engine.repos.gitrecords import (
     remove_planted_logs,
     restore_git_files,
 )
+from prohost.engine.repos.lanemarker import (
+    LaneMarker,
+    read_marker,
+    record_move,
+    record_ready,
+    touch_marker,
+)
+from prohost.engine.repos.lanenames import LaneNames
 from prohost.engine.repos.lanerepo import (
     lane_repo,
     lane_repo_usable,
@@ -82,7 +94,6 @@ T = TypeVar("T")
 RUN_REPOS_ENV = "PROHOST_RUN_REPOS"
 
 WORKTREES_DIR = "worktrees"
-LANE_MARKER = ".prohost-lane"
 
 # --- names -------------------------------------------------------------------------
 
@@ -97,7 +108,9 @@ def _hash(text: str, length: int) -> str:
 
 
 def lane_folder_name(lane: str) -> str:
-    """A folder name for ``lane``: a readable prefix and a hash of the whole lane id.
+    """The harness's own key for ``lane``'s agent folders (its CLI folders and ACP
+    agents' folders, never typed by a person; a worktree folder made by an earlier
+    version was named so too): a readable prefix and a hash of the whole lane id.
 
     The hash makes it unique and stable (the same lane finds its worktrees on every
     turn and after a restart); the prefix, ASCII letters, digits, ``_`` and ``-`` only,
@@ -134,108 +147,13 @@ def checkout_names(repos: Sequence[Path]) -> tuple[str, ...]:
     )
 
 
-# --- the lane marker ---------------------------------------------------------------
-
-
-@attrs.frozen
-class LaneMarker:
-    """What ``.prohost-lane`` in a lane folder records."""
-
-    lane: str | None
-    last_used: float | None
-    ready: dict[str, str] | None
-    """Checkout name → source, for each worktree a prepare finished and handed to an
-    agent. Anything else found in the folder was never used, so it holds no work:
-    the leftovers of a cancelled or killed prepare. ``None``: not known."""
-    git_dirs: dict[str, str] | None = None
-    """Checkout name → its private git dir (``<common>/worktrees/<name>``, a real
-    path), as the harness made it: the record every later git on the worktree, and
-    the next run's rules, are made from (§13), never its ``.git`` file. The marker
-    is out of every run's reach (the lane folder is only readable to its runs)."""
-    moved: dict[str, str] | None = None
-    """Checkout name → the git dir in the person's repository of a worktree an
-    earlier version made, moved to the lane's repository (:mod:`migrate`) and not
-    yet removed there: the next prepare removes it."""
-
-
-def read_marker(folder: Path) -> LaneMarker:
-    """``folder``'s marker; a field that is missing or unreadable is ``None``."""
-    try:
-        data = json.loads((folder / LANE_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return LaneMarker(None, None, None)
-    if not isinstance(data, dict):
-        return LaneMarker(None, None, None)
-    git_dirs, moved = (_names(data.get(key)) for key in ("git_dirs", "moved"))
-    lane = data.get("lane")
-    used = data.get("last_used")
-    if isinstance(used, bool) or not isinstance(used, int | float) or not math.isfinite(used):
-        used = None
-    ready = data.get("ready")
-    if not (isinstance(ready, dict) and all(isinstance(v, str) for v in ready.values())):
-        ready = None
-    return LaneMarker(
-        lane if isinstance(lane, str) else None,
-        float(used) if used is not None else None,
-        ready,
-        git_dirs,
-        moved,
-    )
-
-
-def _names(value: object) -> dict[str, str] | None:
-    """A marker's map of checkout names to paths; ``None`` for anything else."""
-    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-        return value
-    return None
-
-
-def write_marker(folder: Path, marker: LaneMarker) -> None:
-    """Create the lane folder and write its marker, atomically: GC may read it at any moment."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f"{LANE_MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    # ensure_ascii (the default) escapes a lone surrogate a lane id may carry.
-    payload = {"lane": marker.lane, "last_used": marker.last_used, "ready": marker.ready,
-               "git_dirs": marker.git_dirs, "moved": marker.moved}
-    try:
-        tmp.write_text(json.dumps(payload, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, folder / LANE_MARKER)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def _record_ready(folder: Path, ready: dict[str, str], git_dirs: dict[str, str]) -> None:
-    """Blocking: the marker as it is on disk now, with the entries of ``ready`` and
-    ``git_dirs`` added (what a move recorded meanwhile stays)."""
-    marker = read_marker(folder)
-    write_marker(folder, attrs.evolve(marker, ready={**(marker.ready or {}), **ready},
-                                      git_dirs={**(marker.git_dirs or {}), **git_dirs}))
-
-
-def _record_move(folder: Path, name: str, git_dir: str, old_git_dir: str | None) -> None:
-    """Blocking: the marker as it is on disk now, the checkout ``name`` recorded with
-    its new ``git_dir``, and ``old_git_dir`` as its git dir still to remove from
-    the person's repository (``None``: nothing left to remove)."""
-    marker = read_marker(folder)
-    moved = dict(marker.moved or {})
-    if old_git_dir is None:
-        moved.pop(name, None)
-    else:
-        moved[name] = old_git_dir
-    write_marker(folder, attrs.evolve(
-        marker, git_dirs={**(marker.git_dirs or {}), name: git_dir}, moved=moved))
-
-
-def _touch_marker(folder: Path, lane: str, now: float) -> LaneMarker:
-    """Record a use of the lane now, keeping what the marker knew; return the new marker."""
-    # A new lane's folder certainly holds no finished worktree; an existing folder
-    # whose marker is unreadable might, so there "ready" stays unknown.
-    old = LaneMarker(None, None, {}, {}) if not folder.exists() else read_marker(folder)
-    marker = LaneMarker(lane, now, old.ready, old.git_dirs, old.moved)
-    write_marker(folder, marker)
-    return marker
+def _remove_lane_folder(folder: Path) -> None:
+    """Blocking: a lane folder removed whole, following no link (its worktrees'
+    git dirs are in its own repositories, inside it)."""
+    if folder.is_symlink():
+        folder.unlink()
+    elif folder.exists():
+        shutil.rmtree(folder)
 
 
 # --- preparing ---------------------------------------------------------------------
@@ -309,6 +227,8 @@ class WorktreeManager:
         self.bounds = bounds if bounds is not None else Bounds()
         self.repos = tuple(repos)
         self.names = checkout_names(self.repos)
+        #: Which lane folder is which lane's (the record, and the markers).
+        self.lane_names = LaneNames(self.root, lambda folder: read_marker(folder).lane)
         self._locks: dict[str, trio.Lock] = {}
         # A checkout's common dir only changes if it is re-cloned; asking once per
         # source keeps a reused worktree at two git processes per turn (what it
@@ -327,7 +247,9 @@ class WorktreeManager:
         return self._locks.setdefault(str(source), trio.Lock())
 
     def lane_folder(self, lane: str) -> Path:
-        return self.root / lane_folder_name(lane)
+        """``lane``'s folder, named (and the name recorded) now if it had none.
+        Blocking; raises :class:`OSError` when the record cannot be written."""
+        return self.root / self.lane_names.name_for(lane)
 
     async def _file(self, fn: Callable[..., T], *args: object) -> T:
         """A file step of preparing a checkout, bounded. Abandoning one is safe: each
@@ -356,10 +278,12 @@ class WorktreeManager:
         ``confine``: how the harness's git reads what a run of a worktree made by
         an earlier version wrote, while moving it (:meth:`_move`).
         """
-        folder = self.lane_folder(lane)
+        # Said if even its name cannot be recorded: the file that could not be written.
+        folder = self.lane_names.record
         try:
+            folder = await self._file(self.lane_folder, lane)
             # First, so a GC deciding at this moment sees the lane as just used.
-            marker = await self._file(_touch_marker, folder, lane, time.time())
+            marker = await self._file(touch_marker, folder, lane, time.time())
         except OSError as exc:
             reason = f"could not create {folder}: {exc.strerror or exc}"
             failures = tuple(CheckoutFailure(str(source), reason) for source in self.repos)
@@ -388,7 +312,7 @@ class WorktreeManager:
                 # Only now: a worktree is "ready" once it is about to be handed over.
                 async with self._marker_lock:
                     await self._file(
-                        _record_ready, folder, {c.name: c.source for c in checkouts},
+                        record_ready, folder, {c.name: c.source for c in checkouts},
                         {c.name: c.git.git_dir for c in checkouts if c.git is not None})
             except OSError as exc:
                 log.warning("could not record the checkouts of %s: %s", lane, exc)
@@ -500,7 +424,7 @@ class WorktreeManager:
             async with self._marker_lock:
                 # The move is done once recorded: from here on, the record names
                 # the lane's repository, and a prepare finishes what is left.
-                await self._file(_record_move, folder, path.name, places.git_dir,
+                await self._file(record_move, folder, path.name, places.git_dir,
                                  old.git_dir)
             await self._file(migrate.point, places)
         except (GitError, OSError) as exc:
@@ -525,7 +449,7 @@ class WorktreeManager:
             async with self.source_lock(source):
                 await self._file(migrate.forget, old_git_dir, common)
             async with self._marker_lock:
-                await self._file(_record_move, folder, Path(places.work_tree).name,
+                await self._file(record_move, folder, Path(places.work_tree).name,
                                  places.git_dir, None)
         except OSError as exc:
             log.warning("could not remove %s, the git dir of a moved worktree, from %s "
@@ -579,6 +503,36 @@ class WorktreeManager:
             except (GitError, OSError) as exc:
                 log.warning("could not bring the branch %s back to %s: %s", branch,
                             source, exc)
+
+    async def discard(self, lane: str, prepared: PreparedCheckouts) -> bool:
+        """Remove ``lane``'s folder (its worktrees, its own repositories) and forget
+        its name, for a run without a conversation that left nothing to keep: no
+        commit, no changed file (the caller judged its §7 ``changes``). Its branch
+        was never brought back to the person's repository. Whether it is gone; a
+        failure is logged (``agent gc`` collects the folder later, as it was).
+
+        Cancelled: the removal, shielded and bounded, finishes or is abandoned to
+        its thread; what it leaves, collection clears."""
+        folder = prepared.folder
+        if folder is None:
+            return False
+        try:
+            for checkout in prepared.checkouts:
+                if checkout.git is None or checkout.git.common_dir == await self._common_dir(
+                        Path(checkout.source)):
+                    return False  # made by an earlier version, in the person's repository
+        except GitError:
+            return False
+        try:
+            with trio.CancelScope(shield=True):
+                await self._file(_remove_lane_folder, folder)
+                await self._file(self.lane_names.forget, lane)
+        except OSError as exc:
+            log.warning("could not remove %s, the worktrees of a run that changed nothing "
+                        "(%s); `prohost agent gc` collects them", folder, exc)
+            return False
+        log.info("removed %s: the run changed nothing in it", folder)
+        return True
 
     async def _branch_of(self, places: GitPlaces, own: str) -> str | None:
         """The branch the reused worktree at ``path`` is on (``None``: a detached

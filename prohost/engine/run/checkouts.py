@@ -46,6 +46,11 @@ class LaneCheckouts:
         self.prepared: PreparedCheckouts | None = None
         self._before: list[CheckoutState] = []
         self._unready: list[tuple[str, str]] = []
+        #: The lane of a run without a conversation (prepared in this process):
+        #: its worktrees go at its end unless it changed something there.
+        self._lone: str | None = None
+        #: The changes once its worktrees are gone (read again, they are the same).
+        self._discarded: list[ChangeEntry] | None = None
 
     async def prepare(self, run: AgentRun, deadline: float) -> bool:
         """Make the lane's worktrees and take their state; False when the run's
@@ -57,6 +62,7 @@ class LaneCheckouts:
         worktrees = self.worktrees
         if worktrees is None:
             return True
+        self._lone = run.lane if run.conversation_id is None else None
         # Inside the run's budget: preparing its checkouts is part of the run.
         with trio.move_on_at(deadline):
             self.prepared = await worktrees.prepare(run.lane, self.confine)
@@ -117,20 +123,35 @@ class LaneCheckouts:
         without ``--repos`` (or before :meth:`prepare`). Each checkout is bounded.
 
         Before them, the lane's branch is brought back to the person's repository
-        (:meth:`WorktreeManager.bring_back`).
+        (:meth:`WorktreeManager.bring_back`). A run without a conversation gets
+        its branch there only if it committed something; when it changed nothing
+        at all, its worktrees are removed too (:meth:`WorktreeManager.discard`).
 
         Cancelled: as :meth:`prohost.engine.repos.changes.CheckoutReader.compare`.
         """
         if self.worktrees is None or self.prepared is None:
             return None
-        # First: the person's repository gets the conversation's commits on its
-        # branch (§13: by that branch alone), whatever the changes say.
-        await self.worktrees.bring_back(self.prepared, self.confine, self.scratch_root)
+        if self._discarded is not None:
+            return self._discarded
+        if self._lone is None:
+            # First: the person's repository gets the conversation's commits on its
+            # branch (§13: by that branch alone), whatever the changes say.
+            await self.worktrees.bring_back(self.prepared, self.confine, self.scratch_root)
         async with self._reading() as reader:
             found = await reader.changes(self._before, self._unready)
         changes = [self._private(entry) for entry in found]
         order = {name: index for index, name in enumerate(self.worktrees.names)}
         changes.sort(key=lambda entry: order.get(entry.repo, len(order)))
+        if self._lone is not None:
+            if any(isinstance(entry, CheckoutChanges) and entry.commits for entry in changes):
+                # It committed: its branch, in the person's repository too.
+                await self.worktrees.bring_back(self.prepared, self.confine,
+                                                self.scratch_root)
+            elif all(_untouched(entry) for entry in changes) and self.prepared.checkouts \
+                    and await self.worktrees.discard(self._lone, self.prepared):
+                self._discarded = changes
+            # Else files changed and not committed: the worktree stays (its work is
+            # nowhere else; collection keeps it while it is dirty), with no branch.
         return changes
 
     @contextlib.asynccontextmanager
@@ -170,6 +191,14 @@ class LaneCheckouts:
         if isinstance(entry, CheckoutChanges) and entry.truncated is not None:
             return attrs.evolve(entry, truncated=said(entry.truncated))
         return entry
+
+
+def _untouched(entry: ChangeEntry) -> bool:
+    """The run left this checkout as it found it: no commit, no file changed (a
+    checkout that could not be read may hold anything)."""
+    return isinstance(entry, CheckoutChanges) and entry.commits == 0 \
+        and not entry.files and not entry.more_files and entry.truncated is None \
+        and entry.base == entry.head
 
 
 def git_confinement(sandbox: Sandbox) -> Confine | None:

@@ -35,7 +35,8 @@ from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.interfaces import DailySteps, PruneSteps
 from prohost.engine.repos.collect import Holding, collect_garbage
 from prohost.engine.repos.gitsession import Confine
-from prohost.engine.repos.worktrees import WORKTREES_DIR, lane_folder_name
+from prohost.engine.repos.lanemarker import read_marker
+from prohost.engine.repos.worktrees import WORKTREES_DIR, checkout_names, lane_folder_name
 from prohost.engine.retention import CLEAR_EVERY_S, DAY_S, IDLE_LANE_S, KEEP_RUNS_S
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.leftovers import (
@@ -304,9 +305,18 @@ class DailyPass:
 
 
 def _without_worktrees(home: Path) -> dict[str, list[Path]]:
-    """Blocking: the conversations with agent folders and no worktrees folder."""
+    """Blocking: the conversations with agent folders and no worktrees folder. The
+    agent folders are keyed by the lane's :func:`lane_folder_name`; a worktrees
+    folder has a name a person reads (or an earlier version's), so it is matched
+    by the lane its marker records."""
+    with_worktrees: set[str] = set()
+    worktrees = home / WORKTREES_DIR
+    if worktrees.is_dir():
+        for folder in worktrees.iterdir():
+            lane = read_marker(folder).lane if folder.is_dir() else None
+            with_worktrees.add(lane_folder_name(lane) if lane is not None else folder.name)
     return {name: folders for name, folders in conversations_with_folders(home).items()
-            if not os.path.lexists(home / WORKTREES_DIR / name)}
+            if name not in with_worktrees}
 
 
 
@@ -372,12 +382,12 @@ def announce_start(options: Options, brain: Brain) -> None:
     """Log, once at start, what this harness does and what looks wrong."""
     mode = " (dry run: nothing is executed or reported)" if options.dry_run else ""
     log.info(
-        "prohost %s on %s: up to %d run(s) at once with %r in %s%s",
+        "prohost %s on %s: up to %d run(s) at once with %r%s%s",
         __version__,
         options.machine,
         options.concurrency,
         options.exec_command,
-        options.workdir,
+        where_runs_work(options),
         mode,
     )
     if options.repos:
@@ -401,6 +411,17 @@ def announce_start(options: Options, brain: Brain) -> None:
         log.warning(
             "--allow-unverified: deliveries with a missing or wrong signature are accepted"
         )
+
+
+def where_runs_work(options: Options) -> str:
+    """Where each run's agent starts, as the start line says it (§5.3,
+    :func:`prohost.engine.run.staging.workdir_for`): with ``--repos``, its
+    conversation's worktree of the first checkout, never ``--workdir``."""
+    if not options.repos:
+        return f" in {options.workdir}"
+    first = checkout_names(options.repos)[0]
+    return (f", each run in its conversation's own worktree of {options.repos[0]} "
+            f"({options.home / WORKTREES_DIR}/<conversation>/{first})")
 
 
 def _is_root() -> bool:

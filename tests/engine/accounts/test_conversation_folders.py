@@ -23,7 +23,8 @@ from prohost.engine.accounts.book import DEFAULT_ACCOUNT
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps
-from prohost.engine.repos.worktrees import LANE_MARKER, lane_folder_name
+from prohost.engine.repos.lanemarker import LANE_MARKER, touch_marker
+from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.supervisor import upkeep
 from tests.kits.repos import isolate_git, lanes
@@ -137,7 +138,10 @@ async def test_without_worktrees_an_idle_conversation_s_folders_go_by_the_daily_
     for folder in left["conv:forgotten"]:
         for path in [folder, *folder.iterdir()]:
             os.utime(path, (start - 20 * DAY, start - 20 * DAY), follow_symlinks=False)
-    (home / "worktrees" / lane_folder_name("conv:worktrees")).mkdir(parents=True)
+    # Its worktrees folder has the name a person reads; its marker says whose it is.
+    kept = home / "worktrees" / "worktrees"
+    kept.mkdir(parents=True)
+    touch_marker(kept, "conv:worktrees", start)
     runs = {"run-2": HeldRun("run-2", "conv:held")}
     held: list[tuple[str, bool]] = []
 

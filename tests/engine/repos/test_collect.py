@@ -16,7 +16,8 @@ import trio.testing
 from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.repos.collect import GcEntry, collect_garbage
-from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager
+from prohost.engine.repos.lanemarker import LANE_MARKER
+from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.supervisor import upkeep
 from tests.kits.repos import commit_file, git, lanes, make_repo, real, worktree_paths
 

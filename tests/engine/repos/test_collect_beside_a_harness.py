@@ -17,7 +17,7 @@ import trio
 from prohost import __version__
 from prohost.commands import gc
 from prohost.commands.gc import gc_command
-from prohost.engine.repos.worktrees import LANE_MARKER
+from prohost.engine.repos.lanemarker import LANE_MARKER
 from prohost.engine.view.snapshot import (
     STATUS_FILE,
     RunRow,

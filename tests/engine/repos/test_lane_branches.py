@@ -1,4 +1,4 @@
-"""Each conversation's worktrees on a branch of its own, ``prohost/<lane folder>``
+"""Each conversation's worktrees on a branch of its own, ``prohost/<conversation>``
 (§5.1, issue 31 point 5), with real git in tmp_path."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import trio
 from prohost.engine.repos.collect import collect_garbage
 from prohost.engine.repos.gitcmd import GitError
 from prohost.engine.repos.startpoint import check_branch
-from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
+from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 from tests.kits.repos import commit_file, git, make_repo, only
@@ -25,7 +25,8 @@ DAY = 86400.0
 
 
 def branch_of(lane: str) -> str:
-    return f"prohost/{lane_folder_name(lane)}"
+    """A conversation's branch: its own name, as a person types it (issue 40 point 5)."""
+    return "prohost/" + lane.removeprefix("conv:")
 
 
 async def test_a_collected_conversation_gets_its_branch_and_commit_back(tmp_path: Path) -> None:

@@ -18,13 +18,9 @@ import pytest
 import trio
 
 from prohost.engine.repos import migrate
+from prohost.engine.repos.lanemarker import LANE_MARKER, read_marker
 from prohost.engine.repos.lanerepo import lane_repo
-from prohost.engine.repos.worktrees import (
-    LANE_MARKER,
-    WorktreeManager,
-    lane_folder_name,
-    read_marker,
-)
+from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 
 #: No git configuration of the machine reaches this module's repositories.
 from tests.kits.legacy import (
@@ -120,7 +116,7 @@ async def test_a_conversation_of_an_empty_repository_is_moved_unborn(tmp_path: P
 
 
 #: Steps after which the move is recorded: the next prepare finishes it.
-RECORDED = {"_record_move", "point", "forget"}
+RECORDED = {"record_move", "point", "forget"}
 
 
 def failing(real: Callable[..., Any], after: bool) -> Callable[..., Any]:

@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from prohost.engine.repos.gitcmd import GitPlaces, git_env, real_path
+from prohost.engine.repos.lanemarker import LANE_MARKER
 from prohost.engine.repos.worktrees import (
-    LANE_MARKER,
     RUN_REPOS_ENV,
     Checkout,
     CheckoutFailure,
@@ -45,9 +45,9 @@ async def test_two_lanes_get_their_own_worktrees_and_commit_independently(tmp_pa
         assert a.failures == b.failures == ()
         wt_a, wt_b = only(a.checkouts), only(b.checkouts)
         assert wt_a != wt_b
-        assert a.folder == home / "worktrees" / lane_folder_name("conv:A") == wt_a.parent
-        branch_a = f"prohost/{lane_folder_name('conv:A')}"
-        branch_b = f"prohost/{lane_folder_name('conv:B')}"
+        # Named as a person types them: the conversation's name (issue 40 point 5).
+        assert a.folder == home / "worktrees" / "A" == wt_a.parent
+        branch_a, branch_b = "prohost/A", "prohost/B"
         # In a repository of the conversation's own (§13), beside the worktree.
         common = real_path(wt_a.parent / ".prohost-repos" / "app.git")
         assert a.checkouts[0] == Checkout(
@@ -425,7 +425,7 @@ async def test_the_person_s_branches_resolve_in_the_worktree_as_they_are_now(
         again = await manager.prepare("conv:1")
         assert (await git(path, "rev-parse", "main")).strip() == theirs
         assert (await git(path, "rev-parse", "HEAD")).strip() == mine
-        assert again.checkouts[0].branch == f"prohost/{lane_folder_name('conv:1')}"
+        assert again.checkouts[0].branch == "prohost/1"
 
 
 async def test_the_lane_repository_borrows_the_person_s_objects_and_nothing_else(

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from prohost.engine.repos.collect import collect_garbage
-from prohost.engine.repos.worktrees import Checkout, WorktreeManager, lane_folder_name
+from prohost.engine.repos.worktrees import Checkout, WorktreeManager
 from prohost.engine.run.prompt import PromptContext, build_prompt
 from prohost.wire.runs import AgentRun
 from tests.kits.repos import (
@@ -56,7 +56,7 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
         assert prepared.failures == ()  # was: read-only, "invalid reference: HEAD"
         (checkout,) = prepared.checkouts
         path = Path(checkout.path)
-        branch = f"prohost/{lane_folder_name('conv:C1')}"
+        branch = "prohost/C1"
         assert checkout.branch == branch and checkout.unborn
         # Nothing in the person's repository changed: no branch, HEAD still unborn.
         assert await git(source, "for-each-ref") == ""
@@ -82,7 +82,7 @@ async def test_an_empty_repository_gets_a_worktree_the_agent_can_commit_in(
         assert only(again.checkouts) == path and not again.checkouts[0].unborn
         other = await manager.prepare("conv:C2")
         assert other.failures == ()
-        assert other.checkouts[0].branch == f"prohost/{lane_folder_name('conv:C2')}"
+        assert other.checkouts[0].branch == "prohost/C2"
         assert other.checkouts[0].unborn
         assert sorted(await worktree_paths(source, tmp_path / "home")) == real(
             source, path, Path(other.checkouts[0].path))
