@@ -20,6 +20,7 @@ are :mod:`prohost.engine.view.changelines`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from prohost.engine.view.statustext import (
     spend_line,
     waiting_reports_text,
 )
+from prohost.logfile import FILE_ONLY
 
 log = logging.getLogger("prohost.panel")
 
@@ -313,6 +315,8 @@ class Panel:
         self.source = source
         self.live = live
         self.changes = changes
+        #: The last picture whose changes were logged (:meth:`_say_changes`).
+        self._said: Snapshot | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Draw (or log) until cancelled; started once the first frame is up.
@@ -321,10 +325,26 @@ class Panel:
         screen (and the cursor shown again); the plain log just stops. A bug in
         drawing is logged and ends the panel, never the harness.
         """
-        if self.live:
-            await self._run_live(task_status)
-        else:
-            await self._run_plain(task_status)
+        self._said = None
+        try:
+            if self.live:
+                await self._run_live(task_status)
+            else:
+                await self._run_plain(task_status)
+        finally:
+            # The last change (the run that finished just before the exit, the
+            # drain's end) is said too: synchronous, so no cancellation cuts it.
+            with contextlib.suppress(Exception):
+                self._say_changes(finished(self.source()))
+
+    def _say_changes(self, current: Snapshot) -> None:
+        """Log what changed since the last call, one line each (``changelines``):
+        on the terminal in the plain mode, and in the log file in both, so that
+        ``agent logs`` says the same with the live panel as without it."""
+        extra = FILE_ONLY if self.live else None
+        for line in describe_change(self._said, current):
+            log.info("%s", line, extra=extra)
+        self._said = current
 
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
         # Without a change notice, one that never fires: only the clock wakes it.
@@ -333,6 +353,7 @@ class Panel:
         # looks or draws, wakes the first wait at once.
         seen = changes.seen()
         snapshot = self.source()
+        self._say_changes(snapshot)
         live = Live(
             render(snapshot, here=True),
             console=self.console,
@@ -379,6 +400,7 @@ class Panel:
             looked = trio.current_time()
             try:
                 snapshot = self.source()
+                self._say_changes(snapshot)
                 picture = (shown(snapshot), self.console.size)
                 if picture != drawn:
                     live.update(render(snapshot, here=True), refresh=True)
@@ -388,15 +410,11 @@ class Panel:
                 return
 
     async def _run_plain(self, task_status: trio.TaskStatus[None]) -> None:
-        previous: Snapshot | None = None
         task_status.started()
         while True:
             try:
-                current = self.source()
-                for line in describe_change(previous, current):
-                    log.info("%s", line)
+                self._say_changes(self.source())
             except Exception:
                 log.exception("the status log failed; the harness carries on without it")
                 return
-            previous = current
             await trio.sleep(PLAIN_POLL_S)
