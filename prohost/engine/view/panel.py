@@ -64,8 +64,9 @@ RECENT_SHOWN = 3
 
 
 def _label(conversation: str | None, run_id: str) -> str:
-    """The conversation, or for a run outside any conversation (a ``run:…`` lane) its id."""
-    return clean(conversation) if conversation else f"run {run_id}"
+    """The conversation, or for a run outside any conversation (a ``run:…`` lane) its
+    id, as short as the runs table shows it."""
+    return clean(conversation) if conversation else short_run_id(run_id)
 
 
 def _aged(value: float | None, by: float) -> float | None:
@@ -162,13 +163,17 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
     # Fixed widths for the short columns leave the rest to the activity, which is
     # the one that is cut: rich shrinks only what does not fit, and no column wraps.
     # No box: column rules cost three cells a column, which the activity needs more.
-    table = Table(box=None, show_edge=False, pad_edge=False, expand=True, padding=(0, 1),
+    # An agent that says nothing of what it does (a plain command) has no activity
+    # column at all: empty, it would take most of a wide window.
+    active = any(row.activity for row in runs)
+    table = Table(box=None, show_edge=False, pad_edge=False, expand=active, padding=(0, 1),
                   header_style="bold underline")
     table.add_column("conversation", no_wrap=True, overflow="ellipsis", max_width=14)
     table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=RUN_ID_SHOWN)
     table.add_column("state", no_wrap=True, width=9)
     table.add_column("elapsed", no_wrap=True, justify="right", width=7)
-    table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+    if active:
+        table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
     # How long the agent has printed nothing: a run that goes quiet is stopped once
     # this reaches --idle-timeout (shown in yellow in its last minute).
     table.add_column("quiet", no_wrap=True, justify="right", width=6)
@@ -177,17 +182,18 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
         quiet = _aged(row.quiet_s, drift)
         near = quiet is not None and row.idle_limit_s is not None \
             and row.idle_limit_s - quiet < 60
-        table.add_row(
-            # A run outside any conversation is its own lane: its id names it.
-            Text(clean(row.conversation), style="") if row.conversation
-            else Text(row.run_id, style="italic"),
+        cells: list[RenderableType] = [
+            # A run outside any conversation is its own lane: the run column names it.
+            Text(clean(row.conversation)) if row.conversation else Text("—", style="dim"),
             Text(short_run_id(row.run_id), style="dim"),
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             "—" if elapsed is None else compact_duration(elapsed),
-            Text(clean(row.activity or ""), style="dim"),
-            Text("" if quiet is None else compact_duration(quiet),
-                 style="bold yellow" if near else ""),
-        )
+        ]
+        if active:
+            cells.append(Text(clean(row.activity or ""), style="dim"))
+        cells.append(Text("" if quiet is None else compact_duration(quiet),
+                          style="bold yellow" if near else ""))
+        table.add_row(*cells)
     return table
 
 
