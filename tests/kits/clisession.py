@@ -56,10 +56,12 @@ class Background:
             self._open -= 1
             self._changed.notify_all()
 
-    def wait_line(self, *texts: str) -> str:
-        """The first line holding every one of ``texts``, once there is one."""
+    def wait_line(self, *texts: str, since: int = 0) -> str:
+        """The first line holding every one of ``texts``, once there is one; only
+        lines from the ``since``-th on (``len(lines)`` at an earlier moment)."""
         def found() -> str | None:
-            return next((line for line in self.lines if all(t in line for t in texts)), None)
+            return next((line for line in self.lines[since:]
+                         if all(t in line for t in texts)), None)
 
         with self._changed:
             self._changed.wait_for(lambda: found() is not None or self._open == 0,
