@@ -328,8 +328,9 @@ class Panel:
         """Draw (or log) until cancelled; started once the first frame is up.
 
         Cancelled: the live display stops with a last, current frame left on the
-        screen (and the cursor shown again); the plain log just stops. A bug in
-        drawing is logged and ends the panel, never the harness.
+        screen (and the cursor shown again), and the last changes are logged (in
+        both modes: synchronous, nothing to shield). A bug in drawing is logged
+        and ends the panel, never the harness.
         """
         self._said = None
         try:
