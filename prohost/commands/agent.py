@@ -271,7 +271,7 @@ async def supervise(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_obey_signals, receiver, harness, early)
                 if console is not None:
-                    _progress_to_the_file_only()  # the panel says it instead
+                    _quiet_progress_lines()  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live,
                                                  changes=harness.state_changed).run)
                 code = await harness.run()
@@ -279,7 +279,7 @@ async def supervise(
     return code
 
 
-def _progress_to_the_file_only() -> None:
+def _quiet_progress_lines() -> None:
     """Quiet the per-run progress lines: the panel logs each change instead, in
     the log file with the live panel and also on the terminal without it, so
     ``agent logs`` says the same either way."""
