@@ -356,6 +356,16 @@ def add_redaction(*secrets: str, logger_names: Iterable[str] = ("", "prohost")) 
 
 _installed_handler: logging.Handler | None = None
 
+#: A record with this attribute set (``extra=FILE_ONLY``) goes to the log file and
+#: not to the terminal: the live panel already shows what it says there, and the
+#: file must still say it (``agent logs`` reads the same lines with or without it).
+FILE_ONLY = {"prohost_file_only": True}
+
+
+class _NotFileOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "prohost_file_only", False)
+
 
 def log_handler(console: Console) -> logging.Handler:
     """A ``RichHandler`` on ``console``: on a live panel's console, log lines print
@@ -394,6 +404,7 @@ def setup_logging(
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         )
+    handler.addFilter(_NotFileOnly())
     root.addHandler(handler)
     _installed_handler = handler
     root.setLevel(logging.INFO)

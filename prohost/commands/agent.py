@@ -280,7 +280,7 @@ async def supervise(
                         cancel=functools.partial(_cancel_asked_here, harness),
                         bounds=harness.bounds))
                 if console is not None:
-                    _progress_to_the_file_only(live)  # the panel says it instead
+                    _quiet_progress_lines()  # the panel says it instead
                     await nursery.start(Panel(console, harness.snapshot, live=live,
                                                  changes=harness.state_changed).run)
                 code = await harness.run()
@@ -293,22 +293,11 @@ def _cancel_asked_here(harness: Harness, run_id: str) -> None:
     harness.cancel(run_id, LOCAL_CANCEL_REASON)
 
 
-class _NotProgress(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(lognames.RUNS)
-
-
-def _progress_to_the_file_only(live: bool) -> None:
-    """Keep the per-run progress lines off the terminal, where the panel shows the
-    same: with the live panel they still reach the log file (``agent logs`` shows
-    what ran); without it, the plain panel logs each change, to both."""
-    if not live:
-        progress_log.setLevel(logging.WARNING)
-        return
-    quiet = _NotProgress()
-    for handler in logging.getLogger().handlers:  # the terminal's (setup_logging)
-        if quiet not in handler.filters:
-            handler.addFilter(quiet)
+def _quiet_progress_lines() -> None:
+    """Quiet the per-run progress lines: the panel logs each change instead, in
+    the log file with the live panel and also on the terminal without it, so
+    ``agent logs`` says the same either way."""
+    progress_log.setLevel(logging.WARNING)
 
 
 async def _obey_signals(

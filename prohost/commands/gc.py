@@ -72,7 +72,10 @@ def _idle(seconds: float) -> str:
     if days >= 1:
         return f"{days:.1f} days"
     hours = seconds / 3600
-    return f"{hours:.1f} hours" if hours >= 1 else f"{seconds / 60:.0f} minutes"
+    if hours >= 1:
+        return f"{hours:.1f} hours"
+    minutes = round(seconds / 60)
+    return f"{minutes} minute" if minutes == 1 else f"{minutes} minutes"
 
 
 def format_entries(entries: list[GcEntry], *, older_than_days: float, dry_run: bool) -> list[str]:

@@ -570,9 +570,7 @@ def test_launchd_install_and_uninstall(
     assert "no prohost service is installed" in capsys.readouterr().out
 
 
-def test_repos_round_trip_once_options_has_them(tmp_path: Path) -> None:
-    if "repos" not in {field.name for field in attrs.fields(Options)}:
-        pytest.skip("Options has no repos field yet")
+def test_repos_round_trip(tmp_path: Path) -> None:
     env = install_env(tmp_path)
     for name in ("app", "lib b"):
         (tmp_path / name / ".git").mkdir(parents=True)

@@ -298,7 +298,7 @@ async def test_with_the_live_panel_the_log_file_still_says_what_ran(tmp_path: Pa
                 if fd >= 0:
                     os.close(fd)
     text = log_path(home).read_text()
-    assert f"✓ run {busy} finished" in text
+    assert f"✓ run {busy} (C1) finished" in text
     assert "drained: every run has finished" in text
     # The live panel drew (cursor moves), and the progress lines were kept off it.
     assert b"\x1b[" in shown and f"✓ run {busy} finished".encode() not in shown

@@ -55,13 +55,24 @@ AGENTS = {
 }
 
 
+def installed(agent: str) -> pytest.MarkDecorator:
+    """Skip unless ``agent``'s program is installed, saying so: decided before trio
+    starts, as a skip raised inside it would lose its reason."""
+    program = AGENTS[agent][0]
+    return pytest.mark.skipif(
+        not (CLI_DIR / program).exists(),
+        reason=f"{program} is not installed in {CLI_DIR} (.ci/run installs it with npm; "
+               "npm was missing or offline)")
+
+
+#: Every agent, each test skipped (and saying why) where it is not installed.
+EVERY_AGENT = [pytest.param(agent, marks=installed(agent)) for agent in sorted(AGENTS)]
+
+
 def setup_for(agent: str, url: str, home: Path) -> tuple[str, dict[str, str]]:
     """The ``--exec`` line and the environment that point ``agent`` at ``url``."""
     program, rest = AGENTS[agent]
     path = CLI_DIR / program
-    if not path.exists():
-        pytest.skip(f"{program} is not installed in {CLI_DIR} "
-                    "(.ci/run installs it with npm; npm was missing or offline)")
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "CODEX", "GEMINI",
                                   "GOOGLE_"))}
@@ -138,7 +149,7 @@ def asked_with(model: MockModel, words: str) -> Callable[[], bool]:
     return lambda: any(words in json.dumps(body) for _, body in model.requests)
 
 
-@pytest.mark.parametrize("agent", sorted(AGENTS))
+@pytest.mark.parametrize("agent", EVERY_AGENT)
 async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
     tmp_path: Path, agent: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -191,7 +202,7 @@ async def test_two_turns_share_a_session_and_a_cancel_stops_the_turn(
                 assert len(running.harness.groups) == 0
 
 
-@pytest.mark.parametrize("agent", sorted(AGENTS))
+@pytest.mark.parametrize("agent", EVERY_AGENT)
 async def test_a_permission_the_agent_asks_for_is_granted(tmp_path: Path, agent: str) -> None:
     model = MockModel(reply=REPLY)
     with trio.fail_after(180):
@@ -227,7 +238,7 @@ SAFE_ENDINGS = {
 }
 
 
-@pytest.mark.parametrize("agent", sorted(AGENTS))
+@pytest.mark.parametrize("agent", EVERY_AGENT)
 async def test_safe_tools_refuse_the_tool_and_the_turn_goes_on_where_the_agent_allows(
     tmp_path: Path, agent: str,
 ) -> None:
@@ -253,6 +264,7 @@ async def test_safe_tools_refuse_the_tool_and_the_turn_goes_on_where_the_agent_a
                 assert timeline and timeline[-1]["state"] == "error", timeline
 
 
+@installed("gemini")
 async def test_gemini_with_only_its_key_answers_turn_after_turn_in_one_session(
     tmp_path: Path,
 ) -> None:
@@ -286,6 +298,7 @@ async def test_gemini_with_only_its_key_answers_turn_after_turn_in_one_session(
                 assert said == [], said
 
 
+@installed("codex")
 async def test_codex_with_only_openai_api_key_is_logged_in_with_it(tmp_path: Path) -> None:
     """codex-acp reads ``OPENAI_API_KEY`` only once told to (``authenticate`` with its
     "openai-api-key" method): a provider that needs OpenAI's login gets the key."""

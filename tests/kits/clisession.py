@@ -9,6 +9,7 @@ condition until the line it needs has arrived (never on a clock).
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
 import threading
@@ -55,10 +56,12 @@ class Background:
             self._open -= 1
             self._changed.notify_all()
 
-    def wait_line(self, *texts: str) -> str:
-        """The first line holding every one of ``texts``, once there is one."""
+    def wait_line(self, *texts: str, since: int = 0) -> str:
+        """The first line holding every one of ``texts``, once there is one; only
+        lines from the ``since``-th on (``len(lines)`` at an earlier moment)."""
         def found() -> str | None:
-            return next((line for line in self.lines if all(t in line for t in texts)), None)
+            return next((line for line in self.lines[since:]
+                         if all(t in line for t in texts)), None)
 
         with self._changed:
             self._changed.wait_for(lambda: found() is not None or self._open == 0,
@@ -81,6 +84,61 @@ class Background:
                 self.proc.wait()
         for reader in self._readers:
             reader.join(timeout=10)
+
+
+class OnATerminal(Background):
+    """A started command whose stdout and stderr are a terminal (a pty), as when a
+    person types it: ``agent run`` draws its live panel there. ``lines`` holds the
+    screen's bytes as text, cut at newlines (frames included)."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        self.argv = list(argv)
+        main, side = pty.openpty()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, env={**env, "TERM": "xterm-256color", "COLUMNS": "160",
+                                "LINES": "40"},
+                cwd=cwd, stdin=subprocess.DEVNULL, stdout=side, stderr=side,
+                start_new_session=True,
+            )
+        finally:
+            os.close(side)
+        self.lines = []
+        self._changed = threading.Condition()
+        self._open = 1
+        self._readers = [threading.Thread(target=self._read_tty, args=(main,), daemon=True)]
+        self._readers[0].start()
+
+    def _read_tty(self, fd: int) -> None:
+        rest = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: every writer has gone
+                chunk = b""
+            if not chunk:
+                break
+            rest += chunk
+            *done, rest = rest.split(b"\n")
+            with self._changed:
+                self.lines.extend(line.decode("utf-8", "replace") for line in done)
+                self._changed.notify_all()
+        os.close(fd)
+        with self._changed:
+            self.lines.append(rest.decode("utf-8", "replace"))
+            self._open = 0
+            self._changed.notify_all()
+
+
+@contextmanager
+def on_a_terminal(argv: Sequence[str], env: Mapping[str, str],
+                  cwd: Path) -> Iterator[Background]:
+    """:class:`OnATerminal`, stopped (Ctrl-C) on the way out."""
+    started = OnATerminal(argv, env, cwd)
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
 @contextmanager

@@ -15,9 +15,9 @@ from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 T0 = 1_700_000_000.0
 
 
-def recording_console(**kwargs: object) -> Console:
-    """A console that records what is printed: 80 columns, no colour."""
-    return Console(file=io.StringIO(), width=80, record=True, color_system=None,
+def recording_console(width: int = 80, **kwargs: object) -> Console:
+    """A console that records what is printed: 80 columns (or ``width``), no colour."""
+    return Console(file=io.StringIO(), width=width, record=True, color_system=None,
                    **kwargs)  # type: ignore[arg-type]
 
 

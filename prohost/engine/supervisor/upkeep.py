@@ -24,7 +24,7 @@ import trio
 
 from prohost import __version__
 from prohost.engine import lognames
-from prohost.engine.accounts.book import AccountBook
+from prohost.engine.accounts.book import AccountBook, folder_variables
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains.base import Brain
 from prohost.engine.agent.environment import SCRATCH_NAME_CHARS
@@ -132,8 +132,28 @@ async def announce_resets(book: AccountBook, gate: AccountGate,
         gate.book_moved()
 
 
-async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> None:
-    """Ask the agent CLI its version once, for the status message (§5.7).
+#: Under ``$PROHOST_HOME``: the CLI folders the version probe's CLI is given.
+PROBE_FOLDERS = Path("cli") / "version-probe"
+
+
+def _probe_env(brain: Brain, env: Mapping[str, str], home: Path) -> dict[str, str]:
+    """``env`` with each of the CLI's own folder variables that it does not set
+    pointed at a folder of the harness's (made): asked its version, Codex makes its
+    folder (``~/.codex/tmp``) and the person's home is never where prohost makes
+    anything. Blocking."""
+    probed = dict(env)
+    for variable in folder_variables(brain.name):
+        if not probed.get(variable, "").strip():
+            folder = home / PROBE_FOLDERS / variable.lower()
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            probed[variable] = str(folder)
+    return probed
+
+
+async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts, *,
+                      home: Path) -> None:
+    """Ask the agent CLI its version once, for the status message (§5.7), with
+    its folders in ``home`` (``$PROHOST_HOME``) where ``env`` names none.
 
     Cancelled: ``trio.run_process`` kills the CLI; the version stays unknown.
     """
@@ -142,6 +162,9 @@ async def probe_brain(brain: Brain, env: Mapping[str, str], facts: Facts) -> Non
         return
     with trio.move_on_after(BRAIN_PROBE_TIMEOUT_S):
         try:
+            # A mkdir -p: abandoning it (the thread goes on) leaves nothing half done.
+            env = await trio.to_thread.run_sync(_probe_env, brain, env, home,
+                                                abandon_on_cancel=True)
             result = await trio.run_process(
                 command, shell=True, capture_stdout=True, capture_stderr=True,
                 check=False, env=env, stdin=b"",
@@ -367,7 +390,8 @@ class Chores:
             if self.worktrees:
                 nursery.start_soon(daily.collect_worktrees_daily)
             nursery.start_soon(daily.collect_conversations_daily)
-        nursery.start_soon(probe_brain, seen.brain, self.env, seen.facts)
+        nursery.start_soon(functools.partial(probe_brain, seen.brain, self.env, seen.facts,
+                                             home=seen.options.home))
         if self.gate is not None:
             nursery.start_soon(announce_resets, seen.book, self.gate, seen.clock)
         if not seen.options.dry_run:

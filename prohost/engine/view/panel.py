@@ -20,6 +20,7 @@ are :mod:`prohost.engine.view.changelines`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from prohost.engine.view.statustext import (
     spend_line,
     waiting_reports_text,
 )
+from prohost.logfile import FILE_ONLY
 
 log = logging.getLogger("prohost.panel")
 
@@ -62,8 +64,9 @@ RECENT_SHOWN = 3
 
 
 def _label(conversation: str | None, run_id: str) -> str:
-    """The conversation, or for a run outside any conversation (a ``run:…`` lane) its id."""
-    return clean(conversation) if conversation else f"run {run_id}"
+    """The conversation, or for a run outside any conversation (a ``run:…`` lane) its
+    id, as short as the runs table shows it."""
+    return clean(conversation) if conversation else short_run_id(run_id)
 
 
 def _aged(value: float | None, by: float) -> float | None:
@@ -160,13 +163,17 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
     # Fixed widths for the short columns leave the rest to the activity, which is
     # the one that is cut: rich shrinks only what does not fit, and no column wraps.
     # No box: column rules cost three cells a column, which the activity needs more.
-    table = Table(box=None, show_edge=False, pad_edge=False, expand=True, padding=(0, 1),
+    # An agent that says nothing of what it does (a plain command) has no activity
+    # column at all: empty, it would take most of a wide window.
+    active = any(row.activity for row in runs)
+    table = Table(box=None, show_edge=False, pad_edge=False, expand=active, padding=(0, 1),
                   header_style="bold underline")
     table.add_column("conversation", no_wrap=True, overflow="ellipsis", max_width=14)
     table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=RUN_ID_SHOWN)
     table.add_column("state", no_wrap=True, width=9)
     table.add_column("elapsed", no_wrap=True, justify="right", width=7)
-    table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+    if active:
+        table.add_column("activity", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
     # How long the agent has printed nothing: a run that goes quiet is stopped once
     # this reaches --idle-timeout (shown in yellow in its last minute).
     table.add_column("quiet", no_wrap=True, justify="right", width=6)
@@ -175,17 +182,18 @@ def _runs_table(runs: Sequence[RunRow], drift: float) -> Table:
         quiet = _aged(row.quiet_s, drift)
         near = quiet is not None and row.idle_limit_s is not None \
             and row.idle_limit_s - quiet < 60
-        table.add_row(
-            # A run outside any conversation is its own lane: its id names it.
-            Text(clean(row.conversation), style="") if row.conversation
-            else Text(row.run_id, style="italic"),
+        cells: list[RenderableType] = [
+            # A run outside any conversation is its own lane: the run column names it.
+            Text(clean(row.conversation)) if row.conversation else Text("—", style="dim"),
             Text(short_run_id(row.run_id), style="dim"),
             Text(row.state, style=_STATE_STYLE.get(row.state, "")),
             "—" if elapsed is None else compact_duration(elapsed),
-            Text(clean(row.activity or ""), style="dim"),
-            Text("" if quiet is None else compact_duration(quiet),
-                 style="bold yellow" if near else ""),
-        )
+        ]
+        if active:
+            cells.append(Text(clean(row.activity or ""), style="dim"))
+        cells.append(Text("" if quiet is None else compact_duration(quiet),
+                          style="bold yellow" if near else ""))
+        table.add_row(*cells)
     return table
 
 
@@ -313,18 +321,37 @@ class Panel:
         self.source = source
         self.live = live
         self.changes = changes
+        #: The last picture whose changes were logged (:meth:`_say_changes`).
+        self._said: Snapshot | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Draw (or log) until cancelled; started once the first frame is up.
 
         Cancelled: the live display stops with a last, current frame left on the
-        screen (and the cursor shown again); the plain log just stops. A bug in
-        drawing is logged and ends the panel, never the harness.
+        screen (and the cursor shown again), and the last changes are logged (in
+        both modes: synchronous, nothing to shield). A bug in drawing is logged
+        and ends the panel, never the harness.
         """
-        if self.live:
-            await self._run_live(task_status)
-        else:
-            await self._run_plain(task_status)
+        self._said = None
+        try:
+            if self.live:
+                await self._run_live(task_status)
+            else:
+                await self._run_plain(task_status)
+        finally:
+            # The last change (the run that finished just before the exit, the
+            # drain's end) is said too: synchronous, so no cancellation cuts it.
+            with contextlib.suppress(Exception):
+                self._say_changes(finished(self.source()))
+
+    def _say_changes(self, current: Snapshot) -> None:
+        """Log what changed since the last call, one line each (``changelines``):
+        on the terminal in the plain mode, and in the log file in both, so that
+        ``agent logs`` says the same with the live panel as without it."""
+        extra = FILE_ONLY if self.live else None
+        for line in describe_change(self._said, current):
+            log.info("%s", line, extra=extra)
+        self._said = current
 
     async def _run_live(self, task_status: trio.TaskStatus[None]) -> None:
         # Without a change notice, one that never fires: only the clock wakes it.
@@ -333,6 +360,7 @@ class Panel:
         # looks or draws, wakes the first wait at once.
         seen = changes.seen()
         snapshot = self.source()
+        self._say_changes(snapshot)
         live = Live(
             render(snapshot, here=True),
             console=self.console,
@@ -379,6 +407,7 @@ class Panel:
             looked = trio.current_time()
             try:
                 snapshot = self.source()
+                self._say_changes(snapshot)
                 picture = (shown(snapshot), self.console.size)
                 if picture != drawn:
                     live.update(render(snapshot, here=True), refresh=True)
@@ -388,15 +417,11 @@ class Panel:
                 return
 
     async def _run_plain(self, task_status: trio.TaskStatus[None]) -> None:
-        previous: Snapshot | None = None
         task_status.started()
         while True:
             try:
-                current = self.source()
-                for line in describe_change(previous, current):
-                    log.info("%s", line)
+                self._say_changes(self.source())
             except Exception:
                 log.exception("the status log failed; the harness carries on without it")
                 return
-            previous = current
             await trio.sleep(PLAIN_POLL_S)

@@ -23,10 +23,16 @@ def isolated_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def confined_git(tmp_path: Path) -> AsyncIterator[ConfinedGit]:
-    """A :class:`ConfinedGit` that reads ``tmp_path`` (skips where bubblewrap cannot run)."""
+def bubblewrap_here() -> None:
+    """Skip where bubblewrap cannot confine, saying why: a sync fixture, so the skip
+    happens before trio starts and keeps its reason."""
     support = probe()
     if support.kind != "bwrap":
         pytest.skip(f"no bubblewrap confinement here: {support.reason}")
+
+
+@pytest.fixture
+async def confined_git(tmp_path: Path, bubblewrap_here: None) -> AsyncIterator[ConfinedGit]:
+    """A :class:`ConfinedGit` that reads ``tmp_path`` (skips where bubblewrap cannot run)."""
     async with ConfinedGit(bwrap_confine(), [tmp_path], tmp_path / "scratch") as run:
         yield run

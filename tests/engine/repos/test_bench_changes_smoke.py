@@ -8,7 +8,6 @@ import argparse
 import pytest
 import trio
 
-from prohost.engine.sandbox import probe
 from tests.kits.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("isolated_git")
@@ -29,11 +28,9 @@ async def test_every_case_runs_and_writes_no_object(
     assert "one 1 MB file" in capsys.readouterr().out
 
 
-async def test_a_confined_comparison_is_one_confined_process() -> None:
+async def test_a_confined_comparison_is_one_confined_process(bubblewrap_here: None) -> None:
     """Where runs are confined by bubblewrap, every git of a run's end runs in one
     confined process (``procs``), with the same files listed."""
-    if probe().kind != "bwrap":
-        pytest.skip("no bubblewrap here")
     bench = load_script("bench_changes")
     with trio.fail_after(60):
         figures = await bench.main_async(argparse.Namespace(

@@ -13,7 +13,12 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
+from prohost.commands.gc import (
+    DEFAULT_OLDER_THAN_DAYS,
+    format_entries,
+    gc_command,
+    parse_older_than,
+)
 from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.lanemarker import LANE_MARKER
@@ -305,3 +310,16 @@ async def test_the_harness_holds_the_lane_while_collecting_its_worktrees(
             await server.wait_until(finished(arrived[0]))
             # The turn found its checkout made afresh, after the old one was removed.
             assert (folder / source.name / ".git").exists()
+
+
+@pytest.mark.parametrize(("idle_s", "said"), [
+    (60.0, "idle 1 minute)"), (30.0, "idle 0 minutes)"), (600.0, "idle 10 minutes)"),
+    (5400.0, "idle 1.5 hours)"), (3 * 86400.0, "idle 3.0 days)"),
+])
+def test_the_report_says_how_long_a_conversation_was_idle_in_words(
+    idle_s: float, said: str,
+) -> None:
+    entry = GcEntry(lane_folder=Path("/h/lanes/conv-a"), lane="conv:a", idle_s=idle_s,
+                    worktrees=(), action="kept-busy", detail="a run holds it")
+    [line, _] = format_entries([entry], older_than_days=14, dry_run=True)
+    assert said in line, line

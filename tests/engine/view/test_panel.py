@@ -58,14 +58,47 @@ def test_connected_with_runs() -> None:
     assert "running" in rows["C42"] and "3m12s" in rows["C42"]
     assert "Edit src/auth/session.py" in rows["C42"]
     assert "run_3f2a9…" in rows["C42"]
-    # A run outside any conversation is named by its run id.
-    assert "45 s" in rows["run_77aa01bc9…"] and rows["run_77aa01bc9…"].endswith("14m22s")
+    # A run outside any conversation is named by its run id, once.
+    assert "45 s" in rows["—"] and rows["—"].endswith("14m22s")
+    assert rows["—"].split()[1] == "run_77aa0…" and rows["—"].count("run_77aa") == 1
     assert "reporting" in rows["C7"] and "1h05m" in rows["C7"]
     assert "recent" in rows
     assert "C40" in rows["✓"] and "3m12s" in rows["✓"] and "2 min ago" in rows["✓"]
     assert "C41" in rows["✗"] and "ModuleNotFoundError" in rows["✗"]
     assert "waiting for runs" not in text
     assert_fits(text)
+
+
+def test_a_plain_agent_s_runs_take_no_empty_activity_column_in_a_wide_window() -> None:
+    """An agent that says nothing of what it does (a plain command) gets no
+    activity column: its rows stay as short as their facts, however wide the window."""
+    runs = (RunRow(run_id="run_c35c9c9b2c5a", lane="run:run_c35c9c9b2c5a", conversation=None,
+                   state="running", elapsed_s=12.0, quiet_s=3.0),
+            RunRow(run_id="run_0b1c2d3e4f5a", lane="conv:C7", conversation="C7",
+                   state="running", elapsed_s=45.0, quiet_s=1.0))
+    console = recording_console(width=160)
+    console.print(render(base(runs=runs, slots_used=2)))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if line.startswith("conversation"))
+    assert "activity" not in header
+    rows = [line for line in lines if "running" in line]
+    assert len(rows) == 2 and all(len(line.rstrip()) < 60 for line in rows), rows
+    assert rows[0].split() == ["—", "run_c35c9…", "running", "12", "s", "3", "s"]
+    # With an activity to show, the column is back and takes the room.
+    console = recording_console(width=160)
+    console.print(render(base(runs=(attrs.evolve(runs[1], activity="Edit a.py"),))))
+    text = console.export_text()
+    assert "activity" in text and "Edit a.py" in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) > 140
+
+
+def test_a_finished_run_outside_any_conversation_is_named_by_its_short_id() -> None:
+    finished = (FinishedRow(run_id="run_c35c9c9b2c5a", conversation=None, ok=True, error=None,
+                            duration_s=2.0, finished_at=T0 - 5),)
+    text = picture(base(finished=finished))
+    [row] = [line for line in text.splitlines() if line.startswith("✓")]
+    assert row.split()[1] == "run_c35c9…", row
+    assert "run run_" not in text
 
 
 def test_long_activity_conversation_and_error_are_cut_to_80_columns() -> None:

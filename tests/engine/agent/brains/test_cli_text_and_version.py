@@ -80,5 +80,36 @@ async def test_the_version_comes_from_a_program_named_through_home(
     assert brain.name == cli
     facts = Facts(on_change=lambda: None)
     with trio.fail_after(30):
-        await probe_brain(brain, {**os.environ, "HOME": str(user_home)}, facts)
+        await probe_brain(brain, {**os.environ, "HOME": str(user_home)}, facts,
+                          home=tmp_path / "prohost-home")
     assert facts.brain_version == VERSIONS[cli]
+
+
+#: A CLI that, asked its version, makes its folder as codex 0.171 does (its helper
+#: programs go in ``$CODEX_HOME/tmp``, ``~/.codex`` without the variable).
+MAKES_ITS_FOLDER = {
+    "codex": '#!/bin/sh\nmkdir -p "${CODEX_HOME:-$HOME/.codex}/tmp"\necho 9.9.9\n',
+    "claude": '#!/bin/sh\nmkdir -p "${CLAUDE_CONFIG_DIR:-$HOME/.claude}"\necho 9.9.9\n',
+}
+
+
+@pytest.mark.parametrize("cli", ["claude", "codex"])
+async def test_asking_the_version_makes_nothing_in_the_person_s_home(
+    tmp_path: Path, cli: str,
+) -> None:
+    user_home = tmp_path / "user"
+    user_home.mkdir()
+    program = tmp_path / "bin" / cli
+    program.parent.mkdir()
+    program.write_text(MAKES_ITS_FOLDER[cli])
+    program.chmod(0o755)
+    brain = brain_for("auto", f"{program} -p")
+    assert brain.name == cli
+    facts = Facts(on_change=lambda: None)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("CODEX_HOME", "CLAUDE_CONFIG_DIR")}
+    with trio.fail_after(30):
+        await probe_brain(brain, {**env, "HOME": str(user_home)}, facts,
+                          home=tmp_path / "prohost-home")
+    assert facts.brain_version == "9.9.9"
+    assert list(user_home.iterdir()) == []  # no ~/.codex, no ~/.claude
