@@ -37,8 +37,9 @@ awaits of its trio task, so calls made in a task of their own (a nursery's
 **The run's path** is what the tasks that carry the run do: by default only calls
 whose trio task is one of those (the link's reader, which takes the frame and
 admits the run, in the harness's ``_guard_link`` task; the scheduler's; the run's
-own work task and the tasks it starts, such as its timeline's). Tasks that only look at the harness meanwhile (status.json,
-the beacon's heartbeats, the outbox's loop) are listed apart with ``--all-tasks``.
+own work task and the tasks it starts, such as its timeline's). Tasks that only
+look at the harness meanwhile (status.json, the beacon's heartbeats, the outbox's
+loop) are listed apart with ``--all-tasks``.
 
 Printed: the count, each back-and-forth, and the path: the rooms in the order the
 run's calls entered them (a room listed again each time the path comes back to

@@ -18,6 +18,7 @@ from prohost.engine.lanes.scheduler import (
     QueueFullError,
     Scheduler,
     SchedulerStatistics,
+    Slot,
 )
 from tests.kits.lanes import until_idle
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.protocol("§4")
 
 def pop_key(q: LaneQueue[str]) -> str | None:
     ready = q.pop_ready()
-    return None if ready is None else ready[0]
+    return None if ready is None else ready.key
 
 
 def queue_of(*keys: str) -> LaneQueue[str]:
@@ -44,7 +45,8 @@ def queue_of(*keys: str) -> LaneQueue[str]:
 
 def test_one_lane_runs_in_push_order_and_never_overlaps() -> None:
     q = queue_of("a1", "a2", "a3")
-    assert q.pop_ready() == ("a1", "A", "A1")
+    ready = q.pop_ready()
+    assert ready is not None and (ready.key, ready.lane, ready.item) == ("a1", "A", "A1")
     # Lane busy: its next item must wait even though it is the oldest queued.
     assert q.pop_ready() is None
     q.release("A")
@@ -204,9 +206,9 @@ def test_matches_the_naive_scan_on_random_workloads() -> None:
                 ready = q.pop_ready()
                 ops.append(("pop", "", ""))
                 if ready is not None:
-                    started.append(ready[0])
-                    queued.remove(ready[0])
-                    running[ready[1]] = ready[0]
+                    started.append(ready.key)
+                    queued.remove(ready.key)
+                    running[ready.lane] = ready.key
             elif running:
                 lane = rng.choice(sorted(running))
                 del running[lane]
@@ -237,7 +239,7 @@ class Harness:
     def gate(self, key: str) -> trio.Event:
         return self.gates.setdefault(key, trio.Event())
 
-    async def work(self, key: str, lane: str) -> None:
+    async def work(self, key: str, lane: str, slot: Slot) -> None:
         self.started.append(key)
         if any(self.lane_of[k] == lane for k in self.running):
             self.lane_overlap = True
@@ -421,7 +423,7 @@ async def test_cancelling_run_cancels_running_work_and_keeps_the_queue() -> None
 
 @pytest.mark.parametrize("limit", [0, MAX_CONCURRENCY + 1])
 def test_limit_is_bounded(limit: int) -> None:
-    async def work(key: str, item: None) -> None:
+    async def work(key: str, item: None, slot: Slot) -> None:
         raise AssertionError("never called")
 
     with pytest.raises(ValueError, match="limit"):
@@ -472,12 +474,13 @@ async def test_a_released_slot_starts_another_lane_while_the_lane_stays_busy() -
         released: dict[str, trio.Event] = {}
         started: list[str] = []
 
-        async def work(key: str, item: str) -> None:
+        async def work(key: str, item: str, slot: Slot) -> None:
             started.append(key)
             await h.gate(key).wait()
             # The agent is done; the report would take a while.
-            sched.release_slot(key)
-            sched.release_slot(key)  # idempotent
+            slot.release()
+            slot.release()  # idempotent
+            assert not slot.held
             await released.setdefault(key, trio.Event()).wait()
 
         h = Harness()

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from prohost.commands.gc import DEFAULT_OLDER_THAN_DAYS, gc_command, parse_older_than
-from prohost.engine.lanes.scheduler import Scheduler
+from prohost.engine.lanes.scheduler import Scheduler, Slot
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.worktrees import LANE_MARKER, WorktreeManager
 from prohost.engine.supervisor import upkeep
@@ -234,7 +234,7 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
         seen: list[tuple[str, bool]] = []
         turned = trio.Event()
 
-        async def turn(key: str, lane: str) -> None:
+        async def turn(key: str, lane: str, slot: Slot) -> None:
             seen.append((key, folder.exists()))
             assert (await manager.prepare(lane)).failures == ()
             turned.set()
