@@ -182,9 +182,8 @@ class Harness:
         outbox = self.outbox
         self.stopping = False
         self.exit_code = 0
-        #: Told of every change of runs, connection or drain; and of status.json's writes.
+        #: Told of every change of runs, connection or drain.
         self.state_changed = Changes()
-        self.status_written = Changes()
         self.observed = Observed(
             options=options, server=endpoints.ws_url, brain=self.brain, facts=self.facts,
             runs=self.held, book=self.book, clock=clock, link=self.link.statistics,
@@ -196,7 +195,7 @@ class Harness:
                              functools.partial(heartbeat_runs, self.held, outbox))
         self.chores = Chores(
             seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
-            changes=self.state_changed, status_written=self.status_written, steps=self.steps,
+            changes=self.state_changed, steps=self.steps,
             gate=None if self.runner is None else self.gate,
             worktrees=self.worktrees.enabled, git_confine=git_confinement(self.sandbox))
         self._done = trio.Event()
@@ -528,6 +527,3 @@ class Harness:
         """A frozen picture of this moment, for the panel and ``agent status``."""
         return take_snapshot(self.observed)
 
-    async def next_status_write(self) -> None:
-        """Return after ``status.json`` is next written. Cancelling only stops the wait."""
-        await self.status_written.wait()

@@ -87,11 +87,13 @@ class Slot:
         """Whether this slot is still taken from the limit."""
         return self._scheduler is not None
 
-    def release(self) -> None:
-        """Give the slot back now. Idempotent; never blocks."""
+    def release(self) -> bool:
+        """Give the slot back now; True if this call did. Idempotent; never blocks."""
         scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            scheduler._slot_freed(self._key)
+        if scheduler is None:
+            return False
+        scheduler._slot_freed(self._key)
+        return True
 
 
 @attrs.frozen

@@ -65,16 +65,17 @@ INTERNAL_ERROR_CHARS = 300
 
 class Slot(Protocol):
     """The run's concurrency slot, as the scheduler hands it (``lanes.scheduler.Slot``):
-    the run gives it back itself once its agent has ended. Idempotent."""
+    the run gives it back itself once its agent has ended; True if that call did.
+    Idempotent."""
 
-    def release(self) -> None: ...
+    def release(self) -> bool: ...
 
 
 class _NoSlot:
     """``Runner.run`` without a scheduler slot to give back."""
 
-    def release(self) -> None:
-        pass
+    def release(self) -> bool:
+        return False
 
 
 NO_SLOT: Slot = _NoSlot()
@@ -194,8 +195,8 @@ class Runner:
     def _release(self, slot: Slot) -> None:
         """Give the run's slot back (idempotent); those waiting on the scheduler's
         figures look again."""
-        slot.release()
-        self._on_change()
+        if slot.release():
+            self._on_change()
 
     async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
                           finished_at: float | None = None) -> None:

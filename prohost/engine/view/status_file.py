@@ -217,10 +217,10 @@ def _spend_rows(rows: list[SpendRow]) -> tuple[SpendRow, ...]:
 
 
 async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
-                           written: Changes, home: Path, bounds: Bounds) -> None:
+                           home: Path, bounds: Bounds) -> None:
     """Keep ``home/status.json`` current with ``take()``: on every change, at most
     once a second, and every few seconds regardless (its age says the harness is
-    alive); ``written`` is told after each write.
+    alive).
 
     Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
     plainly that no harness is running. Every write and the removal are bounded by
@@ -248,7 +248,6 @@ async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
                                        what=f"writing {home / STATUS_FILE}")
             except OSError as exc:
                 log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-            written.notify()
             await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
             # Elapsed times move while runs execute; otherwise only changes matter.
             with trio.move_on_after(
