@@ -102,6 +102,10 @@ class Harness:
         timing: ReportTiming | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
+        #: Told of every change of runs, connection or drain: every part is handed
+        #: its ``notify`` (the beacon and the status file wait on it).
+        self.state_changed = Changes()
+        changed = self.state_changed.notify
         #: Epoch seconds, for the accounts' resets (§12); tests move it with trio's.
         self.clock = clock
         self.endpoints = endpoints
@@ -122,7 +126,7 @@ class Harness:
         self.scheduler: Scheduler[HeldRun | ReportOnly] = Scheduler(
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
-                         on_change=self.changed)
+                         on_change=changed)
         self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
         #: The agent accounts (--account) and their usage limits (docs/protocol.md §12).
         #: Without --account, the default account's CLI folders are the harness's own
@@ -134,15 +138,15 @@ class Harness:
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
         #: What the harness learnt about itself (version, model, latest runs).
-        self.facts = Facts(on_change=self.changed, model=self.brain.configured_model())
+        self.facts = Facts(on_change=changed, model=self.brain.configured_model())
         #: Where runs' MCP folders go (each named by a digest of its run id).
         self.scratch_root = options.home / "runs"
         #: Which account each run starts on, and the wait while none can (§12).
         self.gate = AccountGate(
-            self.book, limit_wait_s=options.limit_wait_s, clock=clock, on_change=self.changed,
+            self.book, limit_wait_s=options.limit_wait_s, clock=clock, on_change=changed,
             save_limits=self.steps.save_limits if self.steps is not None else _no_ledger)
-        self.held = HeldRuns(on_change=self.changed)
-        self.queue = RunQueue(self.scheduler, self.bodies, self.changed)
+        self.held = HeldRuns(on_change=changed)
+        self.queue = RunQueue(self.scheduler, self.bodies, changed)
         policy = AdmissionPolicy(max_queued=options.max_queued,
                                  allow_unverified=options.allow_unverified)
         #: The ledger's parts: none in a dry run, which answers deliveries from
@@ -156,7 +160,7 @@ class Harness:
         else:
             #: Reports that outlived their retry window, tried again (§7).
             self.outbox = Outbox(self.reporter, self.steps, timing=self.timing,
-                                 on_change=self.changed)
+                                 on_change=changed)
             setup = AgentSetup(
                 self.brain,
                 ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
@@ -168,8 +172,8 @@ class Harness:
                                       scratch_root=self.scratch_root, sandbox=self.sandbox,
                                       agent=self.brain.folders_owner),
                 attempts=Attempts(setup=setup, steps=self.steps, gate=self.gate, clock=clock,
-                                  on_change=self.changed),
-                on_change=self.changed, on_outcome=self.facts.note_outcome,
+                                  on_change=changed),
+                on_change=changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies,
             )
             self.recovery = Recovery(
@@ -182,8 +186,6 @@ class Harness:
         outbox = self.outbox
         self.stopping = False
         self.exit_code = 0
-        #: Told of every change of runs, connection or drain.
-        self.state_changed = Changes()
         self.observed = Observed(
             options=options, server=endpoints.ws_url, brain=self.brain, facts=self.facts,
             runs=self.held, book=self.book, clock=clock, link=self.link.statistics,
@@ -192,7 +194,8 @@ class Harness:
             draining=lambda: self.queue.draining, stopping=lambda: self.stopping,
             confinement=self.sandbox.describe())
         self.beacon = Beacon(functools.partial(status_message, self.observed),
-                             functools.partial(heartbeat_runs, self.held, outbox))
+                             functools.partial(heartbeat_runs, self.held, outbox),
+                             self.state_changed)
         self.chores = Chores(
             seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
             changes=self.state_changed, steps=self.steps,
@@ -514,7 +517,6 @@ class Harness:
         self.held.release(held)
 
     def changed(self) -> None:
-        self.beacon.poke()
         self.state_changed.notify()
 
     async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
