@@ -7,7 +7,8 @@ changed."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+
 import trio
 
 from tests.kits.scripts import load_script
@@ -15,7 +16,7 @@ from tests.kits.scripts import load_script
 trace_run = load_script("trace_run")
 
 
-async def test_one_run_has_few_back_and_forths(tmp_path: pytest.TempPathFactory) -> None:
+async def test_one_run_has_few_back_and_forths(tmp_path: Path) -> None:
     with trio.fail_after(60):
         trace = await trace_run.trace_one_run(tmp_path)
     assert trace.completion is not None and trace.completion["ok"] is True, trace.completion
