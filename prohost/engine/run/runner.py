@@ -48,6 +48,7 @@ from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.ending import Ending, Tally, since_restart
 from prohost.engine.run.execute import AgentSetup, ToolEventSink
 from prohost.engine.run.heldrun import HeldRun, Phase
+from prohost.engine.run.progress import Progress
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.workspace import Workspaces
 from prohost.wire.outcomes import internal_error, without_local_paths
@@ -115,7 +116,7 @@ class Runner:
         workspaces: Workspaces,
         attempts: Attempts,
         on_change: Callable[[], None],
-        on_outcome: Callable[[HeldRun, Outcome], None],
+        on_outcome: Callable[[str, str, Progress, Outcome], None],
         bodies: QueuedBodies | None = None,
     ) -> None:
         self.steps = steps
@@ -219,7 +220,7 @@ class Runner:
             if not recorded:
                 await self._finish(held, outcome)
             else:
-                self._on_outcome(held, outcome)
+                self._on_outcome(held.run_id, held.lane, held.progress, outcome)
                 held.move_to(Phase.REPORTING, self._on_change)
             await self._report(held, outcome, finished_at)
         if held.dropped:
@@ -399,7 +400,7 @@ class Runner:
         Cancelled: as :meth:`LedgerSteps.finished`; the outcome is not posted, and
         the next start reports the run where the ledger has it.
         """
-        self._on_outcome(held, outcome)
+        self._on_outcome(held.run_id, held.lane, held.progress, outcome)
         held.move_to(Phase.REPORTING, self._on_change)
         await self.steps.finished(held.run_id, outcome.to_json(), turn)
 
