@@ -4,6 +4,8 @@ A run's life, and who owns each step::
 
     delivery ─ admission: classify, steps.admit, hold, scheduler.submit, ack   (the reader)
     scheduler ─ _work ─ runner: started, attempts, finished, report             (one task)
+    cancelled while queued, drained, recovered ─ queue.settle ─ scheduler ─ _work
+        ─ runner.settle_only: finished, report           (its lane's turn, no slot)
 
 Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
 stops the agent (the run is still reported: a cancel, a second signal) and
