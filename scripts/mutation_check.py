@@ -196,7 +196,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "restart re-queues started rows",
         _one(RECOVERY,
-             "            self.settle(held, Outcome.failure(interrupted, retryable=True))\n",
+             "            self.queue.settle(held, Outcome.failure(interrupted, retryable=True))\n",
              "            self.queue.put(held, row.body)\n"),
         "a run that may have run is run again after a restart",
     ),

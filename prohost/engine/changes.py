@@ -1,6 +1,7 @@
 """A change notice: any number of tasks wait for "something changed", and one call
-wakes them all. The harness's state (runs, connection, drain) and the status file's
-writes are each one; a waiter re-checks what it cares about after every wake-up.
+wakes them all. The harness's state (runs, connection, drain) is one: every part is
+handed its ``notify``, and the beacon, status.json, the panel and ``wait_until`` wait
+on it; a waiter re-checks what it cares about after every wake-up.
 
 Notices are counted, so a waiter that looks at the state, then does other awaiting
 work (writes a file, sleeps), and only then waits, does not lose a notice made in

@@ -4,6 +4,8 @@ A run's life, and who owns each step::
 
     delivery ─ admission: classify, steps.admit, hold, scheduler.submit, ack   (the reader)
     scheduler ─ _work ─ runner: started, attempts, finished, report             (one task)
+    cancelled while queued, drained, recovered ─ queue.settle ─ scheduler ─ _work
+        ─ runner.settle_only: finished, report           (its lane's turn, no slot)
 
 Everything a run needs to be stopped is on its :class:`HeldRun`: ``exec_scope``
 stops the agent (the run is still reported: a cancel, a second signal) and
@@ -37,7 +39,7 @@ from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
-from prohost.engine.lanes.scheduler import Scheduler
+from prohost.engine.lanes.scheduler import Scheduler, Slot
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.link.beacon import Beacon
@@ -50,7 +52,7 @@ from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.checkouts import git_confinement
 from prohost.engine.run.confine import Sandbox
 from prohost.engine.run.execute import AgentSetup, ExecSpec
-from prohost.engine.run.heldrun import HeldRun, Phase
+from prohost.engine.run.heldrun import HeldRun, Phase, ReportOnly
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.runner import Runner
 from prohost.engine.run.workspace import Workspaces
@@ -102,6 +104,10 @@ class Harness:
         timing: ReportTiming | None = None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
+        #: Told of every change of runs, connection or drain: every part is handed
+        #: its ``notify`` (the beacon and the status file wait on it).
+        self.state_changed = Changes()
+        changed = self.state_changed.notify
         #: Epoch seconds, for the accounts' resets (§12); tests move it with trio's.
         self.clock = clock
         self.endpoints = endpoints
@@ -119,10 +125,10 @@ class Harness:
         self.timing = timing if timing is not None else ReportTiming()
         self.reporter = Reporter(client, endpoints.api_base, endpoints.token,
                                  window_s=self.timing.window_s)
-        self.scheduler: Scheduler[HeldRun] = Scheduler(
+        self.scheduler: Scheduler[HeldRun | ReportOnly] = Scheduler(
             options.concurrency, self._work, queue_cap=options.max_queued)
         self.link = Link(endpoints.ws_url, endpoints.headers(options.machine), self,
-                         on_change=self.changed)
+                         on_change=changed)
         self.worktrees = WorktreeManager(options.home, options.repos, bounds=self.bounds)
         #: The agent accounts (--account) and their usage limits (docs/protocol.md §12).
         #: Without --account, the default account's CLI folders are the harness's own
@@ -134,15 +140,15 @@ class Harness:
         #: The queued runs' body texts and their budget.
         self.bodies = QueuedBodies()
         #: What the harness learnt about itself (version, model, latest runs).
-        self.facts = Facts(on_change=self.changed, model=self.brain.configured_model())
+        self.facts = Facts(on_change=changed, model=self.brain.configured_model())
         #: Where runs' MCP folders go (each named by a digest of its run id).
         self.scratch_root = options.home / "runs"
         #: Which account each run starts on, and the wait while none can (§12).
         self.gate = AccountGate(
-            self.book, limit_wait_s=options.limit_wait_s, clock=clock, on_change=self.changed,
+            self.book, limit_wait_s=options.limit_wait_s, clock=clock, on_change=changed,
             save_limits=self.steps.save_limits if self.steps is not None else _no_ledger)
-        self.held = HeldRuns(on_change=self.changed)
-        self.queue = RunQueue(self.scheduler, self.bodies, self.settle_soon)
+        self.held = HeldRuns(on_change=changed)
+        self.queue = RunQueue(self.scheduler, self.bodies, changed)
         policy = AdmissionPolicy(max_queued=options.max_queued,
                                  allow_unverified=options.allow_unverified)
         #: The ledger's parts: none in a dry run, which answers deliveries from
@@ -156,7 +162,7 @@ class Harness:
         else:
             #: Reports that outlived their retry window, tried again (§7).
             self.outbox = Outbox(self.reporter, self.steps, timing=self.timing,
-                                 on_change=self.changed)
+                                 on_change=changed)
             setup = AgentSetup(
                 self.brain,
                 ExecSpec.from_options(options, secrets=(endpoints.token, endpoints.secret)),
@@ -168,14 +174,13 @@ class Harness:
                                       scratch_root=self.scratch_root, sandbox=self.sandbox,
                                       agent=self.brain.folders_owner),
                 attempts=Attempts(setup=setup, steps=self.steps, gate=self.gate, clock=clock,
-                                  on_change=self.changed),
-                on_change=self.changed, on_outcome=self.facts.note_outcome,
+                                  on_change=changed),
+                on_change=changed, on_outcome=self.facts.note_outcome,
                 bodies=self.bodies,
             )
             self.recovery = Recovery(
-                steps=self.steps, runs=self.held, queue=self.queue, settle=self.settle_soon,
-                book=self.book, outbox=self.outbox, clock=clock, spend=self.facts.spend,
-                bounds=self.bounds)
+                steps=self.steps, runs=self.held, queue=self.queue, book=self.book,
+                outbox=self.outbox, clock=clock, spend=self.facts.spend, bounds=self.bounds)
             self.admission = Admission(
                 secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
                 steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy,
@@ -183,9 +188,6 @@ class Harness:
         outbox = self.outbox
         self.stopping = False
         self.exit_code = 0
-        #: Told of every change of runs, connection or drain; and of status.json's writes.
-        self.state_changed = Changes()
-        self.status_written = Changes()
         self.observed = Observed(
             options=options, server=endpoints.ws_url, brain=self.brain, facts=self.facts,
             runs=self.held, book=self.book, clock=clock, link=self.link.statistics,
@@ -194,10 +196,11 @@ class Harness:
             draining=lambda: self.queue.draining, stopping=lambda: self.stopping,
             confinement=self.sandbox.describe())
         self.beacon = Beacon(functools.partial(status_message, self.observed),
-                             functools.partial(heartbeat_runs, self.held, outbox))
+                             functools.partial(heartbeat_runs, self.held, outbox),
+                             self.state_changed)
         self.chores = Chores(
             seen=self.observed, env=self.env, hold=self.scheduler.holding, bounds=self.bounds,
-            changes=self.state_changed, status_written=self.status_written, steps=self.steps,
+            changes=self.state_changed, steps=self.steps,
             gate=None if self.runner is None else self.gate,
             worktrees=self.worktrees.enabled, git_confine=git_confinement(self.sandbox))
         self._done = trio.Event()
@@ -313,8 +316,9 @@ class Harness:
         stats = self.scheduler.statistics()  # executing, or done and still being reported
         log.info("draining: finishing %d running run(s); new work is refused",
                  stats.running + stats.reporting)
-        for _key, held in self.scheduler.drain():
-            self.settle_soon(held, Outcome.failure(NOT_STARTED, retryable=True))
+        for _key, item in self.scheduler.drain():
+            if isinstance(item, HeldRun):  # (only runs are handed back)
+                self.queue.settle(item, Outcome.failure(NOT_STARTED, retryable=True))
         # Runs waiting for an account are handed back like queued ones (§9), rather
         # than holding the drain up to --limit-wait.
         self.gate.turn_away(Outcome.failure(NOT_STARTED, retryable=True))
@@ -431,23 +435,22 @@ class Harness:
             return
         outcome = Outcome.failure(cancelled(reason))
         log.info("cancelling run %s: %s", run_id, reason)
-        if self.scheduler.remove(run_id) is not None:
-            self.settle_soon(held, outcome)
-            self.changed()
-            return
         # Final from now on (§6), whatever follows: a second signal keeps it, and
-        # the ledger keeps it before the agent is stopped, so a kill -9 and a
+        # the ledger keeps it (before the agent is stopped), so a kill -9 and a
         # restart report it cancelled too and never start it again.
-        held.stop_outcome = outcome
-        if self.steps is None or self._nursery is None:
-            held.stop_agent()
-            return
-        self._nursery.start_soon(self._cancel_running, held, outcome)
+        if not self.queue.settle(held, outcome):  # a queued one keeps its place (§4)
+            held.stop_outcome = outcome
+            if self.steps is None or self._nursery is None:
+                held.stop_agent()
+                return
+        if self.steps is not None and self._nursery is not None:
+            self._nursery.start_soon(self._cancel_running, held, outcome)
 
     async def _cancel_running(self, held: HeldRun, outcome: Outcome) -> None:
-        """Record ``held``'s cancel durably (§6), then stop its agent. A ledger that
-        cannot take it is logged and the agent is stopped all the same (the run is
-        reported cancelled; only a kill -9 before its report would lose the cancel).
+        """Record ``held``'s cancel durably (§6), then stop its agent, if it has left
+        the queue. A ledger that cannot take it is logged and the agent is stopped
+        all the same (the run is reported cancelled; only a kill -9 before its
+        report would lose the cancel).
 
         Cancelled (the harness ends): the agent is stopped by the nursery's end.
         """
@@ -459,7 +462,8 @@ class Harness:
             log.error("run %s: its cancel could not be kept in the ledger (%s); stopping "
                       "its agent all the same", held.run_id, exc)
         finally:
-            if not held.agent_ended:  # else it is reported as it finished (§6)
+            # A queued run has no agent; one that ended is reported as it finished.
+            if held.stop_outcome is not None and not held.agent_ended:
                 held.stop_agent()
 
     def forget(self, run_id: str) -> None:
@@ -480,34 +484,21 @@ class Harness:
                 self._runner().record_dropped, held))
             self.changed()
 
-    async def _work(self, run_id: str, held: HeldRun) -> None:
-        """The scheduler's work for one run: the runner executes and reports it.
-
-        The run's slot goes back to the scheduler as soon as its outcome is durable;
-        its lane only when this returns, after the report (§4). Cancelled: as
+    async def _work(self, run_id: str, item: HeldRun | ReportOnly, slot: Slot) -> None:
+        """The scheduler's work for one run, once its lane is its own: the runner
+        executes and reports it, giving its ``slot`` back as soon as its outcome is
+        durable; or, for a run that only needs reporting (no slot), reports it. The
+        lane goes back when this returns, after the report (§4). Cancelled: as
         :meth:`Runner.run`; the run is let go either way.
         """
         self.changed()
-        release_slot = functools.partial(self._release_slot, run_id)
-        await self._then_release(held, functools.partial(self._runner().run, held,
-                                                         release_slot=release_slot))
-
-    def _release_slot(self, run_id: str) -> None:
-        if self.scheduler.release_slot(run_id):  # else released already: no change
-            self.changed()
-
-    def settle_soon(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
-                    finished_at: float | None = None) -> None:
-        """Report a run that will not (or did not, in this process) execute. It takes
-        its place in line for its lane at once, and holds the lane until its report
-        settles like any run (§4): a later turn neither starts nor reports before
-        it. ``recorded``, ``finished_at``: as :meth:`Runner.settle_only`."""
-        self._runner().will_settle(held)
-        granted = self.scheduler.claim(held.lane)
-        self._running_nursery().start_soon(self._then_release, held, functools.partial(
-            self._runner().settle_only, held, outcome, recorded=recorded,
-            finished_at=finished_at, lane_turn=granted.wait),
-            functools.partial(self.scheduler.unclaim, held.lane, granted))
+        runner = self._runner()
+        if isinstance(item, ReportOnly):
+            await self._then_release(item.held, functools.partial(
+                runner.settle_only, item.held, item.outcome, recorded=item.recorded,
+                finished_at=item.finished_at))
+        else:
+            await self._then_release(item, functools.partial(runner.run, item, slot))
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -515,15 +506,12 @@ class Harness:
                                "or has returned): no task can be started for a run")
         return self._nursery
 
-    async def _then_release(self, held: HeldRun, step: Callable[[], Awaitable[None]],
-                            unclaim: Callable[[], None] = lambda: None) -> None:
-        """One of the runner's steps for ``held``, then the run (and the lane's
-        claim, if it has one) is let go. Cancelled: as the step; let go either way.
-        """
+    async def _then_release(self, held: HeldRun, step: Callable[[], Awaitable[None]]) -> None:
+        """One of the runner's steps for ``held``, then the run is let go.
+        Cancelled: as the step; let go either way."""
         try:
             await step()
         finally:
-            unclaim()
             self._release(held)
 
     def _runner(self) -> Runner:
@@ -537,7 +525,6 @@ class Harness:
         self.held.release(held)
 
     def changed(self) -> None:
-        self.beacon.poke()
         self.state_changed.notify()
 
     async def wait_until(self, predicate: Callable[[Harness], bool]) -> None:
@@ -550,6 +537,3 @@ class Harness:
         """A frozen picture of this moment, for the panel and ``agent status``."""
         return take_snapshot(self.observed)
 
-    async def next_status_write(self) -> None:
-        """Return after ``status.json`` is next written. Cancelling only stops the wait."""
-        await self.status_written.wait()

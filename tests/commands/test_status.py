@@ -22,6 +22,7 @@ from prohost.commands.status import EXIT_NOT_RUNNING, EXIT_RUNNING, EXIT_STALE, 
 from prohost.engine.view.snapshot import STATUS_FILE, Snapshot, write_snapshot
 from prohost.wire.protocol import AccountRow
 from tests.kits.panel import assert_fits, busy_snapshot
+from tests.kits.status import status_says
 
 
 def consoles() -> tuple[Console, Console]:
@@ -178,11 +179,9 @@ async def test_status_of_a_real_running_harness_and_after_it_exits(tmp_path: Pat
             await gate.wait_started(run_id)
             # The harness rewrites status.json on every change, at most once a second.
             await running.harness.wait_until(lambda h: h.held[run_id].state == "running")
-            while True:
-                code, text = status_text()
-                if "C42" in text:
-                    break
-                await running.harness.next_status_write()
+            await status_says(home, lambda seen: any(row.lane == "conv:C42"
+                                                     for row in seen.runs))
+            code, text = status_text()
             assert code == 0
             assert "connected" in text and "running" in text
             await gate.release(run_id)

@@ -101,7 +101,7 @@ async def solo_runner(
                                                    on_change=lambda: None,
                                                    save_limits=_no_limits),
                                   clock=time.time, on_change=lambda: None),
-                on_change=lambda: None, on_outcome=lambda held, outcome: None,
+                on_change=lambda: None, on_outcome=lambda run_id, lane, progress, outcome: None,
             )
             yield SoloRunner(runner, ledger)
 

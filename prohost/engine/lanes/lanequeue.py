@@ -8,6 +8,11 @@ queue, and a heap holds only the *ready* lanes (free, with something queued) key
 by the accept sequence of the lane's head. The heap's minimum is, by construction,
 the oldest run whose lane is free, so submit and dispatch cost O(log lanes) and
 never look at a run that cannot start.
+
+An entry is one of two kinds. A run needs a concurrency slot to start; a run that
+only needs reporting (*slotless*: it finished before a restart, was cancelled while
+queued, or was drained) needs its lane and nothing else. Ready lanes whose head is
+slotless wait in a heap of their own, so that they start while every slot is taken.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ T = TypeVar("T")
 
 @attrs.define(slots=True, eq=False)
 class Entry(Generic[T]):
-    """One pending run: its accept sequence, key (run id), lane and payload."""
+    """One pending run: its accept sequence, key (run id), lane and payload; and
+    whether it starts without a slot (a run that only needs reporting)."""
 
     seq: int
     key: str
     lane: str
     item: T
     removed: bool = False
+    slotless: bool = False
 
 
 class LaneQueue(Generic[T]):
@@ -39,11 +46,13 @@ class LaneQueue(Generic[T]):
 
     Invariants (checked by the tests through behaviour, relied on below):
 
-    * a lane has at most one heap entry, and ``_heaped`` is exactly the set of
-      lanes that have one (``drain`` clears both together);
+    * a lane has at most one live heap entry, in ``_heap`` or in ``_quick`` as
+      ``_heaped[lane]`` says (an entry in the other heap is stale and skipped);
     * every lane that is free and has a live queued entry has a heap entry, keyed
       by a sequence number at most that of the lane's head (less only after the
-      head was removed: see ``pop_ready`` for how that entry is repaired lazily);
+      head was removed: see ``pop_ready`` for how that entry is repaired lazily),
+      in ``_quick`` when its head is slotless (kept so by :meth:`_refresh` when a
+      head changes kind), else in ``_heap``;
     * a busy lane has no heap entry, so its backlog costs the heap nothing;
     * a held lane (:meth:`hold`) is never busy, and any heap entry it has is
       dropped when popped and made again by :meth:`unhold`;
@@ -62,16 +71,26 @@ class LaneQueue(Generic[T]):
         # lane -> key of the item running on it.
         self._busy: dict[str, str] = {}
         self._running_keys: set[str] = set()
+        # Ready lanes whose head needs a slot, and those whose head does not.
         self._heap: list[tuple[int, str]] = []
-        # Lanes with an entry in _heap: the guard that keeps it to one per lane.
-        self._heaped: set[str] = set()
+        self._quick: list[tuple[int, str]] = []
+        # Lanes with a live heap entry -> whether it is in _quick: the guard that
+        # keeps it to one per lane.
+        self._heaped: dict[str, bool] = {}
+        # Live queued entries that are slotless.
+        self._slotless = 0
         # Lanes kept from starting anything while someone else works on them.
         self._held: set[str] = set()
 
     @property
     def queued(self) -> int:
-        """Items waiting (not running, not removed)."""
+        """Items waiting (not running, not removed), of both kinds."""
         return len(self._by_key)
+
+    @property
+    def queued_slotless(self) -> int:
+        """Of :attr:`queued`, the slotless items (runs that only need reporting)."""
+        return self._slotless
 
     @property
     def running(self) -> int:
@@ -118,39 +137,50 @@ class LaneQueue(Generic[T]):
         else:
             queued.append(entry)
         self._by_key[key] = entry
+        if entry.slotless:
+            self._slotless += 1
         if lane not in self._busy and lane not in self._held and lane not in self._heaped:
-            self._heaped.add(lane)
-            heapq.heappush(self._heap, (entry.seq, lane))
+            self._push_ready(lane, entry)
 
-    def pop_ready(self) -> tuple[str, str, T] | None:
-        """Take the oldest-accepted item whose lane is free and mark that lane busy.
+    def pop_ready(self, slot_free: bool = True) -> Entry[T] | None:
+        """Take an item whose lane is free and mark that lane busy: a slotless one
+        first (it takes nothing from other lanes), else, if ``slot_free``, the
+        oldest-accepted one.
 
-        Returns ``(key, lane, item)``, or ``None`` when every queued item waits on a
-        busy lane (or nothing is queued). Amortised O(log lanes).
+        Returns its entry, or ``None`` when every queued item waits on a busy lane
+        or for a slot (or nothing is queued). Amortised O(log lanes).
         """
-        heap = self._heap
-        while heap:
+        while True:
+            quick = bool(self._quick)
+            if quick:
+                heap = self._quick
+            elif slot_free and self._heap:
+                heap = self._heap
+            else:
+                return None
             seq, lane = heapq.heappop(heap)
-            self._heaped.remove(lane)
+            if self._heaped.get(lane) is not quick:
+                continue  # stale: the lane's live entry is in the other heap, or none
+            del self._heaped[lane]
             if self._held and lane in self._held:
                 continue  # unhold() puts it back
             head = self._head(lane)
             if head is None:
                 continue
-            if head.seq != seq:
+            if head.seq != seq or head.slotless is not quick:
                 # The head this entry was keyed by was removed. The new head is
-                # younger, so it goes back in at its own place; nothing older than
-                # this entry is left in the heap, so no order was broken by
-                # popping it early.
-                self._heaped.add(lane)
-                heapq.heappush(heap, (head.seq, lane))
+                # younger, so it goes back in at its own place (in the heap of
+                # its kind); nothing older than this entry is left in the heap,
+                # so no order was broken by popping it early.
+                self._push_ready(lane, head)
                 continue
             self._pop_head(lane)
             del self._by_key[head.key]
+            if head.slotless:
+                self._slotless -= 1
             self._busy[lane] = head.key
             self._running_keys.add(head.key)
-            return head.key, lane, head.item
-        return None
+            return head
 
     def release(self, lane: str) -> None:
         """The item running on ``lane`` finished: the lane's next item becomes ready.
@@ -162,8 +192,7 @@ class LaneQueue(Generic[T]):
         # _make_ready, inlined: this runs once per run. A busy lane has no heap entry.
         head = self._head(lane)
         if head is not None:
-            self._heaped.add(lane)
-            heapq.heappush(self._heap, (head.seq, lane))
+            self._push_ready(lane, head)
 
     def hold(self, lane: str) -> bool:
         """Keep ``lane`` from starting anything until :meth:`unhold`; its queued items
@@ -185,11 +214,41 @@ class LaneQueue(Generic[T]):
     def _make_ready(self, lane: str) -> None:
         # Called when the lane has just become free (nothing runs on it, not held).
         if lane in self._heaped:
-            return  # a held lane's entry can still be there, not yet popped
+            self._refresh(lane)  # a held lane's entry can still be there, not yet popped
+            return
         head = self._head(lane)
         if head is not None:
-            self._heaped.add(lane)
-            heapq.heappush(self._heap, (head.seq, lane))
+            self._push_ready(lane, head)
+
+    def _push_ready(self, lane: str, head: Entry[T]) -> None:
+        # ``lane`` is free with ``head`` first: its one live heap entry, by kind.
+        self._heaped[lane] = head.slotless
+        heapq.heappush(self._quick if head.slotless else self._heap, (head.seq, lane))
+
+    def _refresh(self, lane: str) -> None:
+        # A ready lane's head may have changed kind (made slotless, or removed with
+        # one of the other kind behind it): its live entry moves to the heap of the
+        # new head's kind, the old one left stale. Else a slotless head would wait
+        # for a slot, or a run would start without one.
+        quick = self._heaped.get(lane)
+        if quick is None:
+            return
+        head = self._head(lane)
+        if head is not None and head.slotless is not quick:
+            self._push_ready(lane, head)
+
+    def make_slotless(self, key: str, item: T) -> bool:
+        """Turn the queued item ``key`` into the slotless ``item``, in its place: it
+        keeps its turn in its lane. False (nothing changes) if it isn't queued."""
+        entry = self._by_key.get(key)
+        if entry is None:
+            return False
+        entry.item = item
+        if not entry.slotless:
+            entry.slotless = True
+            self._slotless += 1
+            self._refresh(entry.lane)
+        return True
 
     def remove(self, key: str) -> T | None:
         """Take a queued (not running) item out. ``None`` if it isn't queued.
@@ -201,17 +260,31 @@ class LaneQueue(Generic[T]):
         if entry is None:
             return None
         entry.removed = True
+        if entry.slotless:
+            self._slotless -= 1
         # Trimming a removed head now keeps a cancelled backlog from pinning memory.
         self._head(entry.lane)
+        self._refresh(entry.lane)
         return entry.item
 
     def drain(self) -> list[tuple[str, T]]:
-        """Remove and return every queued item, in accept order. Running items stay."""
-        items = [(entry.key, entry.item) for entry in self._by_key.values()]
-        self._by_key.clear()
-        self._lanes.clear()
-        self._heap.clear()
-        self._heaped.clear()
+        """Remove and return every queued item that needs a slot, in accept order.
+        Running items stay, and so do slotless ones: they are still to be reported."""
+        items = [(entry.key, entry.item) for entry in self._by_key.values()
+                 if not entry.slotless]
+        if not self._slotless:
+            self._by_key.clear()
+            self._lanes.clear()
+            self._heap.clear()
+            self._quick.clear()
+            self._heaped.clear()
+            return items
+        for key, _item in items:
+            entry = self._by_key.pop(key)
+            entry.removed = True
+        for lane in list(self._heaped):
+            self._head(lane)
+            self._refresh(lane)
         return items
 
     def _head(self, lane: str) -> Entry[T] | None:

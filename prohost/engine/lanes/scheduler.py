@@ -13,6 +13,12 @@ a two-hour job in another.
 The pending runs themselves are kept in a :class:`prohost.engine.lanes.lanequeue.LaneQueue`,
 which finds the next one in O(log lanes); this module is its trio driver: slots,
 work tasks, drain and lane holds.
+
+Every run goes through the lanes one way, as one of two kinds of item: a run to
+execute (:meth:`Scheduler.submit`), which also takes a :class:`Slot`, and a run
+that only needs reporting (:meth:`Scheduler.settle`: it finished before a restart,
+was cancelled while queued, or will not start because the harness drains), which
+waits for its lane and for nothing else.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -36,6 +42,7 @@ __all__ = [
     "QueueFullError",
     "Scheduler",
     "SchedulerStatistics",
+    "Slot",
 ]
 
 T = TypeVar("T")
@@ -58,13 +65,46 @@ class QueueFullError(RuntimeError):
     """``submit`` with ``queue_cap`` items already on their way in (§3's queue cap)."""
 
 
+class Slot:
+    """One run's concurrency slot (§4), handed to its ``work``.
+
+    The slot is for the agent: the run gives it back itself with :meth:`release`
+    once its agent has ended and its outcome is durable, so another lane may start
+    while this one is still being reported (its lane stays busy until ``work``
+    returns). Whatever the run does, the scheduler releases it when ``work``
+    returns, a cancel included. A run that only needs reporting is handed one that
+    holds nothing.
+    """
+
+    __slots__ = ("_key", "_scheduler")
+
+    def __init__(self, scheduler: Scheduler[Any] | None, key: str) -> None:
+        self._scheduler = scheduler
+        self._key = key
+
+    @property
+    def held(self) -> bool:
+        """Whether this slot is still taken from the limit."""
+        return self._scheduler is not None
+
+    def release(self) -> bool:
+        """Give the slot back now; True if this call did. Idempotent; never blocks."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is None:
+            return False
+        scheduler._slot_freed(self._key)
+        return True
+
+
 @attrs.frozen
 class SchedulerStatistics:
     """A snapshot of a :class:`Scheduler`, in the manner of trio's ``statistics()``.
 
     ``limit`` and ``running`` are the slot limiter's figures (its total and
-    borrowed tokens): runs preparing or executing. ``reporting`` counts runs whose
-    agent has ended and which still hold their lane until their report settles.
+    borrowed tokens): runs preparing or executing. ``queued`` counts the runs
+    waiting to execute. ``reporting`` counts runs whose agent has ended, or which
+    only needed reporting, and which still hold their lane until their report
+    settles; ``waiting_reports``, those of the latter still waiting for their lane.
     """
 
     limit: int
@@ -73,28 +113,30 @@ class SchedulerStatistics:
     draining: bool
     reporting: int = 0
     held_lanes: int = 0
+    waiting_reports: int = 0
 
 
 class Scheduler(Generic[T]):
-    """Trio driver for a :class:`LaneQueue`: runs ``work(key, item)`` for ready items,
-    each in its own task in the nursery of :meth:`run`.
+    """Trio driver for a :class:`LaneQueue`: runs ``work(key, item, slot)`` for ready
+    items, each in its own task in the nursery of :meth:`run`.
 
     The shape (the design card's): submitted items come in through a trio memory
     channel; a task moves them into the per-lane FIFOs; each run takes one token of
     a ``trio.CapacityLimiter(limit)`` (a *slot*) when it starts. The slot is for
-    the agent: ``work`` gives it back early with :meth:`release_slot` once its agent
+    the agent: ``work`` gives it back early (:meth:`Slot.release`) once its agent
     has ended and the outcome is durable, while the item keeps its lane until
     ``work`` returns (its report settled), so a lane's results still go out in
-    order and a failing completion endpoint does not idle the machine (§4).
+    order and a failing completion endpoint does not idle the machine (§4). A
+    settled item (:meth:`settle`) takes no slot: it starts once its lane is free.
 
-    ``submit`` is synchronous on purpose: the socket reader calls it between an
-    ack and the next frame and must never wait on a run.
+    ``submit`` and ``settle`` are synchronous on purpose: the socket reader calls
+    them between an ack and the next frame and must never wait on a run.
     """
 
     def __init__(
         self,
         limit: int,
-        work: Callable[[str, T], Awaitable[None]],
+        work: Callable[[str, T, Slot], Awaitable[None]],
         *,
         queue_cap: int = QUEUE_CAP,
     ) -> None:
@@ -118,8 +160,8 @@ class Scheduler(Generic[T]):
         # that goes through the channel is the one the LaneQueue keeps (one object
         # per run); marked ``removed`` if withdrawn (removed or drained) on the way.
         self._in_channel: dict[str, Entry[T]] = {}
-        # Keys whose run holds a slot (the limiter's borrowers).
-        self._slotted: set[str] = set()
+        # Of those, the ones settled on the way (made slotless in place).
+        self._channel_slotless = 0
         self._draining = False
         # Set whenever something may have become startable; the dispatcher swaps
         # in a fresh one before each pass, so a wake-up is never lost.
@@ -163,6 +205,8 @@ class Scheduler(Generic[T]):
             while True:
                 if not entry.removed:  # else withdrawn on the way
                     del in_channel[entry.key]
+                    if entry.slotless:
+                        self._channel_slotless -= 1
                     # Channel order is submit order, so LaneQueue's accept order is too.
                     push_entry(entry)
                 try:
@@ -172,24 +216,29 @@ class Scheduler(Generic[T]):
             self._wake.set()
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
-        # No draining check needed: drain() empties the queue and submit() refuses
-        # while draining, so there is nothing left to start.
+        # No draining check needed: drain() takes every run out of the queue and
+        # submit() refuses while draining, so only settled items are left to start.
         limiter = self._limiter
         pop_ready = self._queue.pop_ready
         # Counted once per pass: every token taken below is taken by this loop, and
         # nothing else runs until it returns.
-        for _ in range(int(limiter.available_tokens)):
-            ready = pop_ready()
-            if ready is None:
+        tokens = int(limiter.available_tokens)
+        while True:
+            entry = pop_ready(tokens > 0)
+            if entry is None:
                 return
-            key, lane, item = ready
-            limiter.acquire_on_behalf_of_nowait(key)
-            self._slotted.add(key)
-            nursery.start_soon(self._execute, key, lane, item, name=f"scheduler work {key}")
+            key = entry.key
+            slot = Slot(None, key)
+            if not entry.slotless:
+                limiter.acquire_on_behalf_of_nowait(key)
+                tokens -= 1
+                slot = Slot(self, key)
+            nursery.start_soon(self._execute, key, entry.lane, entry.item, slot,
+                               name=f"scheduler work {key}")
 
-    async def _execute(self, key: str, lane: str, item: T) -> None:
+    async def _execute(self, key: str, lane: str, item: T, slot: Slot) -> None:
         try:
-            await self._work(key, item)
+            await self._work(key, item, slot)
         except Exception:
             # The work reports its own failures (the runner turns any exception
             # into a reported outcome); this is the last line, so a bug there
@@ -198,25 +247,17 @@ class Scheduler(Generic[T]):
             _log.exception("work for %s on lane %s raised; its lane and slot are freed",
                            key, lane)
         finally:
-            if key in self._slotted:
-                self._slotted.remove(key)
-                self._limiter.release_on_behalf_of(key)
+            slot.release()
             self._queue.release(lane)
             if self._hold_waiters and lane in self._hold_waiters:
                 self._queue.hold(lane)  # free this instant, so this cannot fail
                 self._hand_over(lane)
             self._wake.set()
 
-    def release_slot(self, key: str) -> bool:
-        """The agent of the running item ``key`` has ended: give its slot to another
-        lane now. Its lane stays busy until ``work`` returns. Idempotent; a no-op
-        (False) for a key that holds no slot."""
-        if key in self._slotted:
-            self._slotted.remove(key)
-            self._limiter.release_on_behalf_of(key)
-            self._wake.set()
-            return True
-        return False
+    def _slot_freed(self, key: str) -> None:
+        # :meth:`Slot.release`, once per slot: another lane may start now.
+        self._limiter.release_on_behalf_of(key)
+        self._wake.set()
 
     def submit(self, key: str, lane: str, item: T) -> None:
         """Queue ``item`` on ``lane``; it starts once a slot and its lane are free.
@@ -239,6 +280,33 @@ class Scheduler(Generic[T]):
             ) from None
         self._in_channel[key] = entry
 
+    def settle(self, key: str, lane: str, item: T) -> bool:
+        """``item`` only needs reporting: it starts once ``lane`` is free, without a
+        slot, and holds the lane until its ``work`` returns (its report settled), so
+        the lane's later turns neither start nor report before it (§4).
+
+        A ``key`` still queued (a run cancelled before it started) is turned into
+        ``item`` in its place and keeps its turn; any other is put in line for its
+        lane now. Never refused (a drain, the queue cap): a run that only needs
+        reporting is never lost. Never blocks. False (nothing changes) for a ``key``
+        that is running: its own ``work`` reports it.
+        """
+        entry = self._in_channel.get(key)
+        if entry is not None:
+            entry.item = item
+            if not entry.slotless:
+                entry.slotless = True
+                self._channel_slotless += 1
+            return True
+        if self._queue.make_slotless(key, item):
+            self._wake.set()
+            return True
+        if key in self._queue:
+            return False
+        self._queue.push_entry(Entry(0, key, lane, item, slotless=True))
+        self._wake.set()
+        return True
+
     def starts_at_once(self, lane: str) -> bool:
         """Whether an item submitted on ``lane`` now would start at the next dispatch:
         its lane is free (nothing runs, waits or is in line to hold it) and a slot is
@@ -246,11 +314,16 @@ class Scheduler(Generic[T]):
         items submitted while this held can be waiting at any moment (a hold
         arriving meanwhile may still keep one waiting)."""
         in_channel = self._in_channel
-        if len(in_channel) + self._queue.queued >= self._limiter.available_tokens:
+        queue = self._queue
+        # Runs waiting take the free slots first; settled items take none.
+        waiting = (len(in_channel) - self._channel_slotless
+                   + queue.queued - queue.queued_slotless)
+        if waiting >= self._limiter.available_tokens:
             return False
-        if not self._queue.is_free(lane) or lane in self._hold_waiters:
+        if not queue.is_free(lane) or lane in self._hold_waiters:
             return False
-        # Fewer than `limit` entries, by the test above.
+        # Fewer than `limit` runs, by the test above (and the few runs cancelled
+        # on their way in).
         return all(entry.lane != lane for entry in in_channel.values())
 
     def remove(self, key: str) -> T | None:
@@ -259,24 +332,27 @@ class Scheduler(Generic[T]):
         entry = self._in_channel.pop(key, None)
         if entry is not None:
             entry.removed = True
+            if entry.slotless:
+                self._channel_slotless -= 1
             item: T | None = entry.item
         else:
             item = self._queue.remove(key)
         return item
 
     def drain(self) -> list[tuple[str, T]]:
-        """Stop starting new work and hand back every queued item, in accept order.
+        """Stop starting new work and hand back every queued run, in accept order.
 
-        Running items go on to finish; later ``submit`` calls raise
-        :class:`DrainingError`.
+        Running items go on to finish, and settled ones (:meth:`settle`) to be
+        reported; later ``submit`` calls raise :class:`DrainingError`.
         """
         self._draining = True
         # Everything in the lanes was submitted before anything still in the channel.
         items = self._queue.drain()
-        for entry in self._in_channel.values():
-            entry.removed = True
-            items.append((entry.key, entry.item))
-        self._in_channel.clear()
+        for key, entry in list(self._in_channel.items()):
+            if not entry.slotless:
+                entry.removed = True
+                items.append((entry.key, entry.item))
+                del self._in_channel[key]
         return items
 
     @contextlib.asynccontextmanager
@@ -292,45 +368,26 @@ class Scheduler(Generic[T]):
         Cancelled while waiting: nothing is held. On leaving the block, by any
         route, the lane is let go.
         """
-        granted = self.claim(lane)
-        try:
-            await granted.wait()
-        except BaseException:
-            self.unclaim(lane, granted)
-            raise
-        try:
-            yield
-        finally:
-            self._let_go(lane)
-
-    def claim(self, lane: str) -> trio.Event:
-        """Take a place in line for ``lane`` now, without waiting: the event is set
-        once the lane is the caller's (at once if nothing runs on it or holds it;
-        else the moment the run or holder before it lets go, ahead of the lane's
-        queued runs). Until :meth:`unclaim`, none of the lane's runs start.
-
-        For a run that is reported without executing (cancelled while queued, or
-        recovered from the ledger): it holds its lane until its report settles
-        (§4), and the claim must be in line before any later turn can be
-        dispatched, hence synchronous. :meth:`holding` is built on it.
-        """
         granted = trio.Event()
         if self._queue.hold(lane):
             granted.set()
         else:
             self._hold_waiters.setdefault(lane, deque()).append(granted)
-        return granted
-
-    def unclaim(self, lane: str, granted: trio.Event) -> None:
-        """End a :meth:`claim`, granted or still waiting; by any route, exactly once."""
-        if granted.is_set():
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():  # handed over as the wait was cancelled
+                self._let_go(lane)
+            else:
+                waiters = self._hold_waiters[lane]
+                waiters.remove(granted)
+                if not waiters:
+                    del self._hold_waiters[lane]
+            raise
+        try:
+            yield
+        finally:
             self._let_go(lane)
-            return
-        waiters = self._hold_waiters.get(lane)
-        if waiters is not None and granted in waiters:
-            waiters.remove(granted)
-            if not waiters:
-                del self._hold_waiters[lane]
 
     def _let_go(self, lane: str) -> None:
         # The caller holds ``lane``: the next holding() waiting for it gets it as
@@ -352,11 +409,13 @@ class Scheduler(Generic[T]):
     def statistics(self) -> SchedulerStatistics:
         """A frozen snapshot: the limiter's figures, lanes reporting, queued, draining."""
         limiter = self._limiter.statistics()
+        waiting_reports = self._queue.queued_slotless + self._channel_slotless
         return SchedulerStatistics(
             limit=int(limiter.total_tokens),
             running=limiter.borrowed_tokens,
-            queued=self._queue.queued + len(self._in_channel),
+            queued=self._queue.queued + len(self._in_channel) - waiting_reports,
             draining=self._draining,
-            reporting=self._queue.running - limiter.borrowed_tokens,
+            reporting=self._queue.running - limiter.borrowed_tokens + waiting_reports,
             held_lanes=self._queue.held,
+            waiting_reports=waiting_reports,
         )

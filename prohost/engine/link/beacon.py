@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import trio
 
+from prohost.engine.changes import Changes
 from prohost.engine.link.connection import Session
 from prohost.wire.protocol import Heartbeat, RunBeat, Status
 
@@ -21,17 +22,15 @@ STATUS_MIN_INTERVAL_S = 0.25
 
 
 class Beacon:
-    def __init__(self, status: Callable[[], Status], runs: Callable[[], list[RunBeat]]) -> None:
+    def __init__(self, status: Callable[[], Status], runs: Callable[[], list[RunBeat]],
+                 changes: Changes) -> None:
         self._status = status
         self._runs = runs
         self._seq = 0
-        self._status_wanted = trio.Event()
+        #: Told when something a ``status`` reports may have changed.
+        self._changes = changes
         #: trio time of the last heartbeat sent, if any.
         self.last_heartbeat_at: float | None = None
-
-    def poke(self) -> None:
-        """Something a ``status`` reports may have changed; never blocks."""
-        self._status_wanted.set()
 
     def heartbeat(self) -> Heartbeat:
         self._seq += 1
@@ -60,10 +59,11 @@ class Beacon:
             await session.send(self.heartbeat())
 
     async def _statuses(self, session: Session) -> None:
+        since = self._changes.seen()
         last = self._status()
         while True:
-            await self._status_wanted.wait()
-            self._status_wanted = trio.Event()
+            await self._changes.wait_since(since)
+            since = self._changes.seen()
             status = self._status()
             if status == last:
                 continue

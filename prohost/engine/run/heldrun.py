@@ -21,7 +21,7 @@ from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
 
-__all__ = ["HeldRun", "Interrupted", "Phase"]
+__all__ = ["HeldRun", "Interrupted", "Phase", "ReportOnly"]
 
 
 class Phase(enum.StrEnum):
@@ -70,7 +70,8 @@ class HeldRun:
     #: by default); else ``None``, and the body is read back from the ledger (which
     #: has had it since before the ack).
     raw: str | None = None
-    #: Changed by the runner alone, through :meth:`move_to`.
+    #: Changed through :meth:`move_to`: by the runner, and to ``reporting`` by the run
+    #: queue for a run that will only be reported (:class:`ReportOnly`).
     state: Phase = Phase.QUEUED
     started_at: float | None = None
     stop_outcome: Outcome | None = None
@@ -111,8 +112,8 @@ class HeldRun:
     def move_to(self, state: Phase, changed: Callable[[], None]) -> None:
         """The run is now in ``state`` (see :class:`Phase`); ``changed`` is
         told, so heartbeats and the panel look again (also when the state stays: what
-        goes with it, such as ``started_at``, may have changed). The runner's alone
-        to call."""
+        goes with it, such as ``started_at``, may have changed). The runner's to
+        call, and the run queue's for a run that will only be reported."""
         self.state = state
         changed()
 
@@ -191,3 +192,20 @@ class HeldRun:
             activity=self.activity(),
             account=progress.account if progress is not None and progress.attempts else None,
         )
+
+
+@attrs.frozen
+class ReportOnly:
+    """A held run that will not execute (or did not, in this process), only be
+    reported: cancelled while queued, turned away by a drain or the queue cap, or
+    recovered after a restart. The scheduler's other kind of item: it waits for its
+    lane like any run and takes no slot (§4).
+
+    ``recorded``: ``outcome`` is in the ledger already (a restart's outbox), since
+    ``finished_at`` (epoch s).
+    """
+
+    held: HeldRun
+    outcome: Outcome
+    recorded: bool = False
+    finished_at: float | None = None

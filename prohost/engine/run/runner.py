@@ -32,7 +32,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -48,6 +49,7 @@ from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.ending import Ending, Tally, since_restart
 from prohost.engine.run.execute import AgentSetup, ToolEventSink
 from prohost.engine.run.heldrun import HeldRun, Phase
+from prohost.engine.run.progress import Progress
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.run.workspace import Workspaces
 from prohost.wire.outcomes import internal_error, without_local_paths
@@ -63,8 +65,22 @@ progress_log = logging.getLogger(lognames.RUNS)
 INTERNAL_ERROR_CHARS = 300
 
 
-def _no_slot() -> None:
+class Slot(Protocol):
+    """The run's concurrency slot, as the scheduler hands it (``lanes.scheduler.Slot``):
+    the run gives it back itself once its agent has ended; True if that call did.
+    Idempotent."""
+
+    def release(self) -> bool: ...
+
+
+class _NoSlot:
     """``Runner.run`` without a scheduler slot to give back."""
+
+    def release(self) -> bool:
+        return False
+
+
+NO_SLOT: Slot = _NoSlot()
 
 
 async def _post_timeline(
@@ -101,7 +117,7 @@ class Runner:
         workspaces: Workspaces,
         attempts: Attempts,
         on_change: Callable[[], None],
-        on_outcome: Callable[[HeldRun, Outcome], None],
+        on_outcome: Callable[[str, str, Progress, Outcome], None],
         bodies: QueuedBodies | None = None,
     ) -> None:
         self.steps = steps
@@ -127,13 +143,13 @@ class Runner:
         """Posts the runs' reports (§7)."""
         return self.outbox.reporter
 
-    async def run(self, held: HeldRun, *, release_slot: Callable[[], None] = _no_slot) -> None:
+    async def run(self, held: HeldRun, slot: Slot = NO_SLOT) -> None:
         """Execute ``held`` and settle its report.
 
         Whatever goes wrong inside (a ledger read, a worktree, the spawn, a brain's
         parser), the run is reported: an exception other than cancellation becomes
         the outcome ``internal error: <type>: <message>`` (retryable), logged with
-        its traceback. ``release_slot`` is called once the agent has ended and the
+        its traceback. The ``slot`` is released once the agent has ended and the
         outcome is durable (``finished``), before the report: the slot is for the
         agent, the lane is held until the report settles (§4).
 
@@ -148,7 +164,7 @@ class Runner:
         """
         problem = await self.bodies.load(held, self.steps.read_body)
         if problem is not None:
-            release_slot()
+            self._release(slot)
             # An OSError reading the ledger names its file: §7, no local path.
             said = without_local_paths(problem, self.workspaces.places())
             await self.settle_only(held, Outcome.failure(internal_error(said),
@@ -167,53 +183,46 @@ class Runner:
                     await self._finish(held, outcome, turn)
                     # The agent has ended and its outcome is in the outbox: another
                     # lane may have the slot while this one is reported.
-                    release_slot()
+                    self._release(slot)
                     if batcher is not None:
                         # Every tool row is posted before the completion (§8).
                         await batcher.close()
                     nursery.cancel_scope.cancel()
                 await self._report(held, outcome)
         finally:
-            release_slot()
+            self._release(slot)
         if held.dropped:
             await self.record_dropped(held)
 
-    def will_settle(self, held: HeldRun) -> None:
-        """``held`` will be reported without executing (cancelled while queued,
-        drained, recovered after a restart): it is ``reporting`` from now on, so
-        neither a cancel nor a stop reaches for an agent it will never have."""
-        held.move_to(Phase.REPORTING, self._on_change)
+    def _release(self, slot: Slot) -> None:
+        """Give the run's slot back (idempotent); those waiting on the scheduler's
+        figures look again."""
+        if slot.release():
+            self._on_change()
 
     async def settle_only(self, held: HeldRun, outcome: Outcome, *, recorded: bool,
-                          finished_at: float | None = None,
-                          lane_turn: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Report a run that will not (or did not, in this process) execute.
+                          finished_at: float | None = None) -> None:
+        """Report a run that will not (or did not, in this process) execute, once its
+        lane is its own (the scheduler starts it then, without a slot): no later
+        turn of the conversation touches its checkouts or reports before it (§4).
 
         ``recorded``: the outcome is already in the ledger (a restart's outbox),
-        since ``finished_at`` (epoch s; a 7-day-old one is dropped, not posted).
-        ``lane_turn`` returns once the run's lane is its own: the outcome is
-        recorded at once, the report waits for the conversation's earlier turns
-        (§4). A queued run's body is loaded first: the report needs its completion
-        path, which a stand-in carries if the body cannot be read back.
+        since ``finished_at`` (epoch s; a 7-day-old one is dropped, not posted). A
+        queued run's body is loaded first: the report needs its completion path,
+        which a stand-in carries if the body cannot be read back. A run a restart
+        found interrupted is reported with what it changed since it began.
         Cancellation as for :meth:`run`.
         """
         await self.bodies.load(held, self.steps.read_body)
         with held.life_scope:
             if held.interrupted is not None and not recorded:
-                # Its checkouts are read once the lane is its own (no later turn
-                # touches them meanwhile), then it is finished as any other.
-                if lane_turn is not None:
-                    await lane_turn()
-                    lane_turn = None
                 outcome = await since_restart(held.run_id, outcome, held.interrupted,
                                               self.workspaces.checkouts())
             if not recorded:
                 await self._finish(held, outcome)
             else:
-                self._on_outcome(held, outcome)
+                self._on_outcome(held.run_id, held.lane, held.progress, outcome)
                 held.move_to(Phase.REPORTING, self._on_change)
-            if lane_turn is not None:
-                await lane_turn()
             await self._report(held, outcome, finished_at)
         if held.dropped:
             await self.record_dropped(held)
@@ -392,7 +401,7 @@ class Runner:
         Cancelled: as :meth:`LedgerSteps.finished`; the outcome is not posted, and
         the next start reports the run where the ledger has it.
         """
-        self._on_outcome(held, outcome)
+        self._on_outcome(held.run_id, held.lane, held.progress, outcome)
         held.move_to(Phase.REPORTING, self._on_change)
         await self.steps.finished(held.run_id, outcome.to_json(), turn)
 

@@ -3,7 +3,7 @@ become held runs again, reported or queued as the protocol says. A redelivered r
 that nothing holds is taken on here too (:meth:`Recovery.resume_unheld`).
 
 :class:`Recovery` is handed the ledger steps, the table of held runs, the run queue,
-the supervisor's ``settle`` and the account book (limits remembered from before a
+and the account book (limits remembered from before a
 restart); it logs under ``prohost.harness``, the name users already filter on.
 """
 
@@ -29,7 +29,7 @@ from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun, Interrupted
 from prohost.engine.supervisor.held import HeldRuns
-from prohost.engine.supervisor.runqueue import RunQueue, Settle
+from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.engine.supervisor.upkeep import prune
 from prohost.engine.view.statustext import human_ago
 from prohost.wire.outcomes import INTERRUPTED, RESTARTED, iso_time
@@ -43,7 +43,7 @@ class Recovery:
     redelivery, and once a drain has nothing left (see the module docstring)."""
 
     def __init__(self, *, steps: RecoverySteps, runs: HeldRuns, queue: RunQueue,
-                 settle: Settle, book: AccountBook, outbox: Outbox | None = None,
+                 book: AccountBook, outbox: Outbox | None = None,
                  clock: Callable[[], float] = time.time,
                  spend: DailySpend | None = None, bounds: Bounds | None = None) -> None:
         self.steps = steps
@@ -52,7 +52,6 @@ class Recovery:
         self.bounds = bounds if bounds is not None else Bounds()
         self.runs = runs
         self.queue = queue
-        self.settle = settle
         self.book = book
         #: Reports waiting past their window (§7): not taken on twice.
         self.outbox = outbox
@@ -154,14 +153,14 @@ class Recovery:
             # Reported with what it changed since it began, and for how long (§7).
             held.interrupted = Interrupted(row.started_at, self.clock(), row.start_state)
         if row.state is RunState.FINISHED and row.outcome is not None:
-            self.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
+            self.queue.settle(held, saved_outcome(row.run_id, row.outcome), recorded=True,
                         finished_at=row.finished_at)
         elif row.outcome is not None:
             # A cancel the ledger kept before the agent was stopped (§6): final,
             # whatever ended the process since; never queued or run again.
-            self.settle(held, saved_outcome(row.run_id, row.outcome))
+            self.queue.settle(held, saved_outcome(row.run_id, row.outcome))
         elif row.state is not RunState.ACCEPTED:
-            self.settle(held, Outcome.failure(interrupted, retryable=True))
+            self.queue.settle(held, Outcome.failure(interrupted, retryable=True))
         else:
             self.queue.put(held, row.body)
 

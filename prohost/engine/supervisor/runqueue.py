@@ -2,19 +2,19 @@
 bodies, and whether the harness still takes work (a drain turns a run about to be
 queued into a "not started" report, §9).
 
-What is reported instead of queued goes through a ``settle`` callable (the
-supervisor's ``settle_soon``): it takes the run's place in line for its lane and
-reports it, so a queued run is never lost, whatever is refused.
+What is reported instead of queued is settled (:meth:`RunQueue.settle`): it goes to
+the scheduler as a run that only needs reporting, which takes its place in line for
+its lane, so a queued run is never lost, whatever is refused.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Callable
 
 from prohost.engine import lognames
 from prohost.engine.lanes.scheduler import QueueFullError, Scheduler
-from prohost.engine.run.heldrun import HeldRun
+from prohost.engine.run.heldrun import HeldRun, Phase, ReportOnly
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.wire.outcomes import NOT_STARTED, QUEUE_FULL
 from prohost.wire.runs import Outcome
@@ -22,29 +22,34 @@ from prohost.wire.runs import Outcome
 log = logging.getLogger(lognames.HARNESS)
 
 
-class Settle(Protocol):
-    """Report a held run that will not execute here (the supervisor's ``settle_soon``):
-    ``recorded`` when its outcome is in the ledger already, ``finished_at`` when it
-    finished before a restart. Never blocks; the report happens in a task."""
-
-    def __call__(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
-                 finished_at: float | None = None) -> None: ...
-
-
 class RunQueue:
     """Queues held runs, or reports them not started while the harness drains."""
 
-    def __init__(self, scheduler: Scheduler[HeldRun], bodies: QueuedBodies,
-                 settle: Settle) -> None:
+    def __init__(self, scheduler: Scheduler[HeldRun | ReportOnly], bodies: QueuedBodies,
+                 on_change: Callable[[], None]) -> None:
         self.scheduler = scheduler
         self.bodies = bodies
-        self.settle = settle
+        self._on_change = on_change
         #: Set by the first signal (§9): nothing more is queued.
         self.draining = False
 
     def queued(self) -> int:
         """How many runs wait in the scheduler's queue now."""
         return self.scheduler.statistics().queued
+
+    def settle(self, held: HeldRun, outcome: Outcome, *, recorded: bool = False,
+               finished_at: float | None = None) -> bool:
+        """Report ``held``, which will not execute here (:class:`ReportOnly`). It
+        is ``reporting`` from now on, so neither a cancel nor a stop reaches for an
+        agent it will never have, and it takes its place in line for its lane at
+        once (a queued run keeps its own): a later turn neither starts nor reports
+        before it (§4). Never blocks; the report is the scheduler's work. False
+        (nothing changes) for a run that has left the queue: its runner reports it."""
+        if not self.scheduler.settle(held.run_id, held.lane,
+                                     ReportOnly(held, outcome, recorded, finished_at)):
+            return False
+        held.move_to(Phase.REPORTING, self._on_change)
+        return True
 
     def put(self, held: HeldRun, body: str) -> bool:
         """Queue an accepted, held run; True once queued. A run that will start at

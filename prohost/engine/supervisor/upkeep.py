@@ -369,7 +369,6 @@ class Chores:
     hold: Holding
     bounds: Bounds
     changes: Changes
-    status_written: Changes
     steps: DailySteps | None = None
     gate: AccountGate | None = None
     worktrees: bool = False
@@ -397,7 +396,7 @@ class Chores:
         if not seen.options.dry_run:
             nursery.start_soon(functools.partial(
                 keep_status_file, functools.partial(take_snapshot, seen),
-                changes=self.changes, written=self.status_written, home=seen.options.home,
+                changes=self.changes, home=seen.options.home,
                 bounds=self.bounds))
         announce_start(seen.options, seen.brain)
 

@@ -32,6 +32,7 @@ from prohost.engine.lanes.scheduler import SchedulerStatistics
 from prohost.engine.link.connection import LinkStatistics
 from prohost.engine.report.outbox import Outbox
 from prohost.engine.run.heldrun import HeldRun, Phase
+from prohost.engine.run.progress import Progress
 from prohost.engine.view.reporttext import changes_summary, where_text
 from prohost.engine.view.snapshot import (
     REFRESH_S,
@@ -44,7 +45,7 @@ from prohost.engine.view.snapshot import (
 )
 from prohost.options import Options
 from prohost.wire.protocol import AccountRow, RunBeat, Status, converter
-from prohost.wire.runs import Outcome
+from prohost.wire.runs import Outcome, conversation_of
 from prohost.wire.usage import Usage
 
 log = logging.getLogger(lognames.HARNESS)
@@ -81,24 +82,25 @@ class Facts:
         self.brain_version = version
         self.on_change()
 
-    def note_outcome(self, held: HeldRun, outcome: Outcome) -> None:
-        """A run has its outcome and is about to be reported: log it, and keep it
-        among the latest finished runs the panel and ``agent status`` show. The
-        runner announces the change (it moves the run to ``reporting`` next)."""
-        run = held.run
+    def note_outcome(self, run_id: str, lane: str, progress: Progress,
+                     outcome: Outcome) -> None:
+        """Run ``run_id`` of ``lane`` has its outcome and is about to be reported: log
+        it, and keep it among the latest finished runs the panel and ``agent status``
+        show (with the model and mode its ``progress`` saw). The runner announces
+        the change (it moves the run to ``reporting`` next)."""
         if outcome.ok:
-            progress_log.info("✓ run %s finished", run.run_id)
+            progress_log.info("✓ run %s finished", run_id)
         else:
-            progress_log.info("✗ run %s failed: %s", run.run_id, outcome.error)
-        if held.progress.model:
-            self.model = held.progress.model
-        self.mode = held.progress.mode or self.mode
+            progress_log.info("✗ run %s failed: %s", run_id, outcome.error)
+        if progress.model:
+            self.model = progress.model
+        self.mode = progress.mode or self.mode
         now = time.time()
         usage = outcome.usage or Usage()
         tokens = None if usage.input_tokens is None and usage.output_tokens is None \
             else (usage.input_tokens or 0) + (usage.output_tokens or 0)
         self.finished.appendleft(FinishedRow(
-            run_id=run.run_id, conversation=run.conversation_id, ok=outcome.ok,
+            run_id=run_id, conversation=conversation_of(lane), ok=outcome.ok,
             error=outcome.error,
             duration_s=None if outcome.duration_ms is None else outcome.duration_ms / 1000,
             # The few words are read from the §7 JSON, as for any report.
@@ -217,10 +219,10 @@ def _spend_rows(rows: list[SpendRow]) -> tuple[SpendRow, ...]:
 
 
 async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
-                           written: Changes, home: Path, bounds: Bounds) -> None:
+                           home: Path, bounds: Bounds) -> None:
     """Keep ``home/status.json`` current with ``take()``: on every change, at most
     once a second, and every few seconds regardless (its age says the harness is
-    alive); ``written`` is told after each write.
+    alive).
 
     Cancelled: the file is removed (shielded, bounded), so ``agent status`` says
     plainly that no harness is running. Every write and the removal are bounded by
@@ -248,7 +250,6 @@ async def keep_status_file(take: Callable[[], Snapshot], *, changes: Changes,
                                        what=f"writing {home / STATUS_FILE}")
             except OSError as exc:
                 log.warning("could not write %s: %s", home / STATUS_FILE, exc)
-            written.notify()
             await trio.sleep(STATUS_FILE_MIN_INTERVAL_S)
             # Elapsed times move while runs execute; otherwise only changes matter.
             with trio.move_on_after(

@@ -10,10 +10,8 @@ from rich.console import Console
 
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.spend import DailySpend, SpendRow, day_start
-from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LedgerSteps
-from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.supervisor.held import HeldRuns
 from prohost.engine.supervisor.recovery import Recovery
@@ -22,6 +20,7 @@ from prohost.engine.view.panel import render
 from prohost.engine.view.snapshot import FinishedRow, Snapshot
 from prohost.wire.runs import Outcome
 from prohost.wire.usage import Usage
+from tests.kits.lanes import SettleLog
 
 NOON = day_start(time.time()) + 12 * 3600
 WORK = {"input_tokens": 1000, "output_tokens": 200, "cost_usd": 0.25}
@@ -67,19 +66,14 @@ async def test_a_restart_counts_todays_runs_again_from_the_ledger(tmp_path: Path
             ledger.mark_finished(run_id, outcome.to_json(), finished_at)
             ledger.mark_reported(run_id, "posted", finished_at + 1)
 
-        async def work(key: str, held: HeldRun) -> None:
-            raise AssertionError("nothing runs")
-
-        def settle(held: HeldRun, outcome: Outcome, *, recorded: bool = False,
-                   finished_at: float | None = None) -> None:
-            raise AssertionError("nothing is settled")
-
         spend = DailySpend()
-        queue = RunQueue(Scheduler(1, work), QueuedBodies(), settle)
+        scheduler = SettleLog()
+        queue = RunQueue(scheduler, QueuedBodies(), lambda: None)
         recovery = Recovery(steps=LedgerSteps(ledger), runs=HeldRuns(lambda: None),
-                            queue=queue, settle=settle, book=AccountBook(),
+                            queue=queue, book=AccountBook(),
                             clock=lambda: NOON, spend=spend)
         await recovery.recover()
+    assert scheduler.settled == []  # every row was reported
     assert spend.rows(NOON)[0] == SpendRow("work", runs=2, input_tokens=1007,
                                            output_tokens=200, cost_usd=0.25)
 

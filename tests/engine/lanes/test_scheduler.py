@@ -18,6 +18,7 @@ from prohost.engine.lanes.scheduler import (
     QueueFullError,
     Scheduler,
     SchedulerStatistics,
+    Slot,
 )
 from tests.kits.lanes import until_idle
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.protocol("§4")
 
 def pop_key(q: LaneQueue[str]) -> str | None:
     ready = q.pop_ready()
-    return None if ready is None else ready[0]
+    return None if ready is None else ready.key
 
 
 def queue_of(*keys: str) -> LaneQueue[str]:
@@ -44,7 +45,8 @@ def queue_of(*keys: str) -> LaneQueue[str]:
 
 def test_one_lane_runs_in_push_order_and_never_overlaps() -> None:
     q = queue_of("a1", "a2", "a3")
-    assert q.pop_ready() == ("a1", "A", "A1")
+    ready = q.pop_ready()
+    assert ready is not None and (ready.key, ready.lane, ready.item) == ("a1", "A", "A1")
     # Lane busy: its next item must wait even though it is the oldest queued.
     assert q.pop_ready() is None
     q.release("A")
@@ -204,9 +206,9 @@ def test_matches_the_naive_scan_on_random_workloads() -> None:
                 ready = q.pop_ready()
                 ops.append(("pop", "", ""))
                 if ready is not None:
-                    started.append(ready[0])
-                    queued.remove(ready[0])
-                    running[ready[1]] = ready[0]
+                    started.append(ready.key)
+                    queued.remove(ready.key)
+                    running[ready.lane] = ready.key
             elif running:
                 lane = rng.choice(sorted(running))
                 del running[lane]
@@ -237,7 +239,7 @@ class Harness:
     def gate(self, key: str) -> trio.Event:
         return self.gates.setdefault(key, trio.Event())
 
-    async def work(self, key: str, lane: str) -> None:
+    async def work(self, key: str, lane: str, slot: Slot) -> None:
         self.started.append(key)
         if any(self.lane_of[k] == lane for k in self.running):
             self.lane_overlap = True
@@ -421,7 +423,7 @@ async def test_cancelling_run_cancels_running_work_and_keeps_the_queue() -> None
 
 @pytest.mark.parametrize("limit", [0, MAX_CONCURRENCY + 1])
 def test_limit_is_bounded(limit: int) -> None:
-    async def work(key: str, item: None) -> None:
+    async def work(key: str, item: None, slot: Slot) -> None:
         raise AssertionError("never called")
 
     with pytest.raises(ValueError, match="limit"):
@@ -472,12 +474,13 @@ async def test_a_released_slot_starts_another_lane_while_the_lane_stays_busy() -
         released: dict[str, trio.Event] = {}
         started: list[str] = []
 
-        async def work(key: str, item: str) -> None:
+        async def work(key: str, item: str, slot: Slot) -> None:
             started.append(key)
             await h.gate(key).wait()
             # The agent is done; the report would take a while.
-            sched.release_slot(key)
-            sched.release_slot(key)  # idempotent
+            slot.release()
+            slot.release()  # idempotent
+            assert not slot.held
             await released.setdefault(key, trio.Event()).wait()
 
         h = Harness()
@@ -554,3 +557,86 @@ async def test_a_cancelled_hold_holds_nothing() -> None:
             await h.finish("a1")
             assert h.started == ["a1", "a2"]
             await h.finish("a2")
+
+
+# ---------------------------------------------------------------------------
+# Runs that only need reporting: the scheduler's other kind of item.
+# ---------------------------------------------------------------------------
+
+
+async def test_a_settled_item_takes_no_slot_but_waits_for_its_lane() -> None:
+    """Every slot is taken and lane A is busy: a report for B starts at once, one
+    for A only once A's run has ended, and neither is counted as queued."""
+    with trio.fail_after(5):
+        async with running_scheduler(1) as (sched, h):
+            h.submit(sched, "a1", "A")
+            await trio.testing.wait_all_tasks_blocked()
+            h.lane_of.update(ra="A", rb="B")
+            assert sched.settle("ra", "A", "A") and sched.settle("rb", "B", "B")
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.started == ["a1", "rb"]  # no slot was free: rb needs none
+            figures = sched.statistics()
+            assert (figures.running, figures.queued, figures.waiting_reports) == (1, 0, 1)
+            assert figures.reporting == 2  # rb running, ra waiting for A
+            await h.finish("a1")
+            assert h.started == ["a1", "rb", "ra"]
+            assert not h.lane_overlap
+            await h.finish("ra", "rb")
+            await until_idle(sched)
+
+
+@pytest.mark.protocol("§6")
+async def test_a_queued_run_settled_keeps_its_place_in_its_lane() -> None:
+    """Lane A: a1 runs, a2 and a3 wait. a3 is cancelled (settled): it is reported
+    in its turn, after a2, and before a4, accepted after it; a settled running run
+    is refused (its own work reports it)."""
+    with trio.fail_after(5):
+        async with running_scheduler(2) as (sched, h):
+            h.submit_all(sched, ("a1", "A"), ("a2", "A"), ("a3", "A"), ("a4", "A"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert not sched.settle("a1", "A", "report of a1")
+            assert sched.settle("a3", "A", "report of a3")
+            assert sched.statistics().queued == 2
+            for key in ("a1", "a2", "a3"):
+                await h.finish(key)
+            assert h.started == ["a1", "a2", "a3", "a4"]
+            await h.finish("a4")
+            await until_idle(sched)
+
+
+@pytest.mark.protocol("§9")
+async def test_a_drain_hands_back_the_runs_and_keeps_the_reports() -> None:
+    """Settled items, in the lanes or still on their way in, are still reported
+    after a drain; only the runs are handed back, in accept order."""
+    with trio.fail_after(5):
+        h = Harness()
+        sched: Scheduler[str] = Scheduler(1, h.work)
+        h.submit_all(sched, ("a1", "A"), ("a2", "A"), ("b1", "B"))
+        assert sched.settle("b1", "B", "report of b1")  # still in the channel
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sched.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.started in (["a1", "b1"], ["b1", "a1"])
+            h.lane_of["c1"] = "C"
+            assert sched.settle("c1", "A", "report of c1")  # behind a2 on lane A
+            assert sched.drain() == [("a2", "A")]
+            await h.finish("a1", "b1")
+            assert h.started[2:] == ["c1"]
+            await h.finish("c1")
+            await until_idle(sched)
+            nursery.cancel_scope.cancel()
+
+
+def test_lane_queue_moves_a_ready_lane_to_the_heap_of_its_head_s_kind() -> None:
+    """The pure queue: a ready lane whose head is made slotless pops without a slot;
+    with a run at its head again (the report removed), it waits for one."""
+    q = queue_of("a1", "a2", "b1")
+    assert q.make_slotless("a1", "report")
+    assert q.pop_ready(slot_free=False) is not None  # a1's report, no slot needed
+    assert q.pop_ready(slot_free=False) is None  # b1 needs a slot
+    q.release("A")
+    assert q.make_slotless("a2", "report")
+    q.remove("a2")
+    assert q.pop_ready(slot_free=False) is None
+    assert [pop_key(q), pop_key(q), pop_key(q)] == ["b1", None, None]
+    assert (q.queued, q.queued_slotless) == (0, 0)

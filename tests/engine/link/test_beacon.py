@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from prohost.engine.changes import Changes
 from prohost.engine.link.beacon import STATUS_MIN_INTERVAL_S, Beacon
 from prohost.engine.link.connection import Session
 from prohost.engine.run.heldrun import HeldRun
@@ -42,7 +43,8 @@ async def test_status_then_heartbeat_then_both_as_due(
     runs = [RunBeat(run_id="r1", state="running", lane="conv:C", started_at=1.5,
                     activity="Bash: ls"),
             RunBeat(run_id="r2", state="queued")]
-    beacon = Beacon(lambda: status(now["active"]), lambda: runs)
+    changes = Changes()
+    beacon = Beacon(lambda: status(now["active"]), lambda: runs, changes)
     session = Session(socket, Hello(heartbeat_s=10), 1)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(beacon.serve, session)
@@ -53,7 +55,7 @@ async def test_status_then_heartbeat_then_both_as_due(
         began = trio.current_time()
         for active in range(1, 20):
             now["active"] = active
-            beacon.poke()
+            changes.notify()
             await trio.sleep(0.01)
         await trio.sleep(1)
         statuses = [(at, m) for at, m in socket.sent if m["type"] == "status"][1:]
@@ -63,7 +65,7 @@ async def test_status_then_heartbeat_then_both_as_due(
         assert statuses[-1][1]["active"] == 19
         # An unchanged status is not sent again.
         before = len(socket.sent)
-        beacon.poke()
+        changes.notify()
         await trio.testing.wait_all_tasks_blocked()
         assert len(socket.sent) == before
         # Heartbeats every heartbeat_s, seq counting up, listing the runs.
@@ -88,7 +90,7 @@ async def test_a_full_queue_makes_a_heartbeat_far_below_4_mib() -> None:
         for n in range(MAX_QUEUED_RUNS)
     ]
     assert all(h.state == "queued" for h in held)
-    beacon = Beacon(lambda: status(0), lambda: [h.beat() for h in held])
+    beacon = Beacon(lambda: status(0), lambda: [h.beat() for h in held], Changes())
     text = encode(beacon.heartbeat())
     assert len(text.encode("utf-8")) < 1024 * 1024
     runs = json.loads(text)["runs"]

@@ -44,6 +44,7 @@ from tests.kits.harness import (
     running_server,
     start_run,
 )
+from tests.kits.status import status_says
 
 pytestmark = pytest.mark.protocol("§7")
 
@@ -135,7 +136,7 @@ async def test_a_report_outliving_its_window_lets_the_conversation_go_on_and_is_
             assert statuses(server, first) == [503]
 
             # `agent status` says one report waits, since the first turn finished.
-            await harness.next_status_write()
+            await status_says(tmp_path / "home", lambda seen: seen.reports_waiting == 1)
             out = io.StringIO()
             status_command(tmp_path / "home", as_json=True,
                            console=Console(file=out, width=200))

@@ -19,7 +19,7 @@ from prohost.commands.gc import (
     gc_command,
     parse_older_than,
 )
-from prohost.engine.lanes.scheduler import Scheduler
+from prohost.engine.lanes.scheduler import Scheduler, Slot
 from prohost.engine.repos.collect import GcEntry, collect_garbage
 from prohost.engine.repos.lanemarker import LANE_MARKER
 from prohost.engine.repos.worktrees import WorktreeManager
@@ -240,7 +240,7 @@ async def test_a_turn_arriving_during_collection_starts_after_it(tmp_path: Path)
         seen: list[tuple[str, bool]] = []
         turned = trio.Event()
 
-        async def turn(key: str, lane: str) -> None:
+        async def turn(key: str, lane: str, slot: Slot) -> None:
             seen.append((key, folder.exists()))
             assert (await manager.prepare(lane)).failures == ()
             turned.set()

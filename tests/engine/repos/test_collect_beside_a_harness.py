@@ -22,13 +22,13 @@ from prohost.engine.view.snapshot import (
     STATUS_FILE,
     RunRow,
     Snapshot,
-    read_snapshot,
     write_snapshot,
 )
 from prohost.home import InstanceLock, LockHeld, lock_held_message
 from tests.kits.harness import finished, gated_harness
 from tests.kits.paths import ROOT
 from tests.kits.repos import lanes, make_repo, worktree_paths
+from tests.kits.status import status_says
 
 HOUR = 3600.0
 
@@ -88,9 +88,8 @@ async def test_gc_keeps_the_worktree_an_agent_is_working_in(tmp_path: Path) -> N
 
                 busy = await server.submit_run("long job", conversation_id="C1")
                 await gate.wait_started(busy)
-                while not any(row.lane == "conv:C1"
-                              for row in (read_snapshot(home) or status(0, 0)).runs):
-                    await harness.next_status_write()
+                await status_says(home, lambda seen: any(row.lane == "conv:C1"
+                                                         for row in seen.runs))
                 c1 = harness.worktrees.lane_folder("conv:C1")
                 # Old enough to collect, if that were the only question.
                 set_last_used(c1, time.time() - HOUR)

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from prohost.wire.protocol import Pong
 from tests.kits.harness import (
+    Gate,
     busy_and_queued,
     finished,
     gated_harness,
     messages,
     released,
+    run_state,
+    running_harness,
+    running_server,
     start_run,
 )
 from tests.kits.process import alive
@@ -104,3 +109,31 @@ async def test_a_cancel_for_a_run_not_held_is_ignored(tmp_path: Path) -> None:
             assert completion is not None
             assert (completion["ok"], completion["reply"]) == (True, "fine")
             assert gate.started == [run_id]
+
+
+async def test_a_queued_run_s_cancel_is_kept_before_its_turn_to_be_reported(
+    tmp_path: Path,
+) -> None:
+    """A run cancelled while queued behind a running turn of its conversation waits
+    for that turn to be reported (§4); its cancel is in the ledger at once, so a
+    harness that ends meanwhile (a kill, a crash) and starts again reports it
+    cancelled and never runs it (§6: a cancel is final)."""
+    gate = Gate()
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with running_server() as server:
+                async with running_harness(server, home, exec_command=gate.command) as first:
+                    busy, [queued] = await busy_and_queued(server, gate, "A")
+                    await server.cancel_run(queued, "not needed")
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert first.harness.held[queued].state == "reporting"
+                    assert run_state(server, queued) != "failed"  # its turn has not come
+                # The first harness has ended, its agent killed: a new one takes over.
+                async with running_harness(server, home, exec_command=gate.command):
+                    await server.wait_until(finished(queued, busy))
+            nursery.cancel_scope.cancel()
+    completion = server.run(queued).completion
+    assert completion is not None and completion["error"] == "cancelled: not needed"
+    assert queued not in gate.started

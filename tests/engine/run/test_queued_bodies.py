@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.lanes.scheduler import Scheduler
+from prohost.engine.lanes.scheduler import Scheduler, Slot
 from prohost.engine.ledger import Ledger, LedgerError
 from tests.kits.harness import (
     agent_command,
@@ -91,7 +91,7 @@ async def test_at_most_limit_runs_submitted_to_start_at_once_can_wait() -> None:
     while fewer items wait than slots are free, on a lane with nothing running,
     waiting or holding it; so no more than ``limit`` of them can be kept whole."""
 
-    async def work(key: str, item: str) -> None:
+    async def work(key: str, item: str, slot: Slot) -> None:
         await trio.sleep_forever()
 
     scheduler: Scheduler[str] = Scheduler(2, work)
@@ -104,8 +104,7 @@ async def test_at_most_limit_runs_submitted_to_start_at_once_can_wait() -> None:
     assert not scheduler.starts_at_once("C")  # both slots are spoken for
     assert scheduler.remove("r2") == "r2"
     assert scheduler.starts_at_once("C")
-    granted = scheduler.claim("C")
-    assert granted.is_set()
-    assert not scheduler.starts_at_once("C")  # held (a report in line, a gc)
-    scheduler.unclaim("C", granted)
+    assert scheduler.settle("c0", "C", "c0")
+    assert not scheduler.starts_at_once("C")  # a report in line holds it
+    assert scheduler.remove("c0") == "c0"
     assert scheduler.starts_at_once("C")

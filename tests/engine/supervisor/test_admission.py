@@ -22,10 +22,8 @@ import trio.testing
 from prohost.engine.accounts.book import AccountBook
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.changes import Changes
-from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
-from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.queued_bodies import QueuedBodies
 from prohost.engine.supervisor.admission import (
     NOT_LOOKED_UP,
@@ -43,6 +41,7 @@ from prohost.wire.protocol import Ack, Delivery, Message
 from prohost.wire.runs import Outcome
 from prohost.wire.signature import sign
 from tests.kits.harness import wall_clock_bound
+from tests.kits.lanes import SettleLog
 from tests.kits.ledger import CommitHangs
 
 pytestmark = pytest.mark.protocol("§3")
@@ -123,8 +122,13 @@ class Parts:
     queue: RunQueue
     session: Acks
     taken_on: list[str]
-    settled: list[tuple[str, Outcome]]
+    scheduler: SettleLog
     later: Later
+
+    @property
+    def settled(self) -> list[tuple[str, Outcome]]:
+        """The runs reported without executing, in order, and their outcomes."""
+        return [(run_id, outcome) for run_id, outcome, *_ in self.scheduler.settled]
 
 
 @pytest.fixture
@@ -138,21 +142,13 @@ def build(ledger: Ledger, nursery: trio.Nursery, *, max_queued: int = 10,
     """Admission over real parts; its scheduler is never run, so nothing executes.
     What it does later (``later``) runs in ``nursery``."""
     taken_on: list[str] = []
-    settled: list[tuple[str, Outcome]] = []
-
-    async def work(key: str, held: HeldRun) -> None:
-        raise AssertionError("nothing runs in these tests")
 
     async def take_on(run_id: str) -> None:
         taken_on.append(run_id)
 
-    def settle(held: HeldRun, outcome: Outcome, *, recorded: bool = False,
-               finished_at: float | None = None) -> None:
-        settled.append((held.run_id, outcome))
-
-    scheduler: Scheduler[HeldRun] = Scheduler(2, work, queue_cap=100)
+    scheduler = SettleLog()
     runs = HeldRuns(lambda: None)
-    queue = RunQueue(scheduler, QueuedBodies(), settle)
+    queue = RunQueue(scheduler, QueuedBodies(), lambda: None)
     policy = AdmissionPolicy(max_queued=max_queued, allow_unverified=allow_unverified)
     later = Later(nursery)
     # A dry run's part is chosen at the composition root in place of admission.
@@ -160,7 +156,7 @@ def build(ledger: Ledger, nursery: trio.Nursery, *, max_queued: int = 10,
         else Admission(secret=SECRET, policy=policy, book=AccountBook(), runs=runs,
                        queue=queue, steps=LedgerSteps(ledger), take_on=take_on,
                        later=later)
-    return Parts(admission, runs, queue, Acks(), taken_on, settled, later)
+    return Parts(admission, runs, queue, Acks(), taken_on, scheduler, later)
 
 
 def body_of(run_id: str) -> str:

@@ -26,7 +26,6 @@ import pytest
 import trio
 
 from prohost.engine.accounts.book import Account, AccountBook
-from prohost.engine.lanes.scheduler import Scheduler
 from prohost.engine.ledger import Ledger, LedgerError, RunState
 from prohost.engine.ledger.steps import LedgerSteps
 from prohost.engine.run.heldrun import HeldRun
@@ -36,10 +35,11 @@ from prohost.engine.supervisor.recovery import Recovery
 from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.wire.outcomes import NOT_STARTED, RESTARTED
 from prohost.wire.runs import Outcome
+from tests.kits.lanes import SettleLog
 
 pytestmark = pytest.mark.protocol("§7")
 
-#: What the ``settle`` stand-in records: run id, outcome, recorded, finished_at.
+#: What the scheduler records of a settled run: run id, outcome, recorded, finished_at.
 Settled = tuple[str, Outcome, bool, float | None]
 
 NOW = 1_800_000_000.0
@@ -54,9 +54,13 @@ class Parts:
     ledger: Ledger
     runs: HeldRuns
     queue: RunQueue
-    scheduler: Scheduler[HeldRun]
+    scheduler: SettleLog
     book: AccountBook
-    settled: list[Settled]
+
+    @property
+    def settled(self) -> list[Settled]:
+        """The runs reported without executing, in order."""
+        return self.scheduler.settled
 
 
 @pytest.fixture
@@ -67,22 +71,13 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 def build(ledger: Ledger, *, steps: LedgerSteps | None = None) -> Parts:
     """Recovery over real parts, with a clock fixed at :data:`NOW`."""
-    settled: list[Settled] = []
-
-    async def work(key: str, held: HeldRun) -> None:
-        raise AssertionError("nothing runs in these tests")
-
-    def settle(held: HeldRun, outcome: Outcome, *, recorded: bool = False,
-               finished_at: float | None = None) -> None:
-        settled.append((held.run_id, outcome, recorded, finished_at))
-
-    scheduler: Scheduler[HeldRun] = Scheduler(2, work, queue_cap=100)
+    scheduler = SettleLog()
     runs = HeldRuns(lambda: None)
-    queue = RunQueue(scheduler, QueuedBodies(), settle)
+    queue = RunQueue(scheduler, QueuedBodies(), lambda: None)
     book = AccountBook([Account("a", Path("/a")), Account("b", Path("/b"))])
     recovery = Recovery(steps=steps or LedgerSteps(ledger), runs=runs, queue=queue,
-                        settle=settle, book=book, clock=lambda: NOW)
-    return Parts(recovery, ledger, runs, queue, scheduler, book, settled)
+                        book=book, clock=lambda: NOW)
+    return Parts(recovery, ledger, runs, queue, scheduler, book)
 
 
 def body_of(run_id: str) -> str:

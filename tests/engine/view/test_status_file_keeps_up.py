@@ -15,38 +15,36 @@ import trio
 
 from prohost.engine.blocking import Bounds
 from prohost.engine.changes import Changes
-from prohost.engine.view.snapshot import REFRESH_S, Snapshot, read_snapshot
+from prohost.engine.view.snapshot import REFRESH_S, Snapshot
 from prohost.engine.view.status_file import STATUS_FILE_MIN_INTERVAL_S, keep_status_file
 from tests.kits.panel import base
+from tests.kits.status import status_says
 
 
 def keep(nursery: trio.Nursery, take: Callable[[], Snapshot], changes: Changes,
-         written: Changes, home: Path) -> None:
-    nursery.start_soon(lambda: keep_status_file(take, changes=changes, written=written,
-                                                home=home, bounds=Bounds()))
+         home: Path) -> None:
+    nursery.start_soon(lambda: keep_status_file(take, changes=changes, home=home,
+                                                bounds=Bounds()))
 
 
-async def the_next_write_shows_it_after_the_pause(written: Changes, home: Path) -> None:
+async def the_next_write_shows_it_after_the_pause(home: Path) -> None:
     """The next write says "connected", right after the pause: well before the
     REFRESH_S that a missed notice would have waited."""
     started = trio.current_time()
-    await written.wait()
+    await status_says(home, lambda seen: seen.connection == "connected")
     took = trio.current_time() - started
-    snapshot = read_snapshot(home)
-    assert snapshot is not None and snapshot.connection == "connected"
     assert took < STATUS_FILE_MIN_INTERVAL_S + (REFRESH_S - STATUS_FILE_MIN_INTERVAL_S) / 2
 
 
 async def test_a_change_during_the_pause_is_written_after_it(tmp_path: Path) -> None:
-    changes, written = Changes(), Changes()
+    changes = Changes()
     current = [base(connection="connecting")]
     async with trio.open_nursery() as nursery:
-        first = written.wait
-        keep(nursery, lambda: current[0], changes, written, tmp_path)
-        await first()
+        keep(nursery, lambda: current[0], changes, tmp_path)
+        await status_says(tmp_path, lambda seen: seen.connection == "connecting")
         current[0] = base(connection="connected")
         changes.notify()  # during the pause that follows the first write
-        await the_next_write_shows_it_after_the_pause(written, tmp_path)
+        await the_next_write_shows_it_after_the_pause(tmp_path)
         nursery.cancel_scope.cancel()
 
 
@@ -55,7 +53,7 @@ async def test_a_change_while_a_picture_is_written_is_written_after_the_pause(
 ) -> None:
     # The notice comes while the first picture is taken, before its write ends:
     # that picture may not show it, so the next write must follow the pause.
-    changes, written = Changes(), Changes()
+    changes = Changes()
     taken: list[Snapshot] = []
 
     def take() -> Snapshot:
@@ -65,7 +63,7 @@ async def test_a_change_while_a_picture_is_written_is_written_after_the_pause(
         return taken[-1]
 
     async with trio.open_nursery() as nursery:
-        keep(nursery, take, changes, written, tmp_path)
-        await written.wait()
-        await the_next_write_shows_it_after_the_pause(written, tmp_path)
+        keep(nursery, take, changes, tmp_path)
+        await status_says(tmp_path, lambda seen: seen.connection == "connecting")
+        await the_next_write_shows_it_after_the_pause(tmp_path)
         nursery.cancel_scope.cancel()
