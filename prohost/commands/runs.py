@@ -132,7 +132,7 @@ async def runs_cancel_command(server: str, run_id: str, reason: str | None,
                 if named != run_id:
                     run_id = named
                     response = await client.request(
-                        "DELETE", f"/v1/runs/{run_id}",
+                        "DELETE", f"/v1/runs/{run_id}", headers=headers,
                         json={"reason": reason} if reason else None)
     except SendError as exc:
         return _fail("cancel", str(exc))
