@@ -17,12 +17,12 @@ the medians' ratios against the targets (harness CPU per run ≤ 1.2×, runs/s �
 
 Each round first measures the spawn floor in the first checkout
 (``bench_spawn_floor.py``: ``sh -c cat`` 16 at a time bare, under prohost's
-bubblewrap command line, and under it with the keeper; no harness), so the report
-shows what runs/s any harness starting one bubblewrap per run can reach here: the
-floors' own ratio, and, since with agents as cheap as ``cat`` the machine's CPU
-bounds runs/s, ``off``'s machine CPU per run over that plus what bubblewrap adds to
-a spawn's. Each mode's runs/s is also given against its floor (``off``: bare;
-``auto``: with the keeper), as ``bench_e2e.py`` gives its end-to-end runs/s.
+bubblewrap command line; no harness), so the report shows what runs/s any harness
+starting one bubblewrap per run can reach here: the floors' own ratio, and, since
+with agents as cheap as ``cat`` the machine's CPU bounds runs/s, ``off``'s machine
+CPU per run over that plus what bubblewrap adds to a spawn's. Each mode's runs/s is
+also given against its floor (``off``: bare; ``auto``: bubblewrap), as
+``bench_e2e.py`` gives its end-to-end runs/s.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ async def one(mode: str, runs: int, probes: int, samples: int) -> dict[str, floa
 
 
 #: The spawn floor's loads (bench_spawn_floor.py), in its order.
-LOADS = ("bare", "bwrap", "keeper")
+LOADS = ("bare", "bwrap")
 
 
 async def spawn_floor(tree: str, spawns: int) -> dict[str, Any]:
@@ -99,13 +99,11 @@ def floor_report(floors: list[dict[str, Any]], off_rows: list[dict[str, float]],
     off_machine = statistics.median(row["machine_ms_per_run"] for row in off_rows)
     print(f"  runs/s ceilings for auto against off, the machine's CPU bound (off: "
           f"{off_machine:.2f} ms of it per run end to end):")
-    for load in LOADS[1:]:
-        added = median(load, "machine_cpu_ms") - median("bare", "machine_cpu_ms")
-        print(f"    one {'bubblewrap' if load == 'bwrap' else 'bubblewrap and keeper'} "
-              f"per run, no harness cost: +{added:.2f} ms → "
-              f"{off_machine / (off_machine + added):.2f}× (the floors' own ratio: "
-              f"{median(load, 'spawns_per_s') / bare:.2f}×)")
-    for name, rows, load in (("off", off_rows, "bare"), ("auto", auto_rows, "keeper")):
+    added = median("bwrap", "machine_cpu_ms") - median("bare", "machine_cpu_ms")
+    print(f"    one bubblewrap per run, no harness cost: +{added:.2f} ms → "
+          f"{off_machine / (off_machine + added):.2f}× (the floors' own ratio: "
+          f"{median('bwrap', 'spawns_per_s') / bare:.2f}×)")
+    for name, rows, load in (("off", off_rows, "bare"), ("auto", auto_rows, "bwrap")):
         rate = statistics.median(row["runs_per_s"] for row in rows)
         print(f"  {name:4s} {rate:7.1f} runs/s: {rate / median(load, 'spawns_per_s'):.2f}× "
               f"its floor ({load}); machine CPU "

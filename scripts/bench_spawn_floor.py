@@ -5,23 +5,22 @@
 Usage: ``.venv/bin/python scripts/bench_spawn_floor.py [--spawns N] [--json]``
 (run from a checkout: its prohost makes the command line).
 
-Three loads, one after another, each ``--spawns`` spawns from trio as the harness
-spawns (a worker thread's ``Popen``, the process reaped by trio):
+Two loads, one after the other, each ``--spawns`` spawns from trio as the harness
+spawns (a worker thread's ``Popen``, the process reaped by trio), each the command
+line :func:`prohost.engine.agent.spawn.command_line` gives:
 
 - ``bare``: ``/bin/sh -c cat``, as ``--sandbox off`` spawns an agent;
 - ``bwrap``: the same under bubblewrap with the options a plain ``--exec cat`` run
   gets (:func:`prohost.engine.run.confine.make`: the namespaces, the read-only
-  machine, the hidden places, the socket filter passed as a descriptor);
-- ``keeper``: the whole command line ``--sandbox auto`` spawns
-  (:func:`prohost.engine.agent.spawn.spawn_confined`'s: bubblewrap, the keeper's
-  shell with its status pipe, then ``sh -c cat``).
+  machine, the hidden places, the socket filter passed as a descriptor), as
+  ``--sandbox auto`` spawns it.
 
 For each: spawns/s and the machine's CPU per spawn (``/proc/stat``, every CPU and
 process: bubblewrap's cost is nearly all in the kernel, some of it in the kernel's
 own threads, so the spawned trees' ``rusage`` misses it; other processes' load
-counts too, so compare loads of one run). ``bwrap``/``bare`` is the
-runs/s ceiling any harness that starts one bubblewrap per run can reach here with
-agents as cheap as ``cat``; ``keeper``/``bare`` the one prohost's spawn can.
+counts too, so compare loads of one run). ``bwrap``/``bare`` is the spawn rate
+any harness that starts one bubblewrap per run keeps here with agents as cheap as
+``cat``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import trio
 
 sys.path.insert(0, str(Path.cwd()))
 
-from prohost.engine.agent.spawn import KEEPER
+from prohost.engine.agent.spawn import command_line
 from prohost.engine.run.confine import (
     RunConfinement,
     RunPlaces,
@@ -47,9 +46,10 @@ from prohost.engine.run.confine import (
     command_paths,
     make,
 )
-from prohost.engine.sandbox import probe, seccomp
+from prohost.engine.sandbox import probe
 
 CONCURRENCY = 16
+LOADS = ("bare", "bwrap")
 PAYLOAD = b"x" * 4096
 
 
@@ -88,27 +88,15 @@ async def load(name: str, count: int, tmp: Path, made: list[RunConfinement]) -> 
         confinement = confined.confinement
         while left > 0:
             left -= 1
-            argv = ["/bin/sh", "-c", "cat"]
             fds: tuple[int, ...] = ()
-            status = told = -1
-            if name != "bare":
-                for fd in confinement.pass_fds:
-                    seccomp.rewind(fd)
+            if name == "bare":
+                argv = command_line(None, "cat", cwd)
+            else:
+                confinement.rewind()
                 fds = confinement.pass_fds
-                prefix = [*confinement.argv_prefix, "--chdir", str(cwd), "--"]
-                if name == "keeper":
-                    status, told = os.pipe()
-                    fds = (*fds, told)
-                    argv = ["/bin/sh", "-c", KEEPER % {"fd": told, "save": 6 if told == 5 else 5},
-                            "prohost-keeper", *argv]
-                argv = [*prefix, *argv]
-            try:
-                result = await trio.run_process(argv, stdin=PAYLOAD, capture_stdout=True,
-                                                cwd=cwd, pass_fds=fds, start_new_session=True)
-            finally:
-                if status >= 0:
-                    os.close(status)
-                    os.close(told)
+                argv = command_line(confinement, "cat", cwd)
+            result = await trio.run_process(argv, stdin=PAYLOAD, capture_stdout=True,
+                                            cwd=cwd, pass_fds=fds, start_new_session=True)
             if result.stdout != PAYLOAD:
                 raise RuntimeError(f"{name}: sh -c cat did not echo its stdin")
 
@@ -128,7 +116,7 @@ async def floor(spawns: int) -> dict[str, Any]:
         made = confinements(tmp)
         try:
             found: dict[str, Any] = {"load_average": os.getloadavg()[0]}
-            for name in ("bare", "bwrap", "keeper"):
+            for name in LOADS:
                 found[name] = await load(name, spawns, tmp, made)
             return found
         finally:
@@ -146,7 +134,7 @@ def main() -> None:
         print(json.dumps(found))
         return
     bare = found["bare"]
-    for name in ("bare", "bwrap", "keeper"):
+    for name in LOADS:
         got = found[name]
         ratio = got["spawns_per_s"] / bare["spawns_per_s"]
         print(f"{name:6s} {got['spawns_per_s']:7.1f} spawns/s ({ratio:.2f}× bare), "
