@@ -145,6 +145,18 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
+#: The grace of the tests whose regression would wait for it (then SIGKILL, and
+#: nothing saved): long beside a save, short for a test that fails.
+SHORT_GRACE_S = 20.0
+
+
+@pytest.fixture
+def short_groups() -> ProcessGroups:
+    groups = ProcessGroups()
+    groups.grace_s = SHORT_GRACE_S
+    return groups
+
+
 @pytest.fixture
 def bubblewrap(tmp_path: Path) -> Iterator[Confinement]:
     support = probe()
@@ -155,22 +167,22 @@ def bubblewrap(tmp_path: Path) -> Iterator[Confinement]:
 
 
 async def test_what_the_agent_leaves_outside_its_group_gets_sigterm_and_the_grace(
-    tmp_path: Path, patient_groups: ProcessGroups, bubblewrap: Confinement,
+    tmp_path: Path, short_groups: ProcessGroups, bubblewrap: Confinement,
 ) -> None:
     # Confined, a process that started a session of its own is still in the run's
     # PID namespace: it is told to stop as the group is, and saves (SIGKILLed at
-    # the grace's end, it had not, and the harness waited the whole grace).
+    # the grace's end, it had not).
     saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
     command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
                           str(saved), str(pidfile), "--setsid"])
     async with wall_clock_bound(GIVE_UP_S):
-        stdout = await run(command, tmp_path, patient_groups, bubblewrap)
+        stdout = await run(command, tmp_path, short_groups, bubblewrap)
     assert stdout == b"ready\n"
     assert saved.read_text() == "saved"
 
 
 async def test_a_stopped_agent_s_leftovers_outside_its_group_get_the_grace_too(
-    tmp_path: Path, patient_groups: ProcessGroups, bubblewrap: Confinement,
+    tmp_path: Path, short_groups: ProcessGroups, bubblewrap: Confinement,
 ) -> None:
     saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
     command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
@@ -178,7 +190,7 @@ async def test_a_stopped_agent_s_leftovers_outside_its_group_get_the_grace_too(
     ready = trio.Event()
     async with wall_clock_bound(GIVE_UP_S), trio.open_nursery() as nursery:
         async def run_it() -> None:
-            await run_agent(command, stdin_text="", cwd=tmp_path, groups=patient_groups,
+            await run_agent(command, stdin_text="", cwd=tmp_path, groups=short_groups,
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                             on_stdout_line=lambda line: ready.set(), confinement=bubblewrap)
 
