@@ -2,13 +2,14 @@
 what an ACP adapter leaves (claude-agent-acp exits and its Claude Code CLI, sent
 SIGTERM, writes the session's transcript as it leaves).
 
-    leaves_a_saver.py SAVED_FILE PIDFILE [--then-wait]
+    leaves_a_saver.py SAVED_FILE PIDFILE [--then-wait] [--setsid]
 
 Starts a child in its process group whose stdout is not the agent's (so the
 agent's pipes end with the agent, as the adapter's do) and which, on SIGTERM,
 takes a moment and then writes "saved" to SAVED_FILE. Writes the child's pid to
-PIDFILE, prints "ready" and exits 0. With ``--zombie`` the child instead exits at
-once, and its grandchild lives on (until SIGTERM) unreaped by anyone in the group.
+PIDFILE, prints "ready" and exits 0 (``--then-wait``: waits for a signal first).
+With ``--setsid`` the child starts a session of its own, so no signal to the
+agent's group reaches it.
 """
 
 import os
@@ -32,7 +33,8 @@ while True:
 """
 
 child = subprocess.Popen([sys.executable, "-c", CHILD, saved], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                         start_new_session="--setsid" in sys.argv[3:])
 assert child.stdout is not None
 if child.stdout.readline() != b"armed\n":
     sys.exit("the child did not arm itself")
@@ -41,6 +43,6 @@ with open(pidfile + ".tmp", "w") as file:
 os.replace(pidfile + ".tmp", pidfile)
 print("ready", flush=True)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-if sys.argv[3:] == ["--then-wait"]:
+if "--then-wait" in sys.argv[3:]:
     signal.pause()
 sys.exit(0)

@@ -3,7 +3,7 @@ blocks opening a named pipe before it execs the agent, deaf to SIGTERM — is bo
 by the run's cancel and by its deadline, reported, and leaves no process behind.
 
 Real parts: the reference server on 127.0.0.1, the production harness in this trio
-run, spawning confined through its one spawn path (bubblewrap's keeper where the
+run, spawning confined through its one spawn path (under bubblewrap where the
 machine has it), a real FIFO in a folder the run may see; the program tells the
 test's Gate it started just before it blocks. No switch of the harness's is set.
 """

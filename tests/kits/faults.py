@@ -32,13 +32,16 @@ class Spawns:
         async def open_process(command: Any, **options: Any) -> trio.Process:
             proc = await original(command, **options)
             run_id = (options.get("env") or {}).get("PROHOST_RUN_ID")
-            if run_id is not None and command[:2] == ["/bin/sh", "-c"]:
+            # run_agent's command line ends with the agent's shell (after bubblewrap
+            # and its options where the run is confined).
+            if run_id is not None and list(command[-3:-1]) == ["/bin/sh", "-c"]:
                 self._by_run.setdefault(run_id, []).append(proc)
             return proc
 
         monkeypatch.setattr(trio.lowlevel, "open_process", open_process)
-        # A confined agent (the default, docs/protocol.md §13) is spawned from a confined
-        # thread instead, not through trio's open_process: counted there too.
+        # A confined agent whose confinement has a Landlock domain to enter is spawned
+        # from a confined thread instead, not through trio's open_process: counted
+        # there too.
         spawn_confined = agent_process.spawn_confined
 
         async def spawned_confined(confinement: Any, command: str, **options: Any) -> Any:

@@ -47,7 +47,14 @@ from prohost.engine.agent.launch import (
 )
 from prohost.engine.agent.output import LastLine, LineSplitter
 from prohost.engine.agent.poll import EXIT, poller_for
-from prohost.engine.agent.spawn import Spawned, spawn_confined
+from prohost.engine.agent.spawn import (
+    Report,
+    Spawned,
+    command_line,
+    exit_status,
+    namespace_leftovers,
+    spawn_confined,
+)
 
 log = logging.getLogger("prohost.agentproc")
 
@@ -199,6 +206,7 @@ class _Watch:
         on_output: Callable[[float], None] | None = None,
         conversation: Conversation | None = None,
         on_exit: Callable[[], None] | None = None,
+        report: Report | None = None,
     ) -> None:
         self.proc = proc
         self.on_exit = on_exit
@@ -232,23 +240,22 @@ class _Watch:
         self.lines = None if on_stdout_line is None else LineSplitter(  # ACP: AcpTurn.overlong
             on_stdout_line, max_line_bytes, getattr(conversation, "overlong", None))
         self.open_pipes = 2
+        #: The pipes read to their end-of-file (no longer watched).
+        self.ended: set[int] = set()
         #: What the leader left in its group and is waited for: pidfd → pid.
         self.members: dict[int, int] = {}
         self.exited = False
         self.timed_out: TimedOut | None = None
         self.poller = poller_for(proc)
-        #: Under bubblewrap's keeper: its status pipe, which says the agent's end
-        #: (the process watched is bubblewrap, which ends after what the agent left).
-        self.status_fd = proc.status if isinstance(proc, Spawned) else None
-        #: Under the keeper: bubblewrap has exited, so its namespace is empty.
-        self.outer_exited = False
+        #: The process watched is bubblewrap, whose PID namespace holds the run
+        #: (:mod:`prohost.engine.agent.spawn`): its exit is the agent's, and the
+        #: pipes' end the namespace's; this is what it says of that namespace.
+        self.report = report
 
     async def run(self) -> ProcessResult:
         try:
             self.poller.read(self.stdout_fd)
             self.poller.read(self.stderr_fd)
-            if self.status_fd is not None:
-                self.poller.read(self.status_fd)
             if self.conversation is not None:
                 self.conversation.open(self)
             else:
@@ -278,7 +285,7 @@ class _Watch:
         if self.lines is not None:
             self.lines.close()
         self.stderr.close()
-        code = self.proc.returncode
+        code = exit_status(self.proc.returncode, namespaced=self.report is not None)
         return ProcessResult(
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
@@ -338,21 +345,24 @@ class _Watch:
         pipes, so an end is noticed when it happens and no timer of trio's is
         needed for it (a test's still clock never ends the wait early or late).
 
-        Under bubblewrap's keeper, the keeper does the SIGTERM itself, inside the
-        namespace (a process that left the group is still in it), and bubblewrap
-        exits once it is empty: that is waited for, within the grace.
+        Under bubblewrap, the pipes' end says the run's namespace is empty (its init
+        held them), the usual case, and then nothing is looked up; else its init is
+        in the group, waiting for what is left, and what is left in the namespace
+        outside the group (``setsid``) gets the SIGTERM too.
 
         Cancelled: stops waiting; the caller's stop sweeps the group.
         """
-        if self.status_fd is not None:
-            with trio.move_on_after(self.groups.grace_s):
-                await self._pump(lambda: self.outer_exited)
-            if self.outer_exited:
+        if self.report is not None:
+            self._read_ready()
+            if self.open_pipes and self.report.init_is_ending():
+                with trio.move_on_after(self.groups.grace_s):
+                    await self._pump(lambda: not self.open_pipes)
+            if not self.open_pipes:
                 return
         left = await _left_in(self.pgid)
         if not left:
             return
-        _killpg(self.pgid, signal.SIGTERM)
+        await self._terminate()
         with trio.move_on_after(self.groups.grace_s):
             await self._until_ended(left)
 
@@ -429,7 +439,7 @@ class _Watch:
         if self.conversation is not None and not self.exited and self.conversation.interrupt():
             with trio.move_on_after(self.groups.grace_s / 2):
                 await self._pump(lambda: self.exited)
-        _killpg(self.pgid, signal.SIGTERM)
+        await self._terminate()
         with trio.move_on_after(self.groups.grace_s):
             await self._pump(self._gone)
             # The leader is gone; what it left, told to stop with it, gets the rest
@@ -441,31 +451,25 @@ class _Watch:
     def _gone(self) -> bool:
         return self.exited and not self.open_pipes
 
-    def _exit_seen(self) -> None:
-        """The watched process has exited: the agent, or under the keeper
-        bubblewrap (after the agent, unless it died first: a stop's SIGTERM)."""
-        if self.status_fd is None:
-            self.exited = self.proc.returncode is not None
-            if self.exited:
-                self.poller.forget(EXIT)
+    async def _terminate(self) -> None:
+        """SIGTERM the group, and under bubblewrap every process left in the run's
+        namespace outside it (``setsid``; found in ``/proc`` by a worker thread,
+        abandoned when cancelled)."""
+        _killpg(self.pgid, signal.SIGTERM)
+        init = self.report.init() if self.report is not None else None
+        if init is None:
             return
-        if self.proc.returncode is None and not self._status_heard():
-            assert isinstance(self.proc, Spawned)
-            self.proc.agent_ended = True  # bubblewrap ended without the keeper's word
-            self._status_heard()
-        if self.proc.returncode is not None:
-            self.outer_exited = isinstance(self.proc, Spawned) and \
-                self.proc._popen.returncode is not None
-            if self.outer_exited:
-                self.poller.forget(EXIT)
+        for pid in await trio.to_thread.run_sync(namespace_leftovers, init,
+                                                 abandon_on_cancel=True):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
 
-    def _status_heard(self) -> bool:
-        """Read the keeper's status pipe; whether the agent has ended."""
-        assert isinstance(self.proc, Spawned) and self.status_fd is not None
-        if not self.exited and self.proc.heard():
-            self.exited = True
-            self.poller.forget(self.status_fd)
-        return self.exited
+    def _exit_seen(self) -> None:
+        """The watched process has exited: the agent, or under bubblewrap
+        bubblewrap, which ends with the agent (or before it: a stop's SIGTERM)."""
+        self.exited = self.proc.returncode is not None
+        if self.exited:
+            self.poller.forget(EXIT)
 
     async def _pump(self, done: Callable[[], bool]) -> None:
         """Read the pipes, feed stdin and notice the leader's exit until ``done()``.
@@ -480,8 +484,6 @@ class _Watch:
                     self._read_stderr()
                 elif fd == EXIT:
                     self._exit_seen()
-                elif fd == self.status_fd:
-                    self._status_heard()
                 elif fd in self.members:
                     self._member_ended(fd)
                 else:
@@ -555,7 +557,16 @@ class _Watch:
         else:
             self.poller.forget(fd)
             self.open_pipes -= 1
+            self.ended.add(fd)
         return chunk
+
+    def _read_ready(self) -> None:
+        """Read what the open pipes hold now, their end-of-file included, without
+        waiting (bubblewrap's end is often seen before its init's)."""
+        if self.stdout_fd not in self.ended:
+            self._read_stdout()
+        if self.stderr_fd not in self.ended:
+            self._read_stderr()
 
     def _read_stdout(self) -> None:
         chunk = self._read(self.stdout_fd)
@@ -623,19 +634,30 @@ async def run_agent(
     command, cwd, env = launch.command, launch.cwd, launch.env
     confinement, conversation = launch.confinement, launch.conversation
     proc: trio.Process | Spawned
-    if confinement is not None and (confinement.keeper or confinement.has_domain):
-        proc = await spawn_confined(confinement, command, cwd=cwd, env=env)
-    else:
-        prefix = confinement.argv_prefix if confinement is not None else ()
-        proc = await trio.lowlevel.open_process(
-            [*prefix, "/bin/sh", "-c", command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=dict(env),
-            start_new_session=True,
-        )
+    report = Report() if confinement is not None and confinement.namespaced else None
+    try:
+        if confinement is not None and confinement.has_domain:
+            proc = await spawn_confined(confinement, command, cwd=cwd, env=env, report=report)
+        else:
+            if confinement is not None:
+                confinement.rewind()
+            proc = await trio.lowlevel.open_process(
+                command_line(confinement, command, cwd, report),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                pass_fds=(*confinement.pass_fds, *((report.told,) if report else ()))
+                if confinement is not None else (),
+            )
+    except BaseException:
+        if report is not None:
+            report.close()
+        raise
+    if report is not None:
+        report.spawned()
     # start_new_session makes the child a session and group leader: pgid == pid.
     pgid = proc.pid
     groups.add(pgid)
@@ -653,14 +675,15 @@ async def run_agent(
             on_output=hooks.on_output,
             conversation=conversation,
             on_exit=hooks.on_exit,
+            report=report,
         )
         return await watch.run()
     finally:
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)
         groups.discard(pgid)
-        if isinstance(proc, Spawned):
-            proc.close()
+        if report is not None:
+            report.close()
         # Plain closes: each aclose() would be one more trip through the scheduler.
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if isinstance(stream, trio.lowlevel.FdStream):

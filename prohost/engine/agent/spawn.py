@@ -1,14 +1,28 @@
-"""Spawning an agent confined (docs/protocol.md §13): from a thread in the
-confinement's Landlock domain, and under bubblewrap, through the keeper.
+"""Spawning an agent confined (docs/protocol.md §13): its command line under
+bubblewrap, and, where the confinement has a Landlock domain, from a thread in it.
 
-:func:`spawn_confined` is :func:`prohost.engine.agent.process.run_agent`'s spawn
-when the run is confined by bubblewrap or by Landlock alone; :class:`Spawned` is
-what the watch reads of the process it made.
+:func:`command_line` is the command ``run_agent`` spawns; :func:`spawn_confined`
+its spawn when the confinement has a domain to enter first; :class:`Spawned` is
+what the watch reads of the process that spawn made; :class:`Report` is what
+bubblewrap says of a run's PID namespace, and :func:`namespace_leftovers` finds
+what a run left there.
+
+Under bubblewrap the process spawned is bubblewrap itself, and the agent's shell
+is the second process of the run's PID namespace, after bubblewrap's init. That
+init holds the agent's stdin, stdout and stderr, reaps every orphan of the
+namespace, and ends only once nothing else is left in it; bubblewrap ends as soon
+as the agent does, with the agent's exit status (shell style: 128+N for signal N).
+So the watch reads the agent's end from bubblewrap's, and the namespace's from the
+pipes: their end-of-file means the init is gone, and with it every process of
+the run (a double fork and ``setsid`` leave the group, never the namespace).
+bubblewrap's end is often seen just before its init's: then the init's children
+(``/proc``, one file) say whether it is ending too or waits for what the run left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from collections.abc import Callable, Mapping
@@ -19,106 +33,134 @@ import trio
 from prohost.engine.blocking import wake_from_thread
 from prohost.engine.sandbox import Confinement
 
-__all__ = ["KEEPER", "Spawned", "spawn_confined"]
+__all__ = ["Report", "Spawned", "command_line", "exit_status", "namespace_leftovers",
+           "spawn_confined"]
 
-#: The first process in a run's bubblewrap (its PID namespace's second, after
-#: bubblewrap's own init), between bubblewrap and the agent. The namespace ends
-#: when it does, and the kernel then SIGKILLs all that is left in it at once; so
-#: it outlives the agent. It starts the agent on its own stdin (kept aside first
-#: on ``%(save)d``: a non-interactive shell gives a background job ``/dev/null``
-#: before any redirection of its own), and only then ignores the stop's
-#: signals (so the agent keeps their default dispositions); it waits for the
-#: agent, says its exit status on the status pipe (``%(fd)d`` is that pipe in
-#: every process of the run; dash cannot close a descriptor above 9, so the agent
-#: has it too: a false status only ends its own run sooner), SIGTERMs all that is
-#: left in the namespace and waits, looking at ``/proc`` (an empty namespace costs
-#: no wait), until nothing but itself and init is left. The harness bounds that
-#: wait by the grace: it SIGKILLs the group (bubblewrap, init, the keeper), and the
-#: namespace with them, after it; a double fork and ``setsid`` cannot leave it.
-KEEPER = """exec %(save)d<&0
-"$@" <&%(save)d %(save)d<&- &
-agent=$!
-exec %(save)d<&-
-trap '' TERM INT HUP
-wait "$agent"
-echo "$?" >/proc/self/fd/%(fd)d
-kill -TERM -1 2>/dev/null
-while :; do
-  for p in /proc/[0-9]*; do
-    case $p in /proc/1|/proc/$$) ;; *) sleep 0.05; continue 2;; esac
-  done
-  exit 0
-done
-"""
+
+def command_line(confinement: Confinement | None, command: str, cwd: Path,
+                 report: Report | None = None) -> list[str]:
+    """What ``run_agent`` spawns for ``command``: ``/bin/sh -c command``, after the
+    confinement's prefix (bubblewrap's, with the working folder inside its view and
+    ``report``'s pipe for its status)."""
+    argv = ["/bin/sh", "-c", command]
+    if confinement is None:
+        return argv
+    if confinement.namespaced:
+        told = ["--json-status-fd", str(report.told)] if report is not None else []
+        return [*confinement.argv_prefix, *told, "--chdir", str(cwd), "--", *argv]
+    return [*confinement.argv_prefix, *argv]
+
+
+class Report:
+    """bubblewrap's status pipe (``--json-status-fd``): the first line it writes,
+    once its init exists, names the init and the PID namespace. Never watched: read
+    only when the run's end needs it. Close it after the run."""
+
+    def __init__(self) -> None:
+        self.fd, self.told = os.pipe()
+        os.set_blocking(self.fd, False)
+        self._said = b""
+        self._init: tuple[int, int] | None = None
+
+    def spawned(self) -> None:
+        """bubblewrap has its end (or was not spawned): ours is closed."""
+        if self.told >= 0:
+            os.close(self.told)
+            self.told = -1
+
+    def init(self) -> tuple[int, int] | None:
+        """The init's pid and the PID namespace's inode, once bubblewrap has said
+        them; ``None`` before (or never: it failed to start). Never blocks."""
+        if self._init is None and self.fd >= 0:
+            with contextlib.suppress(BlockingIOError):
+                self._said += os.read(self.fd, 4096)
+            line, ended, _ = self._said.partition(b"\n")
+            if ended:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    said = json.loads(line)
+                    self._init = int(said["child-pid"]), int(said["pid-namespace"])
+        return self._init
+
+    def init_is_ending(self) -> bool:
+        """The init is gone or has no child left, so it is ending (it ends once
+        nothing else is left in the namespace): nothing of the run is left but it.
+        ``False`` also when that cannot be told. Never blocks (one ``/proc`` file)."""
+        init = self.init()
+        if init is None:
+            return False
+        pid, namespace = init
+        try:
+            if os.stat(f"/proc/{pid}/ns/pid").st_ino != namespace:
+                return True  # gone, its number since taken by another process
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as children:
+                return not children.read().strip()
+        except FileNotFoundError:
+            return True  # gone (and reaped)
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.spawned()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def exit_status(code: int | None, *, namespaced: bool) -> int | None:
+    """The agent's exit status as ``Popen.returncode`` says one (``-N``: signal N)
+    from its process's: under bubblewrap, bubblewrap's, which passes the agent's on
+    shell style (128+N for signal N; bubblewrap's own death by a signal is
+    ``-N`` already)."""
+    if namespaced and code is not None and 128 < code <= 128 + 64:
+        return -(code - 128)
+    return code
+
+
+def namespace_leftovers(init: tuple[int, int]) -> list[int]:
+    """The processes of the PID namespace of ``init`` (:meth:`Report.init`) but the
+    init: what a run left there, also outside its group (``setsid``). Blocking
+    (reads ``/proc``): call it from a thread."""
+    pid, namespace = init
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == pid:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{entry}/ns/pid").st_ino == namespace:
+                found.append(int(entry))
+    return found
 
 
 class Spawned:
     """A child spawned from a confined thread: what :class:`_Watch` reads of a
-    :class:`trio.Process` (its pid, pipes and exit status), over the ``Popen``.
-
-    Under bubblewrap's keeper (``status`` is its pipe) the process is bubblewrap,
-    and the agent's end and exit status come on the pipe: :meth:`heard` reads it.
-    """
+    :class:`trio.Process` (its pid, pipes and exit status), over the ``Popen``."""
 
     def __init__(self, popen: subprocess.Popen[bytes], stdin: trio.lowlevel.FdStream,
-                 stdout: trio.lowlevel.FdStream, stderr: trio.lowlevel.FdStream,
-                 status: int | None = None) -> None:
+                 stdout: trio.lowlevel.FdStream, stderr: trio.lowlevel.FdStream) -> None:
         self._popen = popen
         self.pid = popen.pid
         self.stdin = stdin
         self.stdout = stdout
         self.stderr = stderr
-        self.status = status
-        #: The agent's exit status as the keeper said it (shell style: 128+N for
-        #: signal N), once it has.
-        self._said: int | None = None
-        #: The keeper said it, or can no longer (its pipe ended, or bubblewrap did).
-        self.agent_ended = False
-
-    def heard(self) -> bool:
-        """Read the keeper's status pipe; whether the agent has ended now. Never blocks."""
-        if self.status is None or self.agent_ended:
-            return self.agent_ended
-        try:
-            said = os.read(self.status, 64)
-        except BlockingIOError:
-            return False
-        self.agent_ended = True
-        with contextlib.suppress(ValueError):
-            self._said = int(said.split(b"\n", 1)[0])
-        return True
 
     @property
     def returncode(self) -> int | None:
-        """Its exit status once it has exited (and it is reaped then), else ``None``;
-        under the keeper, the agent's, once the keeper said it (a status above 128
-        is taken as the signal it names, as the shell reports one), else
-        bubblewrap's once it has exited without a word."""
-        outer = self._popen.poll()
-        if self.status is None:
-            return outer
-        if self._said is not None:
-            return -(self._said - 128) if 128 < self._said <= 128 + 64 else self._said
-        return outer if self.agent_ended or outer is not None else None
+        """Its exit status once it has exited (and it is reaped then), else ``None``."""
+        return self._popen.poll()
 
     async def wait(self) -> int:
         """Return its exit status once it has exited (for the poller without
         pidfds). Cancelled: the waiting thread is abandoned; it ends with the child."""
         return await trio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
 
-    def close(self) -> None:
-        if self.status is not None:
-            os.close(self.status)
-            self.status = None
-
 
 async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
-                          env: Mapping[str, str]) -> Spawned:
-    """Spawn ``command`` as ``run_agent`` does, confined: from a fresh thread that
-    entered the confinement's Landlock domain first (:meth:`Confinement.spawn`),
-    and under bubblewrap's keeper (:data:`KEEPER`) when the confinement is
-    bubblewrap's. Raises ``OSError`` as a spawn does, and ``SubprocessError`` when
-    the confinement cannot be entered (nothing is spawned then).
+                          env: Mapping[str, str], report: Report | None = None) -> Spawned:
+    """Spawn ``command`` as ``run_agent`` does (:func:`command_line`), from a fresh
+    thread that entered the confinement's Landlock domain first
+    (:meth:`Confinement.spawn_soon`). Raises ``OSError`` as a spawn does, and
+    ``SubprocessError`` when the confinement cannot be entered (nothing is spawned
+    then).
 
     Cancelled: not before the child exists (the spawn cannot be abandoned, as with
     :func:`trio.lowlevel.open_process`); then as the caller's.
@@ -128,15 +170,8 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
     stderr_ours, stderr_child = os.pipe()
     ours = [stdin_ours, stdout_ours, stderr_ours]
     theirs = [stdin_child, stdout_child, stderr_child]
-    status: int | None = None
-    argv = ["/bin/sh", "-c", command]
-    if confinement.keeper:
-        status, told = os.pipe()
-        os.set_blocking(status, False)
-        ours.append(status)
-        theirs.append(told)
-        argv = [*confinement.argv_prefix, "--chdir", str(cwd), "--", "/bin/sh", "-c",
-                KEEPER % {"fd": told, "save": 6 if told == 5 else 5}, "prohost-keeper", *argv]
+    argv = command_line(confinement, command, cwd, report)
+    told = (report.told,) if report is not None else ()
     try:
         child_env = dict(env)
         tried: list[bool] = []
@@ -146,7 +181,7 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
             return subprocess.Popen(argv, stdin=stdin_child, stdout=stdout_child,
                                     stderr=stderr_child, cwd=cwd, env=child_env,
                                     start_new_session=True,
-                                    pass_fds=(*theirs[3:], *confinement.pass_fds))
+                                    pass_fds=(*confinement.pass_fds, *told))
 
         try:
             popen = await _spawned(confinement, spawn)
@@ -163,8 +198,8 @@ async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
     finally:
         for fd in theirs:
             os.close(fd)
-    stdin, stdout, stderr = (trio.lowlevel.FdStream(fd) for fd in ours[:3])
-    return Spawned(popen, stdin, stdout, stderr, status=status)
+    stdin, stdout, stderr = (trio.lowlevel.FdStream(fd) for fd in ours)
+    return Spawned(popen, stdin, stdout, stderr)
 
 
 async def _spawned(confinement: Confinement,
@@ -172,17 +207,11 @@ async def _spawned(confinement: Confinement,
     """``spawn()`` made from a fresh thread in the confinement's domain
     (:meth:`Confinement.spawn_soon`): no worker thread waits for it. Raises what
     the spawn raises, or ``OSError`` without spawning when the thread could not
-    enter the domain. Without a domain to enter (bubblewrap with its socket
-    filter) it is made in one of trio's worker threads, as an unconfined spawn is:
-    no thread is started for it.
+    enter the domain.
 
     Cancelled: not before the child exists (the wait is shielded, as trio's own
     spawn is); it is then the caller's to stop.
     """
-    if not confinement.has_domain:
-        with trio.CancelScope(shield=True):
-            # (Confinement.spawn calls it here, after rewinding what it passes.)
-            return await trio.to_thread.run_sync(confinement.spawn, spawn)
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     delivered: list[tuple[subprocess.Popen[bytes] | None, BaseException | None]] = []

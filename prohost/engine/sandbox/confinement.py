@@ -45,16 +45,17 @@ class Confinement:
     enters the Landlock domain (bubblewrap: its scopes alone; the fallback: the
     filesystem rules too) on a fresh thread first: the child and everything it
     starts inherit it, the harness does not, and no code runs in the child
-    (``preexec`` would force ``fork`` over ``vfork``). With ``keeper`` the command
-    is bubblewrap's, and must be run under the keeper
-    (:func:`prohost.engine.agent.process.run_agent` does).
+    (``preexec`` would force ``fork`` over ``vfork``). With ``namespaced`` the
+    command is bubblewrap's, which takes the working folder as ``--chdir``
+    (:func:`prohost.engine.agent.spawn.command_line`).
     """
 
     argv_prefix: tuple[str, ...] = ()
     #: Every point of §13 holds (what the completion's ``confined`` says).
     confined: bool = False
-    #: The command is bubblewrap's: its PID namespace ends with its first process.
-    keeper: bool = False
+    #: The command is bubblewrap's: the run's processes are in a PID namespace of
+    #: their own, which ends with bubblewrap's init.
+    namespaced: bool = False
     _ruleset: landlock.Ruleset | None = None
     #: The ruleset is the process's one scope-only ruleset (:func:`_scopes`): kept.
     _shared: bool = False
@@ -89,7 +90,7 @@ class Confinement:
                 if self._ruleset is not None:
                     landlock.restrict_this_thread(fd)
                     self._filter_this_thread()
-                self._rewind()
+                self.rewind()
                 result = start()
             except BaseException as error:  # handed to deliver: nobody joins this thread
                 deliver(None, error)
@@ -112,7 +113,7 @@ class Confinement:
         called). Without a domain, ``start()`` is called here.
         """
         if self._ruleset is None:
-            self._rewind()
+            self.rewind()
             return start()
         fd = self._ruleset.fd
         result: list[T] = []
@@ -122,7 +123,7 @@ class Confinement:
             try:
                 landlock.restrict_this_thread(fd)
                 self._filter_this_thread()
-                self._rewind()
+                self.rewind()
                 result.append(start())
             except BaseException as error:  # handed to the caller's thread below
                 failure.append(error)
@@ -139,7 +140,9 @@ class Confinement:
         if self._socket_filter is not None:
             self._socket_filter.install()
 
-    def _rewind(self) -> None:
+    def rewind(self) -> None:
+        """Have the next spawn's bubblewrap read what it is passed from the start
+        (:meth:`spawn` and :meth:`spawn_soon` do; a spawn without them must)."""
         # Each spawn's bubblewrap reads the seccomp filter from its start (a
         # retry in the same attempt spawns again); spawns of one confinement
         # are one after another, never at once.
@@ -196,7 +199,7 @@ def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> 
         # included) and its PID namespace names no process outside it: Landlock's
         # scopes would add nothing, and entering them costs a thread per spawn.
         return Confinement(argv_prefix=(support.bwrap, *options), confined=support.complete,
-                           keeper=True, ruleset=_scopes(support.abi) if fd is None else None,
+                           namespaced=True, ruleset=_scopes(support.abi) if fd is None else None,
                            shared=True, pass_fds=() if fd is None else (fd,))
     return prepare_landlock(policy, support)
 

@@ -41,8 +41,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 #: Each test runs its agent unconfined, and confined as a run is where bubblewrap
-#: runs (its PID namespace ends with its first process: the keeper outlives the
-#: agent so that what it left still gets the grace).
+#: runs (bubblewrap ends with the agent; its init, with what the agent left).
 KINDS = ["unconfined", "bubblewrap"]
 
 
@@ -149,6 +148,78 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
         if pidfile.exists() and confinement is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+#: The grace of the tests whose regression would wait for it (then SIGKILL, and
+#: nothing saved): long beside a save, short for a test that fails.
+SHORT_GRACE_S = 20.0
+
+
+@pytest.fixture
+def short_groups() -> ProcessGroups:
+    groups = ProcessGroups()
+    groups.grace_s = SHORT_GRACE_S
+    return groups
+
+
+@pytest.fixture
+def bubblewrap(tmp_path: Path) -> Iterator[Confinement]:
+    support = probe()
+    if support.kind != "bwrap":
+        pytest.skip(f"no bubblewrap here: {support.reason}")
+    with prepare(Policy(writable=(tmp_path,)), support) as made:
+        yield made
+
+
+async def test_what_the_agent_leaves_outside_its_group_gets_sigterm_and_the_grace(
+    tmp_path: Path, short_groups: ProcessGroups, bubblewrap: Confinement,
+) -> None:
+    # Confined, a process that started a session of its own is still in the run's
+    # PID namespace: it is told to stop as the group is, and saves (SIGKILLed at
+    # the grace's end, it had not).
+    saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
+    command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
+                          str(saved), str(pidfile), "--setsid"])
+    async with wall_clock_bound(GIVE_UP_S):
+        stdout = await run(command, tmp_path, short_groups, bubblewrap)
+    assert stdout == b"ready\n"
+    assert saved.read_text() == "saved"
+
+
+async def test_a_stopped_agent_s_leftovers_outside_its_group_get_the_grace_too(
+    tmp_path: Path, short_groups: ProcessGroups, bubblewrap: Confinement,
+) -> None:
+    saved, pidfile = tmp_path / "saved", tmp_path / "child.pid"
+    command = shlex.join([sys.executable, str(AGENTS / "leaves_a_saver.py"),
+                          str(saved), str(pidfile), "--then-wait", "--setsid"])
+    ready = trio.Event()
+    async with wall_clock_bound(GIVE_UP_S), trio.open_nursery() as nursery:
+        async def run_it() -> None:
+            await run_agent(command, stdin_text="", cwd=tmp_path, groups=short_groups,
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                            on_stdout_line=lambda line: ready.set(), confinement=bubblewrap)
+
+        nursery.start_soon(run_it)
+        await ready.wait()
+        nursery.cancel_scope.cancel()
+    assert saved.read_text() == "saved"
+
+
+@pytest.mark.parametrize(("command", "code", "killed_by"),
+                         [("exit 3", 3, None), ("exit 0", 0, None),
+                          ("kill -TERM $$", None, signal.SIGTERM),
+                          ("kill -KILL $$", None, signal.SIGKILL)])
+async def test_the_agent_s_own_ending_comes_through_bubblewrap(
+    tmp_path: Path, groups: ProcessGroups, bubblewrap: Confinement, command: str,
+    code: int | None, killed_by: int | None,
+) -> None:
+    # bubblewrap ends with the agent's status, shell style (128+N for signal N):
+    # the run says the agent's own ending, as an unconfined run does.
+    with trio.fail_after(GIVE_UP_S):
+        result = await run_agent(command, stdin_text="", cwd=tmp_path, groups=groups,
+                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                                 confinement=bubblewrap)
+    assert (result.exit_code, result.signal) == (code, killed_by)
 
 
 def state(pid: int) -> str | None:
