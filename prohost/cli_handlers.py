@@ -95,9 +95,11 @@ def _check_grants(parser: argparse.ArgumentParser, options: Options) -> None:
     """A grant that would uncover a hidden place (§13: ``--workdir ~``, an
     ``--allow-write`` holding ``$PROHOST_HOME`` or a secret store): exit 2 saying
     why and what to do."""
+    from prohost.engine.agent.brains import brain_for
     from prohost.engine.run.confine import grant_problems
 
-    problems = grant_problems(options, Path(os.environ.get("HOME") or Path.home()))
+    owner = brain_for(options.brain, options.exec_command).folders_owner
+    problems = grant_problems(options, Path(os.environ.get("HOME") or Path.home()), owner)
     if problems:
         parser.error("; ".join(problems))
 

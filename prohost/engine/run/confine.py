@@ -75,7 +75,7 @@ from prohost.engine.repos.gitrecords import no_link_below
 from prohost.engine.repos.worktrees import lane_folder_name
 from prohost.engine.sandbox import Confinement, Policy, Support, defaults, prepare, probe, seccomp
 from prohost.engine.sandbox.probe import SOCKET_GRANT_GAP
-from prohost.execline import acp_agent, program_index, split_command
+from prohost.execline import program_index, split_command
 from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
@@ -676,14 +676,15 @@ def cache_variables(root: Path, env: Mapping[str, str]) -> dict[str, str]:
     return result
 
 
-def grant_problems(options: Options, user_home: Path) -> list[str]:
+def grant_problems(options: Options, user_home: Path, owner: str = "") -> list[str]:
     """Why ``options`` would grant runs a place that holds what they must not see
     (§13: ``--workdir ~``, an ``--allow-write`` of a folder holding
     ``$PROHOST_HOME`` or a secret store), one line each with what to do; empty when
     none would, or with ``--sandbox off`` (nothing is confined then). Refused at
     start, exit 2: a grant is a whole hierarchy, and a hidden place inside one
     cannot be hidden, so the harness would say confined while it is not.
-    ``user_home``: ``$HOME`` as the harness sees it. Blocking (resolves paths)."""
+    ``user_home``: ``$HOME`` as the harness sees it; ``owner``: whose own folders
+    runs are granted (:attr:`Brain.folders_owner`). Blocking (resolves paths)."""
     if options.sandbox == "off":
         return []
     home = user_home.resolve()
@@ -707,7 +708,7 @@ def grant_problems(options: Options, user_home: Path) -> list[str]:
                 f"{flag} {path} holds {', '.join(held[:3])}"
                 f"{' and more' if len(held) > 3 else ''}, which runs must not see or "
                 f"change; name a folder inside it that holds none of them")
-    problems += _shadowed_grants(options, home)
+    problems += _shadowed_grants(options, home, owner)
     # Runs write their account's folder (settings, hooks): never the one the
     # person's own sessions use.
     own = {home / ".claude", home / ".codex",
@@ -725,14 +726,14 @@ def grant_problems(options: Options, user_home: Path) -> list[str]:
     return problems
 
 
-def _shadowed_grants(options: Options, home: Path) -> list[str]:
-    """The ``--allow-write`` grants at or inside a folder of the ACP agent the
-    ``--exec`` line starts (``~/.gemini``, …): each run sees that folder as an
-    overlay whose writes land in the harness's own (:func:`agent_folders`), so the
-    grant would do nothing the person meant, silently. One line each."""
-    agent = acp_agent(options.exec_command) if options.brain in ("auto", "acp") else None
+def _shadowed_grants(options: Options, home: Path, agent: str) -> list[str]:
+    """The ``--allow-write`` grants at or inside a folder of ``agent`` (whose own
+    folders runs are granted: an ACP agent's ``~/.gemini``, …): each run sees that
+    folder as an overlay whose writes land in the harness's own
+    (:func:`agent_folders`), so the grant would do nothing the person meant,
+    silently. One line each."""
     problems = []
-    for folder in defaults.AGENT_FOLDERS.get(agent or "", ()):
+    for folder in defaults.AGENT_FOLDERS.get(agent, ()):
         place = home / folder
         places = {place, place.resolve()}
         for path in options.allow_write:
