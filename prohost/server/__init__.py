@@ -123,25 +123,10 @@ class ServerHandle:
         """Answer the next ``count`` completion POSTs with ``status`` (see faults)."""
         faults.storm(self.state, status, count, retry_after)
 
-    def forget_completions(self, count: int | None = None, run_id: str | None = None) -> None:
-        """Answer the next ``count`` valid completions (or ``run_id``'s next) 200 and
-        drop them, so those runs are never settled."""
-        faults.forget(self.state, count, run_id)
-
     def hold_completions(self, run_id: str, held: bool = True) -> None:
         """Leave ``run_id``'s completion POSTs unanswered until called with ``held=False``
         (a slow server); ``state.faults.held_posts`` counts the ones waiting."""
         faults.hold(self.state, run_id, held)
-
-    async def restart_listener(self, down_s: float) -> None:
-        """Close every harness socket, stop listening for ``down_s`` seconds, listen
-        on the same port again (all state kept); returns once it listens again.
-        Cancelled: the restart goes on; only the wait for it stops."""
-        restarts = self.state.faults.restarts
-        faults.request_restart(self.state, down_s)
-        await self.wait_until(
-            lambda state: state.faults.restarts > restarts and state.faults.listening
-        )
 
     def audit(self) -> list[dict[str, Any]]:
         """Per run: state, acked, ack statuses, deliveries and every completion POST."""
