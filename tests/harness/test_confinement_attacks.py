@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import trio
 from prohost.engine.sandbox import probe
 from tests.kits.confinement import (
     World,
+    accepted_any,
+    listening,
     world_fixture,  # noqa: F401 (a fixture)
 )
 from tests.kits.harness import finished, running_server
@@ -80,21 +81,6 @@ def person() -> Iterator[subprocess.Popen[bytes]]:
     process.wait()
 
 
-def listening(address: str) -> socket.socket:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(address)
-    listener.listen(8)
-    listener.setblocking(False)
-    return listener
-
-
-def accepted_any(listener: socket.socket) -> bool:
-    try:
-        conn, _ = listener.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 async def test_the_persons_sockets_and_processes_are_out_of_reach(

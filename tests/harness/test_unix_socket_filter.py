@@ -13,7 +13,6 @@ whether the person's listener ever accepted a connection.
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 import trio
 
 from prohost.engine.sandbox import probe, seccomp
+from tests.kits.confinement import accepted_any, listening
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.hostile_git import HOSTILE, reply, turn
 from tests.kits.hostile_git import World as GitWorld
@@ -37,22 +37,6 @@ pytestmark = [
 ]
 
 
-def listening(address: Path) -> socket.socket:
-    """A Unix socket of the person's at ``address``, listening."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(address))
-    listener.listen(8)
-    listener.setblocking(False)
-    return listener
-
-
-def accepted_any(listener: socket.socket) -> bool:
-    try:
-        conn, _ = listener.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 @pytest.fixture(name="world")

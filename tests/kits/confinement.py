@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
@@ -83,3 +84,23 @@ async def turn(server: Any, conversation: str) -> dict[str, Any]:
     await server.wait_until(finished(run_id))
     completion: dict[str, Any] = server.run(run_id).completion
     return completion
+
+
+def listening(address: str | Path) -> socket.socket:
+    """A Unix socket of the person's at ``address`` (a leading NUL: an abstract
+    name), listening, never blocking."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(address))
+    listener.listen(8)
+    listener.setblocking(False)
+    return listener
+
+
+def accepted_any(listener: socket.socket) -> bool:
+    """Whether anything has connected to ``listener`` (what a run reached)."""
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
