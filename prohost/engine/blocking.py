@@ -20,8 +20,8 @@ callers wait for the write connection only a bounded time, and whether the step
 is durable is simply unknown — the next start reads the ledger and repairs it, §7).
 The ledger's writer is either such a worker thread (the first caller that finds no
 writer at work) or, while a harness runs, its one long-lived writer thread: a ledger
-step is then an :class:`Elsewhere`, waited for under the same bound and shield
-(:mod:`prohost.engine.ledger.served`).
+step then waits for the event that thread sets (:meth:`Bounds.wait`), under the same
+bound and shield (:mod:`prohost.engine.ledger.served`).
 
 :meth:`Bounds.hurry` is the second signal's hard deadline: from then on no bounded
 step of that harness, already running or started later, outlasts it. One
@@ -37,15 +37,15 @@ attempt, and never starves the default limiter the ledger's steps use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import trio
 
-__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "Elsewhere", "StepTimedOut", "run_bounded",
-           "wake_from_thread"]
+__all__ = ["FILE_STEP_TIMEOUT_S", "Bounds", "StepTimedOut", "run_bounded", "wake_from_thread"]
 
 log = logging.getLogger("prohost.blocking")
 
@@ -77,19 +77,6 @@ class StepTimedOut(TimeoutError):
     """
 
 
-class Elsewhere(Generic[T]):
-    """A step that another thread carries out (the ledger's writer thread), for
-    :meth:`Bounds.run`: ``await done()`` returns once it is, with its result.
-    Bounded and shielded exactly as a worker-thread step; given up at the bound,
-    the step itself goes on in its thread (the same rules for what may be abandoned
-    apply)."""
-
-    __slots__ = ("done",)
-
-    def __init__(self, done: Callable[[], Awaitable[T]]) -> None:
-        self.done = done
-
-
 class Bounds:
     """The bounded steps of one harness, so that its second signal can cut them short.
 
@@ -111,11 +98,9 @@ class Bounds:
         for scope in self._in_flight:
             scope.deadline = min(scope.deadline, self._hard_deadline)
 
-    async def run(self, fn: Callable[..., T] | Elsewhere[T], *args: object, limit_s: float,
-                  what: str) -> T:
-        """``fn(*args)`` in a worker thread (an :class:`Elsewhere`: waited for); its
-        result, or :class:`StepTimedOut` after ``limit_s`` s or at the :meth:`hurry`
-        deadline, whichever comes first.
+    async def run(self, fn: Callable[..., T], *args: object, limit_s: float, what: str) -> T:
+        """``fn(*args)`` in a worker thread; its result, or :class:`StepTimedOut` after
+        ``limit_s`` s or at the :meth:`hurry` deadline, whichever comes first.
 
         ``what`` names the step in the warning and the error (no secrets in it).
         Only use it for calls that are safe to abandon (see the module docstring).
@@ -124,9 +109,19 @@ class Bounds:
         begun is finished — but still bounded; the cancel is delivered at the
         caller's next checkpoint.
         """
-        if isinstance(fn, Elsewhere):
-            return await self._bounded(fn.done, limit_s, what)
         return await self._run(fn, args, limit_s, what, None)
+
+    async def wait(self, done: trio.Event, *, limit_s: float, what: str) -> None:
+        """Wait for ``done``, set once a step another thread carries out is over
+        (the ledger's writer thread, :mod:`prohost.engine.ledger.served`), bounded
+        and shielded exactly as :meth:`run`: :class:`StepTimedOut` at the bound, the
+        step itself going on in its thread (the same rules for what may be
+        abandoned apply). Its result is the caller's to read.
+
+        Cancelled: as :meth:`run`.
+        """
+        with self._bound(limit_s, what):
+            await done.wait()
 
     async def file_step(self, fn: Callable[..., T], *args: object, what: str,
                         limit_s: float = FILE_STEP_TIMEOUT_S,
@@ -147,20 +142,24 @@ class Bounds:
 
     async def _run(self, fn: Callable[..., T], args: tuple[object, ...], limit_s: float,
                    what: str, limiter: trio.CapacityLimiter | None) -> T:
-        def in_a_thread() -> Awaitable[T]:
-            return trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
+        with self._bound(limit_s, what):
+            result = await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                                   limiter=limiter)
+        return result
 
-        return await self._bounded(in_a_thread, limit_s, what)
-
-    async def _bounded(self, done: Callable[[], Awaitable[T]], limit_s: float,
-                       what: str) -> T:
+    @contextlib.contextmanager
+    def _bound(self, limit_s: float, what: str) -> Iterator[None]:
+        """The body shielded, and cancelled at the bound (or the :meth:`hurry`
+        deadline), which then raises :class:`StepTimedOut` out of it."""
         started = trio.current_time()
         with trio.CancelScope(shield=True, deadline=self.deadline(limit_s)) as scope:
             self._in_flight.add(scope)
             try:
-                return await done()
+                yield
             finally:
                 self._in_flight.discard(scope)
+        if not scope.cancelled_caught:
+            return
         # Only the bound (or hurry) can cancel a shielded scope.
         log.warning("%s took over %.1f s and was abandoned; the disk may be failing or hung",
                     what, trio.current_time() - started)

@@ -397,15 +397,17 @@ class Harness:
             self.outbox.poke()
         await self.beacon.serve(session, task_status=task_status)
 
-    async def on_message(self, session: Session, message: Message) -> None:
-        """Handle one message; never raises for anything the server sends.
+    async def on_message(self, session: Session, message: Message) -> Message | None:
+        """Handle one message; return what the link sends back at once (a
+        delivery's ack, if it is known already). Never raises for anything the
+        server sends.
 
         Cancelled (the connection dropped): as
         :meth:`prohost.engine.supervisor.admission.Admission.answer`.
         """
         if isinstance(message, Delivery):
-            await self.admission.answer(session, message)
-        elif isinstance(message, Cancel):
+            return await self.admission.answer(session, message)
+        if isinstance(message, Cancel):
             # The reason goes into the run's report: make it text that can be sent.
             reason = intake.clean_text(message.reason) if message.reason else None
             self.cancel(message.run_id, reason or DEFAULT_CANCEL_REASON)
@@ -416,6 +418,7 @@ class Harness:
                 self.forget(run_id)
         else:
             log.debug("ignored a %s message from the server", type(message).__name__)
+        return None
 
     # ------------------------------------------------------------------ cancel
 

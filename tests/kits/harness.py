@@ -15,7 +15,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -374,18 +374,36 @@ async def gated_harness(
         nursery.cancel_scope.cancel()
 
 
+def around_steps(monkeypatch: Any,
+                 around: Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]) -> None:
+    """From now on, every bounded ledger step — a worker-thread hop (``Bounds.run``)
+    or the wait for a job of the ledger's writer thread (``Bounds.wait``) — is made
+    as ``around(what, step)``, which must await ``step()`` (the real one) and return
+    what it returns, or let what it raises through."""
+    run, wait = Bounds.run, Bounds.wait
+
+    async def run_around(self: Bounds, fn: Callable[..., Any], *args: object,
+                         limit_s: float, what: str) -> Any:
+        return await around(what, lambda: run(self, fn, *args, limit_s=limit_s, what=what))
+
+    async def wait_around(self: Bounds, done: trio.Event, *, limit_s: float,
+                          what: str) -> None:
+        await around(what, lambda: wait(self, done, limit_s=limit_s, what=what))
+
+    monkeypatch.setattr(Bounds, "run", run_around)
+    monkeypatch.setattr(Bounds, "wait", wait_around)
+
+
 def counted_steps(monkeypatch: Any) -> list[str]:
-    """From now on, the ``what`` of every bounded blocking step (``Bounds.run``: a
-    worker-thread hop, or a step handed to the ledger's writer), in order."""
+    """From now on, the ``what`` of every bounded ledger step (a worker-thread hop, or
+    a job handed to the ledger's writer thread: :func:`around_steps`), in order."""
     steps: list[str] = []
-    original = Bounds.run
 
-    async def counted(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
-                      what: str) -> Any:
+    async def counted(what: str, step: Callable[[], Awaitable[Any]]) -> Any:
         steps.append(what)
-        return await original(self, fn, *args, limit_s=limit_s, what=what)
+        return await step()
 
-    monkeypatch.setattr(Bounds, "run", counted)
+    around_steps(monkeypatch, counted)
     return steps
 
 

@@ -81,7 +81,8 @@ bodies, MCP tokens and conversation text.
 
 :class:`Ledger` is synchronous; the harness calls it through
 :meth:`prohost.engine.blocking.Bounds.run`, from any number of worker threads, or as
-a job for the writer thread (the same bound and shield). A call on a
+a job for the writer thread (waited for through ``Bounds.wait``: the same bound and
+shield). A call on a
 hung disk is abandoned after its bound, and that is safe: the call's write stays in
 the queue (or in the batch under way) and the writer applies it whenever the disk
 answers — writes are whole transactions, so the file stays consistent — while the

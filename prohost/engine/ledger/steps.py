@@ -45,7 +45,7 @@ from typing import TypeVar
 import attrs
 import trio
 
-from prohost.engine.blocking import Bounds, Elsewhere, StepTimedOut, wake_from_thread
+from prohost.engine.blocking import Bounds, StepTimedOut, wake_from_thread
 from prohost.engine.ledger import (
     Admitted,
     Ledger,
@@ -166,31 +166,29 @@ class LedgerSteps:
         safe: each write is a whole transaction (or a savepoint of one) that the
         writer completes or rolls back on its own. Cancelled: as
         :meth:`prohost.engine.blocking.Bounds.run`."""
-        call: Callable[..., T] | Elsewhere[T] = fn
-        submitted: tuple[Job, Elsewhere[T]] | None = self._submitted(fn, args)
-        if submitted is not None:
-            call = submitted[1]
-        return await self.bounds.run(call, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        submitted = self._submitted(fn, args)
+        if submitted is None:
+            return await self.bounds.run(fn, *args, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        job, done = submitted
+        await self.bounds.wait(done, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+        result: T = job.outcome()
+        return result
 
     def _submitted(self, fn: Callable[..., object], args: tuple[object, ...],
-                   then: Callable[[], T] | None = None) -> tuple[Job, Elsewhere[T]] | None:
+                   then: Callable[[], object] | None = None
+                   ) -> tuple[Job, trio.Event] | None:
         """``fn(*args)`` put on the writer thread's queue (with ``then``, read by that
-        thread once its writes are committed, for the result): the job and what to
-        wait for, or None when no writer thread serves (make the call in a worker
-        thread then)."""
+        thread once its writes are committed, for the result): the job, whose
+        :meth:`~Job.outcome` is the step's, and the event that thread sets once it
+        is over (wait for it with ``bounds.wait``); or None when no writer thread
+        serves (make the call in a worker thread then)."""
         if not self.ledger.serving:
             return None
         done = trio.Event()
         job = Job(fn, args, trio.lowlevel.current_trio_token(), done.set, then=then)
         if not self.ledger.submit(job):
             return None
-
-        async def written() -> T:
-            await done.wait()
-            result: T = job.outcome()
-            return result
-
-        return job, Elsewhere(written)
+        return job, done
 
     async def _logged(self, fn: Callable[..., object], *args: object, what: str) -> None:
         """A durable write the run can do without: a failure (a :class:`LedgerError`,
@@ -317,9 +315,11 @@ class LedgerSteps:
         if submitted is None:
             return await self._read(self._started_then_session, run_id, now, lane,
                                     account, what=what)
-        job, written = submitted
+        job, done = submitted
         try:
-            return await self.bounds.run(written, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+            await self.bounds.wait(done, limit_s=LEDGER_STEP_TIMEOUT_S, what=what)
+            session: str | None = job.outcome()
+            return session
         except (LedgerOrderError, StepTimedOut):
             raise
         except (LedgerError, OSError, sqlite3.Error) as exc:

@@ -2,8 +2,9 @@
 
 The link dials out, says who it is, and then keeps one rule above all others: the
 reader never waits on a run. It reads a frame, hands it to the harness (which
-classifies, writes the ledger and acks, all quickly), and reads the next one, so
-pings are answered and acks go out however busy the machine is.
+classifies and writes the ledger, quickly), sends the answer the harness returns
+(the ack), and reads the next one, so pings are answered and acks go out however
+busy the machine is.
 
 When anything goes wrong — refused, reset, a handshake that takes over 30 s, a
 server that goes quiet for three heartbeat periods, an oversized message — the
@@ -124,8 +125,10 @@ class LinkHandler(Protocol):
         always the first message on a connection (§1).
         """
 
-    async def on_message(self, session: Session, message: Message) -> None:
-        """Every decoded message except ``hello`` and ``ping``, in arrival order.
+    async def on_message(self, session: Session, message: Message) -> Message | None:
+        """Every decoded message except ``hello`` and ``ping``, in arrival order;
+        returns the answer the reader sends at once (a delivery's ack), if any. What
+        is answered later is sent on ``session`` by whoever answers it.
 
         Cancelled when the connection drops; it must not raise for anything the
         server sends (§2).
@@ -420,7 +423,11 @@ class Link:
         if session is None:
             log.warning("ignored a %s message sent before hello", type(message).TYPE)
             return session
-        await self._handler.on_message(session, message)
+        answer = await self._handler.on_message(session, message)
+        if answer is not None:
+            # Sent here, after the handler returned (the ack after its ledger
+            # write, §3), and before the next frame is read.
+            await session.send(answer)
         return session
 
 

@@ -89,11 +89,13 @@ class Intake:
         self.policy = policy
         self.queue = queue
 
-    async def answer(self, session: Session, delivery: Delivery) -> None:
-        """Decide about one delivery and send its ack; never raises for what the
-        server sent.
+    async def answer(self, session: Session, delivery: Delivery) -> Ack | None:
+        """Decide about one delivery; return its ack, which the link's reader sends
+        (once the ledger holds a run acked 200, §3), or ``None`` when the ack cannot
+        be known yet and is sent on ``session`` later (:meth:`ack_later`). Never
+        raises for what the server sent.
 
-        Cancelled (the connection dropped): as :meth:`admit`.
+        Cancelled (the connection dropped): as :meth:`admit`; no ack is sent.
         """
         now = time.time()
         verdict = intake.classify(
@@ -108,9 +110,7 @@ class Intake:
         if run is None:
             log.warning("delivery %s refused with %d: %s", intake.shown(delivery.id),
                         verdict.status, verdict.reason)
-            await session.send(Ack(id=delivery.id, status=verdict.status,
-                                   reason=verdict.reason))
-            return
+            return Ack(id=delivery.id, status=verdict.status, reason=verdict.reason)
         if verdict.unverified:
             log.warning("accepted run %s without a valid signature (%s) because of "
                         "--allow-unverified", run.run_id, verdict.unverified)
@@ -118,8 +118,8 @@ class Intake:
             status, reason = await self.admit(run, verdict.body, refusal=verdict.refusal)
         except AckLater as later:
             self.ack_later(session, delivery.id, later.answer)
-            return
-        await session.send(Ack(id=delivery.id, status=status, reason=reason))
+            return None
+        return Ack(id=delivery.id, status=status, reason=reason)
 
     def ack_later(self, session: Session, delivery_id: str,
                   answer: Callable[[], Awaitable[tuple[int, str]]]) -> None:

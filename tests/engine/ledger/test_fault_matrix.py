@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.blocking import Bounds, StepTimedOut
+from prohost.engine.blocking import StepTimedOut
 from prohost.engine.ledger import Ledger, RunState
 from prohost.server import ServerHandle, faults
 from prohost.wire.outcomes import RESTARTED
@@ -86,21 +86,18 @@ class Disk:
         self.gave_up = trio.Event()
         #: How long the step waited for the hung write (s, trio's clock).
         self.waited_s = math.nan
-        original = Bounds.run
-        disk = self
 
-        async def run(self: Bounds, fn: Callable[..., Any], *args: object, limit_s: float,
-                      what: str) -> Any:
+        async def watched(what: str, step: Callable[[], Awaitable[Any]]) -> Any:
             began = trio.current_time()
             try:
-                return await original(self, fn, *args, limit_s=limit_s, what=what)
+                return await step()
             except StepTimedOut:
-                if not disk.gave_up.is_set():
-                    disk.waited_s = trio.current_time() - began
-                disk.gave_up.set()
+                if not self.gave_up.is_set():
+                    self.waited_s = trio.current_time() - began
+                self.gave_up.set()
                 raise
 
-        monkeypatch.setattr(Bounds, "run", run)
+        harness_kit.around_steps(monkeypatch, watched)
 
     async def hang_then_answer(self, fault: Fault) -> None:
         await trio.to_thread.run_sync(fault.hanging.wait, abandon_on_cancel=True)

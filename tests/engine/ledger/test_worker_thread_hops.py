@@ -1,7 +1,8 @@
 """How many worker-thread hops a run's ledger steps take (each costs the harness's one
 trio thread CPU): the real harness, the reference server on 127.0.0.1, a real agent
-subprocess and the sqlite ledger. Every bounded blocking call goes through
-``Bounds.run``, which the test counts (and still runs).
+subprocess and the sqlite ledger. Every bounded ledger step goes through ``Bounds.run``
+(a worker thread) or ``Bounds.wait`` (a job of the ledger's writer thread), which the
+test counts (and still runs: tests/kits/harness.py ``counted_steps``).
 """
 
 from __future__ import annotations

@@ -242,11 +242,10 @@ async def test_a_write_that_fails_half_way_leaves_nothing_alone_or_in_a_batch(
         steps = LedgerSteps(ledger, Bounds())
         async with trio.open_nursery() as nursery:
             await nursery.start(steps.writer)
-            submitted = steps._submitted(partial(ledger._write, what="half", durable=True),
-                                         (_half_then_fail,))
-            assert submitted is not None
+            assert ledger.serving
             with pytest.raises(LedgerError, match="UNIQUE"):
-                await submitted[1].done()
+                await steps._write(partial(ledger._write, what="half", durable=True),
+                                   _half_then_fail, what="half")
             assert _lanes(path) == set()
             nursery.cancel_scope.cancel()
         # Beside another write in one batch: the other one stays.

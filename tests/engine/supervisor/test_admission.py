@@ -52,13 +52,21 @@ WAIT_S = 30.0
 
 
 class Acks:
-    """The session stand-in: every message admission sends, in order."""
+    """The session stand-in: every ack that goes out, in order — the one ``answer``
+    returns, which the link's reader sends (:meth:`read`), and any sent on the
+    session later."""
 
     def __init__(self) -> None:
         self.sent: list[Message] = []
 
     async def send(self, message: Message) -> None:
         self.sent.append(message)
+
+    async def read(self, admission: Intake, delivery: Delivery) -> None:
+        """As the link's reader: hand ``delivery`` over, send what comes back."""
+        ack = await admission.answer(self, delivery)  # type: ignore[arg-type]
+        if ack is not None:
+            await self.send(ack)
 
 
 class Wrapped:
@@ -176,8 +184,8 @@ async def deliver(parts: Parts, run_id: str, delivery_id: str = "d1", *,
     """Deliver ``run_id``'s body signed with ``secret``; the ack admission sent,
     once what it started for the delivery (``later``) has returned too."""
     before = len(parts.session.sent)
-    await parts.admission.answer(parts.session,  # type: ignore[arg-type]
-                                 delivery_of(run_id, delivery_id, secret=secret))
+    await parts.session.read(parts.admission,
+                             delivery_of(run_id, delivery_id, secret=secret))
     await parts.later.settled()
     assert len(parts.session.sent) == before + 1
     ack = parts.session.sent[-1]
@@ -338,7 +346,7 @@ async def test_an_ack_that_waits_for_the_disk_is_sent_from_a_later_task(
             answered = trio.Event()
 
             async def reader() -> None:
-                await parts.admission.answer(parts.session, delivery_of("r1"))
+                await parts.session.read(parts.admission, delivery_of("r1"))
                 answered.set()
 
             nursery.start_soon(reader)
