@@ -180,7 +180,8 @@ class Harness:
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, book=self.book,
-                outbox=self.outbox, clock=clock, spend=self.facts.spend, bounds=self.bounds)
+                outbox=self.outbox, clock=clock, spend=self.facts.spend, bounds=self.bounds,
+                home=options.home)
             self.admission = Admission(
                 secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
                 steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy,
