@@ -367,6 +367,8 @@ class Harness:
         if recovery is not None:
             # No delivery can be in the middle of being admitted after this: one
             # whose ledger write raced the drain would otherwise be left behind.
+            # Closed as one that goes on purpose: the server does not expect it back.
+            self.link.leave()
             self._link_scope.cancel()
             await self._link_closed.wait()
             await recovery.sweep_ledger()
