@@ -81,17 +81,17 @@ async def test_waiting_with_no_harness_says_so_and_ctrl_c_says_the_run_goes_on()
                                       env=env)
                 assert named.returncode == 0, named.stderr
                 assert named.stdout.decode().startswith(f"run {run_id}: cancelled\n")
-            other = (await prohost("send", "--server", server.http_url, "again",
-                                   env=env)).stdout.decode().split()[0]
+            other = (await prohost("send", "--server", server.http_url, *server.state_flags,
+                                   "again", env=env)).stdout.decode().split()[0]
             both = await prohost("runs", "cancel", "run_", "--server", server.http_url,
-                                 env=env)
+                                 *server.state_flags, env=env)
             assert both.returncode == 2, both
             assert run_id.encode() in both.stderr and other.encode() in both.stderr
             assert server_run_state(await prohost("runs", "show", other, "--json",
                                                   "--server", server.http_url,
                                                   env=env)) == "queued"
             gone = await prohost("runs", "cancel", other.removeprefix("run_")[:6], "--server",
-                                 server.http_url, env=env)
+                                 server.http_url, *server.state_flags, env=env)
             assert gone.returncode == 0 and gone.stdout.decode() == f"run {other} cancelled\n"
 
 
