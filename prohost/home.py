@@ -476,12 +476,12 @@ def lock_held_message(err: LockHeld, home: Path) -> str:
         f"({stop_advice(err)}), or "
         + other_home_advice(command("agent", "run") + " ...")
         # A lock file that does not say what holds it may be a gc's too.
-        + ("" if err.kind == HARNESS else "; if it is `prohost agent gc` (it holds the "
-           "home while it removes worktrees), start again once it is done")
+        + ("" if err.kind == HARNESS else f"; if it is `{command('agent', 'gc')}` (it "
+           "holds the home while it removes worktrees), start again once it is done")
     )
 
 
 def gc_holds_it(err: LockHeld, home: Path, then: str) -> str:
     """What to tell someone whose command found ``agent gc`` holding ``home``."""
-    return (f"`prohost agent gc` (pid {err.pid}) is removing worktrees with "
+    return (f"`{command('agent', 'gc')}` (pid {err.pid}) is removing worktrees with "
             f"PROHOST_HOME={home} and holds it meanwhile; {then}")

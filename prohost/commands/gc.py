@@ -48,7 +48,7 @@ from prohost.engine.view.snapshot import (
     read_snapshot,
 )
 from prohost.engine.view.statustext import human_ago
-from prohost.home import GC, LOCK_FILE, InstanceLock, LockHeld
+from prohost.home import GC, HARNESS, LOCK_FILE, InstanceLock, LockHeld, gc_holds_it
 from prohost.invocation import command
 
 DEFAULT_OLDER_THAN_DAYS = IDLE_LANE_S / DAY_S
@@ -115,6 +115,9 @@ class RunningHarness:
     #: The pid recorded in the lock file (``None``: not recorded).
     lock_pid: int | None
     clock: Callable[[], float] = time.time
+    #: What the lock file says holds it: a harness, or ``None`` (not recorded: a
+    #: harness, or a gc of a version that did not say).
+    kind: str | None = HARNESS
 
     def current(self) -> Snapshot:
         """Its status now (its ``runs`` list each run preparing, running, waiting for
@@ -158,24 +161,31 @@ class RunningHarness:
 
     def _unknown(self, reason: str) -> HarnessUnknown:
         who = f"pid {self.lock_pid}" if self.lock_pid else "a process whose pid is not recorded"
-        stop = f"kill {self.lock_pid}" if self.lock_pid else f"lsof {self.home / LOCK_FILE}"
+        if not self.lock_pid:
+            stop = f"`lsof {self.home / LOCK_FILE}` shows which process it is"
+        else:
+            # `agent stop` drains it (its runs finish first); a gc is waited for.
+            stop = f"`{command('agent', 'stop')}`"
+            if self.kind != HARNESS:
+                stop += "; if it is another `agent gc`, wait for it to finish instead"
+        what = "a running agent" if self.kind == HARNESS else "a running agent, or another gc"
         return HarnessUnknown(
-            f"{who} holds {self.home / LOCK_FILE} (a running `prohost agent run`, or "
-            f"another gc) but {reason}, so gc cannot tell which worktrees are in use and "
-            f"removes none; run it again once `{command('agent', 'status')}` shows that agent "
-            f"running, or stop it ({stop}) first"
+            f"{who} holds {self.home / LOCK_FILE} ({what}) but {reason}, so gc cannot "
+            f"tell which worktrees are in use and removes none; run it again once "
+            f"`{command('agent', 'status')}` shows that agent running, or stop it first "
+            f"({stop})"
         )
 
 
-def _lock_or_holder(home: Path) -> tuple[InstanceLock | None, RunningHarness | None] | None:
-    """Take ``home``'s lock for the collection, or name the harness holding it;
-    ``None`` when there are no worktrees at all (and then no home or lock file is made)."""
+def _lock_or_holder(home: Path) -> tuple[InstanceLock | None, LockHeld | None] | None:
+    """Take ``home``'s lock for the collection, or say who holds it; ``None`` when
+    there are no worktrees at all (and then no home or lock file is made)."""
     if not os.path.lexists(home / WORKTREES_DIR):
         return None
     try:
         return InstanceLock.acquire(home, kind=GC), None
     except LockHeld as held:
-        return None, RunningHarness(home, held.pid)
+        return None, held
 
 
 def _error(message: str) -> None:
@@ -213,7 +223,13 @@ async def gc_command(home: Path, older_than_days: float, dry_run: bool, force: b
     if taken is None:
         print(f"no conversation worktrees in {root}")
         return 0
-    lock, harness = taken
+    lock, held = taken
+    if held is not None and held.kind == GC:
+        # Another collection: it has the home to itself until it is done.
+        _error(gc_holds_it(held, home, f"run `{command('agent', 'gc')}` again once it "
+                                       "is done"))
+        return 1
+    harness = None if held is None else RunningHarness(home, held.pid, kind=held.kind)
     try:
         if harness is not None:
             try:

@@ -87,7 +87,8 @@ def stop_command(home: Path, *, now: bool, out: TextIO | None = None,
         print(f"No prohost agent is running for {home}.", file=err)
         return EXIT_NONE
     if held.kind == GC:
-        print(f"prohost: `prohost agent gc` (pid {held.pid}) holds {home}, not an agent: "
+        print(f"prohost: `{command('agent', 'gc')}` (pid {held.pid}) holds {home}, not "
+              "an agent: "
               "it ends by itself once it has removed the worktrees it collects", file=err)
         return EXIT_NONE
     if held.pid is None:
@@ -150,7 +151,7 @@ def cancel_command(home: Path, typed: str, *, out: TextIO | None = None,
     if held is None or held.kind == GC or held.pid is None:
         # Nothing to ask: a run is only cancelled by the harness that holds it.
         print(f"prohost: no prohost agent is running for {home}, so no run of it is "
-              "running or queued: there is nothing to cancel (`prohost agent runs` "
+              f"running or queued: there is nothing to cancel (`{command('agent', 'runs')}` "
               "shows how its runs ended)", file=err)
         return EXIT_NONE
     found = find_run(home, typed, err)
@@ -172,8 +173,9 @@ def cancel_command(home: Path, typed: str, *, out: TextIO | None = None,
         print(f"prohost: the agent on {home} (pid {held.pid}) does not read requests yet "
               "(it is starting, or is a version older than `agent cancel`); the request "
               f"to cancel run {found.run_id} is kept, and a harness that reads requests "
-              "obeys it as it starts: restart it (`prohost agent stop`, then `prohost "
-              "agent run`), or cancel the run from the server", file=err)
+              f"obeys it as it starts: restart it (`{command('agent', 'stop')}`, then "
+              f"`{command('agent', 'run')}` with its flags), or cancel the run from the "
+              "server", file=err)
         return EXIT_NONE
     try:
         os.kill(held.pid, REQUEST_SIGNAL)
@@ -195,12 +197,13 @@ def cancel_command(home: Path, typed: str, *, out: TextIO | None = None,
               file=err)
         return EXIT_INTERRUPTED
     if ended is None and request.exists():
-        print(f"the harness (pid {held.pid}) has not read the request yet (`prohost agent "
-              f"status` says whether it is hung); it cancels run {found.run_id} when it "
-              "does, or at its next start", file=out)
+        print(f"the harness (pid {held.pid}) has not read the request yet "
+              f"(`{command('agent', 'status')}` says whether it is hung); it cancels run "
+              f"{found.run_id} when it does, or at its next start", file=out)
     elif ended is None:
         print(f"the harness took the request; run {found.run_id} is still stopping "
-              f"(`prohost agent runs --show {found.run_id}` says when it has ended)", file=out)
+              f"(`{command('agent', 'runs', '--show', found.run_id)}` says when it has "
+              "ended)", file=out)
     elif ended.error is not None and ended.error.startswith("cancelled: "):
         print(f"run {found.run_id} cancelled (reported so: it is not run again)", file=out)
     else:
@@ -384,8 +387,8 @@ def find_run(home: Path, typed: str, err: TextIO) -> PastRun | int:
     match listed, newest first) for more than one."""
     typed = typed.strip()
     if not typed:
-        print("prohost: give a run id (or its first characters); `prohost agent runs` "
-              "lists them", file=err)
+        print(f"prohost: give a run id (or its first characters); "
+              f"`{command('agent', 'runs')}` lists them", file=err)
         return EXIT_NONE
     try:
         exact = read_history(home / LEDGER_FILE, run_id=typed)
@@ -395,8 +398,8 @@ def find_run(home: Path, typed: str, err: TextIO) -> PastRun | int:
         return EXIT_NONE
     if not runs:
         print(f"No run {typed!r} in the ledger of {home} (no run id starts with it: it was "
-              "never accepted here, or it was pruned: runs are kept 30 days). `prohost "
-              "agent runs` lists them.", file=err)
+              f"never accepted here, or it was pruned: runs are kept 30 days). "
+              f"`{command('agent', 'runs')}` lists them.", file=err)
         return EXIT_NONE
     if len(runs) > 1:
         print(f"prohost: {len(runs)} runs start with {typed!r}; type more of the one you "

@@ -16,7 +16,14 @@ from typing import Any
 
 import httpx
 
-from prohost.commands.send import SendError, api_base, api_headers, what_the_run_did
+from prohost.commands.send import (
+    TERMINAL_STATES,
+    SendError,
+    api_base,
+    api_headers,
+    what_the_run_did,
+)
+from prohost.invocation import command
 
 
 def _fail(verb: str, message: str) -> int:
@@ -58,8 +65,9 @@ async def _named(client: httpx.AsyncClient, verb: str, typed: str) -> str | int:
     return 2
 
 
-def run_lines(run: dict[str, Any]) -> list[str]:
-    """A run as a person reads it: what it is, where it stands, how it ended."""
+def run_lines(run: dict[str, Any], server: str) -> list[str]:
+    """A run as a person reads it: what it is, where it stands, how it ended
+    (``server``: where it is, for the command that shows its retry)."""
     lines = [f"run {run.get('run_id')}: {run.get('state')}"]
     attempt = run.get("attempt")
     fields = (("conversation", run.get("conversation_id")), ("machine", run.get("machine")),
@@ -70,7 +78,8 @@ def run_lines(run: dict[str, Any]) -> list[str]:
     text = run.get("text")
     if isinstance(text, str):
         lines.append(f"  text: {text if len(text) <= 200 else text[:199] + '…'}")
-    if run.get("cancel_requested") and run.get("state") not in ("cancelled",):
+    if run.get("cancel_requested") and run.get("state") not in TERMINAL_STATES:
+        # (Once it has ended, its error says how: no longer "stopping".)
         lines.append("  cancel requested: the harness is stopping it")
     if isinstance(run.get("reply"), str):
         lines.append("  reply:")
@@ -80,7 +89,7 @@ def run_lines(run: dict[str, Any]) -> list[str]:
     if isinstance(run.get("retried_as"), str):
         retry = run["retried_as"]
         lines.append(f"  retried as {retry} (the failure was retryable): "
-                     f"prohost runs show {retry}")
+                     f"{command('runs', 'show', '--server', server, retry)}")
     lines.extend(what_the_run_did(run))
     return lines
 
@@ -108,7 +117,7 @@ async def runs_show_command(server: str, run_id: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(run, indent=2), flush=True)
     else:
-        print("\n".join(run_lines(run)), flush=True)
+        print("\n".join(run_lines(run, server)), flush=True)
     return 0
 
 
@@ -147,5 +156,6 @@ async def runs_cancel_command(server: str, run_id: str, reason: str | None,
         print(f"run {run_id} cancelled", flush=True)
     else:
         print(f"run {run_id}: cancel sent; its harness is stopping it "
-              f"(`prohost runs show {run_id}` says when it has)", flush=True)
+              f"(`{command('runs', 'show', '--server', server, run_id)}` says when it "
+              "has)", flush=True)
     return 0

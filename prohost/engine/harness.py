@@ -180,7 +180,8 @@ class Harness:
             )
             self.recovery = Recovery(
                 steps=self.steps, runs=self.held, queue=self.queue, book=self.book,
-                outbox=self.outbox, clock=clock, spend=self.facts.spend, bounds=self.bounds)
+                outbox=self.outbox, clock=clock, spend=self.facts.spend, bounds=self.bounds,
+                home=options.home)
             self.admission = Admission(
                 secret=endpoints.secret, book=self.book, runs=self.held, queue=self.queue,
                 steps=self.steps, take_on=self.recovery.resume_unheld, policy=policy,
@@ -366,6 +367,8 @@ class Harness:
         if recovery is not None:
             # No delivery can be in the middle of being admitted after this: one
             # whose ledger write raced the drain would otherwise be left behind.
+            # Closed as one that goes on purpose: the server does not expect it back.
+            self.link.leave()
             self._link_scope.cancel()
             await self._link_closed.wait()
             await recovery.sweep_ledger()

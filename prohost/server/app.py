@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 
 import trio
 
+from prohost.invocation import command
 from prohost.server import faults
 from prohost.server.apitoken import token_matches
 from prohost.server.asgi import (
@@ -98,7 +99,8 @@ class App:
             await reject(scope, send, state.handshake_status, "refused by the server")
             return
         if token is None or state.harness_for(token) is None:
-            await reject(scope, send, 401, "unknown or missing token; run `prohost agent pair`")
+            await reject(scope, send, 401, "unknown or missing token; pair this machine: "
+                         f"`{command('agent', 'pair', '--code', 'CODE', '--url', 'URL')}`")
             return
         await send({"type": "websocket.accept"})
         conn, outbox = state.add_connection(

@@ -22,6 +22,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from prohost.server.faults import drop_all
+from prohost.server.wsclose import report_client_close_codes
 from prohost.wire.protocol import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
@@ -103,6 +104,8 @@ async def serve_generations(
 
     Cancelled: the current generation is cancelled and its socket closed at once.
     """
+    # A harness's close frame says it went on purpose: the app must see its code.
+    report_client_close_codes()
     faults = state.faults
     sock = _listen(host, port)
     port = sock.getsockname()[1]

@@ -133,3 +133,32 @@ def test_a_harness_that_does_not_read_requests_is_not_signalled(tmp_path: Path) 
     assert asked.returncode == 1
     assert f"(pid {holder.pid}) does not read requests yet" in asked.stderr
     assert pending_cancels(home) == ["run_0123abcd"]
+
+
+async def test_a_running_run_whose_request_outlived_a_kill_9_is_cancelled_not_restarted(
+    tmp_path: Path
+) -> None:
+    # §6: a cancel is final once the harness holds it. `agent cancel` writes its
+    # request, then a kill -9 hits before the harness read it: the next start must
+    # read the request before it reports the interrupted run, or the run goes back
+    # "restarted" (retryable) and the server runs the cancelled request again.
+    home = tmp_path / "home"
+    with trio.fail_after(60):
+        async with paired_with_gate(home, retries=2, retry_first_s=0.0) as (gate, server):
+            async with harness_process(server, home, gate.command) as harness:
+                busy = await start_run(server, gate, "long job", conversation_id="A")
+                ask_cancel(home, busy)  # as the command writes it; no signal reached it
+                await harness.kill()
+            async with harness_process(server, home, gate.command) as harness:
+                await server.wait_until(finished(busy))
+                completion = server.run(busy).completion
+                assert completion is not None and completion["error"] == REASON, completion
+                assert completion["retryable"] is False
+                assert await wait_gone(gate.pids[busy])
+                await harness.wait_log(f"run {busy} was being cancelled when the harness "
+                                       "stopped")
+                assert pending_cancels(home) == []
+                harness.send_signal(signal.SIGINT)
+                assert await harness.wait_clean_exit() == 0
+    assert gate.started == [busy]
+    assert server.run(busy).retried_as is None and set(server.state.runs) == {busy}

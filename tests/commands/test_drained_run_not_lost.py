@@ -16,7 +16,15 @@ import trio
 
 from tests.kits.harness import Gate
 from tests.kits.process import HarnessProcess, kill_leftovers
-from tests.kits.serverproc import ServerProcess, clean_env, prohost, server_process
+from tests.kits.serverproc import (
+    ServerProcess,
+    clean_env,
+    prohost,
+    quoted_commands,
+    run_printed,
+    server_process,
+    without_prohost_on_path,
+)
 
 pytestmark = pytest.mark.protocol("§9", "§11")
 
@@ -89,10 +97,46 @@ async def test_a_run_handed_back_at_ctrl_c_runs_after_the_restart(tmp_path: Path
             text = shown.stdout.decode()
             assert f"run {queued}: failed" in text
             assert "error: the agent is shutting down; the run was not started" in text
-            assert f"retried as {retry}" in text
-            again = await prohost("runs", "show", retry, "--server", server.http_url,
-                                  env=clean_env())
-            assert again.stdout.decode().startswith(f"run {retry}: completed\n")
+            # The command named for the retry runs as printed (no prohost on PATH).
+            retried = next(line for line in text.splitlines() if "retried as" in line)
+            assert retried.startswith(f"  retried as {retry} (the failure was retryable): ")
+            again = await run_printed(retried.split("retryable): ", 1)[1],
+                                      without_prohost_on_path(clean_env()))
+            assert again.stdout.decode().startswith(f"run {retry}: completed\n"), again
             assert f"retry of: {queued}" in again.stdout.decode()
             assert "done after all" in again.stdout.decode()
+            nursery.cancel_scope.cancel()
+
+
+async def test_cancelling_a_running_run_names_a_show_that_runs_as_printed(
+    tmp_path: Path
+) -> None:
+    # `runs cancel` of a run its harness is running says the cancel is sent and
+    # which command tells when it has ended: run as printed (no prohost on PATH),
+    # it shows the run cancelled once the harness has stopped it.
+    home = tmp_path / "home"
+    gate = Gate()
+    env = without_prohost_on_path(clean_env())
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery, server_process(
+            "--state", str(tmp_path / "state")
+        ) as server:
+            await nursery.start(gate.serve)
+            paired = await prohost("agent", "pair", "--code", server.code, "--url",
+                                   server.ws_url, env=clean_env(home))
+            assert paired.returncode == 0, paired.stderr
+            await start_harness(nursery, home, gate)
+            await server.wait_stderr("harness t connected (connection 1)")
+            busy = await send(server, "long job", "A")
+            await gate.wait_started(busy)
+            cancel = await prohost("runs", "cancel", busy, "--server", server.http_url,
+                                   *server.state_flags, env=clean_env())
+            said = cancel.stdout.decode()
+            assert said.startswith(f"run {busy}: cancel sent"), said
+            [show] = quoted_commands(said)
+            await server.wait_stderr(f"run {busy} failed")  # its report came
+            shown = await run_printed(show, env)
+            text = shown.stdout.decode()
+            assert text.startswith(f"run {busy}: failed\n"), shown
+            assert "error: cancelled: " in text and "is stopping it" not in text
             nursery.cancel_scope.cancel()

@@ -8,11 +8,14 @@ first characters. Not unique: every match is listed and the exit status is 2.
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 from prohost.engine.ledger import Ledger
 from prohost.wire.runs import parse_body
-from tests.kits.program import run_cli
+from tests.kits.program import program_env, run_cli
+from tests.kits.serverproc import quoted_commands, without_prohost_on_path
 
 NOW = 1_700_000_000.0
 IDS = ("run_673c1a2b3c4d", "run_673c9f8e7d6c", "run_a1b2c3d4e5f6")
@@ -56,3 +59,18 @@ def test_no_match_says_so_and_exits_1(tmp_path: Path) -> None:
         shown = run_cli(tmp_path, "agent", "runs", "--show", typed)
         assert shown.returncode == 1, (typed, shown)
         assert f"No run {typed!r}" in shown.stderr and "agent runs` lists them" in shown.stderr
+
+
+def test_the_command_that_lists_the_runs_runs_as_printed(tmp_path: Path) -> None:
+    # "No run …" and "nothing to cancel" name `agent runs`; without prohost on PATH
+    # (a virtual environment not activated) it must run as printed, and list them.
+    ledger_with_runs(tmp_path)
+    env = without_prohost_on_path(program_env(tmp_path))
+    for args in (("agent", "runs", "--show", "b"), ("agent", "cancel", "673c1")):
+        said = run_cli(tmp_path, *args, env=env)
+        assert said.returncode == 1, said
+        [listing] = quoted_commands(said.stderr)
+        listed = subprocess.run(shlex.split(listing), env=env, capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert listed.returncode == 0, listed.stderr
+        assert all(run_id in listed.stdout for run_id in IDS)

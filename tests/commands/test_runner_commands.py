@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,15 @@ import trio
 from prohost.commands.runner import _signals_to_send, logs_command
 from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.view.snapshot import write_snapshot
+from prohost.invocation import command
 from prohost.logfile import log_path
 from tests.kits.harness import finished, start_run
 from tests.kits.lockholder import signalled, start_holder, stop_holder
 from tests.kits.panel import base
 from tests.kits.process import gated_process, wait_gone
 from tests.kits.program import cli_env, prohost
+from tests.kits.serverproc import quoted_commands, run_printed, without_prohost_on_path
+from tests.kits.status import status_says
 
 
 class Lines:
@@ -79,7 +83,8 @@ async def test_stop_drains_the_harness_and_waits_until_it_has_exited(tmp_path: P
             # command that can (issue 31, point 9). The column is how long the agent
             # has been quiet, not a countdown.
             status = (await prohost(home, "agent", "status")).stdout.decode()
-            assert "; `prohost agent stop --now` stops them" in status, status
+            joined = " ".join(line.strip() for line in status.splitlines())
+            assert f"; `{command('agent', 'stop', '--now')}` stops them" in joined, status
             assert "Ctrl-C" not in status
             header = next(line for line in status.splitlines() if "conversation" in line)
             assert header.split()[-1] == "quiet" and "idle" not in header
@@ -150,9 +155,36 @@ async def test_stop_signals_only_a_harness_whose_pid_it_knows(tmp_path: Path, ki
     said = stopped.stderr.decode()
     assert "No prohost agent is running" not in said
     if kind == "gc":
-        assert f"`prohost agent gc` (pid {holder.pid}) holds {home}, not an agent" in said
+        assert f"`{command('agent', 'gc')}` (pid {holder.pid}) holds {home}, not an" in said
     else:
         assert "did not record its pid" in said and f"lsof {home / 'agent.lock'}" in said
+
+
+async def test_status_during_a_drain_names_a_stop_that_runs_as_printed(
+    tmp_path: Path
+) -> None:
+    # From another shell, `agent status` of a draining harness names the command
+    # that stops its runs; for a person without prohost on PATH (a virtual
+    # environment not activated) it must run as printed, and stop them.
+    home = tmp_path / "home"
+    env = without_prohost_on_path(cli_env(home))
+    with trio.fail_after(60):
+        async with gated_process(home) as (gate, server, harness):
+            busy = await start_run(server, gate, "work", conversation_id="C1")
+            harness.send_signal(signal.SIGINT)  # the first: it drains
+            await status_says(home, lambda snapshot: snapshot.connection == "draining")
+            status = await trio.run_process(
+                [sys.executable, "-m", "prohost", "agent", "status"], env=env,
+                capture_stdout=True, capture_stderr=True, check=False)
+            said = " ".join(line.strip() for line in status.stdout.decode().splitlines())
+            note = said.split("taking no new ones; ", 1)[1]
+            [stop] = quoted_commands(note.split(" stops them", 1)[0])
+            stopped = await run_printed(stop, env)
+            assert stopped.returncode == 0, stopped.stderr
+            assert await harness.wait_clean_exit() == 130
+            await server.wait_until(finished(busy))
+    completion = server.run(busy).completion
+    assert completion is not None and completion["error"] == "the agent was stopped"
 
 
 @pytest.mark.parametrize(("connection", "now", "signals"), [

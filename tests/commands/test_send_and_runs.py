@@ -92,7 +92,7 @@ async def test_waiting_with_no_harness_says_so_and_ctrl_c_says_the_run_goes_on()
                                                   env=env)) == "queued"
             gone = await prohost("runs", "cancel", other.removeprefix("run_")[:6], "--server",
                                  server.http_url, *server.state_flags, env=env)
-            assert gone.returncode == 0 and gone.stdout.decode() == f"run {other} cancelled\n", gone
+            assert gone.returncode == 0 and gone.stdout.decode() == f"run {other} cancelled\n"
 
 
 def server_run_state(shown: subprocess.CompletedProcess[bytes]) -> str:

@@ -104,3 +104,38 @@ async def test_a_server_never_connected_to_says_start_one(tmp_path: Path) -> Non
     assert "expected back" not in said
     # The command it names is this program's, runnable as printed.
     assert quoted_commands(said) == [command("agent", "run")]
+
+
+async def test_a_harness_stopped_on_purpose_is_not_expected_back(tmp_path: Path) -> None:
+    # `agent stop` drains and exits: the harness closes its socket with a close
+    # frame (1000), which the server reads as "left on purpose". Dropped without
+    # one, it looked like a lost connection and `send` said it was expected back
+    # for 90 s; now `--fail-without-harness` gives up at once with the advice.
+    home = tmp_path / "home"
+    env = clean_env(home)
+    harness: trio.Process | None = None
+    try:
+        with trio.fail_after(60):
+            async with server_process(env=env) as server:
+                paired = await prohost("agent", "pair", "--code", server.code, "--url",
+                                       server.ws_url, "--machine", "studio", env=env)
+                assert paired.returncode == 0, paired.stderr
+                harness = await start_harness(env)
+                await server.wait_stderr("harness t connected (connection 1)")
+                stopped = await prohost("agent", "stop", env=env)
+                assert stopped.returncode == 0, stopped.stderr
+                assert await harness.wait() == 0
+                await server.wait_stderr("harness t disconnected (connection 1)")
+                with trio.fail_after(15):  # at once: not the 90 s of one expected back
+                    sent = await prohost("send", "--server", server.http_url, "--wait",
+                                         "--fail-without-harness", "hello", env=env)
+    finally:
+        if harness is not None and harness.returncode is None:
+            harness.kill()
+            with trio.CancelScope(shield=True):
+                await harness.wait()
+
+    said = sent.stderr.decode()
+    assert sent.returncode == 3, said
+    assert "expected back" not in said
+    assert f"`{command('agent', 'run')}` starts a harness" in said

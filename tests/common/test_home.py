@@ -292,15 +292,15 @@ def test_a_lock_file_with_a_pid_alone_is_an_earlier_harness_s(tmp_path: Path) ->
 
 def test_a_gc_holding_the_home_is_named_to_a_second_harness(tmp_path: Path) -> None:
     message = lock_held_message(LockHeld(42, tmp_path / "agent.lock", "gc"), tmp_path)
-    assert "`prohost agent gc` (pid 42)" in message
+    assert f"`{command('agent', 'gc')}` (pid 42)" in message
     assert "start again once it is done" in message
 
 
 def test_only_a_holder_that_said_nothing_may_be_a_gc(tmp_path: Path) -> None:
     path = tmp_path / "agent.lock"
-    assert "if it is `prohost agent gc`" not in lock_held_message(LockHeld(7, path), tmp_path)
-    assert "if it is `prohost agent gc`" in lock_held_message(
-        LockHeld(None, path, None), tmp_path)
+    gc = f"if it is `{command('agent', 'gc')}`"
+    assert gc not in lock_held_message(LockHeld(7, path), tmp_path)
+    assert gc in lock_held_message(LockHeld(None, path, None), tmp_path)
 
 
 def test_lock_message_without_a_pid(tmp_path: Path) -> None:

@@ -147,7 +147,8 @@ async def test_pair_refuses_while_a_gc_holds_the_home_and_says_so(tmp_path: Path
                 stop_holder(holder)
             assert refused.returncode == 2
             message = refused.stderr.decode()
-            assert f"`prohost agent gc` (pid {holder.pid}) is removing worktrees" in message
+            assert f"`{command('agent', 'gc')}` (pid {holder.pid}) is removing worktrees" in \
+                message
             assert "pair again once it is done" in message
             assert not (home / "credentials.json").exists()
 

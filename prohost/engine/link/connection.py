@@ -47,6 +47,8 @@ BACKOFF_CAP_S = 30.0
 LIVENESS_PERIODS = 3
 #: How long a local close may take before the socket is simply dropped.
 CLOSE_TIMEOUT_S = 2.0
+#: The close code of a harness that goes on purpose (RFC 6455: normal closure).
+NORMAL_CLOSURE = 1000
 
 #: Where the server's agent socket is (§1); named when an upgrade is answered 404.
 WS_PATH = "/v1/agent/ws"
@@ -198,6 +200,15 @@ class Link:
         self._connects_greeted = 0
         self._liveness: trio.CancelScope | None = None
         self._heartbeat_s = protocol.HEARTBEAT_DEFAULT_S
+        #: Set by :meth:`leave`: the next close is the harness going on purpose.
+        self._leaving = False
+
+    def leave(self) -> None:
+        """Say that the harness goes on purpose (a drain or a stop has ended): when
+        the link is cancelled next, the connection is closed with a close frame and
+        the normal code (1000) instead of being dropped, so that the server does not
+        take it for a lost connection and expect the harness back (§9)."""
+        self._leaving = True
 
     def statistics(self) -> LinkStatistics:
         return LinkStatistics(
@@ -293,8 +304,10 @@ class Link:
             ws = await self._dial(nursery)
         self._connects += 1
         # A server that has gone quiet will not answer a close frame either:
-        # then the socket is simply dropped instead of waiting for it.
+        # then the socket is simply dropped instead of waiting for it. A link
+        # cancelled from outside drops it too, unless the harness leaves on purpose.
         close_timeout = 0.0
+        silent = False
         try:
             with trio.CancelScope() as liveness:
                 self._liveness = liveness
@@ -302,6 +315,7 @@ class Link:
                 reason = await self._read(ws, nursery)
                 close_timeout = CLOSE_TIMEOUT_S
                 return reason
+            silent = True
             return (
                 f"nothing heard from the server for {LIVENESS_PERIODS} × "
                 f"{self._heartbeat_s:g} s"
@@ -311,10 +325,14 @@ class Link:
             if self._connected:
                 self._connected = False
                 self._on_change()
+            if self._leaving and not silent:
+                # Going on purpose: a close frame (1000), which the server answers
+                # at once; bounded all the same (§9's stop window).
+                close_timeout = CLOSE_TIMEOUT_S
             # Cancelled mid-close, trio-websocket still closes the stream itself.
             with trio.move_on_after(close_timeout, shield=True):
                 with contextlib.suppress(*_RECOVERABLE):
-                    await ws.aclose()
+                    await ws.aclose(NORMAL_CLOSURE)
 
     def _heard(self) -> None:
         if self._liveness is not None:

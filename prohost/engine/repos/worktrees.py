@@ -84,6 +84,7 @@ from prohost.engine.repos.lanerepo import (
     restore_alternates,
 )
 from prohost.engine.repos.startpoint import lane_branch
+from prohost.invocation import command
 from prohost.repospec import is_checkout
 
 log = logging.getLogger("prohost.worktrees")
@@ -529,7 +530,7 @@ class WorktreeManager:
                 await self._file(self.lane_names.forget, lane)
         except OSError as exc:
             log.warning("could not remove %s, the worktrees of a run that changed nothing "
-                        "(%s); `prohost agent gc` collects them", folder, exc)
+                        "(%s); `%s` collects them", folder, exc, command("agent", "gc"))
             return False
         log.info("removed %s: the run changed nothing in it", folder)
         return True

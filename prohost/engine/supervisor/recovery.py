@@ -16,7 +16,10 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import attrs
 
 from prohost.engine import lognames
 from prohost.engine.accounts.book import AccountBook
@@ -29,10 +32,11 @@ from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun, Interrupted
 from prohost.engine.supervisor.held import HeldRuns
+from prohost.engine.supervisor.requests import LOCAL_CANCEL_REASON, pending_cancels
 from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.engine.supervisor.upkeep import prune
 from prohost.engine.view.statustext import human_ago
-from prohost.wire.outcomes import INTERRUPTED, RESTARTED, iso_time
+from prohost.wire.outcomes import INTERRUPTED, RESTARTED, cancelled, iso_time
 from prohost.wire.runs import BodyError, Outcome, parse_body
 
 log = logging.getLogger(lognames.HARNESS)
@@ -45,8 +49,11 @@ class Recovery:
     def __init__(self, *, steps: RecoverySteps, runs: HeldRuns, queue: RunQueue,
                  book: AccountBook, outbox: Outbox | None = None,
                  clock: Callable[[], float] = time.time,
-                 spend: DailySpend | None = None, bounds: Bounds | None = None) -> None:
+                 spend: DailySpend | None = None, bounds: Bounds | None = None,
+                 home: Path | None = None) -> None:
         self.steps = steps
+        #: Where ``prohost agent cancel`` leaves its requests (None: none are read).
+        self.home = home
         #: The harness's bounds (hurried by the second signal), for the /proc look
         #: for a leftover agent.
         self.bounds = bounds if bounds is not None else Bounds()
@@ -66,8 +73,10 @@ class Recovery:
 
         A drain that comes meanwhile (a signal while the ledger is read) turns the
         runs accepted before the restart into "not started" reports (§9) instead of
-        queueing them. Cancelled: the runs not held yet stay in the ledger as they
-        were, for the next start.
+        queueing them. A run ``prohost agent cancel`` asked to cancel before the
+        previous process could obey (a ``kill -9`` in between) is reported cancelled
+        (§6), never "restarted" or queued. Cancelled: the runs not held yet stay in
+        the ledger as they were, for the next start.
         """
         steps = self.steps
         # Abandoning these on a hung disk is safe: reads and single transactions
@@ -75,6 +84,11 @@ class Recovery:
         # prohost.engine.blocking). A hung read fails the start with the
         # StepTimedOut; restart once the disk answers.
         recovery = await steps.unreported("reading the ledger at start")
+        asked = await self._asked_cancels()
+        interrupted = [await self._keep_cancel(row) if row.run_id in asked else row
+                       for row in recovery.interrupted]
+        pending = [await self._keep_cancel(row) if row.run_id in asked else row
+                   for row in recovery.pending]
         limits = await steps.account_limits()
         now = self.clock()
         if self.spend is not None:
@@ -85,7 +99,7 @@ class Recovery:
             if until > now and name in {a.name for a in self.book.accounts}:
                 log.warning("account %s is at its usage limit until %s (remembered from "
                             "before the restart)", name, iso_time(until))
-        for row in recovery.interrupted:
+        for row in interrupted:
             held = await self.held_from(row)
             if held is None:
                 continue
@@ -106,7 +120,7 @@ class Recovery:
                 continue
             log.info("run %s finished before the restart; reporting it now", row.run_id)
             self.carry_on(held, row)
-        for row in recovery.pending:
+        for row in pending:
             held = await self.held_from(row)
             if held is None:
                 continue
@@ -117,6 +131,45 @@ class Recovery:
         pruned = await prune(steps)
         if pruned:
             log.debug("pruned %d old ledger rows", pruned)
+
+    async def _asked_cancels(self) -> set[str]:
+        """The runs ``prohost agent cancel`` asked to cancel and no harness obeyed yet
+        (a ``kill -9`` came between the request's file and the harness reading it).
+
+        Read before the interrupted runs are reported: §6 makes a cancel final once
+        the harness holds it, and a running run reported "restarted" (retryable)
+        would be run again by the server. The request files stay: the harness's
+        reading of requests removes them once it is up
+        (:func:`~prohost.engine.supervisor.requests.obey_requests`). A folder that
+        cannot be read is logged; the runs are then reported as the ledger has them.
+        Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step` (a read).
+        """
+        if self.home is None:
+            return set()
+        try:
+            return set(await self.bounds.file_step(pending_cancels, self.home,
+                                                   what="reading the cancel requests"))
+        except OSError as exc:
+            log.warning("could not read the cancel requests in %s at start (%s); "
+                        "`prohost agent cancel` them again once it is up", self.home, exc)
+            return set()
+
+    async def _keep_cancel(self, row: LedgerRow) -> LedgerRow:
+        """``row`` with the cancel a request asked for as its outcome, kept in the
+        ledger first (as a server's cancel is, §6) so that another ``kill -9``
+        before the report changes nothing. A row that has a cancel already keeps
+        its own; a ledger that cannot take it is logged and the run is reported
+        cancelled all the same. Cancelled: as :meth:`LedgerSteps.cancelled` (the
+        row keeps its state; the request stays for the next start)."""
+        if row.outcome is not None:
+            return row
+        outcome = Outcome.failure(cancelled(LOCAL_CANCEL_REASON)).to_json()
+        try:
+            await self.steps.cancelled(row.run_id, outcome)
+        except Exception as exc:
+            log.error("run %s: the cancel asked on this machine could not be kept in the "
+                      "ledger (%s); reporting it cancelled all the same", row.run_id, exc)
+        return attrs.evolve(row, outcome=outcome)
 
     async def held_from(self, row: LedgerRow) -> HeldRun | None:
         """The run of a ledger row, held again; ``None`` (the row closed, logged) when

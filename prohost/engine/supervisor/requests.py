@@ -8,8 +8,11 @@ request once it is up (its restart recovery done) and again at each signal
 :meth:`Harness.cancel`), and only then removes the file. So a request is lost
 neither to a signal that came while the harness started (it has no default
 action then) nor to a ``kill -9`` between the file and the signal: the next start
-reads it. A request for a run the harness does not hold is ignored and removed, as
-a server's cancel of such a run is (§6).
+reads it, and its restart recovery reads it first
+(:mod:`prohost.engine.supervisor.recovery`), so that a run that was running is
+reported cancelled, not "restarted" and retryable (§6: a cancel is final once the
+harness holds it). A request for a run the harness does not hold is ignored and
+removed, as a server's cancel of such a run is (§6).
 """
 
 from __future__ import annotations

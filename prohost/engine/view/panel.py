@@ -47,6 +47,7 @@ from prohost.engine.view.statustext import (
     spend_line,
     waiting_reports_text,
 )
+from prohost.invocation import command
 from prohost.logfile import FILE_ONLY
 
 log = logging.getLogger("prohost.panel")
@@ -148,9 +149,10 @@ def _notes(snapshot: Snapshot, now: float, *, here: bool) -> list[RenderableType
         notes.append(_line(f"last error: {clean(snapshot.last_error)}", "yellow"))
     if snapshot.connection == "draining":
         # Ctrl-C only means something in the harness's own terminal.
-        how = "Ctrl-C again" if here else "`prohost agent stop --now`"
-        notes.append(_line(f"finishing its runs, taking no new ones; {how} stops them",
-                           "cyan"))
+        how = "Ctrl-C again" if here else f"`{command('agent', 'stop', '--now')}`"
+        # Wrapped, not cut: the command (a long path, maybe) must be whole to run.
+        notes.append(Text(f"finishing its runs, taking no new ones; {how} stops them",
+                          style="cyan"))
     elif snapshot.connection in _ENDING_NOTES:
         notes.append(_line(*_ENDING_NOTES[snapshot.connection]))
     return notes

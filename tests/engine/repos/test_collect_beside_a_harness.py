@@ -25,9 +25,13 @@ from prohost.engine.view.snapshot import (
     write_snapshot,
 )
 from prohost.home import InstanceLock, LockHeld, lock_held_message
+from prohost.invocation import command
 from tests.kits.harness import finished, gated_harness
+from tests.kits.lockholder import signalled, start_holder, stop_holder
 from tests.kits.paths import ROOT
+from tests.kits.program import cli_env
 from tests.kits.repos import lanes, make_repo, worktree_paths
+from tests.kits.serverproc import quoted_commands, run_printed, without_prohost_on_path
 from tests.kits.status import status_says
 
 HOUR = 3600.0
@@ -134,7 +138,8 @@ async def test_gc_refuses_when_the_running_harness_status_cannot_be_trusted(
         assert result.stdout == b""
         assert err.count("\n") == 1 and err.startswith("prohost agent gc: error: ")
         assert f"pid {os.getpid()} holds" in err
-        assert "removes none" in err and f"kill {os.getpid()}" in err
+        assert "removes none" in err and "kill" not in err
+        assert f"or stop it first (`{command('agent', 'stop')}`)" in err
         reason = {
             "stale": "was last written 1 hour ago (is it hung?)",
             "missing": f"it has written no status file ({setup.home / STATUS_FILE})",
@@ -181,7 +186,7 @@ async def test_without_a_harness_gc_collects_holding_the_lock(
                 InstanceLock.acquire(setup.home)
             refused.append(caught.value.pid)
             # What `agent run` prints then names it: the lock says it is a gc.
-            assert f"`prohost agent gc` (pid {os.getpid()}) is removing worktrees" in \
+            assert f"`{command('agent', 'gc')}` (pid {os.getpid()}) is removing worktrees" in \
                 lock_held_message(caught.value, setup.home)
             return await real_collect(*args, **kwargs)  # type: ignore[arg-type]
 
@@ -194,3 +199,45 @@ async def test_without_a_harness_gc_collects_holding_the_lock(
         result = await run_gc(tmp_path / "never made")
         assert result.returncode == 0 and b"no conversation worktrees" in result.stdout
         assert not (tmp_path / "never made").exists()
+
+
+async def test_the_advice_to_stop_an_agent_whose_status_is_unknown_runs_as_printed(
+    tmp_path: Path
+) -> None:
+    # An agent holds the home but wrote no status: gc removes nothing and says how
+    # to stop it, with a command that runs as printed without prohost on PATH
+    # (not `kill PID`: `agent stop` lets its runs finish).
+    with trio.fail_after(30):
+        setup = await lanes(tmp_path, "conv:a")
+        holder = start_holder(setup.home, "harness")
+        try:
+            refused = await run_gc(setup.home)
+            err = refused.stderr.decode()
+            assert refused.returncode == 1 and "removes none" in err, err
+            stop = quoted_commands(err.split("or stop it first", 1)[1])[0]
+            env = without_prohost_on_path(cli_env(setup.home))
+            stopped = await run_printed(stop, env)
+            assert stopped.returncode == 0, stopped.stderr
+            assert signalled(holder)
+        finally:
+            stop_holder(holder)
+        assert setup.folder("conv:a").exists()
+
+
+async def test_a_gc_beside_another_gc_says_to_wait_for_it(tmp_path: Path) -> None:
+    # The holder is another collection: it ends by itself, so the advice is to run
+    # this one again once it is done, not to stop (or kill) it.
+    with trio.fail_after(30):
+        setup = await lanes(tmp_path, "conv:a")
+        holder = start_holder(setup.home, "gc")
+        try:
+            refused = await run_gc(setup.home)
+        finally:
+            stop_holder(holder)
+        err = refused.stderr.decode()
+        assert refused.returncode == 1
+        assert err.startswith("prohost agent gc: error: ") and err.count("\n") == 1
+        assert f"`{command('agent', 'gc')}` (pid {holder.pid}) is removing worktrees" in err
+        assert f"run `{command('agent', 'gc')}` again once it is done" in err
+        assert "kill" not in err and "agent stop" not in err
+        assert setup.folder("conv:a").exists()

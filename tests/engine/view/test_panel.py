@@ -22,6 +22,7 @@ import trio.testing
 from prohost.engine.view.panel import Panel, describe_change, render, use_panel
 from prohost.engine.view.snapshot import FinishedRow, RunRow, Snapshot
 from prohost.engine.view.statustext import compact_duration, server_host
+from prohost.invocation import command
 from prohost.wire.protocol import AccountRow
 from tests.kits.panel import T0, assert_fits, base, busy_snapshot, recording_console
 from tests.kits.paths import ROOT
@@ -145,7 +146,9 @@ def test_reconnecting_shows_the_countdown_and_the_last_error() -> None:
 def test_draining() -> None:
     text = picture(busy_snapshot(connection="draining", queued=0))
     assert text.splitlines()[0].startswith("◐ draining")
-    assert "taking no new ones; `prohost agent stop --now` stops them" in text
+    # Wrapped, never cut: the command it names is whole.
+    joined = " ".join(line.strip() for line in text.splitlines())
+    assert f"taking no new ones; `{command('agent', 'stop', '--now')}` stops them" in joined
     # Only in the harness's own terminal is Ctrl-C the way to stop them.
     here = picture_here(busy_snapshot(connection="draining", queued=0))
     assert "taking no new ones; Ctrl-C again stops them" in here
