@@ -32,7 +32,7 @@ from prohost.engine.ledger.steps import LEDGER_STEP_TIMEOUT_S
 from prohost.engine.report.outbox import Outbox, saved_outcome
 from prohost.engine.run.heldrun import HeldRun, Interrupted
 from prohost.engine.supervisor.held import HeldRuns
-from prohost.engine.supervisor.requests import LOCAL_CANCEL_REASON, pending_cancels
+from prohost.engine.supervisor.requests import LOCAL_CANCEL_REASON, answered, pending_cancels
 from prohost.engine.supervisor.runqueue import RunQueue
 from prohost.engine.supervisor.upkeep import prune
 from prohost.engine.view.statustext import human_ago
@@ -138,8 +138,9 @@ class Recovery:
 
         Read before the interrupted runs are reported: §6 makes a cancel final once
         the harness holds it, and a running run reported "restarted" (retryable)
-        would be run again by the server. The request files stay: the harness's
-        reading of requests removes them once it is up
+        would be run again by the server. Each request is removed once its cancel is
+        kept in the ledger (:meth:`_keep_cancel`); one for a run recovery does not
+        report is left to the harness's reading of requests once it is up
         (:func:`~prohost.engine.supervisor.requests.obey_requests`). A folder that
         cannot be read is logged; the runs are then reported as the ledger has them.
         Cancelled: as :meth:`prohost.engine.blocking.Bounds.file_step` (a read).
@@ -169,6 +170,14 @@ class Recovery:
         except Exception as exc:
             log.error("run %s: the cancel asked on this machine could not be kept in the "
                       "ledger (%s); reporting it cancelled all the same", row.run_id, exc)
+            return attrs.evolve(row, outcome=outcome)
+        if self.home is not None:
+            # Kept in the ledger: the request is answered, before the run's report.
+            try:
+                await self.bounds.file_step(answered, self.home, row.run_id,
+                                            what="removing a request")
+            except OSError as exc:
+                log.warning("could not remove the request to cancel %s: %s", row.run_id, exc)
         return attrs.evolve(row, outcome=outcome)
 
     async def held_from(self, row: LedgerRow) -> HeldRun | None:
