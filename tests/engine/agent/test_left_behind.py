@@ -26,10 +26,11 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.agent.launch import Launch, ProcessHooks
+from prohost.engine.agent.launch import Launch
 from prohost.engine.agent.process import ProcessGroups, run_agent
 from prohost.engine.sandbox import Confinement, Policy, prepare, probe
 from tests.kits.harness import wall_clock_bound
+from tests.kits.output import Heard
 from tests.kits.paths import AGENTS
 
 pytestmark = [pytest.mark.protocol("§5"),
@@ -136,8 +137,7 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
                     Launch(command=command, stdin_text="", cwd=tmp_path,
                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                            confinement=confinement),
-                    patient_groups,
-                    hooks=ProcessHooks(on_stdout_line=lambda line: ready.set()))
+                    patient_groups, output=Heard(on_line=lambda line: ready.set()))
 
             nursery.start_soon(run_it)
             await ready.wait()
@@ -195,9 +195,11 @@ async def test_a_stopped_agent_s_leftovers_outside_its_group_get_the_grace_too(
     ready = trio.Event()
     async with wall_clock_bound(GIVE_UP_S), trio.open_nursery() as nursery:
         async def run_it() -> None:
-            await run_agent(command, stdin_text="", cwd=tmp_path, groups=short_groups,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                            on_stdout_line=lambda line: ready.set(), confinement=bubblewrap)
+            await run_agent(
+                Launch(command=command, stdin_text="", cwd=tmp_path,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                       confinement=bubblewrap),
+                short_groups, output=Heard(on_line=lambda line: ready.set()))
 
         nursery.start_soon(run_it)
         await ready.wait()
@@ -216,9 +218,11 @@ async def test_the_agent_s_own_ending_comes_through_bubblewrap(
     # bubblewrap ends with the agent's status, shell style (128+N for signal N):
     # the run says the agent's own ending, as an unconfined run does.
     with trio.fail_after(GIVE_UP_S):
-        result = await run_agent(command, stdin_text="", cwd=tmp_path, groups=groups,
-                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                                 confinement=bubblewrap)
+        result = await run_agent(
+            Launch(command=command, stdin_text="", cwd=tmp_path,
+                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                   confinement=bubblewrap),
+            groups)
     assert (result.exit_code, result.signal) == (code, killed_by)
 
 
