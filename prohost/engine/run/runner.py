@@ -10,8 +10,8 @@ another, and the one place its outcome is finished::
 
 An attempt (:func:`prohost.engine.run.execute.execute`) is one account and one
 session: it is handed a frozen :class:`~prohost.engine.run.execute.Attempt` and
-returns an :class:`~prohost.engine.run.execute.AttemptResult`, calling nothing back
-but ``on_spawn`` (the process group's durable step, §7).
+returns an :class:`~prohost.engine.run.execute.AttemptResult`; between the agent's
+spawn and its watch it awaits ``on_spawn`` (the process group's durable step, §7).
 
 ``started``, the agent's process group and ``finished`` wait for their fsync (a
 ``started`` or process group that cannot be written stops the run: §7); the lane's
