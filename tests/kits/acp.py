@@ -24,13 +24,13 @@ from prohost.engine.agent.brains.acp import AcpTurn
 from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.base import McpWiring
 from prohost.engine.agent.launch import Launch, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
 from tests.kits.harness import Running, running_harness, running_server
-from tests.kits.output import Heard
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 
 #: tests/agents/fake_acp.py as an ``--exec`` line.

@@ -1,10 +1,22 @@
-"""An agent's :class:`~prohost.engine.agent.launch.Output` for tests that watch
-:func:`~prohost.engine.agent.process.run_agent` directly: each stdout line and each
-read's time handed to a test's own function."""
+"""For tests that spawn and watch an agent directly
+(:func:`~prohost.engine.agent.process.start_agent`): :func:`run_agent`, both steps at
+once, and :class:`Heard`, an :class:`~prohost.engine.agent.launch.Output` handing
+each stdout line and each read's time to a test's own function."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from prohost.engine.agent.launch import DEFAULT_LIMITS, Launch, Output, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, start_agent
+
+
+async def run_agent(launch: Launch, groups: ProcessGroups,
+                    limits: ProcessLimits = DEFAULT_LIMITS,
+                    output: Output | None = None) -> ProcessResult:
+    """Spawn the agent and watch it end, with nothing between the two steps."""
+    async with start_agent(launch, groups, limits, output) as agent:
+        return await agent.finish()
 
 
 class Heard:

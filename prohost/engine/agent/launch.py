@@ -1,4 +1,4 @@
-"""What :func:`prohost.engine.agent.process.run_agent` is asked, in three named parts:
+"""What :func:`prohost.engine.agent.process.start_agent` is asked, in three named parts:
 what to run (:class:`Launch`), when to stop it (:class:`ProcessLimits`), and where
 what it prints goes (:class:`Output`). The first two are frozen: a caller builds them
 once per spawn, and the watch never changes them. Here too is what a brain that talks with

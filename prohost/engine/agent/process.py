@@ -711,18 +711,6 @@ async def start_agent(
                 stream.close()
 
 
-async def run_agent(
-    launch: Launch,
-    groups: ProcessGroups,
-    limits: ProcessLimits = DEFAULT_LIMITS,
-    output: Output | None = None,
-) -> ProcessResult:
-    """:func:`start_agent` and :meth:`AgentWatch.finish` in one, for a caller with
-    nothing to do between the spawn and the watch. Cancelled: as :func:`start_agent`."""
-    async with start_agent(launch, groups, limits, output) as agent:
-        return await agent.finish()
-
-
 def _pipe(stream: object, name: str) -> trio.lowlevel.FdStream:
     """The child's ``name`` pipe; every agent is spawned with all three piped."""
     if not isinstance(stream, trio.lowlevel.FdStream):

@@ -27,10 +27,10 @@ import trio
 import trio.testing
 
 from prohost.engine.agent.launch import Launch
-from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.sandbox import Confinement, Policy, prepare, probe
 from tests.kits.harness import wall_clock_bound
-from tests.kits.output import Heard
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS
 
 pytestmark = [pytest.mark.protocol("§5"),

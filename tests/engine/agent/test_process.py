@@ -29,8 +29,8 @@ import trio.testing
 
 from prohost.engine.agent import poll
 from prohost.engine.agent.launch import Launch, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent, start_agent
-from tests.kits.output import Heard
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, start_agent
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS
 
 pytestmark = pytest.mark.protocol("§5")

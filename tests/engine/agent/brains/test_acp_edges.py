@@ -19,7 +19,7 @@ from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_usage import session_model
 from prohost.engine.agent.launch import LINGER_S, Launch, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.process import ProcessGroups
 from prohost.wire.outcomes import (
     acp_no_reply,
     acp_refusal_ended,
@@ -38,7 +38,7 @@ from tests.kits.acp import (
     record_of,
     talk,
 )
-from tests.kits.output import Heard
+from tests.kits.output import Heard, run_agent
 
 __all__ = ["poller"]  # the autouse fixture, both ways of waiting
 

@@ -19,11 +19,11 @@ from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
 from prohost.engine.agent.brains.summaries import tool_summary
 from prohost.engine.agent.launch import Launch, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
 from prohost.wire.timeline import ToolEvent
-from tests.kits.output import Heard
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 
 FAKE = AGENTS / "fake_claude.py"

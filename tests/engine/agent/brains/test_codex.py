@@ -24,12 +24,12 @@ from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
 from prohost.engine.agent.brains.codex_home import ROLLOUT_TAIL_BYTES, find_rollout
 from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.agent.launch import Launch, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun, Mcp
 from prohost.wire.timeline import ToolEvent
-from tests.kits.output import Heard
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.runner import solo_runner
 
