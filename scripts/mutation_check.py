@@ -73,6 +73,7 @@ PROCESS = "prohost/engine/agent/process.py"
 HARNESS = "prohost/engine/harness.py"
 RUNNER = "prohost/engine/run/runner.py"
 ATTEMPTS = "prohost/engine/run/attempts.py"
+EXECUTE = "prohost/engine/run/execute.py"
 ADMISSION = "prohost/engine/supervisor/admission.py"
 SERVER_STATE = "prohost/server/state.py"
 CHANGES = "prohost/engine/repos/changes.py"
@@ -155,17 +156,17 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "agent left running when its group write fails",
-        # Two edits: `run_process`'s own `finally` kills the group too (defence in
-        # depth); with only the first, nothing a test can see changes.
+        # Two edits: `start_agent`'s own `finally` kills the group too (defence in
+        # depth); with only the first, nothing a test can see changes. The first
+        # stops the group on a cancel only, not when the caller's step after the
+        # spawn (the group's write) raises.
         (Edit(PROCESS,
               "            try:\n"
-              "                if self.on_spawn is not None:\n"
-              "                    await self.on_spawn(self.pgid)\n"
-              "                await self._wait_leader()\n",
-              "            if self.on_spawn is not None:\n"
-              "                await self.on_spawn(self.pgid)\n"
+              "                yield watch\n"
+              "            except BaseException:\n",
               "            try:\n"
-              "                await self._wait_leader()\n"),
+              "                yield watch\n"
+              "            except trio.Cancelled:\n"),
          Edit(PROCESS,
               "        # Whatever happened above, nothing of this group may outlive the call.\n"
               "        _killpg(pgid, signal.SIGKILL)\n",
@@ -174,13 +175,11 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "group recorded after the agent exits",
-        _one(PROCESS,
-             "                if self.on_spawn is not None:\n"
-             "                    await self.on_spawn(self.pgid)\n"
-             "                await self._wait_leader()\n",
-             "                await self._wait_leader()\n"
-             "                if self.on_spawn is not None:\n"
-             "                    await self.on_spawn(self.pgid)\n"),
+        _one(EXECUTE,
+             "            await on_spawn(agent)\n"
+             "            result = await agent.finish()\n",
+             "            result = await agent.finish()\n"
+             "            await on_spawn(agent)\n"),
         "a kill -9 while the agent runs leaves no group for the restart",
     ),
     Breakage(
@@ -277,7 +276,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         # alone still keeps the reply: the cancel is taken, its stop is not made).
         _one(ATTEMPTS, "                held.agent_ended = True\n", "                pass\n"),
         "a run whose agent exited with its reply is reported cancelled (§6)",
-        equivalent="since run_agent says when the agent's leader exited (on_exit, issue "
+        equivalent="since the agent's watch says when its leader exited (leader_exited, issue "
         "37), that mark is set first and keeps the reply by itself; this one only "
         "repeats it once the outcome is known (its own breakage is 'a cancel in the "
         "leader's exit window overrides a finished agent')",
@@ -292,9 +291,9 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "a cancel in the leader's exit window overrides a finished agent",
-        # run_agent never says that the leader exited: a cancel while what the
+        # The watch never says that the leader exited: a cancel while what the
         # agent left gets the grace stops the run, its reply lost.
-        _one(PROCESS, "                    self.on_exit()\n", "                    pass\n"),
+        _one(PROCESS, "        self.leader_exited = True\n", "        pass\n"),
         "a run whose agent exited with its reply, its group not yet empty, is "
         "reported cancelled (§6)",
     ),

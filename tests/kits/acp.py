@@ -23,13 +23,14 @@ from prohost.engine.agent import poll
 from prohost.engine.agent.brains.acp import AcpTurn
 from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.base import McpWiring
-from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.launch import Launch, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.server import ServerHandle
 from prohost.wire.runs import Outcome
 from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
 from tests.kits.harness import Running, running_harness, running_server
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 
 #: tests/agents/fake_acp.py as an ``--exec`` line.
@@ -121,7 +122,7 @@ async def talk(tmp_path: Path, scenario: str = "reply", *, session: str | None =
         Launch(command=FAKE_ACP, stdin_text="never written", cwd=tmp_path, env=agent_env,
                conversation=turn.conversation(PROMPT, session, tmp_path, mcp, agent_env)),
         groups or ProcessGroups(), ProcessLimits(deadline=deadline, max_stdout_bytes=0),
-        ProcessHooks(on_stdout_line=lambda line: read(done, turn, line)))
+        Heard(on_line=lambda line: read(done, turn, line)))
     done.result = result
     if result.timed_out is None:
         done.outcome = turn.finish(result)

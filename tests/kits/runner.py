@@ -25,6 +25,7 @@ from prohost.engine.accounts.book import DEFAULT_ACCOUNT, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.brains.base import Brain
 from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.reading import ToolEventSink
 from prohost.engine.blocking import Bounds
 from prohost.engine.ledger import Ledger
 from prohost.engine.ledger.steps import LaneTurn, LedgerSteps
@@ -33,7 +34,7 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.repos.worktrees import WorktreeManager
 from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.confine import SANDBOX_OFF
-from prohost.engine.run.execute import AgentSetup, ExecSpec, ToolEventSink
+from prohost.engine.run.execute import AgentSetup, ExecSpec
 from prohost.engine.run.heldrun import HeldRun
 from prohost.engine.run.runner import Runner
 from prohost.engine.run.workspace import Workspaces

@@ -1,7 +1,7 @@
-"""What :func:`prohost.engine.agent.process.run_agent` is asked, in three named parts:
-what to run (:class:`Launch`), when to stop it (:class:`ProcessLimits`), and whom
-to tell as it goes (:class:`ProcessHooks`). Each is frozen: a caller builds them once
-per spawn, and the watch never changes them. Here too is what a brain that talks with
+"""What :func:`prohost.engine.agent.process.start_agent` is asked, in three named parts:
+what to run (:class:`Launch`), when to stop it (:class:`ProcessLimits`), and where
+what it prints goes (:class:`Output`). The first two are frozen: a caller builds them
+once per spawn, and the watch never changes them. Here too is what a brain that talks with
 its agent while it runs implements (:class:`Conversation`, through the
 :class:`StdinPipe` it is given), since :class:`Launch` carries it.
 """
@@ -9,7 +9,7 @@ its agent while it runs implements (:class:`Conversation`, through the
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,7 +18,7 @@ import attrs
 if TYPE_CHECKING:
     from prohost.engine.sandbox import Confinement
 
-#: Longest stdout line handed to ``on_stdout_line``. A streaming brain's single
+#: Longest stdout line handed to ``Output.line``. A streaming brain's single
 #: JSON event can legitimately be several MiB (a large tool result), so this is
 #: generous; a longer line is dropped and counted rather than buffered.
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -48,7 +48,7 @@ class StdinPipe(Protocol):
 class Conversation(Protocol):
     """A brain that talks with its agent over stdin while it runs (the ACP brain)
     instead of writing one prompt and end-of-file. It reads through
-    ``on_stdout_line`` and writes through the :class:`StdinPipe` it is given, all
+    ``Output.line`` and writes through the :class:`StdinPipe` it is given, all
     from the task watching the agent, so it must be quick and must not raise."""
 
     def open(self, stdin: StdinPipe) -> None:
@@ -94,20 +94,19 @@ class ProcessLimits:
 DEFAULT_LIMITS = ProcessLimits()
 
 
-@attrs.frozen(kw_only=True)
-class ProcessHooks:
-    """Whom to tell as the agent runs, all from the task watching it:
-    ``on_spawn`` awaited with the group id as soon as the process exists (its
-    output is read once it has returned); ``on_stdout_line`` each stdout line
-    without its ``\\n``; ``on_output`` the trio time of every read from either
-    stream; ``on_exit`` once the leader has exited, whatever ended it but a
-    cancellation, before the group's rest is given the grace."""
+class Output(Protocol):
+    """Where the watch puts what the agent prints as it comes, from the task
+    watching it, so it must be quick and must not raise: each stdout line without
+    its ``\\n`` (when ``reads_lines``; lines over ``max_line_bytes`` are skipped and
+    counted) and the trio time of every read from either stream (what the idle
+    timer counts from). It is state the caller reads, not a call back into it
+    (:class:`prohost.engine.agent.reading.OutputReader` is the harness's)."""
 
-    on_spawn: Callable[[int], Awaitable[None]] | None = None
-    on_stdout_line: Callable[[bytes], None] | None = None
-    on_output: Callable[[float], None] | None = None
-    on_exit: Callable[[], None] | None = None
+    #: Stdout is cut into lines for :meth:`line` (a streaming brain).
+    reads_lines: bool
 
+    def line(self, raw: bytes) -> None:
+        """One stdout line, without its ``\\n``."""
 
-#: Nobody told.
-NO_HOOKS = ProcessHooks()
+    def heard(self, at: float) -> None:
+        """Either stream printed something at ``at`` (trio time)."""

@@ -1,7 +1,7 @@
 """Waiting on an agent's pipes and on its leader's exit, all at once, from one task.
 
 :mod:`prohost.engine.agent.process` watches an agent from the single task that
-called ``run_agent``: it asks a poller which of the agent's pipes (and whether its
+calls ``AgentWatch.finish``: it asks a poller which of the agent's pipes (and whether its
 leader) is ready, handles them, and asks again. trio waits on one file descriptor
 per task, so on Linux the poller is an epoll instance of its own, holding the pipes
 and a pidfd, which trio waits on as one descriptor: a run costs one task and one

@@ -17,8 +17,15 @@ The pipes double as the signal that the group is really done: a process holds it
 stdout and stderr until it exits, so end-of-file on both (after the leader is
 reaped) means nothing that inherited them is still running.
 
-All of it is done by the task that called ``run_agent``, without tasks of its own:
+All of it is done by the task that watches the agent, without tasks of its own:
 at a 16-wide backlog, tasks and scheduler trips were a good part of a run's CPU.
+
+Two steps, so that the caller can make the group durable between them without
+being called back: :func:`start_agent` spawns the agent and yields its
+:class:`AgentWatch` (its ``pgid`` known, its output not read yet), and
+:meth:`AgentWatch.finish` watches it end. What the agent prints goes to an
+:class:`~prohost.engine.agent.launch.Output`; that the leader has exited is the
+watch's ``leader_exited``, for the caller's cancel path to read.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import math
 import os
 import signal
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal
 
 import attrs
@@ -39,10 +46,9 @@ from prohost.engine.agent import procinfo
 from prohost.engine.agent.launch import (
     DEFAULT_LIMITS,
     LINGER_S,
-    NO_HOOKS,
     Conversation,
     Launch,
-    ProcessHooks,
+    Output,
     ProcessLimits,
 )
 from prohost.engine.agent.output import LastLine, LineSplitter
@@ -152,7 +158,7 @@ class ProcessResult:
     """Set when the harness stopped the process for a limit (then ``signal`` is usually set)."""
     duration_s: float
     overlong_lines: int = 0
-    """Stdout lines longer than ``max_line_bytes`` that ``on_stdout_line`` never saw."""
+    """Stdout lines longer than ``max_line_bytes`` that ``Output.line`` never saw."""
     stderr_tail: bytes = b""
     """The last 64 KiB of stderr, kept with the run (:mod:`prohost.engine.agent.stderrtail`)."""
 
@@ -179,10 +185,14 @@ def _killpg(pgid: int, sig: int) -> None:
         log.debug("process group %d is no longer ours to signal", pgid)
 
 
-class _Watch:
+class AgentWatch:
     """The state of one running agent: its buffers, its timers, and how to stop it.
 
-    It is all done by the task that called ``run_agent``: a poller says which pipe
+    Made by :func:`start_agent` as soon as the process exists; its
+    :attr:`leader_exited` is plain state a caller reads (a cancel that comes once
+    the agent has finished must not take its ending away, §6).
+
+    It is all done by the task that calls :meth:`finish`: a poller says which pipe
     (or the leader's exit) needs it, it handles that, and asks again
     (:mod:`prohost.engine.agent.poll`); a task per pipe and a watchdog would cost a
     good part of a run's CPU. The prompt is written at once when it fits in the
@@ -201,15 +211,15 @@ class _Watch:
         idle_timeout_s: float,
         max_stdout_bytes: int,
         max_line_bytes: int,
-        on_spawn: Callable[[int], Awaitable[None]] | None,
-        on_stdout_line: Callable[[bytes], None] | None,
-        on_output: Callable[[float], None] | None = None,
+        output: Output | None,
         conversation: Conversation | None = None,
-        on_exit: Callable[[], None] | None = None,
         report: Report | None = None,
     ) -> None:
         self.proc = proc
-        self.on_exit = on_exit
+        #: The leader has exited, whatever ended it but a cancellation (a limit's
+        #: stop too), though the rest of its group may not have yet: from then on
+        #: the agent has finished, and a cancel must not take its ending away (§6).
+        self.leader_exited = False
         self.conversation = conversation
         #: stdin gets end-of-file once what is queued is written (a conversation
         #: says when; a prompt is all there is).
@@ -222,7 +232,7 @@ class _Watch:
         self.stdin = _pipe(proc.stdin, "stdin")
         self.stdout_fd = _pipe(proc.stdout, "stdout").fileno()
         self.stderr_fd = _pipe(proc.stderr, "stderr").fileno()
-        self.on_output = on_output
+        self.output = output
         self.pgid = proc.pid
         #: What is queued for stdin and not written yet (appended to in place: an
         #: agent that reads slowly must not make each write copy the whole queue).
@@ -231,14 +241,14 @@ class _Watch:
         self.deadline = deadline
         self.idle_timeout_s = idle_timeout_s
         self.max_stdout_bytes = max_stdout_bytes
-        self.on_spawn = on_spawn
         self.started_at = trio.current_time()
         self.last_output = self.started_at
         self.stdout = bytearray()
         self.stdout_truncated = False
         self.stderr = LastLine()
-        self.lines = None if on_stdout_line is None else LineSplitter(  # ACP: AcpTurn.overlong
-            on_stdout_line, max_line_bytes, getattr(conversation, "overlong", None))
+        self.lines = None if output is None or not output.reads_lines else LineSplitter(
+            output.line, max_line_bytes,
+            getattr(conversation, "overlong", None))  # ACP: AcpTurn.overlong
         self.open_pipes = 2
         #: The pipes read to their end-of-file (no longer watched).
         self.ended: set[int] = set()
@@ -252,41 +262,38 @@ class _Watch:
         #: pipes' end the namespace's; this is what it says of that namespace.
         self.report = report
 
-    async def run(self) -> ProcessResult:
-        try:
-            self.poller.read(self.stdout_fd)
-            self.poller.read(self.stderr_fd)
-            if self.conversation is not None:
-                self.conversation.open(self)
-            else:
-                self._send_queued()
-            try:
-                if self.on_spawn is not None:
-                    await self.on_spawn(self.pgid)
-                await self._wait_leader()
-                if self.on_exit is not None:
-                    # Told before anything else is awaited: from now on the agent has
-                    # finished, and a cancel must not take its ending away (§6).
-                    self.on_exit()
-                # The leader is gone; anything it left in its group goes too.
-                await self._let_the_rest_end()
-                _killpg(self.pgid, signal.SIGKILL)
-                if self.open_pipes:
-                    with trio.move_on_after(_DRAIN_S):
-                        await self._pump(lambda: not self.open_pipes)
-            except BaseException:
-                # The pipes are still drained while the group stops, both so an agent
-                # blocked on a full pipe can die and so end-of-file can say it is gone.
-                with trio.move_on_after(self._stop_bound(), shield=True):
-                    await self._stop()
-                raise
-        finally:
-            self.poller.close()
+    def _begin(self) -> None:
+        """Watch the pipes, and start writing the prompt (or the conversation);
+        nothing is read until :meth:`finish`, the pipes buffering it meanwhile."""
+        self.poller.read(self.stdout_fd)
+        self.poller.read(self.stderr_fd)
+        if self.conversation is not None:
+            self.conversation.open(self)
+        else:
+            self._send_queued()
+
+    async def finish(self) -> ProcessResult:
+        """Watch the agent until its whole group has ended, and say how it ended (see
+        :func:`start_agent`; a limit that passed before this was called stops the
+        group at once).
+
+        Cancelled: :func:`start_agent`'s exit stops the group (shielded, bounded).
+        """
+        await self._wait_leader()
+        # Set before anything else is awaited: from now on the agent has finished,
+        # and a cancel must not take its ending away (§6).
+        self.leader_exited = True
+        # The leader is gone; anything it left in its group goes too.
+        await self._let_the_rest_end()
+        _killpg(self.pgid, signal.SIGKILL)
+        if self.open_pipes:
+            with trio.move_on_after(_DRAIN_S):
+                await self._pump(lambda: not self.open_pipes)
         if self.lines is not None:
             self.lines.close()
         self.stderr.close()
         code = exit_status(self.proc.returncode, namespaced=self.report is not None)
-        return ProcessResult(
+        result = ProcessResult(
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
             stdout=bytes(self.stdout),
@@ -297,6 +304,10 @@ class _Watch:
             overlong_lines=self.lines.dropped if self.lines is not None else 0,
             stderr_tail=self.stderr.tail.data(),
         )
+        # The watch outlives this (a run reads its leader_exited until it is
+        # reported): the output it kept does not.
+        self.stdout = bytearray()
+        return result
 
     async def _wait_leader(self) -> None:
         """Return once the leader has exited, stopping the group first if a limit passes.
@@ -305,8 +316,8 @@ class _Watch:
         deadline and the idle one as it stood then. Output does not move it (that
         would cost a heap update per read): when it fires, the time is checked
         again, and if output came since, it is armed anew. It is armed once
-        ``on_spawn`` has returned (nothing else runs meanwhile): a limit that
-        passed by then stops the group at once.
+        :meth:`finish` is called (the caller's step after the spawn runs before): a
+        limit that passed by then stops the group at once.
         """
         while True:
             with trio.CancelScope(deadline=self._limit()) as self.scope:
@@ -540,8 +551,8 @@ class _Watch:
 
     def _heard(self) -> None:
         self.last_output = trio.current_time()
-        if self.on_output is not None:
-            self.on_output(self.last_output)
+        if self.output is not None:
+            self.output.heard(self.last_output)
 
     def _read(self, fd: int) -> bytes | None:
         """What the pipe ``fd`` has (``b""`` at end-of-file, then no longer watched),
@@ -586,13 +597,16 @@ class _Watch:
             self.stderr.feed(chunk)
 
 
-async def run_agent(
+@contextlib.asynccontextmanager
+async def start_agent(
     launch: Launch,
     groups: ProcessGroups,
     limits: ProcessLimits = DEFAULT_LIMITS,
-    hooks: ProcessHooks = NO_HOOKS,
-) -> ProcessResult:
-    """Run ``launch.command`` through ``/bin/sh -c`` as a new process group and watch it end.
+    output: Output | None = None,
+) -> AsyncIterator[AgentWatch]:
+    """Spawn ``launch.command`` through ``/bin/sh -c`` as a new process group, and
+    yield its :class:`AgentWatch` as soon as the process exists (its ``pgid`` is the
+    group's); :meth:`AgentWatch.finish` then watches it end.
 
     With a ``launch.confinement`` (docs/protocol.md §13), the shell starts confined, and so
     does everything it starts: its ``argv_prefix`` goes before ``/bin/sh``, and on
@@ -605,18 +619,15 @@ async def run_agent(
     clock) passes or when neither stream has printed anything for
     ``limits.idle_timeout_s`` (0 = no idle limit).
     Whichever way the leader exits, its group is then swept with SIGKILL, and
-    ``run_agent`` returns only once the pipes say every process that held them has
+    ``finish`` returns only once the pipes say every process that held them has
     exited (bounded: a process that left the group can only delay it a little).
 
-    ``hooks.on_spawn`` is awaited with the group id as soon as the process exists (output
-    is read once it has returned, the pipes buffering what is printed meanwhile,
-    and a limit that passed while it ran stops the group then); ``on_stdout_line``
-    gets each stdout line without its ``\\n`` (lines over ``limits.max_line_bytes`` are
-    skipped and counted in ``overlong_lines``); ``on_output`` gets the trio time of
-    every read from either stream (what the idle timer counts from); ``on_exit`` is
-    called once the leader has exited, whatever ended it but a cancellation, before
-    the group's rest is given the grace (the caller then knows the agent finished,
-    though this has not returned yet).
+    Between the spawn and ``finish`` (the caller makes the group durable there) the
+    agent's output is not read, the pipes buffering it; a limit that passed
+    meanwhile stops the group as ``finish`` begins. What the agent prints goes to
+    ``output`` as it is read; ``leader_exited`` is set once the leader has exited,
+    whatever ended it but a cancellation, before the group's rest is given the grace
+    (the caller then knows the agent finished, though ``finish`` has not returned).
 
     With a ``launch.conversation``, ``stdin_text`` is not written: the conversation
     talks with the agent over stdin (see :class:`~prohost.engine.agent.launch.Conversation`),
@@ -625,11 +636,13 @@ async def run_agent(
 
     Raises ``OSError`` when the process cannot be started (missing ``cwd``, …).
 
-    Cancelled: the group is stopped the same way (SIGTERM, SIGKILL after the grace;
-    with a conversation, first its wind-down, up to half the grace) inside a
-    shielded scope bounded at ``groups.grace_s + 2`` seconds (plus the wind-down), then the
-    cancellation is re-raised (as a plain ``trio.Cancelled``, not a group). The group is out of
-    ``groups`` by the time anything leaves this function.
+    Left by an exception or a cancellation (the caller's step after the spawn
+    failed, or ``finish`` was cancelled): the group is stopped the same way (SIGTERM,
+    SIGKILL after the grace; with a conversation, first its wind-down, up to half the
+    grace) inside a shielded scope bounded at ``groups.grace_s + 2`` seconds (plus the
+    wind-down), then the exception is re-raised (a cancellation as a plain
+    ``trio.Cancelled``, not a group). However it is left, the group is SIGKILLed and
+    out of ``groups`` by then.
     """
     command, cwd, env = launch.command, launch.cwd, launch.env
     confinement, conversation = launch.confinement, launch.conversation
@@ -662,7 +675,7 @@ async def run_agent(
     pgid = proc.pid
     groups.add(pgid)
     try:
-        watch = _Watch(
+        watch = AgentWatch(
             proc,
             stdin_data=b"" if conversation is not None else launch.stdin_text.encode("utf-8"),
             groups=groups,
@@ -670,14 +683,22 @@ async def run_agent(
             idle_timeout_s=limits.idle_timeout_s,
             max_stdout_bytes=limits.max_stdout_bytes,
             max_line_bytes=limits.max_line_bytes,
-            on_spawn=hooks.on_spawn,
-            on_stdout_line=hooks.on_stdout_line,
-            on_output=hooks.on_output,
+            output=output,
             conversation=conversation,
-            on_exit=hooks.on_exit,
             report=report,
         )
-        return await watch.run()
+        try:
+            watch._begin()
+            try:
+                yield watch
+            except BaseException:
+                # The pipes are still drained while the group stops, both so an agent
+                # blocked on a full pipe can die and so end-of-file can say it is gone.
+                with trio.move_on_after(watch._stop_bound(), shield=True):
+                    await watch._stop()
+                raise
+        finally:
+            watch.poller.close()
     finally:
         # Whatever happened above, nothing of this group may outlive the call.
         _killpg(pgid, signal.SIGKILL)

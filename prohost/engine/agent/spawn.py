@@ -1,7 +1,7 @@
 """Spawning an agent confined (docs/protocol.md §13): its command line under
 bubblewrap, and, where the confinement has a Landlock domain, from a thread in it.
 
-:func:`command_line` is the command ``run_agent`` spawns; :func:`spawn_confined`
+:func:`command_line` is the command ``start_agent`` spawns; :func:`spawn_confined`
 its spawn when the confinement has a domain to enter first; :class:`Spawned` is
 what the watch reads of the process that spawn made; :class:`Report` is what
 bubblewrap says of a run's PID namespace, and :func:`namespace_leftovers` finds
@@ -39,7 +39,7 @@ __all__ = ["Report", "Spawned", "command_line", "exit_status", "namespace_leftov
 
 def command_line(confinement: Confinement | None, command: str, cwd: Path,
                  report: Report | None = None) -> list[str]:
-    """What ``run_agent`` spawns for ``command``: ``/bin/sh -c command``, after the
+    """What ``start_agent`` spawns for ``command``: ``/bin/sh -c command``, after the
     confinement's prefix (bubblewrap's, with the working folder inside its view and
     ``report``'s pipe for its status)."""
     argv = ["/bin/sh", "-c", command]
@@ -156,7 +156,7 @@ class Spawned:
 
 async def spawn_confined(confinement: Confinement, command: str, *, cwd: Path,
                           env: Mapping[str, str], report: Report | None = None) -> Spawned:
-    """Spawn ``command`` as ``run_agent`` does (:func:`command_line`), from a fresh
+    """Spawn ``command`` as ``start_agent`` does (:func:`command_line`), from a fresh
     thread that entered the confinement's Landlock domain first
     (:meth:`Confinement.spawn_soon`). Raises ``OSError`` as a spawn does, and
     ``SubprocessError`` when the confinement cannot be entered (nothing is spawned

@@ -18,6 +18,8 @@ import trio
 from prohost.engine.accounts.book import Account, AccountBook
 from prohost.engine.accounts.gate import AccountGate
 from prohost.engine.agent.meter import UsageMeter, meter_for
+from prohost.engine.agent.process import AgentWatch
+from prohost.engine.agent.reading import ToolEventSink
 from prohost.engine.ledger import LedgerError
 from prohost.engine.ledger.interfaces import AttemptSteps
 from prohost.engine.run.ending import Ending, Tally
@@ -25,7 +27,6 @@ from prohost.engine.run.execute import (
     AgentSetup,
     Attempt,
     AttemptResult,
-    ToolEventSink,
     execute,
     left_of,
 )
@@ -98,12 +99,11 @@ class Attempts:
         # says what the run changed (§7).
         start_state = checkouts.start_state()
 
-        async def on_spawn(pgid: int) -> None:
-            held.next_agent()  # a cancel kept since the last agent exited stops this one
-            await self.steps.record_pgid(run.run_id, pgid, start_state=start_state)
-
-        def on_exit() -> None:
-            held.agent_exited = True  # a cancel from now on waits for our word (§6)
+        async def on_spawn(agent: AgentWatch) -> None:
+            # A cancel kept since the last agent exited stops this one; from this
+            # one's exit (its watch's leader_exited) a cancel waits for our word (§6).
+            held.next_agent(agent)
+            await self.steps.record_pgid(run.run_id, agent.pgid, start_state=start_state)
 
         tried: set[str] = set()
         while True:
@@ -128,7 +128,7 @@ class Attempts:
                             place.wiring, before, max_cost_usd=budget, cwd=place.cwd,
                             confinement=None if place.confined is None
                             else place.confined.confinement),
-                    setup, progress, on_spawn, timeline, on_exit)
+                    setup, progress, on_spawn, timeline)
             finally:
                 await workspace.close_attempt(place)
             tally.spent += result.spent

@@ -10,11 +10,15 @@ CLI said of its account's usage limit. A resumed session the CLI rejects is trie
 once more with a fresh session, inside the same deadline; that is all the
 attempt decides by itself.
 
-It calls nothing back but ``on_spawn`` (the agent's process group must be durable
-before its output is read, §7). What a watcher may want to see while the agent
-works (session, activity, model, last output) it writes into the run's
-:class:`~prohost.engine.run.progress.Progress`, and the tool calls it reads go to
-the run's timeline sink (§8): data out, never a question back.
+It spawns the agent and, before it watches it, awaits the run's ``on_spawn`` step
+with the spawned agent (its process group must be durable before its output is
+read, §7; the run also keeps the agent's watch, whose ``leader_exited`` its cancel
+path reads). What a watcher may want to see while the agent works (session,
+activity, model, last output) the agent room's
+:class:`~prohost.engine.agent.reading.OutputReader` writes into the run's
+:class:`~prohost.engine.run.progress.Progress` (a
+:class:`~prohost.engine.agent.reading.Seen`), and the tool calls it reads go to the
+run's timeline sink (§8): data out, never a call back into the run.
 
 Every way an attempt can end becomes an :class:`AttemptResult`, never an
 exception, except cancellation (the caller reports it, §6) and a failure of
@@ -27,15 +31,15 @@ import logging
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Protocol
 
 import attrs
 import trio
 
 from prohost.engine.accounts.limits import LimitNotice
 from prohost.engine.agent.brains.base import Brain, McpWiring, Turn
-from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.launch import Launch, ProcessLimits
+from prohost.engine.agent.process import AgentWatch, ProcessGroups, ProcessResult, start_agent
+from prohost.engine.agent.reading import OutputReader, ToolEventSink
 from prohost.engine.agent.reply import MAX_REPLY_BYTES
 from prohost.engine.agent.stderrtail import write_tail
 from prohost.engine.blocking import Bounds
@@ -46,7 +50,6 @@ from prohost.engine.sandbox import Confinement
 from prohost.options import Options
 from prohost.wire.outcomes import NOT_CONFINED, budget_reached
 from prohost.wire.runs import AgentRun, Outcome
-from prohost.wire.timeline import ToolEvent
 from prohost.wire.usage import Usage
 
 log = logging.getLogger("prohost.execute")
@@ -152,33 +155,24 @@ class AttemptResult:
     reached_budget: bool = False
 
 
-class ToolEventSink(Protocol):
-    """Where an attempt's tool calls go (the run's timeline, §8): it must take them
-    at once, never block and never raise."""
-
-    def add(self, events: list[ToolEvent]) -> None: ...
-
-
 async def execute(
     attempt: Attempt,
     setup: AgentSetup,
     progress: Progress,
-    on_spawn: Callable[[int], Awaitable[None]],
+    on_spawn: Callable[[AgentWatch], Awaitable[None]],
     timeline: ToolEventSink | None = None,
-    on_exit: Callable[[], None] | None = None,
 ) -> AttemptResult:
     """Run the agent for ``attempt`` and say how it went.
 
     ``attempt.session_id`` is resumed; a CLI that rejects it is run again once with
     a fresh session, inside the same deadline, and the result keeps the rejected
     session unless a new one really started. ``on_spawn`` is awaited with each
-    agent's process group before its output is read; if it raises, the group is
-    killed and the exception propagates (the caller's step failed, not the agent).
+    agent's watch (its ``pgid`` the process group) before its output is read; if it
+    raises, the group is killed and the exception propagates (the caller's step
+    failed, not the agent). The watch's ``leader_exited`` says when the agent has
+    finished (see :func:`~prohost.engine.agent.process.start_agent`).
     Failures of the agent (cannot start, non-zero exit, signal, timeouts, the CLI's
     own errors) come back in the result, never as exceptions.
-
-    ``on_exit`` is called as each agent's leader exits (see
-    :func:`~prohost.engine.agent.process.run_agent`).
 
     Of ``progress`` this writes the session, the activity, the model, the last
     output's time and the count of spawns tried (see :class:`Progress`).
@@ -194,8 +188,7 @@ async def execute(
         # given 0 would start and spend all the same, so none is started.
         return AttemptResult(outcome=Outcome.failure(budget_reached(None, None)),
                              session_id=attempt.session_id, reached_budget=True)
-    first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id,
-                       on_exit=on_exit)
+    first = await _try(attempt, setup, progress, on_spawn, timeline, attempt.session_id)
     if not first.rejected:
         return _result(first, first, first.spent)
     left = left_of(attempt.max_cost_usd, first.spent)
@@ -206,7 +199,7 @@ async def execute(
     log.info("run %s: the agent did not take session %s; trying a fresh one",
              attempt.run.run_id, attempt.session_id)
     fresh = await _try(attempt, setup, progress, on_spawn, timeline, None,
-                       max_cost_usd=left, on_exit=on_exit)
+                       max_cost_usd=left)
     spent = first.spent + fresh.spent
     if fresh.turn.started:  # a new session replaces the refused one
         return _result(fresh, fresh, spent)
@@ -274,10 +267,9 @@ def left_of(budget_usd: float | None, spent: Usage) -> float | None:
 
 
 async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
-               on_spawn: Callable[[int], Awaitable[None]], timeline: ToolEventSink | None,
-               session_id: str | None, *, again: bool = False,
-               max_cost_usd: float | None = None,
-               on_exit: Callable[[], None] | None = None) -> _Tried:
+               on_spawn: Callable[[AgentWatch], Awaitable[None]],
+               timeline: ToolEventSink | None, session_id: str | None, *,
+               again: bool = False, max_cost_usd: float | None = None) -> _Tried:
     """One spawn of the agent, resuming ``session_id`` (``None``: a fresh session).
     When no agent could start in a working folder made by an earlier run (it was
     removed since), the folder is made again and the spawn tried once more
@@ -294,28 +286,13 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
         turn.usage_before = attempt.usage_before
     progress.attempts += 1
     progress.last_output = trio.current_time()
-
-    def read_line(line: bytes) -> None:
-        events = turn.feed(line)
-        if turn.session_id is not None:
-            progress.session_id = turn.session_id
-        progress.activity = turn.activity
-        progress.model = turn.model or progress.model
-        progress.mode = turn.mode or progress.mode
-        if events and timeline is not None:
-            timeline.add(events)
-
+    # The agent's output is read in the agent room, into the run's Progress.
+    output = OutputReader(progress, turn if brain.streams else None, timeline)
     spawned = False
-
-    async def spawned_as(pgid: int) -> None:
-        nonlocal spawned
-        spawned = True
-        await on_spawn(pgid)
-
     conversation = turn.conversation(attempt.prompt, session_id, cwd, attempt.wiring,
                                      attempt.env)
     try:
-        result = await run_agent(
+        async with start_agent(
             Launch(command=brain.command(session_id=session_id, mcp=attempt.wiring,
                                          max_cost_usd=max_cost_usd),
                    stdin_text=attempt.prompt, cwd=cwd, env=attempt.env,
@@ -325,11 +302,11 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                           # A streaming brain reads its reply from the events; keeping
                           # a copy of the raw stream as well would only cost memory.
                           max_stdout_bytes=0 if brain.streams else MAX_REPLY_BYTES),
-            ProcessHooks(on_spawn=spawned_as,
-                         on_stdout_line=read_line if brain.streams else None,
-                         on_output=lambda at: setattr(progress, "last_output", at),
-                         on_exit=on_exit),
-        )
+            output,
+        ) as agent:
+            spawned = True
+            await on_spawn(agent)
+            result = await agent.finish()
     except subprocess.SubprocessError as exc:
         # Only the child's step before exec raises this (Popen's "Exception occurred
         # in preexec_fn"): the confinement could not be applied, so nothing ran, and
@@ -350,7 +327,7 @@ async def _try(attempt: Attempt, setup: AgentSetup, progress: Progress,
                 exc = made
             else:
                 return await _try(attempt, setup, progress, on_spawn, timeline, session_id,
-                                  again=True, max_cost_usd=max_cost_usd, on_exit=on_exit)
+                                  again=True, max_cost_usd=max_cost_usd)
         # The spawn itself failed: /bin/sh missing, the directory vanished between
         # mkdir and spawn, the process table full (EAGAIN). No agent ran, so the
         # session it was to resume is untouched and stays the lane's.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -20,6 +21,9 @@ import trio
 from prohost.engine.run.progress import Progress, waiting_activity
 from prohost.wire.protocol import RunBeat
 from prohost.wire.runs import AgentRun, Outcome, conversation_of
+
+if TYPE_CHECKING:
+    from prohost.engine.agent.process import AgentWatch
 
 __all__ = ["HeldRun", "Interrupted", "Phase", "ReportOnly"]
 
@@ -79,11 +83,11 @@ class HeldRun:
     #: alone): a cancel or a stop that comes now changes nothing, and the run is
     #: reported as it finished (§6).
     agent_ended: bool = False
-    #: The run's agent has exited by itself (its leader), and no other has been
-    #: spawned since (set by the runner alone): a cancel or a stop that comes now
-    #: is kept, but waits for the runner's word (:meth:`stop_agent`,
-    #: :meth:`next_agent`) — a run whose agent finished is finished (§6).
-    agent_exited: bool = False
+    #: The watch of the run's latest agent, until another may start (set by the
+    #: runner alone, through :meth:`next_agent`): once its leader has exited
+    #: (:attr:`agent_exited`) a cancel or a stop is kept, but waits for the
+    #: runner's word — a run whose agent finished is finished (§6).
+    agent: AgentWatch | None = None
     dropped: bool = False
     #: Set by a restart for a run an earlier process started and never finished.
     interrupted: Interrupted | None = None
@@ -117,6 +121,12 @@ class HeldRun:
         self.state = state
         changed()
 
+    @property
+    def agent_exited(self) -> bool:
+        """The run's agent has exited (its leader, whatever ended it but a cancel),
+        and no other may start since."""
+        return self.agent is not None and self.agent.leader_exited
+
     def stop_agent(self) -> None:
         """Stop the run's agent for :attr:`stop_outcome` (set first): at once, unless
         its agent has just exited by itself. Then the run ends as its agent did,
@@ -125,11 +135,12 @@ class HeldRun:
         if not self.agent_exited:
             self.exec_scope.cancel()
 
-    def next_agent(self) -> None:
-        """The runner's word that another agent may start for the run: a cancel or a
-        stop kept since the last one exited stops the run now, and later ones at
-        once (the runner's alone to call)."""
-        self.agent_exited = False
+    def next_agent(self, agent: AgentWatch | None = None) -> None:
+        """The runner's word that another agent may start for the run (``agent``,
+        just spawned, its output not read yet): a cancel or a stop kept since the
+        last one exited stops the run now, and later ones at once until ``agent``'s
+        leader exits (the runner's alone to call)."""
+        self.agent = agent
         if self.stop_outcome is not None:
             self.exec_scope.cancel()
 

@@ -8,6 +8,8 @@ import time
 
 import attrs
 
+from prohost.engine.agent.reading import Seen
+
 
 def waiting_activity(until: float) -> str:
     """A waiting run's heartbeat activity: the reset in local time, ``HH:MM``."""
@@ -15,9 +17,11 @@ def waiting_activity(until: float) -> str:
 
 
 @attrs.define
-class Progress:
+class Progress(Seen):
     """What is learnt while a run goes on, readable at any moment (also after a
-    cancel: a cancelled run is reported with the session it had).
+    cancel: a cancelled run is reported with the session it had): what its agents
+    showed of themselves (the :class:`Seen` its agent's output reader writes, in the
+    agent room) and what the run itself knows.
 
     Each field has one writer:
 
@@ -27,11 +31,14 @@ class Progress:
     ``waiting_until``  the account gate, while the run waits for an account (§12)
     ``preparing``      the runner, while it makes the run's private checkouts (§5.1)
     ``account``        the runner, as it hands the run to an account's attempt
-    ``session_id``     the attempt (:func:`prohost.engine.run.execute.execute`)
-    ``activity``       the attempt, from the agent's output
-    ``model``, ``mode``  the attempt, from the agent's output
+    ``session_id``     the attempt (:func:`prohost.engine.run.execute.execute`), the
+                       session it resumes; then the agent's output reader
+                       (:class:`~prohost.engine.agent.reading.OutputReader`), the one
+                       the agent announced
+    ``activity``       the output reader, from the agent's output
+    ``model``, ``mode``  the output reader, from the agent's output
     ``attempts``       the attempt, once per spawn tried
-    ``last_output``    the attempt, at every read of the agent's output
+    ``last_output``    the attempt as it spawns, then the output reader at every read
     =================  ==============================================================
     """
 
@@ -42,12 +49,5 @@ class Progress:
     #: The account the current (or last) attempt runs on (docs/protocol.md §12);
     #: ``None`` until the first attempt.
     account: str | None = None
-    session_id: str | None = None
-    #: What the agent is doing now, for heartbeats: "Bash: pytest -q".
-    activity: str | None = None
-    model: str | None = None
-    mode: str | None = None
     #: Spawns tried so far (a fresh retry and a fail-over each count).
     attempts: int = 0
-    #: trio time of the agent's latest output (the idle timer counts from it).
-    last_output: float | None = None

@@ -10,8 +10,8 @@ another, and the one place its outcome is finished::
 
 An attempt (:func:`prohost.engine.run.execute.execute`) is one account and one
 session: it is handed a frozen :class:`~prohost.engine.run.execute.Attempt` and
-returns an :class:`~prohost.engine.run.execute.AttemptResult`, calling nothing back
-but ``on_spawn`` (the process group's durable step, §7).
+returns an :class:`~prohost.engine.run.execute.AttemptResult`; between the agent's
+spawn and its watch it awaits ``on_spawn`` (the process group's durable step, §7).
 
 ``started``, the agent's process group and ``finished`` wait for their fsync (a
 ``started`` or process group that cannot be written stops the run: §7); the lane's
@@ -40,6 +40,7 @@ import trio
 from prohost.engine import lognames
 from prohost.engine.accounts.book import Account
 from prohost.engine.agent.brains.base import one_line
+from prohost.engine.agent.reading import ToolEventSink
 from prohost.engine.ledger.interfaces import RunSteps
 from prohost.engine.ledger.steps import LaneTurn, StepNotWritten
 from prohost.engine.report.outbox import Outbox
@@ -47,7 +48,7 @@ from prohost.engine.report.reporter import Reporter
 from prohost.engine.report.timeline import TimelineBatcher
 from prohost.engine.run.attempts import Attempts
 from prohost.engine.run.ending import Ending, Tally, since_restart
-from prohost.engine.run.execute import AgentSetup, ToolEventSink
+from prohost.engine.run.execute import AgentSetup
 from prohost.engine.run.heldrun import HeldRun, Phase
 from prohost.engine.run.progress import Progress
 from prohost.engine.run.queued_bodies import QueuedBodies

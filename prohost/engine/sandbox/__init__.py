@@ -3,7 +3,7 @@
 :func:`probe` says what this machine offers (bubblewrap with Landlock's scopes,
 Landlock alone, or ``sandbox-exec`` on macOS); :func:`prepare` turns a
 :class:`Policy` into a :class:`Confinement` a spawn applies, anew for each attempt
-(:func:`prohost.engine.agent.process.run_agent`); :func:`confined_command` is a
+(:func:`prohost.engine.agent.process.start_agent`); :func:`confined_command` is a
 one-shot command's (the harness's own git on a run's places). :mod:`.defaults`
 lists the usual secrets, caches and device files. Nothing here imports the rest of
 prohost: the harness decides each run's places and hands them in.

@@ -26,10 +26,11 @@ import pytest
 import trio
 import trio.testing
 
-from prohost.engine.agent.launch import Launch, ProcessHooks
-from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.launch import Launch
+from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.sandbox import Confinement, Policy, prepare, probe
 from tests.kits.harness import wall_clock_bound
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS
 
 pytestmark = [pytest.mark.protocol("§5"),
@@ -136,8 +137,7 @@ async def test_a_stopped_agent_s_leftovers_get_the_grace_too(
                     Launch(command=command, stdin_text="", cwd=tmp_path,
                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                            confinement=confinement),
-                    patient_groups,
-                    hooks=ProcessHooks(on_stdout_line=lambda line: ready.set()))
+                    patient_groups, output=Heard(on_line=lambda line: ready.set()))
 
             nursery.start_soon(run_it)
             await ready.wait()
@@ -199,8 +199,7 @@ async def test_a_stopped_agent_s_leftovers_outside_its_group_get_the_grace_too(
                 Launch(command=command, stdin_text="", cwd=tmp_path,
                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                        confinement=bubblewrap),
-                short_groups,
-                hooks=ProcessHooks(on_stdout_line=lambda line: ready.set()))
+                short_groups, output=Heard(on_line=lambda line: ready.set()))
 
         nursery.start_soon(run_it)
         await ready.wait()

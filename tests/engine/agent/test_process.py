@@ -28,8 +28,9 @@ import trio
 import trio.testing
 
 from prohost.engine.agent import poll
-from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.launch import Launch, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups, ProcessResult, start_agent
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS
 
 pytestmark = pytest.mark.protocol("§5")
@@ -55,13 +56,17 @@ async def run_here(
     the part of the call that has a field of its name."""
     options.setdefault("stdin_text", "")
     options.setdefault("env", env())
-    parts: dict[type, dict[str, Any]] = {Launch: {}, ProcessLimits: {}, ProcessHooks: {}}
+    on_spawn = options.pop("on_spawn", None)
+    output = Heard(options.pop("on_stdout_line", None), options.pop("on_output", None))
+    parts: dict[type, dict[str, Any]] = {Launch: {}, ProcessLimits: {}}
     for name, value in options.items():
         (kind,) = [kind for kind in parts if name in attrs.fields_dict(kind)]
         parts[kind][name] = value
-    return await run_agent(Launch(command=command, cwd=tmp_path, **parts[Launch]), groups,
-                           ProcessLimits(**parts[ProcessLimits]),
-                           ProcessHooks(**parts[ProcessHooks]))
+    async with start_agent(Launch(command=command, cwd=tmp_path, **parts[Launch]), groups,
+                           ProcessLimits(**parts[ProcessLimits]), output) as agent:
+        if on_spawn is not None:  # the caller's step between the spawn and the watch
+            await on_spawn(agent.pgid)
+        return await agent.finish()
 
 
 @pytest.fixture(autouse=True, params=["epoll", "tasks"])

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from prohost.engine.agent.brains.claude import ClaudeBrain
-from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.process import AgentWatch, ProcessGroups
 from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
 from prohost.engine.run.progress import Progress
 from prohost.wire.runs import AgentRun
@@ -70,8 +70,8 @@ async def test_an_attempt_with_nothing_left_is_not_started(
     at the budget without spawning: a CLI given 0 would still start and spend."""
     spawned: list[int] = []
 
-    async def on_spawn(pgid: int) -> None:
-        spawned.append(pgid)
+    async def on_spawn(agent: AgentWatch) -> None:
+        spawned.append(agent.pgid)
 
     brain = ClaudeBrain(FAKE_CLAUDE, max_cost_usd=0.05)
     spec = ExecSpec(command=FAKE_CLAUDE, workdir=tmp_path, timeout_s=0.0, idle_timeout_s=0.0,
@@ -109,5 +109,5 @@ async def test_a_refused_resume_that_spent_what_was_left_starts_no_fresh_session
     assert result.session_id == "a-session"
 
 
-async def noop_spawn(pgid: int) -> None:
+async def noop_spawn(agent: AgentWatch) -> None:
     pass

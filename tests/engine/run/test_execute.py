@@ -21,7 +21,7 @@ import trio
 
 from prohost.engine.agent.brains.plain import PlainBrain
 from prohost.engine.agent.environment import agent_env
-from prohost.engine.agent.process import ProcessGroups
+from prohost.engine.agent.process import AgentWatch, ProcessGroups
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
 from prohost.engine.run.execute import AgentSetup, Attempt, ExecSpec, execute
 from prohost.engine.run.progress import Progress
@@ -71,8 +71,11 @@ async def execute_plain(
     if on_spawn is not None:
         attempt = Attempt(run, prompt_for(run, exec_spec, None),
                           env_for(run, exec_spec, env, None), None, math.inf)
+        async def spawned(agent: AgentWatch) -> None:
+            await on_spawn(agent.pgid)  # the agent's process group, as the runner records it
+
         result = await execute(attempt, AgentSetup(brain, exec_spec, groups), Progress(),
-                               on_spawn)
+                               spawned)
         return result.outcome
     with tempfile.TemporaryDirectory() as folder:
         async with solo_runner(Path(folder), exec_spec, brain, groups=groups, env=env) as solo:
@@ -385,5 +388,5 @@ async def test_the_attempt_runs_in_its_cwd_not_the_workdir(
     assert await trio.Path(result.outcome.reply).resolve() == await trio.Path(private).resolve()
 
 
-async def noop_spawn(pgid: int) -> None:
+async def noop_spawn(agent: AgentWatch) -> None:
     """An ``on_spawn`` with nothing to record."""

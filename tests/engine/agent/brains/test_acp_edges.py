@@ -18,8 +18,8 @@ from prohost.engine.agent.brains import acp
 from prohost.engine.agent.brains.acp_brain import AcpBrain
 from prohost.engine.agent.brains.acp_choices import ChoiceError, choices
 from prohost.engine.agent.brains.acp_usage import session_model
-from prohost.engine.agent.launch import LINGER_S, Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, run_agent
+from prohost.engine.agent.launch import LINGER_S, Launch, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups
 from prohost.wire.outcomes import (
     acp_no_reply,
     acp_refusal_ended,
@@ -38,6 +38,7 @@ from tests.kits.acp import (
     record_of,
     talk,
 )
+from tests.kits.output import Heard, run_agent
 
 __all__ = ["poller"]  # the autouse fixture, both ways of waiting
 
@@ -285,7 +286,7 @@ async def chose(tmp_path: Path, brain: AcpBrain, *, safe_tools: bool = False,
         Launch(command=FAKE_ACP, stdin_text="", cwd=tmp_path, env=agent_env,
                conversation=turn.conversation(PROMPT, None, tmp_path, None, agent_env)),
         ProcessGroups(), ProcessLimits(deadline=math.inf, max_stdout_bytes=0),
-        ProcessHooks(on_stdout_line=lambda line: read(done, turn, line)))
+        Heard(on_line=lambda line: read(done, turn, line)))
     done.result, done.outcome = result, turn.finish(result)
     return done
 

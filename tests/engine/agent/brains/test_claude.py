@@ -18,11 +18,12 @@ from prohost.engine.agent.brains import brain_for
 from prohost.engine.agent.brains.base import McpError, McpWiring
 from prohost.engine.agent.brains.claude import ClaudeBrain, ClaudeTurn
 from prohost.engine.agent.brains.summaries import tool_summary
-from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.launch import Launch, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.execline import has_flag, split_command
 from prohost.wire.runs import Mcp
 from prohost.wire.timeline import ToolEvent
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 
 FAKE = AGENTS / "fake_claude.py"
@@ -519,7 +520,7 @@ async def attempt(
                env=env or fake_env(tmp_path, scenario)),
         groups,
         ProcessLimits(deadline=deadline),
-        ProcessHooks(on_stdout_line=lambda raw: events.extend(turn.feed(raw))),
+        Heard(on_line=lambda raw: events.extend(turn.feed(raw))),
     )
     assert len(groups) == 0
     return turn, result, events

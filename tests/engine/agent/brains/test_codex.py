@@ -23,12 +23,13 @@ from prohost.engine.agent.brains.base import SUMMARY_CHARS, McpError, McpWiring
 from prohost.engine.agent.brains.codex import CodexBrain, CodexTurn
 from prohost.engine.agent.brains.codex_home import ROLLOUT_TAIL_BYTES, find_rollout
 from prohost.engine.agent.environment import scratch_folder
-from prohost.engine.agent.launch import Launch, ProcessHooks, ProcessLimits
-from prohost.engine.agent.process import ProcessGroups, ProcessResult, run_agent
+from prohost.engine.agent.launch import Launch, ProcessLimits
+from prohost.engine.agent.process import ProcessGroups, ProcessResult
 from prohost.engine.agent.usage import from_codex_totals
 from prohost.engine.run.execute import ExecSpec
 from prohost.wire.runs import AgentRun, Mcp
 from prohost.wire.timeline import ToolEvent
+from tests.kits.output import Heard, run_agent
 from tests.kits.paths import AGENTS, logs_folder
 from tests.kits.runner import solo_runner
 
@@ -538,7 +539,7 @@ async def attempt(brain: CodexBrain, tmp_path: Path, groups: ProcessGroups, scen
         Launch(command=brain.command(session_id=session_id, mcp=mcp),
                stdin_text="Fix the build, please.", cwd=tmp_path, env=env),
         groups, ProcessLimits(deadline=deadline),
-        ProcessHooks(on_stdout_line=lambda raw: events.extend(turn.feed(raw))),
+        Heard(on_line=lambda raw: events.extend(turn.feed(raw))),
     )
     return turn, result, events
 
