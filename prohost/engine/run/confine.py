@@ -63,6 +63,7 @@ import attrs
 import trio
 
 from prohost.engine.accounts.book import folder_variables
+from prohost.engine.accounts.logins import FOLDER_VARIABLES
 from prohost.engine.agent.environment import (
     SOCKET_VARIABLES,
     make_private_folder,
@@ -711,7 +712,7 @@ def grant_problems(options: Options, user_home: Path, owner: str = "") -> list[s
     problems += _shadowed_grants(options, home, owner)
     # Runs write their account's folder (settings, hooks): never the one the
     # person's own sessions use.
-    own = {home / ".claude", home / ".codex",
+    own = {*(home / default for _, default in FOLDER_VARIABLES.values()),
            *(home / folder for folders in defaults.AGENT_FOLDERS.values() for folder in folders)}
     for name, folder in options.accounts:
         real = folder.resolve()
