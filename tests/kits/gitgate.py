@@ -70,6 +70,8 @@ class Gate:
             raise
         try:
             os.write(fd, b"go\n")
+        except BrokenPipeError:
+            return False  # the filter was killed between the open and the write
         finally:
             os.close(fd)
         return True
