@@ -26,12 +26,10 @@ cut short (``truncated``). No text names a local path (:func:`without_paths`).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
 import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -45,6 +43,7 @@ from prohost.engine.blocking import Bounds
 from prohost.engine.repos.gitcmd import GitError, GitPlaces, git_env
 from prohost.engine.repos.gitrecords import planted_worktree_config
 from prohost.engine.repos.gitsession import PLAIN_GIT, Git
+from prohost.engine.repos.worktreefiles import worktree_file, worktree_stat
 from prohost.wire.changes import (
     ChangeEntry,
     ChangeKind,
@@ -377,7 +376,7 @@ def _read_all(where: str, names: list[str], keep: bool,
     kept: dict[str, bytes] = {}
     total = 0
     for name in names:
-        data, mode = _content(where, name)
+        data, mode = worktree_file(where, name)
         if data is None:
             values[name] = None if mode is None else f"{mode}:{_NESTED}"
             continue
@@ -386,80 +385,6 @@ def _read_all(where: str, names: list[str], keep: bool,
             kept[name] = data
             total += len(data)
     return values, kept
-
-
-#: A folder of the worktree, opened without following a link (a link: ``ELOOP``).
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: A file to read: no link followed, and a FIFO opened without waiting for a writer
-#: (it is then refused by its type, never read).
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def _parent(where: str, name: str) -> tuple[int, str] | None:
-    """Blocking: the folder holding ``name`` (a ``/``-separated path in the worktree
-    ``where``), opened from the worktree's own descriptor one folder at a time,
-    following no link, and the last part of ``name``; ``None`` when a folder on
-    the way is gone, is no folder or is a link. The run may have left any folder a
-    link to anywhere (``src`` -> ``~/.ssh``), and this process is not confined
-    (§13: no read of the harness's passes through a link a run planted); git
-    itself takes a path beyond a link as gone. The caller closes the descriptor."""
-    *folders, last = name.split("/")
-    try:
-        fd = os.open(where, _FOLDER_FLAGS & ~os.O_NOFOLLOW)  # the harness's own path
-    except FileNotFoundError:
-        return None
-    try:
-        for folder in folders:
-            inner = os.open(folder, _FOLDER_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise
-    return fd, last
-
-
-def _content(where: str, name: str, limit: int | None = None,
-             ) -> tuple[bytes | None, str | None]:
-    """Blocking: the working file ``name``'s bytes as git stores them (a symlink's
-    target) and its git mode, read beneath ``where`` following no link (see
-    :func:`_parent`); ``(None, None)`` when it is gone, beyond a link, or neither a
-    regular file, a link nor a folder (a FIFO or a device is never read);
-    ``(None, "040000")`` for a folder; ``(None, mode)`` for a file larger than
-    ``limit`` bytes (not read)."""
-    found = _parent(where, name)
-    if found is None:
-        return None, None
-    fd, last = found
-    try:
-        try:
-            info = os.stat(last, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None, None
-        if stat.S_ISLNK(info.st_mode):
-            return os.fsencode(os.readlink(last, dir_fd=fd)), "120000"
-        if stat.S_ISDIR(info.st_mode):
-            return None, "040000"
-        if not stat.S_ISREG(info.st_mode):
-            return None, None
-        try:
-            file = os.open(last, _FILE_FLAGS, dir_fd=fd)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ELOOP):
-                return None, None  # replaced meanwhile
-            raise
-    finally:
-        os.close(fd)
-    with os.fdopen(file, "rb") as reading:
-        info = os.fstat(reading.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None, None  # replaced meanwhile by something that is not a file
-        mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
-        if limit is not None and info.st_size > limit:
-            return None, mode
-        return reading.read(), mode
 
 
 def _blob_id(data: bytes) -> str:
@@ -610,17 +535,8 @@ def _unchanged_since(where: str, names: list[str], since: float) -> list[str]:
     """Blocking: those of ``names`` whose file was last changed before ``since``."""
     older = []
     for name in names:
-        found = _parent(where, name)  # following no link, as _content
-        if found is None:
-            continue
-        fd, last = found
-        try:
-            info = os.stat(last, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        finally:
-            os.close(fd)
-        if max(info.st_mtime, info.st_ctime) < since:
+        info = worktree_stat(where, name)  # following no link, as every read here
+        if info is not None and max(info.st_mtime, info.st_ctime) < since:
             older.append(name)
     return older
 
@@ -711,10 +627,11 @@ def _read_sides(where: str, listed: list[FileChange],
 
 
 def _small_content(where: str, name: str) -> bytes | None:
-    """Blocking: as :func:`_content`, without reading a file larger than
-    :data:`COUNT_FILE_BYTES` (``None`` then, and when it is gone, a folder or
-    cannot be read following no link: its count is then ``null``)."""
-    data, _ = _content(where, name, limit=COUNT_FILE_BYTES)
+    """Blocking: as :func:`~prohost.engine.repos.worktreefiles.worktree_file`,
+    without reading a file larger than :data:`COUNT_FILE_BYTES` (``None`` then,
+    and when it is gone, a folder or cannot be read following no link: its count
+    is then ``null``)."""
+    data, _ = worktree_file(where, name, limit=COUNT_FILE_BYTES)
     return data if data is not None and len(data) <= COUNT_FILE_BYTES else None
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.protocol("§7")
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The working files changes.py reads whole from now on (by base name)."""
     seen: list[str] = []
-    real = changes._content
+    real = changes.worktree_file
 
     def counting(where: str, name: str,
                  limit: int | None = None) -> tuple[bytes | None, str | None]:
@@ -28,7 +28,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(Path(name).name)
         return data, mode
 
-    monkeypatch.setattr(changes, "_content", counting)
+    monkeypatch.setattr(changes, "worktree_file", counting)
     return seen
 
 
