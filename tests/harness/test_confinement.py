@@ -297,3 +297,40 @@ async def test_a_run_failing_before_its_confinement_removes_its_scratch_once(
     assert completion["error"].startswith("the run's MCP server could not be prepared")
     assert not ran.exists()
     assert removed == [scratch_folder(world.home / "runs", run_id)]
+
+
+async def test_a_confined_runs_temporary_files_never_reach_the_disk_or_the_next_run(
+    world: World,
+) -> None:
+    """Under bubblewrap a run's ``TMPDIR`` is its namespace's own memory: while the
+    run holds a temporary file, no file anywhere in the test's world (the harness's
+    home included) has its content, and the conversation's next run does not find
+    it. Nothing is made on the disk for it, nor removed after it."""
+    if probe().kind != "bwrap":
+        pytest.skip("a namespace's own /tmp is bubblewrap's")
+    token = "a temporary file of the first run's"
+    writes = f'printf %s {shlex.quote(token)} > "$TMPDIR/left.txt" && exec '
+    gate = Gate()
+    with trio.fail_after(60):
+        async with running_server() as server, trio.open_nursery() as nursery:
+            await nursery.start(gate.serve)
+            async with world.harness(server, writes + gate.command):
+                run_id = await start_run(server, gate, "hold on", conversation_id="A")
+                holding = await trio.to_thread.run_sync(holding_token, world.tmp, token)
+                await gate.release(run_id)
+                await server.wait_until(finished(run_id))
+                first = server.run(run_id).completion
+            nursery.cancel_scope.cancel()
+        async with running_server() as server, world.harness(
+                server, prober("read:left:$TMPDIR/left.txt")):
+            second = await turn(server, "A")
+    assert first is not None and first["ok"] is True, first
+    assert holding == []
+    assert results(second) == {"left": "denied"}
+    assert not (world.home / "runs").exists() or list((world.home / "runs").iterdir()) == []
+
+
+def holding_token(root: Path, token: str) -> list[Path]:
+    """The regular files under ``root`` whose content holds ``token``."""
+    return [path for path in root.rglob("*")
+            if path.is_file() and not path.is_symlink() and token.encode() in path.read_bytes()]

@@ -20,8 +20,10 @@ A confined run **may write** (each also readable):
   records (:func:`git_places`), never the worktree's ``.git``. Nothing of the
   person's repository (a worktree made by an earlier version is of the
   person's repository, and gets these places there until it is collected);
-- its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration and
-  a private ``TMPDIR``, both removed after the run);
+- its scratch folder (``$PROHOST_HOME/runs/<digest>``: the MCP configuration
+  and, under Landlock or Seatbelt, a private ``TMPDIR``, both removed after the
+  run); under bubblewrap its ``TMPDIR`` is its namespace's own empty ``/tmp``
+  (:data:`NAMESPACE_TMP`), gone with it;
 - the agent CLI's own folder for the run's account and conversation, the
   harness's (``$PROHOST_HOME/cli/<account>/lanes/<lane folder>/<cli>``, named by
   ``CLAUDE_CONFIG_DIR`` or ``CODEX_HOME``), and Claude Code's login store the
@@ -81,8 +83,14 @@ from prohost.options import Options
 
 log = logging.getLogger("prohost.confine")
 
-#: The run's private temporary folder, inside its scratch folder.
+#: The run's private temporary folder, inside its scratch folder (Landlock,
+#: Seatbelt: a folder the harness makes and removes).
 TMP_NAME = "tmp"
+#: Under bubblewrap, the run's private temporary folder: its namespace's own empty
+#: tmpfs at ``/tmp``, gone with the namespace. Nothing on the disk is made for it or
+#: removed after it (the two were most of a plain run's scratch work: two ``mkdir``,
+#: two ``rmdir`` and a worker thread's trip, docs/benchmarks.md).
+NAMESPACE_TMP = Path("/tmp")
 #: The folder (under ``refs/heads`` and ``logs/refs/heads``) of the branches the
 #: harness gives conversations' worktrees (``prohost/<lane folder>``).
 BRANCH_FOLDER = "prohost"
@@ -137,6 +145,13 @@ class Sandbox:
     def confines(self) -> bool:
         """Runs are confined: not ``off``, and the system can."""
         return self.support is not None and self.support.kind is not None
+
+    @property
+    def tmp_on_disk(self) -> bool:
+        """A confined run's ``TMPDIR`` is a folder of its scratch folder, which the
+        harness makes and removes (Landlock, Seatbelt); under bubblewrap it is the
+        namespace's own ``/tmp`` (:data:`NAMESPACE_TMP`), and unconfined runs get none."""
+        return self.confines and self.support is not None and self.support.kind != "bwrap"
 
     @property
     def complete(self) -> bool:
@@ -581,8 +596,11 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
     looked at again (what a run changed cannot carry a grant into the next); only
     what no run can change is made once per harness (:func:`cache_folders`,
     :func:`hidden_places`). Blocking."""
-    tmpdir = places.scratch / TMP_NAME
-    make_private_folder(tmpdir)
+    if support.kind == "bwrap":
+        tmpdir = NAMESPACE_TMP  # the namespace's tmpfs: nothing to make
+    else:
+        tmpdir = places.scratch / TMP_NAME
+        make_private_folder(tmpdir)
     if places.workdir is not None:
         # A grant needs the folder (one that does not exist gets none), and one
         # removed between runs is made again.
@@ -592,7 +610,7 @@ def make(sandbox: Sandbox, support: Support, places: RunPlaces) -> RunConfinemen
         policy = policy_for(sandbox, places, work=work)
         own = (*((seen, kept) for kept, seen in policy.mounts),
                *((seen, kept) for seen, kept, _ in policy.overlays))
-        return RunConfinement(prepare(policy, support, tmpdir=tmpdir), tmpdir,
+        return RunConfinement(prepare(policy, support), tmpdir,
                               sandbox.home / CACHE_FOLDER, work, own)
     except BaseException:
         remove_work_folders(work)

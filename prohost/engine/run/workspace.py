@@ -251,7 +251,7 @@ class Workspace:
         """Remove the run's scratch folder. Cancelled: bounded and shielded."""
         of = self._of
         await remove_scratch(self.run, self.scratch, of.setup.bounds,
-                             made=of.sandbox.confines)
+                             made=of.sandbox.tmp_on_disk)
 
     async def _confine(self, env: Mapping[str, str],
                        deadline: float) -> RunConfinement | None:

@@ -23,7 +23,6 @@ import _thread
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -166,15 +165,14 @@ class Confinement:
         self.close()
 
 
-def prepare(policy: Policy, support: Support, *, tmpdir: Path | None = None) -> Confinement:
+def prepare(policy: Policy, support: Support) -> Confinement:
     """The confinement for ``policy`` on this machine (unconfined where ``support`` is
     none), made anew for each attempt, so nothing a run changed can carry a grant
     to the next one (bubblewrap's kept resolution of the hidden places is used
-    only while every entry it looked up is unchanged: :mod:`.bwrap`). ``tmpdir``: the run's
-    private ``TMPDIR`` (one of its writable places); bubblewrap's ``/tmp`` is an
-    empty tmpfs of the run's own beside it, so that the mount points it makes
-    there for places under the person's ``/tmp`` never reach the disk (removing
-    them cost the run's end a tree walk).
+    only while every entry it looked up is unchanged: :mod:`.bwrap`). Under
+    bubblewrap the run's ``/tmp`` is an empty tmpfs of its own, which is its
+    ``TMPDIR`` too (the mount points made there for places under the person's
+    ``/tmp`` never reach the disk either).
 
     Blocking filesystem work (it resolves every path; for the Landlock fallback it
     also lists the folders on the way to each hidden place and opens each grant):
