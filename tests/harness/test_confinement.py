@@ -299,6 +299,7 @@ async def test_a_run_failing_before_its_confinement_removes_its_scratch_once(
     assert removed == [scratch_folder(world.home / "runs", run_id)]
 
 
+@pytest.mark.skipif(probe().kind != "bwrap", reason="a namespace's own /tmp is bubblewrap's")
 async def test_a_confined_runs_temporary_files_never_reach_the_disk_or_the_next_run(
     world: World,
 ) -> None:
@@ -306,8 +307,6 @@ async def test_a_confined_runs_temporary_files_never_reach_the_disk_or_the_next_
     run holds a temporary file, no file anywhere in the test's world (the harness's
     home included) has its content, and the conversation's next run does not find
     it. Nothing is made on the disk for it, nor removed after it."""
-    if probe().kind != "bwrap":
-        pytest.skip("a namespace's own /tmp is bubblewrap's")
     token = "a temporary file of the first run's"
     writes = f'printf %s {shlex.quote(token)} > "$TMPDIR/left.txt" && exec '
     gate = Gate()

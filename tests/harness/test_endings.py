@@ -25,6 +25,7 @@ import trio
 from prohost.engine.ledger import RunState
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.wire.outcomes import STOPPED
+from tests.kits import no_sandbox
 from tests.kits.endings import CANCELLED, cancel_run, handled
 from tests.kits.harness import (
     Gate,
@@ -175,6 +176,8 @@ async def test_a_cancel_survives_a_kill_during_its_stop_and_is_never_run_again(
 async def test_a_runs_folder_is_private_even_in_a_widened_home(tmp_path: Path) -> None:
     # Point 8: the home widened to 0755 beforehand (a chmod, a restored backup) and
     # a umask of 022: everything the harness makes for a run is the user's alone.
+    # Without bubblewrap (Landlock alone), where a plain run's TMPDIR is a folder
+    # the harness makes in the run's scratch folder (bubblewrap's is in memory).
     home = tmp_path / "home"
     with trio.fail_after(60):
         async with paired_with_gate(home) as (gate, server):
@@ -184,7 +187,8 @@ async def test_a_runs_folder_is_private_even_in_a_widened_home(tmp_path: Path) -
                 (home / folder).chmod(0o755)
             old_umask = os.umask(0o022)
             try:
-                async with harness_process(server, home, gate.command):
+                async with harness_process(server, home, gate.command,
+                                           program=no_sandbox.program("bwrap")):
                     run_id = await start_run(server, gate, "work")
                     made = {str(path.relative_to(home)): stat.S_IMODE(path.lstat().st_mode)
                             for path in [home / "runs", *(home / "runs").rglob("*")]}
