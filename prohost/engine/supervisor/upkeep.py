@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -199,6 +199,18 @@ class DailyPass:
     hold: Holding | None = None
     confine: Confine | None = None
     clock: Callable[[], float] = time.time
+
+    def every_day(self, *, worktrees: bool) -> list[Callable[[], Awaitable[None]]]:
+        """The daily chores, as :meth:`Chores.start` starts them: the ledger and the
+        stderr tails pruned, the idle conversations' worktrees collected (with
+        ``--repos``: ``worktrees``) and, for every harness, the idle conversations'
+        agent folders (a harness without ``--repos`` has no worktrees to take
+        them with)."""
+        chores: list[Callable[[], Awaitable[None]]] = [self.prune_daily]
+        if worktrees:
+            chores.append(self.collect_worktrees_daily)
+        chores.append(self.collect_conversations_daily)
+        return chores
 
     async def prune_daily(self) -> None:
         """Once a day (:data:`~prohost.engine.retention.CLEAR_EVERY_S`), :meth:`clear_old`.
@@ -385,10 +397,8 @@ class Chores:
         if self.steps is not None:
             daily = DailyPass(seen.options.home, self.bounds, self.steps, seen.runs,
                               self.hold, self.git_confine, seen.clock)
-            nursery.start_soon(daily.prune_daily)
-            if self.worktrees:
-                nursery.start_soon(daily.collect_worktrees_daily)
-            nursery.start_soon(daily.collect_conversations_daily)
+            for chore in daily.every_day(worktrees=self.worktrees):
+                nursery.start_soon(chore)
         nursery.start_soon(functools.partial(probe_brain, seen.brain, self.env, seen.facts,
                                              home=seen.options.home))
         if self.gate is not None:

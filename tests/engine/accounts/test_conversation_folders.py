@@ -158,7 +158,9 @@ async def test_without_worktrees_an_idle_conversation_s_folders_go_by_the_daily_
             async with trio.open_nursery() as nursery:
                 daily = upkeep.DailyPass(home, Bounds(), LedgerSteps(ledger), runs, hold,
                                          clock=lambda: start + trio.current_time())
-                nursery.start_soon(daily.collect_conversations_daily)
+                # Started as the harness starts them (Chores.start), without --repos.
+                for chore in daily.every_day(worktrees=False):
+                    nursery.start_soon(chore)
                 await trio.sleep(DAY + 1)
                 after_one = there()
                 await trio.sleep(DAY)
