@@ -2,7 +2,7 @@
 """What confinement costs end to end: ``--sandbox auto`` against ``off``, alternated.
 
 Usage: ``.venv/bin/python scripts/bench_sandbox.py [--rounds N] [--runs N]
-[--probes N] [--rest-samples N] [--floor-spawns N] [TREE ...]``
+[--probes N] [--rest-samples N] [--floor-spawns N] [--beside] [TREE ...]``
 
 Each round runs ``bench_e2e.py``'s throughput phase (2: ``--runs`` runs submitted
 before the harness starts, 16 at a time, ``--exec cat``; runs/s and the harness's
@@ -23,6 +23,12 @@ with agents as cheap as ``cat`` the machine's CPU bounds runs/s, ``off``'s machi
 CPU per run over that plus what bubblewrap adds to a spawn's. Each mode's runs/s is
 also given against its floor (``off``: bare; ``auto``: bubblewrap), as
 ``bench_e2e.py`` gives its end-to-end runs/s.
+
+With ``--beside``, each round also runs ``off`` with bubblewrap's load beside it
+(``bench_spawn_floor.py --beside``, at the round's ``auto`` runs/s of the first
+checkout): bubblewrap's kernel work slows everything on the machine, the
+harness's own code included, so ``auto`` against that tells what the harness
+itself adds from what the busier machine costs it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 from functools import partial
@@ -110,10 +117,26 @@ def floor_report(floors: list[dict[str, Any]], off_rows: list[dict[str, float]],
               f"{statistics.median(row['machine_ms_per_run'] for row in rows):.2f} ms/run")
 
 
+async def off_beside(args: argparse.Namespace, tree: str, rate: float) -> dict[str, float]:
+    """``off``'s figures with bubblewrap's load beside it (``bench_spawn_floor.py
+    --beside``: prohost's bubblewrap line running ``/bin/true`` at ``rate``, auto's
+    runs/s of the round), so that the harness's CPU is taken on a machine as busy
+    as ``auto`` makes it: ``auto`` against this is what the harness itself adds."""
+    async with trio.open_nursery() as nursery:
+        load = await nursery.start(partial(
+            trio.run_process, [sys.executable, str(FLOOR_SCRIPT), "--beside", f"{rate:.1f}"],
+            cwd=tree, check=False))
+        try:
+            return await one("off", args.runs, args.probes, args.rest_samples)
+        finally:
+            load.send_signal(signal.SIGTERM)  # its temporary folder removed on the way out
+
+
 async def main_async(args: argparse.Namespace, trees: list[str]) -> None:
     modes = [("off", trees[0]), *(("auto", tree) for tree in trees)]
     found: dict[tuple[str, str], list[dict[str, float]]] = {mode: [] for mode in modes}
     floors: list[dict[str, Any]] = []
+    beside: list[dict[str, float]] = []
     here = os.getcwd()
     for number in range(args.rounds):
         if args.floor_spawns:
@@ -130,6 +153,14 @@ async def main_async(args: argparse.Namespace, trees: list[str]) -> None:
             finally:
                 os.chdir(here)
             found[mode, tree].append(got)
+            if args.beside and mode == "auto" and tree == trees[0]:
+                os.chdir(tree)
+                try:
+                    beside.append(await off_beside(args, tree, got["runs_per_s"]))
+                finally:
+                    os.chdir(here)
+                print(f"round {number + 1} off beside bubblewrap's load: harness CPU "
+                      f"{beside[-1]['cpu_ms_per_run']:6.2f} ms/run", flush=True)
             name = f" {tree}" if len(trees) > 1 else ""
             print(f"round {number + 1} {mode:4s}{name}: {got['runs_per_s']:7.1f} runs/s, "
                   f"harness CPU {got['cpu_ms_per_run']:6.2f} ms/run, delivery→spawned p50 "
@@ -151,6 +182,15 @@ async def main_async(args: argparse.Namespace, trees: list[str]) -> None:
                   f"(target {sense} {target}×: {'met' if met else 'NOT met'})")
         if floors:
             floor_report(floors, off_rows, rows)
+    if beside:
+        auto_rows = found[modes[1]]
+        off_cpu = statistics.median(row["cpu_ms_per_run"] for row in beside)
+        auto_cpu = statistics.median(row["cpu_ms_per_run"] for row in auto_rows)
+        each = sorted(a["cpu_ms_per_run"] / o["cpu_ms_per_run"]
+                      for a, o in zip(auto_rows, beside, strict=True))
+        print(f"harness CPU per run, auto against off beside bubblewrap's load (what the "
+              f"harness itself adds): off {off_cpu:.2f} ms, auto {auto_cpu:.2f} ms, "
+              f"{auto_cpu / off_cpu:.2f}× [{each[0]:.2f}–{each[-1]:.2f}]")
 
 
 def main() -> None:
@@ -161,6 +201,9 @@ def main() -> None:
     parser.add_argument("--rest-samples", type=int, default=50)
     parser.add_argument("--floor-spawns", type=int, default=300,
                         help="spawns per load of the spawn floor each round (0: none)")
+    parser.add_argument("--beside", action="store_true",
+                        help="also run off with bubblewrap's load beside it, at auto's "
+                        "runs/s, each round: the harness's CPU on a machine as busy")
     parser.add_argument("trees", nargs="*", default=["."],
                         help="checkouts whose harness runs auto, each every round "
                         "(the first also runs off); default: this one")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -124,11 +125,60 @@ async def floor(spawns: int) -> dict[str, Any]:
                 confined.close()
 
 
+async def beside(rate: float) -> None:
+    """bubblewrap's load alone, until killed: prohost's bubblewrap line running
+    ``/bin/true`` ``rate`` times a second (at most 16 at once), what confined runs
+    add to the machine beside the harness (``bench_sandbox.py --beside``). SIGTERM
+    ends it, its temporary folder removed."""
+    with tempfile.TemporaryDirectory(prefix="prohost-beside-") as folder:
+        tmp = Path(folder)
+        (tmp / "work").mkdir()
+        made = confinements(tmp)
+        free = trio.Semaphore(CONCURRENCY)
+        cwd = tmp / "work"
+
+        async def spawn(confined: RunConfinement) -> None:
+            try:
+                confinement = confined.confinement
+                confinement.rewind()
+                await trio.run_process(command_line(confinement, "true", cwd), cwd=cwd,
+                                       pass_fds=confinement.pass_fds, start_new_session=True)
+            finally:
+                made.append(confined)
+                free.release()
+
+        async def spawning() -> None:
+            next_at = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await free.acquire()
+                    next_at += 1 / rate
+                    await trio.sleep_until(next_at)
+                    nursery.start_soon(spawn, made.pop())
+
+        try:
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(spawning)
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        break
+        finally:
+            for confined in made:
+                confined.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--spawns", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--beside", type=float, default=0, metavar="RATE",
+                        help="no figures: spawn bubblewrap's line (/bin/true) RATE times "
+                        "a second until killed, a load beside a harness")
     args = parser.parse_args()
+    if args.beside:
+        trio.run(beside, args.beside)
+        return
     found = trio.run(floor, args.spawns)
     if args.json:
         print(json.dumps(found))
