@@ -624,8 +624,9 @@ async def confine(sandbox: Sandbox, places: RunPlaces, deadline: float,
     :class:`ConfinementFailed` when it cannot be made: the agent must not start.
 
     Cancelled: the worker thread is abandoned (the shielded bound of
-    :meth:`Bounds.file_step`); what it makes after that is closed by it, and its
-    ``TMPDIR`` is removed with the scratch folder.
+    :meth:`Bounds.file_step`); what it makes after that is closed by it, and a
+    ``TMPDIR`` it made on the disk (Landlock, Seatbelt) is removed with the
+    scratch folder.
     """
     support = sandbox.support
     if support is None or support.kind is None:
