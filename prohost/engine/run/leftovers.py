@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prohost.engine.accounts.book import LANES_FOLDER
 from prohost.engine.accounts.logins import CLI_FOLDER
-from prohost.engine.run.confine import AGENTS_FOLDER, OVERLAY_WORK, remove_work_folders
+from prohost.engine.run.agentfolders import AGENTS_FOLDER, OVERLAY_WORK, remove_work_folders
 
 
 def conversation_folders(home: Path, lane_folder: str) -> list[Path]:

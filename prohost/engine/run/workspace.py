@@ -26,7 +26,6 @@ from prohost.engine.agent.environment import scratch_folder
 from prohost.engine.repos.worktrees import WorktreeManager, lane_folder_name
 from prohost.engine.run.checkouts import LaneCheckouts
 from prohost.engine.run.confine import (
-    ConfinementFailed,
     RunConfinement,
     RunPlaces,
     Sandbox,
@@ -46,6 +45,7 @@ from prohost.engine.run.staging import (
     wire_mcp,
     workdir_for,
 )
+from prohost.engine.sandbox import ConfinementFailed
 from prohost.wire.outcomes import NOT_CONFINED, limit_phrase
 from prohost.wire.runs import AgentRun, Outcome
 

@@ -11,9 +11,9 @@ prohost: the harness decides each run's places and hands them in.
 
 from prohost.engine.sandbox import bwrap, defaults, seatbelt
 from prohost.engine.sandbox.bwrap import confined_command
-from prohost.engine.sandbox.confinement import Confinement, prepare
+from prohost.engine.sandbox.confinement import Confinement, ConfinementFailed, prepare
 from prohost.engine.sandbox.policy import Policy
 from prohost.engine.sandbox.probe import Support, probe
 
-__all__ = ["Confinement", "Policy", "Support", "bwrap",
+__all__ = ["Confinement", "ConfinementFailed", "Policy", "Support", "bwrap",
            "confined_command", "defaults", "prepare", "probe", "seatbelt"]

@@ -35,6 +35,11 @@ from prohost.engine.sandbox.probe import SANDBOX_EXEC, Support
 T = TypeVar("T")
 
 
+class ConfinementFailed(Exception):
+    """A run's confinement could not be made: the agent is not started (never
+    unconfined by accident). The message says why, naming no local path."""
+
+
 @attrs.define
 class Confinement:
     """What a spawn needs to start its process confined; close it after the spawn.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prohost.engine.run.confine import (
+from prohost.engine.run.agentfolders import (
     PersonFolderRefused,
     agent_folders,
     overlays_mount,

@@ -20,7 +20,7 @@ from prohost.engine.agent.brains.acp_limits import acp_limit_text
 from prohost.engine.agent.brains.base import McpError
 from prohost.engine.agent.process import ProcessGroups
 from prohost.engine.agent.reply import MAX_REPLY_BYTES, REPLY_CUT_MARKER
-from prohost.engine.run.confine import agent_folders
+from prohost.engine.run.agentfolders import agent_folders
 from prohost.engine.sandbox import defaults
 from prohost.execline import ACP_COMMANDS, acp_agent, speaks_acp
 from prohost.wire.outcomes import (
