@@ -27,6 +27,7 @@ from tests.kits.confinement import (
     turn,
     world_fixture,  # noqa: F401 (a fixture)
 )
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import (
     Gate,
     finished,
@@ -38,11 +39,7 @@ from tests.kits.no_sandbox import without_bubblewrap, without_confinement
 from tests.kits.paths import AGENTS
 from tests.kits.repos import make_repo
 
-pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
-]
+pytestmark = SECTION_13_CONFINED
 
 FAKE_CLAUDE = AGENTS / "fake_claude.py"
 FAKE_CODEX = AGENTS / "fake_codex.py"

@@ -21,22 +21,18 @@ from typing import Any
 import pytest
 import trio
 
-from prohost.engine.sandbox import probe
 from tests.kits.confinement import (
     World,
     accepted_any,
     listening,
     world_fixture,  # noqa: F401 (a fixture)
 )
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import finished, running_server
 from tests.kits.paths import AGENTS
 from tests.kits.repos import make_repo
 
-pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
-]
+pytestmark = SECTION_13_CONFINED
 
 ATTACKER = AGENTS / "attacker.py"
 

@@ -16,10 +16,9 @@ import errno
 import os
 from pathlib import Path
 
-import pytest
 import trio
 
-from prohost.engine.sandbox import probe
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import running_harness, running_server
 from tests.kits.hostile_git import (
     HOSTILE,
@@ -30,11 +29,7 @@ from tests.kits.hostile_git import (
 )
 from tests.kits.repos import make_repo
 
-pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
-]
+pytestmark = SECTION_13_CONFINED
 
 
 def had_a_reader(fifo: Path) -> bool:

@@ -15,7 +15,7 @@ import trio
 
 from prohost.commands.gc import gc_command
 from prohost.engine.repos.collect import collect_garbage
-from prohost.engine.sandbox import probe
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import running_harness, running_server
 from tests.kits.hostile_git import (
     DENIED_WRITE,
@@ -28,11 +28,7 @@ from tests.kits.hostile_git import (
 from tests.kits.no_sandbox import without_bubblewrap
 from tests.kits.repos import make_repo
 
-pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
-]
+pytestmark = SECTION_13_CONFINED
 
 DENIED_READ = {"EACCES", "ENOENT"}
 

@@ -20,7 +20,7 @@ import trio
 
 from prohost.engine.repos import migrate
 from prohost.engine.repos.lanerepo import lane_repo
-from prohost.engine.sandbox import probe
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import running_harness, running_server
 from tests.kits.hostile_git import (
     DENIED_WRITE,
@@ -32,11 +32,7 @@ from tests.kits.hostile_git import (
 from tests.kits.legacy import make_legacy_lane
 from tests.kits.repos import git, isolate_git, make_repo
 
-pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
-]
+pytestmark = SECTION_13_CONFINED
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from prohost.engine.sandbox import probe, seccomp
+from prohost.engine.sandbox import seccomp
 from tests.kits.confinement import accepted_any, listening
+from tests.kits.full_confinement import SECTION_13_CONFINED
 from tests.kits.harness import finished, running_harness, running_server
 from tests.kits.hostile_git import HOSTILE, reply, turn
 from tests.kits.hostile_git import World as GitWorld
@@ -29,9 +30,7 @@ from tests.kits.paths import AGENTS
 from tests.kits.repos import isolate_git, make_repo
 
 pytestmark = [
-    pytest.mark.protocol("§13"),
-    pytest.mark.skipif(not probe().complete,
-                       reason=f"this system cannot confine runs fully: {probe().reason}"),
+    *SECTION_13_CONFINED,
     pytest.mark.skipif(seccomp.program() is None,
                        reason=f"no seccomp filter for {seccomp.machine()}"),
 ]

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import trio
 
-from prohost.engine.sandbox import probe
 from prohost.server.apitoken import API_TOKEN_FILE
 from tests.kits.confinement import World, world_fixture  # noqa: F401 (the fixture)
+from tests.kits.full_confinement import NEEDS_FULL_CONFINEMENT
 from tests.kits.harness import api_headers, finished, running_server
 from tests.kits.paths import AGENTS
 from tests.kits.serverproc import clean_env, prohost, server_process
@@ -107,8 +107,7 @@ async def test_send_reads_the_token_from_the_servers_state_and_a_restart_makes_a
     assert again.returncode == 0, again.stderr
 
 
-@pytest.mark.skipif(not probe().complete,
-                    reason=f"this system cannot confine runs fully: {probe().reason}")
+@NEEDS_FULL_CONFINEMENT
 async def test_a_confined_run_can_neither_read_the_token_nor_submit_nor_cancel(
     world: World,
 ) -> None:
